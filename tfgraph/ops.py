@@ -1,0 +1,325 @@
+"""Op definitions: one table entry per op with its meaning and its costs (tinygrad-style data).
+
+Each ``OpDef`` gives
+- ``infer``: the output ``TensorType`` from the input types and attributes (symbolic shapes);
+- ``flops``: ``(matmul, other)`` FLOPs. ``matmul`` counts 2 per multiply-accumulate of every
+  matrix product (design §5), which is what ``FlopCounterMode`` counts; ``other`` counts the
+  element-wise work with the per-element constants below;
+- ``saved``: what the op keeps for its backward pass, as ``(tensor, bytes)`` pairs where tensor
+  is ``("in", i)`` (an input, shared with other ops that save it), ``("out",)`` or
+  ``("tmp", label)`` (a buffer of the op's own); parameters are never counted;
+- ``temp``: bytes of scratch the op holds while it runs (the materialised attention scores).
+
+Back ends register a lowering per op name (``exporters``); a test asserts none is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import sympy
+
+from tfgraph.ir import DTYPE_BYTES, TensorType
+
+# ---- per-element FLOP constants of the "other" count (stated in every report) -------------
+# Chosen as the arithmetic a straightforward kernel performs per element; they are conventions,
+# not measurements, and the report prints them next to the totals.
+FLOPS_PER_ELEMENT: dict[str, int] = {
+    "add": 1,  # residual add, position add, bias add, scale multiply, gate multiply
+    "relu": 1,  # max(x, 0)
+    "gelu": 8,  # x * 0.5 * (1 + erf(x / sqrt 2)): erf as a short polynomial
+    "gelu_tanh": 8,  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    "silu": 4,  # x * sigmoid(x): exp, add, divide, multiply
+    "softmax": 5,  # max, subtract, exp, sum, divide (per score or logit)
+    "hardmax": 2,  # arg-max compare, one-hot write (seed 004: "hard attention")
+    "layernorm": 8,  # mean, subtract, square, variance sum, rsqrt-multiply, gain, bias, (eps)
+    "rmsnorm": 5,  # square, sum, rsqrt-multiply, gain, (eps)
+    "scalenorm": 5,  # square, sum, sqrt-divide, gain, (eps)
+    "rope": 3,  # x*cos + rotate_half(x)*sin: two multiplies and one add
+    "mask": 1,  # causal mask add per score
+}
+
+Flops = tuple[sympy.Expr, sympy.Expr]
+Saved = list[tuple[tuple[Any, ...], sympy.Expr]]
+ZERO = sympy.Integer(0)
+STATS_BYTES = DTYPE_BYTES["float32"]  # norms keep their per-row statistics in float32
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    arity: tuple[int, int]
+    infer: Callable[[list[TensorType], dict[str, Any]], TensorType]
+    flops: Callable[[list[TensorType], TensorType, dict[str, Any]], Flops]
+    saved: Callable[[list[TensorType], TensorType, dict[str, Any]], Saved]
+    doc: str
+    temp: Callable[[list[TensorType], TensorType, dict[str, Any]], sympy.Expr] = (
+        lambda ins, out, attrs: ZERO
+    )
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    OPS[op.name] = op
+    return op
+
+
+def _rows(t: TensorType) -> sympy.Expr:
+    """Number of vectors along the last axis (B*S for a (B, S, d) tensor)."""
+    return sympy.Mul(*t.shape[:-1])
+
+
+def _same(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    return ins[0]
+
+
+def _no_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
+    return ZERO, ZERO
+
+
+def _nothing_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    return []
+
+
+def _elementwise(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, Any]], Flops]:
+    def flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
+        return ZERO, FLOPS_PER_ELEMENT[kind] * out.numel
+
+    return flops
+
+
+def _save_input(i: int) -> Callable[[list[TensorType], TensorType, dict[str, Any]], Saved]:
+    def saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+        return [(("in", i), ins[i].nbytes)]
+
+    return saved
+
+
+def _save_output(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    return [(("out",), out.nbytes)]
+
+
+def _check_last(x: TensorType, width: Any, what: str) -> None:
+    if sympy.simplify(x.shape[-1] - width) != 0:
+        raise ValueError(f"{what}: last dim {x.shape[-1]} != {width}")
+
+
+# ---- embeddings and positions -----------------------------------------------------------
+
+
+def _embedding_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    table, ids = ins
+    if ids.dtype != "int64" or len(table.shape) != 2:
+        raise ValueError("embedding takes a (vocab, d) table and int64 ids")
+    return TensorType((*ids.shape, table.shape[1]), table.dtype)
+
+
+register(OpDef(
+    "embedding", (2, 2), _embedding_infer, _no_flops, _save_input(1),
+    "Gather rows of a token table: (V, d), (B, S) int64 -> (B, S, d). No FLOPs (a copy).",
+))
+
+register(OpDef(
+    "scale", (1, 1), _same, _elementwise("add"), _nothing_saved,
+    "x * attrs['factor'] (sqrt(d_model) on token embeddings, Vaswani et al. 2017 §3.4).",
+))
+
+
+def _sinusoid_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    if len(ins[0].shape) != 3:
+        raise ValueError("positions are added to a (B, S, d) tensor")
+    return ins[0]
+
+
+register(OpDef(
+    "positions_sinusoidal", (1, 1), _sinusoid_infer, _elementwise("add"), _nothing_saved,
+    "x + PE[:S] with PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same) "
+    "(seed 000; Vaswani et al. 2017 §3.5). The table is a constant, not a parameter.",
+))
+
+
+def _learned_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    x, table = ins
+    _check_last(x, table.shape[1], "learned positions")
+    return _sinusoid_infer([x], attrs)
+
+
+register(OpDef(
+    "positions_learned", (2, 2), _learned_infer, _elementwise("add"), _nothing_saved,
+    "x + table[:S] with a learned (max_len, d) table.",
+))
+
+
+def _rope_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    _check_last(ins[0], attrs["heads"] * attrs["head_dim"], "rope")
+    return ins[0]
+
+
+register(OpDef(
+    "rope", (1, 1), _rope_infer, _elementwise("rope"), _nothing_saved,
+    "Rotary positions on (B, S, heads*head_dim), rotate-half convention (GPT-NeoX, Llama): "
+    "pairs (i, i + hd/2), frequencies theta^(-2i/hd), positions from 0. "
+    "Its backward needs only the constant cos/sin tables, so nothing is saved.",
+))
+
+# ---- linear algebra -----------------------------------------------------------------------
+
+
+def _linear_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    x, w = ins[0], ins[1]
+    if len(w.shape) != 2:
+        raise ValueError(f"weight must be 2-D [out, in], got {w}")
+    _check_last(x, w.shape[1], "linear input")
+    if len(ins) == 3 and ins[2].shape != (w.shape[0],):
+        raise ValueError(f"bias {ins[2]} does not match weight {w}")
+    return TensorType((*x.shape[:-1], w.shape[0]), x.dtype)
+
+
+def _linear_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
+    w = ins[1]
+    matmul = 2 * _rows(out) * w.shape[0] * w.shape[1]
+    bias = out.numel if len(ins) == 3 else ZERO
+    return matmul, bias
+
+
+register(OpDef(
+    "linear", (2, 3), _linear_infer, _linear_flops, _save_input(0),
+    "y = x W^T (+ b) with W in torch's [out, in] layout; also the output head (tied or not).",
+))
+
+
+def _attention_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    q, k, v = ins
+    h, kvh, hd = attrs["heads"], attrs["kv_heads"], attrs["head_dim"]
+    _check_last(q, h * hd, "attention q")
+    _check_last(k, kvh * hd, "attention k")
+    _check_last(v, kvh * hd, "attention v")
+    if k.shape[:-1] != v.shape[:-1] or q.shape[0] != k.shape[0]:
+        raise ValueError(f"k {k} and v {v} must share batch and length with each other and q {q}")
+    if h % kvh:
+        raise ValueError(f"heads {h} is not a multiple of kv_heads {kvh}")
+    return q
+
+
+def _scores(ins: list[TensorType], attrs: dict[str, Any]) -> sympy.Expr:
+    q, k = ins[0], ins[1]
+    return q.shape[0] * attrs["heads"] * q.shape[1] * k.shape[1]  # B * h * Tq * Tk
+
+
+def _attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
+    # Dense over the whole score matrix, causal or not (design §5). QK^T and A·V are each
+    # 2 * B*h*Tq*Tk*hd (seed 004: O(N M d_q + N M d_v)); GQA shares K/V but not this work.
+    scores = _scores(ins, attrs)
+    matmul = 2 * 2 * scores * attrs["head_dim"]
+    per_score = FLOPS_PER_ELEMENT["add"]  # the 1/sqrt(hd) scaling
+    per_score += FLOPS_PER_ELEMENT[attrs["normalize"]]
+    if attrs["causal"]:
+        per_score += FLOPS_PER_ELEMENT["mask"]
+    return matmul, per_score * scores
+
+
+def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    q = ins[0]
+    if attrs["normalize"] == "hardmax":
+        # arg-max has no gradient: only the one-hot weights are kept, for the A·V product.
+        return [(("tmp", "weights"), _scores(ins, attrs) * DTYPE_BYTES[q.dtype])]
+    # A fused kernel (SDPA) keeps q, k, v, its output and a float32 log-sum-exp per query row.
+    lse = q.shape[0] * attrs["heads"] * q.shape[1] * STATS_BYTES
+    return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
+            (("out",), out.nbytes), (("tmp", "logsumexp"), lse)]
+
+
+def _attention_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> sympy.Expr:
+    # Materialised attention holds one B*h*Tq*Tk score matrix (seed 004: space O(NM)); a fused
+    # kernel streams it (report option fused_attention), which the cost pass handles.
+    return _scores(ins, attrs) * DTYPE_BYTES[ins[0].dtype]
+
+
+register(OpDef(
+    "attention", (3, 3), _attention_infer, _attention_flops, _attention_saved,
+    "Multi-head scaled dot-product attention on projected q (B, Tq, h*hd), k and v "
+    "(B, Tk, kv*hd): normalize(q k^T / sqrt(hd) + mask) v, with GQA (kv_heads < heads), "
+    "mask none or causal, normalize softmax or hardmax. Output (B, Tq, h*hd).",
+    _attention_temp,
+))
+
+# ---- norms --------------------------------------------------------------------------------
+
+
+def _norm_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    x = ins[0]
+    for p in ins[1:]:
+        if p.shape != (x.shape[-1],) and p.shape != (1,):
+            raise ValueError(f"norm parameter {p} does not match input {x}")
+    return x
+
+
+def _norm_saved(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, Any]], Saved]:
+    # input plus per-row statistics (layernorm: mean and rstd; rms/scale norm: one factor)
+    n_stats = 2 if kind == "layernorm" else 1
+
+    def saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+        return [(("in", 0), ins[0].nbytes), (("tmp", "stats"), n_stats * _rows(out) * STATS_BYTES)]
+
+    return saved
+
+
+NORM_DOCS = {
+    "layernorm": "(x - mean) / sqrt(var + eps) * gain + bias (seed 000 'lnorm'). Inputs x, gain"
+                 "[, bias].",
+    "rmsnorm": "x / sqrt(mean(x^2) + eps) * gain (Zhang & Sennrich 2019). Inputs x, gain.",
+    "scalenorm": "g * x / sqrt(sum(x^2) + eps) with one scalar g: seed 002's 'add & normalize "
+                 "by a vector norm' (Nguyen & Salazar 2019). Inputs x, g of shape (1,).",
+}
+for _kind, _doc in NORM_DOCS.items():
+    register(OpDef(_kind, (2, 3), _norm_infer, _elementwise(_kind), _norm_saved(_kind), _doc))
+
+
+# ---- activations and element-wise -------------------------------------------------------
+
+register(OpDef("relu", (1, 1), _same, _elementwise("relu"), _save_output, "max(x, 0)."))
+register(OpDef("gelu", (1, 1), _same, _elementwise("gelu"), _save_input(0),
+               "x * Phi(x), exact erf form."))
+register(OpDef("gelu_tanh", (1, 1), _same, _elementwise("gelu_tanh"), _save_input(0),
+               "GPT-2's tanh approximation of GELU ('gelu_new')."))
+register(OpDef("silu", (1, 1), _same, _elementwise("silu"), _save_input(0),
+               "x * sigmoid(x)."))
+
+
+def _binary_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    if ins[0] != ins[1]:
+        raise ValueError(f"operands differ: {ins[0]} vs {ins[1]}")
+    return ins[0]
+
+
+def _mul_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    return [(("in", 0), ins[0].nbytes), (("in", 1), ins[1].nbytes)]
+
+
+register(OpDef("mul", (2, 2), _binary_infer, _elementwise("add"), _mul_saved,
+               "Element-wise product: the gate of swiglu / geglu."))
+register(OpDef("add", (2, 2), _binary_infer, _elementwise("add"), _nothing_saved,
+               "Residual add."))
+
+
+def _dropout_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    return [(("tmp", "mask"), out.numel * DTYPE_BYTES["bool"])]
+
+
+register(OpDef(
+    "dropout", (1, 1), _same, _no_flops, _dropout_saved,
+    "Inverted dropout with attrs['p'] in training; the identity at inference (so no FLOPs in "
+    "the inference count). Training keeps a one-byte mask per element.",
+))
+
+register(OpDef("softmax", (1, 1), _same, _elementwise("softmax"), _save_output,
+               "Softmax over the last axis (output: probs)."))
+
+
+def sinusoid_frequencies(d: int) -> list[float]:
+    """1 / 10000^(2i/d) for i < d/2 (seed 000's 10^(2i/d) is a typo for 10000^(2i/d))."""
+    return [math.exp(-math.log(10000.0) * (2 * i) / d) for i in range((d + 1) // 2)]

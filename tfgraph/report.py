@@ -1,0 +1,158 @@
+"""The cost report: one dict for ``graph.report(...)`` and ``tfgraph report --json`` (design §6).
+
+Conventions (also written into every report under ``conventions``):
+- FLOPs count 2 per multiply-accumulate; ``matmul`` covers every linear (output head included)
+  and both attention products over the full score matrix; ``other`` uses the per-element
+  constants of ``tfgraph.ops.FLOPS_PER_ELEMENT``. Causal attention is counted dense;
+  ``causal_effective_matmul`` counts only the Tq*(Tq+1)/2 unmasked scores of causal products.
+- backward = 2 x forward (two products per forward product: gradients of input and weight;
+  Kaplan et al. 2020, Narayanan et al. 2021); train_step = forward + backward.
+- Memory is in bytes at the spec's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from tfgraph import cost
+from tfgraph.ir import DTYPE_BYTES, SYMBOLS, Graph
+from tfgraph.ops import FLOPS_PER_ELEMENT
+
+ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
+MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
+
+CONVENTIONS = {
+    "flops": "2 FLOPs per multiply-accumulate; matmul = every linear (output head included) "
+             "and both attention products (QK^T, weights.V) over the full score matrix; "
+             "embedding gathers excluded; causal attention counted dense.",
+    "flops.other": "element-wise work with per-element constants: "
+                   + ", ".join(f"{k} {v}" for k, v in FLOPS_PER_ELEMENT.items())
+                   + "; dropout is the identity at inference (0).",
+    "flops.backward": "2 x flops.forward (input and weight gradients of every product).",
+    "flops.train_step": "flops.forward + flops.backward (optimizer update not counted).",
+    "flops.causal_effective_matmul": "flops.matmul with causal score products counted over "
+                                     "the Tq*(Tq+1)/2 unmasked scores only.",
+    "memory.weights": "unique parameters x bytes of the spec dtype (a tied table once).",
+    "memory.activations_peak": "inference; liveness over the topological order: a tensor lives "
+                               "from its producer to its last consumer, an op's inputs, output "
+                               "and scratch are live together; unfused attention materialises "
+                               "one B*h*Tq*Tk score matrix; token ids included.",
+    "memory.saved_for_backward": "one training forward: tensors each op keeps for its gradient "
+                                 "(each counted once; parameters excluded; dropout masks at 1 "
+                                 "byte per element; norm statistics in float32; softmax "
+                                 "attention as a fused kernel keeping q, k, v, output and a "
+                                 "float32 log-sum-exp per query row).",
+    "memory.kv_cache": "K and V of every decoder attention at kv_heads for the whole sequence: "
+                       "self-attention over the target, cross-attention over the source.",
+    "memory.train_step": "Adam: weights + gradients (spec dtype) + two fp32 moments "
+                         "(+ an fp32 master copy for 16-bit dtypes) + saved_for_backward.",
+}
+
+
+def _int(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int:
+    return int(sympy.Integer(expr.xreplace(sizes)))
+
+
+def _causal_discount(graph: Graph) -> sympy.Expr:
+    """Matmul FLOPs of masked-out scores: 2 products * 2 * B*h*hd * Tq*(Tq-1)/2 per causal op."""
+    terms = []
+    for node in graph.ops():
+        if node.op == "attention" and node.attrs["causal"]:
+            q = node.type
+            b, tq = q.shape[0], q.shape[1]
+            terms.append(2 * 2 * b * node.attrs["heads"] * node.attrs["head_dim"]
+                         * tq * (tq - 1) / 2)
+    return sympy.Add(*terms)
+
+
+def symbolic(graph: Graph) -> dict[str, Any]:
+    """Every figure as a sympy expression in B, S, T (cached on the graph)."""
+    cached = getattr(graph, "_symbolic", None)
+    if cached is not None:
+        return cached
+    costs = cost.op_costs(graph)
+    params = sum(cost.params_by_component(graph).values())
+    matmul = sympy.Add(*(c.matmul for c in costs))
+    other = sympy.Add(*(c.other for c in costs))
+    forward = matmul + other
+    saved = cost.saved_for_backward(costs)
+    dtype_bytes = DTYPE_BYTES[graph.spec.dtype if graph.spec else "float32"]
+    weights = cost.weights_bytes(graph)
+    master = MASTER_COPY_BYTES * params if dtype_bytes < 4 else 0
+    by_kind: dict[str, list[sympy.Expr]] = {}
+    for c in costs:
+        kind = "attention_scores" if c.op == "attention" else cost.sublayer(c.scope)
+        by_kind.setdefault(kind, []).append(c.matmul + c.other)
+    out = {
+        "costs": costs,
+        "params": params,
+        "flops": {
+            "forward": forward, "matmul": matmul, "other": other,
+            "backward": 2 * forward, "train_step": 3 * forward,
+            "causal_effective_matmul": sympy.expand(matmul - _causal_discount(graph)),
+        },
+        "memory": {
+            "weights": sympy.Integer(weights),
+            "saved_for_backward": saved,
+            "kv_cache": cost.kv_cache(graph),
+            "train_step": 2 * weights + (2 * ADAM_MOMENT_BYTES * params) + master + saved,
+        },
+        "flops_by_kind": {k: sympy.Add(*v) for k, v in by_kind.items()},
+    }
+    graph._symbolic = out  # type: ignore[attr-defined]
+    return out
+
+
+def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[sympy.Symbol, int]:
+    tgt = seq if tgt_seq is None else tgt_seq
+    return {SYMBOLS["B"]: int(batch), SYMBOLS["S"]: int(seq), SYMBOLS["T"]: int(tgt)}
+
+
+def _fmt(expr: sympy.Expr) -> str:
+    return str(sympy.expand(expr))
+
+
+def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
+                 fused_attention: bool = False) -> dict[str, Any]:
+    """The report dict: totals at the given sizes, roll-ups, formulas, conventions."""
+    if batch < 1 or seq < 1 or (tgt_seq is not None and tgt_seq < 1):
+        raise ValueError("batch, seq and tgt_seq must be positive")
+    sym = symbolic(graph)
+    sizes = sizes_for(graph, batch, seq, tgt_seq)
+    peak = cost.activation_peak(graph, sym["costs"], sizes, fused_attention=fused_attention)
+    flops = {k: _int(v, sizes) for k, v in sym["flops"].items()}
+    memory = {k: _int(v, sizes) for k, v in sym["memory"].items()}
+    memory["activations_peak"] = peak.bytes
+    components: dict[str, dict[str, int]] = {}
+    for c in sym["costs"]:
+        row = components.setdefault(cost.component(c.scope),
+                                    {"params": 0, "flops_matmul": 0, "flops_other": 0})
+        row["flops_matmul"] += _int(c.matmul, sizes)
+        row["flops_other"] += _int(c.other, sizes)
+    params_by_component = cost.params_by_component(graph)
+    for key, n in params_by_component.items():
+        components.setdefault(key, {"params": 0, "flops_matmul": 0, "flops_other": 0})
+        components[key]["params"] = n
+    spec = graph.spec
+    formulas = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
+    formulas.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
+    formulas["memory.activations_peak"] = _fmt(peak.expr)
+    formulas["params"] = str(sym["params"])
+    return {
+        "name": graph.name,
+        "arch": spec.arch if spec else None,
+        "dtype": spec.dtype if spec else "float32",
+        "sizes": {"batch": batch, "seq": seq, "tgt_seq": tgt_seq if tgt_seq else seq,
+                  "fused_attention": fused_attention},
+        "params": sym["params"],
+        "params_by_component": params_by_component,
+        "flops": flops,
+        "memory": memory,
+        "flops_by_kind": {k: _int(v, sizes) for k, v in sym["flops_by_kind"].items()},
+        "components": components,
+        "activations_peak_at": peak.node,
+        "formulas": formulas,
+        "conventions": CONVENTIONS,
+    }
