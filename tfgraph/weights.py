@@ -38,3 +38,50 @@ def generate(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 def param_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
     """Expected shape of every parameter by name."""
     return {p.name: tuple(p.attrs["shape"]) for p in graph.params()}
+
+
+def load_weights(path: str, graph: Graph) -> dict[str, np.ndarray]:
+    """Read a ``.safetensors`` file and check it against ``graph``'s parameters.
+
+    Raises ``TfgraphError`` (exit 2) listing every missing, unexpected and mis-shaped name.
+    Values come back as float32 numpy arrays (16-bit files are widened; back ends cast).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    from tfgraph.errors import TfgraphError
+
+    try:
+        arrays = _read_safetensors(path, safe_open)
+    except (OSError, SafetensorError, ValueError) as err:
+        raise TfgraphError(f"{path}: cannot read weights: {err}") from err
+    expected = param_shapes(graph)
+    missing = sorted(set(expected) - set(arrays))
+    unexpected = sorted(set(arrays) - set(expected))
+    misshaped = sorted(f"{n} {tuple(arrays[n].shape)} != {expected[n]}"
+                       for n in set(expected) & set(arrays)
+                       if tuple(arrays[n].shape) != expected[n])
+    problems = [f"{label}: {', '.join(names)}" for label, names in
+                (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
+                if names]
+    if problems:
+        raise TfgraphError(f"{path}: weights do not match {graph.name}: " + "; ".join(problems))
+    return {n: a.astype(np.float32, copy=False) for n, a in arrays.items()}
+
+
+def _read_safetensors(path: str, safe_open) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    # numpy has no bfloat16: read through torch when it is installed (the torch back end's
+    # files may be bf16), else through numpy (float32 / float16 files).
+    try:
+        import torch
+    except ImportError:
+        with safe_open(path, framework="numpy") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    with safe_open(path, framework="pt") as f:
+        return {k: f.get_tensor(k).float().numpy() for k in f.keys()}
+
+
+def save_weights(weights: dict[str, np.ndarray], path: str) -> None:
+    """Write float32 numpy weights as ``.safetensors`` (names as in design §4)."""
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, path)
