@@ -1,0 +1,31 @@
+"""Small helpers shared by the command modules in ``tfgraph.commands``."""
+
+from __future__ import annotations
+
+import os
+
+from tfgraph.loader import load_spec
+from tfgraph.spec import Spec
+
+
+def load_spec_arg(path: str | os.PathLike[str]) -> Spec:
+    """Load the SPEC argument of a command.
+
+    Raises :class:`~tfgraph.errors.SpecError` (exit 2, one line) for anything wrong with the
+    file; commands just call this and let ``tfgraph.cli`` report the error.
+    """
+    return load_spec(path)
+
+
+def describe(spec: Spec) -> str:
+    """One-line summary: ``gpt2, decoder-only, 12 layers, d_model 768, 12 heads``."""
+    counts = {stack: spec.layer_count(stack) for stack in spec.stacks}
+    if len(set(counts.values())) == 1:
+        layers = f"{next(iter(counts.values()))} layers"
+    else:
+        layers = " + ".join(f"{n} {stack}" for stack, n in counts.items()) + " layers"
+    att = spec.attention
+    heads = f"{att.heads} heads"
+    if att.kv_heads != att.heads:
+        heads += f" ({att.kv_heads} kv)"
+    return f"{spec.name}, {spec.arch}, {layers}, d_model {spec.d_model}, {heads}"

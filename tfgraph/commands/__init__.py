@@ -1,0 +1,1 @@
+"""One module per ``tfgraph`` subcommand; each is registered in ``tfgraph.cli``."""

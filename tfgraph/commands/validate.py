@@ -1,0 +1,30 @@
+"""``tfgraph validate SPEC...``: check specs, one summary line each (exit 0 all ok, 2 otherwise)."""
+
+from __future__ import annotations
+
+import click
+
+from tfgraph.cli_support import describe, load_spec_arg
+from tfgraph.errors import TfgraphError
+
+
+@click.command()
+@click.argument("specs", nargs=-1, required=True, metavar="SPEC...")
+@click.pass_context
+def validate(ctx: click.Context, specs: tuple[str, ...]) -> None:
+    """Validate spec files and print a one-line summary of each.
+
+    Every file is checked even after an error; errors go to stderr, one line each, as
+    file:line:col: field.path: what is wrong. Exit status 0 when all are valid, else 2.
+    """
+    failed = False
+    for path in specs:
+        try:
+            spec = load_spec_arg(path)
+        except TfgraphError as exc:
+            click.echo(str(exc), err=True)
+            failed = True
+            continue
+        click.echo(f"{path}: ok \N{EM DASH} {describe(spec)}")
+    if failed:
+        ctx.exit(2)

@@ -1,0 +1,47 @@
+"""User-facing errors (design §6): invalid specs and bad arguments exit 2 with one line on stderr.
+
+Anything that is not a ``TfgraphError`` is a bug in tfgraph and is reported as an internal error.
+"""
+
+from __future__ import annotations
+
+
+class TfgraphError(Exception):
+    """An error the user can fix (bad spec, bad argument, unwritable output): exit status 2."""
+
+    exit_code = 2
+
+    def __str__(self) -> str:
+        # One line, always: stderr gets exactly one readable message per error.
+        return " ".join(super().__str__().split())
+
+
+class SpecError(TfgraphError):
+    """An invalid spec file, located as ``file:line:col: field.path: message``.
+
+    ``line`` and ``col`` are 1-based. Parts that are unknown are left out of the message.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        col: int | None = None,
+        path: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = " ".join(message.split())
+        self.file = file
+        self.line = line
+        self.col = col
+        self.path = path
+
+    def __str__(self) -> str:
+        where = [str(part) for part in (self.file, self.line, self.col) if part is not None]
+        parts = [":".join(where)] if where else []
+        if self.path:
+            parts.append(self.path)
+        parts.append(self.message)
+        return ": ".join(parts)

@@ -1,0 +1,272 @@
+"""Hostile-input-proof YAML reading that keeps where every value came from.
+
+PyYAML's ``SafeLoader`` composes the node tree (no object is constructed, so no tag can run
+code); this module then converts nodes to plain Python itself, which is what lets it
+
+- refuse every tag beyond the plain scalars, mappings and sequences (``!!python/object``,
+  ``!!set``, ``!!binary``, merge keys ``<<``),
+- refuse duplicate keys (PyYAML silently keeps the last one),
+- bound alias expansion by counting the values it produces (a "billion laughs" file composes
+  into a few nodes but expands to 10^9 values), and nesting depth (``&a [*a]`` is a cycle),
+- remember the start of every key and value, so validation errors point at a line and column.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.error import Mark
+
+from tfgraph.errors import SpecError
+
+MAX_BYTES = 1 << 20
+"""Spec files larger than 1 MiB are refused before parsing (real specs are about 1 KiB)."""
+MAX_VALUES = 10_000
+"""Most values (keys, scalars, containers, alias expansions counted again) one document may hold."""
+MAX_DEPTH = 32
+"""Deepest nesting accepted; specs nest two levels."""
+
+_YAML = "tag:yaml.org,2002:"
+_SCALAR_TAGS = {_YAML + t for t in ("str", "int", "float", "bool", "null")}
+
+Path = tuple[Any, ...]
+
+# YAML 1.1 (PyYAML) reads 1e-5 as a *string*; YAML 1.2, JSON and every editor read a float.
+# Accept the 1.2 spelling on load, and quote such strings on dump so round-trips hold.
+_FLOAT_1_2 = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that resolves YAML 1.2 exponent floats (``1e-5``) and bounds composition.
+
+    The composer recurses once per nesting level and PyYAML's scanner slows down
+    quadratically with open flow collections, so depth and node count are checked while
+    composing: ``[[[[...`` or a 1 MiB flat list is refused after a few thousand events.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        self._nodes += 1
+        try:
+            if self._depth > MAX_DEPTH or self._nodes > MAX_VALUES:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nested more than {MAX_DEPTH} levels deep"
+                    if self._depth > MAX_DEPTH
+                    else f"more than {MAX_VALUES:,} values; a spec needs a few dozen",
+                    self.peek_event().start_mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+class Dumper(yaml.SafeDumper):
+    """SafeDumper whose resolver agrees with :class:`_Loader` (quotes ``'1e5'`` strings)."""
+
+
+for _cls in (_Loader, Dumper):
+    _cls.add_implicit_resolver(_YAML + "float", _FLOAT_1_2, list("-+0123456789"))
+
+
+@dataclass
+class Document:
+    """Plain Python data plus, for every path into it, the marks of its key and its value."""
+
+    data: Any
+    marks: dict[Path, tuple[Mark | None, Mark]] = field(default_factory=dict)
+
+    def locate(self, path: Path, *, at_key: bool = False) -> Mark:
+        """The mark of ``path`` (its key with ``at_key``), or of its nearest existing parent.
+
+        A parent stands in when the path names something the file does not contain (a missing
+        or derived field): its key is where the user would add the child.
+        """
+        if path in self.marks:
+            key_mark, value_mark = self.marks[path]
+            return key_mark if at_key and key_mark is not None else value_mark
+        for end in range(len(path) - 1, -1, -1):
+            if path[:end] in self.marks:
+                key_mark, value_mark = self.marks[path[:end]]
+                return key_mark if key_mark is not None else value_mark
+        return self.marks[()][1]
+
+
+def _error(message: str, filename: str, mark: Mark | None, path: Path = ()) -> SpecError:
+    line = mark.line + 1 if mark is not None else None
+    col = mark.column + 1 if mark is not None else None
+    dotted = ".".join(str(p) for p in path) or None
+    return SpecError(message, file=filename, line=line, col=col, path=dotted)
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str, filename: str) -> SpecError:
+    """One-line, located message for a PyYAML scanner/parser/reader error."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        problem, context = exc.problem or "malformed YAML", exc.context
+        if context:  # "expected a single document" + "but found another document"
+            problem = f"{context} {problem}" if problem.startswith("but ") else f"{problem} ({context})"
+        return _error(f"invalid YAML: {problem}", filename, mark)
+    if isinstance(exc, yaml.reader.ReaderError):
+        pos = exc.position
+        line = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        return SpecError(
+            f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}"
+            if isinstance(exc.character, int)
+            else f"invalid YAML: {exc.reason}",
+            file=filename,
+            line=line,
+            col=col,
+        )
+    return SpecError(f"invalid YAML: {exc}", file=filename)
+
+
+def _show_tag(tag: str) -> str:
+    return "!!" + tag[len(_YAML) :] if tag.startswith(_YAML) else tag
+
+
+class _Converter:
+    """Converts a composed node tree to Python values, with the checks listed above."""
+
+    def __init__(self, loader: _Loader, filename: str) -> None:
+        self.loader = loader
+        self.filename = filename
+        self.count = 0
+        self.marks: dict[Path, tuple[Mark | None, Mark]] = {}
+
+    def convert(self, node: yaml.Node, path: Path, key_mark: Mark | None) -> Any:
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise _error(
+                f"document expands to more than {MAX_VALUES:,} values (alias/anchor bomb?); "
+                "a spec needs a few dozen",
+                self.filename,
+                node.start_mark,
+            )
+        if len(path) > MAX_DEPTH:
+            raise _error(
+                f"nested more than {MAX_DEPTH} levels deep (or an alias refers to itself)",
+                self.filename,
+                node.start_mark,
+            )
+        self.marks[path] = (key_mark, node.start_mark)
+        if isinstance(node, yaml.MappingNode):
+            self._expect_tag(node, "map", path)
+            return self._mapping(node, path)
+        if isinstance(node, yaml.SequenceNode):
+            self._expect_tag(node, "seq", path)
+            return [self.convert(item, path + (i,), None) for i, item in enumerate(node.value)]
+        return self._scalar(node, path)
+
+    def _expect_tag(self, node: yaml.Node, kind: str, path: Path) -> None:
+        if node.tag != _YAML + kind:
+            raise _error(
+                f"tag {_show_tag(node.tag)} is not allowed; specs use plain values only",
+                self.filename,
+                node.start_mark,
+                path,
+            )
+
+    def _scalar(self, node: yaml.Node, path: Path) -> Any:
+        if node.tag == _YAML + "timestamp":
+            # A date is only ever free text in a spec (a description); keep what was written.
+            return node.value
+        if node.tag not in _SCALAR_TAGS:
+            raise _error(
+                f"tag {_show_tag(node.tag)} is not allowed; specs use plain values only",
+                self.filename,
+                node.start_mark,
+                path,
+            )
+        # Scalars only: the library's constructors for str/int/float/bool/null are safe.
+        return self.loader.construct_object(node)
+
+    def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        first_seen: dict[Any, Mark] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == _YAML + "merge":
+                raise _error(
+                    "merge keys ('<<') are not supported; write the keys out",
+                    self.filename,
+                    key_node.start_mark,
+                    path,
+                )
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise _error(
+                    "keys must be plain names, not mappings or lists",
+                    self.filename,
+                    key_node.start_mark,
+                    path,
+                )
+            self.count += 1  # keys are values too: a bomb may hide in them
+            key = self._scalar(key_node, path)
+            if key in first_seen:
+                raise _error(
+                    f"duplicate key {key!r} (first given on line {first_seen[key].line + 1})",
+                    self.filename,
+                    key_node.start_mark,
+                    path + (key,),
+                )
+            first_seen[key] = key_node.start_mark
+            out[key] = self.convert(value_node, path + (key,), key_node.start_mark)
+        return out
+
+
+def check_size(size: int, filename: str) -> None:
+    """Refuse documents over :data:`MAX_BYTES` before any parsing."""
+    if size > MAX_BYTES:
+        raise SpecError(
+            f"file is larger than {MAX_BYTES >> 20} MiB; a spec is a few lines of YAML",
+            file=filename,
+        )
+
+
+def decode(data: bytes, filename: str) -> str:
+    """UTF-8 (optionally with a BOM) or a clean error naming the offending byte."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "is this really a YAML spec?",
+            file=filename,
+        ) from None
+
+
+def read_document(text: str, filename: str) -> Document:
+    """Parse one YAML document whose top level is a mapping, or raise :class:`SpecError`."""
+    check_size(len(text.encode("utf-8", "surrogatepass")), filename)
+    try:
+        loader = _Loader(text)
+    except yaml.YAMLError as exc:  # the reader checks for unprintable characters up front
+        raise _yaml_error(exc, text, filename) from None
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise SpecError("empty file; a spec is a YAML mapping (name: ..., arch: ...)",
+                            file=filename)
+        if not isinstance(root, yaml.MappingNode):
+            kind = "a list" if isinstance(root, yaml.SequenceNode) else "a single value"
+            raise _error(
+                f"the top level must be a mapping of fields (name: ..., arch: ...), not {kind}",
+                filename,
+                root.start_mark,
+            )
+        converter = _Converter(loader, filename)
+        data = converter.convert(root, (), None)
+        return Document(data, converter.marks)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, text, filename) from None
+    finally:
+        loader.dispose()

@@ -1,0 +1,200 @@
+"""Turn a pydantic ``ValidationError`` into one located, readable :class:`SpecError`.
+
+pydantic's ``loc`` mixes keys of the input with names of union members (``('layers',
+'constrained-int')``, ``('layers', 'StackLayers', 'encoder')``); walking it against the actual
+data keeps the keys and drops the rest. Cross-field rules arrive with ``loc == ()`` and a message
+``"Value error, field.path: what to change"`` (the convention of ``tfgraph.spec``); the leading
+path says which line to point at.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from tfgraph.errors import SpecError
+from tfgraph.safe_yaml import Document, Path
+
+_PATH_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*): (.+)$", re.S)
+_MAPPING_TYPES = {"model_type", "dict_type", "model_attributes_type"}
+_EXPECTED = {
+    "int_type": "expected an integer",
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected an integer",
+    "string_type": "expected a string",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+}
+
+
+@dataclass
+class _Problem:
+    path: Path
+    message: str
+    at_key: bool = False
+
+
+def _show(value: Any) -> str:
+    """A short, YAML-flavoured rendering of an offending input."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _members(annotation: Any) -> list[Any]:
+    """Flatten ``X | Y | None`` and ``Annotated[...]`` into the member types."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def _models_of(annotation: Any) -> list[type[BaseModel]]:
+    return [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class a ``loc`` leads to, following field names and union-member tags."""
+    model: type[BaseModel] | None = root
+    candidates: list[type[BaseModel]] = []
+    for element in loc:
+        by_name = {c.__name__: c for c in candidates}
+        if element in by_name:  # a union-member tag picks the branch
+            model, candidates = by_name[element], []
+            continue
+        if model is None or element not in model.model_fields:
+            return None
+        candidates = _models_of(model.model_fields[element].annotation)
+        model = candidates[0] if len(candidates) == 1 else None
+    return model
+
+
+def _walk(loc: tuple[Any, ...], data: Any) -> tuple[Path, int | None]:
+    """The keys of ``loc`` present in ``data``, and the index in ``loc`` of the first non-key."""
+    keys: list[Any] = []
+    skipped: int | None = None
+    node = data
+    for i, element in enumerate(loc):
+        if isinstance(node, dict) and element in node:
+            keys.append(element)
+            node = node[element]
+        elif isinstance(node, list) and isinstance(element, int) and 0 <= element < len(node):
+            keys.append(element)
+            node = node[element]
+        elif skipped is None:
+            skipped = i
+    return tuple(keys), skipped
+
+
+def _value_at(data: Any, path: Path) -> Any:
+    for key in path:
+        data = data[key]
+    return data
+
+
+def _drop_union_noise(errors: list[dict[str, Any]], data: Any) -> list[dict[str, Any]]:
+    """Keep, at each union, only the branch that matches the kind of value written.
+
+    ``layers: {encoder: 2, decoder: true}`` fails both as an int and inside StackLayers; the
+    int branch's complaint ("not an integer") is noise because a mapping was clearly meant.
+    Conversely ``layers: true`` is reported as "expected an integer", with the mapping form as
+    a hint, not as "expected a mapping".
+    """
+    kept: list[dict[str, Any]] = []
+    for err in errors:
+        loc = err["loc"]
+        keys, skipped = _walk(loc, data)
+        if skipped is None or err["type"] == "missing" and skipped == len(loc) - 1:
+            kept.append(err)
+            continue
+        value = _value_at(data, keys)
+        siblings = [e for e in errors if e is not err and e["loc"][: skipped] == loc[:skipped]]
+        if isinstance(value, dict):
+            noise = len(loc) == skipped + 1 and err["type"] not in _MAPPING_TYPES
+        else:
+            noise = err["type"] in _MAPPING_TYPES
+        if noise and siblings:
+            continue
+        kept.append(err)
+    return kept or errors
+
+
+def _mapping_hint(err: dict[str, Any], errors: list[dict[str, Any]], root: type[BaseModel]) -> str:
+    """'; or a mapping with keys a, b' when a scalar was written where a model also fits."""
+    loc = err["loc"]
+    for other in errors:
+        oloc = other["loc"]
+        if other["type"] in _MAPPING_TYPES and len(oloc) == len(loc) and oloc[:-1] == loc[:-1]:
+            model = _model_at(root, oloc)
+            if model is not None:
+                return "; or a mapping with keys " + ", ".join(model.model_fields)
+    return ""
+
+
+def _problem(
+    err: dict[str, Any], all_errors: list[dict[str, Any]], doc: Document, root: type[BaseModel]
+) -> _Problem:
+    loc, kind, msg = tuple(err["loc"]), err["type"], err["msg"]
+    keys, _ = _walk(loc, doc.data)
+    if kind == "extra_forbidden":
+        key = loc[-1]
+        model = _model_at(root, loc[:-1])
+        fields = list(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
+        if close:
+            hint = f"did you mean {close[0]!r}?"
+        else:
+            hint = "valid fields: " + ", ".join(fields) if fields else "remove it"
+        return _Problem(keys, f"unknown field {str(key)!r}; {hint}", at_key=True)
+    if kind == "missing":
+        return _Problem(keys + (loc[-1],), "required field is missing")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+        match = _PATH_PREFIX.match(msg) if not loc else None
+        if match:  # a cross-field rule names the field it is about
+            return _Problem(tuple(match.group(1).split(".")), match.group(2))
+        return _Problem(keys, msg)
+    got = _show(err["input"])
+    if kind == "literal_error":
+        return _Problem(keys, f"must be one of {err['ctx']['expected']} (got {got})")
+    if kind in _MAPPING_TYPES:
+        return _Problem(keys, f"expected a mapping, got {got}")
+    if kind in _EXPECTED:
+        hint = _mapping_hint(err, all_errors, root)
+        return _Problem(keys, f"{_EXPECTED[kind]}, got {got}{hint}")
+    return _Problem(keys, f"{msg} (got {got})")
+
+
+def spec_error(
+    exc: ValidationError, doc: Document, filename: str, root: type[BaseModel]
+) -> SpecError:
+    """The first problem, located in the file, plus a count of the others."""
+    raw = exc.errors(include_url=False)
+    errors = _drop_union_noise(raw, doc.data)
+    first = _problem(errors[0], raw, doc, root)
+    mark = doc.locate(first.path, at_key=first.at_key)
+    message = first.message + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+    return SpecError(
+        message,
+        file=filename,
+        line=mark.line + 1,
+        col=mark.column + 1,
+        path=".".join(str(p) for p in first.path) or None,
+    )
