@@ -1,1 +1,24 @@
-"""Back ends of tfgraph, installed as ``tfgraph.exporters`` (PyTorch, ONNX, graphviz)."""
+"""Back ends, installed as ``tfgraph.exporters`` (design §2).
+
+Each back end registers a lowering per op of ``tfgraph.ops.OPS`` in its own table. Names are
+resolved lazily so that ``import tfgraph.exporters`` imports neither torch, onnx nor graphviz:
+``to_onnx`` never pulls in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "to_torch": "tfgraph.exporters.torch_module",
+    "to_onnx": "tfgraph.exporters.onnx_model",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tfgraph.exporters' has no attribute {name!r}")
