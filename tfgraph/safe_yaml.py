@@ -33,6 +33,7 @@ _YAML = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {_YAML + t for t in ("str", "int", "float", "bool", "null")}
 
 Path = tuple[Any, ...]
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", type(None): "null"}
 
 # YAML 1.1 (PyYAML) reads 1e-5 as a *string*; YAML 1.2, JSON and every editor read a float.
 # Accept the 1.2 spelling on load, and quote such strings on dump so round-trips hold.
@@ -78,27 +79,41 @@ for _cls in (_Loader, Dumper):
     _cls.add_implicit_resolver(_YAML + "float", _FLOAT_1_2, list("-+0123456789"))
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where a value was written: the start of its key (None for the root) and of the value."""
+
+    key: Mark | None
+    value: Mark
+    collection: bool
+
+
 @dataclass
 class Document:
-    """Plain Python data plus, for every path into it, the marks of its key and its value."""
+    """Plain Python data plus, for every path into it, where its key and value were written."""
 
     data: Any
-    marks: dict[Path, tuple[Mark | None, Mark]] = field(default_factory=dict)
+    marks: dict[Path, Where] = field(default_factory=dict)
 
     def locate(self, path: Path, *, at_key: bool = False) -> Mark:
-        """The mark of ``path`` (its key with ``at_key``), or of its nearest existing parent.
+        """The mark to report for ``path``, or for its nearest parent present in the file.
 
-        A parent stands in when the path names something the file does not contain (a missing
-        or derived field): its key is where the user would add the child.
+        Scalars are pointed at where the value starts (``d_model: -3`` points at ``-3``); keys
+        (``at_key``) and block mappings or lists at their key, the line a reader looks for.
+        A missing or derived field is pointed at its parent's key: where it would be added.
         """
-        if path in self.marks:
-            key_mark, value_mark = self.marks[path]
-            return key_mark if at_key and key_mark is not None else value_mark
-        for end in range(len(path) - 1, -1, -1):
-            if path[:end] in self.marks:
-                key_mark, value_mark = self.marks[path[:end]]
-                return key_mark if key_mark is not None else value_mark
-        return self.marks[()][1]
+        for end in range(len(path), -1, -1):
+            where = self.marks.get(path[:end])
+            if where is None:
+                continue
+            exact = end == len(path)
+            if where.key is not None and (at_key or where.collection or not exact):
+                return where.key
+            return where.value
+        raise AssertionError("the root of a Document always has a mark")
+
+    def __contains__(self, path: Path) -> bool:
+        return path in self.marks
 
 
 def _error(message: str, filename: str, mark: Mark | None, path: Path = ()) -> SpecError:
@@ -142,7 +157,7 @@ class _Converter:
         self.loader = loader
         self.filename = filename
         self.count = 0
-        self.marks: dict[Path, tuple[Mark | None, Mark]] = {}
+        self.marks: dict[Path, Where] = {}
 
     def convert(self, node: yaml.Node, path: Path, key_mark: Mark | None) -> Any:
         self.count += 1
@@ -159,7 +174,8 @@ class _Converter:
                 self.filename,
                 node.start_mark,
             )
-        self.marks[path] = (key_mark, node.start_mark)
+        collection = isinstance(node, (yaml.MappingNode, yaml.SequenceNode))
+        self.marks[path] = Where(key_mark, node.start_mark, collection)
         if isinstance(node, yaml.MappingNode):
             self._expect_tag(node, "map", path)
             return self._mapping(node, path)
@@ -211,6 +227,16 @@ class _Converter:
                 )
             self.count += 1  # keys are values too: a bomb may hide in them
             key = self._scalar(key_node, path)
+            if not isinstance(key, str):
+                # Spec fields are all names; `on:` or `1:` read as a boolean or a number.
+                raise _error(
+                    f"key {key_node.value!r} is not a field name (YAML reads it as "
+                    f"{_KINDS.get(type(key), type(key).__name__)}); "
+                    "quote it if you mean the text",
+                    self.filename,
+                    key_node.start_mark,
+                    path,
+                )
             if key in first_seen:
                 raise _error(
                     f"duplicate key {key!r} (first given on line {first_seen[key].line + 1})",

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from yaml.error import Mark
 
 from tfgraph.errors import SpecError
 from tfgraph.safe_yaml import Document, Path
 
 _PATH_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*): (.+)$", re.S)
+_DOTTED = re.compile(r"\b[a-z_]+(?:\.[a-z_]+)+\b")
 _MAPPING_TYPES = {"model_type", "dict_type", "model_attributes_type"}
 _EXPECTED = {
     "int_type": "expected an integer",
@@ -40,6 +42,17 @@ class _Problem:
     path: Path
     message: str
     at_key: bool = False
+
+    def mark(self, doc: Document) -> Mark:
+        """Where to point: the field itself or, when the file lacks it (``max_len: required
+        when embedding.positions is learned``), the first field the message names that the
+        file has, since that line is the reason for the error."""
+        if self.path not in doc:
+            for name in _DOTTED.findall(self.message):
+                other = tuple(name.split("."))
+                if other in doc:
+                    return doc.locate(other)
+        return doc.locate(self.path, at_key=self.at_key)
 
 
 def _show(value: Any) -> str:
@@ -189,7 +202,7 @@ def spec_error(
     raw = exc.errors(include_url=False)
     errors = _drop_union_noise(raw, doc.data)
     first = _problem(errors[0], raw, doc, root)
-    mark = doc.locate(first.path, at_key=first.at_key)
+    mark = first.mark(doc)
     message = first.message + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
     return SpecError(
         message,
