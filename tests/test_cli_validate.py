@@ -1,0 +1,418 @@
+"""``tfgraph validate`` / ``schema`` and the CLI error policy, through click and real processes.
+
+Every spec rule is checked end to end: exit status 2, one line on stderr naming the field path
+and the line it is on (the line marked ``# <-`` in each case), plus the suggestion if any.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tfgraph.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_FILES = sorted((ROOT / "specs").glob("*.yaml"))
+
+
+def runner() -> CliRunner:
+    try:  # click < 8.2 mixes stderr into stdout unless told not to
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    except TypeError:
+        return CliRunner()
+
+
+def cli(*args: str):
+    return runner().invoke(main, list(args), catch_exceptions=False)
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def marked_line(text: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if "# <-" in line)
+
+
+# ---- validate and schema on the spec library --------------------------------------------
+
+
+def test_validate_every_spec_one_line_each() -> None:
+    result = cli("validate", *map(str, SPEC_FILES))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(SPEC_FILES)
+    for path, line in zip(SPEC_FILES, lines):
+        assert line.startswith(f"{path}: ok")
+
+
+def test_validate_summary_line() -> None:
+    result = cli("validate", str(ROOT / "specs" / "gpt2.yaml"))
+    assert result.stdout.strip().endswith(
+        "ok \N{EM DASH} gpt2, decoder-only, 12 layers, d_model 768, 12 heads"
+    )
+    llama = cli("validate", str(ROOT / "specs" / "llama.yaml")).stdout
+    assert "32 heads (4 kv)" in llama and "22 layers" in llama
+    seq2seq = cli("validate", str(ROOT / "specs" / "tiny-seq2seq.yaml")).stdout
+    assert "2 encoder + 1 decoder layers" in seq2seq
+
+
+def test_validate_checks_every_file_and_fails_if_any_fails(tmp_path: Path) -> None:
+    bad = write(tmp_path, "name: x\n")
+    good = ROOT / "specs" / "tiny.yaml"
+    result = cli("validate", str(bad), str(good))
+    assert result.exit_code == 2
+    assert result.stdout.startswith(f"{good}: ok")
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{bad}:1:1:")
+
+
+def test_schema_accepts_every_spec() -> None:
+    result = cli("schema")
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in SPEC_FILES:
+        validator.validate(yaml.safe_load(path.read_text()))
+
+
+def test_schema_rejects_an_unknown_field() -> None:
+    schema = json.loads(cli("schema").stdout)
+    data = yaml.safe_load((ROOT / "specs" / "tiny.yaml").read_text())
+    data["layerz"] = 3
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, schema)
+
+
+def test_version_and_help() -> None:
+    from tfgraph import __version__
+
+    assert cli("--version").stdout.strip() == f"tfgraph, version {__version__}"
+    for args in (["--help"], ["validate", "--help"], ["schema", "--help"]):
+        result = cli(*args)
+        assert result.exit_code == 0 and "Usage:" in result.stdout
+
+
+def test_usage_errors_exit_2() -> None:
+    assert cli("validate").exit_code == 2
+    assert cli("no-such-command").exit_code == 2
+    assert cli("--no-such-option").exit_code == 2
+
+
+# ---- one test per rule: exit 2, field path, line, suggestion ----------------------------
+
+BASE = """\
+name: rules
+arch: decoder-only
+d_model: 64
+layers: 2
+vocab: 100
+attention:
+  heads: 4
+"""
+
+RULES = {
+    "heads-vs-d_model": (
+        BASE.replace("heads: 4", "heads: 5  # <-"),
+        "attention.heads",
+        "not divisible by heads 5",
+    ),
+    "heads-mod-kv_heads": (
+        BASE + "  kv_heads: 3  # <-\n",
+        "attention.kv_heads",
+        "kv_heads must divide heads",
+    ),
+    "rope-even-head_dim": (
+        BASE + "  head_dim: 7  # <-\nembedding:\n  positions: rope\n",
+        "attention.head_dim",
+        "must be even",
+    ),
+    "layers-form-vs-arch": (
+        BASE.replace("layers: 2", "layers:  # <-\n  encoder: 2\n  decoder: 2"),
+        "layers",
+        "only for encoder-decoder",
+    ),
+    "vocab-form-vs-arch": (
+        BASE.replace("vocab: 100", "vocab: {source: 100, target: 90}  # <-"),
+        "vocab",
+        "write vocab: N",
+    ),
+    "share-needs-one-vocabulary": (
+        BASE.replace("decoder-only", "encoder-decoder").replace(
+            "vocab: 100", "vocab: {source: 100, target: 90}"
+        )
+        + "embedding:\n  share: true  # <-\n",
+        "embedding.share",
+        "needs one vocabulary",
+    ),
+    "share-needs-two-stacks": (
+        BASE + "embedding:\n  share: true  # <-\n",
+        "embedding.share",
+        "only encoder-decoder",
+    ),
+    "learned-positions-need-max_len": (
+        BASE + "embedding:\n  positions: learned  # <-\n",
+        "max_len",
+        "required when embedding.positions is learned",
+    ),
+    "strict-int-bool-layers": (
+        BASE.replace("layers: 2", "layers: true  # <-"),
+        "layers",
+        "expected an integer, got true",
+    ),
+    "strict-int-string-d_model": (
+        BASE.replace("d_model: 64", "d_model: '64'  # <-"),
+        "d_model",
+        "expected an integer, got '64'",
+    ),
+    "strict-int-float-heads": (
+        BASE.replace("heads: 4", "heads: 4.0  # <-"),
+        "attention.heads",
+        "expected an integer",
+    ),
+    "stack-layers-strict-int": (
+        BASE.replace("decoder-only", "encoder-decoder").replace(
+            "layers: 2", "layers:\n  encoder: 2\n  decoder: yes  # <-"
+        ),
+        "layers.decoder",
+        "expected an integer, got true",
+    ),
+    "finite-dropout-nan": (
+        BASE + "dropout: .nan  # <-\n",
+        "dropout",
+        "finite",
+    ),
+    "finite-rope_theta-inf": (
+        BASE + "embedding:\n  positions: rope\n  rope_theta: .inf  # <-\n",
+        "embedding.rope_theta",
+        "finite",
+    ),
+    "positive-eps": (
+        BASE + "norm:\n  eps: -1.0e-5  # <-\n",
+        "norm.eps",
+        "between 0 and 1",
+    ),
+    "dropout-below-one": (
+        BASE + "dropout: 1.5  # <-\n",
+        "dropout",
+        "less than 1",
+    ),
+    "float-not-bool": (
+        BASE + "norm:\n  eps: true  # <-\n",
+        "norm.eps",
+        "must be a number",
+    ),
+    "negative-size": (
+        BASE.replace("vocab: 100", "vocab: -100  # <-"),
+        "vocab",
+        "greater than or equal to 1",
+    ),
+    "upper-bound-d_model": (
+        BASE.replace("d_model: 64", "d_model: 5120000  # <-"),
+        "d_model",
+        "less than or equal to 262144",
+    ),
+    "upper-bound-layers": (
+        BASE.replace("layers: 2", "layers: 100000  # <-"),
+        "layers",
+        "less than or equal to 10000",
+    ),
+    "upper-bound-huge-int": (
+        BASE.replace("vocab: 100", "vocab: 99999999999999999999999999999  # <-"),
+        "vocab",
+        "less than or equal to 16777216",
+    ),
+    "unknown-key-suggestion": (
+        BASE + "layerz: 3  # <-\n",
+        "layerz",
+        "unknown field 'layerz'; did you mean 'layers'?",
+    ),
+    "unknown-nested-key-suggestion": (
+        BASE + "  head_dims: 16  # <-\n",
+        "attention.head_dims",
+        "did you mean 'head_dim'?",
+    ),
+    "unknown-key-lists-fields": (
+        BASE + "norm:\n  zzz: 1  # <-\n",
+        "norm.zzz",
+        "valid fields: position, kind, eps, final",
+    ),
+    "literal-lists-options": (
+        BASE + "norm:\n  position: middle  # <-\n",
+        "norm.position",
+        "must be one of 'post', 'pre', 'branch' or 'sandwich' (got 'middle')",
+    ),
+    "literal-activation": (
+        BASE + "ffn:\n  activation: swish  # <-\n",
+        "ffn.activation",
+        "'relu', 'gelu', 'gelu_tanh', 'silu', 'swiglu' or 'geglu'",
+    ),
+    "name-pattern": (
+        BASE.replace("name: rules", "name: My Model  # <-"),
+        "name",
+        "should match pattern",
+    ),
+    "missing-required": (
+        BASE.replace("attention:\n  heads: 4\n", "attention:  # <-\n  bias: false\n"),
+        "attention.heads",
+        "required field is missing",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RULES))
+def test_rule_reported_with_path_and_line(tmp_path: Path, case: str) -> None:
+    text, field, expected = RULES[case]
+    path = write(tmp_path, text)
+    result = cli("validate", str(path))
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    err = result.stderr
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"{path}:{marked_line(text)}:"), err
+    assert f": {field}: " in err
+    assert expected in err
+
+
+# ---- hostile inputs ---------------------------------------------------------------------
+
+
+def bomb() -> str:
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def hostile_files(tmp_path: Path) -> dict[str, Path]:
+    contents: dict[str, bytes] = {
+        "python-object": b"name: !!python/object/apply:os.system ['touch pwned']\n",
+        "python-name": b"arch: !!python/name:os.system\n",
+        "billion-laughs": bomb().encode(),
+        "binary": bytes(range(256)) * 64,
+        "empty": b"",
+        "list": b"- name: x\n- arch: decoder-only\n",
+        "too-big": b"# padding\n" * (110 * 1024),
+        "nan": BASE.replace("d_model: 64", "d_model: .nan").encode(),
+        "inf": (BASE + "norm: {eps: .inf}\n").encode(),
+        "negative": BASE.replace("layers: 2", "layers: -2").encode(),
+        "huge": BASE.replace("d_model: 64", "d_model: 1" + "0" * 400).encode(),
+        "bool-int": BASE.replace("heads: 4", "heads: false").encode(),
+        "string-int": BASE.replace("vocab: 100", "vocab: lots").encode(),
+        "deep": b"a: " + b"[" * 100_000 + b"]" * 100_000,
+        "dupe": (BASE + "name: again\n").encode(),
+    }
+    paths = {}
+    for name, data in contents.items():
+        paths[name] = tmp_path / f"{name}.yaml"
+        paths[name].write_bytes(data)
+    paths["missing"] = tmp_path / "missing.yaml"
+    paths["directory"] = tmp_path / "a-directory"
+    paths["directory"].mkdir()
+    return paths
+
+
+def test_hostile_inputs_through_click(tmp_path: Path) -> None:
+    paths = hostile_files(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    for name, path in paths.items():
+        start = time.perf_counter()
+        result = cli("validate", str(path))
+        assert time.perf_counter() - start < 2.0, name
+        assert result.exit_code == 2, name
+        assert result.stdout == "", name
+        assert result.stderr.count("\n") == 1, (name, result.stderr)
+        assert result.stderr.startswith(str(path)), (name, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert sorted(os.listdir(tmp_path)) == before
+    assert not (Path.cwd() / "pwned").exists()
+
+
+def run_tfgraph(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tfgraph", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_hostile_inputs_through_a_real_process(tmp_path: Path) -> None:
+    paths = hostile_files(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    start = time.perf_counter()
+    proc = run_tfgraph("validate", *map(str, paths.values()), cwd=tmp_path)
+    assert time.perf_counter() - start < 15
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == len(paths)
+    for line, path in zip(lines, paths.values()):
+        assert line.startswith(str(path))
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("name", ["python-object", "billion-laughs", "too-big", "missing"])
+def test_single_hostile_file_via_console_entry(tmp_path: Path, name: str) -> None:
+    path = hostile_files(tmp_path)[name]
+    before = sorted(os.listdir(tmp_path))
+    proc = run_tfgraph("validate", str(path), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_valid_spec_through_a_real_process() -> None:
+    proc = run_tfgraph("validate", "specs/tiny.yaml", cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.startswith("specs/tiny.yaml: ok")
+
+
+# ---- the error policy for bugs ----------------------------------------------------------
+
+
+def test_internal_errors_exit_1_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tfgraph.commands.validate as validate_module
+
+    def broken(path: str) -> None:
+        raise RuntimeError("something\nbroke")
+
+    monkeypatch.setattr(validate_module, "load_spec_arg", broken)
+    result = cli("validate", "x.yaml")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("tfgraph: internal error: RuntimeError: something broke\n")
+    assert "Traceback" not in result.stderr
+
+    debug = cli("--debug", "validate", "x.yaml")
+    assert debug.exit_code == 1 and "Traceback" in debug.stderr
+
+
+def test_user_errors_from_any_command_exit_2_traceback_only_with_debug() -> None:
+    import click
+
+    from tfgraph.errors import TfgraphError
+
+    @click.command("explode")
+    def explode() -> None:
+        raise TfgraphError("out.onnx: directory nope does not exist")
+
+    main.add_command(explode)
+    try:
+        plain = cli("explode")
+        debug = cli("--debug", "explode")
+    finally:
+        main.commands.pop("explode")
+    assert plain.exit_code == 2
+    assert plain.stderr == "out.onnx: directory nope does not exist\n"
+    assert debug.exit_code == 2 and "Traceback" in debug.stderr

@@ -1,0 +1,303 @@
+"""The YAML loader: safety limits, located messages, and Spec -> YAML -> Spec round-trips."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tfgraph import Spec, dump_spec, load_spec, parse_spec
+from tfgraph.errors import SpecError, TfgraphError
+from tfgraph.safe_yaml import MAX_BYTES, MAX_VALUES
+
+SPEC_FILES = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.yaml"))
+
+VALID = """\
+name: t
+arch: decoder-only
+d_model: 64
+layers: 2
+vocab: 100
+attention:
+  heads: 4
+"""
+
+
+def error_of(text: str) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, "t.yaml")
+    return info.value
+
+
+def test_valid_text_parses_with_derived_defaults() -> None:
+    spec = parse_spec(VALID)
+    assert spec.attention.head_dim == 16 and spec.attention.kv_heads == 4
+    assert spec.ffn.hidden == 256 and spec.norm.final is False
+
+
+def test_message_format_is_file_line_col_path_message() -> None:
+    err = error_of(VALID.replace("d_model: 64", "d_model: -64"))
+    assert (err.file, err.line, err.col, err.path) == ("t.yaml", 3, 10, "d_model")
+    assert str(err) == f"t.yaml:3:10: d_model: {err.message}"
+    assert "-64" in err.message
+
+
+def test_unknown_parts_are_left_out_of_the_message() -> None:
+    assert str(SpecError("boom", file="a.yaml")) == "a.yaml: boom"
+    assert str(SpecError("boom", path="x.y")) == "x.y: boom"
+    assert str(SpecError("two\nlines")) == "two lines"
+
+
+def test_yaml_1_2_exponent_floats_are_numbers() -> None:
+    spec = parse_spec(VALID + "norm: {eps: 1e-6}\nembedding: {rope_theta: 5E+5}\n")
+    assert spec.norm.eps == 1e-6 and spec.embedding.rope_theta == 5e5
+
+
+def test_several_errors_report_the_first_and_a_count() -> None:
+    err = error_of(VALID + "norm:\n  position: middle\n  kind: other\n")
+    assert err.message.endswith("(and 1 more)")
+    assert err.path == "norm.position" and err.line == 9
+
+
+def test_union_noise_is_dropped_for_a_mapping_written_where_a_mapping_fits() -> None:
+    err = error_of(VALID.replace("layers: 2", "layers: {encoder: 2, decoder: true}"))
+    assert err.path == "layers.decoder"
+    assert "expected an integer, got true" in err.message and "more" not in err.message
+
+
+def test_missing_field_points_at_its_parent() -> None:
+    err = error_of(VALID.replace("  heads: 4\n", "  bias: true\n"))
+    assert (err.path, err.line) == ("attention.heads", 6)
+    assert "required" in err.message
+
+
+def test_missing_top_level_field() -> None:
+    err = error_of(VALID.replace("name: t\n", ""))
+    assert (err.path, err.line, err.col) == ("name", 1, 1)
+
+
+def test_duplicate_keys_are_refused() -> None:
+    err = error_of(VALID + "d_model: 32\n")
+    assert (err.path, err.line) == ("d_model", 8)
+    assert "duplicate key" in err.message and "line 3" in err.message
+
+
+def test_merge_keys_are_refused() -> None:
+    text = "base: &b {heads: 4}\n" + VALID.replace("  heads: 4", "  <<: *b")
+    assert "merge keys" in error_of(text).message
+
+
+@pytest.mark.parametrize(
+    "tagged",
+    [
+        "!!python/object/apply:os.system ['echo pwned']",
+        "!!python/name:os.system",
+        "!!binary aGVsbG8=",
+        "!!set {a, b}",
+        "!!omap [a: 1]",
+        "!custom 3",
+    ],
+)
+def test_non_standard_tags_are_refused(tagged: str) -> None:
+    err = error_of(VALID + f"description: {tagged}\n")
+    assert "tag" in err.message and "not allowed" in err.message
+    assert err.line == 8
+
+
+def test_standard_explicit_tags_are_accepted() -> None:
+    assert parse_spec(VALID + "description: !!str 2017\n").description == "2017"
+
+
+def test_a_date_is_kept_as_the_text_written() -> None:
+    assert parse_spec(VALID + "description: 2017-06-12\n").description == "2017-06-12"
+
+
+def test_non_string_keys_are_refused() -> None:
+    err = error_of(VALID + "on: 3\n")
+    assert "not a field name" in err.message and err.line == 8
+
+
+def bomb(levels: int = 9) -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels):
+        refs = ", ".join([f"*a{i - 1}"] * 10)
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_billion_laughs_is_refused_quickly() -> None:
+    start = time.perf_counter()
+    err = error_of(bomb())
+    assert time.perf_counter() - start < 0.5
+    assert f"{MAX_VALUES:,}" in err.message
+
+
+def test_self_referencing_alias_is_refused() -> None:
+    assert "levels deep" in error_of("a: &a [*a]\n").message
+
+
+def test_aliases_within_the_bound_are_fine() -> None:
+    text = VALID.replace("d_model: 64", "d_model: &w 64") + "ffn: {hidden: *w}\n"
+    assert parse_spec(text).ffn.hidden == 64
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: " + "[" * 200_000 + "]" * 200_000,  # deep flow nesting: PyYAML recursion
+        "a: [" + "1, " * 300_000 + "1]\n",  # a flat list far past the value bound
+        "".join(f"k{i}: 1\n" for i in range(60_000)),
+    ],
+    ids=["deep", "flat", "many-keys"],
+)
+def test_huge_structures_within_1_mib_are_refused_quickly(text: str) -> None:
+    assert len(text.encode()) < MAX_BYTES
+    start = time.perf_counter()
+    with pytest.raises(SpecError):
+        parse_spec(text)
+    assert time.perf_counter() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "empty"),
+        ("# just a comment\n", "empty"),
+        ("- a\n- b\n", "not a list"),
+        ("42\n", "not a single value"),
+        ("a: [\n", "invalid YAML"),
+        ("a:\n\tb: 1\n", "invalid YAML"),
+        ("a: 1\n---\nb: 2\n", "single document"),
+        ("a: \x00\n", "#x0000"),
+    ],
+)
+def test_malformed_documents(text: str, expected: str) -> None:
+    err = error_of(text)
+    assert expected in str(err) and "\n" not in str(err)
+
+
+def test_file_errors(tmp_path) -> None:
+    with pytest.raises(TfgraphError, match="no such file"):
+        load_spec(tmp_path / "missing.yaml")
+    with pytest.raises(TfgraphError, match="is a directory"):
+        load_spec(tmp_path)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_BYTES + 1))
+    with pytest.raises(TfgraphError, match="larger than 1 MiB"):
+        load_spec(big)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"name: \xff\xfe\x00t\n")
+    with pytest.raises(TfgraphError, match="not UTF-8"):
+        load_spec(binary)
+
+
+def test_utf8_bom_is_accepted(tmp_path) -> None:
+    path = tmp_path / "bom.yaml"
+    path.write_bytes(b"\xef\xbb\xbf" + VALID.encode())
+    assert load_spec(path).name == "t"
+
+
+# ---- round trips -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=[p.name for p in SPEC_FILES])
+def test_every_spec_round_trips_through_yaml(path) -> None:
+    spec = load_spec(path)
+    text = dump_spec(spec)
+    again = parse_spec(text)
+    assert again == spec
+    assert again.model_dump() == spec.model_dump()
+    assert dump_spec(again) == text
+
+
+@given(name=st.from_regex(r"\A[a-z0-9][a-z0-9._-]{0,20}\Z"), description=st.text(max_size=60))
+@settings(max_examples=150, deadline=None)
+def test_round_trip_keeps_strings_that_look_like_numbers_or_dates(
+    name: str, description: str
+) -> None:
+    spec = parse_spec(VALID).model_copy(update={"name": name, "description": description})
+    assert parse_spec(dump_spec(spec)) == spec
+
+
+# ---- properties: nothing ever escapes as anything but a Spec or a TfgraphError ----------
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["relu", "rope", "pre", "encoder-decoder", "logits", "float16"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(
+            st.one_of(st.text(max_size=10), st.sampled_from(["heads", "encoder", "source"])),
+            inner,
+            max_size=4,
+        ),
+    ),
+    max_leaves=20,
+)
+
+
+def never_crashes(text: str) -> None:
+    try:
+        assert isinstance(parse_spec(text), Spec)
+    except TfgraphError as exc:
+        assert "\n" not in str(exc) and str(exc)
+
+
+@given(values)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_arbitrary_yaml_values_never_crash(value) -> None:
+    never_crashes(yaml.safe_dump(value))
+
+
+@given(st.text(max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_arbitrary_text_never_crashes(text: str) -> None:
+    never_crashes(text)
+
+
+FIELD_PATHS = [
+    ("name",), ("description",), ("arch",), ("d_model",), ("layers",), ("vocab",), ("max_len",),
+    ("embedding",), ("embedding", "positions"), ("embedding", "scale"),
+    ("embedding", "tie_output"), ("embedding", "share"), ("embedding", "output_bias"),
+    ("embedding", "rope_theta"), ("attention",), ("attention", "heads"),
+    ("attention", "kv_heads"), ("attention", "head_dim"), ("attention", "bias"),
+    ("attention", "normalize"), ("ffn",), ("ffn", "hidden"), ("ffn", "activation"),
+    ("ffn", "bias"), ("norm",), ("norm", "position"), ("norm", "kind"), ("norm", "eps"),
+    ("norm", "final"), ("dropout",), ("output",), ("dtype",), ("layerz",), ("layers", "encoder"),
+    ("vocab", "target"), ("attention", "headz"),
+]
+
+
+@given(
+    base=st.sampled_from(SPEC_FILES),
+    edits=st.lists(
+        st.tuples(st.sampled_from(FIELD_PATHS), st.one_of(values, st.just("<delete>"))),
+        min_size=1,
+        max_size=3,
+    ),
+)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_mutated_valid_specs_never_crash(base, edits) -> None:
+    data = yaml.safe_load(base.read_text())
+    for path, value in edits:
+        node = data
+        for key in path[:-1]:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        if value == "<delete>":
+            node.pop(path[-1], None)
+        else:
+            node[path[-1]] = value
+    never_crashes(yaml.safe_dump(data, sort_keys=False))
