@@ -54,18 +54,26 @@ def load_weights(path: str, graph: Graph) -> dict[str, np.ndarray]:
         arrays = _read_safetensors(path, safe_open)
     except (OSError, SafetensorError, ValueError) as err:
         raise TfgraphError(f"{path}: cannot read weights: {err}") from err
+    check_weights({n: tuple(a.shape) for n, a in arrays.items()}, graph, path)
+    return {n: a.astype(np.float32, copy=False) for n, a in arrays.items()}
+
+
+def check_weights(shapes: dict[str, tuple[int, ...]], graph: Graph, source: str) -> None:
+    """Raise ``TfgraphError`` listing every missing, unexpected and mis-shaped name of
+    ``shapes`` (name -> shape of given weights, from ``source``) against ``graph``."""
+    from tfgraph.errors import TfgraphError
+
     expected = param_shapes(graph)
-    missing = sorted(set(expected) - set(arrays))
-    unexpected = sorted(set(arrays) - set(expected))
-    misshaped = sorted(f"{n} {tuple(arrays[n].shape)} != {expected[n]}"
-                       for n in set(expected) & set(arrays)
-                       if tuple(arrays[n].shape) != expected[n])
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    misshaped = sorted(f"{n} {tuple(shapes[n])} != {expected[n]}"
+                       for n in set(expected) & set(shapes)
+                       if tuple(shapes[n]) != expected[n])
     problems = [f"{label}: {', '.join(names)}" for label, names in
                 (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
                 if names]
     if problems:
-        raise TfgraphError(f"{path}: weights do not match {graph.name}: " + "; ".join(problems))
-    return {n: a.astype(np.float32, copy=False) for n, a in arrays.items()}
+        raise TfgraphError(f"{source}: weights do not match {graph.name}: " + "; ".join(problems))
 
 
 def _read_safetensors(path: str, safe_open) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
