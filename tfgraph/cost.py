@@ -119,11 +119,13 @@ def kv_cache(graph: Graph) -> sympy.Expr:
 
 @dataclass(frozen=True)
 class Peak:
-    """Inference activation peak: bytes, the node at which it happens, its expression."""
+    """Inference activation peak: bytes, the node at which it happens, the buffers live there
+    (node names) and its expression (their bytes plus the node's scratch)."""
 
     bytes: int
     node: str
     expr: sympy.Expr
+    live: tuple[str, ...] = ()
 
 
 def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol, int],
@@ -166,18 +168,13 @@ def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol,
         for name in [b for b in live if last_use.get(b, -1) <= pos[n.name]]:
             running -= value(live.pop(name))
     # Recompute the live set at the peak to give its symbolic expression.
-    return Peak(best.bytes, best.node, _live_expr_at(graph, nodes, owner, last_use, pos,
-                                                        best.node, temp))
-
-
-def _live_expr_at(graph: Graph, nodes: list[Node], owner: dict[str, str],
-                  last_use: dict[str, int], pos: dict[str, int], at: str,
-                  temp: dict[str, sympy.Expr]) -> sympy.Expr:
-    t = pos[at]
-    terms = [n.type.nbytes for n in nodes
-             if not n.is_param and owner[n.name] == n.name
-             and pos[n.name] <= t <= last_use.get(n.name, pos[n.name])]
-    return sympy.Add(*terms, temp.get(at, sympy.Integer(0)))
+    t = pos[best.node]
+    live_at = tuple(n.name for n in nodes
+                    if not n.is_param and owner[n.name] == n.name
+                    and pos[n.name] <= t <= last_use.get(n.name, pos[n.name]))
+    expr = sympy.Add(*(graph.node(n).type.nbytes for n in live_at),
+                     temp.get(best.node, sympy.Integer(0)))
+    return Peak(best.bytes, best.node, expr, live_at)
 
 
 def weights_bytes(graph: Graph) -> int:

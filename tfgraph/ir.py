@@ -70,6 +70,14 @@ class Node:
         return self.op == "param"
 
 
+def _param_dim(d: Any) -> Any:
+    """A parameter dimension: an ``int`` in every real graph; a sympy expression only in the
+    symbolic twins that ``tfgraph.formulas`` lowers to write costs in the spec's symbols."""
+    if isinstance(d, sympy.Basic) and not d.is_Integer:
+        return d
+    return int(d)
+
+
 def _shape(dims: tuple[Any, ...]) -> Shape:
     return tuple(sympy.sympify(d) for d in dims)
 
@@ -106,7 +114,7 @@ class Graph:
 
     def param(self, name: str, shape: tuple[int, ...], scope: str, init: str, dtype: str) -> str:
         """A parameter; ``init`` is 'normal', 'zeros' or 'ones' (see tfgraph.weights)."""
-        attrs = {"shape": tuple(int(d) for d in shape), "init": init}
+        attrs = {"shape": tuple(_param_dim(d) for d in shape), "init": init}
         return self._insert(Node(name, "param", (), attrs, scope, TensorType(_shape(shape), dtype)))
 
     def add(self, op: str, inputs: list[str] | tuple[str, ...], *, name: str, scope: str,

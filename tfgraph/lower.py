@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import math
 
+import sympy
+
 from tfgraph.ir import B, S, T, Graph
 from tfgraph.spec import GATED_ACTIVATIONS, Spec
+
+
+def _sqrt(n: int | sympy.Expr) -> float | sympy.Expr:
+    """sqrt(d_model) as a float, or symbolically in tfgraph.formulas' symbolic twins."""
+    return sympy.sqrt(n) if isinstance(n, sympy.Basic) else math.sqrt(n)
 
 
 class _Lowering:
@@ -93,7 +100,7 @@ class _Lowering:
         x = g.add("embedding", [table, ids], name=f"{scope}.tokens", scope=scope)  # (B, L, d)
         if spec.embedding.scale:
             x = g.add("scale", [x], name=f"{scope}.scale", scope=scope,
-                      factor=math.sqrt(spec.d_model))
+                      factor=_sqrt(spec.d_model))
         if spec.embedding.positions == "sinusoidal":
             x = g.add("positions_sinusoidal", [x], name=f"{scope}.positions", scope=scope)
         elif spec.embedding.positions == "learned":

@@ -200,7 +200,7 @@ def _attention_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType
     _check_last(v, kvh * hd, "attention v")
     if k.shape[:-1] != v.shape[:-1] or q.shape[0] != k.shape[0]:
         raise ValueError(f"k {k} and v {v} must share batch and length with each other and q {q}")
-    if h % kvh:
+    if sympy.sympify(h % kvh).is_nonzero:  # symbolic heads (tfgraph.formulas) pass unproven
         raise ValueError(f"heads {h} is not a multiple of kv_heads {kvh}")
     return q
 

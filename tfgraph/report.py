@@ -17,6 +17,7 @@ from typing import Any
 import sympy
 
 from tfgraph import cost
+from tfgraph.formulas import spec_formulas
 from tfgraph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.ops import FLOPS_PER_ELEMENT
 
@@ -48,7 +49,21 @@ CONVENTIONS = {
                        "self-attention over the target, cross-attention over the source.",
     "memory.train_step": "Adam: weights + gradients (spec dtype) + two fp32 moments "
                          "(+ an fp32 master copy for 16-bit dtypes) + saved_for_backward.",
+    "formulas": "sympy expressions in B (batch), S (sequence; source for encoder-decoder), "
+                "T (target) and the spec's sizes (values under 'symbols'): L layers per stack "
+                "(L_enc, L_dec when they differ), d d_model, h heads, kv key/value heads, hd "
+                "head_dim, d_ff ffn.hidden, V vocabulary (V_src, V_tgt when two), max_len; a "
+                "derived size equal to its default is written through its sources (hd = d/h, "
+                "kv = h, d_ff = 4*d); each formula is checked to give the numeric expression "
+                "back (formulas_bst: the same in B, S, T only). memory.activations_peak's "
+                "formula is the live set at the peak for the requested sizes.",
 }
+
+
+_FORMULA_ORDER = ["params", *(f"flops.{k}" for k in ("forward", "matmul", "other", "backward",
+                                                      "train_step", "causal_effective_matmul")),
+                  *(f"memory.{k}" for k in ("weights", "activations_peak", "saved_for_backward",
+                                            "kv_cache", "train_step"))]
 
 
 def _int(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int:
@@ -94,7 +109,7 @@ def symbolic(graph: Graph) -> dict[str, Any]:
             "causal_effective_matmul": sympy.expand(matmul - _causal_discount(graph)),
         },
         "memory": {
-            "weights": sympy.Integer(weights),
+            "weights": sympy.sympify(weights),
             "saved_for_backward": saved,
             "kv_cache": cost.kv_cache(graph),
             "train_step": 2 * weights + (2 * ADAM_MOMENT_BYTES * params) + master + saved,
@@ -108,6 +123,13 @@ def symbolic(graph: Graph) -> dict[str, Any]:
 def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[sympy.Symbol, int]:
     tgt = seq if tgt_seq is None else tgt_seq
     return {SYMBOLS["B"]: int(batch), SYMBOLS["S"]: int(seq), SYMBOLS["T"]: int(tgt)}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def _fmt(expr: sympy.Expr) -> str:
@@ -125,21 +147,39 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     flops = {k: _int(v, sizes) for k, v in sym["flops"].items()}
     memory = {k: _int(v, sizes) for k, v in sym["memory"].items()}
     memory["activations_peak"] = peak.bytes
-    components: dict[str, dict[str, int]] = {}
+    # Components in order of first appearance (the token table, read by the first embedding,
+    # comes first); layers are separate rows, a display may fold identical ones.
+    components: dict[str, dict[str, int]] = {
+        cost.component(n.scope): {"params": 0, "flops_matmul": 0, "flops_other": 0}
+        for n in graph.nodes() if n.op != "input"}
     for c in sym["costs"]:
-        row = components.setdefault(cost.component(c.scope),
-                                    {"params": 0, "flops_matmul": 0, "flops_other": 0})
+        row = components[cost.component(c.scope)]
         row["flops_matmul"] += _int(c.matmul, sizes)
         row["flops_other"] += _int(c.other, sizes)
     params_by_component = cost.params_by_component(graph)
     for key, n in params_by_component.items():
-        components.setdefault(key, {"params": 0, "flops_matmul": 0, "flops_other": 0})
         components[key]["params"] = n
+    params_by_kind: dict[str, int] = {}
+    for p in graph.params():
+        kind = cost.sublayer(p.scope)
+        params_by_kind[kind] = params_by_kind.get(kind, 0) + _numel(p.attrs["shape"])
     spec = graph.spec
-    formulas = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
-    formulas.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
-    formulas["memory.activations_peak"] = _fmt(peak.expr)
-    formulas["params"] = str(sym["params"])
+    bst = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
+    bst.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
+    bst["memory.activations_peak"] = _fmt(peak.expr)
+    bst["params"] = str(sym["params"])
+    symbols = {"B": int(batch), "S": int(seq)}
+    if spec is not None and spec.arch == "encoder-decoder":
+        symbols["T"] = int(tgt_seq if tgt_seq else seq)
+    named = spec_formulas(graph)
+    if named is None:
+        formulas = dict(bst)
+    else:
+        formulas = {k: str(v) for k, v in named.figures.items()}
+        formulas["memory.activations_peak"] = str(named.peak(peak, fused_attention))
+        symbols.update(named.used_values())
+    formulas = {k: formulas[k] for k in sorted(formulas, key=_FORMULA_ORDER.index)}
+    bst = {k: bst[k] for k in formulas}
     return {
         "name": graph.name,
         "arch": spec.arch if spec else None,
@@ -151,8 +191,11 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "flops": flops,
         "memory": memory,
         "flops_by_kind": {k: _int(v, sizes) for k, v in sym["flops_by_kind"].items()},
+        "params_by_kind": params_by_kind,
         "components": components,
         "activations_peak_at": peak.node,
         "formulas": formulas,
+        "formulas_bst": bst,
+        "symbols": symbols,
         "conventions": CONVENTIONS,
     }

@@ -1,0 +1,198 @@
+"""``tfgraph report SPEC``: parameters, FLOPs and memory of a spec, with formulas (design §5, §6).
+
+The numbers are exactly ``graph.report(...)``; ``--json`` prints that dict, the default is a
+readable rich rendering of it: totals, the per-component breakdown (identical consecutive layers
+folded into one row, ``decoder.layers.0–11 ×12``), the split by sublayer kind, the formulas in
+the spec's symbols and the accounting conventions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from tfgraph.cli_support import describe, load_spec_arg
+from tfgraph.errors import TfgraphError
+
+
+def _positive(option: str, text: str | None) -> int | None:
+    """Parse a size option ourselves, so a bad value is one line and exit 2 (not click's
+    three-line usage error)."""
+    if text is None:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise TfgraphError(f"{option}: expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise TfgraphError(f"{option}: expected a positive integer, got {value}")
+    return value
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC")
+@click.option("--batch", "batch_text", metavar="B", help="Batch size (default 1).")
+@click.option("--seq", "seq_text", metavar="S",
+              help="Sequence length; the source length for encoder-decoder (default 128, or "
+                   "max_len when that is smaller).")
+@click.option("--tgt-seq", "tgt_text", metavar="T",
+              help="Target length, encoder-decoder only (default: --seq).")
+@click.option("--fused-attention", is_flag=True,
+              help="Activation peak with a fused attention kernel (no score matrix).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report dict as JSON.")
+def report(spec_path: str, batch_text: str | None, seq_text: str | None, tgt_text: str | None,
+           fused_attention: bool, as_json: bool) -> None:
+    """Report parameters, FLOPs and memory of SPEC at a batch size and sequence length(s).
+
+    Exit status 2 for an invalid spec or a bad size.
+    """
+    spec = load_spec_arg(spec_path)
+    batch = _positive("--batch", batch_text) or 1
+    seq = _positive("--seq", seq_text)
+    tgt_seq = _positive("--tgt-seq", tgt_text)
+    if tgt_seq is not None and spec.arch != "encoder-decoder":
+        raise TfgraphError(f"--tgt-seq: {spec.name} is {spec.arch} with one sequence; use --seq")
+    if seq is None:
+        seq = min(128, spec.max_len) if spec.max_len else 128
+    for option, value in (("--seq", seq), ("--tgt-seq", tgt_seq)):
+        if value is not None and spec.max_len is not None and value > spec.max_len:
+            raise TfgraphError(f"{option}: {value} is longer than the spec's max_len "
+                               f"{spec.max_len}")
+
+    import tfgraph
+
+    graph = tfgraph.compile(spec)
+    rep = graph.report(batch=batch, seq=seq, tgt_seq=tgt_seq, fused_attention=fused_attention)
+    if as_json:
+        click.echo(json.dumps(rep, indent=2))
+        return
+    render(rep, describe(spec))
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+_LAYER_ROW = re.compile(r"^(?P<stack>\w+)\.layers\.(?P<i>\d+)$")
+
+
+def _si(n: int, unit: str) -> str:
+    """1234567 -> '1.23 M' (decimal prefixes for counts and FLOPs)."""
+    for value, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= value:
+            return f"{n / value:.2f} {prefix}{unit}"
+    return f"{n} {unit}".rstrip()
+
+
+def _bytes(n: int) -> str:
+    """Binary prefixes for memory: 1536 -> '1.50 KiB'."""
+    for value, prefix in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if abs(n) >= value:
+            return f"{n / value:.2f} {prefix}"
+    return f"{n} B"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def fold_components(components: dict[str, dict[str, int]]) -> list[tuple[str, int, dict[str, int]]]:
+    """(label, count, summed row) with runs of identical consecutive layers of one stack folded:
+    ``decoder.layers.0–11`` with count 12 and the sums over the run."""
+    rows: list[tuple[str, int, dict[str, int]]] = []
+    run: list[tuple[str, int, dict[str, int]]] = []  # (stack, index, row)
+
+    def flush() -> None:
+        if not run:
+            return
+        stack, first, row = run[0]
+        last = run[-1][1]
+        label = f"{stack}.layers.{first}" if len(run) == 1 else \
+            f"{stack}.layers.{first}\N{EN DASH}{last}"
+        rows.append((label, len(run), {k: v * len(run) for k, v in row.items()}))
+        run.clear()
+
+    for name, row in components.items():
+        m = _LAYER_ROW.match(name)
+        if m and run and run[0][0] == m["stack"] and run[0][2] == row \
+                and run[-1][1] + 1 == int(m["i"]):
+            run.append((m["stack"], int(m["i"]), row))
+            continue
+        flush()
+        if m:
+            run.append((m["stack"], int(m["i"]), row))
+        else:
+            rows.append((name, 1, dict(row)))
+    flush()
+    return rows
+
+
+def render(rep: dict[str, Any], title: str, console: Console | None = None) -> None:
+    """Print the report dict as rich tables."""
+    from tfgraph.formulas import pretty
+
+    console = console or Console()
+    sizes = rep["sizes"]
+    where = f"batch {sizes['batch']}, seq {sizes['seq']}"
+    if rep["arch"] == "encoder-decoder":
+        where += f", tgt_seq {sizes['tgt_seq']}"
+    if sizes["fused_attention"]:
+        where += ", fused attention"
+    console.print(f"[bold]{title}[/bold]")
+    console.print(f"{rep['dtype']}, {where}")
+
+    flops, memory = rep["flops"], rep["memory"]
+    totals = Table(title="Totals", title_justify="left")
+    totals.add_column("figure", no_wrap=True)
+    totals.add_column("value", justify="right", no_wrap=True)
+    totals.add_column("exact", justify="right", no_wrap=True)
+    totals.add_row("params", _si(rep["params"], ""), f"{rep['params']:,}")
+    for key in ("forward", "matmul", "other", "backward", "train_step",
+                "causal_effective_matmul"):
+        totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")
+    for key in ("weights", "activations_peak", "saved_for_backward", "kv_cache", "train_step"):
+        totals.add_row(f"memory.{key}", _bytes(memory[key]), f"{memory[key]:,} B")
+    console.print(totals)
+    console.print(f"activation peak at node {rep['activations_peak_at']}")
+
+    comp = Table(title="Per component (FLOPs of one forward; identical consecutive layers "
+                       "folded, values summed)",
+                 title_justify="left")
+    for col in ("component", "params", "FLOPs", "matmul", "other", "of forward"):
+        comp.add_column(col, justify="left" if col == "component" else "right", no_wrap=True)
+    for label, count, row in fold_components(rep["components"]):
+        total = row["flops_matmul"] + row["flops_other"]
+        name = f"{label} \N{MULTIPLICATION SIGN}{count}" if count > 1 else label
+        comp.add_row(name, f"{row['params']:,}", _si(total, ""),
+                     _si(row["flops_matmul"], ""), _si(row["flops_other"], ""),
+                     _pct(total, flops["forward"]))
+    console.print(comp)
+
+    kinds = Table(title="Per sublayer kind (attention_scores: QKᵀ, normalise, weights·V)",
+                  title_justify="left")
+    for col in ("kind", "params", "FLOPs", "of forward"):
+        kinds.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
+    names = list(dict.fromkeys([*rep["params_by_kind"], *rep["flops_by_kind"]]))
+    for kind in names:
+        f = rep["flops_by_kind"].get(kind, 0)
+        kinds.add_row(kind, f"{rep['params_by_kind'].get(kind, 0):,}", _si(f, ""),
+                      _pct(f, flops["forward"]))
+    console.print(kinds)
+
+    formulas = Table(title="Formulas", title_justify="left")
+    formulas.add_column("figure", no_wrap=True)
+    formulas.add_column("formula", overflow="fold")
+    for key, text in rep["formulas"].items():
+        formulas.add_row(key, pretty(text))
+    console.print(formulas)
+    console.print("symbols: " + ", ".join(f"{k} = {v:,}" for k, v in rep["symbols"].items()))
+
+    conv = Table(title="Conventions", title_justify="left", show_header=False)
+    conv.add_column("figure", no_wrap=True)
+    conv.add_column("convention", overflow="fold")
+    for key, text in rep["conventions"].items():
+        conv.add_row(key, text)
+    console.print(conv)

@@ -1,0 +1,203 @@
+"""Cost formulas in the spec's own symbols: ``L·(24·B·S·d² + 4·B·S²·d) + 2·B·S·d·V``.
+
+The figures of ``tfgraph.report.symbolic`` are sympy expressions in B, S, T with numeric
+coefficients (``247064064*B*S``). To say where those numbers come from, the spec is lowered again
+as a *symbolic twin*: the same lowering and the same per-op cost rules, on a spec whose sizes are
+symbols (d, h, kv, hd, d_ff, V, max_len). Layer counts cannot be symbols (a loop needs a number),
+so the twin is lowered with 1 and 2 layers per stack; every figure except the activation peak is
+affine in the layer count, so ``per-layer = c(2) - c(1)`` and ``rest = c(1) - per-layer`` give
+``L·(per-layer) + rest`` exactly. Every formula is then checked: substituting the spec's sizes
+must give the numeric expression back (``expand(difference) == 0``); a figure that fails the
+check keeps its B, S, T form (``SpecFormulas.unverified`` names it; tests require none).
+
+A derived size equal to its default is written through the sizes it derives from, so the usual
+GPT layout reduces to Narayanan et al. (2021): hd = d/h when h·hd = d, kv = h when there is no
+grouping, d_ff = 4·d when the feed-forward is 4 times wider.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sympy
+
+from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.spec import Spec, StackLayers, Vocabularies
+
+if TYPE_CHECKING:
+    from tfgraph.cost import Peak
+
+
+def _sym(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, positive=True, integer=True)
+
+
+L, L_ENC, L_DEC = _sym("L"), _sym("L_enc"), _sym("L_dec")
+D, H, KV, HD, D_FF = _sym("d"), _sym("h"), _sym("kv"), _sym("hd"), _sym("d_ff")
+V, V_SRC, V_TGT, MAX_LEN = _sym("V"), _sym("V_src"), _sym("V_tgt"), _sym("max_len")
+
+MEANING: dict[str, str] = {
+    "B": "batch", "S": "sequence length (source for encoder-decoder)", "T": "target length",
+    "L": "layers per stack", "L_enc": "encoder layers", "L_dec": "decoder layers",
+    "d": "d_model", "h": "attention heads", "kv": "key/value heads", "hd": "head_dim",
+    "d_ff": "ffn.hidden", "V": "vocabulary", "V_src": "source vocabulary",
+    "V_tgt": "target vocabulary", "max_len": "rows of the learned position table",
+}
+
+# Figures written as formulas; the activation peak is handled separately (it depends on sizes).
+FIGURES = ("params", "flops.forward", "flops.matmul", "flops.other", "flops.backward",
+           "flops.train_step", "flops.causal_effective_matmul", "memory.weights",
+           "memory.saved_for_backward", "memory.kv_cache", "memory.train_step")
+
+_LAYER = re.compile(r"^(encoder|decoder)\.layers\.\d+(?=\.|$)")
+
+
+class _TwinSpec:
+    """``spec`` with its sizes replaced by symbols and its layer counts fixed; quacks like a
+    ``Spec`` for ``tfgraph.lower`` (everything else is delegated to the real spec)."""
+
+    def __init__(self, spec: Spec, layers: dict[str, int]) -> None:
+        self._spec = spec
+        self._layers = layers
+        att = spec.attention
+        assert att.head_dim is not None and att.kv_heads is not None and spec.ffn.hidden
+        self.d_model = D
+        self.attention = att.model_copy(update={
+            "heads": H,
+            "kv_heads": H if att.kv_heads == att.heads else KV,
+            "head_dim": D / H if att.heads * att.head_dim == spec.d_model else HD,
+        })
+        self.ffn = spec.ffn.model_copy(
+            update={"hidden": 4 * D if spec.ffn.hidden == 4 * spec.d_model else D_FF})
+        self.max_len = None if spec.max_len is None else MAX_LEN
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._spec, name)
+
+    def layer_count(self, stack: str) -> int:
+        return self._layers[stack]
+
+    def vocab_size(self, role: str) -> sympy.Symbol:
+        if isinstance(self._spec.vocab, Vocabularies):
+            return V_SRC if role == "source" else V_TGT
+        return V
+
+    @property
+    def output_vocab(self) -> sympy.Symbol:
+        return self.vocab_size("target" if self._spec.arch == "encoder-decoder" else "source")
+
+
+def _twin(spec: Spec, layers: dict[str, int]) -> Graph:
+    from tfgraph.lower import lower
+
+    return lower(_TwinSpec(spec, layers))  # type: ignore[arg-type]
+
+
+def _figures(graph: Graph) -> dict[str, sympy.Expr]:
+    from tfgraph.report import symbolic
+
+    sym = symbolic(graph)
+    out = {"params": sympy.sympify(sym["params"])}
+    out.update({f"flops.{k}": v for k, v in sym["flops"].items()})
+    out.update({f"memory.{k}": sympy.sympify(v) for k, v in sym["memory"].items()})
+    return out
+
+
+def symbol_values(spec: Spec) -> dict[sympy.Symbol, int]:
+    """The spec's value of every size symbol a formula of it may contain."""
+    att = spec.attention
+    values: dict[sympy.Symbol, int] = {D: spec.d_model, H: att.heads, KV: int(att.kv_heads or 0),
+                                       HD: int(att.head_dim or 0), D_FF: int(spec.ffn.hidden or 0)}
+    if isinstance(spec.layers, StackLayers):
+        values.update({L_ENC: spec.layers.encoder, L_DEC: spec.layers.decoder})
+    else:
+        values[L] = int(spec.layers)
+    if isinstance(spec.vocab, Vocabularies):
+        values.update({V_SRC: spec.vocab.source, V_TGT: spec.vocab.target})
+    else:
+        values[V] = int(spec.vocab)
+    if spec.max_len is not None:
+        values[MAX_LEN] = spec.max_len
+    return values
+
+
+@dataclass
+class SpecFormulas:
+    """Every figure of a graph as a sympy expression in B, S, T and the spec's size symbols."""
+
+    figures: dict[str, sympy.Expr]
+    values: dict[sympy.Symbol, int]
+    unverified: list[str]
+    one_layer: Graph  # the symbolic twin with one layer per stack (for the activation peak)
+    _temps: dict[str, sympy.Expr] = field(default_factory=dict)
+
+    def peak(self, peak: Peak, fused_attention: bool) -> sympy.Expr:
+        """The activation peak's live set, read in the one-layer twin (a buffer of layer i has
+        the type of the same buffer in layer 0)."""
+        if not self._temps:
+            from tfgraph.cost import op_costs
+
+            self._temps.update((c.node, c.temp) for c in op_costs(self.one_layer))
+        terms = [self.one_layer.node(_LAYER.sub(r"\1.layers.0", n)).type.nbytes
+                 for n in peak.live]
+        if not fused_attention:
+            terms.append(self._temps.get(_LAYER.sub(r"\1.layers.0", peak.node), sympy.Integer(0)))
+        return sympy.Add(*terms)
+
+    def used_values(self) -> dict[str, int]:
+        """Values of the size symbols that appear in some figure, by symbol name."""
+        used: set[sympy.Symbol] = set()
+        for expr in self.figures.values():
+            used |= expr.free_symbols
+        return {str(s): v for s, v in self.values.items() if s in used}
+
+
+def spec_formulas(graph: Graph) -> SpecFormulas | None:
+    """Formulas of ``graph`` in its spec's symbols (cached on the graph); None without a spec."""
+    cached = getattr(graph, "_spec_formulas", None)
+    if cached is not None or graph.spec is None:
+        return cached
+    from tfgraph.report import symbolic
+
+    spec = graph.spec
+    stacks = spec.stacks
+    base = _figures(one := _twin(spec, {s: 1 for s in stacks}))
+    if len(stacks) == 2 and isinstance(spec.layers, StackLayers):
+        per = {L_ENC: _figures(_twin(spec, {"encoder": 2, "decoder": 1})),
+               L_DEC: _figures(_twin(spec, {"encoder": 1, "decoder": 2}))}
+    else:
+        per = {L: _figures(_twin(spec, {s: 2 for s in stacks}))}
+    numeric = _figures(graph)
+    values = symbol_values(spec)
+    figures: dict[str, sympy.Expr] = {}
+    unverified = []
+    for key in FIGURES:
+        layer_terms = {sym: sympy.expand(two[key] - base[key]) for sym, two in per.items()}
+        rest = sympy.expand(base[key] - sympy.Add(*layer_terms.values()))
+        expr = sympy.Add(*(sym * term for sym, term in layer_terms.items()), rest)
+        if sympy.expand(expr.xreplace(values) - numeric[key]) != 0:
+            unverified.append(key)
+            expr = sympy.expand(numeric[key])
+        figures[key] = expr
+    symbolic(graph)  # keep the numeric figures cached for the report
+    out = SpecFormulas(figures, values, unverified, one)
+    graph._spec_formulas = out  # type: ignore[attr-defined]
+    return out
+
+
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def pretty(expr: sympy.Expr | str) -> str:
+    """``L*(24*B*S*d**2 + 4*B*S**2*d)`` -> ``L·(24·B·S·d² + 4·B·S²·d)`` (for people, not parsing)."""
+    text = str(expr)
+    text = re.sub(r"\*\*(\d+)", lambda m: m.group(1).translate(_SUPERSCRIPT), text)
+    return text.replace("*", "·")
+
+
+def size_symbols() -> dict[str, sympy.Symbol]:
+    """All symbols a formula may contain, by name (B, S, T and the spec's sizes)."""
+    names = [L, L_ENC, L_DEC, D, H, KV, HD, D_FF, V, V_SRC, V_TGT, MAX_LEN]
+    return {**SYMBOLS, **{str(s): s for s in names}}
