@@ -1,0 +1,190 @@
+"""Look and labels shared by every diagram level: colours by kind, fonts, the legend, number
+and shape formatting, and the optional params / FLOP-share annotations.
+
+Colours are data (one table) so every level agrees and the legend is generated from it; only
+kinds that appear in a drawing are listed, in the table's order, so DOT output is stable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import graphviz
+
+from tfgraph.ir import Graph, Shape
+
+FONT = "Helvetica"
+
+# kind -> (fill colour, legend text). Order is the legend's order.
+PALETTE: dict[str, tuple[str, str]] = {
+    "io": ("#eeeeee", "input / output"),
+    "table": ("#fff3c4", "token table (parameter)"),
+    "embedding": ("#fddbb0", "embedding / positions"),
+    "stack": ("#dde7f3", "layer stack"),
+    "self_attention": ("#a9cdf0", "self-attention (bidirectional)"),
+    "masked_attention": ("#c9b6ec", "masked (causal) self-attention"),
+    "cross_attention": ("#a6dfc0", "cross-attention (over encoder output)"),
+    "linear": ("#d6e4f0", "linear projection"),
+    "rope": ("#f6c6de", "rotary positions"),
+    "ffn": ("#f9c9a4", "feed-forward"),
+    "activation": ("#fbe0c8", "activation / gate"),
+    "norm": ("#fff2a8", "normalisation"),
+    "add": ("#ffffff", "residual add"),
+    "dropout": ("#f2f2f2", "dropout"),
+    "head": ("#cfd8dc", "output head"),
+}
+
+ACTIVATION_OPS = frozenset({"relu", "gelu", "gelu_tanh", "silu", "mul"})
+NORM_OPS = frozenset({"layernorm", "rmsnorm", "scalenorm"})
+NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "scalenorm": "ScaleNorm"}
+
+
+def new_digraph(name: str, title: str) -> graphviz.Digraph:
+    """A top-to-bottom digraph with the house fonts; ``title`` is printed above the drawing."""
+    dot = graphviz.Digraph(name=name)
+    dot.attr(rankdir="TB", fontname=FONT, fontsize="16", labelloc="t", label=title,
+             nodesep="0.35", ranksep="0.45", newrank="true")
+    dot.attr("node", fontname=FONT, fontsize="12", shape="box", style="rounded,filled",
+             margin="0.15,0.06")
+    dot.attr("edge", fontname=FONT, fontsize="10", color="#555555", arrowsize="0.7")
+    return dot
+
+
+def fill(kind: str) -> str:
+    return PALETTE[kind][0]
+
+
+class KindTracker:
+    """Remembers which kinds a drawing used, for its legend."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def node(self, dot: graphviz.Digraph, name: str, label: str, kind: str,
+             **attrs: str) -> None:
+        self.used.add(kind)
+        dot.node(name, label=label, fillcolor=fill(kind), **attrs)
+
+    def legend(self, dot: graphviz.Digraph, note: str = "") -> None:
+        """An HTML-table node listing the used kinds with their colours, in palette order."""
+        rows = []
+        for kind, (colour, text) in PALETTE.items():
+            if kind in self.used:
+                rows.append(f'<TR><TD BGCOLOR="{colour}" BORDER="1" FIXEDSIZE="TRUE" '
+                            f'WIDTH="22" HEIGHT="14"></TD><TD ALIGN="LEFT">{_html(text)}</TD></TR>')
+        swatches = ('<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="3" CELLPADDING="1">'
+                    + "".join(rows) + "</TABLE>")
+        # Notes sit in the outer table, one line per row, so a long note cannot stretch the
+        # colour column of the nested swatch table.
+        notes = "".join(f'<TR><TD ALIGN="LEFT"><FONT POINT-SIZE="10">{_html(line)}</FONT>'
+                        f"</TD></TR>" for line in note.split("; ") if line)
+        table = ('<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="1">'
+                 '<TR><TD ALIGN="LEFT"><B>Legend</B></TD></TR>'
+                 f'<TR><TD ALIGN="LEFT">{swatches}</TD></TR>{notes}</TABLE>>')
+        with dot.subgraph(name="cluster_legend") as leg:
+            leg.attr(label="", style="rounded", color="#bbbbbb")
+            leg.node("legend", label=table, shape="plaintext", style="", fontsize="11")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def shape_text(shape: Shape) -> str:
+    """``(B, S, 512)`` -> ``B×S×512``."""
+    return "×".join(str(d) for d in shape)
+
+
+def count(n: int) -> str:
+    """Thousands separators: 37000 -> ``37,000``."""
+    return f"{n:,}"
+
+
+def short_count(n: float) -> str:
+    """Human size: 63084544 -> ``63.1M``."""
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:g}"
+
+
+def percent(share: float) -> str:
+    """0.245 -> ``24.5%``; small shares keep two significant digits (``0.031%``)."""
+    pct = 100 * share
+    if pct == 0 or pct >= 0.1:
+        return f"{pct:.1f}%"
+    return f"{pct:.2g}%"
+
+
+class Annotator:
+    """Per-node extra lines: unique parameters and share of forward FLOPs (from the report's
+    per-op costs at ``batch`` x ``seq``, the same numbers ``graph.report()`` sums)."""
+
+    def __init__(self, graph: Graph, what: Iterable[str], batch: int = 1, seq: int = 128) -> None:
+        self.graph = graph
+        self.what = tuple(w for w in ("params", "flops") if w in set(what))
+        unknown = set(what) - {"params", "flops"}
+        if unknown:
+            raise ValueError(f"annotate: unknown {sorted(unknown)}; use params and/or flops")
+        self.batch, self.seq = batch, seq
+        self._flops: dict[str, int] = {}
+        self._owned: dict[str, list[str]] = {}
+        claimed: set[str] = set()
+        for node in graph.ops():
+            for i in node.inputs:
+                if graph.node(i).is_param and i not in claimed:
+                    claimed.add(i)
+                    self._owned.setdefault(node.name, []).append(i)
+        self.total = 0
+        if "flops" in self.what:
+            from tfgraph.report import sizes_for, symbolic
+
+            rep = graph.report(batch=batch, seq=seq)
+            sizes = sizes_for(graph, batch, seq, None)
+            for c in symbolic(graph)["costs"]:
+                self._flops[c.node] = int((c.matmul + c.other).xreplace(sizes))
+            self.total = rep["flops"]["forward"]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.what)
+
+    def params(self, nodes: Iterable[str], skip: frozenset[str] = frozenset()) -> int:
+        """Unique parameters of ``nodes``; a parameter read by several ops (a tied table) is
+        counted with its first reader only, so the numbers across a drawing add up to the
+        report's total."""
+        total = 0
+        for name in set(nodes):
+            for p in self._owned.get(name, ()):
+                if p not in skip:
+                    total += self.param_count(p)
+        return total
+
+    def param_count(self, param: str) -> int:
+        n = 1
+        for d in self.graph.node(param).attrs["shape"]:
+            n *= d
+        return n
+
+    def text(self, nodes: Iterable[str], prefix: str = "",
+             skip: frozenset[str] = frozenset()) -> str:
+        """``prefix1.2M params · 3.4% FLOPs`` for the union of ``nodes`` ('' when off)."""
+        nodes = list(nodes)
+        parts = []
+        if "params" in self.what:
+            parts.append(f"{short_count(self.params(nodes, skip))} params")
+        if "flops" in self.what and self.total:
+            share = sum(self._flops.get(n, 0) for n in nodes) / self.total
+            parts.append(f"{percent(share)} FLOPs")
+        return prefix + " · ".join(parts) if parts else ""
+
+    def note(self) -> str:
+        if "flops" in self.what:
+            return f"FLOP share of the forward pass at B={self.batch}, S=T={self.seq}"
+        return ""
+
+
+def join_lines(*lines: Any) -> str:
+    """A multi-line plain label from the non-empty lines."""
+    return "\n".join(str(line) for line in lines if line)
