@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from tfgraph import __version__
+from tfgraph.commands.draw import draw
 from tfgraph.commands.report import report
 from tfgraph.commands.schema import schema
 from tfgraph.commands.validate import validate
@@ -66,3 +67,4 @@ def main(debug: bool) -> None:
 main.add_command(validate)
 main.add_command(schema)
 main.add_command(report)
+main.add_command(draw)
