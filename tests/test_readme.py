@@ -1,0 +1,78 @@
+"""README.md: the documented commands are the ones CI runs, and the reference covers the spec."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tfgraph.spec import Spec
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _ci_test_command() -> str:
+    match = re.search(r'^TEST_COMMAND="(.+)"$', (ROOT / ".ci" / "run").read_text(), re.M)
+    assert match, ".ci/run must define TEST_COMMAND"
+    return match.group(1)
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    command = _ci_test_command()
+    assert f"\n{command}\n" in README
+    assert command.startswith("python3 -m pip install torch==2.13.0 && ")
+    assert "pytest" in command
+
+
+def test_ci_script_is_executable_bash_with_strict_mode() -> None:
+    script = ROOT / ".ci" / "run"
+    assert script.stat().st_mode & 0o111
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_readme_has_the_main_set_up_command() -> None:
+    assert (
+        "python3 -m pip install torch==2.13.0 && python3 -m pip install -e . && "
+        "tfgraph build specs/base.yaml --to onnx"
+    ) in README
+
+
+def _paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += _paths(ann, f"{prefix}{name}.")
+        else:
+            out.append(prefix + name)
+    return out
+
+
+def test_reference_documents_every_field_and_choice() -> None:
+    for path in _paths(Spec):
+        assert f"| `{path}` |" in README, f"README spec reference lacks {path}"
+    for choice in ("post", "pre", "branch", "sandwich", "layernorm", "rmsnorm", "scalenorm",
+                   "relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "sinusoidal",
+                   "learned", "rope", "none", "softmax", "hardmax", "logits", "probs",
+                   "float32", "float16", "bfloat16", "encoder-only", "decoder-only",
+                   "encoder-decoder"):
+        assert f"`{choice}`" in README, choice
+
+
+def test_reference_states_the_bounds_of_spec_py() -> None:
+    from tfgraph import spec
+
+    for bound in (spec.MAX_D_MODEL, spec.MAX_LAYERS, spec.MAX_VOCAB, spec.MAX_HEADS,
+                  spec.MAX_HIDDEN, spec.MAX_LEN):
+        assert f"{bound:,}" in README, bound
+
+
+def test_cli_reference_lists_the_commands_and_exit_codes() -> None:
+    for text in ("tfgraph validate SPEC...", "tfgraph schema", "--version", "--debug",
+                 "| 0 |", "| 1 |", "| 2 |"):
+        assert text in README, text
