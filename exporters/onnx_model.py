@@ -84,21 +84,6 @@ def make_initializer(name: str, value: np.ndarray, dtype: str) -> TensorProto:
     return tensor
 
 
-def check_weights(graph: Graph, weights: Mapping[str, Any]) -> None:
-    """Raise TfgraphError listing every missing, unexpected and mis-shaped weight."""
-    expected = {p.name: tuple(p.attrs["shape"]) for p in graph.params()}
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    misshaped = sorted(f"{n} {tuple(weights[n].shape)} != {expected[n]}"
-                       for n in set(expected) & set(weights)
-                       if tuple(weights[n].shape) != expected[n])
-    problems = [f"{label}: {', '.join(names)}" for label, names in
-                (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
-                if names]
-    if problems:
-        raise TfgraphError(f"weights do not match {graph.name}: " + "; ".join(problems))
-
-
 def weight_source(graph: Graph, weights: Mapping[str, Any] | None,
                   seed: int) -> Callable[[Node], np.ndarray]:
     """name -> float32 value: from ``weights`` (checked) or tfgraph.weights' generator."""
@@ -106,7 +91,9 @@ def weight_source(graph: Graph, weights: Mapping[str, Any] | None,
         from tfgraph.weights import init_param
 
         return lambda p: init_param(p.name, p.attrs["shape"], p.attrs["init"], seed)
-    check_weights(graph, weights)
+    from tfgraph.weights import check_weights
+
+    check_weights({n: tuple(np.shape(v)) for n, v in weights.items()}, graph, "weights")
     return lambda p: as_float32(weights[p.name])
 
 

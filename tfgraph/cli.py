@@ -19,8 +19,10 @@ from typing import Any
 import click
 
 from tfgraph import __version__
+from tfgraph.commands.build import build
 from tfgraph.commands.draw import draw
 from tfgraph.commands.report import report
+from tfgraph.commands.run import run
 from tfgraph.commands.schema import schema
 from tfgraph.commands.validate import validate
 from tfgraph.errors import TfgraphError
@@ -68,3 +70,5 @@ main.add_command(validate)
 main.add_command(schema)
 main.add_command(report)
 main.add_command(draw)
+main.add_command(build)
+main.add_command(run)
