@@ -77,15 +77,13 @@ def check_weights(shapes: dict[str, tuple[int, ...]], graph: Graph, source: str)
 
 
 def _read_safetensors(path: str, safe_open) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
-    # numpy has no bfloat16: read through torch when it is installed (the torch back end's
-    # files may be bf16), else through numpy (float32 / float16 files).
-    try:
-        import torch
-    except ImportError:
-        with safe_open(path, framework="numpy") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
-    with safe_open(path, framework="pt") as f:
-        return {k: f.get_tensor(k).float().numpy() for k in f.keys()}
+    # safetensors' numpy reader returns bfloat16 tensors as ml_dtypes.bfloat16 arrays (onnx's
+    # dependency; importing it registers the dtype), so no torch is needed: the ONNX path must
+    # not import it (design §2).
+    import ml_dtypes  # noqa: F401
+
+    with safe_open(path, framework="numpy") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
 
 
 def save_weights(weights: dict[str, np.ndarray], path: str) -> None:
