@@ -1,0 +1,126 @@
+"""``tfgraph compare SPEC SPEC...``: variants side by side (design §6; issues #3 and #6).
+
+Default: a rich table (spec differences, params, FLOPs and memory per length with ratios to the
+first spec, the attention/FFN crossover). ``--json``: the ``tfgraph.compare.compare`` dict.
+``--plot FILE.png|.svg``: FLOPs and memory against length (log-log) and a params breakdown.
+``--format md|html``: a report with the table, the plots and each variant's model diagram.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from tfgraph.cli_support import load_spec_arg
+from tfgraph.errors import TfgraphError
+
+PLOT_SUFFIXES = (".png", ".svg")
+
+
+def parse_seqs(text: str) -> list[int]:
+    """``128,512,2048`` -> [128, 512, 2048] (order kept, duplicates dropped)."""
+    out: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            value = int(item, 10)
+        except ValueError:
+            raise TfgraphError(f"--seq: expected comma-separated positive integers, got "
+                               f"{text!r}") from None
+        if value < 1:
+            raise TfgraphError(f"--seq: lengths must be positive, got {value}")
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def render_table(data: dict[str, Any], console: Console) -> None:
+    """Print the comparison as a rich table with its footnotes."""
+    from rich.table import Table
+
+    from tfgraph.compare import table_notes, table_rows
+
+    table = Table(title=f"tfgraph compare (batch {data['batch']})", title_justify="left")
+    table.add_column("", no_wrap=True)
+    for v in data["variants"]:
+        table.add_column(v["name"], justify="right")
+    section = None
+    for sec, title, cells in table_rows(data):
+        if sec != section:
+            if section is not None:
+                table.add_section()
+            table.add_row(f"[bold]{sec}[/bold]", *([""] * len(cells)))
+            section = sec
+        table.add_row(title, *cells)
+    console.print(table)
+    for note in table_notes(data):
+        console.print(note, style="dim")
+
+
+@click.command()
+@click.argument("specs", nargs=-1, required=True, metavar="SPEC SPEC...")
+@click.option("--seq", "seq_text", default="128,512,2048", show_default=True,
+              help="Comma-separated sequence lengths (source = target for encoder-decoder).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print (or write with -o) the dict.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write FLOPs / memory / params plots to FILE.png or FILE.svg.")
+@click.option("--format", "page", type=click.Choice(["md", "html"]),
+              help="Write a report page (table, plots, model diagrams).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Output file (default: stdout; build/compare.<md|html> with --format).")
+def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
+            plot: Path | None, page: str | None, output: Path | None) -> None:
+    """Compare Transformer variants: parameters, FLOPs and memory at each length, ratios to
+    the first SPEC, and where attention FLOPs overtake feed-forward FLOPs."""
+    if len(specs) < 2:
+        raise TfgraphError("compare needs at least two specs")
+    if as_json and page:
+        raise TfgraphError("--json and --format are exclusive: choose one output")
+    if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise TfgraphError(f"--plot {plot}: use a .png or .svg file name")
+    seqs = parse_seqs(seq_text)
+    parsed = [load_spec_arg(path) for path in specs]
+
+    import tfgraph
+    from tfgraph.compare import compare as compare_graphs
+    from tfgraph.io import atomic_write
+
+    graphs = [tfgraph.compile(spec) for spec in parsed]
+    data = compare_graphs(graphs, seqs=seqs, batch=batch)
+
+    if page:
+        from tfgraph.exporters.compare_page import write_compare_page
+
+        if output is None:
+            Path("build").mkdir(exist_ok=True)
+            output = Path("build") / f"compare.{page}"
+        written = write_compare_page(graphs, data, output, page)
+        click.echo(f"wrote {', '.join(str(p) for p in written)}")
+    elif as_json:
+        text = json.dumps(data, indent=2) + "\n"
+        if output is None:
+            click.echo(text, nl=False)
+        else:
+            with atomic_write(output) as handle:
+                handle.write(text)
+            click.echo(f"wrote {output}")
+    else:
+        if output is None:
+            render_table(data, Console())
+        else:
+            console = Console(file=io.StringIO(), width=160, record=True)
+            render_table(data, console)
+            with atomic_write(output) as handle:
+                handle.write(console.export_text())
+            click.echo(f"wrote {output}")
+    if plot is not None:
+        from tfgraph.exporters.compare_plot import write_compare_plot
+
+        write_compare_plot(graphs, data, plot)
+        click.echo(f"wrote {plot}", err=as_json and output is None)

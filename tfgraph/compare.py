@@ -1,0 +1,285 @@
+"""Variants side by side (``tfgraph compare``; issue #3 item 7, issue #6).
+
+``compare(graphs)`` returns one JSON-ready dict: the spec fields that differ, each variant's
+parameters, FLOPs and memory at each sequence length (exactly ``graph.report()``'s numbers),
+ratios to the first variant, a parameter breakdown, and the attention/FFN crossover solved
+from the symbolic FLOP expressions. The definitions of every figure travel in the dict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+
+from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.report import symbolic
+
+DEFAULT_SEQS = (128, 512, 2048)
+# (section, key) of graph.report() shown per length, in display order.
+METRICS = (
+    ("flops", "forward"),
+    ("flops", "matmul"),
+    ("memory", "activations_peak"),
+    ("memory", "kv_cache"),
+    ("memory", "train_step"),
+)
+PARAM_GROUPS = ("embeddings", "self-attention", "cross-attention", "feed-forward", "norms",
+                "head")
+
+DEFINITIONS = {
+    "seq": "sequence length L; encoder-decoder models use source = target = L.",
+    "flops.forward": "graph.report()['flops']['forward']: matmul + other FLOPs of one forward "
+                     "pass (2 FLOPs per multiply-accumulate).",
+    "flops.matmul": "graph.report()['flops']['matmul']: every linear (output head included) "
+                    "and both attention products over the full score matrix.",
+    "memory.activations_peak": "inference activation peak in bytes (liveness over the "
+                               "topological order, attention scores materialised).",
+    "memory.kv_cache": "bytes of K and V of every decoder attention for the whole sequence.",
+    "memory.train_step": "bytes of one Adam training step: weights, gradients, two fp32 "
+                         "moments (+ fp32 master copy for 16-bit dtypes), saved activations.",
+    "ratio": "value / the first variant's value at the same length (null when that is 0).",
+    "beyond_max_len": "the length exceeds the spec's max_len: figures are extrapolated from "
+                      "the formulas, the model itself cannot run it.",
+    "crossover": "the sequence length L at which attention-score FLOPs "
+                 "(flops_by_kind['attention_scores']: QK^T, scaling, masking, softmax and "
+                 "weights.V of every attention, all layers) equal feed-forward FLOPs "
+                 "(flops_by_kind['ffn']: every FFN sublayer with its norm and residual add); "
+                 "above it attention dominates. Solved exactly from the sympy expressions with "
+                 "S = T = L; independent of batch, since both are linear in B. "
+                 "first_seq_above is the smallest integer L with attention > FFN.",
+    "params_breakdown": "unique parameters by role: embeddings (token tables and learned "
+                        "positions), self-attention, cross-attention, feed-forward (q/k/v/o and "
+                        "up/gate/down projections with biases), norms (every norm weight and "
+                        "bias), head (untied output weight and bias).",
+}
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def spec_differences(graphs: Sequence[Graph]) -> list[dict[str, Any]]:
+    """Spec fields (dotted paths, derived defaults resolved) whose values are not all equal;
+    each with every variant's value (None where a variant has no such field)."""
+    flat = [_flatten(g.spec.model_dump(mode="json")) if g.spec else {} for g in graphs]
+    keys: dict[str, None] = {}
+    for f in flat:
+        keys.update(dict.fromkeys(f))
+    diffs = []
+    for key in keys:
+        if key in ("name", "description"):
+            continue  # they label the columns
+        values = [f.get(key) for f in flat]
+        if any(v != values[0] for v in values[1:]):
+            diffs.append({"field": key, "values": values})
+    return diffs
+
+
+def param_group(name: str) -> str:
+    """Role of a parameter (design §4 names) for the params breakdown."""
+    if name.startswith("embed.") or name.endswith(".positions.weight"):
+        return "embeddings"
+    if name.startswith("head."):
+        return "head"
+    if "_norm." in name or name.endswith(".norm.weight") or name.endswith(".norm.bias"):
+        return "norms"
+    if ".self_attn." in name:
+        return "self-attention"
+    if ".cross_attn." in name:
+        return "cross-attention"
+    if ".ffn." in name:
+        return "feed-forward"
+    raise ValueError(f"parameter {name!r} has no role in the params breakdown")
+
+
+def params_breakdown(graph: Graph) -> dict[str, int]:
+    out = dict.fromkeys(PARAM_GROUPS, 0)
+    for p in graph.params():
+        out[param_group(p.name)] += math.prod(p.attrs["shape"])
+    return out
+
+
+def crossover(graph: Graph, batch: int = 1) -> dict[str, Any]:
+    """Where flops_by_kind['attention_scores'] overtakes flops_by_kind['ffn'] (S = T = L)."""
+    kinds = symbolic(graph)["flops_by_kind"]
+    length = sympy.Symbol("L", positive=True)
+    subs = {SYMBOLS["S"]: length, SYMBOLS["T"]: length, SYMBOLS["B"]: batch}
+    att = sympy.expand(sympy.sympify(kinds.get("attention_scores", 0)).xreplace(subs))
+    ffn = sympy.expand(sympy.sympify(kinds.get("ffn", 0)).xreplace(subs))
+    gap = att - ffn
+    # Attention grows as L^2 and the FFN as L, so the gap has one sign change for L > 0;
+    # keep the roots where attention passes the FFN going up.
+    roots = sorted((r for r in sympy.solve(sympy.Eq(att, ffn), length)
+                    if r.is_real and r > 0), key=float)
+    rising = [r for r in roots if sympy.diff(gap, length).subs(length, r) > 0]
+    out: dict[str, Any] = {
+        "attention_scores_flops": str(att),
+        "ffn_flops": str(ffn),
+        "variable": "L",
+    }
+    if not rising:
+        out.update(seq=None, exact=None, first_seq_above=None)
+        return out
+    root = rising[0]
+    forward = sympy.sympify(symbolic(graph)["flops"]["forward"]).xreplace(subs)
+    out.update(seq=float(root), exact=str(sympy.nsimplify(root)),
+               first_seq_above=int(sympy.floor(root)) + 1,
+               flops_each_at_crossover=float(att.subs(length, root)),
+               forward_flops_at_crossover=float(forward.subs(length, root)))
+    return out
+
+
+def _ratio(value: int, first: int) -> float | None:
+    return None if first == 0 else value / first
+
+
+def measure(graph: Graph, seq: int, batch: int = 1) -> dict[str, int]:
+    """The METRICS of graph.report() at one length, keyed 'flops.forward' etc."""
+    rep = graph.report(batch=batch, seq=seq, tgt_seq=seq)
+    return {f"{section}.{key}": rep[section][key] for section, key in METRICS}
+
+
+def series(graph: Graph, lengths: Sequence[int], batch: int = 1) -> dict[str, list[int]]:
+    """METRICS plus attention-score and FFN FLOPs at each length, for plots.
+
+    The same expressions and liveness pass ``graph.report()`` evaluates, without building a
+    whole report (formulas, roll-ups) per point: a curve has dozens of points.
+    """
+    from tfgraph import cost
+    from tfgraph.report import sizes_for
+
+    sym = symbolic(graph)
+    exprs = {f"{section}.{key}": sym[section][key] for section, key in METRICS
+             if key != "activations_peak"}
+    exprs["flops_by_kind.attention_scores"] = sym["flops_by_kind"].get("attention_scores", 0)
+    exprs["flops_by_kind.ffn"] = sym["flops_by_kind"].get("ffn", 0)
+    out: dict[str, list[int]] = {key: [] for key in [*exprs, "memory.activations_peak"]}
+    for seq in lengths:
+        sizes = sizes_for(graph, batch, seq, seq)
+        for key, expr in exprs.items():
+            out[key].append(int(sympy.sympify(expr).xreplace(sizes)))
+        peak = cost.activation_peak(graph, sym["costs"], sizes)
+        out["memory.activations_peak"].append(peak.bytes)
+    return out
+
+
+def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
+            batch: int = 1) -> dict[str, Any]:
+    """The comparison dict (JSON-ready) of ``graphs``; ratios are to ``graphs[0]``."""
+    if not graphs:
+        raise ValueError("compare needs at least one graph")
+    if not seqs or any(int(s) < 1 for s in seqs) or batch < 1:
+        raise ValueError("seqs and batch must be positive")
+    seqs = [int(s) for s in seqs]
+    variants = []
+    for graph in graphs:
+        spec = graph.spec
+        at = []
+        for seq in seqs:
+            values = measure(graph, seq, batch)
+            at.append({"seq": seq, "values": values,
+                       "beyond_max_len": bool(spec and spec.max_len and seq > spec.max_len)})
+        variants.append({
+            "name": graph.name,
+            "arch": spec.arch if spec else None,
+            "params": int(symbolic(graph)["params"]),
+            "params_breakdown": params_breakdown(graph),
+            "at": at,
+            "crossover": crossover(graph, batch),
+        })
+    first = variants[0]
+    for v in variants:
+        v["ratio"] = {"params": _ratio(v["params"], first["params"])}
+        for row, base in zip(v["at"], first["at"]):
+            row["ratio"] = {k: _ratio(x, base["values"][k]) for k, x in row["values"].items()}
+    return {
+        "batch": batch,
+        "seqs": seqs,
+        "baseline": first["name"],
+        "differences": spec_differences(graphs),
+        "variants": variants,
+        "definitions": DEFINITIONS,
+    }
+
+
+# ---- one table for every rendering (rich, markdown, HTML) -----------------------------------
+
+METRIC_TITLES = {
+    "flops.forward": "FLOPs forward",
+    "flops.matmul": "FLOPs matmul",
+    "memory.activations_peak": "activations peak",
+    "memory.kv_cache": "KV cache",
+    "memory.train_step": "train step memory",
+}
+
+
+def human_count(n: float) -> str:
+    """1.24e8 -> ``124.4M``; FLOPs and parameter counts."""
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:g}"
+
+
+def human_bytes(n: float) -> str:
+    """Binary units: 307298304 -> ``293.1 MiB``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _with_ratio(text: str, ratio: float | None, first: bool) -> str:
+    if first:
+        return text
+    return f"{text} (×{ratio:.2f})" if ratio is not None else f"{text} (–)"
+
+
+def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+    """(section, row title, one cell per variant) for the comparison table. Cells after the
+    first variant carry the ratio to it; lengths beyond a spec's max_len are marked '†'."""
+    variants = data["variants"]
+    rows: list[tuple[str, str, list[str]]] = []
+    for diff in data["differences"]:
+        rows.append(("spec differences", diff["field"],
+                     ["—" if v is None else str(v) for v in diff["values"]]))
+    rows.append(("parameters", "params",
+                 [_with_ratio(human_count(v["params"]), v["ratio"]["params"], i == 0)
+                  for i, v in enumerate(variants)]))
+    for group in PARAM_GROUPS:
+        counts = [v["params_breakdown"][group] for v in variants]
+        if any(counts):
+            rows.append(("parameters", f"  {group}", [human_count(c) for c in counts]))
+    for j, seq in enumerate(data["seqs"]):
+        for key, title in METRIC_TITLES.items():
+            cells = []
+            for i, v in enumerate(variants):
+                at = v["at"][j]
+                value = at["values"][key]
+                text = human_bytes(value) if key.startswith("memory.") else human_count(value)
+                text = _with_ratio(text, at["ratio"][key], i == 0)
+                cells.append(text + (" †" if at["beyond_max_len"] else ""))
+            rows.append((f"L = {seq}, batch {data['batch']}", title, cells))
+    cross = []
+    for v in variants:
+        c = v["crossover"]
+        cross.append("none" if c["seq"] is None else f"L ≈ {c['seq']:,.1f}")
+    rows.append(("attention vs FFN", "crossover length", cross))
+    return rows
+
+
+def table_notes(data: dict[str, Any]) -> list[str]:
+    """Footnotes that the table's marks and ratios refer to."""
+    notes = [f"Ratios (×) are to the first variant, {data['baseline']}.",
+             "Crossover: " + DEFINITIONS["crossover"]]
+    if any(a["beyond_max_len"] for v in data["variants"] for a in v["at"]):
+        notes.append("†: " + DEFINITIONS["beyond_max_len"])
+    return notes
