@@ -20,6 +20,7 @@ import click
 
 from tfgraph import __version__
 from tfgraph.commands.build import build
+from tfgraph.commands.compare import compare
 from tfgraph.commands.draw import draw
 from tfgraph.commands.report import report
 from tfgraph.commands.run import run
@@ -70,5 +71,6 @@ main.add_command(validate)
 main.add_command(schema)
 main.add_command(report)
 main.add_command(draw)
+main.add_command(compare)
 main.add_command(build)
 main.add_command(run)
