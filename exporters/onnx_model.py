@@ -22,10 +22,11 @@ length works without a baked-in maximum (learned positions still stop at ``max_l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -539,11 +540,12 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
             model.graph.initializer.append(tensor)
             if progress:
                 progress(len(tensor.raw_data))
-        with atomic_path(target) as tmp:
+        with atomic_path(target) as tmp, _write_errors(target):
             tmp.write_bytes(model.SerializeToString())
         return target
     data_target = target.with_name(target.name + ".data")
-    with atomic_path(data_target) as tmp_data, atomic_path(target) as tmp_model:
+    with atomic_path(data_target) as tmp_data, atomic_path(target) as tmp_model, \
+            _write_errors(target):
         with open(tmp_data, "wb") as data:
             for p in params:
                 tensor = make_initializer(p.name, value_of(p), p.type.dtype)
@@ -555,6 +557,15 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
             os.fsync(data.fileno())
         tmp_model.write_bytes(model.SerializeToString())
     return target
+
+
+@contextlib.contextmanager
+def _write_errors(target: Path) -> Iterator[None]:
+    """A full disk or a vanished directory is the user's to fix: one line, exit 2."""
+    try:
+        yield
+    except OSError as err:
+        raise TfgraphError(f"{target}: cannot write: {err.strerror or err}") from None
 
 
 def _move_to_external(tensor: TensorProto, data: Any, location: str) -> None:
