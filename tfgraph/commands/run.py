@@ -145,8 +145,10 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             if graph is None:
                 graph = _graph_from_model(model, iface.spec_json, source)
                 weights = _model_weights(Path(source), graph)
-            else:
-                weights = None  # the same seed gives the torch back end the same weights
+            else:  # the weights the spec was built with: the shared generator at --seed
+                from tfgraph.weights import generate
+
+                weights = generate(graph, seed)
             expected = _torch_logits(graph, weights, seed, feeds)
             diff = float(np.max(np.abs(out.astype(np.float32) - expected)))
             tol = CHECK_TOLERANCE.get(iface.dtype, 1e-4)

@@ -1,0 +1,139 @@
+"""``tfgraph run``: specs and .onnx files, provider choice, timing lines, --check, bad models."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters import onnx_runtime as rt
+from tfgraph.exporters.onnx_model import write_onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+
+
+def cli(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def lines(text: str) -> dict[str, str]:
+    return {line.split()[0]: line for line in text.splitlines()}
+
+
+def test_run_spec_prints_provider_latency_and_throughput() -> None:
+    result = cli("run", str(SPECS / "tiny.yaml"), "--batch", "2", "--seq", "6", "--tgt-seq", "4",
+                 "--repeat", "3", "--provider", "cpu")
+    assert result.exit_code == 0, result.stderr
+    out = lines(result.stdout)
+    assert out["provider"] == "provider  CPUExecutionProvider (requested)"
+    assert "src_ids int64[2, 6], tgt_ids int64[2, 4] -> logits float32[2, 4, 101]" in out["inputs"]
+    assert re.fullmatch(r"latency   median [\d.]+ ms, p90 [\d.]+ ms over 3 runs \(1 warm-up\)",
+                        out["latency"])
+    assert re.fullmatch(r"throughput [\d,]+ tokens/s \(20 input tokens per run\)",
+                        out["throughput"])
+    assert "check" not in out
+
+
+def test_run_spec_check_against_torch() -> None:
+    result = cli("run", str(SPECS / "tiny-llama.yaml"), "--seq", "9", "--repeat", "1",
+                 "--check", "--opset", "17")
+    assert result.exit_code == 0, result.stderr
+    check = lines(result.stdout)["check"]
+    diff = float(re.search(r"= ([\d.e+-]+) ", check).group(1))  # type: ignore[union-attr]
+    assert diff <= 1e-4 and check.endswith("(tolerance 0.0001, float32): ok")
+
+
+def test_run_model_file_and_check_uses_its_weights(tmp_path: Path) -> None:
+    graph = tfgraph.compile(SPECS / "tiny-seq2seq.yaml")
+    path = write_onnx(graph, tmp_path / "m.onnx", seed=5)  # not run's default seed 0
+    result = cli("run", str(path), "--batch", "3", "--seq", "5", "--repeat", "2", "--check")
+    assert result.exit_code == 0, result.stderr
+    out = lines(result.stdout)
+    assert out["model"] == f"model     {path}"
+    assert "-> logits float32[3, 5, 90]" in out["inputs"]
+    assert out["check"].endswith("ok")
+
+
+def test_check_failure_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose weights differ from what the torch side is given must fail --check."""
+    from tfgraph.commands import run as run_cmd
+
+    real = run_cmd._torch_logits
+    monkeypatch.setattr(run_cmd, "_torch_logits",
+                        lambda graph, weights, seed, feeds: real(graph, weights, seed + 1, feeds))
+    result = cli("run", str(SPECS / "tiny.yaml"), "--seq", "4", "--repeat", "1", "--check")
+    assert result.exit_code == 1
+    assert lines(result.stdout)["check"].endswith("FAILED")
+
+
+def test_corrupt_onnx_file_exit_2_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "corrupt.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is not a protobuf \xff\xfe" * 10)
+    result = cli("run", str(bad))
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"{bad}: not a readable ONNX model")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    result = cli("run", str(empty))
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
+    result = cli("run", str(tmp_path / "missing.onnx"))
+    assert result.exit_code == 2 and "no such file" in result.stderr
+
+
+def test_foreign_onnx_model_exit_2(tmp_path: Path) -> None:
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Relu", ["pixels"], ["y"])], "cnn",
+                              [vi("pixels", TensorProto.FLOAT, [1, 3])],
+                              [vi("y", TensorProto.FLOAT, [1, 3])])
+    path = tmp_path / "foreign.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), str(path))
+    result = cli("run", str(path))
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert "not a tfgraph model: inputs ['pixels']" in line
+
+
+def test_bfloat16_on_cpu_is_a_clear_error() -> None:
+    result = cli("run", str(SPECS / "tiny-bf16.yaml"), "--provider", "cpu")
+    assert result.exit_code == 2
+    assert "no bfloat16 kernels" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_sequence_longer_than_learned_positions_exit_2() -> None:
+    result = cli("run", str(SPECS / "tiny-decoder.yaml"), "--seq", "65")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "--seq 65: longer than the model's max_len 64 (learned positions)"
+
+
+def test_provider_cuda_follows_what_is_really_usable() -> None:
+    usable, why = rt.cuda_status()
+    result = cli("run", str(SPECS / "tiny.yaml"), "--seq", "4", "--repeat", "1",
+                 "--provider", "cuda")
+    if usable:
+        assert result.exit_code == 0 and "CUDAExecutionProvider" in result.stdout
+    else:
+        assert result.exit_code == 2
+        assert result.stderr.startswith("--provider cuda: the CUDA execution provider is not "
+                                        "usable here")
+        auto = cli("run", str(SPECS / "tiny.yaml"), "--seq", "4", "--repeat", "1")
+        assert f"CPUExecutionProvider (auto: {why})" in auto.stdout
+
+
+def test_choose_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rt, "cuda_status", lambda: (True, "CUDA session created"))
+    assert rt.choose_providers("auto") == ([rt.CUDA, rt.CPU], "auto: CUDA is usable")
+    assert rt.choose_providers("cpu") == ([rt.CPU], "requested")
+    monkeypatch.setattr(rt, "cuda_status", lambda: (False, "no GPU"))
+    assert rt.choose_providers("auto") == ([rt.CPU], "auto: no GPU")
+    with pytest.raises(TfgraphError, match="not usable here"):
+        rt.choose_providers("cuda")
