@@ -67,8 +67,8 @@ def test_check_failure_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     from tfgraph.commands import run as run_cmd
 
     real = run_cmd._torch_logits
-    monkeypatch.setattr(run_cmd, "_torch_logits",
-                        lambda graph, weights, seed, feeds: real(graph, weights, seed + 1, feeds))
+    monkeypatch.setattr(run_cmd, "_torch_logits", lambda graph, weights, seed, feeds: real(
+        graph, {k: v * 1.01 for k, v in weights.items()}, seed, feeds))
     result = cli("run", str(SPECS / "tiny.yaml"), "--seq", "4", "--repeat", "1", "--check")
     assert result.exit_code == 1
     assert lines(result.stdout)["check"].endswith("FAILED")
