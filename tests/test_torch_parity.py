@@ -1,0 +1,267 @@
+"""Parity of to_torch with reference implementations nobody here wrote.
+
+Each reference (torch.nn.Transformer, torch.nn.TransformerEncoder, Hugging Face GPT-2 and Llama
+built from configs) gets random weights (gains near 1, everything else N(0, 0.1), biases
+included), which are copied by name into to_torch(graph, weights=...). Logits must agree to
+1e-4 max abs error in float32, eval mode. Specs carry dropout 0.1 where the reference allows
+it, so the test also proves dropout is off in eval().
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import tfgraph
+from tfgraph.exporters import to_torch
+from tfgraph.spec import Spec
+
+D, HEADS, LAYERS, VOCAB, FFN = 64, 4, 2, 61, 128
+ATOL = 1e-4
+
+
+def _randomize(model: nn.Module, seed: int) -> None:
+    """Norm gains 1 + N(0, 0.1); every other parameter N(0, 0.1) (biases non-zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * 0.1
+            is_gain = p.dim() == 1 and name.endswith("weight")
+            p.copy_(noise + 1.0 if is_gain else noise)
+
+
+def _check(ours: Tensor, ref: Tensor) -> None:
+    err = (ours - ref).abs().max().item()
+    assert err <= ATOL, f"max abs error {err:.3e} > {ATOL}"
+
+
+def _split_in_proj(prefix: str, ours: str, mha: dict[str, Tensor]) -> dict[str, Tensor]:
+    """nn.MultiheadAttention's packed [3d, d] in-projection -> q, k, v; out_proj -> o."""
+    w = mha[f"{prefix}.in_proj_weight"].chunk(3)
+    b = mha[f"{prefix}.in_proj_bias"].chunk(3)
+    out = {}
+    for i, role in enumerate("qkv"):
+        out[f"{ours}.{role}.weight"], out[f"{ours}.{role}.bias"] = w[i], b[i]
+    out[f"{ours}.o.weight"] = mha[f"{prefix}.out_proj.weight"]
+    out[f"{ours}.o.bias"] = mha[f"{prefix}.out_proj.bias"]
+    return out
+
+
+def _norm(src: str, dst: str, sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {f"{dst}.weight": sd[f"{src}.weight"], f"{dst}.bias": sd[f"{src}.bias"]}
+
+
+def _linear(src: str, dst: str, sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    return _norm(src, dst, sd)
+
+
+def _pe(length: int, d: int) -> Tensor:
+    """The sinusoidal table as the PyTorch tutorials write it."""
+    pos = torch.arange(length).unsqueeze(1)
+    div = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+    pe = torch.zeros(length, d)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)
+    return pe
+
+
+# ---- torch.nn.Transformer (encoder-decoder) ------------------------------------------------
+
+
+class Seq2Seq(nn.Module):
+    """nn.Transformer with a shared scaled embedding, sinusoidal positions and a tied head."""
+
+    def __init__(self, activation: str, norm_first: bool) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D)
+        self.core = nn.Transformer(D, HEADS, LAYERS, LAYERS, FFN, dropout=0.0,
+                                   activation=activation, batch_first=True,
+                                   norm_first=norm_first)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        s = self.embed(src) * math.sqrt(D) + _pe(src.shape[1], D)
+        t = self.embed(tgt) * math.sqrt(D) + _pe(tgt.shape[1], D)
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        h = self.core(s, t, tgt_mask=mask, tgt_is_causal=True)  # (B, T, d)
+        return h @ self.embed.weight.T  # tied head
+
+
+def _seq2seq_weights(ref: Seq2Seq) -> dict[str, Tensor]:
+    sd = ref.state_dict()
+    out = {"embed.tokens.weight": sd["embed.weight"]}
+    for stack in ("encoder", "decoder"):
+        for i in range(LAYERS):
+            src, dst = f"core.{stack}.layers.{i}", f"{stack}.layers.{i}"
+            out |= _split_in_proj(f"{src}.self_attn", f"{dst}.self_attn", sd)
+            out |= _linear(f"{src}.linear1", f"{dst}.ffn.up", sd)
+            out |= _linear(f"{src}.linear2", f"{dst}.ffn.down", sd)
+            out |= _norm(f"{src}.norm1", f"{dst}.self_attn_norm", sd)
+            if stack == "encoder":
+                out |= _norm(f"{src}.norm2", f"{dst}.ffn_norm", sd)
+            else:
+                out |= _split_in_proj(f"{src}.multihead_attn", f"{dst}.cross_attn", sd)
+                out |= _norm(f"{src}.norm2", f"{dst}.cross_attn_norm", sd)
+                out |= _norm(f"{src}.norm3", f"{dst}.ffn_norm", sd)
+        out |= _norm(f"core.{stack}.norm", f"{stack}.norm", sd)
+    return out
+
+
+@pytest.mark.parametrize("position,activation", [("post", "relu"), ("pre", "gelu")])
+def test_nn_transformer(position: str, activation: str) -> None:
+    spec = Spec.model_validate({
+        "name": f"nn-transformer-{position}", "arch": "encoder-decoder", "d_model": D,
+        "layers": LAYERS, "vocab": VOCAB,
+        "embedding": {"positions": "sinusoidal", "scale": True, "tie_output": True,
+                      "share": True},
+        "attention": {"heads": HEADS},
+        "ffn": {"hidden": FFN, "activation": activation},
+        "norm": {"position": position, "kind": "layernorm", "eps": 1e-5, "final": True},
+        "dropout": 0.1,
+    })
+    ref = Seq2Seq(activation, norm_first=position == "pre").eval()
+    _randomize(ref, seed=1)
+    ours = to_torch(tfgraph.compile(spec), weights=_seq2seq_weights(ref))
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, VOCAB, (2, 11), generator=gen)
+    tgt = torch.randint(0, VOCAB, (2, 7), generator=gen)
+    with torch.no_grad():
+        _check(ours(src, tgt), ref(src, tgt))
+
+
+# ---- torch.nn.TransformerEncoder (encoder-only) ----------------------------------------------
+
+
+class Encoder(nn.Module):
+    """Token embedding + sinusoidal positions + nn.TransformerEncoder + a head with bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D)
+        layer = nn.TransformerEncoderLayer(D, HEADS, FFN, dropout=0.0, activation="gelu",
+                                           batch_first=True, layer_norm_eps=1e-6)
+        self.core = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.core(self.embed(ids) + _pe(ids.shape[1], D)))
+
+
+def test_nn_transformer_encoder() -> None:
+    spec = Spec.model_validate({
+        "name": "nn-encoder", "arch": "encoder-only", "d_model": D, "layers": LAYERS,
+        "vocab": VOCAB,
+        "embedding": {"positions": "sinusoidal", "scale": False, "tie_output": False,
+                      "output_bias": True},
+        "attention": {"heads": HEADS},
+        "ffn": {"hidden": FFN, "activation": "gelu"},
+        "norm": {"position": "post", "eps": 1e-6, "final": False},
+        "dropout": 0.1,
+    })
+    ref = Encoder().eval()
+    _randomize(ref, seed=2)
+    sd = ref.state_dict()
+    weights = {"embed.tokens.weight": sd["embed.weight"]} | _linear("head", "head", sd)
+    for i in range(LAYERS):
+        src, dst = f"core.layers.{i}", f"encoder.layers.{i}"
+        weights |= _split_in_proj(f"{src}.self_attn", f"{dst}.self_attn", sd)
+        weights |= _linear(f"{src}.linear1", f"{dst}.ffn.up", sd)
+        weights |= _linear(f"{src}.linear2", f"{dst}.ffn.down", sd)
+        weights |= _norm(f"{src}.norm1", f"{dst}.self_attn_norm", sd)
+        weights |= _norm(f"{src}.norm2", f"{dst}.ffn_norm", sd)
+    ours = to_torch(tfgraph.compile(spec), weights=weights)
+    ids = torch.randint(0, VOCAB, (3, 13), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _check(ours(ids), ref(ids))
+
+
+# ---- Hugging Face GPT-2 and Llama -----------------------------------------------------------
+
+
+def test_hf_gpt2() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_embd=D, n_layer=LAYERS, n_head=HEADS, vocab_size=VOCAB, n_positions=64,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+        activation_function="gelu_new", bos_token_id=0, eos_token_id=0,
+    )
+    ref = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
+    _randomize(ref, seed=3)
+    sd = ref.state_dict()
+    t = "transformer"
+    weights = {"embed.tokens.weight": sd[f"{t}.wte.weight"],
+               "decoder.positions.weight": sd[f"{t}.wpe.weight"]}
+    weights |= _norm(f"{t}.ln_f", "decoder.norm", sd)
+    for i in range(LAYERS):
+        src, dst = f"{t}.h.{i}", f"decoder.layers.{i}"
+        # HF Conv1D stores [in, out]; design §4 (like nn.Linear) stores [out, in].
+        qkv_w = sd[f"{src}.attn.c_attn.weight"].split(D, dim=1)
+        qkv_b = sd[f"{src}.attn.c_attn.bias"].split(D)
+        for j, role in enumerate("qkv"):
+            weights[f"{dst}.self_attn.{role}.weight"] = qkv_w[j].T
+            weights[f"{dst}.self_attn.{role}.bias"] = qkv_b[j]
+        for conv, ours in (("attn.c_proj", "self_attn.o"), ("mlp.c_fc", "ffn.up"),
+                           ("mlp.c_proj", "ffn.down")):
+            weights[f"{dst}.{ours}.weight"] = sd[f"{src}.{conv}.weight"].T
+            weights[f"{dst}.{ours}.bias"] = sd[f"{src}.{conv}.bias"]
+        weights |= _norm(f"{src}.ln_1", f"{dst}.self_attn_norm", sd)
+        weights |= _norm(f"{src}.ln_2", f"{dst}.ffn_norm", sd)
+    spec = Spec.model_validate({
+        "name": "hf-gpt2", "arch": "decoder-only", "d_model": D, "layers": LAYERS,
+        "vocab": VOCAB, "max_len": 64,
+        "embedding": {"positions": "learned", "scale": False, "tie_output": True},
+        "attention": {"heads": HEADS},
+        "ffn": {"hidden": 4 * D, "activation": "gelu_tanh"},
+        "norm": {"position": "pre", "eps": 1e-5, "final": True},
+        "dropout": 0.1,
+    })
+    ours = to_torch(tfgraph.compile(spec), weights=weights)
+    ids = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _check(ours(ids), ref(ids).logits)
+
+
+def test_hf_llama() -> None:
+    transformers = pytest.importorskip("transformers")
+    hidden, kv_heads, theta = 96, 2, 500000.0
+    config = transformers.LlamaConfig(
+        hidden_size=D, intermediate_size=hidden, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=kv_heads, vocab_size=VOCAB,
+        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, rope_theta=theta,
+        bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    ref = transformers.LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
+    _randomize(ref, seed=4)
+    sd = ref.state_dict()
+    weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
+               "decoder.norm.weight": sd["model.norm.weight"],
+               "head.weight": sd["lm_head.weight"]}
+    for i in range(LAYERS):
+        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
+        for role in "qkvo":
+            weights[f"{dst}.self_attn.{role}.weight"] = sd[f"{src}.self_attn.{role}_proj.weight"]
+        for role in ("gate", "up", "down"):
+            weights[f"{dst}.ffn.{role}.weight"] = sd[f"{src}.mlp.{role}_proj.weight"]
+        weights[f"{dst}.self_attn_norm.weight"] = sd[f"{src}.input_layernorm.weight"]
+        weights[f"{dst}.ffn_norm.weight"] = sd[f"{src}.post_attention_layernorm.weight"]
+    spec = Spec.model_validate({
+        "name": "hf-llama", "arch": "decoder-only", "d_model": D, "layers": LAYERS,
+        "vocab": VOCAB,
+        "embedding": {"positions": "rope", "rope_theta": theta, "scale": False,
+                      "tie_output": False},
+        "attention": {"heads": HEADS, "kv_heads": kv_heads, "bias": False},
+        "ffn": {"hidden": hidden, "activation": "swiglu", "bias": False},
+        "norm": {"position": "pre", "kind": "rmsnorm", "eps": 1e-6, "final": True},
+        "dropout": 0.0,
+    })
+    ours = to_torch(tfgraph.compile(spec), weights=weights)
+    ids = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _check(ours(ids), ref(ids).logits)
+    # The explicit-matmul path computes the same function.
+    ours.attention_impl = "math"
+    with torch.no_grad():
+        _check(ours(ids), ref(ids).logits)
