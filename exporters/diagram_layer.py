@@ -149,7 +149,9 @@ def build_layer(graph: Graph, ann: Annotator) -> graphviz.Digraph:
                 elif not src.startswith(stack):
                     attrs = {"color": "#2e8b57", "penwidth": "2", "fontcolor": "#2e8b57"}
                     label = "K, V"
-                dot.edge(src, dst, label=f" {label}" if label else "", **attrs)
+                if label:
+                    attrs["label"] = f" {label}"
+                dot.edge(src, dst, **attrs)
         last = group_of(ops[-1])
         assert last is not None
         out = last

@@ -136,7 +136,7 @@ def build_model(graph: Graph, ann: Annotator) -> graphviz.Digraph:
         memory = graph.node(graph.node("decoder.layers.0.cross_attn.k").inputs[0])
         dot.edge(_stack_output(graph, "encoder"), "decoder.layers", color="#2e8b57",
                  penwidth="2", fontcolor="#2e8b57",
-                 label=f" {shape_text(memory.type.shape)}\n cross-attention K, V\n"
+                 label=f" {shape_text(memory.type.shape)}\\n cross-attention K, V\\n"
                        f" into every decoder layer (× {n_dec})")
 
     draw_head(dot, graph, kinds, ann, _stack_output(graph, spec.stacks[-1]),

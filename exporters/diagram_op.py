@@ -164,8 +164,8 @@ def build_op(graph: Graph, ann: Annotator, unfold: bool = False) -> graphviz.Dig
             stack = scope.split(".")[0]
             n = spec.layer_count(stack)
             if unfold or n == 1:
-                return f"layers.{i}  (of {n})"
-            return f"layers.0  (× {n}: one drawn, all identical)"
+                return f"layers.{i} (of {n})"
+            return f"layers.0 (× {n}: one drawn, all identical)"
         return scope.rsplit(".", 1)[-1]
 
     emit(dot, root)
@@ -189,7 +189,7 @@ def build_op(graph: Graph, ann: Annotator, unfold: bool = False) -> graphviz.Dig
                 attrs = dict(RESIDUAL_STYLE)
                 label += " (residual)"
             if src_drawn != src_name:
-                label += f"\n(from layers.{_layer_index(src_name)})"
+                label += f"\\n(from layers.{_layer_index(src_name)})"
             dot.edge(src_drawn, dst.name, label=f" {label}", **attrs)
     kinds.legend(dot, "; ".join(x for x in [
         "edge labels: tensor shapes (B batch, S source / only length, T target length)",

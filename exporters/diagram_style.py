@@ -51,6 +51,12 @@ def new_digraph(name: str, title: str) -> graphviz.Digraph:
     return dot
 
 
+def escape_lines(label: str) -> str:
+    """Line breaks as DOT's ``\\n`` escape, so every DOT statement stays on one line (stable,
+    readable golden files)."""
+    return label.replace("\n", "\\n")
+
+
 def fill(kind: str) -> str:
     return PALETTE[kind][0]
 
@@ -64,7 +70,7 @@ class KindTracker:
     def node(self, dot: graphviz.Digraph, name: str, label: str, kind: str,
              **attrs: str) -> None:
         self.used.add(kind)
-        dot.node(name, label=label, fillcolor=fill(kind), **attrs)
+        dot.node(name, label=escape_lines(label), fillcolor=fill(kind), **attrs)
 
     def legend(self, dot: graphviz.Digraph, note: str = "") -> None:
         """An HTML-table node listing the used kinds with their colours, in palette order."""
