@@ -23,10 +23,13 @@ length works without a baked-in maximum (learned positions still stop at ``max_l
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +79,8 @@ def numpy_dtype(dtype: str) -> Any:
 
 def make_initializer(name: str, value: np.ndarray, dtype: str) -> TensorProto:
     """A raw-data TensorProto of ``value`` cast to ``dtype`` (float32, float16 or bfloat16)."""
-    array = np.ascontiguousarray(value.astype(numpy_dtype(dtype), copy=False))
-    tensor = TensorProto()
-    tensor.name = name
-    tensor.data_type = ELEM_TYPE[dtype]
-    tensor.dims.extend(array.shape)
+    array = cast_array(value, dtype)
+    tensor = tensor_header(name, array, dtype)
     tensor.raw_data = array.tobytes()  # little-endian hosts only, as onnx itself assumes
     return tensor
 
@@ -504,11 +504,32 @@ def to_onnx(graph: Graph, weights: Mapping[str, Any] | None = None, seed: int = 
     end's weights. Raises TfgraphError for weights with wrong names or shapes, or a bad opset.
     """
     model = build_structure(graph, opset)
-    value_of = weight_source(graph, weights, seed)
     model.graph.initializer.extend(
-        make_initializer(p.name, value_of(p), graph.node(p.name).type.dtype)
-        for p in graph.params())
+        make_initializer(p.name, value, p.type.dtype)
+        for p, value in parameter_values(graph, weights, seed))
     return model
+
+
+def parameter_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
+                     workers: int | None = None) -> Iterator[tuple[Node, np.ndarray]]:
+    """(parameter, float32 value) in graph order, produced a few ahead on worker threads.
+
+    numpy's generators release the GIL while filling arrays, so generating the next
+    parameters overlaps with casting and writing this one; at most ``workers + 1`` values
+    are held at once, so memory stays bounded for any model size.
+    """
+    value_of = weight_source(graph, weights, seed)
+    params = iter(graph.params())
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers, thread_name_prefix="tfgraph-weights") as pool:
+        pending = deque((p, pool.submit(value_of, p))
+                        for p in itertools.islice(params, workers + 1))
+        while pending:
+            param, future = pending.popleft()
+            nxt = next(params, None)
+            if nxt is not None:
+                pending.append((nxt, pool.submit(value_of, nxt)))
+            yield param, future.result()
 
 
 def weight_bytes(graph: Graph) -> int:
@@ -524,39 +545,85 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
                progress: Callable[[int], None] | None = None) -> Path:
     """Write ``graph`` as an ONNX file atomically (no partial file; an old one survives a failure).
 
-    Models whose weights pass ~1.8 GB keep them in ``<path>.data`` next to the model (protobuf
-    stops at 2 GiB); weights are then streamed one parameter at a time. ``progress`` is called
+    Weights are streamed one parameter at a time from their arrays to the file, never held
+    all at once nor copied into one big protobuf. Models whose weights pass ~1.8 GB keep them
+    in ``<path>.data`` next to the model (protobuf stops at 2 GiB). ``progress`` is called
     with the bytes of each parameter written.
     """
     from tfgraph.io import atomic_path
 
     target = Path(path)
     model = build_structure(graph, opset)
-    value_of = weight_source(graph, weights, seed)
-    params = graph.params()
+    values = parameter_values(graph, weights, seed)
     if weight_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
-        for p in params:
-            tensor = make_initializer(p.name, value_of(p), p.type.dtype)
-            model.graph.initializer.append(tensor)
-            if progress:
-                progress(len(tensor.raw_data))
-        with atomic_path(target) as tmp, _write_errors(target):
-            tmp.write_bytes(model.SerializeToString())
+        with atomic_path(target) as tmp, _write_errors(target), open(tmp, "wb") as out:
+            out.write(model.SerializeToString())  # everything but the weights
+            for param, value in values:
+                array = cast_array(value, param.type.dtype)
+                _append_initializer(out, tensor_header(param.name, array, param.type.dtype), array)
+                if progress:
+                    progress(array.nbytes)
+            out.flush()
+            os.fsync(out.fileno())
         return target
     data_target = target.with_name(target.name + ".data")
     with atomic_path(data_target) as tmp_data, atomic_path(target) as tmp_model, \
             _write_errors(target):
         with open(tmp_data, "wb") as data:
-            for p in params:
-                tensor = make_initializer(p.name, value_of(p), p.type.dtype)
-                _move_to_external(tensor, data, data_target.name)
-                model.graph.initializer.append(tensor)
+            for param, value in values:
+                array = cast_array(value, param.type.dtype)
+                header = tensor_header(param.name, array, param.type.dtype)
+                _write_external(header, array, data, data_target.name)
+                model.graph.initializer.append(header)
                 if progress:
-                    progress(int(tensor.external_data[2].value))
+                    progress(array.nbytes)
             data.flush()
             os.fsync(data.fileno())
         tmp_model.write_bytes(model.SerializeToString())
     return target
+
+
+def cast_array(value: np.ndarray, dtype: str) -> np.ndarray:
+    """``value`` (float32) at the model's dtype, C-contiguous."""
+    return np.ascontiguousarray(value.astype(numpy_dtype(dtype), copy=False))
+
+
+def tensor_header(name: str, array: np.ndarray, dtype: str) -> TensorProto:
+    """A TensorProto with name, dtype and dims but no data."""
+    tensor = TensorProto()
+    tensor.name = name
+    tensor.data_type = ELEM_TYPE[dtype]
+    tensor.dims.extend(array.shape)
+    return tensor
+
+
+# Protobuf wire format: a length-delimited field is varint(number << 3 | 2), varint(length),
+# payload. Parsers merge repeated occurrences of a message field (ModelProto.graph = 7) and
+# append repeated fields (GraphProto.initializer = 5), so each initializer can be written as
+# its own "ModelProto{graph{initializer: [tensor]}}" chunk after the rest of the model, with
+# TensorProto.raw_data (= 9) taken straight from the array's memory.
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field_header(number: int, length: int) -> bytes:
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+def _append_initializer(out: Any, header: TensorProto, array: np.ndarray) -> None:
+    raw = memoryview(array.reshape(-1).view(np.uint8))
+    tensor = header.SerializeToString() + _field_header(_TENSOR_RAW_DATA, raw.nbytes)
+    graph = _field_header(_GRAPH_INITIALIZER, len(tensor) + raw.nbytes) + tensor
+    out.write(_field_header(_MODEL_GRAPH, len(graph) + raw.nbytes) + graph)
+    out.write(raw)
 
 
 @contextlib.contextmanager
@@ -568,18 +635,16 @@ def _write_errors(target: Path) -> Iterator[None]:
         raise TfgraphError(f"{target}: cannot write: {err.strerror or err}") from None
 
 
-def _move_to_external(tensor: TensorProto, data: Any, location: str) -> None:
-    """Append ``tensor``'s bytes to the open data file and point the tensor at them."""
+def _write_external(tensor: TensorProto, array: np.ndarray, data: Any, location: str) -> None:
+    """Append ``array``'s bytes to the open data file and point ``tensor`` at them."""
     offset = data.tell()
     pad = -offset % 4096  # page-aligned offsets let runtimes mmap each tensor
     if pad:
         data.write(b"\0" * pad)
         offset += pad
-    raw = tensor.raw_data
-    data.write(raw)
-    tensor.ClearField("raw_data")
+    data.write(memoryview(array.reshape(-1).view(np.uint8)))
     tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)),
-                       ("length", str(len(raw)))):
+                       ("length", str(array.nbytes))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value

@@ -107,15 +107,15 @@ def test_failed_build_keeps_old_file_and_leaves_no_partial(in_tmp: Path,
                                                            ) -> None:
     Path("m.onnx").write_bytes(b"old model")
     calls = []
-    real = onnx_model.make_initializer
+    real = onnx_model.cast_array
 
-    def failing(name, value, dtype):  # type: ignore[no-untyped-def]
-        calls.append(name)
+    def failing(value, dtype):  # type: ignore[no-untyped-def]
+        calls.append(dtype)
         if len(calls) == 5:
             raise MemoryError("simulated failure half-way through the weights")
-        return real(name, value, dtype)
+        return real(value, dtype)
 
-    monkeypatch.setattr(onnx_model, "make_initializer", failing)
+    monkeypatch.setattr(onnx_model, "cast_array", failing)
     result = cli("build", TINY, "--to", "onnx", "-o", "m.onnx")
     assert result.exit_code == 1 and "internal error" in result.stderr
     assert Path("m.onnx").read_bytes() == b"old model"
@@ -126,13 +126,17 @@ def test_failed_write_keeps_old_file(in_tmp: Path, monkeypatch: pytest.MonkeyPat
     """The failure comes while the temporary file is being written (disk full)."""
     Path("m.onnx").write_bytes(b"old model")
 
-    def full_disk(self, data):  # type: ignore[no-untyped-def]
-        with open(self, "wb") as f:
-            f.write(data[: len(data) // 2])
-        raise OSError(28, "No space left on device")
+    real = onnx_model._append_initializer
+    written = []
+
+    def full_disk(out, header, array):  # type: ignore[no-untyped-def]
+        written.append(header.name)
+        if len(written) == 5:  # part of the file is already on disk by now
+            raise OSError(28, "No space left on device")
+        real(out, header, array)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Path, "write_bytes", full_disk)
+        patch.setattr(onnx_model, "_append_initializer", full_disk)
         result = cli("build", TINY, "--to", "onnx", "-o", "m.onnx")
     assert result.exit_code == 2
     assert result.stderr == "m.onnx: cannot write: No space left on device\n"
