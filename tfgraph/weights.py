@@ -25,7 +25,11 @@ def init_param(name: str, shape: tuple[int, ...], init: str, seed: int) -> np.nd
         return np.ones(shape, dtype=np.float32)
     if init == "normal":
         rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
-        return rng.normal(0.0, INIT_STD, size=shape).astype(np.float32)
+        # float32 draws straight away (ziggurat): ~3x faster than float64 normal() + astype,
+        # which dominated `tfgraph build` of a 63M-parameter model.
+        value = rng.standard_normal(size=shape, dtype=np.float32)
+        value *= np.float32(INIT_STD)
+        return value
     raise ValueError(f"{name}: unknown init {init!r} (expected normal, zeros or ones)")
 
 
