@@ -314,3 +314,25 @@ def test_draw_command_default_path_and_errors(tmp_path: Path, monkeypatch: pytes
     assert made.exit_code == 0, made.output
     out = tmp_path / "build" / "tiny-decoder-layer.svg"
     assert "Decoder layer × 2" in svg_texts(out.read_bytes())
+
+
+# ---- the committed example images ------------------------------------------------------------
+
+EXAMPLES = {"base-model.svg": "model", "base-layer.svg": "layer"}
+
+
+@pytest.mark.parametrize(("name", "level"), sorted(EXAMPLES.items()))
+def test_readme_example_images_are_the_tools_output(name: str, level: str) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    path = ROOT / "examples" / "diagrams" / name
+    assert f"examples/diagrams/{name}" in readme
+    assert f"tfgraph draw specs/base.yaml --level {level} -o examples/diagrams/{name}" in readme
+    committed = svg_texts(path.read_bytes())
+    # every label of today's drawing is in the committed image (layout may differ by
+    # graphviz version; the words may not)
+    source = diagram_source(compiled("base.yaml"), level)
+    labels = re.findall(r'\[label="([^"]+)"', source)
+    for label in labels:
+        for line in label.split("\\n"):
+            if line.strip():
+                assert line.strip() in committed, (name, line)

@@ -1,0 +1,148 @@
+"""``tfgraph compare`` as a command: table, JSON, plots and the md / html report pages, the HTML
+opened in headless Chromium (fails in CI when chromium is missing, skips elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT
+from matplotlib import image as mpimg
+from test_diagram import PNG_SIGNATURE, require_binary, svg_texts
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.compare import compare
+from tfgraph.exporters.compare_plot import lengths_for, write_compare_plot
+
+SPECS = [str(ROOT / "specs" / n) for n in ("tiny-decoder.yaml", "tiny-llama.yaml",
+                                           "tiny-seq2seq.yaml")]
+
+
+def run(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(main, ["compare", *args])
+
+
+def test_json_is_the_compare_dict() -> None:
+    result = run(*SPECS[:2], "--seq", "16,64", "--batch", "2", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    graphs = [tfgraph.compile(p) for p in SPECS[:2]]
+    assert data == json.loads(json.dumps(compare(graphs, seqs=(16, 64), batch=2)))
+
+
+def test_default_table_names_variants_and_crossover() -> None:
+    result = run(*SPECS, "--seq", "32")
+    assert result.exit_code == 0, result.output
+    for word in ("tiny-decoder", "tiny-llama", "tiny-seq2seq", "crossover length",
+                 "FLOPs forward", "KV cache", "ffn.activation", "Ratios"):
+        assert word in result.stdout, word
+
+
+def test_table_json_to_file(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    assert run(*SPECS[:2], "--json", "-o", str(out)).exit_code == 0
+    assert json.loads(out.read_text())["variants"][1]["name"] == "tiny-llama"
+    table = tmp_path / "c.txt"
+    assert run(*SPECS[:2], "-o", str(table)).exit_code == 0
+    assert "crossover length" in table.read_text()
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ([SPECS[0]], "at least two specs"),
+    ([*SPECS[:2], "--seq", "12,x"], "--seq"),
+    ([*SPECS[:2], "--seq", "0"], "--seq"),
+    ([*SPECS[:2], "--plot", "p.pdf"], ".png or .svg"),
+    ([*SPECS[:2], "--json", "--format", "md"], "exclusive"),
+    ([SPECS[0], "nope.yaml"], "nope.yaml"),
+])
+def test_bad_arguments_exit_2_with_one_line(args: list[str], words: str) -> None:
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_plot_png_for_three_variants(tmp_path: Path) -> None:
+    out = tmp_path / "plot.png"
+    result = run(*SPECS, "--seq", "16,128", "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    data = out.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 50_000
+    pixels = mpimg.imread(out)
+    assert pixels.shape[0] > 600 and pixels.shape[1] > 900
+    assert pixels[..., :3].std() > 0.05  # drawn on, not a blank canvas
+
+
+def test_plot_svg_has_all_panels_and_the_crossovers(tmp_path: Path) -> None:
+    graphs = [tfgraph.compile(p) for p in SPECS[:2]]
+    data = compare(graphs, seqs=(16, 128))
+    out = write_compare_plot(graphs, data, tmp_path / "plot.svg")
+    texts = svg_texts(out.read_bytes())
+    joined = " ".join(texts)
+    for title in ("Forward FLOPs", "Attention-score (dashed) vs FFN (dotted) FLOPs",
+                  "Memory", "Parameters by role"):
+        assert title in joined, title
+    for v in data["variants"]:
+        assert f"L≈{v['crossover']['seq']:,.0f}" in texts
+    # the grid spans the requested lengths and every crossover
+    grid = lengths_for(data)
+    assert grid[0] <= 16 and grid[-1] >= max(v["crossover"]["seq"] for v in data["variants"])
+
+
+def test_markdown_page_links_files_that_exist(tmp_path: Path) -> None:
+    require_binary("dot")
+    page = tmp_path / "cmp.md"
+    result = run(*SPECS[:2], "--seq", "32", "--format", "md", "-o", str(page))
+    assert result.exit_code == 0, result.output
+    text = page.read_text(encoding="utf-8")
+    assert "| | tiny-decoder | tiny-llama |" in text and "crossover length" in text
+    links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if "![" in line]
+    assert len(links) == 3
+    for link in links:
+        svg = (tmp_path / link).read_bytes()
+        ET.fromstring(svg)  # each linked image is a well-formed SVG
+    assert "Decoder × 2" in svg_texts((tmp_path / links[1]).read_bytes())
+
+
+def test_format_without_dot_writes_nothing(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    page = tmp_path / "cmp.html"
+    result = CliRunner().invoke(main, ["compare", *SPECS[:2], "--format", "html", "-o",
+                                       str(page)], env={"PATH": str(empty)})
+    assert result.exit_code == 2
+    assert "'dot'" in result.stderr and result.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == [empty]
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    require_binary("dot")
+    chromium = require_binary("chromium")
+    page = tmp_path / "cmp.html"
+    result = run(*SPECS, "--seq", "16,64", "--format", "html", "-o", str(page))
+    assert result.exit_code == 0, result.output
+    html = page.read_text(encoding="utf-8")
+    assert html.count("<svg") == 4  # the plot and one model diagram per variant
+    assert "Encoder × 2" in html and "Decoder × 1" in html
+
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
+         "--v=0", f"--screenshot={shot}", "--window-size=1200,900", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # page errors (script errors, failed loads) are logged as console messages
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line
+               or "Uncaught" in line or "net::ERR_" in line]
+    assert not console, console
+    pixels = mpimg.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (900, 1200)
+    assert float(np.std(pixels)) > 0.05, "screenshot is blank"
+    assert float(pixels.mean()) < 0.99  # text and table lines, not an empty white page
