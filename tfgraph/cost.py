@@ -9,6 +9,8 @@ Precondition: the graph lints (``Graph.lint``). Postcondition: nothing in the gr
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,13 @@ class OpCost:
     other: sympy.Expr
     saved: tuple[tuple[str, sympy.Expr], ...]  # (tensor id, bytes), parameters excluded
     temp: sympy.Expr
+
+
+def total(exprs: Iterable[sympy.Expr]) -> sympy.Expr:
+    """Sum of many expressions, most of them repeated (every layer has the same ops): identical
+    terms are counted first, so sympy flattens one term per distinct cost, not one per node."""
+    counts = Counter(exprs)
+    return sympy.Add(*(n * e for e, n in counts.items()))
 
 
 def component(scope: str) -> str:
@@ -103,7 +112,7 @@ def saved_for_backward(costs: list[OpCost]) -> sympy.Expr:
     for c in costs:
         for tensor, nbytes in c.saved:
             unique.setdefault(tensor, nbytes)
-    return sympy.Add(*unique.values())
+    return total(unique.values())
 
 
 def kv_cache(graph: Graph) -> sympy.Expr:
@@ -114,7 +123,7 @@ def kv_cache(graph: Graph) -> sympy.Expr:
         if node.op == "attention" and node.scope.startswith("decoder."):
             k, v = (graph.node(i).type for i in node.inputs[1:])
             terms += [k.nbytes, v.nbytes]
-    return sympy.Add(*terms)
+    return total(terms)
 
 
 @dataclass(frozen=True)
@@ -172,8 +181,8 @@ def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol,
     live_at = tuple(n.name for n in nodes
                     if not n.is_param and owner[n.name] == n.name
                     and pos[n.name] <= t <= last_use.get(n.name, pos[n.name]))
-    expr = sympy.Add(*(graph.node(n).type.nbytes for n in live_at),
-                     temp.get(best.node, sympy.Integer(0)))
+    expr = total([*(graph.node(n).type.nbytes for n in live_at),
+                  temp.get(best.node, sympy.Integer(0))])
     return Peak(best.bytes, best.node, expr, live_at)
 
 

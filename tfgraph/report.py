@@ -79,7 +79,7 @@ def _causal_discount(graph: Graph) -> sympy.Expr:
             b, tq = q.shape[0], q.shape[1]
             terms.append(2 * 2 * b * node.attrs["heads"] * node.attrs["head_dim"]
                          * tq * (tq - 1) / 2)
-    return sympy.Add(*terms)
+    return cost.total(terms)
 
 
 def symbolic(graph: Graph) -> dict[str, Any]:
@@ -89,8 +89,8 @@ def symbolic(graph: Graph) -> dict[str, Any]:
         return cached
     costs = cost.op_costs(graph)
     params = sum(cost.params_by_component(graph).values())
-    matmul = sympy.Add(*(c.matmul for c in costs))
-    other = sympy.Add(*(c.other for c in costs))
+    matmul = cost.total(c.matmul for c in costs)
+    other = cost.total(c.other for c in costs)
     forward = matmul + other
     saved = cost.saved_for_backward(costs)
     dtype_bytes = DTYPE_BYTES[graph.spec.dtype if graph.spec else "float32"]
@@ -114,7 +114,7 @@ def symbolic(graph: Graph) -> dict[str, Any]:
             "kv_cache": cost.kv_cache(graph),
             "train_step": 2 * weights + (2 * ADAM_MOMENT_BYTES * params) + master + saved,
         },
-        "flops_by_kind": {k: sympy.Add(*v) for k, v in by_kind.items()},
+        "flops_by_kind": {k: cost.total(v) for k, v in by_kind.items()},
     }
     graph._symbolic = out  # type: ignore[attr-defined]
     return out

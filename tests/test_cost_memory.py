@@ -1,0 +1,157 @@
+"""Memory figures against closed forms and hand counts: weights, KV cache, the Adam training
+step, the inference activation peak (liveness) and bytes saved for backward."""
+
+from __future__ import annotations
+
+import pytest
+
+import tfgraph
+from tfgraph.ir import B, S, Graph
+from tfgraph.spec import Spec, StackLayers
+
+from conftest import SPEC_FILES, small
+
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=[p.name for p in SPEC_FILES])
+def test_weights_kv_cache_and_train_step_closed_forms(path):
+    spec = tfgraph.load_spec(path)
+    nbytes = BYTES[spec.dtype]
+    att = spec.attention
+    rep = tfgraph.compile(spec).report(batch=3, seq=20, tgt_seq=13)
+    params, mem = rep["params"], rep["memory"]
+    assert mem["weights"] == params * nbytes
+
+    per_token = 2 * att.kv_heads * att.head_dim * nbytes  # K and V of one position, one layer
+    if spec.arch == "decoder-only":
+        kv = spec.layer_count("decoder") * 3 * 20 * per_token
+    elif spec.arch == "encoder-decoder":  # self-attention over T, cross-attention over S
+        kv = spec.layer_count("decoder") * 3 * (13 + 20) * per_token
+    else:
+        kv = 0  # an encoder has nothing to cache between decoding steps
+    assert mem["kv_cache"] == kv
+
+    adam = 2 * params * 4  # two fp32 moments
+    master = 4 * params if nbytes < 4 else 0  # fp32 master weights for 16-bit training
+    assert mem["train_step"] == 2 * mem["weights"] + adam + master + mem["saved_for_backward"]
+
+
+def hand_graph(hidden: int = 16) -> Graph:
+    """ids -> embedding(V=10, d=4) -> up(hidden) -> relu -> down(4) -> tied head."""
+    g = Graph("hand")
+    ids = g.input("input_ids", (B, S))
+    table = g.param("embed.tokens.weight", (10, 4), "embed", "normal", "float32")
+    x = g.add("embedding", [table, ids], name="tok", scope="embed")
+    w = g.param("ffn.up.weight", (hidden, 4), "ffn", "normal", "float32")
+    h = g.add("linear", [x, w], name="up", scope="ffn")
+    h = g.add("relu", [h], name="act", scope="ffn")
+    w2 = g.param("ffn.down.weight", (4, hidden), "ffn", "normal", "float32")
+    h = g.add("linear", [h, w2], name="down", scope="ffn")
+    g.set_output(g.add("linear", [h, table], name="logits", scope="head"))
+    g.lint()
+    return g
+
+
+def test_activation_peak_on_a_hand_computable_graph():
+    # B=1, S=3, float32. Live while each op runs (its inputs and its output):
+    #   tok:    ids 3*8=24  + tok 3*4*4=48             =  72
+    #   up:     tok 48      + up 3*16*4=192            = 240
+    #   act:    up 192      + act 192                  = 384  <- peak
+    #   down:   act 192     + down 48                  = 240
+    #   logits: down 48     + logits 3*10*4=120        = 168
+    rep = hand_graph().report(batch=1, seq=3)
+    assert rep["memory"]["activations_peak"] == 384
+    assert rep["activations_peak_at"] == "act"
+    # with a narrow hidden layer the logits are the peak: down 48 + logits 120
+    narrow = hand_graph(hidden=2).report(batch=1, seq=3)
+    assert narrow["memory"]["activations_peak"] == 168
+    assert narrow["activations_peak_at"] == "logits"
+
+
+def test_saved_for_backward_counts_each_tensor_once():
+    # embedding keeps ids (24), up keeps tok (48), relu keeps its output (192), down keeps its
+    # input -- the same relu output, not counted again -- and the head keeps down (48).
+    rep = hand_graph().report(batch=1, seq=3)
+    assert rep["memory"]["saved_for_backward"] == 24 + 48 + 192 + 48
+
+
+def attention_graph(causal: bool) -> Graph:
+    """x (B, S, 8) -> q, k, v (2 heads of 4) -> attention -> o: one score matrix of B*2*S*S."""
+    g = Graph("att")
+    ids = g.input("input_ids", (B, S))
+    table = g.param("embed.tokens.weight", (5, 8), "embed", "normal", "float32")
+    x = g.add("embedding", [table, ids], name="x", scope="embed")
+    proj = {}
+    for role in "qkv":
+        w = g.param(f"attn.{role}.weight", (8, 8), "attn", "normal", "float32")
+        proj[role] = g.add("linear", [x, w], name=role, scope="attn")
+    a = g.add("attention", [proj["q"], proj["k"], proj["v"]], name="attention", scope="attn",
+              heads=2, kv_heads=2, head_dim=4, causal=causal, normalize="softmax", kind="self")
+    w = g.param("attn.o.weight", (8, 8), "attn", "normal", "float32")
+    g.set_output(g.add("linear", [a, w], name="o", scope="attn"))
+    g.lint()
+    return g
+
+
+def test_attention_scores_are_materialised_unless_fused():
+    g = attention_graph(causal=True)
+    s = 50
+    act = s * 8 * 4  # one (1, S, 8) float32 activation
+    scores = 2 * s * s * 4  # B * h * S * S float32
+    unfused = g.report(batch=1, seq=s)
+    # while attention runs: x is dead (q, k, v done), q, k, v, the output and the scores live
+    assert unfused["activations_peak_at"] == "attention"
+    assert unfused["memory"]["activations_peak"] == 4 * act + scores
+    fused = g.report(batch=1, seq=s, fused_attention=True)
+    assert fused["memory"]["activations_peak"] == 4 * act  # x + q + k + v while v is computed
+    assert fused["memory"]["activations_peak"] < unfused["memory"]["activations_peak"]
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=[p.name for p in SPEC_FILES])
+def test_fused_attention_never_raises_the_peak_and_lowers_it_at_long_sequences(path):
+    spec = small(tfgraph.load_spec(path))
+    g = tfgraph.compile(spec)
+    seq = spec.max_len or 64
+    unfused = g.report(batch=2, seq=seq)["memory"]["activations_peak"]
+    fused = g.report(batch=2, seq=seq, fused_attention=True)["memory"]["activations_peak"]
+    assert fused < unfused  # at these sizes the 4-head score matrix dominates
+
+
+def test_dropout_is_free_at_inference_and_keeps_one_byte_masks_in_training():
+    base = {"name": "t", "arch": "encoder-decoder", "d_model": 16, "layers": 2, "vocab": 23,
+            "attention": {"heads": 4}}
+    with_p = tfgraph.compile(Spec.model_validate({**base, "dropout": 0.1}))
+    without = tfgraph.compile(Spec.model_validate({**base, "dropout": 0.0}))
+    b, s, t = 2, 9, 5
+    r1, r0 = (g.report(batch=b, seq=s, tgt_seq=t) for g in (with_p, without))
+    assert r1["memory"]["activations_peak"] == r0["memory"]["activations_peak"]
+    assert r1["flops"] == r0["flops"]
+    # masks: after each embedding and each sublayer, one byte per element of (B, len, d)
+    enc = (1 + 2 * 2) * b * s * 16  # embedding + 2 layers x (self_attn, ffn)
+    dec = (1 + 2 * 3) * b * t * 16  # embedding + 2 layers x (self_attn, cross_attn, ffn)
+    assert r1["memory"]["saved_for_backward"] - r0["memory"]["saved_for_backward"] == enc + dec
+
+
+def test_sixteen_bit_dtypes_halve_weights_and_add_a_master_copy():
+    data = tfgraph.load_spec(SPEC_FILES[0]).model_dump()
+    rep = {}
+    for dtype in ("float32", "bfloat16"):
+        rep[dtype] = tfgraph.compile(Spec.model_validate({**data, "dtype": dtype})).report(
+            batch=1, seq=16)
+    p = rep["float32"]["params"]
+    assert rep["bfloat16"]["memory"]["weights"] * 2 == rep["float32"]["memory"]["weights"]
+    assert rep["bfloat16"]["memory"]["kv_cache"] * 2 == rep["float32"]["memory"]["kv_cache"]
+    half, full = rep["bfloat16"]["memory"], rep["float32"]["memory"]
+    assert half["train_step"] - half["saved_for_backward"] == 2 * 2 * p + 8 * p + 4 * p
+    assert full["train_step"] - full["saved_for_backward"] == 2 * 4 * p + 8 * p
+
+
+def test_stack_layer_counts_scale_the_kv_cache():
+    spec = tfgraph.load_spec(SPEC_FILES[0]).model_dump()
+    spec.update(arch="encoder-decoder", layers={"encoder": 1, "decoder": 3})
+    s = Spec.model_validate(spec)
+    assert isinstance(s.layers, StackLayers)
+    att = s.attention
+    mem = tfgraph.compile(s).report(batch=1, seq=10, tgt_seq=4)["memory"]
+    assert mem["kv_cache"] == 3 * (10 + 4) * 2 * att.kv_heads * att.head_dim * BYTES[s.dtype]

@@ -1,0 +1,329 @@
+"""Lowering: every spec lowers and lints, node shapes evaluate as the spec says at two sizes,
+parameter names and shapes are exactly design §4's, and every knob of design §3 changes the
+graph as it should."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+import tfgraph
+from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.spec import GATED_ACTIVATIONS, Spec
+
+from conftest import SPEC_FILES
+
+SIZES = [{"B": 2, "S": 5, "T": 7}, {"B": 3, "S": 11, "T": 4}]
+
+
+def make(**over: Any) -> Spec:
+    """A tiny decoder-only spec with ``over`` merged in (nested dicts merge one level)."""
+    data: dict[str, Any] = {"name": "t", "arch": "decoder-only", "d_model": 16, "layers": 2,
+                            "vocab": 23, "attention": {"heads": 4}, "dropout": 0.0}
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return Spec.model_validate(data)
+
+
+def names(g: Graph, op: str | None = None) -> list[str]:
+    return [n.name for n in g.nodes() if op is None or n.op == op]
+
+
+# ---- every spec: lint, shapes at two sizes, §4 names --------------------------------------
+
+
+def expected_width(spec: Spec, name: str) -> int:
+    """Last dimension of an op node's output, from the spec alone (by the node's role)."""
+    att = spec.attention
+    role = name.rsplit(".", 1)[-1]
+    ffn = ".ffn." in name
+    if name in ("logits", "probs"):
+        return spec.output_vocab
+    if role in ("q", "q_rope", "attention"):
+        return att.heads * att.head_dim
+    if role in ("k", "v", "k_rope"):
+        return att.kv_heads * att.head_dim
+    if ffn and role in ("up", "gate", "act", "gated"):
+        return spec.ffn.hidden
+    return spec.d_model
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=[p.name for p in SPEC_FILES])
+def test_every_spec_lowers_lints_and_shapes_evaluate(path):
+    spec = tfgraph.load_spec(path)
+    g = tfgraph.compile(spec)  # lints
+    g.lint()
+    two_stacks = spec.arch == "encoder-decoder"
+    for sizes in SIZES:
+        values = {SYMBOLS[k]: v for k, v in sizes.items()}
+        for node in g.nodes():
+            shape = tuple(int(d.xreplace(values)) for d in node.type.shape)
+            if node.op == "param":
+                assert shape == node.attrs["shape"], node.name
+                continue
+            in_target = two_stacks and (node.scope.startswith("decoder") or node.scope == "head"
+                                        or node.name == "tgt_ids")
+            cross_kv = node.name.endswith((".cross_attn.k", ".cross_attn.v"))  # over the source
+            length = sizes["T"] if in_target and not cross_kv else sizes["S"]
+            if node.op == "input":
+                assert shape == (sizes["B"], length) and node.type.dtype == "int64", node.name
+                continue
+            assert shape == (sizes["B"], length, expected_width(spec, node.name)), node.name
+            assert node.type.dtype == spec.dtype, node.name
+    assert g.inputs == (["src_ids", "tgt_ids"] if two_stacks else ["input_ids"])
+    assert g.outputs == [spec.output]
+
+
+def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
+    """Design §4, written out independently of tfgraph.lower: name -> shape."""
+    d, att, ffn, norm = spec.d_model, spec.attention, spec.ffn, spec.norm
+    out: dict[str, tuple[int, ...]] = {}
+
+    def norm_params(prefix: str) -> None:
+        if norm.kind == "scalenorm":
+            out[f"{prefix}.weight"] = (1,)
+            return
+        out[f"{prefix}.weight"] = (d,)
+        if norm.kind == "layernorm":
+            out[f"{prefix}.bias"] = (d,)
+
+    def linear(prefix: str, d_in: int, d_out: int, bias: bool) -> None:
+        out[f"{prefix}.weight"] = (d_out, d_in)
+        if bias:
+            out[f"{prefix}.bias"] = (d_out,)
+
+    if spec.arch == "encoder-decoder" and not spec.embedding.share:
+        out["embed.source_tokens.weight"] = (spec.vocab_size("source"), d)
+        out["embed.target_tokens.weight"] = (spec.vocab_size("target"), d)
+    else:
+        out["embed.tokens.weight"] = (spec.vocab_size("source"), d)
+    for stack in spec.stacks:
+        if spec.embedding.positions == "learned":
+            out[f"{stack}.positions.weight"] = (spec.max_len, d)
+        for i in range(spec.layer_count(stack)):
+            layer = f"{stack}.layers.{i}"
+            subs = ["self_attn"]
+            if spec.arch == "encoder-decoder" and stack == "decoder":
+                subs.append("cross_attn")
+            for sub in subs:
+                hq, hkv = att.heads * att.head_dim, att.kv_heads * att.head_dim
+                linear(f"{layer}.{sub}.q", d, hq, att.bias)
+                linear(f"{layer}.{sub}.k", d, hkv, att.bias)
+                linear(f"{layer}.{sub}.v", d, hkv, att.bias)
+                linear(f"{layer}.{sub}.o", hq, d, att.bias)
+            linear(f"{layer}.ffn.up", d, ffn.hidden, ffn.bias)
+            if ffn.activation in GATED_ACTIVATIONS:
+                linear(f"{layer}.ffn.gate", d, ffn.hidden, ffn.bias)
+            linear(f"{layer}.ffn.down", ffn.hidden, d, ffn.bias)
+            for sub in [*subs, "ffn"]:
+                norm_params(f"{layer}.{sub}_norm")
+                if norm.position == "sandwich":
+                    norm_params(f"{layer}.{sub}_out_norm")
+        if norm.final:
+            norm_params(f"{stack}.norm")
+    if not spec.embedding.tie_output:
+        out["head.weight"] = (spec.output_vocab, d)
+    if spec.embedding.output_bias:
+        out["head.bias"] = (spec.output_vocab,)
+    return out
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=[p.name for p in SPEC_FILES])
+def test_param_names_and_shapes_are_design_section_4(path):
+    spec = tfgraph.load_spec(path)
+    g = tfgraph.compile(spec)
+    got = {p.name: p.attrs["shape"] for p in g.params()}
+    assert got == expected_params(spec)
+    assert len(got) == len(g.params())  # a tied table is one node
+
+
+# ---- knobs ----------------------------------------------------------------------------------
+
+
+def layer0(g: Graph, sub: str = "self_attn", stack: str = "decoder") -> list[str]:
+    prefix = f"{stack}.layers.0.{sub}."
+    return [n.name[len(prefix):] for n in g.ops() if n.name.startswith(prefix)]
+
+
+def test_norm_positions_order_the_nodes():
+    post = tfgraph.compile(make(norm={"position": "post"}))
+    assert layer0(post) == ["q", "k", "v", "attention", "o", "residual", "norm"]
+    assert post.node("decoder.layers.0.self_attn.norm").inputs[0] == \
+        "decoder.layers.0.self_attn.residual"
+    pre = tfgraph.compile(make(norm={"position": "pre"}))
+    assert layer0(pre) == ["norm", "q", "k", "v", "attention", "o", "residual"]
+    assert pre.node("decoder.layers.0.self_attn.q").inputs[0] == "decoder.layers.0.self_attn.norm"
+    branch = tfgraph.compile(make(norm={"position": "branch"}))
+    assert layer0(branch) == ["q", "k", "v", "attention", "o", "norm", "residual"]
+    assert branch.node("decoder.layers.0.self_attn.residual").inputs[1] == \
+        "decoder.layers.0.self_attn.norm"
+    sandwich = tfgraph.compile(make(norm={"position": "sandwich"}))
+    assert layer0(sandwich) == ["norm", "q", "k", "v", "attention", "o", "out_norm", "residual"]
+    assert sandwich.node("decoder.layers.0.self_attn.out_norm").inputs[1] == \
+        "decoder.layers.0.self_attn_out_norm.weight"
+    # the residual always adds the sublayer input (the stream) and the branch
+    for g in (post, pre, branch, sandwich):
+        assert g.node("decoder.layers.1.self_attn.residual").inputs[0] == (
+            "decoder.layers.0.ffn.norm" if g is post else "decoder.layers.0.ffn.residual")
+
+
+def test_final_norm_default_follows_position():
+    assert "decoder.norm" in names(tfgraph.compile(make(norm={"position": "pre"})))
+    assert "decoder.norm" in names(tfgraph.compile(make(norm={"position": "sandwich"})))
+    assert "decoder.norm" not in names(tfgraph.compile(make(norm={"position": "post"})))
+    g = tfgraph.compile(make(norm={"position": "post", "final": True}))
+    assert g.node("logits").inputs[0] == "decoder.norm"
+
+
+def test_norm_kinds_and_their_parameters():
+    rms = tfgraph.compile(make(norm={"kind": "rmsnorm", "eps": 1e-6}))
+    node = rms.node("decoder.layers.0.ffn.norm")
+    assert node.op == "rmsnorm" and node.attrs["eps"] == 1e-6
+    assert node.inputs[1:] == ("decoder.layers.0.ffn_norm.weight",)
+    scale = tfgraph.compile(make(norm={"kind": "scalenorm"}))
+    assert scale.node("decoder.layers.0.ffn_norm.weight").attrs["shape"] == (1,)
+    ln = tfgraph.compile(make())
+    assert ln.node("decoder.layers.0.ffn.norm").inputs[1:] == (
+        "decoder.layers.0.ffn_norm.weight", "decoder.layers.0.ffn_norm.bias")
+
+
+def test_gqa_and_mqa_shapes():
+    g = tfgraph.compile(make(d_model=32, attention={"heads": 8, "kv_heads": 2}))
+    assert g.node("decoder.layers.0.self_attn.k.weight").attrs["shape"] == (8, 32)
+    assert g.node("decoder.layers.0.self_attn.q.weight").attrs["shape"] == (32, 32)
+    att = g.node("decoder.layers.0.self_attn.attention")
+    assert (att.attrs["heads"], att.attrs["kv_heads"], att.attrs["head_dim"]) == (8, 2, 4)
+    assert g.node("decoder.layers.0.self_attn.v").type.shape[-1] == 8
+    mqa = tfgraph.compile(make(attention={"heads": 4, "kv_heads": 1}))
+    assert mqa.node("decoder.layers.0.self_attn.k").type.shape[-1] == 4
+    wide = tfgraph.compile(make(attention={"heads": 4, "head_dim": 6}))
+    assert wide.node("decoder.layers.0.self_attn.o.weight").attrs["shape"] == (16, 24)
+
+
+def test_tied_and_untied_heads():
+    tied = tfgraph.compile(make())
+    assert tied.node("logits").inputs == ("decoder.layers.1.ffn.norm", "embed.tokens.weight")
+    assert "head.weight" not in tied
+    untied = tfgraph.compile(make(embedding={"tie_output": False, "output_bias": True}))
+    assert untied.node("logits").inputs[1:] == ("head.weight", "head.bias")
+    assert untied.node("head.weight").attrs["shape"] == (23, 16)
+
+
+def test_encoder_decoder_tables_shared_or_separate():
+    shared = tfgraph.compile(make(arch="encoder-decoder"))
+    assert shared.node("encoder.embed.tokens").inputs[0] == "embed.tokens.weight"
+    assert shared.node("decoder.embed.tokens").inputs[0] == "embed.tokens.weight"
+    assert shared.node("logits").inputs[1] == "embed.tokens.weight"
+    two = tfgraph.compile(make(arch="encoder-decoder", vocab={"source": 30, "target": 19}))
+    assert two.node("encoder.embed.tokens").inputs[0] == "embed.source_tokens.weight"
+    assert two.node("logits").inputs[1] == "embed.target_tokens.weight"
+    assert two.node("logits").type.shape[-1] == 19
+
+
+def test_cross_attention_reads_the_encoder_output_and_masks():
+    g = tfgraph.compile(make(arch="encoder-decoder", norm={"position": "pre"}))
+    cross = g.node("decoder.layers.1.cross_attn.attention")
+    assert cross.attrs["causal"] is False and cross.attrs["kind"] == "cross"
+    assert g.node("decoder.layers.1.cross_attn.k").inputs[0] == "encoder.norm"
+    assert g.node("decoder.layers.1.cross_attn.v").inputs[0] == "encoder.norm"
+    assert g.node("decoder.layers.0.self_attn.attention").attrs["causal"] is True
+    assert g.node("encoder.layers.0.self_attn.attention").attrs["causal"] is False
+    # sublayer order in a decoder layer: self-attention, cross-attention, feed-forward
+    order = [n.scope.split(".")[3] for n in g.ops() if n.scope.startswith("decoder.layers.0.")]
+    assert list(dict.fromkeys(order)) == ["self_attn", "cross_attn", "ffn"]
+
+
+def test_probs_output_and_hardmax():
+    g = tfgraph.compile(make(output="probs", attention={"normalize": "hardmax"}))
+    assert g.outputs == ["probs"]
+    assert g.node("probs").op == "softmax" and g.node("probs").inputs == ("logits",)
+    assert {n.attrs["normalize"] for n in g.ops() if n.op == "attention"} == {"hardmax"}
+    assert tfgraph.compile(make()).outputs == ["logits"]
+
+
+def test_rope_only_on_self_attention():
+    g = tfgraph.compile(make(arch="encoder-decoder", embedding={"positions": "rope",
+                                                                "rope_theta": 500000.0}))
+    ropes = [n for n in g.ops() if n.op == "rope"]
+    assert len(ropes) == 2 * (2 + 2)  # q and k of each self-attention, encoder and decoder
+    assert all(".self_attn." in n.name for n in ropes)
+    assert all(n.attrs["theta"] == 500000.0 for n in ropes)
+    att = g.node("decoder.layers.0.self_attn.attention")
+    assert att.inputs[:2] == ("decoder.layers.0.self_attn.q_rope",
+                              "decoder.layers.0.self_attn.k_rope")
+    assert g.node("decoder.layers.0.cross_attn.attention").inputs[0] == \
+        "decoder.layers.0.cross_attn.q"
+    assert not any(n.op.startswith("positions") for n in g.ops())
+
+
+def test_position_kinds():
+    learned = tfgraph.compile(make(max_len=40, embedding={"positions": "learned"}))
+    pos = learned.node("decoder.embed.positions")
+    assert pos.op == "positions_learned" and pos.inputs[1] == "decoder.positions.weight"
+    assert learned.node("decoder.positions.weight").attrs["shape"] == (40, 16)
+    sin = tfgraph.compile(make())
+    assert sin.node("decoder.embed.positions").op == "positions_sinusoidal"
+    assert not any("positions.weight" in p.name for p in sin.params())
+    none = tfgraph.compile(make(embedding={"positions": "none", "scale": False}))
+    assert names(none, "positions_sinusoidal") == [] and names(none, "scale") == []
+    assert none.node("decoder.layers.0.self_attn.q").inputs[0] == "decoder.embed.tokens"
+
+
+def test_embedding_scale_factor():
+    g = tfgraph.compile(make(d_model=64))
+    assert g.node("decoder.embed.scale").attrs["factor"] == pytest.approx(8.0)
+    assert math.isclose(g.node("decoder.embed.scale").attrs["factor"], math.sqrt(64))
+
+
+def test_dropout_where_the_paper_puts_it_and_absent_at_zero():
+    assert names(tfgraph.compile(make(dropout=0.0)), "dropout") == []
+    g = tfgraph.compile(make(arch="encoder-decoder", dropout=0.25))
+    drops = names(g, "dropout")
+    # after each embedding, and after each sublayer before its residual add
+    assert len(drops) == 2 + 2 * 2 + 2 * 3
+    assert "encoder.embed.dropout" in drops and "decoder.embed.dropout" in drops
+    assert all(g.node(n).attrs["p"] == 0.25 for n in drops)
+    assert g.node("decoder.layers.0.cross_attn.residual").inputs[1] == \
+        "decoder.layers.0.cross_attn.dropout"
+
+
+@pytest.mark.parametrize("act,inner", [("swiglu", "silu"), ("geglu", "gelu")])
+def test_gated_feed_forward(act, inner):
+    g = tfgraph.compile(make(ffn={"activation": act, "hidden": 24, "bias": False}))
+    assert layer0(g, "ffn") == ["gate", "up", "act", "gated", "down", "residual", "norm"]
+    assert g.node("decoder.layers.0.ffn.act").op == inner
+    assert g.node("decoder.layers.0.ffn.act").inputs == ("decoder.layers.0.ffn.gate",)
+    assert g.node("decoder.layers.0.ffn.gated").inputs == ("decoder.layers.0.ffn.act",
+                                                           "decoder.layers.0.ffn.up")
+    assert not any(p.name.endswith(".bias") and ".ffn." in p.name for p in g.params())
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_plain_feed_forward(act):
+    g = tfgraph.compile(make(ffn={"activation": act}))
+    assert layer0(g, "ffn") == ["up", "act", "down", "residual", "norm"]
+    assert g.node("decoder.layers.0.ffn.act").op == act
+    assert g.node("decoder.layers.0.ffn.up.weight").attrs["shape"] == (64, 16)
+
+
+def test_attention_bias_knob():
+    g = tfgraph.compile(make(attention={"heads": 4, "bias": False}))
+    assert not any(p.name.endswith(".bias") and "attn." in p.name for p in g.params())
+    assert g.node("decoder.layers.0.self_attn.q").inputs[1:] == (
+        "decoder.layers.0.self_attn.q.weight",)
+
+
+def test_dtype_reaches_every_float_tensor():
+    g = tfgraph.compile(make(dtype="bfloat16"))
+    assert {n.type.dtype for n in g.nodes() if n.op != "input"} == {"bfloat16"}
+
+
+def test_encoder_only_stack():
+    g = tfgraph.compile(make(arch="encoder-only"))
+    assert {n.scope.split(".")[0] for n in g.ops()} == {"encoder", "head"}
+    assert not any(n.attrs.get("causal") for n in g.ops() if n.op == "attention")
