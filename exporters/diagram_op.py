@@ -148,7 +148,8 @@ def build_op(graph: Graph, ann: Annotator, unfold: bool = False) -> graphviz.Dig
             short = item.name[len(item.scope) + 1:] if item.name.startswith(item.scope + ".") \
                 else item.name
             folded = stands_for.get(item.name, [item.name])
-            note = ann.text(folded, prefix=f"all {len(folded)}: " if len(folded) > 1 else "")
+            note = "" if item.op == "input" else ann.text(
+                folded, prefix=f"all {len(folded)}: " if len(folded) > 1 else "")
             extra = {"peripheries": "2"} if item.name in graph.outputs else {}
             if item.op == "input":
                 extra.update(shape="ellipse", style="filled")

@@ -79,18 +79,20 @@ class KindTracker:
             if kind in self.used:
                 rows.append(f'<TR><TD BGCOLOR="{colour}" BORDER="1" FIXEDSIZE="TRUE" '
                             f'WIDTH="22" HEIGHT="14"></TD><TD ALIGN="LEFT">{_html(text)}</TD></TR>')
-        swatches = ('<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="3" CELLPADDING="1">'
-                    + "".join(rows) + "</TABLE>")
-        # Notes sit in the outer table, one line per row, so a long note cannot stretch the
-        # colour column of the nested swatch table.
-        notes = "".join(f'<TR><TD ALIGN="LEFT"><FONT POINT-SIZE="10">{_html(line)}</FONT>'
-                        f"</TD></TR>" for line in note.split("; ") if line)
-        table = ('<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="1">'
-                 '<TR><TD ALIGN="LEFT"><B>Legend</B></TD></TR>'
-                 f'<TR><TD ALIGN="LEFT">{swatches}</TD></TR>{notes}</TABLE>>')
+        table = ('<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="3" CELLPADDING="1">'
+                 '<TR><TD COLSPAN="2" ALIGN="LEFT"><B>Legend</B></TD></TR>'
+                 + "".join(rows) + "</TABLE>>")
+        # Notes are a second node under the swatches: in the same table a long note would
+        # stretch the colour column.
+        lines = [line for line in note.split("; ") if line]
         with dot.subgraph(name="cluster_legend") as leg:
             leg.attr(label="", style="rounded", color="#bbbbbb")
             leg.node("legend", label=table, shape="plaintext", style="", fontsize="11")
+            if lines:
+                text = "".join(escape_lines(line) + "\\l" for line in lines)
+                leg.node("legend_notes", label=text, shape="plaintext", style="",
+                         fontsize="10", margin="0")
+                leg.edge("legend", "legend_notes", style="invis")
 
 
 def _html(text: str) -> str:
