@@ -328,7 +328,7 @@ def test_hostile_inputs_through_click(tmp_path: Path) -> None:
     for name, path in paths.items():
         start = time.perf_counter()
         result = cli("validate", str(path))
-        assert time.perf_counter() - start < 2.0, name
+        assert time.perf_counter() - start < 5.0, name
         assert result.exit_code == 2, name
         assert result.stdout == "", name
         assert result.stderr.count("\n") == 1, (name, result.stderr)
@@ -353,7 +353,7 @@ def test_hostile_inputs_through_a_real_process(tmp_path: Path) -> None:
     before = sorted(os.listdir(tmp_path))
     start = time.perf_counter()
     proc = run_tfgraph("validate", *map(str, paths.values()), cwd=tmp_path)
-    assert time.perf_counter() - start < 15
+    assert time.perf_counter() - start < 30
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr

@@ -130,9 +130,11 @@ def bomb(levels: int = 9) -> str:
 
 
 def test_billion_laughs_is_refused_quickly() -> None:
+    # 10^9 values unbounded; the bound stops it after 10,000. The time limit is loose so a
+    # loaded CI machine does not flake; an unbounded expansion would take hours.
     start = time.perf_counter()
     err = error_of(bomb())
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 5.0
     assert f"{MAX_VALUES:,}" in err.message
 
 
@@ -146,20 +148,23 @@ def test_aliases_within_the_bound_are_fine() -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "bound"),
     [
-        "a: " + "[" * 200_000 + "]" * 200_000,  # deep flow nesting: PyYAML recursion
-        "a: [" + "1, " * 300_000 + "1]\n",  # a flat list far past the value bound
-        "".join(f"k{i}: 1\n" for i in range(60_000)),
+        # deep flow nesting: PyYAML's composer recursion and quadratic scanner
+        ("a: " + "[" * 200_000 + "]" * 200_000, "nested more than 32 levels deep"),
+        ("a: [" + "1, " * 300_000 + "1]\n", f"more than {MAX_VALUES:,} values"),
+        ("".join(f"k{i}: 1\n" for i in range(60_000)), f"more than {MAX_VALUES:,} values"),
     ],
     ids=["deep", "flat", "many-keys"],
 )
-def test_huge_structures_within_1_mib_are_refused_quickly(text: str) -> None:
+def test_huge_structures_within_1_mib_are_stopped_while_composing(text: str, bound: str) -> None:
     assert len(text.encode()) < MAX_BYTES
     start = time.perf_counter()
-    with pytest.raises(SpecError):
-        parse_spec(text)
-    assert time.perf_counter() - start < 2.0
+    err = error_of(text)
+    # The message says the composer's bound fired (not a late check after building it all);
+    # the time limit only catches a catastrophic regression on a loaded machine.
+    assert bound in err.message and "invalid YAML" in err.message
+    assert time.perf_counter() - start < 10.0
 
 
 @pytest.mark.parametrize(
@@ -287,7 +292,7 @@ FIELD_PATHS = [
         max_size=3,
     ),
 )
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_mutated_valid_specs_never_crash(base, edits) -> None:
     data = yaml.safe_load(base.read_text())
     for path, value in edits:
@@ -301,3 +306,14 @@ def test_mutated_valid_specs_never_crash(base, edits) -> None:
         else:
             node[path[-1]] = value
     never_crashes(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_shared_sub_models_do_not_leak_derived_values_between_specs() -> None:
+    from tfgraph.spec import Attention
+
+    shared = Attention(heads=4)
+    common = dict(arch="decoder-only", layers=1, vocab=10, attention=shared)
+    narrow = Spec(name="narrow", d_model=64, **common)
+    wide = Spec(name="wide", d_model=128, **common)
+    assert (narrow.attention.head_dim, wide.attention.head_dim) == (16, 32)
+    assert shared.head_dim is None

@@ -190,7 +190,12 @@ class Spec(_Strict):
     @model_validator(mode="after")
     def _derive(self) -> Spec:
         """Check every cross-field rule and resolve the derived defaults, in one place."""
-        att, emb = self.attention, self.embedding
+        # pydantic keeps sub-model instances passed in as they are: derive on copies, so a
+        # shared Attention (or Norm, ...) never carries one spec's derived values into another.
+        self.attention = att = self.attention.model_copy()
+        self.embedding = emb = self.embedding.model_copy()
+        self.ffn = self.ffn.model_copy()
+        self.norm = self.norm.model_copy()
         # --- layers and vocab forms against arch
         if isinstance(self.layers, StackLayers) and self.arch != "encoder-decoder":
             stack = "encoder" if self.arch == "encoder-only" else "decoder"
