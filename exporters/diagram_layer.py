@@ -32,7 +32,6 @@ from tfgraph.exporters.diagram_style import (
     KindTracker,
     join_lines,
     new_digraph,
-    shape_text,
 )
 from tfgraph.ir import Graph, Node
 
@@ -60,9 +59,14 @@ def _fn_label(graph: Graph, members: list[Node]) -> tuple[str, str]:
     attention = [n for n in members if n.op == "attention"]
     if attention:
         att = attention[0]
-        q = graph.node(f"{att.scope}.q")
-        lines = [attention_title(att), heads_text(spec),
-                 f"q, k, v, o: linear {linear_text(graph, q)}"]
+        # q, k, v, o grouped by size: "q, k, v, o: linear 512 → 512" when all agree, else
+        # e.g. "q: linear 2,048 → 2,048; k, v: linear 2,048 → 256" (GQA, explicit head_dim)
+        sizes: dict[str, list[str]] = {}
+        for role in ("q", "k", "v", "o"):
+            text = linear_text(graph, graph.node(f"{att.scope}.{role}"))
+            sizes.setdefault(text, []).append(role)
+        projections = [f"{', '.join(roles)}: linear {text}" for text, roles in sizes.items()]
+        lines = [attention_title(att), heads_text(spec), *projections]
         if any(n.op == "rope" for n in members):
             lines.append("rotary positions on q, k")
         if att.attrs["kind"] == "cross":

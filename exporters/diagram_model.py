@@ -105,7 +105,7 @@ def build_model(graph: Graph, ann: Annotator) -> graphviz.Digraph:
         note = []
         if len(set(tables.values())) == 1 and enc_dec:
             note.append("shared by both stacks")
-        if graph.node("logits").inputs[1] == table:
+        if graph.node("logits").inputs[1] == table:  # the head reads the same node
             note.append("tied to the output head")
         kinds.node(dot, table, join_lines(table_text(graph, table), *note), "table",
                    shape="cylinder", style="filled")
@@ -139,8 +139,8 @@ def build_model(graph: Graph, ann: Annotator) -> graphviz.Digraph:
                  label=f" {shape_text(memory.type.shape)}\\n cross-attention K, V\\n"
                        f" into every decoder layer (× {n_dec})")
 
-    draw_head(dot, graph, kinds, ann, _stack_output(graph, spec.stacks[-1]),
-              tied_from=graph.node("logits").inputs[1] if graph.node("logits").inputs[1]
-              in tables.values() else None)
+    head_weight = graph.node("logits").inputs[1]
+    tied = head_weight if head_weight in tables.values() else None
+    draw_head(dot, graph, kinds, ann, _stack_output(graph, spec.stacks[-1]), tied_from=tied)
     kinds.legend(dot, ann.note())
     return dot
