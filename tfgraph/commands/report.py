@@ -134,7 +134,11 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
     """Print the report dict as rich tables."""
     from tfgraph.formulas import pretty
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or redirected: no terminal width to fit, so do
+            console = Console(width=120)  # not cut the tables to the 80-column default
+
     sizes = rep["sizes"]
     where = f"batch {sizes['batch']}, seq {sizes['seq']}"
     if rep["arch"] == "encoder-decoder":
