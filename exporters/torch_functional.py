@@ -111,8 +111,8 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, weight: Tensor,
                 eps: float) -> Tensor:
-        x32 = x.float()
-        rstd = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., 1) float32
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # 16-bit inputs in float32
+        rstd = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
         ctx.save_for_backward(x, weight, rstd)
         return (x32 * rstd).to(x.dtype) * weight
 
@@ -120,14 +120,14 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
                  grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         x, weight, rstd = ctx.saved_tensors
-        xhat = x.float() * rstd  # (..., d) recomputed, not kept
-        grad32 = grad.float()
+        xhat = x.to(rstd.dtype) * rstd  # (..., d) recomputed, not kept
+        grad32 = grad.to(rstd.dtype)
         grad_w = None
         if ctx.needs_input_grad[1]:
             grad_w = (grad32 * xhat).flatten(0, -2).sum(0).to(weight.dtype)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            dxhat = grad32 * weight.float()
+            dxhat = grad32 * weight.to(rstd.dtype)
             # d/dx of x * r with r = (mean(x^2) + eps)^-1/2: r * (dxhat - xhat * mean(dxhat*xhat))
             grad_x = (rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))).to(x.dtype)
         return grad_x, grad_w, None
