@@ -155,3 +155,10 @@ def test_stack_layer_counts_scale_the_kv_cache():
     att = s.attention
     mem = tfgraph.compile(s).report(batch=1, seq=10, tgt_seq=4)["memory"]
     assert mem["kv_cache"] == 3 * (10 + 4) * 2 * att.kv_heads * att.head_dim * BYTES[s.dtype]
+
+
+@pytest.mark.parametrize("kwargs", [{"batch": 0}, {"batch": 1.5}, {"seq": -1}, {"seq": True},
+                                    {"tgt_seq": 0}])
+def test_report_refuses_sizes_that_are_not_positive_integers(kwargs):
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        hand_graph().report(**kwargs)

@@ -12,6 +12,7 @@ Conventions (also written into every report under ``conventions``):
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import sympy
@@ -139,8 +140,14 @@ def _fmt(expr: sympy.Expr) -> str:
 def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
                  fused_attention: bool = False) -> dict[str, Any]:
     """The report dict: totals at the given sizes, roll-ups, formulas, conventions."""
-    if batch < 1 or seq < 1 or (tgt_seq is not None and tgt_seq < 1):
-        raise ValueError("batch, seq and tgt_seq must be positive")
+    for what, value in (("batch", batch), ("seq", seq), ("tgt_seq", tgt_seq)):
+        if value is None and what == "tgt_seq":
+            continue
+        # bool is an int subclass and 2.5 would be truncated silently: refuse both
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    batch, seq = int(batch), int(seq)  # plain ints in the dict (numpy ints are not JSON)
+    tgt_seq = None if tgt_seq is None else int(tgt_seq)
     sym = symbolic(graph)
     sizes = sizes_for(graph, batch, seq, tgt_seq)
     peak = cost.activation_peak(graph, sym["costs"], sizes, fused_attention=fused_attention)
