@@ -102,3 +102,31 @@ def test_float16_model_matches_torch_in_float16() -> None:
         want = torch_out(module, graph, feeds)
         assert got.dtype == np.float16
         assert np.abs(got.astype(np.float32) - want).max() <= 2e-3  # measured 2.4e-4
+
+
+@pytest.mark.parametrize("name", ["base.yaml", "big.yaml", "tiny.yaml"])
+def test_vaswani_specs_match_stock_nn_transformer(name: str) -> None:
+    """A reference nobody here wrote: torch.nn.Transformer with tfgraph's weights copied in
+    (benchmarks/transformer_peer.py, the same model the ONNX benchmarks compare against)."""
+    import importlib.util
+
+    from tfgraph.loader import load_spec
+
+    from conftest import ROOT, small
+
+    where = ROOT / "benchmarks" / "transformer_peer.py"
+    peer_mod = importlib.util.module_from_spec(
+        spec := importlib.util.spec_from_file_location("transformer_peer", where))  # type: ignore[arg-type]
+    spec.loader.exec_module(peer_mod)  # type: ignore[union-attr]
+    graph = tfgraph.compile(small(load_spec(ROOT / "specs" / name)))
+    weights = spiky_weights(graph, seed=5)
+    peer = peer_mod.for_spec(graph.spec).eval()
+    peer_mod.load_tfgraph_weights(peer, weights)
+    for opset in (23, 17):
+        sess = ort_session(graph, weights, opset)
+        for batch, seq, tgt in ((2, 9, 6), (1, 3, 12)):
+            feeds = feeds_for(graph, batch, seq, tgt, seed=tgt)
+            with torch.no_grad():
+                want = peer(*(torch.from_numpy(feeds[n]) for n in graph.inputs)).numpy()
+            got = sess.run(None, feeds)[0]
+            assert np.abs(got - want).max() <= TOL, (name, opset, batch, seq, tgt)

@@ -1,0 +1,103 @@
+"""Whole-process time to get an ONNX file of the base Transformer: tfgraph against torch.onnx.export.
+
+    python benchmarks/onnx_export.py [--spec specs/base.yaml] [--repeat 3]
+
+Both sides are timed as what a user waits for, a fresh process from start to written file:
+
+- tfgraph: ``python -m tfgraph build SPEC --to onnx -o FILE`` (spec -> graph -> weights from the
+  shared generator -> ONNX written atomically);
+- the named peer: a fresh ``python`` that imports torch, builds the equivalent stock model
+  (embeddings + ``torch.nn.Transformer`` + tied head, benchmarks/transformer_peer.py) and calls
+  ``torch.onnx.export(..., dynamo=True)`` with dynamic batch and lengths.
+
+Runs alternate (tfgraph, peer, tfgraph, peer, ...) so background load hits both alike; the
+medians and their ratio are printed (goal: tfgraph >= 10x faster). To say where tfgraph's own
+time goes, the same run also times a process that only imports what ``tfgraph build`` imports,
+and the build's own closing line (its time after imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+GOAL = 10.0
+
+PEER = r"""
+import sys, time
+sys.path.insert(0, {here!r})
+import torch
+import tfgraph
+from transformer_peer import for_spec
+spec = tfgraph.load_spec({spec!r})
+model = for_spec(spec).eval()
+src = torch.randint(0, spec.vocab_size("source"), (2, 16))
+tgt = torch.randint(0, spec.vocab_size("target"), (2, 16))
+batch = torch.export.Dim("batch", min=1, max=1024)
+shapes = {{"src_ids": {{0: batch, 1: torch.export.Dim("src_len", min=2, max=4096)}},
+          "tgt_ids": {{0: batch, 1: torch.export.Dim("tgt_len", min=2, max=4096)}}}}
+torch.onnx.export(model, (src, tgt), {out!r}, dynamo=True, input_names=["src_ids", "tgt_ids"],
+                  output_names=["logits"], dynamic_shapes=shapes, verbose=False)
+"""
+
+IMPORTS_ONLY = ("import tfgraph.cli, tfgraph.compiler, tfgraph.exporters.onnx_model, "
+                "tfgraph.weights")
+
+
+def timed(cmd: list[str], cwd: str) -> tuple[float, str]:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode:
+        sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
+    return elapsed, done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", default=str(ROOT / "specs" / "base.yaml"))
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    spec = os.path.abspath(args.spec)
+    ours: list[float] = []
+    inner: list[float] = []
+    theirs: list[float] = []
+    imports: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ours_out, peer_out = os.path.join(tmp, "tfgraph.onnx"), os.path.join(tmp, "peer.onnx")
+        peer_code = PEER.format(here=str(HERE), spec=spec, out=peer_out)
+        for _ in range(args.repeat):
+            t, out = timed([sys.executable, "-m", "tfgraph", "build", spec, "--to", "onnx",
+                            "-o", ours_out], tmp)
+            ours.append(t)
+            inner.append(float(re.search(r", ([\d.]+) s\)$", out.strip()).group(1)))  # type: ignore[union-attr]
+            theirs.append(timed([sys.executable, "-c", peer_code], tmp)[0])
+            imports.append(timed([sys.executable, "-c", IMPORTS_ONLY], tmp)[0])
+        sizes = os.path.getsize(ours_out), os.path.getsize(peer_out) + sum(
+            os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp)
+            if f.startswith("peer.onnx."))
+    med = statistics.median
+    print(f"{Path(spec).name}, whole process, median of {args.repeat} alternating runs:")
+    print(f"  tfgraph build --to onnx           {med(ours):6.2f} s  "
+          f"(file {sizes[0] / 1e6:.1f} MB; runs {', '.join(f'{t:.2f}' for t in ours)})")
+    print(f"    of which python + imports       {med(imports):6.2f} s")
+    print(f"    of which the build itself       {med(inner):6.2f} s  "
+          "(lower, generate weights, write)")
+    print(f"  torch.onnx.export (dynamo=True)   {med(theirs):6.2f} s  "
+          f"(file {sizes[1] / 1e6:.1f} MB; runs {', '.join(f'{t:.2f}' for t in theirs)})")
+    ratio = med(theirs) / med(ours)
+    print(f"tfgraph is {ratio:.1f}x faster (goal >= {GOAL:.0f}x: "
+          f"{'met' if ratio >= GOAL else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

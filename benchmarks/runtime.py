@@ -1,0 +1,162 @@
+"""Inference latency on the CPU: onnxruntime on tfgraph's ONNX model against its peers.
+
+    python benchmarks/runtime.py [--spec specs/base.yaml] [--batch 8] [--seq 128] [--repeat 10]
+                                 [--threads N] [--no-export-peer]
+
+One process, one set of weights (tfgraph.weights.generate at seed 0), the same random ids for
+everyone, the same intra-op thread count for every engine (default: the physical cores as
+onnxruntime counts them; torch.set_num_threads to the same), inter-op parallelism off for both.
+Contenders, each timed over ``--repeat`` forward passes after two warm-up passes, interleaved
+round by round so that background load hits them alike:
+
+- tfgraph ONNX (opset 23) on onnxruntime, graph optimizations ORT_ENABLE_ALL;
+- tfgraph ONNX (opset 17, decomposed), same session options;
+- torch eager: tfgraph's PyTorch back end (to_torch) on the same weights, eval + inference_mode
+  (the named peer of the goal: tfgraph's ONNX <= 1.0x torch eager);
+- torch.onnx.export (dynamo=True) of that same module on onnxruntime, same session options.
+
+Prints the median and p90 of each, the ratios to torch eager, and the largest |difference| of
+each output from torch eager's (all run the same weights, so they must agree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _physical_cores() -> int:
+    try:  # physical cores, as onnxruntime's default thread pool counts them
+        with open("/proc/cpuinfo") as f:
+            pairs = {line for line in f if line.startswith(("physical id", "core id"))}
+        cores = len(pairs) - len({p for p in pairs if p.startswith("physical id")})
+        return max(1, cores) if cores > 0 else (os.cpu_count() or 1)
+    except OSError:
+        return os.cpu_count() or 1
+
+
+def ort_session(model: bytes | str, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", default=str(ROOT / "specs" / "base.yaml"))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128, help="source and target length")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-export-peer", action="store_true",
+                        help="skip torch.onnx.export (slow; needs onnxscript)")
+    args = parser.parse_args()
+    threads = args.threads or _physical_cores()
+
+    import onnxruntime as ort
+    import torch
+
+    import tfgraph
+    from tfgraph.exporters import to_onnx, to_torch
+    from tfgraph.weights import generate
+
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+    graph = tfgraph.compile(args.spec)
+    weights = generate(graph, seed=0)
+    rng = np.random.default_rng(0)
+    vocab = graph.spec.vocab_size("source")
+    feeds = {name: rng.integers(0, vocab, (args.batch, args.seq), dtype=np.int64)
+             for name in graph.inputs}
+    print(f"{graph.name}: batch {args.batch}, length {args.seq} ({', '.join(graph.inputs)}), "
+          f"{sum(v.size for v in weights.values()):,} params, {graph.spec.dtype}, "
+          f"{threads} intra-op threads, onnxruntime {ort.__version__}, torch {torch.__version__}")
+
+    module = to_torch(graph, weights=weights).eval()
+    torch_inputs = [torch.from_numpy(feeds[name]) for name in graph.inputs]
+
+    def torch_eager() -> np.ndarray:
+        with torch.inference_mode():
+            return module(*torch_inputs).numpy()
+
+    contenders: dict[str, Callable[[], np.ndarray]] = {}
+    for opset in (23, 17):
+        session = ort_session(to_onnx(graph, weights=weights, opset=opset).SerializeToString(),
+                              threads)
+        contenders[f"tfgraph ONNX opset {opset} / onnxruntime"] = (
+            lambda s=session: s.run(None, feeds)[0])
+    contenders["torch eager (to_torch)"] = torch_eager
+    if not args.no_export_peer:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "exported.onnx")
+            start = time.perf_counter()
+            exported = _torch_export(module, torch_inputs, graph.inputs, path)
+            print(f"torch.onnx.export (dynamo) took {time.perf_counter() - start:.1f} s")
+            if exported:
+                session = ort_session(path, threads)
+                contenders["torch.onnx.export model / onnxruntime"] = (
+                    lambda s=session: s.run(None, feeds)[0])
+
+    reference = torch_eager()
+    for name, fn in contenders.items():  # warm-up (also compares the outputs)
+        out = fn()
+        fn()
+        diff = float(np.abs(out - reference).max())
+        print(f"  {name}: max |out - torch eager| = {diff:.2e}")
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(args.repeat):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    eager = statistics.median(times["torch eager (to_torch)"])
+    print(f"\n{'contender':42} {'median':>9} {'p90':>9} {'vs torch eager':>15}")
+    for name, values in times.items():
+        values.sort()
+        med = statistics.median(values)
+        p90 = values[min(len(values) - 1, int(np.ceil(0.9 * len(values))) - 1)]
+        print(f"{name:42} {med * 1e3:7.1f}ms {p90 * 1e3:7.1f}ms {med / eager:14.2f}x")
+    ours = statistics.median(times["tfgraph ONNX opset 23 / onnxruntime"])
+    print(f"\ngoal: tfgraph ONNX <= 1.0x torch eager: {ours / eager:.2f}x "
+          f"({'met' if ours <= eager else 'NOT met'})")
+    peer = "torch.onnx.export model / onnxruntime"
+    if peer in times:
+        print(f"tfgraph ONNX vs torch.onnx.export's ONNX on onnxruntime: "
+              f"{statistics.median(times[peer]) / ours:.2f}x faster")
+
+
+def _torch_export(module: Any, inputs: list[Any], names: list[str], path: str) -> bool:
+    import torch
+
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    lengths = {"input_ids": torch.export.Dim("seq_len", min=2, max=4096),
+               "src_ids": torch.export.Dim("src_len", min=2, max=4096),
+               "tgt_ids": torch.export.Dim("tgt_len", min=2, max=4096)}
+    shapes = {name: {0: batch, 1: lengths[name]} for name in names}
+    try:
+        torch.onnx.export(module, tuple(inputs), path, dynamo=True, input_names=list(names),
+                          output_names=["logits"], dynamic_shapes=shapes, verbose=False)
+    except Exception as err:  # noqa: BLE001 - report and go on with the other contenders
+        print(f"torch.onnx.export failed: {type(err).__name__}: {str(err)[:300]}",
+              file=sys.stderr)
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()
