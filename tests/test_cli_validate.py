@@ -75,6 +75,8 @@ def test_validate_checks_every_file_and_fails_if_any_fails(tmp_path: Path) -> No
     assert result.exit_code == 2
     assert result.stdout.startswith(f"{good}: ok")
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{bad}:1:1:")
+    debug = cli("--debug", "validate", str(bad), str(good))
+    assert debug.exit_code == 2 and "Traceback" in debug.stderr
 
 
 def test_schema_accepts_every_spec() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 import click
 
 from tfgraph.cli_support import describe, load_spec_arg
@@ -22,6 +24,9 @@ def validate(ctx: click.Context, specs: tuple[str, ...]) -> None:
         try:
             spec = load_spec_arg(path)
         except TfgraphError as exc:
+            # Reported here, not by tfgraph.cli, so that the remaining files are still checked.
+            if ctx.find_root().params.get("debug"):
+                traceback.print_exc()
             click.echo(str(exc), err=True)
             failed = True
             continue
