@@ -137,6 +137,21 @@ def _fmt(expr: sympy.Expr) -> str:
     return str(sympy.expand(expr))
 
 
+def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
+    """The size-independent formula strings (B, S, T form; spec-symbol form), printed once per
+    graph: sympy's printer is slow and reports are asked for at many lengths (compare)."""
+    cached = getattr(graph, "_formula_text", None)
+    if cached is None:
+        sym = symbolic(graph)
+        bst = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
+        bst.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
+        bst["params"] = str(sym["params"])
+        named = spec_formulas(graph)
+        text = {} if named is None else {k: str(v) for k, v in named.figures.items()}
+        cached = graph._formula_text = (bst, text)  # type: ignore[attr-defined]
+    return cached
+
+
 def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
                  fused_attention: bool = False) -> dict[str, Any]:
     """The report dict: totals at the given sizes, roll-ups, formulas, conventions."""
@@ -171,10 +186,8 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         kind = cost.sublayer(p.scope)
         params_by_kind[kind] = params_by_kind.get(kind, 0) + _numel(p.attrs["shape"])
     spec = graph.spec
-    bst = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
-    bst.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
-    bst["memory.activations_peak"] = _fmt(peak.expr)
-    bst["params"] = str(sym["params"])
+    static_bst, static_named = _static_formulas(graph)
+    bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr)}
     symbols = {"B": int(batch), "S": int(seq)}
     if spec is not None and spec.arch == "encoder-decoder":
         symbols["T"] = int(tgt_seq if tgt_seq else seq)
@@ -182,8 +195,8 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     if named is None:
         formulas = dict(bst)
     else:
-        formulas = {k: str(v) for k, v in named.figures.items()}
-        formulas["memory.activations_peak"] = str(named.peak(peak, fused_attention))
+        formulas = {**static_named,
+                    "memory.activations_peak": str(named.peak(peak, fused_attention))}
         symbols.update(named.used_values())
     formulas = {k: formulas[k] for k in sorted(formulas, key=_FORMULA_ORDER.index)}
     bst = {k: bst[k] for k in formulas}
