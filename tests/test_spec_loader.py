@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tfgraph import Spec, dump_spec, load_spec, parse_spec
@@ -220,6 +220,8 @@ def test_every_spec_round_trips_through_yaml(path) -> None:
 
 
 @given(name=st.from_regex(r"\A[a-z0-9][a-z0-9._-]{0,20}\Z"), description=st.text(max_size=60))
+@example(name="1e5", description="2017-06-12")
+@example(name="0", description="a\x85b\u2028c")  # PyYAML folds these line breaks unless quoted
 @settings(max_examples=150, deadline=None)
 def test_round_trip_keeps_strings_that_look_like_numbers_or_dates(
     name: str, description: str

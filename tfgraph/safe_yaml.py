@@ -32,7 +32,7 @@ MAX_DEPTH = 32
 _YAML = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {_YAML + t for t in ("str", "int", "float", "bool", "null")}
 
-Path = tuple[Any, ...]
+KeyPath = tuple[Any, ...]
 _KINDS = {bool: "a boolean", int: "an integer", float: "a number", type(None): "null"}
 
 # YAML 1.1 (PyYAML) reads 1e-5 as a *string*; YAML 1.2, JSON and every editor read a float.
@@ -74,6 +74,16 @@ class _Loader(yaml.SafeLoader):
 class Dumper(yaml.SafeDumper):
     """SafeDumper whose resolver agrees with :class:`_Loader` (quotes ``'1e5'`` strings)."""
 
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        # PyYAML folds the Unicode line breaks NEL, LS and PS inside plain and single-quoted
+        # scalars into spaces on the way back; only double quotes escape them (\N, \L, \P).
+        if any(c in data for c in "\x85\u2028\u2029"):
+            return self.represent_scalar(_YAML + "str", data, style='"')
+        return super().represent_str(data)
+
+
+Dumper.add_representer(str, Dumper.represent_str)
+
 
 for _cls in (_Loader, Dumper):
     _cls.add_implicit_resolver(_YAML + "float", _FLOAT_1_2, list("-+0123456789"))
@@ -93,9 +103,9 @@ class Document:
     """Plain Python data plus, for every path into it, where its key and value were written."""
 
     data: Any
-    marks: dict[Path, Where] = field(default_factory=dict)
+    marks: dict[KeyPath, Where] = field(default_factory=dict)
 
-    def locate(self, path: Path, *, at_key: bool = False) -> Mark:
+    def locate(self, path: KeyPath, *, at_key: bool = False) -> Mark:
         """The mark to report for ``path``, or for its nearest parent present in the file.
 
         Scalars are pointed at where the value starts (``d_model: -3`` points at ``-3``); keys
@@ -112,11 +122,11 @@ class Document:
             return where.value
         raise AssertionError("the root of a Document always has a mark")
 
-    def __contains__(self, path: Path) -> bool:
+    def __contains__(self, path: KeyPath) -> bool:
         return path in self.marks
 
 
-def _error(message: str, filename: str, mark: Mark | None, path: Path = ()) -> SpecError:
+def _error(message: str, filename: str, mark: Mark | None, path: KeyPath = ()) -> SpecError:
     line = mark.line + 1 if mark is not None else None
     col = mark.column + 1 if mark is not None else None
     dotted = ".".join(str(p) for p in path) or None
@@ -129,7 +139,8 @@ def _yaml_error(exc: yaml.YAMLError, text: str, filename: str) -> SpecError:
         mark = exc.problem_mark or exc.context_mark
         problem, context = exc.problem or "malformed YAML", exc.context
         if context:  # "expected a single document" + "but found another document"
-            problem = f"{context} {problem}" if problem.startswith("but ") else f"{problem} ({context})"
+            joined = problem.startswith("but ")
+            problem = f"{context} {problem}" if joined else f"{problem} ({context})"
         return _error(f"invalid YAML: {problem}", filename, mark)
     if isinstance(exc, yaml.reader.ReaderError):
         pos = exc.position
@@ -157,91 +168,73 @@ class _Converter:
         self.loader = loader
         self.filename = filename
         self.count = 0
-        self.marks: dict[Path, Where] = {}
+        self.marks: dict[KeyPath, Where] = {}
 
-    def convert(self, node: yaml.Node, path: Path, key_mark: Mark | None) -> Any:
+    def fail(self, message: str, node: yaml.Node, path: KeyPath = ()) -> SpecError:
+        return _error(message, self.filename, node.start_mark, path)
+
+    def convert(self, node: yaml.Node, path: KeyPath, key_mark: Mark | None) -> Any:
         self.count += 1
         if self.count > MAX_VALUES:
-            raise _error(
+            raise self.fail(
                 f"document expands to more than {MAX_VALUES:,} values (alias/anchor bomb?); "
                 "a spec needs a few dozen",
-                self.filename,
-                node.start_mark,
+                node,
             )
         if len(path) > MAX_DEPTH:
-            raise _error(
-                f"nested more than {MAX_DEPTH} levels deep (or an alias refers to itself)",
-                self.filename,
-                node.start_mark,
+            raise self.fail(
+                f"nested more than {MAX_DEPTH} levels deep (or an alias refers to itself)", node
             )
         collection = isinstance(node, (yaml.MappingNode, yaml.SequenceNode))
         self.marks[path] = Where(key_mark, node.start_mark, collection)
         if isinstance(node, yaml.MappingNode):
-            self._expect_tag(node, "map", path)
+            self._expect_tags(node, {_YAML + "map"}, path)
             return self._mapping(node, path)
         if isinstance(node, yaml.SequenceNode):
-            self._expect_tag(node, "seq", path)
+            self._expect_tags(node, {_YAML + "seq"}, path)
             return [self.convert(item, path + (i,), None) for i, item in enumerate(node.value)]
         return self._scalar(node, path)
 
-    def _expect_tag(self, node: yaml.Node, kind: str, path: Path) -> None:
-        if node.tag != _YAML + kind:
-            raise _error(
+    def _expect_tags(self, node: yaml.Node, allowed: set[str], path: KeyPath) -> None:
+        if node.tag not in allowed:
+            raise self.fail(
                 f"tag {_show_tag(node.tag)} is not allowed; specs use plain values only",
-                self.filename,
-                node.start_mark,
+                node,
                 path,
             )
 
-    def _scalar(self, node: yaml.Node, path: Path) -> Any:
+    def _scalar(self, node: yaml.Node, path: KeyPath) -> Any:
         if node.tag == _YAML + "timestamp":
             # A date is only ever free text in a spec (a description); keep what was written.
             return node.value
-        if node.tag not in _SCALAR_TAGS:
-            raise _error(
-                f"tag {_show_tag(node.tag)} is not allowed; specs use plain values only",
-                self.filename,
-                node.start_mark,
-                path,
-            )
+        self._expect_tags(node, _SCALAR_TAGS, path)
         # Scalars only: the library's constructors for str/int/float/bool/null are safe.
         return self.loader.construct_object(node)
 
-    def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[Any, Any]:
-        out: dict[Any, Any] = {}
-        first_seen: dict[Any, Mark] = {}
+    def _mapping(self, node: yaml.MappingNode, path: KeyPath) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        first_seen: dict[str, Mark] = {}
         for key_node, value_node in node.value:
             if key_node.tag == _YAML + "merge":
-                raise _error(
-                    "merge keys ('<<') are not supported; write the keys out",
-                    self.filename,
-                    key_node.start_mark,
-                    path,
-                )
+                raise self.fail("merge keys ('<<') are not supported; write the keys out",
+                                key_node, path)
             if not isinstance(key_node, yaml.ScalarNode):
-                raise _error(
-                    "keys must be plain names, not mappings or lists",
-                    self.filename,
-                    key_node.start_mark,
-                    path,
-                )
+                raise self.fail("keys must be plain names, not mappings or lists", key_node, path)
             self.count += 1  # keys are values too: a bomb may hide in them
             key = self._scalar(key_node, path)
             if not isinstance(key, str):
                 # Spec fields are all names; `on:` or `1:` read as a boolean or a number.
-                raise _error(
-                    f"key {key_node.value!r} is not a field name (YAML reads it as "
-                    f"{_KINDS.get(type(key), type(key).__name__)}); "
+                kind = _KINDS.get(type(key), type(key).__name__)
+                raise self.fail(
+                    f"key {key_node.value!r} is not a field name (YAML reads it as {kind}); "
                     "quote it if you mean the text",
-                    self.filename,
-                    key_node.start_mark,
+                    key_node,
                     path,
                 )
             if key in first_seen:
-                raise _error(
+                raise self.fail(
                     f"duplicate key {key!r} (first given on line {first_seen[key].line + 1})",
-                    self.filename,
-                    key_node.start_mark,
+                    key_node,
                     path + (key,),
                 )
             first_seen[key] = key_node.start_mark
@@ -280,8 +273,9 @@ def read_document(text: str, filename: str) -> Document:
     try:
         root = loader.get_single_node()
         if root is None:
-            raise SpecError("empty file; a spec is a YAML mapping (name: ..., arch: ...)",
-                            file=filename)
+            raise SpecError(
+                "empty file; a spec is a YAML mapping (name: ..., arch: ...)", file=filename
+            )
         if not isinstance(root, yaml.MappingNode):
             kind = "a list" if isinstance(root, yaml.SequenceNode) else "a single value"
             raise _error(

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from yaml.error import Mark
 
 from tfgraph.errors import SpecError
-from tfgraph.safe_yaml import Document, Path
+from tfgraph.safe_yaml import Document, KeyPath
 
 _PATH_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*): (.+)$", re.S)
 _DOTTED = re.compile(r"\b[a-z_]+(?:\.[a-z_]+)+\b")
@@ -39,7 +39,7 @@ _EXPECTED = {
 
 @dataclass
 class _Problem:
-    path: Path
+    path: KeyPath
     message: str
     at_key: bool = False
 
@@ -99,7 +99,7 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
     return model
 
 
-def _walk(loc: tuple[Any, ...], data: Any) -> tuple[Path, int | None]:
+def _walk(loc: tuple[Any, ...], data: Any) -> tuple[KeyPath, int | None]:
     """The keys of ``loc`` present in ``data``, and the index in ``loc`` of the first non-key."""
     keys: list[Any] = []
     skipped: int | None = None
@@ -116,7 +116,7 @@ def _walk(loc: tuple[Any, ...], data: Any) -> tuple[Path, int | None]:
     return tuple(keys), skipped
 
 
-def _value_at(data: Any, path: Path) -> Any:
+def _value_at(data: Any, path: KeyPath) -> Any:
     for key in path:
         data = data[key]
     return data
