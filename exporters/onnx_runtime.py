@@ -59,7 +59,7 @@ def cuda_status() -> tuple[bool, str]:
         ort.set_default_logger_severity(_ORT_DEFAULT_LOG_SEVERITY)
     if got and got[0] == CUDA:
         return True, "CUDA session created"
-    return False, "onnxruntime fell back to the CPU (no usable GPU, CUDA or cuDNN)"
+    return False, "no usable GPU/CUDA/cuDNN, the CUDA provider fell back to the CPU"
 
 
 def choose_providers(provider: str) -> tuple[list[str], str]:

@@ -67,7 +67,11 @@ def _model_weights(model_path: Path, graph: Any) -> dict[str, np.ndarray]:
 
 def _torch_logits(graph: Any, weights: dict[str, np.ndarray] | None, seed: int,
                   feeds: dict[str, np.ndarray]) -> np.ndarray:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise TfgraphError("--check runs the PyTorch back end: install torch "
+                           "(pip install torch==2.13.0)") from None
 
     from tfgraph.exporters import to_torch
 
