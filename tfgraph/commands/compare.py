@@ -48,7 +48,7 @@ def render_table(data: dict[str, Any], console: Console) -> None:
     table = Table(title=f"tfgraph compare (batch {data['batch']})", title_justify="left")
     table.add_column("", no_wrap=True)
     for v in data["variants"]:
-        table.add_column(v["name"], justify="right")
+        table.add_column(v["name"], justify="right", overflow="fold")
     section = None
     for sec, title, cells in table_rows(data):
         if sec != section:
