@@ -69,6 +69,19 @@ def test_union_noise_is_dropped_for_a_mapping_written_where_a_mapping_fits() -> 
     assert "expected an integer, got true" in err.message and "more" not in err.message
 
 
+def test_union_with_a_list_names_both_forms() -> None:
+    err = error_of(VALID.replace("layers: 2", "layers: [1, 2]"))
+    assert (err.path, err.line, err.col) == ("layers", 4, 1)
+    assert err.message == "expected an integer, got a list; or a mapping with keys encoder, decoder"
+
+
+def test_union_mapping_missing_member_is_the_only_error() -> None:
+    text = VALID.replace("decoder-only", "encoder-decoder")
+    text = text.replace("vocab: 100", "vocab: {source: 3}")
+    err = error_of(text)
+    assert (err.path, err.message) == ("vocab.target", "required field is missing")
+
+
 def test_missing_field_points_at_its_parent() -> None:
     err = error_of(VALID.replace("  heads: 4\n", "  bias: true\n"))
     assert (err.path, err.line) == ("attention.heads", 6)

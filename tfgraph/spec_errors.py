@@ -130,23 +130,26 @@ def _drop_union_noise(errors: list[dict[str, Any]], data: Any) -> list[dict[str,
     Conversely ``layers: true`` is reported as "expected an integer", with the mapping form as
     a hint, not as "expected a mapping".
     """
-    kept: list[dict[str, Any]] = []
-    for err in errors:
+    def union_branch(err: dict[str, Any]) -> tuple[tuple[Any, ...], bool] | None:
+        """(the loc of the union, whether this branch is noise), or None outside unions."""
         loc = err["loc"]
         keys, skipped = _walk(loc, data)
         if skipped is None or err["type"] == "missing" and skipped == len(loc) - 1:
-            kept.append(err)
-            continue
-        value = _value_at(data, keys)
-        siblings = [e for e in errors if e is not err and e["loc"][: skipped] == loc[:skipped]]
-        if isinstance(value, dict):
+            return None
+        if isinstance(_value_at(data, keys), dict):  # a scalar branch rejecting the mapping
             noise = len(loc) == skipped + 1 and err["type"] not in _MAPPING_TYPES
-        else:
+        else:  # a mapping branch rejecting the scalar
             noise = err["type"] in _MAPPING_TYPES
-        if noise and siblings:
-            continue
-        kept.append(err)
-    return kept or errors
+        return tuple(loc[:skipped]), noise
+
+    branches = [union_branch(err) for err in errors]
+    useful = {b[0] for b in branches if b is not None and not b[1]}
+    # Noise is dropped only where its union has a useful error to show instead.
+    return [
+        err
+        for err, branch in zip(errors, branches)
+        if branch is None or not branch[1] or branch[0] not in useful
+    ]
 
 
 def _mapping_hint(err: dict[str, Any], errors: list[dict[str, Any]], root: type[BaseModel]) -> str:
