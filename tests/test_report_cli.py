@@ -8,22 +8,15 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
 import tfgraph
 from tfgraph.cli import main
 from tfgraph.commands.report import fold_components
 
 from conftest import ROOT, SPEC_FILES
+from test_cli_validate import runner  # stderr kept apart from stdout on every click
 
 SPECS = ROOT / "specs"
-
-
-def runner() -> CliRunner:
-    try:  # click < 8.2 mixes stderr into stdout unless told not to
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:
-        return CliRunner()
 
 
 def cli(*args: str):

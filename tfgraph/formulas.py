@@ -159,11 +159,10 @@ def spec_formulas(graph: Graph) -> SpecFormulas | None:
     cached = getattr(graph, "_spec_formulas", None)
     if cached is not None or graph.spec is None:
         return cached
-    from tfgraph.report import symbolic
-
     spec = graph.spec
     stacks = spec.stacks
-    base = _figures(one := _twin(spec, {s: 1 for s in stacks}))
+    one = _twin(spec, {s: 1 for s in stacks})
+    base = _figures(one)
     if len(stacks) == 2 and isinstance(spec.layers, StackLayers):
         per = {L_ENC: _figures(_twin(spec, {"encoder": 2, "decoder": 1})),
                L_DEC: _figures(_twin(spec, {"encoder": 1, "decoder": 2}))}
@@ -181,7 +180,6 @@ def spec_formulas(graph: Graph) -> SpecFormulas | None:
             unverified.append(key)
             expr = sympy.expand(numeric[key])
         figures[key] = expr
-    symbolic(graph)  # keep the numeric figures cached for the report
     out = SpecFormulas(figures, values, unverified, one)
     graph._spec_formulas = out  # type: ignore[attr-defined]
     return out
