@@ -237,3 +237,33 @@ def test_hardmax_is_the_one_hot_of_the_first_arg_max() -> None:
     values = torch.arange(4.0).reshape(1, 1, 4, 1).expand(1, 1, 4, 8)
     tied = tf.explicit_attention(same, same, values, causal=True, normalize="hardmax")
     assert torch.equal(tied, torch.zeros(1, 1, 4, 8))
+
+
+def test_inference_in_place_ops_give_the_autograd_values(small_spec: Spec) -> None:
+    """Without autograd, dead operands are overwritten in place; values must not change."""
+    graph = tfgraph.compile(small_spec)
+    module = to_torch(graph, seed=6)
+    ids = make_ids(graph, 2, 8, 5)
+    with torch.no_grad():
+        fast = module(*ids)
+    assert torch.equal(fast, module(*ids).detach())
+
+
+def test_in_place_ops_respect_aliases_of_eval_dropout() -> None:
+    """An eval-mode dropout returns its input itself: an op reading the dropout's output must
+    not overwrite it while the input is still read later (here by the residual add)."""
+    g = Graph("alias")
+    ids = g.input("input_ids", ("B", "S"))
+    table = g.param("embed.tokens.weight", (11, 8), scope="embed", init="normal",
+                    dtype="float32")
+    x = g.add("embedding", [table, ids], name="x", scope="embed")
+    d = g.add("dropout", [x], name="d", scope="embed", p=0.5)
+    r = g.add("relu", [d], name="r", scope="embed")
+    y = g.add("add", [r, x], name="y", scope="embed")
+    g.set_output(y)
+    g.lint()
+    module = to_torch(g, seed=0)
+    tokens = torch.arange(11).reshape(1, 11)
+    emb = module.state_dict()["embed.tokens.weight"][tokens]
+    with torch.no_grad():
+        assert torch.equal(module(tokens), emb.relu() + emb)
