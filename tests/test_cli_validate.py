@@ -189,6 +189,16 @@ RULES = {
         "layers.decoder",
         "expected an integer, got true",
     ),
+    "strict-bool-string": (
+        BASE + "embedding:\n  scale: 'yes'  # <-\n",
+        "embedding.scale",
+        "expected true or false, got 'yes'",
+    ),
+    "strict-bool-int": (
+        BASE + "  bias: 1  # <-\n",
+        "attention.bias",
+        "expected true or false, got 1",
+    ),
     "finite-dropout-nan": (
         BASE + "dropout: .nan  # <-\n",
         "dropout",

@@ -39,6 +39,10 @@ DType = Literal["float32", "float16", "bfloat16"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 
 
+# YAML's true/false only: pydantic's lax bool would take 1, "yes" or "off" as well.
+Flag = Annotated[bool, Field(strict=True)]
+
+
 def _size(upper: int) -> Any:
     """A strict positive integer with an upper bound (``true`` or ``"8"`` is not a size)."""
     return Annotated[int, Field(strict=True, ge=1, le=upper)]
@@ -81,14 +85,14 @@ class Embedding(_Strict):
     positions: Positions = "sinusoidal"
     """How positions enter: added sinusoids (Vaswani et al. 2017 §3.5), an added learned table,
     rotary embeddings applied to q and k (GPT-NeoX rotate-half convention), or none."""
-    scale: bool = True
+    scale: Flag = True
     """Multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017 §3.4)."""
-    tie_output: bool = True
+    tie_output: Flag = True
     """The output projection reuses the (target) token table instead of its own weight."""
-    share: bool | None = None
+    share: Flag | None = None
     """Encoder-decoder only: one token table for both stacks (needs one vocabulary).
     Default: true when there is one vocabulary, false otherwise."""
-    output_bias: bool = False
+    output_bias: Flag = False
     """Add a bias to the output projection (``head.bias``)."""
     rope_theta: float = 10000.0
     """Base of the rotary frequencies theta^(-2i/d) (positions: rope)."""
@@ -112,7 +116,7 @@ class Attention(_Strict):
     """Number of key/value heads; heads % kv_heads == 0 (GQA; 1 is multi-query). Default: heads."""
     head_dim: _size(MAX_D_MODEL) | None = None  # type: ignore[valid-type]
     """Width of one head. Default: d_model / heads (then d_model % heads must be 0)."""
-    bias: bool = True
+    bias: Flag = True
     """Biases on the q, k, v and o projections."""
     normalize: Normalize = "softmax"
     """softmax, or hardmax: the one-hot of the arg-max ("hard attention", seed 004)."""
@@ -126,7 +130,7 @@ class FeedForward(_Strict):
     activation: Activation = "relu"
     """relu; gelu (exact erf); gelu_tanh (GPT-2's tanh approximation); silu; or the gated
     swiglu = down(silu(gate(x)) * up(x)) and geglu = down(gelu(gate(x)) * up(x))."""
-    bias: bool = True
+    bias: Flag = True
     """Biases on the up, gate and down projections."""
 
 
@@ -140,7 +144,7 @@ class Norm(_Strict):
     """layernorm (gain and bias); rmsnorm (gain, no bias); scalenorm (one scalar g: g*x/||x||_2)."""
     eps: float = 1e-5
     """Added inside the normalising square root."""
-    final: bool | None = None
+    final: Flag | None = None
     """A norm after the last layer of each stack. Default: true for pre and sandwich."""
 
     _finite = field_validator("eps", mode="before")(_finite_float)
