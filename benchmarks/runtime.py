@@ -9,7 +9,9 @@ onnxruntime counts them; torch.set_num_threads to the same), inter-op parallelis
 Contenders, each timed over ``--repeat`` forward passes after two warm-up passes, interleaved
 round by round so that background load hits them alike:
 
-- tfgraph ONNX (opset 23) on onnxruntime, graph optimizations ORT_ENABLE_ALL;
+- tfgraph ONNX (opset 23) on onnxruntime, graph optimizations ORT_ENABLE_ALL except
+  SkipLayerNormFusion (slower on the CPU: see tfgraph.exporters.onnx_runtime), as
+  ``tfgraph run`` does;
 - tfgraph ONNX (opset 17, decomposed), same session options;
 - torch eager, stock: embeddings + ``torch.nn.Transformer`` + tied head with tfgraph's weights
   copied in (benchmarks/transformer_peer.py), eval + inference_mode: the named peer of the goal
@@ -57,7 +59,11 @@ def ort_session(model: bytes | str, threads: int) -> Any:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    from tfgraph.exporters.onnx_runtime import CPU_DISABLED_OPTIMIZERS
+
+    # The same options for every onnxruntime contender, tfgraph's and torch.onnx.export's.
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
 
 
 def main() -> None:

@@ -28,6 +28,13 @@ OUTPUT_NAMES = ("logits", "probs")
 
 _ORT_DEFAULT_LOG_SEVERITY = 2  # warnings; onnxruntime's own default
 
+# Graph rewrites that make CPU inference slower on our models. Measured with onnxruntime
+# 1.31 on a 2-core AVX-512 Xeon (benchmarks/runtime.py): SkipLayerNormFusion turns each
+# residual Add + LayerNormalization into one SkipLayerNormalization that runs ~5x slower than
+# the two ops it replaces (3.2 ms vs 0.64 ms for (8, 128, 512), one thread), 7% of the whole
+# base model. The CUDA provider keeps it: its fused kernel is the fast one there.
+CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+
 
 def _ort() -> Any:
     import onnxruntime
@@ -163,8 +170,10 @@ def create_session(model: bytes | str | os.PathLike[str], provider: str = "auto"
     if threads:
         options.intra_op_num_threads = threads
     source = model if isinstance(model, bytes) else os.fspath(model)
+    disabled = list(CPU_DISABLED_OPTIMIZERS) if providers[0] == CPU else []
     try:
-        session = ort.InferenceSession(source, options, providers=providers)
+        session = ort.InferenceSession(source, options, providers=providers,
+                                       disabled_optimizers=disabled)
     except Exception as err:  # onnxruntime raises its own exception types for bad models
         text = " ".join(str(err).split())
         raise TfgraphError(f"onnxruntime cannot load the model: {text[:400]}") from None
