@@ -9,6 +9,7 @@ Precondition: the graph lints (``Graph.lint``). Postcondition: nothing in the gr
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +41,11 @@ def total(exprs: Iterable[sympy.Expr]) -> sympy.Expr:
     terms are counted first, so sympy flattens one term per distinct cost, not one per node."""
     counts = Counter(exprs)
     return sympy.Add(*(n * e for e, n in counts.items()))
+
+
+def param_count(p: Node) -> int:
+    """Elements of a parameter node (a sympy product in tfgraph.formulas' symbolic twins)."""
+    return math.prod(p.attrs["shape"])
 
 
 def component(scope: str) -> str:
@@ -98,11 +104,8 @@ def params_by_component(graph: Graph) -> dict[str, int]:
     """Unique parameter counts per component (a tied table counts once, where it is defined)."""
     out: dict[str, int] = {}
     for p in graph.params():
-        n = 1
-        for d in p.attrs["shape"]:
-            n *= d
         key = component(p.scope)
-        out[key] = out.get(key, 0) + n
+        out[key] = out.get(key, 0) + param_count(p)
     return out
 
 
@@ -188,10 +191,4 @@ def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol,
 
 def weights_bytes(graph: Graph) -> int:
     """Bytes of the unique parameters at their dtype."""
-    total = 0
-    for p in graph.params():
-        n = 1
-        for d in p.attrs["shape"]:
-            n *= d
-        total += n * DTYPE_BYTES[p.type.dtype]
-    return total
+    return sum(param_count(p) * DTYPE_BYTES[p.type.dtype] for p in graph.params())

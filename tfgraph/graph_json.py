@@ -17,6 +17,7 @@ from typing import Any
 
 import sympy
 
+from tfgraph.cost import param_count
 from tfgraph.io import atomic_write
 from tfgraph.ir import Graph
 
@@ -51,10 +52,7 @@ def graph_dict(graph: Graph) -> dict[str, Any]:
             "dtype": node.type.dtype,
         }
         if node.is_param:
-            n = 1
-            for d in node.attrs["shape"]:
-                n *= int(d)
-            entry["cost"] = {"params": n}
+            entry["cost"] = {"params": param_count(node)}
         elif node.name in costs:
             c = costs[node.name]
             entry["cost"] = {

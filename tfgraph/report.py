@@ -126,13 +126,6 @@ def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[s
     return {SYMBOLS["B"]: int(batch), SYMBOLS["S"]: int(seq), SYMBOLS["T"]: int(tgt)}
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def _fmt(expr: sympy.Expr) -> str:
     return str(sympy.expand(expr))
 
@@ -184,7 +177,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     params_by_kind: dict[str, int] = {}
     for p in graph.params():
         kind = cost.sublayer(p.scope)
-        params_by_kind[kind] = params_by_kind.get(kind, 0) + _numel(p.attrs["shape"])
+        params_by_kind[kind] = params_by_kind.get(kind, 0) + cost.param_count(p)
     spec = graph.spec
     static_bst, static_named = _static_formulas(graph)
     bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr)}
