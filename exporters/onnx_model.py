@@ -47,7 +47,6 @@ MIN_OPSET, MAX_OPSET = 17, 23
 ATTENTION_OPSET = RMSNORM_OPSET = ROPE_OPSET = 23
 GELU_OPSET = 20
 # A single protobuf cannot exceed 2 GiB; larger models keep their weights in a side file.
-PROTOBUF_LIMIT = 2**31 - 1
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes of weights; leaves room for the graph itself
 
 ELEM_TYPE = {
@@ -109,10 +108,9 @@ class _Builder:
         self.graph = graph
         self.opset = opset
         self.dtype = graph.spec.dtype if graph.spec is not None else "float32"
-        self.elem = ELEM_TYPE[self.dtype]
         self.nodes: list[onnx.NodeProto] = []
         self._used: set[str] = set()
-        self._cache: dict[tuple[Any, ...], str] = {}
+        self._cache: dict[tuple[Any, ...], Any] = {}
         self.dim_names = _dim_names(graph)
         # The graph input whose second axis is each sequence symbol (S or T): runtime lengths
         # are read from it.
@@ -186,6 +184,19 @@ class _Builder:
             r = self.add(scope, "Range", [zero, self.seq_len(sym), one])  # (L,) int64
             r = self.cast(scope, r, "float32")
             self._cache[key] = self.add(scope, "Unsqueeze", [r, self.ints([1])])  # (L, 1)
+        return self._cache[key]
+
+    def position_ids(self, sym: Any) -> str:
+        """0..L-1 on every row, int64 (B, L): RotaryEmbedding's position_ids."""
+        key = ("position_ids", sym)
+        if key not in self._cache:
+            scope = f"rope.{self.dim_names[sym]}"
+            zero = self.const("const", "zero", np.array(0, np.int64), "int64")
+            one = self.const("const", "one", np.array(1, np.int64), "int64")
+            r = self.add(scope, "Range", [zero, self.seq_len(sym), one])  # (L,)
+            r = self.add(scope, "Unsqueeze", [r, self.ints([0])])  # (1, L)
+            ids_shape = self.add(scope, "Shape", [self.ids_for[sym]])  # [B, L]
+            self._cache[key] = self.add(scope, "Expand", [r, ids_shape], tag="position_ids")
         return self._cache[key]
 
     def causal_mask(self, sym: Any) -> str:
@@ -287,16 +298,7 @@ def _rope(b: _Builder, n: Node) -> str:
     sym = _seq_sym(b, n)
     cos, sin = b.rope_tables(sym, hd, theta)  # (L, hd/2) each
     if b.opset >= ROPE_OPSET:
-        key = ("rope_ids", sym)
-        if key not in b._cache:  # position_ids (B, L): 0..L-1 on every row
-            scope = f"rope.{b.dim_names[sym]}"
-            zero = b.const("const", "zero", np.array(0, np.int64), "int64")
-            one = b.const("const", "one", np.array(1, np.int64), "int64")
-            r = b.add(scope, "Range", [zero, b.seq_len(sym), one])
-            r = b.add(scope, "Unsqueeze", [r, b.ints([0])])  # (1, L)
-            ids_shape = b.add(scope, "Shape", [b.ids_for[sym]])  # [B, L]
-            b._cache[key] = b.add(scope, "Expand", [r, ids_shape], tag="position_ids")
-        return b.add(n.name, "RotaryEmbedding", [x, cos, sin, b._cache[key]], n.name,
+        return b.add(n.name, "RotaryEmbedding", [x, cos, sin, b.position_ids(sym)], n.name,
                      num_heads=h, interleaved=0)
     # rotate-half by hand: x * cos + concat(-x2, x1) * sin on (B, L, h, hd)
     half = hd // 2
