@@ -181,3 +181,26 @@ def test_every_target_dispatches(in_tmp: Path) -> None:
         default = how.default("tiny")
         assert default.exists(), target
         assert result.stdout.startswith(f"wrote {default}")
+
+
+def test_progress_bar_on_a_terminal(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big builds on a terminal show a rich progress bar over the bytes written; it ends
+    transient (cleared) and the file is complete."""
+    from tfgraph.commands import build as build_cmd
+
+    monkeypatch.setattr(build_cmd, "PROGRESS_BYTES", 0)
+    monkeypatch.setattr(build_cmd, "_stderr_is_terminal", lambda: True)
+    advanced: list[int] = []
+    real = build_cmd._progress.__enter__
+
+    def spy(self):  # type: ignore[no-untyped-def]
+        advance = real(self)
+        assert advance is not None and self.total == onnx_model.weight_bytes(
+            tfgraph.compile(TINY))
+        return lambda n: (advanced.append(n), advance(n))
+
+    monkeypatch.setattr(build_cmd._progress, "__enter__", spy)
+    result = cli("build", TINY, "--to", "onnx", "-o", "m.onnx")
+    assert result.exit_code == 0, result.stderr
+    assert sum(advanced) == onnx_model.weight_bytes(tfgraph.compile(TINY))
+    onnx.checker.check_model(onnx.load("m.onnx"), full_check=True)

@@ -80,7 +80,7 @@ class _progress:
         self.bar: Any = None
 
     def __enter__(self) -> Callable[[int], None] | None:
-        if self.total < PROGRESS_BYTES or not sys.stderr.isatty():
+        if self.total < PROGRESS_BYTES or not _stderr_is_terminal():
             return None
         from rich.console import Console
         from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
@@ -95,6 +95,10 @@ class _progress:
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
 
 
 def _size(path: Path) -> int:
