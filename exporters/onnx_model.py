@@ -174,15 +174,22 @@ class _Builder:
             self._cache[key] = self.add(scope, "Squeeze", [shape, self.ints([0])])  # ()
         return self._cache[key]
 
+    def arange(self, sym: Any) -> str:
+        """0, 1, ..., L-1 as int64, shape (L,)."""
+        key = ("arange", sym)
+        if key not in self._cache:
+            zero = self.const("const", "zero", np.array(0, np.int64), "int64")
+            one = self.const("const", "one", np.array(1, np.int64), "int64")
+            scope = f"arange.{self.dim_names[sym]}"
+            self._cache[key] = self.add(scope, "Range", [zero, self.seq_len(sym), one])
+        return self._cache[key]
+
     def positions(self, sym: Any) -> str:
         """0, 1, ..., L-1 as float32, shape (L, 1)."""
         key = ("positions", sym)
         if key not in self._cache:
             scope = f"positions.{self.dim_names[sym]}"
-            zero = self.const("const", "zero", np.array(0, np.int64), "int64")
-            one = self.const("const", "one", np.array(1, np.int64), "int64")
-            r = self.add(scope, "Range", [zero, self.seq_len(sym), one])  # (L,) int64
-            r = self.cast(scope, r, "float32")
+            r = self.cast(scope, self.arange(sym), "float32")
             self._cache[key] = self.add(scope, "Unsqueeze", [r, self.ints([1])])  # (L, 1)
         return self._cache[key]
 
@@ -191,10 +198,7 @@ class _Builder:
         key = ("position_ids", sym)
         if key not in self._cache:
             scope = f"rope.{self.dim_names[sym]}"
-            zero = self.const("const", "zero", np.array(0, np.int64), "int64")
-            one = self.const("const", "one", np.array(1, np.int64), "int64")
-            r = self.add(scope, "Range", [zero, self.seq_len(sym), one])  # (L,)
-            r = self.add(scope, "Unsqueeze", [r, self.ints([0])])  # (1, L)
+            r = self.add(scope, "Unsqueeze", [self.arange(sym), self.ints([0])])  # (1, L)
             ids_shape = self.add(scope, "Shape", [self.ids_for[sym]])  # [B, L]
             self._cache[key] = self.add(scope, "Expand", [r, ids_shape], tag="position_ids")
         return self._cache[key]
@@ -204,9 +208,7 @@ class _Builder:
         key = ("causal", sym)
         if key not in self._cache:
             scope = f"causal_mask.{self.dim_names[sym]}"
-            zero = self.const("const", "zero", np.array(0, np.int64), "int64")
-            one = self.const("const", "one", np.array(1, np.int64), "int64")
-            r = self.add(scope, "Range", [zero, self.seq_len(sym), one])  # (L,)
+            r = self.arange(sym)  # (L,)
             rows = self.add(scope, "Unsqueeze", [r, self.ints([1])], tag="rows")  # (L, 1)
             cols = self.add(scope, "Unsqueeze", [r, self.ints([0])], tag="cols")  # (1, L)
             self._cache[key] = self.add(scope, "LessOrEqual", [cols, rows])  # (L, L)

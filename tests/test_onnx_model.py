@@ -20,25 +20,14 @@ from tfgraph.ops import OPS
 from tfgraph.spec import Spec
 from tfgraph.weights import generate
 
+from onnx_support import feeds_for, float32_twin
+
 OPSETS = (23, 17)
 FUSED = {"Attention", "RMSNormalization", "RotaryEmbedding", "Gelu"}
 
 
-def float32_twin(spec: Spec) -> Spec:
-    return Spec.model_validate({**spec.model_dump(), "dtype": "float32"})
-
-
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-
-
-def feeds_for(graph, batch: int, seq: int, tgt: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    spec = graph.spec
-    if len(graph.inputs) == 1:
-        return {"input_ids": rng.integers(0, spec.vocab_size("source"), (batch, seq))}
-    return {"src_ids": rng.integers(0, spec.vocab_size("source"), (batch, seq)),
-            "tgt_ids": rng.integers(0, spec.vocab_size("target"), (batch, tgt))}
 
 
 def test_every_op_has_an_onnx_lowering() -> None:

@@ -21,11 +21,9 @@ from tfgraph.exporters import to_onnx, to_torch
 from tfgraph.spec import Spec
 from tfgraph.weights import generate
 
+from onnx_support import feeds_for, float32_twin
+
 TOL = 1e-4
-
-
-def float32_twin(spec: Spec) -> Spec:
-    return Spec.model_validate({**spec.model_dump(), "dtype": "float32"})
 
 
 def spiky_weights(graph, seed: int) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
@@ -37,15 +35,6 @@ def spiky_weights(graph, seed: int) -> dict[str, np.ndarray]:  # type: ignore[no
         else:  # norm gains around 1, biases around 0
             out[name] = (value + rng.normal(0.0, 0.2, value.shape)).astype(np.float32)
     return out
-
-
-def feeds_for(graph, batch: int, seq: int, tgt: int, seed: int = 0):  # type: ignore[no-untyped-def]
-    rng = np.random.default_rng(seed)
-    spec = graph.spec
-    if len(graph.inputs) == 1:
-        return {"input_ids": rng.integers(0, spec.vocab_size("source"), (batch, seq))}
-    return {"src_ids": rng.integers(0, spec.vocab_size("source"), (batch, seq)),
-            "tgt_ids": rng.integers(0, spec.vocab_size("target"), (batch, tgt))}
 
 
 def torch_out(module, graph, feeds) -> np.ndarray:  # type: ignore[no-untyped-def]
