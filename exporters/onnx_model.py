@@ -23,7 +23,6 @@ length works without a baked-in maximum (learned positions still stop at ``max_l
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import math
 import os
@@ -48,6 +47,8 @@ ATTENTION_OPSET = RMSNORM_OPSET = ROPE_OPSET = 23
 GELU_OPSET = 20
 # A single protobuf cannot exceed 2 GiB; larger models keep their weights in a side file.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes of weights; leaves room for the graph itself
+# Generated weights in flight ahead of the writer (see parameter_values).
+LOOKAHEAD_BYTES = 512 * 1024 * 1024
 
 ELEM_TYPE = {
     "float32": TensorProto.FLOAT,
@@ -516,24 +517,34 @@ def to_onnx(graph: Graph, weights: Mapping[str, Any] | None = None, seed: int = 
 
 def parameter_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
                      workers: int | None = None) -> Iterator[tuple[Node, np.ndarray]]:
-    """(parameter, float32 value) in graph order, produced a few ahead on worker threads.
+    """(parameter, float32 value) in graph order, produced ahead on worker threads.
 
-    numpy's generators release the GIL while filling arrays, so generating the next
-    parameters overlaps with casting and writing this one; at most ``workers + 1`` values
-    are held at once, so memory stays bounded for any model size.
+    numpy's generators release the GIL while filling arrays, so the parameters after this
+    one are generated on the other cores while this one is cast and written. What is in
+    flight is bounded by LOOKAHEAD_BYTES (at least one parameter per worker), so memory stays
+    bounded for any model size; a model's first parameter is often its largest (the token
+    table) and the others go on being generated while the writer waits for it.
     """
     value_of = weight_source(graph, weights, seed)
-    params = iter(graph.params())
-    workers = workers or min(4, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers, thread_name_prefix="tfgraph-weights") as pool:
-        pending = deque((p, pool.submit(value_of, p))
-                        for p in itertools.islice(params, workers + 1))
-        while pending:
-            param, future = pending.popleft()
-            nxt = next(params, None)
-            if nxt is not None:
-                pending.append((nxt, pool.submit(value_of, nxt)))
+    params = graph.params()
+    workers = workers or min(8, os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="tfgraph-weights")
+    try:
+        pending: deque[tuple[Node, Any, int]] = deque()
+        in_flight, nxt = 0, 0
+        while nxt < len(params) or pending:
+            while nxt < len(params) and (len(pending) <= workers
+                                         or in_flight < LOOKAHEAD_BYTES):
+                param = params[nxt]
+                size = 4 * math.prod(param.attrs["shape"])  # float32 until cast
+                pending.append((param, pool.submit(value_of, param), size))
+                in_flight += size
+                nxt += 1
+            param, future, size = pending.popleft()
+            in_flight -= size
             yield param, future.result()
+    finally:  # a failed write stops here: drop the weights not yet started
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def weight_bytes(graph: Graph) -> int:
