@@ -8,10 +8,13 @@ Both sides are timed as what a user waits for, a fresh process from start to wri
   shared generator -> ONNX written atomically);
 - the named peer: a fresh ``python`` that imports torch, builds the equivalent stock model
   (embeddings + ``torch.nn.Transformer`` + tied head, benchmarks/transformer_peer.py) and calls
-  ``torch.onnx.export(..., dynamo=True)`` with dynamic batch and lengths.
+  ``torch.onnx.export(..., dynamo=True)``, in two variants:
+  - dynamic: batch and lengths dynamic, as tfgraph's model has them (the equivalent artifact);
+  - static: example shapes baked in, the exporter's fastest configuration (its model only runs
+    at batch 2, length 16). The headline ratio is against this, the faster of the two.
 
-Runs alternate (tfgraph, peer, tfgraph, peer, ...) so background load hits both alike; the
-medians and their ratio are printed (goal: tfgraph >= 10x faster). To say where tfgraph's own
+Runs alternate (tfgraph, peer, peer, tfgraph, ...) so background load hits all alike; the
+medians and the ratios are printed (goal: tfgraph >= 10x faster). To say where tfgraph's own
 time goes, the same run also times a process that only imports what ``tfgraph build`` imports,
 and the build's own closing line (its time after imports).
 """
@@ -45,6 +48,8 @@ tgt = torch.randint(0, spec.vocab_size("target"), (2, 16))
 batch = torch.export.Dim("batch", min=1, max=1024)
 shapes = {{"src_ids": {{0: batch, 1: torch.export.Dim("src_len", min=2, max=4096)}},
           "tgt_ids": {{0: batch, 1: torch.export.Dim("tgt_len", min=2, max=4096)}}}}
+if {static}:
+    shapes = None
 torch.onnx.export(model, (src, tgt), {out!r}, dynamo=True, input_names=["src_ids", "tgt_ids"],
                   output_names=["logits"], dynamic_shapes=shapes, verbose=False)
 """
@@ -70,33 +75,41 @@ def main() -> None:
     spec = os.path.abspath(args.spec)
     ours: list[float] = []
     inner: list[float] = []
-    theirs: list[float] = []
     imports: list[float] = []
+    peers: dict[str, list[float]] = {"dynamic": [], "static": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ours_out, peer_out = os.path.join(tmp, "tfgraph.onnx"), os.path.join(tmp, "peer.onnx")
-        peer_code = PEER.format(here=str(HERE), spec=spec, out=peer_out)
+        ours_out = os.path.join(tmp, "tfgraph.onnx")
+        code = {kind: PEER.format(here=str(HERE), spec=spec, static=kind == "static",
+                                  out=os.path.join(tmp, f"peer-{kind}.onnx"))
+                for kind in peers}
         for _ in range(args.repeat):
             t, out = timed([sys.executable, "-m", "tfgraph", "build", spec, "--to", "onnx",
                             "-o", ours_out], tmp)
             ours.append(t)
             inner.append(float(re.search(r", ([\d.]+) s\)$", out.strip()).group(1)))  # type: ignore[union-attr]
-            theirs.append(timed([sys.executable, "-c", peer_code], tmp)[0])
+            for kind in peers:
+                peers[kind].append(timed([sys.executable, "-c", code[kind]], tmp)[0])
             imports.append(timed([sys.executable, "-c", IMPORTS_ONLY], tmp)[0])
-        sizes = os.path.getsize(ours_out), os.path.getsize(peer_out) + sum(
-            os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp)
-            if f.startswith("peer.onnx."))
+        size = os.path.getsize(ours_out)
     med = statistics.median
-    print(f"{Path(spec).name}, whole process, median of {args.repeat} alternating runs:")
-    print(f"  tfgraph build --to onnx           {med(ours):6.2f} s  "
-          f"(file {sizes[0] / 1e6:.1f} MB; runs {', '.join(f'{t:.2f}' for t in ours)})")
-    print(f"    of which python + imports       {med(imports):6.2f} s")
-    print(f"    of which the build itself       {med(inner):6.2f} s  "
+
+    def runs(values: list[float]) -> str:
+        return ", ".join(f"{t:.2f}" for t in values)
+
+    print(f"{Path(spec).name}, whole process, median of {args.repeat} alternating runs "
+          f"({os.cpu_count()} CPUs):")
+    print(f"  tfgraph build --to onnx                      {med(ours):6.2f} s  "
+          f"(file {size / 1e6:.1f} MB; runs {runs(ours)})")
+    print(f"    of which python + imports                  {med(imports):6.2f} s")
+    print(f"    of which the build itself                  {med(inner):6.2f} s  "
           "(lower, generate weights, write)")
-    print(f"  torch.onnx.export (dynamo=True)   {med(theirs):6.2f} s  "
-          f"(file {sizes[1] / 1e6:.1f} MB; runs {', '.join(f'{t:.2f}' for t in theirs)})")
-    ratio = med(theirs) / med(ours)
-    print(f"tfgraph is {ratio:.1f}x faster (goal >= {GOAL:.0f}x: "
-          f"{'met' if ratio >= GOAL else 'NOT met'})")
+    for kind, values in peers.items():
+        print(f"  torch.onnx.export(dynamo=True), {kind:8}     {med(values):6.2f} s  "
+              f"(runs {runs(values)}): {med(values) / med(ours):.1f}x tfgraph's time")
+    theirs = min(med(values) for values in peers.values())
+    ratio = theirs / med(ours)
+    print(f"tfgraph is {ratio:.1f}x faster than the faster torch.onnx.export variant "
+          f"(goal >= {GOAL:.0f}x: {'met' if ratio >= GOAL else 'NOT met'})")
 
 
 if __name__ == "__main__":
