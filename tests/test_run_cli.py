@@ -137,3 +137,16 @@ def test_choose_providers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rt.choose_providers("auto") == ([rt.CPU], "auto: no GPU")
     with pytest.raises(TfgraphError, match="not usable here"):
         rt.choose_providers("cuda")
+
+
+def test_run_spec_over_the_protobuf_limit_goes_through_external_data(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Specs whose weights pass ~1.8 GB are written to a temporary .onnx + .data pair first
+    (a threshold of 0 bytes sends the tiny spec down that path)."""
+    from tfgraph.exporters import onnx_model
+
+    monkeypatch.setattr(onnx_model, "EXTERNAL_DATA_THRESHOLD", 0)
+    result = cli("run", str(SPECS / "tiny-seq2seq.yaml"), "--seq", "5", "--repeat", "1",
+                 "--check")
+    assert result.exit_code == 0, result.stderr
+    assert lines(result.stdout)["check"].endswith("ok")
