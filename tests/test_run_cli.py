@@ -150,3 +150,17 @@ def test_run_spec_over_the_protobuf_limit_goes_through_external_data(
                  "--check")
     assert result.exit_code == 0, result.stderr
     assert lines(result.stdout)["check"].endswith("ok")
+
+
+def test_check_on_a_model_without_its_spec_exit_2_before_running(tmp_path: Path) -> None:
+    """A model with tfgraph's interface but no stored spec (e.g. torch.onnx.export's) runs,
+    but --check cannot rebuild the torch side: one line, exit 2, nothing timed first."""
+    graph = tfgraph.compile(SPECS / "tiny.yaml")
+    path = write_onnx(graph, tmp_path / "m.onnx")
+    model = onnx.load(str(path))
+    del model.metadata_props[:]
+    onnx.save(model, str(path))
+    assert cli("run", str(path), "--seq", "4", "--repeat", "1").exit_code == 0
+    result = cli("run", str(path), "--seq", "4", "--repeat", "1", "--check")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--check needs the spec" in result.stderr

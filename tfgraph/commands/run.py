@@ -130,6 +130,11 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
 
             spec = json.loads(iface.spec_json)
         _check_lengths(spec, seq, tgt_seq)
+        if check and graph is None:  # say it before spending time on the runs
+            graph = _graph_from_model(model, iface.spec_json, source)
+            from_file = True
+        else:
+            from_file = False
         session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                               dtype=iface.dtype)
         feeds = rt.random_ids(iface, batch, seq, tgt_seq, seed=seed)
@@ -146,8 +151,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         click.echo(f"throughput {tokens / timing.median_s:,.0f} tokens/s "
                    f"({tokens} input tokens per run)")
         if check:
-            if graph is None:
-                graph = _graph_from_model(model, iface.spec_json, source)
+            if from_file:
                 weights = _model_weights(Path(source), graph)
             else:  # the weights the spec was built with: the shared generator at --seed
                 from tfgraph.weights import generate
