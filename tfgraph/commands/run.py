@@ -24,17 +24,20 @@ from tfgraph.errors import TfgraphError
 CHECK_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 
-def _build_spec(path: str, seed: int, opset: int, tmp: Path) -> tuple[Any, bytes | Path]:
-    """Compile a spec and export it: (graph, model bytes or a temporary .onnx path)."""
+def _build_spec(path: str, seed: int, opset: int, tmp: Path) -> tuple[Any, Any, bytes | Path]:
+    """Compile a spec and export it: (graph, model proto, model bytes or a temporary path)."""
     from tfgraph.cli_support import load_spec_arg
     from tfgraph.compiler import compile as compile_spec
+    from tfgraph.exporters import onnx_runtime as rt
     from tfgraph.exporters.onnx_model import EXTERNAL_DATA_THRESHOLD, to_onnx, weight_bytes
     from tfgraph.exporters.onnx_model import write_onnx
 
     graph = compile_spec(load_spec_arg(path))
     if weight_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
-        return graph, to_onnx(graph, seed=seed, opset=opset).SerializeToString()
-    return graph, write_onnx(graph, tmp / f"{graph.name}.onnx", seed=seed, opset=opset)
+        model = to_onnx(graph, seed=seed, opset=opset)
+        return graph, model, model.SerializeToString()
+    written = write_onnx(graph, tmp / f"{graph.name}.onnx", seed=seed, opset=opset)
+    return graph, rt.load_model(written), written
 
 
 def _graph_from_model(model: Any, spec_json: str | None, where: str) -> Any:
@@ -117,11 +120,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             graph = None
             label = f"{source}"
         else:
-            graph, session_source = _build_spec(source, seed, opset, Path(tmp))
-            import onnx
-
-            model = onnx.load_from_string(session_source) if isinstance(
-                session_source, bytes) else rt.load_model(session_source)
+            graph, model, session_source = _build_spec(source, seed, opset, Path(tmp))
             iface = rt.interface(model, source)
             label = f"{graph.name} (built from {source}, opset {opset}, seed {seed})"
         spec = None
