@@ -67,12 +67,22 @@ def timed(cmd: list[str], cwd: str) -> tuple[float, str]:
     return elapsed, done.stdout
 
 
+def load_average() -> str:
+    """Background load matters on a 2-core machine (torch's OpenMP barriers wait for
+    descheduled threads): print it with the figures."""
+    try:
+        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "load average unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", default=str(ROOT / "specs" / "base.yaml"))
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     spec = os.path.abspath(args.spec)
+    start_load = load_average()
     ours: list[float] = []
     inner: list[float] = []
     imports: list[float] = []
@@ -97,7 +107,7 @@ def main() -> None:
         return ", ".join(f"{t:.2f}" for t in values)
 
     print(f"{Path(spec).name}, whole process, median of {args.repeat} alternating runs "
-          f"({os.cpu_count()} CPUs):")
+          f"({os.cpu_count()} CPUs; at the start {start_load}, at the end {load_average()}):")
     print(f"  tfgraph build --to onnx                      {med(ours):6.2f} s  "
           f"(file {size / 1e6:.1f} MB; runs {runs(ours)})")
     print(f"    of which python + imports                  {med(imports):6.2f} s")

@@ -21,6 +21,10 @@ round by round so that background load hits them alike:
 
 Prints the median and p90 of each, the ratios to stock torch eager, and the largest
 |difference| of each output from it (all run the same weights, so they must agree).
+
+On a machine with a usable GPU, ``--device cuda [--dtype float16]`` runs the same comparison
+with onnxruntime's CUDA provider (logits kept on the GPU through I/O binding, as torch keeps
+them) against torch eager on CUDA.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -51,19 +55,78 @@ def _physical_cores() -> int:
         return os.cpu_count() or 1
 
 
-def ort_session(model: bytes | str, threads: int) -> Any:
+def ort_session(model: bytes | str, threads: int, device: str) -> Any:
     import onnxruntime as ort
+
+    from tfgraph.exporters.onnx_runtime import CPU_DISABLED_OPTIMIZERS
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    from tfgraph.exporters.onnx_runtime import CPU_DISABLED_OPTIMIZERS
-
     # The same options for every onnxruntime contender, tfgraph's and torch.onnx.export's.
+    if device == "cuda":
+        session = ort.InferenceSession(model, options,
+                                       providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        if session.get_providers()[0] != "CUDAExecutionProvider":
+            sys.exit("onnxruntime gave no CUDA provider: this machine has no usable GPU")
+        return session
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"],
                                 disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
+
+
+class OrtContender:
+    """Timed runs keep the logits where they are computed (on the GPU with CUDA)."""
+
+    def __init__(self, session: Any, feeds: dict[str, np.ndarray], device: str) -> None:
+        self.session, self.feeds, self.device = session, feeds, device
+        if device == "cuda":
+            self.binding = session.io_binding()
+            for name, value in feeds.items():
+                self.binding.bind_cpu_input(name, value)
+            self.binding.bind_output(session.get_outputs()[0].name, "cuda")
+
+    def run(self) -> None:
+        if self.device == "cuda":
+            self.session.run_with_iobinding(self.binding)
+            self.binding.synchronize_outputs()
+        else:
+            self.session.run(None, self.feeds)
+
+    def result(self) -> np.ndarray:
+        if self.device == "cuda":
+            self.run()
+            return self.binding.copy_outputs_to_cpu()[0].astype(np.float32)
+        return self.session.run(None, self.feeds)[0].astype(np.float32)
+
+
+class TorchContender:
+    def __init__(self, module: Any, inputs: list[Any], device: str) -> None:
+        self.module, self.inputs, self.device = module, inputs, device
+
+    def run(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            self.module(*self.inputs)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def result(self) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            return self.module(*self.inputs).float().cpu().numpy()
+
+
+def load_average() -> str:
+    """Background load matters on a 2-core machine (torch's OpenMP barriers wait for
+    descheduled threads): print it with the figures."""
+    try:
+        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "load average unknown"
 
 
 def main() -> None:
@@ -73,6 +136,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128, help="source and target length")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "float16"], default=None,
+                        help="override the spec's dtype (float16 is for --device cuda)")
     parser.add_argument("--no-export-peer", action="store_true",
                         help="skip torch.onnx.export (slow; needs onnxscript)")
     args = parser.parse_args()
@@ -83,43 +149,45 @@ def main() -> None:
 
     import tfgraph
     from tfgraph.exporters import to_onnx, to_torch
+    from tfgraph.spec import Spec
     from tfgraph.weights import generate
 
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
-    graph = tfgraph.compile(args.spec)
+    spec = tfgraph.load_spec(args.spec)
+    if args.dtype:
+        spec = Spec.model_validate({**spec.model_dump(), "dtype": args.dtype})
+    graph = tfgraph.compile(spec)
     weights = generate(graph, seed=0)
     rng = np.random.default_rng(0)
     vocab = graph.spec.vocab_size("source")
     feeds = {name: rng.integers(0, vocab, (args.batch, args.seq), dtype=np.int64)
              for name in graph.inputs}
+    machine = (torch.cuda.get_device_name() if args.device == "cuda"
+               else f"{os.cpu_count()} CPUs, {threads} intra-op threads")
     print(f"{graph.name}: batch {args.batch}, length {args.seq} ({', '.join(graph.inputs)}), "
           f"{sum(v.size for v in weights.values()):,} params, {graph.spec.dtype}, "
-          f"{threads} intra-op threads, onnxruntime {ort.__version__}, torch {torch.__version__}")
+          f"{args.device} ({machine}), onnxruntime {ort.__version__}, torch {torch.__version__}, "
+          f"{load_average()}")
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from transformer_peer import for_spec, load_tfgraph_weights
 
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16}[graph.spec.dtype]
     stock = for_spec(graph.spec).eval()
     load_tfgraph_weights(stock, weights)
-    ours_torch = to_torch(graph, weights=weights).eval()
-    torch_inputs = [torch.from_numpy(feeds[name]) for name in graph.inputs]
+    stock = stock.to(device=args.device, dtype=torch_dtype)
+    ours_torch = to_torch(graph, weights=weights).eval().to(args.device)
+    torch_inputs = [torch.from_numpy(feeds[name]).to(args.device) for name in graph.inputs]
 
-    def eager(module: Any) -> Callable[[], np.ndarray]:
-        def forward() -> np.ndarray:
-            with torch.inference_mode():
-                return module(*torch_inputs).numpy()
-
-        return forward
-
-    contenders: dict[str, Callable[[], np.ndarray]] = {}
+    contenders: dict[str, Any] = {}
     for opset in (23, 17):
-        session = ort_session(to_onnx(graph, weights=weights, opset=opset).SerializeToString(),
-                              threads)
-        contenders[f"tfgraph ONNX opset {opset} / onnxruntime"] = (
-            lambda s=session: s.run(None, feeds)[0])
-    contenders[PEER] = torch_eager = eager(stock)
-    contenders["torch eager, tfgraph's to_torch"] = eager(ours_torch)
+        model = to_onnx(graph, weights=weights, opset=opset).SerializeToString()
+        contenders[f"tfgraph ONNX opset {opset} / onnxruntime"] = OrtContender(
+            ort_session(model, threads, args.device), feeds, args.device)
+    contenders[PEER] = TorchContender(stock, torch_inputs, args.device)
+    contenders["torch eager, tfgraph's to_torch"] = TorchContender(ours_torch, torch_inputs,
+                                                                   args.device)
     if not args.no_export_peer:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "exported.onnx")
@@ -128,20 +196,19 @@ def main() -> None:
             print(f"torch.onnx.export (dynamo) of the stock model took "
                   f"{time.perf_counter() - start:.1f} s")
             if exported:
-                session = ort_session(path, threads)
-                contenders[EXPORTED] = lambda s=session: s.run(None, feeds)[0]
+                contenders[EXPORTED] = OrtContender(ort_session(path, threads, args.device),
+                                                    feeds, args.device)
 
-    reference = torch_eager()
-    for name, fn in contenders.items():  # warm-up (also compares the outputs)
-        out = fn()
-        fn()
-        diff = float(np.abs(out - reference).max())
+    reference = contenders[PEER].result()
+    for name, contender in contenders.items():  # warm-up (also compares the outputs)
+        diff = float(np.abs(contender.result() - reference).max())
+        contender.run()
         print(f"  {name}: max |out - stock torch eager| = {diff:.2e}")
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(args.repeat):
-        for name, fn in contenders.items():
+        for name, contender in contenders.items():
             start = time.perf_counter()
-            fn()
+            contender.run()
             times[name].append(time.perf_counter() - start)
     eager = statistics.median(times[PEER])
     print(f"\n{'contender':46} {'median':>9} {'p90':>9} {'vs stock eager':>15}")
@@ -150,8 +217,9 @@ def main() -> None:
         med = statistics.median(values)
         p90 = values[min(len(values) - 1, int(np.ceil(0.9 * len(values))) - 1)]
         print(f"{name:46} {med * 1e3:7.1f}ms {p90 * 1e3:7.1f}ms {med / eager:14.2f}x")
+    print(load_average())
     ours = statistics.median(times["tfgraph ONNX opset 23 / onnxruntime"])
-    print(f"\ngoal: tfgraph ONNX (opset 23) <= 1.0x stock torch eager: {ours / eager:.2f}x "
+    print(f"goal: tfgraph ONNX (opset 23) <= 1.0x stock torch eager: {ours / eager:.2f}x "
           f"({'met' if ours <= eager else 'NOT met'})")
     if EXPORTED in times:
         print(f"tfgraph ONNX is {statistics.median(times[EXPORTED]) / ours:.2f}x as fast as "
