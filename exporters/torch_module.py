@@ -12,7 +12,9 @@ exactly the graph's parameter names and a tied table appears once.
 
 Attention runs ``F.scaled_dot_product_attention`` (``attention_impl = "sdpa"``, the default) or
 explicit matmuls (``"math"``), which ``FlopCounterMode`` counts (it counts 0 for the CPU SDPA
-kernel). Dropout is active only in ``train()``, at the graph's dropout nodes.
+kernel). Dropout is active only in ``train()``, at the graph's dropout nodes. Without autograd
+(``torch.no_grad()`` / ``inference_mode()``) element-wise ops write into operands nothing reads
+any more, as a hand-written inference model would (``TORCH_INPLACE``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def _rope_tables(m: TorchModel, a: dict[str, Any], x: Tensor) -> tuple[Tensor, T
 
 
 def _attention(m: TorchModel, a: dict[str, Any], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    if m.attention_impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl {m.attention_impl!r}: expected one of {ATTENTION_IMPLS}")
     return tf.attention(q, k, v, a["heads"], a["kv_heads"], a["head_dim"], a["causal"],
                         a["normalize"], m.attention_impl)
 
@@ -108,6 +112,10 @@ ALIASES_INPUT = frozenset({"dropout"})  # may return its input itself (eval)
 
 class _Scope(nn.Module):
     """A container named after one segment of a parameter path; it computes nothing."""
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{n}: {tuple(p.shape)}" for n, p in self._parameters.items()
+                         if p is not None)
 
 
 def _register(root: nn.Module, name: str, value: Tensor) -> tuple[nn.Module, str]:
