@@ -13,11 +13,14 @@ from tfgraph.exporters import to_torch
 from tfgraph.exporters import torch_functional as tf
 from tfgraph.exporters.torch_module import TORCH_DTYPES, TORCH_OPS
 from tfgraph.ir import Graph
+from tfgraph.loader import load_spec
 from tfgraph.ops import OPS
 from tfgraph.spec import Spec
 from tfgraph.weights import generate
 
-from conftest import small
+from conftest import ROOT, small
+
+SPECS = ROOT / "specs"
 
 
 def make_ids(graph: Graph, batch: int, seq: int, tgt: int, seed: int = 0
@@ -69,9 +72,7 @@ def test_forward_shape_dtype_and_output(small_spec: Spec) -> None:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_dtypes_compute_the_float32_function(dtype: str) -> None:
     """A 16-bit module runs at its dtype and agrees with float32 to 16-bit precision."""
-    from tfgraph.loader import load_spec
-
-    base = small(load_spec(tfgraph_spec_path("tiny-llama.yaml")))
+    base = small(load_spec(SPECS / "tiny-llama.yaml"))
     half = base.model_copy(update={"dtype": dtype})
     g32, g16 = tfgraph.compile(base), tfgraph.compile(half)
     m32, m16 = to_torch(g32, seed=2), to_torch(g16, seed=2)
@@ -84,16 +85,8 @@ def test_half_dtypes_compute_the_float32_function(dtype: str) -> None:
     assert err < 0.05 * ref.abs().max().item(), err
 
 
-def tfgraph_spec_path(name: str) -> str:
-    from conftest import ROOT
-
-    return str(ROOT / "specs" / name)
-
-
 def test_seed_decides_the_weights() -> None:
-    from tfgraph.loader import load_spec
-
-    graph = tfgraph.compile(small(load_spec(tfgraph_spec_path("tiny.yaml"))))
+    graph = tfgraph.compile(small(load_spec(SPECS / "tiny.yaml")))
     a, b, c = (to_torch(graph, seed=s).state_dict() for s in (7, 7, 8))
     shared = generate(graph, 7)
     for name in a:
@@ -104,9 +97,7 @@ def test_seed_decides_the_weights() -> None:
 
 
 def test_weights_from_a_state_dict_and_numpy() -> None:
-    from tfgraph.loader import load_spec
-
-    graph = tfgraph.compile(small(load_spec(tfgraph_spec_path("tiny-seq2seq.yaml"))))
+    graph = tfgraph.compile(small(load_spec(SPECS / "tiny-seq2seq.yaml")))
     first = to_torch(graph, seed=3)
     again = to_torch(graph, weights=first.state_dict())
     from_numpy = to_torch(graph, weights={k: v.numpy() for k, v in first.state_dict().items()})
@@ -121,9 +112,7 @@ def test_weights_from_a_state_dict_and_numpy() -> None:
 
 
 def test_wrong_weights_are_listed() -> None:
-    from tfgraph.loader import load_spec
-
-    graph = tfgraph.compile(small(load_spec(tfgraph_spec_path("tiny-llama.yaml"))))
+    graph = tfgraph.compile(small(load_spec(SPECS / "tiny-llama.yaml")))
     weights = dict(to_torch(graph).state_dict())
     weights["decoder.layers.0.ffn.up.weightt"] = weights.pop("decoder.layers.0.ffn.up.weight")
     weights["head.weight"] = torch.zeros(3, 3)
@@ -138,9 +127,7 @@ def test_wrong_weights_are_listed() -> None:
 
 
 def test_dropout_only_in_training() -> None:
-    from tfgraph.loader import load_spec
-
-    spec = small(load_spec(tfgraph_spec_path("tiny-decoder.yaml")))  # dropout 0.1
+    spec = small(load_spec(SPECS / "tiny-decoder.yaml"))  # dropout 0.1
     graph = tfgraph.compile(spec)
     assert sum(n.op == "dropout" for n in graph.ops()) > 0
     module = to_torch(graph)

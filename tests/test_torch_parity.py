@@ -89,22 +89,26 @@ class Seq2Seq(nn.Module):
         return h @ self.embed.weight.T  # tied head
 
 
+def _nn_layer(src: str, dst: str, sd: dict[str, Tensor], decoder: bool) -> dict[str, Tensor]:
+    """One nn.TransformerEncoderLayer / DecoderLayer (at ``src``) as design §4 names."""
+    out = _split_in_proj(f"{src}.self_attn", f"{dst}.self_attn", sd)
+    out |= _linear(f"{src}.linear1", f"{dst}.ffn.up", sd)
+    out |= _linear(f"{src}.linear2", f"{dst}.ffn.down", sd)
+    out |= _norm(f"{src}.norm1", f"{dst}.self_attn_norm", sd)
+    if not decoder:
+        return out | _norm(f"{src}.norm2", f"{dst}.ffn_norm", sd)
+    out |= _split_in_proj(f"{src}.multihead_attn", f"{dst}.cross_attn", sd)
+    out |= _norm(f"{src}.norm2", f"{dst}.cross_attn_norm", sd)
+    return out | _norm(f"{src}.norm3", f"{dst}.ffn_norm", sd)
+
+
 def _seq2seq_weights(ref: Seq2Seq) -> dict[str, Tensor]:
     sd = ref.state_dict()
     out = {"embed.tokens.weight": sd["embed.weight"]}
     for stack in ("encoder", "decoder"):
         for i in range(LAYERS):
-            src, dst = f"core.{stack}.layers.{i}", f"{stack}.layers.{i}"
-            out |= _split_in_proj(f"{src}.self_attn", f"{dst}.self_attn", sd)
-            out |= _linear(f"{src}.linear1", f"{dst}.ffn.up", sd)
-            out |= _linear(f"{src}.linear2", f"{dst}.ffn.down", sd)
-            out |= _norm(f"{src}.norm1", f"{dst}.self_attn_norm", sd)
-            if stack == "encoder":
-                out |= _norm(f"{src}.norm2", f"{dst}.ffn_norm", sd)
-            else:
-                out |= _split_in_proj(f"{src}.multihead_attn", f"{dst}.cross_attn", sd)
-                out |= _norm(f"{src}.norm2", f"{dst}.cross_attn_norm", sd)
-                out |= _norm(f"{src}.norm3", f"{dst}.ffn_norm", sd)
+            out |= _nn_layer(f"core.{stack}.layers.{i}", f"{stack}.layers.{i}", sd,
+                             decoder=stack == "decoder")
         out |= _norm(f"core.{stack}.norm", f"{stack}.norm", sd)
     return out
 
@@ -165,12 +169,7 @@ def test_nn_transformer_encoder() -> None:
     sd = ref.state_dict()
     weights = {"embed.tokens.weight": sd["embed.weight"]} | _linear("head", "head", sd)
     for i in range(LAYERS):
-        src, dst = f"core.layers.{i}", f"encoder.layers.{i}"
-        weights |= _split_in_proj(f"{src}.self_attn", f"{dst}.self_attn", sd)
-        weights |= _linear(f"{src}.linear1", f"{dst}.ffn.up", sd)
-        weights |= _linear(f"{src}.linear2", f"{dst}.ffn.down", sd)
-        weights |= _norm(f"{src}.norm1", f"{dst}.self_attn_norm", sd)
-        weights |= _norm(f"{src}.norm2", f"{dst}.ffn_norm", sd)
+        weights |= _nn_layer(f"core.layers.{i}", f"encoder.layers.{i}", sd, decoder=False)
     ours = to_torch(tfgraph.compile(spec), weights=weights)
     ids = torch.randint(0, VOCAB, (3, 13), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
