@@ -164,7 +164,8 @@ register(OpDef(
     "rope", (1, 1), _rope_infer, _elementwise("rope"), _nothing_saved,
     "Rotary positions on (B, S, heads*head_dim), rotate-half convention (GPT-NeoX, Llama): "
     "pairs (i, i + hd/2), frequencies theta^(-2i/hd), positions from 0. "
-    "Its backward needs only the constant cos/sin tables, so nothing is saved.",
+    "Its backward needs only the constant cos/sin tables (one (S, hd) pair per sequence, "
+    "shared by every layer: not counted), so nothing is saved.",
 ))
 
 # ---- linear algebra -----------------------------------------------------------------------
@@ -260,7 +261,9 @@ def _norm_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 def _norm_saved(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, Any]], Saved]:
-    # input plus per-row statistics (layernorm: mean and rstd; rms/scale norm: one factor)
+    # input plus per-row statistics (layernorm: mean and rstd; rms/scale norm: one factor), as
+    # fused kernels keep. The torch back end keeps exactly this on CPU too (torch's CPU rms_norm
+    # is a composite that would also keep the normalized x): torch_functional.rms_norm.
     n_stats = 2 if kind == "layernorm" else 1
 
     def saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
@@ -308,6 +311,8 @@ register(OpDef("add", (2, 2), _binary_infer, _elementwise("add"), _nothing_saved
 
 
 def _dropout_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    # A bool mask, as torch.native_dropout keeps (F.dropout on CPU keeps a float noise tensor;
+    # the torch back end calls native_dropout).
     return [(("tmp", "mask"), out.numel * DTYPE_BYTES["bool"])]
 
 
