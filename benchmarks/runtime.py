@@ -55,7 +55,7 @@ def _physical_cores() -> int:
         return os.cpu_count() or 1
 
 
-def ort_session(model: bytes | str, threads: int, device: str) -> Any:
+def ort_session(model: bytes | str, threads: int, device: str, all_fusions: bool = False) -> Any:
     import onnxruntime as ort
 
     from tfgraph.exporters.onnx_runtime import CPU_DISABLED_OPTIMIZERS
@@ -72,8 +72,9 @@ def ort_session(model: bytes | str, threads: int, device: str) -> Any:
         if session.get_providers()[0] != "CUDAExecutionProvider":
             sys.exit("onnxruntime gave no CUDA provider: this machine has no usable GPU")
         return session
+    disabled = [] if all_fusions else list(CPU_DISABLED_OPTIMIZERS)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
+                                disabled_optimizers=disabled)
 
 
 class OrtContender:
@@ -139,6 +140,9 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "float16"], default=None,
                         help="override the spec's dtype (float16 is for --device cuda)")
+    parser.add_argument("--all-fusions", action="store_true",
+                        help="onnxruntime's default rewrites, SkipLayerNormFusion included "
+                             "(to measure what disabling it is worth)")
     parser.add_argument("--no-export-peer", action="store_true",
                         help="skip torch.onnx.export (slow; needs onnxscript)")
     args = parser.parse_args()
@@ -184,7 +188,7 @@ def main() -> None:
     for opset in (23, 17):
         model = to_onnx(graph, weights=weights, opset=opset).SerializeToString()
         contenders[f"tfgraph ONNX opset {opset} / onnxruntime"] = OrtContender(
-            ort_session(model, threads, args.device), feeds, args.device)
+            ort_session(model, threads, args.device, args.all_fusions), feeds, args.device)
     contenders[PEER] = TorchContender(stock, torch_inputs, args.device)
     contenders["torch eager, tfgraph's to_torch"] = TorchContender(ours_torch, torch_inputs,
                                                                    args.device)
@@ -196,8 +200,8 @@ def main() -> None:
             print(f"torch.onnx.export (dynamo) of the stock model took "
                   f"{time.perf_counter() - start:.1f} s")
             if exported:
-                contenders[EXPORTED] = OrtContender(ort_session(path, threads, args.device),
-                                                    feeds, args.device)
+                contenders[EXPORTED] = OrtContender(
+                    ort_session(path, threads, args.device, args.all_fusions), feeds, args.device)
 
     reference = contenders[PEER].result()
     for name, contender in contenders.items():  # warm-up (also compares the outputs)
