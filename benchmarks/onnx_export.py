@@ -1,4 +1,4 @@
-"""Whole-process time to get an ONNX file of the base Transformer: tfgraph against torch.onnx.export.
+"""Whole-process time to an ONNX file of the base Transformer: tfgraph vs torch.onnx.export.
 
     python benchmarks/onnx_export.py [--spec specs/base.yaml] [--repeat 3]
 
@@ -96,7 +96,9 @@ def main() -> None:
             t, out = timed([sys.executable, "-m", "tfgraph", "build", spec, "--to", "onnx",
                             "-o", ours_out], tmp)
             ours.append(t)
-            inner.append(float(re.search(r", ([\d.]+) s\)$", out.strip()).group(1)))  # type: ignore[union-attr]
+            closing = re.search(r", ([\d.]+) s\)$", out.strip())  # the build's own time
+            assert closing, out
+            inner.append(float(closing.group(1)))
             for kind in peers:
                 peers[kind].append(timed([sys.executable, "-c", code[kind]], tmp)[0])
             imports.append(timed([sys.executable, "-c", IMPORTS_ONLY], tmp)[0])

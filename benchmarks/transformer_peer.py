@@ -60,7 +60,8 @@ def for_spec(spec: Any) -> VaswaniTransformer:
           and spec.norm.kind == "layernorm" and not spec.norm.final
           and spec.ffn.activation == "relu" and spec.embedding.positions == "sinusoidal"
           and spec.embedding.share and spec.embedding.tie_output and spec.embedding.scale
-          and spec.attention.bias and spec.ffn.bias and spec.attention.kv_heads == spec.attention.heads
+          and spec.attention.bias and spec.ffn.bias
+          and spec.attention.kv_heads == spec.attention.heads
           and not spec.embedding.output_bias and spec.output == "logits"
           and spec.attention.normalize == "softmax"
           and spec.layer_count("encoder") == spec.layer_count("decoder")

@@ -104,9 +104,10 @@ def test_vaswani_specs_match_stock_nn_transformer(name: str) -> None:
     from conftest import ROOT, small
 
     where = ROOT / "benchmarks" / "transformer_peer.py"
-    peer_mod = importlib.util.module_from_spec(
-        spec := importlib.util.spec_from_file_location("transformer_peer", where))  # type: ignore[arg-type]
-    spec.loader.exec_module(peer_mod)  # type: ignore[union-attr]
+    loader = importlib.util.spec_from_file_location("transformer_peer", where)
+    assert loader is not None and loader.loader is not None
+    peer_mod = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(peer_mod)
     graph = tfgraph.compile(small(load_spec(ROOT / "specs" / name)))
     weights = spiky_weights(graph, seed=5)
     peer = peer_mod.for_spec(graph.spec).eval()

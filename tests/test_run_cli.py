@@ -112,7 +112,8 @@ def test_bfloat16_on_cpu_is_a_clear_error() -> None:
 def test_sequence_longer_than_learned_positions_exit_2() -> None:
     result = cli("run", str(SPECS / "tiny-decoder.yaml"), "--seq", "65")
     assert result.exit_code == 2
-    assert result.stderr.strip() == "--seq 65: longer than the model's max_len 64 (learned positions)"
+    assert result.stderr.strip() == (
+        "--seq 65: longer than the model's max_len 64 (learned positions)")
 
 
 def test_provider_cuda_follows_what_is_really_usable() -> None:
