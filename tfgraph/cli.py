@@ -1,7 +1,8 @@
 """The ``tfgraph`` command line (design §6).
 
 Each command lives in its own module under ``tfgraph.commands`` and is registered below with
-one ``main.add_command`` line. The error policy lives here, once, for every command:
+one line in ``COMMANDS``; a command's module is imported only when that command runs (or help
+lists it), so ``tfgraph build`` does not pay for the imports of ``run``, ``draw`` or ``compare``. The error policy lives here, once, for every command:
 
 - :class:`~tfgraph.errors.TfgraphError` (bad spec, bad argument): its one-line message on
   stderr, exit 2;
@@ -13,26 +14,35 @@ A Python traceback is printed only with ``tfgraph --debug``.
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from typing import Any
 
 import click
 
 from tfgraph import __version__
-from tfgraph.commands.build import build
-from tfgraph.commands.compare import compare
-from tfgraph.commands.draw import draw
-from tfgraph.commands.report import report
-from tfgraph.commands.run import run
-from tfgraph.commands.schema import schema
-from tfgraph.commands.validate import validate
 from tfgraph.errors import TfgraphError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 
+# command name -> module under tfgraph.commands defining a click command of the same name
+COMMANDS = ("validate", "schema", "report", "draw", "compare", "build", "run")
+
+
 class _Group(click.Group):
-    """A click group that applies tfgraph's error policy to every subcommand."""
+    """A click group that applies tfgraph's error policy to every subcommand and imports each
+    subcommand's module on first use (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)  # commands added with add_command
+        module = importlib.import_module(f"tfgraph.commands.{cmd_name}")
+        command: click.Command = getattr(module, cmd_name)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         debug = bool(ctx.params.get("debug"))
@@ -66,11 +76,3 @@ class _Group(click.Group):
 def main(debug: bool) -> None:
     """tfgraph: compile declarative Transformer specs (YAML) to graphs, models and reports."""
 
-
-main.add_command(validate)
-main.add_command(schema)
-main.add_command(report)
-main.add_command(draw)
-main.add_command(compare)
-main.add_command(build)
-main.add_command(run)
