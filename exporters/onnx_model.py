@@ -521,9 +521,9 @@ def parameter_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
 
     numpy's generators release the GIL while filling arrays, so the parameters after this
     one are generated on the other cores while this one is cast and written. What is in
-    flight is bounded by LOOKAHEAD_BYTES (at least one parameter per worker), so memory stays
-    bounded for any model size; a model's first parameter is often its largest (the token
-    table) and the others go on being generated while the writer waits for it.
+    flight is bounded by LOOKAHEAD_BYTES (or one parameter, when a single one is larger), so
+    memory stays bounded for any model size; a model's first parameter is often its largest
+    (the token table) and the others go on being generated while the writer waits for it.
     """
     value_of = weight_source(graph, weights, seed)
     params = graph.params()
@@ -533,10 +533,13 @@ def parameter_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
         pending: deque[tuple[Node, Any, int]] = deque()
         in_flight, nxt = 0, 0
         while nxt < len(params) or pending:
-            while nxt < len(params) and (len(pending) <= workers
-                                         or in_flight < LOOKAHEAD_BYTES):
+            while nxt < len(params):
                 param = params[nxt]
                 size = 4 * math.prod(param.attrs["shape"])  # float32 until cast
+                # A parameter larger than the budget is generated alone: several multi-GB
+                # matrices in flight at once would exhaust memory (huge specs were OOM-killed).
+                if pending and in_flight + size > LOOKAHEAD_BYTES:
+                    break
                 pending.append((param, pool.submit(value_of, param), size))
                 in_flight += size
                 nxt += 1
@@ -555,6 +558,17 @@ def weight_bytes(graph: Graph) -> int:
                for p in graph.params())
 
 
+def write_memory_bytes(graph: Graph) -> int:
+    """Memory that writing ``graph``'s weights can hold at once: the largest parameter in
+    float32 plus its cast copy, twice (the one being written and the next one generated)."""
+    from tfgraph.ir import DTYPE_BYTES
+
+    largest = max((math.prod(p.attrs["shape"]) for p in graph.params()), default=0)
+    dtype = graph.spec.dtype if graph.spec is not None else "float32"
+    cast = 0 if dtype == "float32" else DTYPE_BYTES[dtype]
+    return 2 * largest * (4 + cast)
+
+
 def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str, Any] | None = None,
                seed: int = 0, opset: int = MAX_OPSET,
                progress: Callable[[int], None] | None = None) -> Path:
@@ -565,9 +579,10 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
     in ``<path>.data`` next to the model (protobuf stops at 2 GiB). ``progress`` is called
     with the bytes of each parameter written.
     """
-    from tfgraph.io import atomic_path
+    from tfgraph.io import atomic_path, check_capacity
 
     target = Path(path)
+    check_capacity(target, weight_bytes(graph), write_memory_bytes(graph))
     model = build_structure(graph, opset)
     values = parameter_values(graph, weights, seed)
     if weight_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:

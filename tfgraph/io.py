@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,41 @@ def _target(path: str | os.PathLike[str]) -> Path:
     if not target.parent.is_dir():
         raise TfgraphError(f"{target}: directory {target.parent} does not exist")
     return target
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says a new allocation can still get (Linux), else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB"
+
+
+def check_capacity(target: str | os.PathLike[str], disk_bytes: int, memory_bytes: int) -> None:
+    """Refuse (exit 2) a write that cannot succeed: ``disk_bytes`` more than the free space
+    next to ``target``, or ``memory_bytes`` (held at once while writing) more than the memory
+    available. Better one clear line now than minutes of work ending in a full disk or the
+    out-of-memory killer. Unknown figures (no such directory, no /proc) are not checked."""
+    target = Path(target)
+    try:
+        free = shutil.disk_usage(target.parent).free
+    except OSError:
+        free = None
+    if free is not None and disk_bytes > free:
+        raise TfgraphError(f"{target}: needs {_gb(disk_bytes)} of disk, only {_gb(free)} free "
+                           f"in {target.parent}")
+    memory = available_memory()
+    if memory is not None and memory_bytes > memory:
+        raise TfgraphError(f"{target}: needs {_gb(memory_bytes)} of memory to write, only "
+                           f"{_gb(memory)} available")
 
 
 def _mode_for(target: Path) -> int:

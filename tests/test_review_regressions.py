@@ -1,0 +1,90 @@
+"""Regressions for defects found in review: each test failed before its fix."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tfgraph.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "specs" / "tiny.yaml")
+
+
+def cli(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def _huge_spec(tmp_path: Path) -> Path:
+    # Within the spec's documented bounds, and petabytes of weights.
+    text = (ROOT / "specs" / "tiny.yaml").read_text()
+    text = text.replace("d_model: 32", "d_model: 262144")
+    path = tmp_path / "huge.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch"])
+def test_build_of_a_spec_too_big_for_the_disk_is_refused_at_once(
+        tmp_path: Path, target: str) -> None:
+    # It used to generate weights until the out-of-memory killer ended it (exit 137), leaving
+    # temporary files behind.
+    spec = _huge_spec(tmp_path)
+    out = tmp_path / f"huge.{target}"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "tfgraph", "build", str(spec), "--to", target,
+                           "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert time.perf_counter() - start < 60
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "of disk" in lines[0] and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.yaml"]
+
+
+def test_onnx_build_needing_more_memory_than_available_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tfgraph.io
+
+    monkeypatch.setattr(tfgraph.io, "available_memory", lambda: 1000)
+    out = tmp_path / "tiny.onnx"
+    result = cli("build", TINY, "--to", "onnx", "-o", str(out))
+    assert result.exit_code == 2
+    assert "of memory" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_weights_in_flight_stay_within_the_lookahead_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Parameters bigger than the budget used to be generated one per worker at once.
+    import threading
+
+    import tfgraph
+    from tfgraph.exporters import onnx_model
+
+    graph = tfgraph.compile(tfgraph.load_spec(TINY))
+    largest = max(4 * math.prod(p.attrs["shape"]) for p in graph.params())
+    monkeypatch.setattr(onnx_model, "LOOKAHEAD_BYTES", 1)  # every parameter is "huge"
+    live, peak, lock = [0], [0], threading.Lock()
+    source = onnx_model.weight_source
+
+    def counting(*args):  # type: ignore[no-untyped-def]
+        value_of = source(*args)
+
+        def value(p):  # type: ignore[no-untyped-def]
+            with lock:
+                live[0] += 1
+                peak[0] = max(peak[0], live[0])
+            return value_of(p)
+        return value
+
+    monkeypatch.setattr(onnx_model, "weight_source", counting)
+    for _param, _value in onnx_model.parameter_values(graph, None, 0, workers=4):
+        with lock:
+            live[0] -= 1
+    assert largest > 1 and peak[0] == 1
