@@ -88,3 +88,16 @@ def test_weights_in_flight_stay_within_the_lookahead_budget(
         with lock:
             live[0] -= 1
     assert largest > 1 and peak[0] == 1
+
+
+@pytest.mark.parametrize("flags", [["--json", "-o", "{tmp}/out.json"], []])
+def test_compare_checks_the_plot_path_before_writing_anything(
+        tmp_path: Path, flags: list[str]) -> None:
+    # A bad --plot directory used to be found only after the table was printed and the -o
+    # file written: exit 2 with partial output.
+    tiny_decoder = str(ROOT / "specs" / "tiny-decoder.yaml")
+    args = ["compare", TINY, tiny_decoder, "--plot", str(tmp_path / "missing" / "p.png")]
+    result = cli(*args, *(f.format(tmp=tmp_path) for f in flags))
+    assert result.exit_code == 2
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []

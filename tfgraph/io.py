@@ -29,6 +29,11 @@ def _target(path: str | os.PathLike[str]) -> Path:
     return target
 
 
+def check_output(path: str | os.PathLike[str]) -> Path:
+    """Refuse (exit 2) an output path that cannot be written, before any work is done."""
+    return _target(path)
+
+
 def available_memory() -> int | None:
     """Bytes of memory the kernel says a new allocation can still get (Linux), else None."""
     try:

@@ -84,6 +84,11 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
         raise TfgraphError("--json and --format are exclusive: choose one output")
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise TfgraphError(f"--plot {plot}: use a .png or .svg file name")
+    from tfgraph.io import check_output
+
+    for path in (plot, output):  # before anything is printed or written
+        if path is not None:
+            check_output(path)
     seqs = parse_seqs(seq_text)
     parsed = [load_spec_arg(path) for path in specs]
 
