@@ -101,3 +101,19 @@ def test_compare_checks_the_plot_path_before_writing_anything(
     assert result.exit_code == 2
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_run_default_length_fits_a_learned_positions_spec() -> None:
+    # tiny-decoder has max_len 64: `tfgraph run` with no --seq used to fail on its own
+    # default of 128 (report caps its default at max_len).
+    result = cli("run", str(ROOT / "specs" / "tiny-decoder.yaml"), "--repeat", "1")
+    assert result.exit_code == 0, result.stderr
+    assert "input_ids int64[1, 64]" in result.stdout
+
+
+def test_run_refuses_tgt_seq_for_a_one_stack_model() -> None:
+    # It was silently ignored (report refuses it).
+    result = cli("run", str(ROOT / "specs" / "tiny-decoder.yaml"), "--seq", "8",
+                 "--tgt-seq", "3")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--tgt-seq" in result.stderr and len(result.stderr.strip().splitlines()) == 1

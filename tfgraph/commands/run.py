@@ -92,7 +92,8 @@ def _torch_logits(graph: Any, weights: dict[str, np.ndarray] | None, seed: int,
               show_default=True, help="Execution provider; auto takes CUDA only when usable.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--seq", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Sequence length (source length for encoder-decoder models).")
+              help="Sequence length (source length for encoder-decoder models); the default "
+                   "is capped at the spec's max_len.")
 @click.option("--tgt-seq", type=click.IntRange(min=1), default=None,
               help="Target length of encoder-decoder models (default: --seq).")
 @click.option("--repeat", type=click.IntRange(min=1), default=10, show_default=True,
@@ -128,6 +129,12 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             import json
 
             spec = json.loads(iface.spec_json)
+        if tgt_seq is not None and len(iface.inputs) == 1:
+            raise TfgraphError(f"--tgt-seq: {source} has one sequence ({iface.inputs[0]}); "
+                               "use --seq")
+        max_len = spec.get("max_len") if spec is not None else None
+        if max_len and ctx.get_parameter_source("seq") is click.core.ParameterSource.DEFAULT:
+            seq = min(seq, max_len)  # as `report` does: the default fits the model
         _check_lengths(spec, seq, tgt_seq)
         if check and graph is None:  # say it before spending time on the runs
             graph = _graph_from_model(model, iface.spec_json, source)
