@@ -117,3 +117,21 @@ def test_run_refuses_tgt_seq_for_a_one_stack_model() -> None:
                  "--tgt-seq", "3")
     assert result.exit_code == 2 and result.stdout == ""
     assert "--tgt-seq" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [
+    ["run", TINY, "--seq", "0"],
+    ["run", TINY, "--batch", "-1"],
+    ["build", TINY, "--to", "nonsense"],
+    ["draw", TINY, "--level", "bogus"],
+    ["report"],
+    ["nonsense"],
+    ["--bogus"],
+])
+def test_usage_errors_are_one_line_and_exit_2(args: list[str]) -> None:
+    # click's usage errors used to be three lines (Usage:, Try ..., Error: ...).
+    result = CliRunner().invoke(main, args, prog_name="tfgraph")
+    assert result.exit_code == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfgraph") and "--help" in lines[0]
+    assert "Usage:" not in result.stderr and "Traceback" not in result.stderr

@@ -6,7 +6,7 @@ lists it), so ``tfgraph build`` does not pay for the imports of ``run``, ``draw`
 
 - :class:`~tfgraph.errors.TfgraphError` (bad spec, bad argument): its one-line message on
   stderr, exit 2;
-- click usage errors: click's message, exit 2;
+- click usage errors: click's message on one line, exit 2;
 - anything else is a bug: ``tfgraph: internal error: ...`` on stderr, exit 1.
 
 A Python traceback is printed only with ``tfgraph --debug``.
@@ -15,8 +15,9 @@ A Python traceback is printed only with ``tfgraph --debug``.
 from __future__ import annotations
 
 import importlib
+import sys
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -44,6 +45,12 @@ class _Group(click.Group):
         command: click.Command = getattr(module, cmd_name)
         return command
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:  # the group's own options (tfgraph --bogus)
+            _usage_error(exc)
+
     def invoke(self, ctx: click.Context) -> Any:
         debug = bool(ctx.params.get("debug"))
         try:
@@ -53,6 +60,8 @@ class _Group(click.Group):
                 traceback.print_exc()
             click.echo(str(exc), err=True)
             ctx.exit(exc.exit_code)
+        except click.UsageError as exc:
+            _usage_error(exc)
         except click.ClickException as exc:
             # Usage errors already exit 2; other click errors (e.g. an unopenable file
             # argument) are the user's to fix too, so they exit 2 rather than 1.
@@ -68,6 +77,21 @@ class _Group(click.Group):
             if not debug:
                 click.echo("tfgraph: run with --debug for the traceback", err=True)
             ctx.exit(1)
+
+
+# click >= 8.2 raises this (a UsageError) to print the help of a group run without arguments.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _usage_error(exc: click.UsageError) -> NoReturn:
+    """Bad usage is one line and exit 2 like every other bad input (design §6), e.g.
+    ``tfgraph run: --seq: 0 is not in the range x>=1 (see tfgraph run --help)``."""
+    if isinstance(exc, _NO_ARGS_IS_HELP):  # plain ``tfgraph``: click prints the help
+        raise exc
+    where = exc.ctx.command_path if exc.ctx is not None else "tfgraph"
+    message = " ".join(exc.format_message().split())
+    click.echo(f"{where}: {message} (see {where} --help)", err=True)
+    sys.exit(2)
 
 
 @click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
