@@ -135,3 +135,19 @@ def test_usage_errors_are_one_line_and_exit_2(args: list[str]) -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tfgraph") and "--help" in lines[0]
     assert "Usage:" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("target", "name"), [("svg", "out.png"), ("png", "out.svg"),
+                                              ("dot", "out.svg"), ("svg", "out")])
+def test_build_diagram_refuses_an_output_suffix_of_another_format(
+        tmp_path: Path, target: str, name: str) -> None:
+    # "--to svg -o out.png" used to write SVG text into out.png.
+    result = cli("build", TINY, "--to", target, "-o", str(tmp_path / name))
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_diagram_accepts_its_own_suffix_in_any_case(tmp_path: Path) -> None:
+    result = cli("build", TINY, "--to", "dot", "-o", str(tmp_path / "OUT.DOT"))
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "OUT.DOT").read_text().startswith("digraph")

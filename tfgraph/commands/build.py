@@ -156,6 +156,10 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
 
         check_opset(opset)
     out = output if output is not None else how.default(graph.name)
+    if target in ("svg", "png", "dot") and out.suffix.lower() != f".{target}":
+        # The content follows --to, so "-o x.png --to svg" would write SVG into x.png.
+        raise TfgraphError(f"{out}: --to {target} writes a .{target} file; give -o a .{target} "
+                           "name (tfgraph draw picks the format from the suffix)")
     if output is None:
         out.parent.mkdir(parents=True, exist_ok=True)
     opts = {"weights": values, "seed": 0 if seed is None else seed,
