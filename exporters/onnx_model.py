@@ -649,7 +649,7 @@ def _field_header(number: int, length: int) -> bytes:
 
 
 def _append_initializer(out: Any, header: TensorProto, array: np.ndarray) -> None:
-    raw = memoryview(array.reshape(-1).view(np.uint8))
+    raw = array.reshape(-1).view(np.uint8).data  # a memoryview of the bytes, no copy
     tensor = header.SerializeToString() + _field_header(_TENSOR_RAW_DATA, raw.nbytes)
     graph = _field_header(_GRAPH_INITIALIZER, len(tensor) + raw.nbytes) + tensor
     out.write(_field_header(_MODEL_GRAPH, len(graph) + raw.nbytes) + graph)
@@ -672,7 +672,7 @@ def _write_external(tensor: TensorProto, array: np.ndarray, data: Any, location:
     if pad:
         data.write(b"\0" * pad)
         offset += pad
-    data.write(memoryview(array.reshape(-1).view(np.uint8)))
+    data.write(array.reshape(-1).view(np.uint8).data)  # a memoryview, no copy
     tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)),
                        ("length", str(array.nbytes))):

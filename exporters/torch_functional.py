@@ -12,6 +12,7 @@ Shapes: B batch, L (Tq, Tk) sequence lengths, h query heads, kv key/value heads,
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -117,8 +118,9 @@ class _RMSNorm(torch.autograd.Function):
         return (x32 * rstd).to(x.dtype) * weight
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
-                 grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+    # ctx is Any, as in torch's own Function.backward: its stubs declare saved_tensors and
+    # needs_input_grad (torch/_C/__init__.pyi) as 1-tuples, and FunctionCtx has neither.
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         x, weight, rstd = ctx.saved_tensors
         xhat = x.to(rstd.dtype) * rstd  # (..., d) recomputed, not kept
         grad32 = grad.to(rstd.dtype)

@@ -39,6 +39,8 @@ ATTENTION_IMPLS = ("sdpa", "math")
 
 # A lowering: fn(module, attrs, *inputs) -> output, inputs in the node's operand order.
 Lowering = Callable[..., Tensor]
+# What a step runs: a lowering, or _rope_tables, whose slot holds a (cos, sin) pair.
+StepFn = Callable[..., Tensor | tuple[Tensor, Tensor]]
 
 
 def _linear(m: TorchModel, a: dict[str, Any], x: Tensor, w: Tensor, b: Tensor | None = None
@@ -194,9 +196,9 @@ class EncoderDecoderModel(TorchModel):
 
 # (lowering, attrs, input slots, output slot, slots dead after it,
 #  in-place lowering or None, its input slots (operand to overwrite first))
-Step = tuple[Lowering, dict[str, Any], tuple[int, ...], int, tuple[int, ...],
+Step = tuple[StepFn, dict[str, Any], tuple[int, ...], int, tuple[int, ...],
              Lowering | None, tuple[int, ...]]
-_Draft = tuple[str, Lowering, dict[str, Any], tuple[int, ...], int]
+_Draft = tuple[str, StepFn, dict[str, Any], tuple[int, ...], int]
 
 
 def _program(graph: Graph, slots: dict[str, int]) -> list[Step]:

@@ -65,7 +65,8 @@ class _Group(click.Group):
         except click.ClickException as exc:
             # Usage errors already exit 2; other click errors (e.g. an unopenable file
             # argument) are the user's to fix too, so they exit 2 rather than 1.
-            exc.exit_code = 2
+            # click annotates exit_code as a ClassVar; an instance value is what click reads.
+            exc.exit_code = 2  # type: ignore[misc]
             raise
         except (click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise

@@ -179,10 +179,10 @@ def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
     if not seqs or any(int(s) < 1 for s in seqs) or batch < 1:
         raise ValueError("seqs and batch must be positive")
     seqs = [int(s) for s in seqs]
-    variants = []
+    variants: list[dict[str, Any]] = []
     for graph in graphs:
         spec = graph.spec
-        at = []
+        at: list[dict[str, Any]] = []
         for seq in seqs:
             values = measure(graph, seq, batch)
             at.append({"seq": seq, "values": values,

@@ -151,7 +151,7 @@ def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol,
     for n in nodes:
         alias = n.op in ALIAS_AT_INFERENCE
         owner[n.name] = owner[n.inputs[0]] if alias else n.name
-    last_use = {}
+    last_use: dict[str, int] = {}
     for n in nodes:
         for i in n.inputs:
             last_use[owner[i]] = max(last_use.get(owner[i], 0), pos[n.name])

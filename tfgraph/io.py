@@ -113,7 +113,7 @@ def atomic_write(
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write mode must be 'w' or 'wb', not {mode!r}")
     with atomic_path(path) as tmp:
-        kwargs = {"encoding": encoding} if mode == "w" else {}
+        kwargs: dict[str, Any] = {"encoding": encoding} if mode == "w" else {}
         with open(tmp, mode, **kwargs) as handle:
             yield handle
             handle.flush()

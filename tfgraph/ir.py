@@ -12,7 +12,7 @@ topological order) and ``lint()``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypeAlias
 
 import networkx as nx
 import sympy
@@ -26,8 +26,8 @@ SYMBOLS = {"B": B, "S": S, "T": T}
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
 
-Dim = sympy.Expr
-Shape = tuple[Dim, ...]
+Dim: TypeAlias = sympy.Expr
+Shape: TypeAlias = tuple[Dim, ...]
 
 
 class LoweringError(Exception):
@@ -88,7 +88,7 @@ class Graph:
     def __init__(self, name: str, spec: Spec | None = None) -> None:
         self.name = name
         self.spec = spec
-        self._g = nx.MultiDiGraph()
+        self._g: nx.MultiDiGraph[str] = nx.MultiDiGraph()
         self._nodes: dict[str, Node] = {}
         self.inputs: list[str] = []
         self.outputs: list[str] = []

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 from yaml.error import Mark
 
 from tfgraph.errors import SpecError
@@ -122,7 +123,7 @@ def _value_at(data: Any, path: KeyPath) -> Any:
     return data
 
 
-def _drop_union_noise(errors: list[dict[str, Any]], data: Any) -> list[dict[str, Any]]:
+def _drop_union_noise(errors: list[ErrorDetails], data: Any) -> list[ErrorDetails]:
     """Keep, at each union, only the branch that matches the kind of value written.
 
     ``layers: {encoder: 2, decoder: true}`` fails both as an int and inside StackLayers; the
@@ -130,7 +131,7 @@ def _drop_union_noise(errors: list[dict[str, Any]], data: Any) -> list[dict[str,
     Conversely ``layers: true`` is reported as "expected an integer", with the mapping form as
     a hint, not as "expected a mapping".
     """
-    def union_branch(err: dict[str, Any]) -> tuple[tuple[Any, ...], bool] | None:
+    def union_branch(err: ErrorDetails) -> tuple[tuple[Any, ...], bool] | None:
         """(the loc of the union, whether this branch is noise), or None outside unions."""
         loc = err["loc"]
         keys, skipped = _walk(loc, data)
@@ -152,7 +153,7 @@ def _drop_union_noise(errors: list[dict[str, Any]], data: Any) -> list[dict[str,
     ]
 
 
-def _mapping_hint(err: dict[str, Any], errors: list[dict[str, Any]], root: type[BaseModel]) -> str:
+def _mapping_hint(err: ErrorDetails, errors: list[ErrorDetails], root: type[BaseModel]) -> str:
     """'; or a mapping with keys a, b' when a scalar was written where a model also fits."""
     loc = err["loc"]
     for other in errors:
@@ -165,7 +166,7 @@ def _mapping_hint(err: dict[str, Any], errors: list[dict[str, Any]], root: type[
 
 
 def _problem(
-    err: dict[str, Any], all_errors: list[dict[str, Any]], doc: Document, root: type[BaseModel]
+    err: ErrorDetails, all_errors: list[ErrorDetails], doc: Document, root: type[BaseModel]
 ) -> _Problem:
     loc, kind, msg = tuple(err["loc"]), err["type"], err["msg"]
     keys, _ = _walk(loc, doc.data)

@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 
 from tfgraph.errors import TfgraphError
 
+if TYPE_CHECKING:
+    import onnx
+
+    from tfgraph.ir import Graph
+
 # Largest |onnxruntime - torch| accepted by --check, per dtype: parity is 1e-4 in float32
 # (design); 16-bit models round every activation, so their bound is that of their precision.
 CHECK_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 
-def _build_spec(path: str, seed: int, opset: int, tmp: Path) -> tuple[Any, Any, bytes | Path]:
+def _build_spec(path: str, seed: int, opset: int, tmp: Path
+                ) -> tuple[Graph, onnx.ModelProto, bytes | Path]:
     """Compile a spec and export it: (graph, model proto, model bytes or a temporary path)."""
     from tfgraph.cli_support import load_spec_arg
     from tfgraph.compiler import compile as compile_spec
@@ -40,7 +46,7 @@ def _build_spec(path: str, seed: int, opset: int, tmp: Path) -> tuple[Any, Any, 
     return graph, rt.load_model(written), written
 
 
-def _graph_from_model(model: Any, spec_json: str | None, where: str) -> Any:
+def _graph_from_model(model: onnx.ModelProto, spec_json: str | None, where: str) -> Graph:
     """The graph of a tfgraph-built model, from the spec it carries in its metadata."""
     if spec_json is None:
         raise TfgraphError(f"{where}: --check needs the spec, and this model carries none "
@@ -57,7 +63,7 @@ def _graph_from_model(model: Any, spec_json: str | None, where: str) -> Any:
     return tfgraph.compile(spec)
 
 
-def _model_weights(model_path: Path, graph: Any) -> dict[str, np.ndarray]:
+def _model_weights(model_path: Path, graph: Graph) -> dict[str, np.ndarray]:
     """The initializers of an ONNX file (external data included) as float32 arrays."""
     import onnx
     from onnx import numpy_helper
@@ -68,7 +74,7 @@ def _model_weights(model_path: Path, graph: Any) -> dict[str, np.ndarray]:
             for t in model.graph.initializer if t.name in names}
 
 
-def _torch_logits(graph: Any, weights: dict[str, np.ndarray] | None, seed: int,
+def _torch_logits(graph: Graph, weights: dict[str, np.ndarray] | None, seed: int,
                   feeds: dict[str, np.ndarray]) -> np.ndarray:
     try:
         import torch
@@ -118,7 +124,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             model = rt.load_model(source)
             iface = rt.interface(model, source)
             session_source: bytes | Path = Path(source)
-            graph = None
+            graph: Graph | None = None
             label = f"{source}"
         else:
             graph, model, session_source = _build_spec(source, seed, opset, Path(tmp))
@@ -157,6 +163,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         click.echo(f"throughput {tokens / timing.median_s:,.0f} tokens/s "
                    f"({tokens} input tokens per run)")
         if check:
+            assert graph is not None  # the spec was built, or the model's own compiled above
             if from_file:
                 weights = _model_weights(Path(source), graph)
             else:  # the weights the spec was built with: the shared generator at --seed
