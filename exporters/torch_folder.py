@@ -43,12 +43,12 @@ def write_torch_folder(graph: Graph, out_dir: Path, weights: dict[str, np.ndarra
         raise TfgraphError(f"{graph.name}: graph has no spec; compile it from a spec")
     # Every weight is held at once: generated in float32, then the module's (and the file
     # writer's) copy at the spec's dtype.
+    from tfgraph.cost import param_count
     from tfgraph.exporters.onnx_model import weight_bytes
     from tfgraph.io import check_capacity
 
     total = weight_bytes(graph)
-    check_capacity(out_dir, total, total + 4 * sum(int(np.prod(p.attrs["shape"]))
-                                                   for p in graph.params()))
+    check_capacity(out_dir, total, total + 4 * sum(param_count(p) for p in graph.params()))
     module = to_torch(graph, seed=seed, weights=weights)  # checks names and shapes
     state = {k: v.contiguous() for k, v in module.state_dict().items()}
     try:

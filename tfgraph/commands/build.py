@@ -165,7 +165,9 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     opts = {"weights": values, "seed": 0 if seed is None else seed,
             "opset": 23 if opset is None else opset}
     written = how.write(graph, out, opts)
-    params = sum(_numel(p.attrs["shape"]) for p in graph.params())
+    from tfgraph.cost import param_count
+
+    params = sum(param_count(p) for p in graph.params())
     details = [_human(_size(written)), f"{params:,} params"]
     if target == "onnx":
         details.append(f"opset {opts['opset']}")
@@ -173,10 +175,3 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         details.append(f"weights {weights}" if weights is not None else f"seed {opts['seed']}")
     details.append(f"{time.perf_counter() - start:.2f} s")
     click.echo(f"wrote {written}{os.sep if written.is_dir() else ''} ({', '.join(details)})")
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
