@@ -74,9 +74,8 @@ class _Group(click.Group):
             if debug:
                 traceback.print_exc()
             detail = " ".join(str(exc).split()) or type(exc).__name__
-            click.echo(f"tfgraph: internal error: {type(exc).__name__}: {detail}", err=True)
-            if not debug:
-                click.echo("tfgraph: run with --debug for the traceback", err=True)
+            hint = "" if debug else " (run with --debug for the traceback)"
+            click.echo(f"tfgraph: internal error: {type(exc).__name__}: {detail}{hint}", err=True)
             ctx.exit(1)
 
 
