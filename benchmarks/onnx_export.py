@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import load_average  # benchmarks/ is sys.path[0] when run as a script
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 GOAL = 10.0
@@ -65,15 +67,6 @@ def timed(cmd: list[str], cwd: str) -> tuple[float, str]:
     if done.returncode:
         sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
     return elapsed, done.stdout
-
-
-def load_average() -> str:
-    """Background load matters on a 2-core machine (torch's OpenMP barriers wait for
-    descheduled threads): print it with the figures."""
-    try:
-        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "load average unknown"
 
 
 def main() -> None:

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from machine import load_average  # benchmarks/ is sys.path[0] when run as a script
+
 ROOT = Path(__file__).resolve().parent.parent
 PEER = "torch eager, stock nn.Transformer"
 EXPORTED = "torch.onnx.export(stock) / onnxruntime"
@@ -119,15 +121,6 @@ class TorchContender:
 
         with torch.inference_mode():
             return self.module(*self.inputs).float().cpu().numpy()
-
-
-def load_average() -> str:
-    """Background load matters on a 2-core machine (torch's OpenMP barriers wait for
-    descheduled threads): print it with the figures."""
-    try:
-        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "load average unknown"
 
 
 def main() -> None:
