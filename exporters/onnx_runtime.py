@@ -104,6 +104,8 @@ def load_model(path: str | os.PathLike[str]) -> Any:
     from google.protobuf.message import DecodeError
 
     file = Path(path)
+    if file.is_dir():
+        raise TfgraphError(f"{file}: is a directory, not an ONNX model file")
     if not file.is_file():
         raise TfgraphError(f"{file}: no such file")
     try:

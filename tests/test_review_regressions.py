@@ -151,3 +151,12 @@ def test_build_diagram_accepts_its_own_suffix_in_any_case(tmp_path: Path) -> Non
     result = cli("build", TINY, "--to", "dot", "-o", str(tmp_path / "OUT.DOT"))
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "OUT.DOT").read_text().startswith("digraph")
+
+
+def test_run_on_a_directory_says_it_is_a_directory(tmp_path: Path) -> None:
+    # It used to say "no such file" for a directory named like a model.
+    folder = tmp_path / "model.onnx"
+    folder.mkdir()
+    result = cli("run", str(folder))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == f"{folder}: is a directory, not an ONNX model file"
