@@ -12,6 +12,7 @@ from typing import Any
 
 import graphviz
 
+from tfgraph import cost
 from tfgraph.ir import Graph, Shape
 
 FONT = "Helvetica"
@@ -170,10 +171,7 @@ class Annotator:
         return total
 
     def param_count(self, param: str) -> int:
-        n = 1
-        for d in self.graph.node(param).attrs["shape"]:
-            n *= d
-        return n
+        return cost.param_count(self.graph.node(param))
 
     def text(self, nodes: Iterable[str], prefix: str = "",
              skip: frozenset[str] = frozenset()) -> str:

@@ -37,6 +37,7 @@ import onnx
 import onnx.numpy_helper
 from onnx import TensorProto, helper
 
+from tfgraph.cost import weights_bytes
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import B, S, T, Graph, Node
 from tfgraph.ops import OPS, sinusoid_frequencies
@@ -550,14 +551,6 @@ def parameter_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def weight_bytes(graph: Graph) -> int:
-    """Bytes of all initializers at the spec's dtype."""
-    from tfgraph.ir import DTYPE_BYTES
-
-    return sum(int(np.prod(p.attrs["shape"])) * DTYPE_BYTES[p.type.dtype]
-               for p in graph.params())
-
-
 def write_memory_bytes(graph: Graph) -> int:
     """Memory that writing ``graph``'s weights can hold at once: the largest parameter in
     float32 plus its cast copy, twice (the one being written and the next one generated)."""
@@ -582,10 +575,10 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
     from tfgraph.io import atomic_path, check_capacity
 
     target = Path(path)
-    check_capacity(target, weight_bytes(graph), write_memory_bytes(graph))
+    check_capacity(target, weights_bytes(graph), write_memory_bytes(graph))
     model = build_structure(graph, opset)
     values = parameter_values(graph, weights, seed)
-    if weight_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
+    if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
         with atomic_path(target) as tmp, _write_errors(target), open(tmp, "wb") as out:
             out.write(model.SerializeToString())  # everything but the weights
             for param, value in values:

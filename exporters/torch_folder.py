@@ -44,10 +44,10 @@ def write_torch_folder(graph: Graph, out_dir: Path, weights: dict[str, np.ndarra
     # Every weight is held at once: generated in float32, then the module's (and the file
     # writer's) copy at the spec's dtype.
     from tfgraph.cost import param_count
-    from tfgraph.exporters.onnx_model import weight_bytes
+    from tfgraph.cost import weights_bytes
     from tfgraph.io import check_capacity
 
-    total = weight_bytes(graph)
+    total = weights_bytes(graph)
     check_capacity(out_dir, total, total + 4 * sum(param_count(p) for p in graph.params()))
     module = to_torch(graph, seed=seed, weights=weights)  # checks names and shapes
     state = {k: v.contiguous() for k, v in module.state_dict().items()}

@@ -18,6 +18,7 @@ import inspect
 import math
 from collections.abc import Callable
 
+from tfgraph.cost import param_count
 from tfgraph.exporters import torch_functional
 from tfgraph.ir import Graph
 from tfgraph.spec import GATED_ACTIVATIONS, Spec
@@ -42,7 +43,7 @@ def generate_source(graph: Graph) -> str:
     spec = graph.spec
     if spec is None:
         raise ValueError(f"graph {graph.name!r} has no spec to generate source from")
-    params = sum(math.prod(p.attrs["shape"]) for p in graph.params())
+    params = sum(param_count(p) for p in graph.params())
     parts = [
         _header(spec, params),
         _constants(spec),

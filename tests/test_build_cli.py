@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 import tfgraph
+from tfgraph import cost
 from tfgraph.cli import main
 from tfgraph.exporters import onnx_model
 from tfgraph.weights import generate, save_weights
@@ -195,12 +196,12 @@ def test_progress_bar_on_a_terminal(in_tmp: Path, monkeypatch: pytest.MonkeyPatc
 
     def spy(self):  # type: ignore[no-untyped-def]
         advance = real(self)
-        assert advance is not None and self.total == onnx_model.weight_bytes(
+        assert advance is not None and self.total == cost.weights_bytes(
             tfgraph.compile(TINY))
         return lambda n: (advanced.append(n), advance(n))
 
     monkeypatch.setattr(build_cmd._progress, "__enter__", spy)
     result = cli("build", TINY, "--to", "onnx", "-o", "m.onnx")
     assert result.exit_code == 0, result.stderr
-    assert sum(advanced) == onnx_model.weight_bytes(tfgraph.compile(TINY))
+    assert sum(advanced) == cost.weights_bytes(tfgraph.compile(TINY))
     onnx.checker.check_model(onnx.load("m.onnx"), full_check=True)

@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 import tfgraph
+from tfgraph import cost
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import onnx_model
 from tfgraph.exporters.onnx_model import ONNX_OPS, to_onnx, write_onnx
@@ -199,7 +200,7 @@ def test_write_onnx_single_file_and_external_data(tmp_path, monkeypatch) -> None
     seen: list[int] = []
     path = write_onnx(graph, tmp_path / "ext.onnx", seed=3, progress=seen.append)
     data = tmp_path / "ext.onnx.data"
-    assert data.is_file() and sum(seen) == onnx_model.weight_bytes(graph)
+    assert data.is_file() and sum(seen) == cost.weights_bytes(graph)
     assert path.stat().st_size < data.stat().st_size
     loaded = onnx.load(str(path))  # pulls the external data back in
     onnx.checker.check_model(loaded, full_check=True)

@@ -8,12 +8,12 @@ from the symbolic FLOP expressions. The definitions of every figure travel in th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import sympy
 
+from tfgraph import cost
 from tfgraph.ir import SYMBOLS, Graph
 from tfgraph.report import symbolic
 
@@ -103,7 +103,7 @@ def param_group(name: str) -> str:
 def params_breakdown(graph: Graph) -> dict[str, int]:
     out = dict.fromkeys(PARAM_GROUPS, 0)
     for p in graph.params():
-        out[param_group(p.name)] += math.prod(p.attrs["shape"])
+        out[param_group(p.name)] += cost.param_count(p)
     return out
 
 
@@ -153,7 +153,6 @@ def series(graph: Graph, lengths: Sequence[int], batch: int = 1) -> dict[str, li
     The same expressions and liveness pass ``graph.report()`` evaluates, without building a
     whole report (formulas, roll-ups) per point: a curve has dozens of points.
     """
-    from tfgraph import cost
     from tfgraph.report import sizes_for
 
     sym = symbolic(graph)

@@ -36,9 +36,10 @@ class Target:
 
 
 def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
-    from tfgraph.exporters.onnx_model import weight_bytes, write_onnx
+    from tfgraph.cost import weights_bytes
+    from tfgraph.exporters.onnx_model import write_onnx
 
-    total = weight_bytes(graph)
+    total = weights_bytes(graph)
     with _progress(total, f"writing {out.name}") as advance:
         return write_onnx(graph, out, weights=opts["weights"], seed=opts["seed"],
                           opset=opts["opset"], progress=advance)

@@ -35,11 +35,12 @@ def _build_spec(path: str, seed: int, opset: int, tmp: Path
     from tfgraph.cli_support import load_spec_arg
     from tfgraph.compiler import compile as compile_spec
     from tfgraph.exporters import onnx_runtime as rt
-    from tfgraph.exporters.onnx_model import EXTERNAL_DATA_THRESHOLD, to_onnx, weight_bytes
+    from tfgraph.cost import weights_bytes
+    from tfgraph.exporters.onnx_model import EXTERNAL_DATA_THRESHOLD, to_onnx
     from tfgraph.exporters.onnx_model import write_onnx
 
     graph = compile_spec(load_spec_arg(path))
-    if weight_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
+    if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
         model = to_onnx(graph, seed=seed, opset=opset)
         return graph, model, model.SerializeToString()
     written = write_onnx(graph, tmp / f"{graph.name}.onnx", seed=seed, opset=opset)
