@@ -147,9 +147,10 @@ class Annotator:
                     self._owned.setdefault(node.name, []).append(i)
         self.total = 0
         if "flops" in self.what:
-            from tfgraph.report import sizes_for, symbolic
+            from tfgraph.figures import symbolic
+            from tfgraph.report import build_report, sizes_for
 
-            rep = graph.report(batch=batch, seq=seq)
+            rep = build_report(graph, batch=batch, seq=seq)
             sizes = sizes_for(graph, batch, seq, None)
             for c in symbolic(graph)["costs"]:
                 self._flops[c.node] = int((c.matmul + c.other).xreplace(sizes))

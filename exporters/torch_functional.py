@@ -32,6 +32,19 @@ def sinusoidal_positions(length: int, d: int, device: torch.device, dtype: torch
     return pe[:, :d].to(dtype)  # (L, d)
 
 
+def learned_positions(x: Tensor, table: Tensor) -> Tensor:
+    """The first L rows of a learned (max_len, d) position table for x (B, L, d).
+
+    A longer input is an error naming max_len (slicing would silently return fewer rows, and
+    a one-row table would broadcast to every position).
+    """
+    length, max_len = x.shape[1], table.shape[0]
+    torch._check(length <= max_len, lambda: (
+        f"sequence length {length} is longer than max_len {max_len} (the rows of the learned "
+        "position table)"))
+    return table[:length]  # (L, d)
+
+
 def rope_tables(length: int, head_dim: int, theta: float, device: torch.device,
                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles pos * theta^(-2i/hd), each (L, hd) (rotate-half layout:

@@ -1,115 +1,63 @@
-"""``to_torch``: a compiled graph becomes a trainable ``nn.Module`` (design §4, §6).
+"""``to_torch``: a compiled graph becomes a trainable ``nn.Module`` (README, Python API).
 
-The module interprets the graph: at construction every op node becomes one step
-``(lowering, attrs, input slots, output slot)`` through ``TORCH_OPS``, the per-op table (one
-entry per op of ``tfgraph.ops.OPS``; a test asserts none is missing); ``forward`` walks the
-steps once. A straight loop over a fixed list keeps ``torch.compile`` and ``torch.export``
-working (they unroll it) and costs microseconds next to the matmuls.
+The module runs the graph's walk (``tfgraph.plan``): every op node becomes one step
+``(lowering, attrs, input slots, output slot, slots freed after it, in-place form)`` through
+``TORCH_OPS``, the per-op table (one entry per op of ``tfgraph.ops.OPS``; a test asserts none is
+missing). Each layer of the graph (the nodes whose metadata names one ``stack`` and ``layer``)
+is a real ``nn.Module``, ``decoder.layers.3``, whose ``forward`` runs that layer's steps: per-layer
+forward hooks fire, ``torch.utils.checkpoint`` can wrap a layer and FSDP2's ``fully_shard`` can
+shard one (torchtitan style: the layers sit in an ``nn.ModuleDict``). The model's own steps are
+the embeddings, one call per layer, the final norms and the head. A straight loop over a fixed
+list keeps ``torch.compile`` and ``torch.export`` working (they unroll it) and costs
+microseconds next to the matmuls.
 
-Parameters are registered under their design §4 names as nested submodules (``decoder`` ->
-``layers`` -> ``0`` -> ``self_attn`` -> ``q`` -> ``weight``), so ``state_dict()`` keys are
-exactly the graph's parameter names and a tied table appears once.
+Freeing and in-place writes follow the plan, the same one the report's activation peak walks:
+a value is dropped after its last reader; a layer's inputs are held by the caller until the
+layer returns (so a layer never overwrites them); without autograd (``torch.no_grad()`` /
+``inference_mode()``) element-wise ops write into an operand the plan says nothing reads any
+more (``TORCH_INPLACE``), as a hand-written inference model would.
+
+Parameters are registered under their names (README, parameter table) as nested submodules, so
+``state_dict()`` keys are exactly the graph's parameter names and a tied table appears once.
 
 Attention runs ``F.scaled_dot_product_attention`` (``attention_impl = "sdpa"``, the default) or
 explicit matmuls (``"math"``), which ``FlopCounterMode`` counts (it counts 0 for the CPU SDPA
-kernel). Dropout is active only in ``train()``, at the graph's dropout nodes. Without autograd
-(``torch.no_grad()`` / ``inference_mode()``) element-wise ops write into operands nothing reads
-any more, as a hand-written inference model would (``TORCH_INPLACE``).
+kernel). Dropout is active only in ``train()``, at the graph's dropout nodes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfgraph.errors import TfgraphError
-from tfgraph.exporters import torch_functional as tf
-from tfgraph.ir import Graph
+from tfgraph.exporters.torch_ops import (
+    ATTENTION_IMPLS,
+    TORCH_INPLACE,
+    TORCH_OPS,
+    Lowering,
+    StepFn,
+    rope_tables_step,
+)
+from tfgraph.ir import Graph, Node
+from tfgraph.plan import Plan, plan
 from tfgraph.weights import check_weights, generate
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
 }
-ATTENTION_IMPLS = ("sdpa", "math")
 
-# A lowering: fn(module, attrs, *inputs) -> output, inputs in the node's operand order.
-Lowering = Callable[..., Tensor]
-# What a step runs: a lowering, or _rope_tables, whose slot holds a (cos, sin) pair.
-StepFn = Callable[..., Tensor | tuple[Tensor, Tensor]]
+__all__ = ["ATTENTION_IMPLS", "TORCH_DTYPES", "TORCH_INPLACE", "TORCH_OPS", "TorchModel",
+           "LayerModule", "to_torch"]
 
-
-def _linear(m: TorchModel, a: dict[str, Any], x: Tensor, w: Tensor, b: Tensor | None = None
-            ) -> Tensor:
-    return F.linear(x, w, b)  # (.., out)
-
-
-def _norm_layer(m: TorchModel, a: dict[str, Any], x: Tensor, g: Tensor, b: Tensor) -> Tensor:
-    return F.layer_norm(x, (x.shape[-1],), g, b, a["eps"])
-
-
-def _positions_sinusoidal(m: TorchModel, a: dict[str, Any], x: Tensor) -> Tensor:
-    return x + tf.sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype)  # (B, L, d)
-
-
-def _rope(m: TorchModel, a: dict[str, Any], x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
-    return tf.apply_rope(x, tables[0], tables[1], a["heads"], a["head_dim"])
-
-
-def _rope_tables(m: TorchModel, a: dict[str, Any], x: Tensor) -> tuple[Tensor, Tensor]:
-    """Not an op: cos/sin for one sequence axis, computed once per forward and shared by every
-    rope node on that axis (so backward keeps one pair of tables, not one per layer)."""
-    return tf.rope_tables(x.shape[1], a["head_dim"], a["theta"], x.device, x.dtype)
-
-
-def _attention(m: TorchModel, a: dict[str, Any], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    if m.attention_impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention_impl {m.attention_impl!r}: expected one of {ATTENTION_IMPLS}")
-    return tf.attention(q, k, v, a["heads"], a["kv_heads"], a["head_dim"], a["causal"],
-                        a["normalize"], m.attention_impl)
-
-
-TORCH_OPS: dict[str, Lowering] = {
-    "embedding": lambda m, a, table, ids: F.embedding(ids, table),  # (B, L, d)
-    "scale": lambda m, a, x: x * a["factor"],
-    "positions_sinusoidal": _positions_sinusoidal,
-    "positions_learned": lambda m, a, x, table: x + table[: x.shape[1]],  # (B, L, d)
-    "rope": _rope,
-    "linear": _linear,
-    "attention": _attention,
-    "layernorm": _norm_layer,
-    "rmsnorm": lambda m, a, x, g: tf.rms_norm(x, g, a["eps"]),
-    "scalenorm": lambda m, a, x, g: tf.scale_norm(x, g, a["eps"]),
-    "relu": lambda m, a, x: F.relu(x),
-    "gelu": lambda m, a, x: F.gelu(x),
-    "gelu_tanh": lambda m, a, x: F.gelu(x, approximate="tanh"),
-    "silu": lambda m, a, x: F.silu(x),
-    "mul": lambda m, a, x, y: x * y,
-    "add": lambda m, a, x, y: x + y,
-    "dropout": lambda m, a, x: tf.dropout(x, a["p"], m.training),
-    "softmax": lambda m, a, x: x.softmax(dim=-1),
-}
-
-# In-place forms, used only without autograd and only when the first operand is dead after the
-# node (nothing else reads it or an alias of it): a fresh multi-megabyte output costs page
-# faults on CPU (large blocks come from and return to the OS), which made element-wise ops up
-# to 10x slower than writing into their input. Same values bit for bit as TORCH_OPS.
-TORCH_INPLACE: dict[str, Lowering] = {
-    "scale": lambda m, a, x: x.mul_(a["factor"]),
-    "positions_sinusoidal": lambda m, a, x: x.add_(
-        tf.sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype)),
-    "positions_learned": lambda m, a, x, table: x.add_(table[: x.shape[1]]),
-    "relu": lambda m, a, x: x.relu_(),
-    "silu": lambda m, a, x: F.silu(x, inplace=True),
-    "mul": lambda m, a, x, y: x.mul_(y),
-    "add": lambda m, a, x, y: x.add_(y),
-}
-COMMUTATIVE = frozenset({"mul", "add"})  # either operand may be the one overwritten
-ALIASES_INPUT = frozenset({"dropout"})  # may return its input itself (eval)
+# (lowering, attrs, input slots, output slot, slots freed after it,
+#  in-place lowering or None, its input slots (the operand to overwrite first))
+Step = tuple[StepFn, dict[str, Any], tuple[int, ...], int, tuple[int, ...],
+             Lowering | None, tuple[int, ...]]
 
 
 class _Scope(nn.Module):
@@ -120,59 +68,139 @@ class _Scope(nn.Module):
                          if p is not None)
 
 
-def _register(root: nn.Module, name: str, value: Tensor) -> tuple[nn.Module, str]:
-    """Register ``value`` as parameter ``name`` ("a.b.c.weight") under nested submodules."""
-    *path, leaf = name.split(".")
-    owner = root
-    for part in path:
-        child = owner._modules.get(part)
-        if child is None:
-            child = _Scope()
-            owner.add_module(part, child)
-        owner = child
-    owner.register_parameter(leaf, nn.Parameter(value))
-    return owner, leaf
+class _Program:
+    """Steps over a list environment: parameters, inputs, then one slot per produced value."""
+
+    def __init__(self) -> None:
+        self.slots: dict[str, int] = {}
+        self.params: list[tuple[int, nn.Module, str]] = []
+        self.inputs: list[int] = []
+        self.steps: list[Step] = []
+        self.outputs: list[int] = []
+
+    def slot(self, name: str) -> int:
+        if name not in self.slots:
+            self.slots[name] = len(self.slots)
+        return self.slots[name]
+
+    def run(self, module: nn.Module, inputs: tuple[Any, ...]) -> list[Any]:
+        env: list[Any] = [None] * len(self.slots)
+        for slot, owner, leaf in self.params:
+            env[slot] = owner._parameters[leaf]
+        for slot, x in zip(self.inputs, inputs):
+            env[slot] = x
+        grad = torch.is_grad_enabled()
+        for fn, attrs, args, out, dead, inplace, inplace_args in self.steps:
+            if inplace is None or grad:
+                env[out] = fn(module, attrs, *[env[i] for i in args])
+            else:  # overwrites an operand nothing reads any more (tfgraph.plan)
+                env[out] = inplace(module, attrs, *[env[i] for i in inplace_args])
+            for i in dead:  # free activations after their last use
+                env[i] = None
+        return [env[i] for i in self.outputs]
+
+
+class LayerModule(nn.Module):
+    """One layer of a stack; ``forward(*inputs)`` computes it (inputs: the residual stream,
+    then e.g. the encoder output and rotary tables, as the layer's graph reads them)."""
+
+    attention_impl: str = "sdpa"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._program = _Program()
+        self.input_names: tuple[str, ...] = ()
+        self.output_names: tuple[str, ...] = ()
+
+    def forward(self, *inputs: Any) -> Any:
+        out = self._program.run(self, inputs)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def extra_repr(self) -> str:
+        return f"inputs={list(self.input_names)}, outputs={list(self.output_names)}"
+
+
+class _CallLayer:
+    """A step of the model's program that calls a layer module (bound at construction)."""
+
+    def __init__(self, layer: LayerModule) -> None:
+        self.layer = layer
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], *inputs: Any) -> Any:
+        return self.layer(*inputs)
+
+
+def _pick(module: nn.Module, attrs: dict[str, Any], outputs: Any) -> Any:
+    """One output of a layer that returns several."""
+    return outputs[attrs["index"]]
 
 
 class TorchModel(nn.Module):
     """The graph as a module; ``forward`` takes int64 ids (B, L) and returns (B, L, vocab)."""
-
-    attention_impl: str = "sdpa"
-    """'sdpa' (fused kernel for softmax attention) or 'math' (explicit matmuls)."""
 
     def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
         super().__init__()
         self.graph_name = graph.name
         self.input_names = tuple(graph.inputs)
         self.output_name = graph.outputs[0]
-        slots: dict[str, int] = {}
-        self._params: list[tuple[int, nn.Module, str]] = []
+        self._attention_impl = "sdpa"
+        walk = plan(graph)
+        layer_paths = {r: f"{r[0]}.layers.{r[1]}" for r in dict.fromkeys(walk.region.values())}
+        self._layers: dict[tuple[Any, ...], LayerModule] = {}
+        top = _Program()
         for p in graph.params():
-            slots[p.name] = len(slots)
-            self._params.append((slots[p.name], *_register(self, p.name, weights[p.name])))
-        self._inputs = []
+            owner, leaf = self._register(p.name, weights[p.name], set(layer_paths.values()))
+            layer_key = _layer_of(p.name, layer_paths)
+            program = top if layer_key is None else self._layers[layer_key]._program
+            program.params.append((program.slot(p.name), owner, leaf))
         for name in graph.inputs:
-            slots[name] = len(slots)
-            self._inputs.append(slots[name])
-        self._steps = _program(graph, slots)
-        self._n_slots = len(slots)
-        self._output = slots[self.output_name]
+            top.inputs.append(top.slot(name))
+        self._program = top
+        _build(graph, walk, top, self._layers, layer_paths)
+
+    def _register(self, name: str, value: Tensor, layer_paths: set[str]) -> tuple[nn.Module, str]:
+        """Register parameter ``name`` ("a.b.c.weight") under nested submodules; a layer's
+        path becomes a ``LayerModule``, its parent (``decoder.layers``) an ``nn.ModuleDict``."""
+        *path, leaf = name.split(".")
+        owner: nn.Module = self
+        for depth, part in enumerate(path):
+            child = owner._modules.get(part)
+            if child is None:
+                prefix = ".".join(path[:depth + 1])
+                if prefix in layer_paths:
+                    child = LayerModule()
+                    stack, _, index = prefix.split(".")
+                    self._layers[(stack, int(index))] = child
+                elif any(lp.startswith(prefix + ".") and lp.count(".") == prefix.count(".") + 1
+                         for lp in layer_paths):
+                    child = nn.ModuleDict()
+                else:
+                    child = _Scope()
+                owner.add_module(part, child)
+            owner = child
+        owner.register_parameter(leaf, nn.Parameter(value))
+        return owner, leaf
+
+    @property
+    def attention_impl(self) -> str:
+        """'sdpa' (fused kernel for softmax attention) or 'math' (explicit matmuls)."""
+        return self._attention_impl
+
+    @attention_impl.setter
+    def attention_impl(self, value: str) -> None:
+        if value not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl {value!r}: expected one of {ATTENTION_IMPLS}")
+        self._attention_impl = value
+        for layer in self._layers.values():
+            layer.attention_impl = value
+
+    def layers(self) -> list[LayerModule]:
+        """Every layer module, in execution order (encoder layers, then decoder layers)."""
+        return list(self._layers.values())
 
     def _run(self, inputs: tuple[Tensor, ...]) -> Tensor:
-        env: list[Any] = [None] * self._n_slots
-        for slot, owner, leaf in self._params:
-            env[slot] = owner._parameters[leaf]
-        for slot, x in zip(self._inputs, inputs):
-            env[slot] = x
-        grad = torch.is_grad_enabled()
-        for fn, attrs, args, out, dead, inplace, inplace_args in self._steps:
-            if inplace is None or grad:
-                env[out] = fn(self, attrs, *[env[i] for i in args])
-            else:  # overwrites an operand nothing reads any more (see _schedule)
-                env[out] = inplace(self, attrs, *[env[i] for i in inplace_args])
-            for i in dead:  # free activations after their last use (inference peak)
-                env[i] = None
-        return env[self._output]
+        out: Tensor = self._program.run(self, inputs)[0]
+        return out
 
     def extra_repr(self) -> str:
         return f"graph={self.graph_name!r}, attention_impl={self.attention_impl!r}"
@@ -194,70 +222,119 @@ class EncoderDecoderModel(TorchModel):
         return self._run((src_ids, tgt_ids))
 
 
-# (lowering, attrs, input slots, output slot, slots dead after it,
-#  in-place lowering or None, its input slots (operand to overwrite first))
-Step = tuple[StepFn, dict[str, Any], tuple[int, ...], int, tuple[int, ...],
-             Lowering | None, tuple[int, ...]]
-_Draft = tuple[str, StepFn, dict[str, Any], tuple[int, ...], int]
+def _layer_of(name: str, layer_paths: dict[tuple[Any, ...], str]) -> tuple[Any, ...] | None:
+    for key, path in layer_paths.items():
+        if name.startswith(path + "."):
+            return key
+    return None
 
 
-def _program(graph: Graph, slots: dict[str, int]) -> list[Step]:
-    """One step per op node in topological order, plus one rope-table step per sequence axis;
-    ``slots`` (parameters and inputs already in it) gains a slot per produced value."""
-    drafts: list[_Draft] = []
-    tables: dict[tuple[Any, ...], int] = {}
-    for node in graph.ops():
-        if node.op not in TORCH_OPS:
-            raise TfgraphError(f"{node.name}: op {node.op!r} has no PyTorch lowering")
-        args = tuple(slots[i] for i in node.inputs)
-        if node.op == "rope":
-            key = (str(node.type.shape[1]), node.attrs["head_dim"], node.attrs["theta"])
-            if key not in tables:
-                tables[key] = slots[f"#rope_tables{len(tables)}"] = len(slots)
-                drafts.append(("#rope_tables", _rope_tables, node.attrs, args, tables[key]))
-            args += (tables[key],)
-        slots[node.name] = len(slots)
-        drafts.append((node.op, TORCH_OPS[node.op], node.attrs, args, slots[node.name]))
-    return _schedule(drafts, keep={slots[o] for o in graph.outputs})
+def _lowering(node: Node) -> Lowering:
+    if node.op not in TORCH_OPS:
+        raise TfgraphError(f"{node.name}: op {node.op!r} has no PyTorch lowering")
+    return TORCH_OPS[node.op]
 
 
-def _schedule(drafts: list[_Draft], keep: set[int]) -> list[Step]:
-    """Attach to each step the produced slots whose last reader it is (freed after it: the
-    inference peak), and its in-place form where overwriting an operand is safe: the operand
-    was produced by a step, is not an output, and neither it nor any alias of it (the input of
-    an eval-mode dropout is its output) is read later."""
-    produced = {out for *_, out in drafts}
-    last: dict[int, int] = {}
-    for i, (*_, args, _) in enumerate(drafts):
-        for a in args:
-            last[a] = i
-    root: dict[int, int] = {}
-    for op, _, _, args, out in drafts:
-        root[out] = root.get(args[0], args[0]) if op in ALIASES_INPUT else out
-    group_end: dict[int, int] = {}  # alias root -> last read of any of its aliases
-    for slot, i in last.items():
-        if slot in produced:
-            r = root[slot]
-            group_end[r] = max(group_end.get(r, -1), i, 1 << 30 if slot in keep else -1)
+def _build(graph: Graph, walk: Plan, top: _Program,
+           layers: dict[tuple[Any, ...], LayerModule],
+           layer_paths: dict[tuple[Any, ...], str]) -> None:
+    """Fill the model's program and every layer's from the plan's steps, in order."""
+    region = walk.region
+    buffers: dict[str, list[str]] = {}  # buffer -> every value living in it (aliases too)
+    for name, buf in walk.owner.items():
+        buffers.setdefault(buf, []).append(name)
+    rope_tables: dict[tuple[Any, ...], str] = {}  # (length, head_dim, theta) -> value name
+    users_outside: dict[str, bool] = {}
+    for n in graph.nodes():
+        for i in n.inputs:
+            if region.get(i) is not None and region.get(i) != region.get(n.name):
+                users_outside[i] = True
+    outputs = set(graph.outputs)
 
-    def overwritable(slot: int, i: int) -> bool:
-        return slot in produced and slot not in keep and group_end[root[slot]] == i \
-            and root[slot] not in keep
+    # Layer programs, and the inputs each layer needs from its caller.
+    layer_inputs: dict[tuple[Any, ...], list[str]] = {}
+    layer_outputs: dict[tuple[Any, ...], list[str]] = {}
+    for step in walk.steps:
+        n = step.node
+        key = region.get(n.name)
+        if key is None:
+            continue
+        prog = layers[key]._program
+        ins = layer_inputs.setdefault(key, [])
+        for i in n.inputs:
+            if i not in prog.slots and region.get(i) != key and not graph.node(i).is_param:
+                ins.append(i)
+                prog.inputs.append(prog.slot(i))
+        args = tuple(prog.slots[i] for i in n.inputs)
+        if n.op == "rope":
+            tkey = (str(n.type.shape[1]), n.attrs["head_dim"], n.attrs["theta"])
+            tname = rope_tables.setdefault(tkey, f"#rope_tables{len(rope_tables)}")
+            if tname not in prog.slots:
+                ins.append(tname)
+                prog.inputs.append(prog.slot(tname))
+            args += (prog.slots[tname],)
+        _add_step(prog, n, args, step.overwrite, region, key, buffers, step.frees)
+        if users_outside.get(n.name) or n.name in outputs:
+            layer_outputs.setdefault(key, []).append(n.name)
+            prog.outputs.append(prog.slots[n.name])
 
-    dead: list[list[int]] = [[] for _ in drafts]
-    for slot, i in last.items():
-        if slot in produced and slot not in keep:
-            dead[i].append(slot)
-    steps: list[Step] = []
-    for i, (op, fn, attrs, args, out) in enumerate(drafts):
-        inplace, inplace_args = None, args
-        if op in TORCH_INPLACE:
-            if overwritable(args[0], i):
-                inplace = TORCH_INPLACE[op]
-            elif op in COMMUTATIVE and overwritable(args[1], i):
-                inplace, inplace_args = TORCH_INPLACE[op], (args[1], args[0])
-        steps.append((fn, attrs, args, out, tuple(dead[i]), inplace, inplace_args))
-    return steps
+    # The model's program: its own ops, and one call per layer at the layer's first step.
+    called: set[tuple[Any, ...]] = set()
+    made_tables: set[str] = set()
+    for step in walk.steps:
+        n = step.node
+        key = region.get(n.name)
+        if key is None:
+            args = tuple(top.slots[i] for i in n.inputs)
+            _add_step(top, n, args, step.overwrite, region, None, buffers, step.frees)
+            continue
+        if key not in called:
+            called.add(key)
+            ins = layer_inputs[key]
+            for tname in (i for i in ins if i.startswith("#rope_tables")):
+                if tname in made_tables:
+                    continue
+                made_tables.add(tname)
+                tkey = next(k for k, v in rope_tables.items() if v == tname)
+                source = next(i for i in ins if not i.startswith("#")
+                              and str(graph.node(i).type.shape[1]) == tkey[0])
+                top.steps.append((rope_tables_step, {"head_dim": tkey[1], "theta": tkey[2]},
+                                  (top.slots[source],), top.slot(tname), (), None, ()))
+            layer = layers[key]
+            layer.input_names = tuple(ins)
+            layer.output_names = tuple(layer_outputs[key])
+            outs = layer_outputs[key]
+            call_out = top.slot(outs[0] if len(outs) == 1 else f"#{layer_paths[key]}")
+            top.steps.append((_CallLayer(layer), {}, tuple(top.slots[i] for i in ins), call_out,
+                              (), None, ()))
+            if len(outs) > 1:
+                for index, name in enumerate(outs):
+                    top.steps.append((_pick, {"index": index}, (call_out,), top.slot(name),
+                                      (), None, ()))
+        if step.frees:  # buffers the caller held for the layer die with its last step
+            dead = tuple(top.slots[v] for b in step.frees for v in buffers[b]
+                         if v in top.slots and region.get(b) != key)
+            if dead:
+                fn, attrs, args, out, old, inplace, inplace_args = top.steps[-1]
+                top.steps[-1] = (fn, attrs, args, out, old + dead, inplace, inplace_args)
+    top.outputs = [top.slots[o] for o in graph.outputs]
+
+
+def _add_step(prog: _Program, n: Node, args: tuple[int, ...], overwrite: int | None,
+              region: dict[str, tuple[Any, ...]], key: tuple[Any, ...] | None,
+              buffers: dict[str, list[str]], frees: tuple[str, ...]) -> None:
+    out = prog.slot(n.name)
+    inplace, inplace_args = None, args
+    if overwrite is not None and n.op in TORCH_INPLACE:
+        inplace = TORCH_INPLACE[n.op]
+        if overwrite == 1:
+            inplace_args = (args[1], args[0], *args[2:])
+    # Inside a layer only its own buffers die (the caller frees what it passed in); at the
+    # model's level every buffer with a slot here does, the layers' outputs included.
+    dead = tuple(prog.slots[v] for b in frees if key is None or region.get(b) == key
+                 for v in buffers[b] if v in prog.slots)
+    prog.steps.append((_lowering(n), n.attrs, args, out, tuple(dict.fromkeys(dead)), inplace,
+                       inplace_args))
 
 
 def _as_tensors(graph: Graph, weights: Mapping[str, Any], dtype: torch.dtype,
@@ -273,18 +350,17 @@ def _as_tensors(graph: Graph, weights: Mapping[str, Any], dtype: torch.dtype,
 
 def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = None
              ) -> TorchModel:
-    """The module for ``graph`` at the spec's dtype, in eval mode.
+    """The module for ``graph`` at the graph's dtype, in eval mode.
 
-    Weights: ``weights`` (numpy arrays or tensors by design §4 name, e.g. another module's
+    Weights: ``weights`` (numpy arrays or tensors by parameter name, e.g. another module's
     ``state_dict()``; names and shapes checked, TfgraphError listing what is missing,
     unexpected or mis-shaped), else ``tfgraph.weights.generate(graph, seed)``, the generator
     the ONNX back end shares, so one seed gives the same weights in both.
     """
-    dtype = TORCH_DTYPES[graph.spec.dtype if graph.spec is not None else "float32"]
+    dtype = TORCH_DTYPES[graph.dtype]
     if weights is None:
         values = {n: torch.from_numpy(a).to(dtype) for n, a in generate(graph, seed).items()}
     else:
         values = _as_tensors(graph, weights, dtype, "weights")
     cls = EncoderDecoderModel if len(graph.inputs) == 2 else DecoderOnlyOrEncoderModel
     return cls(graph, values).eval()
-

@@ -111,6 +111,8 @@ def test_pretty_uses_middle_dots_and_superscripts():
 def test_a_graph_without_spec_reports_formulas_in_b_s_t():
     from test_cost_memory import hand_graph
 
-    rep = hand_graph().report(batch=2, seq=5)
+    from tfgraph.report import build_report
+
+    rep = build_report(hand_graph(), batch=2, seq=5)
     assert rep["formulas"] == rep["formulas_bst"]
     check_report(rep)

@@ -7,6 +7,7 @@ import pytest
 
 import tfgraph
 from tfgraph.ir import B, S, Graph
+from tfgraph.report import build_report
 from tfgraph.spec import Spec, StackLayers
 
 from conftest import SPEC_FILES, small
@@ -60,11 +61,11 @@ def test_activation_peak_on_a_hand_computable_graph():
     #   act:    up 192      + act 192                  = 384  <- peak
     #   down:   act 192     + down 48                  = 240
     #   logits: down 48     + logits 3*10*4=120        = 168
-    rep = hand_graph().report(batch=1, seq=3)
+    rep = build_report(hand_graph(), batch=1, seq=3)
     assert rep["memory"]["activations_peak"] == 384
     assert rep["activations_peak_at"] == "act"
     # with a narrow hidden layer the logits are the peak: down 48 + logits 120
-    narrow = hand_graph(hidden=2).report(batch=1, seq=3)
+    narrow = build_report(hand_graph(hidden=2), batch=1, seq=3)
     assert narrow["memory"]["activations_peak"] == 168
     assert narrow["activations_peak_at"] == "logits"
 
@@ -72,7 +73,7 @@ def test_activation_peak_on_a_hand_computable_graph():
 def test_saved_for_backward_counts_each_tensor_once():
     # embedding keeps ids (24), up keeps tok (48), relu keeps its output (192), down keeps its
     # input -- the same relu output, not counted again -- and the head keeps down (48).
-    rep = hand_graph().report(batch=1, seq=3)
+    rep = build_report(hand_graph(), batch=1, seq=3)
     assert rep["memory"]["saved_for_backward"] == 24 + 48 + 192 + 48
 
 
@@ -99,11 +100,11 @@ def test_attention_scores_are_materialised_unless_fused():
     s = 50
     act = s * 8 * 4  # one (1, S, 8) float32 activation
     scores = 2 * s * s * 4  # B * h * S * S float32
-    unfused = g.report(batch=1, seq=s)
+    unfused = build_report(g, batch=1, seq=s)
     # while attention runs: x is dead (q, k, v done), q, k, v, the output and the scores live
     assert unfused["activations_peak_at"] == "attention"
     assert unfused["memory"]["activations_peak"] == 4 * act + scores
-    fused = g.report(batch=1, seq=s, fused_attention=True)
+    fused = build_report(g, batch=1, seq=s, fused_attention=True)
     assert fused["memory"]["activations_peak"] == 4 * act  # x + q + k + v while v is computed
     assert fused["memory"]["activations_peak"] < unfused["memory"]["activations_peak"]
 
@@ -161,4 +162,4 @@ def test_stack_layer_counts_scale_the_kv_cache():
                                     {"tgt_seq": 0}])
 def test_report_refuses_sizes_that_are_not_positive_integers(kwargs):
     with pytest.raises(ValueError, match="must be a positive integer"):
-        hand_graph().report(**kwargs)
+        build_report(hand_graph(), **kwargs)

@@ -61,7 +61,8 @@ def test_attributes_are_plain_json(tmp_path):
     att = by_name["decoder.layers.0.self_attn.attention"]["attrs"]
     assert att == {"heads": 4, "kv_heads": 1, "head_dim": 8, "causal": True,
                    "normalize": "hardmax", "kind": "self"}
-    assert by_name["embed.tokens.weight"]["attrs"] == {"shape": [97, 32], "init": "normal"}
+    assert by_name["embed.tokens.weight"]["attrs"] == {"shape": [97, 32], "init": "normal",
+                                                       "dims": ["vocab", "d_model"]}
     assert by_name["decoder.embed.scale"]["attrs"]["factor"] == pytest.approx(32 ** 0.5)
 
 

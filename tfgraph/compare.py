@@ -15,7 +15,9 @@ import sympy
 
 from tfgraph import cost
 from tfgraph.ir import SYMBOLS, Graph
-from tfgraph.report import symbolic
+from tfgraph.figures import symbolic
+from tfgraph.ir import Node
+from tfgraph.report import build_report, sizes_for
 
 DEFAULT_SEQS = (128, 512, 2048)
 # (section, key) of graph.report() shown per length, in display order.
@@ -83,27 +85,26 @@ def spec_differences(graphs: Sequence[Graph]) -> list[dict[str, Any]]:
     return diffs
 
 
-def param_group(name: str) -> str:
-    """Role of a parameter (design §4 names) for the params breakdown."""
-    if name.startswith("embed.") or name.endswith(".positions.weight"):
-        return "embeddings"
-    if name.startswith("head."):
-        return "head"
-    if "_norm." in name or name.endswith(".norm.weight") or name.endswith(".norm.bias"):
+SUBLAYER_GROUPS = {"self_attn": "self-attention", "cross_attn": "cross-attention",
+                   "ffn": "feed-forward"}
+
+
+def param_group(graph: Graph, p: Node) -> str:
+    """Role of a parameter for the params breakdown, from its metadata and the category of the
+    ops that read it (a norm's gain and bias are "norms" wherever the norm sits)."""
+    if p.meta.part in ("embed", "head"):
+        return "embeddings" if p.meta.part == "embed" else "head"
+    if any(user.category == "norm" for user, _ in graph.users(p.name)):
         return "norms"
-    if ".self_attn." in name:
-        return "self-attention"
-    if ".cross_attn." in name:
-        return "cross-attention"
-    if ".ffn." in name:
-        return "feed-forward"
-    raise ValueError(f"parameter {name!r} has no role in the params breakdown")
+    if p.meta.sublayer in SUBLAYER_GROUPS:
+        return SUBLAYER_GROUPS[p.meta.sublayer]
+    raise ValueError(f"parameter {p.name!r} has no role in the params breakdown")
 
 
 def params_breakdown(graph: Graph) -> dict[str, int]:
     out = dict.fromkeys(PARAM_GROUPS, 0)
     for p in graph.params():
-        out[param_group(p.name)] += cost.param_count(p)
+        out[param_group(graph, p)] += cost.param_count(p)
     return out
 
 
@@ -143,7 +144,7 @@ def _ratio(value: int, first: int) -> float | None:
 
 def measure(graph: Graph, seq: int, batch: int = 1) -> dict[str, int]:
     """The METRICS of graph.report() at one length, keyed 'flops.forward' etc."""
-    rep = graph.report(batch=batch, seq=seq, tgt_seq=seq)
+    rep = build_report(graph, batch=batch, seq=seq, tgt_seq=seq)
     return {f"{section}.{key}": rep[section][key] for section, key in METRICS}
 
 
@@ -153,8 +154,6 @@ def series(graph: Graph, lengths: Sequence[int], batch: int = 1) -> dict[str, li
     The same expressions and liveness pass ``graph.report()`` evaluates, without building a
     whole report (formulas, roll-ups) per point: a curve has dozens of points.
     """
-    from tfgraph.report import sizes_for
-
     sym = symbolic(graph)
     exprs = {f"{section}.{key}": sym[section][key] for section, key in METRICS
              if key != "activations_peak"}

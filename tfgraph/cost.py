@@ -1,4 +1,4 @@
-"""Cost passes over a lowered graph: parameters, FLOPs and memory (design §5).
+"""Cost passes over a lowered graph: parameters, FLOPs and memory (README, ``tfgraph report``).
 
 Every figure is a sympy expression in B, S, T first (``symbolic``), evaluated for concrete sizes
 second. Per-op costs come from the op table (``tfgraph.ops``) and are memoised per op signature,
@@ -18,9 +18,8 @@ from typing import Any
 import sympy
 
 from tfgraph.ir import DTYPE_BYTES, Graph, Node
-
-# Ops that are the identity at inference: their output is their input's buffer.
-ALIAS_AT_INFERENCE = frozenset({"dropout"})
+from tfgraph.ops import OPS
+from tfgraph.plan import Interpreter, Step
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,8 @@ class OpCost:
     """Costs of one op node."""
 
     node: str
-    scope: str
+    component: str  # roll-up row (Node.component)
+    kind: str  # kind of work (Node.kind)
     op: str
     matmul: sympy.Expr
     other: sympy.Expr
@@ -48,23 +48,6 @@ def param_count(p: Node) -> int:
     return math.prod(p.attrs["shape"])
 
 
-def component(scope: str) -> str:
-    """Roll-up key: 'decoder.layers.3' for anything inside a layer, else the scope itself
-    ('embed', 'decoder.embed', 'decoder.norm', 'head')."""
-    parts = scope.split(".")
-    if len(parts) >= 3 and parts[1] == "layers":
-        return ".".join(parts[:3])
-    return scope
-
-
-def sublayer(scope: str) -> str:
-    """Kind of work: 'self_attn', 'cross_attn', 'ffn', 'embed', 'norm' or 'head'."""
-    parts = scope.split(".")
-    if len(parts) >= 4 and parts[1] == "layers":
-        return parts[3]
-    return parts[-1]
-
-
 def _signature(node: Node, graph: Graph) -> tuple[Any, ...]:
     ins = tuple((graph.node(i).type, graph.node(i).is_param) for i in node.inputs)
     return node.op, ins, tuple(sorted(node.attrs.items()))
@@ -72,8 +55,6 @@ def _signature(node: Node, graph: Graph) -> tuple[Any, ...]:
 
 def op_costs(graph: Graph) -> list[OpCost]:
     """Costs of every op node in topological order."""
-    from tfgraph.ops import OPS
-
     memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     costs = []
     for node in graph.ops():
@@ -96,7 +77,8 @@ def op_costs(graph: Graph) -> list[OpCost]:
                 tensors.append((node.name, nbytes))
             else:
                 tensors.append((f"{node.name}#{ref[1]}", nbytes))
-        costs.append(OpCost(node.name, node.scope, node.op, matmul, other, tuple(tensors), temp))
+        costs.append(OpCost(node.name, node.component, node.kind, node.op, matmul, other,
+                            tuple(tensors), temp))
     return costs
 
 
@@ -104,7 +86,7 @@ def params_by_component(graph: Graph) -> dict[str, int]:
     """Unique parameter counts per component (a tied table counts once, where it is defined)."""
     out: dict[str, int] = {}
     for p in graph.params():
-        key = component(p.scope)
+        key = p.component
         out[key] = out.get(key, 0) + param_count(p)
     return out
 
@@ -123,7 +105,7 @@ def kv_cache(graph: Graph) -> sympy.Expr:
     self-attention caches 2*B*T*kv*hd, cross-attention 2*B*S*kv*hd per layer."""
     terms = []
     for node in graph.ops():
-        if node.op == "attention" and node.scope.startswith("decoder."):
+        if node.op == "attention" and node.meta.stack == "decoder":
             k, v = (graph.node(i).type for i in node.inputs[1:])
             terms += [k.nbytes, v.nbytes]
     return total(terms)
@@ -140,53 +122,44 @@ class Peak:
     live: tuple[str, ...] = ()
 
 
+class _LiveBytes(Interpreter[int]):
+    """The plan's walk with each value's bytes at concrete sizes as its value."""
+
+    def __init__(self, graph: Graph, sizes: dict[sympy.Symbol, int]) -> None:
+        super().__init__(graph)
+        self.sizes = sizes
+        self._cache: dict[sympy.Expr, int] = {}
+
+    def bytes_of(self, expr: sympy.Expr) -> int:
+        if expr not in self._cache:
+            self._cache[expr] = int(sympy.sympify(expr).xreplace(self.sizes))
+        return self._cache[expr]
+
+    def run_node(self, step: Step, args: list[int | None]) -> int:
+        return self.bytes_of(step.node.type.nbytes)
+
+
 def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol, int],
                     fused_attention: bool = False) -> Peak:
-    """Liveness over the topological order: a buffer lives from its producer to its last
-    consumer (graph outputs to the end); while an op runs, its inputs, its output and its
-    scratch (``temp``) are live. Parameters are weights, not activations."""
-    nodes = graph.nodes()
-    pos = {n.name: i for i, n in enumerate(nodes)}
-    owner: dict[str, str] = {}  # buffer owner after inference aliases (dropout = identity)
-    for n in nodes:
-        alias = n.op in ALIAS_AT_INFERENCE
-        owner[n.name] = owner[n.inputs[0]] if alias else n.name
-    last_use: dict[str, int] = {}
-    for n in nodes:
-        for i in n.inputs:
-            last_use[owner[i]] = max(last_use.get(owner[i], 0), pos[n.name])
-    for out in graph.outputs:
-        last_use[owner[out]] = len(nodes)
+    """The largest live set of the plan's walk (``tfgraph.plan``): while an op runs, its
+    inputs, its output, everything held for a later reader and its scratch (``temp``) are
+    live. Parameters are weights, not activations; aliasing ops (dropout) add no buffer."""
+    walk = _LiveBytes(graph, sizes)
     temp = {c.node: (sympy.Integer(0) if fused_attention else c.temp) for c in costs}
-
-    cache: dict[sympy.Expr, int] = {}
-
-    def value(expr: sympy.Expr) -> int:
-        if expr not in cache:
-            cache[expr] = int(expr.xreplace(sizes))
-        return cache[expr]
-
-    live: dict[str, sympy.Expr] = {}
-    best = Peak(-1, "", sympy.Integer(0))
-    running = 0
-    for n in nodes:
-        if n.is_param or owner[n.name] != n.name:
+    env = {name: walk.bytes_of(graph.node(name).type.nbytes) for name in graph.inputs}
+    best, at = -1, ""
+    live: tuple[str, ...] = ()
+    for step, values in walk.walk(env):
+        if OPS[step.node.op].aliases_input:
             continue
-        live[n.name] = n.type.nbytes
-        running += value(n.type.nbytes)
-        extra = value(temp.get(n.name, sympy.Integer(0)))
-        if running + extra > best.bytes:
-            best = Peak(running + extra, n.name, sympy.Integer(0))
-        for name in [b for b in live if last_use.get(b, -1) <= pos[n.name]]:
-            running -= value(live.pop(name))
-    # Recompute the live set at the peak to give its symbolic expression.
-    t = pos[best.node]
-    live_at = tuple(n.name for n in nodes
-                    if not n.is_param and owner[n.name] == n.name
-                    and pos[n.name] <= t <= last_use.get(n.name, pos[n.name]))
-    expr = total([*(graph.node(n).type.nbytes for n in live_at),
-                  temp.get(best.node, sympy.Integer(0))])
-    return Peak(best.bytes, best.node, expr, live_at)
+        total_now = sum(values.values()) + walk.bytes_of(temp.get(step.node.name, ZERO))
+        if total_now > best:
+            best, at, live = total_now, step.node.name, tuple(values)
+    expr = total([*(graph.node(n).type.nbytes for n in live), temp.get(at, ZERO)])
+    return Peak(best, at, expr, live)
+
+
+ZERO = sympy.Integer(0)
 
 
 def weights_bytes(graph: Graph) -> int:

@@ -1,9 +1,10 @@
 """Cost formulas in the spec's own symbols: ``L·(24·B·S·d² + 4·B·S²·d) + 2·B·S·d·V``.
 
-The figures of ``tfgraph.report.symbolic`` are sympy expressions in B, S, T with numeric
+The figures of ``tfgraph.figures.symbolic`` are sympy expressions in B, S, T with numeric
 coefficients (``247064064*B*S``). To say where those numbers come from, the spec is lowered again
-as a *symbolic twin*: the same lowering and the same per-op cost rules, on a spec whose sizes are
-symbols (d, h, kv, hd, d_ff, V, max_len). Layer counts cannot be symbols (a loop needs a number),
+as a *symbolic twin*: the same lowering and the same per-op cost rules, with ``Sizes`` whose
+fields are symbols (d, h, kv, hd, d_ff, V, max_len; ``twin_sizes``). Layer counts cannot be
+symbols (a loop needs a number),
 so the twin is lowered with 1 and 2 layers per stack; every figure except the activation peak is
 affine in the layer count, so ``per-layer = c(2) - c(1)`` and ``rest = c(1) - per-layer`` give
 ``L·(per-layer) + rest`` exactly. Every formula is then checked: substituting the spec's sizes
@@ -19,15 +20,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import sympy
 
+from tfgraph.cost import Peak, op_costs
+from tfgraph.figures import symbolic
 from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.lower import Sizes, lower
 from tfgraph.spec import Spec, StackLayers, Vocabularies
-
-if TYPE_CHECKING:
-    from tfgraph.cost import Peak
 
 
 def _sym(name: str) -> sympy.Symbol:
@@ -51,53 +51,28 @@ FIGURES = ("params", "flops.forward", "flops.matmul", "flops.other", "flops.back
            "flops.train_step", "flops.causal_effective_matmul", "memory.weights",
            "memory.saved_for_backward", "memory.kv_cache", "memory.train_step")
 
-_LAYER = re.compile(r"^(encoder|decoder)\.layers\.\d+(?=\.|$)")
-
-
-class _TwinSpec:
-    """``spec`` with its sizes replaced by symbols and its layer counts fixed; quacks like a
-    ``Spec`` for ``tfgraph.lower`` (everything else is delegated to the real spec)."""
-
-    def __init__(self, spec: Spec, layers: dict[str, int]) -> None:
-        self._spec = spec
-        self._layers = layers
-        att = spec.attention
-        assert att.head_dim is not None and att.kv_heads is not None and spec.ffn.hidden
-        self.d_model = D
-        self.attention = att.model_copy(update={
-            "heads": H,
-            "kv_heads": H if att.kv_heads == att.heads else KV,
-            "head_dim": D / H if att.heads * att.head_dim == spec.d_model else HD,
-        })
-        self.ffn = spec.ffn.model_copy(
-            update={"hidden": 4 * D if spec.ffn.hidden == 4 * spec.d_model else D_FF})
-        self.max_len = None if spec.max_len is None else MAX_LEN
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._spec, name)
-
-    def layer_count(self, stack: str) -> int:
-        return self._layers[stack]
-
-    def vocab_size(self, role: str) -> sympy.Symbol:
-        if isinstance(self._spec.vocab, Vocabularies):
-            return V_SRC if role == "source" else V_TGT
-        return V
-
-    @property
-    def output_vocab(self) -> sympy.Symbol:
-        return self.vocab_size("target" if self._spec.arch == "encoder-decoder" else "source")
+def twin_sizes(spec: Spec, layers: dict[str, int]) -> Sizes:
+    """The spec's sizes as symbols (the contract of ``tfgraph.lower.Sizes``): d, h, kv, hd,
+    d_ff, V (or V_src and V_tgt), max_len; a derived size equal to its default is written
+    through its sources (hd = d/h, kv = h, d_ff = 4·d). Layer counts stay numbers."""
+    att = spec.attention
+    assert att.head_dim is not None and att.kv_heads is not None and spec.ffn.hidden
+    two = isinstance(spec.vocab, Vocabularies)
+    return Sizes(
+        d_model=D, heads=H,
+        kv_heads=H if att.kv_heads == att.heads else KV,
+        head_dim=D / H if att.heads * att.head_dim == spec.d_model else HD,
+        ffn_hidden=4 * D if spec.ffn.hidden == 4 * spec.d_model else D_FF,
+        vocab={"source": V_SRC if two else V, "target": V_TGT if two else V},
+        max_len=MAX_LEN if spec.embedding.positions == "learned" else None,
+        layers=dict(layers))
 
 
 def _twin(spec: Spec, layers: dict[str, int]) -> Graph:
-    from tfgraph.lower import lower
-
-    return lower(_TwinSpec(spec, layers))  # type: ignore[arg-type]
+    return lower(spec, twin_sizes(spec, layers))
 
 
 def _figures(graph: Graph) -> dict[str, sympy.Expr]:
-    from tfgraph.report import symbolic
-
     sym = symbolic(graph)
     out = {"params": sympy.sympify(sym["params"])}
     out.update({f"flops.{k}": v for k, v in sym["flops"].items()})
@@ -133,17 +108,20 @@ class SpecFormulas:
     one_layer: Graph  # the symbolic twin with one layer per stack (for the activation peak)
     _temps: dict[str, sympy.Expr] = field(default_factory=dict)
 
-    def peak(self, peak: Peak, fused_attention: bool) -> sympy.Expr:
+    def peak(self, graph: Graph, peak: Peak, fused_attention: bool) -> sympy.Expr:
         """The activation peak's live set, read in the one-layer twin (a buffer of layer i has
-        the type of the same buffer in layer 0)."""
+        the type of the same buffer in layer 0: found by its metadata, ``NodeMeta.in_layer``)."""
         if not self._temps:
-            from tfgraph.cost import op_costs
-
             self._temps.update((c.node, c.temp) for c in op_costs(self.one_layer))
-        terms = [self.one_layer.node(_LAYER.sub(r"\1.layers.0", n)).type.nbytes
-                 for n in peak.live]
+        twin = self.one_layer.by_meta()
+
+        def in_twin(name: str) -> str:
+            meta = graph.node(name).meta
+            return twin[meta.in_layer(0).key if meta.layer is not None else meta.key].name
+
+        terms = [self.one_layer.node(in_twin(n)).type.nbytes for n in peak.live]
         if not fused_attention:
-            terms.append(self._temps.get(_LAYER.sub(r"\1.layers.0", peak.node), sympy.Integer(0)))
+            terms.append(self._temps.get(in_twin(peak.node), sympy.Integer(0)))
         return sympy.Add(*terms)
 
     def used_values(self) -> dict[str, int]:
@@ -155,11 +133,16 @@ class SpecFormulas:
 
 
 def spec_formulas(graph: Graph) -> SpecFormulas | None:
-    """Formulas of ``graph`` in its spec's symbols (cached on the graph); None without a spec."""
-    cached = getattr(graph, "_spec_formulas", None)
-    if cached is not None or graph.spec is None:
-        return cached
+    """Formulas of ``graph`` in its spec's symbols (memoised on the graph); None without a
+    spec (a graph built by hand has no sizes to name)."""
+    if graph.spec is None:
+        return None
+    return graph.memo("spec_formulas", lambda: _spec_formulas(graph))
+
+
+def _spec_formulas(graph: Graph) -> SpecFormulas:
     spec = graph.spec
+    assert spec is not None
     stacks = spec.stacks
     one = _twin(spec, {s: 1 for s in stacks})
     base = _figures(one)
@@ -180,9 +163,7 @@ def spec_formulas(graph: Graph) -> SpecFormulas | None:
             unverified.append(key)
             expr = sympy.expand(numeric[key])
         figures[key] = expr
-    out = SpecFormulas(figures, values, unverified, one)
-    graph._spec_formulas = out  # type: ignore[attr-defined]
-    return out
+    return SpecFormulas(figures, values, unverified, one)
 
 
 _SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")

@@ -1,7 +1,8 @@
 """The op graph as JSON (``tfgraph build --to json``): every node in topological order.
 
-One object per node: name, op, inputs (operand order), attrs, scope, shape (one string per
-dimension, sympy syntax in B, S, T), dtype, and its costs as sympy strings in B, S, T
+One object per node: name, op, category (from the op table), inputs (operand order), attrs,
+scope, meta (part, stack, layer, sublayer, role, module: where lowering put it), shape (one string
+per dimension, sympy syntax in B, S, T), dtype, and its costs as sympy strings in B, S, T
 (``flops_matmul``, ``flops_other``, ``saved_bytes`` for backward, ``temp_bytes`` of scratch) or,
 for a parameter, its element count. ``saved_bytes`` is what that op keeps; a tensor kept by
 several ops (q, k and v projections saving one input) appears under each of them, while
@@ -10,6 +11,7 @@ several ops (q, k and v projections saving one input) appears under each of them
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -18,10 +20,11 @@ from typing import Any
 import sympy
 
 from tfgraph.cost import param_count
+from tfgraph.figures import symbolic
 from tfgraph.io import atomic_write
 from tfgraph.ir import Graph
 
-FORMAT = "tfgraph.graph/1"
+FORMAT = "tfgraph.graph/2"  # 2: node category and meta; graph sizes and modules
 
 
 def _attr(value: Any) -> Any:
@@ -37,17 +40,17 @@ def _attr(value: Any) -> Any:
 
 def graph_dict(graph: Graph) -> dict[str, Any]:
     """The JSON-ready description of ``graph``."""
-    from tfgraph.report import symbolic
-
     costs = {c.node: c for c in symbolic(graph)["costs"]}
     nodes = []
     for node in graph.nodes():
         entry: dict[str, Any] = {
             "name": node.name,
             "op": node.op,
+            "category": node.category,
             "inputs": list(node.inputs),
             "attrs": {k: _attr(v) for k, v in node.attrs.items()},
             "scope": node.scope,
+            "meta": dataclasses.asdict(node.meta),
             "shape": [str(d) for d in node.type.shape],
             "dtype": node.type.dtype,
         }
@@ -69,6 +72,8 @@ def graph_dict(graph: Graph) -> dict[str, Any]:
         "spec": spec.model_dump(mode="json") if spec is not None else None,
         "symbols": {"B": "batch", "S": "sequence length (source for encoder-decoder)",
                     "T": "target length"},
+        "sizes": {k: _attr(v) for k, v in graph.sizes.items()},
+        "modules": {p: {"class": m.cls, "doc": m.doc} for p, m in graph.modules.items()},
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
         "nodes": nodes,

@@ -2,55 +2,87 @@
 
 Nodes are named uniquely ("decoder.layers.3.ffn.up"); a node's inputs are other nodes' names in
 operand order, stored as edges keyed by operand index, so ``x + x`` is two edges and q, k and v
-may read the same node. Parameters are nodes too (op ``param``) named as in design §4; a tied
-table is one node read twice. Shapes are inferred eagerly when a node is added, from the op's
-rule in ``tfgraph.ops``, so a lowering mistake fails at the node that caused it. Callers never
-touch ``networkx`` directly: they use ``add``/``param``/``input``, ``nodes()`` (deterministic
-topological order) and ``lint()``.
+may read the same node. Parameters are nodes too (op ``param``) named as in the README's
+parameter table; a tied table is one node read twice. Shapes are inferred eagerly when a node is
+added, from the op's rule in ``tfgraph.ops``, so a lowering mistake fails at the node that
+caused it. Callers never touch ``networkx`` directly: they use ``add``/``param``/``input``,
+``nodes()`` (deterministic topological order) and ``lint()``.
+
+Structure is data: every node carries a ``NodeMeta`` (stack, layer, sublayer, role, and the
+module that computes it) set by lowering, and the graph keeps the modules' classes
+(``modules``) and the named sizes they are built from (``sizes``). Passes and back ends read
+these; nothing parses node names. Results derived from a graph are cached with ``memo``, which
+forgets them whenever a node is added.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, TypeAlias
+from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 import networkx as nx
 import sympy
 
+from tfgraph.ops import OPS
+from tfgraph.tensor import (  # noqa: F401 (re-exported: the IR's types)
+    B,
+    DTYPE_BYTES,
+    S,
+    SYMBOLS,
+    T,
+    Dim,
+    LoweringError,
+    Shape,
+    TensorType,
+)
+
 if TYPE_CHECKING:
     from tfgraph.spec import Spec
 
-# Symbolic sizes: batch, source (or only) sequence length, target sequence length.
-B, S, T = sympy.symbols("B S T", positive=True, integer=True)
-SYMBOLS = {"B": B, "S": S, "T": T}
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
-
-Dim: TypeAlias = sympy.Expr
-Shape: TypeAlias = tuple[Dim, ...]
-
-
-class LoweringError(Exception):
-    """A node could not be built or checked; the message names the node."""
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class TensorType:
-    """Symbolic shape and dtype of a node's single output."""
+class NodeMeta:
+    """Where a node sits in the model; set by lowering, read by every pass and back end.
 
-    shape: Shape
-    dtype: str
+    ``part`` is the model part: "embed" (token tables, scaling, positions), "layer", "norm"
+    (a stack's final norm), "head", or "" for graphs built by hand. ``stack`` is "encoder" or
+    "decoder" (None for the shared token tables and the head); ``layer`` the index within the
+    stack; ``sublayer`` "self_attn", "cross_attn" or "ffn" inside a layer. ``role`` names the
+    node's job within its sublayer (or part): "q", "attention", "norm", "out_norm",
+    "residual", "dropout", "up", "act", "tokens", "positions", "logits", ... for ops;
+    "q.weight", "norm.bias", ... for parameters. ``module`` is the path of the module that
+    computes the node (or owns the parameter): "decoder.layers.3.self_attn" for the
+    projections, "decoder.layers.3" for the norms and residual adds around them.
+    """
+
+    part: str = ""
+    stack: str | None = None
+    layer: int | None = None
+    sublayer: str | None = None
+    role: str = ""
+    module: str = ""
 
     @property
-    def numel(self) -> sympy.Expr:
-        return sympy.Mul(*self.shape)
+    def key(self) -> tuple[Any, ...]:
+        """What the node is, independent of its name (unique within a lowered graph)."""
+        return (self.part, self.stack, self.layer, self.sublayer, self.role)
 
-    @property
-    def nbytes(self) -> sympy.Expr:
-        return self.numel * DTYPE_BYTES[self.dtype]
+    def in_layer(self, layer: int) -> NodeMeta:
+        """The same position in another layer of the stack (e.g. layer 0, the template)."""
+        return NodeMeta(self.part, self.stack, layer, self.sublayer, self.role, self.module)
 
-    def __str__(self) -> str:
-        return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """A module of the model (a class in generated code, a box in diagrams): ``cls`` is its
+    class name ("Attention", "FeedForward", "Layer", "Stack", "Model"), ``doc`` one line."""
+
+    path: str
+    cls: str
+    doc: str
 
 
 @dataclass
@@ -64,10 +96,31 @@ class Node:
     scope: str
     type: TensorType
     index: int = field(default=0, compare=False)
+    meta: NodeMeta = field(default_factory=NodeMeta, compare=False)
 
     @property
     def is_param(self) -> bool:
         return self.op == "param"
+
+    @property
+    def category(self) -> str:
+        """The op's category from the op table ("param" and "input" for those nodes)."""
+        return OPS[self.op].category if self.op in OPS else self.op
+
+    @property
+    def component(self) -> str:
+        """Cost roll-up row: "decoder.layers.3" for anything in a layer, else the scope
+        ("embed", "decoder.embed", "decoder.norm", "head")."""
+        m = self.meta
+        if m.layer is not None and m.stack is not None:
+            return f"{m.stack}.layers.{m.layer}"
+        return self.scope
+
+    @property
+    def kind(self) -> str:
+        """Kind of work: the sublayer ("self_attn", "cross_attn", "ffn") inside a layer, else
+        the part ("embed", "norm", "head"); graphs built by hand use their scope."""
+        return self.meta.sublayer or self.meta.part or self.scope
 
 
 def _param_dim(d: Any) -> Any:
@@ -85,14 +138,22 @@ def _shape(dims: tuple[Any, ...]) -> Shape:
 class Graph:
     """A lowered Transformer: op nodes, parameter nodes, graph inputs and outputs."""
 
-    def __init__(self, name: str, spec: Spec | None = None) -> None:
+    def __init__(self, name: str, spec: Spec | None = None, dtype: str = "float32") -> None:
         self.name = name
+        # The spec the graph was lowered from, kept for provenance only (the report's header,
+        # spec.yaml next to a built model); back ends read the graph, never the spec.
         self.spec = spec
+        self.dtype = dtype
+        """Parameter dtype (the spec's dtype)."""
+        self.sizes: dict[str, Any] = {}
+        """Named sizes parameters are built from ("d_model": 512, "heads": 8, ...)."""
+        self.modules: dict[str, ModuleInfo] = {}
         self._g: nx.MultiDiGraph[str] = nx.MultiDiGraph()
         self._nodes: dict[str, Node] = {}
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self._order: list[Node] | None = None
+        self._memo: dict[str, Any] = {}
 
     # ---- building ---------------------------------------------------------------------
 
@@ -105,23 +166,33 @@ class Graph:
         for operand, src in enumerate(node.inputs):
             self._g.add_edge(src, node.name, key=operand)
         self._order = None
+        self._memo.clear()  # every derived result may change with a new node
         return node.name
+
+    def module(self, path: str, cls: str, doc: str) -> None:
+        """Declare the module at ``path`` (its nodes say ``meta.module == path``)."""
+        self.modules[path] = ModuleInfo(path, cls, doc)
+        self._memo.clear()
 
     def input(self, name: str, shape: tuple[Any, ...], dtype: str = "int64") -> str:
         """A graph input, e.g. ``input_ids`` of shape (B, S)."""
         self.inputs.append(name)
-        return self._insert(Node(name, "input", (), {}, "inputs", TensorType(_shape(shape), dtype)))
+        return self._insert(Node(name, "input", (), {}, "inputs", TensorType(_shape(shape), dtype),
+                                 meta=NodeMeta(role=name)))
 
-    def param(self, name: str, shape: tuple[int, ...], scope: str, init: str, dtype: str) -> str:
-        """A parameter; ``init`` is 'normal', 'zeros' or 'ones' (see tfgraph.weights)."""
-        attrs = {"shape": tuple(_param_dim(d) for d in shape), "init": init}
-        return self._insert(Node(name, "param", (), attrs, scope, TensorType(_shape(shape), dtype)))
+    def param(self, name: str, shape: tuple[int, ...], scope: str, init: str, dtype: str,
+              meta: NodeMeta | None = None, dims: tuple[str, ...] | None = None) -> str:
+        """A parameter; ``init`` is 'normal', 'zeros' or 'ones' (see tfgraph.weights).
+        ``dims`` writes each dimension in the graph's named sizes ("heads*head_dim")."""
+        attrs: dict[str, Any] = {"shape": tuple(_param_dim(d) for d in shape), "init": init}
+        if dims is not None:
+            attrs["dims"] = dims
+        return self._insert(Node(name, "param", (), attrs, scope, TensorType(_shape(shape), dtype),
+                                 meta=meta or NodeMeta()))
 
     def add(self, op: str, inputs: list[str] | tuple[str, ...], *, name: str, scope: str,
-            **attrs: Any) -> str:
+            meta: NodeMeta | None = None, **attrs: Any) -> str:
         """Add an op node; its output type is inferred now from the op's shape rule."""
-        from tfgraph.ops import OPS
-
         if op not in OPS:
             raise LoweringError(f"while lowering {name}: unknown op {op!r}")
         missing = [i for i in inputs if i not in self._nodes]
@@ -131,7 +202,7 @@ class Graph:
             out = OPS[op].infer([self._nodes[i].type for i in inputs], attrs)
         except (ValueError, TypeError) as err:
             raise LoweringError(f"while lowering {name} ({op}): {err}") from err
-        return self._insert(Node(name, op, tuple(inputs), attrs, scope, out))
+        return self._insert(Node(name, op, tuple(inputs), attrs, scope, out, meta=meta or NodeMeta()))
 
     def set_output(self, name: str) -> None:
         self.outputs.append(name)
@@ -168,6 +239,17 @@ class Graph:
         uses = [(self._nodes[dst], key) for _, dst, key in self._g.out_edges(name, keys=True)]
         return sorted(uses, key=lambda u: (u[0].index, u[1]))
 
+    def memo(self, key: str, compute: Callable[[], R]) -> R:
+        """``compute()``, cached until the graph changes (a node or module is added)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        value: R = self._memo[key]
+        return value
+
+    def by_meta(self) -> dict[tuple[Any, ...], Node]:
+        """Nodes by ``meta.key`` (nodes with a role only)."""
+        return self.memo("by_meta", lambda: {n.meta.key: n for n in self.nodes() if n.meta.role})
+
     @property
     def nx_graph(self) -> nx.MultiDiGraph:
         """A read-only view for algorithms (e.g. diagrams); never mutate it."""
@@ -177,8 +259,6 @@ class Graph:
 
     def lint(self) -> None:
         """Check structural invariants; raise LoweringError naming the first bad node."""
-        from tfgraph.ops import OPS
-
         if not nx.is_directed_acyclic_graph(self._g):
             cycle = nx.find_cycle(self._g)
             raise LoweringError(f"graph has a cycle through {cycle[0][0]}")
@@ -211,13 +291,14 @@ class Graph:
                 and n.name not in self.outputs]
         if dead:
             raise LoweringError(f"nodes computed but never used: {dead[:5]}")
-
-    # ---- reports ----------------------------------------------------------------------
-
-    def report(self, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
-               fused_attention: bool = False) -> dict[str, Any]:
-        """The cost report (same dict as ``tfgraph report --json``); see tfgraph.report."""
-        from tfgraph.report import build_report
-
-        return build_report(self, batch=batch, seq=seq, tgt_seq=tgt_seq,
-                            fused_attention=fused_attention)
+        seen: dict[tuple[Any, ...], str] = {}
+        for node in self.nodes():
+            if not node.meta.role:
+                continue
+            other = seen.setdefault(node.meta.key, node.name)
+            if other != node.name:
+                raise LoweringError(f"{node.name}: same metadata as {other} ({node.meta})")
+            module = node.meta.module
+            if not node.is_param and self.modules and module not in self.modules \
+                    and node.op != "input":
+                raise LoweringError(f"{node.name}: module {module!r} was never declared")

@@ -1,86 +1,191 @@
-"""Lowering: a validated ``Spec`` becomes an op ``Graph`` (design §2-§4).
+"""Lowering: a validated ``Spec`` becomes an op ``Graph``.
 
 Reads like a model file: embeddings, a stack of layers (self-attention, cross-attention in the
 decoder of encoder-decoder models, feed-forward, each wrapped in the spec's residual/norm
 placement), the final norm and the output head. Shapes in comments use B (batch), S (source
 or only sequence), T (target sequence), d (d_model), h (heads), kv (kv_heads), hd (head_dim).
 
+Lowering is the only reader of the ``Spec``. It takes the spec's *choices* (architecture, norm
+kind and placement, activation, positions, biases, tying) from the spec and every *size* from a
+``Sizes`` record, so the same code lowers a real graph (integer sizes) and the symbolic twins of
+``tfgraph.formulas`` (sizes that are sympy symbols). Every node gets its ``NodeMeta`` here, and
+every module (the classes of generated code and the boxes of diagrams) is declared here.
+
 Precondition: ``spec`` passed validation (derived defaults resolved).
-Postcondition: the graph lints; parameter nodes carry exactly the names of design §4.
+Postcondition: the graph lints; parameter nodes carry exactly the names of the README's
+parameter table; every node's ``meta.module`` is a declared module.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
 
 import sympy
 
-from tfgraph.ir import B, S, T, Graph
-from tfgraph.spec import GATED_ACTIVATIONS, Spec
+from tfgraph.ir import B, S, T, Graph, NodeMeta
+from tfgraph.spec import GATED_ACTIVATIONS, Spec, Vocabularies
+
+Size = Any  # int in a real graph; a sympy expression in a symbolic twin
+"""A size read by lowering."""
 
 
-def _sqrt(n: int | sympy.Expr) -> float | sympy.Expr:
+@dataclass(frozen=True)
+class Sizes:
+    """Every size lowering reads (the contract of the symbolic twins in ``tfgraph.formulas``).
+
+    Each field may be an ``int`` or a sympy expression, except ``layers``: a loop needs a
+    number, so layer counts are always integers. Names are those of ``graph.sizes`` and of the
+    parameters' ``dims`` ("heads*head_dim"), which generated code turns into constants.
+    """
+
+    d_model: Size
+    """Width of the residual stream."""
+    heads: Size
+    """Query heads."""
+    kv_heads: Size
+    """Key/value heads (GQA when fewer than heads)."""
+    head_dim: Size
+    """Width of one head."""
+    ffn_hidden: Size
+    """Width of the feed-forward's hidden layer."""
+    vocab: dict[str, Size]
+    """Vocabulary per role: "source" (the only one of one-stack models) and "target"."""
+    max_len: Size | None
+    """Rows of the learned position tables (None without learned positions)."""
+    layers: dict[str, int] = field(default_factory=dict)
+    """Layers per stack ("encoder", "decoder")."""
+
+    @classmethod
+    def of(cls, spec: Spec) -> Sizes:
+        att = spec.attention
+        assert att.kv_heads is not None and att.head_dim is not None and spec.ffn.hidden
+        return cls(
+            d_model=spec.d_model, heads=att.heads, kv_heads=att.kv_heads, head_dim=att.head_dim,
+            ffn_hidden=spec.ffn.hidden,
+            vocab={"source": spec.vocab_size("source"), "target": spec.vocab_size("target")},
+            max_len=spec.max_len if spec.embedding.positions == "learned" else None,
+            layers={s: spec.layer_count(s) for s in spec.stacks})
+
+    def named(self, spec: Spec) -> dict[str, Size]:
+        """The sizes by the names parameters' ``dims`` use (``graph.sizes``)."""
+        out: dict[str, Size] = {"d_model": self.d_model, "heads": self.heads,
+                                "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+                                "ffn_hidden": self.ffn_hidden}
+        out.update({name: self.vocab[role] for role, name in _vocab_names(spec).items()})
+        if self.max_len is not None:
+            out["max_len"] = self.max_len
+        return out
+
+
+def _vocab_names(spec: Spec) -> dict[str, str]:
+    """Size name of each vocabulary role: one "vocab", or "source_vocab" and "target_vocab"."""
+    if isinstance(spec.vocab, Vocabularies):
+        return {"source": "source_vocab", "target": "target_vocab"}
+    return {"source": "vocab", "target": "vocab"}
+
+
+def _sqrt(n: Size) -> float | sympy.Expr:
     """sqrt(d_model) as a float, or symbolically in tfgraph.formulas' symbolic twins."""
     return sympy.sqrt(n) if isinstance(n, sympy.Basic) else math.sqrt(n)
 
 
+SUBLAYER_CLASSES = {"self_attn": ("SelfAttention", "Multi-head self-attention."),
+                    "cross_attn": ("CrossAttention",
+                                   "Multi-head attention from x to the encoder output."),
+                    "ffn": ("FeedForward", "Position-wise feed-forward.")}
+PLACEMENT_DOCS = {
+    "post": "post-norm (Vaswani et al. 2017): x = norm(x + f(x))",
+    "pre": "pre-norm (GPT-2): x = x + f(norm(x))",
+    "branch": "branch norm (OLMo 2): x = x + norm(f(x))",
+    "sandwich": "sandwich norm (Gemma 2): x = x + norm(f(norm(x)))",
+}
+
+
 class _Lowering:
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, sizes: Sizes, graph_type: type[Graph]) -> None:
         self.spec = spec
-        self.g = Graph(spec.name, spec=spec)
+        self.z = sizes
+        self.g = graph_type(spec.name, spec=spec, dtype=spec.dtype)
+        self.g.sizes = sizes.named(spec)
         self.dtype = spec.dtype
+        self.vocab_names = _vocab_names(spec)
 
     # ---- small helpers ----------------------------------------------------------------
 
-    def param(self, name: str, shape: tuple[int, ...], scope: str, init: str) -> str:
-        return self.g.param(name, shape, scope=scope, init=init, dtype=self.dtype)
+    def param(self, name: str, dims: tuple[str, ...], scope: str, init: str,
+              meta: NodeMeta) -> str:
+        """Parameter ``name`` with its shape written in named sizes (``"heads*head_dim"``)."""
+        shape = tuple(sympy.Mul(*(self.g.sizes[n] for n in d.split("*"))) if d != "1" else 1
+                      for d in dims)
+        shape = tuple(int(d) if isinstance(d, sympy.Integer) else d for d in shape)
+        owner = name.rsplit(".", 1)[0]  # the module a state_dict key belongs to
+        meta = NodeMeta(meta.part, meta.stack, meta.layer, meta.sublayer, meta.role, owner)
+        return self.g.param(name, shape, scope=scope, init=init, dtype=self.dtype, meta=meta,
+                            dims=dims)
 
-    def linear(self, x: str, scope: str, role: str, d_in: int, d_out: int, bias: bool) -> str:
+    def linear(self, x: str, scope: str, role: str, d_in: str, d_out: str, bias: bool,
+               meta: NodeMeta) -> str:
         """``{scope}.{role}``: x (.., d_in) -> (.., d_out) with weight [d_out, d_in]."""
-        ins = [x, self.param(f"{scope}.{role}.weight", (d_out, d_in), scope, "normal")]
+        ins = [x, self.param(f"{scope}.{role}.weight", (d_out, d_in), scope, "normal",
+                             _role(meta, f"{role}.weight"))]
         if bias:
-            ins.append(self.param(f"{scope}.{role}.bias", (d_out,), scope, "zeros"))
-        return self.g.add("linear", ins, name=f"{scope}.{role}", scope=scope)
+            ins.append(self.param(f"{scope}.{role}.bias", (d_out,), scope, "zeros",
+                                  _role(meta, f"{role}.bias")))
+        return self.g.add("linear", ins, name=f"{scope}.{role}", scope=scope,
+                          meta=_role(meta, role))
 
-    def norm(self, x: str, node_name: str, param_prefix: str, scope: str) -> str:
+    def norm(self, x: str, node_name: str, param_prefix: str, scope: str, meta: NodeMeta,
+             role: str) -> str:
         """A norm of the spec's kind with parameters ``{param_prefix}.weight`` (and ``.bias``)."""
-        kind, d = self.spec.norm.kind, self.spec.d_model
+        kind = self.spec.norm.kind
         if kind == "scalenorm":
-            ins = [x, self.param(f"{param_prefix}.weight", (1,), scope, "ones")]
+            ins = [x, self.param(f"{param_prefix}.weight", ("1",), scope, "ones",
+                                 _role(meta, f"{role}.weight"))]
         else:
-            ins = [x, self.param(f"{param_prefix}.weight", (d,), scope, "ones")]
+            ins = [x, self.param(f"{param_prefix}.weight", ("d_model",), scope, "ones",
+                                 _role(meta, f"{role}.weight"))]
             if kind == "layernorm":
-                ins.append(self.param(f"{param_prefix}.bias", (d,), scope, "zeros"))
-        return self.g.add(kind, ins, name=node_name, scope=scope, eps=self.spec.norm.eps)
+                ins.append(self.param(f"{param_prefix}.bias", ("d_model",), scope, "zeros",
+                                      _role(meta, f"{role}.bias")))
+        return self.g.add(kind, ins, name=node_name, scope=scope, eps=self.spec.norm.eps,
+                          meta=_role(meta, role))
 
-    def dropout(self, x: str, name: str, scope: str) -> str:
+    def dropout(self, x: str, name: str, scope: str, meta: NodeMeta) -> str:
         if self.spec.dropout == 0:
             return x
-        return self.g.add("dropout", [x], name=name, scope=scope, p=self.spec.dropout)
+        return self.g.add("dropout", [x], name=name, scope=scope, p=self.spec.dropout,
+                          meta=_role(meta, "dropout"))
 
     # ---- model ------------------------------------------------------------------------
 
     def model(self) -> Graph:
         spec, g = self.spec, self.g
-        d = spec.d_model
+        g.module("", "Model", f"{spec.name}: {spec.arch} Transformer.")
+        table_meta = NodeMeta(part="embed")
         if spec.arch == "encoder-decoder":
             src = g.input("src_ids", (B, S))  # (B, S) int64
             tgt = g.input("tgt_ids", (B, T))  # (B, T) int64
             if spec.embedding.share:
                 src_table = tgt_table = self.param(
-                    "embed.tokens.weight", (spec.vocab_size("source"), d), "embed", "normal")
+                    "embed.tokens.weight", (self.vocab_names["source"], "d_model"), "embed",
+                    "normal", _role(table_meta, "tokens.weight"))
             else:
                 src_table = self.param("embed.source_tokens.weight",
-                                       (spec.vocab_size("source"), d), "embed", "normal")
+                                       (self.vocab_names["source"], "d_model"), "embed", "normal",
+                                       _role(table_meta, "source_tokens.weight"))
                 tgt_table = self.param("embed.target_tokens.weight",
-                                       (spec.vocab_size("target"), d), "embed", "normal")
+                                       (self.vocab_names["target"], "d_model"), "embed", "normal",
+                                       _role(table_meta, "target_tokens.weight"))
             memory = self.stack("encoder", src, src_table, causal=False, memory=None)
             x = self.stack("decoder", tgt, tgt_table, causal=True, memory=memory)
             out_table = tgt_table
         else:
             ids = g.input("input_ids", (B, S))  # (B, S) int64
-            table = self.param("embed.tokens.weight", (spec.vocab_size("source"), d),
-                               "embed", "normal")
+            table = self.param("embed.tokens.weight", (self.vocab_names["source"], "d_model"),
+                               "embed", "normal", _role(table_meta, "tokens.weight"))
             stack = "decoder" if spec.arch == "decoder-only" else "encoder"
             x = self.stack(stack, ids, table, causal=stack == "decoder", memory=None)
             out_table = table
@@ -88,105 +193,151 @@ class _Lowering:
         return g
 
     def stack(self, stack: str, ids: str, table: str, causal: bool, memory: str | None) -> str:
+        self.g.module(stack, stack.capitalize(),
+                      f"Embedding scale and positions, the layers and the final norm of the "
+                      f"{stack}.")
         x = self.embed(stack, ids, table)  # (B, L, d)
-        for i in range(self.spec.layer_count(stack)):
-            x = self.layer(f"{stack}.layers.{i}", x, causal, memory)
+        for i in range(self.z.layers[stack]):
+            x = self.layer(stack, i, x, causal, memory)
         if self.spec.norm.final:
-            x = self.norm(x, f"{stack}.norm", f"{stack}.norm", f"{stack}.norm")
+            meta = NodeMeta(part="norm", stack=stack, module=stack)
+            x = self.norm(x, f"{stack}.norm", f"{stack}.norm", f"{stack}.norm", meta, "norm")
         return x
 
     def embed(self, stack: str, ids: str, table: str) -> str:
         spec, g, scope = self.spec, self.g, f"{stack}.embed"
-        x = g.add("embedding", [table, ids], name=f"{scope}.tokens", scope=scope)  # (B, L, d)
+        meta = NodeMeta(part="embed", stack=stack, module=stack)
+        x = g.add("embedding", [table, ids], name=f"{scope}.tokens", scope=scope,
+                  meta=NodeMeta(part="embed", stack=stack, role="tokens", module=""))  # (B, L, d)
         if spec.embedding.scale:
             x = g.add("scale", [x], name=f"{scope}.scale", scope=scope,
-                      factor=_sqrt(spec.d_model))
+                      factor=_sqrt(self.z.d_model), meta=_role(meta, "scale"))
         if spec.embedding.positions == "sinusoidal":
-            x = g.add("positions_sinusoidal", [x], name=f"{scope}.positions", scope=scope)
+            x = g.add("positions_sinusoidal", [x], name=f"{scope}.positions", scope=scope,
+                      meta=_role(meta, "positions"))
         elif spec.embedding.positions == "learned":
-            assert spec.max_len is not None  # the spec validator guarantees it
-            pos = self.param(f"{stack}.positions.weight", (spec.max_len, spec.d_model),
-                             scope, "normal")
-            x = g.add("positions_learned", [x, pos], name=f"{scope}.positions", scope=scope)
-        return self.dropout(x, f"{scope}.dropout", scope)
+            pos = self.param(f"{stack}.positions.weight", ("max_len", "d_model"), scope,
+                             "normal", _role(meta, "positions.weight"))
+            x = g.add("positions_learned", [x, pos], name=f"{scope}.positions", scope=scope,
+                      meta=_role(meta, "positions"))
+        return self.dropout(x, f"{scope}.dropout", scope, meta)
 
-    def layer(self, scope: str, x: str, causal: bool, memory: str | None) -> str:
-        x = self.residual(x, scope, "self_attn",
-                          lambda h, s: self.attention(h, h, s, causal=causal, rope=True))
+    def layer(self, stack: str, i: int, x: str, causal: bool, memory: str | None) -> str:
+        path = f"{stack}.layers.{i}"
+        self.g.module(path, f"{stack.capitalize()}Layer",
+                      f"One {stack} layer, {PLACEMENT_DOCS[self.spec.norm.position]}.")
+        meta = NodeMeta(part="layer", stack=stack, layer=i, module=path)
+        x = self.residual(x, meta, "self_attn",
+                          lambda h, s, m: self.attention(h, h, s, m, causal=causal, rope=True))
         if memory is not None:
-            x = self.residual(x, scope, "cross_attn",
-                              lambda h, s: self.attention(h, memory, s, causal=False, rope=False))
-        return self.residual(x, scope, "ffn", self.ffn)
+            x = self.residual(x, meta, "cross_attn",
+                              lambda h, s, m: self.attention(h, memory, s, m, causal=False,
+                                                             rope=False))
+        return self.residual(x, meta, "ffn", self.ffn)
 
-    def residual(self, x: str, layer: str, sub: str, f) -> str:  # type: ignore[no-untyped-def]
-        """One sublayer f with the spec's norm placement (design §3):
+    def residual(self, x: str, layer: NodeMeta, sub: str,
+                 f: Callable[[str, str, NodeMeta], str]) -> str:
+        """One sublayer f with the spec's norm placement (README, ``norm.position``):
         post norm(x + f(x)); pre x + f(norm(x)); branch x + norm(f(x));
         sandwich x + norm(f(norm(x))). Dropout goes on f's output before the add."""
-        scope, where, g = f"{layer}.{sub}", self.spec.norm.position, self.g
-        norm_name = f"{layer}.{sub}_norm"
+        where, g = self.spec.norm.position, self.g
+        path = f"{layer.module}.{sub}"
+        scope = path
+        cls, doc = SUBLAYER_CLASSES[sub]
+        g.module(path, cls, doc)
+        wrap = NodeMeta(layer.part, layer.stack, layer.layer, sub, module=layer.module)
+        inner = NodeMeta(layer.part, layer.stack, layer.layer, sub, module=path)
+        norm_name = f"{layer.module}.{sub}_norm"
         h = x
         if where in ("pre", "sandwich"):
-            h = self.norm(h, f"{scope}.norm", norm_name, scope)
-        h = f(h, scope)
+            h = self.norm(h, f"{scope}.norm", norm_name, scope, wrap, "norm")
+        h = f(h, scope, inner)
         if where == "branch":
-            h = self.norm(h, f"{scope}.norm", norm_name, scope)
+            h = self.norm(h, f"{scope}.norm", norm_name, scope, wrap, "norm")
         if where == "sandwich":
-            h = self.norm(h, f"{scope}.out_norm", f"{layer}.{sub}_out_norm", scope)
-        h = self.dropout(h, f"{scope}.dropout", scope)
-        x = g.add("add", [x, h], name=f"{scope}.residual", scope=scope)
+            h = self.norm(h, f"{scope}.out_norm", f"{layer.module}.{sub}_out_norm", scope, wrap,
+                          "out_norm")
+        h = self.dropout(h, f"{scope}.dropout", scope, wrap)
+        x = g.add("add", [x, h], name=f"{scope}.residual", scope=scope,
+                  meta=_role(wrap, "residual"))
         if where == "post":
-            x = self.norm(x, f"{scope}.norm", norm_name, scope)
+            x = self.norm(x, f"{scope}.norm", norm_name, scope, wrap, "norm")
         return x
 
-    def attention(self, x: str, kv_source: str, scope: str, causal: bool, rope: bool) -> str:
-        att, d, g = self.spec.attention, self.spec.d_model, self.g
-        h, kv, hd = att.heads, att.kv_heads, att.head_dim
-        assert kv is not None and hd is not None  # resolved by the spec validator
-        q = self.linear(x, scope, "q", d, h * hd, att.bias)  # (B, Tq, h*hd)
-        k = self.linear(kv_source, scope, "k", d, kv * hd, att.bias)  # (B, Tk, kv*hd)
-        v = self.linear(kv_source, scope, "v", d, kv * hd, att.bias)  # (B, Tk, kv*hd)
+    def attention(self, x: str, kv_source: str, scope: str, meta: NodeMeta, causal: bool,
+                  rope: bool) -> str:
+        att, g, z = self.spec.attention, self.g, self.z
+        q = self.linear(x, scope, "q", "d_model", "heads*head_dim", att.bias, meta)  # (B, Tq, h*hd)
+        k = self.linear(kv_source, scope, "k", "d_model", "kv_heads*head_dim", att.bias,
+                        meta)  # (B, Tk, kv*hd)
+        v = self.linear(kv_source, scope, "v", "d_model", "kv_heads*head_dim", att.bias,
+                        meta)  # (B, Tk, kv*hd)
         if rope and self.spec.embedding.positions == "rope":
             theta = self.spec.embedding.rope_theta
             q = g.add("rope", [q], name=f"{scope}.q_rope", scope=scope,
-                      heads=h, head_dim=hd, theta=theta)
+                      heads=z.heads, head_dim=z.head_dim, theta=theta, meta=_role(meta, "q_rope"))
             k = g.add("rope", [k], name=f"{scope}.k_rope", scope=scope,
-                      heads=kv, head_dim=hd, theta=theta)
+                      heads=z.kv_heads, head_dim=z.head_dim, theta=theta,
+                      meta=_role(meta, "k_rope"))
         a = g.add("attention", [q, k, v], name=f"{scope}.attention", scope=scope,
-                  heads=h, kv_heads=kv, head_dim=hd, causal=causal,
-                  normalize=att.normalize, kind="self" if rope else "cross")  # (B, Tq, h*hd)
-        return self.linear(a, scope, "o", h * hd, d, att.bias)  # (B, Tq, d)
+                  heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim, causal=causal,
+                  normalize=att.normalize, kind="self" if rope else "cross",
+                  meta=_role(meta, "attention"))  # (B, Tq, h*hd)
+        return self.linear(a, scope, "o", "heads*head_dim", "d_model", att.bias, meta)  # (B, Tq, d)
 
-    def ffn(self, x: str, scope: str) -> str:
-        ffn, d, g = self.spec.ffn, self.spec.d_model, self.g
-        hidden = ffn.hidden
-        assert hidden is not None
+    def ffn(self, x: str, scope: str, meta: NodeMeta) -> str:
+        ffn, g = self.spec.ffn, self.g
         act = ffn.activation
         if act in GATED_ACTIVATIONS:
             # swiglu = down(silu(gate(x)) * up(x)); geglu = down(gelu(gate(x)) * up(x))
-            gate = self.linear(x, scope, "gate", d, hidden, ffn.bias)  # (B, L, hidden)
-            up = self.linear(x, scope, "up", d, hidden, ffn.bias)  # (B, L, hidden)
+            gate = self.linear(x, scope, "gate", "d_model", "ffn_hidden", ffn.bias,
+                               meta)  # (B, L, hidden)
+            up = self.linear(x, scope, "up", "d_model", "ffn_hidden", ffn.bias,
+                             meta)  # (B, L, hidden)
             inner = "silu" if act == "swiglu" else "gelu"
-            gate = g.add(inner, [gate], name=f"{scope}.act", scope=scope)
-            h = g.add("mul", [gate, up], name=f"{scope}.gated", scope=scope)
+            gate = g.add(inner, [gate], name=f"{scope}.act", scope=scope, meta=_role(meta, "act"))
+            h = g.add("mul", [gate, up], name=f"{scope}.gated", scope=scope,
+                      meta=_role(meta, "gated"))
         else:
-            h = self.linear(x, scope, "up", d, hidden, ffn.bias)  # (B, L, hidden)
-            h = g.add(act, [h], name=f"{scope}.act", scope=scope)
-        return self.linear(h, scope, "down", hidden, d, ffn.bias)  # (B, L, d)
+            h = self.linear(x, scope, "up", "d_model", "ffn_hidden", ffn.bias,
+                            meta)  # (B, L, hidden)
+            h = g.add(act, [h], name=f"{scope}.act", scope=scope, meta=_role(meta, "act"))
+        return self.linear(h, scope, "down", "ffn_hidden", "d_model", ffn.bias, meta)  # (B, L, d)
 
     def head(self, x: str, table: str) -> str:
         spec, g = self.spec, self.g
-        vocab = spec.output_vocab
+        vocab = self.vocab_names["target" if spec.arch == "encoder-decoder" else "source"]
+        meta = NodeMeta(part="head", module="")
         w = table if spec.embedding.tie_output else self.param(
-            "head.weight", (vocab, spec.d_model), "head", "normal")
+            "head.weight", (vocab, "d_model"), "head", "normal", _role(meta, "weight"))
         ins = [x, w]
         if spec.embedding.output_bias:
-            ins.append(self.param("head.bias", (vocab,), "head", "zeros"))
-        logits = g.add("linear", ins, name="logits", scope="head")  # (B, L, V)
+            ins.append(self.param("head.bias", (vocab,), "head", "zeros", _role(meta, "bias")))
+        logits = g.add("linear", ins, name="logits", scope="head",
+                       meta=_role(meta, "logits"))  # (B, L, V)
         if spec.output == "probs":
-            return g.add("softmax", [logits], name="probs", scope="head")
+            return g.add("softmax", [logits], name="probs", scope="head",
+                         meta=_role(meta, "probs"))
         return logits
 
 
-def lower(spec: Spec) -> Graph:
-    """Lower a validated spec to an op graph (shapes inferred as nodes are added)."""
-    return _Lowering(spec).model()
+def _role(meta: NodeMeta, role: str) -> NodeMeta:
+    return NodeMeta(meta.part, meta.stack, meta.layer, meta.sublayer, role, meta.module)
+
+
+G = TypeVar("G", bound=Graph)
+
+
+@overload
+def lower(spec: Spec, sizes: Sizes | None = None) -> Graph: ...
+
+
+@overload
+def lower(spec: Spec, sizes: Sizes | None, graph_type: type[G]) -> G: ...
+
+
+def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Graph) -> Graph:
+    """Lower a validated spec to an op graph (shapes inferred as nodes are added); ``sizes``
+    defaults to the spec's own (``Sizes.of(spec)``); ``graph_type`` is the class of the result
+    (``tfgraph.compile`` asks for one with ``report()``)."""
+    return _Lowering(spec, sizes or Sizes.of(spec), graph_type).model()

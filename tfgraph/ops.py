@@ -3,12 +3,17 @@
 Each ``OpDef`` gives
 - ``infer``: the output ``TensorType`` from the input types and attributes (symbolic shapes);
 - ``flops``: ``(matmul, other)`` FLOPs. ``matmul`` counts 2 per multiply-accumulate of every
-  matrix product (design §5), which is what ``FlopCounterMode`` counts; ``other`` counts the
+  matrix product (README, `tfgraph report`), which is what ``FlopCounterMode`` counts; ``other`` counts the
   element-wise work with the per-element constants below;
 - ``saved``: what the op keeps for its backward pass, as ``(tensor, bytes)`` pairs where tensor
   is ``("in", i)`` (an input, shared with other ops that save it), ``("out",)`` or
   ``("tmp", label)`` (a buffer of the op's own); parameters are never counted;
-- ``temp``: bytes of scratch the op holds while it runs (the materialised attention scores).
+- ``temp``: bytes of scratch the op holds while it runs (the materialised attention scores);
+- ``category``: what kind of op it is (``CATEGORIES``), read by reports, diagrams and the
+  parameter breakdown instead of lists of op names;
+- ``aliases_input``: the op is the identity at inference, so its output is its input's buffer
+  (dropout); the liveness plan (``tfgraph.plan``) follows the alias;
+- ``commutative``: either operand may be the one a back end overwrites in place.
 
 Back ends register a lowering per op name (``exporters``); a test asserts none is missing.
 """
@@ -21,7 +26,7 @@ from typing import Any, Callable
 
 import sympy
 
-from tfgraph.ir import DTYPE_BYTES, TensorType
+from tfgraph.tensor import DTYPE_BYTES, TensorType
 
 # ---- per-element FLOP constants of the "other" count (stated in every report) -------------
 # Chosen as the arithmetic a straightforward kernel performs per element; they are conventions,
@@ -33,7 +38,7 @@ FLOPS_PER_ELEMENT: dict[str, int] = {
     "gelu_tanh": 8,  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     "silu": 4,  # x * sigmoid(x): exp, add, divide, multiply
     "softmax": 5,  # max, subtract, exp, sum, divide (per score or logit)
-    "hardmax": 2,  # arg-max compare, one-hot write (seed 004: "hard attention")
+    "hardmax": 2,  # arg-max compare, one-hot write ("hard attention": one-hot of the arg-max)
     "layernorm": 8,  # mean, subtract, square, variance sum, rsqrt-multiply, gain, bias, (eps)
     "rmsnorm": 5,  # square, sum, rsqrt-multiply, gain, (eps)
     "scalenorm": 5,  # square, sum, sqrt-divide, gain, (eps)
@@ -47,6 +52,11 @@ ZERO = sympy.Integer(0)
 STATS_BYTES = DTYPE_BYTES["float32"]  # norms keep their per-row statistics in float32
 
 
+# What an op is, for everything that groups ops (diagrams, the parameter breakdown, reports).
+CATEGORIES = ("embedding", "position", "linear", "attention", "norm", "activation",
+              "elementwise", "dropout", "output")
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
@@ -58,6 +68,13 @@ class OpDef:
     temp: Callable[[list[TensorType], TensorType, dict[str, Any]], sympy.Expr] = (
         lambda ins, out, attrs: ZERO
     )
+    category: str = "elementwise"
+    aliases_input: bool = False
+    commutative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"op {self.name}: unknown category {self.category!r}")
 
 
 OPS: dict[str, OpDef] = {}
@@ -122,6 +139,7 @@ def _embedding_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType
 register(OpDef(
     "embedding", (2, 2), _embedding_infer, _no_flops, _save_input(1),
     "Gather rows of a token table: (V, d), (B, S) int64 -> (B, S, d). No FLOPs (a copy).",
+    category="embedding",
 ))
 
 register(OpDef(
@@ -139,7 +157,8 @@ def _sinusoid_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 register(OpDef(
     "positions_sinusoidal", (1, 1), _sinusoid_infer, _elementwise("add"), _nothing_saved,
     "x + PE[:S] with PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same) "
-    "(seed 000; Vaswani et al. 2017 §3.5). The table is a constant, not a parameter.",
+    "(Vaswani et al. 2017, section 3.5). The table is a constant, not a parameter.",
+    category="position",
 ))
 
 
@@ -152,6 +171,7 @@ def _learned_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 register(OpDef(
     "positions_learned", (2, 2), _learned_infer, _elementwise("add"), _nothing_saved,
     "x + table[:S] with a learned (max_len, d) table.",
+    category="position",
 ))
 
 
@@ -166,6 +186,7 @@ register(OpDef(
     "pairs (i, i + hd/2), frequencies theta^(-2i/hd), positions from 0. "
     "Its backward needs only the constant cos/sin tables (one (S, hd) pair per sequence, "
     "shared by every layer: not counted), so nothing is saved.",
+    category="position",
 ))
 
 # ---- linear algebra -----------------------------------------------------------------------
@@ -191,6 +212,7 @@ def _linear_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any])
 register(OpDef(
     "linear", (2, 3), _linear_infer, _linear_flops, _save_input(0),
     "y = x W^T (+ b) with W in torch's [out, in] layout; also the output head (tied or not).",
+    category="linear",
 ))
 
 
@@ -213,8 +235,8 @@ def _scores(ins: list[TensorType], attrs: dict[str, Any]) -> sympy.Expr:
 
 
 def _attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
-    # Dense over the whole score matrix, causal or not (design §5). QK^T and A·V are each
-    # 2 * B*h*Tq*Tk*hd (seed 004: O(N M d_q + N M d_v)); GQA shares K/V but not this work.
+    # Dense over the whole score matrix, causal or not (README, `tfgraph report`). QK^T and A·V are each
+    # 2 * B*h*Tq*Tk*hd (O(N M d_q + N M d_v) for N queries and M keys); GQA shares K/V but not this work.
     scores = _scores(ins, attrs)
     matmul = 2 * 2 * scores * attrs["head_dim"]
     per_score = FLOPS_PER_ELEMENT["add"]  # the 1/sqrt(hd) scaling
@@ -236,7 +258,7 @@ def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, An
 
 
 def _attention_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> sympy.Expr:
-    # Materialised attention holds one B*h*Tq*Tk score matrix (seed 004: space O(NM)); a fused
+    # Materialised attention holds one B*h*Tq*Tk score matrix (space O(N M)); a fused
     # kernel streams it (report option fused_attention), which the cost pass handles.
     return _scores(ins, attrs) * DTYPE_BYTES[ins[0].dtype]
 
@@ -247,6 +269,7 @@ register(OpDef(
     "(B, Tk, kv*hd): normalize(q k^T / sqrt(hd) + mask) v, with GQA (kv_heads < heads), "
     "mask none or causal, normalize softmax or hardmax. Output (B, Tq, h*hd).",
     _attention_temp,
+    category="attention",
 ))
 
 # ---- norms --------------------------------------------------------------------------------
@@ -273,25 +296,27 @@ def _norm_saved(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, 
 
 
 NORM_DOCS = {
-    "layernorm": "(x - mean) / sqrt(var + eps) * gain + bias (seed 000 'lnorm'). Inputs x, gain"
+    "layernorm": "(x - mean) / sqrt(var + eps) * gain + bias (Ba et al. 2016). Inputs x, gain"
                  "[, bias].",
     "rmsnorm": "x / sqrt(mean(x^2) + eps) * gain (Zhang & Sennrich 2019). Inputs x, gain.",
-    "scalenorm": "g * x / sqrt(sum(x^2) + eps) with one scalar g: seed 002's 'add & normalize "
-                 "by a vector norm' (Nguyen & Salazar 2019). Inputs x, g of shape (1,).",
+    "scalenorm": "g * x / sqrt(sum(x^2) + eps) with one scalar g "
+                 "(Nguyen & Salazar 2019). Inputs x, g of shape (1,).",
 }
 for _kind, _doc in NORM_DOCS.items():
-    register(OpDef(_kind, (2, 3), _norm_infer, _elementwise(_kind), _norm_saved(_kind), _doc))
+    register(OpDef(_kind, (2, 3), _norm_infer, _elementwise(_kind), _norm_saved(_kind), _doc,
+                   category="norm"))
 
 
 # ---- activations and element-wise -------------------------------------------------------
 
-register(OpDef("relu", (1, 1), _same, _elementwise("relu"), _save_output, "max(x, 0)."))
+register(OpDef("relu", (1, 1), _same, _elementwise("relu"), _save_output, "max(x, 0).",
+               category="activation"))
 register(OpDef("gelu", (1, 1), _same, _elementwise("gelu"), _save_input(0),
-               "x * Phi(x), exact erf form."))
+               "x * Phi(x), exact erf form.", category="activation"))
 register(OpDef("gelu_tanh", (1, 1), _same, _elementwise("gelu_tanh"), _save_input(0),
-               "GPT-2's tanh approximation of GELU ('gelu_new')."))
+               "GPT-2's tanh approximation of GELU ('gelu_new').", category="activation"))
 register(OpDef("silu", (1, 1), _same, _elementwise("silu"), _save_input(0),
-               "x * sigmoid(x)."))
+               "x * sigmoid(x).", category="activation"))
 
 
 def _binary_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -305,9 +330,9 @@ def _mul_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) ->
 
 
 register(OpDef("mul", (2, 2), _binary_infer, _elementwise("add"), _mul_saved,
-               "Element-wise product: the gate of swiglu / geglu."))
+               "Element-wise product: the gate of swiglu / geglu.", commutative=True))
 register(OpDef("add", (2, 2), _binary_infer, _elementwise("add"), _nothing_saved,
-               "Residual add."))
+               "Residual add.", commutative=True))
 
 
 def _dropout_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
@@ -320,12 +345,13 @@ register(OpDef(
     "dropout", (1, 1), _same, _no_flops, _dropout_saved,
     "Inverted dropout with attrs['p'] in training; the identity at inference (so no FLOPs in "
     "the inference count). Training keeps a one-byte mask per element.",
+    category="dropout", aliases_input=True,
 ))
 
 register(OpDef("softmax", (1, 1), _same, _elementwise("softmax"), _save_output,
-               "Softmax over the last axis (output: probs)."))
+               "Softmax over the last axis (output: probs).", category="output"))
 
 
 def sinusoid_frequencies(d: int) -> list[float]:
-    """1 / 10000^(2i/d) for i < d/2 (seed 000's 10^(2i/d) is a typo for 10000^(2i/d))."""
+    """1 / 10000^(2i/d) for i < d/2 (Vaswani et al. 2017, section 3.5)."""
     return [math.exp(-math.log(10000.0) * (2 * i) / d) for i in range((d + 1) // 2)]

@@ -1,4 +1,5 @@
-"""The cost report: one dict for ``graph.report(...)`` and ``tfgraph report --json`` (design §6).
+"""The cost report: one dict for ``graph.report(...)`` and ``tfgraph report --json`` (README,
+``tfgraph report``).
 
 Conventions (also written into every report under ``conventions``):
 - FLOPs count 2 per multiply-accumulate; ``matmul`` covers every linear (output head included)
@@ -18,12 +19,10 @@ from typing import Any
 import sympy
 
 from tfgraph import cost
+from tfgraph.figures import symbolic
 from tfgraph.formulas import spec_formulas
-from tfgraph.ir import DTYPE_BYTES, SYMBOLS, Graph
+from tfgraph.ir import SYMBOLS, Graph
 from tfgraph.ops import FLOPS_PER_ELEMENT
-
-ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
-MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
 
 CONVENTIONS = {
     "flops": "2 FLOPs per multiply-accumulate; matmul = every linear (output head included) "
@@ -37,10 +36,12 @@ CONVENTIONS = {
     "flops.causal_effective_matmul": "flops.matmul with causal score products counted over "
                                      "the Tq*(Tq+1)/2 unmasked scores only.",
     "memory.weights": "unique parameters x bytes of the spec dtype (a tied table once).",
-    "memory.activations_peak": "inference; liveness over the topological order: a tensor lives "
-                               "from its producer to its last consumer, an op's inputs, output "
-                               "and scratch are live together; unfused attention materialises "
-                               "one B*h*Tq*Tk score matrix; token ids included.",
+    "memory.activations_peak": "inference; the walk of tfgraph.plan (the one the PyTorch module "
+                               "runs): a tensor lives from its producer to its last consumer, "
+                               "an op's inputs, output and scratch are live together, a layer's "
+                               "inputs are held by its caller until the layer returns; unfused "
+                               "attention materialises one B*h*Tq*Tk score matrix; token ids "
+                               "included.",
     "memory.saved_for_backward": "one training forward: tensors each op keeps for its gradient "
                                  "(each counted once; parameters excluded; dropout masks at 1 "
                                  "byte per element; norm statistics in float32; softmax "
@@ -71,56 +72,6 @@ def _int(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int:
     return int(sympy.Integer(expr.xreplace(sizes)))
 
 
-def _causal_discount(graph: Graph) -> sympy.Expr:
-    """Matmul FLOPs of masked-out scores: 2 products * 2 * B*h*hd * Tq*(Tq-1)/2 per causal op."""
-    terms = []
-    for node in graph.ops():
-        if node.op == "attention" and node.attrs["causal"]:
-            q = node.type
-            b, tq = q.shape[0], q.shape[1]
-            terms.append(2 * 2 * b * node.attrs["heads"] * node.attrs["head_dim"]
-                         * tq * (tq - 1) / 2)
-    return cost.total(terms)
-
-
-def symbolic(graph: Graph) -> dict[str, Any]:
-    """Every figure as a sympy expression in B, S, T (cached on the graph)."""
-    cached = getattr(graph, "_symbolic", None)
-    if cached is not None:
-        return cached
-    costs = cost.op_costs(graph)
-    params = sum(cost.params_by_component(graph).values())
-    matmul = cost.total(c.matmul for c in costs)
-    other = cost.total(c.other for c in costs)
-    forward = matmul + other
-    saved = cost.saved_for_backward(costs)
-    dtype_bytes = DTYPE_BYTES[graph.spec.dtype if graph.spec else "float32"]
-    weights = cost.weights_bytes(graph)
-    master = MASTER_COPY_BYTES * params if dtype_bytes < 4 else 0
-    by_kind: dict[str, list[sympy.Expr]] = {}
-    for c in costs:
-        kind = "attention_scores" if c.op == "attention" else cost.sublayer(c.scope)
-        by_kind.setdefault(kind, []).append(c.matmul + c.other)
-    out = {
-        "costs": costs,
-        "params": params,
-        "flops": {
-            "forward": forward, "matmul": matmul, "other": other,
-            "backward": 2 * forward, "train_step": 3 * forward,
-            "causal_effective_matmul": sympy.expand(matmul - _causal_discount(graph)),
-        },
-        "memory": {
-            "weights": sympy.sympify(weights),
-            "saved_for_backward": saved,
-            "kv_cache": cost.kv_cache(graph),
-            "train_step": 2 * weights + (2 * ADAM_MOMENT_BYTES * params) + master + saved,
-        },
-        "flops_by_kind": {k: cost.total(v) for k, v in by_kind.items()},
-    }
-    graph._symbolic = out  # type: ignore[attr-defined]
-    return out
-
-
 def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[sympy.Symbol, int]:
     tgt = seq if tgt_seq is None else tgt_seq
     return {SYMBOLS["B"]: int(batch), SYMBOLS["S"]: int(seq), SYMBOLS["T"]: int(tgt)}
@@ -133,16 +84,17 @@ def _fmt(expr: sympy.Expr) -> str:
 def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
     """The size-independent formula strings (B, S, T form; spec-symbol form), printed once per
     graph: sympy's printer is slow and reports are asked for at many lengths (compare)."""
-    cached = getattr(graph, "_formula_text", None)
-    if cached is None:
+
+    def compute() -> tuple[dict[str, str], dict[str, str]]:
         sym = symbolic(graph)
         bst = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
         bst.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
         bst["params"] = str(sym["params"])
         named = spec_formulas(graph)
         text = {} if named is None else {k: str(v) for k, v in named.figures.items()}
-        cached = graph._formula_text = (bst, text)  # type: ignore[attr-defined]
-    return cached
+        return bst, text
+
+    return graph.memo("formula_text", compute)
 
 
 def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
@@ -165,10 +117,10 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     # Components in order of first appearance (the token table, read by the first embedding,
     # comes first); layers are separate rows, a display may fold identical ones.
     components: dict[str, dict[str, int]] = {
-        cost.component(n.scope): {"params": 0, "flops_matmul": 0, "flops_other": 0}
+        n.component: {"params": 0, "flops_matmul": 0, "flops_other": 0}
         for n in graph.nodes() if n.op != "input"}
     for c in sym["costs"]:
-        row = components[cost.component(c.scope)]
+        row = components[c.component]
         row["flops_matmul"] += _int(c.matmul, sizes)
         row["flops_other"] += _int(c.other, sizes)
     params_by_component = cost.params_by_component(graph)
@@ -176,7 +128,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         components[key]["params"] = n
     params_by_kind: dict[str, int] = {}
     for p in graph.params():
-        kind = cost.sublayer(p.scope)
+        kind = p.kind
         params_by_kind[kind] = params_by_kind.get(kind, 0) + cost.param_count(p)
     spec = graph.spec
     static_bst, static_named = _static_formulas(graph)
@@ -189,14 +141,14 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         formulas = dict(bst)
     else:
         formulas = {**static_named,
-                    "memory.activations_peak": str(named.peak(peak, fused_attention))}
+                    "memory.activations_peak": str(named.peak(graph, peak, fused_attention))}
         symbols.update(named.used_values())
     formulas = {k: formulas[k] for k in sorted(formulas, key=_FORMULA_ORDER.index)}
     bst = {k: bst[k] for k in formulas}
     return {
         "name": graph.name,
         "arch": spec.arch if spec else None,
-        "dtype": spec.dtype if spec else "float32",
+        "dtype": graph.dtype,
         "sizes": {"batch": batch, "seq": seq, "tgt_seq": tgt_seq if tgt_seq else seq,
                   "fused_attention": fused_attention},
         "params": sym["params"],

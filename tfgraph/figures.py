@@ -1,0 +1,72 @@
+"""Every figure of a graph as a sympy expression in B, S, T (the numbers of the report).
+
+One pass over ``tfgraph.cost``'s per-op costs: parameters, FLOPs (forward, matmul, other,
+backward, train step, causal-effective matmul) and memory (weights, saved for backward, KV
+cache, train step), plus FLOPs by kind of work. ``tfgraph.report`` evaluates them at sizes,
+``tfgraph.formulas`` rewrites them in the spec's symbols, ``tfgraph.compare`` plots them.
+
+Precondition: the graph lints. Postcondition: the graph is unchanged; the figures are memoised
+on it until it changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from tfgraph import cost
+from tfgraph.ir import DTYPE_BYTES, Graph
+
+ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
+MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
+
+
+def _causal_discount(graph: Graph) -> sympy.Expr:
+    """Matmul FLOPs of masked-out scores: 2 products * 2 * B*h*hd * Tq*(Tq-1)/2 per causal op."""
+    terms = []
+    for node in graph.ops():
+        if node.op == "attention" and node.attrs["causal"]:
+            q = node.type
+            b, tq = q.shape[0], q.shape[1]
+            terms.append(2 * 2 * b * node.attrs["heads"] * node.attrs["head_dim"]
+                         * tq * (tq - 1) / 2)
+    return cost.total(terms)
+
+
+def symbolic(graph: Graph) -> dict[str, Any]:
+    """Every figure as a sympy expression in B, S, T (memoised on the graph)."""
+    return graph.memo("symbolic", lambda: _symbolic(graph))
+
+
+def _symbolic(graph: Graph) -> dict[str, Any]:
+    costs = cost.op_costs(graph)
+    params = sum(cost.params_by_component(graph).values())
+    matmul = cost.total(c.matmul for c in costs)
+    other = cost.total(c.other for c in costs)
+    forward = matmul + other
+    saved = cost.saved_for_backward(costs)
+    dtype_bytes = DTYPE_BYTES[graph.dtype]
+    weights = cost.weights_bytes(graph)
+    master = MASTER_COPY_BYTES * params if dtype_bytes < 4 else 0
+    by_kind: dict[str, list[sympy.Expr]] = {}
+    for c in costs:
+        kind = "attention_scores" if c.op == "attention" else c.kind
+        by_kind.setdefault(kind, []).append(c.matmul + c.other)
+    out = {
+        "costs": costs,
+        "params": params,
+        "flops": {
+            "forward": forward, "matmul": matmul, "other": other,
+            "backward": 2 * forward, "train_step": 3 * forward,
+            "causal_effective_matmul": sympy.expand(matmul - _causal_discount(graph)),
+        },
+        "memory": {
+            "weights": sympy.sympify(weights),
+            "saved_for_backward": saved,
+            "kv_cache": cost.kv_cache(graph),
+            "train_step": 2 * weights + (2 * ADAM_MOMENT_BYTES * params) + master + saved,
+        },
+        "flops_by_kind": {k: cost.total(v) for k, v in by_kind.items()},
+    }
+    return out
