@@ -14,7 +14,7 @@ from onnx import numpy_helper
 import tfgraph
 from tfgraph import cost
 from tfgraph.cli import main
-from tfgraph.exporters import onnx_model
+from tfgraph.exporters import onnx_model, onnx_writer
 from tfgraph.weights import generate, save_weights
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def test_failed_build_keeps_old_file_and_leaves_no_partial(in_tmp: Path,
                                                            ) -> None:
     Path("m.onnx").write_bytes(b"old model")
     calls = []
-    real = onnx_model.cast_array
+    real = onnx_writer.cast_array
 
     def failing(value, dtype):  # type: ignore[no-untyped-def]
         calls.append(dtype)
@@ -116,7 +116,7 @@ def test_failed_build_keeps_old_file_and_leaves_no_partial(in_tmp: Path,
             raise MemoryError("simulated failure half-way through the weights")
         return real(value, dtype)
 
-    monkeypatch.setattr(onnx_model, "cast_array", failing)
+    monkeypatch.setattr(onnx_writer, "cast_array", failing)
     result = cli("build", TINY, "--to", "onnx", "-o", "m.onnx")
     assert result.exit_code == 1 and "internal error" in result.stderr
     assert Path("m.onnx").read_bytes() == b"old model"
@@ -127,7 +127,7 @@ def test_failed_write_keeps_old_file(in_tmp: Path, monkeypatch: pytest.MonkeyPat
     """The failure comes while the temporary file is being written (disk full)."""
     Path("m.onnx").write_bytes(b"old model")
 
-    real = onnx_model._append_initializer
+    real = onnx_writer._append_initializer
     written = []
 
     def full_disk(out, header, array):  # type: ignore[no-untyped-def]
@@ -137,7 +137,7 @@ def test_failed_write_keeps_old_file(in_tmp: Path, monkeypatch: pytest.MonkeyPat
         real(out, header, array)
 
     with monkeypatch.context() as patch:
-        patch.setattr(onnx_model, "_append_initializer", full_disk)
+        patch.setattr(onnx_writer, "_append_initializer", full_disk)
         result = cli("build", TINY, "--to", "onnx", "-o", "m.onnx")
     assert result.exit_code == 2
     assert result.stderr == "m.onnx: cannot write: No space left on device\n"

@@ -1,31 +1,58 @@
-"""Atomic output files (design §6): a failed write leaves no partial file and keeps the old one.
+"""Atomic output files: a failed write leaves no partial file and keeps the old one.
 
 Write through :func:`atomic_write` (a file object) or :func:`atomic_path` (a temporary path, for
 libraries that insist on writing a path themselves, e.g. ``onnx.save`` or ``safetensors``).
-Both write a temporary file next to the target and ``os.replace`` it over the target only when
-the block finishes without an exception.
+Both write a temporary file next to the target, named ``.NAME.XXXXXXXX.tmp.SUFFIX`` (eight
+random lowercase letters or digits), and ``os.replace`` it over the target only when the block
+finishes without an exception.
+
+The temporary file does not outlive the write:
+
+- An exception in the block removes it, and so do Ctrl-C (SIGINT) and SIGTERM: while a block
+  runs in the main thread, handlers for both signals remove the temporary files first, then
+  raise ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM; 128 + the signal's
+  number is the shells' convention for "ended by a signal"), so ``finally`` blocks still run.
+  The previous handlers are restored when the block ends. A signal the process ignores stays
+  ignored, and a handler installed by someone else (a notebook kernel's) is called instead:
+  if it raises, the block unwinds and removes its file; if it returns, the write goes on.
+- A process killed outright (SIGKILL, the out-of-memory killer, a power cut) cannot clean up,
+  so the next write of the same target removes the temporary files of exactly that target's
+  pattern that no process is still writing: each writer holds an exclusive ``flock`` on its
+  temporary file for as long as it writes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import signal
+import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 from tfgraph.errors import TfgraphError
+from tfgraph.terminal import printable
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks; an open file cannot be removed there anyway
+    fcntl = None  # type: ignore[assignment]
 
 
 def _target(path: str | os.PathLike[str]) -> Path:
     """Check ``path`` can be an output file, with a clear error when it cannot."""
     target = Path(path)
     if target.is_dir():
-        raise TfgraphError(f"{target}: is a directory; give a file name")
+        raise TfgraphError(f"{printable(str(target))}: is a directory; give a file name")
     if not target.parent.is_dir():
-        raise TfgraphError(f"{target}: directory {target.parent} does not exist")
+        raise TfgraphError(f"{printable(str(target))}: directory "
+                           f"{printable(str(target.parent))} does not exist")
     return target
 
 
@@ -56,16 +83,17 @@ def check_capacity(target: str | os.PathLike[str], disk_bytes: int, memory_bytes
     available. Better one clear line now than minutes of work ending in a full disk or the
     out-of-memory killer. Unknown figures (no such directory, no /proc) are not checked."""
     target = Path(target)
+    shown = printable(str(target))
     try:
         free = shutil.disk_usage(target.parent).free
     except OSError:
         free = None
     if free is not None and disk_bytes > free:
-        raise TfgraphError(f"{target}: needs {_gb(disk_bytes)} of disk, only {_gb(free)} free "
-                           f"in {target.parent}")
+        raise TfgraphError(f"{shown}: needs {_gb(disk_bytes)} of disk, only {_gb(free)} free "
+                           f"in {printable(str(target.parent))}")
     memory = available_memory()
     if memory is not None and memory_bytes > memory:
-        raise TfgraphError(f"{target}: needs {_gb(memory_bytes)} of memory to write, only "
+        raise TfgraphError(f"{shown}: needs {_gb(memory_bytes)} of memory to write, only "
                            f"{_gb(memory)} available")
 
 
@@ -79,30 +107,165 @@ def _mode_for(target: Path) -> int:
         return 0o666 & ~umask
 
 
+# ---- temporary files ------------------------------------------------------------------------
+
+
+def _temp_affixes(target: Path) -> tuple[str, str]:
+    return f".{target.name}.", f".tmp{target.suffix}"
+
+
+def temp_pattern(target: str | os.PathLike[str]) -> re.Pattern[str]:
+    """The names of ``target``'s temporary files (match with ``fullmatch``). Eight characters
+    of ``[a-z0-9_]`` also covers the names of tempfile.mkstemp, which earlier versions used."""
+    prefix, suffix = _temp_affixes(Path(target))
+    return re.compile(re.escape(prefix) + "[a-z0-9_]{8}" + re.escape(suffix))
+
+
+def _lock(fd: int) -> bool:
+    """Take an exclusive lock on ``fd`` without waiting: False when another process holds it."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # a file system without locks: nothing to learn
+        return True
+    return True
+
+
+def remove_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files a killed write of ``target`` left behind; returns them.
+
+    Only regular files in ``target``'s directory whose whole name matches
+    :func:`temp_pattern` are candidates, and of those only the ones no process holds locked
+    (a write of the same target in progress elsewhere keeps its file). Failures to remove are
+    ignored: this is housekeeping, never a reason for the write itself to fail.
+    """
+    target = Path(target)
+    pattern = temp_pattern(target)
+    removed: list[Path] = []
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return removed
+    for name in names:
+        if not pattern.fullmatch(name):
+            continue
+        path = target.parent / name
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            if _lock(fd):
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _create_temp(target: Path) -> tuple[int, Path]:
+    """Create and lock a new temporary file next to ``target``: (open descriptor, path)."""
+    prefix, suffix = _temp_affixes(target)
+    for _ in range(100):
+        path = target.parent / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        _lock(fd)
+        return fd, path
+    raise FileExistsError(f"no free temporary name next to {target}")
+
+
+# ---- signals --------------------------------------------------------------------------------
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_live: dict[Path, None] = {}  # temporary files of the main thread's blocks, in order
+_previous: dict[int, Any] = {}  # handlers ours replaced, while any block runs
+_depth = 0  # nesting of the main thread's atomic_path blocks
+
+
+def _remove_live() -> None:
+    for path in list(_live):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    previous = _previous.get(signum)
+    if callable(previous) and previous is not signal.default_int_handler:
+        # Someone else's policy decides: if their handler raises, the blocks unwind and
+        # remove their files; if it returns, the write goes on.
+        previous(signum, frame)
+        return
+    _remove_live()  # first, so that nothing later (a second signal) can keep them
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _signals_remove(path: Path) -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM remove ``path`` (main thread only: Python
+    runs signal handlers there, and only there can they be installed)."""
+    global _depth
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _depth == 0:
+        for sig in _SIGNALS:
+            current = signal.getsignal(sig)
+            if current is signal.SIG_IGN or current is None:  # ignored, or not set by Python
+                continue
+            _previous[sig] = current
+            signal.signal(sig, _on_signal)
+    _depth += 1
+    _live[path] = None
+    try:
+        yield
+    finally:
+        _live.pop(path, None)
+        _depth -= 1
+        if _depth == 0:
+            for signum, handler in _previous.items():
+                signal.signal(signum, handler)
+            _previous.clear()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path in the target's directory; on success it replaces ``path``.
 
     The temporary name keeps the target's suffix, so writers that pick a format from the
-    extension still work. On an exception the temporary file is removed and re-raised.
+    extension still work. On an exception or an interrupting signal the temporary file is
+    removed (see the module's documentation); stale temporary files of the same target left
+    by a killed process are removed first.
     """
     target = _target(path)
+    remove_stale_temps(target)
     try:
-        fd, tmp_name = tempfile.mkstemp(
-            dir=target.parent, prefix=f".{target.name}.", suffix=f".tmp{target.suffix}"
-        )
+        fd, tmp = _create_temp(target)
     except OSError as exc:
-        raise TfgraphError(f"{target}: cannot write: {exc.strerror or exc}") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
+        raise TfgraphError(f"{printable(str(target))}: cannot write: "
+                           f"{exc.strerror or exc}") from None
     try:
-        yield tmp
-        os.chmod(tmp, _mode_for(target))
-        os.replace(tmp, target)
+        with _signals_remove(tmp):
+            yield tmp
+            os.chmod(tmp, _mode_for(target))
+            os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+    finally:
+        os.close(fd)  # releases the lock, once the file is in place or gone
 
 
 @contextlib.contextmanager

@@ -1,0 +1,50 @@
+"""numpy arrays as ONNX ``TensorProto`` s: element types, casts to the model dtype, headers.
+
+Shared by the ONNX builder (``Constant`` values), the weight streaming and the file writer.
+Tensor data is stored as little-endian ``raw_data``, as onnx itself assumes of its hosts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+ELEM_TYPE = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
+    "int64": TensorProto.INT64,
+}
+
+
+def numpy_dtype(dtype: str) -> Any:
+    """The numpy dtype of a tfgraph dtype name (bfloat16 from ml_dtypes, onnx's dependency)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
+
+
+def cast_array(value: np.ndarray, dtype: str) -> np.ndarray:
+    """``value`` (float32) at the model's dtype, C-contiguous."""
+    return np.ascontiguousarray(value.astype(numpy_dtype(dtype), copy=False))
+
+
+def tensor_header(name: str, array: np.ndarray, dtype: str) -> TensorProto:
+    """A TensorProto with name, dtype and dims but no data (the writer appends the bytes)."""
+    tensor = TensorProto()
+    tensor.name = name
+    tensor.data_type = ELEM_TYPE[dtype]
+    tensor.dims.extend(array.shape)
+    return tensor
+
+
+def make_initializer(name: str, value: np.ndarray, dtype: str) -> TensorProto:
+    """A raw-data TensorProto of ``value`` cast to ``dtype`` (float32, float16 or bfloat16)."""
+    array = cast_array(value, dtype)
+    tensor = tensor_header(name, array, dtype)
+    tensor.raw_data = array.tobytes()
+    return tensor

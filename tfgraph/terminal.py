@@ -1,0 +1,35 @@
+"""Text from users or files made safe to print on one terminal line.
+
+Paths, model names and messages read from files can hold control characters: an ANSI escape
+(``"\\x1b[2J"``) would act on the user's terminal, a newline or U+2028 would forge extra output
+lines, and bidirectional overrides (U+202E) reorder what is shown. :func:`printable` writes such
+characters as Python escapes (``\\x1b``, ``\\n``, ``\\u2028``) and leaves all other text as is.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+# Unicode's bidirectional formatting characters (Unicode Standard Annex #9, "Explicit
+# Directional Formatting Characters" and "Implicit Directional Formatting Characters").
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+# Control characters (C0, DEL, C1) and the line and paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+
+
+def _unsafe(ch: str) -> bool:
+    return ch in _BIDI or unicodedata.category(ch) in _UNSAFE_CATEGORIES
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in "\n\r\t":
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with control, line-separator and bidi characters escaped (one safe line)."""
+    if text.isprintable():  # the common case: nothing to do
+        return text
+    return "".join(_escape(ch) if _unsafe(ch) else ch for ch in text)
