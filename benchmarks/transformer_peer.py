@@ -3,7 +3,7 @@
 Token embedding (one table, shared by both stacks and tied to the output head, scaled by
 sqrt(d_model)) + sinusoidal positions + ``torch.nn.Transformer`` (post-norm layers, ReLU, no final
 stack norms: Vaswani et al. 2017's base model as tfgraph's specs/base.yaml describes it) + head.
-``load_tfgraph_weights`` copies tfgraph's parameters (design §4 names) into it, so its logits can
+``load_tfgraph_weights`` copies tfgraph's parameters (README.md's parameter names) into it, so its logits can
 be compared with tfgraph's back ends: torch's own implementation, which nobody here wrote, is
 the reference.
 """

@@ -1,4 +1,4 @@
-"""Back ends, installed as ``tfgraph.exporters`` (design §2).
+"""Back ends, installed as ``tfgraph.exporters`` (README.md, "How it works").
 
 Each back end registers a lowering per op of ``tfgraph.ops.OPS`` in its own table. Names are
 resolved lazily so that ``import tfgraph.exporters`` imports neither torch, onnx nor graphviz:

@@ -1,8 +1,9 @@
 """Running tfgraph's ONNX models with onnxruntime: provider choice, sessions, inputs, timing.
 
-``onnxruntime-gpu`` installs and loads on machines without a GPU and then silently runs on the
-CPU when CUDA is asked for (design §7), so "CUDA is available" is decided by creating a probe
-session with the CUDA provider and reading back which providers it really got. No torch here.
+``onnxruntime-gpu`` installs and loads on machines without a GPU (or without the CUDA
+libraries) and then silently runs on the CPU when CUDA is asked for, so "CUDA is available" is
+decided by creating a probe session with the CUDA provider and reading back which providers it
+really got. No torch here.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def load_model(path: str | os.PathLike[str]) -> Any:
 
 
 def interface(model: Any, where: str) -> Interface:
-    """Check ``model`` has tfgraph's inputs and output (design §6); TfgraphError otherwise."""
+    """Check ``model`` has tfgraph's inputs and output (README.md, `tfgraph build`: the ONNX model); TfgraphError otherwise."""
     inputs = tuple(i.name for i in model.graph.input
                    if i.name not in {t.name for t in model.graph.initializer})
     if inputs not in (ONE_STACK_INPUTS, TWO_STACK_INPUTS):

@@ -1,7 +1,7 @@
 """``tfgraph build SPEC --to torch -o DIR``: a standalone PyTorch folder.
 
 DIR gets ``model.py`` (generated source importing only torch, see ``torch_source``),
-``weights.safetensors`` (design §4 names, at the spec's dtype) and ``spec.yaml`` (the spec with
+``weights.safetensors`` (README.md's parameter names, at the spec's dtype) and ``spec.yaml`` (the spec with
 every default written out). The folder appears whole or not at all: everything is written into
 a temporary sibling directory first, which then replaces DIR with renames, so a failed build
 leaves the old folder as it was. DIR must be new, empty, or an earlier such folder: anything

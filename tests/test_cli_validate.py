@@ -403,7 +403,7 @@ def test_internal_errors_exit_1_without_traceback(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(validate_module, "load_spec_arg", broken)
     result = cli("validate", "x.yaml")
     assert result.exit_code == 1
-    # one line (issue 2: "1 internal error with a one-line message")
+    # one line, exit status 1 (README.md, "Exit status": an internal error)
     assert result.stderr == ("tfgraph: internal error: RuntimeError: something broke "
                              "(run with --debug for the traceback)\n")
     assert "Traceback" not in result.stderr

@@ -1,7 +1,7 @@
 """flops.matmul equals torch's FlopCounterMode on reference models built in the test from configs
 with random weights, and GPT-style formulas reduce exactly to Narayanan et al. (2021).
 
-FlopCounterMode counts 0 for CPU scaled_dot_product_attention kernels (design §7), so the
+FlopCounterMode counts 0 for CPU scaled_dot_product_attention kernels (a known FlopCounterMode gap), so the
 references run with explicit-matmul attention: Hugging Face's "eager" implementation, and
 torch.nn.Transformer under the MATH SDPA backend.
 """

@@ -1,5 +1,5 @@
 """Lowering: every spec lowers and lints, node shapes evaluate as the spec says at two sizes,
-parameter names and shapes are exactly design §4's, and every knob of design §3 changes the
+parameter names and shapes are exactly README.md's ("Parameter names"), and every knob of the spec language changes the
 graph as it should."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def names(g: Graph, op: str | None = None) -> list[str]:
     return [n.name for n in g.nodes() if op is None or n.op == op]
 
 
-# ---- every spec: lint, shapes at two sizes, §4 names --------------------------------------
+# ---- every spec: lint, shapes at two sizes, README names --------------------------------------
 
 
 def expected_width(spec: Spec, name: str) -> int:
@@ -80,7 +80,7 @@ def test_every_spec_lowers_lints_and_shapes_evaluate(path):
 
 
 def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
-    """Design §4, written out independently of tfgraph.lower: name -> shape."""
+    """README.md's parameter names, written out independently of tfgraph.lower: name -> shape."""
     d, att, ffn, norm = spec.d_model, spec.attention, spec.ffn, spec.norm
     out: dict[str, tuple[int, ...]] = {}
 

@@ -90,7 +90,7 @@ def test_interface_names_dtypes_and_initializers(small_spec: Spec) -> None:
         "batch", out_len, small_spec.output_vocab]
     elem = onnx_model.ELEM_TYPE[small_spec.dtype]
     assert out.type.tensor_type.elem_type == elem
-    # initializers: exactly the parameters (design §4 names), each once, at the spec's dtype,
+    # initializers: exactly the parameters (README.md's parameter names), each once, at the spec's dtype,
     # holding the shared generator's values (bfloat16 widened back compares exactly after
     # rounding the float32 values the same way)
     expected = generate(graph, seed=5)
@@ -103,7 +103,7 @@ def test_interface_names_dtypes_and_initializers(small_spec: Spec) -> None:
         value = numpy_helper.to_array(t)
         want = expected[t.name].astype(onnx_model.numpy_dtype(small_spec.dtype))
         np.testing.assert_array_equal(value.astype(np.float32), want.astype(np.float32))
-    assert model.ir_version <= 13  # onnxruntime 1.31's maximum (design §7)
+    assert model.ir_version <= 13  # onnxruntime 1.31's maximum IR version
 
 
 def test_node_names_carry_their_scope() -> None:

@@ -1,4 +1,4 @@
-"""The ONNX path never imports torch (design §2, issue 5): checked in fresh interpreters."""
+"""The ONNX path never imports torch (README.md, "How it works"): checked in fresh interpreters."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ class Seq2Seq(nn.Module):
 
 
 def _nn_layer(src: str, dst: str, sd: dict[str, Tensor], decoder: bool) -> dict[str, Tensor]:
-    """One nn.TransformerEncoderLayer / DecoderLayer (at ``src``) as design §4 names."""
+    """One nn.TransformerEncoderLayer / DecoderLayer (at ``src``) as README.md's parameter names."""
     out = _split_in_proj(f"{src}.self_attn", f"{dst}.self_attn", sd)
     out |= _linear(f"{src}.linear1", f"{dst}.ffn.up", sd)
     out |= _linear(f"{src}.linear2", f"{dst}.ffn.down", sd)
@@ -195,7 +195,7 @@ def test_hf_gpt2() -> None:
     weights |= _norm(f"{t}.ln_f", "decoder.norm", sd)
     for i in range(LAYERS):
         src, dst = f"{t}.h.{i}", f"decoder.layers.{i}"
-        # HF Conv1D stores [in, out]; design §4 (like nn.Linear) stores [out, in].
+        # HF Conv1D stores [in, out]; tfgraph (like nn.Linear) stores [out, in].
         qkv_w = sd[f"{src}.attn.c_attn.weight"].split(D, dim=1)
         qkv_b = sd[f"{src}.attn.c_attn.bias"].split(D)
         for j, role in enumerate("qkv"):

@@ -1,4 +1,4 @@
-"""The ``tfgraph`` command line (design §6).
+"""The ``tfgraph`` command line (README.md, "CLI reference").
 
 Each command lives in its own module under ``tfgraph.commands`` and is registered below with
 one line in ``COMMANDS``; a command's module is imported only when that command runs (or help
@@ -84,7 +84,7 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def _usage_error(exc: click.UsageError) -> NoReturn:
-    """Bad usage is one line and exit 2 like every other bad input (design §6), e.g.
+    """Bad usage is one line and exit 2 like every other bad input (README.md, "Exit status"), e.g.
     ``tfgraph run: --seq: 0 is not in the range x>=1 (see tfgraph run --help)``."""
     if isinstance(exc, _NO_ARGS_IS_HELP):  # plain ``tfgraph``: click prints the help
         raise exc

@@ -101,7 +101,7 @@ def saved_for_backward(costs: list[OpCost]) -> sympy.Expr:
 
 
 def kv_cache(graph: Graph) -> sympy.Expr:
-    """K and V of every decoder attention for the whole sequence, at kv_heads (design §5):
+    """K and V of every decoder attention for the whole sequence, at kv_heads (README.md, `tfgraph report`):
     self-attention caches 2*B*T*kv*hd, cross-attention 2*B*S*kv*hd per layer."""
     terms = []
     for node in graph.ops():

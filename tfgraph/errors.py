@@ -1,4 +1,4 @@
-"""User-facing errors (design §6): invalid specs and bad arguments exit 2 with one line on stderr.
+"""User-facing errors (README.md, "Exit status"): invalid specs and bad arguments exit 2 with one line on stderr.
 
 Anything that is not a ``TfgraphError`` is a bug in tfgraph and is reported as an internal error.
 """

@@ -1,4 +1,4 @@
-"""The spec language: a Transformer variant as validated pydantic models (design §3).
+"""The spec language: a Transformer variant as validated pydantic models (README.md, "Spec reference").
 
 Every field has one docstring; choices are ``Literal``; derived defaults (head_dim, kv_heads,
 ffn.hidden, norm.final, embedding.share) are resolved in one place, ``Spec._derive``, so a
@@ -119,7 +119,7 @@ class Attention(_Strict):
     bias: Flag = True
     """Biases on the q, k, v and o projections."""
     normalize: Normalize = "softmax"
-    """softmax, or hardmax: the one-hot of the arg-max ("hard attention", seed 004)."""
+    """softmax, or hardmax: the one-hot of the arg-max ("hard attention": each query reads only its highest-scoring key)."""
 
 
 class FeedForward(_Strict):
@@ -139,7 +139,7 @@ class Norm(_Strict):
 
     position: NormPosition = "post"
     """post: norm(x + f(x)) (Vaswani); pre: x + f(norm(x)) (GPT-2); branch: x + norm(f(x))
-    (seed 000, OLMo 2); sandwich: x + norm(f(norm(x))) (Gemma 2)."""
+    (OLMo 2); sandwich: x + norm(f(norm(x))) (Gemma 2)."""
     kind: NormKind = "layernorm"
     """layernorm (gain and bias); rmsnorm (gain, no bias); scalenorm (one scalar g: g*x/||x||_2)."""
     eps: float = 1e-5
@@ -185,7 +185,7 @@ class Spec(_Strict):
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     """Dropout probability after embeddings and after each sublayer (training only)."""
     output: Output = "logits"
-    """logits, or probs (softmax over the vocabulary, seed 000)."""
+    """logits, or probs (softmax over the vocabulary)."""
     dtype: DType = "float32"
     """Parameter and activation dtype."""
 

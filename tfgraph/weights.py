@@ -34,7 +34,7 @@ def init_param(name: str, shape: tuple[int, ...], init: str, seed: int) -> np.nd
 
 
 def generate(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Initial values of every parameter of ``graph`` by name (design §4 names)."""
+    """Initial values of every parameter of ``graph`` by name (README.md, "Parameter names")."""
     return {p.name: init_param(p.name, p.attrs["shape"], p.attrs["init"], seed)
             for p in graph.params()}
 
@@ -83,7 +83,7 @@ def check_weights(shapes: dict[str, tuple[int, ...]], graph: Graph, source: str)
 def _read_safetensors(path: str, safe_open) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
     # safetensors' numpy reader returns bfloat16 tensors as ml_dtypes.bfloat16 arrays (onnx's
     # dependency; importing it registers the dtype), so no torch is needed: the ONNX path must
-    # not import it (design §2).
+    # not import it (README.md, "How it works").
     import ml_dtypes  # noqa: F401
 
     with safe_open(path, framework="numpy") as f:
@@ -91,7 +91,7 @@ def _read_safetensors(path: str, safe_open) -> dict[str, np.ndarray]:  # type: i
 
 
 def save_weights(weights: dict[str, np.ndarray], path: str) -> None:
-    """Write float32 numpy weights as ``.safetensors`` (names as in design §4)."""
+    """Write float32 numpy weights as ``.safetensors`` (names as in README.md, "Parameter names")."""
     from safetensors.numpy import save_file
 
     save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, path)

@@ -1,4 +1,4 @@
-"""``tfgraph build SPEC --to TARGET``: compile a spec and write one artifact (design §6).
+"""``tfgraph build SPEC --to TARGET``: compile a spec and write one artifact (README.md, `tfgraph build`).
 
 Targets are a table: each names its default output and a writer imported only when chosen, so
 ``--to onnx`` never imports torch or graphviz. Every writer writes atomically (tfgraph.io): a
