@@ -19,12 +19,15 @@ ELEM_TYPE = {
 }
 
 
-def numpy_dtype(dtype: str) -> Any:
-    """The numpy dtype of a tfgraph dtype name (bfloat16 from ml_dtypes, onnx's dependency)."""
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of a tfgraph dtype name (bfloat16 from ml_dtypes, onnx's dependency).
+
+    Always a ``np.dtype`` instance, never a scalar type: ``ml_dtypes.bfloat16.itemsize`` is a
+    descriptor of the class, not a number (``write_memory_bytes`` failed on bfloat16 specs)."""
     if dtype == "bfloat16":
         import ml_dtypes
 
-        return ml_dtypes.bfloat16
+        return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(dtype)
 
 

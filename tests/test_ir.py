@@ -135,3 +135,74 @@ def test_nx_graph_view_is_read_only():
     assert view.number_of_edges("down", "twice") == 2
     with pytest.raises(Exception):
         view.add_node("x")
+
+
+# ---- memoised results forget a changed graph --------------------------------------------------
+
+
+def _compiled(name: str = "tiny-decoder.yaml"):  # type: ignore[no-untyped-def]
+    import tfgraph
+    from tfgraph.loader import load_spec
+
+    from conftest import ROOT, small
+
+    return tfgraph.compile(small(load_spec(ROOT / "specs" / name)))
+
+
+def test_report_and_plan_follow_a_node_added_after_compile():
+    """graph.report() and tfgraph.plan.plan(graph) are memoised on the graph; a node added
+    through the Graph API must invalidate them. Catches a cache that is not cleared on
+    ``add`` / ``param`` (the second report would repeat the first one's numbers)."""
+    from tfgraph.ir import NodeMeta
+    from tfgraph.plan import plan
+
+    g = _compiled()
+    before, plan_before = g.report(batch=2, seq=8), plan(g)
+    assert g.report(batch=2, seq=8) == before and plan(g) is plan_before  # memoised
+    logits = g.outputs[0]
+    vocab = int(g.node(logits).type.shape[-1])
+    w = g.param("extra.weight", (vocab, vocab), "extra", "normal", g.dtype,
+                meta=NodeMeta(part="head", role="extra.weight"))
+    y = g.add("linear", [logits, w], name="extra.proj", scope="extra",
+              meta=NodeMeta(part="head", role="extra.proj"))
+    g.set_output(y)
+    g.lint()
+    after, plan_after = g.report(batch=2, seq=8), plan(g)
+    assert after["params"] == before["params"] + vocab * vocab
+    assert after["memory"]["weights"] == before["memory"]["weights"] + 4 * vocab * vocab
+    assert after["flops"]["matmul"] == before["flops"]["matmul"] + 2 * 2 * 8 * vocab * vocab
+    assert after["formulas_bst"]["params"] != before["formulas_bst"]["params"]
+    assert len(plan_after.steps) == len(plan_before.steps) + 1
+    assert plan_after.steps[-1].node.name == "extra.proj"
+    assert g.by_meta()[("head", None, None, None, "extra.proj")].name == "extra.proj"
+
+
+def test_plan_follows_a_new_output():
+    """An existing node made a graph output must live to the end of the walk (and count in
+    the activation peak); the memoised plan of before must not be reused. Catches
+    ``set_output`` not invalidating the memo."""
+    from tfgraph.plan import END, plan
+
+    name = "decoder.layers.0.ffn.up"
+    g = _compiled()
+    assert plan(g).last_use[name] != END
+    peak = g.report(batch=2, seq=8)["memory"]["activations_peak"]
+    g.set_output(name)
+    fresh = _compiled()
+    fresh.set_output(name)  # the same graph, never planned before
+    assert plan(fresh).last_use[name] == END
+    assert plan(g).last_use[name] == END
+    assert g.report(batch=2, seq=8)["memory"]["activations_peak"] == \
+        fresh.report(batch=2, seq=8)["memory"]["activations_peak"] > peak
+
+
+def test_memo_is_per_graph_and_cleared_by_modules():
+    g, other = tiny_mlp(), tiny_mlp()
+    calls = []
+    assert g.memo("k", lambda: calls.append(1) or len(calls)) == 1
+    assert g.memo("k", lambda: calls.append(1) or len(calls)) == 1  # cached
+    assert other.memo("k", lambda: 42) == 42  # another graph: its own cache
+    g.module("ffn", "FeedForward", "doc")
+    assert g.memo("k", lambda: calls.append(1) or len(calls)) == 2  # forgotten
+    g.add("relu", ["up"], name="again", scope="ffn")
+    assert g.memo("k", lambda: calls.append(1) or len(calls)) == 3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -254,3 +256,290 @@ def test_in_place_ops_respect_aliases_of_eval_dropout() -> None:
     emb = module.state_dict()["embed.tokens.weight"][tokens]
     with torch.no_grad():
         assert torch.equal(module(tokens), emb.relu() + emb)
+
+
+# ---- per-layer modules (design: layers are real nn.Modules) ---------------------------------
+
+
+def _layers_in_order(module: torch.nn.Module, spec: Spec) -> list[tuple[str, torch.nn.Module]]:
+    """Every layer reached by its documented path ``{stack}.layers.{i}``, execution order."""
+    return [(f"{stack}.layers.{i}", module.get_submodule(f"{stack}.layers.{i}"))
+            for stack in spec.stacks for i in range(spec.layer_count(stack))]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama.yaml", "tiny-seq2seq.yaml", "tiny.yaml"])
+def test_layers_are_addressable_modules(name: str) -> None:
+    """Catches: layers flattened into the model's program (no submodule at the documented
+    path), a plain container instead of an nn.ModuleDict (FSDP / torchtitan idiom), or layers
+    that own no parameters (then fully_shard or checkpoint would have nothing to act on)."""
+    spec = small(load_spec(SPECS / name))
+    graph = tfgraph.compile(spec)
+    module = to_torch(graph)
+    for stack in spec.stacks:
+        layers = module.get_submodule(f"{stack}.layers")
+        assert isinstance(layers, torch.nn.ModuleDict)
+        assert list(layers.keys()) == [str(i) for i in range(spec.layer_count(stack))]
+    for path, layer in _layers_in_order(module, spec):
+        assert isinstance(layer, torch.nn.Module) and layer is not module
+        own = {f"{path}.{n}" for n, _ in layer.named_parameters()}
+        expected = {p.name for p in graph.params() if p.name.startswith(path + ".")}
+        assert own == expected and own, path
+    assert [layer for _, layer in _layers_in_order(module, spec)] == list(module.layers())
+
+
+@pytest.mark.parametrize("name", ["tiny-llama.yaml", "tiny-seq2seq.yaml", "tiny-encoder.yaml"])
+def test_forward_hooks_fire_once_per_layer_in_order(name: str) -> None:
+    """Catches: layers not called through nn.Module.__call__ (hooks would never fire), a layer
+    run twice, layers run out of order, or a layer whose call does not carry the residual
+    stream (B, L, d) in and out."""
+    spec = small(load_spec(SPECS / name))
+    graph = tfgraph.compile(spec)
+    module = to_torch(graph, seed=1)
+    calls: list[tuple[str, tuple[object, ...], object]] = []
+    layers = _layers_in_order(module, spec)
+    handles = [layer.register_forward_hook(
+        lambda m, args, out, path=path: calls.append((path, args, out)))
+        for path, layer in layers]
+    batch, src, tgt = 2, 7, 5
+    ids = make_ids(graph, batch, src, tgt)
+    lengths = {"encoder": src, "decoder": ids[-1].shape[1]}
+    with torch.no_grad():
+        module(*ids)
+        assert [c[0] for c in calls] == [p for p, _ in layers]
+        for path, args, out in calls:
+            stack = path.split(".")[0]
+            expected = (batch, lengths[stack], spec.d_model)
+            assert isinstance(args[0], torch.Tensor) and args[0].shape == expected, path
+            assert isinstance(out, torch.Tensor) and out.shape == expected, path
+        # Consecutive layers of a stack hand the residual stream on: the next layer's input
+        # is the previous layer's output tensor itself.
+        for (p0, _, out0), (p1, args1, _) in zip(calls, calls[1:]):
+            if p0.split(".")[0] == p1.split(".")[0]:
+                assert args1[0] is out0, (p0, p1)
+        calls.clear()
+        module(*ids)  # a second forward: once per layer again, not accumulated
+        assert [c[0] for c in calls] == [p for p, _ in layers]
+    for h in handles:
+        h.remove()
+
+
+def test_a_forward_hook_can_replace_a_layer_output() -> None:
+    """Catches: the model computing past a layer module (e.g. reading the layer's slots
+    directly) instead of using what the layer call returns."""
+    spec = small(load_spec(SPECS / "tiny-decoder.yaml"))
+    graph = tfgraph.compile(spec)
+    module = to_torch(graph, seed=2)
+    ids = make_ids(graph, 2, 6, 6)
+    last = module.get_submodule(f"decoder.layers.{spec.layer_count('decoder') - 1}")
+    with torch.no_grad():
+        ref = module(*ids)
+        handle = last.register_forward_hook(lambda m, args, out: torch.zeros_like(out))
+        zeroed = module(*ids)
+        handle.remove()
+        again = module(*ids)
+    assert not torch.equal(zeroed, ref) and torch.equal(again, ref)
+    # What follows the last layer (final norm, head) is position-wise: a zero stream gives
+    # every position the same logits.
+    assert torch.allclose(zeroed, zeroed[:, :1].expand_as(zeroed))
+
+
+def _loss_and_grads(module: torch.nn.Module, ids: tuple[torch.Tensor, ...], seed: int
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    module.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)  # the dropout masks
+    loss = _loss(module, ids, probs=False)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+@pytest.mark.parametrize("name", ["tiny-llama.yaml", "tiny-seq2seq.yaml", "tiny.yaml"])
+def test_activation_checkpointing_per_layer_gives_the_same_loss_and_gradients(
+        name: str, dropout: float) -> None:
+    """torch.utils.checkpoint around every layer (non-reentrant; RNG state preserved, so the
+    recomputed dropout masks are the forward's). Catches: layers whose forward is not a pure
+    function of its arguments and parameters (state kept on the module between calls, values
+    freed or overwritten in place across the layer boundary, rotary tables captured from an
+    earlier call), which makes the recomputation differ from the forward."""
+    from torch.utils.checkpoint import checkpoint
+
+    spec = small(load_spec(SPECS / name)).model_copy(update={"dropout": dropout})
+    graph = tfgraph.compile(spec)
+    assert any(n.op == "dropout" for n in graph.ops()) == (dropout > 0)
+    module = to_torch(graph, seed=3).train()
+    ids = make_ids(graph, 2, 9, 7, seed=4)
+    ref_loss, ref_grads = _loss_and_grads(module, ids, seed=5)
+    runs: dict[str, int] = {}
+    for path, layer in _layers_in_order(module, spec):
+        inner = layer.forward
+
+        def counted(*args: object, _inner: Any = inner, _path: str = path) -> object:
+            runs[_path] = runs.get(_path, 0) + 1
+            return _inner(*args)
+
+        def checkpointed(*args: object, _f: Any = counted) -> object:
+            return checkpoint(_f, *args, use_reentrant=False)
+
+        layer.forward = checkpointed  # what torchtitan's per-layer checkpoint wrapper does
+    loss, grads = _loss_and_grads(module, ids, seed=5)
+    # Each layer ran twice: the forward, and its recomputation during backward (otherwise the
+    # wrapping did nothing and the comparison below proves nothing).
+    assert runs == {p: 2 for p, _ in _layers_in_order(module, spec)}
+    torch.testing.assert_close(loss, ref_loss)
+    assert grads.keys() == ref_grads.keys() and len(grads) == len(list(module.parameters()))
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], msg=n)
+
+
+def _design_parameter_names(spec: Spec) -> set[str]:
+    """The parameter names of README.md ("Parameter names"), derived from the spec alone (not from the
+    graph, so that a lowering that names a parameter differently is caught)."""
+    names: set[str] = set()
+    norm = spec.norm
+
+    def norm_params(prefix: str) -> None:
+        names.add(f"{prefix}.weight")
+        if norm.kind == "layernorm":
+            names.add(f"{prefix}.bias")
+
+    def linear(prefix: str, bias: bool) -> None:
+        names.add(f"{prefix}.weight")
+        if bias:
+            names.add(f"{prefix}.bias")
+
+    if spec.arch == "encoder-decoder" and not spec.embedding.share:
+        names |= {"embed.source_tokens.weight", "embed.target_tokens.weight"}
+    else:
+        names.add("embed.tokens.weight")
+    for stack in spec.stacks:
+        if spec.embedding.positions == "learned":
+            names.add(f"{stack}.positions.weight")
+        for i in range(spec.layer_count(stack)):
+            layer = f"{stack}.layers.{i}"
+            subs = ["self_attn"] + (["cross_attn"] if stack == "decoder"
+                                    and spec.arch == "encoder-decoder" else [])
+            for sub in subs:
+                for proj in "qkvo":
+                    linear(f"{layer}.{sub}.{proj}", spec.attention.bias)
+            projections = ["up", "down"] + (["gate"] if spec.ffn.activation in
+                                             ("swiglu", "geglu") else [])
+            for proj in projections:
+                linear(f"{layer}.ffn.{proj}", spec.ffn.bias)
+            for sub in [*subs, "ffn"]:
+                norm_params(f"{layer}.{sub}_norm")
+                if norm.position == "sandwich":
+                    norm_params(f"{layer}.{sub}_out_norm")
+        if norm.final:
+            norm_params(f"{stack}.norm")
+    if not spec.embedding.tie_output:
+        names.add("head.weight")
+    if spec.embedding.output_bias:
+        names.add("head.bias")
+    return names
+
+
+def test_state_dict_keys_are_the_documented_names(small_spec: Spec) -> None:
+    """Catches: a renamed parameter (README.md, "Parameter names"), a tied table stored twice, a
+    buffer or helper tensor leaking into the state_dict, or a layer container changing the
+    key prefix (e.g. ``decoder.layers.layers.0``)."""
+    module = to_torch(tfgraph.compile(small_spec))
+    keys = list(module.state_dict())
+    assert len(keys) == len(set(keys))
+    assert set(keys) == _design_parameter_names(small_spec)
+
+
+# ---- the module frees what the plan says (tfgraph.plan) ---------------------------------------
+
+
+def _live_profile(module: torch.nn.Module, ids: tuple[torch.Tensor, ...]) -> dict[str, int]:
+    """Bytes of activations the module holds right after each op step, by node name.
+
+    Every step function of the model's and the layers' programs is wrapped; after it returns,
+    the environments of every ``_Program.run`` on the stack (the model's, and the running
+    layer's) are read from their frames: what the module really keeps referenced, with the
+    step's output, each tensor once (an alias or an in-place result is its input's buffer).
+    Parameters are weights, not activations; the rotary tables are not graph values."""
+    import sys
+
+    from tfgraph.exporters import torch_module as tm
+
+    run_code = tm._Program.run.__code__
+    weights = {p.data_ptr() for p in module.parameters()}
+    profile: dict[str, int] = {}
+
+    def tensors(value: object) -> list[torch.Tensor]:
+        items = value if isinstance(value, tuple) else (value,)
+        return [t for t in items if isinstance(t, torch.Tensor)]
+
+    def live_now(output: object) -> int:
+        seen = {t.data_ptr(): t.nbytes for t in tensors(output)}
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code is run_code:
+                program, env = frame.f_locals["self"], frame.f_locals["env"]
+                names = {slot: name for name, slot in program.slots.items()}
+                for slot, value in enumerate(env):
+                    if not names[slot].startswith("#rope"):
+                        seen.update((t.data_ptr(), t.nbytes) for t in tensors(value))
+            frame = frame.f_back
+        return sum(n for ptr, n in seen.items() if ptr not in weights)
+
+    def wrap(fn: Any, name: str) -> Any:
+        def step(*args: object) -> object:
+            out = fn(*args)
+            profile[name] = live_now(out)
+            return out
+        return step
+
+    for program in [module._program, *(layer._program for layer in module.layers())]:
+        names = {slot: name for name, slot in program.slots.items()}
+        program.steps = [  # (fn, attrs, args, out, dead, in-place fn or None, its args)
+            s if isinstance(s[0], tm._CallLayer) or s[0] is tm._pick
+            else (wrap(s[0], names[s[3]]), *s[1:5],
+                  None if s[5] is None else wrap(s[5], names[s[3]]), s[6])
+            for s in program.steps]
+    module(*ids)
+    return profile
+
+
+def test_the_module_holds_exactly_what_the_plan_says_is_live(small_spec: Spec) -> None:
+    """The report's activation peak walks tfgraph.plan; the module runs the same plan. With
+    autograd on (no in-place writes), the activations the module holds after every op step
+    are the plan's live set at that step, byte for byte, and so its peak is the report's
+    (fused attention: no scratch). Catches: a slot freed late or never (a layer's output
+    kept by the model, a held layer input not dropped after the layer), freed early (a
+    KeyError or None would surface), or a report walk that differs from the module's."""
+    import sympy
+
+    from tfgraph.ir import SYMBOLS
+    from tfgraph.ops import OPS
+    from tfgraph.plan import Interpreter, Step
+
+    graph = tfgraph.compile(small_spec)
+    batch, src, tgt = 2, 7, 5
+    ids = make_ids(graph, batch, src, tgt)
+    sizes = {SYMBOLS["B"]: batch, SYMBOLS["S"]: src, SYMBOLS["T"]: tgt}
+
+    class Bytes(Interpreter[int]):
+        def run_node(self, step: Step, args: list[int | None]) -> int:
+            return int(sympy.sympify(step.node.type.nbytes).xreplace(sizes))
+
+    walk = Bytes(graph)
+    env = {n: int(graph.node(n).type.nbytes.xreplace(sizes)) for n in graph.inputs}
+    planned = {step.node.name: sum(values.values()) for step, values in walk.walk(env)
+               if not OPS[step.node.op].aliases_input}
+
+    module = to_torch(graph, seed=0)  # eval: dropout nodes alias their input
+    measured = _live_profile(module, ids)
+    assert set(planned) <= set(measured)
+    wrong = {n: (measured[n], planned[n]) for n in planned if measured[n] != planned[n]}
+    assert not wrong, wrong
+    report = graph.report(batch=batch, seq=src, tgt_seq=tgt, fused_attention=True)
+    assert max(measured[n] for n in planned) == report["memory"]["activations_peak"]
+
+    # Without autograd, dead operands are overwritten in place: never more than planned.
+    with torch.no_grad():
+        fast = _live_profile(to_torch(graph, seed=0), ids)
+    over = {n: (fast[n], planned[n]) for n in planned if fast[n] > planned[n]}
+    assert not over, over

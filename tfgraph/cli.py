@@ -23,6 +23,7 @@ import click
 
 from tfgraph import __version__
 from tfgraph.errors import TfgraphError
+from tfgraph.terminal import printable
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
@@ -58,7 +59,7 @@ class _Group(click.Group):
         except TfgraphError as exc:
             if debug:
                 traceback.print_exc()
-            click.echo(str(exc), err=True)
+            click.echo(printable(str(exc)), err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:
             _usage_error(exc)

@@ -5,6 +5,10 @@ Anything that is not a ``TfgraphError`` is a bug in tfgraph and is reported as a
 
 from __future__ import annotations
 
+import re
+
+_ASCII_SPACE = re.compile(r"[ \t\r\n\v\f]+")
+
 
 class TfgraphError(Exception):
     """An error the user can fix (bad spec, bad argument, unwritable output): exit status 2."""
@@ -12,8 +16,10 @@ class TfgraphError(Exception):
     exit_code = 2
 
     def __str__(self) -> str:
-        # One line, always: stderr gets exactly one readable message per error.
-        return " ".join(super().__str__().split())
+        # One line, always: stderr gets exactly one readable message per error. Only ASCII
+        # line breaks and tabs are folded; other separators (U+2028 in a file name) are kept,
+        # so the command line can show them escaped (tfgraph.terminal.printable).
+        return _ASCII_SPACE.sub(" ", super().__str__()).strip()
 
 
 class SpecError(TfgraphError):

@@ -170,6 +170,14 @@ def remove_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
     return removed
 
 
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
+    except OSError:
+        return False
+
+
 def _create_temp(target: Path) -> tuple[int, Path]:
     """Create and lock a new temporary file next to ``target``: (open descriptor, path)."""
     prefix, suffix = _temp_affixes(target)
@@ -179,8 +187,14 @@ def _create_temp(target: Path) -> tuple[int, Path]:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             continue
-        _lock(fd)
-        return fd, path
+        # Between the open and the lock, another process's remove_stale_temps can take the
+        # (not yet locked) file for a stale one and unlink it. We would hold the lock of a
+        # file with no name while the caller writes a new, unlocked one at the path, which
+        # the next cleanup deletes under it (the rename then fails). Keep the file only if
+        # the path still names it; otherwise try another name.
+        if _lock(fd) and _is_at(fd, path):
+            return fd, path
+        os.close(fd)
     raise FileExistsError(f"no free temporary name next to {target}")
 
 

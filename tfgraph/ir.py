@@ -206,6 +206,7 @@ class Graph:
 
     def set_output(self, name: str) -> None:
         self.outputs.append(name)
+        self._memo.clear()  # a new output lives to the end: plans and reports change
 
     # ---- reading ----------------------------------------------------------------------
 

@@ -2,8 +2,10 @@
 
 Paths, model names and messages read from files can hold control characters: an ANSI escape
 (``"\\x1b[2J"``) would act on the user's terminal, a newline or U+2028 would forge extra output
-lines, and bidirectional overrides (U+202E) reorder what is shown. :func:`printable` writes such
-characters as Python escapes (``\\x1b``, ``\\n``, ``\\u2028``) and leaves all other text as is.
+lines, bidirectional overrides (U+202E) reorder what is shown, and the lone surrogates that stand
+for undecodable bytes in file names cannot be encoded at all. :func:`printable` writes such
+characters as Python escapes (``\\x1b``, ``\\n``, ``\\u2028``, ``\\udcff``) and leaves all other
+text as is.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import unicodedata
 # Unicode's bidirectional formatting characters (Unicode Standard Annex #9, "Explicit
 # Directional Formatting Characters" and "Implicit Directional Formatting Characters").
 _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-# Control characters (C0, DEL, C1) and the line and paragraph separators.
-_UNSAFE_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+# Control characters (C0, DEL, C1), the line and paragraph separators, and lone surrogates:
+# Python reads undecodable bytes of file names as U+DC80..U+DCFF ("surrogateescape"), which a
+# UTF-8 stream refuses to encode (UnicodeEncodeError on stdout outside the C locale).
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cs"})
 
 
 def _unsafe(ch: str) -> bool:
@@ -29,7 +33,8 @@ def _escape(ch: str) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` with control, line-separator and bidi characters escaped (one safe line)."""
+    """``text`` with control, line-separator, bidi and surrogate characters escaped (one safe
+    line that any UTF-8 stream can encode)."""
     if text.isprintable():  # the common case: nothing to do
         return text
     return "".join(_escape(ch) if _unsafe(ch) else ch for ch in text)

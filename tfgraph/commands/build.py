@@ -19,6 +19,7 @@ import click
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
+from tfgraph.terminal import printable
 from tfgraph.ir import Graph
 
 # Weights above this size get a progress bar (when stderr is a terminal).
@@ -175,4 +176,4 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     if how.takes_weights:
         details.append(f"weights {weights}" if weights is not None else f"seed {opts['seed']}")
     details.append(f"{time.perf_counter() - start:.2f} s")
-    click.echo(f"wrote {written}{os.sep if written.is_dir() else ''} ({', '.join(details)})")
+    click.echo(f"wrote {printable(str(written))}{os.sep if written.is_dir() else ''} ({', '.join(details)})")

@@ -18,6 +18,7 @@ import click
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.terminal import printable
 
 if TYPE_CHECKING:
     import onnx
@@ -154,7 +155,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         timing = rt.time_runs(session, feeds, repeat=repeat, warmup=1)
         out = rt.run(session, feeds)
 
-        click.echo(f"model     {label}")
+        click.echo(f"model     {printable(label)}")
         click.echo(f"provider  {ran} ({why})")
         shapes = ", ".join(f"{k} int64[{v.shape[0]}, {v.shape[1]}]" for k, v in feeds.items())
         click.echo(f"inputs    {shapes} -> {iface.output} {iface.dtype}{list(out.shape)}")
