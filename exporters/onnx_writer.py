@@ -153,6 +153,12 @@ def write_model(model: onnx.ModelProto, values: Values, target: Path, external: 
                     progress(array.nbytes)
             out.flush()
             os.fsync(out.fileno())
+        # The model just replaced may have kept its weights in <target>.data; nothing points
+        # at that file any more, and leaving it would sit next to the new model as if it
+        # belonged to it.
+        with contextlib.suppress(FileNotFoundError):
+            if data_target.is_file() and not data_target.is_symlink():
+                data_target.unlink()
         return target
     with atomic_path(data_target) as tmp_data, atomic_path(target) as tmp_model, \
             _write_errors(target):

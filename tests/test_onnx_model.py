@@ -211,3 +211,19 @@ def test_write_onnx_single_file_and_external_data(tmp_path, monkeypatch) -> None
     np.testing.assert_array_equal(out, expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ext.onnx", "ext.onnx.data",
                                                           "one.onnx"]
+
+
+def test_single_file_rebuild_removes_the_replaced_models_side_file(tmp_path, monkeypatch) -> None:
+    """Catches an orphaned ``<target>.data`` left next to a single-file model after an
+    external-data build of the same path (it would be counted in the build's size and look
+    like the new model's weights)."""
+    graph = tfgraph.compile(Spec.model_validate({
+        "name": "m", "arch": "decoder-only", "d_model": 16, "layers": 1, "vocab": 20,
+        "attention": {"heads": 2}}))
+    with monkeypatch.context() as patch:
+        patch.setattr(onnx_model, "EXTERNAL_DATA_THRESHOLD", 0)
+        write_onnx(graph, tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx.data").is_file()
+    write_onnx(graph, tmp_path / "m.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")), full_check=True)
