@@ -7,6 +7,14 @@ variant's model-level diagram:
 
 Everything is rendered in memory first (graphviz and matplotlib), so a missing ``dot`` program
 fails before any file is written; each file is then written atomically, the page last.
+
+Variant names, spec values and file names come from users, so every such string is escaped for
+the page it lands in: ``html_text`` for HTML (``html.escape``: no raw ``<script>``), ``md_text``
+for Markdown (HTML-significant characters as entities, Markdown punctuation backslash-escaped,
+so a ``|`` cannot add a table column and a backtick cannot open a code span) and ``md_link`` for
+link targets. Both first write control characters and line separators as visible escapes
+(``tfgraph.terminal.printable``), so a newline cannot end a table row early. The inline SVG is
+graphviz's and matplotlib's XML output, which escapes its own text.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import html
 import os
 import re
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +35,7 @@ from tfgraph.exporters.compare_plot import compare_figure, figure_bytes
 from tfgraph.exporters.diagram import diagram_source, render
 from tfgraph.io import atomic_write
 from tfgraph.ir import Graph
+from tfgraph.terminal import printable
 
 CSS = """
 body { font-family: Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1250px;
@@ -41,6 +51,29 @@ table.cmp tr.section th { background: #eef2f8; text-align: left; }
 .notes { color: #555; font-size: 0.9em; }
 dl dt { font-weight: bold; margin-top: 0.4em; } dl dd { margin-left: 1.2em; }
 """
+
+
+# Markdown punctuation that can start emphasis, code, links, headings, table cells or escapes.
+_MD_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def html_text(text: object) -> str:
+    """Text for an HTML page: one printable line, ``&<>"'`` as entities."""
+    return html.escape(printable(str(text)))
+
+
+def md_text(text: object) -> str:
+    """Text for a Markdown page (a table cell, a heading, alt text) that renders as written:
+    one printable line, ``&<>`` as entities (no raw HTML), Markdown punctuation escaped."""
+    line = printable(str(text))
+    line = _MD_PUNCTUATION.sub(r"\\\1", line)
+    return "".join(_MD_ENTITIES.get(ch, ch) for ch in line)
+
+
+def md_link(path: str) -> str:
+    """A relative link target, percent-encoded (spaces and parentheses would end it)."""
+    return urllib.parse.quote(path, safe="/")
 
 
 def _svg_body(svg: bytes) -> str:
@@ -63,7 +96,7 @@ def html_page(graphs: Sequence[Graph], data: dict[str, Any]) -> str:
     diagrams = _render_diagrams(graphs)
     plot = figure_bytes(compare_figure(graphs, data), "svg")
     names = [v["name"] for v in data["variants"]]
-    esc = html.escape
+    esc = html_text
     head = "".join(f"<th>{esc(n)}</th>" for n in names)
     rows, section = [], None
     for sec, title, cells in table_rows(data):
@@ -87,7 +120,7 @@ def html_page(graphs: Sequence[Graph], data: dict[str, Any]) -> str:
 </head>
 <body>
 <h1>{esc(title)}</h1>
-<p>Batch {data['batch']}; lengths {', '.join(str(s) for s in data['seqs'])}
+<p>Batch {esc(data['batch'])}; lengths {esc(', '.join(str(s) for s in data['seqs']))}
 (encoder-decoder: source = target). Figures are those of <code>tfgraph report</code>.</p>
 <h2>Side by side</h2>
 <table class="cmp">
@@ -108,38 +141,37 @@ def html_page(graphs: Sequence[Graph], data: dict[str, Any]) -> str:
 """
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def markdown_page(data: dict[str, Any], plot_link: str,
                   diagram_links: Sequence[str]) -> str:
     """The Markdown report; images are relative links to the given files."""
-    names = [v["name"] for v in data["variants"]]
+    names = [md_text(v["name"]) for v in data["variants"]]
+    lengths = md_text(", ".join(str(s) for s in data["seqs"]))
     lines = ["# tfgraph compare: " + " vs ".join(names), "",
-             f"Batch {data['batch']}; lengths {', '.join(str(s) for s in data['seqs'])} "
+             f"Batch {md_text(data['batch'])}; lengths {lengths} "
              "(encoder-decoder: source = target). Figures are those of `tfgraph report`.", "",
              "## Side by side", "",
-             "| | " + " | ".join(_md_cell(n) for n in names) + " |",
+             "| | " + " | ".join(names) + " |",
              "|---|" + "---:|" * len(names)]
     section = None
     for sec, title, cells in table_rows(data):
         if sec != section:
-            lines.append(f"| **{_md_cell(sec)}** |" + " |" * len(cells))
+            lines.append(f"| **{md_text(sec)}** |" + " |" * len(cells))
             section = sec
-        lines.append(f"| {_md_cell(title.strip())} | " + " | ".join(_md_cell(c) for c in cells)
+        lines.append(f"| {md_text(title.strip())} | " + " | ".join(md_text(c) for c in cells)
                      + " |")
-    lines += [""] + [f"{n}  " for n in table_notes(data)] + [""]
-    lines += ["## FLOPs, memory and parameters", "", f"![comparison plots]({plot_link})", "",
+    lines += [""] + [f"{md_text(n)}  " for n in table_notes(data)] + [""]
+    lines += ["## FLOPs, memory and parameters", "",
+              f"![comparison plots]({md_link(plot_link)})", "",
               "## Architectures (model level)", ""]
     for name, link in zip(names, diagram_links):
-        lines += [f"### {name}", "", f"![{name} model diagram]({link})", ""]
+        lines += [f"### {name}", "", f"![{name} model diagram]({md_link(link)})", ""]
     lines += ["## Definitions", ""]
-    lines += [f"- **{k}**: {v}" for k, v in data["definitions"].items()]
+    lines += [f"- **{md_text(k)}**: {md_text(v)}" for k, v in data["definitions"].items()]
     return "\n".join(lines) + "\n"
 
 
 def _safe(name: str) -> str:
+    """A variant's name as a file name component (anything but [A-Za-z0-9._-] becomes _)."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 

@@ -8,6 +8,8 @@ One figure, four panels, one colour per variant:
 
 Curves are ``graph.report()`` at integer lengths on a geometric grid spanning the requested
 lengths and every crossover; crossover points come from the exact solution in the dict.
+Variant names are drawn as written (``plot_text``): matplotlib would read a pair of ``$`` as
+mathtext, and a control character would make the SVG invalid XML.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tfgraph.compare import PARAM_GROUPS, series
 from tfgraph.errors import TfgraphError
 from tfgraph.io import atomic_write
 from tfgraph.ir import Graph
+from tfgraph.terminal import printable
 
 GRID_POINTS = 18
 MAX_LENGTH = 1 << 20  # plot range cap: crossovers beyond a million tokens are off the chart
@@ -35,6 +38,12 @@ PARAM_COLOURS = {"embeddings": "#f4a259", "self-attention": "#5b8fd1",
 MEMORY_STYLES = (("memory.activations_peak", "-", "activations peak"),
                  ("memory.kv_cache", "--", "KV cache"),
                  ("memory.train_step", "-.", "train step (Adam)"))
+
+
+def plot_text(text: str) -> str:
+    """A user string as literal matplotlib text: one printable line, ``$`` escaped so no
+    mathtext is parsed."""
+    return printable(text).replace("$", r"\$")
 
 
 def lengths_for(data: dict[str, Any]) -> list[int]:
@@ -76,14 +85,15 @@ def compare_figure(graphs: Sequence[Graph], data: dict[str, Any]) -> Figure:
     colours = [f"C{i % 10}" for i in range(len(graphs))]
     xs = lengths_for(data)
     batch = data["batch"]
+    names = [plot_text(v["name"]) for v in data["variants"]]
     for i, (graph, v, colour) in enumerate(zip(graphs, data["variants"], colours)):
         s = series(graph, xs, batch)
         c = v["crossover"]
-        ax_flops.plot(xs, s["flops.forward"], color=colour, lw=2, label=v["name"])
+        ax_flops.plot(xs, s["flops.forward"], color=colour, lw=2, label=names[i])
         ax_cross.plot(*_positive(xs, s["flops_by_kind.attention_scores"]), color=colour,
-                      ls="--", lw=1.8, label=f"{v['name']}: attention scores")
+                      ls="--", lw=1.8, label=f"{names[i]}: attention scores")
         ax_cross.plot(*_positive(xs, s["flops_by_kind.ffn"]), color=colour, ls=":", lw=2.2,
-                      label=f"{v['name']}: FFN")
+                      label=f"{names[i]}: FFN")
         if c["seq"] and c["seq"] <= MAX_LENGTH:
             ax_flops.plot([c["seq"]], [c["forward_flops_at_crossover"]], marker="o", ms=8,
                           mfc="white", mec=colour, mew=2, ls="none")
@@ -107,17 +117,17 @@ def compare_figure(graphs: Sequence[Graph], data: dict[str, Any]) -> Figure:
     ax_cross.legend(fontsize=8, loc="upper left", ncol=1 if len(graphs) < 4 else 2)
     handles = [ax_mem.plot([], [], color="#333333", ls=ls, label=label)[0]
                for _, ls, label in MEMORY_STYLES]
-    handles += [ax_mem.plot([], [], color=colour, lw=4, label=v["name"])[0]
-                for v, colour in zip(data["variants"], colours)]
+    handles += [ax_mem.plot([], [], color=colour, lw=4, label=name)[0]
+                for name, colour in zip(names, colours)]
     ax_mem.legend(handles=handles, fontsize=8, loc="upper left", ncol=2)
     _params_panel(ax_params, data)
-    fig.suptitle("tfgraph compare: " + " vs ".join(v["name"] for v in data["variants"]),
+    fig.suptitle("tfgraph compare: " + " vs ".join(names),
                  fontsize=14)
     return fig
 
 
 def _params_panel(ax: Axes, data: dict[str, Any]) -> None:
-    names = [v["name"] for v in data["variants"]]
+    names = [plot_text(v["name"]) for v in data["variants"]]
     left = [0.0] * len(names)
     for group in PARAM_GROUPS:
         widths = [v["params_breakdown"][group] / 1e6 for v in data["variants"]]

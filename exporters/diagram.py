@@ -1,16 +1,17 @@
-"""Architecture diagrams (graphviz) drawn from the compiled graph (design §1, §6; issue #6).
+"""Architecture diagrams (graphviz) drawn from the compiled graph (README, ``tfgraph draw``).
 
 Levels:
 - ``model``: embeddings, one folded box per layer stack (``× N``), the cross-attention edge, head;
 - ``layer``: one layer of each stack in a cluster labelled ``× N``, every sublayer with its norm
-  where the spec puts it, residual edges, masked vs cross attention told apart;
+  where the graph's edges put it, residual edges, masked vs cross attention told apart;
 - ``op``: every op in clusters per scope, edges labelled with symbolic shapes (``B×S×512``),
   repeated layers folded unless ``unfold=True``.
 
 ``write_diagram`` is the one entry point (``tfgraph draw`` and ``tfgraph build --to svg|png|dot``
-call it). DOT text is deterministic (graph order, palette order), so it is golden-tested;
-rendering needs the graphviz ``dot`` program, and without it the DOT file is still written
-and a one-line ``TfgraphError`` says how to install it.
+call it). Every level reads the graph alone (node metadata, ops, attributes and edges; see
+``diagram_structure``), never the spec. DOT text is deterministic (graph order, palette order),
+so it is golden-tested; rendering needs the graphviz ``dot`` program, and without it the DOT
+file is still written and a one-line ``TfgraphError`` says how to install it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import graphviz
 from tfgraph.errors import TfgraphError
 from tfgraph.io import atomic_write
 from tfgraph.ir import Graph
+from tfgraph.terminal import printable
 
 FORMATS = ("svg", "png", "pdf", "dot")
 LEVELS = ("model", "layer", "op")
@@ -74,7 +76,7 @@ def render(source: str, fmt: str) -> bytes:
 def missing_dot_message(fmt: str, dot_path: Path) -> str:
     return (f"cannot render {fmt}: the graphviz 'dot' program is not on PATH (install it: "
             f"apt-get install graphviz, or brew install graphviz); wrote the DOT source to "
-            f"{dot_path} instead")
+            f"{printable(str(dot_path))} instead")
 
 
 def write_diagram(graph: Graph, path: Path | str | os.PathLike[str], fmt: str,
@@ -101,10 +103,12 @@ def write_diagram(graph: Graph, path: Path | str | os.PathLike[str], fmt: str,
         dot_path = path.with_suffix(".dot")
         with atomic_write(dot_path) as handle:
             handle.write(build_diagram(graph, level, **options).source)
-        raise TfgraphError(f"{path}: {missing_dot_message(fmt, dot_path)}") from None
+        raise TfgraphError(f"{printable(str(path))}: {missing_dot_message(fmt, dot_path)}"
+                           ) from None
     except graphviz.CalledProcessError as exc:
         detail = " ".join((exc.stderr or b"").decode("utf-8", "replace").split())[:300]
-        raise TfgraphError(f"{path}: graphviz dot failed: {detail}") from None
+        raise TfgraphError(f"{printable(str(path))}: graphviz dot failed: {printable(detail)}"
+                           ) from None
     with atomic_write(path, "wb") as handle:
         handle.write(data)
     return path

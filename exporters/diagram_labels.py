@@ -1,42 +1,60 @@
-"""Words for diagram boxes, read from the compiled graph (and its spec for the prose parts).
+"""Words for diagram boxes, read from the graph: ops, their attributes and categories, the
+shapes of parameters, and node metadata.
 
-Every function takes what it describes and returns a short plain-text line; the levels in
-``diagram_model`` / ``diagram_layer`` / ``diagram_op`` arrange them.
+Every function takes the nodes it describes and returns plain text (lines joined by "\\n");
+``diagram_style`` escapes it for DOT. Names that come from users (a graph's name, the node
+names of a hand-built graph) are made one printable line here (``name``).
 """
 
 from __future__ import annotations
 
-from tfgraph.ir import Graph, Node
-from tfgraph.spec import GATED_ACTIVATIONS, Spec
+import math
 
+from tfgraph.exporters.diagram_structure import (
+    Stack,
+    box_id,
+    box_key,
+    boxes,
+    layer_statements,
+    placement,
+    stacks,
+    sublayer_ranks,
+    users_in,
+)
 from tfgraph.exporters.diagram_style import NORM_NAMES, count
+from tfgraph.ir import Graph, Node
+from tfgraph.terminal import printable
 
-ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU",
-                    "swiglu": "SwiGLU", "geglu": "GeGLU"}
-POSITION_TEXT = {"sinusoidal": "+ sinusoidal positions", "learned": "+ learned positions",
-                 "rope": "rotary positions (in attention)", "none": "no positions"}
-NORM_PLACEMENT = {"post": "post-norm: norm(x + f(x))", "pre": "pre-norm: x + f(norm(x))",
-                  "branch": "branch norm: x + norm(f(x))",
-                  "sandwich": "sandwich: x + norm(f(norm(x)))"}
-
-
-def spec_of(graph: Graph) -> Spec:
-    if graph.spec is None:
-        raise ValueError(f"graph {graph.name!r} has no spec; compile it with tfgraph.compile")
-    return graph.spec
+ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU"}
+# A gated feed-forward is called after the activation on its gate (Shazeer 2020, "GLU
+# Variants Improve Transformer").
+GATED_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU"}
+POSITION_TEXT = {"positions_sinusoidal": "+ sinusoidal positions",
+                 "positions_learned": "+ learned positions"}
+SUBLAYER_WORDS = {"self_attn": "self-attention", "cross_attn": "cross-attention",
+                  "ffn": "feed-forward"}
 
 
-def heads_text(spec: Spec) -> str:
-    att = spec.attention
-    if att.kv_heads == att.heads:
-        heads = f"{att.heads} heads × {att.head_dim}"
-    elif att.kv_heads == 1:
-        heads = f"{att.heads} heads × {att.head_dim}, 1 kv head (MQA)"
-    else:
-        heads = f"{att.heads} heads × {att.head_dim}, {att.kv_heads} kv heads (GQA)"
-    if att.normalize == "hardmax":
-        heads += ", hardmax"
-    return heads
+def name(text: str) -> str:
+    """A user-supplied name as one printable line (control characters shown as escapes)."""
+    return printable(text)
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+
+def heads_text(att: Node) -> str:
+    """``8 heads × 64``, with GQA / MQA and hardmax noted, from an attention op's attrs."""
+    a = att.attrs
+    heads, kv = a["heads"], a["kv_heads"]
+    text = f"{heads} heads × {a['head_dim']}"
+    if kv == 1 and heads != 1:
+        text += ", 1 kv head (MQA)"
+    elif kv != heads:
+        text += f", {kv} kv heads (GQA)"
+    if a.get("normalize") == "hardmax":
+        text += ", hardmax"
+    return text
 
 
 def attention_title(node: Node) -> str:
@@ -53,34 +71,188 @@ def attention_kind(node: Node) -> str:
     return "masked_attention" if node.attrs["causal"] else "self_attention"
 
 
-def ffn_text(spec: Spec) -> str:
-    act = spec.ffn.activation
-    d, h = spec.d_model, spec.ffn.hidden
-    kind = "gated " if act in GATED_ACTIVATIONS else ""
-    return f"{kind}{ACTIVATION_NAMES[act]}, {d} → {h} → {d}"
+# ---- sublayer functions ---------------------------------------------------------------------
 
 
-def norm_text(spec: Spec) -> str:
-    return f"{NORM_NAMES[spec.norm.kind]}, {NORM_PLACEMENT[spec.norm.position]}"
+def attention_of(members: list[Node]) -> Node | None:
+    return next((n for n in members if n.category == "attention"), None)
 
 
-def table_text(graph: Graph, param: str) -> str:
-    rows, cols = graph.node(param).attrs["shape"]
-    return f"{param}\n{count(rows)} × {count(cols)}"
+def sublayer_title(members: list[Node], sublayer: str) -> str:
+    """What a sublayer's function is: the attention's title, 'Feed-forward' for linears
+    around an activation, else the sublayer's name."""
+    att = attention_of(members)
+    if att is not None:
+        return attention_title(att)
+    if any(n.category == "activation" for n in members):
+        return "Feed-forward"
+    return SUBLAYER_WORDS.get(sublayer, sublayer).capitalize()
 
 
-def embed_text(graph: Graph, stack: str) -> str:
-    """Token gather, scaling and positions of ``stack``'s embedding, from its nodes."""
-    spec = spec_of(graph)
-    lines = [f"{stack.capitalize()} embedding" if spec.arch == "encoder-decoder" else "Embedding"]
-    scope = f"{stack}.embed"
-    if f"{scope}.scale" in graph:
-        lines.append(f"tokens × √{spec.d_model}")
-    else:
-        lines.append("tokens")
-    lines.append(POSITION_TEXT[spec.embedding.positions])
-    if spec.embedding.positions == "learned":
-        lines[-1] += f" ({count(spec.max_len or 0)} × {spec.d_model})"
+def _roles(nodes: list[Node]) -> list[str]:
+    return [name(n.meta.role or n.name) for n in nodes]
+
+
+def projections_text(graph: Graph, members: list[Node]) -> list[str]:
+    """The linears grouped by size: ``q, k, v, o: linear 512 → 512`` when all agree, else
+    e.g. ``q, o: linear 2,048 → 2,048`` and ``k, v: linear 2,048 → 256`` (GQA)."""
+    sizes: dict[str, list[str]] = {}
+    for node in (n for n in members if n.category == "linear"):
+        sizes.setdefault(linear_text(graph, node), []).extend(_roles([node]))
+    return [f"{', '.join(roles)}: linear {text}" for text, roles in sizes.items()]
+
+
+def rope_text(graph: Graph, members: list[Node]) -> str:
+    """``rotary positions on q, k`` from the rotary ops and the projections they read."""
+    read = [graph.node(n.inputs[0]) for n in members if n.op == "rope"]
+    return f"rotary positions on {', '.join(_roles(read))}" if read else ""
+
+
+def _from_other_stack(graph: Graph, node: Node) -> Node | None:
+    """The first data input of ``node`` that another stack computes (the encoder output)."""
+    for i in node.inputs:
+        src = graph.node(i)
+        if not src.is_param and src.meta.stack not in (node.meta.stack, None):
+            return src
+    return None
+
+
+def external_text(graph: Graph, members: list[Node]) -> str:
+    """``K, V from the encoder output`` for ops that read another stack."""
+    readers = [n for n in members if _from_other_stack(graph, n) is not None]
+    if not readers:
+        return ""
+    source = _from_other_stack(graph, readers[0])
+    assert source is not None
+    roles = ", ".join(r.upper() for r in _roles(readers))
+    return f"{roles} from the {source.meta.stack} output"
+
+
+def attention_text(graph: Graph, members: list[Node]) -> str:
+    att = attention_of(members)
+    assert att is not None
+    lines = [attention_title(att), heads_text(att), *projections_text(graph, members),
+             rope_text(graph, members), external_text(graph, members)]
+    return "\n".join(line for line in lines if line)
+
+
+def ffn_text(graph: Graph, members: list[Node]) -> str:
+    """``ReLU, 512 → 2048 → 512`` or ``gated SwiGLU, 2048 → 5632 → 2048``: the activation
+    op, whether an element-wise product gates it, and the widths of the first and last linear."""
+    acts = [n for n in members if n.category == "activation"]
+    linears = [n for n in members if n.category == "linear"]
+    if not acts or not linears:
+        return ", ".join(dict.fromkeys(n.op for n in members))
+    act = acts[0].op
+    gated = any(n.op == "mul" for n in members)
+    word = f"gated {GATED_NAMES.get(act, ACTIVATION_NAMES.get(act, act))}" if gated \
+        else ACTIVATION_NAMES.get(act, act)
+    first, last = (graph.node(linears[i].inputs[1]).attrs["shape"] for i in (0, -1))
+    return f"{word}, {first[1]} → {first[0]} → {last[0]}"
+
+
+def fn_text(graph: Graph, members: list[Node]) -> str:
+    """Label of a folded sublayer function (without annotations)."""
+    if attention_of(members) is not None:
+        return attention_text(graph, members)
+    title = sublayer_title(members, members[0].meta.sublayer or "")
+    return f"{title}\n{ffn_text(graph, members)}"
+
+
+def fn_kind(members: list[Node]) -> str:
+    """Palette kind of a folded sublayer function."""
+    att = attention_of(members)
+    return attention_kind(att) if att is not None else "ffn"
+
+
+# ---- stacks ---------------------------------------------------------------------------------
+
+
+def order_text(graph: Graph, stack: Stack) -> str:
+    """``masked self-attention → cross-attention → feed-forward`` in the order the graph's
+    edges impose; sublayers that read the same input are joined by ``∥`` (parallel)."""
+    words = {}
+    for nodes in boxes(stack).values():
+        if box_key(nodes[0]) == "fn":
+            sub = nodes[0].meta.sublayer or ""
+            words[sub] = sublayer_title(nodes, sub).lower()
+    return " → ".join(" ∥ ".join(words[s] for s in group)
+                      for group in sublayer_ranks(graph, stack))
+
+
+def norm_kinds(stack: Stack) -> str:
+    """'LayerNorm' (or 'RMSNorm', ...) of the norms in a layer, '' when it has none."""
+    ops = dict.fromkeys(n.op for n in stack.layer0 if n.category == "norm")
+    return " / ".join(NORM_NAMES.get(op, op) for op in ops)
+
+
+def wiring_text(graph: Graph, stack: Stack) -> str:
+    """``LayerNorm, post-norm: norm(x + f(x))`` when every sublayer is wired alike, else the
+    layer's assignments (``x = x + self_attn(norm(x)) + ffn(norm(x))``)."""
+    kinds = norm_kinds(stack)
+    shared = placement(graph, stack)
+    text = shared if shared is not None else "; ".join(layer_statements(graph, stack))
+    return f"{kinds}, {text}" if kinds else text
+
+
+def stack_text(graph: Graph, stack: Stack) -> str:
+    """The folded stack box: title, sublayer order, heads, feed-forward and wiring."""
+    att = next((n for n in stack.layer0 if n.category == "attention"), None)
+    ffn = [nodes for nodes in boxes(stack).values()
+           if box_key(nodes[0]) == "fn" and attention_of(nodes) is None]
+    lines = [f"{stack.name.capitalize()} × {stack.layers}", order_text(graph, stack),
+             heads_text(att) if att is not None else "",
+             f"FFN {ffn_text(graph, ffn[0])}" if ffn else "",
+             wiring_text(graph, stack)]
+    return "\n".join(line for line in lines if line)
+
+
+# ---- embeddings, tables, head ------------------------------------------------------------
+
+
+def scale_text(factor: float) -> str:
+    """``√512`` when the factor is the root of an integer (sqrt(d_model)), else the number."""
+    square = round(float(factor) ** 2)
+    if square > 0 and math.isclose(math.sqrt(square), float(factor), rel_tol=1e-9):
+        return f"√{square}"
+    return f"{float(factor):.4g}"
+
+
+def positions_text(graph: Graph, stack: Stack) -> str:
+    """How ``stack`` encodes positions: an embedding op, rotary ops in its layers, or none."""
+    for node in stack.embed:
+        if node.category == "position":
+            text = POSITION_TEXT.get(node.op, node.op)
+            if len(node.inputs) > 1:  # a learned table
+                rows, cols = graph.node(node.inputs[1]).attrs["shape"]
+                text += f" ({count(rows)} × {cols})"
+            return text
+    if any(n.category == "position" for n in stack.layer0):
+        return "rotary positions (in attention)"
+    return "no positions"
+
+
+def embed_text(graph: Graph, stack: Stack) -> str:
+    """Token gather, scaling and positions of ``stack``'s embedding, from its ops."""
+    several = len(stacks(graph)) > 1
+    lines = [f"{stack.name.capitalize()} embedding" if several else "Embedding"]
+    scale = next((n for n in stack.embed if n.op == "scale"), None)
+    lines.append(f"tokens × {scale_text(scale.attrs['factor'])}" if scale else "tokens")
+    lines.append(positions_text(graph, stack))
+    return "\n".join(lines)
+
+
+def table_text(graph: Graph, table: Node) -> str:
+    """A token table: its name and shape, and who else reads it (stacks, the head)."""
+    rows, cols = table.attrs["shape"]
+    readers = [u for u, _ in graph.users(table.name)]
+    gathered = {u.meta.stack for u in readers if u.category == "embedding"}
+    lines = [name(table.name), f"{count(rows)} × {count(cols)}"]
+    if len(gathered) > 1:
+        lines.append("shared by both stacks" if len(gathered) == 2
+                     else f"shared by {len(gathered)} stacks")
+    if any(u.meta.part == "head" for u in readers):
+        lines.append("tied to the output head")
     return "\n".join(lines)
 
 
@@ -95,3 +267,24 @@ def linear_text(graph: Graph, node: Node) -> str:
     if len(node.inputs) == 3:
         text += " + bias"
     return text
+
+
+def is_tied(graph: Graph, linear: Node) -> bool:
+    """The linear's weight belongs to another part (the head reading a token table)."""
+    return graph.node(linear.inputs[1]).meta.part != linear.meta.part
+
+
+def cross_text(graph: Graph, src: Node, stack: Stack) -> str:
+    """Edge label of another stack's output read by ``stack``'s layers: ``cross-attention K,
+    V`` and whether every layer reads it."""
+    readers = users_in(graph, src, stack.name)
+    layer0 = [u for u in readers if u.meta.layer == 0]
+    box = box_id(layer0[0]) if layer0 else None
+    title = sublayer_title(boxes(stack)[box], layer0[0].meta.sublayer or "").lower() \
+        if box is not None else ""
+    what = " ".join(w for w in (title, ", ".join(r.upper() for r in _roles(layer0))) if w)
+    layers = {u.meta.layer for u in readers}
+    into = f"into every {stack.name} layer (× {stack.layers})" if len(layers) == stack.layers \
+        else f"into {len(layers)} of {stack.layers} {stack.name} layers"
+    return f"{what}\n{into}"
+

@@ -1,9 +1,11 @@
 """Model-level diagram: inputs, token tables, embeddings, one folded box per layer stack
-(``Encoder × 6``), final norms, the cross-attention edge from the encoder into every decoder
-layer, and the output head.
+(``Encoder × 6``), final norms, the output head and the output.
 
-Everything drawn is looked up in the compiled graph (which nodes exist, their shapes, what
-reads the token tables), so tying, sharing, final norms and probs outputs show as compiled.
+Boxes are the model's parts as node metadata names them (``model_box``); the arrows between
+them are the graph's own edges that cross from one box into another, so tying, sharing, final
+norms, the encoder output read by the decoder and probs outputs show as compiled. A stack's
+box says what its layers compute: the order of the sublayers as their data dependences impose
+it, and the wiring of norms and residual adds (``diagram_structure``).
 """
 
 from __future__ import annotations
@@ -11,136 +13,197 @@ from __future__ import annotations
 import graphviz
 
 from tfgraph.exporters.diagram_labels import (
+    cross_text,
+    dropout_text,
     embed_text,
-    ffn_text,
-    heads_text,
+    is_tied,
     linear_text,
-    norm_text,
-    spec_of,
+    name,
+    stack_text,
     table_text,
 )
+from tfgraph.exporters.diagram_structure import Stack, arch_text, stack_named
 from tfgraph.exporters.diagram_style import (
     NORM_NAMES,
     Annotator,
     KindTracker,
+    edge,
     join_lines,
     new_digraph,
     shape_text,
 )
-from tfgraph.ir import Graph
+from tfgraph.ir import Graph, Node
 
-STACK_SUBLAYERS = {
-    ("encoder", False): "self-attention → feed-forward",
-    ("decoder", False): "masked self-attention → feed-forward",
-    ("decoder", True): "masked self-attention → cross-attention → feed-forward",
-}
+CROSS_STYLE = {"color": "#2e8b57", "penwidth": "2", "fontcolor": "#2e8b57"}
 
 
-def _stack_output(graph: Graph, stack: str) -> str:
-    """Name of the diagram node that carries ``stack``'s output (its final norm if any)."""
-    return f"{stack}.norm" if f"{stack}.norm" in graph else f"{stack}.layers"
+def token_tables(graph: Graph) -> list[Node]:
+    """Parameters gathered by embedding ops (one per table, however many read it)."""
+    return list({graph.node(n.inputs[0]).name: graph.node(n.inputs[0])
+                 for n in graph.ops() if n.category == "embedding"}.values())
 
 
-def draw_head(dot: graphviz.Digraph, graph: Graph, kinds: KindTracker, ann: Annotator,
-              src: str, tied_from: str | None) -> None:
-    """The output head (linear, then softmax for probs) and the output node, fed by ``src``;
-    ``tied_from`` is the table node to draw a dashed "tied weight" edge from (or None)."""
-    head = graph.node("logits")
-    tied = graph.node(head.inputs[1]).scope != "head"
-    kinds.node(dot, "head", join_lines(
-        "Output head", f"linear {linear_text(graph, head)}",
-        "tied to the token table" if tied else "own weight (untied)",
-        ann.text(["logits"])), "head")
-    x_in = graph.node(head.inputs[0])
-    dot.edge(src, "head", label=f" {shape_text(x_in.type.shape)}")
-    if tied_from is not None:
-        dot.edge(tied_from, "head", style="dashed", label=" tied weight")
-    out_name = graph.outputs[0]
-    if out_name == "probs":
-        kinds.node(dot, "softmax", join_lines("Softmax over the vocabulary",
-                                              ann.text(["probs"])), "head")
-        dot.edge("head", "softmax", label=f" {shape_text(head.type.shape)}")
-        src = "softmax"
-    else:
-        src = "head"
-    out = graph.node(out_name)
-    kinds.node(dot, f"output.{out_name}", join_lines(out_name, shape_text(out.type.shape)), "io",
-               shape="ellipse", style="filled")
-    dot.edge(src, f"output.{out_name}")
+def model_box(node: Node) -> str:
+    """The model-level box a node belongs to, from its metadata."""
+    m = node.meta
+    if node.op == "input" or node.is_param:
+        return node.name
+    if m.part == "layer":
+        return f"{m.stack}.layers"
+    if m.part in ("embed", "norm") and m.stack is not None:
+        return f"{m.stack}.{m.part}"
+    if m.part == "head":
+        return "softmax" if node.category == "output" else "head"
+    return node.name
 
 
-def draw_embedding(dot: graphviz.Digraph, graph: Graph, kinds: KindTracker, ann: Annotator,
-                   stack: str, skip: frozenset[str] = frozenset()) -> str:
-    """Input ids and the embedding box of ``stack``; returns the name of the graph node that
-    leaves the embedding (for the outgoing edge's shape and dropout)."""
-    tokens = graph.node(f"{stack}.embed.tokens")
-    ids = graph.node(tokens.inputs[1])
-    kinds.node(dot, ids.name, join_lines(ids.name, shape_text(ids.type.shape)), "io",
-               shape="ellipse", style="filled")
-    embed_nodes = [n.name for n in graph.ops() if n.scope == f"{stack}.embed"]
-    kinds.node(dot, f"{stack}.embed", join_lines(embed_text(graph, stack),
-                                                 ann.text(embed_nodes, skip=skip)), "embedding")
-    dot.edge(ids.name, f"{stack}.embed")
-    return embed_nodes[-1]
+def head_text(graph: Graph, head: Node, ann: Annotator) -> str:
+    tied = "tied to the token table" if is_tied(graph, head) else "own weight (untied)"
+    return join_lines("Output head", f"linear {linear_text(graph, head)}", tied,
+                      ann.text([head.name]))
 
 
-def embed_edge_label(graph: Graph, last: str) -> str:
-    node = graph.node(last)
-    dropout = f" dropout {node.attrs['p']:g}" if node.op == "dropout" else ""
+def embed_edge_label(node: Node) -> str:
+    """Shape of the embedding's output, and the dropout on it."""
+    dropout = f" {dropout_text(node)}" if node.category == "dropout" else ""
     return f" {shape_text(node.type.shape)}{dropout}"
 
 
+class _ModelDrawing:
+    """Draws boxes as the graph's ops first reach them and the edges between them."""
+
+    def __init__(self, graph: Graph, ann: Annotator) -> None:
+        self.graph, self.ann = graph, ann
+        self.kinds = KindTracker()
+        self.dot = new_digraph(f"{graph.name}-model",
+                               f"{name(graph.name)} — model ({arch_text(graph)})")
+        self.tables = token_tables(graph)
+        self.drawn: set[str] = set()
+        self.edges: set[tuple[str, str]] = set()
+
+    def stack(self, node: Node) -> Stack:
+        assert node.meta.stack is not None
+        return stack_named(self.graph, node.meta.stack)
+
+    def box(self, box: str, node: Node) -> None:
+        """Declare ``box`` (the first node of it met is ``node``) once."""
+        if box in self.drawn:
+            return
+        self.drawn.add(box)
+        graph, ann, kinds, dot = self.graph, self.ann, self.kinds, self.dot
+        part = node.meta.part
+        if node.op == "input":
+            kinds.node(dot, box, join_lines(name(node.name), shape_text(node.type.shape)), "io",
+                       shape="ellipse", style="filled")
+        elif node.is_param:
+            kinds.node(dot, box, table_text(graph, node), "table", shape="cylinder",
+                       style="filled")
+        elif part == "embed" and node.meta.stack is not None:
+            stack = self.stack(node)
+            skip = frozenset(t.name for t in self.tables)
+            kinds.node(dot, box, join_lines(embed_text(graph, stack), ann.text(
+                [n.name for n in stack.embed], skip=skip)), "embedding")
+        elif part == "layer":
+            stack = self.stack(node)
+            layer_nodes = [n.name for n in graph.ops()
+                           if n.meta.stack == stack.name and n.meta.part == "layer"]
+            kinds.node(dot, box, join_lines(stack_text(graph, stack), ann.text(layer_nodes)),
+                       "stack", shape="box3d", style="filled", fontsize="13")
+        elif part == "norm":
+            kinds.node(dot, box, join_lines(f"Final {NORM_NAMES.get(node.op, node.op)}",
+                                            ann.text([node.name])), "norm")
+        elif box == "head":
+            kinds.node(dot, box, head_text(graph, node, ann), "head")
+        elif box == "softmax":
+            kinds.node(dot, box, join_lines("Softmax over the vocabulary",
+                                            ann.text([node.name])), "head")
+        else:
+            kinds.node(dot, box, join_lines(name(node.name), node.op), "head")
+
+    def edge(self, src: Node, dst: Node) -> None:
+        """The edge from ``src``'s box into ``dst``'s, styled by what it carries."""
+        tail, head = model_box(src), model_box(dst)
+        if tail == head or (tail, head) in self.edges:
+            return
+        self.edges.add((tail, head))
+        if src.is_param:
+            tied = dst.category != "embedding"
+            edge(self.dot, tail, head, " tied weight" if tied else " gather", style="dashed")
+        elif src.op == "input":
+            edge(self.dot, tail, head)
+        elif src.meta.part == "embed":
+            edge(self.dot, tail, head, embed_edge_label(src))
+        elif dst.meta.part == "layer" and src.meta.stack != dst.meta.stack:
+            label = f" {shape_text(src.type.shape)}\n" + "\n".join(
+                f" {line}" for line in cross_text(self.graph, src, self.stack(dst)).split("\n"))
+            edge(self.dot, tail, head, label, **CROSS_STYLE)
+        elif dst.meta.part == "head":
+            edge(self.dot, tail, head, f" {shape_text(src.type.shape)}")
+        else:
+            edge(self.dot, tail, head)
+
+    def draw(self) -> graphviz.Digraph:
+        graph = self.graph
+        for table in self.tables:  # first: sharing and tying are edges to one node each
+            self.box(table.name, table)
+        for node in graph.ops():
+            sources = [graph.node(i) for i in node.inputs]
+            sources = [s for s in sources if not s.is_param] + \
+                [s for s in sources if s.is_param and s in self.tables]
+            for src in sources:
+                if src.op == "input":
+                    self.box(model_box(src), src)
+            self.box(model_box(node), node)
+            for src in sources:
+                self.edge(src, node)
+        for out_name in graph.outputs:
+            out = graph.node(out_name)
+            box = f"output.{out_name}"
+            self.kinds.node(self.dot, box, join_lines(name(out_name), shape_text(out.type.shape)),
+                            "io", shape="ellipse", style="filled")
+            edge(self.dot, model_box(out), box)
+        self.kinds.legend(self.dot, self.ann.note())
+        return self.dot
+
+
 def build_model(graph: Graph, ann: Annotator) -> graphviz.Digraph:
-    spec = spec_of(graph)
-    kinds = KindTracker()
-    dot = new_digraph(f"{graph.name}-model", f"{graph.name} — model ({spec.arch})")
-    enc_dec = spec.arch == "encoder-decoder"
+    """The model-level drawing of ``graph``."""
+    return _ModelDrawing(graph, ann).draw()
 
-    # Token tables: one node each, so sharing and tying are drawn as edges.
-    tables: dict[str, str] = {}
-    for stack in spec.stacks:
-        tokens = graph.node(f"{stack}.embed.tokens")
-        tables[stack] = tokens.inputs[0]
-    for table in dict.fromkeys(tables.values()):
-        note = []
-        if len(set(tables.values())) == 1 and enc_dec:
-            note.append("shared by both stacks")
-        if graph.node("logits").inputs[1] == table:  # the head reads the same node
-            note.append("tied to the output head")
-        kinds.node(dot, table, join_lines(table_text(graph, table), *note), "table",
-                   shape="cylinder", style="filled")
 
-    for stack in spec.stacks:
-        last = draw_embedding(dot, graph, kinds, ann, stack, skip=frozenset(tables.values()))
-        dot.edge(tables[stack], f"{stack}.embed", style="dashed", label=" gather")
+def draw_inputs_and_embeddings(dot: graphviz.Digraph, graph: Graph, kinds: KindTracker,
+                               ann: Annotator, stack: Stack) -> Node:
+    """Input ids and the embedding box of ``stack`` (for the layer level); returns the node
+    that leaves the embedding (for the outgoing edge's shape and dropout)."""
+    tokens = next(n for n in stack.embed if n.category == "embedding")
+    ids = next(graph.node(i) for i in tokens.inputs if graph.node(i).op == "input")
+    kinds.node(dot, ids.name, join_lines(name(ids.name), shape_text(ids.type.shape)), "io",
+               shape="ellipse", style="filled")
+    box = model_box(tokens)
+    kinds.node(dot, box, join_lines(embed_text(graph, stack),
+                                    ann.text([n.name for n in stack.embed])), "embedding")
+    edge(dot, ids.name, box)
+    return stack.embed[-1]
 
-        n_layers = spec.layer_count(stack)
-        layer_nodes = [n.name for n in graph.ops() if n.scope.startswith(f"{stack}.layers.")]
-        title = f"{'Encoder' if stack == 'encoder' else 'Decoder'} × {n_layers}"
-        kinds.node(dot, f"{stack}.layers", join_lines(
-            title,
-            STACK_SUBLAYERS[(stack, enc_dec and stack == "decoder")],
-            heads_text(spec),
-            f"FFN {ffn_text(spec)}",
-            norm_text(spec),
-            ann.text(layer_nodes)), "stack", shape="box3d", style="filled", fontsize="13")
-        dot.edge(f"{stack}.embed", f"{stack}.layers", label=embed_edge_label(graph, last))
-        if f"{stack}.norm" in graph:
-            kinds.node(dot, f"{stack}.norm", join_lines(
-                f"Final {NORM_NAMES[graph.node(f'{stack}.norm').op]}",
-                ann.text([f"{stack}.norm"])), "norm")
-            dot.edge(f"{stack}.layers", f"{stack}.norm")
 
-    if enc_dec:
-        n_dec = spec.layer_count("decoder")
-        memory = graph.node(graph.node("decoder.layers.0.cross_attn.k").inputs[0])
-        dot.edge(_stack_output(graph, "encoder"), "decoder.layers", color="#2e8b57",
-                 penwidth="2", fontcolor="#2e8b57",
-                 label=f" {shape_text(memory.type.shape)}\\n cross-attention K, V\\n"
-                       f" into every decoder layer (× {n_dec})")
+def draw_head(dot: graphviz.Digraph, graph: Graph, kinds: KindTracker, ann: Annotator,
+              src: str) -> None:
+    """The output head (linear, then softmax for probs) and the output nodes, fed by the
+    drawn node ``src`` (for the layer level; the model level draws these from edges)."""
+    head = next(n for n in graph.ops() if model_box(n) == "head")
+    kinds.node(dot, "head", head_text(graph, head, ann), "head")
+    edge(dot, src, "head", f" {shape_text(graph.node(head.inputs[0]).type.shape)}")
+    last = "head"
+    for node in graph.ops():
+        if model_box(node) == "softmax":
+            kinds.node(dot, "softmax", join_lines("Softmax over the vocabulary",
+                                                  ann.text([node.name])), "head")
+            edge(dot, "head", "softmax", f" {shape_text(head.type.shape)}")
+            last = "softmax"
+    for out_name in graph.outputs:
+        out = graph.node(out_name)
+        kinds.node(dot, f"output.{out_name}", join_lines(name(out_name),
+                                                         shape_text(out.type.shape)),
+                   "io", shape="ellipse", style="filled")
+        edge(dot, last, f"output.{out_name}")
 
-    head_weight = graph.node("logits").inputs[1]
-    tied = head_weight if head_weight in tables.values() else None
-    draw_head(dot, graph, kinds, ann, _stack_output(graph, spec.stacks[-1]), tied_from=tied)
-    kinds.legend(dot, ann.note())
-    return dot

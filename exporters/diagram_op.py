@@ -1,59 +1,76 @@
-"""Op-level diagram: every op of the graph in nested clusters per scope, every data edge
-labelled with the symbolic shape of the tensor it carries (``B×S×512``).
+"""Op-level diagram: every op of the graph in nested clusters (stack, layer, sublayer, or
+part), every data edge labelled with the symbolic shape of the tensor it carries
+(``B×S×512``).
 
 Layers repeat, so by default only layer 0 of each stack is drawn (its cluster says ``× N``) and
-every edge that touches layer i > 0 is mapped onto layer 0: the encoder output read by all
-decoder layers and the last layer feeding the final norm become edges of layer 0. ``unfold``
-draws every layer. Parameters are not nodes here; each op's label says what it multiplies by.
+every edge that touches layer i > 0 is mapped onto layer 0 by node metadata (the node of layer
+0 with the same stack, sublayer and role): the encoder output read by all decoder layers and
+the last layer feeding the final norm become edges of layer 0. ``unfold`` draws every layer.
+Parameters are not nodes here; each op's label says what it multiplies by.
 """
 
 from __future__ import annotations
 
-import re
+from typing import Any
 
 import graphviz
 
-from tfgraph.exporters.diagram_labels import attention_kind, dropout_text, linear_text, spec_of
+from tfgraph.exporters.diagram_labels import (
+    attention_kind,
+    dropout_text,
+    is_tied,
+    linear_text,
+    name,
+)
+from tfgraph.exporters.diagram_structure import stacks
 from tfgraph.exporters.diagram_style import (
-    ACTIVATION_OPS,
-    NORM_OPS,
     Annotator,
     KindTracker,
     count,
+    dot_id,
+    dot_label,
+    edge,
     join_lines,
     new_digraph,
     shape_text,
 )
 from tfgraph.ir import Graph, Node
 
-_LAYER = re.compile(r"^(encoder|decoder)\.layers\.(\d+)(?=\.|$)")
 RESIDUAL_STYLE = {"style": "dashed,bold", "color": "#777777"}
-
-
-def _layer_index(name: str) -> int | None:
-    m = _LAYER.match(name)
-    return int(m.group(2)) if m else None
-
-
-def _fold(name: str) -> str:
-    """The layer-0 twin of a node name or scope in any layer."""
-    return _LAYER.sub(r"\1.layers.0", name)
+# Palette kind by op category; element-wise ops and positions are told apart below.
+CATEGORY_KINDS = {"embedding": "embedding", "norm": "norm", "activation": "activation",
+                  "dropout": "dropout", "output": "head", "linear": "linear"}
 
 
 def op_kind(node: Node) -> str:
+    """Palette kind of an op, from its category and where it sits."""
     if node.op == "input":
         return "io"
-    if node.op in ("embedding", "scale", "positions_sinusoidal", "positions_learned"):
-        return "embedding"
-    if node.op == "attention":
+    if node.category == "attention":
         return attention_kind(node)
-    if node.op in NORM_OPS:
-        return "norm"
-    if node.op in ACTIVATION_OPS:
-        return "activation"
-    if node.op in ("add", "dropout", "rope"):
-        return node.op
-    return "head" if node.scope == "head" else "linear"
+    if node.category == "dropout":
+        return "dropout"
+    if node.meta.part == "embed":
+        return "embedding"
+    if node.meta.part == "head":
+        return "head"
+    if node.category == "position":
+        return "rope"  # positions inside a layer rotate q and k
+    if node.category == "elementwise":
+        return "add" if node.op == "add" else "activation"  # a residual add, or the gate
+    return CATEGORY_KINDS.get(node.category, "linear")
+
+
+def layer0_twin(graph: Graph, node: Node) -> Node:
+    """The node of layer 0 doing ``node``'s job (itself outside layers and in layer 0)."""
+    if node.meta.layer in (None, 0):
+        return node
+    return graph.by_meta().get(node.meta.in_layer(0).key, node)
+
+
+def _short(node: Node) -> str:
+    """A node's job within its cluster: its role ("q", "residual"), else its name."""
+    return name(node.meta.role or node.name)
 
 
 def op_text(graph: Graph, node: Node) -> str:
@@ -61,7 +78,7 @@ def op_text(graph: Graph, node: Node) -> str:
     a = node.attrs
     if node.op == "linear":
         weight = graph.node(node.inputs[1])
-        tied = f"\nweight {weight.name} (tied)" if weight.scope != node.scope else ""
+        tied = f"\nweight {name(weight.name)} (tied)" if is_tied(graph, node) else ""
         return f"linear {linear_text(graph, node)}{tied}"
     if node.op == "attention":
         heads = f"{a['heads']}×{a['head_dim']}"
@@ -91,62 +108,95 @@ def op_text(graph: Graph, node: Node) -> str:
 
 
 class _Cluster:
-    def __init__(self, scope: str) -> None:
-        self.scope = scope
+    """A cluster of the drawing: its key (a path of metadata fields), label and contents."""
+
+    def __init__(self, key: tuple[Any, ...], label: str) -> None:
+        self.key = key
+        self.label = label
         self.items: list[object] = []  # Node or _Cluster, in first-appearance order
-        self.children: dict[str, _Cluster] = {}
+        self.children: dict[tuple[Any, ...], _Cluster] = {}
+
+    @property
+    def id(self) -> str:
+        """``cluster_decoder.layers.0.ffn``-style id from the key."""
+        return "cluster_" + dot_id(".".join(str(k) for k in self.key))
 
 
-def _cluster_scopes(scope: str) -> list[str]:
-    """Enclosing cluster scopes of a node scope, outermost first ('decoder',
-    'decoder.layers.0', 'decoder.layers.0.ffn'); the bare 'decoder.layers' level is skipped."""
-    if scope == "inputs":
+def _cluster_path(node: Node, layer_label: dict[tuple[str, int], str]
+                  ) -> list[tuple[tuple[Any, ...], str]]:
+    """(key, label) of the clusters enclosing ``node``, outermost first: its stack, then the
+    stack's embedding, or its layer and sublayer; a part outside stacks ("head") alone."""
+    m = node.meta
+    if node.op == "input" or not m.part:
         return []
-    parts = scope.split(".")
-    out = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    return [s for s in out if not s.endswith(".layers")]
+    if m.stack is None:
+        return [((m.part,), m.part)]
+    path: list[tuple[tuple[Any, ...], str]] = [((m.stack,), m.stack)]
+    if m.part == "embed":
+        path.append(((m.stack, "embed"), "embed"))
+    elif m.part == "layer" and m.layer is not None:
+        layer_key = (m.stack, "layers", m.layer)
+        path.append((layer_key, layer_label[(m.stack, m.layer)]))
+        if m.sublayer is not None:
+            path.append(((*layer_key, m.sublayer), m.sublayer))
+    return path
+
+
+def _layer_labels(graph: Graph, unfold: bool) -> dict[tuple[str, int], str]:
+    """Label of each layer's cluster: ``layers.0 (× 6: one drawn, all identical)`` folded."""
+    out = {}
+    for stack in stacks(graph):
+        for i in range(stack.layers):
+            if unfold or stack.layers == 1:
+                out[(stack.name, i)] = f"layers.{i} (of {stack.layers})"
+            else:
+                out[(stack.name, i)] = f"layers.{i} (× {stack.layers}: one drawn, all identical)"
+    return out
+
+
+def _cluster_tree(drawn: list[Node], layer_label: dict[tuple[str, int], str]) -> _Cluster:
+    """Nested clusters of the drawn nodes; a cluster only where two or more nodes share it."""
+    sizes: dict[tuple[Any, ...], int] = {}
+    for n in drawn:
+        for key, _ in _cluster_path(n, layer_label):
+            sizes[key] = sizes.get(key, 0) + 1
+    root = _Cluster((), "")
+    for n in drawn:
+        here = root
+        for key, label in _cluster_path(n, layer_label):
+            if sizes[key] < 2:
+                break
+            if key not in here.children:
+                here.children[key] = _Cluster(key, label)
+                here.items.append(here.children[key])
+            here = here.children[key]
+        here.items.append(n)
+    return root
 
 
 def build_op(graph: Graph, ann: Annotator, unfold: bool = False) -> graphviz.Digraph:
-    spec = spec_of(graph)
+    """The op-level drawing of ``graph`` (layer 0 of each stack unless ``unfold``)."""
     kinds = KindTracker()
     mode = "every layer" if unfold else "layers folded"
-    dot = new_digraph(f"{graph.name}-op", f"{graph.name} — ops ({mode})")
-    drawn = [n for n in graph.nodes() if not n.is_param
-             and (unfold or (_layer_index(n.name) or 0) == 0)]
+    dot = new_digraph(f"{graph.name}-op", f"{name(graph.name)} — ops ({mode})")
+    drawn = [n for n in graph.nodes() if not n.is_param and (unfold or n.meta.layer in (None, 0))]
+    twin = {n.name: (n if unfold else layer0_twin(graph, n)) for n in graph.nodes()}
     # all nodes a drawn node stands for (itself, and its twins in folded layers)
     stands_for: dict[str, list[str]] = {}
     for n in graph.ops():
-        stands_for.setdefault(n.name if unfold else _fold(n.name), []).append(n.name)
-
-    # Scope tree; a cluster only where a scope holds two or more drawn nodes.
-    sizes: dict[str, int] = {}
-    for n in drawn:
-        for s in _cluster_scopes(n.scope):
-            sizes[s] = sizes.get(s, 0) + 1
-    root = _Cluster("")
-    for n in drawn:
-        here = root
-        for s in _cluster_scopes(n.scope):
-            if sizes[s] < 2:
-                break
-            if s not in here.children:
-                here.children[s] = _Cluster(s)
-                here.items.append(here.children[s])
-            here = here.children[s]
-        here.items.append(n)
+        stands_for.setdefault(twin[n.name].name, []).append(n.name)
+    layer_label = _layer_labels(graph, unfold)
 
     def emit(target: graphviz.Digraph, cluster: _Cluster) -> None:
         for item in cluster.items:
             if isinstance(item, _Cluster):
-                with target.subgraph(name=f"cluster_{item.scope}") as sub:
-                    sub.attr(label=_cluster_label(item.scope), labeljust="l", style="rounded",
+                with target.subgraph(name=item.id) as sub:
+                    sub.attr(label=dot_label(item.label), labeljust="l", style="rounded",
                              color="#9aa9bd", fontsize="13")
                     emit(sub, item)
                 continue
             assert isinstance(item, Node)
-            short = item.name[len(item.scope) + 1:] if item.name.startswith(item.scope + ".") \
-                else item.name
+            short = _short(item)
             folded = stands_for.get(item.name, [item.name])
             note = "" if item.op == "input" else ann.text(
                 folded, prefix=f"all {len(folded)}: " if len(folded) > 1 else "")
@@ -156,20 +206,9 @@ def build_op(graph: Graph, ann: Annotator, unfold: bool = False) -> graphviz.Dig
             what = op_text(graph, item)
             if what.startswith(short):  # "dropout 0.1", not "dropout / dropout 0.1"
                 short = ""
-            kinds.node(target, item.name, join_lines(short, what, note),
-                       op_kind(item), **extra)
+            kinds.node(target, item.name, join_lines(short, what, note), op_kind(item), **extra)
 
-    def _cluster_label(scope: str) -> str:
-        i = _layer_index(scope)
-        if i is not None and scope.count(".") == 2:
-            stack = scope.split(".")[0]
-            n = spec.layer_count(stack)
-            if unfold or n == 1:
-                return f"layers.{i} (of {n})"
-            return f"layers.0 (× {n}: one drawn, all identical)"
-        return scope.rsplit(".", 1)[-1]
-
-    emit(dot, root)
+    emit(dot, _cluster_tree(drawn, layer_label))
 
     drawn_names = {n.name for n in drawn}
     seen: set[tuple[str, str, int]] = set()
@@ -180,18 +219,18 @@ def build_op(graph: Graph, ann: Annotator, unfold: bool = False) -> graphviz.Dig
             src = graph.node(src_name)
             if src.is_param:
                 continue
-            src_drawn = src_name if unfold else _fold(src_name)
+            src_drawn = twin[src_name].name
             if (src_drawn, dst.name, operand) in seen:
                 continue
             seen.add((src_drawn, dst.name, operand))
             attrs: dict[str, str] = {}
             label = shape_text(src.type.shape)
-            if dst.op == "add" and dst.name.endswith(".residual") and operand == 0:
+            if dst.meta.role == "residual" and operand == 0:
                 attrs = dict(RESIDUAL_STYLE)
                 label += " (residual)"
             if src_drawn != src_name:
-                label += f"\\n(from layers.{_layer_index(src_name)})"
-            dot.edge(src_drawn, dst.name, label=f" {label}", **attrs)
+                label += f"\n(from layers.{src.meta.layer})"
+            edge(dot, src_drawn, dst.name, f" {label}", **attrs)
     kinds.legend(dot, "; ".join(x for x in [
         "edge labels: tensor shapes (B batch, S source / only length, T target length)",
         "bold dashed edge: residual path",

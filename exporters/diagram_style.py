@@ -1,12 +1,20 @@
 """Look and labels shared by every diagram level: colours by kind, fonts, the legend, number
-and shape formatting, and the optional params / FLOP-share annotations.
+and shape formatting, DOT escaping, and the optional params / FLOP-share annotations.
 
 Colours are data (one table) so every level agrees and the legend is generated from it; only
 kinds that appear in a drawing are listed, in the table's order, so DOT output is stable.
+
+Every label, title and node id goes through this module's escaping (``dot_label``,
+``dot_id``): names come from users (a spec's name, the names of a hand-built graph), and DOT
+gives meaning to quotes, backslashes (``\\N``, ``\\G``, ``\\l`` expand inside labels), ``<...>``
+(an HTML-like label), ``:`` in an edge end (a port) and raw control characters (which would
+make the rendered SVG invalid XML). Labels are written as plain text lines; only this module
+writes DOT syntax.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,6 +22,7 @@ import graphviz
 
 from tfgraph import cost
 from tfgraph.ir import Graph, Shape
+from tfgraph.terminal import printable
 
 FONT = "Helvetica"
 
@@ -36,26 +45,54 @@ PALETTE: dict[str, tuple[str, str]] = {
     "head": ("#cfd8dc", "output head"),
 }
 
-ACTIVATION_OPS = frozenset({"relu", "gelu", "gelu_tanh", "silu", "mul"})
-NORM_OPS = frozenset({"layernorm", "rmsnorm", "scalenorm"})
 NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "scalenorm": "ScaleNorm"}
 
 
+# Ids made only of these characters are written as they are (readable DOT, stable golden
+# files); any other id is spelled in hex, since ':' splits an edge end into node and port.
+_PLAIN_ID_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
+
+
+def dot_text(line: str) -> str:
+    """One line of text as the literal content of a DOT label: control characters, line
+    separators and bidi controls written as visible escapes, backslashes doubled (so graphviz
+    expands none of ``\\N``, ``\\G``, ``\\n``), quotes escaped."""
+    return printable(line).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def dot_label(text: str, end: str = "\\n") -> str:
+    """A plain multi-line label (lines joined by "\\n") as a DOT string: each line escaped by
+    ``dot_text`` and ended by ``end`` ("\\l" left-justifies), never read as an HTML label."""
+    lines = [dot_text(line) for line in text.split("\n")]
+    joined = end.join(lines) + (end if end != "\\n" else "")
+    return graphviz.nohtml(joined)
+
+
+def dot_id(name: str) -> str:
+    """A DOT node or graph id for ``name``: itself when made of letters, digits, '_', '.' and
+    '-', else ``id_`` and its UTF-8 bytes in hex (one-to-one, so edges still meet)."""
+    if name and all(ch in _PLAIN_ID_CHARS for ch in name):
+        return name
+    return "id_" + name.encode("utf-8", "surrogatepass").hex()
+
+
+def edge(dot: graphviz.Digraph, tail: str, head: str, label: str = "", **attrs: str) -> None:
+    """An edge between two ids (escaped here) with an optional plain-text label."""
+    if label:
+        attrs["label"] = dot_label(label)
+    dot.edge(dot_id(tail), dot_id(head), **attrs)
+
+
 def new_digraph(name: str, title: str) -> graphviz.Digraph:
-    """A top-to-bottom digraph with the house fonts; ``title`` is printed above the drawing."""
-    dot = graphviz.Digraph(name=name)
-    dot.attr(rankdir="TB", fontname=FONT, fontsize="16", labelloc="t", label=title,
+    """A top-to-bottom digraph with the house fonts; ``title`` (plain text) is printed above
+    the drawing."""
+    dot = graphviz.Digraph(name=dot_id(name))
+    dot.attr(rankdir="TB", fontname=FONT, fontsize="16", labelloc="t", label=dot_label(title),
              nodesep="0.35", ranksep="0.45", newrank="true")
     dot.attr("node", fontname=FONT, fontsize="12", shape="box", style="rounded,filled",
              margin="0.15,0.06")
     dot.attr("edge", fontname=FONT, fontsize="10", color="#555555", arrowsize="0.7")
     return dot
-
-
-def escape_lines(label: str) -> str:
-    """Line breaks as DOT's ``\\n`` escape, so every DOT statement stays on one line (stable,
-    readable golden files)."""
-    return label.replace("\n", "\\n")
 
 
 def fill(kind: str) -> str:
@@ -70,8 +107,9 @@ class KindTracker:
 
     def node(self, dot: graphviz.Digraph, name: str, label: str, kind: str,
              **attrs: str) -> None:
+        """Node ``name`` with the plain-text ``label`` in the colour of ``kind``."""
         self.used.add(kind)
-        dot.node(name, label=escape_lines(label), fillcolor=fill(kind), **attrs)
+        dot.node(dot_id(name), label=dot_label(label), fillcolor=fill(kind), **attrs)
 
     def legend(self, dot: graphviz.Digraph, note: str = "") -> None:
         """An HTML-table node listing the used kinds with their colours, in palette order."""
@@ -90,7 +128,7 @@ class KindTracker:
             leg.attr(label="", style="rounded", color="#bbbbbb")
             leg.node("legend", label=table, shape="plaintext", style="", fontsize="11")
             if lines:
-                text = "".join(escape_lines(line) + "\\l" for line in lines)
+                text = dot_label("\n".join(lines), end="\\l")
                 leg.node("legend_notes", label=text, shape="plaintext", style="",
                          fontsize="10", margin="0")
                 leg.edge("legend", "legend_notes", style="invis")

@@ -1,87 +1,58 @@
-"""Readable PyTorch source for a spec: the ``model.py`` of ``tfgraph build --to torch``.
+"""Readable PyTorch source for a compiled graph: the ``model.py`` of ``tfgraph build --to torch``.
 
-The generated file is nanoGPT-style (hyper-parameters at the top, then Attention, FeedForward,
-Layer, Stack and Model classes with shape comments), specialised to the spec: a Llama-style
-spec gets RMSNorm, rotary positions and SwiGLU and nothing else. It imports only torch (and the
-standard library); ``load()`` reads ``weights.safetensors`` with the safetensors package.
+Rendered from the op graph alone, in tinygrad's renderer style: every module the graph declares
+(Model, Encoder, DecoderLayer, SelfAttention, FeedForward, ...) becomes a class whose
+``forward`` is its nodes in the walk's order (``tfgraph.plan``), one line per node from the
+per-op templates ``TORCH_SOURCE`` (next to the lowering table ``TORCH_OPS``), with nanoGPT-style
+shape comments; ``torch_render`` does that part. Here instances are grouped into classes: the
+layers of a stack render to the same text and share one class, and a value that differs between
+instances (``causal`` of the encoder's and the decoder's self-attention) becomes a constructor
+argument. Hyper-parameters are constants on top (``graph.sizes`` and the values every node of an
+op shares); a new architecture knob therefore reaches model.py through lowering and the op
+tables alone, exactly as it reaches ``to_torch`` and the ONNX exporter.
 
-Submodules are named so that ``state_dict()`` keys are tfgraph's parameter names (design §4).
-The functions of ``torch_functional`` are copied in verbatim, and the classes call the same
-kernels in the same order as ``to_torch``'s interpreter, so both give bit-identical outputs.
+The file imports only torch and the standard library: the ``torch_functional`` kernels its
+lines call are copied in verbatim (``inspect.getsource``), so ``to_torch``'s interpreter and
+this file run the same kernels in the same order and agree bit for bit, with dropout and
+gradients too. ``load()`` reads weights.safetensors with the safetensors package.
 
-Precondition: ``graph`` was lowered from a validated spec (``graph.spec`` is set).
+User text (the model's name and description) reaches the file only inside docstrings, escaped
+by ``docstring``: no name or description can end the string or add code.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
-import math
-from collections.abc import Callable
+import io
+import keyword
+import re
+import textwrap
+import tokenize
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
 
 from tfgraph.cost import param_count
 from tfgraph.exporters import torch_functional
+from tfgraph.exporters.torch_module import TORCH_DTYPES
+from tfgraph.exporters.torch_ops import SOURCE_SETTINGS
+from tfgraph.exporters.torch_render import (
+    ABBREVIATIONS,
+    RESERVED,
+    SLOT,
+    ChildClass,
+    GraphView,
+    Instance,
+    InstanceRenderer,
+    literal,
+    variant,
+)
 from tfgraph.ir import Graph
-from tfgraph.spec import GATED_ACTIVATIONS, Spec
 
-# Activation expressions of the feed-forward, on the up (or gate) projection ``h``.
-ACTIVATIONS: dict[str, str] = {
-    "relu": "F.relu({})", "gelu": "F.gelu({})", "gelu_tanh": 'F.gelu({}, approximate="tanh")',
-    "silu": "F.silu({})", "swiglu": "F.silu({})", "geglu": "F.gelu({})",
-}
-PLACEMENT_DOCS: dict[str, str] = {
-    "post": "post-norm (Vaswani et al. 2017): x = norm(x + f(x))",
-    "pre": "pre-norm (GPT-2): x = x + f(norm(x))",
-    "branch": "branch norm (OLMo 2): x = x + norm(f(x))",
-    "sandwich": "sandwich norm (Gemma 2): x = x + norm(f(norm(x)))",
-}
-TORCH_DTYPE_NAMES = {"float32": "torch.float32", "float16": "torch.float16",
-                     "bfloat16": "torch.bfloat16"}
-
-
-def generate_source(graph: Graph) -> str:
-    """The text of ``model.py`` for ``graph``'s spec."""
-    spec = graph.spec
-    if spec is None:
-        raise ValueError(f"graph {graph.name!r} has no spec to generate source from")
-    params = sum(param_count(p) for p in graph.params())
-    parts = [
-        _header(spec, params),
-        _constants(spec),
-        _functions(spec),
-        *_norm_classes(spec),
-        _attention_class(spec),
-        _ffn_class(spec),
-        _layer_class(spec),
-        _stack_class(spec),
-        _model_class(spec),
-        _load_function(),
-    ]
-    return "\n\n\n".join(p.strip("\n") for p in parts if p) + "\n"
-
-
-# ---- pieces -------------------------------------------------------------------------------
-
-
-def _header(spec: Spec, params: int) -> str:
-    ids = "src_ids, tgt_ids" if spec.arch == "encoder-decoder" else "input_ids"
-    seq = "T" if spec.arch == "encoder-decoder" else "S"
-    shapes = "(B, S), (B, T)" if spec.arch == "encoder-decoder" else "(B, S)"
-    desc = f"\n\n{spec.description}" if spec.description else ""
-    return f'''"""{spec.name}: {spec.arch} Transformer, {params:,} parameters.{desc}
-
-Generated by tfgraph from spec.yaml (in this folder). Standalone: imports only torch. Parameter
-names are tfgraph's (design §4), so weights.safetensors loads with strict=True.
-
-    import model
-    net = model.load("path/to/this/folder")   # weights.safetensors, {spec.dtype}, eval mode
-    out = net({ids})  # int64 {shapes} -> {spec.output} (B, {seq}, {spec.output_vocab})
-
-Shapes in comments: B batch, S source (or only) length, T target length, d d_model,
-h heads, kv key/value heads, hd head_dim. Regenerate rather than edit:
-tfgraph build spec.yaml --to torch -o DIR.
-"""
-
-from __future__ import annotations
+IMPORTS = """from __future__ import annotations
 
 import math
 import os
@@ -89,301 +60,270 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch import Tensor'''
+from torch import Tensor"""
+
+PARAMETERS = '''class Parameters(nn.Module):
+    """Named parameters that a functional call reads (a norm's gain, a position table)."""
+
+    def __init__(self, **values: Tensor) -> None:
+        super().__init__()
+        for name, value in values.items():
+            self.register_parameter(name, nn.Parameter(value))'''
+
+# Attributes every module already has: constructor arguments, stored as self.<name>, avoid them.
+MODULE_NAMES = frozenset(dir(nn.Module))
+# Characters a docstring must not hold as they are: NUL cannot appear in source, a CR would
+# become a newline, separators and bidirectional controls change how the file reads in an editor
+# and ANSI sequences act on a terminal showing it (Unicode general categories).
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
-def _constants(spec: Spec) -> str:
-    att, ffn, emb, norm = spec.attention, spec.ffn, spec.embedding, spec.norm
-    rows: list[tuple[str, object, str]] = [
-        ("D_MODEL", spec.d_model, "d"),
-        ("HEADS", att.heads, "h"),
-        ("KV_HEADS", att.kv_heads, "kv; < HEADS is grouped-query attention"),
-        ("HEAD_DIM", att.head_dim, "hd"),
-        ("ATTN_BIAS", att.bias, "biases on q, k, v, o"),
-        ("NORMALIZE", att.normalize, "softmax, or hardmax (one-hot of the arg-max)"),
-        ("FFN_HIDDEN", ffn.hidden, f"{ffn.activation} feed-forward width"),
-        ("FFN_BIAS", ffn.bias, ""),
-        ("NORM_EPS", norm.eps, f"{norm.kind}"),
-        ("DROPOUT", spec.dropout, "after embeddings and each sublayer, training only"),
-    ]
-    if spec.arch == "encoder-decoder":
-        rows += [("ENCODER_LAYERS", spec.layer_count("encoder"), ""),
-                 ("DECODER_LAYERS", spec.layer_count("decoder"), ""),
-                 ("SOURCE_VOCAB", spec.vocab_size("source"), ""),
-                 ("TARGET_VOCAB", spec.vocab_size("target"), "")]
-    else:
-        stack = spec.stacks[0]
-        rows += [("LAYERS", spec.layer_count(stack), f"{stack} layers"),
-                 ("VOCAB", spec.vocab_size("source"), "")]
-    if emb.positions == "learned":
-        rows.append(("MAX_LEN", spec.max_len, "rows of the learned position tables"))
-    if emb.positions == "rope":
-        rows.append(("ROPE_THETA", emb.rope_theta, "rotary base"))
-    lines = ["# ---- hyper-parameters (from spec.yaml) " + "-" * 52]
-    for name, value, note in rows:
-        text = f'"{value}"' if isinstance(value, str) else repr(value)
-        lines.append(f"{name} = {text}" + (f"  # {note}" if note else ""))
-    lines.append(f"DTYPE = {TORCH_DTYPE_NAMES[spec.dtype]}")
-    lines.append('ATTENTION_IMPL = "sdpa"  # "math": explicit matmuls that FlopCounterMode '
-                 "counts")
+@dataclass
+class ClassText:
+    """A resolved class: slots replaced by literals, constructor arguments or axis names."""
+
+    name: str
+    doc: str
+    args: list[tuple[str, str]]
+    init: list[str]
+    params: list[str]
+    returns: int
+    body: list[str]
+
+
+def generate_source(graph: Graph) -> str:
+    """The text of ``model.py`` for ``graph``."""
+    view = GraphView(graph)
+    classes = "\n\n\n".join(_class_source(c) for c in render_classes(view))
+    constants = _constants(graph, view, classes)
+    kernels = _kernels(classes)
+    helpers = [PARAMETERS] if "Parameters" in view.helpers else []
+    parts = [_header(graph, view, classes), IMPORTS, constants, kernels, *helpers, classes,
+             _load(view.modules[""].cls)]
+    return "\n\n\n".join(p.strip("\n") for p in parts if p) + "\n"
+
+
+# ---- classes ------------------------------------------------------------------------------
+
+
+def render_classes(view: GraphView) -> list[ClassText]:
+    """One class per distinct module body, children before parents."""
+    heights = {path: view.height(path) for path in view.modules}
+    classes: dict[str, ChildClass] = {}
+    taken: set[str] = set(RESERVED)
+    out = []
+    for level in sorted(set(heights.values())):
+        groups: dict[tuple[Any, ...], list[Instance]] = {}
+        for path in (p for p in view.modules if heights[p] == level):
+            instance = InstanceRenderer(view, path, classes).render()
+            groups.setdefault(instance.key(), []).append(instance)
+        for members in groups.values():
+            name = variant(members[0].info.cls, taken)
+            taken.add(name)
+            text, values = _resolve(name, members)
+            out.append(text)
+            for member, member_values in zip(members, values):
+                classes[member.path] = (name, member_values)
+    return out
+
+
+def _resolve(name: str, members: list[Instance]) -> tuple[ClassText, list[list[tuple[str, Any]]]]:
+    """Fill the slots of instances sharing one body: a value the same in all of them is a
+    literal, one that differs a constructor argument; a sequence axis that differs is L."""
+    first = members[0]
+    args: dict[tuple[str, tuple[Any, ...]], str] = {}
+    in_body: dict[int, str] = {}
+    in_init: dict[int, str] = {}
+    varying_axes = 0
+    for i, slot in enumerate(first.slots):
+        values = tuple(m.slots[i].value for m in members)
+        if all(type(v) is type(values[0]) and v == values[0] for v in values):
+            in_body[i] = in_init[i] = literal(values[0]) if slot.kind == "attr" else values[0]
+        elif slot.kind == "axis":
+            varying_axes += 1
+            in_body[i] = in_init[i] = "L" if varying_axes == 1 else f"L{varying_axes}"
+        else:
+            base = slot.key if slot.key.isidentifier() and not keyword.iskeyword(slot.key) \
+                else "arg"
+            arg = args.get((slot.key, values)) or variant(base, set(args.values()) | MODULE_NAMES)
+            args[(slot.key, values)] = arg
+            in_body[i], in_init[i] = f"self.{arg}", arg
+    arg_values = [(arg, values) for (_, values), arg in args.items()]
+    text = ClassText(
+        name, first.info.doc,
+        [(arg, type(values[0]).__name__) for arg, values in arg_values],
+        [f"self.{arg} = {arg}" for arg, _ in arg_values] + _fill(first.init, in_init),
+        first.params, first.returns, _fill(first.body, in_body))
+    per_member = [[(arg, values[k]) for arg, values in arg_values] for k in range(len(members))]
+    return text, per_member
+
+
+def _fill(lines: list[str], texts: dict[int, str]) -> list[str]:
+    pattern = re.compile(f"{SLOT}(\\d+){SLOT}")
+    return [pattern.sub(lambda m: texts[int(m.group(1))], line) for line in lines]
+
+
+def _class_source(c: ClassText) -> str:
+    signature = "".join(f", {arg}: {annotation}" for arg, annotation in c.args)
+    returns = "Tensor" if c.returns == 1 else f"tuple[{', '.join(['Tensor'] * c.returns)}]"
+    return "\n".join([
+        f"class {c.name}(nn.Module):",
+        f'    """{docstring(c.doc)}"""',
+        "",
+        f"    def __init__(self{signature}) -> None:",
+        "        super().__init__()",
+        *(wrapped for line in c.init for wrapped in wrap(line, 8)),
+        "",
+        *wrap(f"def forward(self, {', '.join(c.params)}) -> {returns}:", 4),
+        *(wrapped for line in c.body for wrapped in wrap(line, 8)),
+    ])
+
+
+def wrap(line: str, indent: int, width: int = 99) -> list[str]:
+    """``line`` indented; when longer than ``width``, the arguments of its first bracket are
+    broken over lines aligned after that bracket (the shape comment stays last). Python's
+    tokenizer finds the commas, so none inside a string literal is taken for one."""
+    pad = " " * indent
+    if len(pad + line) <= width:
+        return [pad + line]
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return [pad + line]
+    comment = next((t.string for t in tokens if t.type == tokenize.COMMENT), "")
+    opened: dict[int, int] = {}  # depth -> end of the first bracket opening it
+    cuts: dict[int, list[int]] = {}  # depth -> ends of the commas at that depth
+    depth = 0
+    for token in tokens:
+        if token.type != tokenize.OP:
+            continue
+        if token.string in "([{":
+            depth += 1
+            opened.setdefault(depth, token.end[1])
+        elif token.string in ")]}":
+            depth -= 1
+        elif token.string == "," and opened.get(depth, len(line)) < token.start[1]:
+            cuts.setdefault(depth, []).append(token.end[1])
+    code = line[:line.index(comment)].rstrip() if comment else line
+    if not cuts:
+        return [pad + line]
+    level = min(cuts)  # the outermost bracket with several arguments
+    opened_at, cuts_at = opened[level], cuts[level]
+    bounds = [opened_at, *cuts_at, len(code)]
+    pieces = [code[a:b].strip() for a, b in zip(bounds, bounds[1:])]
+    lines, current = [], pad + code[:opened_at]
+    hang = " " * (indent + opened_at)
+    for piece in pieces:
+        if len(current) + len(piece) + 1 > width and current.strip() and \
+                not current.endswith(("(", "[", "{")):
+            lines.append(current.rstrip())
+            current = hang
+        current += piece + " "
+    lines.append(current.rstrip() + (f"  {comment}" if comment else ""))
+    return lines
+
+
+# ---- the rest of the file -----------------------------------------------------------------
+
+
+def _header(graph: Graph, view: GraphView, classes: str) -> str:
+    root = view.modules[""]
+    params = sum(param_count(p) for p in graph.params())
+    title = f"{root.doc.rstrip('.') or graph.name}, {params:,} parameters."
+    # The spec is read for its description only: everything else comes from the graph.
+    description = graph.spec.description if graph.spec is not None else ""
+    ids = ", ".join(graph.inputs)
+    shapes = ", ".join(_plain_shape(view, i) for i in graph.inputs)
+    out = graph.outputs[0]
+    legend = ["B batch", "S source (or only) length", "T target length"]
+    if re.search(r"# .*\bL\b", classes):
+        legend.append("L either length (in a class both stacks use)")
+    legend += [f"{short} {name}" for name, short in ABBREVIATIONS.items() if name in view.sizes]
+    usage = f"""Generated by tfgraph from the op graph of spec.yaml (in this folder); imports only torch.
+Parameter names are tfgraph's (README, "Parameter names"), so weights.safetensors loads with
+strict=True. Regenerate rather than edit: tfgraph build spec.yaml --to torch -o DIR.
+
+    import model
+    net = model.load("path/to/this/folder")  # weights.safetensors, {graph.dtype}, eval mode
+    out = net({ids})  # int64 {shapes} -> {out} {_plain_shape(view, out)}
+
+{textwrap.fill("Shapes in comments: " + ", ".join(legend) + ".", 95)}
+"""
+    text = "\n\n".join(p for p in (title, description, usage) if p)
+    return '"""' + docstring(text) + '"""'
+
+
+def _plain_shape(view: GraphView, value: str) -> str:
+    return "(" + ", ".join(a.text for a in view.axes[value]) + ")"
+
+
+def _constants(graph: Graph, view: GraphView, code: str) -> str:
+    lines = ["# ---- hyper-parameters (the graph's sizes and shared attributes) " + "-" * 27]
+    for name, value in view.sizes.items():
+        short = ABBREVIATIONS.get(name)
+        lines.append(f"{name.upper()} = {literal(value)}" + (f"  # {short}" if short else ""))
+    for name, (value, comment) in view.constants.items():
+        lines.append(f"{name} = {value}  # {comment}")
+    lines.append(f"DTYPE = {TORCH_DTYPES[graph.dtype]}  # parameters and activations")
+    used = _names_in(code)
+    for name, (value, comment) in SOURCE_SETTINGS.items():
+        if name in used:
+            lines.append(f"{name} = {value}  # {comment}")
     return "\n".join(lines)
 
 
-def _functions(spec: Spec) -> str:
-    """The torch_functional functions this spec uses, copied verbatim."""
-    tf = torch_functional
-    funcs: list[Callable[..., object] | type] = []
-    if spec.embedding.positions == "sinusoidal":
-        funcs.append(tf.sinusoidal_positions)
-    if spec.embedding.positions == "rope":
-        funcs += [tf.rope_tables, tf.apply_rope]
-    funcs += [tf.attention, tf.explicit_attention]
-    if spec.norm.kind in ("rmsnorm", "scalenorm"):
-        funcs += [tf._RMSNorm, tf.rms_norm]
-    if spec.norm.kind == "scalenorm":
-        funcs.append(tf.scale_norm)
-    if spec.dropout > 0:
-        funcs.append(tf.dropout)
-    head = "# ---- functional pieces (tfgraph.exporters.torch_functional) " + "-" * 30
-    return "\n\n\n".join([head + "\n\n" + inspect.getsource(funcs[0]).strip()]
-                         + [inspect.getsource(f).strip() for f in funcs[1:]])
+def _kernels(code: str) -> str:
+    """The torch_functional functions (and classes) ``code`` calls, with those they call,
+    copied verbatim in their order in torch_functional."""
+    available = {name: obj for name, obj in vars(torch_functional).items()
+                 if (inspect.isfunction(obj) or inspect.isclass(obj))
+                 and obj.__module__ == torch_functional.__name__}
+    wanted: set[str] = set()
+    todo = _names_in(code) & set(available)
+    while todo:
+        name = todo.pop()
+        wanted.add(name)
+        todo |= (_names_in(inspect.getsource(available[name])) & set(available)) - wanted
+    if not wanted:
+        return ""
+    ordered = sorted(wanted, key=lambda n: inspect.getsourcelines(available[n])[1])
+    head = "# ---- kernels (tfgraph.exporters.torch_functional, verbatim) " + "-" * 30
+    return head + "\n\n" + "\n\n\n".join(inspect.getsource(available[n]).strip()
+                                         for n in ordered)
 
 
-def _norm_classes(spec: Spec) -> list[str]:
-    kind = spec.norm.kind
-    if kind == "layernorm":
-        return ["def Norm() -> nn.Module:\n"
-                '    """LayerNorm with gain and bias over d."""\n'
-                "    return nn.LayerNorm(D_MODEL, eps=NORM_EPS)"]
-    if kind == "rmsnorm":
-        return ['''class Norm(nn.Module):
-    """RMSNorm: x / sqrt(mean(x^2) + eps) * weight (no bias)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(D_MODEL))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, NORM_EPS)''']
-    return ['''class Norm(nn.Module):
-    """ScaleNorm: g * x / sqrt(sum(x^2) + eps) with one scalar gain g."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(1))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return scale_norm(x, self.weight, NORM_EPS)''']
+def _names_in(code: str) -> set[str]:
+    return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
 
 
-def _attention_class(spec: Spec) -> str:
-    rope = spec.embedding.positions == "rope"
-    sig = ", rope: tuple[Tensor, Tensor] | None = None" if rope else ""
-    rope_lines = ('''
-        if rope is not None:  # rotary positions on self-attention's q and k
-            q = apply_rope(q, rope[0], rope[1], HEADS, HEAD_DIM)
-            k = apply_rope(k, rope[0], rope[1], KV_HEADS, HEAD_DIM)''' if rope else "")
-    return f'''class Attention(nn.Module):
-    """Multi-head attention: q from x, k and v from kv (x itself, or the encoder output)."""
-
-    def __init__(self, causal: bool) -> None:
-        super().__init__()
-        self.causal = causal
-        self.q = nn.Linear(D_MODEL, HEADS * HEAD_DIM, bias=ATTN_BIAS)
-        self.k = nn.Linear(D_MODEL, KV_HEADS * HEAD_DIM, bias=ATTN_BIAS)
-        self.v = nn.Linear(D_MODEL, KV_HEADS * HEAD_DIM, bias=ATTN_BIAS)
-        self.o = nn.Linear(HEADS * HEAD_DIM, D_MODEL, bias=ATTN_BIAS)
-
-    def forward(self, x: Tensor, kv: Tensor{sig}) -> Tensor:
-        q = self.q(x)  # (B, Tq, h*hd)
-        k = self.k(kv)  # (B, Tk, kv*hd)
-        v = self.v(kv)  # (B, Tk, kv*hd){rope_lines}
-        y = attention(q, k, v, HEADS, KV_HEADS, HEAD_DIM, self.causal, NORMALIZE,
-                      ATTENTION_IMPL)  # (B, Tq, h*hd)
-        return self.o(y)  # (B, Tq, d)'''
-
-
-def _ffn_class(spec: Spec) -> str:
-    act = spec.ffn.activation
-    if act in GATED_ACTIVATIONS:
-        init = ("        self.gate = nn.Linear(D_MODEL, FFN_HIDDEN, bias=FFN_BIAS)\n"
-                "        self.up = nn.Linear(D_MODEL, FFN_HIDDEN, bias=FFN_BIAS)\n")
-        body = (f"        h = {ACTIVATIONS[act].format('self.gate(x)')} * self.up(x)"
-                "  # (B, L, hidden)\n")
-        doc = f"{act}: down({ACTIVATIONS[act].format('gate(x)')} * up(x))"
-    else:
-        init = "        self.up = nn.Linear(D_MODEL, FFN_HIDDEN, bias=FFN_BIAS)\n"
-        body = f"        h = {ACTIVATIONS[act].format('self.up(x)')}  # (B, L, hidden)\n"
-        doc = f"down({ACTIVATIONS[act].format('up(x)')})"
-    return f'''class FeedForward(nn.Module):
-    """Position-wise feed-forward, {doc}."""
-
-    def __init__(self) -> None:
-        super().__init__()
-{init}        self.down = nn.Linear(FFN_HIDDEN, D_MODEL, bias=FFN_BIAS)
-
-    def forward(self, x: Tensor) -> Tensor:
-{body}        return self.down(h)  # (B, L, d)'''
-
-
-def _sublayer(spec: Spec, name: str, call: str) -> list[str]:
-    """Lines applying sublayer ``name`` (f = ``call`` with ``{}`` for its input) to x."""
-    where = spec.norm.position
-
-    def drop(expr: str) -> str:
-        return f"dropout({expr}, DROPOUT, self.training)" if spec.dropout > 0 else expr
-
-    f = call.format
-    if where == "post":
-        return [f"h = {f('x')}", f"x = self.{name}_norm(x + {drop('h')})"]
-    if where == "pre":
-        return [f"h = self.{name}_norm(x)", f"h = {f('h')}", f"x = x + {drop('h')}"]
-    if where == "branch":
-        return [f"h = self.{name}_norm({f('x')})", f"x = x + {drop('h')}"]
-    return [f"h = self.{name}_norm(x)", f"h = self.{name}_out_norm({f('h')})",
-            f"x = x + {drop('h')}"]
-
-
-def _layer_class(spec: Spec) -> str:
-    rope = spec.embedding.positions == "rope"
-    cross = spec.arch == "encoder-decoder"
-    sandwich = spec.norm.position == "sandwich"
-    init = ["self.self_attn = Attention(causal)", "self.self_attn_norm = Norm()"]
-    if sandwich:
-        init.append("self.self_attn_out_norm = Norm()")
-    if cross:
-        init += ["self.cross_attn = Attention(causal=False) if cross else None",
-                 "self.cross_attn_norm = Norm() if cross else None"]
-        if sandwich:
-            init.append("self.cross_attn_out_norm = Norm() if cross else None")
-    init += ["self.ffn = FeedForward()", "self.ffn_norm = Norm()"]
-    if sandwich:
-        init.append("self.ffn_out_norm = Norm()")
-    self_call = "self.self_attn({0}, {0}, rope)" if rope else "self.self_attn({0}, {0})"
-    body = ["# self-attention (B, L, d)", *_sublayer(spec, "self_attn", self_call)]
-    if cross:
-        body += ["if memory is not None:  # cross-attention over the encoder output (B, S, d)",
-                 *["    " + ln for ln in _sublayer(spec, "cross_attn",
-                                                   "self.cross_attn({}, memory)")]]
-    body += ["# feed-forward (B, L, d)", *_sublayer(spec, "ffn", "self.ffn({})"), "return x"]
-    args = ["x: Tensor"]
-    if cross:
-        args.append("memory: Tensor | None = None")
-    if rope:
-        args.append("rope: tuple[Tensor, Tensor] | None = None")
-    ctor = "causal: bool, cross: bool" if cross else "causal: bool"
-    ind = "\n        "
-    return f'''class Layer(nn.Module):
-    """One layer, {PLACEMENT_DOCS[spec.norm.position]}."""
-
-    def __init__(self, {ctor}) -> None:
-        super().__init__(){ind}{ind.join(init)}
-
-    def forward(self, {", ".join(args)}) -> Tensor:{ind}{ind.join(body)}'''
-
-
-def _stack_class(spec: Spec) -> str:
-    emb = spec.embedding
-    cross = spec.arch == "encoder-decoder"
-    init = []
-    if emb.positions == "learned":
-        init.append("self.positions = nn.Embedding(MAX_LEN, D_MODEL)  # learned (MAX_LEN, d)")
-    layer_args = "causal, cross" if cross else "causal"
-    init.append(f"self.layers = nn.ModuleList(Layer({layer_args}) for _ in range(n_layers))")
-    if spec.norm.final:
-        init.append("self.norm = Norm()  # after the last layer")
-    body = []
-    if emb.scale:
-        body.append("x = x * math.sqrt(D_MODEL)  # scaled token embeddings")
-    if emb.positions == "sinusoidal":
-        body.append("x = x + sinusoidal_positions(x.shape[1], D_MODEL, x.device, x.dtype)")
-    elif emb.positions == "learned":
-        body.append("x = x + self.positions.weight[: x.shape[1]]  # (B, L, d)")
-    if spec.dropout > 0:
-        body.append("x = dropout(x, DROPOUT, self.training)")
-    call = ["x"]
-    if cross:
-        call.append("memory")
-    if emb.positions == "rope":
-        body.append("rope = rope_tables(x.shape[1], HEAD_DIM, ROPE_THETA, x.device, x.dtype)"
-                    "  # (L, hd) x2")
-        call.append("rope")
-    body += ["for layer in self.layers:", f"    x = layer({', '.join(call)})"]
-    if spec.norm.final:
-        body.append("x = self.norm(x)")
-    body.append("return x")
-    args = "x: Tensor, memory: Tensor | None = None" if cross else "x: Tensor"
-    ctor = "n_layers: int, causal: bool, cross: bool" if cross else "n_layers: int, causal: bool"
-    ind = "\n        "
-    return f'''class Stack(nn.Module):
-    """Positions, dropout and the layers of one stack over token embeddings (B, L, d)."""
-
-    def __init__(self, {ctor}) -> None:
-        super().__init__(){ind}{ind.join(init)}
-
-    def forward(self, {args}) -> Tensor:{ind}{ind.join(body)}'''
-
-
-def _model_class(spec: Spec) -> str:
-    emb = spec.embedding
-    ind = "\n        "
-    embed_init = ["self.embed = nn.Module()  # token tables"]
-    if spec.arch == "encoder-decoder":
-        if emb.share:
-            embed_init.append("self.embed.tokens = nn.Embedding(SOURCE_VOCAB, D_MODEL)"
-                              "  # shared by both stacks")
-            src_table = tgt_table = "self.embed.tokens"
-        else:
-            embed_init += ["self.embed.source_tokens = nn.Embedding(SOURCE_VOCAB, D_MODEL)",
-                           "self.embed.target_tokens = nn.Embedding(TARGET_VOCAB, D_MODEL)"]
-            src_table, tgt_table = "self.embed.source_tokens", "self.embed.target_tokens"
-        stacks = ["self.encoder = Stack(ENCODER_LAYERS, causal=False, cross=False)",
-                  "self.decoder = Stack(DECODER_LAYERS, causal=True, cross=True)"]
-        vocab = "TARGET_VOCAB"
-        args, seq = "src_ids: Tensor, tgt_ids: Tensor", "T"
-        body = [f"memory = self.encoder({src_table}(src_ids))  # (B, S, d)",
-                f"x = self.decoder({tgt_table}(tgt_ids), memory)  # (B, T, d)"]
-        doc = "src_ids (B, S), tgt_ids (B, T) int64"
-    else:
-        embed_init.append("self.embed.tokens = nn.Embedding(VOCAB, D_MODEL)")
-        stack, causal = spec.stacks[0], spec.arch == "decoder-only"
-        stacks = [f"self.{stack} = Stack(LAYERS, causal={causal})"]
-        vocab, tgt_table = "VOCAB", "self.embed.tokens"
-        args, seq = "input_ids: Tensor", "S"
-        body = [f"x = self.{stack}(self.embed.tokens(input_ids))  # (B, S, d)"]
-        doc = "input_ids (B, S) int64"
-    init = embed_init + stacks
-    if emb.tie_output:
-        if emb.output_bias:
-            init += ["self.head = nn.Module()  # tied: only the bias is the head's own",
-                     f"self.head.bias = nn.Parameter(torch.zeros({vocab}))"]
-            body.append(f"logits = F.linear(x, {tgt_table}.weight, self.head.bias)"
-                        f"  # tied head (B, {seq}, V)")
-        else:
-            body.append(f"logits = F.linear(x, {tgt_table}.weight)  # tied head (B, {seq}, V)")
-    else:
-        init.append(f"self.head = nn.Linear(D_MODEL, {vocab}, bias={emb.output_bias})")
-        body.append(f"logits = self.head(x)  # (B, {seq}, V)")
-    body.append("return logits.softmax(dim=-1)  # probs" if spec.output == "probs"
-                else "return logits")
-    return f'''class Model(nn.Module):
-    """{spec.name}: {doc} -> {spec.output} (B, {seq}, V)."""
-
-    def __init__(self) -> None:
-        super().__init__(){ind}{ind.join(init)}
-
-    def forward(self, {args}) -> Tensor:{ind}{ind.join(body)}'''
-
-
-def _load_function() -> str:
-    return '''def load(folder: str = os.path.dirname(os.path.abspath(__file__)),
-         device: str | torch.device = "cpu") -> Model:
-    """Model with the folder's weights.safetensors, in eval mode (needs safetensors)."""
+def _load(model: str) -> str:
+    return f'''def load(folder: str = os.path.dirname(os.path.abspath(__file__)),
+         device: str | torch.device = "cpu") -> {model}:
+    """The model with the folder's weights.safetensors, in eval mode (needs safetensors)."""
     from safetensors.torch import load_file
 
     with torch.device("meta"):  # no throw-away initialisation; the file has every weight
-        model = Model()
+        model = {model}()
     weights = load_file(os.path.join(folder, "weights.safetensors"), device=str(device))
-    model.load_state_dict({k: v.to(DTYPE) for k, v in weights.items()}, strict=True,
+    model.load_state_dict({{k: v.to(DTYPE) for k, v in weights.items()}}, strict=True,
                           assign=True)
     return model.eval()'''
+
+
+def docstring(text: str) -> str:
+    """``text`` as the inside of a triple-quoted (non-raw) docstring that evaluates back to
+    ``text``: backslashes are escaped, and every double quote followed by another or by the
+    closing quotes, so no run of three can end the string; control, format, surrogate and
+    separator characters are written as escapes. Newlines stay, so a multi-line description
+    reads as itself."""
+    out = []
+    for i, ch in enumerate(text):
+        if ch == "\\" or (ch == '"' and text[i + 1:i + 2] in ('"', "")):
+            out.append("\\" + ch)  # a quote before a quote or the closing quotes
+        elif ch != "\n" and unicodedata.category(ch) in _ESCAPED_CATEGORIES:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else
+                       f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -1,11 +1,12 @@
 """``tfgraph.compare``: the comparison dict against graph.report(), ratios, spec differences, the
 parameter breakdown and the attention/FFN crossover against values derived by hand here.
 
-The crossover references are written out from the accounting conventions (design §5, the
-per-element constants stated in every report) rather than taken from the code under test:
-attention-score FLOPs per layer are 2·2·B·h·hd per score for QKᵀ and weights·V plus, per
-score, 1 (the 1/sqrt(hd) scaling) + 5 (softmax) + 1 (causal mask); the FFN's are its
-matmuls (2 per multiply-accumulate), bias adds, activation, its norm and the residual add.
+The crossover references are written out from the accounting conventions (README,
+``tfgraph report``: the per-element constants stated in every report) rather than taken from
+the code under test: attention-score FLOPs per layer are 2·2·B·h·hd per score for QKᵀ and
+weights·V plus, per score, 1 (the 1/sqrt(hd) scaling) + 5 (softmax) + 1 (causal mask); the
+FFN's are its matmuls (2 per multiply-accumulate), bias adds, activation, its norm and the
+residual add.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Architecture diagrams (issue #6): levels, labels, norm placement read off the edges, rendered
+"""Architecture diagrams: levels, labels, norm placement read off the edges, rendered
 formats, missing ``dot``, annotations, and the ``tfgraph draw`` command.
 
 Rendering tests need the graphviz ``dot`` program: they fail in CI (which installs it) when it
@@ -118,8 +118,8 @@ def test_png_and_pdf_signatures(tmp_path: Path) -> None:
 
 
 def _chain(stack: str, sub: str, position: str, first: str) -> list[tuple[str, str]]:
-    """Expected data edges of one sublayer for a norm placement (design §3), entering from
-    ``first``: post norm(x + f(x)); pre x + f(norm(x)); branch x + norm(f(x));
+    """Expected data edges of one sublayer for a norm placement (README, ``norm.position``),
+    entering from ``first``: post norm(x + f(x)); pre x + f(norm(x)); branch x + norm(f(x));
     sandwich x + norm(f(norm(x)))."""
     p = f"{stack}.{sub}"
     if position == "post":
@@ -336,3 +336,88 @@ def test_readme_example_images_are_the_tools_output(name: str, level: str) -> No
         for line in re.split(r"\\[nl]", label):
             if line.strip():
                 assert line.strip() in committed, (name, line)
+
+
+# ---- drawn from the graph alone ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["base.yaml", "tiny-llama.yaml", "tiny-sandwich.yaml"])
+def test_diagrams_never_read_the_spec(name: str) -> None:
+    """Every level is the same drawing when the graph has no spec attached."""
+    graph = compiled(name)
+    before = {level: diagram_source(graph, level) for level in ("model", "layer", "op")}
+    graph.spec = None
+    for level, source in before.items():
+        assert diagram_source(graph, level) == source, level
+
+
+def _parallel_graph() -> tfgraph.ir.Graph:
+    """tiny-llama lowered with a parallel residual (GPT-J, GPT-NeoX): each layer computes
+    x + self_attn(norm(x)) + ffn(norm(x)), both sublayers reading the layer input. Lowering
+    has no such option: this stands for any wiring lowering may produce, which diagrams must
+    show as computed rather than as a fixed template."""
+    from tfgraph.compiler import CompiledGraph
+    from tfgraph.ir import NodeMeta
+    from tfgraph.loader import load_spec
+    from tfgraph.lower import SUBLAYER_CLASSES, Sizes, _Lowering, _role
+
+    class Parallel(_Lowering):
+        def layer(self, stack: str, i: int, x: str, causal: bool, memory: str | None) -> str:
+            path = f"{stack}.layers.{i}"
+            self.g.module(path, "ParallelLayer", "x + attn(norm(x)) + ffn(norm(x))")
+            out = x
+            for sub in ("self_attn", "ffn"):
+                cls, doc = SUBLAYER_CLASSES[sub]
+                self.g.module(f"{path}.{sub}", cls, doc)
+                wrap = NodeMeta("layer", stack, i, sub, module=path)
+                inner = NodeMeta("layer", stack, i, sub, module=f"{path}.{sub}")
+                scope = f"{path}.{sub}"
+                h = self.norm(x, f"{scope}.norm", f"{path}.{sub}_norm", scope, wrap, "norm")
+                if sub == "ffn":
+                    h = self.ffn(h, scope, inner)
+                else:
+                    h = self.attention(h, h, scope, inner, causal=causal, rope=True)
+                out = self.g.add("add", [out, h], name=f"{scope}.residual", scope=scope,
+                                 meta=_role(wrap, "residual"))
+            return out
+
+    spec = load_spec(ROOT / "specs" / "tiny-llama.yaml")
+    graph = Parallel(spec, Sizes.of(spec), CompiledGraph).model()
+    graph.lint()
+    return graph
+
+
+def test_parallel_residual_is_drawn_as_computed() -> None:
+    graph = _parallel_graph()
+    layer = edge_set(diagram_source(graph, "layer"))
+    # both sublayers read the layer input; the FFN's norm does not read attention's sum
+    assert ("decoder.layer_in", "decoder.self_attn.norm") in layer
+    assert ("decoder.layer_in", "decoder.ffn.norm") in layer
+    assert ("decoder.self_attn.add", "decoder.ffn.norm") not in layer
+    assert ("decoder.self_attn.add", "decoder.ffn.add") in layer
+    model = diagram_source(graph, "model")
+    box = dict(re.findall(r'^\s*"([\w.]+)" \[label="([^"]*)"', model, re.M))["decoder.layers"]
+    assert "masked self-attention ∥ feed-forward" in box
+    assert "x = x + self_attn(norm(x)) + ffn(norm(x))" in box
+    # the sequential model says so, in the same words
+    sequential = diagram_source(compiled("tiny-llama.yaml"), "model")
+    assert "masked self-attention → feed-forward" in sequential
+    assert "pre-norm: x + f(norm(x))" in sequential
+
+
+@pytest.mark.parametrize(("name", "wiring"), [
+    ("base.yaml", "post-norm: norm(x + f(x))"), ("gpt2.yaml", "pre-norm: x + f(norm(x))"),
+    ("named-tensor.yaml", "branch norm: x + norm(f(x))"),
+    ("tiny-sandwich.yaml", "sandwich: x + norm(f(norm(x)))")])
+def test_model_level_names_the_wiring_its_edges_show(name: str, wiring: str) -> None:
+    assert wiring in diagram_source(compiled(name), "model")
+
+
+def test_labels_come_from_node_attributes() -> None:
+    """The attention box reads its op's heads / kv_heads / head_dim: changing them on the
+    node changes the drawing (nothing is looked up elsewhere)."""
+    graph = compiled("tiny-llama.yaml")
+    att = next(n for n in graph.ops() if n.op == "attention" and n.meta.layer == 0)
+    assert "4 heads × 16, 2 kv heads (GQA)" in diagram_source(graph, "layer")
+    att.attrs.update(kv_heads=1)
+    assert "4 heads × 16, 1 kv head (MQA)" in diagram_source(graph, "layer")

@@ -89,7 +89,7 @@ def _core_modules() -> list[str]:
 
 
 def test_every_core_module_imports_without_back_end_libraries() -> None:
-    """Design §2: tfgraph/ (spec, IR, ops, lowering, passes, cost, report, CLI) needs neither
+    """README.md, "How it works": tfgraph/ (spec, IR, ops, lowering, passes, cost, report, CLI) needs neither
     torch, onnx nor graphviz. Catches a module-level ``import torch`` (or an import of a
     back end) in any core module, not only in the package's __init__."""
     modules = _core_modules()
@@ -184,7 +184,9 @@ def _describe_cycles(graph: Any) -> list[str]:
     import networkx as nx
 
     out = []
-    for cycle in sorted(nx.simple_cycles(graph), key=lambda c: (len(c), c)):
+    for found in sorted(nx.simple_cycles(graph), key=lambda c: (len(c), sorted(c))):
+        start = found.index(min(found))  # one rotation whatever order networkx walked in
+        cycle = found[start:] + found[:start]
         hops = [" -> ".join([*cycle, cycle[0]])]
         for a, b in zip(cycle, [*cycle[1:], cycle[0]]):
             hops += [f"    {line}" for line in graph.edges[a, b]["lines"]]
@@ -226,7 +228,7 @@ def test_the_cycle_finder_sees_deferred_and_aliased_imports(tmp_path: Path) -> N
 
 
 def test_the_core_never_imports_a_back_end() -> None:
-    """Design §2: back ends read the graph; the core knows none of them. Only the CLI's
+    """README.md, "How it works": back ends read the graph; the core knows none of them. Only the CLI's
     command modules (which run a back end on the user's request) may import
     tfgraph.exporters. Catches, e.g., a cost pass reaching into the torch module."""
     graph = import_graph(_module_files())

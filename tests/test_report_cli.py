@@ -79,11 +79,34 @@ def test_fold_components_only_merges_identical_consecutive_layers():
     comps = {"embed": row, "encoder.layers.0": row, "encoder.layers.1": row,
              "encoder.layers.2": other, "decoder.layers.0": row, "decoder.layers.1": row,
              "head": row}
-    folded = fold_components(comps)
+    places = {"embed": {"stack": None, "layer": None}, "head": {"stack": None, "layer": None}}
+    places.update({name: {"stack": name.split(".")[0], "layer": int(name[-1])}
+                   for name in comps if ".layers." in name})
+    folded = fold_components(comps, places)
     assert [(label, n) for label, n, _ in folded] == [
         ("embed", 1), ("encoder.layers.0–1", 2), ("encoder.layers.2", 1),
         ("decoder.layers.0–1", 2), ("head", 1)]
     assert folded[1][2] == {"params": 2, "flops_matmul": 4, "flops_other": 6}
+
+
+def test_folding_reads_the_stack_and_layer_not_the_name():
+    """Rows are folded by where the graph puts them: a row named like a layer but outside
+    one is never merged, and layers are told apart by stack even under one name prefix."""
+    row = {"params": 1, "flops_matmul": 2, "flops_other": 3}
+    comps = {"a": row, "b": row, "c": row, "d": row}
+    places = {"a": {"stack": "encoder", "layer": 0}, "b": {"stack": "encoder", "layer": 1},
+              "c": {"stack": "decoder", "layer": 2}, "d": {"stack": None, "layer": None}}
+    assert [(label, n) for label, n, _ in fold_components(comps, places)] == [
+        ("a–1", 2), ("c", 1), ("d", 1)]
+
+
+def test_report_places_every_component():
+    rep = tfgraph.compile(SPECS / "tiny-seq2seq.yaml").report(seq=8)
+    places = rep["component_layers"]
+    assert set(places) == set(rep["components"])
+    assert places["decoder.layers.0"] == {"stack": "decoder", "layer": 0}
+    assert places["encoder.norm"] == {"stack": "encoder", "layer": None}
+    assert places["head"] == {"stack": None, "layer": None}
 
 
 @pytest.mark.parametrize("args,message", [

@@ -78,7 +78,7 @@ def test_model_py_is_standalone_and_the_folder_round_trips(tmp_path: Path) -> No
     compile(source, "model.py", "exec")
     # torch and the standard library; safetensors only inside load() for the weights file.
     assert _imports(source) == {"__future__", "math", "os", "torch", "safetensors"}
-    # spec.yaml is the spec with defaults written out; the weights are design §4 names.
+    # spec.yaml is the spec with defaults written out; the weights carry the README's names.
     assert parse_spec((folder / "spec.yaml").read_text()) == spec
     weights = load_weights(str(folder / "weights.safetensors"), graph)
     for name, value in generate(graph, 1).items():

@@ -1,4 +1,4 @@
-"""Variants side by side (``tfgraph compare``; issue #3 item 7, issue #6).
+"""Variants side by side (README, ``tfgraph compare``).
 
 ``compare(graphs)`` returns one JSON-ready dict: the spec fields that differ, each variant's
 parameters, FLOPs and memory at each sequence length (exactly ``graph.report()``'s numbers),

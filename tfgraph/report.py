@@ -97,6 +97,17 @@ def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
     return graph.memo("formula_text", compute)
 
 
+def _component_layers(graph: Graph) -> dict[str, dict[str, Any]]:
+    """Where each component row sits: ``{"stack": "decoder", "layer": 3}`` for a layer,
+    ``layer`` None for the rest (``stack`` None outside stacks: the shared table, the head).
+    Displays fold runs of identical layers with it instead of parsing component names."""
+    out: dict[str, dict[str, Any]] = {}
+    for n in graph.nodes():
+        if n.op != "input":
+            out.setdefault(n.component, {"stack": n.meta.stack, "layer": n.meta.layer})
+    return out
+
+
 def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
                  fused_attention: bool = False) -> dict[str, Any]:
     """The report dict: totals at the given sizes, roll-ups, formulas, conventions."""
@@ -119,6 +130,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     components: dict[str, dict[str, int]] = {
         n.component: {"params": 0, "flops_matmul": 0, "flops_other": 0}
         for n in graph.nodes() if n.op != "input"}
+    component_layers = _component_layers(graph)
     for c in sym["costs"]:
         row = components[c.component]
         row["flops_matmul"] += _int(c.matmul, sizes)
@@ -158,6 +170,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "flops_by_kind": {k: _int(v, sizes) for k, v in sym["flops_by_kind"].items()},
         "params_by_kind": params_by_kind,
         "components": components,
+        "component_layers": component_layers,
         "activations_peak_at": peak.node,
         "formulas": formulas,
         "formulas_bst": bst,

@@ -1,4 +1,4 @@
-"""``tfgraph compare SPEC SPEC...``: variants side by side (design §6; issues #3 and #6).
+"""``tfgraph compare SPEC SPEC...``: variants side by side (README, ``tfgraph compare``).
 
 Default: a rich table (spec differences, params, FLOPs and memory per length with ratios to the
 first spec, the attention/FFN crossover). ``--json``: the ``tfgraph.compare.compare`` dict.
@@ -18,6 +18,7 @@ from rich.console import Console
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
+from tfgraph.terminal import printable
 
 PLOT_SUFFIXES = (".png", ".svg")
 
@@ -39,6 +40,14 @@ def parse_seqs(text: str) -> list[int]:
     return out
 
 
+def plain(text: object) -> str:
+    """A user string for a rich console: one printable line, rich markup (``[bold]``)
+    escaped so it prints as written."""
+    from rich.markup import escape
+
+    return escape(printable(str(text)))
+
+
 def render_table(data: dict[str, Any], console: Console) -> None:
     """Print the comparison as a rich table with its footnotes."""
     from rich.table import Table
@@ -48,18 +57,18 @@ def render_table(data: dict[str, Any], console: Console) -> None:
     table = Table(title=f"tfgraph compare (batch {data['batch']})", title_justify="left")
     table.add_column("", no_wrap=True)
     for v in data["variants"]:
-        table.add_column(v["name"], justify="right", overflow="fold")
+        table.add_column(plain(v["name"]), justify="right", overflow="fold")
     section = None
     for sec, title, cells in table_rows(data):
         if sec != section:
             if section is not None:
                 table.add_section()
-            table.add_row(f"[bold]{sec}[/bold]", *([""] * len(cells)))
+            table.add_row(f"[bold]{plain(sec)}[/bold]", *([""] * len(cells)))
             section = sec
-        table.add_row(title, *cells)
+        table.add_row(plain(title), *(plain(c) for c in cells))
     console.print(table)
     for note in table_notes(data):
-        console.print(note, style="dim")
+        console.print(plain(note), style="dim")
 
 
 @click.command()
@@ -106,7 +115,7 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
             Path("build").mkdir(exist_ok=True)
             output = Path("build") / f"compare.{page}"
         written = write_compare_page(graphs, data, output, page)
-        click.echo(f"wrote {', '.join(str(p) for p in written)}")
+        click.echo(f"wrote {', '.join(printable(str(p)) for p in written)}")
     elif as_json:
         text = json.dumps(data, indent=2) + "\n"
         if output is None:
@@ -114,7 +123,7 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
         else:
             with atomic_write(output) as handle:
                 handle.write(text)
-            click.echo(f"wrote {output}")
+            click.echo(f"wrote {printable(str(output))}")
     else:
         if output is None:
             render_table(data, Console())
@@ -123,9 +132,9 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
             render_table(data, console)
             with atomic_write(output) as handle:
                 handle.write(console.export_text())
-            click.echo(f"wrote {output}")
+            click.echo(f"wrote {printable(str(output))}")
     if plot is not None:
         from tfgraph.exporters.compare_plot import write_compare_plot
 
         write_compare_plot(graphs, data, plot)
-        click.echo(f"wrote {plot}", err=as_json and output is None)
+        click.echo(f"wrote {printable(str(plot))}", err=as_json and output is None)

@@ -8,6 +8,7 @@ import click
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
+from tfgraph.terminal import printable
 
 LEVELS = ("model", "layer", "op")
 SUFFIX_FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf", ".dot": "dot", ".gv": "dot"}
@@ -29,7 +30,8 @@ def parse_annotate(values: tuple[str, ...]) -> list[str]:
 def format_for(path: Path) -> str:
     fmt = SUFFIX_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise TfgraphError(f"{path}: unknown diagram format {path.suffix or '(no suffix)'!r}; "
+        suffix = path.suffix or "(no suffix)"
+        raise TfgraphError(f"{printable(str(path))}: unknown diagram format {suffix!r}; "
                            "use .svg, .png, .pdf or .dot")
     return fmt
 
@@ -69,4 +71,4 @@ def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: 
     graph = tfgraph.compile(parsed)
     path = write_diagram(graph, output, fmt, level, unfold=unfold, annotate=what,
                          batch=batch, seq=seq)
-    click.echo(f"wrote {path}")
+    click.echo(f"wrote {printable(str(path))}")

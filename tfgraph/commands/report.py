@@ -1,4 +1,5 @@
-"""``tfgraph report SPEC``: parameters, FLOPs and memory of a spec, with formulas (design §5, §6).
+"""``tfgraph report SPEC``: parameters, FLOPs and memory of a spec, with formulas (README,
+``tfgraph report``).
 
 The numbers are exactly ``graph.report(...)``; ``--json`` prints that dict, the default is a
 readable rich rendering of it: totals, the per-component breakdown (identical consecutive layers
@@ -9,7 +10,6 @@ the spec's symbols and the accounting conventions.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import click
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tfgraph.cli_support import describe, load_spec_arg
+from tfgraph.commands.compare import plain
 from tfgraph.errors import TfgraphError
 
 
@@ -76,8 +77,6 @@ def report(spec_path: str, batch_text: str | None, seq_text: str | None, tgt_tex
 
 # ---- rendering ------------------------------------------------------------------------------
 
-_LAYER_ROW = re.compile(r"^(?P<stack>\w+)\.layers\.(?P<i>\d+)$")
-
 
 def _si(n: int, unit: str) -> str:
     """1234567 -> '1.23 M' (decimal prefixes for counts and FLOPs)."""
@@ -99,33 +98,39 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def fold_components(components: dict[str, dict[str, int]]) -> list[tuple[str, int, dict[str, int]]]:
-    """(label, count, summed row) with runs of identical consecutive layers of one stack folded:
-    ``decoder.layers.0–11`` with count 12 and the sums over the run."""
-    rows: list[tuple[str, int, dict[str, int]]] = []
-    run: list[tuple[str, int, dict[str, int]]] = []  # (stack, index, row)
+Row = dict[str, int]
+
+
+def fold_components(components: dict[str, Row], places: dict[str, dict[str, Any]]
+                    ) -> list[tuple[str, int, Row]]:
+    """(label, count, summed row) with runs of identical consecutive layers of one stack
+    folded: ``decoder.layers.0–11`` with count 12 and the sums over the run.
+
+    ``places`` is the report's ``component_layers`` (each component's stack and layer), so
+    which rows are layers of which stack is read from the graph, not from the names."""
+    rows: list[tuple[str, int, Row]] = []
+    run: list[tuple[str, int, Row]] = []  # (component, layer index, row) of one stack
 
     def flush() -> None:
         if not run:
             return
-        stack, first, row = run[0]
-        last = run[-1][1]
-        label = f"{stack}.layers.{first}" if len(run) == 1 else \
-            f"{stack}.layers.{first}\N{EN DASH}{last}"
+        first, row = run[0][0], run[0][2]
+        label = first if len(run) == 1 else f"{first}\N{EN DASH}{run[-1][1]}"
         rows.append((label, len(run), {k: v * len(run) for k, v in row.items()}))
         run.clear()
 
     for name, row in components.items():
-        m = _LAYER_ROW.match(name)
-        if m and run and run[0][0] == m["stack"] and run[0][2] == row \
-                and run[-1][1] + 1 == int(m["i"]):
-            run.append((m["stack"], int(m["i"]), row))
-            continue
-        flush()
-        if m:
-            run.append((m["stack"], int(m["i"]), row))
-        else:
+        place = places.get(name, {})
+        stack, layer = place.get("stack"), place.get("layer")
+        if layer is None:
+            flush()
             rows.append((name, 1, dict(row)))
+            continue
+        last = run[-1] if run else None
+        if last is None or places[last[0]].get("stack") != stack or last[2] != row \
+                or last[1] + 1 != layer:
+            flush()
+        run.append((name, layer, row))
     flush()
     return rows
 
@@ -145,7 +150,7 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
         where += f", tgt_seq {sizes['tgt_seq']}"
     if sizes["fused_attention"]:
         where += ", fused attention"
-    console.print(f"[bold]{title}[/bold]")
+    console.print(f"[bold]{plain(title)}[/bold]")
     console.print(f"{rep['dtype']}, {where}")
 
     flops, memory = rep["flops"], rep["memory"]
@@ -160,17 +165,17 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
     for key in ("weights", "activations_peak", "saved_for_backward", "kv_cache", "train_step"):
         totals.add_row(f"memory.{key}", _bytes(memory[key]), f"{memory[key]:,} B")
     console.print(totals)
-    console.print(f"activation peak at node {rep['activations_peak_at']}")
+    console.print(f"activation peak at node {plain(rep['activations_peak_at'])}")
 
     comp = Table(title="Per component (FLOPs of one forward; identical consecutive layers "
                        "folded, values summed)",
                  title_justify="left")
     for col in ("component", "params", "FLOPs", "matmul", "other", "of forward"):
         comp.add_column(col, justify="left" if col == "component" else "right", no_wrap=True)
-    for label, count, row in fold_components(rep["components"]):
+    for label, count, row in fold_components(rep["components"], rep["component_layers"]):
         total = row["flops_matmul"] + row["flops_other"]
         name = f"{label} \N{MULTIPLICATION SIGN}{count}" if count > 1 else label
-        comp.add_row(name, f"{row['params']:,}", _si(total, ""),
+        comp.add_row(plain(name), f"{row['params']:,}", _si(total, ""),
                      _si(row["flops_matmul"], ""), _si(row["flops_other"], ""),
                      _pct(total, flops["forward"]))
     console.print(comp)
