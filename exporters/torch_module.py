@@ -44,7 +44,7 @@ from tfgraph.exporters.torch_ops import (
     rope_tables_step,
 )
 from tfgraph.ir import Graph, Node
-from tfgraph.plan import Plan, plan
+from tfgraph.plan import Plan, layer_region, plan
 from tfgraph.weights import check_weights, generate
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -145,12 +145,13 @@ class TorchModel(nn.Module):
         self.output_name = graph.outputs[0]
         self._attention_impl = "sdpa"
         walk = plan(graph)
-        layer_paths = {r: f"{r[0]}.layers.{r[1]}" for r in dict.fromkeys(walk.region.values())}
+        layer_paths = _region_paths(graph, walk.region)
         self._layers: dict[tuple[Any, ...], LayerModule] = {}
         top = _Program()
         for p in graph.params():
-            owner, leaf = self._register(p.name, weights[p.name], set(layer_paths.values()))
-            layer_key = _layer_of(p.name, layer_paths)
+            owner, leaf = self._register(p.name, weights[p.name],
+                                         {path: key for key, path in layer_paths.items()})
+            layer_key = layer_region(p)
             program = top if layer_key is None else self._layers[layer_key]._program
             program.params.append((program.slot(p.name), owner, leaf))
         for name in graph.inputs:
@@ -158,7 +159,8 @@ class TorchModel(nn.Module):
         self._program = top
         _build(graph, walk, top, self._layers, layer_paths)
 
-    def _register(self, name: str, value: Tensor, layer_paths: set[str]) -> tuple[nn.Module, str]:
+    def _register(self, name: str, value: Tensor, layer_paths: dict[str, tuple[Any, ...]]
+                  ) -> tuple[nn.Module, str]:
         """Register parameter ``name`` ("a.b.c.weight") under nested submodules; a layer's
         path becomes a ``LayerModule``, its parent (``decoder.layers``) an ``nn.ModuleDict``."""
         *path, leaf = name.split(".")
@@ -169,8 +171,7 @@ class TorchModel(nn.Module):
                 prefix = ".".join(path[:depth + 1])
                 if prefix in layer_paths:
                     child = LayerModule()
-                    stack, _, index = prefix.split(".")
-                    self._layers[(stack, int(index))] = child
+                    self._layers[layer_paths[prefix]] = child
                 elif any(lp.startswith(prefix + ".") and lp.count(".") == prefix.count(".") + 1
                          for lp in layer_paths):
                     child = nn.ModuleDict()
@@ -222,11 +223,16 @@ class EncoderDecoderModel(TorchModel):
         return self._run((src_ids, tgt_ids))
 
 
-def _layer_of(name: str, layer_paths: dict[tuple[Any, ...], str]) -> tuple[Any, ...] | None:
-    for key, path in layer_paths.items():
-        if name.startswith(path + "."):
-            return key
-    return None
+def _region_paths(graph: Graph, region: Mapping[str, tuple[Any, ...]]
+                  ) -> dict[tuple[Any, ...], str]:
+    """Module path of each layer region: the outermost module its nodes are computed in
+    (lowering declares it, e.g. "decoder.layers.3"; sublayers are its children)."""
+    paths: dict[tuple[Any, ...], str] = {}
+    for name, key in region.items():
+        module = graph.node(name).meta.module
+        if key not in paths or len(module) < len(paths[key]):
+            paths[key] = module
+    return paths
 
 
 def _lowering(node: Node) -> Lowering:
