@@ -91,28 +91,33 @@ def arch_text(graph: Graph) -> str:
 
 
 def in_layer(node: Node) -> bool:
-    return node.meta.part == "layer" and node.meta.sublayer is not None
+    return node.meta.part == "layer"
 
 
 def box_key(node: Node) -> str | None:
-    """A layer op's box within its sublayer: "fn" (the sublayer's function), "add" (the
-    residual add) or the norm's role ("norm", "out_norm"); None for dropout (drawn on an
-    edge) and for ops outside layers."""
+    """A layer op's box within its sublayer: "fn" (the sublayer's function), "add" (a
+    residual add, or any element-wise op of the layer itself, such as the sum of parallel
+    branches) or the norm's role ("norm", "out_norm"); None for dropout (drawn on an edge)
+    and for ops outside layers."""
     if not in_layer(node) or node.category == "dropout":
         return None
     if node.category == "norm":
         return node.meta.role or "norm"
-    if node.meta.role == "residual":
+    if node.meta.role == "residual" or (node.meta.sublayer is None
+                                        and node.category == "elementwise"):
         return "add"
     return "fn"
 
 
 def box_id(node: Node) -> str | None:
     """``{stack}.{sublayer}.{key}`` of a layer op in any layer (so layer i maps onto layer
-    0's box); None where ``box_key`` is None."""
+    0's box), ``{stack}.layer.{role}`` for ops of the layer outside every sublayer; None
+    where ``box_key`` is None."""
     key = box_key(node)
     if key is None:
         return None
+    if node.meta.sublayer is None:
+        return f"{node.meta.stack}.layer.{node.meta.role or key}"
     return f"{node.meta.stack}.{node.meta.sublayer}.{key}"
 
 

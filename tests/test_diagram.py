@@ -351,7 +351,7 @@ def test_diagrams_never_read_the_spec(name: str) -> None:
         assert diagram_source(graph, level) == source, level
 
 
-def _parallel_graph() -> tfgraph.ir.Graph:
+def _parallel_graph(summed: bool = False) -> tfgraph.ir.Graph:
     """tiny-llama lowered with a parallel residual (GPT-J, GPT-NeoX): each layer computes
     x + self_attn(norm(x)) + ffn(norm(x)), both sublayers reading the layer input. Lowering
     has no such option: this stands for any wiring lowering may produce, which diagrams must
@@ -381,8 +381,33 @@ def _parallel_graph() -> tfgraph.ir.Graph:
                                  meta=_role(wrap, "residual"))
             return out
 
+    class SummedBranches(_Lowering):
+        """GPT-NeoX's form: the two branch outputs are added first, by an op of the layer
+        itself (no sublayer), then added to the stream."""
+
+        def layer(self, stack: str, i: int, x: str, causal: bool, memory: str | None) -> str:
+            path = f"{stack}.layers.{i}"
+            self.g.module(path, "ParallelLayer", "x + (attn(norm(x)) + ffn(norm(x)))")
+            outs = []
+            for sub in ("self_attn", "ffn"):
+                cls, doc = SUBLAYER_CLASSES[sub]
+                self.g.module(f"{path}.{sub}", cls, doc)
+                wrap = NodeMeta("layer", stack, i, sub, module=path)
+                inner = NodeMeta("layer", stack, i, sub, module=f"{path}.{sub}")
+                scope = f"{path}.{sub}"
+                h = self.norm(x, f"{scope}.norm", f"{path}.{sub}_norm", scope, wrap, "norm")
+                h = self.ffn(h, scope, inner) if sub == "ffn" else \
+                    self.attention(h, h, scope, inner, causal=causal, rope=True)
+                outs.append(h)
+            meta = NodeMeta("layer", stack, i, module=path)
+            y = self.g.add("add", outs, name=f"{path}.branches", scope=path,
+                           meta=_role(meta, "branches"))
+            return self.g.add("add", [x, y], name=f"{path}.residual", scope=path,
+                              meta=_role(meta, "residual"))
+
     spec = load_spec(ROOT / "specs" / "tiny-llama.yaml")
-    graph = Parallel(spec, Sizes.of(spec), CompiledGraph).model()
+    lowering = SummedBranches if summed else Parallel
+    graph = lowering(spec, Sizes.of(spec), CompiledGraph).model()
     graph.lint()
     return graph
 
@@ -403,6 +428,21 @@ def test_parallel_residual_is_drawn_as_computed() -> None:
     sequential = diagram_source(compiled("tiny-llama.yaml"), "model")
     assert "masked self-attention → feed-forward" in sequential
     assert "pre-norm: x + f(norm(x))" in sequential
+
+
+def test_branches_summed_by_the_layer_itself_are_drawn() -> None:
+    """Catches ops of a layer that belong to no sublayer (the sum of parallel branches)
+    being dropped from the drawing, which left the model box's wiring text empty."""
+    graph = _parallel_graph(summed=True)
+    layer = edge_set(diagram_source(graph, "layer"))
+    assert ("decoder.self_attn.fn", "decoder.layer.branches") in layer
+    assert ("decoder.ffn.fn", "decoder.layer.branches") in layer
+    assert ("decoder.layer.branches", "decoder.layer.residual") in layer
+    assert ("decoder.layer_in", "decoder.layer.residual") in layer
+    model = diagram_source(graph, "model")
+    box = dict(re.findall(r'^\s*"([\w.]+)" \[label="([^"]*)"', model, re.M))["decoder.layers"]
+    assert "masked self-attention ∥ feed-forward" in box
+    assert "x = x + self_attn(norm(x)) + ffn(norm(x))" in box
 
 
 @pytest.mark.parametrize(("name", "wiring"), [
