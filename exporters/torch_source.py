@@ -4,12 +4,15 @@ Rendered from the op graph alone, in tinygrad's renderer style: every module the
 (Model, Encoder, DecoderLayer, SelfAttention, FeedForward, ...) becomes a class whose
 ``forward`` is its nodes in the walk's order (``tfgraph.plan``), one line per node from the
 per-op templates ``TORCH_SOURCE`` (next to the lowering table ``TORCH_OPS``), with nanoGPT-style
-shape comments; ``torch_render`` does that part. Here instances are grouped into classes: the
-layers of a stack render to the same text and share one class, and a value that differs between
-instances (``causal`` of the encoder's and the decoder's self-attention) becomes a constructor
-argument. Hyper-parameters are constants on top (``graph.sizes`` and the values every node of an
-op shares); a new architecture knob therefore reaches model.py through lowering and the op
-tables alone, exactly as it reaches ``to_torch`` and the ONNX exporter.
+shape comments. ``torch_render`` renders one module at a time, reading the graph's structure
+from ``torch_render_graph``, planning each forward's statements and variables with
+``torch_render_forward`` and writing values, axes and names as ``torch_render_spelling`` says.
+Here instances are grouped into classes: the layers of a stack render to the same text and share
+one class, and a value that differs between instances (``causal`` of the encoder's and the
+decoder's self-attention) becomes a constructor argument. Hyper-parameters are constants on top
+(``graph.sizes`` and the values every node of an op shares); a new architecture knob therefore
+reaches model.py through lowering and the op tables alone, exactly as it reaches ``to_torch``
+and the ONNX exporter.
 
 The file imports only torch and the standard library: the ``torch_functional`` kernels its
 lines call are copied in verbatim (``inspect.getsource``), so ``to_torch``'s interpreter and
@@ -39,17 +42,9 @@ from tfgraph.cost import param_count
 from tfgraph.exporters import torch_functional
 from tfgraph.exporters.torch_module import TORCH_DTYPES
 from tfgraph.exporters.torch_ops import SOURCE_SETTINGS
-from tfgraph.exporters.torch_render import (
-    ABBREVIATIONS,
-    RESERVED,
-    SLOT,
-    ChildClass,
-    GraphView,
-    Instance,
-    InstanceRenderer,
-    literal,
-    variant,
-)
+from tfgraph.exporters.torch_render import SLOT, ChildClass, Instance, InstanceRenderer
+from tfgraph.exporters.torch_render_graph import GraphView
+from tfgraph.exporters.torch_render_spelling import ABBREVIATIONS, RESERVED, literal, variant
 from tfgraph.ir import Graph
 
 IMPORTS = """from __future__ import annotations
@@ -262,7 +257,7 @@ def _constants(graph: Graph, view: GraphView, code: str) -> str:
     for name, value in view.sizes.items():
         short = ABBREVIATIONS.get(name)
         lines.append(f"{name.upper()} = {literal(value)}" + (f"  # {short}" if short else ""))
-    for name, (value, comment) in view.constants.items():
+    for name, (value, comment) in view.constants.defined.items():
         lines.append(f"{name} = {value}  # {comment}")
     lines.append(f"DTYPE = {TORCH_DTYPES[graph.dtype]}  # parameters and activations")
     used = _names_in(code)

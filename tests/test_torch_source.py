@@ -22,7 +22,7 @@ import tfgraph
 from tfgraph.exporters import to_torch
 from tfgraph.exporters.torch_folder import write_torch_folder
 from tfgraph.exporters.torch_ops import TORCH_SOURCE
-from tfgraph.exporters.torch_render import literal
+from tfgraph.exporters.torch_render_spelling import literal
 from tfgraph.exporters.torch_source import docstring, generate_source, wrap
 from tfgraph.ir import B, S, Graph, ModuleInfo
 from tfgraph.loader import load_spec
