@@ -26,7 +26,6 @@ from tfgraph.exporters.torch_render_spelling import (
     BATCH,
     RESERVED,
     init_source,
-    literal,
     shape_source,
     template,
     variant,

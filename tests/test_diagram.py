@@ -362,33 +362,14 @@ def _parallel_graph(summed: bool = False) -> tfgraph.ir.Graph:
     from tfgraph.lower import SUBLAYER_CLASSES, Sizes, _Lowering, _role
 
     class Parallel(_Lowering):
+        """Each sublayer reads the layer input; its output is added to the stream
+        (``summed``: GPT-NeoX's form, the branch outputs added first by an op of the layer
+        itself, in no sublayer)."""
+
         def layer(self, stack: str, i: int, x: str, causal: bool, memory: str | None) -> str:
             path = f"{stack}.layers.{i}"
             self.g.module(path, "ParallelLayer", "x + attn(norm(x)) + ffn(norm(x))")
-            out = x
-            for sub in ("self_attn", "ffn"):
-                cls, doc = SUBLAYER_CLASSES[sub]
-                self.g.module(f"{path}.{sub}", cls, doc)
-                wrap = NodeMeta("layer", stack, i, sub, module=path)
-                inner = NodeMeta("layer", stack, i, sub, module=f"{path}.{sub}")
-                scope = f"{path}.{sub}"
-                h = self.norm(x, f"{scope}.norm", f"{path}.{sub}_norm", scope, wrap, "norm")
-                if sub == "ffn":
-                    h = self.ffn(h, scope, inner)
-                else:
-                    h = self.attention(h, h, scope, inner, causal=causal, rope=True)
-                out = self.g.add("add", [out, h], name=f"{scope}.residual", scope=scope,
-                                 meta=_role(wrap, "residual"))
-            return out
-
-    class SummedBranches(_Lowering):
-        """GPT-NeoX's form: the two branch outputs are added first, by an op of the layer
-        itself (no sublayer), then added to the stream."""
-
-        def layer(self, stack: str, i: int, x: str, causal: bool, memory: str | None) -> str:
-            path = f"{stack}.layers.{i}"
-            self.g.module(path, "ParallelLayer", "x + (attn(norm(x)) + ffn(norm(x)))")
-            outs = []
+            out, branches = x, []
             for sub in ("self_attn", "ffn"):
                 cls, doc = SUBLAYER_CLASSES[sub]
                 self.g.module(f"{path}.{sub}", cls, doc)
@@ -398,16 +379,20 @@ def _parallel_graph(summed: bool = False) -> tfgraph.ir.Graph:
                 h = self.norm(x, f"{scope}.norm", f"{path}.{sub}_norm", scope, wrap, "norm")
                 h = self.ffn(h, scope, inner) if sub == "ffn" else \
                     self.attention(h, h, scope, inner, causal=causal, rope=True)
-                outs.append(h)
+                branches.append(h)
+                if not summed:
+                    out = self.g.add("add", [out, h], name=f"{scope}.residual", scope=scope,
+                                     meta=_role(wrap, "residual"))
+            if not summed:
+                return out
             meta = NodeMeta("layer", stack, i, module=path)
-            y = self.g.add("add", outs, name=f"{path}.branches", scope=path,
+            y = self.g.add("add", branches, name=f"{path}.branches", scope=path,
                            meta=_role(meta, "branches"))
             return self.g.add("add", [x, y], name=f"{path}.residual", scope=path,
                               meta=_role(meta, "residual"))
 
     spec = load_spec(ROOT / "specs" / "tiny-llama.yaml")
-    lowering = SummedBranches if summed else Parallel
-    graph = lowering(spec, Sizes.of(spec), CompiledGraph).model()
+    graph = Parallel(spec, Sizes.of(spec), CompiledGraph).model()
     graph.lint()
     return graph
 

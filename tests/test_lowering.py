@@ -11,9 +11,10 @@ import pytest
 
 import tfgraph
 from tfgraph.ir import SYMBOLS, Graph
-from tfgraph.spec import GATED_ACTIVATIONS, Spec
+from tfgraph.spec import Spec
 
 from conftest import SPEC_FILES
+from param_names import expected_params
 
 SIZES = [{"B": 2, "S": 5, "T": 7}, {"B": 3, "S": 11, "T": 4}]
 
@@ -77,60 +78,6 @@ def test_every_spec_lowers_lints_and_shapes_evaluate(path):
             assert node.type.dtype == spec.dtype, node.name
     assert g.inputs == (["src_ids", "tgt_ids"] if two_stacks else ["input_ids"])
     assert g.outputs == [spec.output]
-
-
-def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
-    """README.md's parameter names, written out independently of tfgraph.lower: name -> shape."""
-    d, att, ffn, norm = spec.d_model, spec.attention, spec.ffn, spec.norm
-    out: dict[str, tuple[int, ...]] = {}
-
-    def norm_params(prefix: str) -> None:
-        if norm.kind == "scalenorm":
-            out[f"{prefix}.weight"] = (1,)
-            return
-        out[f"{prefix}.weight"] = (d,)
-        if norm.kind == "layernorm":
-            out[f"{prefix}.bias"] = (d,)
-
-    def linear(prefix: str, d_in: int, d_out: int, bias: bool) -> None:
-        out[f"{prefix}.weight"] = (d_out, d_in)
-        if bias:
-            out[f"{prefix}.bias"] = (d_out,)
-
-    if spec.arch == "encoder-decoder" and not spec.embedding.share:
-        out["embed.source_tokens.weight"] = (spec.vocab_size("source"), d)
-        out["embed.target_tokens.weight"] = (spec.vocab_size("target"), d)
-    else:
-        out["embed.tokens.weight"] = (spec.vocab_size("source"), d)
-    for stack in spec.stacks:
-        if spec.embedding.positions == "learned":
-            out[f"{stack}.positions.weight"] = (spec.max_len, d)
-        for i in range(spec.layer_count(stack)):
-            layer = f"{stack}.layers.{i}"
-            subs = ["self_attn"]
-            if spec.arch == "encoder-decoder" and stack == "decoder":
-                subs.append("cross_attn")
-            for sub in subs:
-                hq, hkv = att.heads * att.head_dim, att.kv_heads * att.head_dim
-                linear(f"{layer}.{sub}.q", d, hq, att.bias)
-                linear(f"{layer}.{sub}.k", d, hkv, att.bias)
-                linear(f"{layer}.{sub}.v", d, hkv, att.bias)
-                linear(f"{layer}.{sub}.o", hq, d, att.bias)
-            linear(f"{layer}.ffn.up", d, ffn.hidden, ffn.bias)
-            if ffn.activation in GATED_ACTIVATIONS:
-                linear(f"{layer}.ffn.gate", d, ffn.hidden, ffn.bias)
-            linear(f"{layer}.ffn.down", ffn.hidden, d, ffn.bias)
-            for sub in [*subs, "ffn"]:
-                norm_params(f"{layer}.{sub}_norm")
-                if norm.position == "sandwich":
-                    norm_params(f"{layer}.{sub}_out_norm")
-        if norm.final:
-            norm_params(f"{stack}.norm")
-    if not spec.embedding.tie_output:
-        out["head.weight"] = (spec.output_vocab, d)
-    if spec.embedding.output_bias:
-        out["head.bias"] = (spec.output_vocab,)
-    return out
 
 
 @pytest.mark.parametrize("path", SPEC_FILES, ids=[p.name for p in SPEC_FILES])

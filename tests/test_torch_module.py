@@ -21,6 +21,7 @@ from tfgraph.spec import Spec
 from tfgraph.weights import generate
 
 from conftest import ROOT, small
+from param_names import expected_params
 
 SPECS = ROOT / "specs"
 
@@ -392,53 +393,6 @@ def test_activation_checkpointing_per_layer_gives_the_same_loss_and_gradients(
         torch.testing.assert_close(grads[n], ref_grads[n], msg=n)
 
 
-def _design_parameter_names(spec: Spec) -> set[str]:
-    """The parameter names of README.md ("Parameter names"), derived from the spec alone (not from the
-    graph, so that a lowering that names a parameter differently is caught)."""
-    names: set[str] = set()
-    norm = spec.norm
-
-    def norm_params(prefix: str) -> None:
-        names.add(f"{prefix}.weight")
-        if norm.kind == "layernorm":
-            names.add(f"{prefix}.bias")
-
-    def linear(prefix: str, bias: bool) -> None:
-        names.add(f"{prefix}.weight")
-        if bias:
-            names.add(f"{prefix}.bias")
-
-    if spec.arch == "encoder-decoder" and not spec.embedding.share:
-        names |= {"embed.source_tokens.weight", "embed.target_tokens.weight"}
-    else:
-        names.add("embed.tokens.weight")
-    for stack in spec.stacks:
-        if spec.embedding.positions == "learned":
-            names.add(f"{stack}.positions.weight")
-        for i in range(spec.layer_count(stack)):
-            layer = f"{stack}.layers.{i}"
-            subs = ["self_attn"] + (["cross_attn"] if stack == "decoder"
-                                    and spec.arch == "encoder-decoder" else [])
-            for sub in subs:
-                for proj in "qkvo":
-                    linear(f"{layer}.{sub}.{proj}", spec.attention.bias)
-            projections = ["up", "down"] + (["gate"] if spec.ffn.activation in
-                                             ("swiglu", "geglu") else [])
-            for proj in projections:
-                linear(f"{layer}.ffn.{proj}", spec.ffn.bias)
-            for sub in [*subs, "ffn"]:
-                norm_params(f"{layer}.{sub}_norm")
-                if norm.position == "sandwich":
-                    norm_params(f"{layer}.{sub}_out_norm")
-        if norm.final:
-            norm_params(f"{stack}.norm")
-    if not spec.embedding.tie_output:
-        names.add("head.weight")
-    if spec.embedding.output_bias:
-        names.add("head.bias")
-    return names
-
-
 def test_state_dict_keys_are_the_documented_names(small_spec: Spec) -> None:
     """Catches: a renamed parameter (README.md, "Parameter names"), a tied table stored twice, a
     buffer or helper tensor leaking into the state_dict, or a layer container changing the
@@ -446,7 +400,7 @@ def test_state_dict_keys_are_the_documented_names(small_spec: Spec) -> None:
     module = to_torch(tfgraph.compile(small_spec))
     keys = list(module.state_dict())
     assert len(keys) == len(set(keys))
-    assert set(keys) == _design_parameter_names(small_spec)
+    assert set(keys) == set(expected_params(small_spec))
 
 
 # ---- the module frees what the plan says (tfgraph.plan) ---------------------------------------
