@@ -40,10 +40,12 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
                 subs.append("cross_attn")
             for sub in subs:
                 hq, hkv = att.heads * att.head_dim, att.kv_heads * att.head_dim
-                linear(f"{layer}.{sub}.q", d, hq, att.bias)
-                linear(f"{layer}.{sub}.k", d, hkv, att.bias)
-                linear(f"{layer}.{sub}.v", d, hkv, att.bias)
-                linear(f"{layer}.{sub}.o", hq, d, att.bias)
+                qkv_bias = att.bias if att.qkv_bias is None else att.qkv_bias
+                out_bias = att.bias if att.out_bias is None else att.out_bias
+                linear(f"{layer}.{sub}.q", d, hq, qkv_bias)
+                linear(f"{layer}.{sub}.k", d, hkv, qkv_bias)
+                linear(f"{layer}.{sub}.v", d, hkv, qkv_bias)
+                linear(f"{layer}.{sub}.o", hq, d, out_bias)
             linear(f"{layer}.ffn.up", d, ffn.hidden, ffn.bias)
             if ffn.activation in GATED_ACTIVATIONS:
                 linear(f"{layer}.ffn.gate", d, ffn.hidden, ffn.bias)

@@ -115,8 +115,11 @@ def _interrupt(proc: subprocess.Popen[str], signum: int) -> tuple[int, str]:
     return proc.returncode, err
 
 
+# Children start with Python's own SIGINT handler even when the test run itself was started
+# in the background (where the shell makes them inherit SIGINT ignored).
 BLOCKED_IN_ATOMIC_PATH = """
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from tfgraph.io import atomic_path, atomic_write, remove_stale_temps, temp_pattern
     target, how = sys.argv[1], sys.argv[2]
     if how == "path":
@@ -161,7 +164,8 @@ def test_signal_during_a_write_removes_the_temporary_and_keeps_the_old_file(
 
 
 BLOCKED_IN_BUILD = """
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from tfgraph.exporters import onnx_model, onnx_writer
     from tfgraph.cli import main
 

@@ -10,6 +10,7 @@ it, so the test also proves dropout is off in eval().
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,3 +265,51 @@ def test_hf_llama() -> None:
     ours.attention_impl = "math"
     with torch.no_grad():
         _check(ours(ids), ref(ids).logits)
+
+
+def test_hf_qwen2_qkv_bias_without_out_bias() -> None:
+    """Qwen2's attention: biases on q, k, v and none on o (``attention.qkv_bias`` /
+    ``out_bias``). Catches a bias split that lowering ignores (a missing q/k/v bias changes
+    the logits; an extra o bias changes the parameter count and the weights' names)."""
+    transformers = pytest.importorskip("transformers")
+    ort = pytest.importorskip("onnxruntime")
+    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.loader import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "tiny-qwen2.yaml")
+    att = spec.attention
+    config = transformers.Qwen2Config(
+        hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
+        num_hidden_layers=spec.layers, num_attention_heads=att.heads,
+        num_key_value_heads=att.kv_heads, vocab_size=spec.vocab, rms_norm_eps=spec.norm.eps,
+        max_position_embeddings=spec.max_len, rope_theta=spec.embedding.rope_theta,
+        tie_word_embeddings=True, use_sliding_window=False,
+        bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    ref = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation="eager").eval()
+    _randomize(ref, seed=7)
+    sd = ref.state_dict()
+    weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
+               "decoder.norm.weight": sd["model.norm.weight"]}
+    for i in range(spec.layers):
+        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
+        for role in "qkv":
+            for kind in ("weight", "bias"):
+                weights[f"{dst}.self_attn.{role}.{kind}"] = sd[f"{src}.self_attn.{role}_proj.{kind}"]
+        assert f"{src}.self_attn.o_proj.bias" not in sd
+        weights[f"{dst}.self_attn.o.weight"] = sd[f"{src}.self_attn.o_proj.weight"]
+        for role in ("gate", "up", "down"):
+            weights[f"{dst}.ffn.{role}.weight"] = sd[f"{src}.mlp.{role}_proj.weight"]
+        weights[f"{dst}.self_attn_norm.weight"] = sd[f"{src}.input_layernorm.weight"]
+        weights[f"{dst}.ffn_norm.weight"] = sd[f"{src}.post_attention_layernorm.weight"]
+    graph = tfgraph.compile(spec)
+    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
+    ours = to_torch(graph, weights=weights)
+    ids = torch.randint(0, spec.vocab, (2, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+        _check(ours(ids), expected)
+    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"input_ids": ids.numpy()})[0]
+    _check(torch.from_numpy(logits), expected)

@@ -267,10 +267,12 @@ class _Lowering:
     def attention(self, x: str, kv_source: str, scope: str, meta: NodeMeta, causal: bool,
                   rope: bool) -> str:
         att, g, z = self.spec.attention, self.g, self.z
-        q = self.linear(x, scope, "q", "d_model", "heads*head_dim", att.bias, meta)  # (B, Tq, h*hd)
-        k = self.linear(kv_source, scope, "k", "d_model", "kv_heads*head_dim", att.bias,
+        qkv_bias = bool(att.qkv_bias)  # derived from bias by the spec when not given
+        q = self.linear(x, scope, "q", "d_model", "heads*head_dim", qkv_bias,
+                        meta)  # (B, Tq, h*hd)
+        k = self.linear(kv_source, scope, "k", "d_model", "kv_heads*head_dim", qkv_bias,
                         meta)  # (B, Tk, kv*hd)
-        v = self.linear(kv_source, scope, "v", "d_model", "kv_heads*head_dim", att.bias,
+        v = self.linear(kv_source, scope, "v", "d_model", "kv_heads*head_dim", qkv_bias,
                         meta)  # (B, Tk, kv*hd)
         if rope and self.spec.embedding.positions == "rope":
             theta = self.spec.embedding.rope_theta
@@ -283,7 +285,8 @@ class _Lowering:
                   heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim, causal=causal,
                   normalize=att.normalize, kind="self" if rope else "cross",
                   meta=_role(meta, "attention"))  # (B, Tq, h*hd)
-        return self.linear(a, scope, "o", "heads*head_dim", "d_model", att.bias, meta)  # (B, Tq, d)
+        return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
+                           meta)  # (B, Tq, d)
 
     def ffn(self, x: str, scope: str, meta: NodeMeta) -> str:
         ffn, g = self.spec.ffn, self.g

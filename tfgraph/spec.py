@@ -117,7 +117,12 @@ class Attention(_Strict):
     head_dim: _size(MAX_D_MODEL) | None = None  # type: ignore[valid-type]
     """Width of one head. Default: d_model / heads (then d_model % heads must be 0)."""
     bias: Flag = True
-    """Biases on the q, k, v and o projections."""
+    """Biases on the q, k, v and o projections (the default of the two fields below)."""
+    qkv_bias: Flag | None = None
+    """Biases on the q, k and v projections only (Qwen2 and Qwen2.5: true with out_bias
+    false). Default: bias."""
+    out_bias: Flag | None = None
+    """Bias on the output projection o. Default: bias."""
     normalize: Normalize = "softmax"
     """softmax, or hardmax: the one-hot of the arg-max ("hard attention": each query reads only its highest-scoring key)."""
 
@@ -222,6 +227,10 @@ class Spec(_Strict):
             att.head_dim = self.d_model // att.heads
         if att.kv_heads is None:
             att.kv_heads = att.heads
+        if att.qkv_bias is None:
+            att.qkv_bias = att.bias
+        if att.out_bias is None:
+            att.out_bias = att.bias
         if att.heads % att.kv_heads:
             raise ValueError(
                 f"attention.kv_heads: heads {att.heads} is not a multiple of kv_heads "
