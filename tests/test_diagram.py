@@ -143,6 +143,13 @@ def test_layer_edges_follow_norm_placement(spec_path: Path) -> None:
         subs = ["self_attn"] + (["cross_attn"] if stack == "decoder"
                                 and spec.arch == "encoder-decoder" else []) + ["ffn"]
         x = f"{stack}.layer_in"
+        if spec.block.residual == "parallel":  # both sublayers read the layer input
+            assert {(x, f"{stack}.self_attn.norm"), (x, f"{stack}.ffn.norm"),
+                    (f"{stack}.self_attn.fn", f"{stack}.layer.branches"),
+                    (f"{stack}.ffn.fn", f"{stack}.layer.branches"),
+                    (x, f"{stack}.layer.residual"),
+                    (f"{stack}.layer.branches", f"{stack}.layer.residual")} <= pairs
+            continue
         for sub in subs:
             x_in = x
             for edge in _chain(stack, sub, position, x):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pydantic
 import pytest
 
 import tfgraph
@@ -274,3 +275,26 @@ def test_encoder_only_stack():
     g = tfgraph.compile(make(arch="encoder-only"))
     assert {n.scope.split(".")[0] for n in g.ops()} == {"encoder", "head"}
     assert not any(n.attrs.get("causal") for n in g.ops() if n.op == "attention")
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"norm": {"position": "post"}}, "norm.position post"),
+    ({"arch": "encoder-decoder", "norm": {"position": "pre"}}, "cross-attention"),
+])
+def test_parallel_residual_refuses_what_it_cannot_mean(over: dict[str, Any], words: str) -> None:
+    """Catches a parallel layer silently lowered for a wiring it does not define."""
+    with pytest.raises(pydantic.ValidationError) as err:
+        make(block={"residual": "parallel"}, **over)
+    assert words in str(err.value) and "block.residual" in str(err.value)
+
+
+def test_parallel_residual_reads_the_layer_input_in_both_sublayers() -> None:
+    """Catches the feed-forward reading the attention sum (the sequential wiring)."""
+    g = tfgraph.compile(make(block={"residual": "parallel"}, norm={"position": "pre"}))
+    for i in range(2):
+        residual = g.by_meta()[("layer", "decoder", i, None, "residual")]
+        layer_in, branches = residual.inputs
+        for sub in ("self_attn", "ffn"):
+            assert g.by_meta()[("layer", "decoder", i, sub, "norm")].inputs[0] == layer_in
+        assert g.node(branches).meta.role == "branches"
+    assert len([n for n in g.ops() if n.op == "add"]) == 2 * 2  # branches + residual per layer

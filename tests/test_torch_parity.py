@@ -313,3 +313,65 @@ def test_hf_qwen2_qkv_bias_without_out_bias() -> None:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     logits = session.run(None, {"input_ids": ids.numpy()})[0]
     _check(torch.from_numpy(logits), expected)
+
+
+def _split_neox_qkv(w: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """GPT-NeoX's fused query_key_value rows are per head [q, k, v] (each head_dim rows)."""
+    per_head = w.reshape(heads, 3, -1, *w.shape[1:])  # (h, 3, hd[, d])
+    q, k, v = (per_head[:, j].reshape(-1, *w.shape[1:]) for j in range(3))
+    return q, k, v
+
+
+def test_hf_gpt_neox_parallel_residual() -> None:
+    """``block.residual: parallel`` against Hugging Face GPT-NeoX (use_parallel_residual):
+    parameter count and logits through to_torch and ONNX. Catches a layer that feeds the
+    feed-forward from the attention sum (the sequential model) instead of the layer input."""
+    transformers = pytest.importorskip("transformers")
+    ort = pytest.importorskip("onnxruntime")
+    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.loader import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "tiny-neox.yaml")
+    heads = spec.attention.heads
+    config = transformers.GPTNeoXConfig(
+        hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
+        num_hidden_layers=spec.layers, num_attention_heads=heads, vocab_size=spec.vocab,
+        rotary_pct=1.0, rotary_emb_base=spec.embedding.rope_theta,
+        max_position_embeddings=spec.max_len, layer_norm_eps=spec.norm.eps,
+        use_parallel_residual=True, hidden_act="gelu", tie_word_embeddings=False,
+        attention_dropout=0.0, hidden_dropout=0.0,
+        bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    ref = transformers.GPTNeoXForCausalLM._from_config(config, attn_implementation="eager").eval()
+    _randomize(ref, seed=11)
+    sd = ref.state_dict()
+    weights = {"embed.tokens.weight": sd["gpt_neox.embed_in.weight"],
+               "head.weight": sd["embed_out.weight" if "embed_out.weight" in sd
+                                 else "lm_head.weight"]}
+    for kind in ("weight", "bias"):
+        weights[f"decoder.norm.{kind}"] = sd[f"gpt_neox.final_layer_norm.{kind}"]
+    for i in range(spec.layers):
+        src, dst = f"gpt_neox.layers.{i}", f"decoder.layers.{i}"
+        for kind in ("weight", "bias"):
+            q, k, v = _split_neox_qkv(sd[f"{src}.attention.query_key_value.{kind}"], heads)
+            weights.update({f"{dst}.self_attn.q.{kind}": q, f"{dst}.self_attn.k.{kind}": k,
+                            f"{dst}.self_attn.v.{kind}": v})
+            weights[f"{dst}.self_attn.o.{kind}"] = sd[f"{src}.attention.dense.{kind}"]
+            weights[f"{dst}.ffn.up.{kind}"] = sd[f"{src}.mlp.dense_h_to_4h.{kind}"]
+            weights[f"{dst}.ffn.down.{kind}"] = sd[f"{src}.mlp.dense_4h_to_h.{kind}"]
+            weights[f"{dst}.self_attn_norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
+            weights[f"{dst}.ffn_norm.{kind}"] = sd[f"{src}.post_attention_layernorm.{kind}"]
+    graph = tfgraph.compile(spec)
+    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
+    ours = to_torch(graph, weights=weights).eval()
+    ids = torch.randint(0, spec.vocab, (2, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+        _check(ours(ids), expected)
+        sequential = spec.model_copy(update={"block": spec.block.model_copy(
+            update={"residual": "sequential"})})
+        other = to_torch(tfgraph.compile(sequential), weights=weights).eval()
+        assert (other(ids) - expected).abs().max().item() > 100 * ATOL  # the test can tell
+    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)

@@ -102,6 +102,7 @@ PLACEMENT_DOCS = {
     "branch": "branch norm (OLMo 2): x = x + norm(f(x))",
     "sandwich": "sandwich norm (Gemma 2): x = x + norm(f(norm(x)))",
 }
+PARALLEL_DOC = "parallel residual (GPT-J, GPT-NeoX): x = x + attn(norm(x)) + ffn(norm(x))"
 
 
 class _Lowering:
@@ -224,11 +225,23 @@ class _Lowering:
 
     def layer(self, stack: str, i: int, x: str, causal: bool, memory: str | None) -> str:
         path = f"{stack}.layers.{i}"
-        self.g.module(path, f"{stack.capitalize()}Layer",
-                      f"One {stack} layer, {PLACEMENT_DOCS[self.spec.norm.position]}.")
+        parallel = self.spec.block.residual == "parallel"
+        position = self.spec.norm.position
+        wiring = PLACEMENT_DOCS[position]
+        if parallel:
+            wiring = PARALLEL_DOC if position == "pre" else f"parallel residual, each {wiring}"
+        self.g.module(path, f"{stack.capitalize()}Layer", f"One {stack} layer, {wiring}.")
         meta = NodeMeta(part="layer", stack=stack, layer=i, module=path)
-        x = self.residual(x, meta, "self_attn",
-                          lambda h, s, m: self.attention(h, h, s, m, causal=causal, rope=True))
+        attend: Callable[[str, str, NodeMeta], str] = \
+            lambda h, s, m: self.attention(h, h, s, m, causal=causal, rope=True)  # noqa: E731
+        if parallel:  # the spec allows it only without cross-attention
+            h = self.residual(x, meta, "self_attn", attend, add=False)
+            f = self.residual(x, meta, "ffn", self.ffn, add=False)
+            y = self.g.add("add", [h, f], name=f"{path}.branches", scope=path,
+                           meta=_role(meta, "branches"))  # attn + ffn
+            return self.g.add("add", [x, y], name=f"{path}.residual", scope=path,
+                              meta=_role(meta, "residual"))
+        x = self.residual(x, meta, "self_attn", attend)
         if memory is not None:
             x = self.residual(x, meta, "cross_attn",
                               lambda h, s, m: self.attention(h, memory, s, m, causal=False,
@@ -236,10 +249,12 @@ class _Lowering:
         return self.residual(x, meta, "ffn", self.ffn)
 
     def residual(self, x: str, layer: NodeMeta, sub: str,
-                 f: Callable[[str, str, NodeMeta], str]) -> str:
+                 f: Callable[[str, str, NodeMeta], str], add: bool = True) -> str:
         """One sublayer f with the spec's norm placement (README, ``norm.position``):
         post norm(x + f(x)); pre x + f(norm(x)); branch x + norm(f(x));
-        sandwich x + norm(f(norm(x))). Dropout goes on f's output before the add."""
+        sandwich x + norm(f(norm(x))). Dropout goes on f's output before the add. With
+        ``add`` false the branch is returned before the add (a parallel residual sums the
+        branches first)."""
         where, g = self.spec.norm.position, self.g
         path = f"{layer.module}.{sub}"
         scope = path
@@ -258,6 +273,8 @@ class _Lowering:
             h = self.norm(h, f"{scope}.out_norm", f"{layer.module}.{sub}_out_norm", scope, wrap,
                           "out_norm")
         h = self.dropout(h, f"{scope}.dropout", scope, wrap)
+        if not add:
+            return h
         x = g.add("add", [x, h], name=f"{scope}.residual", scope=scope,
                   meta=_role(wrap, "residual"))
         if where == "post":

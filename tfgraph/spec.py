@@ -32,6 +32,7 @@ Positions = Literal["sinusoidal", "learned", "rope", "none"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 NormPosition = Literal["post", "pre", "branch", "sandwich"]
 NormKind = Literal["layernorm", "rmsnorm", "scalenorm"]
+Residual = Literal["sequential", "parallel"]
 Normalize = Literal["softmax", "hardmax"]
 Output = Literal["logits", "probs"]
 DType = Literal["float32", "float16", "bfloat16"]
@@ -139,6 +140,16 @@ class FeedForward(_Strict):
     """Biases on the up, gate and down projections."""
 
 
+class Block(_Strict):
+    """How the sublayers of a layer are combined."""
+
+    residual: Residual = "sequential"
+    """sequential: each sublayer reads the previous one's sum (x = x + attn(n1(x)); then
+    x = x + ffn(n2(x))); parallel: both read the layer input and their outputs are summed,
+    x = x + attn(n1(x)) + ffn(n2(x)) (GPT-J, GPT-NeoX/Pythia; Wang & Komatsuzaki 2021).
+    Parallel needs one stack (no cross-attention) and a norm position other than post."""
+
+
 class Norm(_Strict):
     """Where and how sublayers are normalised."""
 
@@ -187,6 +198,8 @@ class Spec(_Strict):
     """Feed-forward sublayer."""
     norm: Norm = Field(default_factory=Norm)
     """Normalisation placement and kind."""
+    block: Block = Field(default_factory=Block)
+    """How a layer combines its sublayers (sequential or parallel residual)."""
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     """Dropout probability after embeddings and after each sublayer (training only)."""
     output: Output = "logits"
@@ -264,6 +277,15 @@ class Spec(_Strict):
             self.ffn.hidden = 4 * self.d_model
         if self.norm.final is None:
             self.norm.final = self.norm.position in ("pre", "sandwich")
+        if self.block.residual == "parallel":
+            if self.arch == "encoder-decoder":
+                raise ValueError("block.residual: parallel sums self-attention and "
+                                 "feed-forward; an encoder-decoder's cross-attention has no "
+                                 "parallel form; use sequential")
+            if self.norm.position == "post":
+                raise ValueError("block.residual: parallel adds both branches to the layer "
+                                 "input; norm.position post normalises that sum instead; use "
+                                 "pre, branch or sandwich")
         return self
 
     # ---- derived views used by lowering and reports -------------------------------------
