@@ -102,10 +102,26 @@ def projections_text(graph: Graph, members: list[Node]) -> list[str]:
     return [f"{', '.join(roles)}: linear {text}" for text, roles in sizes.items()]
 
 
+def _projection(graph: Graph, node: Node) -> Node:
+    """The linear behind ``node``, looking through norms (a qk-norm sits between them)."""
+    while node.category == "norm":
+        node = graph.node(node.inputs[0])
+    return node
+
+
 def rope_text(graph: Graph, members: list[Node]) -> str:
     """``rotary positions on q, k`` from the rotary ops and the projections they read."""
-    read = [graph.node(n.inputs[0]) for n in members if n.op == "rope"]
+    read = [_projection(graph, graph.node(n.inputs[0])) for n in members if n.op == "rope"]
     return f"rotary positions on {', '.join(_roles(read))}" if read else ""
+
+
+def inner_norm_text(graph: Graph, members: list[Node]) -> str:
+    """``RMSNorm on q, k`` for norms inside a sublayer's function (qk-norm)."""
+    norms = [n for n in members if n.category == "norm"]
+    if not norms:
+        return ""
+    kinds = " / ".join(dict.fromkeys(NORM_NAMES.get(n.op, n.op) for n in norms))
+    return f"{kinds} on {', '.join(_roles([graph.node(n.inputs[0]) for n in norms]))}"
 
 
 def _from_other_stack(graph: Graph, node: Node) -> Node | None:
@@ -132,7 +148,8 @@ def attention_text(graph: Graph, members: list[Node]) -> str:
     att = attention_of(members)
     assert att is not None
     lines = [attention_title(att), heads_text(att), *projections_text(graph, members),
-             rope_text(graph, members), external_text(graph, members)]
+             inner_norm_text(graph, members), rope_text(graph, members),
+             external_text(graph, members)]
     return "\n".join(line for line in lines if line)
 
 

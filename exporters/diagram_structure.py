@@ -101,8 +101,8 @@ def box_key(node: Node) -> str | None:
     and for ops outside layers."""
     if not in_layer(node) or node.category == "dropout":
         return None
-    if node.category == "norm":
-        return node.meta.role or "norm"
+    if node.category == "norm" and node.meta.role in ("norm", "out_norm", ""):
+        return node.meta.role or "norm"  # a sublayer's own norms (q_norm) are inside f
     if node.meta.role == "residual" or (node.meta.sublayer is None
                                         and node.category == "elementwise"):
         return "add"

@@ -12,13 +12,13 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
     d, att, ffn, norm = spec.d_model, spec.attention, spec.ffn, spec.norm
     out: dict[str, tuple[int, ...]] = {}
 
-    def norm_params(prefix: str) -> None:
+    def norm_params(prefix: str, width: int = d) -> None:
         if norm.kind == "scalenorm":
             out[f"{prefix}.weight"] = (1,)
             return
-        out[f"{prefix}.weight"] = (d,)
+        out[f"{prefix}.weight"] = (width,)
         if norm.kind == "layernorm":
-            out[f"{prefix}.bias"] = (d,)
+            out[f"{prefix}.bias"] = (width,)
 
     def linear(prefix: str, d_in: int, d_out: int, bias: bool) -> None:
         out[f"{prefix}.weight"] = (d_out, d_in)
@@ -46,6 +46,9 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
                 linear(f"{layer}.{sub}.k", d, hkv, qkv_bias)
                 linear(f"{layer}.{sub}.v", d, hkv, qkv_bias)
                 linear(f"{layer}.{sub}.o", hq, d, out_bias)
+                if att.qk_norm == "full":
+                    norm_params(f"{layer}.{sub}.q_norm", hq)
+                    norm_params(f"{layer}.{sub}.k_norm", hkv)
             linear(f"{layer}.ffn.up", d, ffn.hidden, ffn.bias)
             if ffn.activation in GATED_ACTIVATIONS:
                 linear(f"{layer}.ffn.gate", d, ffn.hidden, ffn.bias)

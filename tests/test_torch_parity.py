@@ -375,3 +375,50 @@ def test_hf_gpt_neox_parallel_residual() -> None:
     model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)
+
+
+def test_hf_olmo2_qk_norm() -> None:
+    """``attention.qk_norm: full`` with branch RMSNorm against Hugging Face OLMo 2: parameter
+    count and logits through to_torch and ONNX. Catches a qk-norm left out, put after the
+    rotary positions, or normalising q and k per head instead of over the projection."""
+    transformers = pytest.importorskip("transformers")
+    ort = pytest.importorskip("onnxruntime")
+    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.loader import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "tiny-olmo2.yaml")
+    att = spec.attention
+    config = transformers.Olmo2Config(
+        hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
+        num_hidden_layers=spec.layers, num_attention_heads=att.heads,
+        num_key_value_heads=att.kv_heads, vocab_size=spec.vocab, rms_norm_eps=spec.norm.eps,
+        max_position_embeddings=spec.max_len, rope_theta=spec.embedding.rope_theta,
+        tie_word_embeddings=False, attention_bias=False,
+        bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    ref = transformers.Olmo2ForCausalLM._from_config(config, attn_implementation="eager").eval()
+    _randomize(ref, seed=13)
+    sd = ref.state_dict()
+    weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
+               "decoder.norm.weight": sd["model.norm.weight"],
+               "head.weight": sd["lm_head.weight"]}
+    for i in range(spec.layers):
+        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
+        for role in ("q", "k", "v", "o"):
+            weights[f"{dst}.self_attn.{role}.weight"] = sd[f"{src}.self_attn.{role}_proj.weight"]
+        for role in ("q", "k"):
+            weights[f"{dst}.self_attn.{role}_norm.weight"] = sd[f"{src}.self_attn.{role}_norm.weight"]
+        for role in ("gate", "up", "down"):
+            weights[f"{dst}.ffn.{role}.weight"] = sd[f"{src}.mlp.{role}_proj.weight"]
+        weights[f"{dst}.self_attn_norm.weight"] = sd[f"{src}.post_attention_layernorm.weight"]
+        weights[f"{dst}.ffn_norm.weight"] = sd[f"{src}.post_feedforward_layernorm.weight"]
+    graph = tfgraph.compile(spec)
+    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
+    ours = to_torch(graph, weights=weights).eval()
+    ids = torch.randint(0, spec.vocab, (2, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+        _check(ours(ids), expected)
+    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)

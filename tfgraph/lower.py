@@ -139,17 +139,18 @@ class _Lowering:
                           meta=_role(meta, role))
 
     def norm(self, x: str, node_name: str, param_prefix: str, scope: str, meta: NodeMeta,
-             role: str) -> str:
-        """A norm of the spec's kind with parameters ``{param_prefix}.weight`` (and ``.bias``)."""
+             role: str, width: str = "d_model") -> str:
+        """A norm of the spec's kind with parameters ``{param_prefix}.weight`` (and ``.bias``)
+        over the last dimension, named ``width``."""
         kind = self.spec.norm.kind
         if kind == "scalenorm":
             ins = [x, self.param(f"{param_prefix}.weight", ("1",), scope, "ones",
                                  _role(meta, f"{role}.weight"))]
         else:
-            ins = [x, self.param(f"{param_prefix}.weight", ("d_model",), scope, "ones",
+            ins = [x, self.param(f"{param_prefix}.weight", (width,), scope, "ones",
                                  _role(meta, f"{role}.weight"))]
             if kind == "layernorm":
-                ins.append(self.param(f"{param_prefix}.bias", ("d_model",), scope, "zeros",
+                ins.append(self.param(f"{param_prefix}.bias", (width,), scope, "zeros",
                                       _role(meta, f"{role}.bias")))
         return self.g.add(kind, ins, name=node_name, scope=scope, eps=self.spec.norm.eps,
                           meta=_role(meta, role))
@@ -291,6 +292,11 @@ class _Lowering:
                         meta)  # (B, Tk, kv*hd)
         v = self.linear(kv_source, scope, "v", "d_model", "kv_heads*head_dim", qkv_bias,
                         meta)  # (B, Tk, kv*hd)
+        if att.qk_norm == "full":  # over the whole projection, before rotary positions
+            q = self.norm(q, f"{scope}.q_norm", f"{scope}.q_norm", scope, meta, "q_norm",
+                          width="heads*head_dim")
+            k = self.norm(k, f"{scope}.k_norm", f"{scope}.k_norm", scope, meta, "k_norm",
+                          width="kv_heads*head_dim")
         if rope and self.spec.embedding.positions == "rope":
             theta = self.spec.embedding.rope_theta
             q = g.add("rope", [q], name=f"{scope}.q_rope", scope=scope,

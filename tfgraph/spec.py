@@ -34,6 +34,7 @@ NormPosition = Literal["post", "pre", "branch", "sandwich"]
 NormKind = Literal["layernorm", "rmsnorm", "scalenorm"]
 Residual = Literal["sequential", "parallel"]
 Normalize = Literal["softmax", "hardmax"]
+QKNorm = Literal["none", "full"]
 Output = Literal["logits", "probs"]
 DType = Literal["float32", "float16", "bfloat16"]
 
@@ -124,6 +125,9 @@ class Attention(_Strict):
     false). Default: bias."""
     out_bias: Flag | None = None
     """Bias on the output projection o. Default: bias."""
+    qk_norm: QKNorm = "none"
+    """full: a norm (of norm.kind) on the whole q and k projections, before rotary positions
+    (OLMo 2; Wortsman et al. 2023). Its gains are self_attn.q_norm / k_norm."""
     normalize: Normalize = "softmax"
     """softmax, or hardmax: the one-hot of the arg-max ("hard attention": each query reads only its highest-scoring key)."""
 
