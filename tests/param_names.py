@@ -53,7 +53,9 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
             if ffn.activation in GATED_ACTIVATIONS:
                 linear(f"{layer}.ffn.gate", d, ffn.hidden, ffn.bias)
             linear(f"{layer}.ffn.down", ffn.hidden, d, ffn.bias)
-            for sub in [*subs, "ffn"]:
+            if spec.block.shared_norm:
+                norm_params(f"{layer}.norm")
+            for sub in [*subs, "ffn"] if not spec.block.shared_norm else []:
                 norm_params(f"{layer}.{sub}_norm")
                 if norm.position == "sandwich":
                     norm_params(f"{layer}.{sub}_out_norm")

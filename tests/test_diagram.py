@@ -144,8 +144,13 @@ def test_layer_edges_follow_norm_placement(spec_path: Path) -> None:
                                 and spec.arch == "encoder-decoder" else []) + ["ffn"]
         x = f"{stack}.layer_in"
         if spec.block.residual == "parallel":  # both sublayers read the layer input
-            assert {(x, f"{stack}.self_attn.norm"), (x, f"{stack}.ffn.norm"),
-                    (f"{stack}.self_attn.fn", f"{stack}.layer.branches"),
+            norms = [f"{stack}.layer.norm"] if spec.block.shared_norm else \
+                [f"{stack}.self_attn.norm", f"{stack}.ffn.norm"]
+            assert {(x, n) for n in norms} <= pairs
+            if spec.block.shared_norm:
+                assert {(norms[0], f"{stack}.self_attn.fn"), (norms[0], f"{stack}.ffn.fn")} \
+                    <= pairs
+            assert {(f"{stack}.self_attn.fn", f"{stack}.layer.branches"),
                     (f"{stack}.ffn.fn", f"{stack}.layer.branches"),
                     (x, f"{stack}.layer.residual"),
                     (f"{stack}.layer.branches", f"{stack}.layer.residual")} <= pairs

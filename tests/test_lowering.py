@@ -298,3 +298,13 @@ def test_parallel_residual_reads_the_layer_input_in_both_sublayers() -> None:
             assert g.by_meta()[("layer", "decoder", i, sub, "norm")].inputs[0] == layer_in
         assert g.node(branches).meta.role == "branches"
     assert len([n for n in g.ops() if n.op == "add"]) == 2 * 2  # branches + residual per layer
+
+
+@pytest.mark.parametrize("over", [{"block": {"shared_norm": True}},
+                                  {"block": {"residual": "parallel", "shared_norm": True},
+                                   "norm": {"position": "branch"}}])
+def test_shared_norm_needs_a_parallel_pre_norm_layer(over: dict[str, Any]) -> None:
+    """Catches a shared norm accepted where lowering would silently ignore it."""
+    with pytest.raises(pydantic.ValidationError) as err:
+        make(**over)
+    assert "block.shared_norm" in str(err.value)

@@ -422,3 +422,52 @@ def test_hf_olmo2_qk_norm() -> None:
     model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)
+
+
+def test_hf_falcon_parallel_residual_with_one_shared_norm() -> None:
+    """``block.shared_norm`` against Hugging Face Falcon (parallel_attn, one input_layernorm,
+    multi-query): parameter count and logits through to_torch and ONNX. Catches a second
+    norm per branch, or branches that read the un-normalised input."""
+    transformers = pytest.importorskip("transformers")
+    ort = pytest.importorskip("onnxruntime")
+    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.loader import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "tiny-falcon.yaml")
+    att = spec.attention
+    config = transformers.FalconConfig(
+        hidden_size=spec.d_model, ffn_hidden_size=spec.ffn.hidden,
+        num_hidden_layers=spec.layers, num_attention_heads=att.heads, vocab_size=spec.vocab,
+        parallel_attn=True, new_decoder_architecture=False, multi_query=True, bias=False,
+        alibi=False, layer_norm_epsilon=spec.norm.eps, max_position_embeddings=spec.max_len,
+        attention_dropout=0.0, hidden_dropout=0.0, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    ref = transformers.FalconForCausalLM._from_config(config, attn_implementation="eager").eval()
+    _randomize(ref, seed=17)
+    sd = ref.state_dict()
+    weights = {"embed.tokens.weight": sd["transformer.word_embeddings.weight"]}
+    for kind in ("weight", "bias"):
+        weights[f"decoder.norm.{kind}"] = sd[f"transformer.ln_f.{kind}"]
+    hq, hd = att.heads * att.head_dim, att.head_dim
+    for i in range(spec.layers):
+        src, dst = f"transformer.h.{i}", f"decoder.layers.{i}"
+        qkv = sd[f"{src}.self_attention.query_key_value.weight"]  # rows: q (h*hd), k, v (hd)
+        weights[f"{dst}.self_attn.q.weight"] = qkv[:hq]
+        weights[f"{dst}.self_attn.k.weight"] = qkv[hq:hq + hd]
+        weights[f"{dst}.self_attn.v.weight"] = qkv[hq + hd:]
+        weights[f"{dst}.self_attn.o.weight"] = sd[f"{src}.self_attention.dense.weight"]
+        weights[f"{dst}.ffn.up.weight"] = sd[f"{src}.mlp.dense_h_to_4h.weight"]
+        weights[f"{dst}.ffn.down.weight"] = sd[f"{src}.mlp.dense_4h_to_h.weight"]
+        for kind in ("weight", "bias"):
+            weights[f"{dst}.norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
+    graph = tfgraph.compile(spec)
+    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
+    ours = to_torch(graph, weights=weights).eval()
+    ids = torch.randint(0, spec.vocab, (2, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+        _check(ours(ids), expected)
+    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)

@@ -236,8 +236,11 @@ class _Lowering:
         attend: Callable[[str, str, NodeMeta], str] = \
             lambda h, s, m: self.attention(h, h, s, m, causal=causal, rope=True)  # noqa: E731
         if parallel:  # the spec allows it only without cross-attention
-            h = self.residual(x, meta, "self_attn", attend, add=False)
-            f = self.residual(x, meta, "ffn", self.ffn, add=False)
+            shared = self.spec.block.shared_norm  # one pre-norm for both (GPT-J, Falcon)
+            n = self.norm(x, f"{path}.norm", f"{path}.norm", path, meta, "norm") if shared \
+                else None
+            h = self.residual(x, meta, "self_attn", attend, add=False, normed=n)
+            f = self.residual(x, meta, "ffn", self.ffn, add=False, normed=n)
             y = self.g.add("add", [h, f], name=f"{path}.branches", scope=path,
                            meta=_role(meta, "branches"))  # attn + ffn
             return self.g.add("add", [x, y], name=f"{path}.residual", scope=path,
@@ -250,12 +253,14 @@ class _Lowering:
         return self.residual(x, meta, "ffn", self.ffn)
 
     def residual(self, x: str, layer: NodeMeta, sub: str,
-                 f: Callable[[str, str, NodeMeta], str], add: bool = True) -> str:
+                 f: Callable[[str, str, NodeMeta], str], add: bool = True,
+                 normed: str | None = None) -> str:
         """One sublayer f with the spec's norm placement (README, ``norm.position``):
         post norm(x + f(x)); pre x + f(norm(x)); branch x + norm(f(x));
         sandwich x + norm(f(norm(x))). Dropout goes on f's output before the add. With
         ``add`` false the branch is returned before the add (a parallel residual sums the
-        branches first)."""
+        branches first); ``normed`` is x already normalised by a norm the branches share,
+        which replaces the sublayer's own pre-norm."""
         where, g = self.spec.norm.position, self.g
         path = f"{layer.module}.{sub}"
         scope = path
@@ -264,8 +269,8 @@ class _Lowering:
         wrap = NodeMeta(layer.part, layer.stack, layer.layer, sub, module=layer.module)
         inner = NodeMeta(layer.part, layer.stack, layer.layer, sub, module=path)
         norm_name = f"{layer.module}.{sub}_norm"
-        h = x
-        if where in ("pre", "sandwich"):
+        h = x if normed is None else normed
+        if where in ("pre", "sandwich") and normed is None:
             h = self.norm(h, f"{scope}.norm", norm_name, scope, wrap, "norm")
         h = f(h, scope, inner)
         if where == "branch":

@@ -152,6 +152,10 @@ class Block(_Strict):
     x = x + ffn(n2(x))); parallel: both read the layer input and their outputs are summed,
     x = x + attn(n1(x)) + ffn(n2(x)) (GPT-J, GPT-NeoX/Pythia; Wang & Komatsuzaki 2021).
     Parallel needs one stack (no cross-attention) and a norm position other than post."""
+    shared_norm: Flag = False
+    """Parallel only: one pre-norm read by both sublayers, x = x + attn(n(x)) + ffn(n(x))
+    (GPT-J, Falcon, Phi-2); its gains are ``{stack}.layers.{i}.norm``. Needs norm.position
+    pre."""
 
 
 class Norm(_Strict):
@@ -290,6 +294,10 @@ class Spec(_Strict):
                 raise ValueError("block.residual: parallel adds both branches to the layer "
                                  "input; norm.position post normalises that sum instead; use "
                                  "pre, branch or sandwich")
+        if self.block.shared_norm and (self.block.residual != "parallel"
+                                       or self.norm.position != "pre"):
+            raise ValueError("block.shared_norm: one norm shared by both sublayers needs "
+                             "block.residual: parallel and norm.position: pre")
         return self
 
     # ---- derived views used by lowering and reports -------------------------------------
