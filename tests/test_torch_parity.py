@@ -267,16 +267,43 @@ def test_hf_llama() -> None:
         _check(ours(ids), ref(ids).logits)
 
 
+# ---- Hugging Face families for today's architecture features ------------------------------
+
+
+def _tiny(name: str) -> Spec:
+    from tfgraph.loader import load_spec
+
+    return load_spec(Path(__file__).resolve().parent.parent / "specs" / name)
+
+
+def _check_against(spec: Spec, ref: nn.Module, weights: dict[str, Tensor]
+                   ) -> tuple[Tensor, Tensor]:
+    """tfgraph with ``weights`` (mapped from ``ref``) against ``ref``: the same parameter
+    count, and logits within ATOL through to_torch and through ONNX in onnxruntime.
+    Returns the ids and the reference logits."""
+    ort = pytest.importorskip("onnxruntime")
+    from tfgraph.exporters.onnx_model import to_onnx
+
+    graph = tfgraph.compile(spec)
+    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
+    ours = to_torch(graph, weights=weights).eval()
+    ids = torch.randint(0, spec.vocab_size("source"), (2, 19),
+                        generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+        _check(ours(ids), expected)
+    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)
+    return ids, expected
+
+
 def test_hf_qwen2_qkv_bias_without_out_bias() -> None:
     """Qwen2's attention: biases on q, k, v and none on o (``attention.qkv_bias`` /
     ``out_bias``). Catches a bias split that lowering ignores (a missing q/k/v bias changes
     the logits; an extra o bias changes the parameter count and the weights' names)."""
     transformers = pytest.importorskip("transformers")
-    ort = pytest.importorskip("onnxruntime")
-    from tfgraph.exporters.onnx_model import to_onnx
-    from tfgraph.loader import load_spec
-
-    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "tiny-qwen2.yaml")
+    spec = _tiny("tiny-qwen2.yaml")
     att = spec.attention
     config = transformers.Qwen2Config(
         hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
@@ -302,17 +329,7 @@ def test_hf_qwen2_qkv_bias_without_out_bias() -> None:
             weights[f"{dst}.ffn.{role}.weight"] = sd[f"{src}.mlp.{role}_proj.weight"]
         weights[f"{dst}.self_attn_norm.weight"] = sd[f"{src}.input_layernorm.weight"]
         weights[f"{dst}.ffn_norm.weight"] = sd[f"{src}.post_attention_layernorm.weight"]
-    graph = tfgraph.compile(spec)
-    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
-    ours = to_torch(graph, weights=weights)
-    ids = torch.randint(0, spec.vocab, (2, 19), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = ref(ids).logits
-        _check(ours(ids), expected)
-    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    logits = session.run(None, {"input_ids": ids.numpy()})[0]
-    _check(torch.from_numpy(logits), expected)
+    _check_against(spec, ref, weights)
 
 
 def _split_neox_qkv(w: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -327,11 +344,7 @@ def test_hf_gpt_neox_parallel_residual() -> None:
     parameter count and logits through to_torch and ONNX. Catches a layer that feeds the
     feed-forward from the attention sum (the sequential model) instead of the layer input."""
     transformers = pytest.importorskip("transformers")
-    ort = pytest.importorskip("onnxruntime")
-    from tfgraph.exporters.onnx_model import to_onnx
-    from tfgraph.loader import load_spec
-
-    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "tiny-neox.yaml")
+    spec = _tiny("tiny-neox.yaml")
     heads = spec.attention.heads
     config = transformers.GPTNeoXConfig(
         hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
@@ -361,20 +374,12 @@ def test_hf_gpt_neox_parallel_residual() -> None:
             weights[f"{dst}.ffn.down.{kind}"] = sd[f"{src}.mlp.dense_4h_to_h.{kind}"]
             weights[f"{dst}.self_attn_norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
             weights[f"{dst}.ffn_norm.{kind}"] = sd[f"{src}.post_attention_layernorm.{kind}"]
-    graph = tfgraph.compile(spec)
-    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
-    ours = to_torch(graph, weights=weights).eval()
-    ids = torch.randint(0, spec.vocab, (2, 19), generator=torch.Generator().manual_seed(0))
+    ids, expected = _check_against(spec, ref, weights)
+    sequential = spec.model_copy(update={"block": spec.block.model_copy(
+        update={"residual": "sequential"})})
+    other = to_torch(tfgraph.compile(sequential), weights=weights).eval()
     with torch.no_grad():
-        expected = ref(ids).logits
-        _check(ours(ids), expected)
-        sequential = spec.model_copy(update={"block": spec.block.model_copy(
-            update={"residual": "sequential"})})
-        other = to_torch(tfgraph.compile(sequential), weights=weights).eval()
         assert (other(ids) - expected).abs().max().item() > 100 * ATOL  # the test can tell
-    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)
 
 
 def test_hf_olmo2_qk_norm() -> None:
@@ -382,11 +387,7 @@ def test_hf_olmo2_qk_norm() -> None:
     count and logits through to_torch and ONNX. Catches a qk-norm left out, put after the
     rotary positions, or normalising q and k per head instead of over the projection."""
     transformers = pytest.importorskip("transformers")
-    ort = pytest.importorskip("onnxruntime")
-    from tfgraph.exporters.onnx_model import to_onnx
-    from tfgraph.loader import load_spec
-
-    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "tiny-olmo2.yaml")
+    spec = _tiny("tiny-olmo2.yaml")
     att = spec.attention
     config = transformers.Olmo2Config(
         hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
@@ -412,16 +413,7 @@ def test_hf_olmo2_qk_norm() -> None:
             weights[f"{dst}.ffn.{role}.weight"] = sd[f"{src}.mlp.{role}_proj.weight"]
         weights[f"{dst}.self_attn_norm.weight"] = sd[f"{src}.post_attention_layernorm.weight"]
         weights[f"{dst}.ffn_norm.weight"] = sd[f"{src}.post_feedforward_layernorm.weight"]
-    graph = tfgraph.compile(spec)
-    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
-    ours = to_torch(graph, weights=weights).eval()
-    ids = torch.randint(0, spec.vocab, (2, 19), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = ref(ids).logits
-        _check(ours(ids), expected)
-    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)
+    _check_against(spec, ref, weights)
 
 
 def test_hf_falcon_parallel_residual_with_one_shared_norm() -> None:
@@ -429,11 +421,7 @@ def test_hf_falcon_parallel_residual_with_one_shared_norm() -> None:
     multi-query): parameter count and logits through to_torch and ONNX. Catches a second
     norm per branch, or branches that read the un-normalised input."""
     transformers = pytest.importorskip("transformers")
-    ort = pytest.importorskip("onnxruntime")
-    from tfgraph.exporters.onnx_model import to_onnx
-    from tfgraph.loader import load_spec
-
-    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "tiny-falcon.yaml")
+    spec = _tiny("tiny-falcon.yaml")
     att = spec.attention
     config = transformers.FalconConfig(
         hidden_size=spec.d_model, ffn_hidden_size=spec.ffn.hidden,
@@ -461,13 +449,4 @@ def test_hf_falcon_parallel_residual_with_one_shared_norm() -> None:
         weights[f"{dst}.ffn.down.weight"] = sd[f"{src}.mlp.dense_4h_to_h.weight"]
         for kind in ("weight", "bias"):
             weights[f"{dst}.norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
-    graph = tfgraph.compile(spec)
-    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
-    ours = to_torch(graph, weights=weights).eval()
-    ids = torch.randint(0, spec.vocab, (2, 19), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = ref(ids).logits
-        _check(ours(ids), expected)
-    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)
+    _check_against(spec, ref, weights)
