@@ -172,6 +172,10 @@ def test_one_optimizer_step_lowers_the_loss(small_spec: Spec) -> None:
         opt: torch.optim.Optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
     else:
         opt = torch.optim.Adam(module.parameters(), lr=1e-2)
+    # Dropout masks from a fixed generator state: with the global state left by whichever
+    # tests ran before on this worker, one step in a random dropout direction sometimes
+    # raised the eval loss of tiny-seq2seq slightly (4.2033 -> 4.2254), failing at random.
+    torch.manual_seed(0)
     loss = _loss(module, ids, small_spec.output == "probs")
     loss.backward()
     grads = {n for n, p in module.named_parameters() if p.grad is not None}
