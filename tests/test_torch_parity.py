@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -298,37 +299,52 @@ def _check_against(spec: Spec, ref: nn.Module, weights: dict[str, Tensor]
     return ids, expected
 
 
+def _llama_family_config(spec: Spec) -> dict[str, Any]:
+    """Config arguments Llama-family classes (Qwen2, OLMo 2, ...) share, from ``spec``."""
+    att = spec.attention
+    return dict(hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
+                num_hidden_layers=spec.layers, num_attention_heads=att.heads,
+                num_key_value_heads=att.kv_heads, vocab_size=spec.vocab,
+                rms_norm_eps=spec.norm.eps, max_position_embeddings=spec.max_len,
+                rope_theta=spec.embedding.rope_theta,
+                bos_token_id=0, eos_token_id=0, pad_token_id=None)
+
+
+def _llama_family_weights(spec: Spec, sd: dict[str, Tensor], norms: dict[str, str]
+                          ) -> dict[str, Tensor]:
+    """Llama-family names (``model.layers.i.self_attn.q_proj``, ``mlp.gate_proj``, ...) to
+    tfgraph's; every bias present in ``sd`` comes along. ``norms`` maps tfgraph's per-layer
+    norm names to the family's (they differ: input_layernorm, post_feedforward_layernorm)."""
+    weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
+               "decoder.norm.weight": sd["model.norm.weight"]}
+    if "lm_head.weight" in sd and not spec.embedding.tie_output:
+        weights["head.weight"] = sd["lm_head.weight"]
+    for i in range(spec.layers):
+        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
+        pairs = {f"self_attn.{r}": f"self_attn.{r}_proj" for r in "qkvo"}
+        pairs.update({f"ffn.{r}": f"mlp.{r}_proj" for r in ("gate", "up", "down")})
+        pairs.update({ours: theirs for ours, theirs in norms.items()})
+        for ours, theirs in pairs.items():
+            for kind in ("weight", "bias"):
+                if f"{src}.{theirs}.{kind}" in sd:
+                    weights[f"{dst}.{ours}.{kind}"] = sd[f"{src}.{theirs}.{kind}"]
+    return weights
+
+
 def test_hf_qwen2_qkv_bias_without_out_bias() -> None:
     """Qwen2's attention: biases on q, k, v and none on o (``attention.qkv_bias`` /
     ``out_bias``). Catches a bias split that lowering ignores (a missing q/k/v bias changes
     the logits; an extra o bias changes the parameter count and the weights' names)."""
     transformers = pytest.importorskip("transformers")
     spec = _tiny("tiny-qwen2.yaml")
-    att = spec.attention
-    config = transformers.Qwen2Config(
-        hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
-        num_hidden_layers=spec.layers, num_attention_heads=att.heads,
-        num_key_value_heads=att.kv_heads, vocab_size=spec.vocab, rms_norm_eps=spec.norm.eps,
-        max_position_embeddings=spec.max_len, rope_theta=spec.embedding.rope_theta,
-        tie_word_embeddings=True, use_sliding_window=False,
-        bos_token_id=0, eos_token_id=0, pad_token_id=None,
-    )
+    config = transformers.Qwen2Config(**_llama_family_config(spec), tie_word_embeddings=True,
+                                      use_sliding_window=False)
     ref = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation="eager").eval()
     _randomize(ref, seed=7)
     sd = ref.state_dict()
-    weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
-               "decoder.norm.weight": sd["model.norm.weight"]}
-    for i in range(spec.layers):
-        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
-        for role in "qkv":
-            for kind in ("weight", "bias"):
-                weights[f"{dst}.self_attn.{role}.{kind}"] = sd[f"{src}.self_attn.{role}_proj.{kind}"]
-        assert f"{src}.self_attn.o_proj.bias" not in sd
-        weights[f"{dst}.self_attn.o.weight"] = sd[f"{src}.self_attn.o_proj.weight"]
-        for role in ("gate", "up", "down"):
-            weights[f"{dst}.ffn.{role}.weight"] = sd[f"{src}.mlp.{role}_proj.weight"]
-        weights[f"{dst}.self_attn_norm.weight"] = sd[f"{src}.input_layernorm.weight"]
-        weights[f"{dst}.ffn_norm.weight"] = sd[f"{src}.post_attention_layernorm.weight"]
+    assert not any(k.endswith("o_proj.bias") for k in sd)
+    weights = _llama_family_weights(spec, sd, {"self_attn_norm": "input_layernorm",
+                                               "ffn_norm": "post_attention_layernorm"})
     _check_against(spec, ref, weights)
 
 
@@ -388,31 +404,13 @@ def test_hf_olmo2_qk_norm() -> None:
     rotary positions, or normalising q and k per head instead of over the projection."""
     transformers = pytest.importorskip("transformers")
     spec = _tiny("tiny-olmo2.yaml")
-    att = spec.attention
-    config = transformers.Olmo2Config(
-        hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
-        num_hidden_layers=spec.layers, num_attention_heads=att.heads,
-        num_key_value_heads=att.kv_heads, vocab_size=spec.vocab, rms_norm_eps=spec.norm.eps,
-        max_position_embeddings=spec.max_len, rope_theta=spec.embedding.rope_theta,
-        tie_word_embeddings=False, attention_bias=False,
-        bos_token_id=0, eos_token_id=0, pad_token_id=None,
-    )
+    config = transformers.Olmo2Config(**_llama_family_config(spec), tie_word_embeddings=False,
+                                      attention_bias=False)
     ref = transformers.Olmo2ForCausalLM._from_config(config, attn_implementation="eager").eval()
     _randomize(ref, seed=13)
-    sd = ref.state_dict()
-    weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
-               "decoder.norm.weight": sd["model.norm.weight"],
-               "head.weight": sd["lm_head.weight"]}
-    for i in range(spec.layers):
-        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
-        for role in ("q", "k", "v", "o"):
-            weights[f"{dst}.self_attn.{role}.weight"] = sd[f"{src}.self_attn.{role}_proj.weight"]
-        for role in ("q", "k"):
-            weights[f"{dst}.self_attn.{role}_norm.weight"] = sd[f"{src}.self_attn.{role}_norm.weight"]
-        for role in ("gate", "up", "down"):
-            weights[f"{dst}.ffn.{role}.weight"] = sd[f"{src}.mlp.{role}_proj.weight"]
-        weights[f"{dst}.self_attn_norm.weight"] = sd[f"{src}.post_attention_layernorm.weight"]
-        weights[f"{dst}.ffn_norm.weight"] = sd[f"{src}.post_feedforward_layernorm.weight"]
+    weights = _llama_family_weights(spec, ref.state_dict(), {
+        "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm",
+        "self_attn_norm": "post_attention_layernorm", "ffn_norm": "post_feedforward_layernorm"})
     _check_against(spec, ref, weights)
 
 
