@@ -10,8 +10,6 @@ it, so the test also proves dropout is off in eval().
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,23 +19,10 @@ import tfgraph
 from tfgraph.exporters import to_torch
 from tfgraph.spec import Spec
 
+from parity_support import (ATOL, check, check_against, llama_family_config,
+                             llama_family_weights, randomize, split_neox_qkv, tiny)
+
 D, HEADS, LAYERS, VOCAB, FFN = 64, 4, 2, 61, 128
-ATOL = 1e-4
-
-
-def _randomize(model: nn.Module, seed: int) -> None:
-    """Norm gains 1 + N(0, 0.1); every other parameter N(0, 0.1) (biases non-zero)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * 0.1
-            is_gain = p.dim() == 1 and name.endswith("weight")
-            p.copy_(noise + 1.0 if is_gain else noise)
-
-
-def _check(ours: Tensor, ref: Tensor) -> None:
-    err = (ours - ref).abs().max().item()
-    assert err <= ATOL, f"max abs error {err:.3e} > {ATOL}"
 
 
 def _split_in_proj(prefix: str, ours: str, mha: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -128,13 +113,13 @@ def test_nn_transformer(position: str, activation: str) -> None:
         "dropout": 0.1,
     })
     ref = Seq2Seq(activation, norm_first=position == "pre").eval()
-    _randomize(ref, seed=1)
+    randomize(ref, seed=1)
     ours = to_torch(tfgraph.compile(spec), weights=_seq2seq_weights(ref))
     gen = torch.Generator().manual_seed(0)
     src = torch.randint(0, VOCAB, (2, 11), generator=gen)
     tgt = torch.randint(0, VOCAB, (2, 7), generator=gen)
     with torch.no_grad():
-        _check(ours(src, tgt), ref(src, tgt))
+        check(ours(src, tgt), ref(src, tgt))
 
 
 # ---- torch.nn.TransformerEncoder (encoder-only) ----------------------------------------------
@@ -167,7 +152,7 @@ def test_nn_transformer_encoder() -> None:
         "dropout": 0.1,
     })
     ref = Encoder().eval()
-    _randomize(ref, seed=2)
+    randomize(ref, seed=2)
     sd = ref.state_dict()
     weights = {"embed.tokens.weight": sd["embed.weight"]} | _linear("head", "head", sd)
     for i in range(LAYERS):
@@ -175,7 +160,7 @@ def test_nn_transformer_encoder() -> None:
     ours = to_torch(tfgraph.compile(spec), weights=weights)
     ids = torch.randint(0, VOCAB, (3, 13), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        _check(ours(ids), ref(ids))
+        check(ours(ids), ref(ids))
 
 
 # ---- Hugging Face GPT-2 and Llama -----------------------------------------------------------
@@ -189,7 +174,7 @@ def test_hf_gpt2() -> None:
         activation_function="gelu_new", bos_token_id=0, eos_token_id=0,
     )
     ref = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
-    _randomize(ref, seed=3)
+    randomize(ref, seed=3)
     sd = ref.state_dict()
     t = "transformer"
     weights = {"embed.tokens.weight": sd[f"{t}.wte.weight"],
@@ -221,7 +206,7 @@ def test_hf_gpt2() -> None:
     ours = to_torch(tfgraph.compile(spec), weights=weights)
     ids = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        _check(ours(ids), ref(ids).logits)
+        check(ours(ids), ref(ids).logits)
 
 
 def test_hf_llama() -> None:
@@ -235,7 +220,7 @@ def test_hf_llama() -> None:
         bos_token_id=0, eos_token_id=0, pad_token_id=None,
     )
     ref = transformers.LlamaForCausalLM._from_config(config, attn_implementation="eager").eval()
-    _randomize(ref, seed=4)
+    randomize(ref, seed=4)
     sd = ref.state_dict()
     weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
                "decoder.norm.weight": sd["model.norm.weight"],
@@ -261,74 +246,14 @@ def test_hf_llama() -> None:
     ours = to_torch(tfgraph.compile(spec), weights=weights)
     ids = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        _check(ours(ids), ref(ids).logits)
+        check(ours(ids), ref(ids).logits)
     # The explicit-matmul path computes the same function.
     ours.attention_impl = "math"
     with torch.no_grad():
-        _check(ours(ids), ref(ids).logits)
+        check(ours(ids), ref(ids).logits)
 
 
 # ---- Hugging Face families for today's architecture features ------------------------------
-
-
-def _tiny(name: str) -> Spec:
-    from tfgraph.loader import load_spec
-
-    return load_spec(Path(__file__).resolve().parent.parent / "specs" / name)
-
-
-def _check_against(spec: Spec, ref: nn.Module, weights: dict[str, Tensor]
-                   ) -> tuple[Tensor, Tensor]:
-    """tfgraph with ``weights`` (mapped from ``ref``) against ``ref``: the same parameter
-    count, and logits within ATOL through to_torch and through ONNX in onnxruntime.
-    Returns the ids and the reference logits."""
-    ort = pytest.importorskip("onnxruntime")
-    from tfgraph.exporters.onnx_model import to_onnx
-
-    graph = tfgraph.compile(spec)
-    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
-    ours = to_torch(graph, weights=weights).eval()
-    ids = torch.randint(0, spec.vocab_size("source"), (2, 19),
-                        generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = ref(ids).logits
-        _check(ours(ids), expected)
-    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    _check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)
-    return ids, expected
-
-
-def _llama_family_config(spec: Spec) -> dict[str, Any]:
-    """Config arguments Llama-family classes (Qwen2, OLMo 2, ...) share, from ``spec``."""
-    att = spec.attention
-    return dict(hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
-                num_hidden_layers=spec.layers, num_attention_heads=att.heads,
-                num_key_value_heads=att.kv_heads, vocab_size=spec.vocab,
-                rms_norm_eps=spec.norm.eps, max_position_embeddings=spec.max_len,
-                rope_theta=spec.embedding.rope_theta,
-                bos_token_id=0, eos_token_id=0, pad_token_id=None)
-
-
-def _llama_family_weights(spec: Spec, sd: dict[str, Tensor], norms: dict[str, str]
-                          ) -> dict[str, Tensor]:
-    """Llama-family names (``model.layers.i.self_attn.q_proj``, ``mlp.gate_proj``, ...) to
-    tfgraph's; every bias present in ``sd`` comes along. ``norms`` maps tfgraph's per-layer
-    norm names to the family's (they differ: input_layernorm, post_feedforward_layernorm)."""
-    weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
-               "decoder.norm.weight": sd["model.norm.weight"]}
-    if "lm_head.weight" in sd and not spec.embedding.tie_output:
-        weights["head.weight"] = sd["lm_head.weight"]
-    for i in range(spec.layers):
-        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
-        pairs = {f"self_attn.{r}": f"self_attn.{r}_proj" for r in "qkvo"}
-        pairs.update({f"ffn.{r}": f"mlp.{r}_proj" for r in ("gate", "up", "down")})
-        pairs.update({ours: theirs for ours, theirs in norms.items()})
-        for ours, theirs in pairs.items():
-            for kind in ("weight", "bias"):
-                if f"{src}.{theirs}.{kind}" in sd:
-                    weights[f"{dst}.{ours}.{kind}"] = sd[f"{src}.{theirs}.{kind}"]
-    return weights
 
 
 def test_hf_qwen2_qkv_bias_without_out_bias() -> None:
@@ -336,23 +261,16 @@ def test_hf_qwen2_qkv_bias_without_out_bias() -> None:
     ``out_bias``). Catches a bias split that lowering ignores (a missing q/k/v bias changes
     the logits; an extra o bias changes the parameter count and the weights' names)."""
     transformers = pytest.importorskip("transformers")
-    spec = _tiny("tiny-qwen2.yaml")
-    config = transformers.Qwen2Config(**_llama_family_config(spec), tie_word_embeddings=True,
+    spec = tiny("tiny-qwen2.yaml")
+    config = transformers.Qwen2Config(**llama_family_config(spec), tie_word_embeddings=True,
                                       use_sliding_window=False)
     ref = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation="eager").eval()
-    _randomize(ref, seed=7)
+    randomize(ref, seed=7)
     sd = ref.state_dict()
     assert not any(k.endswith("o_proj.bias") for k in sd)
-    weights = _llama_family_weights(spec, sd, {"self_attn_norm": "input_layernorm",
+    weights = llama_family_weights(spec, sd, {"self_attn_norm": "input_layernorm",
                                                "ffn_norm": "post_attention_layernorm"})
-    _check_against(spec, ref, weights)
-
-
-def _split_neox_qkv(w: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """GPT-NeoX's fused query_key_value rows are per head [q, k, v] (each head_dim rows)."""
-    per_head = w.reshape(heads, 3, -1, *w.shape[1:])  # (h, 3, hd[, d])
-    q, k, v = (per_head[:, j].reshape(-1, *w.shape[1:]) for j in range(3))
-    return q, k, v
+    check_against(spec, ref, weights)
 
 
 def test_hf_gpt_neox_parallel_residual() -> None:
@@ -360,7 +278,7 @@ def test_hf_gpt_neox_parallel_residual() -> None:
     parameter count and logits through to_torch and ONNX. Catches a layer that feeds the
     feed-forward from the attention sum (the sequential model) instead of the layer input."""
     transformers = pytest.importorskip("transformers")
-    spec = _tiny("tiny-neox.yaml")
+    spec = tiny("tiny-neox.yaml")
     heads = spec.attention.heads
     config = transformers.GPTNeoXConfig(
         hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
@@ -372,7 +290,7 @@ def test_hf_gpt_neox_parallel_residual() -> None:
         bos_token_id=0, eos_token_id=0, pad_token_id=None,
     )
     ref = transformers.GPTNeoXForCausalLM._from_config(config, attn_implementation="eager").eval()
-    _randomize(ref, seed=11)
+    randomize(ref, seed=11)
     sd = ref.state_dict()
     weights = {"embed.tokens.weight": sd["gpt_neox.embed_in.weight"],
                "head.weight": sd["embed_out.weight" if "embed_out.weight" in sd
@@ -382,7 +300,7 @@ def test_hf_gpt_neox_parallel_residual() -> None:
     for i in range(spec.layers):
         src, dst = f"gpt_neox.layers.{i}", f"decoder.layers.{i}"
         for kind in ("weight", "bias"):
-            q, k, v = _split_neox_qkv(sd[f"{src}.attention.query_key_value.{kind}"], heads)
+            q, k, v = split_neox_qkv(sd[f"{src}.attention.query_key_value.{kind}"], heads)
             weights.update({f"{dst}.self_attn.q.{kind}": q, f"{dst}.self_attn.k.{kind}": k,
                             f"{dst}.self_attn.v.{kind}": v})
             weights[f"{dst}.self_attn.o.{kind}"] = sd[f"{src}.attention.dense.{kind}"]
@@ -390,7 +308,7 @@ def test_hf_gpt_neox_parallel_residual() -> None:
             weights[f"{dst}.ffn.down.{kind}"] = sd[f"{src}.mlp.dense_4h_to_h.{kind}"]
             weights[f"{dst}.self_attn_norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
             weights[f"{dst}.ffn_norm.{kind}"] = sd[f"{src}.post_attention_layernorm.{kind}"]
-    ids, expected = _check_against(spec, ref, weights)
+    ids, expected = check_against(spec, ref, weights)
     sequential = spec.model_copy(update={"block": spec.block.model_copy(
         update={"residual": "sequential"})})
     other = to_torch(tfgraph.compile(sequential), weights=weights).eval()
@@ -403,15 +321,15 @@ def test_hf_olmo2_qk_norm() -> None:
     count and logits through to_torch and ONNX. Catches a qk-norm left out, put after the
     rotary positions, or normalising q and k per head instead of over the projection."""
     transformers = pytest.importorskip("transformers")
-    spec = _tiny("tiny-olmo2.yaml")
-    config = transformers.Olmo2Config(**_llama_family_config(spec), tie_word_embeddings=False,
+    spec = tiny("tiny-olmo2.yaml")
+    config = transformers.Olmo2Config(**llama_family_config(spec), tie_word_embeddings=False,
                                       attention_bias=False)
     ref = transformers.Olmo2ForCausalLM._from_config(config, attn_implementation="eager").eval()
-    _randomize(ref, seed=13)
-    weights = _llama_family_weights(spec, ref.state_dict(), {
+    randomize(ref, seed=13)
+    weights = llama_family_weights(spec, ref.state_dict(), {
         "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm",
         "self_attn_norm": "post_attention_layernorm", "ffn_norm": "post_feedforward_layernorm"})
-    _check_against(spec, ref, weights)
+    check_against(spec, ref, weights)
 
 
 def test_hf_falcon_parallel_residual_with_one_shared_norm() -> None:
@@ -419,7 +337,7 @@ def test_hf_falcon_parallel_residual_with_one_shared_norm() -> None:
     multi-query): parameter count and logits through to_torch and ONNX. Catches a second
     norm per branch, or branches that read the un-normalised input."""
     transformers = pytest.importorskip("transformers")
-    spec = _tiny("tiny-falcon.yaml")
+    spec = tiny("tiny-falcon.yaml")
     att = spec.attention
     config = transformers.FalconConfig(
         hidden_size=spec.d_model, ffn_hidden_size=spec.ffn.hidden,
@@ -430,7 +348,7 @@ def test_hf_falcon_parallel_residual_with_one_shared_norm() -> None:
         bos_token_id=0, eos_token_id=0, pad_token_id=None,
     )
     ref = transformers.FalconForCausalLM._from_config(config, attn_implementation="eager").eval()
-    _randomize(ref, seed=17)
+    randomize(ref, seed=17)
     sd = ref.state_dict()
     weights = {"embed.tokens.weight": sd["transformer.word_embeddings.weight"]}
     for kind in ("weight", "bias"):
@@ -447,4 +365,4 @@ def test_hf_falcon_parallel_residual_with_one_shared_norm() -> None:
         weights[f"{dst}.ffn.down.weight"] = sd[f"{src}.mlp.dense_4h_to_h.weight"]
         for kind in ("weight", "bias"):
             weights[f"{dst}.norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
-    _check_against(spec, ref, weights)
+    check_against(spec, ref, weights)

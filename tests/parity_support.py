@@ -1,0 +1,100 @@
+"""Helpers shared by the parity tests against Hugging Face families: random weights, the
+logits check, and a tiny spec from ``specs/`` compared with a reference through both back ends
+(to_torch and ONNX in onnxruntime)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import tfgraph
+from tfgraph.exporters import to_torch
+from tfgraph.spec import Spec
+
+ATOL = 1e-4
+
+
+def randomize(model: nn.Module, seed: int) -> None:
+    """Norm gains 1 + N(0, 0.1); every other parameter N(0, 0.1) (biases non-zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * 0.1
+            is_gain = p.dim() == 1 and name.endswith("weight")
+            p.copy_(noise + 1.0 if is_gain else noise)
+
+
+def check(ours: Tensor, ref: Tensor) -> None:
+    err = (ours - ref).abs().max().item()
+    assert err <= ATOL, f"max abs error {err:.3e} > {ATOL}"
+
+
+def tiny(name: str) -> Spec:
+    from tfgraph.loader import load_spec
+
+    return load_spec(Path(__file__).resolve().parent.parent / "specs" / name)
+
+
+def check_against(spec: Spec, ref: nn.Module, weights: dict[str, Tensor]
+                   ) -> tuple[Tensor, Tensor]:
+    """tfgraph with ``weights`` (mapped from ``ref``) against ``ref``: the same parameter
+    count, and logits within ATOL through to_torch and through ONNX in onnxruntime.
+    Returns the ids and the reference logits."""
+    ort = pytest.importorskip("onnxruntime")
+    from tfgraph.exporters.onnx_model import to_onnx
+
+    graph = tfgraph.compile(spec)
+    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
+    ours = to_torch(graph, weights=weights).eval()
+    ids = torch.randint(0, spec.vocab_size("source"), (2, 19),
+                        generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+        check(ours(ids), expected)
+    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    check(torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0]), expected)
+    return ids, expected
+
+
+def llama_family_config(spec: Spec) -> dict[str, Any]:
+    """Config arguments Llama-family classes (Qwen2, OLMo 2, ...) share, from ``spec``."""
+    att = spec.attention
+    return dict(hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
+                num_hidden_layers=spec.layers, num_attention_heads=att.heads,
+                num_key_value_heads=att.kv_heads, vocab_size=spec.vocab,
+                rms_norm_eps=spec.norm.eps, max_position_embeddings=spec.max_len,
+                rope_theta=spec.embedding.rope_theta,
+                bos_token_id=0, eos_token_id=0, pad_token_id=None)
+
+
+def llama_family_weights(spec: Spec, sd: dict[str, Tensor], norms: dict[str, str]
+                          ) -> dict[str, Tensor]:
+    """Llama-family names (``model.layers.i.self_attn.q_proj``, ``mlp.gate_proj``, ...) to
+    tfgraph's; every bias present in ``sd`` comes along. ``norms`` maps tfgraph's per-layer
+    norm names to the family's (they differ: input_layernorm, post_feedforward_layernorm)."""
+    weights = {"embed.tokens.weight": sd["model.embed_tokens.weight"],
+               "decoder.norm.weight": sd["model.norm.weight"]}
+    if "lm_head.weight" in sd and not spec.embedding.tie_output:
+        weights["head.weight"] = sd["lm_head.weight"]
+    for i in range(spec.layers):
+        src, dst = f"model.layers.{i}", f"decoder.layers.{i}"
+        pairs = {f"self_attn.{r}": f"self_attn.{r}_proj" for r in "qkvo"}
+        pairs.update({f"ffn.{r}": f"mlp.{r}_proj" for r in ("gate", "up", "down")})
+        pairs.update({ours: theirs for ours, theirs in norms.items()})
+        for ours, theirs in pairs.items():
+            for kind in ("weight", "bias"):
+                if f"{src}.{theirs}.{kind}" in sd:
+                    weights[f"{dst}.{ours}.{kind}"] = sd[f"{src}.{theirs}.{kind}"]
+    return weights
+
+
+def split_neox_qkv(w: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """GPT-NeoX's fused query_key_value rows are per head [q, k, v] (each head_dim rows)."""
+    per_head = w.reshape(heads, 3, -1, *w.shape[1:])  # (h, 3, hd[, d])
+    q, k, v = (per_head[:, j].reshape(-1, *w.shape[1:]) for j in range(3))
+    return q, k, v
