@@ -181,6 +181,10 @@ class Norm(_Strict):
         return value
 
 
+class Head(_Strict):
+    """The output head: what maps the last hidden state to the vocabulary."""
+
+
 class Spec(_Strict):
     """A Transformer variant. Validated, with every derived default resolved."""
 
@@ -208,6 +212,8 @@ class Spec(_Strict):
     """Normalisation placement and kind."""
     block: Block = Field(default_factory=Block)
     """How a layer combines its sublayers (sequential or parallel residual)."""
+    head: Head = Field(default_factory=Head)
+    """The output head (before and around the vocabulary projection)."""
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     """Dropout probability after embeddings and after each sublayer (training only)."""
     output: Output = "logits"
@@ -226,6 +232,7 @@ class Spec(_Strict):
         self.embedding = emb = self.embedding.model_copy()
         self.ffn = self.ffn.model_copy()
         self.norm = self.norm.model_copy()
+        self.head = self.head.model_copy()
         # --- layers and vocab forms against arch
         if isinstance(self.layers, StackLayers) and self.arch != "encoder-decoder":
             stack = "encoder" if self.arch == "encoder-only" else "decoder"
