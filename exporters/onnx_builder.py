@@ -35,8 +35,10 @@ class Builder:
         self._cache: dict[tuple[Any, ...], Any] = {}
         self.dim_names = dim_names(graph)
         # The graph input whose second axis is each sequence symbol (S or T): runtime lengths
-        # are read from it.
-        self.ids_for: dict[Any, str] = {graph.node(i).type.shape[1]: i for i in graph.inputs}
+        # are read from it (the first such input: input_ids before token_type_ids).
+        self.ids_for: dict[Any, str] = {}
+        for i in graph.inputs:
+            self.ids_for.setdefault(graph.node(i).type.shape[1], i)
 
     # -- naming and node creation
 
@@ -56,6 +58,15 @@ class Builder:
         out = output if output is not None else name
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=name, **attrs))
         return out
+
+    def add_outputs(self, scope: str, op_type: str, inputs: Iterable[str], count: int,
+                    tag: str | None = None, **attrs: Any) -> list[str]:
+        """Append one node with ``count`` outputs (TopK's values and indices); returns their
+        names, ``{node name}:0``, ``{node name}:1``, ..."""
+        name = self._unique(f"{scope}/{tag or op_type}")
+        outs = [f"{name}:{i}" for i in range(count)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
+        return outs
 
     def const(self, scope: str, tag: str, value: Any, dtype: str | None = None) -> str:
         """A ``Constant`` node of ``dtype`` (default: the model's), one per scope and value."""
@@ -136,16 +147,38 @@ class Builder:
             self._cache[key] = self.add(scope, "LessOrEqual", [cols, rows])  # (L, L)
         return self._cache[key]
 
-    def rope_tables(self, sym: Any, head_dim: int, theta: float) -> tuple[str, str]:
-        """cos and sin of pos * theta^(-2i/hd), (L, hd/2), in the model dtype."""
-        key = ("rope", sym, head_dim, theta)
+    def window_mask(self, sym: Any, window: int) -> str:
+        """(L, L) bool, True where query i reads key j: j <= i and i - j < window."""
+        key = ("window", sym, window)
         if key not in self._cache:
-            scope = f"rope.{self.dim_names[sym]}.hd{head_dim}"
-            inv = [theta ** (-2.0 * i / head_dim) for i in range(head_dim // 2)]
+            scope = f"window_mask.{self.dim_names[sym]}.w{window}"
+            r = self.arange(sym)  # (L,)
+            rows = self.add(scope, "Unsqueeze", [r, self.ints([1])], tag="rows")  # (L, 1)
+            cols = self.add(scope, "Unsqueeze", [r, self.ints([0])], tag="cols")  # (1, L)
+            behind = self.add(scope, "Sub", [rows, cols], tag="distance")  # (L, L) i - j
+            near = self.add(scope, "Less", [behind, self.ints([window])], tag="near")
+            self._cache[key] = self.add(scope, "And", [self.causal_mask(sym), near])
+        return self._cache[key]
+
+    def rope_tables(self, sym: Any, dim: int, theta: float,
+                    inv_freq: tuple[float, ...] | None = None,
+                    scale: float = 1.0) -> tuple[str, str]:
+        """cos and sin of pos * theta^(-2i/dim), (L, dim/2), in the model dtype; dim is the
+        rotated width of a head. ``inv_freq``: scaled frequencies (tfgraph.rope) instead of
+        theta's; ``scale``: multiplies cos and sin (YaRN's attention factor)."""
+        key = ("rope", sym, dim, theta, inv_freq, scale)
+        if key not in self._cache:
+            scope = f"rope.{self.dim_names[sym]}.hd{dim}"
+            inv = list(inv_freq) if inv_freq is not None else \
+                [theta ** (-2.0 * i / dim) for i in range(dim // 2)]
             freqs = self.const(scope, "inv_freq", np.array([inv], np.float32), "float32")
-            angles = self.add(scope, "Mul", [self.positions(sym), freqs])  # (L, hd/2)
+            angles = self.add(scope, "Mul", [self.positions(sym), freqs])  # (L, dim/2)
             cos = self.add(scope, "Cos", [angles])
             sin = self.add(scope, "Sin", [angles])
+            if scale != 1.0:
+                factor = self.const(scope, "scale", scale, "float32")
+                cos = self.add(scope, "Mul", [cos, factor], tag="cos_scaled")
+                sin = self.add(scope, "Mul", [sin, factor], tag="sin_scaled")
             if self.dtype != "float32":
                 cos, sin = self.cast(scope, cos, self.dtype), self.cast(scope, sin, self.dtype)
             self._cache[key] = (cos, sin)
@@ -155,7 +188,7 @@ class Builder:
 def dim_names(graph: Graph) -> dict[Any, str]:
     """Symbolic dims as ONNX dim_params: batch, seq_len or src_len/tgt_len (the model's inputs
     as README.md's ``tfgraph build`` section documents them)."""
-    if len(graph.inputs) == 1:
+    if all(graph.node(i).type.shape[1] == S for i in graph.inputs):  # one sequence
         return {B: "batch", S: "seq_len"}
     return {B: "batch", S: "src_len", T: "tgt_len"}
 

@@ -18,6 +18,7 @@ the initializers are exactly the parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -26,12 +27,14 @@ import numpy as np
 
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.onnx_builder import Builder
+from tfgraph.exporters.onnx_moe import MOE_EMITTERS
+from tfgraph.exporters.onnx_rope import ROPE_OPSET, emit_rope  # noqa: F401 (re-exported)
 from tfgraph.ir import Node
 from tfgraph.ops import OPS, sinusoid_frequencies
 
 MIN_OPSET, MAX_OPSET = 17, 23
 # Fused ops exist from these opsets on; below, the emitters decompose them.
-ATTENTION_OPSET = RMSNORM_OPSET = ROPE_OPSET = 23
+ATTENTION_OPSET = RMSNORM_OPSET = 23  # ROPE_OPSET (also 23) lives with the rope emitter
 GELU_OPSET = 20
 
 
@@ -68,6 +71,13 @@ def _positions_sinusoidal(b: Builder, n: Node) -> str:
     freqs = np.array([sinusoid_frequencies(d)], np.float32)  # (1, ceil(d/2))
     f = b.const(n.name, "freqs", freqs, "float32")
     angles = b.add(n.name, "Mul", [b.positions(_seq_sym(b, n)), f])  # (L, d/2)
+    if n.attrs.get("layout") == "split":  # fairseq, Marian: ceil(d/2) sines, then the cosines
+        cos_half = b.add(n.name, "Slice", [b.add(n.name, "Cos", [angles]), b.ints([0]),
+                                           b.ints([d // 2]), b.ints([1])], tag="cos_rows")
+        pe = b.add(n.name, "Concat", [b.add(n.name, "Sin", [angles]), cos_half], axis=1)
+        if b.dtype != "float32":
+            pe = b.cast(n.name, pe, b.dtype)
+        return b.add(n.name, "Add", [x, pe], n.name)  # (B, L, d)
     sin = b.add(n.name, "Unsqueeze", [b.add(n.name, "Sin", [angles]), b.ints([2])], tag="sin")
     cos = b.add(n.name, "Unsqueeze", [b.add(n.name, "Cos", [angles]), b.ints([2])], tag="cos")
     pe = b.add(n.name, "Concat", [sin, cos], axis=2)  # (L, d/2, 2)
@@ -81,9 +91,11 @@ def _positions_sinusoidal(b: Builder, n: Node) -> str:
 
 def _positions_learned(b: Builder, n: Node) -> str:
     x, table = n.inputs  # (B, L, d), (max_len, d)
-    max_len = int(b.graph.node(table).type.shape[0])
+    offset = int(n.attrs.get("offset", 0))  # OPT, BART: position p reads row p + 2
+    max_len = int(b.graph.node(table).type.shape[0]) - offset
     length = b.add(n.name, "Shape", [x], start=1, end=2)  # (1,) = [L]
-    rows = b.add(n.name, "Slice", [table, b.ints([0]), length, b.ints([0])])  # (min(L, max_len), d)
+    end = length if not offset else b.add(n.name, "Add", [length, b.ints([offset])], tag="end")
+    rows = b.add(n.name, "Slice", [table, b.ints([offset]), end, b.ints([0])])  # (<= L, d)
     # ONNX has no assertion op. Reshaping the rows to exactly (L, d) makes a sequence longer
     # than the table an error instead of a broadcast (with max_len 1, Slice gives one row
     # that Add would silently add to every position), and onnxruntime's error message names
@@ -91,29 +103,6 @@ def _positions_learned(b: Builder, n: Node) -> str:
     rows = b.add(n.name, "Reshape", [rows, b.add(n.name, "Shape", [x], tag="L_d", start=1)],
                  tag=f"Reshape (sequence length must be <= max_len {max_len})")  # (L, d)
     return b.add(n.name, "Add", [x, rows], n.name)
-
-
-def _rope(b: Builder, n: Node) -> str:
-    x = n.inputs[0]  # (B, L, h*hd)
-    h, hd, theta = n.attrs["heads"], n.attrs["head_dim"], float(n.attrs["theta"])
-    sym = _seq_sym(b, n)
-    cos, sin = b.rope_tables(sym, hd, theta)  # (L, hd/2) each
-    if b.opset >= ROPE_OPSET:
-        return b.add(n.name, "RotaryEmbedding", [x, cos, sin, b.position_ids(sym)], n.name,
-                     num_heads=h, interleaved=0)
-    # rotate-half by hand: x * cos + concat(-x2, x1) * sin on (B, L, h, hd)
-    half = hd // 2
-    cos2 = b.add(n.name, "Concat", [cos, cos], tag="cos", axis=1)  # (L, hd)
-    sin2 = b.add(n.name, "Concat", [sin, sin], tag="sin", axis=1)
-    cos2 = b.add(n.name, "Unsqueeze", [cos2, b.ints([1])], tag="cos_h")  # (L, 1, hd)
-    sin2 = b.add(n.name, "Unsqueeze", [sin2, b.ints([1])], tag="sin_h")
-    x4 = b.add(n.name, "Reshape", [x, b.ints([0, 0, h, hd])])  # (B, L, h, hd)
-    x1 = b.add(n.name, "Slice", [x4, b.ints([0]), b.ints([half]), b.ints([3])], tag="x1")
-    x2 = b.add(n.name, "Slice", [x4, b.ints([half]), b.ints([hd]), b.ints([3])], tag="x2")
-    rot = b.add(n.name, "Concat", [b.add(n.name, "Neg", [x2]), x1], tag="rotate_half", axis=3)
-    y = b.add(n.name, "Add", [b.add(n.name, "Mul", [x4, cos2], tag="x_cos"),
-                              b.add(n.name, "Mul", [rot, sin2], tag="rot_sin")])
-    return b.add(n.name, "Reshape", [y, b.ints([0, 0, h * hd])], n.name, tag="merge_heads")
 
 
 def _linear(b: Builder, n: Node) -> str:
@@ -128,10 +117,15 @@ def _linear(b: Builder, n: Node) -> str:
 def _attention(b: Builder, n: Node) -> str:
     q, k, v = n.inputs  # (B, Tq, h*hd), (B, Tk, kv*hd), (B, Tk, kv*hd)
     h, kv, hd = n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"]
-    scale = 1.0 / math.sqrt(hd)
+    scale = n.attrs.get("scale") or 1.0 / math.sqrt(hd)
+    softcap, window = n.attrs.get("softcap"), n.attrs.get("window")
+    mask = b.window_mask(_seq_sym(b, n), int(window)) if window else None  # (Tq, Tk) bool
     if n.attrs["normalize"] == "softmax" and b.opset >= ATTENTION_OPSET:
-        return b.add(n.name, "Attention", [q, k, v], n.name, q_num_heads=h, kv_num_heads=kv,
-                     is_causal=int(n.attrs["causal"]), scale=scale)
+        # softcap is applied to the scaled scores before the mask (ONNX Attention, opset 23)
+        capped = {"softcap": float(softcap)} if softcap else {}
+        return b.add(n.name, "Attention", [q, k, v] + ([mask] if mask else []), n.name,
+                     q_num_heads=h, kv_num_heads=kv, scale=float(scale),
+                     is_causal=int(n.attrs["causal"] and mask is None), **capped)
     # Explicit form. Query heads are grouped under their kv head (head j reads kv head
     # j // g), which broadcasting over a size-1 group axis gives without copying k or v.
     g = h // kv
@@ -143,8 +137,10 @@ def _attention(b: Builder, n: Node) -> str:
     v5 = b.add(n.name, "Transpose", [v5], tag="v_heads", perm=[0, 2, 3, 1, 4])  # (B,kv,1,Tk,hd)
     scores = b.add(n.name, "MatMul", [q5, kt], tag="scores")  # (B, kv, g, Tq, Tk)
     scores = b.add(n.name, "Mul", [scores, b.const(n.name, "scale", scale)], tag="scaled")
+    if softcap:  # before the mask (Gemma 2)
+        scores = _softcap(b, n, scores, None, float(softcap))
     if n.attrs["causal"]:
-        mask = b.causal_mask(_seq_sym(b, n))  # (Tq, Tk) bool
+        mask = mask or b.causal_mask(_seq_sym(b, n))  # (Tq, Tk) bool
         neg = b.const(n.name, "neg_inf", -np.inf)
         scores = b.add(n.name, "Where", [mask, scores, neg], tag="causal")
     normalize = "Hardmax" if n.attrs["normalize"] == "hardmax" else "Softmax"
@@ -152,6 +148,13 @@ def _attention(b: Builder, n: Node) -> str:
     out = b.add(n.name, "MatMul", [weights, v5], tag="context")  # (B, kv, g, Tq, hd)
     out = b.add(n.name, "Transpose", [out], tag="merge", perm=[0, 3, 1, 2, 4])  # (B,Tq,kv,g,hd)
     return b.add(n.name, "Reshape", [out, b.ints([0, 0, h * hd])], n.name, tag="merge_heads")
+
+
+def _softcap(b: Builder, n: Node, x: str, output: str | None, cap: float | None = None) -> str:
+    """cap * tanh(x / cap), with cap the node's attrs['cap'] unless given."""
+    c = b.const(n.name, "cap", float(n.attrs["cap"] if cap is None else cap))
+    capped = b.add(n.name, "Tanh", [b.add(n.name, "Div", [x, c], tag="over_cap")])
+    return b.add(n.name, "Mul", [capped, c], output, tag="capped")
 
 
 def _layernorm(b: Builder, n: Node) -> str:
@@ -222,12 +225,27 @@ def _simple(op_type: str, **attrs: Any) -> Emitter:
     return emit
 
 
+def _per_head(norm: Emitter) -> Emitter:
+    """A norm with attrs['heads'] (per-head qk-norm): the same emitter on x split into
+    (B, L, heads, hd), merged back into the node's output."""
+    def emit(b: Builder, n: Node) -> str:
+        if "heads" not in n.attrs:
+            return norm(b, n)
+        h = int(n.attrs["heads"])
+        split = b.add(n.name, "Reshape", [n.inputs[0], b.ints([0, 0, h, -1])], tag="split_heads")
+        inner = dataclasses.replace(n, name=f"{n.name}/per_head",
+                                    inputs=(split, *n.inputs[1:]))
+        y = norm(b, inner)  # (B, L, heads, hd)
+        return b.add(n.name, "Reshape", [y, b.ints([0, 0, -1])], n.name, tag="merge_heads")
+    return emit
+
+
 ONNX_OPS: dict[str, Emitter] = {
     "embedding": _embedding,
     "scale": _scale,
     "positions_sinusoidal": _positions_sinusoidal,
     "positions_learned": _positions_learned,
-    "rope": _rope,
+    "rope": emit_rope,
     "linear": _linear,
     "attention": _attention,
     "layernorm": _layernorm,
@@ -241,7 +259,24 @@ ONNX_OPS: dict[str, Emitter] = {
     "add": _simple("Add"),
     "dropout": _simple("Identity"),  # inference: dropout is the identity
     "softmax": _simple("Softmax", axis=-1),
+    "softcap": lambda b, n: _softcap(b, n, n.inputs[0], n.name),
 }
+
+def _unit_offset(norm: Emitter) -> Emitter:
+    """A norm with attrs['unit_offset'] (Gemma) multiplies by (1 + gain): the 1 is added in
+    the graph (a Constant and an Add), so the initializer stays the checkpoint's gain."""
+    def emit(b: Builder, n: Node) -> str:
+        if not n.attrs.get("unit_offset"):
+            return norm(b, n)
+        gain = b.add(n.name, "Add", [n.inputs[1], b.const(n.name, "one", 1.0)], tag="one_plus")
+        return norm(b, dataclasses.replace(n, inputs=(n.inputs[0], gain, *n.inputs[2:])))
+    return emit
+
+
+for _op in ("layernorm", "rmsnorm", "scalenorm"):
+    ONNX_OPS[_op] = _per_head(_unit_offset(ONNX_OPS[_op]))
+
+ONNX_OPS.update(MOE_EMITTERS)  # route, experts, sigmoid_gate (exporters/onnx_moe.py)
 
 _missing = sorted(set(OPS) - set(ONNX_OPS))
 assert not _missing, f"ONNX back end has no lowering for ops {_missing}"

@@ -19,79 +19,136 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def sinusoidal_positions(length: int, d: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+def sinusoidal_positions(length: int, d: int, device: torch.device, dtype: torch.dtype,
+                         layout: str = "interleaved") -> Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same): (L, d).
 
-    Computed per call in float32 (it is cheap next to one matmul) so any sequence length
-    works, including the dynamic lengths of torch.export.
+    layout "split" (fairseq, Marian): the ceil(d/2) sines first, then the floor(d/2) cosines
+    of the same frequencies. Computed per call in float32 (it is cheap next to one matmul) so
+    any sequence length works, including the dynamic lengths of torch.export.
     """
     pos = torch.arange(length, device=device, dtype=torch.float32)[:, None]  # (L, 1)
     i2 = torch.arange(0, d, 2, device=device, dtype=torch.float32)  # 2i, (ceil(d/2),)
     angles = pos * torch.exp(i2 * (-math.log(10000.0) / d))  # (L, ceil(d/2))
+    if layout == "split":
+        pe = torch.cat((angles.sin(), angles[:, :d // 2].cos()), dim=-1)  # sines, then cosines
+        return pe.to(dtype)  # (L, d)
     pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleaved sin, cos
     return pe[:, :d].to(dtype)  # (L, d)
 
 
-def learned_positions(x: Tensor, table: Tensor) -> Tensor:
-    """The first L rows of a learned (max_len, d) position table for x (B, L, d).
+def learned_positions(x: Tensor, table: Tensor, offset: int = 0) -> Tensor:
+    """Rows offset .. offset + L - 1 of a learned (max_len + offset, d) position table for x
+    (B, L, d) (OPT and BART read position p from row p + 2).
 
     A longer input is an error naming max_len (slicing would silently return fewer rows, and
     a one-row table would broadcast to every position).
     """
-    length, max_len = x.shape[1], table.shape[0]
+    length, max_len = x.shape[1], table.shape[0] - offset
     torch._check(length <= max_len, lambda: (
         f"sequence length {length} is longer than max_len {max_len} (the rows of the learned "
         "position table)"))
-    return table[:length]  # (L, d)
+    return table[offset:offset + length]  # (L, d)
 
 
-def rope_tables(length: int, head_dim: int, theta: float, device: torch.device,
-                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin of the rotary angles pos * theta^(-2i/hd), each (L, hd) (rotate-half layout:
-    the hd/2 frequencies repeated, pairing channel i with i + hd/2; GPT-NeoX, Llama)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device,
-                                             dtype=torch.float32) / head_dim)  # (hd/2,)
+def rope_tables(length: int, dim: int, theta: float, device: torch.device, dtype: torch.dtype,
+                inv_freq: tuple[float, ...] | None = None, scale: float = 1.0,
+                interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles pos * theta^(-2i/dim), each (L, dim), dim the rotated
+    channels of a head. Layout rotate-half (GPT-NeoX, Llama): the dim/2 frequencies repeated,
+    pairing channel i with i + dim/2; ``interleaved`` (GPT-J): each frequency twice in a row,
+    pairing 2i with 2i + 1. ``inv_freq``: scaled frequencies (tfgraph.rope) instead of
+    theta's; ``scale``: multiplies cos and sin (YaRN's attention factor)."""
+    if inv_freq is None:
+        inv = 1.0 / theta ** (torch.arange(0, dim, 2, device=device,
+                                           dtype=torch.float32) / dim)  # (dim/2,)
+    else:
+        inv = torch.tensor(inv_freq, device=device, dtype=torch.float32)  # (dim/2,)
     pos = torch.arange(length, device=device, dtype=torch.float32)  # (L,)
-    angles = pos[:, None] * inv_freq[None, :]  # (L, hd/2); a product, not a matmul
-    angles = torch.cat((angles, angles), dim=-1)  # (L, hd)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    angles = pos[:, None] * inv[None, :]  # (L, dim/2); a product, not a matmul
+    if interleaved:
+        angles = angles.repeat_interleave(2, dim=-1)  # (L, dim): f0 f0 f1 f1 ...
+    else:
+        angles = torch.cat((angles, angles), dim=-1)  # (L, dim)
+    cos, sin = angles.cos(), angles.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int) -> Tensor:
-    """Rotate q or k, (B, L, heads*hd) -> same, by x*cos + rotate_half(x)*sin.
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int,
+               rotary_dim: int | None = None, interleaved: bool = False) -> Tensor:
+    """Rotate q or k, (B, L, heads*hd) -> same, by x*cos + rotate(x)*sin on the first
+    ``rotary_dim`` channels of each head (all by default); the others pass through (Pythia,
+    Phi-2, GPT-J). rotate: (-x2, x1) of the halves, or of each pair when ``interleaved``.
 
     Autograd keeps only cos and sin (shared by every call of one forward), not x.
     """
     x = x.unflatten(-1, (heads, head_dim))  # (B, L, heads, hd)
-    x1, x2 = x.chunk(2, dim=-1)  # (B, L, heads, hd/2) each
-    rotated = torch.cat((-x2, x1), dim=-1)  # (B, L, heads, hd)
+    rest = None
+    if rotary_dim is not None and rotary_dim < head_dim:
+        x, rest = x[..., :rotary_dim], x[..., rotary_dim:]  # (B, L, heads, rd), the rest
+    if interleaved:
+        rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)  # pairs
+    else:
+        x1, x2 = x.chunk(2, dim=-1)  # (B, L, heads, rd/2) each
+        rotated = torch.cat((-x2, x1), dim=-1)  # (B, L, heads, rd)
     out = x * cos[:, None, :] + rotated * sin[:, None, :]  # tables broadcast over B and heads
+    if rest is not None:
+        out = torch.cat((out, rest), dim=-1)  # (B, L, heads, hd)
     return out.flatten(-2)  # (B, L, heads*hd)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_dim: int,
-              causal: bool, normalize: str, impl: str = "sdpa") -> Tensor:
+              causal: bool, normalize: str, impl: str = "sdpa", scale: float | None = None,
+              softcap: float | None = None, window: int | None = None) -> Tensor:
     """Multi-head attention on projected q (B, Tq, h*hd), k and v (B, Tk, kv*hd) -> (B, Tq, h*hd).
 
     softmax with impl "sdpa": the fused kernel (flash on CPU and GPU: keeps only q, k, v, the
-    output and a log-sum-exp per row for backward; grouped k/v without copies). impl "math"
-    and hardmax: explicit matmuls over the full (B, h, Tq, Tk) score matrix, which
+    output and a log-sum-exp per row for backward; grouped k/v without copies), with a
+    boolean band mask for a sliding window. impl "math", hardmax and soft-capped scores (no
+    fused kernel caps): explicit matmuls over the full (B, h, Tq, Tk) score matrix, which
     FlopCounterMode can see (it counts 0 for the CPU flash kernel).
     """
     q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, Tq, hd)
     k = k.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
     v = v.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
-    if normalize == "softmax" and impl == "sdpa":
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+    if normalize == "softmax" and impl == "sdpa" and softcap is None:
+        mask = None if window is None else attention_mask(q.shape[2], k.shape[2], causal,
+                                                          window, q.device)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           is_causal=causal and mask is None, scale=scale,
                                            enable_gqa=kv_heads != heads)  # (B, h, Tq, hd)
     else:
-        y = explicit_attention(q, k, v, causal, normalize)
+        y = explicit_attention(q, k, v, causal, normalize, scale, softcap, window)
     return y.transpose(1, 2).flatten(2)  # (B, Tq, h*hd)
 
 
-def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize: str) -> Tensor:
-    """normalize(q k^T / sqrt(hd) + mask) v with q (B, h, Tq, hd), k and v (B, kv, Tk, hd).
+def attention_mask(tq: int, tk: int, causal: bool, window: int | None,
+                   device: torch.device) -> Tensor | None:
+    """Which keys each query reads, (Tq, Tk) bool, True = read: key j <= query i when causal,
+    and i - j < window with a sliding window (Mistral, Gemma 2); None when every key is read."""
+    if not causal:
+        return None
+    i = torch.arange(tq, device=device)[:, None]  # (Tq, 1)
+    j = torch.arange(tk, device=device)[None, :]  # (1, Tk)
+    read = j <= i
+    if window is not None:
+        read = read & (i - j < window)
+    return read  # (Tq, Tk)
 
+
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """cap * tanh(x / cap): scores or logits squashed smoothly into (-cap, cap) (Gemma 2)."""
+    return torch.tanh(x / cap) * cap
+
+
+def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize: str,
+                       scale: float | None = None, softcap: float | None = None,
+                       window: int | None = None) -> Tensor:
+    """normalize(softcap(q k^T * scale) + mask) v with q (B, h, Tq, hd), k and v (B, kv, Tk, hd).
+
+    scale defaults to 1/sqrt(hd); softcap c gives c * tanh(scores / c) (Gemma 2).
     Query heads are grouped per k/v head (head j*g + i reads k/v head j, as repeat_interleave
     and SDPA's enable_gqa do), so k and v are broadcast, never copied g times.
     hardmax: the one-hot of the arg-max (first index on ties). The arg-max has no gradient,
@@ -103,10 +160,12 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize:
         q, k = q.detach(), k.detach()
     q = q.unflatten(1, (kv_heads, heads // kv_heads))  # (B, kv, g, Tq, hd)
     scores = q @ k.unsqueeze(2).transpose(-2, -1)  # (B, kv, g, Tq, Tk)
-    scores = scores * (1.0 / math.sqrt(hd))
-    if causal:
-        future = torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(1)  # (Tq, Tk)
-        scores = scores.masked_fill(future, float("-inf"))
+    scores = scores * (1.0 / math.sqrt(hd) if scale is None else scale)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    read = attention_mask(tq, tk, causal, window, q.device)  # (Tq, Tk) or None
+    if read is not None:
+        scores = scores.masked_fill(~read, float("-inf"))
     if normalize == "softmax":
         weights = scores.softmax(dim=-1)
     else:
@@ -174,3 +233,59 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     if not training or p == 0.0:
         return x
     return torch.native_dropout(x, p, True)[0]
+
+
+def route(logits: Tensor, top_k: int, router: str) -> Tensor:
+    """Routing weights (B, L, E) from router logits (B, L, E): the k weights at their experts,
+    exactly 0 elsewhere, computed in float32 as transformers' MoE routers do. router
+    "softmax_topk": softmax over the E experts, the k largest (Qwen2-MoE, OLMoE);
+    "softmax_topk_renorm": those divided by their sum (Mixtral, Qwen3-MoE);
+    "topk_softmax": softmax over the k largest logits (Mixtral's reference code)."""
+    x = logits.float()
+    if router == "topk_softmax":
+        top, index = x.topk(top_k, dim=-1)  # (B, L, k)
+        weights = top.softmax(dim=-1)
+    else:
+        weights, index = x.softmax(dim=-1).topk(top_k, dim=-1)  # (B, L, k)
+        if router == "softmax_topk_renorm":
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(x).scatter(-1, index, weights).to(logits.dtype)  # (B, L, E)
+
+
+def expert_activation(x: Tensor, activation: str) -> Tensor:
+    """The element-wise activation of an expert (the gate's, for gated experts)."""
+    if activation == "silu":
+        return F.silu(x)
+    if activation == "gelu":
+        return F.gelu(x)
+    if activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if activation == "relu":
+        return F.relu(x)
+    raise ValueError(f"unknown expert activation {activation!r}")
+
+
+def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
+            activation: str) -> Tensor:
+    """Routed experts: x (B, L, d), routing weights (B, L, E) that are 0 outside each token's
+    top k, stacked weights ([gate (E, H, d),] up (E, H, d), down (E, d, H)) -> (B, L, d).
+
+    Each expert runs only on the tokens routed to it (gathered by index, as transformers and
+    mlx-lm do), so the work is k experts per token, not E; its output, scaled by the token's
+    routing weight, is added back at the token's row."""
+    *gate, up, down = params
+    flat = x.reshape(-1, x.shape[-1])  # (N, d)
+    top_w, top_i = weights.reshape(-1, weights.shape[-1]).topk(top_k, dim=-1)  # (N, k)
+    out = torch.zeros_like(flat)
+    for e in range(up.shape[0]):
+        token, slot = torch.where(top_i == e)  # the (token, slot) pairs routed to e
+        if token.numel() == 0:
+            continue
+        h = flat[token]  # (n_e, d)
+        if gate:
+            h = expert_activation(F.linear(h, gate[0][e]), activation) * F.linear(h, up[e])
+        else:
+            h = expert_activation(F.linear(h, up[e]), activation)  # (n_e, H)
+        y = F.linear(h, down[e]) * top_w[token, slot, None]  # (n_e, d)
+        out.index_add_(0, token, y)
+    return out.reshape(x.shape)

@@ -37,32 +37,53 @@ def _norm_layer(m: nn.Module, a: dict[str, Any], x: Tensor, g: Tensor, b: Tensor
     return F.layer_norm(x, (x.shape[-1],), g, b, a["eps"])
 
 
+def _sinusoids(a: dict[str, Any], x: Tensor) -> Tensor:
+    return tf.sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype,
+                                   a.get("layout", "interleaved"))  # (L, d)
+
+
 def _positions_sinusoidal(m: nn.Module, a: dict[str, Any], x: Tensor) -> Tensor:
-    return x + tf.sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype)  # (B, L, d)
+    return x + _sinusoids(a, x)  # (B, L, d)
 
 
 def _rope(m: nn.Module, a: dict[str, Any], x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
-    return tf.apply_rope(x, tables[0], tables[1], a["heads"], a["head_dim"])
+    return tf.apply_rope(x, tables[0], tables[1], a["heads"], a["head_dim"],
+                         a.get("rotary_dim"), a.get("interleaved", False))
+
+
+# The rope attributes its cos/sin tables depend on besides the sequence length; those absent
+# from a node (whole heads, rotate-half, unscaled) take rope_tables' defaults.
+TABLE_ATTRS = ("theta", "inv_freq", "scale", "interleaved")
+
+
+def rope_table_attrs(a: dict[str, Any]) -> dict[str, Any]:
+    """What ``rope_tables_step`` reads from a rope node: the rotated width ``dim`` and
+    ``TABLE_ATTRS``."""
+    return {"dim": a.get("rotary_dim", a["head_dim"]),
+            **{k: a[k] for k in TABLE_ATTRS if k in a}}
 
 
 def rope_tables_step(m: nn.Module, a: dict[str, Any], x: Tensor) -> tuple[Tensor, Tensor]:
     """Not an op: cos/sin for one sequence axis, computed once per forward by the model and
     passed to every layer whose rope nodes use that axis (so backward keeps one pair of tables,
     not one per layer)."""
-    return tf.rope_tables(x.shape[1], a["head_dim"], a["theta"], x.device, x.dtype)
+    return tf.rope_tables(x.shape[1], a["dim"], a["theta"], x.device, x.dtype,
+                          a.get("inv_freq"), a.get("scale", 1.0), a.get("interleaved", False))
 
 
 def _attention(m: nn.Module, a: dict[str, Any], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     impl = getattr(m, "attention_impl", "sdpa")
     return tf.attention(q, k, v, a["heads"], a["kv_heads"], a["head_dim"], a["causal"],
-                        a["normalize"], impl)
+                        a["normalize"], impl, scale=a.get("scale"), softcap=a.get("softcap"),
+                        window=a.get("window"))
 
 
 TORCH_OPS: dict[str, Lowering] = {
     "embedding": lambda m, a, table, ids: F.embedding(ids, table),  # (B, L, d)
     "scale": lambda m, a, x: x * a["factor"],
     "positions_sinusoidal": _positions_sinusoidal,
-    "positions_learned": lambda m, a, x, table: x + tf.learned_positions(x, table),
+    "positions_learned": lambda m, a, x, table: x + tf.learned_positions(
+        x, table, a.get("offset", 0)),
     "rope": _rope,
     "linear": _linear,
     "attention": _attention,
@@ -76,8 +97,37 @@ TORCH_OPS: dict[str, Lowering] = {
     "mul": lambda m, a, x, y: x * y,
     "add": lambda m, a, x, y: x + y,
     "dropout": lambda m, a, x: tf.dropout(x, a["p"], m.training),
+    "route": lambda m, a, logits: tf.route(logits, a["top_k"], a["router"]),
+    "experts": lambda m, a, x, w, *params: tf.experts(x, w, params, a["top_k"],
+                                                      a["activation"]),
+    "sigmoid_gate": lambda m, a, g, y: g.sigmoid() * y,
     "softmax": lambda m, a, x: x.softmax(dim=-1),
+    "softcap": lambda m, a, x: tf.soft_cap(x, a["cap"]),
 }
+
+NORM_OPS = ("layernorm", "rmsnorm", "scalenorm")
+
+
+def _per_head(norm: Lowering) -> Lowering:
+    """A norm whose node has attrs['heads'] normalises each head's slice of the last axis on
+    its own (per-head qk-norm: Qwen3, Gemma 3)."""
+    def lowering(m: nn.Module, a: dict[str, Any], x: Tensor, *params: Tensor) -> Tensor:
+        if "heads" not in a:
+            return norm(m, a, x, *params)
+        return norm(m, a, x.unflatten(-1, (a["heads"], -1)), *params).flatten(-2)
+    return lowering
+
+
+def _unit_offset(norm: Lowering) -> Lowering:
+    """A norm whose node has attrs['unit_offset'] multiplies by (1 + gain) (Gemma)."""
+    def lowering(m: nn.Module, a: dict[str, Any], x: Tensor, gain: Tensor,
+                 *params: Tensor) -> Tensor:
+        return norm(m, a, x, gain + 1 if a.get("unit_offset") else gain, *params)
+    return lowering
+
+
+for _op in NORM_OPS:
+    TORCH_OPS[_op] = _per_head(_unit_offset(TORCH_OPS[_op]))
 
 # In-place forms: a fresh multi-megabyte output costs page faults on CPU (large blocks come from
 # and return to the OS), which made element-wise ops up to 10x slower than writing into their
@@ -85,9 +135,9 @@ TORCH_OPS: dict[str, Lowering] = {
 # their operands swapped, so that the dead one is overwritten.
 TORCH_INPLACE: dict[str, Lowering] = {
     "scale": lambda m, a, x: x.mul_(a["factor"]),
-    "positions_sinusoidal": lambda m, a, x: x.add_(
-        tf.sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype)),
-    "positions_learned": lambda m, a, x, table: x.add_(tf.learned_positions(x, table)),
+    "positions_sinusoidal": lambda m, a, x: x.add_(_sinusoids(a, x)),
+    "positions_learned": lambda m, a, x, table: x.add_(
+        tf.learned_positions(x, table, a.get("offset", 0))),
     "relu": lambda m, a, x: x.relu_(),
     "silu": lambda m, a, x: F.silu(x, inplace=True),
     "mul": lambda m, a, x, y: x.mul_(y),
@@ -175,18 +225,49 @@ def _layer_norm_src(o: Sequence[str], a: Attr) -> str:
     return f"F.layer_norm({o[0]}, ({o[0]}.shape[-1],), {o[1]}, {bias}, {a('eps')})"
 
 
+def _present(a: Attr, key: str) -> str | None:
+    """``a(key)``, or None when the node has no attribute ``key`` (those a spec never sets)."""
+    try:
+        return a(key)
+    except KeyError:
+        return None
+
+
 def _attention_src(o: Sequence[str], a: Attr) -> str:
+    extra = "".join(f", {key}={value}" for key in ("scale", "softcap", "window")
+                    if (value := _present(a, key)) is not None)
     return (f"attention({o[0]}, {o[1]}, {o[2]}, {a('heads')}, {a('kv_heads')}, "
             f"{a('head_dim')}, causal={a('causal')}, normalize={a('normalize')}, "
-            "impl=ATTENTION_IMPL)")
+            f"impl=ATTENTION_IMPL{extra})")
+
+
+def _optional(a: Attr, key: str) -> str:
+    """``, value`` for an attribute lowering sets only off its default (a position offset, a
+    sinusoid layout), else nothing: the argument's default in torch_functional applies."""
+    try:
+        return f", {a(key)}"
+    except KeyError:
+        return ""
+
+
+def _rope_tables_src(x: str, a: Attr) -> str:
+    dim = _present(a, "rotary_dim") or a("head_dim")
+    extra = "".join(f", {key}={value}" for key in ("inv_freq", "scale", "interleaved")
+                    if (value := _present(a, key)) is not None)
+    return f"rope_tables({x}.shape[1], {dim}, {a('theta')}, {x}.device, {x}.dtype{extra})"
+
+
+def _rope_src(o: Sequence[str], a: Attr) -> str:
+    extra = "".join(f", {key}={value}" for key in ("rotary_dim", "interleaved")
+                    if (value := _present(a, key)) is not None)
+    return f"apply_rope({o[0]}, *{o[1]}, {a('heads')}, {a('head_dim')}{extra})"
 
 
 ROPE_TABLES = SharedInput(
     name="rope",
-    key=lambda n: (str(n.type.shape[1]), n.attrs["head_dim"], n.attrs["theta"]),
-    expr=lambda x, a: (f"rope_tables({x}.shape[1], {a('head_dim')}, {a('theta')}, "
-                       f"{x}.device, {x}.dtype)"),
-    comment=lambda length: f"cos, sin ({length}, hd)",
+    key=lambda n: (str(n.type.shape[1]), *sorted(rope_table_attrs(n.attrs).items())),
+    expr=_rope_tables_src,
+    comment=lambda length: f"cos, sin ({length}, rotated channels)",
     annotation="tuple[Tensor, Tensor]",
 )
 
@@ -199,12 +280,10 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
     "scale": SourceTemplate(lambda o, a: f"{o[0]} * {a('factor')}"),
     "positions_sinusoidal": SourceTemplate(
         lambda o, a: f"{o[0]} + sinusoidal_positions({o[0]}.shape[1], {o[0]}.shape[2], "
-                     f"{o[0]}.device, {o[0]}.dtype)"),
+                     f"{o[0]}.device, {o[0]}.dtype{_optional(a, 'layout')})"),
     "positions_learned": SourceTemplate(
-        lambda o, a: f"{o[0]} + learned_positions({o[0]}, {o[1]})"),
-    "rope": SourceTemplate(
-        lambda o, a: f"apply_rope({o[0]}, *{o[1]}, {a('heads')}, {a('head_dim')})",
-        shared=ROPE_TABLES),
+        lambda o, a: f"{o[0]} + learned_positions({o[0]}, {o[1]}{_optional(a, 'offset')})"),
+    "rope": SourceTemplate(_rope_src, shared=ROPE_TABLES),
     "linear": SourceTemplate(
         lambda o, a: f"F.linear({', '.join(o)})",
         dims=lambda d: (*d[0][:-1], d[1][0]),
@@ -222,8 +301,32 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
     "mul": SourceTemplate(lambda o, a: f"{o[0]} * {o[1]}"),
     "add": SourceTemplate(lambda o, a: f"{o[0]} + {o[1]}"),
     "dropout": SourceTemplate(lambda o, a: f"dropout({o[0]}, {a('p')}, self.training)"),
+    "route": SourceTemplate(lambda o, a: f"route({o[0]}, {a('top_k')}, {a('router')})"),
+    "experts": SourceTemplate(
+        lambda o, a: f"experts({o[0]}, {o[1]}, ({', '.join(o[2:])},), {a('top_k')}, "
+                     f"{a('activation')})"),
+    "sigmoid_gate": SourceTemplate(lambda o, a: f"{o[0]}.sigmoid() * {o[1]}",
+                                   dims=lambda d: d[1]),
     "softmax": SourceTemplate(lambda o, a: f"{o[0]}.softmax(dim=-1)"),
+    "softcap": SourceTemplate(lambda o, a: f"soft_cap({o[0]}, {a('cap')})"),
 }
+
+def unit_offset_source(norm: SourceTemplate) -> SourceTemplate:
+    """The source of a norm node with attrs['unit_offset'] (``_unit_offset``): the gain
+    operand plus 1; no ``torch.nn`` module form (nn.LayerNorm would use the stored gain)."""
+    def expr(o: Sequence[str], a: Attr) -> str:
+        return norm.expr([o[0], f"({o[1]} + 1)", *o[2:]], a)
+    return SourceTemplate(expr)
+
+
+def per_head_source(norm: SourceTemplate) -> SourceTemplate:
+    """The source of a norm node with attrs['heads'] (``_per_head``): the same template on
+    the input split into heads, merged back; no ``torch.nn`` module form."""
+    def expr(o: Sequence[str], a: Attr) -> str:
+        split = f"{o[0]}.unflatten(-1, ({a('heads')}, -1))"
+        return f"{norm.expr([split, *o[1:]], a)}.flatten(-2)"
+    return SourceTemplate(expr)
+
 
 # Module-level settings the templates read besides hyper-parameters: name -> (value, comment).
 SOURCE_SETTINGS: dict[str, tuple[str, str]] = {

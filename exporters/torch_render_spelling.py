@@ -21,7 +21,8 @@ from torch import nn
 
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import torch_functional
-from tfgraph.exporters.torch_ops import TORCH_SOURCE, SourceTemplate
+from tfgraph.exporters.torch_ops import (NORM_OPS, TORCH_SOURCE, SourceTemplate, per_head_source,
+                                        unit_offset_source)
 from tfgraph.ir import Graph, ModuleInfo, Node
 from tfgraph.weights import INIT_STD
 
@@ -42,7 +43,12 @@ def template(node: Node) -> SourceTemplate:
     """How model.py writes ``node``'s op (its ``TORCH_SOURCE`` row)."""
     if node.op not in TORCH_SOURCE:
         raise TfgraphError(f"{node.name}: op {node.op!r} has no model.py source template")
-    return TORCH_SOURCE[node.op]
+    base = TORCH_SOURCE[node.op]
+    if node.op in NORM_OPS and node.attrs.get("unit_offset"):
+        base = unit_offset_source(base)
+    if node.op in NORM_OPS and "heads" in node.attrs:
+        return per_head_source(base)
+    return base
 
 
 def literal(value: Any) -> str:
@@ -56,6 +62,9 @@ def literal(value: Any) -> str:
         return '"' + repr(value)[1:-1].replace('"', '\\"') + '"'  # the file's quote style
     if value is None or isinstance(value, (bool, int, float, str)):
         return repr(value)
+    if isinstance(value, tuple):  # scaled rotary frequencies (tfgraph.rope)
+        inner = ", ".join(literal(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
     raise TfgraphError(f"cannot write attribute value {value!r} into model.py")
 
 
@@ -158,7 +167,10 @@ class Constants:
         hyper-parameter every node of the op shares (``DROPOUT_P``); None for a value that
         may differ between nodes, which then becomes a literal or a constructor argument."""
         value = node.attrs[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float, sympy.Number)):
+        numbers = isinstance(value, tuple) and all(  # rotary inv_freq: one constant if shared
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if not numbers and (isinstance(value, bool)
+                            or not isinstance(value, (int, float, sympy.Number))):
             return None
         if key in self.sizes:
             if self.sizes[key] == value:

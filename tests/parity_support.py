@@ -67,7 +67,7 @@ def llama_family_config(spec: Spec) -> dict[str, Any]:
     return dict(hidden_size=spec.d_model, intermediate_size=spec.ffn.hidden,
                 num_hidden_layers=spec.layers, num_attention_heads=att.heads,
                 num_key_value_heads=att.kv_heads, vocab_size=spec.vocab,
-                rms_norm_eps=spec.norm.eps, max_position_embeddings=spec.max_len,
+                rms_norm_eps=spec.norm.eps, max_position_embeddings=spec.max_len or 2048,
                 rope_theta=spec.embedding.rope_theta,
                 bos_token_id=0, eos_token_id=0, pad_token_id=None)
 

@@ -34,6 +34,8 @@ class OpCost:
     other: sympy.Expr
     saved: tuple[tuple[str, sympy.Expr], ...]  # (tensor id, bytes), parameters excluded
     temp: sympy.Expr
+    # FLOPs with every routed expert on every token (OpDef.dense_flops; None: matmul, other)
+    dense: tuple[sympy.Expr, sympy.Expr] | None = None
 
 
 def total(exprs: Iterable[sympy.Expr]) -> sympy.Expr:
@@ -63,9 +65,10 @@ def op_costs(graph: Graph) -> list[OpCost]:
             opdef = OPS[node.op]
             ins = [graph.node(i).type for i in node.inputs]
             matmul, other = opdef.flops(ins, node.type, node.attrs)
+            dense = opdef.dense_flops(ins, node.type, node.attrs) if opdef.dense_flops else None
             memo[key] = (matmul, other, opdef.saved(ins, node.type, node.attrs),
-                         opdef.temp(ins, node.type, node.attrs))
-        matmul, other, saved, temp = memo[key]
+                         opdef.temp(ins, node.type, node.attrs), dense)
+        matmul, other, saved, temp, dense = memo[key]
         tensors = []
         for ref, nbytes in saved:
             if ref[0] == "in":
@@ -78,7 +81,7 @@ def op_costs(graph: Graph) -> list[OpCost]:
             else:
                 tensors.append((f"{node.name}#{ref[1]}", nbytes))
         costs.append(OpCost(node.name, node.component, node.kind, node.op, matmul, other,
-                            tuple(tensors), temp))
+                            tuple(tensors), temp, dense))
     return costs
 
 
@@ -89,6 +92,22 @@ def params_by_component(graph: Graph) -> dict[str, int]:
         key = p.component
         out[key] = out.get(key, 0) + param_count(p)
     return out
+
+
+def routed_experts(graph: Graph) -> list[Node]:
+    """The mixture-of-experts nodes (op ``experts``; README, ``ffn.experts``)."""
+    return [n for n in graph.ops() if n.op == "experts"]
+
+
+def inactive_params(graph: Graph) -> sympy.Expr:
+    """Parameters a token does not use: the routed experts outside its top k, (E - k) / E of
+    each experts op's stacked weights. params - this = the active parameters per token."""
+    terms = []
+    for node in routed_experts(graph):
+        experts = graph.node(node.inputs[1]).type.shape[-1]
+        stacked = sum(param_count(graph.node(p)) for p in node.inputs[2:])
+        terms.append(sympy.expand(stacked * (experts - node.attrs["top_k"]) / experts))
+    return total(terms)
 
 
 def saved_for_backward(costs: list[OpCost]) -> sympy.Expr:
@@ -102,12 +121,16 @@ def saved_for_backward(costs: list[OpCost]) -> sympy.Expr:
 
 def kv_cache(graph: Graph) -> sympy.Expr:
     """K and V of every decoder attention for the whole sequence, at kv_heads (README.md, `tfgraph report`):
-    self-attention caches 2*B*T*kv*hd, cross-attention 2*B*S*kv*hd per layer."""
+    self-attention caches 2*B*T*kv*hd, cross-attention 2*B*S*kv*hd per layer; a sliding-window
+    layer only its last min(T, W) positions."""
     terms = []
     for node in graph.ops():
         if node.op == "attention" and node.meta.stack == "decoder":
             k, v = (graph.node(i).type for i in node.inputs[1:])
-            terms += [k.nbytes, v.nbytes]
+            kept = 1  # a sliding window keeps only its last W positions (attention.window)
+            if node.attrs.get("window"):
+                kept = sympy.Min(k.shape[1], node.attrs["window"]) / k.shape[1]
+            terms += [k.nbytes * kept, v.nbytes * kept]
     return total(terms)
 
 

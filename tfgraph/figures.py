@@ -17,20 +17,23 @@ import sympy
 
 from tfgraph import cost
 from tfgraph.ir import DTYPE_BYTES, Graph
+from tfgraph.ops import attended_scores
 
 ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
 MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
 
 
 def _causal_discount(graph: Graph) -> sympy.Expr:
-    """Matmul FLOPs of masked-out scores: 2 products * 2 * B*h*hd * Tq*(Tq-1)/2 per causal op."""
+    """Matmul FLOPs of masked-out scores: 2 products * 2 * B*h*hd per score a query does not
+    read, Tq*(Tq-1)/2 per causal op, more outside a sliding window (``ops.attended_scores``)."""
     terms = []
     for node in graph.ops():
         if node.op == "attention" and node.attrs["causal"]:
-            q = node.type
-            b, tq = q.shape[0], q.shape[1]
+            q, k = (graph.node(i).type for i in node.inputs[:2])
+            b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
+            read = attended_scores(tq, tk, True, node.attrs.get("window"))
             terms.append(2 * 2 * b * node.attrs["heads"] * node.attrs["head_dim"]
-                         * tq * (tq - 1) / 2)
+                         * (tq * tk - read))
     return cost.total(terms)
 
 
@@ -69,4 +72,27 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
         },
         "flops_by_kind": {k: cost.total(v) for k, v in by_kind.items()},
     }
+    if cost.routed_experts(graph):
+        _add_expert_figures(graph, costs, out)
     return out
+
+
+# Roles of the routing ops of a mixture-of-experts feed-forward (tfgraph.lower.moe).
+ROUTER_ROLES = ("router", "route")
+
+
+def _add_expert_figures(graph: Graph, costs: list[cost.OpCost], out: dict[str, Any]) -> None:
+    """Mixture-of-experts figures (README, ``ffn.experts``): the parameters a token uses
+    (its top-k routed experts, the shared experts, everything else), the router's FLOPs, and
+    the FLOPs with every routed expert on every token, which is what the ONNX back end's dense
+    form computes (``flops.matmul`` and ``forward`` count each token's top k, as the PyTorch
+    back end computes)."""
+    roles = {n.name: n.meta.role for n in graph.ops()}
+    out["params_active"] = sympy.expand(out["params"] - cost.inactive_params(graph))
+    flops = out["flops"]
+    flops["router"] = cost.total(c.matmul + c.other for c in costs
+                                 if roles[c.node] in ROUTER_ROLES)
+    dense_matmul = cost.total(c.dense[0] if c.dense else c.matmul for c in costs)
+    dense_other = cost.total(c.dense[1] if c.dense else c.other for c in costs)
+    flops["matmul_all_experts"] = dense_matmul
+    flops["forward_all_experts"] = dense_matmul + dense_other

@@ -26,6 +26,7 @@ from typing import Any, TypeVar, overload
 import sympy
 
 from tfgraph.ir import B, S, T, Graph, NodeMeta
+from tfgraph.rope import rotary_attrs
 from tfgraph.spec import GATED_ACTIVATIONS, Spec, Vocabularies
 
 Size = Any  # int in a real graph; a sympy expression in a symbolic twin
@@ -57,6 +58,21 @@ class Sizes:
     """Rows of the learned position tables (None without learned positions)."""
     layers: dict[str, int] = field(default_factory=dict)
     """Layers per stack ("encoder", "decoder")."""
+    window: Size | None = None
+    """Keys a sliding-window query reads (None without attention.window)."""
+    experts: Size | None = None
+    """Routed experts E of a mixture-of-experts feed-forward (None: dense)."""
+    top_k: Size | None = None
+    """Experts per token k."""
+    expert_hidden: Size | None = None
+    """Inner width of one routed expert."""
+    shared_hidden: Size | None = None
+    """Width of the shared-expert feed-forward (None without shared experts)."""
+    dense_layers: int = 0
+    """Leading layers with a dense feed-forward (a count, like layers)."""
+    rotary_dim: Size | None = None
+    """Channels of a head that rotary positions rotate, when fewer than head_dim
+    (embedding.rotary_fraction); None: whole heads."""
 
     @classmethod
     def of(cls, spec: Spec) -> Sizes:
@@ -67,7 +83,12 @@ class Sizes:
             ffn_hidden=spec.ffn.hidden,
             vocab={"source": spec.vocab_size("source"), "target": spec.vocab_size("target")},
             max_len=spec.max_len if spec.embedding.positions == "learned" else None,
-            layers={s: spec.layer_count(s) for s in spec.stacks})
+            layers={s: spec.layer_count(s) for s in spec.stacks}, window=att.window,
+            experts=spec.ffn.experts, top_k=spec.ffn.top_k,
+            expert_hidden=spec.ffn.expert_hidden, shared_hidden=spec.ffn.shared_hidden,
+            dense_layers=spec.ffn.dense_layers or 0,
+            rotary_dim=spec.rotary_dim if spec.embedding.positions == "rope"
+            and spec.rotary_dim != att.head_dim else None)
 
     def named(self, spec: Spec) -> dict[str, Size]:
         """The sizes by the names parameters' ``dims`` use (``graph.sizes``)."""
@@ -77,6 +98,16 @@ class Sizes:
         out.update({name: self.vocab[role] for role, name in _vocab_names(spec).items()})
         if self.max_len is not None:
             out["max_len"] = self.max_len
+            if spec.embedding.position_offset:  # OPT, BART: the table has offset more rows
+                out["position_rows"] = self.max_len + spec.embedding.position_offset
+        if spec.embedding.token_types:  # rows of BERT's segment table (a count, not a symbol)
+            out["token_types"] = spec.embedding.token_types
+        if self.window is not None:
+            out["window"] = self.window
+        if self.experts is not None:  # mixture of experts (README, ffn.experts)
+            out.update(experts=self.experts, expert_hidden=self.expert_hidden)
+            if self.shared_hidden is not None:
+                out["shared_hidden"] = self.shared_hidden
         return out
 
 
@@ -113,6 +144,7 @@ class _Lowering:
         self.g.sizes = sizes.named(spec)
         self.dtype = spec.dtype
         self.vocab_names = _vocab_names(spec)
+        self.token_type_ids: str | None = None  # the second input with embedding.token_types
 
     # ---- small helpers ----------------------------------------------------------------
 
@@ -139,21 +171,27 @@ class _Lowering:
                           meta=_role(meta, role))
 
     def norm(self, x: str, node_name: str, param_prefix: str, scope: str, meta: NodeMeta,
-             role: str, width: str = "d_model") -> str:
+             role: str, width: str = "d_model", groups: Size = 1) -> str:
         """A norm of the spec's kind with parameters ``{param_prefix}.weight`` (and ``.bias``)
-        over the last dimension, named ``width``."""
+        over the last dimension, named ``width``; with ``groups`` > 1 the last dimension is
+        ``groups`` slices of ``width`` normalised each on its own with the same gains
+        (per-head qk-norm)."""
         kind = self.spec.norm.kind
+        offset = self.spec.norm.unit_offset  # Gemma: the gain is 1 + w, w stored from 0
+        gain_init = "zeros" if offset else "ones"
         if kind == "scalenorm":
-            ins = [x, self.param(f"{param_prefix}.weight", ("1",), scope, "ones",
+            ins = [x, self.param(f"{param_prefix}.weight", ("1",), scope, gain_init,
                                  _role(meta, f"{role}.weight"))]
         else:
-            ins = [x, self.param(f"{param_prefix}.weight", (width,), scope, "ones",
+            ins = [x, self.param(f"{param_prefix}.weight", (width,), scope, gain_init,
                                  _role(meta, f"{role}.weight"))]
             if kind == "layernorm":
                 ins.append(self.param(f"{param_prefix}.bias", (width,), scope, "zeros",
                                       _role(meta, f"{role}.bias")))
+        grouped = {} if isinstance(groups, int) and groups == 1 else {"heads": groups}
+        offset_attr = {"unit_offset": True} if offset else {}  # absent when false
         return self.g.add(kind, ins, name=node_name, scope=scope, eps=self.spec.norm.eps,
-                          meta=_role(meta, role))
+                          meta=_role(meta, role), **grouped, **offset_attr)
 
     def dropout(self, x: str, name: str, scope: str, meta: NodeMeta) -> str:
         if self.spec.dropout == 0:
@@ -186,6 +224,8 @@ class _Lowering:
             out_table = tgt_table
         else:
             ids = g.input("input_ids", (B, S))  # (B, S) int64
+            if spec.embedding.token_types:  # BERT's segments; all zeros when not given
+                self.token_type_ids = g.input("token_type_ids", (B, S))  # (B, S) int64
             table = self.param("embed.tokens.weight", (self.vocab_names["source"], "d_model"),
                                "embed", "normal", _role(table_meta, "tokens.weight"))
             stack = "decoder" if spec.arch == "decoder-only" else "encoder"
@@ -214,14 +254,28 @@ class _Lowering:
         if spec.embedding.scale:
             x = g.add("scale", [x], name=f"{scope}.scale", scope=scope,
                       factor=_sqrt(self.z.d_model), meta=_role(meta, "scale"))
-        if spec.embedding.positions == "sinusoidal":
+        if self.token_type_ids is not None:  # BERT: tokens + segments, then positions
+            types = self.param("embed.token_types.weight", ("token_types", "d_model"), "embed",
+                               "normal", _role(NodeMeta(part="embed"), "token_types.weight"))
+            t = g.add("embedding", [types, self.token_type_ids], name=f"{scope}.token_types",
+                      scope=scope, meta=NodeMeta(part="embed", stack=stack, role="token_types",
+                                                 module=""))  # (B, L, d)
+            x = g.add("add", [x, t], name=f"{scope}.add_token_types", scope=scope,
+                      meta=_role(meta, "add_token_types"))
+        emb = spec.embedding
+        if emb.positions == "sinusoidal":
+            layout = {} if emb.sinusoid_layout == "interleaved" else {"layout": emb.sinusoid_layout}
             x = g.add("positions_sinusoidal", [x], name=f"{scope}.positions", scope=scope,
-                      meta=_role(meta, "positions"))
-        elif spec.embedding.positions == "learned":
-            pos = self.param(f"{stack}.positions.weight", ("max_len", "d_model"), scope,
+                      meta=_role(meta, "positions"), **layout)
+        elif emb.positions == "learned":
+            offset = emb.position_offset  # OPT, BART: position p reads row p + 2
+            rows = "position_rows" if offset else "max_len"
+            pos = self.param(f"{stack}.positions.weight", (rows, "d_model"), scope,
                              "normal", _role(meta, "positions.weight"))
             x = g.add("positions_learned", [x, pos], name=f"{scope}.positions", scope=scope,
-                      meta=_role(meta, "positions"))
+                      meta=_role(meta, "positions"), **({"offset": offset} if offset else {}))
+        if emb.norm:  # BERT, BART, BLOOM: a norm on the summed embeddings
+            x = self.norm(x, f"{scope}.norm", f"{stack}.embed_norm", scope, meta, "norm")
         return self.dropout(x, f"{scope}.dropout", scope, meta)
 
     def layer(self, stack: str, i: int, x: str, causal: bool, memory: str | None) -> str:
@@ -302,31 +356,52 @@ class _Lowering:
                           width="heads*head_dim")
             k = self.norm(k, f"{scope}.k_norm", f"{scope}.k_norm", scope, meta, "k_norm",
                           width="kv_heads*head_dim")
+        elif att.qk_norm == "head":  # each head's channels, one gain shared by the heads
+            q = self.norm(q, f"{scope}.q_norm", f"{scope}.q_norm", scope, meta, "q_norm",
+                          width="head_dim", groups=z.heads)
+            k = self.norm(k, f"{scope}.k_norm", f"{scope}.k_norm", scope, meta, "k_norm",
+                          width="head_dim", groups=z.kv_heads)
+        local = rope and self.spec.layer_is_local(meta.layer or 0)  # self-attention only
+        extra: dict[str, Any] = {}  # attributes only specs that use them carry
+        if att.window is not None:
+            extra["window"] = z.window if local else None
+        if att.scale is not None:
+            extra["scale"] = att.scale
+        if att.softcap is not None:
+            extra["softcap"] = att.softcap
         if rope and self.spec.embedding.positions == "rope":
             theta = self.spec.embedding.rope_theta
+            own_base = local and self.spec.embedding.local_rope_theta is not None
+            if own_base:
+                theta = self.spec.embedding.local_rope_theta  # Gemma 3's local layers
+            # partial, interleaved and scaled rotation (tfgraph.rope); Gemma 3's local layers
+            # with their own base are not scaled
+            rot = rotary_attrs(self.spec, theta, z.rotary_dim, scaled=not own_base)
             q = g.add("rope", [q], name=f"{scope}.q_rope", scope=scope,
-                      heads=z.heads, head_dim=z.head_dim, theta=theta, meta=_role(meta, "q_rope"))
+                      heads=z.heads, head_dim=z.head_dim, theta=theta, meta=_role(meta, "q_rope"),
+                      **rot)
             k = g.add("rope", [k], name=f"{scope}.k_rope", scope=scope,
                       heads=z.kv_heads, head_dim=z.head_dim, theta=theta,
-                      meta=_role(meta, "k_rope"))
+                      meta=_role(meta, "k_rope"), **rot)
         a = g.add("attention", [q, k, v], name=f"{scope}.attention", scope=scope,
                   heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim, causal=causal,
                   normalize=att.normalize, kind="self" if rope else "cross",
-                  meta=_role(meta, "attention"))  # (B, Tq, h*hd)
+                  meta=_role(meta, "attention"), **extra)  # (B, Tq, h*hd)
         return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
                            meta)  # (B, Tq, d)
 
     def ffn(self, x: str, scope: str, meta: NodeMeta) -> str:
         ffn, g = self.spec.ffn, self.g
+        if ffn.experts is not None and (meta.layer or 0) >= self.z.dense_layers:
+            return self.moe(x, scope, meta)
         act = ffn.activation
         if act in GATED_ACTIVATIONS:
-            # swiglu = down(silu(gate(x)) * up(x)); geglu = down(gelu(gate(x)) * up(x))
+            # swiglu = down(silu(gate(x)) * up(x)); geglu(_tanh) = down(gelu(gate(x)) * up(x))
             gate = self.linear(x, scope, "gate", "d_model", "ffn_hidden", ffn.bias,
                                meta)  # (B, L, hidden)
             up = self.linear(x, scope, "up", "d_model", "ffn_hidden", ffn.bias,
                              meta)  # (B, L, hidden)
-            inner = "silu" if act == "swiglu" else "gelu"
-            gate = g.add(inner, [gate], name=f"{scope}.act", scope=scope, meta=_role(meta, "act"))
+            gate = g.add(_inner_activation(act), [gate], name=f"{scope}.act", scope=scope, meta=_role(meta, "act"))
             h = g.add("mul", [gate, up], name=f"{scope}.gated", scope=scope,
                       meta=_role(meta, "gated"))
         else:
@@ -335,21 +410,86 @@ class _Lowering:
             h = g.add(act, [h], name=f"{scope}.act", scope=scope, meta=_role(meta, "act"))
         return self.linear(h, scope, "down", "ffn_hidden", "d_model", ffn.bias, meta)  # (B, L, d)
 
+    def moe(self, x: str, scope: str, meta: NodeMeta) -> str:
+        """A mixture-of-experts feed-forward (README, ``ffn.experts``): router logits, the
+        routing weights of the top-k experts (zero elsewhere), the routed experts, and the
+        shared experts every token goes through, optionally scaled by a sigmoid gate."""
+        ffn, g, z = self.spec.ffn, self.g, self.z
+        logits = self.linear(x, scope, "router", "d_model", "experts", False,
+                             meta)  # (B, L, E)
+        weights = g.add("route", [logits], name=f"{scope}.route", scope=scope, top_k=z.top_k,
+                        router=ffn.router, meta=_role(meta, "route"))  # (B, L, E)
+        gated = ffn.activation in GATED_ACTIVATIONS
+        ins = [x, weights]
+        shapes = {"gate": ("experts", "expert_hidden", "d_model"),
+                  "up": ("experts", "expert_hidden", "d_model"),
+                  "down": ("experts", "d_model", "expert_hidden")}
+        for role in ("gate", "up", "down") if gated else ("up", "down"):
+            ins.append(self.param(f"{scope}.experts.{role}.weight", shapes[role], scope,
+                                  "normal", _role(meta, f"experts.{role}.weight")))
+        y = g.add("experts", ins, name=f"{scope}.experts", scope=scope, top_k=z.top_k,
+                  activation=_inner_activation(ffn.activation), gated=gated,
+                  meta=_role(meta, "experts"))  # (B, L, d)
+        if not ffn.shared_experts:
+            return y
+        shared = self.shared_mlp(x, scope, meta)  # (B, L, d)
+        if ffn.shared_gate:  # Qwen2-MoE: sigmoid(x w) * shared(x), w (1, d)
+            gate = self.linear(x, scope, "shared_gate", "d_model", "1", False,
+                               meta)  # (B, L, 1)
+            shared = g.add("sigmoid_gate", [gate, shared], name=f"{scope}.shared_gated",
+                           scope=scope, meta=_role(meta, "shared_gated"))
+        return g.add("add", [y, shared], name=f"{scope}.routed_plus_shared", scope=scope,
+                     meta=_role(meta, "routed_plus_shared"))
+
+    def shared_mlp(self, x: str, scope: str, meta: NodeMeta) -> str:
+        """The shared experts as one feed-forward of width shared_hidden (DeepSeek runs its
+        shared experts as one MLP of moe_intermediate_size * n_shared_experts), no biases."""
+        act, g = self.spec.ffn.activation, self.g
+        if act in GATED_ACTIVATIONS:
+            gate = self.linear(x, scope, "shared.gate", "d_model", "shared_hidden", False, meta)
+            up = self.linear(x, scope, "shared.up", "d_model", "shared_hidden", False, meta)
+            gate = g.add(_inner_activation(act), [gate], name=f"{scope}.shared.act",
+                         scope=scope, meta=_role(meta, "shared.act"))
+            h = g.add("mul", [gate, up], name=f"{scope}.shared.gated", scope=scope,
+                      meta=_role(meta, "shared.gated"))
+        else:
+            h = self.linear(x, scope, "shared.up", "d_model", "shared_hidden", False, meta)
+            h = g.add(act, [h], name=f"{scope}.shared.act", scope=scope,
+                      meta=_role(meta, "shared.act"))
+        return self.linear(h, scope, "shared.down", "shared_hidden", "d_model", False, meta)
+
     def head(self, x: str, table: str) -> str:
         spec, g = self.spec, self.g
         vocab = self.vocab_names["target" if spec.arch == "encoder-decoder" else "source"]
         meta = NodeMeta(part="head", module="")
+        if spec.head.scale is not None:  # T5's tied head reads x * d_model^-0.5
+            x = g.add("scale", [x], name="head.scale", scope="head", factor=spec.head.scale,
+                      meta=_role(meta, "scale"))
         w = table if spec.embedding.tie_output else self.param(
             "head.weight", (vocab, "d_model"), "head", "normal", _role(meta, "weight"))
         ins = [x, w]
         if spec.embedding.output_bias:
             ins.append(self.param("head.bias", (vocab,), "head", "zeros", _role(meta, "bias")))
+        if spec.head.transform:  # BERT's masked-LM head: dense, activation, norm
+            x = self.linear(x, "head", "transform", "d_model", "d_model", True, meta)
+            x = g.add(str(spec.head.activation), [x], name="head.act", scope="head",
+                      meta=_role(meta, "act"))
+            ins[0] = self.norm(x, "head.transform_norm", "head.transform_norm", "head", meta,
+                               "transform_norm")
         logits = g.add("linear", ins, name="logits", scope="head",
                        meta=_role(meta, "logits"))  # (B, L, V)
+        if spec.head.softcap is not None:  # Gemma 2: cap * tanh(logits / cap)
+            logits = g.add("softcap", [logits], name="head.softcap", scope="head",
+                           cap=spec.head.softcap, meta=_role(meta, "softcap"))
         if spec.output == "probs":
             return g.add("softmax", [logits], name="probs", scope="head",
                          meta=_role(meta, "probs"))
         return logits
+
+
+def _inner_activation(act: str) -> str:
+    """The element-wise op of an activation: the gate's op for the gated ones."""
+    return {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}.get(act, act)
 
 
 def _role(meta: NodeMeta, role: str) -> NodeMeta:

@@ -14,6 +14,8 @@ Each ``OpDef`` gives
 - ``aliases_input``: the op is the identity at inference, so its output is its input's buffer
   (dropout); the liveness plan (``tfgraph.plan``) follows the alias;
 - ``commutative``: either operand may be the one a back end overwrites in place.
+- ``dense_flops``: for mixture-of-experts ops, the FLOPs when every expert runs on every
+  token (the ONNX form), next to ``flops``, the top-k count (``tfgraph.ops_moe``).
 
 Back ends register a lowering per op name (``exporters``); a test asserts none is missing.
 """
@@ -44,6 +46,7 @@ FLOPS_PER_ELEMENT: dict[str, int] = {
     "scalenorm": 5,  # square, sum, sqrt-divide, gain, (eps)
     "rope": 3,  # x*cos + rotate_half(x)*sin: two multiplies and one add
     "mask": 1,  # causal mask add per score
+    "softcap": 3,  # cap * tanh(x / cap): divide, tanh, multiply (Gemma 2)
 }
 
 Flops = tuple[sympy.Expr, sympy.Expr]
@@ -71,6 +74,9 @@ class OpDef:
     category: str = "elementwise"
     aliases_input: bool = False
     commutative: bool = False
+    dense_flops: Callable[[list[TensorType], TensorType, dict[str, Any]], Flops] | None = None
+    """FLOPs of the form that computes every routed expert for every token (what the ONNX
+    back end runs for ``experts``), when it differs from ``flops`` (the ideal, top-k form)."""
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -157,7 +163,9 @@ def _sinusoid_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 register(OpDef(
     "positions_sinusoidal", (1, 1), _sinusoid_infer, _elementwise("add"), _nothing_saved,
     "x + PE[:S] with PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same) "
-    "(Vaswani et al. 2017, section 3.5). The table is a constant, not a parameter.",
+    "(Vaswani et al. 2017, section 3.5); with attrs['layout'] 'split' the sines fill the "
+    "first ceil(d/2) channels and the cosines the rest (fairseq, Marian). The table is a "
+    "constant, not a parameter.",
     category="position",
 ))
 
@@ -170,7 +178,8 @@ def _learned_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 register(OpDef(
     "positions_learned", (2, 2), _learned_infer, _elementwise("add"), _nothing_saved,
-    "x + table[:S] with a learned (max_len, d) table.",
+    "x + table[offset:offset+S] with a learned (max_len + offset, d) table; attrs['offset'] "
+    "(OPT, BART: 2) is absent when 0.",
     category="position",
 ))
 
@@ -180,12 +189,21 @@ def _rope_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     return ins[0]
 
 
+def _rope_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
+    # Only the rotated channels are computed; the rest of each head passes through (a copy).
+    rotated = attrs.get("rotary_dim", attrs["head_dim"])
+    return ZERO, FLOPS_PER_ELEMENT["rope"] * _rows(out) * attrs["heads"] * rotated
+
+
 register(OpDef(
-    "rope", (1, 1), _rope_infer, _elementwise("rope"), _nothing_saved,
+    "rope", (1, 1), _rope_infer, _rope_flops, _nothing_saved,
     "Rotary positions on (B, S, heads*head_dim), rotate-half convention (GPT-NeoX, Llama): "
-    "pairs (i, i + hd/2), frequencies theta^(-2i/hd), positions from 0. "
-    "Its backward needs only the constant cos/sin tables (one (S, hd) pair per sequence, "
-    "shared by every layer: not counted), so nothing is saved.",
+    "pairs (i, i + hd/2), frequencies theta^(-2i/hd), positions from 0. Optional attrs: "
+    "rotary_dim (only the first rotary_dim channels of each head rotate, pairs (i, i + rd/2); "
+    "Pythia, Phi-2, GPT-J), interleaved (pairs (2i, 2i+1): GPT-J), and with a context "
+    "scaling (tfgraph.rope) scaling, inv_freq (the rd/2 frequencies) and scale (multiplies "
+    "cos and sin: YaRN). Its backward needs only the constant cos/sin tables (one (S, rd) "
+    "pair per sequence, shared by every layer: not counted), so nothing is saved.",
     category="position",
 ))
 
@@ -241,16 +259,36 @@ def _attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, An
     matmul = 2 * 2 * scores * attrs["head_dim"]
     per_score = FLOPS_PER_ELEMENT["add"]  # the 1/sqrt(hd) scaling
     per_score += FLOPS_PER_ELEMENT[attrs["normalize"]]
-    if attrs["causal"]:
+    if attrs["causal"] or attrs.get("window"):
         per_score += FLOPS_PER_ELEMENT["mask"]
+    if attrs.get("softcap"):
+        per_score += FLOPS_PER_ELEMENT["softcap"]
     return matmul, per_score * scores
+
+
+def attended_scores(tq: Any, tk: Any, causal: bool, window: Any) -> Any:
+    """Scores a query row really reads, summed over the Tq rows: every Tq*Tk one without a
+    mask; Tq(Tq+1)/2 under the causal mask (Tq = Tk); with a sliding window W query i reads
+    min(i + 1, W) keys, which sums to m(m+1)/2 + (Tq - m) W with m = min(Tq, W)."""
+    if not causal:
+        return tq * tk
+    if not window:
+        return tq * (tq + 1) / 2
+    m = sympy.Min(tq, window)
+    return m * (m + 1) / 2 + (tq - m) * window
 
 
 def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
     q = ins[0]
+    score_bytes = _scores(ins, attrs) * DTYPE_BYTES[q.dtype]
     if attrs["normalize"] == "hardmax":
         # arg-max has no gradient: only the one-hot weights are kept, for the A·V product.
-        return [(("tmp", "weights"), _scores(ins, attrs) * DTYPE_BYTES[q.dtype])]
+        return [(("tmp", "weights"), score_bytes)]
+    if attrs.get("softcap"):
+        # No fused kernel soft-caps: explicit matmuls keep q, k, v, tanh's output (its
+        # backward) and the softmax weights (for A·V's backward), two score matrices.
+        return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
+                (("tmp", "tanh"), score_bytes), (("tmp", "weights"), score_bytes)]
     # A fused kernel (SDPA) keeps q, k, v, its output and a float32 log-sum-exp per query row.
     lse = q.shape[0] * attrs["heads"] * q.shape[1] * STATS_BYTES
     return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
@@ -266,8 +304,10 @@ def _attention_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any
 register(OpDef(
     "attention", (3, 3), _attention_infer, _attention_flops, _attention_saved,
     "Multi-head scaled dot-product attention on projected q (B, Tq, h*hd), k and v "
-    "(B, Tk, kv*hd): normalize(q k^T / sqrt(hd) + mask) v, with GQA (kv_heads < heads), "
-    "mask none or causal, normalize softmax or hardmax. Output (B, Tq, h*hd).",
+    "(B, Tk, kv*hd): normalize(softcap(q k^T * scale) + mask) v, with GQA (kv_heads < heads), "
+    "scale 1/sqrt(hd) unless attrs['scale'] says otherwise, softcap c*tanh(x/c) when "
+    "attrs['softcap'], mask none, causal, or causal within attrs['window'] keys, normalize "
+    "softmax or hardmax. Output (B, Tq, h*hd).",
     _attention_temp,
     category="attention",
 ))
@@ -277,9 +317,10 @@ register(OpDef(
 
 def _norm_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     x = ins[0]
+    groups = attrs.get("heads", 1)  # slices of the last axis normalised on their own
     for p in ins[1:]:
-        if p.shape != (x.shape[-1],) and p.shape != (1,):
-            raise ValueError(f"norm parameter {p} does not match input {x}")
+        if p.shape != (1,):
+            _check_last(x, p.shape[0] * groups, f"norm parameter {p}")
     return x
 
 
@@ -290,11 +331,14 @@ def _norm_saved(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, 
     n_stats = 2 if kind == "layernorm" else 1
 
     def saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
-        return [(("in", 0), ins[0].nbytes), (("tmp", "stats"), n_stats * _rows(out) * STATS_BYTES)]
+        rows = _rows(out) * attrs.get("heads", 1)  # per-head norms keep stats per head
+        return [(("in", 0), ins[0].nbytes), (("tmp", "stats"), n_stats * rows * STATS_BYTES)]
 
     return saved
 
 
+# attrs['heads'] (per-head qk-norm): the last axis is that many slices, each normalised on its
+# own with the same gains.
 NORM_DOCS = {
     "layernorm": "(x - mean) / sqrt(var + eps) * gain + bias (Ba et al. 2016). Inputs x, gain"
                  "[, bias].",
@@ -302,8 +346,18 @@ NORM_DOCS = {
     "scalenorm": "g * x / sqrt(sum(x^2) + eps) with one scalar g "
                  "(Nguyen & Salazar 2019). Inputs x, g of shape (1,).",
 }
+# attrs['unit_offset'] (Gemma): the gain operand is an offset and the norm multiplies by
+# (1 + gain); adding the 1 costs one FLOP per gain element per call.
+def _norm_flops(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, Any]], Flops]:
+    def flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
+        offset = ins[1].numel * FLOPS_PER_ELEMENT["add"] if attrs.get("unit_offset") else ZERO
+        return ZERO, FLOPS_PER_ELEMENT[kind] * out.numel + offset
+
+    return flops
+
+
 for _kind, _doc in NORM_DOCS.items():
-    register(OpDef(_kind, (2, 3), _norm_infer, _elementwise(_kind), _norm_saved(_kind), _doc,
+    register(OpDef(_kind, (2, 3), _norm_infer, _norm_flops(_kind), _norm_saved(_kind), _doc,
                    category="norm"))
 
 
@@ -348,6 +402,14 @@ register(OpDef(
     category="dropout", aliases_input=True,
 ))
 
+def _save_tanh(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    # cap * tanh(x / cap): tanh keeps its own output for backward, a buffer before the * cap
+    return [(("tmp", "tanh"), out.nbytes)]
+
+
+register(OpDef("softcap", (1, 1), _same, _elementwise("softcap"), _save_tanh,
+               "attrs['cap'] * tanh(x / attrs['cap']): soft-capped logits (Gemma 2).",
+               category="output"))
 register(OpDef("softmax", (1, 1), _same, _elementwise("softmax"), _save_output,
                "Softmax over the last axis (output: probs).", category="output"))
 
