@@ -25,6 +25,7 @@ CPU = "CPUExecutionProvider"
 PROVIDER_CHOICES = ("auto", "cuda", "cpu")
 ONE_STACK_INPUTS = ("input_ids",)
 TWO_STACK_INPUTS = ("src_ids", "tgt_ids")
+TOKEN_TYPE_INPUTS = ("input_ids", "token_type_ids")  # embedding.token_types (BERT's segments)
 OUTPUT_NAMES = ("logits", "probs")
 
 _ORT_DEFAULT_LOG_SEVERITY = 2  # warnings; onnxruntime's own default
@@ -122,10 +123,10 @@ def interface(model: Any, where: str) -> Interface:
     """Check ``model`` has tfgraph's inputs and output (README.md, `tfgraph build`: the ONNX model); TfgraphError otherwise."""
     inputs = tuple(i.name for i in model.graph.input
                    if i.name not in {t.name for t in model.graph.initializer})
-    if inputs not in (ONE_STACK_INPUTS, TWO_STACK_INPUTS):
+    if inputs not in (ONE_STACK_INPUTS, TWO_STACK_INPUTS, TOKEN_TYPE_INPUTS):
         raise TfgraphError(
-            f"{where}: not a tfgraph model: inputs {list(inputs)}, expected input_ids or "
-            "src_ids, tgt_ids (int64 [batch, seq])")
+            f"{where}: not a tfgraph model: inputs {list(inputs)}, expected input_ids (and "
+            "token_type_ids) or src_ids, tgt_ids (int64 [batch, seq])")
     for value in model.graph.input:
         if value.name in inputs:
             t = value.type.tensor_type
@@ -190,7 +191,7 @@ def random_ids(iface: Interface, batch: int, seq: int, tgt_seq: int | None = Non
                seed: int = 0) -> dict[str, np.ndarray]:
     """Random token ids for every input: (batch, seq), or (batch, tgt_seq) for tgt_ids."""
     rng = np.random.default_rng(seed)
-    lengths = {"input_ids": seq, "src_ids": seq, "tgt_ids": tgt_seq or seq}
+    lengths = {"input_ids": seq, "token_type_ids": seq, "src_ids": seq, "tgt_ids": tgt_seq or seq}
     return {name: rng.integers(0, iface.vocab[name], size=(batch, lengths[name]), dtype=np.int64)
             for name in iface.inputs}
 

@@ -41,6 +41,7 @@ from tfgraph.exporters.torch_ops import (
     TORCH_OPS,
     Lowering,
     StepFn,
+    rope_table_attrs,
     rope_tables_step,
 )
 from tfgraph.ir import Graph, Node
@@ -215,6 +216,17 @@ class DecoderOnlyOrEncoderModel(TorchModel):
         return self._run((input_ids,))
 
 
+class TokenTypeModel(TorchModel):
+    """One stack with segment embeddings (embedding.token_types, BERT)."""
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """input_ids and token_type_ids (B, S) int64 -> logits or probs (B, S, vocab); without
+        token_type_ids every token is in segment 0 (Hugging Face's default)."""
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        return self._run((input_ids, token_type_ids))
+
+
 class EncoderDecoderModel(TorchModel):
     """Encoder-decoder: the decoder attends to the encoder output."""
 
@@ -249,7 +261,7 @@ def _build(graph: Graph, walk: Plan, top: _Program,
     buffers: dict[str, list[str]] = {}  # buffer -> every value living in it (aliases too)
     for name, buf in walk.owner.items():
         buffers.setdefault(buf, []).append(name)
-    rope_tables: dict[tuple[Any, ...], str] = {}  # (length, head_dim, theta) -> value name
+    rope_tables: dict[tuple[Any, ...], str] = {}  # (length, table attrs) -> value name
     users_outside: dict[str, bool] = {}
     for n in graph.nodes():
         for i in n.inputs:
@@ -273,7 +285,7 @@ def _build(graph: Graph, walk: Plan, top: _Program,
                 prog.inputs.append(prog.slot(i))
         args = tuple(prog.slots[i] for i in n.inputs)
         if n.op == "rope":
-            tkey = (str(n.type.shape[1]), n.attrs["head_dim"], n.attrs["theta"])
+            tkey = (str(n.type.shape[1]), *sorted(rope_table_attrs(n.attrs).items()))
             tname = rope_tables.setdefault(tkey, f"#rope_tables{len(rope_tables)}")
             if tname not in prog.slots:
                 ins.append(tname)
@@ -304,7 +316,7 @@ def _build(graph: Graph, walk: Plan, top: _Program,
                 tkey = next(k for k, v in rope_tables.items() if v == tname)
                 source = next(i for i in ins if not i.startswith("#")
                               and str(graph.node(i).type.shape[1]) == tkey[0])
-                top.steps.append((rope_tables_step, {"head_dim": tkey[1], "theta": tkey[2]},
+                top.steps.append((rope_tables_step, dict(tkey[1:]),
                                   (top.slots[source],), top.slot(tname), (), None, ()))
             layer = layers[key]
             layer.input_names = tuple(ins)
@@ -368,5 +380,9 @@ def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = No
         values = {n: torch.from_numpy(a).to(dtype) for n, a in generate(graph, seed).items()}
     else:
         values = _as_tensors(graph, weights, dtype, "weights")
-    cls = EncoderDecoderModel if len(graph.inputs) == 2 else DecoderOnlyOrEncoderModel
+    cls: type[TorchModel] = DecoderOnlyOrEncoderModel
+    if "tgt_ids" in graph.inputs:
+        cls = EncoderDecoderModel
+    elif "token_type_ids" in graph.inputs:
+        cls = TokenTypeModel
     return cls(graph, values).eval()

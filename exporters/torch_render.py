@@ -34,6 +34,9 @@ from tfgraph.ir import ModuleInfo, Node
 
 __all__ = ["SLOT", "ChildClass", "Instance", "InstanceRenderer", "Slot"]
 
+# Model inputs that may be left out, and the input whose shape their zeros default takes
+# (README, "tfgraph build": BERT's token_type_ids default to segment 0, as in Hugging Face).
+OPTIONAL_INPUTS = {"token_type_ids": "input_ids"}
 SLOT = "\x00"  # rendered text marks slot i as \x00i\x00 until the class is resolved
 
 
@@ -92,6 +95,12 @@ class InstanceRenderer:
         body = [line for event in events for line in self._statement(event, names)]
         body.append(f"return {', '.join(names[v] for v in outputs)}")
         params = [f"{names[v]}: {self._annotation(v)}" for v in inputs]
+        if not self.path:  # the model itself: optional inputs default to zeros
+            for k, v in enumerate(inputs):
+                if v in OPTIONAL_INPUTS and OPTIONAL_INPUTS[v] in inputs:
+                    params[k] += " | None = None"
+                    body[:0] = [f"if {names[v]} is None:  # every token in segment 0",
+                                f"    {names[v]} = torch.zeros_like({names[OPTIONAL_INPUTS[v]]})"]
         init = self._init()  # after the body: constructor arguments follow the slots' order
         return Instance(self.path, self.v.modules[self.path], init, params, len(outputs), body,
                         self.slots)
@@ -204,9 +213,15 @@ class InstanceRenderer:
             node = tree
             for part in parents:
                 sub = node.setdefault(part, {})
+                if isinstance(sub, Leaf):  # a parameter group with child modules (head.bias
+                    sub = node[part] = {"": sub}  # and head.transform): the group under ""
                 assert isinstance(sub, dict), f"{path}: below a module or parameter"
                 node = sub
-            node[last] = entry
+            below = node.get(last)
+            if isinstance(below, dict) and isinstance(entry, Leaf):
+                node[last] = {"": entry, **below}
+            else:
+                node[last] = entry
         return tree
 
     def _create(self, target: str, path: str, entry: Member | Members) -> list[str]:
@@ -214,8 +229,13 @@ class InstanceRenderer:
         if not isinstance(entry, dict):
             return [f"{target} = {self._construct(entry)}"]
         if not all(k.isdigit() for k in entry):
-            lines = [f"{target} = nn.Module()"]
+            group = entry.get("")  # the module's own parameters, its children set on it
+            assert not isinstance(group, dict)
+            lines = [f"{target} = "
+                     f"{'nn.Module()' if group is None else self._construct(group)}"]
             for key, sub in entry.items():
+                if key == "":
+                    continue
                 lines += self._create(f"{target}.{key}", f"{path}.{key}", sub)
             return lines
         items: list[Member] = []

@@ -30,9 +30,14 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
         out["embed.target_tokens.weight"] = (spec.vocab_size("target"), d)
     else:
         out["embed.tokens.weight"] = (spec.vocab_size("source"), d)
+    if spec.embedding.token_types:
+        out["embed.token_types.weight"] = (spec.embedding.token_types, d)
     for stack in spec.stacks:
         if spec.embedding.positions == "learned":
-            out[f"{stack}.positions.weight"] = (spec.max_len, d)
+            assert spec.max_len is not None
+            out[f"{stack}.positions.weight"] = (spec.max_len + spec.embedding.position_offset, d)
+        if spec.embedding.norm:
+            norm_params(f"{stack}.embed_norm")
         for i in range(spec.layer_count(stack)):
             layer = f"{stack}.layers.{i}"
             subs = ["self_attn"]
@@ -65,4 +70,7 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
         out["head.weight"] = (spec.output_vocab, d)
     if spec.embedding.output_bias:
         out["head.bias"] = (spec.output_vocab,)
+    if spec.head.transform:
+        linear("head.transform", d, d, True)
+        norm_params("head.transform_norm")
     return out

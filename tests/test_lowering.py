@@ -77,7 +77,8 @@ def test_every_spec_lowers_lints_and_shapes_evaluate(path):
                 continue
             assert shape == (sizes["B"], length, expected_width(spec, node.name)), node.name
             assert node.type.dtype == spec.dtype, node.name
-    assert g.inputs == (["src_ids", "tgt_ids"] if two_stacks else ["input_ids"])
+    one_stack = ["input_ids"] + (["token_type_ids"] if spec.embedding.token_types else [])
+    assert g.inputs == (["src_ids", "tgt_ids"] if two_stacks else one_stack)
     assert g.outputs == [spec.output]
 
 

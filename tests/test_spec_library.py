@@ -89,6 +89,22 @@ def test_bert_matches_hugging_face_config() -> None:
     )
     assert s.norm.eps == c.layer_norm_eps and s.ffn.activation == c.hidden_act == "gelu"
     assert s.arch == "encoder-only" and s.norm.position == "post"
+    assert s.embedding.token_types == c.type_vocab_size and s.embedding.norm
+    assert s.head.transform  # with the feed-forward's activation, hidden_act
+
+
+def test_bert_base_is_exactly_bert_for_masked_lm() -> None:
+    """Every parameter of BertForMaskedLM(BertConfig()) is in the spec, no more (the header
+    cites the count)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import tfgraph
+
+    with torch.device("meta"):
+        ref = transformers.BertForMaskedLM(transformers.BertConfig())
+    count = sum(p.numel() for p in ref.parameters())
+    assert tfgraph.compile(spec("bert-base")).report()["params"] == count
+    assert f"{count:,}" in (ROOT / "specs" / "bert-base.yaml").read_text()
 
 
 TINYLLAMA = dict(

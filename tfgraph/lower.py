@@ -470,10 +470,10 @@ class _Lowering:
         ins = [x, w]
         if spec.embedding.output_bias:
             ins.append(self.param("head.bias", (vocab,), "head", "zeros", _role(meta, "bias")))
-        if spec.head.transform:  # BERT's masked-LM head: dense, activation, norm
+        if spec.head.transform:  # BERT's masked-LM head: dense, hidden_act, norm
             x = self.linear(x, "head", "transform", "d_model", "d_model", True, meta)
-            x = g.add(str(spec.head.activation), [x], name="head.act", scope="head",
-                      meta=_role(meta, "act"))
+            x = g.add(_inner_activation(spec.ffn.activation), [x], name="head.act",
+                      scope="head", meta=_role(meta, "act"))
             ins[0] = self.norm(x, "head.transform_norm", "head.transform_norm", "head", meta,
                                "transform_norm")
         logits = g.add("linear", ins, name="logits", scope="head",

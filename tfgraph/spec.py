@@ -47,7 +47,6 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 # The activation on the gate of each gated feed-forward.
 GATED_INNER = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
 SinusoidLayout = Literal["interleaved", "split"]
-HeadActivation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 
 
 # YAML's true/false only: pydantic's lax bool would take 1, "yes" or "off" as well.
@@ -296,12 +295,9 @@ class Head(_Strict):
 
     transform: Flag = False
     """BERT's masked-LM transform before the vocabulary projection: a d_model -> d_model
-    linear with bias (``head.transform``), the activation below, then a norm of norm.kind
+    linear with bias (``head.transform``), the feed-forward's activation (BERT's hidden_act
+    serves both; a gated one's inner activation), then a norm of norm.kind
     (``head.transform_norm``)."""
-    activation: HeadActivation | None = None
-    """The transform's activation (transform only). Default: the feed-forward's (for gated
-    ones their inner activation: silu for swiglu, gelu for geglu), as BERT's hidden_act
-    serves both."""
     scale: float | None = None
     """Multiply the last hidden state by this before the vocabulary projection (T5 with tied
     embeddings: d_model^-0.5). Default: no scaling."""
@@ -418,13 +414,6 @@ class Spec(_Strict):
         if emb.token_types and self.arch == "encoder-decoder":
             raise ValueError("embedding.token_types: segment embeddings are for one-stack "
                              "models (BERT); remove it or use encoder-only / decoder-only")
-        # --- output head (BERT's masked-LM transform)
-        if self.head.transform and self.head.activation is None:
-            act = self.ffn.activation
-            self.head.activation = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}.get(act, act)  # type: ignore[assignment]
-        elif not self.head.transform and self.head.activation is not None:
-            raise ValueError("head.activation: the activation of head.transform; set "
-                             "transform: true or remove it")
         one_vocab = not isinstance(self.vocab, Vocabularies)
         if self.arch != "encoder-decoder":
             if emb.share:

@@ -137,7 +137,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             import json
 
             spec = json.loads(iface.spec_json)
-        if tgt_seq is not None and len(iface.inputs) == 1:
+        if tgt_seq is not None and "tgt_ids" not in iface.inputs:
             raise TfgraphError(f"--tgt-seq: {source} has one sequence ({iface.inputs[0]}); "
                                "use --seq")
         max_len = spec.get("max_len") if spec is not None else None
@@ -159,7 +159,8 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         click.echo(f"provider  {ran} ({why})")
         shapes = ", ".join(f"{k} int64[{v.shape[0]}, {v.shape[1]}]" for k, v in feeds.items())
         click.echo(f"inputs    {shapes} -> {iface.output} {iface.dtype}{list(out.shape)}")
-        tokens = sum(v.size for v in feeds.values())
+        # token_type_ids label the input_ids' tokens (BERT's segments): not tokens of their own
+        tokens = sum(v.size for k, v in feeds.items() if k != "token_type_ids")
         click.echo(f"latency   median {timing.median_s * 1e3:.2f} ms, p90 "
                    f"{timing.p90_s * 1e3:.2f} ms over {timing.runs} runs (1 warm-up)")
         click.echo(f"throughput {tokens / timing.median_s:,.0f} tokens/s "
