@@ -243,6 +243,10 @@ def positions_text(graph: Graph, stack: Stack) -> str:
             if len(node.inputs) > 1:  # a learned table
                 rows, cols = graph.node(node.inputs[1]).attrs["shape"]
                 text += f" ({count(rows)} × {cols})"
+            if node.attrs.get("offset"):  # OPT, BART: position p reads row p + 2
+                text += f", from row {node.attrs['offset']}"
+            if node.attrs.get("layout") == "split":  # fairseq, Marian
+                text += " (sin | cos halves)"
             return text
     if any(n.category == "position" for n in stack.layer0):
         return "rotary positions (in attention)"
@@ -255,7 +259,15 @@ def embed_text(graph: Graph, stack: Stack) -> str:
     lines = [f"{stack.name.capitalize()} embedding" if several else "Embedding"]
     scale = next((n for n in stack.embed if n.op == "scale"), None)
     lines.append(f"tokens × {scale_text(scale.attrs['factor'])}" if scale else "tokens")
+    for node in stack.embed[1:]:
+        if node.category == "embedding":  # another gathered table: BERT's segments
+            rows, _ = graph.node(node.inputs[0]).attrs["shape"]
+            lines.append(f"+ {name(node.meta.role or node.name).replace('_', ' ')} "
+                         f"({count(rows)} rows)")
     lines.append(positions_text(graph, stack))
+    for node in stack.embed:
+        if node.category == "norm":  # on the sum (BERT, BART)
+            lines.append(f"then {NORM_NAMES.get(node.op, node.op)}")
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import graphviz
 
 from tfgraph.exporters.diagram_labels import (
+    ACTIVATION_NAMES,
     cross_text,
     dropout_text,
     embed_text,
@@ -57,10 +58,28 @@ def model_box(node: Node) -> str:
     return node.name
 
 
+def head_ops(graph: Graph) -> list[Node]:
+    """The ops of the head box: the vocabulary projection and what comes before it (BERT's
+    transform), in graph order."""
+    return [n for n in graph.ops() if model_box(n) == "head"]
+
+
+def projection(graph: Graph) -> Node:
+    """The head's vocabulary projection: the last linear of the head box."""
+    return [n for n in head_ops(graph) if n.category == "linear"][-1]
+
+
 def head_text(graph: Graph, head: Node, ann: Annotator) -> str:
-    tied = "tied to the token table" if is_tied(graph, head) else "own weight (untied)"
-    return join_lines("Output head", f"linear {linear_text(graph, head)}", tied,
-                      ann.text([head.name]))
+    ops = head_ops(graph)
+    proj = projection(graph)
+    tied = "tied to the token table" if is_tied(graph, proj) else "own weight (untied)"
+    before = [n for n in ops[:ops.index(proj)]]
+    words = [f"linear {linear_text(graph, n)}" if n.category == "linear"
+             else NORM_NAMES.get(n.op, n.op) if n.category == "norm"
+             else ACTIVATION_NAMES.get(n.op, n.op) for n in before]
+    transform = f"transform: {', '.join(words)}" if words else ""
+    return join_lines("Output head", transform, f"linear {linear_text(graph, proj)}", tied,
+                      ann.text([n.name for n in ops]))
 
 
 def embed_edge_label(node: Node) -> str:
@@ -175,14 +194,17 @@ def draw_inputs_and_embeddings(dot: graphviz.Digraph, graph: Graph, kinds: KindT
                                ann: Annotator, stack: Stack) -> Node:
     """Input ids and the embedding box of ``stack`` (for the layer level); returns the node
     that leaves the embedding (for the outgoing edge's shape and dropout)."""
-    tokens = next(n for n in stack.embed if n.category == "embedding")
-    ids = next(graph.node(i) for i in tokens.inputs if graph.node(i).op == "input")
-    kinds.node(dot, ids.name, join_lines(name(ids.name), shape_text(ids.type.shape)), "io",
-               shape="ellipse", style="filled")
-    box = model_box(tokens)
+    gathers = [n for n in stack.embed if n.category == "embedding"]  # tokens, segments
+    inputs = [next(graph.node(i) for i in g.inputs if graph.node(i).op == "input")
+              for g in gathers]
+    for ids in inputs:
+        kinds.node(dot, ids.name, join_lines(name(ids.name), shape_text(ids.type.shape)), "io",
+                   shape="ellipse", style="filled")
+    box = model_box(gathers[0])
     kinds.node(dot, box, join_lines(embed_text(graph, stack),
                                     ann.text([n.name for n in stack.embed])), "embedding")
-    edge(dot, ids.name, box)
+    for ids in inputs:
+        edge(dot, ids.name, box)
     return stack.embed[-1]
 
 
@@ -190,9 +212,9 @@ def draw_head(dot: graphviz.Digraph, graph: Graph, kinds: KindTracker, ann: Anno
               src: str) -> None:
     """The output head (linear, then softmax for probs) and the output nodes, fed by the
     drawn node ``src`` (for the layer level; the model level draws these from edges)."""
-    head = next(n for n in graph.ops() if model_box(n) == "head")
-    kinds.node(dot, "head", head_text(graph, head, ann), "head")
-    edge(dot, src, "head", f" {shape_text(graph.node(head.inputs[0]).type.shape)}")
+    first, head = head_ops(graph)[0], projection(graph)
+    kinds.node(dot, "head", head_text(graph, first, ann), "head")
+    edge(dot, src, "head", f" {shape_text(graph.node(first.inputs[0]).type.shape)}")
     last = "head"
     for node in graph.ops():
         if model_box(node) == "softmax":
