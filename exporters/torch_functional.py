@@ -150,7 +150,9 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize:
 
     scale defaults to 1/sqrt(hd); softcap c gives c * tanh(scores / c) (Gemma 2).
     Query heads are grouped per k/v head (head j*g + i reads k/v head j, as repeat_interleave
-    and SDPA's enable_gqa do), so k and v are broadcast, never copied g times.
+    and SDPA's enable_gqa do): the g query heads of a group are stacked along the query axis,
+    so each product is an ordinary batched matmul and k and v are never expanded or copied
+    (a broadcasting matmul would save expanded copies of them for backward).
     hardmax: the one-hot of the arg-max (first index on ties). The arg-max has no gradient,
     so q and k are detached: backward then keeps only the one-hot weights.
     """
@@ -158,8 +160,8 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize:
     kv_heads, tk = k.shape[1], k.shape[2]
     if normalize == "hardmax":
         q, k = q.detach(), k.detach()
-    q = q.unflatten(1, (kv_heads, heads // kv_heads))  # (B, kv, g, Tq, hd)
-    scores = q @ k.unsqueeze(2).transpose(-2, -1)  # (B, kv, g, Tq, Tk)
+    q = q.reshape(batch, kv_heads, heads // kv_heads * tq, hd)  # (B, kv, g*Tq, hd)
+    scores = (q @ k.transpose(-2, -1)).unflatten(2, (-1, tq))  # (B, kv, g, Tq, Tk)
     scores = scores * (1.0 / math.sqrt(hd) if scale is None else scale)
     if softcap is not None:
         scores = soft_cap(scores, softcap)
@@ -171,8 +173,8 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize:
     else:
         first_max = scores.argmax(dim=-1, keepdim=True)  # (B, kv, g, Tq, 1)
         weights = torch.zeros_like(scores).scatter_(-1, first_max, 1.0)
-    y = weights @ v.unsqueeze(2)  # (B, kv, g, Tq, hd)
-    return y.flatten(1, 2)  # (B, h, Tq, hd)
+    y = weights.flatten(2, 3) @ v  # (B, kv, g*Tq, hd)
+    return y.reshape(batch, heads, tq, hd)  # (B, h, Tq, hd)
 
 
 class _RMSNorm(torch.autograd.Function):

@@ -168,8 +168,8 @@ def test_layers_share_a_class_and_configuration_is_an_argument() -> None:
     assert "D_MODEL = 32  # d" in source and "HEADS * HEAD_DIM" in source
     # Only the kernels the graph's ops call are copied in.
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert functions == {"sinusoidal_positions", "attention", "explicit_attention", "dropout",
-                         "load"}
+    assert functions == {"sinusoidal_positions", "attention", "explicit_attention",
+                         "attention_mask", "soft_cap", "dropout", "load"}
 
 
 def test_learned_positions_past_max_len_name_it(tmp_path: Path) -> None:

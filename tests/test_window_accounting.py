@@ -1,0 +1,66 @@
+"""Sliding windows in the accounting: the KV cache of a local layer holds min(T, W) positions,
+and the causal-effective matmul FLOPs count only the scores a query reads, counted here by
+brute force over the mask, layer by layer, for all-local (Mistral) and local/global (Gemma 2)
+specs; the formulas carry the window as the symbol W."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tfgraph
+from tfgraph.loader import load_spec
+from tfgraph.spec import Spec
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+BATCH = 2
+
+
+def _read_scores(length: int, window: int | None) -> int:
+    """Scores query i reads under the causal mask (and the window), by enumeration."""
+    return sum(1 for i in range(length) for j in range(length)
+               if j <= i and (window is None or i - j < window))
+
+
+def _layers(spec: Spec) -> list[int | None]:
+    att = spec.attention
+    return [att.window if spec.layer_is_local(i) else None
+            for i in range(spec.layer_count("decoder"))]
+
+
+@pytest.mark.parametrize("name", ["tiny-mistral", "tiny-gemma2"])
+@pytest.mark.parametrize("seq", [5, 8, 19])
+def test_kv_cache_and_causal_effective_flops_follow_the_window(name: str, seq: int) -> None:
+    spec = load_spec(SPECS / f"{name}.yaml")
+    att = spec.attention
+    assert att.kv_heads and att.head_dim and att.window == 8
+    report = tfgraph.compile(spec).report(batch=BATCH, seq=seq)
+    per_position = 2 * BATCH * att.kv_heads * att.head_dim * 4  # K and V, float32
+    expected_cache = sum(per_position * (seq if w is None else min(seq, w))
+                         for w in _layers(spec))
+    assert report["memory"]["kv_cache"] == expected_cache
+    # Masked-out scores cost 2 products * 2 FLOPs * B*h*hd each in the dense count.
+    masked = sum(seq * seq - _read_scores(seq, w) for w in _layers(spec))
+    per_score = 2 * 2 * BATCH * att.heads * att.head_dim
+    flops = report["flops"]
+    assert flops["matmul"] - flops["causal_effective_matmul"] == per_score * masked
+
+
+def test_windows_change_nothing_when_the_sequence_fits() -> None:
+    """At seq <= W a sliding window masks nothing beyond the causal mask."""
+    spec = load_spec(SPECS / "tiny-mistral.yaml")
+    data = spec.model_dump()
+    data["attention"]["window"] = None
+    plain = Spec.model_validate(data)
+    for seq in (3, 8):
+        ours = tfgraph.compile(spec).report(batch=BATCH, seq=seq)
+        theirs = tfgraph.compile(plain).report(batch=BATCH, seq=seq)
+        assert ours["memory"]["kv_cache"] == theirs["memory"]["kv_cache"]
+        assert ours["flops"] == theirs["flops"]
+
+
+def test_formulas_name_the_window_and_the_layer_kinds() -> None:
+    report = tfgraph.compile(load_spec(SPECS / "tiny-gemma2.yaml")).report(batch=BATCH, seq=19)
+    kv = report["formulas"]["memory.kv_cache"]
+    assert "Min(S, W)" in kv and "L_local" in kv and "L_global" in kv
