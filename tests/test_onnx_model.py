@@ -48,7 +48,7 @@ def test_checker_and_two_dynamic_shapes(small_spec: Spec, opset: int) -> None:
     vocab = small_spec.output_vocab
     for batch, seq, tgt in ((1, 3, 5), (3, 11, 7)):
         out = sess.run(None, feeds_for(graph, batch, seq, tgt))[0]
-        length = tgt if len(graph.inputs) == 2 else seq
+        length = tgt if "tgt_ids" in graph.inputs else seq
         assert out.shape == (batch, length, vocab)
         assert np.isfinite(out.astype(np.float32)).all()
         if small_spec.output == "probs":
@@ -80,8 +80,9 @@ def test_interface_names_dtypes_and_initializers(small_spec: Spec) -> None:
         assert dims == [["batch", "src_len"], ["batch", "tgt_len"]]
         out_len = "tgt_len"
     else:
-        assert [i.name for i in g.input] == ["input_ids"]
-        assert dims == [["batch", "seq_len"]]
+        segments = ["token_type_ids"] if small_spec.embedding.token_types else []
+        assert [i.name for i in g.input] == ["input_ids", *segments]
+        assert dims == [["batch", "seq_len"]] * (1 + len(segments))
         out_len = "seq_len"
     assert all(i.type.tensor_type.elem_type == TensorProto.INT64 for i in g.input)
     (out,) = g.output

@@ -33,6 +33,8 @@ def make_ids(graph: Graph, batch: int, seq: int, tgt: int, seed: int = 0
     spec = graph.spec
     assert spec is not None
     src = torch.randint(0, spec.vocab_size("source"), (batch, seq), generator=gen)
+    if "token_type_ids" in graph.inputs:  # BERT's segments
+        return src, torch.randint(0, spec.embedding.token_types, (batch, seq), generator=gen)
     if len(graph.inputs) == 1:
         return (src,)
     return src, torch.randint(0, spec.vocab_size("target"), (batch, tgt), generator=gen)
