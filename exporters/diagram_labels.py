@@ -9,6 +9,7 @@ names of a hand-built graph) are made one printable line here (``name``).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from tfgraph.exporters.diagram_structure import (
     Stack,
@@ -28,7 +29,7 @@ from tfgraph.terminal import printable
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU"}
 # A gated feed-forward is called after the activation on its gate (Shazeer 2020, "GLU
 # Variants Improve Transformer").
-GATED_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU"}
+GATED_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU (tanh)"}
 POSITION_TEXT = {"positions_sinusoidal": "+ sinusoidal positions",
                  "positions_learned": "+ learned positions"}
 SUBLAYER_WORDS = {"self_attn": "self-attention", "cross_attn": "cross-attention",
@@ -111,8 +112,25 @@ def _projection(graph: Graph, node: Node) -> Node:
 
 def rope_text(graph: Graph, members: list[Node]) -> str:
     """``rotary positions on q, k`` from the rotary ops and the projections they read."""
-    read = [_projection(graph, graph.node(n.inputs[0])) for n in members if n.op == "rope"]
-    return f"rotary positions on {', '.join(_roles(read))}" if read else ""
+    ropes = [n for n in members if n.op == "rope"]
+    read = [_projection(graph, graph.node(n.inputs[0])) for n in ropes]
+    if not read:
+        return ""
+    detail = rope_detail(ropes[0].attrs)
+    return f"rotary positions on {', '.join(_roles(read))}" + (f"\n({detail})" if detail else "")
+
+
+def rope_detail(a: dict[str, Any]) -> str:
+    """What a rope node does beyond whole-head, rotate-half, unscaled rotation: ``4 of 16
+    channels, interleaved, yarn scaling``; empty when nothing."""
+    parts = []
+    if "rotary_dim" in a:
+        parts.append(f"{a['rotary_dim']} of {a['head_dim']} channels")
+    if a.get("interleaved"):
+        parts.append("interleaved pairs")
+    if "scaling" in a:
+        parts.append(f"{a['scaling']} scaling")
+    return ", ".join(parts)
 
 
 def inner_norm_text(graph: Graph, members: list[Node]) -> str:
@@ -168,10 +186,53 @@ def ffn_text(graph: Graph, members: list[Node]) -> str:
     return f"{word}, {first[1]} → {first[0]} → {last[0]}"
 
 
+ROUTER_WORDS = {"softmax_topk": "softmax → top-k", "softmax_topk_renorm":
+                "softmax → top-k → renormalised", "topk_softmax": "top-k → softmax"}
+
+
+def moe_text(graph: Graph, members: list[Node]) -> str:
+    """``Mixture of experts`` with the router, ``experts ×8, top-2: gated SwiGLU, 32 → 48 →
+    32`` and the shared experts, from a mixture-of-experts feed-forward's nodes."""
+    experts = next(n for n in members if n.op == "experts")
+    route = next(n for n in members if n.op == "route")
+    count, hidden, d = graph.node(experts.inputs[-2]).attrs["shape"]  # up: (E, H, d)
+    act = experts.attrs["activation"]
+    word = f"gated {GATED_NAMES.get(act, act)}" if experts.attrs["gated"] \
+        else ACTIVATION_NAMES.get(act, act)
+    lines = ["Mixture of experts",
+             f"router: linear {d} → {count}, {ROUTER_WORDS.get(route.attrs['router'], '')}",
+             f"experts ×{count}, top-{route.attrs['top_k']}: {word}, {d} → {hidden} → {d}"]
+    shared = [n for n in members if n.category == "linear" and n.meta.role.startswith("shared.")]
+    if shared:
+        width = graph.node(shared[0].inputs[1]).attrs["shape"][0]
+        gate = ", sigmoid gate" if any(n.op == "sigmoid_gate" for n in members) else ""
+        lines.append(f"shared experts: {word}, {d} → {width} → {d}{gate}")
+    return "\n".join(lines)
+
+
+def _dense_then_moe(graph: Graph, members: list[Node]) -> str:
+    """For a dense feed-forward in a stack whose later layers have experts (ffn.dense_layers):
+    ``layers 0–2: gated SwiGLU, ...`` then ``layers 3–: Mixture of experts ...``; else ''."""
+    first = members[0].meta
+    later = [n for n in graph.ops() if n.op == "experts" and n.meta.stack == first.stack]
+    if not later or first.layer is None:
+        return ""
+    meta = later[0].meta
+    moe = [n for n in graph.ops() if n.meta.stack == meta.stack and n.meta.layer == meta.layer
+           and n.meta.sublayer == meta.sublayer]
+    dense = "layer 0" if meta.layer == 1 else f"layers 0–{meta.layer - 1}"
+    return (f"Feed-forward\n{dense}: {ffn_text(graph, members)}\n"
+            f"layers {meta.layer}–: {moe_text(graph, moe)}")
+
+
 def fn_text(graph: Graph, members: list[Node]) -> str:
     """Label of a folded sublayer function (without annotations)."""
     if attention_of(members) is not None:
         return attention_text(graph, members)
+    if any(n.op == "experts" for n in members):
+        return moe_text(graph, members)
+    if mixed := _dense_then_moe(graph, members):
+        return mixed
     title = sublayer_title(members, members[0].meta.sublayer or "")
     return f"{title}\n{ffn_text(graph, members)}"
 

@@ -16,6 +16,7 @@ from typing import Any
 import graphviz
 
 from tfgraph.exporters.diagram_labels import (
+    rope_detail,
     attention_kind,
     dropout_text,
     is_tied,
@@ -97,7 +98,8 @@ def op_text(graph: Graph, node: Node) -> str:
         rows, cols = graph.node(node.inputs[1]).attrs["shape"]
         return f"+ learned positions {count(rows)} × {cols}"
     if node.op == "rope":
-        return f"rope θ={a['theta']:g}"
+        detail = rope_detail(a)
+        return f"rope θ={a['theta']:g}" + (f"\n{detail}" if detail else "")
     if node.op == "dropout":
         return dropout_text(node)
     if node.op == "mul":

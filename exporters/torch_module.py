@@ -285,7 +285,8 @@ def _build(graph: Graph, walk: Plan, top: _Program,
                 prog.inputs.append(prog.slot(i))
         args = tuple(prog.slots[i] for i in n.inputs)
         if n.op == "rope":
-            tkey = (str(n.type.shape[1]), *sorted(rope_table_attrs(n.attrs).items()))
+            tkey: tuple[Any, ...] = (str(n.type.shape[1]),
+                                     *sorted(rope_table_attrs(n.attrs).items()))
             tname = rope_tables.setdefault(tkey, f"#rope_tables{len(rope_tables)}")
             if tname not in prog.slots:
                 ins.append(tname)
@@ -316,7 +317,8 @@ def _build(graph: Graph, walk: Plan, top: _Program,
                 tkey = next(k for k, v in rope_tables.items() if v == tname)
                 source = next(i for i in ins if not i.startswith("#")
                               and str(graph.node(i).type.shape[1]) == tkey[0])
-                top.steps.append((rope_tables_step, dict(tkey[1:]),
+                table_attrs: dict[str, Any] = dict(tkey[1:])  # (name, value) pairs
+                top.steps.append((rope_tables_step, table_attrs,
                                   (top.slots[source],), top.slot(tname), (), None, ()))
             layer = layers[key]
             layer.input_names = tuple(ins)

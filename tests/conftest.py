@@ -37,6 +37,23 @@ def small(spec: Spec, d_model: int = 32, vocab: int = 61, max_layers: int = 2) -
         data["vocab"] = vocab
     if data["max_len"] is not None:
         data["max_len"] = min(data["max_len"], 64)
+    ffn = data["ffn"]
+    if ffn.get("experts") is not None:  # mixture of experts: a few narrow experts, same knobs
+        experts = min(ffn["experts"], 8)
+        ffn.update(experts=experts, top_k=max(1, min(ffn["top_k"], experts // 2)),
+                   expert_hidden=d_model // 2 + 4)
+        if ffn["shared_experts"]:
+            ffn["shared_hidden"] = ffn["shared_experts"] * ffn["expert_hidden"] + (
+                8 if spec.ffn.shared_hidden != spec.ffn.shared_experts * spec.ffn.expert_hidden
+                else 0)  # keep "shared_hidden is not shared_experts * expert_hidden"
+        layers = data["layers"] if isinstance(data["layers"], int) else 2
+        ffn["dense_layers"] = min(ffn["dense_layers"], layers - 1)
+    emb, hd = data["embedding"], att["head_dim"]
+    if emb["rotary_fraction"] < 1 and int(hd * emb["rotary_fraction"]) % 2:
+        emb["rotary_fraction"] = 0.5  # still partial, and an even number of the smaller head
+    scaling = emb.get("rope_scaling")
+    if scaling and scaling.get("original_max_len") and data["max_len"] is not None:
+        scaling["original_max_len"] = min(scaling["original_max_len"], data["max_len"])
     return Spec.model_validate(data)
 
 

@@ -267,7 +267,7 @@ RULES = {
     "literal-activation": (
         BASE + "ffn:\n  activation: swish  # <-\n",
         "ffn.activation",
-        "'relu', 'gelu', 'gelu_tanh', 'silu', 'swiglu' or 'geglu'",
+        "'relu', 'gelu', 'gelu_tanh', 'silu', 'swiglu', 'geglu' or 'geglu_tanh'",
     ),
     "name-pattern": (
         BASE.replace("name: rules", "name: My Model  # <-"),

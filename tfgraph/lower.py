@@ -371,9 +371,10 @@ class _Lowering:
             extra["softcap"] = att.softcap
         if rope and self.spec.embedding.positions == "rope":
             theta = self.spec.embedding.rope_theta
-            own_base = local and self.spec.embedding.local_rope_theta is not None
-            if own_base:
-                theta = self.spec.embedding.local_rope_theta  # Gemma 3's local layers
+            local_theta = self.spec.embedding.local_rope_theta
+            own_base = local and local_theta is not None
+            if local and local_theta is not None:
+                theta = local_theta  # Gemma 3's local layers
             # partial, interleaved and scaled rotation (tfgraph.rope); Gemma 3's local layers
             # with their own base are not scaled
             rot = rotary_attrs(self.spec, theta, z.rotary_dim, scaled=not own_base)
