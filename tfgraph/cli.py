@@ -29,7 +29,9 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 
 # command name -> module under tfgraph.commands defining a click command of the same name
-COMMANDS = ("validate", "schema", "report", "draw", "compare", "build", "run")
+COMMANDS = ("validate", "schema", "report", "draw", "compare", "build", "run", "import")
+# commands whose module and function cannot carry the command's name (``import`` is a keyword)
+_MODULE_NAMES = {"import": "hf_import"}
 
 
 class _Group(click.Group):
@@ -42,8 +44,9 @@ class _Group(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:
             return super().get_command(ctx, cmd_name)  # commands added with add_command
-        module = importlib.import_module(f"tfgraph.commands.{cmd_name}")
-        command: click.Command = getattr(module, cmd_name)
+        attribute = _MODULE_NAMES.get(cmd_name, cmd_name)
+        module = importlib.import_module(f"tfgraph.commands.{attribute}")
+        command: click.Command = getattr(module, attribute)
         return command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

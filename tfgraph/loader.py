@@ -1,5 +1,6 @@
 """Read, validate and write spec files.
 
+``load_spec`` also reads a Hugging Face ``config.json`` or model folder (``tfgraph.hf``).
 ``load_spec`` / ``parse_spec`` return a validated :class:`~tfgraph.spec.Spec` or raise one
 :class:`~tfgraph.errors.SpecError` whose text is ``file:line:col: field.path: message``.
 ``dump_spec`` writes YAML that loads back to an equal ``Spec``.
@@ -48,8 +49,14 @@ def read_spec_text(path: str | os.PathLike[str]) -> str:
 
 
 def load_spec(path: str | os.PathLike[str]) -> Spec:
-    """Load and validate the spec file at ``path``."""
+    """Load and validate the spec at ``path``: a YAML spec file, or a Hugging Face
+    ``config.json`` or model folder holding one (converted by ``tfgraph.hf``, README.md
+    "tfgraph import")."""
     name = os.fspath(path)
+    from tfgraph.hf.files import is_config_path, load_config_spec
+
+    if is_config_path(name):
+        return load_config_spec(name)
     return parse_spec(read_spec_text(name), filename=name)
 
 

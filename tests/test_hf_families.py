@@ -1,0 +1,234 @@
+"""Every family `tfgraph import` supports, against the Hugging Face model nobody here wrote.
+
+For each family a tiny model (<= 3 layers, d <= 128) is built from its transformers config class
+with random weights (no hub access), the config is saved with ``save_pretrained`` and imported
+with the CLI (``tfgraph import DIR -o SPEC.yaml``), and then:
+
+- the spec's parameter count equals the Hugging Face model's (frozen sinusoid tables, which
+  Marian stores as parameters, excluded);
+- ``flops.matmul`` equals ``FlopCounterMode`` on the model run with eager attention (routed MoE
+  experts added by hand: FlopCounterMode does not see them in transformers' MoE blocks);
+- logits agree within 1e-4 (float32) through ``to_torch`` and through the ONNX model in
+  onnxruntime, with the Hugging Face weights mapped by ``tfgraph.hf.name_map``;
+- the reverse map gives back the Hugging Face state dict exactly (every key, every value).
+
+A family whose spec features tfgraph lacks fails here at the import step, with the exit-2
+message naming the config field (nothing is skipped).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import Tensor, nn
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.exporters import to_torch
+from tfgraph.hf import name_map
+from tfgraph.spec import Spec
+
+from parity_support import check, randomize
+
+transformers = pytest.importorskip("transformers")
+ort = pytest.importorskip("onnxruntime")
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+BATCH, SEQ, TGT = 2, 19, 11
+COMMON = dict(bos_token_id=0, eos_token_id=0, pad_token_id=None)
+LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=101, max_position_embeddings=64,
+             rms_norm_eps=1e-6, **COMMON)
+
+
+@dataclass
+class Case:
+    config: str
+    model: str
+    kwargs: dict[str, Any]
+    kind: str = "causal"  # causal | seq2seq | masked
+    frozen: tuple[str, ...] = ()  # parameter name suffixes that are fixed tables, not weights
+    moe: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+CASES: dict[str, Case] = {
+    "gpt2": Case("GPT2Config", "GPT2LMHeadModel", dict(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=101, n_positions=64,
+        activation_function="gelu_new", **COMMON)),
+    "gpt_neox": Case("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=101, max_position_embeddings=64, rotary_pct=1.0, hidden_act="gelu",
+        use_parallel_residual=True, **COMMON)),
+    "pythia": Case("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=101, max_position_embeddings=64, rotary_pct=0.25, hidden_act="gelu",
+        use_parallel_residual=True, **COMMON)),
+    "gptj": Case("GPTJConfig", "GPTJForCausalLM", dict(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=101, n_positions=64, rotary_dim=8,
+        activation_function="gelu_new", tie_word_embeddings=False, **COMMON)),
+    "opt": Case("OPTConfig", "OPTForCausalLM", dict(
+        hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=101, max_position_embeddings=64, word_embed_proj_dim=64,
+        do_layer_norm_before=True, activation_function="relu", **COMMON)),
+    "llama": Case("LlamaConfig", "LlamaForCausalLM", dict(
+        LLAMA, rope_theta=500000.0, tie_word_embeddings=False)),
+    "llama3-scaling": Case("LlamaConfig", "LlamaForCausalLM", dict(
+        LLAMA, tie_word_embeddings=True, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "mistral": Case("MistralConfig", "MistralForCausalLM", dict(LLAMA, sliding_window=None)),
+    "mistral-window": Case("MistralConfig", "MistralForCausalLM", dict(LLAMA, sliding_window=7)),
+    "mixtral": Case("MixtralConfig", "MixtralForCausalLM", dict(
+        LLAMA, num_local_experts=4, num_experts_per_tok=2, sliding_window=None), moe=True),
+    "qwen2": Case("Qwen2Config", "Qwen2ForCausalLM", dict(
+        LLAMA, tie_word_embeddings=True, use_sliding_window=False)),
+    "qwen2_moe": Case("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        LLAMA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=[], use_sliding_window=False), moe=True),
+    "qwen3": Case("Qwen3Config", "Qwen3ForCausalLM", dict(
+        LLAMA, head_dim=24, tie_word_embeddings=True, use_sliding_window=False)),
+    "olmo2": Case("Olmo2Config", "Olmo2ForCausalLM", dict(LLAMA, tie_word_embeddings=False)),
+    "gemma": Case("GemmaConfig", "GemmaForCausalLM", dict(
+        LLAMA, num_key_value_heads=1, head_dim=16, hidden_act="gelu_pytorch_tanh",
+        hidden_activation="gelu_pytorch_tanh")),
+    "gemma2": Case("Gemma2Config", "Gemma2ForCausalLM", dict(
+        LLAMA, head_dim=16, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+        sliding_window=7, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    "gemma3_text": Case("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        LLAMA, num_hidden_layers=3, head_dim=16, hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=16, sliding_window=7, sliding_window_pattern=3,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default",
+                                               "rope_theta": 10000.0}})),
+    "phi": Case("PhiConfig", "PhiForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=101, max_position_embeddings=64, partial_rotary_factor=0.5,
+        hidden_act="gelu_new", **COMMON)),
+    "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
+        LLAMA, sliding_window=None, pad_token_id=None)),
+    "bert": Case("BertConfig", "BertForMaskedLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=101, max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu",
+        pad_token_id=0), kind="masked"),
+    "bart": Case("BartConfig", "BartForConditionalGeneration", dict(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=101,
+        max_position_embeddings=64, activation_function="gelu", scale_embedding=False,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1, decoder_start_token_id=2,
+        forced_eos_token_id=None), kind="seq2seq"),
+    "marian": Case("MarianConfig", "MarianMTModel", dict(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=101,
+        max_position_embeddings=64, activation_function="swish", scale_embedding=True,
+        share_encoder_decoder_embeddings=True, bos_token_id=0, eos_token_id=2,
+        pad_token_id=1, decoder_start_token_id=1, forced_eos_token_id=None),
+        kind="seq2seq", frozen=("embed_positions.weight",)),
+    "t5": Case("T5Config", "T5ForConditionalGeneration", dict(
+        d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+        vocab_size=101, relative_attention_num_buckets=8, relative_attention_max_distance=20,
+        feed_forward_proj="relu", tie_word_embeddings=True, decoder_start_token_id=0,
+        pad_token_id=0, eos_token_id=1), kind="seq2seq"),
+}
+
+
+def build_reference(case: Case, seed: int) -> nn.Module:
+    config = getattr(transformers, case.config)(**case.kwargs)
+    cls = getattr(transformers, case.model)
+    model = cls._from_config(config, attn_implementation="eager").eval()
+    fixed = {n: p.detach().clone() for n, p in model.named_parameters()
+             if n.endswith(case.frozen) and case.frozen}
+    randomize(model, seed)
+    with torch.no_grad():  # fixed tables (Marian's sinusoids) keep their values
+        for n, p in model.named_parameters():
+            if n in fixed:
+                p.copy_(fixed[n])
+    return model
+
+
+def import_spec(folder: Path, out: Path) -> Spec:
+    """``tfgraph import folder -o out`` through the CLI, then the written spec."""
+    result = CliRunner().invoke(main, ["import", str(folder), "-o", str(out)])
+    assert result.exit_code == 0, result.output + str(result.stderr_bytes or b"")
+    assert out.read_text().startswith("# Imported by `tfgraph import`")
+    return tfgraph.load_spec(out)
+
+
+def trainable(model: nn.Module, frozen: tuple[str, ...]) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if not n.endswith(frozen))
+
+
+def inputs(spec: Spec, kind: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(Hugging Face keyword arguments, tfgraph feeds) of random ids."""
+    gen = torch.Generator().manual_seed(0)
+    if kind == "seq2seq":
+        src = torch.randint(2, spec.vocab_size("source"), (BATCH, SEQ), generator=gen)
+        tgt = torch.randint(2, spec.vocab_size("target"), (BATCH, TGT), generator=gen)
+        return {"input_ids": src, "decoder_input_ids": tgt}, {"src_ids": src, "tgt_ids": tgt}
+    ids = torch.randint(2, spec.vocab_size("source"), (BATCH, SEQ), generator=gen)
+    return {"input_ids": ids}, {"input_ids": ids}
+
+
+def moe_expert_flops(spec: Spec, tokens: int) -> int:
+    """Routed experts' matmul FLOPs, which FlopCounterMode misses in transformers' MoE blocks
+    (design §7): layers · 2 · tokens · top_k · 3 · d · expert_hidden."""
+    ffn = spec.ffn
+    assert ffn.top_k is not None and ffn.expert_hidden is not None
+    moe_layers = spec.layers - (ffn.dense_layers or 0)  # type: ignore[operator]
+    return moe_layers * 2 * tokens * ffn.top_k * 3 * spec.d_model * ffn.expert_hidden
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_family_matches_hugging_face(family: str, tmp_path: Path) -> None:
+    case = CASES[family]
+    ref = build_reference(case, seed=sorted(CASES).index(family) + 1)
+    ref.config.save_pretrained(tmp_path / family)
+    spec = import_spec(tmp_path / family, tmp_path / f"{family}.yaml")
+    graph = tfgraph.compile(spec)
+    kwargs, feeds = inputs(spec, case.kind)
+
+    # parameters: the checkpoint's trainable tensors
+    assert graph.report()["params"] == trainable(ref, case.frozen)
+
+    # matmul FLOPs against FlopCounterMode (eager attention)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        expected = ref(**kwargs).logits
+    counted = counter.get_total_flops()
+    if case.moe:
+        counted += moe_expert_flops(spec, BATCH * SEQ)
+    seqs = {"seq": SEQ, "tgt_seq": TGT} if case.kind == "seq2seq" else {"seq": SEQ}
+    assert graph.report(batch=BATCH, **seqs)["flops"]["matmul"] == counted
+
+    # logits through to_torch and ONNX with the mapped weights
+    config = json.loads((tmp_path / family / "config.json").read_text())
+    names = name_map(config, spec)
+    sd = ref.state_dict()
+    weights = names.to_tfgraph(sd)
+    ours = to_torch(graph, weights=weights).eval()
+    with torch.no_grad():
+        check(ours(*feeds.values()), expected)
+    from tfgraph.exporters.onnx_model import to_onnx
+
+    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    onnx_feeds = {k: v.numpy() for k, v in feeds.items()}
+    for given in session.get_inputs():  # BERT's segment ids: all zeros, as in transformers
+        if given.name == "token_type_ids":
+            onnx_feeds["token_type_ids"] = torch.zeros_like(feeds["input_ids"]).numpy()
+    got = session.run(None, onnx_feeds)[0]
+    check(torch.from_numpy(got), expected)
+
+    # the reverse map gives the Hugging Face state dict back exactly
+    back = names.from_tfgraph(weights)
+    assert sorted(back) == sorted(sd)
+    for key, value in sd.items():
+        assert back[key].shape == value.shape and torch.equal(back[key], value), key

@@ -1,0 +1,103 @@
+"""Hugging Face configs as specs (README.md, "tfgraph import").
+
+One small module per family (in the style of mlx-lm's models and litgpt's configs), each with
+
+- ``spec_from_config(cfg: HFConfig) -> SpecDraft``: the config.json as a spec, refusing (exit 2,
+  naming the field and value) every setting that changes the computation and that tfgraph
+  cannot express exactly;
+- ``name_rules(spec, cfg) -> list[Rule]``: the table from Hugging Face parameter names to
+  tfgraph's (README.md, "Parameter names"), used both ways by :class:`NameMap`.
+
+``FAMILIES`` maps each supported ``model_type`` to its module; modules are imported when used,
+and nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from tfgraph.hf.config import ConfigError, HFConfig, SpecDraft
+from tfgraph.hf.names import NameMap, NameMapError, Rule
+from tfgraph.spec import Spec
+
+__all__ = ["FAMILIES", "ConfigError", "HFConfig", "NameMap", "NameMapError", "Rule",
+           "SpecDraft", "draft_from_config", "family", "name_map", "spec_from_config"]
+
+# model_type (config.json) -> module under tfgraph.hf
+FAMILIES: dict[str, str] = {
+    "gpt2": "gpt2",
+    "gpt_neox": "neox",
+    "gptj": "gptj",
+    "opt": "opt",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "olmo2": "llama",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3_text": "gemma",
+    "mixtral": "moe",
+    "qwen2_moe": "moe",
+    "phi": "phi",
+    "phi3": "phi3",
+    "bert": "bert",
+    "bart": "bart",
+    "marian": "bart",
+    "t5": "t5",
+}
+
+
+def family(cfg: HFConfig) -> ModuleType:
+    """The module that converts configs of ``cfg``'s model_type."""
+    kind = cfg.data.get("model_type")
+    if kind not in FAMILIES:
+        supported = ", ".join(sorted(FAMILIES))
+        cfg.refuse("model_type", f"not a family tfgraph imports (supported: {supported})",
+                   kind)
+    return importlib.import_module(f"tfgraph.hf.{FAMILIES[str(kind)]}")
+
+
+def spec_from_config(data: Mapping[str, Any], name: str | None = None,
+                     source: str = "config.json", description: str | None = None) -> Spec:
+    """The validated spec of a config.json mapping ``data``; ConfigError when tfgraph cannot
+    express it. ``name`` defaults to the model_type."""
+    return draft_from_config(data, name, source, description).spec()
+
+
+def draft_from_config(data: Mapping[str, Any], name: str | None = None,
+                      source: str = "config.json", description: str | None = None
+                      ) -> SpecDraft:
+    """The spec fields a config.json mapping determines (validated), in writing order."""
+    cfg = HFConfig(data, source)
+    draft: SpecDraft = family(cfg).spec_from_config(cfg)
+    draft.data["name"] = name or cfg.model_type.replace("_", "-")
+    key = "dtype" if "dtype" in cfg else "torch_dtype"
+    dtype = cfg.get(key, None)
+    if dtype is not None:
+        draft.put("dtype", cfg.expect(key, ("float32", "float16", "bfloat16"), None,
+                                      "tfgraph's dtypes are float32, float16 and bfloat16"),
+                  key)
+    if description is None:
+        origin = str(data.get("_name_or_path") or "")[:256]
+        description = (f"Imported from a Hugging Face config (model_type {cfg.model_type}"
+                       + (f", {origin}" if origin else "") + ")")
+    draft.data["description"] = description
+    # Keys in the order a person would write them.
+    order = ("name", "description", "arch", "d_model", "layers", "vocab", "max_len",
+             "embedding", "attention", "ffn", "norm", "block", "head", "dropout", "dtype")
+    draft.data = {k: draft.data[k] for k in order if k in draft.data} | {
+        k: v for k, v in draft.data.items() if k not in order}
+    draft.spec()
+    return draft
+
+
+def name_map(data: Mapping[str, Any], spec: Spec | None = None) -> NameMap:
+    """The parameter-name map of the model a config.json mapping describes."""
+    cfg = HFConfig(data)
+    if spec is None:
+        spec = spec_from_config(data)
+    return NameMap(family(cfg).name_rules(spec, cfg))

@@ -1,0 +1,140 @@
+"""BART (Lewis et al. 2020) and Marian (Junczys-Dowmunt et al. 2018; the OPUS-MT models):
+post-norm LayerNorm encoder-decoders with one token table shared by both stacks and the tied
+head.
+
+BART: learned positions read from row p + 2 (``embedding.position_offset``), a LayerNorm on the
+embeddings of each stack (``layernorm_embedding``: ``embedding.norm``), GELU. Marian: fixed
+sinusoids with the sines in the first half of the channels and the cosines in the second
+(``embedding.sinusoid_layout: split``), token embeddings scaled by sqrt(d_model), SiLU.
+
+Both store a ``final_logits_bias`` buffer (zeros unless fine-tuned with one: refused then) and
+Marian stores its sinusoid tables as frozen parameters; neither is a tfgraph parameter, so the
+name map checks them on import and rebuilds them on export.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from tfgraph.hf.common import linear_rows, norm_rows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.names import Rule, Tensor, all_zero, from_numpy_like, zeros_like_lib
+from tfgraph.spec import Spec
+
+OFFSET = 2  # BartLearnedPositionalEmbedding.offset
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    marian = cfg.model_type == "marian"
+    for first, second in (("encoder_attention_heads", "decoder_attention_heads"),
+                          ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if cfg.int(first) != cfg.int(second):
+            cfg.refuse(second, f"differs from {first} ({cfg.int(first)}); tfgraph's stacks "
+                       "share attention and feed-forward sizes")
+    draft.put("arch", "encoder-decoder")
+    draft.put("d_model", cfg.int("d_model"), "d_model")
+    enc, dec = cfg.int("encoder_layers"), cfg.int("decoder_layers")
+    draft.put("layers", enc if enc == dec else {"encoder": enc, "decoder": dec}, "decoder_layers")
+    vocab = cfg.int("vocab_size")
+    target = cfg.int("decoder_vocab_size", vocab) if marian else vocab
+    shared = cfg.bool("share_encoder_decoder_embeddings", True) if marian else True
+    if shared and target != vocab:
+        cfg.refuse("decoder_vocab_size", "differs from vocab_size with shared embeddings")
+    draft.put("vocab", vocab if shared else {"source": vocab, "target": target}, "vocab_size")
+    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    if marian:
+        draft.put("embedding.positions", "sinusoidal")
+        draft.put("embedding.sinusoid_layout", "split", "model_type")
+    else:
+        draft.put("embedding.positions", "learned")
+        draft.put("embedding.position_offset", OFFSET, "model_type")
+        draft.put("embedding.norm", True, "model_type")
+    draft.put("embedding.scale", cfg.bool("scale_embedding", False), "scale_embedding")
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
+              "tie_word_embeddings")
+    draft.put("embedding.share", shared, "share_encoder_decoder_embeddings")
+    draft.put("attention.heads", cfg.int("encoder_attention_heads"), "encoder_attention_heads")
+    draft.put("ffn.hidden", cfg.int("encoder_ffn_dim"), "encoder_ffn_dim")
+    draft.put("ffn.activation", activation(cfg, "activation_function", gated=False, default="gelu"),
+              "activation_function")
+    draft.put("norm.position", "post")
+    draft.put("norm.final", False)
+    draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
+    return draft
+
+
+def marian_sinusoids(rows: int, d: int) -> np.ndarray:
+    """MarianSinusoidalPositionalEmbedding's table: sines in the first ceil(d/2) channels,
+    cosines after them, PE[p, j] from p / 10000^(2 (j // 2) / d)."""
+    j = np.arange(d)
+    angle = np.arange(rows)[:, None] / np.power(10000.0, 2 * (j // 2) / d)[None, :]
+    half = math.ceil(d / 2)
+    out = np.empty((rows, d), dtype=np.float64)
+    out[:, :half] = np.sin(angle[:, 0::2])
+    out[:, half:] = np.cos(angle[:, 1::2])
+    return out.astype(np.float32)
+
+
+def _sinusoid_rule(name: str, rows: int, d: int) -> Rule:
+    table = marian_sinusoids(rows, d)
+
+    def check(tensor: Tensor) -> str | None:
+        values = np.asarray(tensor.detach().float().cpu().numpy() if hasattr(tensor, "detach")
+                            else tensor, dtype=np.float32)
+        if values.shape != table.shape or not np.allclose(values, table, atol=1e-5):
+            return "is not the sinusoid table tfgraph computes (sinusoid_layout split)"
+        return None
+
+    make: Callable[[Tensor], Tensor] = lambda example: from_numpy_like(example, table)
+    return Rule(name, (), "generated", check=check, make=make)
+
+
+def _layer_rows(spec: Spec, stack: str) -> list[Rule]:
+    src, dst = f"model.{stack}.layers.{{i}}", f"{stack}.layers.{{i}}"
+    rows: list[Rule] = []
+    subs = [("self_attn", "self_attn")] + ([("encoder_attn", "cross_attn")]
+                                           if stack == "decoder" else [])
+    for theirs, ours in subs:
+        for r, proj in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
+            rows += linear_rows(f"{src}.{theirs}.{proj}", f"{dst}.{ours}.{r}", True)
+        rows += norm_rows(f"{src}.{theirs}_layer_norm", f"{dst}.{ours}_norm", spec)
+    rows += linear_rows(f"{src}.fc1", f"{dst}.ffn.up", True)
+    rows += linear_rows(f"{src}.fc2", f"{dst}.ffn.down", True)
+    rows += norm_rows(f"{src}.final_layer_norm", f"{dst}.ffn_norm", spec)
+    return rows
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    emb, rows = spec.embedding, []
+    target = spec.vocab_size("target")
+    if emb.share:
+        rows.append(Rule("model.shared.weight", ("embed.tokens.weight",)))
+        for stack in ("encoder", "decoder"):
+            rows.append(Rule(f"model.{stack}.embed_tokens.weight", ("embed.tokens.weight",),
+                             "alias"))
+        table = "embed.tokens.weight"
+    else:
+        rows.append(Rule("model.encoder.embed_tokens.weight", ("embed.source_tokens.weight",)))
+        rows.append(Rule("model.decoder.embed_tokens.weight", ("embed.target_tokens.weight",)))
+        table = "embed.target_tokens.weight"
+    if emb.tie_output:
+        rows.append(Rule("lm_head.weight", (table,), "alias"))
+    else:
+        rows.append(Rule("lm_head.weight", ("head.weight",)))
+    rows.append(Rule("final_logits_bias", (), "generated", check=all_zero,
+                     make=lambda example: zeros_like_lib(example, (1, target))))
+    assert spec.max_len is not None
+    for stack in ("encoder", "decoder"):
+        name = f"model.{stack}.embed_positions.weight"
+        if emb.positions == "learned":
+            rows.append(Rule(name, (f"{stack}.positions.weight",)))
+        else:
+            rows.append(_sinusoid_rule(name, spec.max_len, spec.d_model))
+        if emb.norm:
+            rows += norm_rows(f"model.{stack}.layernorm_embedding", f"{stack}.embed_norm", spec)
+        rows += _layer_rows(spec, stack)
+    return rows

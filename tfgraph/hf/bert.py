@@ -1,0 +1,68 @@
+"""BERT (Devlin et al. 2019) as BertForMaskedLM: a post-norm LayerNorm encoder with learned
+positions, a two-row segment table (``embedding.token_types``), a LayerNorm on the summed
+embeddings (``embedding.norm``) and the masked-LM head: dense + activation + LayerNorm
+(``head.transform``), then the token table (tied) with a bias."""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import linear_rows, norm_rows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        cfg.refuse("position_embedding_type", "tfgraph's BERT positions are the absolute "
+                   "learned table")
+    if cfg.bool("is_decoder", False) or cfg.bool("add_cross_attention", False):
+        cfg.refuse("is_decoder", "only the BERT encoder (BertForMaskedLM) is imported")
+    draft.put("arch", "encoder-only")
+    draft.put("d_model", cfg.int("hidden_size"), "hidden_size")
+    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
+    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
+    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    draft.put("embedding.positions", "learned")
+    draft.put("embedding.scale", False)
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
+              "tie_word_embeddings")
+    draft.put("embedding.output_bias", True)  # BertLMPredictionHead.bias
+    types = cfg.int("type_vocab_size", 2)
+    if types:
+        draft.put("embedding.token_types", types, "type_vocab_size")
+    draft.put("embedding.norm", True)
+    draft.put("attention.heads", cfg.int("num_attention_heads"), "num_attention_heads")
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.activation", activation(cfg, "hidden_act", gated=False, default="gelu"), "hidden_act")
+    draft.put("norm.position", "post")
+    draft.put("norm.eps", cfg.float("layer_norm_eps", 1e-12), "layer_norm_eps")
+    draft.put("norm.final", False)
+    draft.put("head.transform", True)
+    draft.put("dropout", cfg.float("hidden_dropout_prob", 0.1), "hidden_dropout_prob")
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    src, dst, e = "bert.encoder.layer.{i}", "encoder.layers.{i}", "bert.embeddings"
+    rows = [Rule(f"{e}.word_embeddings.weight", ("embed.tokens.weight",)),
+            Rule(f"{e}.position_embeddings.weight", ("encoder.positions.weight",))]
+    if spec.embedding.token_types:
+        rows.append(Rule(f"{e}.token_type_embeddings.weight", ("embed.token_types.weight",)))
+    rows += norm_rows(f"{e}.LayerNorm", "encoder.embed_norm", spec)
+    for r, theirs in (("q", "self.query"), ("k", "self.key"), ("v", "self.value"),
+                      ("o", "output.dense")):
+        rows += linear_rows(f"{src}.attention.{theirs}", f"{dst}.self_attn.{r}", True)
+    rows += norm_rows(f"{src}.attention.output.LayerNorm", f"{dst}.self_attn_norm", spec)
+    rows += linear_rows(f"{src}.intermediate.dense", f"{dst}.ffn.up", True)
+    rows += linear_rows(f"{src}.output.dense", f"{dst}.ffn.down", True)
+    rows += norm_rows(f"{src}.output.LayerNorm", f"{dst}.ffn_norm", spec)
+    p = "cls.predictions"
+    rows += linear_rows(f"{p}.transform.dense", "head.transform", True)
+    rows += norm_rows(f"{p}.transform.LayerNorm", "head.transform_norm", spec)
+    table = "embed.tokens.weight" if spec.embedding.tie_output else "head.weight"
+    rows.append(Rule(f"{p}.decoder.weight", (table,),
+                     "alias" if spec.embedding.tie_output else "copy"))
+    # BertLMPredictionHead.bias is also registered as decoder.bias (the same tensor)
+    rows += [Rule(f"{p}.bias", ("head.bias",)), Rule(f"{p}.decoder.bias", ("head.bias",), "alias")]
+    return rows

@@ -1,0 +1,108 @@
+"""Pieces several families' converters and name maps share: decoder-only Llama-style layers,
+sliding-window layer patterns, and the rows of a Llama-style name table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfgraph.hf.config import HFConfig, SpecDraft
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+_WINDOW_KINDS = {"sliding_attention": "local", "full_attention": "global"}
+
+
+def put_windows(draft: SpecDraft, layer_types: list[Any] | None, window: int | None,
+                layers: int, window_field: str = "sliding_window",
+                types_field: str = "layer_types") -> None:
+    """Sliding-window attention from per-layer ``layer_types`` (transformers >= 4.53) and the
+    window width: nothing when every layer attends fully, ``attention.window`` when every layer
+    slides, else also ``attention.window_pattern`` (the shortest period that repeats over the
+    layers, e.g. Gemma 2's [local, global], Gemma 3's five local then one global; Qwen2's
+    full-then-sliding layers are one period as long as the model)."""
+    cfg = draft.config
+    if layer_types is None:
+        layer_types = ["sliding_attention" if window else "full_attention"] * layers
+    if len(layer_types) != layers or any(t not in _WINDOW_KINDS for t in layer_types):
+        cfg.refuse(types_field, f"must list {layers} layers of "
+                   f"{' or '.join(_WINDOW_KINDS)}", layer_types)
+    if all(t == "full_attention" for t in layer_types):
+        return
+    if not window:
+        cfg.refuse(window_field, "sliding-window layers need a window width", window)
+    draft.put("attention.window", int(window), window_field)
+    if all(t == "sliding_attention" for t in layer_types):
+        return
+    for period in range(1, layers + 1):
+        if all(layer_types[i] == layer_types[i % period] for i in range(layers)):
+            break
+    draft.put("attention.window_pattern", [_WINDOW_KINDS[t] for t in layer_types[:period]],
+              types_field, layer_types)
+
+
+def put_decoder_sizes(draft: SpecDraft, cfg: HFConfig, head_dim_field: str = "head_dim"
+                      ) -> None:
+    """arch, d_model, layers, vocab, max_len, heads, kv_heads, head_dim of a Llama-style
+    decoder (field names of LlamaConfig and its descendants)."""
+    draft.put("arch", "decoder-only")
+    d = cfg.int("hidden_size")
+    heads = cfg.int("num_attention_heads")
+    draft.put("d_model", d, "hidden_size")
+    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
+    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
+    if "max_position_embeddings" in cfg:
+        draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    draft.put("attention.heads", heads, "num_attention_heads")
+    draft.put("attention.kv_heads", cfg.int("num_key_value_heads", heads), "num_key_value_heads")
+    head_dim = cfg.int(head_dim_field, d // heads)
+    if head_dim != d // heads or d % heads:
+        draft.put("attention.head_dim", head_dim, head_dim_field)
+    draft.put("embedding.scale", False)
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", False),
+              "tie_word_embeddings")
+    draft.put("dropout", 0.0)
+
+
+def layers_of(spec: Spec, stack: str = "decoder") -> int:
+    return spec.layer_count(stack)
+
+
+def linear_rows(hf: str, ours: str, bias: bool) -> list[Rule]:
+    """A Linear's weight (and bias): ``hf`` and ``ours`` are module paths."""
+    rows = [Rule(f"{hf}.weight", (f"{ours}.weight",))]
+    if bias:
+        rows.append(Rule(f"{hf}.bias", (f"{ours}.bias",)))
+    return rows
+
+
+def norm_rows(hf: str, ours: str, spec: Spec) -> list[Rule]:
+    """A norm's gain (and bias for LayerNorm)."""
+    return linear_rows(hf, ours, spec.norm.kind == "layernorm")
+
+
+def head_rows(spec: Spec, hf: str, table: str = "embed.tokens.weight") -> list[Rule]:
+    """The output projection: its own weight, or (tied) another name of the token table."""
+    if spec.embedding.tie_output:
+        return [Rule(f"{hf}.weight", (table,), "alias")]
+    rows = [Rule(f"{hf}.weight", ("head.weight",))]
+    if spec.embedding.output_bias:
+        rows.append(Rule(f"{hf}.bias", ("head.bias",)))
+    return rows
+
+
+def llama_layer_rows(spec: Spec, prefix: str, norms: dict[str, str], *, gated: bool = True
+                     ) -> list[Rule]:
+    """``{prefix}.{i}.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj`` and the given
+    per-layer norms (Hugging Face name -> tfgraph name under the layer)."""
+    att, dst = spec.attention, "decoder.layers.{i}"
+    rows: list[Rule] = []
+    for r in "qkv":
+        rows += linear_rows(f"{prefix}.{{i}}.self_attn.{r}_proj", f"{dst}.self_attn.{r}",
+                            bool(att.qkv_bias))
+    rows += linear_rows(f"{prefix}.{{i}}.self_attn.o_proj", f"{dst}.self_attn.o",
+                        bool(att.out_bias))
+    for r in ("gate", "up", "down") if gated else ("up", "down"):
+        rows += linear_rows(f"{prefix}.{{i}}.mlp.{r}_proj", f"{dst}.ffn.{r}", spec.ffn.bias)
+    for theirs, ours in norms.items():
+        rows += norm_rows(f"{prefix}.{{i}}.{theirs}", f"{dst}.{ours}", spec)
+    return rows

@@ -1,0 +1,214 @@
+"""Reading a Hugging Face ``config.json`` into a spec, field by field (README.md, "tfgraph import").
+
+Two small classes carry the rules every family module follows:
+
+- :class:`HFConfig` reads fields with their defaults and refuses, naming the field and its
+  value, anything tfgraph cannot compute exactly (never a silent approximation);
+- :class:`SpecDraft` collects the spec's fields and remembers which config field each came
+  from, so when the spec language lacks a field or a value (a feature not in this tfgraph),
+  the error names the config field that asked for it instead of a spec path the user never
+  wrote.
+
+Shared readings live here too: rotary settings (``rope_parameters`` of transformers >= 5 and
+the older ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor``) and activations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+
+from tfgraph.errors import TfgraphError
+from tfgraph.spec import Spec
+
+_MISSING: Any = object()
+
+
+class ConfigError(TfgraphError):
+    """A config.json tfgraph cannot import: ``source: field = value: why`` (exit 2)."""
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class HFConfig:
+    """A config.json mapping, read one field at a time by a family module."""
+
+    def __init__(self, data: Mapping[str, Any], source: str = "config.json") -> None:
+        self.data = dict(data)
+        self.source = source
+        self.model_type = str(data.get("model_type", ""))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        """The value of ``key``; its default when absent or null (``_MISSING``: required)."""
+        value = self.data.get(key)
+        if value is None:
+            if default is _MISSING:
+                self.refuse(key, "required, and missing")
+            return default
+        return value
+
+    def int(self, key: str, default: Any = _MISSING) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.refuse(key, "must be an integer")
+        return value
+
+    def float(self, key: str, default: Any = _MISSING) -> float:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.refuse(key, "must be a number")
+        return float(value)
+
+    def bool(self, key: str, default: Any = _MISSING) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            self.refuse(key, "must be true or false")
+        return value
+
+    def expect(self, key: str, allowed: Iterable[Any], default: Any, why: str) -> Any:
+        """The value of ``key`` when it is one of ``allowed``, else exit 2 saying ``why``."""
+        value = self.get(key, default)
+        choices = list(allowed)
+        if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
+            self.refuse(key, why)
+        return value
+
+    def refuse(self, key: str, why: str, value: Any = _MISSING) -> NoReturn:
+        shown = self.data.get(key) if value is _MISSING else value
+        prefix = f"{self.source}: " if self.source else ""
+        model = f" ({self.model_type})" if self.model_type else ""
+        raise ConfigError(f"{prefix}{key} = {_show(shown)}{model}: {why}")
+
+
+class SpecDraft:
+    """A spec mapping under construction; each field remembers the config field it came from."""
+
+    def __init__(self, config: HFConfig) -> None:
+        self.config = config
+        self.data: dict[str, Any] = {}
+        self.origin: dict[str, tuple[str, Any]] = {}
+
+    def put(self, path: str, value: Any, field: str | None = None, shown: Any = _MISSING) -> None:
+        """Set the spec field ``path`` (dotted) to ``value``, which config ``field`` asked for."""
+        *parents, last = path.split(".")
+        node = self.data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+        if field is not None:
+            self.origin[path] = (field, self.config.data.get(field) if shown is _MISSING
+                                 else shown)
+
+    def spec(self) -> Spec:
+        """The validated spec; a field or value the spec language lacks names its config field."""
+        try:
+            return Spec.model_validate(self.data)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            path = ".".join(str(p) for p in error["loc"] if not isinstance(p, int))
+            message = error["msg"].removeprefix("Value error, ")
+            for known, (field, value) in sorted(self.origin.items(), key=lambda kv: -len(kv[0])):
+                if path == known or path.startswith(known + ".") or known.startswith(path + "."):
+                    spec_path = known if error["type"] == "extra_forbidden" else path
+                    self.config.refuse(field, f"needs spec field {spec_path}, which this tfgraph "
+                                       f"cannot express ({message})", value)
+            raise ConfigError(f"{self.config.source}: the imported spec is invalid: "
+                              f"{path}: {message}") from None
+
+
+# ---- readings several families share -------------------------------------------------------
+
+# Hugging Face activation names (transformers.activations.ACT2FN) -> tfgraph's, ungated and
+# gated (the gated form multiplies by an up projection: Shazeer 2020, "GLU variants").
+_PLAIN = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+          "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+_GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "geglu_tanh",
+          "gelu_pytorch_tanh": "geglu_tanh"}
+
+
+def activation(cfg: HFConfig, key: str, gated: bool, default: Any = _MISSING) -> str:
+    """``ffn.activation`` for the config's activation field ``key``."""
+    table = _GATED if gated else _PLAIN
+    name = cfg.get(key, default)
+    if name not in table:
+        cfg.refuse(key, f"tfgraph has no {'gated ' if gated else ''}activation of this name "
+                   f"(supported: {', '.join(sorted(table))})")
+    return table[name]
+
+
+def rope_parameters(cfg: HFConfig, default_theta: float = 10000.0,
+                    params: Mapping[str, Any] | None = None, where: str = "rope_parameters"
+                    ) -> tuple[str, dict[str, Any]]:
+    """(where the rotary settings were read, their ``rope_parameters`` form): transformers 5
+    writes ``rope_parameters``; older configs ``rope_theta``, ``rope_scaling`` and
+    ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``, ``rotary_emb_base``)."""
+    if params is None:
+        params = cfg.get("rope_parameters", None)
+    if params is not None:
+        if not isinstance(params, Mapping):
+            cfg.refuse(where, "must be a mapping")
+        return where, dict(params)
+    out: dict[str, Any] = {"rope_theta": cfg.float("rope_theta", default_theta)}
+    scaling = cfg.get("rope_scaling", None)
+    if scaling is not None:
+        if not isinstance(scaling, Mapping):
+            cfg.refuse("rope_scaling", "must be a mapping")
+        out.update(scaling)
+        out.setdefault("rope_type", scaling.get("type", "default"))
+    else:
+        out["rope_type"] = "default"
+    if "partial_rotary_factor" in cfg:
+        out["partial_rotary_factor"] = cfg.float("partial_rotary_factor")
+    where = "rope_scaling" if scaling is not None else "rope_theta"
+    return where, out
+
+
+# rope_type -> {Hugging Face key: embedding.rope_scaling key} (transformers'
+# modeling_rope_utils: Llama 3.1's wavelength-dependent scaling, YaRN of Peng et al. 2023).
+_ORIGINAL = {"original_max_position_embeddings": "original_max_len"}
+_SCALINGS: dict[str, dict[str, str]] = {
+    "linear": {"factor": "factor"},
+    "llama3": {"factor": "factor", "low_freq_factor": "low_freq_factor",
+               "high_freq_factor": "high_freq_factor"} | _ORIGINAL,
+    "yarn": {k: k for k in ("factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
+                            "mscale_all_dim", "truncate")} | _ORIGINAL,
+}
+
+
+def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
+             fraction: float | None = None) -> None:
+    """Write ``embedding.positions: rope`` and its theta, scaling and rotary fraction."""
+    cfg = draft.config
+    draft.put("embedding.positions", "rope")
+    theta = params.get("rope_theta", 10000.0)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        cfg.refuse(where, "rope_theta must be a number", params)
+    draft.put("embedding.rope_theta", float(theta), where, params)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", *_SCALINGS):
+        cfg.refuse(where, f"tfgraph has no rotary scaling {kind!r} (supported: default, "
+                   f"{', '.join(_SCALINGS)})", params)
+    if kind != "default":
+        scaling = {"type": kind}
+        for key, ours in _SCALINGS[kind].items():
+            if params.get(key) is not None:
+                scaling[ours] = params[key]
+        unknown = set(params) - {"rope_theta", "rope_type", "type", "partial_rotary_factor",
+                                 *_SCALINGS[kind]}
+        if unknown:
+            cfg.refuse(where, f"unknown {kind} rotary scaling setting(s) "
+                       f"{', '.join(sorted(unknown))}", params)
+        draft.put("embedding.rope_scaling", scaling, where, params)
+    if fraction is None:
+        fraction = float(params.get("partial_rotary_factor", 1.0))
+    if fraction != 1.0:
+        draft.put("embedding.rotary_fraction", fraction, where, params)

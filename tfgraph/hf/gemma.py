@@ -1,0 +1,115 @@
+"""Gemma, Gemma 2 and Gemma 3 (Gemma Team 2024, 2024b, 2025): RMSNorm decoders whose gains are
+stored as offsets from 1 (``norm.unit_offset``), token embeddings scaled by sqrt(d_model), a
+tied head and a GeGLU feed-forward with the tanh GELU.
+
+Gemma 2 adds a norm after each sublayer (``norm.position: sandwich``), soft-capped attention
+scores and logits, q scaled by ``query_pre_attn_scalar^-0.5`` and sliding-window layers
+alternating with global ones. Gemma 3 adds per-head q/k RMSNorm (``attention.qk_norm: head``),
+five local layers per global one, and a separate rotary base for the local layers
+(``embedding.local_rope_theta``), the global layers' rotary scaling not applying to them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfgraph.hf.common import head_rows, llama_layer_rows, norm_rows, put_decoder_sizes, put_windows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+_NORMS = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"}
+_SANDWICH = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "self_attn_out_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "ffn_out_norm"}
+
+
+def _activation(cfg: HFConfig) -> str:
+    if cfg.model_type == "gemma":
+        # modeling_gemma reads hidden_act; GemmaConfig turns the official releases' legacy
+        # "gelu" into "gelu_pytorch_tanh", the approximation they were trained with.
+        if cfg.get("hidden_act", "gelu_pytorch_tanh") == "gelu":
+            return "geglu_tanh"
+        return activation(cfg, "hidden_act", gated=True, default="gelu_pytorch_tanh")
+    return activation(cfg, "hidden_activation", gated=True, default="gelu_pytorch_tanh")
+
+
+def _gemma3_rope(cfg: HFConfig) -> tuple[str, dict[str, Any], float]:
+    """(where, the global layers' rope parameters, the local layers' theta)."""
+    params = cfg.get("rope_parameters", None)
+    if isinstance(params, dict) and "full_attention" in params:
+        full, local = params["full_attention"], params.get("sliding_attention", {})
+        if local.get("rope_type", "default") != "default":
+            cfg.refuse("rope_parameters", "tfgraph scales the rotary frequencies of every "
+                       "layer alike; scaling only the sliding-window layers has no spec form",
+                       params)
+        return "rope_parameters", dict(full), float(local.get("rope_theta", 10000.0))
+    where, full = rope_parameters(cfg, default_theta=1000000.0)
+    return where, full, cfg.float("rope_local_base_freq", 10000.0)
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    kind = cfg.model_type
+    layers = cfg.int("num_hidden_layers")
+    put_decoder_sizes(draft, cfg)
+    draft.put("embedding.scale", True)  # GemmaTextScaledWordEmbedding: * hidden_size**0.5
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
+              "tie_word_embeddings")
+    if cfg.bool("use_bidirectional_attention", False):
+        cfg.refuse("use_bidirectional_attention", "a decoder-only tfgraph model is causal")
+    draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.activation", _activation(cfg), "hidden_activation")
+    draft.put("ffn.bias", False)
+    draft.put("norm.position", "pre" if kind == "gemma" else "sandwich", "model_type")
+    draft.put("norm.kind", "rmsnorm")
+    draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
+    draft.put("norm.final", True)
+    draft.put("norm.unit_offset", True, "model_type")
+    if kind == "gemma":
+        where, params = rope_parameters(cfg)
+        put_rope(draft, params, where)
+        return draft
+    head_dim = cfg.int("head_dim", cfg.int("hidden_size") // cfg.int("num_attention_heads"))
+    scalar = cfg.float("query_pre_attn_scalar", float(head_dim))
+    if scalar != head_dim:  # scores times query_pre_attn_scalar^-0.5, not head_dim^-0.5
+        draft.put("attention.scale", scalar ** -0.5, "query_pre_attn_scalar")
+    softcap = cfg.get("attn_logit_softcapping", None)
+    if softcap is not None:
+        draft.put("attention.softcap", cfg.float("attn_logit_softcapping"),
+                  "attn_logit_softcapping")
+    final_cap = cfg.get("final_logit_softcapping", None)
+    if final_cap is not None:
+        draft.put("head.softcap", cfg.float("final_logit_softcapping"), "final_logit_softcapping")
+    types = cfg.get("layer_types", None)
+    if types is None:  # Gemma2Config / Gemma3TextConfig defaults
+        period = 2 if kind == "gemma2" else cfg.int("sliding_window_pattern", 6)
+        types = ["sliding_attention" if (i + 1) % period else "full_attention"
+                 for i in range(layers)]
+    put_windows(draft, types, cfg.get("sliding_window", None), layers)
+    if kind == "gemma2":
+        where, params = rope_parameters(cfg)
+        put_rope(draft, params, where)
+        return draft
+    draft.put("attention.qk_norm", "head", "model_type")
+    where, params, local_theta = _gemma3_rope(cfg)
+    put_rope(draft, params, where)
+    if "window" in draft.data.get("attention", {}):
+        # The local layers keep their own unscaled base (tfgraph's lowering leaves layers with
+        # local_rope_theta unscaled, as Gemma 3 does), so write it whenever the global layers'
+        # base differs or is scaled.
+        scaled = "rope_scaling" in draft.data.get("embedding", {})
+        if scaled or local_theta != float(params.get("rope_theta", 10000.0)):
+            draft.put("embedding.local_rope_theta", local_theta, where, local_theta)
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    norms = dict(_NORMS if cfg.model_type == "gemma" else _SANDWICH)
+    if cfg.model_type == "gemma3_text":
+        norms |= {"self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
+    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("model.norm", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    rows += llama_layer_rows(spec, "model.layers", norms)
+    return rows

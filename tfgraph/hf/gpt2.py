@@ -1,0 +1,65 @@
+"""GPT-2 (Radford et al. 2019): pre-norm LayerNorm decoder, learned positions, tied head.
+
+Its linear layers are ``Conv1D`` modules that store weights as [in, out], the transpose of
+tfgraph's [out, in]; ``c_attn`` holds q, k and v side by side in its output columns.
+"""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import head_rows, norm_rows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    d = cfg.int("n_embd")
+    draft.put("arch", "decoder-only")
+    draft.put("d_model", d, "n_embd")
+    draft.put("layers", cfg.int("n_layer"), "n_layer")
+    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
+    draft.put("max_len", cfg.int("n_positions"), "n_positions")
+    draft.put("embedding.positions", "learned")
+    draft.put("embedding.scale", False)
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
+              "tie_word_embeddings")
+    draft.put("attention.heads", cfg.int("n_head"), "n_head")
+    if not cfg.bool("scale_attn_weights", True):
+        draft.put("attention.scale", 1.0, "scale_attn_weights")
+    if cfg.bool("scale_attn_by_inverse_layer_idx", False):
+        cfg.refuse("scale_attn_by_inverse_layer_idx", "tfgraph has no per-layer attention "
+                   "scale (1/(layer+1), Mistral's GPT-2 training trick)")
+    if cfg.bool("add_cross_attention", False):
+        cfg.refuse("add_cross_attention", "a decoder-only GPT-2 with cross-attention has no "
+                   "encoder in tfgraph's spec")
+    draft.put("ffn.hidden", cfg.int("n_inner", 4 * d), "n_inner")
+    draft.put("ffn.activation", activation(cfg, "activation_function", gated=False, default="gelu_new"),
+              "activation_function")
+    draft.put("norm.position", "pre")
+    draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
+    draft.put("norm.final", True)
+    draft.put("dropout", cfg.float("resid_pdrop", 0.1), "resid_pdrop")
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    d, t, dst = spec.d_model, "transformer", "decoder.layers.{i}"
+    rows = [Rule(f"{t}.wte.weight", ("embed.tokens.weight",)),
+            Rule(f"{t}.wpe.weight", ("decoder.positions.weight",))]
+    rows += norm_rows(f"{t}.ln_f", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    qkv = tuple(f"{dst}.self_attn.{r}" for r in "qkv")
+    rows += [
+        Rule(f"{t}.h.{{i}}.attn.c_attn.weight", tuple(f"{o}.weight" for o in qkv), "split_t",
+             (d, d, d)),
+        Rule(f"{t}.h.{{i}}.attn.c_attn.bias", tuple(f"{o}.bias" for o in qkv), "split",
+             (d, d, d)),
+    ]
+    for conv, ours in (("attn.c_proj", "self_attn.o"), ("mlp.c_fc", "ffn.up"),
+                       ("mlp.c_proj", "ffn.down")):
+        rows.append(Rule(f"{t}.h.{{i}}.{conv}.weight", (f"{dst}.{ours}.weight",), "transpose"))
+        rows.append(Rule(f"{t}.h.{{i}}.{conv}.bias", (f"{dst}.{ours}.bias",)))
+    rows += norm_rows(f"{t}.h.{{i}}.ln_1", f"{dst}.self_attn_norm", spec)
+    rows += norm_rows(f"{t}.h.{{i}}.ln_2", f"{dst}.ffn_norm", spec)
+    return rows

@@ -1,0 +1,58 @@
+"""GPT-J (Wang & Komatsuzaki 2021): parallel residual with one shared LayerNorm per layer,
+rotary positions on the first ``rotary_dim`` channels of each head in the interleaved layout
+(pairs 2i, 2i + 1: ``rotate_every_two``), no attention biases, an untied head with a bias."""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import linear_rows, norm_rows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    d, heads = cfg.int("n_embd"), cfg.int("n_head")
+    draft.put("arch", "decoder-only")
+    draft.put("d_model", d, "n_embd")
+    draft.put("layers", cfg.int("n_layer"), "n_layer")
+    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
+    draft.put("max_len", cfg.int("n_positions"), "n_positions")
+    draft.put("embedding.positions", "rope")
+    draft.put("embedding.scale", False)
+    tied = cfg.bool("tie_word_embeddings", False)
+    draft.put("embedding.tie_output", tied, "tie_word_embeddings")
+    draft.put("embedding.output_bias", True)  # lm_head has a bias (modeling_gptj)
+    draft.put("embedding.rotary_layout", "interleaved", "model_type")
+    rotary_dim = cfg.int("rotary_dim", d // heads)
+    if rotary_dim != d // heads:
+        draft.put("embedding.rotary_fraction", rotary_dim / (d // heads), "rotary_dim")
+    draft.put("attention.heads", heads, "n_head")
+    draft.put("attention.bias", False)
+    draft.put("ffn.hidden", cfg.int("n_inner", 4 * d), "n_inner")
+    draft.put("ffn.activation", activation(cfg, "activation_function", gated=False, default="gelu_new"),
+              "activation_function")
+    draft.put("norm.position", "pre")
+    draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
+    draft.put("norm.final", True)
+    draft.put("block.residual", "parallel")
+    draft.put("block.shared_norm", True)
+    draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    src, dst = "transformer.h.{i}", "decoder.layers.{i}"
+    rows = [Rule("transformer.wte.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("transformer.ln_f", "decoder.norm", spec)
+    if spec.embedding.tie_output:
+        rows.append(Rule("lm_head.weight", ("embed.tokens.weight",), "alias"))
+    else:
+        rows.append(Rule("lm_head.weight", ("head.weight",)))
+    rows.append(Rule("lm_head.bias", ("head.bias",)))
+    for r, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
+        rows += linear_rows(f"{src}.attn.{theirs}", f"{dst}.self_attn.{r}", False)
+    rows += linear_rows(f"{src}.mlp.fc_in", f"{dst}.ffn.up", spec.ffn.bias)
+    rows += linear_rows(f"{src}.mlp.fc_out", f"{dst}.ffn.down", spec.ffn.bias)
+    rows += norm_rows(f"{src}.ln_1", f"{dst}.norm", spec)
+    return rows

@@ -1,0 +1,79 @@
+"""Llama and its close relatives: llama, mistral, qwen2, qwen3, olmo2.
+
+All are pre-norm (OLMo 2: branch norm) RMSNorm decoders with rotary positions and a SwiGLU
+feed-forward, and share Hugging Face's ``model.layers.{i}.self_attn.q_proj`` naming. What differs
+is in ``_FAMILY``: where the attention biases are (Qwen2: q, k, v only, Yang et al. 2024), the
+q/k norms (Qwen3: per head; OLMo 2: over the whole projection, OLMo et al. 2024), and which
+norms a layer has.
+"""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import (head_rows, llama_layer_rows, norm_rows, put_decoder_sizes,
+                               put_windows)
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+# model_type -> (norm position, qk_norm, per-layer norms: Hugging Face name -> tfgraph name)
+_FAMILY: dict[str, tuple[str, str, dict[str, str]]] = {
+    "llama": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                              "post_attention_layernorm": "ffn_norm"}),
+    "mistral": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                                "post_attention_layernorm": "ffn_norm"}),
+    "qwen2": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                              "post_attention_layernorm": "ffn_norm"}),
+    "qwen3": ("pre", "head", {"input_layernorm": "self_attn_norm",
+                              "post_attention_layernorm": "ffn_norm"}),
+    # OLMo 2 normalises each sublayer's output: x + norm(f(x)) (norm.position branch).
+    "olmo2": ("branch", "full", {"post_attention_layernorm": "self_attn_norm",
+                                 "post_feedforward_layernorm": "ffn_norm"}),
+}
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    kind = cfg.model_type
+    position, qk_norm, _ = _FAMILY[kind]
+    put_decoder_sizes(draft, cfg)
+    layers = cfg.int("num_hidden_layers")
+    if kind == "qwen2":
+        # Qwen2 always has q/k/v biases and no o bias (modeling_qwen2: bias=True / False).
+        draft.put("attention.qkv_bias", True)
+        draft.put("attention.out_bias", False)
+    else:
+        draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
+    if qk_norm != "none":
+        draft.put("attention.qk_norm", qk_norm, "model_type")
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.activation", activation(cfg, "hidden_act", gated=True, default="silu"), "hidden_act")
+    draft.put("ffn.bias", cfg.bool("mlp_bias", False), "mlp_bias")
+    draft.put("norm.position", position)
+    draft.put("norm.kind", "rmsnorm")
+    draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
+    draft.put("norm.final", True)
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
+    window = cfg.get("sliding_window", None)
+    if kind in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
+        window = None
+    types = cfg.get("layer_types", None)
+    if kind in ("qwen2", "qwen3") and types is None and window:
+        start = cfg.int("max_window_layers", layers)
+        types = ["sliding_attention" if i >= start else "full_attention" for i in range(layers)]
+    if kind in ("llama", "olmo2") and types is None:
+        window = None  # these families have no sliding window
+    put_windows(draft, types, window, layers)
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    _, qk_norm, norms = _FAMILY[cfg.model_type]
+    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("model.norm", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    if qk_norm != "none":
+        norms = norms | {"self_attn.q_norm": "self_attn.q_norm",
+                         "self_attn.k_norm": "self_attn.k_norm"}
+    rows += llama_layer_rows(spec, "model.layers", norms)
+    return rows

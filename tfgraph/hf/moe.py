@@ -1,0 +1,102 @@
+"""Mixture-of-experts Llama-style decoders: Mixtral (Jiang et al. 2024) and Qwen2-MoE (Qwen
+Team 2024).
+
+Mixtral: every layer's feed-forward is ``num_local_experts`` SwiGLU experts, each token routed
+to ``num_experts_per_tok`` of them with a softmax over all router logits renormalised over the
+chosen ones (transformers' MixtralTopKRouter). Qwen2-MoE: the softmax weights are kept as they
+are unless ``norm_topk_prob``, and every layer adds a shared SwiGLU expert scaled by
+sigmoid(x w) (``shared_expert_gate``); its attention has q/k/v biases and no o bias, as Qwen2.
+
+transformers 5 stores each layer's experts stacked: ``mlp.experts.gate_up_proj`` [E, 2 * h, d]
+(gate rows first) and ``mlp.experts.down_proj`` [E, d, h]; tfgraph's ``ffn.experts.gate``,
+``up`` [E, h, d] and ``down`` [E, d, h] are the same tensors, split.
+"""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import head_rows, llama_layer_rows, norm_rows, put_decoder_sizes, put_windows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+_NORMS = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    put_decoder_sizes(draft, cfg)
+    layers = cfg.int("num_hidden_layers")
+    qwen = cfg.model_type == "qwen2_moe"
+    if qwen:
+        draft.put("attention.qkv_bias", True)  # modeling_qwen2_moe: q/k/v biases, o none
+        draft.put("attention.out_bias", False)
+    else:
+        draft.put("attention.bias", False)
+    gated = activation(cfg, "hidden_act", gated=True, default="silu")
+    draft.put("ffn.activation", gated, "hidden_act")
+    draft.put("ffn.bias", False)
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.top_k", cfg.int("num_experts_per_tok"), "num_experts_per_tok")
+    if qwen:
+        draft.put("ffn.experts", cfg.int("num_experts"), "num_experts")
+        draft.put("ffn.expert_hidden", cfg.int("moe_intermediate_size"), "moe_intermediate_size")
+        renorm = cfg.bool("norm_topk_prob", False)
+        draft.put("ffn.router", "softmax_topk_renorm" if renorm else "softmax_topk",
+                  "norm_topk_prob")
+        draft.put("ffn.shared_experts", 1)
+        draft.put("ffn.shared_hidden", cfg.int("shared_expert_intermediate_size"),
+                  "shared_expert_intermediate_size")
+        draft.put("ffn.shared_gate", True)
+        if cfg.int("decoder_sparse_step", 1) != 1:
+            cfg.refuse("decoder_sparse_step", "tfgraph puts experts in every layer after "
+                       "ffn.dense_layers; experts every n-th layer have no spec form")
+        dense = list(cfg.get("mlp_only_layers", []))
+        if dense != list(range(len(dense))):
+            cfg.refuse("mlp_only_layers", "tfgraph's dense layers are the first ones "
+                       "(ffn.dense_layers)")
+        if dense:
+            draft.put("ffn.dense_layers", len(dense), "mlp_only_layers")
+    else:
+        draft.put("ffn.experts", cfg.int("num_local_experts"), "num_local_experts")
+        draft.put("ffn.router", "softmax_topk_renorm")
+    draft.put("norm.position", "pre")
+    draft.put("norm.kind", "rmsnorm")
+    draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
+    draft.put("norm.final", True)
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
+    window = cfg.get("sliding_window", None)
+    if qwen and not cfg.bool("use_sliding_window", False):
+        window = None
+    if qwen and window:
+        cfg.refuse("use_sliding_window", "Qwen2-MoE's sliding window follows max_window_layers; "
+                   "not imported")
+    put_windows(draft, None, window, layers)
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    ffn, src, dst = spec.ffn, "model.layers.{i}", "decoder.layers.{i}"
+    assert ffn.expert_hidden is not None
+    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("model.norm", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    dense = [r for r in llama_layer_rows(spec, "model.layers", _NORMS) if ".mlp." not in r.hf]
+    rows += dense
+    if ffn.dense_layers:  # the first layers' dense feed-forward (hf: mlp.{gate,up,down}_proj)
+        rows += [r for r in llama_layer_rows(spec, "model.layers", {}) if ".mlp." in r.hf]
+    eh = ffn.expert_hidden
+    rows += [
+        Rule(f"{src}.mlp.gate.weight", (f"{dst}.ffn.router.weight",)),
+        Rule(f"{src}.mlp.experts.gate_up_proj",
+             (f"{dst}.ffn.experts.gate.weight", f"{dst}.ffn.experts.up.weight"), "split",
+             (eh, eh), axis=1),
+        Rule(f"{src}.mlp.experts.down_proj", (f"{dst}.ffn.experts.down.weight",)),
+    ]
+    if ffn.shared_experts:
+        for r in ("gate", "up", "down"):
+            rows.append(Rule(f"{src}.mlp.shared_expert.{r}_proj.weight",
+                             (f"{dst}.ffn.shared.{r}.weight",)))
+    if ffn.shared_gate:
+        rows.append(Rule(f"{src}.mlp.shared_expert_gate.weight", (f"{dst}.ffn.shared_gate.weight",)))
+    return rows

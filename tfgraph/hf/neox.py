@@ -1,0 +1,66 @@
+"""GPT-NeoX and Pythia (Black et al. 2022; Biderman et al. 2023): pre-norm LayerNorm decoder
+with parallel residual (``use_parallel_residual``), rotary positions on a fraction of each head
+(``rotary_pct``; Pythia: 0.25), an untied ``embed_out`` head.
+
+``query_key_value`` is fused per head: for each head its q rows, then k, then v.
+"""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import head_rows, linear_rows, norm_rows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    d = cfg.int("hidden_size")
+    draft.put("arch", "decoder-only")
+    draft.put("d_model", d, "hidden_size")
+    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
+    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
+    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    draft.put("embedding.scale", False)
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", False),
+              "tie_word_embeddings")
+    draft.put("attention.heads", cfg.int("num_attention_heads"), "num_attention_heads")
+    draft.put("attention.bias", cfg.bool("attention_bias", True), "attention_bias")
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.activation", activation(cfg, "hidden_act", gated=False, default="gelu"), "hidden_act")
+    draft.put("norm.position", "pre")
+    draft.put("norm.eps", cfg.float("layer_norm_eps", 1e-5), "layer_norm_eps")
+    draft.put("norm.final", True)
+    if cfg.bool("use_parallel_residual", True):
+        draft.put("block.residual", "parallel", "use_parallel_residual")
+    draft.put("dropout", cfg.float("hidden_dropout", 0.0), "hidden_dropout")
+    if "rope_parameters" in cfg:
+        where, params = rope_parameters(cfg)
+    else:  # hub configs of Pythia: rotary_pct, rotary_emb_base, rope_scaling
+        where, params = rope_parameters(cfg, cfg.float("rotary_emb_base", 10000.0))
+        if "rotary_pct" in cfg:
+            params["partial_rotary_factor"] = cfg.float("rotary_pct")
+            where = "rotary_pct" if where == "rope_theta" else where
+    put_rope(draft, params, where)
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    src, dst = "gpt_neox.layers.{i}", "decoder.layers.{i}"
+    att = spec.attention
+    rows = [Rule("gpt_neox.embed_in.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("gpt_neox.final_layer_norm", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    if not spec.embedding.tie_output:  # the hub's checkpoints (transformers < 5) name it so
+        rows.append(Rule("embed_out.weight", ("head.weight",), "legacy"))
+    kinds = ("weight", "bias") if att.qkv_bias else ("weight",)
+    for kind in kinds:
+        rows.append(Rule(f"{src}.attention.query_key_value.{kind}",
+                         tuple(f"{dst}.self_attn.{r}.{kind}" for r in "qkv"), "heads",
+                         (att.heads,)))
+    rows += linear_rows(f"{src}.attention.dense", f"{dst}.self_attn.o", bool(att.out_bias))
+    rows += linear_rows(f"{src}.mlp.dense_h_to_4h", f"{dst}.ffn.up", spec.ffn.bias)
+    rows += linear_rows(f"{src}.mlp.dense_4h_to_h", f"{dst}.ffn.down", spec.ffn.bias)
+    rows += norm_rows(f"{src}.input_layernorm", f"{dst}.self_attn_norm", spec)
+    rows += norm_rows(f"{src}.post_attention_layernorm", f"{dst}.ffn_norm", spec)
+    return rows

@@ -1,0 +1,65 @@
+"""OPT (Zhang et al. 2022): LayerNorm decoder (pre-norm from 1.3B and for 125M; 350M is
+post-norm with projections in and out, refused), ReLU, learned positions read from row p + 2 of
+a table of max_position_embeddings + 2 rows (fairseq's padding offset; the checkpoint keeps the
+two rows, so they count as parameters), a head tied to the token table."""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import head_rows, linear_rows, norm_rows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    d = cfg.int("hidden_size")
+    if cfg.int("word_embed_proj_dim", d) != d:
+        cfg.refuse("word_embed_proj_dim", f"tfgraph has no projection between a {d}-wide "
+                   "model and narrower token embeddings (OPT-350M's project_in/out)")
+    if not cfg.bool("layer_norm_elementwise_affine", True):
+        cfg.refuse("layer_norm_elementwise_affine", "tfgraph's LayerNorm always has a gain "
+                   "and a bias")
+    if cfg.bool("_remove_final_layer_norm", False):
+        cfg.refuse("_remove_final_layer_norm", "tfgraph's pre-norm models keep the final norm "
+                   "when norm.final is true; this option drops it from a pre-norm OPT")
+    draft.put("arch", "decoder-only")
+    draft.put("d_model", d, "hidden_size")
+    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
+    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
+    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    draft.put("embedding.positions", "learned")
+    draft.put("embedding.position_offset", OFFSET, "model_type")
+    draft.put("embedding.scale", False)
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
+              "tie_word_embeddings")
+    draft.put("attention.heads", cfg.int("num_attention_heads"), "num_attention_heads")
+    bias = cfg.bool("enable_bias", True)
+    draft.put("attention.bias", bias, "enable_bias")
+    draft.put("ffn.hidden", cfg.int("ffn_dim"), "ffn_dim")
+    draft.put("ffn.activation", activation(cfg, "activation_function", gated=False, default="relu"),
+              "activation_function")
+    draft.put("ffn.bias", bias, "enable_bias")
+    pre = cfg.bool("do_layer_norm_before", True)
+    draft.put("norm.position", "pre" if pre else "post", "do_layer_norm_before")
+    draft.put("norm.final", pre, "do_layer_norm_before")
+    draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    src, dst, bias = "model.decoder.layers.{i}", "decoder.layers.{i}", spec.ffn.bias
+    rows = [Rule("model.decoder.embed_tokens.weight", ("embed.tokens.weight",)),
+            Rule("model.decoder.embed_positions.weight", ("decoder.positions.weight",))]
+    if spec.norm.final:
+        rows += norm_rows("model.decoder.final_layer_norm", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    for r, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
+        rows += linear_rows(f"{src}.self_attn.{theirs}", f"{dst}.self_attn.{r}", bias)
+    rows += linear_rows(f"{src}.fc1", f"{dst}.ffn.up", bias)
+    rows += linear_rows(f"{src}.fc2", f"{dst}.ffn.down", bias)
+    rows += norm_rows(f"{src}.self_attn_layer_norm", f"{dst}.self_attn_norm", spec)
+    rows += norm_rows(f"{src}.final_layer_norm", f"{dst}.ffn_norm", spec)
+    return rows

@@ -1,0 +1,58 @@
+"""Phi-1.5 and Phi-2 (Li et al. 2023; Microsoft 2023): parallel residual with one shared
+LayerNorm, rotary positions on a fraction of each head (``partial_rotary_factor``: 0.5 for
+Phi-1.5, 0.4 for Phi-2), biases everywhere, an untied head with a bias."""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import linear_rows, norm_rows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    d, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    if cfg.bool("qk_layernorm", False):
+        cfg.refuse("qk_layernorm", "Phi's per-head LayerNorm on q and k (with biases) has no "
+                   "tfgraph form; attention.qk_norm head is RMS-free only for norm.kind")
+    draft.put("arch", "decoder-only")
+    draft.put("d_model", d, "hidden_size")
+    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
+    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
+    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    draft.put("embedding.scale", False)
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", False),
+              "tie_word_embeddings")
+    draft.put("embedding.output_bias", True)  # PhiForCausalLM: lm_head has a bias
+    draft.put("attention.heads", heads, "num_attention_heads")
+    draft.put("attention.kv_heads", cfg.int("num_key_value_heads", heads), "num_key_value_heads")
+    draft.put("attention.bias", True)
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.activation", activation(cfg, "hidden_act", gated=False, default="gelu_new"), "hidden_act")
+    draft.put("norm.position", "pre")
+    draft.put("norm.eps", cfg.float("layer_norm_eps", 1e-5), "layer_norm_eps")
+    draft.put("norm.final", True)
+    draft.put("block.residual", "parallel")
+    draft.put("block.shared_norm", True)
+    draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    src, dst = "model.layers.{i}", "decoder.layers.{i}"
+    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("model.final_layernorm", "decoder.norm", spec)
+    if spec.embedding.tie_output:
+        rows.append(Rule("lm_head.weight", ("embed.tokens.weight",), "alias"))
+    else:
+        rows.append(Rule("lm_head.weight", ("head.weight",)))
+    rows.append(Rule("lm_head.bias", ("head.bias",)))
+    for r, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "dense")):
+        rows += linear_rows(f"{src}.self_attn.{theirs}", f"{dst}.self_attn.{r}", True)
+    rows += linear_rows(f"{src}.mlp.fc1", f"{dst}.ffn.up", True)
+    rows += linear_rows(f"{src}.mlp.fc2", f"{dst}.ffn.down", True)
+    rows += norm_rows(f"{src}.input_layernorm", f"{dst}.norm", spec)
+    return rows

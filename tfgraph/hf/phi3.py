@@ -1,0 +1,49 @@
+"""Phi-3 (Abdin et al. 2024): a Llama-style RMSNorm SwiGLU decoder whose q, k, v projections
+are one fused ``qkv_proj`` (rows: q, then k, then v) and whose gate and up projections are one
+``gate_up_proj`` (rows: gate, then up). Phi-3-mini-4k attends through a 2047-token sliding
+window; the 128k variants' ``longrope`` scaling is refused (tfgraph has no longrope)."""
+
+from __future__ import annotations
+
+from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_decoder_sizes, put_windows
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.names import Rule
+from tfgraph.spec import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    put_decoder_sizes(draft, cfg)
+    draft.put("attention.bias", False)
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.activation", activation(cfg, "hidden_act", gated=True, default="silu"), "hidden_act")
+    draft.put("ffn.bias", False)
+    draft.put("norm.position", "pre")
+    draft.put("norm.kind", "rmsnorm")
+    draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
+    draft.put("norm.final", True)
+    draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
+    # modeling_phi3: every layer uses the sliding-window mask when sliding_window is set
+    put_windows(draft, None, cfg.get("sliding_window", None), cfg.int("num_hidden_layers"))
+    return draft
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    src, dst, att = "model.layers.{i}", "decoder.layers.{i}", spec.attention
+    assert att.head_dim is not None and att.kv_heads is not None and spec.ffn.hidden
+    q, kv = att.heads * att.head_dim, att.kv_heads * att.head_dim
+    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("model.norm", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    rows.append(Rule(f"{src}.self_attn.qkv_proj.weight",
+                     tuple(f"{dst}.self_attn.{r}.weight" for r in "qkv"), "split", (q, kv, kv)))
+    rows += linear_rows(f"{src}.self_attn.o_proj", f"{dst}.self_attn.o", False)
+    rows.append(Rule(f"{src}.mlp.gate_up_proj.weight",
+                     (f"{dst}.ffn.gate.weight", f"{dst}.ffn.up.weight"), "split",
+                     (spec.ffn.hidden, spec.ffn.hidden)))
+    rows += linear_rows(f"{src}.mlp.down_proj", f"{dst}.ffn.down", False)
+    rows += norm_rows(f"{src}.input_layernorm", f"{dst}.self_attn_norm", spec)
+    rows += norm_rows(f"{src}.post_attention_layernorm", f"{dst}.ffn_norm", spec)
+    return rows
