@@ -157,6 +157,8 @@ register(OpDef(
 def _sinusoid_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     if len(ins[0].shape) != 3:
         raise ValueError("positions are added to a (B, S, d) tensor")
+    if attrs.get("layout", "interleaved") not in ("interleaved", "split"):
+        raise ValueError(f"sinusoid layout {attrs['layout']!r}: interleaved or split")
     return ins[0]
 
 
@@ -173,7 +175,12 @@ register(OpDef(
 def _learned_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     x, table = ins
     _check_last(x, table.shape[1], "learned positions")
-    return _sinusoid_infer([x], attrs)
+    offset = attrs.get("offset", 0)  # OPT, BART: 2
+    rows_left = sympy.sympify(table.shape[0] - offset)  # symbolic in the formulas' twins
+    if not isinstance(offset, int) or offset < 0 or rows_left.is_nonpositive:
+        raise ValueError(f"learned positions: offset {offset} must be an int >= 0 below the "
+                         f"table's {table.shape[0]} rows")
+    return _sinusoid_infer([x], {})
 
 
 register(OpDef(
@@ -207,6 +214,29 @@ register(OpDef(
     category="position",
 ))
 
+def _relative_bias_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    table, x = ins
+    if len(table.shape) != 2 or len(x.shape) != 3:
+        raise ValueError("relative_bias takes a (buckets, heads) table and a (B, L, d) input")
+    return TensorType((table.shape[1], x.shape[1], x.shape[1]), table.dtype)
+
+
+def _relative_bias_saved(ins: list[TensorType], out: TensorType,
+                         attrs: dict[str, Any]) -> Saved:
+    # The gather keeps its (L, L) int64 bucket indices for the table's gradient.
+    return [(("tmp", "buckets"), out.shape[1] * out.shape[2] * DTYPE_BYTES["int64"])]
+
+
+register(OpDef(
+    "relative_bias", (2, 2), _relative_bias_infer, _no_flops, _relative_bias_saved,
+    "T5's position bias (Raffel et al. 2020): table[bucket(j - i)] for query i and key j, as "
+    "(heads, L, L) for x's length L. Buckets: exact distances below half the buckets, then "
+    "logarithmic up to attrs['max_distance']; attrs['bidirectional'] gives each direction "
+    "half the buckets (encoder), else only j <= i count (decoder). No FLOPs (a gather of "
+    "integer bucket indices).",
+    category="position",
+))
+
 # ---- linear algebra -----------------------------------------------------------------------
 
 
@@ -235,7 +265,9 @@ register(OpDef(
 
 
 def _attention_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    q, k, v = ins
+    q, k, v = ins[:3]
+    if len(ins) == 4 and ins[3].shape != (attrs["heads"], q.shape[1], k.shape[1]):
+        raise ValueError(f"position bias {ins[3]} is not (heads, Tq, Tk)")
     h, kvh, hd = attrs["heads"], attrs["kv_heads"], attrs["head_dim"]
     _check_last(q, h * hd, "attention q")
     _check_last(k, kvh * hd, "attention k")
@@ -263,6 +295,8 @@ def _attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, An
         per_score += FLOPS_PER_ELEMENT["mask"]
     if attrs.get("softcap"):
         per_score += FLOPS_PER_ELEMENT["softcap"]
+    if len(ins) == 4:  # T5's position bias added to every score
+        per_score += FLOPS_PER_ELEMENT["add"]
     return matmul, per_score * scores
 
 
@@ -284,6 +318,11 @@ def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, An
     if attrs["normalize"] == "hardmax":
         # arg-max has no gradient: only the one-hot weights are kept, for the A·V product.
         return [(("tmp", "weights"), score_bytes)]
+    if len(ins) == 4 and not attrs.get("softcap"):
+        # A learned bias on the scores has no fused kernel either: explicit matmuls keep
+        # q, k, v and the softmax weights (the bias add keeps nothing).
+        return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
+                (("tmp", "weights"), score_bytes)]
     if attrs.get("softcap"):
         # No fused kernel soft-caps: explicit matmuls keep q, k, v, tanh's output (its
         # backward) and the softmax weights (for A·V's backward), two score matrices.
@@ -302,12 +341,13 @@ def _attention_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any
 
 
 register(OpDef(
-    "attention", (3, 3), _attention_infer, _attention_flops, _attention_saved,
+    "attention", (3, 4), _attention_infer, _attention_flops, _attention_saved,
     "Multi-head scaled dot-product attention on projected q (B, Tq, h*hd), k and v "
     "(B, Tk, kv*hd): normalize(softcap(q k^T * scale) + mask) v, with GQA (kv_heads < heads), "
     "scale 1/sqrt(hd) unless attrs['scale'] says otherwise, softcap c*tanh(x/c) when "
     "attrs['softcap'], mask none, causal, or causal within attrs['window'] keys, normalize "
-    "softmax or hardmax. Output (B, Tq, h*hd).",
+    "softmax or hardmax; an optional fourth operand (h, Tq, Tk) is added to the scores "
+    "before the mask (T5's position bias). Output (B, Tq, h*hd).",
     _attention_temp,
     category="attention",
 ))
