@@ -174,6 +174,8 @@ def attention_text(graph: Graph, members: list[Node]) -> str:
 def ffn_text(graph: Graph, members: list[Node]) -> str:
     """``ReLU, 512 → 2048 → 512`` or ``gated SwiGLU, 2048 → 5632 → 2048``: the activation
     op, whether an element-wise product gates it, and the widths of the first and last linear."""
+    if any(n.op == "experts" for n in members):  # a mixture of experts
+        return experts_text(graph, members)
     acts = [n for n in members if n.category == "activation"]
     linears = [n for n in members if n.category == "linear"]
     if not acts or not linears:
@@ -190,18 +192,30 @@ ROUTER_WORDS = {"softmax_topk": "softmax → top-k", "softmax_topk_renorm":
                 "softmax → top-k → renormalised", "topk_softmax": "top-k → softmax"}
 
 
+def _expert_word(experts: Node) -> str:
+    act = experts.attrs["activation"]
+    return f"gated {GATED_NAMES.get(act, act)}" if experts.attrs["gated"] \
+        else ACTIVATION_NAMES.get(act, act)
+
+
+def experts_text(graph: Graph, members: list[Node]) -> str:
+    """``experts ×8, top-2: gated SwiGLU, 32 → 48 → 32`` (``×E, top-k``)."""
+    experts = next(n for n in members if n.op == "experts")
+    count, hidden, d = graph.node(experts.inputs[-2]).attrs["shape"]  # up: (E, H, d)
+    return (f"experts ×{count}, top-{experts.attrs['top_k']}: {_expert_word(experts)}, "
+            f"{d} → {hidden} → {d}")
+
+
 def moe_text(graph: Graph, members: list[Node]) -> str:
     """``Mixture of experts`` with the router, ``experts ×8, top-2: gated SwiGLU, 32 → 48 →
     32`` and the shared experts, from a mixture-of-experts feed-forward's nodes."""
     experts = next(n for n in members if n.op == "experts")
     route = next(n for n in members if n.op == "route")
-    count, hidden, d = graph.node(experts.inputs[-2]).attrs["shape"]  # up: (E, H, d)
-    act = experts.attrs["activation"]
-    word = f"gated {GATED_NAMES.get(act, act)}" if experts.attrs["gated"] \
-        else ACTIVATION_NAMES.get(act, act)
+    count, _, d = graph.node(experts.inputs[-2]).attrs["shape"]  # up: (E, H, d)
+    word = _expert_word(experts)
     lines = ["Mixture of experts",
              f"router: linear {d} → {count}, {ROUTER_WORDS.get(route.attrs['router'], '')}",
-             f"experts ×{count}, top-{route.attrs['top_k']}: {word}, {d} → {hidden} → {d}"]
+             experts_text(graph, members)]
     shared = [n for n in members if n.category == "linear" and n.meta.role.startswith("shared.")]
     if shared:
         width = graph.node(shared[0].inputs[1]).attrs["shape"][0]

@@ -105,6 +105,42 @@ def _positions_learned(b: Builder, n: Node) -> str:
     return b.add(n.name, "Add", [x, rows], n.name)
 
 
+def _relative_bias(b: Builder, n: Node) -> str:
+    # T5's buckets, as torch_functional.relative_position_bias computes them, in int64 and
+    # float32 (the same operations in the same order, so the same buckets).
+    table = n.inputs[0]  # (buckets, h)
+    buckets, max_distance = int(n.attrs["buckets"]), int(n.attrs["max_distance"])
+    r = b.arange(_seq_sym(b, n))  # (L,)
+    rows = b.add(n.name, "Unsqueeze", [r, b.ints([1])], tag="queries")  # (L, 1) i
+    cols = b.add(n.name, "Unsqueeze", [r, b.ints([0])], tag="keys")  # (1, L) j
+    rel = b.add(n.name, "Sub", [cols, rows], tag="distance")  # (L, L) j - i
+    zero = b.ints([0])
+    if n.attrs["bidirectional"]:
+        buckets //= 2
+        later = b.cast(n.name, b.add(n.name, "Greater", [rel, zero]), "int64", tag="later")
+        base = b.add(n.name, "Mul", [later, b.ints([buckets])], tag="direction")
+        dist = b.add(n.name, "Abs", [rel])
+    else:
+        base = None
+        dist = b.add(n.name, "Max", [b.add(n.name, "Neg", [rel]), zero], tag="behind")
+    exact = buckets // 2
+    ratio = b.add(n.name, "Div", [b.cast(n.name, dist, "float32", tag="dist_f"),
+                                  b.const(n.name, "exact", float(exact), "float32")])
+    log = b.add(n.name, "Div", [b.add(n.name, "Log", [ratio]), b.const(
+        n.name, "log_range", math.log(max_distance / exact), "float32")], tag="log_ratio")
+    far = b.add(n.name, "Mul", [log, b.const(n.name, "spread", float(buckets - exact),
+                                             "float32")], tag="spread_out")
+    far = b.add(n.name, "Add", [b.ints([exact]), b.cast(n.name, far, "int64", tag="far_i")],
+                tag="far")
+    far = b.add(n.name, "Min", [far, b.ints([buckets - 1])], tag="far_capped")
+    near = b.add(n.name, "Less", [dist, b.ints([exact])], tag="near")
+    bucket = b.add(n.name, "Where", [near, dist, far], tag="bucket")
+    if base is not None:
+        bucket = b.add(n.name, "Add", [bucket, base], tag="bucket_dir")
+    bias = b.add(n.name, "Gather", [table, bucket], axis=0)  # (L, L, h)
+    return b.add(n.name, "Transpose", [bias], n.name, perm=[2, 0, 1])  # (h, L, L)
+
+
 def _linear(b: Builder, n: Node) -> str:
     x, w = n.inputs[0], n.inputs[1]  # (.., in), [out, in]
     wt = b.add(n.name, "Transpose", [w], perm=[1, 0])  # [in, out]; constant-folded by ORT
@@ -115,12 +151,13 @@ def _linear(b: Builder, n: Node) -> str:
 
 
 def _attention(b: Builder, n: Node) -> str:
-    q, k, v = n.inputs  # (B, Tq, h*hd), (B, Tk, kv*hd), (B, Tk, kv*hd)
+    q, k, v = n.inputs[:3]  # (B, Tq, h*hd), (B, Tk, kv*hd), (B, Tk, kv*hd)
+    bias = n.inputs[3] if len(n.inputs) == 4 else None  # (h, Tq, Tk): T5's position bias
     h, kv, hd = n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"]
     scale = n.attrs.get("scale") or 1.0 / math.sqrt(hd)
     softcap, window = n.attrs.get("softcap"), n.attrs.get("window")
     mask = b.window_mask(_seq_sym(b, n), int(window)) if window else None  # (Tq, Tk) bool
-    if n.attrs["normalize"] == "softmax" and b.opset >= ATTENTION_OPSET:
+    if n.attrs["normalize"] == "softmax" and b.opset >= ATTENTION_OPSET and bias is None:
         # softcap is applied to the scaled scores before the mask (ONNX Attention, opset 23)
         capped = {"softcap": float(softcap)} if softcap else {}
         return b.add(n.name, "Attention", [q, k, v] + ([mask] if mask else []), n.name,
@@ -139,6 +176,11 @@ def _attention(b: Builder, n: Node) -> str:
     scores = b.add(n.name, "Mul", [scores, b.const(n.name, "scale", scale)], tag="scaled")
     if softcap:  # before the mask (Gemma 2)
         scores = _softcap(b, n, scores, None, float(softcap))
+    if bias is not None:  # (h, Tq, Tk) -> (kv, g, Tq, Tk), added before the mask
+        split = b.add(n.name, "Concat", [b.ints([kv, g]), b.add(
+            n.name, "Shape", [bias], tag="bias_shape", start=1)], tag="bias_heads", axis=0)
+        scores = b.add(n.name, "Add", [scores, b.add(n.name, "Reshape", [bias, split],
+                                                     tag="split_bias")], tag="biased")
     if n.attrs["causal"]:
         mask = mask or b.causal_mask(_seq_sym(b, n))  # (Tq, Tk) bool
         neg = b.const(n.name, "neg_inf", -np.inf)
@@ -260,6 +302,7 @@ ONNX_OPS: dict[str, Emitter] = {
     "dropout": _simple("Identity"),  # inference: dropout is the identity
     "softmax": _simple("Softmax", axis=-1),
     "softcap": lambda b, n: _softcap(b, n, n.inputs[0], n.name),
+    "relative_bias": _relative_bias,
 }
 
 def _unit_offset(norm: Emitter) -> Emitter:

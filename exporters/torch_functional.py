@@ -51,6 +51,31 @@ def learned_positions(x: Tensor, table: Tensor, offset: int = 0) -> Tensor:
     return table[offset:offset + length]  # (L, d)
 
 
+def relative_position_bias(table: Tensor, length: int, bidirectional: bool, buckets: int,
+                           max_distance: int) -> Tensor:
+    """T5's position bias (Raffel et al. 2020): table[bucket(j - i)], (heads, L, L).
+
+    A distance n = |j - i| (bidirectional: keys after the query use the upper half of the
+    buckets) or n = max(i - j, 0) (causal) below half the buckets b is its own bucket; larger
+    ones are spaced logarithmically up to max_distance, beyond which they share the last.
+    """
+    pos = torch.arange(length, device=table.device)
+    rel = pos[None, :] - pos[:, None]  # (L, L) j - i
+    bucket = torch.zeros_like(rel)
+    if bidirectional:
+        buckets //= 2
+        bucket = bucket + (rel > 0).long() * buckets
+        rel = rel.abs()
+    else:
+        rel = -torch.clamp(rel, max=0)
+    exact = buckets // 2
+    far = exact + (torch.log(rel.float() / exact) / math.log(max_distance / exact)
+                   * (buckets - exact)).long()
+    far = torch.clamp(far, max=buckets - 1)
+    bucket = bucket + torch.where(rel < exact, rel, far)  # (L, L)
+    return F.embedding(bucket, table).permute(2, 0, 1)  # (heads, L, L)
+
+
 def rope_tables(length: int, dim: int, theta: float, device: torch.device, dtype: torch.dtype,
                 inv_freq: tuple[float, ...] | None = None, scale: float = 1.0,
                 interleaved: bool = False) -> tuple[Tensor, Tensor]:
@@ -101,7 +126,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int,
 
 def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_dim: int,
               causal: bool, normalize: str, impl: str = "sdpa", scale: float | None = None,
-              softcap: float | None = None, window: int | None = None) -> Tensor:
+              softcap: float | None = None, window: int | None = None,
+              bias: Tensor | None = None) -> Tensor:
     """Multi-head attention on projected q (B, Tq, h*hd), k and v (B, Tk, kv*hd) -> (B, Tq, h*hd).
 
     softmax with impl "sdpa": the fused kernel (flash on CPU and GPU: keeps only q, k, v, the
@@ -113,14 +139,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_d
     q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, Tq, hd)
     k = k.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
     v = v.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
-    if normalize == "softmax" and impl == "sdpa" and softcap is None:
+    if normalize == "softmax" and impl == "sdpa" and softcap is None and bias is None:
         mask = None if window is None else attention_mask(q.shape[2], k.shape[2], causal,
                                                           window, q.device)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                            is_causal=causal and mask is None, scale=scale,
                                            enable_gqa=kv_heads != heads)  # (B, h, Tq, hd)
     else:
-        y = explicit_attention(q, k, v, causal, normalize, scale, softcap, window)
+        y = explicit_attention(q, k, v, causal, normalize, scale, softcap, window, bias)
     return y.transpose(1, 2).flatten(2)  # (B, Tq, h*hd)
 
 
@@ -145,10 +171,12 @@ def soft_cap(x: Tensor, cap: float) -> Tensor:
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize: str,
                        scale: float | None = None, softcap: float | None = None,
-                       window: int | None = None) -> Tensor:
-    """normalize(softcap(q k^T * scale) + mask) v with q (B, h, Tq, hd), k and v (B, kv, Tk, hd).
+                       window: int | None = None, bias: Tensor | None = None) -> Tensor:
+    """normalize(softcap(q k^T * scale) + bias + mask) v with q (B, h, Tq, hd), k and v
+    (B, kv, Tk, hd), bias (h, Tq, Tk).
 
-    scale defaults to 1/sqrt(hd); softcap c gives c * tanh(scores / c) (Gemma 2).
+    scale defaults to 1/sqrt(hd); softcap c gives c * tanh(scores / c) (Gemma 2); bias is T5's
+    position bias.
     Query heads are grouped per k/v head (head j*g + i reads k/v head j, as repeat_interleave
     and SDPA's enable_gqa do): the g query heads of a group are stacked along the query axis,
     so each product is an ordinary batched matmul and k and v are never expanded or copied
@@ -165,6 +193,8 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize:
     scores = scores * (1.0 / math.sqrt(hd) if scale is None else scale)
     if softcap is not None:
         scores = soft_cap(scores, softcap)
+    if bias is not None:
+        scores = scores + bias.unflatten(0, (kv_heads, -1))  # (kv, g, Tq, Tk) broadcast
     read = attention_mask(tq, tk, causal, window, q.device)  # (Tq, Tk) or None
     if read is not None:
         scores = scores.masked_fill(~read, float("-inf"))

@@ -71,11 +71,12 @@ def rope_tables_step(m: nn.Module, a: dict[str, Any], x: Tensor) -> tuple[Tensor
                           a.get("inv_freq"), a.get("scale", 1.0), a.get("interleaved", False))
 
 
-def _attention(m: nn.Module, a: dict[str, Any], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def _attention(m: nn.Module, a: dict[str, Any], q: Tensor, k: Tensor, v: Tensor,
+               bias: Tensor | None = None) -> Tensor:
     impl = getattr(m, "attention_impl", "sdpa")
     return tf.attention(q, k, v, a["heads"], a["kv_heads"], a["head_dim"], a["causal"],
                         a["normalize"], impl, scale=a.get("scale"), softcap=a.get("softcap"),
-                        window=a.get("window"))
+                        window=a.get("window"), bias=bias)
 
 
 TORCH_OPS: dict[str, Lowering] = {
@@ -103,6 +104,8 @@ TORCH_OPS: dict[str, Lowering] = {
     "sigmoid_gate": lambda m, a, g, y: g.sigmoid() * y,
     "softmax": lambda m, a, x: x.softmax(dim=-1),
     "softcap": lambda m, a, x: tf.soft_cap(x, a["cap"]),
+    "relative_bias": lambda m, a, table, x: tf.relative_position_bias(
+        table, x.shape[1], a["bidirectional"], a["buckets"], a["max_distance"]),
 }
 
 NORM_OPS = ("layernorm", "rmsnorm", "scalenorm")
@@ -236,6 +239,8 @@ def _present(a: Attr, key: str) -> str | None:
 def _attention_src(o: Sequence[str], a: Attr) -> str:
     extra = "".join(f", {key}={value}" for key in ("scale", "softcap", "window")
                     if (value := _present(a, key)) is not None)
+    if len(o) > 3:
+        extra += f", bias={o[3]}"  # T5's position bias
     return (f"attention({o[0]}, {o[1]}, {o[2]}, {a('heads')}, {a('kv_heads')}, "
             f"{a('head_dim')}, causal={a('causal')}, normalize={a('normalize')}, "
             f"impl=ATTENTION_IMPL{extra})")
@@ -309,6 +314,10 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
                                    dims=lambda d: d[1]),
     "softmax": SourceTemplate(lambda o, a: f"{o[0]}.softmax(dim=-1)"),
     "softcap": SourceTemplate(lambda o, a: f"soft_cap({o[0]}, {a('cap')})"),
+    "relative_bias": SourceTemplate(
+        lambda o, a: f"relative_position_bias({o[0]}, {o[1]}.shape[1], {a('bidirectional')}, "
+                     f"{a('buckets')}, {a('max_distance')})",
+        dims=lambda d: (d[0][1], d[1][1], d[1][1])),
 }
 
 def unit_offset_source(norm: SourceTemplate) -> SourceTemplate:

@@ -54,10 +54,25 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
                 if att.qk_norm == "full":
                     norm_params(f"{layer}.{sub}.q_norm", hq)
                     norm_params(f"{layer}.{sub}.k_norm", hkv)
-            linear(f"{layer}.ffn.up", d, ffn.hidden, ffn.bias)
-            if ffn.activation in GATED_ACTIVATIONS:
-                linear(f"{layer}.ffn.gate", d, ffn.hidden, ffn.bias)
-            linear(f"{layer}.ffn.down", ffn.hidden, d, ffn.bias)
+            gated = ffn.activation in GATED_ACTIVATIONS
+            if ffn.experts is not None and i >= (ffn.dense_layers or 0):
+                # mixture of experts: router, stacked routed experts, shared experts
+                e, h = ffn.experts, ffn.expert_hidden
+                out[f"{layer}.ffn.router.weight"] = (e, d)
+                for role in ("gate", "up") if gated else ("up",):
+                    out[f"{layer}.ffn.experts.{role}.weight"] = (e, h, d)
+                out[f"{layer}.ffn.experts.down.weight"] = (e, d, h)
+                if ffn.shared_experts:
+                    for role in ("gate", "up") if gated else ("up",):
+                        out[f"{layer}.ffn.shared.{role}.weight"] = (ffn.shared_hidden, d)
+                    out[f"{layer}.ffn.shared.down.weight"] = (d, ffn.shared_hidden)
+                if ffn.shared_gate:
+                    out[f"{layer}.ffn.shared_gate.weight"] = (1, d)
+            else:
+                linear(f"{layer}.ffn.up", d, ffn.hidden, ffn.bias)
+                if gated:
+                    linear(f"{layer}.ffn.gate", d, ffn.hidden, ffn.bias)
+                linear(f"{layer}.ffn.down", ffn.hidden, d, ffn.bias)
             if spec.block.shared_norm:
                 norm_params(f"{layer}.norm")
             for sub in [*subs, "ffn"] if not spec.block.shared_norm else []:

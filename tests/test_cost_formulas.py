@@ -20,6 +20,8 @@ NUMBERS = ("params", "flops", "memory")
 
 def figures(rep: dict[str, Any]) -> dict[str, int]:
     out = {"params": rep["params"]}
+    if "params_active" in rep:  # mixture of experts
+        out["params_active"] = rep["params_active"]
     out.update({f"flops.{k}": v for k, v in rep["flops"].items()})
     out.update({f"memory.{k}": v for k, v in rep["memory"].items()})
     return out

@@ -50,6 +50,12 @@ def expected_width(spec: Spec, name: str) -> int:
         return att.heads * att.head_dim
     if role in ("k", "v", "k_norm", "k_rope"):
         return att.kv_heads * att.head_dim
+    if ffn and role in ("router", "route"):  # mixture of experts: one logit per expert
+        return spec.ffn.experts
+    if ffn and role == "shared_gate":
+        return 1
+    if ".ffn.shared." in name and role in ("up", "gate", "act", "gated"):
+        return spec.ffn.shared_hidden
     if ffn and role in ("up", "gate", "act", "gated"):
         return spec.ffn.hidden
     return spec.d_model

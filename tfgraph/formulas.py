@@ -186,6 +186,8 @@ class SpecFormulas:
     unverified: list[str]
     one_layer: Graph  # the symbolic twin with one layer per stack (for the activation peak)
     _temps: dict[str, sympy.Expr] = field(default_factory=dict)
+    dense_layers: int = 0
+    """ffn.dense_layers: one_layer then has two layers, a dense one (0) and one with experts."""
 
     def peak(self, graph: Graph, peak: Peak, fused_attention: bool) -> sympy.Expr:
         """The activation peak's live set, read in the one-layer twin (a buffer of layer i has
@@ -196,7 +198,9 @@ class SpecFormulas:
 
         def in_twin(name: str) -> str:
             meta = graph.node(name).meta
-            return twin[meta.in_layer(0).key if meta.layer is not None else meta.key].name
+            if meta.layer is None:
+                return twin[meta.key].name
+            return twin[meta.in_layer(int(meta.layer >= self.dense_layers > 0)).key].name
 
         terms = [self.one_layer.node(in_twin(n)).type.nbytes for n in peak.live]
         if not fused_attention:
@@ -250,6 +254,9 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
             unverified.append(key)
             expr = sympy.expand(numeric[key])
         figures[key] = expr
+    if spec.ffn.dense_layers:  # the peak's twin needs a dense layer and one with experts
+        return SpecFormulas(figures, values, unverified, _twin(spec, {s: 2 for s in stacks}, 1),
+                            dense_layers=spec.ffn.dense_layers)
     return SpecFormulas(figures, values, unverified, one)
 
 

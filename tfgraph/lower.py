@@ -104,6 +104,8 @@ class Sizes:
             out["token_types"] = spec.embedding.token_types
         if self.window is not None:
             out["window"] = self.window
+        if spec.embedding.relative_buckets:  # rows of T5's bias table (a count)
+            out["relative_buckets"] = spec.embedding.relative_buckets
         if self.experts is not None:  # mixture of experts (README, ffn.experts)
             out.update(experts=self.experts, expert_hidden=self.expert_hidden)
             if self.shared_hidden is not None:
@@ -144,6 +146,7 @@ class _Lowering:
         self.g.sizes = sizes.named(spec)
         self.dtype = spec.dtype
         self.vocab_names = _vocab_names(spec)
+        self.position_bias: str | None = None  # the current stack's T5 bias (relative_bias)
         self.token_type_ids: str | None = None  # the second input with embedding.token_types
 
     # ---- small helpers ----------------------------------------------------------------
@@ -239,12 +242,27 @@ class _Lowering:
                       f"Embedding scale and positions, the layers and the final norm of the "
                       f"{stack}.")
         x = self.embed(stack, ids, table)  # (B, L, d)
+        self.position_bias = self.relative_bias(stack, x, causal)  # (h, L, L) or None
         for i in range(self.z.layers[stack]):
             x = self.layer(stack, i, x, causal, memory)
         if self.spec.norm.final:
             meta = NodeMeta(part="norm", stack=stack, module=stack)
             x = self.norm(x, f"{stack}.norm", f"{stack}.norm", f"{stack}.norm", meta, "norm")
         return x
+
+    def relative_bias(self, stack: str, x: str, causal: bool) -> str | None:
+        """T5's position bias of one stack, computed once and added to every self-attention
+        of the stack: table[bucket(j - i)] as (h, L, L), buckets bidirectional in an encoder."""
+        emb = self.spec.embedding
+        if emb.positions != "relative":
+            return None
+        meta = NodeMeta(part="embed", stack=stack, module=stack)
+        table = self.param(f"{stack}.relative_bias.weight", ("relative_buckets", "heads"),
+                           stack, "normal", _role(meta, "relative_bias.weight"))
+        return self.g.add("relative_bias", [table, x], name=f"{stack}.relative_bias",
+                          scope=stack, buckets=emb.relative_buckets,
+                          max_distance=emb.relative_max_distance, bidirectional=not causal,
+                          meta=_role(meta, "relative_bias"))  # (h, L, L)
 
     def embed(self, stack: str, ids: str, table: str) -> str:
         spec, g, scope = self.spec, self.g, f"{stack}.embed"
@@ -384,7 +402,8 @@ class _Lowering:
             k = g.add("rope", [k], name=f"{scope}.k_rope", scope=scope,
                       heads=z.kv_heads, head_dim=z.head_dim, theta=theta,
                       meta=_role(meta, "k_rope"), **rot)
-        a = g.add("attention", [q, k, v], name=f"{scope}.attention", scope=scope,
+        bias = [self.position_bias] if rope and self.position_bias else []  # T5, self only
+        a = g.add("attention", [q, k, v, *bias], name=f"{scope}.attention", scope=scope,
                   heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim, causal=causal,
                   normalize=att.normalize, kind="self" if rope else "cross",
                   meta=_role(meta, "attention"), **extra)  # (B, Tq, h*hd)

@@ -51,6 +51,19 @@ CONVENTIONS = {
                        "self-attention over the target, cross-attention over the source.",
     "memory.train_step": "Adam: weights + gradients (spec dtype) + two fp32 moments "
                          "(+ an fp32 master copy for 16-bit dtypes) + saved_for_backward.",
+    "params_active": "mixture of experts only: parameters one token uses, its top-k routed "
+                     "experts (k/E of each layer's stacked expert weights), the shared "
+                     "experts and every other parameter; params counts all experts, and so "
+                     "does memory.weights.",
+    "flops.router": "mixture of experts only: the router's linear (d -> E) and the routing "
+                    "(softmax, top-k selection, renormalisation), included in forward.",
+    "flops.forward_all_experts": "mixture of experts only: forward FLOPs with every routed "
+                                 "expert run on every token. flops.forward and matmul count "
+                                 "each token's top-k experts: the ideal, what the PyTorch back "
+                                 "end computes. The ONNX model computes the dense form, every "
+                                 "expert on every token multiplied by routing weights that are "
+                                 "0 outside the top k: it performs forward_all_experts "
+                                 "(matmul_all_experts of it in matmuls).",
     "formulas": "sympy expressions in B (batch), S (sequence; source for encoder-decoder), "
                 "T (target) and the spec's sizes (values under 'symbols'): L layers per stack "
                 "(L_enc, L_dec when they differ), d d_model, h heads, kv key/value heads, hd "
@@ -65,7 +78,9 @@ CONVENTIONS = {
 _FORMULA_ORDER = ["params", *(f"flops.{k}" for k in ("forward", "matmul", "other", "backward",
                                                       "train_step", "causal_effective_matmul")),
                   *(f"memory.{k}" for k in ("weights", "activations_peak", "saved_for_backward",
-                                            "kv_cache", "train_step"))]
+                                            "kv_cache", "train_step")),
+                  "params_active", "flops.router", "flops.matmul_all_experts",
+                  "flops.forward_all_experts"]
 
 
 def _int(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int:
@@ -90,6 +105,8 @@ def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
         bst = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
         bst.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
         bst["params"] = str(sym["params"])
+        if "params_active" in sym:
+            bst["params_active"] = _fmt(sym["params_active"])
         named = spec_formulas(graph)
         text = {} if named is None else {k: str(v) for k, v in named.figures.items()}
         return bst, text
@@ -164,6 +181,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "sizes": {"batch": batch, "seq": seq, "tgt_seq": tgt_seq if tgt_seq else seq,
                   "fused_attention": fused_attention},
         "params": sym["params"],
+        **({"params_active": int(sym["params_active"])} if "params_active" in sym else {}),
         "params_by_component": params_by_component,
         "flops": flops,
         "memory": memory,

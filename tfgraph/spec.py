@@ -31,7 +31,7 @@ MAX_LEN = 1 << 24
 MAX_EXPERTS = 1 << 16  # 65,536; DeepSeek-V3 has 256 routed experts
 
 Arch = Literal["encoder-only", "decoder-only", "encoder-decoder"]
-Positions = Literal["sinusoidal", "learned", "rope", "none"]
+Positions = Literal["sinusoidal", "learned", "rope", "relative", "none"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
 NormPosition = Literal["post", "pre", "branch", "sandwich"]
 NormKind = Literal["layernorm", "rmsnorm", "scalenorm"]
@@ -105,7 +105,16 @@ class Embedding(_Strict):
 
     positions: Positions = "sinusoidal"
     """How positions enter: added sinusoids (Vaswani et al. 2017 §3.5), an added learned table,
-    rotary embeddings applied to q and k (GPT-NeoX rotate-half convention), or none."""
+    rotary embeddings applied to q and k (GPT-NeoX rotate-half convention), relative: T5's
+    learned per-head bias on the self-attention scores by bucketed key - query distance
+    (Raffel et al. 2020 §2.1; bidirectional buckets in the encoder, causal in the decoder,
+    one table per stack shared by its layers, ``{stack}.relative_bias.weight``), or none."""
+    relative_buckets: _size(1 << 16) | None = None  # type: ignore[valid-type]
+    """positions relative: distance buckets (T5: 32; half per direction in the encoder).
+    Default: 32."""
+    relative_max_distance: _size(MAX_LEN) | None = None  # type: ignore[valid-type]
+    """positions relative: distances from this on share the last bucket (T5: 128).
+    Default: 128."""
     scale: Flag = True
     """Multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017 §3.4)."""
     tie_output: Flag = True
@@ -403,6 +412,15 @@ class Spec(_Strict):
                              "layers needs positions: rope and attention.window")
         derive_rotary(emb, att.head_dim, self.max_len)
         # --- embeddings
+        if emb.positions == "relative":  # T5's defaults (Raffel et al. 2020)
+            emb.relative_buckets = emb.relative_buckets or 32
+            emb.relative_max_distance = emb.relative_max_distance or 128
+            if emb.relative_buckets < 4:
+                raise ValueError("embedding.relative_buckets: T5's buckets are halved per "
+                                 "direction and again into exact and log-spaced ones; use >= 4")
+        elif emb.relative_buckets is not None or emb.relative_max_distance is not None:
+            raise ValueError("embedding.relative_buckets: relative_buckets and "
+                             "relative_max_distance are for positions: relative")
         if emb.positions == "learned" and self.max_len is None:
             raise ValueError("max_len: required when embedding.positions is learned")
         if emb.position_offset and emb.positions != "learned":
