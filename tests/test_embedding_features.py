@@ -119,3 +119,29 @@ def test_token_types_embedding_norm_and_transform_costs() -> None:
     assert full["flops"]["matmul"] - plain["flops"]["matmul"] == 2 * tokens * d * d
     # add (1) + layernorm (8) on the embeddings; bias (1) + gelu (8) + layernorm (8) in the head
     assert full["flops"]["other"] - plain["flops"]["other"] == tokens * d * (1 + 8 + 1 + 8 + 8)
+
+
+# ---- token_type_ids through `tfgraph run` ----------------------------------------------------
+
+
+def test_run_feeds_token_type_ids_to_a_built_onnx_file(tmp_path: Any) -> None:
+    """An .onnx file with segment embeddings has two inputs; `tfgraph run` feeds both, counts
+    only input_ids as tokens, and --check runs the torch module on the same segment ids."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+    from tfgraph.exporters.onnx_model import write_onnx
+    from tfgraph.loader import load_spec
+
+    root = Path(__file__).resolve().parent.parent
+    path = Path(str(tmp_path)) / "bert.onnx"
+    write_onnx(tfgraph.compile(load_spec(root / "specs" / "tiny-bert.yaml")), path, seed=0)
+    result = CliRunner().invoke(main, ["run", str(path), "--batch", "2", "--seq", "5",
+                                       "--repeat", "2", "--provider", "cpu", "--check"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert "input_ids int64[2, 5], token_type_ids int64[2, 5] -> logits" in result.stdout
+    assert "(10 input tokens per run)" in result.stdout
+    assert ": ok" in result.stdout
