@@ -1,0 +1,198 @@
+"""Mixture of experts (README, ``ffn.experts``): parity with transformers' Mixtral, Qwen2-MoE
+and OLMoE through to_torch and ONNX, on inputs that send some token to every expert of every
+MoE layer; matmul FLOPs against FlopCounterMode; total and active parameters; the spec rules;
+the full-size specs against the reference models' parameter counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import tfgraph
+from tfgraph.spec import Spec
+
+from parity_support import check_against, llama_family_config, llama_family_weights, randomize, tiny
+
+transformers = pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def moe_layers(spec: Spec) -> list[int]:
+    return list(range(spec.ffn.dense_layers or 0, spec.layers))
+
+
+def expert_weights(spec: Spec, sd: dict[str, Tensor], shared: str | None = None
+                   ) -> dict[str, Tensor]:
+    """transformers' fused experts (``mlp.experts.gate_up_proj`` (E, 2H, d): gate rows, then up
+    rows; ``mlp.experts.down_proj`` (E, d, H)) and router (``mlp.gate``) to tfgraph's names;
+    ``shared``: the shared expert's module name (Qwen2-MoE ``shared_expert``)."""
+    out: dict[str, Tensor] = {}
+    for i in moe_layers(spec):
+        src, dst = f"model.layers.{i}.mlp", f"decoder.layers.{i}.ffn"
+        gate, up = sd[f"{src}.experts.gate_up_proj"].chunk(2, dim=1)
+        out.update({f"{dst}.router.weight": sd[f"{src}.gate.weight"],
+                    f"{dst}.experts.gate.weight": gate, f"{dst}.experts.up.weight": up,
+                    f"{dst}.experts.down.weight": sd[f"{src}.experts.down_proj"]})
+        if shared is not None:
+            for role in ("gate", "up", "down"):
+                out[f"{dst}.shared.{role}.weight"] = sd[f"{src}.{shared}.{role}_proj.weight"]
+            if f"{src}.{shared}_gate.weight" in sd:
+                out[f"{dst}.shared_gate.weight"] = sd[f"{src}.{shared}_gate.weight"]
+    return out
+
+
+def assert_every_expert_chosen(spec: Spec, ref: nn.Module, ids: Tensor) -> None:
+    """The inputs route some token to each expert of each MoE layer (so every expert's
+    weights reach the logits that parity compares)."""
+    chosen: dict[int, set[int]] = {}
+
+    def hook(i: int) -> Any:
+        def record(module: nn.Module, args: Any, out: Any) -> None:
+            chosen[i] = set(out[2].flatten().tolist())  # (logits, weights, indices)
+        return record
+
+    handles = [ref.model.layers[i].mlp.gate.register_forward_hook(hook(i))
+               for i in moe_layers(spec)]
+    with torch.no_grad():
+        ref(ids)
+    for h in handles:
+        h.remove()
+    assert chosen and all(chosen[i] == set(range(spec.ffn.experts)) for i in moe_layers(spec)), \
+        chosen
+
+
+def check_flops(spec: Spec, ref: nn.Module, ids: Tensor) -> None:
+    """transformers' MoE FlopCounterMode count misses the routed experts' products: add
+    layers · 2 · tokens · k · 3 · d · expert_hidden and compare with the report's matmul."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        ref(ids)
+    tokens = ids.numel()
+    routed = len(moe_layers(spec)) * 2 * tokens * spec.ffn.top_k * 3 * spec.d_model \
+        * spec.ffn.expert_hidden
+    report = tfgraph.compile(spec).report(batch=ids.shape[0], seq=ids.shape[1])
+    assert counter.get_total_flops() + routed == report["flops"]["matmul"]
+
+
+def run_parity(spec: Spec, ref: nn.Module, weights: dict[str, Tensor]) -> None:
+    ids, _ = check_against(spec, ref, weights)
+    assert_every_expert_chosen(spec, ref, ids)
+    check_flops(spec, ref, ids)
+
+
+def test_mixtral_parity() -> None:
+    spec = tiny("tiny-moe.yaml")
+    cfg = transformers.MixtralConfig(
+        **{**llama_family_config(spec), "intermediate_size": spec.ffn.expert_hidden},
+        num_local_experts=spec.ffn.experts, num_experts_per_tok=spec.ffn.top_k,
+        sliding_window=None, tie_word_embeddings=False)
+    ref = transformers.MixtralForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    randomize(ref, seed=2)  # a seed whose router sends check_against's ids to every expert
+    sd = ref.state_dict()
+    norms = {"self_attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    run_parity(spec, ref, {**llama_family_weights(spec, sd, norms), **expert_weights(spec, sd)})
+
+
+def test_qwen2_moe_parity() -> None:
+    """Qwen2-MoE: softmax over all experts without renormalising (norm_topk_prob false), a
+    shared expert scaled by sigmoid(shared_expert_gate x), a dense first layer
+    (mlp_only_layers), q/k/v biases."""
+    spec = tiny("tiny-qwen2-moe.yaml")
+    cfg = transformers.Qwen2MoeConfig(
+        **llama_family_config(spec), moe_intermediate_size=spec.ffn.expert_hidden,
+        shared_expert_intermediate_size=spec.ffn.shared_hidden, num_experts=spec.ffn.experts,
+        num_experts_per_tok=spec.ffn.top_k, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=list(range(spec.ffn.dense_layers)), tie_word_embeddings=False,
+        use_sliding_window=False)
+    ref = transformers.Qwen2MoeForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    randomize(ref, seed=1)  # a seed whose router sends check_against's ids to every expert
+    sd = ref.state_dict()
+    norms = {"self_attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    weights = {**llama_family_weights(spec, sd, norms),
+               **expert_weights(spec, sd, shared="shared_expert")}
+    run_parity(spec, ref, weights)
+
+
+def test_olmoe_parity() -> None:
+    """OLMoE: qk-norm over the whole q and k projections, softmax_topk routing."""
+    spec = tiny("tiny-olmoe.yaml")
+    cfg = transformers.OlmoeConfig(
+        **{**llama_family_config(spec), "intermediate_size": spec.ffn.expert_hidden},
+        num_experts=spec.ffn.experts, num_experts_per_tok=spec.ffn.top_k, norm_topk_prob=False,
+        tie_word_embeddings=False)
+    ref = transformers.OlmoeForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    randomize(ref, seed=3)
+    sd = ref.state_dict()
+    norms = {"self_attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
+    run_parity(spec, ref, {**llama_family_weights(spec, sd, norms), **expert_weights(spec, sd)})
+
+
+@pytest.mark.parametrize("router", ["softmax_topk_renorm", "topk_softmax"])
+def test_renormalised_and_topk_softmax_routers_agree(router: str) -> None:
+    """softmax over the top-k logits equals the renormalised top-k of the softmax: the tiny
+    Mixtral spec gives the same logits with either router (and Mixtral's with both)."""
+    data = tiny("tiny-moe.yaml").model_dump()
+    data["ffn"]["router"] = router
+    graph = tfgraph.compile(Spec.model_validate(data))
+    ids = torch.randint(0, 128, (2, 11), generator=torch.Generator().manual_seed(5))
+    from tfgraph.exporters import to_torch
+
+    with torch.no_grad():
+        out = to_torch(graph, seed=3)(ids)
+        base = to_torch(tfgraph.compile(tiny("tiny-moe.yaml")), seed=3)(ids)
+    torch.testing.assert_close(out, base, atol=1e-5, rtol=0)
+
+
+# ---- accounting --------------------------------------------------------------------------------
+
+
+def test_active_parameters_and_all_expert_flops() -> None:
+    """params counts every expert; params_active k of E (plus shared experts and the rest);
+    the all-experts FLOPs differ from the top-k ones by (E - k) experts per token."""
+    spec = tiny("tiny-qwen2-moe.yaml")
+    rep = tfgraph.compile(spec).report(batch=2, seq=10)
+    ffn, d = spec.ffn, spec.d_model
+    per_expert = 3 * d * ffn.expert_hidden
+    layers = len(moe_layers(spec))
+    assert rep["params"] - rep["params_active"] == layers * (ffn.experts - ffn.top_k) * per_expert
+    assert rep["memory"]["weights"] == 4 * rep["params"]  # every expert is stored
+    tokens = 2 * 10
+    assert rep["flops"]["matmul_all_experts"] - rep["flops"]["matmul"] == \
+        layers * 2 * tokens * (ffn.experts - ffn.top_k) * per_expert
+    router_matmul = layers * 2 * tokens * d * ffn.experts
+    softmax_topk = layers * tokens * ffn.experts * (5 + 1)  # softmax and top-k per logit
+    assert rep["flops"]["router"] == router_matmul + softmax_topk
+    assert "params_active" in rep["formulas"] and "E" in rep["formulas"]["params_active"]
+
+
+def test_dense_specs_have_no_expert_figures() -> None:
+    rep = tfgraph.compile(tiny("tiny-llama.yaml")).report()
+    assert "params_active" not in rep and "router" not in rep["flops"]
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"top_k": 2}, "ffn.top_k: only for a mixture of experts"),
+    ({"experts": 4}, "ffn.top_k: required"),
+    ({"experts": 4, "top_k": 5}, "ffn.top_k: 5 is more than the 4 experts"),
+    ({"experts": 4, "top_k": 2, "bias": True}, "ffn.bias: routed experts have no biases"),
+    ({"experts": 4, "top_k": 2, "shared_gate": True}, "ffn.shared_gate: there are no shared"),
+    ({"experts": 4, "top_k": 2, "dense_layers": 2}, "ffn.dense_layers: 2 leaves no layer"),
+])
+def test_spec_rules(over: dict[str, Any], message: str) -> None:
+    data = {"name": "m", "arch": "decoder-only", "d_model": 32, "layers": 2, "vocab": 50,
+            "attention": {"heads": 4}, "ffn": {"bias": False, **over}}
+    with pytest.raises(ValueError, match=message):
+        Spec.model_validate(data)
+
+
+def test_shared_hidden_defaults_to_shared_experts_times_expert_hidden() -> None:
+    s = tiny("tiny-deepseek-moe.yaml")
+    assert s.ffn.shared_hidden == s.ffn.shared_experts * s.ffn.expert_hidden
+    assert s.ffn.shared_gate is False and s.ffn.router == "softmax_topk_renorm"
