@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
+from tfgraph.hf.config import SpecDraft
 from tfgraph.terminal import printable
 
 
@@ -35,10 +36,18 @@ def spec_yaml(path: str, name: str | None = None) -> str:
         f"Every field below is read from that config by tfgraph.hf.{_family_module(model_type)};",
         "fields left out keep tfgraph's defaults (README.md, \"Spec reference\"). Parameter",
         "names map to the checkpoint's with tfgraph.hf.name_map(config).",
+        f"Parameters: {_params(draft):,} (as the checkpoint counts them; fixed tables and "
+        "buffers excluded).",
     ]
     body = yaml.dump(draft.data, Dumper=Dumper, sort_keys=False, allow_unicode=True,
                      default_flow_style=None, width=100)
     return "".join(f"# {line}\n" for line in header) + body
+
+
+def _params(draft: SpecDraft) -> int:
+    import tfgraph
+
+    return int(tfgraph.compile(draft.spec()).report(seq=1)["params"])
 
 
 def _family_module(model_type: str) -> str:
