@@ -110,7 +110,7 @@ def _relative_bias(b: Builder, n: Node) -> str:
     # float32 (the same operations in the same order, so the same buckets).
     table = n.inputs[0]  # (buckets, h)
     buckets, max_distance = int(n.attrs["buckets"]), int(n.attrs["max_distance"])
-    r = b.arange(_seq_sym(b, n))  # (L,)
+    r = b.arange(b.graph.node(n.inputs[1]).type.shape[1])  # (L,) of x (B, L, d)
     rows = b.add(n.name, "Unsqueeze", [r, b.ints([1])], tag="queries")  # (L, 1) i
     cols = b.add(n.name, "Unsqueeze", [r, b.ints([0])], tag="keys")  # (1, L) j
     rel = b.add(n.name, "Sub", [cols, rows], tag="distance")  # (L, L) j - i

@@ -38,6 +38,8 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
             out[f"{stack}.positions.weight"] = (spec.max_len + spec.embedding.position_offset, d)
         if spec.embedding.norm:
             norm_params(f"{stack}.embed_norm")
+        if spec.embedding.positions == "relative":  # T5: one bias table per stack
+            out[f"{stack}.relative_bias.weight"] = (spec.embedding.relative_buckets, att.heads)
         for i in range(spec.layer_count(stack)):
             layer = f"{stack}.layers.{i}"
             subs = ["self_attn"]
@@ -54,6 +56,9 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
                 if att.qk_norm == "full":
                     norm_params(f"{layer}.{sub}.q_norm", hq)
                     norm_params(f"{layer}.{sub}.k_norm", hkv)
+                elif att.qk_norm == "head":  # one gain of width head_dim for every head
+                    norm_params(f"{layer}.{sub}.q_norm", att.head_dim)
+                    norm_params(f"{layer}.{sub}.k_norm", att.head_dim)
             gated = ffn.activation in GATED_ACTIVATIONS
             if ffn.experts is not None and i >= (ffn.dense_layers or 0):
                 # mixture of experts: router, stacked routed experts, shared experts

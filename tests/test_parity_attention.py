@@ -117,3 +117,66 @@ def test_hf_gemma3_local_rotary_base_and_per_head_qk_norm() -> None:
     weights = llama_family_weights(spec, ref.state_dict(), GEMMA_NORMS | QK_NORMS)
     ids, expected = check_against(spec, ref, weights)
     _differs(_without(spec, "embedding", local_rope_theta=None), weights, ids, expected)
+
+
+def _t5_weights(spec: Spec, sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """T5's names (``encoder.block.i.layer.j.SelfAttention.q``, ...) to tfgraph's."""
+    weights = {"embed.tokens.weight": sd["shared.weight"]}
+    sublayers = {"encoder": ["self_attn", "ffn"], "decoder": ["self_attn", "cross_attn", "ffn"]}
+    for stack, subs in sublayers.items():
+        weights[f"{stack}.norm.weight"] = sd[f"{stack}.final_layer_norm.weight"]
+        weights[f"{stack}.relative_bias.weight"] = sd[
+            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+        for i in range(spec.layer_count(stack)):
+            for j, sub in enumerate(subs):
+                src, dst = f"{stack}.block.{i}.layer.{j}", f"{stack}.layers.{i}"
+                weights[f"{dst}.{sub}_norm.weight"] = sd[f"{src}.layer_norm.weight"]
+                if sub == "ffn":
+                    for theirs, ours in (("wi", "up"), ("wo", "down")):
+                        weights[f"{dst}.ffn.{ours}.weight"] = sd[
+                            f"{src}.DenseReluDense.{theirs}.weight"]
+                    continue
+                block = "SelfAttention" if sub == "self_attn" else "EncDecAttention"
+                for role in "qkvo":
+                    weights[f"{dst}.{sub}.{role}.weight"] = sd[f"{src}.{block}.{role}.weight"]
+    return weights
+
+
+def test_hf_t5_relative_position_bias() -> None:
+    """T5: bucketed relative position bias (bidirectional in the encoder, causal in the
+    decoder, shared by a stack's layers), unscaled scores, tied head scaled by d^-0.5.
+    Catches the bias left out, its buckets wrong in either direction, and a scaled score."""
+    from tfgraph.exporters.onnx_model import to_onnx
+
+    ort = pytest.importorskip("onnxruntime")
+    spec = tiny("tiny-t5.yaml")
+    emb, att = spec.embedding, spec.attention
+    config = transformers.T5Config(
+        vocab_size=spec.vocab, d_model=spec.d_model, d_kv=att.head_dim, d_ff=spec.ffn.hidden,
+        num_layers=spec.layer_count("encoder"), num_decoder_layers=spec.layer_count("decoder"),
+        num_heads=att.heads, relative_attention_num_buckets=emb.relative_buckets,
+        relative_attention_max_distance=emb.relative_max_distance, dropout_rate=0.0,
+        layer_norm_epsilon=spec.norm.eps, feed_forward_proj="relu", tie_word_embeddings=True,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    ref = _reference(transformers.T5ForConditionalGeneration, config, seed=29)
+    weights = _t5_weights(spec, ref.state_dict())
+    graph = tfgraph.compile(spec)
+    assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, spec.vocab, (2, 19), generator=gen)
+    tgt = torch.randint(0, spec.vocab, (2, 17), generator=gen)
+    ours = to_torch(graph, weights=weights).eval()
+    with torch.no_grad():
+        expected = ref(input_ids=src, decoder_input_ids=tgt).logits
+        assert (ours(src, tgt) - expected).abs().max().item() <= ATOL
+    for opset in (23, 17):
+        model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()}, opset=opset)
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        got = session.run(None, {"src_ids": src.numpy(), "tgt_ids": tgt.numpy()})[0]
+        assert (torch.from_numpy(got) - expected).abs().max().item() <= ATOL
+    zeroed = {k: (torch.zeros_like(v) if k.endswith("relative_bias.weight") else v)
+              for k, v in weights.items()}
+    with torch.no_grad():
+        other = to_torch(graph, weights=zeroed).eval()(src, tgt)
+    assert (other - expected).abs().max().item() > 100 * ATOL

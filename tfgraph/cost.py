@@ -126,7 +126,7 @@ def kv_cache(graph: Graph) -> sympy.Expr:
     terms = []
     for node in graph.ops():
         if node.op == "attention" and node.meta.stack == "decoder":
-            k, v = (graph.node(i).type for i in node.inputs[1:])
+            k, v = (graph.node(i).type for i in node.inputs[1:3])
             kept = 1  # a sliding window keeps only its last W positions (attention.window)
             if node.attrs.get("window"):
                 kept = sympy.Min(k.shape[1], node.attrs["window"]) / k.shape[1]

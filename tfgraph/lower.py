@@ -496,11 +496,12 @@ class _Lowering:
                       scope="head", meta=_role(meta, "act"))
             ins[0] = self.norm(x, "head.transform_norm", "head.transform_norm", "head", meta,
                                "transform_norm")
-        logits = g.add("linear", ins, name="logits", scope="head",
-                       meta=_role(meta, "logits"))  # (B, L, V)
+        capped = spec.head.softcap is not None  # then "logits" names the capped output
+        logits = g.add("linear", ins, name="head.uncapped" if capped else "logits",
+                       scope="head", meta=_role(meta, "uncapped" if capped else "logits"))
         if spec.head.softcap is not None:  # Gemma 2: cap * tanh(logits / cap)
-            logits = g.add("softcap", [logits], name="head.softcap", scope="head",
-                           cap=spec.head.softcap, meta=_role(meta, "softcap"))
+            logits = g.add("softcap", [logits], name="logits", scope="head",
+                           cap=spec.head.softcap, meta=_role(meta, "logits"))  # (B, L, V)
         if spec.output == "probs":
             return g.add("softmax", [logits], name="probs", scope="head",
                          meta=_role(meta, "probs"))
