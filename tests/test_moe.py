@@ -196,3 +196,55 @@ def test_shared_hidden_defaults_to_shared_experts_times_expert_hidden() -> None:
     s = tiny("tiny-deepseek-moe.yaml")
     assert s.ffn.shared_hidden == s.ffn.shared_experts * s.ffn.expert_hidden
     assert s.ffn.shared_gate is False and s.ffn.router == "softmax_topk_renorm"
+
+
+# ---- full-size specs -------------------------------------------------------------------------
+
+
+def _meta_count(model_cls: Any, config: Any) -> int:
+    with torch.device("meta"):  # shapes only: no memory, no weights
+        return sum(p.numel() for p in model_cls(config).parameters())
+
+
+def test_mixtral_and_mistral_match_the_reference_parameter_counts() -> None:
+    common = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                  tie_word_embeddings=False)
+    mixtral = _meta_count(transformers.MixtralForCausalLM, transformers.MixtralConfig(
+        **common, num_local_experts=8, num_experts_per_tok=2))
+    mistral = _meta_count(transformers.MistralForCausalLM, transformers.MistralConfig(**common))
+    for name, count in (("mixtral-8x7b", mixtral), ("mistral-7b", mistral)):
+        rep = tfgraph.compile(ROOT / "specs" / f"{name}.yaml").report()
+        assert rep["params"] == count
+        assert f"{count:,}" in (ROOT / "specs" / f"{name}.yaml").read_text()
+    rep = tfgraph.compile(ROOT / "specs" / "mixtral-8x7b.yaml").report()
+    assert f"{rep['params_active']:,}" in (ROOT / "specs" / "mixtral-8x7b.yaml").read_text()
+
+
+def test_deepseek_v3_sized_spec_is_near_671b_total_and_37b_active() -> None:
+    spec = tfgraph.load_spec(ROOT / "specs" / "deepseek-v3-moe.yaml")
+    ffn = spec.ffn
+    assert (spec.layers, spec.d_model, spec.vocab) == (61, 7168, 129280)
+    assert (ffn.experts, ffn.expert_hidden, ffn.shared_experts, ffn.top_k) == (256, 2048, 1, 8)
+    assert (ffn.dense_layers, ffn.hidden) == (3, 18432)
+    rep = tfgraph.compile(spec).report()
+    assert 665e9 < rep["params"] < 677e9 and 35e9 < rep["params_active"] < 39e9
+    text = (ROOT / "specs" / "deepseek-v3-moe.yaml").read_text()
+    assert f"{rep['params']:,}" in text and f"{rep['params_active']:,}" in text
+
+
+def test_compare_shows_total_and_active_side_by_side() -> None:
+    from tfgraph.compare import compare, table_rows
+
+    graphs = [tfgraph.compile(ROOT / "specs" / f"{n}.yaml") for n in ("mixtral-8x7b",
+                                                                       "mistral-7b")]
+    data = compare(graphs, seqs=(128,))
+    mixtral, mistral = data["variants"]
+    assert mixtral["params_active"] < mixtral["params"] and \
+        mistral["params_active"] == mistral["params"]
+    per = mixtral["at"][0]["per_token"]
+    assert per["all_experts"] > per["active"] * 3  # 8 experts instead of 2 in the FFN
+    assert mistral["at"][0]["per_token"]["all_experts"] == mistral["at"][0]["per_token"]["active"]
+    titles = [title for _, title, _ in table_rows(data)]
+    assert {"params active (per token)", "FLOPs/token active",
+            "FLOPs/token all experts"} <= set(titles)

@@ -43,6 +43,13 @@ DEFINITIONS = {
     "memory.train_step": "bytes of one Adam training step: weights, gradients, two fp32 "
                          "moments (+ fp32 master copy for 16-bit dtypes), saved activations.",
     "ratio": "value / the first variant's value at the same length (null when that is 0).",
+    "params_active": "parameters one token uses: a mixture of experts counts its top-k routed "
+                     "experts (k/E of the stacked expert weights), its shared experts and "
+                     "everything else (report params_active); a dense model all its params.",
+    "per_token": "flops.forward / tokens (batch x length; encoder-decoder: batch x target "
+                 "length) at each length: 'active' counts each token's top-k experts, "
+                 "'all_experts' every expert on every token (report flops.forward_all_experts, "
+                 "what the ONNX model computes); equal for dense models.",
     "beyond_max_len": "the length exceeds the spec's max_len: figures are extrapolated from "
                       "the formulas, the model itself cannot run it.",
     "crossover": "the sequence length L at which attention-score FLOPs "
@@ -148,6 +155,15 @@ def measure(graph: Graph, seq: int, batch: int = 1) -> dict[str, int]:
     return {f"{section}.{key}": rep[section][key] for section, key in METRICS}
 
 
+def per_token(graph: Graph, seq: int, batch: int = 1) -> dict[str, float]:
+    """Forward FLOPs per token at one length: active (each token's top-k experts) and with
+    every expert on every token (DEFINITIONS['per_token'])."""
+    flops = build_report(graph, batch=batch, seq=seq, tgt_seq=seq)["flops"]
+    tokens = batch * seq
+    return {"active": flops["forward"] / tokens,
+            "all_experts": flops.get("forward_all_experts", flops["forward"]) / tokens}
+
+
 def series(graph: Graph, lengths: Sequence[int], batch: int = 1) -> dict[str, list[int]]:
     """METRICS plus attention-score and FFN FLOPs at each length, for plots.
 
@@ -183,12 +199,14 @@ def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
         at: list[dict[str, Any]] = []
         for seq in seqs:
             values = measure(graph, seq, batch)
-            at.append({"seq": seq, "values": values,
+            at.append({"seq": seq, "values": values, "per_token": per_token(graph, seq, batch),
                        "beyond_max_len": bool(spec and spec.max_len and seq > spec.max_len)})
+        sym = symbolic(graph)
         variants.append({
             "name": graph.name,
             "arch": spec.arch if spec else None,
-            "params": int(symbolic(graph)["params"]),
+            "params": int(sym["params"]),
+            "params_active": int(sym.get("params_active", sym["params"])),
             "params_breakdown": params_breakdown(graph),
             "at": at,
             "crossover": crossover(graph, batch),
@@ -252,6 +270,9 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     rows.append(("parameters", "params",
                  [_with_ratio(human_count(v["params"]), v["ratio"]["params"], i == 0)
                   for i, v in enumerate(variants)]))
+    if any(v["params_active"] != v["params"] for v in variants):  # a mixture of experts
+        rows.append(("parameters", "params active (per token)",
+                     [human_count(v["params_active"]) for v in variants]))
     for group in PARAM_GROUPS:
         counts = [v["params_breakdown"][group] for v in variants]
         if any(counts):
@@ -266,6 +287,11 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
                 text = _with_ratio(text, at["ratio"][key], i == 0)
                 cells.append(text + (" †" if at["beyond_max_len"] else ""))
             rows.append((f"L = {seq}, batch {data['batch']}", title, cells))
+        if any(v["params_active"] != v["params"] for v in variants):
+            for key, title in (("active", "FLOPs/token active"),
+                               ("all_experts", "FLOPs/token all experts")):
+                rows.append((f"L = {seq}, batch {data['batch']}", title,
+                             [human_count(v["at"][j]["per_token"][key]) for v in variants]))
     cross = []
     for v in variants:
         c = v["crossover"]

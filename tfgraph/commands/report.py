@@ -164,7 +164,18 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
         totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")
     for key in ("weights", "activations_peak", "saved_for_backward", "kv_cache", "train_step"):
         totals.add_row(f"memory.{key}", _bytes(memory[key]), f"{memory[key]:,} B")
+    if "params_active" in rep:  # a mixture of experts: what one token uses, the router, and
+        # the FLOPs of the ONNX model's dense form (every expert on every token)
+        totals.add_row("params_active", _si(rep["params_active"], ""),
+                       f"{rep['params_active']:,}")
+        for key in ("router", "matmul_all_experts", "forward_all_experts"):
+            totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")
     console.print(totals)
+    if "params_active" in rep:
+        console.print(f"flops.forward counts each token's top-k experts (the PyTorch module); "
+                      f"the ONNX model runs every expert on every token: "
+                      f"flops.forward_all_experts, "
+                      f"{flops['forward_all_experts'] / flops['forward']:.2f}x")
     console.print(f"activation peak at node {plain(rep['activations_peak_at'])}")
 
     comp = Table(title="Per component (FLOPs of one forward; identical consecutive layers "
