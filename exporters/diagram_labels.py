@@ -55,7 +55,26 @@ def heads_text(att: Node) -> str:
         text += f", {kv} kv heads (GQA)"
     if a.get("normalize") == "hardmax":
         text += ", hardmax"
+    if a.get("scale") is not None:  # T5 (1), Gemma 2 (query_pre_attn_scalar^-0.5)
+        text += f", scores × {a['scale']:.4g}"
+    if a.get("softcap") is not None:  # Gemma 2
+        text += f", scores capped at ±{a['softcap']:g}"
     return text
+
+
+def window_text(graph: Graph, stack: Stack) -> str:
+    """``sliding window 8: 1 local, 1 global layer`` for a stack with sliding windows."""
+    windows = [n.attrs.get("window") for n in graph.ops()
+               if n.op == "attention" and n.meta.stack == stack.name
+               and n.attrs.get("kind") == "self"]
+    local = [w for w in windows if w is not None]
+    if not local:
+        return ""
+    if len(local) == len(windows):
+        return f"sliding window {local[0]} in every layer"
+    glob = len(windows) - len(local)
+    return (f"sliding window {local[0]}: {len(local)} local, {glob} global "
+            f"layer{'s' if glob > 1 else ''}")
 
 
 def attention_title(node: Node) -> str:
@@ -234,9 +253,10 @@ def _dense_then_moe(graph: Graph, members: list[Node]) -> str:
     meta = later[0].meta
     moe = [n for n in graph.ops() if n.meta.stack == meta.stack and n.meta.layer == meta.layer
            and n.meta.sublayer == meta.sublayer]
-    dense = "layer 0" if meta.layer == 1 else f"layers 0–{meta.layer - 1}"
+    first_moe = int(meta.layer or 0)
+    dense = "layer 0" if first_moe == 1 else f"layers 0–{first_moe - 1}"
     return (f"Feed-forward\n{dense}: {ffn_text(graph, members)}\n"
-            f"layers {meta.layer}–: {moe_text(graph, moe)}")
+            f"layers {first_moe}–: {moe_text(graph, moe)}")
 
 
 def fn_text(graph: Graph, members: list[Node]) -> str:
@@ -293,7 +313,7 @@ def stack_text(graph: Graph, stack: Stack) -> str:
     ffn = [nodes for nodes in boxes(stack).values()
            if box_key(nodes[0]) == "fn" and attention_of(nodes) is None]
     lines = [f"{stack.name.capitalize()} × {stack.layers}", order_text(graph, stack),
-             heads_text(att) if att is not None else "",
+             heads_text(att) if att is not None else "", window_text(graph, stack),
              f"FFN {ffn_text(graph, ffn[0])}" if ffn else "",
              wiring_text(graph, stack)]
     return "\n".join(line for line in lines if line)
@@ -313,6 +333,10 @@ def scale_text(factor: float) -> str:
 def positions_text(graph: Graph, stack: Stack) -> str:
     """How ``stack`` encodes positions: an embedding op, rotary ops in its layers, or none."""
     for node in stack.embed:
+        if node.op == "relative_bias":  # T5: a bias on the scores, not an added embedding
+            direction = "bidirectional" if node.attrs["bidirectional"] else "causal"
+            return (f"relative position bias ({node.attrs['buckets']} {direction} buckets, "
+                    "on the self-attention scores)")
         if node.category == "position":
             text = POSITION_TEXT.get(node.op, node.op)
             if len(node.inputs) > 1:  # a learned table

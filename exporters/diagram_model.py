@@ -74,12 +74,14 @@ def head_text(graph: Graph, head: Node, ann: Annotator) -> str:
     proj = projection(graph)
     tied = "tied to the token table" if is_tied(graph, proj) else "own weight (untied)"
     before = [n for n in ops[:ops.index(proj)]]
+    scaled = [f"× {n.attrs['factor']:.4g}" for n in before if n.op == "scale"]  # T5
     words = [f"linear {linear_text(graph, n)}" if n.category == "linear"
              else NORM_NAMES.get(n.op, n.op) if n.category == "norm"
-             else ACTIVATION_NAMES.get(n.op, n.op) for n in before]
+             else ACTIVATION_NAMES.get(n.op, n.op) for n in before if n.op != "scale"]
     transform = f"transform: {', '.join(words)}" if words else ""
-    return join_lines("Output head", transform, f"linear {linear_text(graph, proj)}", tied,
-                      ann.text([n.name for n in ops]))
+    capped = [f"logits capped at ±{n.attrs['cap']:g}" for n in ops if n.op == "softcap"]
+    return join_lines("Output head", transform, *scaled, f"linear {linear_text(graph, proj)}",
+                      tied, *capped, ann.text([n.name for n in ops]))
 
 
 def embed_edge_label(node: Node) -> str:

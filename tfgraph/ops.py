@@ -448,8 +448,7 @@ def _save_tanh(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) ->
 
 
 register(OpDef("softcap", (1, 1), _same, _elementwise("softcap"), _save_tanh,
-               "attrs['cap'] * tanh(x / attrs['cap']): soft-capped logits (Gemma 2).",
-               category="output"))
+               "attrs['cap'] * tanh(x / attrs['cap']): soft-capped logits (Gemma 2)."))
 register(OpDef("softmax", (1, 1), _same, _elementwise("softmax"), _save_output,
                "Softmax over the last axis (output: probs).", category="output"))
 
