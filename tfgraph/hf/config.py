@@ -188,15 +188,16 @@ def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
              fraction: float | None = None) -> None:
     """Write ``embedding.positions: rope`` and its theta, scaling and rotary fraction."""
     cfg = draft.config
+    shown = cfg.data[where] if where in cfg.data else params  # what the config says
     draft.put("embedding.positions", "rope")
     theta = params.get("rope_theta", 10000.0)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)):
-        cfg.refuse(where, "rope_theta must be a number", params)
-    draft.put("embedding.rope_theta", float(theta), where, params)
+        cfg.refuse(where, "rope_theta must be a number", shown)
+    draft.put("embedding.rope_theta", float(theta), where, shown)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ("default", *_SCALINGS):
         cfg.refuse(where, f"tfgraph has no rotary scaling {kind!r} (supported: default, "
-                   f"{', '.join(_SCALINGS)})", params)
+                   f"{', '.join(_SCALINGS)})", shown)
     if kind != "default":
         scaling = {"type": kind}
         for key, ours in _SCALINGS[kind].items():
@@ -206,9 +207,9 @@ def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
                                  *_SCALINGS[kind]}
         if unknown:
             cfg.refuse(where, f"unknown {kind} rotary scaling setting(s) "
-                       f"{', '.join(sorted(unknown))}", params)
-        draft.put("embedding.rope_scaling", scaling, where, params)
+                       f"{', '.join(sorted(unknown))}", shown)
+        draft.put("embedding.rope_scaling", scaling, where, shown)
     if fraction is None:
         fraction = float(params.get("partial_rotary_factor", 1.0))
     if fraction != 1.0:
-        draft.put("embedding.rotary_fraction", fraction, where, params)
+        draft.put("embedding.rotary_fraction", fraction, where, shown)

@@ -14,8 +14,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
     d, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
     if cfg.bool("qk_layernorm", False):
-        cfg.refuse("qk_layernorm", "Phi's per-head LayerNorm on q and k (with biases) has no "
-                   "tfgraph form; attention.qk_norm head is RMS-free only for norm.kind")
+        cfg.refuse("qk_layernorm", "Phi's LayerNorm on q and k is not imported (tfgraph's "
+                   "attention.qk_norm is checked against Qwen3, Gemma 3 and OLMo 2 only)")
     draft.put("arch", "decoder-only")
     draft.put("d_model", d, "hidden_size")
     draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")

@@ -14,6 +14,8 @@ from tfgraph.spec import Spec
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
     put_decoder_sizes(draft, cfg)
+    if cfg.bool("attention_bias", False):  # modeling_phi3 builds qkv_proj and o_proj biasless
+        cfg.refuse("attention_bias", "Phi3ForCausalLM has no attention biases to load")
     draft.put("attention.bias", False)
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
     draft.put("ffn.activation", activation(cfg, "hidden_act", gated=True, default="silu"), "hidden_act")
