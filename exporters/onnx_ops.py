@@ -159,7 +159,7 @@ def _attention(b: Builder, n: Node) -> str:
     mask = b.window_mask(_seq_sym(b, n), int(window)) if window else None  # (Tq, Tk) bool
     if n.attrs["normalize"] == "softmax" and b.opset >= ATTENTION_OPSET and bias is None:
         # softcap is applied to the scaled scores before the mask (ONNX Attention, opset 23)
-        capped = {"softcap": float(softcap)} if softcap else {}
+        capped: dict[str, Any] = {"softcap": float(softcap)} if softcap else {}
         return b.add(n.name, "Attention", [q, k, v] + ([mask] if mask else []), n.name,
                      q_num_heads=h, kv_num_heads=kv, scale=float(scale),
                      is_causal=int(n.attrs["causal"] and mask is None), **capped)
