@@ -97,8 +97,8 @@ def _moe_sizes(spec: Spec, sizes: Sizes, dense_layers: int) -> Sizes:
     hidden = sizes.ffn_hidden if ffn.expert_hidden == ffn.hidden else D_E
     shared = None
     if ffn.shared_experts:
-        shared = E_SH * hidden if ffn.shared_hidden == ffn.shared_experts * ffn.expert_hidden \
-            else D_SH
+        derived = ffn.shared_experts * int(ffn.expert_hidden or 0)  # the default
+        shared = E_SH * hidden if ffn.shared_hidden == derived else D_SH
     return replace(sizes, experts=E, top_k=K, expert_hidden=hidden, shared_hidden=shared,
                    dense_layers=dense_layers)
 

@@ -543,7 +543,7 @@ def _derive_experts(spec: Spec) -> None:
         raise ValueError(f"ffn.{name}: there are no shared experts; set ffn.shared_experts "
                          "or remove it")
     if ffn.shared_experts and ffn.shared_hidden is None:
-        ffn.shared_hidden = ffn.shared_experts * ffn.expert_hidden
+        ffn.shared_hidden = ffn.shared_experts * int(ffn.expert_hidden or 0)
     if ffn.shared_gate is None:
         ffn.shared_gate = False
     if ffn.dense_layers is None:
