@@ -25,8 +25,9 @@ def test_weights_kv_cache_and_train_step_closed_forms(path):
     assert mem["weights"] == params * nbytes
 
     per_token = 2 * att.kv_heads * att.head_dim * nbytes  # K and V of one position, one layer
-    if spec.arch == "decoder-only":
-        kv = spec.layer_count("decoder") * 3 * 20 * per_token
+    if spec.arch == "decoder-only":  # a sliding-window layer keeps its last W positions
+        kv = sum(3 * (min(20, att.window) if spec.layer_is_local(i) and att.window else 20)
+                 * per_token for i in range(spec.layer_count("decoder")))
     elif spec.arch == "encoder-decoder":  # self-attention over T, cross-attention over S
         kv = spec.layer_count("decoder") * 3 * (13 + 20) * per_token
     else:
