@@ -89,6 +89,9 @@ CASES: dict[str, Case] = {
         LLAMA, num_local_experts=4, num_experts_per_tok=2, sliding_window=None), moe=True),
     "qwen2": Case("Qwen2Config", "Qwen2ForCausalLM", dict(
         LLAMA, tie_word_embeddings=True, use_sliding_window=False)),
+    "qwen2-window": Case("Qwen2Config", "Qwen2ForCausalLM", dict(
+        LLAMA, num_hidden_layers=3, use_sliding_window=True, sliding_window=6,
+        max_window_layers=1)),  # full, then sliding layers: pattern [global, local, local]
     "qwen2_moe": Case("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
         LLAMA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, norm_topk_prob=False, decoder_sparse_step=1,

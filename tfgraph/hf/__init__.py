@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from pydantic import BaseModel
+
 from tfgraph.hf.config import ConfigError, HFConfig, SpecDraft
 from tfgraph.hf.names import NameMap, NameMapError, Rule
 from tfgraph.spec import Spec
@@ -91,6 +93,12 @@ def draft_from_config(data: Mapping[str, Any], name: str | None = None,
              "embedding", "attention", "ffn", "norm", "block", "head", "dropout", "dtype")
     draft.data = {k: draft.data[k] for k in order if k in draft.data} | {
         k: v for k, v in draft.data.items() if k not in order}
+    for key, value in draft.data.items():  # sections in the spec language's field order
+        model = getattr(Spec.model_fields.get(key), "annotation", None)
+        if isinstance(value, dict) and isinstance(model, type) and issubclass(model, BaseModel):
+            fields = list(model.model_fields)
+            draft.data[key] = dict(sorted(value.items(), key=lambda kv: (
+                fields.index(kv[0]) if kv[0] in fields else len(fields))))
     draft.spec()
     return draft
 
