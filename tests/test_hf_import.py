@@ -138,6 +138,16 @@ def test_unsupported_settings_exit_2_naming_the_field(tmp_path: Path, change: di
     assert run("validate", str(tmp_path / "tiny-llama")).exit_code == 2
 
 
+def test_an_invalid_value_names_the_config_field(tmp_path: Path) -> None:
+    """A cross-field rule of the spec (kv_heads must divide heads) or a range (eps < 1) is
+    reported against the config field the value came from."""
+    for change, field in (({"num_key_value_heads": 3}, "num_key_value_heads = 3"),
+                          ({"rms_norm_eps": 2.0}, "rms_norm_eps = 2.0")):
+        result = run("import", str(folder(tmp_path, LLAMA | change, name=field[:8])))
+        assert result.exit_code == 2
+        assert field in result.stderr and "gives an invalid spec" in result.stderr
+
+
 def test_a_spec_field_this_tfgraph_lacks_names_the_config_field() -> None:
     """SpecDraft turns 'extra field' from the spec into the config field that asked for it."""
     from tfgraph.hf.config import HFConfig, SpecDraft

@@ -116,13 +116,24 @@ class SpecDraft:
             error = exc.errors()[0]
             path = ".".join(str(p) for p in error["loc"] if not isinstance(p, int))
             message = error["msg"].removeprefix("Value error, ")
+            if not path:  # a cross-field rule: "field.path: what to change" (tfgraph.spec)
+                head = message.split(":", 1)[0]
+                path = head if head.replace(".", "").replace("_", "").isalnum() else ""
+            if path and not message.startswith(path):
+                message = f"{path}: {message}"
+            lacking = error["type"] in ("extra_forbidden", "literal_error")
             for known, (field, value) in sorted(self.origin.items(), key=lambda kv: -len(kv[0])):
-                if path == known or path.startswith(known + ".") or known.startswith(path + "."):
-                    spec_path = known if error["type"] == "extra_forbidden" else path
-                    self.config.refuse(field, f"needs spec field {spec_path}, which this tfgraph "
-                                       f"cannot express ({message})", value)
+                if path and (path == known or path.startswith(known + ".")
+                             or known.startswith(path + ".")):
+                    if lacking:
+                        spec_path = known if error["type"] == "extra_forbidden" else path
+                        why = (f"needs spec field {spec_path}, which this tfgraph cannot "
+                               f"express ({message})")
+                    else:
+                        why = f"gives an invalid spec: {message}"
+                    self.config.refuse(field, why, value)
             raise ConfigError(f"{self.config.source}: the imported spec is invalid: "
-                              f"{path}: {message}") from None
+                              f"{message}") from None
 
 
 # ---- readings several families share -------------------------------------------------------
