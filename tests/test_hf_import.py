@@ -212,6 +212,26 @@ def test_output_is_written_atomically(tmp_path: Path) -> None:
 # ---- the name map's mechanics on numpy arrays ------------------------------------------------
 
 
+def test_import_and_name_maps_need_no_torch() -> None:
+    """The import path (every family module, a spec, a name map on numpy arrays) leaves torch
+    unimported, so configs convert where only numpy is installed."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json, importlib, numpy as np\n"
+        "from tfgraph.hf import FAMILIES, name_map, spec_from_config\n"
+        "for m in set(FAMILIES.values()): importlib.import_module('tfgraph.hf.' + m)\n"
+        f"cfg = json.loads({json.dumps(json.dumps(LLAMA))})\n"
+        "spec_from_config(cfg)\n"
+        "name_map(cfg).to_tfgraph({'model.norm.weight': np.ones(64, np.float32)})\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_gpt2_conv1d_split_and_transpose_round_trip_on_numpy() -> None:
     cfg = {"model_type": "gpt2", "n_embd": 8, "n_layer": 1, "n_head": 2, "n_positions": 4,
            "vocab_size": 11}
