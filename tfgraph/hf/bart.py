@@ -59,8 +59,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("embedding.share", shared, "share_encoder_decoder_embeddings")
     draft.put("attention.heads", cfg.int("encoder_attention_heads"), "encoder_attention_heads")
     draft.put("ffn.hidden", cfg.int("encoder_ffn_dim"), "encoder_ffn_dim")
-    draft.put("ffn.activation", activation(cfg, "activation_function", gated=False, default="gelu"),
-              "activation_function")
+    act = activation(cfg, "activation_function", gated=False, default="gelu")
+    draft.put("ffn.activation", act, "activation_function")
     draft.put("norm.position", "post")
     draft.put("norm.final", False)
     draft.put("dropout", cfg.float("dropout", 0.1), "dropout")

@@ -34,8 +34,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         cfg.refuse("add_cross_attention", "a decoder-only GPT-2 with cross-attention has no "
                    "encoder in tfgraph's spec")
     draft.put("ffn.hidden", cfg.int("n_inner", 4 * d), "n_inner")
-    draft.put("ffn.activation", activation(cfg, "activation_function", gated=False, default="gelu_new"),
-              "activation_function")
+    act = activation(cfg, "activation_function", gated=False, default="gelu_new")
+    draft.put("ffn.activation", act, "activation_function")
     draft.put("norm.position", "pre")
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
     draft.put("norm.final", True)

@@ -46,7 +46,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if qk_norm != "none":
         draft.put("attention.qk_norm", qk_norm, "model_type")
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
-    draft.put("ffn.activation", activation(cfg, "hidden_act", gated=True, default="silu"), "hidden_act")
+    act = activation(cfg, "hidden_act", gated=True, default="silu")
+    draft.put("ffn.activation", act, "hidden_act")
     draft.put("ffn.bias", cfg.bool("mlp_bias", False), "mlp_bias")
     draft.put("norm.position", position)
     draft.put("norm.kind", "rmsnorm")

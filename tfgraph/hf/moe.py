@@ -98,5 +98,6 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
             rows.append(Rule(f"{src}.mlp.shared_expert.{r}_proj.weight",
                              (f"{dst}.ffn.shared.{r}.weight",)))
     if ffn.shared_gate:
-        rows.append(Rule(f"{src}.mlp.shared_expert_gate.weight", (f"{dst}.ffn.shared_gate.weight",)))
+        rows.append(Rule(f"{src}.mlp.shared_expert_gate.weight",
+                         (f"{dst}.ffn.shared_gate.weight",)))
     return rows

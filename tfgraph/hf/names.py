@@ -39,14 +39,15 @@ class Rule:
 
     kinds: ``copy``; ``transpose`` (GPT-2's Conv1D stores [in, out]); ``split`` (rows
     [sizes[0]; sizes[1]; ...], e.g. a fused q/k/v or gate/up projection); ``split_t``
-    (transpose, then split: GPT-2's ``c_attn``); ``axis`` says which dimension is split (1 for
-    transformers' stacked experts, ``gate_up_proj`` of shape [E, 2 * hidden, d]); ``heads`` (GPT-NeoX: per head, the rows of
-    each part in turn, ``len(ours)`` parts of ``sizes[0]`` heads); ``alias`` (the same tensor
-    under a second name, e.g. a tied ``lm_head.weight``: imported once, written back under both
-    names); ``legacy`` (an older checkpoint's name for a tensor, read on import and never
-    written: GPT-NeoX's ``embed_out``); ``generated`` (a buffer stored as a tensor but fixed by the config, e.g. Marian's
-    sinusoid tables, BART's zero ``final_logits_bias``: no tfgraph parameter; ``check``
-    validates it on import and ``make`` rebuilds it on export).
+    (transpose, then split: GPT-2's ``c_attn``); ``axis`` says which dimension is split (1
+    for transformers' stacked experts, ``gate_up_proj`` of shape [E, 2 * hidden, d]);
+    ``heads`` (GPT-NeoX: per head, the rows of each part in turn, ``len(ours)`` parts of
+    ``sizes[0]`` heads); ``alias`` (the same tensor under a second name, e.g. a tied
+    ``lm_head.weight``: imported once, written back under both names); ``legacy`` (an older
+    checkpoint's name for a tensor, read on import and never written: GPT-NeoX's
+    ``embed_out``); ``generated`` (a buffer stored as a tensor but fixed by the config, e.g.
+    Marian's sinusoid tables, BART's zero ``final_logits_bias``: no tfgraph parameter;
+    ``check`` validates it on import and ``make`` rebuilds it on export).
     """
 
     hf: str

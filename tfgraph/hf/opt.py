@@ -39,8 +39,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     bias = cfg.bool("enable_bias", True)
     draft.put("attention.bias", bias, "enable_bias")
     draft.put("ffn.hidden", cfg.int("ffn_dim"), "ffn_dim")
-    draft.put("ffn.activation", activation(cfg, "activation_function", gated=False, default="relu"),
-              "activation_function")
+    act = activation(cfg, "activation_function", gated=False, default="relu")
+    draft.put("ffn.activation", act, "activation_function")
     draft.put("ffn.bias", bias, "enable_bias")
     pre = cfg.bool("do_layer_norm_before", True)
     draft.put("norm.position", "pre" if pre else "post", "do_layer_norm_before")
