@@ -98,3 +98,25 @@ def split_neox_qkv(w: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
     per_head = w.reshape(heads, 3, -1, *w.shape[1:])  # (h, 3, hd[, d])
     q, k, v = (per_head[:, j].reshape(-1, *w.shape[1:]) for j in range(3))
     return q, k, v
+
+
+def neox_weights(spec: Spec, sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """GPT-NeoX names (``gpt_neox.layers.i.attention.query_key_value``, ...) to tfgraph's."""
+    heads = spec.attention.heads
+    weights = {"embed.tokens.weight": sd["gpt_neox.embed_in.weight"],
+               "head.weight": sd["embed_out.weight" if "embed_out.weight" in sd
+                                 else "lm_head.weight"]}
+    for kind in ("weight", "bias"):
+        weights[f"decoder.norm.{kind}"] = sd[f"gpt_neox.final_layer_norm.{kind}"]
+    for i in range(spec.layers):
+        src, dst = f"gpt_neox.layers.{i}", f"decoder.layers.{i}"
+        for kind in ("weight", "bias"):
+            q, k, v = split_neox_qkv(sd[f"{src}.attention.query_key_value.{kind}"], heads)
+            weights.update({f"{dst}.self_attn.q.{kind}": q, f"{dst}.self_attn.k.{kind}": k,
+                            f"{dst}.self_attn.v.{kind}": v})
+            weights[f"{dst}.self_attn.o.{kind}"] = sd[f"{src}.attention.dense.{kind}"]
+            weights[f"{dst}.ffn.up.{kind}"] = sd[f"{src}.mlp.dense_h_to_4h.{kind}"]
+            weights[f"{dst}.ffn.down.{kind}"] = sd[f"{src}.mlp.dense_4h_to_h.{kind}"]
+            weights[f"{dst}.self_attn_norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
+            weights[f"{dst}.ffn_norm.{kind}"] = sd[f"{src}.post_attention_layernorm.{kind}"]
+    return weights

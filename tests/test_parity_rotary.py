@@ -17,7 +17,7 @@ from tfgraph.exporters import to_torch
 from tfgraph.spec import Spec
 
 from parity_support import (ATOL, check_against, llama_family_config, llama_family_weights,
-                             randomize, split_neox_qkv, tiny)
+                            neox_weights, randomize, tiny)
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,27 +37,6 @@ def _no_dropout(**kw: Any) -> dict[str, Any]:
     return dict(bos_token_id=0, eos_token_id=0, pad_token_id=None, **kw)
 
 
-def _neox_weights(spec: Spec, sd: dict[str, Tensor]) -> dict[str, Tensor]:
-    heads = spec.attention.heads
-    weights = {"embed.tokens.weight": sd["gpt_neox.embed_in.weight"],
-               "head.weight": sd["embed_out.weight" if "embed_out.weight" in sd
-                                 else "lm_head.weight"]}
-    for kind in ("weight", "bias"):
-        weights[f"decoder.norm.{kind}"] = sd[f"gpt_neox.final_layer_norm.{kind}"]
-    for i in range(spec.layers):
-        src, dst = f"gpt_neox.layers.{i}", f"decoder.layers.{i}"
-        for kind in ("weight", "bias"):
-            q, k, v = split_neox_qkv(sd[f"{src}.attention.query_key_value.{kind}"], heads)
-            weights.update({f"{dst}.self_attn.q.{kind}": q, f"{dst}.self_attn.k.{kind}": k,
-                            f"{dst}.self_attn.v.{kind}": v})
-            weights[f"{dst}.self_attn.o.{kind}"] = sd[f"{src}.attention.dense.{kind}"]
-            weights[f"{dst}.ffn.up.{kind}"] = sd[f"{src}.mlp.dense_h_to_4h.{kind}"]
-            weights[f"{dst}.ffn.down.{kind}"] = sd[f"{src}.mlp.dense_4h_to_h.{kind}"]
-            weights[f"{dst}.self_attn_norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
-            weights[f"{dst}.ffn_norm.{kind}"] = sd[f"{src}.post_attention_layernorm.{kind}"]
-    return weights
-
-
 def test_hf_pythia_partial_rotary() -> None:
     """rotary_fraction 0.25 against GPT-NeoX with partial_rotary_factor 0.25 (Pythia):
     catches rotating the whole head, or the wrong quarter of it."""
@@ -74,7 +53,7 @@ def test_hf_pythia_partial_rotary() -> None:
     ref = transformers.GPTNeoXForCausalLM._from_config(config, attn_implementation="eager").eval()
     assert ref.gpt_neox.rotary_emb.inv_freq.numel() == spec.rotary_dim // 2  # really partial
     randomize(ref, seed=21)
-    weights = _neox_weights(spec, ref.state_dict())
+    weights = neox_weights(spec, ref.state_dict())
     ids, expected = check_against(spec, ref, weights)
     _differs(spec, weights, ids, expected, rotary_fraction=1.0)
 

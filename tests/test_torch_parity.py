@@ -20,7 +20,7 @@ from tfgraph.exporters import to_torch
 from tfgraph.spec import Spec
 
 from parity_support import (ATOL, check, check_against, llama_family_config,
-                             llama_family_weights, randomize, split_neox_qkv, tiny)
+                             llama_family_weights, neox_weights, randomize, tiny)
 
 D, HEADS, LAYERS, VOCAB, FFN = 64, 4, 2, 61, 128
 
@@ -292,22 +292,7 @@ def test_hf_gpt_neox_parallel_residual() -> None:
     ref = transformers.GPTNeoXForCausalLM._from_config(config, attn_implementation="eager").eval()
     randomize(ref, seed=11)
     sd = ref.state_dict()
-    weights = {"embed.tokens.weight": sd["gpt_neox.embed_in.weight"],
-               "head.weight": sd["embed_out.weight" if "embed_out.weight" in sd
-                                 else "lm_head.weight"]}
-    for kind in ("weight", "bias"):
-        weights[f"decoder.norm.{kind}"] = sd[f"gpt_neox.final_layer_norm.{kind}"]
-    for i in range(spec.layers):
-        src, dst = f"gpt_neox.layers.{i}", f"decoder.layers.{i}"
-        for kind in ("weight", "bias"):
-            q, k, v = split_neox_qkv(sd[f"{src}.attention.query_key_value.{kind}"], heads)
-            weights.update({f"{dst}.self_attn.q.{kind}": q, f"{dst}.self_attn.k.{kind}": k,
-                            f"{dst}.self_attn.v.{kind}": v})
-            weights[f"{dst}.self_attn.o.{kind}"] = sd[f"{src}.attention.dense.{kind}"]
-            weights[f"{dst}.ffn.up.{kind}"] = sd[f"{src}.mlp.dense_h_to_4h.{kind}"]
-            weights[f"{dst}.ffn.down.{kind}"] = sd[f"{src}.mlp.dense_4h_to_h.{kind}"]
-            weights[f"{dst}.self_attn_norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
-            weights[f"{dst}.ffn_norm.{kind}"] = sd[f"{src}.post_attention_layernorm.{kind}"]
+    weights = neox_weights(spec, sd)
     ids, expected = check_against(spec, ref, weights)
     sequential = spec.model_copy(update={"block": spec.block.model_copy(
         update={"residual": "sequential"})})
