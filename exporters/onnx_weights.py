@@ -40,9 +40,9 @@ def weight_source(graph: Graph, weights: Mapping[str, Any] | None, seed: int) ->
         from tfgraph.weights import init_param
 
         return lambda p: init_param(p.name, p.attrs["shape"], p.attrs["init"], seed)
-    from tfgraph.weights import check_weights
+    from tfgraph.weights import check_weights, weight_shapes
 
-    check_weights({n: tuple(np.shape(v)) for n, v in weights.items()}, graph, "weights")
+    check_weights(weight_shapes(weights), graph, "weights")
     return lambda p: as_float32(weights[p.name])
 
 

@@ -46,7 +46,7 @@ from tfgraph.exporters.torch_ops import (
 )
 from tfgraph.ir import Graph, Node
 from tfgraph.plan import Plan, layer_region, plan
-from tfgraph.weights import check_weights, generate
+from tfgraph.weights import check_weights, generate, weight_shapes
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -360,7 +360,7 @@ def _add_step(prog: _Program, n: Node, args: tuple[int, ...], overwrite: int | N
 def _as_tensors(graph: Graph, weights: Mapping[str, Any], dtype: torch.dtype,
                 source: str) -> dict[str, Tensor]:
     """Check names and shapes against the graph, then convert to ``dtype`` tensors."""
-    check_weights({n: tuple(np.shape(v)) for n, v in weights.items()}, graph, source)
+    check_weights(weight_shapes(weights), graph, source)
     out = {}
     for name, value in weights.items():
         t = value.detach() if isinstance(value, Tensor) else torch.from_numpy(np.asarray(value))

@@ -9,6 +9,8 @@ back ends cast to the spec's dtype. numpy only: the ONNX path must not import to
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +39,16 @@ def generate(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Initial values of every parameter of ``graph`` by name (README.md, "Parameter names")."""
     return {p.name: init_param(p.name, p.attrs["shape"], p.attrs["init"], seed)
             for p in graph.params()}
+
+
+def weight_shapes(weights: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Shapes of given weights by name, without reading lazy ones: a mapping with a
+    ``shapes()`` method (a checkpoint read on demand, tfgraph.hf.checkpoint_weights) says
+    them from its headers."""
+    shapes = getattr(weights, "shapes", None)
+    if callable(shapes):
+        return dict(shapes())
+    return {n: tuple(np.shape(v)) for n, v in weights.items()}
 
 
 def param_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 from tfgraph.errors import SpecError
-from tfgraph.safe_yaml import MAX_BYTES, check_size, decode
+from tfgraph.safe_yaml import MAX_BYTES, decode
 from tfgraph.spec import Spec
 
 CONFIG_NAME = "config.json"
@@ -27,6 +28,35 @@ def is_config_path(path: str | os.PathLike[str]) -> bool:
     return name.lower().endswith(".json") or Path(name).is_dir()
 
 
+def readable_roots(folder: Path) -> list[Path]:
+    """Where the files of model folder ``folder`` may really be: inside it, or, for a
+    snapshot of the Hugging Face hub cache (``models--org--name/snapshots/<rev>/``, whose files
+    are links to ``../../blobs/<hash>``), in that repository's ``blobs`` folder."""
+    real = folder.resolve()
+    roots = [real]
+    if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
+        roots.append(real.parent.parent / "blobs")
+    return roots
+
+
+def inside(folder: Path, name: str, what: str) -> Path:
+    """The regular file ``name`` of ``folder``, refusing a name that is a path, a link that
+    leads out of the folder (hub-cache blobs excepted: :func:`readable_roots`) and anything
+    that is not a regular file (a FIFO or device would block or never end)."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise SpecError(f"{what} {name!r} is not a file name in the folder", file=str(folder))
+    path = folder / name
+    real = path.resolve()
+    if not any(real.is_relative_to(root) for root in readable_roots(folder)):
+        raise SpecError(f"{name} leads outside the folder; refusing to follow it",
+                        file=str(folder))
+    if not path.exists():
+        raise SpecError(f"{what} {name} is not in the folder", file=str(folder))
+    if not stat.S_ISREG(real.stat().st_mode):
+        raise SpecError(f"{name} is not a regular file", file=str(folder))
+    return path
+
+
 def config_file(path: str | os.PathLike[str]) -> Path:
     """The config.json ``path`` names: itself, or the one inside the folder ``path``."""
     name = os.fspath(path)
@@ -35,15 +65,10 @@ def config_file(path: str | os.PathLike[str]) -> Path:
         raise SpecError("no such file or folder", file=name)
     if not given.is_dir():
         return given
-    inside = given / CONFIG_NAME
-    if not inside.exists():
+    if not (given / CONFIG_NAME).exists() and not (given / CONFIG_NAME).is_symlink():
         raise SpecError(f"is a directory with no {CONFIG_NAME}; expected a spec file or a "
                         "Hugging Face model folder", file=name)
-    folder = given.resolve()
-    if inside.resolve().parent != folder:
-        raise SpecError(f"{CONFIG_NAME} leads outside the folder; refusing to follow it",
-                        file=name)
-    return inside
+    return inside(given, CONFIG_NAME, "config")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -59,19 +84,25 @@ def _no_constant(text: str) -> Any:
     raise ValueError(f"{text} is not a number JSON allows")
 
 
-def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
-    """The config mapping and the file it came from."""
-    file = config_file(path)
+def _check_size(size: int, name: str, limit: int, what: str) -> None:
+    if size > limit:
+        raise SpecError(f"file is larger than {limit >> 20} MiB; too large for a {what}",
+                        file=name)
+
+
+def read_json(file: Path, limit: int, what: str) -> dict[str, Any]:
+    """The JSON object in ``file`` (at most ``limit`` bytes, UTF-8, no duplicate keys, no NaN
+    or Infinity); one SpecError line naming the file otherwise."""
     name = os.fspath(file)
     try:
         if file.is_dir():
-            raise SpecError("is a directory, not a config.json", file=name)
-        check_size(file.stat().st_size, name)
+            raise SpecError(f"is a directory, not a {what}", file=name)
+        _check_size(file.stat().st_size, name, limit, what)
         with file.open("rb") as handle:
-            data = handle.read(MAX_BYTES + 1)  # /dev/zero and growing files report size 0
+            data = handle.read(limit + 1)  # /dev/zero and growing files report size 0
     except OSError as exc:
         raise SpecError(f"cannot read: {exc.strerror or exc}", file=name) from None
-    check_size(len(data), name)
+    _check_size(len(data), name, limit, what)
     text = decode(data, name)
     try:
         parsed = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
@@ -80,10 +111,16 @@ def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
                         col=exc.colno) from None
     except (ValueError, RecursionError) as exc:
         detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise SpecError(f"not a usable config.json: {detail}", file=name) from None
+        raise SpecError(f"not a usable {what}: {detail}", file=name) from None
     if not isinstance(parsed, dict):
-        raise SpecError("a config.json holds one JSON object", file=name)
-    return parsed, file
+        raise SpecError(f"a {what} holds one JSON object", file=name)
+    return parsed
+
+
+def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
+    """The config mapping and the file it came from."""
+    file = config_file(path)
+    return read_json(file, MAX_BYTES, CONFIG_NAME), file
 
 
 def spec_name(path: str | os.PathLike[str], model_type: str) -> str:

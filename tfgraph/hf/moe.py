@@ -14,8 +14,12 @@ transformers 5 stores each layer's experts stacked: ``mlp.experts.gate_up_proj``
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import head_rows, llama_layer_rows, norm_rows, put_decoder_sizes, put_windows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import decoder_sizes, gated_activation
+from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -75,6 +79,32 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     return draft
 
 
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads. Mixtral's experts are
+    ``intermediate_size`` wide and its router fixed; Qwen2-MoE's dense first layers are
+    ``mlp_only_layers`` and its sliding window is never written (not imported)."""
+    ffn = spec.ffn
+    out = decoder_sizes(spec)
+    out["hidden_act"] = gated_activation(spec)
+    out["intermediate_size"] = ffn.hidden
+    out["num_experts_per_tok"] = ffn.top_k or 1
+    out["rms_norm_eps"] = spec.norm.eps
+    out["rope_parameters"] = rope_config(spec)
+    if model_type == "mixtral":
+        out["num_local_experts"] = ffn.experts or 1
+        out["sliding_window"] = spec.attention.window
+        return out
+    out["qkv_bias"] = True
+    out["num_experts"] = ffn.experts or 1
+    out["moe_intermediate_size"] = ffn.expert_hidden or ffn.hidden
+    out["norm_topk_prob"] = ffn.router == "softmax_topk_renorm"
+    out["shared_expert_intermediate_size"] = ffn.shared_hidden or ffn.hidden
+    out["decoder_sparse_step"] = 1
+    out["mlp_only_layers"] = list(range(ffn.dense_layers or 0))
+    out["use_sliding_window"] = False
+    return out
+
+
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     ffn, src, dst = spec.ffn, "model.layers.{i}", "decoder.layers.{i}"
     assert ffn.expert_hidden is not None
@@ -86,13 +116,29 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     if ffn.dense_layers:  # the first layers' dense feed-forward (hf: mlp.{gate,up,down}_proj)
         rows += [r for r in llama_layer_rows(spec, "model.layers", {}) if ".mlp." in r.hf]
     eh = ffn.expert_hidden
+    experts = f"{dst}.ffn.experts"
+    # In memory (transformers 5): the router is mlp.gate and each layer's experts are stacked.
     rows += [
-        Rule(f"{src}.mlp.gate.weight", (f"{dst}.ffn.router.weight",)),
+        Rule(f"{src}.mlp.gate.weight", (f"{dst}.ffn.router.weight",),
+             layout="memory" if cfg.model_type == "mixtral" else "both"),
         Rule(f"{src}.mlp.experts.gate_up_proj",
-             (f"{dst}.ffn.experts.gate.weight", f"{dst}.ffn.experts.up.weight"), "split",
-             (eh, eh), axis=1),
-        Rule(f"{src}.mlp.experts.down_proj", (f"{dst}.ffn.experts.down.weight",)),
+             (f"{experts}.gate.weight", f"{experts}.up.weight"), "split", (eh, eh), axis=1,
+             layout="memory"),
+        Rule(f"{src}.mlp.experts.down_proj", (f"{experts}.down.weight",), layout="memory"),
     ]
+    # On disk (what save_pretrained writes and the hub holds): one matrix per expert, and
+    # Mixtral's original module names (transformers.conversion_mapping).
+    e = ffn.experts
+    assert e is not None
+    if cfg.model_type == "mixtral":
+        moe = f"{src}.block_sparse_moe"
+        rows.append(Rule(f"{moe}.gate.weight", (f"{dst}.ffn.router.weight",), layout="disk"))
+        pieces = {"w1": "gate", "w3": "up", "w2": "down"}
+    else:
+        moe = f"{src}.mlp"
+        pieces = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+    rows += [Rule(f"{moe}.experts.{{e}}.{theirs}.weight", (f"{experts}.{ours}.weight",),
+                  "expert", (e,), layout="disk") for theirs, ours in pieces.items()]
     if ffn.shared_experts:
         for r in ("gate", "up", "down"):
             rows.append(Rule(f"{src}.mlp.shared_expert.{r}_proj.weight",

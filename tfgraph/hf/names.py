@@ -14,7 +14,7 @@ reshapes and concatenates, and imports torch only when it is handed torch tensor
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,7 +26,8 @@ Tensor = Any
 """A torch.Tensor or a numpy.ndarray."""
 
 Kind = Literal["copy", "transpose", "split", "split_t", "heads", "alias", "legacy",
-               "generated"]
+               "generated", "expert"]
+Layout = Literal["both", "memory", "disk"]
 
 
 class NameMapError(TfgraphError):
@@ -47,7 +48,15 @@ class Rule:
     checkpoint's name for a tensor, read on import and never written: GPT-NeoX's
     ``embed_out``); ``generated`` (a buffer stored as a tensor but fixed by the config, e.g.
     Marian's sinusoid tables, BART's zero ``final_logits_bias``: no tfgraph parameter;
-    ``check`` validates it on import and ``make`` rebuilds it on export).
+    ``check`` validates it on import and ``make`` rebuilds it on export); ``expert`` (one
+    expert's matrix, ``{e}`` in the name, of the tfgraph parameter stacking ``sizes[0]``
+    experts along its first axis: the files ``save_pretrained`` writes for Mixtral and
+    Qwen2-MoE).
+
+    ``layout``: transformers 5 keeps some families' tensors fused in memory (a MoE layer's
+    experts as one ``gate_up_proj``) and converts them to the hub's per-expert tensors when it
+    saves (``transformers.conversion_mapping``). Import accepts both; export writes
+    ``memory`` names for a module's state dict and ``disk`` names for a folder.
     """
 
     hf: str
@@ -57,6 +66,7 @@ class Rule:
     axis: int = 0
     check: Callable[[Tensor], str | None] | None = None
     make: Callable[[Tensor], Tensor] | None = None
+    layout: Layout = "both"
 
 
 def _pattern(text: str) -> re.Pattern[str]:
@@ -131,6 +141,9 @@ class NameMap:
         ours = [_fill(o, groups) for o in rule.ours]
         if rule.kind in ("copy", "alias", "legacy"):
             return [(ours[0], tensor)]
+        if rule.kind == "expert":
+            raise NameMapError(f"{name}: one expert of {ours[0]}; stack the experts "
+                               "(to_tfgraph, expert_slot)")
         if rule.kind == "transpose":
             return [(ours[0], _contiguous(tensor.T))]
         if rule.kind == "generated":
@@ -160,67 +173,166 @@ class NameMap:
             start += size
         return out
 
+    def shapes_one(self, name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+        """The tfgraph (name, shape) pairs :meth:`to_tfgraph_one` makes of a Hugging Face tensor
+        of ``shape``, without its values: what a checkpoint's header is checked with before
+        any weight is read."""
+        rule, groups = self.rule_for(name)
+        ours = [_fill(o, groups) for o in rule.ours]
+        shape = tuple(int(n) for n in shape)
+        if rule.kind in ("copy", "alias", "legacy"):
+            return [(ours[0], shape)]
+        if rule.kind == "transpose":
+            return [(ours[0], shape[::-1])]
+        if rule.kind == "generated":
+            return []
+        if rule.kind == "expert":
+            return [(ours[0], (rule.sizes[0], *shape))]
+        if rule.kind == "heads":
+            rows = shape[0] if shape else 0
+            if not shape or rows % (rule.sizes[0] * len(ours)):
+                raise NameMapError(f"{name}: {rows} rows are not {rule.sizes[0]} heads of "
+                                   f"{len(ours)} parts")
+            return [(o, (rows // len(ours), *shape[1:])) for o in ours]
+        source = shape[::-1] if rule.kind == "split_t" else shape
+        if len(source) <= rule.axis or source[rule.axis] != sum(rule.sizes):
+            raise NameMapError(f"{name}: expected {sum(rule.sizes)} entries along dimension "
+                               f"{rule.axis} to split into {list(rule.sizes)}, got shape "
+                               f"{list(source)}")
+        return [(o, source[:rule.axis] + (size,) + source[rule.axis + 1:])
+                for o, size in zip(ours, rule.sizes)]
+
+    def expert_slot(self, name: str) -> tuple[str, int, int] | None:
+        """(stacked tfgraph parameter, expert index, experts) when ``name`` is one expert's
+        matrix (an ``expert`` rule), else None."""
+        rule, groups = self.rule_for(name)
+        if rule.kind != "expert":
+            return None
+        return _fill(rule.ours[0], groups), int(groups["e"]), rule.sizes[0]
+
     def to_tfgraph(self, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """A whole Hugging Face state dict as tfgraph's; aliases must hold equal tensors."""
         out: dict[str, Tensor] = {}
+        experts: dict[str, tuple[int, dict[int, Tensor]]] = {}
         for name, tensor in state.items():
+            slot = self.expert_slot(name)
+            if slot is not None:
+                experts.setdefault(slot[0], (slot[2], {}))[1][slot[1]] = tensor
+                continue
             for ours, value in self.to_tfgraph_one(name, tensor):
                 if ours in out and not _same(out[ours], value):
                     raise NameMapError(f"{name}: differs from the tensor already read as "
                                        f"{ours} (they are tied in tfgraph's spec)")
                 out.setdefault(ours, value)
+        for ours, (total, pieces) in experts.items():
+            if sorted(pieces) != list(range(total)):
+                raise NameMapError(f"{ours}: expected experts 0..{total - 1}, got "
+                                   f"{sorted(pieces)}")
+            out[ours] = _stack([pieces[e] for e in range(total)], 0)
         return out
 
     # ---- tfgraph -> Hugging Face ------------------------------------------------------------
 
-    def _groups(self, state: Mapping[str, Tensor]
-                ) -> Iterator[tuple[Rule, dict[str, str], dict[int, Tensor]]]:
-        found: dict[tuple[int, tuple[tuple[str, str], ...]], dict[int, Tensor]] = {}
+    def hf_tensors(self, ours: Iterable[str], aliases: bool = True,
+                   layout: Layout = "memory") -> list[HFTensor]:
+        """The Hugging Face tensors tfgraph's parameters ``ours`` make, in first-seen order:
+        fused tensors once with all their parts; tied ``alias`` names too when ``aliases``
+        (``save_pretrained`` omits them: transformers ties them again on load). Config-fixed
+        buffers (``generated`` rules) are not included: :meth:`generated` makes them.
+        ``layout``: the names of a module's state dict (``memory``) or of the files
+        ``save_pretrained`` writes (``disk``)."""
+        found: dict[tuple[int, tuple[tuple[str, str], ...]], dict[int, str]] = {}
         rules: dict[int, Rule] = {}
-        for name, tensor in state.items():
+        for name in ours:
+            matched = False
             for pattern, rule, j in self._ours:
-                if rule.kind == "legacy":
+                skip = rule.layout not in ("both", layout)
+                if skip or rule.kind == "legacy" or (rule.kind == "alias" and not aliases):
+                    matched = matched or bool(pattern.match(name))
                     continue
                 match = pattern.match(name)
                 if match:
+                    matched = True
                     key = (id(rule), tuple(sorted(match.groupdict().items())))
-                    found.setdefault(key, {})[j] = tensor
+                    found.setdefault(key, {})[j] = name
                     rules[id(rule)] = rule
-            if not any(p.match(name) for p, _, _ in self._ours):
+            if not matched:
                 raise NameMapError(f"{name}: no Hugging Face tensor holds this parameter")
+        out = []
         for (rule_id, groups), parts in found.items():
-            yield rules[rule_id], dict(groups), parts
-
-    def from_tfgraph(self, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """tfgraph's state dict as the family's Hugging Face names, fused tensors fused back,
-        aliases and config-fixed buffers written too."""
-        if not state:
-            return {}
-        example = next(iter(state.values()))
-        out: dict[str, Tensor] = {}
-        for rule, groups, parts in self._groups(state):
-            name = _fill(rule.hf, groups)
-            missing = [_fill(rule.ours[j], groups) for j in range(len(rule.ours))
+            rule = rules[rule_id]
+            hf = _fill(rule.hf, dict(groups))
+            missing = [_fill(rule.ours[j], dict(groups)) for j in range(len(rule.ours))
                        if j not in parts]
             if missing:
-                raise NameMapError(f"{name}: missing {', '.join(missing)}")
-            tensors = [parts[j] for j in range(len(rule.ours))]
-            if rule.kind in ("copy", "alias"):
-                out[name] = tensors[0]
-            elif rule.kind == "transpose":
-                out[name] = _contiguous(tensors[0].T)
-            elif rule.kind == "heads":
-                shape = tensors[0].shape
-                heads = rule.sizes[0]
-                per = [t.reshape(heads, -1, *shape[1:]) for t in tensors]
-                out[name] = _stack(per, 1).reshape(-1, *shape[1:])
+                raise NameMapError(f"{hf}: missing {', '.join(missing)}")
+            names = tuple(parts[j] for j in range(len(rule.ours)))
+            if rule.kind == "expert":
+                out += [HFTensor(_fill(hf, {"e": str(e)}), rule, names, e)
+                        for e in range(rule.sizes[0])]
             else:
-                fused = _cat(tensors, rule.axis)
-                out[name] = _contiguous(fused.T) if rule.kind == "split_t" else fused
-        for rule in self.rules:
-            if rule.kind == "generated" and rule.make is not None:
-                out[rule.hf] = rule.make(example)
+                out.append(HFTensor(hf, rule, names))
         return out
+
+    def generated(self, example: Tensor) -> dict[str, Tensor]:
+        """The config-fixed buffers a checkpoint of this family stores (Marian's sinusoid
+        tables, BART's zero ``final_logits_bias``), in ``example``'s library and dtype."""
+        return {r.hf: r.make(example) for r in self.rules
+                if r.kind == "generated" and r.make is not None}
+
+    def from_tfgraph(self, state: Mapping[str, Tensor], layout: Layout = "memory"
+                     ) -> dict[str, Tensor]:
+        """tfgraph's state dict as the family's Hugging Face names (a module's, or with
+        ``layout="disk"`` a saved folder's), fused tensors fused back, aliases and
+        config-fixed buffers written too."""
+        if not state:
+            return {}
+        out = {t.name: t.fuse([state[p] for p in t.parts])
+               for t in self.hf_tensors(state, layout=layout)}
+        out.update(self.generated(next(iter(state.values()))))
+        return out
+
+
+@dataclass(frozen=True)
+class HFTensor:
+    """One Hugging Face tensor and the tfgraph parameters (``parts``) it is made of."""
+
+    name: str
+    rule: Rule
+    parts: tuple[str, ...]
+    expert: int | None = None  # which expert of the stacked part (an ``expert`` rule)
+
+    def shape(self, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+        """Its shape, from the shapes of its parts (what :meth:`fuse` returns)."""
+        first = tuple(shapes[self.parts[0]])
+        kind = self.rule.kind
+        if kind in ("copy", "alias"):
+            return first
+        if kind == "expert":
+            return first[1:]
+        if kind == "transpose":
+            return first[::-1]
+        if kind == "heads":
+            return (first[0] * len(self.parts), *first[1:])
+        axis = self.rule.axis
+        fused = first[:axis] + (sum(shapes[p][axis] for p in self.parts),) + first[axis + 1:]
+        return fused[::-1] if kind == "split_t" else fused
+
+    def fuse(self, tensors: list[Tensor]) -> Tensor:
+        """The Hugging Face tensor from its parts' values (in ``parts`` order)."""
+        kind = self.rule.kind
+        if kind in ("copy", "alias"):
+            return tensors[0]
+        if kind == "expert":
+            return _contiguous(tensors[0][self.expert])
+        if kind == "transpose":
+            return _contiguous(tensors[0].T)
+        if kind == "heads":
+            shape = tensors[0].shape
+            per = [t.reshape(self.rule.sizes[0], -1, *shape[1:]) for t in tensors]
+            return _stack(per, 1).reshape(-1, *shape[1:])
+        fused = _cat(tensors, self.rule.axis)
+        return _contiguous(fused.T) if kind == "split_t" else fused
 
 
 def zeros_like_lib(example: Tensor, shape: tuple[int, ...]) -> Tensor:

@@ -1,0 +1,166 @@
+"""A Hugging Face model folder's weights, read lazily and as untrusted input.
+
+The weights are ``model.safetensors``, or shards listed by ``model.safetensors.index.json``
+(``weight_map``: tensor name -> shard file name), as ``save_pretrained`` writes them. Opening a
+checkpoint reads headers only, through the safetensors package, which checks each header
+against its file (offsets that cover the data exactly, sizes that match dtype and shape, a
+bounded header); here the index is checked to name only files inside the folder, every shard
+it names to exist and hold the tensors it is said to, and every tensor to be float32, float16
+or bfloat16. Pickled checkpoints (``pytorch_model.bin``) are refused: loading one can run
+arbitrary code.
+
+:meth:`Checkpoint.read` reads one tensor through a handle opened for that read alone.
+safetensors memory-maps the file, and the pages of a mapping stay in the process's resident
+memory while the mapping lives: one handle kept open over a whole model makes the peak RSS the
+model's size (measured: a 1.6 GB file, 1.66 GB peak; one handle per tensor, 90 MB). Opening a
+handle costs about a millisecond.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfgraph.errors import TfgraphError
+from tfgraph.hf.files import inside, read_json
+
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+INDEX_MAX_BYTES = 64 << 20  # a real index is ~100 bytes per tensor: 64 MiB is 600k tensors
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt")
+# safetensors dtype code -> tfgraph dtype name
+DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+class CheckpointError(TfgraphError):
+    """A checkpoint folder tfgraph cannot read (exit 2, one line naming the file)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor is and what its header says it is."""
+
+    file: Path
+    dtype: str  # tfgraph dtype name
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        size = 4 if self.dtype == "float32" else 2
+        return size * int(np.prod(self.shape, dtype=np.int64))
+
+
+def has_weights(folder: Path) -> bool:
+    """Whether ``folder`` holds safetensors weights (a single file or an index)."""
+    return (folder / WEIGHTS_NAME).exists() or (folder / INDEX_NAME).exists()
+
+
+class Checkpoint:
+    """The tensors of one model folder, by Hugging Face name, read one at a time."""
+
+    def __init__(self, folder: Path, tensors: dict[str, TensorInfo]) -> None:
+        self.folder = folder
+        self.tensors = tensors
+
+    @classmethod
+    def open(cls, folder: str | Path) -> Checkpoint:
+        """Check ``folder``'s index and headers (no tensor data is read)."""
+        folder = Path(folder)
+        if (folder / INDEX_NAME).exists() or (folder / INDEX_NAME).is_symlink():
+            shards = _index(folder)
+        elif (folder / WEIGHTS_NAME).exists() or (folder / WEIGHTS_NAME).is_symlink():
+            shards = {WEIGHTS_NAME: None}
+        else:
+            pickled = [name for name in PICKLES if (folder / name).exists()]
+            if pickled:
+                raise CheckpointError(f"{folder}: {pickled[0]} is a pickled checkpoint, which "
+                                      "can run code when loaded; tfgraph reads safetensors "
+                                      "only (convert it with safetensors' convert script)")
+            raise CheckpointError(f"{folder}: no weights ({WEIGHTS_NAME} or {INDEX_NAME}); "
+                                  "--seed N builds with random weights")
+        tensors: dict[str, TensorInfo] = {}
+        for shard, listed in shards.items():
+            path = inside(folder, shard, "weights file")
+            found = _header(path)
+            names = found if listed is None else listed
+            missing = sorted(set(names) - set(found))
+            if missing:
+                raise CheckpointError(f"{path}: the index says {missing[0]} is in this shard, "
+                                      f"but it is not ({len(missing)} missing)")
+            for name in names:
+                if name in tensors:
+                    raise CheckpointError(f"{path}: {name} is also in {tensors[name].file.name}")
+                tensors[name] = found[name]
+        return cls(folder, tensors)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def dtype(self) -> str:
+        """The checkpoint's dtype: the one most of its bytes are in."""
+        by_bytes: Counter[str] = Counter()
+        for info in self.tensors.values():
+            by_bytes[info.dtype] += info.nbytes
+        return by_bytes.most_common(1)[0][0] if by_bytes else "float32"
+
+    def read(self, name: str) -> np.ndarray:
+        """Tensor ``name`` in its own dtype (bfloat16 as ml_dtypes.bfloat16)."""
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
+        from safetensors import SafetensorError, safe_open
+
+        info = self.tensors[name]
+        try:
+            with safe_open(str(info.file), framework="numpy") as handle:
+                array: np.ndarray = handle.get_tensor(name)
+        except (OSError, SafetensorError) as err:  # the file changed since it was opened
+            raise CheckpointError(f"{info.file}: cannot read {name}: {err}") from None
+        if tuple(array.shape) != info.shape:
+            raise CheckpointError(f"{info.file}: {name} changed while it was read")
+        return array
+
+
+def _index(folder: Path) -> dict[str, list[str] | None]:
+    """Shard file name -> the tensors the index puts in it."""
+    data = read_json(inside(folder, INDEX_NAME, "index"), INDEX_MAX_BYTES, INDEX_NAME)
+    where = folder / INDEX_NAME
+    weight_map: Any = data.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{where}: weight_map must map tensor names to shard files")
+    shards: dict[str, list[str] | None] = {}
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise CheckpointError(f"{where}: weight_map.{tensor} must be a file name")
+        listed = shards.setdefault(shard, [])
+        assert listed is not None
+        listed.append(tensor)
+    for shard in shards:
+        if not shard.endswith(".safetensors"):
+            raise CheckpointError(f"{where}: shard {shard!r} is not a .safetensors file")
+    return shards
+
+
+def _header(path: Path) -> dict[str, TensorInfo]:
+    """The tensors of one safetensors file, checked by the safetensors package."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            out = {}
+            for name in handle.keys():
+                part = handle.get_slice(name)
+                code = part.get_dtype()
+                if code not in DTYPES:
+                    raise CheckpointError(f"{path}: {name} is {code}; tfgraph reads F32, F16 "
+                                          "and BF16 weights (quantized checkpoints are not "
+                                          "supported)")
+                out[name] = TensorInfo(path, DTYPES[code], tuple(part.get_shape()))
+            return out
+    except SafetensorError as err:
+        raise CheckpointError(f"{path}: not a valid safetensors file: {err}") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read: {err.strerror or err}") from None
