@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from tfgraph.hf.common import linear_rows, norm_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule, Tensor, all_zero, from_numpy_like, zeros_like_lib
 from tfgraph.spec import Spec
 
@@ -65,6 +67,31 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.final", False)
     draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads (BART's positions, offset and
+    embedding norm and Marian's sinusoids are fixed by the model type). Marian pads with the
+    last id of its vocabulary (58100 of 58101), MarianConfig's default kept in range here."""
+    enc, dec = spec.layer_count("encoder"), spec.layer_count("decoder")
+    heads, hidden = spec.attention.heads, spec.ffn.hidden
+    out: dict[str, Any] = {
+        "d_model": spec.d_model, "encoder_layers": enc, "decoder_layers": dec,
+        "encoder_attention_heads": heads, "decoder_attention_heads": heads,
+        "encoder_ffn_dim": hidden, "decoder_ffn_dim": hidden,
+        "vocab_size": spec.vocab_size("source"), "max_position_embeddings": spec.max_len,
+        "scale_embedding": spec.embedding.scale,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "activation_function": plain_activation(spec),
+        "dropout": spec.dropout, "attention_dropout": 0.0, "activation_dropout": 0.0,
+    }
+    if model_type == "marian":
+        target = spec.vocab_size("target")
+        out["decoder_vocab_size"] = target
+        out["share_encoder_decoder_embeddings"] = bool(spec.embedding.share)
+        last = min(spec.vocab_size("source"), target) - 1  # a row of both tables
+        out["pad_token_id"] = out["decoder_start_token_id"] = last
+    return out
 
 
 def marian_sinusoids(rows: int, d: int) -> np.ndarray:

@@ -5,8 +5,11 @@ embeddings (``embedding.norm``) and the masked-LM head: dense + activation + Lay
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import linear_rows, norm_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -42,6 +45,24 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("head.transform", True)
     draft.put("dropout", cfg.float("hidden_dropout_prob", 0.1), "hidden_dropout_prob")
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads. ``type_vocab_size`` is left out for
+    a spec without segments: BERT always adds a segment row, so such a spec re-imports with
+    BertConfig's two and is rejected."""
+    out: dict[str, Any] = {
+        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("encoder"),
+        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
+        "position_embedding_type": "absolute", "is_decoder": False,
+        "add_cross_attention": False, "tie_word_embeddings": spec.embedding.tie_output,
+        "num_attention_heads": spec.attention.heads, "intermediate_size": spec.ffn.hidden,
+        "hidden_act": plain_activation(spec), "layer_norm_eps": spec.norm.eps,
+        "hidden_dropout_prob": spec.dropout, "attention_probs_dropout_prob": 0.0,
+    }
+    if spec.embedding.token_types:
+        out["type_vocab_size"] = spec.embedding.token_types
+    return out
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

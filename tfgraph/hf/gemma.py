@@ -15,6 +15,8 @@ from typing import Any
 
 from tfgraph.hf.common import head_rows, llama_layer_rows, norm_rows, put_decoder_sizes, put_windows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
+from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -102,6 +104,45 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         if scaled or local_theta != float(params.get("rope_theta", 10000.0)):
             draft.put("embedding.local_rope_theta", local_theta, where, local_theta)
     return draft
+
+
+def _pre_attn_scalar(spec: Spec) -> int:
+    """``query_pre_attn_scalar`` s (an int in Gemma2Config and Gemma3TextConfig) with
+    s^-0.5 the attention scale; a scale no whole number gives fails the round trip."""
+    scale, head_dim = spec.attention.scale, spec.attention.head_dim
+    if scale is None:
+        return int(head_dim or 0)
+    return max(1, round(scale ** -2))
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads. Every Gemma 2 / 3 default that changes
+    the computation (soft-caps 50 and 30, query_pre_attn_scalar 256, the layer pattern) is
+    written explicitly, None where the spec has none."""
+    out = decoder_sizes(spec)
+    out["attention_bias"] = spec.attention.bias
+    out["intermediate_size"] = spec.ffn.hidden
+    act = gated_activation(spec, fallback="gelu_pytorch_tanh")
+    out["hidden_act" if model_type == "gemma" else "hidden_activation"] = act
+    out["rms_norm_eps"] = spec.norm.eps
+    if model_type == "gemma":
+        out["rope_parameters"] = rope_config(spec)
+        return out
+    out["query_pre_attn_scalar"] = _pre_attn_scalar(spec)
+    out["attn_logit_softcapping"] = spec.attention.softcap
+    out["final_logit_softcapping"] = spec.head.softcap
+    out["sliding_window"] = spec.attention.window
+    out["layer_types"] = layer_types(spec)
+    if model_type == "gemma2":
+        out["rope_parameters"] = rope_config(spec)
+        return out
+    emb = spec.embedding
+    local = emb.local_rope_theta if emb.local_rope_theta is not None else emb.rope_theta
+    out["rope_parameters"] = {
+        "full_attention": rope_config(spec),
+        "sliding_attention": {"rope_type": "default", "rope_theta": float(local)}}
+    out["use_bidirectional_attention"] = False
+    return out
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

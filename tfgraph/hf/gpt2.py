@@ -6,8 +6,11 @@ tfgraph's [out, in]; ``c_attn`` holds q, k and v side by side in its output colu
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import head_rows, norm_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -41,6 +44,23 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.final", True)
     draft.put("dropout", cfg.float("resid_pdrop", 0.1), "resid_pdrop")
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads. GPT-2's dropouts: the spec's after the
+    embeddings and each sublayer, none on the attention probabilities (tfgraph has none)."""
+    out: dict[str, Any] = {
+        "n_embd": spec.d_model, "n_layer": spec.layer_count("decoder"),
+        "vocab_size": spec.output_vocab, "n_positions": spec.max_len,
+        "n_head": spec.attention.heads,
+        # scores scaled by 1/sqrt(head_dim), or (False) not at all: attention.scale 1
+        "scale_attn_weights": spec.attention.scale != 1.0,
+        "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False,
+        "n_inner": spec.ffn.hidden, "activation_function": plain_activation(spec),
+        "layer_norm_epsilon": spec.norm.eps, "tie_word_embeddings": spec.embedding.tie_output,
+        "resid_pdrop": spec.dropout, "embd_pdrop": spec.dropout, "attn_pdrop": 0.0,
+    }
+    return out
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

@@ -4,8 +4,11 @@ rotary positions on the first ``rotary_dim`` channels of each head in the interl
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import linear_rows, norm_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -39,6 +42,19 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("block.shared_norm", True)
     draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads; GPT-J's rotary base is fixed at
+    10000 and its pairs interleaved, so only ``rotary_dim`` is written."""
+    return {
+        "n_embd": spec.d_model, "n_layer": spec.layer_count("decoder"),
+        "vocab_size": spec.output_vocab, "n_positions": spec.max_len,
+        "tie_word_embeddings": spec.embedding.tie_output, "rotary_dim": spec.rotary_dim,
+        "n_head": spec.attention.heads, "n_inner": spec.ffn.hidden,
+        "activation_function": plain_activation(spec), "layer_norm_epsilon": spec.norm.eps,
+        "resid_pdrop": spec.dropout, "embd_pdrop": spec.dropout, "attn_pdrop": 0.0,
+    }
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

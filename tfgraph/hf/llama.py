@@ -9,9 +9,13 @@ norms a layer has.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import (head_rows, llama_layer_rows, norm_rows, put_decoder_sizes,
                                put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
+from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -66,6 +70,31 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         window = None  # these families have no sliding window
     put_windows(draft, types, window, layers)
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads, for ``model_type``. Only Llama's
+    modeling reads ``attention_bias`` and ``mlp_bias`` both (Mistral's projections have no
+    biases, Qwen3's and OLMo 2's feed-forwards none), and only Mistral, Qwen2 and Qwen3 have
+    sliding windows: the others' fields are left out, so a spec needing them does not survive
+    the round trip."""
+    out = decoder_sizes(spec)
+    if model_type in ("llama", "qwen3", "olmo2"):
+        out["attention_bias"] = spec.attention.bias
+    if model_type == "llama":
+        out["mlp_bias"] = spec.ffn.bias
+    out["intermediate_size"] = spec.ffn.hidden
+    out["hidden_act"] = gated_activation(spec)
+    out["rms_norm_eps"] = spec.norm.eps
+    out["rope_parameters"] = rope_config(spec)
+    window = spec.attention.window
+    if model_type == "mistral":
+        out["sliding_window"] = window  # MistralConfig's default is 4096: always written
+    elif model_type in ("qwen2", "qwen3"):
+        out["use_sliding_window"] = window is not None
+        out["sliding_window"] = window
+        out["layer_types"] = layer_types(spec)
+    return out
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

@@ -7,8 +7,12 @@ with parallel residual (``use_parallel_residual``), rotary positions on a fracti
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import plain_activation
+from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -44,6 +48,22 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
             where = "rotary_pct" if where == "rope_theta" else where
     put_rope(draft, params, where)
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads, the rotary share always written
+    (GPTNeoXConfig's default is 0.25)."""
+    return {
+        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
+        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "num_attention_heads": spec.attention.heads, "attention_bias": spec.attention.bias,
+        "intermediate_size": spec.ffn.hidden, "hidden_act": plain_activation(spec),
+        "layer_norm_eps": spec.norm.eps,
+        "use_parallel_residual": spec.block.residual == "parallel",
+        "hidden_dropout": spec.dropout, "attention_dropout": 0.0,
+        "rope_parameters": rope_config(spec, partial=True),
+    }
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

@@ -5,8 +5,11 @@ two rows, so they count as parameters), a head tied to the token table."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -47,6 +50,22 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.final", pre, "do_layer_norm_before")
     draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads (OPT's LayerNorm eps is fixed at
+    1e-5, its position offset at 2)."""
+    return {
+        "hidden_size": spec.d_model, "word_embed_proj_dim": spec.d_model,
+        "layer_norm_elementwise_affine": True, "_remove_final_layer_norm": False,
+        "num_hidden_layers": spec.layer_count("decoder"), "vocab_size": spec.output_vocab,
+        "max_position_embeddings": spec.max_len,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "num_attention_heads": spec.attention.heads, "enable_bias": spec.attention.bias,
+        "ffn_dim": spec.ffn.hidden, "activation_function": plain_activation(spec, "relu"),
+        "do_layer_norm_before": spec.norm.position != "post",
+        "dropout": spec.dropout, "attention_dropout": 0.0, "activation_dropout": 0.0,
+    }
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

@@ -4,8 +4,12 @@ Phi-1.5, 0.4 for Phi-2), biases everywhere, an untied head with a bias."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import linear_rows, norm_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import plain_activation
+from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -40,6 +44,22 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     where, params = rope_parameters(cfg)
     put_rope(draft, params, where)
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads, the rotary share always written
+    (PhiConfig's default is 0.5)."""
+    att = spec.attention
+    return {
+        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
+        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
+        "tie_word_embeddings": spec.embedding.tie_output, "qk_layernorm": False,
+        "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
+        "intermediate_size": spec.ffn.hidden, "hidden_act": plain_activation(spec),
+        "layer_norm_eps": spec.norm.eps, "resid_pdrop": spec.dropout,
+        "embd_pdrop": spec.dropout, "attention_dropout": 0.0,
+        "rope_parameters": rope_config(spec, partial=True),
+    }
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

@@ -5,8 +5,12 @@ window; the 128k variants' ``longrope`` scaling is refused (tfgraph has no longr
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_decoder_sizes, put_windows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import decoder_sizes, gated_activation
+from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -31,6 +35,26 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     # modeling_phi3: every layer uses the sliding-window mask when sliding_window is set
     put_windows(draft, None, cfg.get("sliding_window", None), cfg.int("num_hidden_layers"))
     return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads. Phi-3's rotary embedding takes no
+    linear / llama3 / yarn scaling (only its own longrope), so none is written. Its default
+    pad_token_id 32000 is the padding row of the token table: dropped when the vocabulary
+    has no such row."""
+    out = decoder_sizes(spec)
+    out["attention_bias"] = False
+    out["intermediate_size"] = spec.ffn.hidden
+    out["hidden_act"] = gated_activation(spec)
+    out["rms_norm_eps"] = spec.norm.eps
+    out["resid_pdrop"] = spec.dropout
+    out["embd_pdrop"] = spec.dropout
+    out["attention_dropout"] = 0.0
+    out["rope_parameters"] = rope_config(spec, partial=True, scaling=False)
+    out["sliding_window"] = spec.attention.window
+    if spec.output_vocab <= 32000:
+        out["pad_token_id"] = None
+    return out
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

@@ -8,6 +8,8 @@ and uses a gated tanh-GELU feed-forward (``feed_forward_proj: gated-gelu``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfgraph.hf.common import linear_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.names import Rule
@@ -61,6 +63,28 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("head.scale", d ** -0.5, "tie_word_embeddings")
     draft.put("dropout", cfg.float("dropout_rate", 0.1), "dropout_rate")
     return draft
+
+
+# ffn.activation -> feed_forward_proj (the inverse of _PROJ)
+_FFN = {"relu": "relu", "gelu": "gelu", "geglu_tanh": "gated-gelu", "swiglu": "gated-silu"}
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+    """The config fields :func:`spec_from_config` reads (T5's unscaled scores, missing
+    biases and relative positions are fixed by the model type; ``head.scale`` follows from
+    the tying)."""
+    emb = spec.embedding
+    return {
+        "d_model": spec.d_model, "d_kv": spec.attention.head_dim, "d_ff": spec.ffn.hidden,
+        "num_layers": spec.layer_count("encoder"),
+        "num_decoder_layers": spec.layer_count("decoder"),
+        "num_heads": spec.attention.heads, "vocab_size": spec.output_vocab,
+        "relative_attention_num_buckets": emb.relative_buckets or 32,
+        "relative_attention_max_distance": emb.relative_max_distance or 128,
+        "feed_forward_proj": _FFN.get(spec.ffn.activation, "relu"),
+        "tie_word_embeddings": emb.tie_output, "layer_norm_epsilon": spec.norm.eps,
+        "dropout_rate": spec.dropout,
+    }
 
 
 def _stack_rows(spec: Spec, stack: str) -> list[Rule]:
