@@ -50,15 +50,18 @@ __all__ = [
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # bytes of weights; leaves room for the graph itself
 # Generated weights in flight ahead of the writer (see onnx_weights.stream_values).
 LOOKAHEAD_BYTES = 512 * 1024 * 1024
+# Given weights (a checkpoint read on demand) in flight ahead of the writer.
+READ_AHEAD_BYTES = 64 * 1024 * 1024
 
 
 def parameter_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
                      workers: int | None = None
                      ) -> Generator[tuple[Node, np.ndarray], None, None]:
     """(parameter, float32 value) in graph order: ``weights`` (checked) or the shared
-    generator at ``seed``, produced ahead on threads within LOOKAHEAD_BYTES."""
-    return stream_values(graph.params(), weight_source(graph, weights, seed), LOOKAHEAD_BYTES,
-                         workers)
+    generator at ``seed``, produced ahead on threads within LOOKAHEAD_BYTES (generated) or
+    READ_AHEAD_BYTES (given: reading ahead gains little, and each byte ahead is resident)."""
+    ahead = LOOKAHEAD_BYTES if weights is None else READ_AHEAD_BYTES
+    return stream_values(graph.params(), weight_source(graph, weights, seed), ahead, workers)
 
 
 def to_onnx(graph: Graph, weights: Mapping[str, Any] | None = None, seed: int = 0,

@@ -56,10 +56,12 @@ def param_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
     return {p.name: tuple(p.attrs["shape"]) for p in graph.params()}
 
 
-def load_weights(path: str, graph: Graph) -> dict[str, np.ndarray]:
+def load_weights(path: str, graph: Graph, check_finite: bool = False
+                 ) -> dict[str, np.ndarray]:
     """Read a ``.safetensors`` file and check it against ``graph``'s parameters.
 
-    Raises ``TfgraphError`` (exit 2) listing every missing, unexpected and mis-shaped name.
+    Raises ``TfgraphError`` (exit 2) listing every missing, unexpected and mis-shaped name,
+    and with ``check_finite`` naming a tensor that holds NaN or infinity.
     Values come back as float32 numpy arrays (16-bit files are widened; back ends cast).
     """
     from safetensors import SafetensorError, safe_open
@@ -71,6 +73,10 @@ def load_weights(path: str, graph: Graph) -> dict[str, np.ndarray]:
     except (OSError, SafetensorError, ValueError) as err:
         raise TfgraphError(f"{path}: cannot read weights: {err}") from err
     check_weights({n: tuple(a.shape) for n, a in arrays.items()}, graph, path)
+    if check_finite:
+        for name, array in arrays.items():
+            if not np.isfinite(array).all():
+                raise TfgraphError(f"{path}: {name} holds NaN or infinite values")
     return {n: a.astype(np.float32, copy=False) for n, a in arrays.items()}
 
 

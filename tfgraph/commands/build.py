@@ -1,8 +1,14 @@
-"""``tfgraph build SPEC --to TARGET``: compile a spec and write one artifact (README.md, `tfgraph build`).
+"""``tfgraph build SPEC|DIR --to TARGET``: compile a spec and write one artifact (README.md,
+`tfgraph build`).
 
 Targets are a table: each names its default output and a writer imported only when chosen, so
 ``--to onnx`` never imports torch or graphviz. Every writer writes atomically (tfgraph.io): a
 failed build leaves no partial file and keeps an older one.
+
+SPEC may be a Hugging Face model folder: the spec comes from its config.json and, unless
+``--seed`` or ``--weights`` says otherwise, the weights from its safetensors, streamed one
+tensor at a time through the family's name map (tfgraph.hf.checkpoint_weights); its tokenizer
+files travel with the artifact.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any, Callable
 
 import click
 
-from tfgraph.cli_support import load_spec_arg
+from tfgraph.model_source import load_source
 from tfgraph.errors import TfgraphError
 from tfgraph.terminal import printable
 from tfgraph.ir import Graph
@@ -37,18 +43,31 @@ class Target:
 
 
 def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
-    from tfgraph.cost import weights_bytes
     from tfgraph.exporters.onnx_model import write_onnx
 
-    total = weights_bytes(graph)
-    with _progress(total, f"writing {out.name}") as advance:
-        return write_onnx(graph, out, weights=opts["weights"], seed=opts["seed"],
-                          opset=opts["opset"], progress=advance)
+    with _progress(graph, f"writing {out.name}") as advance:
+        written = write_onnx(graph, out, weights=opts["weights"], seed=opts["seed"],
+                             opset=opts["opset"], progress=advance)
+    if opts["extra_files"]:  # next to the model, where onnxruntime-genai looks for them
+        from tfgraph.hf.tokenizer import copy_files
+
+        copy_files(opts["extra_files"], written.parent)
+    return written
 
 
 def _write_torch(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
     module = importlib.import_module("tfgraph.exporters.torch_folder")
-    return Path(module.write_torch_folder(graph, out, opts["weights"], opts["seed"]))
+    with _progress(graph, f"writing {out.name}") as advance:
+        return Path(module.write_torch_folder(graph, out, opts["weights"], opts["seed"],
+                                              opts["extra_files"], advance))
+
+
+def _write_hf(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
+    module = importlib.import_module("tfgraph.exporters.hf_folder")
+    with _progress(graph, f"writing {out.name}") as advance:
+        return Path(module.write_hf_folder(graph, out, opts["weights"], opts["seed"],
+                                           opts["extra_files"], advance,
+                                           opts["source_config"]))
 
 
 def _diagram(fmt: str) -> Callable[[Graph, Path, dict[str, Any]], Path]:
@@ -67,6 +86,7 @@ def _write_json(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
 TARGETS: dict[str, Target] = {
     "onnx": Target(lambda name: Path("build") / f"{name}.onnx", _write_onnx, True, True),
     "torch": Target(lambda name: Path("build") / name, _write_torch, True),
+    "hf": Target(lambda name: Path("build") / f"{name}-hf", _write_hf, True),
     "svg": Target(lambda name: Path("build") / f"{name}.svg", _diagram("svg"), False),
     "png": Target(lambda name: Path("build") / f"{name}.png", _diagram("png"), False),
     "dot": Target(lambda name: Path("build") / f"{name}.dot", _diagram("dot"), False),
@@ -75,11 +95,15 @@ TARGETS: dict[str, Target] = {
 
 
 class _progress:
-    """A rich progress bar over bytes written, shown only for big builds on a terminal."""
+    """A rich progress bar over tensors and bytes written, shown only for big builds on a
+    terminal. Writers call the function it yields once per tensor, with its bytes."""
 
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.label = total, label
+    def __init__(self, graph: Graph, label: str) -> None:
+        from tfgraph.cost import weights_bytes
+
+        self.total, self.label = weights_bytes(graph), label
         self.bar: Any = None
+        self.tensors = 0
 
     def __enter__(self) -> Callable[[int], None] | None:
         if self.total < PROGRESS_BYTES or not _stderr_is_terminal():
@@ -89,10 +113,16 @@ class _progress:
                                    TimeRemainingColumn)
 
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                            TextColumn("{task.fields[tensors]} tensors"),
                             TimeRemainingColumn(), console=Console(stderr=True), transient=True)
         self.bar.start()
-        task = self.bar.add_task(self.label, total=self.total)
-        return lambda n: self.bar.advance(task, n)
+        task = self.bar.add_task(self.label, total=self.total, tensors=0)
+
+        def advance(n: int) -> None:
+            self.tensors += 1
+            self.bar.update(task, advance=n, tensors=self.tensors)
+
+        return advance
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
@@ -120,39 +150,52 @@ def _human(n: float) -> str:
 
 
 @click.command()
-@click.argument("spec", metavar="SPEC")
+@click.argument("spec", metavar="SPEC|DIR")
 @click.option("--to", "target", required=True, type=click.Choice(list(TARGETS)),
-              help="What to build.")
+              help="What to build (hf: a Hugging Face model folder).")
 @click.option("-o", "--output", type=click.Path(dir_okay=True, path_type=Path),
-              help="Output path (default: build/<name>.<ext>, or build/<name>/ for torch).")
+              help="Output path (default: build/<name>.<ext>, build/<name>/ for torch, "
+                   "build/<name>-hf/ for hf).")
 @click.option("--weights", type=click.Path(dir_okay=False, path_type=Path),
               help="Parameter values from a .safetensors file (names as in the docs); "
-                   "default: generated from --seed.")
+                   "default: a model folder's own weights, else generated from --seed.")
 @click.option("--seed", type=int, default=None,
-              help="Seed of the generated weights (default 0); same seed, same weights in "
-                   "every back end.")
+              help="Random weights from this seed (default 0 for a spec); same seed, same "
+                   "weights in every back end.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+              help="Convert the weights (and the model) to this dtype while writing; default: "
+                   "the spec's, or a checkpoint's own where onnxruntime runs it.")
+@click.option("--check-finite", is_flag=True,
+              help="Refuse weights holding NaN or infinity (checks every value as it is read).")
 @click.option("--opset", type=int, default=None,
               help="ONNX opset: 23 (default) uses fused Attention/RMSNormalization/"
                    "RotaryEmbedding; 17 decomposes them for older runtimes.")
 def build(spec: str, target: str, output: Path | None, weights: Path | None, seed: int | None,
-          opset: int | None) -> None:
-    """Compile SPEC and write it as an ONNX model, a PyTorch folder, a diagram or graph JSON."""
+          dtype: str | None, check_finite: bool, opset: int | None) -> None:
+    """Compile SPEC (or a Hugging Face model folder) and write it as an ONNX model, a PyTorch
+    folder, a Hugging Face folder, a diagram or graph JSON."""
     start = time.perf_counter()
     how = TARGETS[target]
     if not how.takes_weights:
-        for flag, value in (("--weights", weights), ("--seed", seed)):
+        for flag, value in (("--weights", weights), ("--seed", seed), ("--dtype", dtype),
+                            ("--check-finite", check_finite or None)):
             if value is not None:
-                raise TfgraphError(f"{flag} applies to --to onnx and --to torch, not {target}")
+                raise TfgraphError(f"{flag} applies to --to onnx, torch and hf, not {target}")
     if opset is not None and not how.takes_opset:
         raise TfgraphError(f"--opset applies to --to onnx only, not {target}")
+    if weights is not None and seed is not None:
+        raise TfgraphError("--weights and --seed both choose the weights; give one")
     from tfgraph.compiler import compile as compile_spec
 
-    graph = compile_spec(load_spec_arg(spec))
-    values = None
+    source = load_source(spec, target, weights, seed, dtype, check_finite)
+    graph = compile_spec(source.spec)
+    values: Any = None
     if weights is not None:
         from tfgraph.weights import load_weights
 
-        values = load_weights(os.fspath(weights), graph)
+        values = load_weights(os.fspath(weights), graph, check_finite=check_finite)
+    elif source.checkpoint is not None:
+        values = source.weights(graph)
     if opset is not None:
         from tfgraph.exporters.onnx_model import check_opset
 
@@ -164,8 +207,11 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
                            "name (tfgraph draw picks the format from the suffix)")
     if output is None:
         out.parent.mkdir(parents=True, exist_ok=True)
+    for note in source.notes:
+        click.echo(f"note: {note}", err=True)
     opts = {"weights": values, "seed": 0 if seed is None else seed,
-            "opset": 23 if opset is None else opset}
+            "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
+            "source_config": source.config}
     written = how.write(graph, out, opts)
     from tfgraph.cost import param_count
 
@@ -174,6 +220,14 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     if target == "onnx":
         details.append(f"opset {opts['opset']}")
     if how.takes_weights:
-        details.append(f"weights {weights}" if weights is not None else f"seed {opts['seed']}")
+        details.append(graph.dtype)
+        if weights is not None:
+            details.append(f"weights {weights}")
+        elif source.checkpoint is not None:
+            details.append(f"weights {source.checkpoint.folder}")
+        else:
+            details.append(f"seed {opts['seed']}")
+        if source.tokenizer:
+            details.append("tokenizer")
     details.append(f"{time.perf_counter() - start:.2f} s")
     click.echo(f"wrote {printable(str(written))}{os.sep if written.is_dir() else ''} ({', '.join(details)})")

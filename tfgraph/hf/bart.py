@@ -117,7 +117,8 @@ def _sinusoid_rule(name: str, rows: int, d: int) -> Rule:
         return None
 
     make: Callable[[Tensor], Tensor] = lambda example: from_numpy_like(example, table)
-    return Rule(name, (), "generated", check=check, make=make)
+    # Marian's save_pretrained leaves the tables out (_keys_to_ignore_on_save): memory only.
+    return Rule(name, (), "generated", check=check, make=make, layout="memory")
 
 
 def _layer_rows(spec: Spec, stack: str) -> list[Rule]:

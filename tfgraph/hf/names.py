@@ -25,8 +25,8 @@ from tfgraph.errors import TfgraphError
 Tensor = Any
 """A torch.Tensor or a numpy.ndarray."""
 
-Kind = Literal["copy", "transpose", "split", "split_t", "heads", "alias", "legacy",
-               "generated", "expert"]
+Kind = Literal["copy", "transpose", "split", "split_t", "heads", "alias", "generated",
+               "expert"]
 Layout = Literal["both", "memory", "disk"]
 
 
@@ -44,9 +44,8 @@ class Rule:
     for transformers' stacked experts, ``gate_up_proj`` of shape [E, 2 * hidden, d]);
     ``heads`` (GPT-NeoX: per head, the rows of each part in turn, ``len(ours)`` parts of
     ``sizes[0]`` heads); ``alias`` (the same tensor under a second name, e.g. a tied
-    ``lm_head.weight``: imported once, written back under both names); ``legacy`` (an older
-    checkpoint's name for a tensor, read on import and never written: GPT-NeoX's
-    ``embed_out``); ``generated`` (a buffer stored as a tensor but fixed by the config, e.g.
+    ``lm_head.weight``: imported once, written back under both names in a state dict,
+    left out of a folder as ``save_pretrained`` leaves it out); ``generated`` (a buffer stored as a tensor but fixed by the config, e.g.
     Marian's sinusoid tables, BART's zero ``final_logits_bias``: no tfgraph parameter;
     ``check`` validates it on import and ``make`` rebuilds it on export); ``expert`` (one
     expert's matrix, ``{e}`` in the name, of the tfgraph parameter stacking ``sizes[0]``
@@ -55,8 +54,10 @@ class Rule:
 
     ``layout``: transformers 5 keeps some families' tensors fused in memory (a MoE layer's
     experts as one ``gate_up_proj``) and converts them to the hub's per-expert tensors when it
-    saves (``transformers.conversion_mapping``). Import accepts both; export writes
-    ``memory`` names for a module's state dict and ``disk`` names for a folder.
+    saves (``transformers.conversion_mapping``; GPT-NeoX's head is ``lm_head`` in memory and
+    ``embed_out`` on disk; Marian's sinusoid tables are not saved). Import accepts both;
+    export writes ``memory`` names for a module's state dict and ``disk`` names for a
+    folder.
     """
 
     hf: str
@@ -139,7 +140,7 @@ class NameMap:
         fixed by the config; several for a fused projection)."""
         rule, groups = self.rule_for(name)
         ours = [_fill(o, groups) for o in rule.ours]
-        if rule.kind in ("copy", "alias", "legacy"):
+        if rule.kind in ("copy", "alias"):
             return [(ours[0], tensor)]
         if rule.kind == "expert":
             raise NameMapError(f"{name}: one expert of {ours[0]}; stack the experts "
@@ -180,7 +181,7 @@ class NameMap:
         rule, groups = self.rule_for(name)
         ours = [_fill(o, groups) for o in rule.ours]
         shape = tuple(int(n) for n in shape)
-        if rule.kind in ("copy", "alias", "legacy"):
+        if rule.kind in ("copy", "alias"):
             return [(ours[0], shape)]
         if rule.kind == "transpose":
             return [(ours[0], shape[::-1])]
@@ -247,7 +248,7 @@ class NameMap:
             matched = False
             for pattern, rule, j in self._ours:
                 skip = rule.layout not in ("both", layout)
-                if skip or rule.kind == "legacy" or (rule.kind == "alias" and not aliases):
+                if skip or (rule.kind == "alias" and not aliases):
                     matched = matched or bool(pattern.match(name))
                     continue
                 match = pattern.match(name)
@@ -274,11 +275,11 @@ class NameMap:
                 out.append(HFTensor(hf, rule, names))
         return out
 
-    def generated(self, example: Tensor) -> dict[str, Tensor]:
+    def generated(self, example: Tensor, layout: Layout = "memory") -> dict[str, Tensor]:
         """The config-fixed buffers a checkpoint of this family stores (Marian's sinusoid
         tables, BART's zero ``final_logits_bias``), in ``example``'s library and dtype."""
-        return {r.hf: r.make(example) for r in self.rules
-                if r.kind == "generated" and r.make is not None}
+        return {r.hf: r.make(example) for r in self.rules if r.kind == "generated"
+                and r.make is not None and r.layout in ("both", layout)}
 
     def from_tfgraph(self, state: Mapping[str, Tensor], layout: Layout = "memory"
                      ) -> dict[str, Tensor]:
@@ -289,7 +290,7 @@ class NameMap:
             return {}
         out = {t.name: t.fuse([state[p] for p in t.parts])
                for t in self.hf_tensors(state, layout=layout)}
-        out.update(self.generated(next(iter(state.values()))))
+        out.update(self.generated(next(iter(state.values())), layout))
         return out
 
 

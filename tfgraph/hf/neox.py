@@ -71,9 +71,11 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     att = spec.attention
     rows = [Rule("gpt_neox.embed_in.weight", ("embed.tokens.weight",))]
     rows += norm_rows("gpt_neox.final_layer_norm", "decoder.norm", spec)
-    rows += head_rows(spec, "lm_head")
-    if not spec.embedding.tie_output:  # the hub's checkpoints (transformers < 5) name it so
-        rows.append(Rule("embed_out.weight", ("head.weight",), "legacy"))
+    if spec.embedding.tie_output:
+        rows += head_rows(spec, "lm_head")
+    else:  # lm_head in memory; the hub's and save_pretrained's files name it embed_out
+        rows += [Rule("lm_head.weight", ("head.weight",), layout="memory"),
+                 Rule("embed_out.weight", ("head.weight",), layout="disk")]
     kinds = ("weight", "bias") if att.qkv_bias else ("weight",)
     for kind in kinds:
         rows.append(Rule(f"{src}.attention.query_key_value.{kind}",

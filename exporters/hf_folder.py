@@ -1,0 +1,124 @@
+"""``tfgraph build SPEC --to hf -o DIR``: a Hugging Face model folder transformers loads.
+
+DIR gets ``config.json`` (tfgraph.hf.export_config: the family whose config imports back to
+the very spec), ``model.safetensors`` in the names and layout ``save_pretrained`` writes (the
+family's name map, ``layout="disk"``: fused tensors fused back, per-expert MoE matrices, tied
+tables once, config-fixed buffers rebuilt) and, when the weights came from a Hugging Face
+folder, its tokenizer files. The weights are streamed: each Hugging Face tensor is written as
+soon as the parameters it is made of have been produced (in graph order), so memory holds a
+fused tensor's parts at most, never the model. The folder appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfgraph.errors import TfgraphError
+from tfgraph.hf.names import HFTensor
+from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES
+from tfgraph.ir import Graph
+
+FILES = ("config.json", "model.safetensors")
+# Token ids live in config.json but not in a spec: carried over from the folder a model came
+# from; without one, bos and eos are unknown (None), not the family class's defaults, which
+# may lie outside a small vocabulary.
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
+              "forced_bos_token_id", "forced_eos_token_id", "sep_token_id")
+
+
+def write_order(tensors: list[HFTensor], params: Sequence[str]) -> list[HFTensor]:
+    """``tensors`` in the order they are complete when ``params`` arrive one by one."""
+    waiting: dict[str, list[HFTensor]] = {}
+    for t in tensors:
+        for part in set(t.parts):
+            waiting.setdefault(part, []).append(t)
+    seen: set[str] = set()
+    done: set[str] = set()
+    order: list[HFTensor] = []
+    for name in params:
+        seen.add(name)
+        for t in waiting.get(name, ()):
+            if t.name not in done and all(p in seen for p in t.parts):
+                done.add(t.name)
+                order.append(t)
+    return order
+
+
+def _hf_values(order: list[HFTensor], stream: Iterator[tuple[str, np.ndarray]],
+               buffers: Mapping[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
+    """(Hugging Face name, value) in ``order`` from tfgraph (name, value) in graph order;
+    a parameter is dropped once every tensor made of it has been written."""
+    uses: dict[str, int] = {}
+    for t in order:
+        for part in t.parts:
+            uses[part] = uses.get(part, 0) + 1
+    held: dict[str, np.ndarray] = {}
+    pending = iter(order)
+    current = next(pending, None)
+    for name, value in stream:
+        held[name] = value
+        while current is not None and all(p in held for p in current.parts):
+            yield current.name, current.fuse([held[p] for p in current.parts])
+            for part in current.parts:
+                uses[part] -= 1
+                if not uses[part]:
+                    del held[part]
+            current = next(pending, None)
+    yield from buffers.items()
+
+
+def write_hf_folder(graph: Graph, out_dir: Path, weights: Mapping[str, Any] | None,
+                    seed: int, extra_files: Sequence[Path] = (),
+                    progress: Callable[[int], None] | None = None,
+                    source_config: Mapping[str, Any] | None = None) -> Path:
+    """Write ``graph`` (its spec and weights) as a Hugging Face folder at ``out_dir``.
+
+    ``weights`` as for the other back ends (checked), else generated from ``seed``;
+    ``source_config``: the config.json the spec was imported from (its token ids are kept).
+    Raises TfgraphError when no Hugging Face family expresses the spec exactly.
+    """
+    from tfgraph.cost import weights_bytes
+    from tfgraph.exporters.onnx_model import parameter_values
+    from tfgraph.exporters.onnx_weights import write_memory_bytes
+    from tfgraph.exporters.safetensors_writer import Entry, write_safetensors
+    from tfgraph.exporters.staged_folder import staged_folder
+    from tfgraph.hf import name_map
+    from tfgraph.hf.export_config import hf_config
+    from tfgraph.io import check_capacity
+
+    if graph.spec is None:
+        raise TfgraphError(f"{graph.name}: graph has no spec; compile it from a spec")
+    export = hf_config(graph.spec)
+    config = dict(export.config)
+    for key in TOKEN_KEYS:
+        if source_config is not None and key in source_config:
+            config[key] = source_config[key]
+        elif key in ("bos_token_id", "eos_token_id"):
+            config.setdefault(key, None)
+    names = name_map(config, graph.spec)
+    params = graph.params()
+    shapes = {p.name: tuple(p.attrs["shape"]) for p in params}
+    order = write_order(names.hf_tensors(shapes, aliases=False, layout="disk"), list(shapes))
+    buffers = names.generated(np.zeros((), dtype=np.float32), layout="disk")
+    entries = [Entry(t.name, graph.dtype, t.shape(shapes)) for t in order]
+    entries += [Entry(n, graph.dtype, tuple(v.shape)) for n, v in buffers.items()]
+    out_dir = Path(out_dir)
+    check_capacity(out_dir, weights_bytes(graph), write_memory_bytes(graph))
+    stream = parameter_values(graph, weights, seed)  # checks names and shapes first
+    try:
+        with staged_folder(out_dir, FILES + TOKENIZER_FILES, "Hugging Face folder") as stage:
+            (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n",
+                                               encoding="utf-8")
+            values = _hf_values(order, ((p.name, v) for p, v in stream), buffers)
+            write_safetensors(stage / "model.safetensors", entries, values, {"format": "pt"},
+                              progress)
+            for extra in extra_files:
+                (stage / extra.name).write_bytes(extra.read_bytes())
+    finally:
+        stream.close()
+    return out_dir

@@ -1,0 +1,82 @@
+"""A folder that appears whole or not at all (``--to torch`` and ``--to hf`` outputs).
+
+Everything is written into a temporary sibling directory, which then replaces the target with
+renames: a failed or interrupted build leaves the old folder as it was and no partial one. The
+target must be new, empty, or hold only names this kind of folder writes: anything else in it
+is refused rather than deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Collection, Iterator
+from pathlib import Path
+
+from tfgraph.errors import TfgraphError
+
+
+def check_target(out_dir: Path, names: Collection[str], kind: str) -> None:
+    """Refuse ``out_dir`` unless it is new, empty or holds only ``names`` (a ``kind``)."""
+    if not out_dir.parent.is_dir():
+        raise TfgraphError(f"{out_dir}: directory {out_dir.parent} does not exist")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TfgraphError(f"{out_dir}: exists and is not a directory; this target writes a "
+                           "folder")
+    if out_dir.is_dir():
+        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in names
+                         and p.name != "__pycache__")
+        if foreign:
+            raise TfgraphError(f"{out_dir}: not a {kind} (has {', '.join(foreign[:3])}"
+                               f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty "
+                               "directory")
+
+
+@contextlib.contextmanager
+def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[Path]:
+    """Yield a temporary folder to fill; on success it replaces ``out_dir``."""
+    check_target(out_dir, names, kind)
+    try:
+        stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    except OSError as exc:
+        raise TfgraphError(f"{out_dir}: cannot write: {exc.strerror or exc}") from None
+    try:
+        yield stage
+        umask = _umask()
+        for path in stage.iterdir():  # on disk before the rename makes the folder visible
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.chmod(path, 0o666 & ~umask)
+        os.chmod(stage, 0o777 & ~umask)
+        _swap_in(stage, out_dir)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise TfgraphError(f"{out_dir}: cannot write: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _swap_in(stage: Path, out_dir: Path) -> None:
+    """Replace ``out_dir`` by ``stage`` with renames; the old folder is removed afterwards."""
+    if not out_dir.exists():
+        os.replace(stage, out_dir)
+        return
+    old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))
+    os.rmdir(old)  # only the unique name is wanted
+    os.replace(out_dir, old)
+    try:
+        os.replace(stage, out_dir)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.replace(old, out_dir)  # put the previous folder back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
