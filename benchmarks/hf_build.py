@@ -147,8 +147,9 @@ class Bench:
 
     def _record(self, label: str, run: Run) -> Run:
         self.runs.setdefault(label, []).append(run)
+        self.failed |= run.rc != 0 and label.startswith("tfgraph")
         status = "ok" if run.rc == 0 else f"exit {run.rc}: {run.last_line}"
-        print(f"  {label:28} {run.wall:7.2f} s  {run.peak_rss / MIB:8.1f} MiB  {status}",
+        print(f"  {label:37} {run.wall:7.2f} s  {run.peak_rss / MIB:8.1f} MiB  {status}",
               flush=True)
         return run
 
@@ -207,7 +208,8 @@ def ratio_lines(bench: Bench) -> list[str]:
         if med is None:
             lines.append(f"  {label:34} failed: {bench.runs[label][-1].last_line}")
             continue
-        times = ", ".join(f"{r.wall:.2f}" for r in bench.runs[label])
+        times = ", ".join(f"{r.wall:.2f}" if r.rc == 0 else f"{r.wall:.2f} (failed)"
+                          for r in bench.runs[label])
         line = f"  {label:34} {med[0]:8.2f} {med[1] / MIB:8.1f} MiB  (runs {times})"
         if peer is not None and label.startswith("tfgraph"):
             speed, rss = peer[0] / med[0], med[1] / peer[1]
@@ -275,6 +277,7 @@ def main() -> None:
             check.lines.append(line)
             bench.failed |= not same
         else:
+            check.lines.append("--to torch: no folder to check (its last build failed)")
             bench.failed = True
         outputs["torch"] = torch_dir
         for label in list(outputs):
