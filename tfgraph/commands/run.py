@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -24,28 +25,52 @@ if TYPE_CHECKING:
     import onnx
 
     from tfgraph.ir import Graph
+    from tfgraph.model_source import Source
 
 # Largest |onnxruntime - torch| accepted by --check, per dtype: parity is 1e-4 in float32
 # (design); 16-bit models round every activation, so their bound is that of their precision.
 CHECK_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 
-def _build_spec(path: str, seed: int, opset: int, tmp: Path
-                ) -> tuple[Graph, onnx.ModelProto, bytes | Path]:
-    """Compile a spec and export it: (graph, model proto, model bytes or a temporary path)."""
-    from tfgraph.cli_support import load_spec_arg
+def _build_spec(source: Source, seed: int, opset: int, tmp: Path
+                ) -> tuple[Graph, Any, onnx.ModelProto, bytes | Path]:
+    """Compile a spec and export it: (graph, weights or None for seeded ones, model proto,
+    model bytes or a temporary path)."""
     from tfgraph.compiler import compile as compile_spec
     from tfgraph.exporters import onnx_runtime as rt
     from tfgraph.cost import weights_bytes
     from tfgraph.exporters.onnx_model import EXTERNAL_DATA_THRESHOLD, to_onnx
     from tfgraph.exporters.onnx_model import write_onnx
 
-    graph = compile_spec(load_spec_arg(path))
+    graph = compile_spec(source.spec)
+    weights = source.weights(graph) if source.checkpoint is not None else None
     if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
-        model = to_onnx(graph, seed=seed, opset=opset)
-        return graph, model, model.SerializeToString()
-    written = write_onnx(graph, tmp / f"{graph.name}.onnx", seed=seed, opset=opset)
-    return graph, rt.load_model(written), written
+        model = to_onnx(graph, weights=weights, seed=seed, opset=opset)
+        return graph, weights, model, model.SerializeToString()
+    written = write_onnx(graph, tmp / f"{graph.name}.onnx", weights=weights, seed=seed,
+                         opset=opset)
+    return graph, weights, rt.load_model(written), written
+
+
+def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
+                where: str) -> dict[str, np.ndarray]:
+    """The feeds for a text prompt: its token ids (batch copies) from ``tokenizer``."""
+    from tfgraph.hf.tokenizer import load_tokenizer
+
+    if tokenizer is None:
+        raise TfgraphError(f"{where}: --prompt needs a tokenizer.json (in the model folder, or "
+                           "next to the .onnx model)")
+    if iface.inputs[0] != "input_ids":
+        raise TfgraphError(f"{where}: --prompt runs one-stack models; this one takes "
+                           f"{', '.join(iface.inputs)}")
+    ids = load_tokenizer(tokenizer).encode(prompt).ids
+    if not ids:
+        raise TfgraphError("--prompt: the text encodes to no tokens")
+    row = np.asarray(ids, dtype=np.int64)
+    feeds = {"input_ids": np.tile(row, (batch, 1))}
+    if "token_type_ids" in iface.inputs:
+        feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    return feeds
 
 
 def _graph_from_model(model: onnx.ModelProto, spec_json: str | None, where: str) -> Graph:
@@ -76,7 +101,7 @@ def _model_weights(model_path: Path, graph: Graph) -> dict[str, np.ndarray]:
             for t in model.graph.initializer if t.name in names}
 
 
-def _torch_logits(graph: Graph, weights: dict[str, np.ndarray] | None, seed: int,
+def _torch_logits(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
                   feeds: dict[str, np.ndarray]) -> np.ndarray:
     try:
         import torch
@@ -95,7 +120,7 @@ def _torch_logits(graph: Graph, weights: dict[str, np.ndarray] | None, seed: int
 
 
 @click.command()
-@click.argument("source", metavar="SPEC|MODEL.onnx")
+@click.argument("source", metavar="SPEC|DIR|MODEL.onnx")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
               show_default=True, help="Execution provider; auto takes CUDA only when usable.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
@@ -108,19 +133,27 @@ def _torch_logits(graph: Graph, weights: dict[str, np.ndarray] | None, seed: int
               help="Timed runs (after one untimed warm-up).")
 @click.option("--check", is_flag=True,
               help="Also run the PyTorch back end on the same weights and compare.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Weights seed when SOURCE is a spec.")
+@click.option("--seed", type=int, default=None,
+              help="Random weights from this seed when SOURCE is a spec (default 0) or a model "
+                   "folder (default: its own weights); also seeds the random input ids.")
+@click.option("--prompt", default=None,
+              help="Text to run instead of random ids (needs the model's tokenizer.json); "
+                   "prints the predicted next token.")
 @click.option("--opset", type=int, default=23, show_default=True,
               help="ONNX opset when SOURCE is a spec.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="onnxruntime intra-op threads (default: one per physical core).")
 @click.pass_context
 def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
-        tgt_seq: int | None, repeat: int, check: bool, seed: int, opset: int,
-        threads: int | None) -> None:
-    """Run SPEC (built first) or MODEL.onnx with onnxruntime and report latency."""
+        tgt_seq: int | None, repeat: int, check: bool, seed: int | None, prompt: str | None,
+        opset: int, threads: int | None) -> None:
+    """Run SPEC (built first), a Hugging Face model folder (built from its weights) or
+    MODEL.onnx with onnxruntime and report latency."""
     from tfgraph.exporters import onnx_runtime as rt
+    from tfgraph.model_source import load_source
 
+    given: Any = None  # the weights a spec or folder was built with (None: the seed's)
+    tokenizer: Path | None = None
     with tempfile.TemporaryDirectory(prefix="tfgraph-run-") as tmp:
         if Path(source).suffix.lower() == ".onnx":
             model = rt.load_model(source)
@@ -128,10 +161,19 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             session_source: bytes | Path = Path(source)
             graph: Graph | None = None
             label = f"{source}"
+            beside = Path(source).parent / "tokenizer.json"
+            tokenizer = beside if beside.is_file() else None
         else:
-            graph, model, session_source = _build_spec(source, seed, opset, Path(tmp))
+            built = load_source(source, "onnx", None, seed, None)
+            for note in built.notes:
+                click.echo(f"note: {note}", err=True)
+            graph, given, model, session_source = _build_spec(built, seed or 0, opset,
+                                                              Path(tmp))
             iface = rt.interface(model, source)
-            label = f"{graph.name} (built from {source}, opset {opset}, seed {seed})"
+            origin = f"seed {seed or 0}" if given is None else "its weights"
+            label = f"{graph.name} (built from {source}, opset {opset}, {origin})"
+            tokenizer = built.tokenizer[0] if built.tokenizer else None
+        seed = seed or 0
         spec = None
         if iface.spec_json is not None:
             import json
@@ -151,7 +193,10 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             from_file = False
         session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                               dtype=iface.dtype)
-        feeds = rt.random_ids(iface, batch, seq, tgt_seq, seed=seed)
+        if prompt is not None:
+            feeds = _prompt_ids(prompt, tokenizer, iface, batch, source)
+        else:
+            feeds = rt.random_ids(iface, batch, seq, tgt_seq, seed=seed)
         timing = rt.time_runs(session, feeds, repeat=repeat, warmup=1)
         out = rt.run(session, feeds)
 
@@ -165,10 +210,19 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
                    f"{timing.p90_s * 1e3:.2f} ms over {timing.runs} runs (1 warm-up)")
         click.echo(f"throughput {tokens / timing.median_s:,.0f} tokens/s "
                    f"({tokens} input tokens per run)")
+        if prompt is not None and spec is not None and spec.get("arch") == "decoder-only":
+            from tfgraph.hf.tokenizer import load_tokenizer
+
+            assert tokenizer is not None
+            nxt = int(np.argmax(out[0, -1]))
+            text = load_tokenizer(tokenizer).decode([nxt])
+            click.echo(f"next      {printable(repr(text))} (token {nxt})")
         if check:
             assert graph is not None  # the spec was built, or the model's own compiled above
             if from_file:
                 weights = _model_weights(Path(source), graph)
+            elif given is not None:  # a model folder's own weights
+                weights = given
             else:  # the weights the spec was built with: the shared generator at --seed
                 from tfgraph.weights import generate
 
