@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -31,7 +31,7 @@ from tfgraph.cost import weights_bytes
 from tfgraph.exporters.onnx_graph import SPEC_METADATA_KEY, build_structure
 from tfgraph.exporters.onnx_ops import (ATTENTION_OPSET, GELU_OPSET, MAX_OPSET, MIN_OPSET,
                                         ONNX_OPS, RMSNORM_OPSET, ROPE_OPSET, check_opset)
-from tfgraph.exporters.onnx_tensors import (ELEM_TYPE, cast_array, make_initializer,
+from tfgraph.exporters.onnx_tensors import (ELEM_TYPE, Value, cast_array, make_initializer,
                                             numpy_dtype, tensor_header)
 from tfgraph.exporters.onnx_weights import (as_float32, stream_values, weight_source,
                                             write_memory_bytes)
@@ -61,7 +61,18 @@ def parameter_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
     generator at ``seed``, produced ahead on threads within LOOKAHEAD_BYTES (generated) or
     READ_AHEAD_BYTES (given: reading ahead gains little, and each byte ahead is resident)."""
     ahead = LOOKAHEAD_BYTES if weights is None else READ_AHEAD_BYTES
-    return stream_values(graph.params(), weight_source(graph, weights, seed), ahead, workers)
+    return cast(Generator[tuple[Node, np.ndarray], None, None],
+                stream_values(graph.params(), weight_source(graph, weights, seed), ahead,
+                              workers))
+
+
+def written_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int
+                   ) -> Generator[tuple[Node, Value], None, None]:
+    """As :func:`parameter_values`, for writers: a parameter a checkpoint stores as it is
+    written comes as bytes to copy file to file (onnx_tensors.CopiedBytes), never read."""
+    ahead = LOOKAHEAD_BYTES if weights is None else READ_AHEAD_BYTES
+    return stream_values(graph.params(), weight_source(graph, weights, seed, verbatim=True),
+                         ahead)
 
 
 def to_onnx(graph: Graph, weights: Mapping[str, Any] | None = None, seed: int = 0,
@@ -100,7 +111,7 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
         remove_stale_temps(stale)
     check_capacity(target, total, write_memory_bytes(graph))
     model = build_structure(graph, opset)
-    stream = parameter_values(graph, weights, seed)
+    stream = written_values(graph, weights, seed)
     try:
         return write_model(model, ((p.name, p.type.dtype, value) for p, value in stream),
                            target, external=total > EXTERNAL_DATA_THRESHOLD, progress=progress)

@@ -6,10 +6,36 @@ Tensor data is stored as little-endian ``raw_data``, as onnx itself assumes of i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 from onnx import TensorProto
+
+
+class CopiedBytes(Protocol):
+    """A parameter whose bytes are copied from a file rather than held as an array
+    (tfgraph.hf.checkpoint.Verbatim): writers take either."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def copy_to(self, out: BinaryIO) -> None: ...
+
+
+Value = np.ndarray | CopiedBytes
+"""A parameter value on its way to a file: an array (cast to the model dtype by the writer)
+or bytes already in the model dtype, copied file to file."""
+
+
+def write_bytes(out: BinaryIO, value: Value) -> None:
+    """Append the bytes of ``value`` (an array already at the model dtype) to ``out``."""
+    if isinstance(value, np.ndarray):
+        out.write(value.reshape(-1).view(np.uint8).data)  # a memoryview, no copy
+    else:
+        value.copy_to(out)
 
 ELEM_TYPE = {
     "float32": TensorProto.FLOAT,
@@ -36,7 +62,16 @@ def cast_array(value: np.ndarray, dtype: str) -> np.ndarray:
     return np.ascontiguousarray(value.astype(numpy_dtype(dtype), copy=False))
 
 
-def tensor_header(name: str, array: np.ndarray, dtype: str) -> TensorProto:
+def cast_value(value: Value, dtype: str) -> Value:
+    """:func:`cast_array` for a writer's values; copied bytes are at the model's dtype."""
+    if isinstance(value, np.ndarray):
+        return cast_array(value, dtype)
+    if value.dtype != dtype:
+        raise ValueError(f"bytes of {value.dtype} written as {dtype}")
+    return value
+
+
+def tensor_header(name: str, array: Value, dtype: str) -> TensorProto:
     """A TensorProto with name, dtype and dims but no data (the writer appends the bytes)."""
     tensor = TensorProto()
     tensor.name = name

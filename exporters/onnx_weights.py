@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from tfgraph.exporters.onnx_tensors import numpy_dtype
+from tfgraph.exporters.onnx_tensors import Value, numpy_dtype
 from tfgraph.ir import Graph, Node
 
-ValueOf = Callable[[Node], np.ndarray]
+ValueOf = Callable[[Node], Value]
 
 
 def as_float32(value: Any) -> np.ndarray:
@@ -31,8 +31,11 @@ def as_float32(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.float32)
 
 
-def weight_source(graph: Graph, weights: Mapping[str, Any] | None, seed: int) -> ValueOf:
+def weight_source(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
+                  verbatim: bool = False) -> ValueOf:
     """parameter -> float32 value: from ``weights`` (checked) or tfgraph.weights' generator.
+    ``verbatim``: the writer takes copied bytes too, so a parameter a checkpoint stores as it
+    is written (``weights.verbatim``, tfgraph.hf.checkpoint_weights) is not read at all.
 
     Raises TfgraphError listing missing, unexpected and wrongly shaped ``weights``.
     """
@@ -43,12 +46,15 @@ def weight_source(graph: Graph, weights: Mapping[str, Any] | None, seed: int) ->
     from tfgraph.weights import check_weights, weight_shapes
 
     check_weights(weight_shapes(weights), graph, "weights")
+    find = getattr(weights, "verbatim", None) if verbatim else None
+    if find is not None:
+        return lambda p: find(p.name, p.type.dtype) or as_float32(weights[p.name])
     return lambda p: as_float32(weights[p.name])
 
 
 def stream_values(params: Sequence[Node], value_of: ValueOf, lookahead_bytes: int,
                   workers: int | None = None
-                  ) -> Generator[tuple[Node, np.ndarray], None, None]:
+                  ) -> Generator[tuple[Node, Value], None, None]:
     """(parameter, float32 value) in the order of ``params``, produced ahead on threads.
 
     numpy's generators release the GIL while filling arrays, so the parameters after this
@@ -60,7 +66,7 @@ def stream_values(params: Sequence[Node], value_of: ValueOf, lookahead_bytes: in
     workers = workers or min(8, os.cpu_count() or 1)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="tfgraph-weights")
     try:
-        pending: deque[tuple[Node, Future[np.ndarray], int]] = deque()
+        pending: deque[tuple[Node, Future[Value], int]] = deque()
         in_flight, nxt = 0, 0
         while nxt < len(params) or pending:
             while nxt < len(params):

@@ -25,12 +25,12 @@ import onnx
 from onnx import TensorProto
 
 from tfgraph.errors import TfgraphError
-from tfgraph.exporters.onnx_tensors import cast_array, tensor_header
+from tfgraph.exporters.onnx_tensors import Value, cast_value, tensor_header, write_bytes
 from tfgraph.io import atomic_path, remove_stale_temps
 from tfgraph.terminal import printable
 
 # (name, dtype, float32 value) of each parameter, in the order they become initializers.
-Values = Iterable[tuple[str, str, np.ndarray]]
+Values = Iterable[tuple[str, str, Value]]
 Progress = Callable[[int], None] | None
 
 # ---- protobuf framing ------------------------------------------------------------------------
@@ -85,13 +85,13 @@ def _field_header(number: int, length: int) -> bytes:
     return _varint(number << 3 | _LEN) + _varint(length)
 
 
-def _append_initializer(out: BinaryIO, header: TensorProto, array: np.ndarray) -> None:
+def _append_initializer(out: BinaryIO, header: TensorProto, array: Value) -> None:
     """Append ``header`` with ``array``'s bytes as raw_data as one initializer chunk."""
-    raw = array.reshape(-1).view(np.uint8).data  # a memoryview of the bytes, no copy
-    tensor = header.SerializeToString() + _field_header(_TENSOR_RAW_DATA, raw.nbytes)
-    graph = _field_header(_GRAPH_INITIALIZER, len(tensor) + raw.nbytes) + tensor
-    out.write(_field_header(_MODEL_GRAPH, len(graph) + raw.nbytes) + graph)
-    out.write(raw)
+    nbytes = array.nbytes
+    tensor = header.SerializeToString() + _field_header(_TENSOR_RAW_DATA, nbytes)
+    graph = _field_header(_GRAPH_INITIALIZER, len(tensor) + nbytes) + tensor
+    out.write(_field_header(_MODEL_GRAPH, len(graph) + nbytes) + graph)
+    write_bytes(out, array)
 
 
 # ---- external data ---------------------------------------------------------------------------
@@ -99,7 +99,7 @@ def _append_initializer(out: BinaryIO, header: TensorProto, array: np.ndarray) -
 EXTERNAL_ALIGNMENT = 4096  # page-aligned offsets let runtimes mmap each tensor
 
 
-def _write_external(tensor: TensorProto, array: np.ndarray, data: BinaryIO,
+def _write_external(tensor: TensorProto, array: Value, data: BinaryIO,
                     location: str) -> None:
     """Append ``array``'s bytes to the open data file and point ``tensor`` at them (the keys
     of ONNX's external data: location relative to the model, offset, length)."""
@@ -108,7 +108,7 @@ def _write_external(tensor: TensorProto, array: np.ndarray, data: BinaryIO,
     if pad:
         data.write(b"\0" * pad)
         offset += pad
-    data.write(array.reshape(-1).view(np.uint8).data)  # a memoryview, no copy
+    write_bytes(data, array)
     tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)),
                        ("length", str(array.nbytes))):
@@ -147,7 +147,7 @@ def write_model(model: onnx.ModelProto, values: Values, target: Path, external: 
         with atomic_path(target) as tmp, _write_errors(target), open(tmp, "wb") as out:
             out.write(model.SerializeToString())  # everything but the weights
             for name, dtype, value in values:
-                array = cast_array(value, dtype)
+                array = cast_value(value, dtype)
                 _append_initializer(out, tensor_header(name, array, dtype), array)
                 if progress:
                     progress(array.nbytes)
@@ -164,7 +164,7 @@ def write_model(model: onnx.ModelProto, values: Values, target: Path, external: 
             _write_errors(target):
         with open(tmp_data, "wb") as data:
             for name, dtype, value in values:
-                array = cast_array(value, dtype)
+                array = cast_value(value, dtype)
                 header = tensor_header(name, array, dtype)
                 _write_external(header, array, data, data_target.name)
                 model.graph.initializer.append(header)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tfgraph.errors import TfgraphError
-from tfgraph.exporters.onnx_tensors import numpy_dtype
+from tfgraph.exporters.onnx_tensors import Value, cast_value, numpy_dtype, write_bytes
 from tfgraph.io import atomic_path
 
 CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -59,12 +59,12 @@ def header(entries: Sequence[Entry], metadata: dict[str, str] | None = None) -> 
 
 
 def write_safetensors(target: Path, entries: Sequence[Entry],
-                      values: Iterable[tuple[str, np.ndarray]],
+                      values: Iterable[tuple[str, Value]],
                       metadata: dict[str, str] | None = None,
                       progress: Callable[[int], None] | None = None) -> Path:
-    """Write ``values`` ((name, array) in ``entries`` order, any float dtype) as ``entries``
-    say, casting each to its entry's dtype; atomically. ``progress`` gets each tensor's
-    bytes."""
+    """Write ``values`` ((name, array) in ``entries`` order, any float dtype, or bytes
+    copied from a file already in the entry's dtype) as ``entries`` say, casting each
+    array to its entry's dtype; atomically. ``progress`` gets each tensor's bytes."""
     with atomic_path(target) as tmp, open(tmp, "wb") as out:
         out.write(header(entries, metadata))
         it = iter(values)
@@ -73,8 +73,8 @@ def write_safetensors(target: Path, entries: Sequence[Entry],
             if name != e.name or tuple(value.shape) != e.shape:
                 raise TfgraphError(f"{target}: expected {e.name} {list(e.shape)}, got {name} "
                                    f"{list(value.shape)}")
-            array = np.ascontiguousarray(value, dtype=numpy_dtype(e.dtype))
-            out.write(array.reshape(-1).view(np.uint8).data)
+            array = cast_value(value, e.dtype)
+            write_bytes(out, array)
             if progress:
                 progress(array.nbytes)
         out.flush()

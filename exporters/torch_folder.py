@@ -32,7 +32,7 @@ def write_torch_folder(graph: Graph, out_dir: Path, weights: Mapping[str, Any] |
     ``to_torch(graph, seed)`` holds). ``extra_files`` (tokenizer files) are copied in.
     """
     from tfgraph.cost import weights_bytes
-    from tfgraph.exporters.onnx_model import parameter_values
+    from tfgraph.exporters.onnx_model import written_values
     from tfgraph.exporters.onnx_weights import write_memory_bytes
     from tfgraph.exporters.safetensors_writer import Entry, write_safetensors
     from tfgraph.exporters.staged_folder import staged_folder
@@ -45,7 +45,7 @@ def write_torch_folder(graph: Graph, out_dir: Path, weights: Mapping[str, Any] |
     check_capacity(out_dir, weights_bytes(graph), write_memory_bytes(graph))
     params = graph.params()
     entries = [Entry(p.name, p.type.dtype, tuple(p.attrs["shape"])) for p in params]
-    stream = parameter_values(graph, weights, seed)  # checks names and shapes first
+    stream = written_values(graph, weights, seed)  # checks names and shapes first
     names = FILES + TOKENIZER_FILES
     try:
         with staged_folder(out_dir, names, "tfgraph torch folder") as stage:

@@ -108,7 +108,7 @@ def test_failed_build_keeps_old_file_and_leaves_no_partial(in_tmp: Path,
                                                            ) -> None:
     Path("m.onnx").write_bytes(b"old model")
     calls = []
-    real = onnx_writer.cast_array
+    real = onnx_writer.cast_value
 
     def failing(value, dtype):  # type: ignore[no-untyped-def]
         calls.append(dtype)
@@ -116,7 +116,7 @@ def test_failed_build_keeps_old_file_and_leaves_no_partial(in_tmp: Path,
             raise MemoryError("simulated failure half-way through the weights")
         return real(value, dtype)
 
-    monkeypatch.setattr(onnx_writer, "cast_array", failing)
+    monkeypatch.setattr(onnx_writer, "cast_value", failing)
     result = cli("build", TINY, "--to", "onnx", "-o", "m.onnx")
     assert result.exit_code == 1 and "internal error" in result.stderr
     assert Path("m.onnx").read_bytes() == b"old model"

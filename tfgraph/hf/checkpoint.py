@@ -18,14 +18,17 @@ handle costs about a millisecond.
 
 from __future__ import annotations
 
+import json
+import os
+import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from tfgraph.errors import TfgraphError
+from tfgraph.errors import SpecError, TfgraphError
 from tfgraph.hf.files import inside, read_json
 
 WEIGHTS_NAME = "model.safetensors"
@@ -47,6 +50,7 @@ class TensorInfo:
     file: Path
     dtype: str  # tfgraph dtype name
     shape: tuple[int, ...]
+    offset: int  # of its first byte in the file
 
     @property
     def nbytes(self) -> int:
@@ -84,7 +88,7 @@ class Checkpoint:
                                   "--seed N builds with random weights")
         tensors: dict[str, TensorInfo] = {}
         for shard, listed in shards.items():
-            path = inside(folder, shard, "weights file")
+            path = _weights_file(folder, shard, indexed=listed is not None)
             found = _header(path)
             names = found if listed is None else listed
             missing = sorted(set(names) - set(found))
@@ -124,6 +128,55 @@ class Checkpoint:
         return array
 
 
+@dataclass(frozen=True)
+class Verbatim:
+    """A parameter whose bytes, in the dtype being written, are byte ranges of checkpoint
+    files as they stand (a tensor, rows of a fused one, or one file range per expert of a
+    stacked one): :meth:`copy_to` copies them file to file in the kernel
+    (``os.copy_file_range``), never through this process's memory. safetensors, ONNX
+    ``raw_data`` and numpy's ``tobytes`` on the hosts tfgraph runs on are all little-endian,
+    row-major: the bytes are the same."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    ranges: tuple[tuple[Path, int, int], ...]  # (file, offset, length)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(length for _, _, length in self.ranges)
+
+    def copy_to(self, out: BinaryIO) -> None:
+        """Append the bytes to ``out`` (a file opened for writing, at its end)."""
+        out.flush()
+        fd = out.fileno()
+        for path, offset, length in self.ranges:
+            with open(path, "rb") as source:
+                done = 0
+                while done < length:
+                    try:
+                        n = os.copy_file_range(source.fileno(), fd, length - done,
+                                               offset + done)
+                    except (AttributeError, OSError):  # not Linux, or not between these files
+                        n = os.write(fd, os.pread(source.fileno(),
+                                                  min(length - done, 1 << 24), offset + done))
+                    if n == 0:
+                        raise CheckpointError(f"{path}: ended early (changed while read)")
+                    done += n
+        out.seek(0, os.SEEK_END)  # the file object's position follows the descriptor's
+
+
+def _weights_file(folder: Path, name: str, indexed: bool) -> Path:
+    """The weights file ``name`` of ``folder`` (tfgraph.hf.files.inside). When the index named
+    it, the index is what is wrong (a path, a link out of the folder, a missing shard), so the
+    message names the index and the shard."""
+    try:
+        return inside(folder, name, "shard" if indexed else "weights file")
+    except SpecError as err:
+        if not indexed:
+            raise
+        raise CheckpointError(f"{folder / INDEX_NAME}: {err.message}") from None
+
+
 def _index(folder: Path) -> dict[str, list[str] | None]:
     """Shard file name -> the tensors the index puts in it."""
     data = read_json(inside(folder, INDEX_NAME, "index"), INDEX_MAX_BYTES, INDEX_NAME)
@@ -150,6 +203,7 @@ def _header(path: Path) -> dict[str, TensorInfo]:
 
     try:
         with safe_open(str(path), framework="numpy") as handle:
+            start, spans = _data_offsets(path)  # after safetensors has checked the header
             out = {}
             for name in handle.keys():
                 part = handle.get_slice(name)
@@ -158,9 +212,21 @@ def _header(path: Path) -> dict[str, TensorInfo]:
                     raise CheckpointError(f"{path}: {name} is {code}; tfgraph reads F32, F16 "
                                           "and BF16 weights (quantized checkpoints are not "
                                           "supported)")
-                out[name] = TensorInfo(path, DTYPES[code], tuple(part.get_shape()))
+                out[name] = TensorInfo(path, DTYPES[code], tuple(part.get_shape()),
+                                       start + spans[name])
             return out
     except SafetensorError as err:
         raise CheckpointError(f"{path}: not a valid safetensors file: {err}") from None
     except OSError as err:
         raise CheckpointError(f"{path}: cannot read: {err.strerror or err}") from None
+
+
+def _data_offsets(path: Path) -> tuple[int, dict[str, int]]:
+    """Where the data starts and each tensor's offset in it (safetensors README, "Format":
+    an 8-byte little-endian header length, the JSON header, then the data). Called only for
+    a file the safetensors package has opened, so the header is known to be sound."""
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    return 8 + length, {name: int(entry["data_offsets"][0]) for name, entry in header.items()
+                        if name != "__metadata__"}

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from tfgraph.hf.checkpoint import Checkpoint, CheckpointError
-from tfgraph.hf.names import NameMap
+from tfgraph.hf.checkpoint import Checkpoint, CheckpointError, Verbatim
+from tfgraph.hf.names import NameMap, NameMapError
 
 
 class CheckpointWeights(Mapping[str, np.ndarray]):
@@ -42,11 +42,14 @@ class CheckpointWeights(Mapping[str, np.ndarray]):
         self._buffers: list[str] = []  # config-fixed tensors, checked by check_buffers
         self._experts: dict[str, dict[int, str]] = {}  # stacked ours -> expert -> tensor
         for hf, info in checkpoint.tensors.items():
-            slot = names.expert_slot(hf)
+            try:  # a name the family does not know, or a fused tensor that does not split
+                slot = names.expert_slot(hf)
+                parts = [] if slot is not None else names.shapes_one(hf, info.shape)
+            except NameMapError as err:
+                raise CheckpointError(f"{info.file}: {err}") from None
             if slot is not None:
                 self._add_expert(hf, *slot)
                 continue
-            parts = names.shapes_one(hf, info.shape)
             if not parts:
                 self._buffers.append(hf)
             for j, (ours, shape) in enumerate(parts):
@@ -108,6 +111,34 @@ class CheckpointWeights(Mapping[str, np.ndarray]):
         """Shapes by tfgraph name, from the headers (what weight checks use: no reads)."""
         return dict(self._shapes)
 
+    def verbatim(self, name: str, dtype: str) -> Verbatim | None:
+        """Parameter ``name`` as byte ranges of the checkpoint when its bytes in ``dtype`` are
+        stored there as they stand (copied, rows of a fused tensor split along its first
+        axis, or experts stacked), else None (it must be read and converted). Never when
+        values are to be checked (``check_finite``) or a tied copy compared."""
+        if self.check_finite or name in self._tied:
+            return None
+        tensors = self.checkpoint.tensors
+        if name in self._experts:
+            infos = [tensors[hf] for _, hf in sorted(self._experts[name].items())]
+            if any(info.dtype != dtype for info in infos):
+                return None
+            return Verbatim(self._shapes[name], dtype,
+                            tuple((i.file, i.offset, i.nbytes) for i in infos))
+        hf, j = self._source[name]
+        info = tensors[hf]
+        rule, _ = self.names.rule_for(hf)
+        if info.dtype != dtype:
+            return None
+        if rule.kind in ("copy", "alias"):
+            return Verbatim(info.shape, dtype, ((info.file, info.offset, info.nbytes),))
+        if rule.kind == "split" and rule.axis == 0 and info.shape:
+            row = info.nbytes // info.shape[0]
+            start = sum(rule.sizes[:j]) * row
+            return Verbatim(self._shapes[name], dtype,
+                            ((info.file, info.offset + start, rule.sizes[j] * row),))
+        return None
+
     # ---- reading -------------------------------------------------------------------------
 
     def check_buffers(self) -> None:
@@ -115,7 +146,10 @@ class CheckpointWeights(Mapping[str, np.ndarray]):
         bias): they hold no parameter, but a checkpoint whose values differ computes something
         else."""
         for hf in self._buffers:
-            self.names.to_tfgraph_one(hf, self._read(hf))
+            try:
+                self.names.to_tfgraph_one(hf, self._read(hf))
+            except NameMapError as err:
+                raise CheckpointError(f"{self.checkpoint.tensors[hf].file}: {err}") from None
 
     def _read(self, hf: str) -> np.ndarray:
         array = self.checkpoint.read(hf)
