@@ -87,7 +87,10 @@ def test_every_command_taking_a_spec_takes_a_folder(tmp_path: Path) -> None:
                "--json").exit_code == 0
     built = run("build", src, "--to", "json", "-o", str(tmp_path / "g.json"))
     assert built.exit_code == 0 and (tmp_path / "g.json").exists()
+    # A folder's own weights are used unless --seed asks for random ones; this one has none.
     ran = run("run", src, "--seq", "8", "--repeat", "1", "--provider", "cpu")
+    assert ran.exit_code == 2 and "no weights" in ran.stderr and "--seed" in ran.stderr
+    ran = run("run", src, "--seq", "8", "--repeat", "1", "--provider", "cpu", "--seed", "0")
     assert ran.exit_code == 0, ran.output
 
 

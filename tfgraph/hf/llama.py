@@ -45,6 +45,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         # Qwen2 always has q/k/v biases and no o bias (modeling_qwen2: bias=True / False).
         draft.put("attention.qkv_bias", True)
         draft.put("attention.out_bias", False)
+    elif kind == "mistral":  # modeling_mistral: bias=False whatever attention_bias says
+        draft.put("attention.bias", False)
     else:
         draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
     if qk_norm != "none":
@@ -52,7 +54,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
     act = activation(cfg, "hidden_act", gated=True, default="silu")
     draft.put("ffn.activation", act, "hidden_act")
-    draft.put("ffn.bias", cfg.bool("mlp_bias", False), "mlp_bias")
+    # Only modeling_llama reads mlp_bias; the relatives' MLPs have no biases.
+    draft.put("ffn.bias", cfg.bool("mlp_bias", False) if kind == "llama" else False,
+              "mlp_bias" if kind == "llama" else None)
     draft.put("norm.position", position)
     draft.put("norm.kind", "rmsnorm")
     draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
