@@ -35,14 +35,17 @@ class Source:
     notes: list[str] = field(default_factory=list)
 
     def weights(self, graph: Graph) -> Any:
-        """The checkpoint's weights under ``graph``'s names, read on demand (checked against
-        the graph's parameters by the back end before anything is written)."""
+        """The checkpoint's weights under ``graph``'s names, read on demand; its headers are
+        checked against the graph's parameters first, naming the file and tensor at fault."""
         from tfgraph.hf import name_map
+        from tfgraph.hf.checkpoint_check import check_checkpoint
         from tfgraph.hf.checkpoint_weights import CheckpointWeights
+        from tfgraph.weights import param_shapes
 
         assert self.checkpoint is not None and self.config is not None
-        values = CheckpointWeights(self.checkpoint, name_map(self.config, self.spec),
-                                   self.check_finite)
+        names = name_map(self.config, self.spec)
+        values = CheckpointWeights(self.checkpoint, names, self.check_finite)
+        check_checkpoint(self.checkpoint, names, param_shapes(graph))
         values.check_buffers()
         return values
 

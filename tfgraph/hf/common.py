@@ -21,6 +21,8 @@ def put_windows(draft: SpecDraft, layer_types: list[Any] | None, window: int | N
     layers, e.g. Gemma 2's [local, global], Gemma 3's five local then one global; Qwen2's
     full-then-sliding layers are one period as long as the model)."""
     cfg = draft.config
+    if layers < 1:  # the spec refuses it, naming the config's layer count
+        return
     if layer_types is None:
         layer_types = ["sliding_attention" if window else "full_attention"] * layers
     if len(layer_types) != layers or any(t not in _WINDOW_KINDS for t in layer_types):

@@ -162,7 +162,10 @@ def rope_parameters(cfg: HFConfig, default_theta: float = 10000.0,
     """(where the rotary settings were read, their ``rope_parameters`` form): transformers 5
     writes ``rope_parameters``; older configs ``rope_theta``, ``rope_scaling`` and
     ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``, ``rotary_emb_base``)."""
-    if params is None:
+    if params is None and not cfg.get("rope_scaling", None):
+        # transformers reads a legacy rope_scaling before rope_parameters when a config has
+        # both (modeling_rope_utils, convert_rope_params_to_dict), so rope_parameters counts
+        # only without one
         params = cfg.get("rope_parameters", None)
     if params is not None:
         if not isinstance(params, Mapping):
