@@ -59,6 +59,9 @@ _IGNORED = {"name", "description"}
 # were resolved from: a Qwen2 spec written with bias false and one imported with bias true
 # build the same model.
 _RESOLVED = {"attention": {"bias"}}
+# Values that are one computation: softmax over the top-k logits is the full softmax's top k
+# renormalized (exp(l_i) / sum over the top k of exp(l_j) either way; Mixtral's router).
+_SAME = {"ffn.router": ({"topk_softmax", "softmax_topk_renorm"},)}
 # `tfgraph import` writes "model_type X" into the description
 _IMPORTED = re.compile(r"\bmodel_type ([a-z0-9_]+)")
 
@@ -115,7 +118,8 @@ def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], prefix: str 
         other = theirs.get(key)
         if isinstance(value, Mapping) and isinstance(other, Mapping):
             out += differences(value, other, f"{prefix}{key}.")
-        elif value != other:
+        elif value != other and not any({value, other} <= group for group in
+                                         _SAME.get(f"{prefix}{key}", ())):
             out.append((f"{prefix}{key}", value, other))
     return out
 
