@@ -211,12 +211,16 @@ def ratio_lines(bench: Bench) -> list[str]:
         times = ", ".join(f"{r.wall:.2f}" if r.rc == 0 else f"{r.wall:.2f} (failed)"
                           for r in bench.runs[label])
         line = f"  {label:34} {med[0]:8.2f} {med[1] / MIB:8.1f} MiB  (runs {times})"
-        if peer is not None and label.startswith("tfgraph"):
+        if peer is not None and label == "tfgraph build --to onnx":  # the goals
             speed, rss = peer[0] / med[0], med[1] / peer[1]
             line += (f"\n  {'':34} {speed:.2f}x faster (goal >= {SPEED_GOAL:g}x: "
                      f"{'met' if speed >= SPEED_GOAL else 'NOT met'}), "
                      f"{rss:.2f}x the peer's peak RSS (goal <= {RSS_GOAL:g}x: "
                      f"{'met' if rss <= RSS_GOAL else 'NOT met'})")
+        elif peer is not None and label.startswith("tfgraph"):  # for information: no goal
+            # (about 1.4 s of it is importing torch: model.py is rendered from torch kernels)
+            line += (f"\n  {'':34} {peer[0] / med[0]:.2f}x faster, {med[1] / peer[1]:.2f}x the "
+                     "peer's peak RSS (a PyTorch folder; the goals are for ONNX)")
         lines.append(line)
     return lines
 
