@@ -4,7 +4,9 @@ Importing the package is cheap and needs neither torch, onnx nor graphviz; the b
 in ``tfgraph.exporters`` and import those libraries themselves.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from tfgraph.compiler import compile
 from tfgraph.loader import dump_spec, load_spec, parse_spec
@@ -15,4 +17,14 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.1.0"
 
-__all__ = ["Spec", "__version__", "compile", "dump_spec", "load_spec", "parse_spec"]
+__all__ = ["Spec", "__version__", "compile", "dump_spec", "generate", "load_spec", "parse_spec"]
+
+# Attributes whose module runs a back end, imported on first use so ``import tfgraph`` stays
+# cheap (the pattern of tfgraph.exporters): tfgraph.generate is the API of `tfgraph generate`.
+_LAZY = {"generate": "tfgraph.exporters.generate_api"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tfgraph' has no attribute {name!r}")

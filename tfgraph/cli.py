@@ -29,7 +29,8 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 
 # command name -> module under tfgraph.commands defining a click command of the same name
-COMMANDS = ("validate", "schema", "report", "draw", "compare", "build", "run", "import")
+COMMANDS = ("validate", "schema", "report", "draw", "compare", "build", "run", "generate",
+            "import")
 # commands whose module and function cannot carry the command's name (``import`` is a keyword)
 _MODULE_NAMES = {"import": "hf_import"}
 

@@ -1,0 +1,138 @@
+"""``tfgraph.generate``: the Python side of ``tfgraph generate`` (README.md, "tfgraph generate").
+
+Opens a spec, Hugging Face model folder or .onnx file on a back end (tfgraph.exporters.steppers),
+reads the folder's generation settings (tfgraph.generation.settings), turns text prompts into
+ids with its tokenizer, and runs the decoding loop (tfgraph.generation.loop). The CLI uses
+:func:`prepare` and the loop itself so that it can stream tokens as they come.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters.steppers import Opened, settings_folder, stepper_for
+from tfgraph.generation.loop import OnToken
+from tfgraph.generation.loop import generate as run_loop
+from tfgraph.generation.result import Result
+from tfgraph.generation.sampling import Sampler
+from tfgraph.generation.settings import read_settings
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+Setting = Literal["model"]
+FROM_MODEL: Setting = "model"  # take the setting from the model folder (generation_config.json)
+
+
+@dataclass
+class Prepared:
+    """An opened model with its prompts as ids, the EOS ids in force, and its tokenizer."""
+
+    opened: Opened
+    prompts: list[list[int]]
+    eos: tuple[int, ...]
+    tokenizer: Tokenizer | None
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        assert self.tokenizer is not None
+        text: str = self.tokenizer.decode(list(tokens))
+        return text
+
+
+def prepare(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | str],
+            backend: str = "onnx", provider: str = "auto", threads: int | None = None,
+            weights_seed: int | None = None, opset: int = 23,
+            eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
+            decoder_start_token_id: int | None = None) -> Prepared:
+    """Open ``source`` and check ``prompts`` (id lists, or text for the model's tokenizer)."""
+    where = os.fspath(source)
+    if not prompts:
+        raise TfgraphError("no prompt: give --prompt-ids or --prompt")
+    settings = read_settings(settings_folder(where))
+    start = settings.decoder_start_token_id if decoder_start_token_id is None \
+        else decoder_start_token_id
+    eos: tuple[int, ...]
+    if isinstance(eos_token_id, str):
+        if eos_token_id != FROM_MODEL:
+            raise TfgraphError(f"eos_token_id {eos_token_id!r}: a token id, ids, None or "
+                               f"{FROM_MODEL!r}")
+        eos = settings.eos_token_id
+    elif eos_token_id is None:
+        eos = ()
+    elif isinstance(eos_token_id, int):
+        eos = (eos_token_id,)
+    else:
+        eos = tuple(int(t) for t in eos_token_id)
+    opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start)
+    try:
+        tokenizer = _tokenizer(opened.tokenizer)
+        ids = [_prompt_ids(p, i, tokenizer, opened) for i, p in enumerate(prompts)]
+    except BaseException:
+        opened.close()
+        raise
+    return Prepared(opened, ids, eos, tokenizer)
+
+
+def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | str], *,
+             max_new_tokens: int = 32, temperature: float | None = None,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             beams: int = 1, length_penalty: float = 1.0, backend: str = "onnx",
+             provider: str = "auto", threads: int | None = None,
+             weights_seed: int | None = None, opset: int = 23,
+             eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
+             decoder_start_token_id: int | None = None,
+             on_token: OnToken | None = None) -> Result:
+    """Generate from ``source`` (a spec, model folder or .onnx file) for each prompt.
+
+    Prompts are token id lists or text (text needs the model's tokenizer.json). Greedy by
+    default; ``temperature``/``top_k``/``top_p`` sample from ``seed``; ``beams`` > 1 is beam
+    search. ``eos_token_id``: the folder's (generation_config.json, config.json) by default,
+    None for none. ``on_token(prompt_index, token_id)`` is called as tokens come. The result
+    holds the generated ids per prompt (prompt excluded), their text when a tokenizer is known,
+    and prefill / decode tokens per second and time to first token.
+    """
+    sampler = Sampler(temperature, top_k, top_p, seed)
+    ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
+                    eos_token_id, decoder_start_token_id)
+    try:
+        result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
+                          ready.eos, on_token, length_penalty)
+    finally:
+        ready.opened.close()
+    if ready.tokenizer is not None:
+        result.text = [ready.decode(tokens) for tokens in result.tokens]
+    return result
+
+
+def _tokenizer(path: Path | None) -> Tokenizer | None:
+    if path is None:
+        return None
+    from tfgraph.hf.tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _prompt_ids(prompt: Sequence[int] | str, index: int, tokenizer: Tokenizer | None,
+                opened: Opened) -> list[int]:
+    """A prompt's ids: a text's tokens, or the ids given, each checked against the vocabulary
+    the prompt indexes (an id past it would fail deep inside the back end)."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise TfgraphError("a text prompt needs a tokenizer.json (in the model folder, or "
+                               "next to the .onnx model); give --prompt-ids instead")
+        ids = list(tokenizer.encode(prompt).ids)
+        if not ids:
+            raise TfgraphError(f"prompt {index + 1}: the text encodes to no tokens")
+        return ids
+    ids = [int(t) for t in prompt]
+    vocab = opened.prompt_vocab
+    for token in ids:
+        if token < 0 or (vocab is not None and token >= vocab):
+            bound = f"[0, {vocab})" if vocab is not None else ">= 0"
+            raise TfgraphError(f"prompt {index + 1}: token id {token} is not in {bound}")
+    return ids

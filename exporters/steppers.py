@@ -1,0 +1,266 @@
+"""Opening SPEC|DIR|MODEL.onnx for generation, and picking the stepper that drives it.
+
+:func:`stepper_for` is the one place that decides how a model is stepped. Today's models take
+one whole sequence (inputs ``input_ids`` or ``src_ids, tgt_ids``, design §6), which the
+full-recompute steppers drive (tfgraph.exporters.recompute_onnx / recompute_torch). A model
+with the KV-cache interface of design §8 (``attention_mask``, ``past_key_values.{i}.key|value``
+inputs; ``present.*`` outputs) needs a cached stepper, chosen in :func:`_cached_onnx_stepper`;
+the torch module's cached forward plugs in at :func:`_torch_stepper` the same way.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tfgraph.errors import TfgraphError
+from tfgraph.generation.backend import Stepper
+from tfgraph.spec import Spec
+
+if TYPE_CHECKING:
+    from tfgraph.ir import Graph
+
+BACKENDS = ("onnx", "torch")
+CACHE_INPUT_PREFIXES = ("attention_mask", "past_key_values.", "position_ids")
+
+
+@dataclass
+class Opened:
+    """A model ready to generate with: its stepper, what it is, where it runs, its tokenizer
+    (tokenizer.json) and the size of the vocabulary prompts index (None: unknown)."""
+
+    stepper: Stepper
+    label: str
+    runs_on: str
+    tokenizer: Path | None = None
+    prompt_vocab: int | None = None
+    notes: list[str] = field(default_factory=list)
+    keep: Any = None  # a temporary folder holding external weights while the session lives
+
+    def close(self) -> None:
+        if self.keep is not None:
+            self.keep.cleanup()
+            self.keep = None
+
+
+def settings_folder(source: str) -> Path | None:
+    """Where a source's generation settings live: a model folder, or an .onnx file's folder
+    (``tfgraph build DIR`` copies the folder's generation_config.json next to the model)."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if path.suffix.lower() == ".onnx":
+        return path.parent
+    return None
+
+
+def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
+                threads: int | None = None, weights_seed: int | None = None, opset: int = 23,
+                decoder_start: int = 0) -> Opened:
+    """Open ``source`` (a spec, a Hugging Face model folder or a tfgraph .onnx file) on
+    ``backend`` and return the stepper that generates with it. A spec gets random weights
+    from ``weights_seed`` (default 0), a folder its own weights unless ``weights_seed`` is
+    given; an .onnx file its initializers."""
+    if backend not in BACKENDS:
+        raise TfgraphError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+    if Path(source).suffix.lower() == ".onnx":
+        return _from_onnx_file(source, backend, provider, threads, decoder_start)
+    return _from_spec(source, backend, provider, threads, weights_seed, opset, decoder_start)
+
+
+def _from_spec(source: str, backend: str, provider: str, threads: int | None,
+               weights_seed: int | None, opset: int, decoder_start: int) -> Opened:
+    import tfgraph
+    from tfgraph.model_source import load_source
+
+    try:
+        built = load_source(source, backend, None, weights_seed, None)
+    except TfgraphError as err:  # generate's --seed seeds sampling; weights have their own
+        raise TfgraphError(str(err).replace("--seed N", "--weights-seed N")) from None
+    spec = built.spec
+    _check_arch(spec, source)
+    graph = tfgraph.compile(spec)
+    weights = built.weights(graph) if built.checkpoint is not None else None
+    seed = weights_seed or 0
+    origin = "its weights" if weights is not None else f"seed {seed}"
+    tokenizer = built.tokenizer[0] if built.tokenizer else None
+    if backend == "torch":
+        from tfgraph.exporters import to_torch
+
+        module = to_torch(graph, seed=seed, weights=weights)
+        stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start)
+        label = f"{graph.name} (built from {source}, torch, {origin})"
+        return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"),
+                      built.notes)
+    keep, model_source, model = _onnx_model(graph, weights, seed, opset)
+    try:
+        stepper, runs_on = _onnx_stepper(model, model_source, source, provider, threads,
+                                         decoder_start)
+    except BaseException:
+        keep.cleanup()
+        raise
+    label = f"{graph.name} (built from {source}, opset {opset}, {origin})"
+    return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"), built.notes,
+                  keep)
+
+
+def _from_onnx_file(source: str, backend: str, provider: str, threads: int | None,
+                    decoder_start: int) -> Opened:
+    from tfgraph.exporters import onnx_runtime as rt
+
+    model = rt.load_model(source)
+    beside = Path(source).parent / "tokenizer.json"
+    tokenizer = beside if beside.is_file() else None
+    if backend == "onnx":
+        stepper, runs_on = _onnx_stepper(model, Path(source), source, provider, threads,
+                                         decoder_start)
+        vocab = rt.interface(model, source).vocab
+        prompt_vocab = vocab.get("input_ids", vocab.get("src_ids"))
+        return Opened(stepper, source, runs_on, tokenizer, prompt_vocab)
+    spec = _stored_spec(model, source)
+    _check_arch(spec, source)
+    import tfgraph
+    from tfgraph.exporters import to_torch
+
+    graph = tfgraph.compile(spec)
+
+    module = to_torch(graph, weights=_initializers(Path(source), graph))
+    stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start)
+    return Opened(stepper, f"{source} (torch, its weights)", runs_on, tokenizer,
+                  spec.vocab_size("source"))
+
+
+def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider: str,
+                  threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
+    """The stepper for an ONNX model: full recompute for today's interface, a cached stepper
+    for the KV-cache interface."""
+    from tfgraph.exporters import onnx_runtime as rt
+    from tfgraph.exporters.recompute_onnx import RecomputeOnnx
+
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = tuple(i.name for i in model.graph.input if i.name not in initializers)
+    if any(name.startswith(CACHE_INPUT_PREFIXES) for name in inputs):
+        return _cached_onnx_stepper(model, session_source, where, provider, threads,
+                                    decoder_start)
+    iface = rt.interface(model, where)
+    spec = _stored_spec(model, where) if iface.spec_json is not None else None
+    if spec is not None:
+        _check_arch(spec, where)
+    elif iface.inputs == rt.TOKEN_TYPE_INPUTS:
+        raise TfgraphError(f"{where}: takes token_type_ids (an encoder): nothing to generate")
+    session, ran, why = rt.create_session(session_source, provider, threads=threads,
+                                          dtype=iface.dtype)
+    vocab = _output_vocab(model) if spec is None else spec.output_vocab
+    max_len = spec.max_len if spec is not None else None
+    stepper = RecomputeOnnx(session, iface.inputs, vocab, max_len, decoder_start,
+                            output_probs=iface.output == "probs")
+    return stepper, f"{ran} ({why})"
+
+
+def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider: str,
+                         threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
+    """The stepper of a KV-cache ONNX model (design §8): the extension point for the cached
+    back end, which takes over here when it lands; until then such a model is refused."""
+    names = [i.name for i in model.graph.input][:4]
+    raise TfgraphError(f"{where}: a KV-cache model (inputs {', '.join(names)}, ...); "
+                       "tfgraph generate drives full-sequence models here: build without "
+                       "--kv-cache")
+
+
+def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
+                   decoder_start: int) -> tuple[Stepper, str]:
+    """The stepper for the torch module: full recompute (the module's forward takes whole
+    sequences); a cached forward would be picked here. ``threads`` sets torch's intra-op
+    threads for the process (small models decode faster on one thread than on busy cores)."""
+    import torch
+
+    from tfgraph.exporters.recompute_torch import RecomputeTorch
+
+    device, why = _torch_device(provider)
+    if threads:
+        torch.set_num_threads(threads)
+    stepper = RecomputeTorch(module, spec.arch == "encoder-decoder", spec.output_vocab,
+                             spec.max_len, decoder_start, output_probs=spec.output == "probs",
+                             device=device)
+    return stepper, f"torch {device} ({why})"
+
+
+def _torch_device(provider: str) -> tuple[str, str]:
+    """``--provider`` for the torch back end: cpu, cuda, or auto (CUDA when torch sees it)."""
+    import torch
+
+    if provider not in ("auto", "cuda", "cpu"):
+        raise TfgraphError(f"--provider {provider}: choose one of auto, cuda, cpu")
+    if provider == "cpu":
+        return "cpu", "requested"
+    if torch.cuda.is_available():
+        return "cuda", "requested" if provider == "cuda" else "auto: CUDA is usable"
+    if provider == "cuda":
+        raise TfgraphError("--provider cuda: torch sees no CUDA device here; use --provider "
+                           "cpu or auto")
+    return "cpu", "auto: torch sees no CUDA device"
+
+
+def _check_arch(spec: Spec, where: str) -> None:
+    if spec.arch == "encoder-only":
+        raise TfgraphError(f"{where}: {spec.name} is an encoder-only model: it has no decoder "
+                           "to generate with")
+
+
+def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int
+                ) -> tuple[Any, bytes | Path, Any]:
+    """(temporary folder, session source, model proto): in memory, or written to the folder
+    when the weights pass protobuf's 2 GiB (as ``tfgraph run`` does)."""
+    from tfgraph.cost import weights_bytes
+    from tfgraph.exporters import onnx_runtime as rt
+    from tfgraph.exporters.onnx_model import EXTERNAL_DATA_THRESHOLD, to_onnx, write_onnx
+
+    keep = tempfile.TemporaryDirectory(prefix="tfgraph-generate-")
+    try:
+        if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
+            model = to_onnx(graph, weights=weights, seed=seed, opset=opset)
+            return keep, model.SerializeToString(), model
+        written = write_onnx(graph, Path(keep.name) / f"{graph.name}.onnx", weights=weights,
+                             seed=seed, opset=opset)
+        return keep, written, rt.load_model(written)
+    except BaseException:
+        keep.cleanup()
+        raise
+
+
+def _stored_spec(model: Any, where: str) -> Spec:
+    """The spec tfgraph stored in an ONNX model's metadata."""
+    import json
+
+    from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
+
+    props = {p.key: p.value for p in model.metadata_props}
+    if SPEC_METADATA_KEY not in props:
+        raise TfgraphError(f"{where}: --backend torch needs the spec, and this model carries "
+                           "none (it was not built by tfgraph); use --backend onnx")
+    try:
+        return Spec.model_validate(json.loads(props[SPEC_METADATA_KEY]))
+    except ValueError as err:
+        raise TfgraphError(f"{where}: the spec stored in the model is invalid: {err}") from None
+
+
+def _initializers(path: Path, graph: Graph) -> dict[str, Any]:
+    """The parameters of an ONNX file (external data included) as float32 arrays."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    names = {p.name for p in graph.params()}
+    return {t.name: numpy_helper.to_array(t).astype(np.float32)
+            for t in model.graph.initializer if t.name in names}
+
+
+def _output_vocab(model: Any) -> int:
+    """The last dimension of a model's output (its vocabulary), when the model fixes it."""
+    dims = model.graph.output[0].type.tensor_type.shape.dim
+    if not dims or dims[-1].dim_value <= 0:
+        raise TfgraphError("the model's output has no fixed vocabulary dimension")
+    return int(dims[-1].dim_value)

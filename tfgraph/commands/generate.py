@@ -1,0 +1,158 @@
+"""``tfgraph generate SPEC|DIR|MODEL.onnx``: generate tokens, streamed, with throughput.
+
+Prompts are ``--prompt-ids 5,17,42`` (repeatable: several prompts make one padded batch) or
+``--prompt TEXT`` with the model's tokenizer.json. Tokens are printed as they come (text when a
+tokenizer is known, else ids; one line per token, tagged with its prompt, when there are
+several prompts), then prefill and decode throughput and time to first token. ``--json`` prints
+one object instead (design §8). The work is tfgraph.exporters.generate_api's and
+tfgraph.generation's; this module parses options and prints.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from tfgraph.errors import TfgraphError
+from tfgraph.terminal import printable
+
+
+def parse_ids(text: str) -> list[int]:
+    """``"5,17,42"`` -> [5, 17, 42]; one error line for anything else."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise TfgraphError(f"--prompt-ids {printable(text)!r}: not a comma-separated list of "
+                           "token ids") from None
+    return ids
+
+
+def _text(text: str) -> str:
+    """Generated text made safe for the terminal; its line breaks and tabs stay."""
+    return "".join(ch if ch in "\n\t" else printable(ch) for ch in text)
+
+
+class _Stream:
+    """Prints tokens as ``on_token`` receives them: one prompt inline, several tagged."""
+
+    def __init__(self, prompts: int, decode: Any) -> None:
+        self.several = prompts > 1
+        self.decode = decode  # tokens -> text, or None to print ids
+        self.tokens: list[list[int]] = [[] for _ in range(prompts)]
+        self.shown = ["" for _ in range(prompts)]
+
+    def __call__(self, prompt: int, token: int) -> None:
+        self.tokens[prompt].append(token)
+        piece = self._piece(prompt) if self.decode is not None else f"{token} "
+        if not piece:
+            return
+        if self.several:
+            click.echo(f"[{prompt + 1}] {printable(piece.strip()) or repr(piece)}")
+        else:
+            click.echo(_text(piece), nl=False)
+
+    def _piece(self, prompt: int) -> str:
+        """The text the new token adds (nothing while it ends in an incomplete character)."""
+        text = self.decode(self.tokens[prompt])
+        if text.endswith("\ufffd") or not text.startswith(self.shown[prompt]):
+            return ""
+        piece = text[len(self.shown[prompt]):]
+        self.shown[prompt] = text
+        return piece
+
+    def finish(self, texts: list[str] | None) -> None:
+        if not self.several:
+            if texts is not None and texts[0].startswith(self.shown[0]):
+                click.echo(_text(texts[0][len(self.shown[0]):]), nl=False)
+            click.echo()
+            return
+        for p, tokens in enumerate(self.tokens):
+            shown = _text(texts[p]) if texts is not None else " ".join(map(str, tokens))
+            click.echo(f"prompt {p + 1}: {shown}")
+
+
+@click.command()
+@click.argument("source", metavar="SPEC|DIR|MODEL.onnx")
+@click.option("--prompt-ids", "prompt_ids", multiple=True, metavar="IDS",
+              help="A prompt as comma-separated token ids (repeat for a batch).")
+@click.option("--prompt", "prompt_texts", multiple=True, metavar="TEXT",
+              help="A text prompt, tokenized with the model's tokenizer.json (repeatable).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--temperature", type=float, default=None,
+              help="Sample at this temperature (0: greedy).")
+@click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens.")
+@click.option("--top-p", type=float, default=None,
+              help="Sample from the smallest set of tokens holding this probability.")
+@click.option("--seed", type=int, default=None, help="Seed of the sampling generator.")
+@click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Beam search with this many beams (1: no beam search).")
+@click.option("--length-penalty", type=float, default=1.0, show_default=True,
+              help="Beam scores are log-prob sums / length ** this (0: plain sums).")
+@click.option("--backend", type=click.Choice(["onnx", "torch"]), default="onnx",
+              show_default=True)
+@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
+              show_default=True, help="Where the model runs; auto takes CUDA only when usable.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads of onnxruntime (default: one per physical core) or, "
+                   "with --backend torch, of torch.")
+@click.option("--eos-id", "eos_ids", type=click.IntRange(min=0), multiple=True,
+              help="Token id that ends a sequence (repeatable; default: the model folder's).")
+@click.option("--ignore-eos", is_flag=True, help="Generate --max-new-tokens whatever comes.")
+@click.option("--decoder-start-id", type=click.IntRange(min=0), default=None,
+              help="First target token of encoder-decoder models (default: the folder's, "
+                   "else 0).")
+@click.option("--weights-seed", type=int, default=None,
+              help="Random weights from this seed (a spec's default 0; a folder's default: "
+                   "its own weights).")
+@click.option("--opset", type=int, default=23, show_default=True,
+              help="ONNX opset when SOURCE is built.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
+def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, ...],
+             max_new_tokens: int, temperature: float | None, top_k: int | None,
+             top_p: float | None, seed: int | None, beams: int, length_penalty: float,
+             backend: str, provider: str, threads: int | None, eos_ids: tuple[int, ...],
+             ignore_eos: bool, decoder_start_id: int | None, weights_seed: int | None,
+             opset: int, as_json: bool) -> None:
+    """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
+    from tfgraph.exporters.generate_api import FROM_MODEL, prepare
+    from tfgraph.generation.loop import generate as run_loop
+    from tfgraph.generation.sampling import Sampler
+
+    if prompt_ids and prompt_texts:
+        raise TfgraphError("give --prompt-ids or --prompt, not both")
+    if ignore_eos and eos_ids:
+        raise TfgraphError("--ignore-eos and --eos-id contradict each other")
+    prompts: list[Any] = [parse_ids(p) for p in prompt_ids] or list(prompt_texts)
+    sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
+    eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
+    ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,
+                    decoder_start_id)
+    for note in ready.opened.notes:
+        click.echo(f"note: {note}", err=True)
+    decode = ready.decode if ready.tokenizer is not None else None
+    stream = None if as_json else _Stream(len(ready.prompts), decode)
+    try:
+        if stream is not None:
+            click.echo(f"model     {printable(ready.opened.label)}")
+            click.echo(f"runs on   {printable(ready.opened.runs_on)}")
+        result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
+                          ready.eos, stream, length_penalty)
+    finally:
+        ready.opened.close()
+    if decode is not None:
+        result.text = [decode(tokens) for tokens in result.tokens]
+    if stream is None:
+        click.echo(json.dumps(result.as_json()))
+        return
+    stream.finish(result.text)
+    click.echo(f"prefill   {result.prompt_tokens} tokens in {result.prefill_s * 1e3:.2f} ms: "
+               f"{_rate(result.prefill_tokens_per_s)}")
+    click.echo(f"decode    {result.decode_tokens} tokens in {result.decode_s * 1e3:.2f} ms: "
+               f"{_rate(result.decode_tokens_per_s)}")
+    click.echo(f"first token after {result.time_to_first_token_s * 1e3:.2f} ms")
+
+
+def _rate(per_s: float | None) -> str:
+    return "-" if per_s is None else f"{per_s:,.0f} tokens/s"

@@ -1,0 +1,71 @@
+"""What a generation run returns, and the clock that times it.
+
+Timing follows what serving systems report: prefill throughput is prompt tokens over the time
+of the prefill call; time to first token runs from the start to the first chosen token (prefill
+plus choosing); decode throughput is the tokens generated after each row's first over the time
+from the first token to the end (prompt tokens are the real ones, padding not counted).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Result:
+    """Generated ids per prompt (prompt excluded, an EOS that stopped a row included), their
+    text when a tokenizer is known, beam scores (beam search only) and timings."""
+
+    tokens: list[list[int]]
+    prompt_tokens: int
+    prefill_s: float
+    time_to_first_token_s: float
+    decode_s: float
+    decode_tokens: int
+    text: list[str] | None = None
+    scores: list[float] | None = None
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """None when no token came after the first ones (nothing was decoded)."""
+        if self.decode_tokens == 0 or self.decode_s <= 0:
+            return None
+        return self.decode_tokens / self.decode_s
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``tfgraph generate --json`` object (design §8)."""
+        return {"tokens": self.tokens, "text": self.text,
+                "prefill_tokens_per_s": self.prefill_tokens_per_s,
+                "decode_tokens_per_s": self.decode_tokens_per_s,
+                "time_to_first_token_s": self.time_to_first_token_s,
+                "prompt_tokens": self.prompt_tokens, "decode_tokens": self.decode_tokens,
+                "scores": self.scores}
+
+
+class Clock:
+    """Marks the phases of one run on ``time.perf_counter``."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.prefilled = self.start
+        self.first = self.start
+
+    def mark_prefilled(self) -> None:
+        self.prefilled = time.perf_counter()
+
+    def mark_first_token(self) -> None:
+        self.first = time.perf_counter()
+
+    def result(self, tokens: list[list[int]], prompt_tokens: int,
+               scores: list[float] | None = None) -> Result:
+        """The run's result, timed up to now."""
+        end = time.perf_counter()
+        decoded = sum(max(0, len(row) - 1) for row in tokens)
+        return Result(tokens, prompt_tokens, self.prefilled - self.start,
+                      self.first - self.start, end - self.first, decoded, scores=scores)

@@ -1,0 +1,85 @@
+"""Choosing the next token from logits: greedy (the default) or seeded sampling.
+
+Sampling applies the usual filters in Hugging Face transformers' order (TemperatureLogitsWarper,
+TopKLogitsWarper, TopPLogitsWarper): divide the logits by the temperature, keep the ``top_k``
+largest (ties with the k-th kept), then keep the smallest set of most likely tokens whose
+probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2019; the most likely token
+always stays). Draws come from a numpy ``Generator`` seeded once, so a seed reproduces a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tfgraph.errors import TfgraphError
+
+
+@dataclass
+class Sampler:
+    """Greedy when no sampling setting is given (or ``temperature`` is 0, the common spelling
+    of greedy); otherwise samples with the given settings, from ``seed``."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    _rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.temperature is not None and not self.temperature >= 0:
+            raise TfgraphError(f"--temperature {self.temperature}: must be >= 0 (0: greedy)")
+        if self.top_k is not None and self.top_k < 1:
+            raise TfgraphError(f"--top-k {self.top_k}: must be >= 1")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise TfgraphError(f"--top-p {self.top_p}: must be in (0, 1]")
+        self._rng = np.random.default_rng(self.seed)
+
+    @property
+    def greedy(self) -> bool:
+        if self.temperature == 0:
+            return True
+        return self.temperature is None and self.top_k is None and self.top_p is None
+
+    def __call__(self, logits: np.ndarray) -> np.ndarray:
+        """One token id per row of ``logits`` (B, V)."""
+        if self.greedy:
+            return np.argmax(logits, axis=-1).astype(np.int64)
+        probs = self.probabilities(logits)
+        cumulative = np.cumsum(probs, axis=-1)
+        draws = self._rng.random(probs.shape[0]) * cumulative[:, -1]
+        picked = [int(np.searchsorted(c, d, side="right")) for c, d in zip(cumulative, draws)]
+        return np.minimum(np.asarray(picked, dtype=np.int64), probs.shape[1] - 1)
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """The distribution tokens are drawn from (B, V), after temperature, top-k, top-p."""
+        scores = logits.astype(np.float64) / (self.temperature or 1.0)
+        if self.top_k is not None and self.top_k < scores.shape[-1]:
+            kth = np.partition(scores, -self.top_k, axis=-1)[:, -self.top_k][:, None]
+            scores = np.where(scores < kth, -np.inf, scores)
+        probs = _softmax(scores)
+        if self.top_p is not None and self.top_p < 1:
+            order = np.argsort(-probs, axis=-1, kind="stable")
+            ranked = np.take_along_axis(probs, order, axis=-1)
+            before = np.cumsum(ranked, axis=-1) - ranked  # mass of the more likely tokens
+            keep_ranked = before < self.top_p  # the first token always (before = 0)
+            keep = np.zeros_like(keep_ranked)
+            np.put_along_axis(keep, order, keep_ranked, axis=-1)
+            probs = _softmax(np.where(keep, scores, -np.inf))
+        return probs
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - np.max(scores, axis=-1, keepdims=True)
+    weights = np.exp(shifted)
+    out: np.ndarray = weights / np.sum(weights, axis=-1, keepdims=True)
+    return out
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities (float64) of each row of ``logits``."""
+    scores = logits.astype(np.float64)
+    shifted = scores - np.max(scores, axis=-1, keepdims=True)
+    out: np.ndarray = shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    return out
