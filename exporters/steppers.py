@@ -99,7 +99,8 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         stepper, runs_on = _onnx_stepper(model, model_source, source, provider, threads,
                                          decoder_start)
     except BaseException:
-        keep.cleanup()
+        if keep is not None:
+            keep.cleanup()
         raise
     label = f"{graph.name} (built from {source}, opset {opset}, {origin})"
     return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"), built.notes,
@@ -211,17 +212,17 @@ def _check_arch(spec: Spec, where: str) -> None:
 
 def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int
                 ) -> tuple[Any, bytes | Path, Any]:
-    """(temporary folder, session source, model proto): in memory, or written to the folder
-    when the weights pass protobuf's 2 GiB (as ``tfgraph run`` does)."""
+    """(temporary folder or None, session source, model proto): in memory, or written to a
+    temporary folder when the weights pass protobuf's 2 GiB (as ``tfgraph run`` does)."""
     from tfgraph.cost import weights_bytes
     from tfgraph.exporters import onnx_runtime as rt
     from tfgraph.exporters.onnx_model import EXTERNAL_DATA_THRESHOLD, to_onnx, write_onnx
 
+    if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
+        model = to_onnx(graph, weights=weights, seed=seed, opset=opset)
+        return None, model.SerializeToString(), model
     keep = tempfile.TemporaryDirectory(prefix="tfgraph-generate-")
     try:
-        if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
-            model = to_onnx(graph, weights=weights, seed=seed, opset=opset)
-            return keep, model.SerializeToString(), model
         written = write_onnx(graph, Path(keep.name) / f"{graph.name}.onnx", weights=weights,
                              seed=seed, opset=opset)
         return keep, written, rt.load_model(written)

@@ -45,7 +45,10 @@ class _Stream:
 
     def __call__(self, prompt: int, token: int) -> None:
         self.tokens[prompt].append(token)
-        piece = self._piece(prompt) if self.decode is not None else f"{token} "
+        if self.decode is not None:
+            piece = self._piece(prompt)
+        else:
+            piece = f" {token}" if len(self.tokens[prompt]) > 1 else str(token)
         if not piece:
             return
         if self.several:
