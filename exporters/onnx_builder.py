@@ -19,6 +19,7 @@ from onnx import helper
 
 from tfgraph.exporters.onnx_tensors import ELEM_TYPE, make_initializer
 from tfgraph.ir import B, S, T, Graph
+from tfgraph.tensor import P
 
 
 class Builder:
@@ -39,6 +40,8 @@ class Builder:
         self.ids_for: dict[Any, str] = {}
         for i in graph.inputs:
             self.ids_for.setdefault(graph.node(i).type.shape[1], i)
+        # A KV-cache graph's attention_mask spans past and present positions (total_len).
+        self.ids_for_mask = "attention_mask"
 
     # -- naming and node creation
 
@@ -188,6 +191,8 @@ class Builder:
 def dim_names(graph: Graph) -> dict[Any, str]:
     """Symbolic dims as ONNX dim_params: batch, seq_len or src_len/tgt_len (the model's inputs
     as README.md's ``tfgraph build`` section documents them)."""
+    if "attention_mask" in graph.inputs:  # a KV-cache graph (README, "KV cache")
+        return {P + S: "total_len", P: "past_len", B: "batch", S: "seq_len"}
     if all(graph.node(i).type.shape[1] == S for i in graph.inputs):  # one sequence
         return {B: "batch", S: "seq_len"}
     return {B: "batch", S: "src_len", T: "tgt_len"}
@@ -198,6 +203,8 @@ def dims(shape: tuple[Any, ...], names: dict[Any, str]) -> list[int | str]:
     for d in shape:
         if getattr(d, "is_Integer", False) or isinstance(d, int):
             out.append(int(d))
+        elif d in names:  # a named expression (total_len = P + S)
+            out.append(names[d])
         else:  # a symbol or a product of symbols, written with the dim names
             text = str(d)
             for sym, label in names.items():

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.exporters import onnx_cache
 from tfgraph.exporters.onnx_builder import Builder
 from tfgraph.exporters.onnx_moe import MOE_EMITTERS
 from tfgraph.exporters.onnx_rope import ROPE_OPSET, emit_rope  # noqa: F401 (re-exported)
@@ -70,28 +71,41 @@ def _positions_sinusoidal(b: Builder, n: Node) -> str:
     d = int(b.graph.node(x).type.shape[-1])
     freqs = np.array([sinusoid_frequencies(d)], np.float32)  # (1, ceil(d/2))
     f = b.const(n.name, "freqs", freqs, "float32")
-    angles = b.add(n.name, "Mul", [b.positions(_seq_sym(b, n)), f])  # (L, d/2)
+    if len(n.inputs) == 2:  # each token's own position (KV-cache graph): (B, L, 1)
+        pos = b.add(n.name, "Unsqueeze", [b.cast(n.name, n.inputs[1], "float32"),
+                                          b.ints([-1])], tag="positions")
+        keep = [0, 0]  # the leading axes a Reshape keeps: B, L
+    else:
+        pos, keep = b.positions(_seq_sym(b, n)), [0]  # (L, 1)
+    angles = b.add(n.name, "Mul", [pos, f])  # (L, d/2) or (B, L, d/2)
     if n.attrs.get("layout") == "split":  # fairseq, Marian: ceil(d/2) sines, then the cosines
         cos_half = b.add(n.name, "Slice", [b.add(n.name, "Cos", [angles]), b.ints([0]),
-                                           b.ints([d // 2]), b.ints([1])], tag="cos_rows")
-        pe = b.add(n.name, "Concat", [b.add(n.name, "Sin", [angles]), cos_half], axis=1)
+                                           b.ints([d // 2]), b.ints([-1])], tag="cos_rows")
+        pe = b.add(n.name, "Concat", [b.add(n.name, "Sin", [angles]), cos_half], axis=-1)
         if b.dtype != "float32":
             pe = b.cast(n.name, pe, b.dtype)
         return b.add(n.name, "Add", [x, pe], n.name)  # (B, L, d)
-    sin = b.add(n.name, "Unsqueeze", [b.add(n.name, "Sin", [angles]), b.ints([2])], tag="sin")
-    cos = b.add(n.name, "Unsqueeze", [b.add(n.name, "Cos", [angles]), b.ints([2])], tag="cos")
-    pe = b.add(n.name, "Concat", [sin, cos], axis=2)  # (L, d/2, 2)
-    pe = b.add(n.name, "Reshape", [pe, b.ints([0, -1])])  # (L, 2 * ceil(d/2))
+    sin = b.add(n.name, "Unsqueeze", [b.add(n.name, "Sin", [angles]), b.ints([-1])], tag="sin")
+    cos = b.add(n.name, "Unsqueeze", [b.add(n.name, "Cos", [angles]), b.ints([-1])], tag="cos")
+    pe = b.add(n.name, "Concat", [sin, cos], axis=-1)  # (.., d/2, 2)
+    pe = b.add(n.name, "Reshape", [pe, b.ints(keep + [-1])])  # (.., 2 * ceil(d/2))
     if d % 2:
-        pe = b.add(n.name, "Slice", [pe, b.ints([0]), b.ints([d]), b.ints([1])])  # (L, d)
+        pe = b.add(n.name, "Slice", [pe, b.ints([0]), b.ints([d]), b.ints([-1])])  # (.., d)
     if b.dtype != "float32":
         pe = b.cast(n.name, pe, b.dtype)
     return b.add(n.name, "Add", [x, pe], n.name)  # (B, L, d)
 
 
 def _positions_learned(b: Builder, n: Node) -> str:
-    x, table = n.inputs  # (B, L, d), (max_len, d)
+    x, table = n.inputs[:2]  # (B, L, d), (max_len, d)
     offset = int(n.attrs.get("offset", 0))  # OPT, BART: position p reads row p + 2
+    if len(n.inputs) == 3:  # each token's own position (KV-cache graph)
+        ids = n.inputs[2]
+        if offset:
+            ids = b.add(n.name, "Add", [ids, b.const(n.name, "offset", np.array(
+                offset, np.int64), "int64")], tag="row")
+        rows = b.add(n.name, "Gather", [table, ids], tag="rows", axis=0)  # (B, L, d)
+        return b.add(n.name, "Add", [x, rows], n.name)
     max_len = int(b.graph.node(table).type.shape[0]) - offset
     length = b.add(n.name, "Shape", [x], start=1, end=2)  # (1,) = [L]
     end = length if not offset else b.add(n.name, "Add", [length, b.ints([offset])], tag="end")
@@ -290,6 +304,8 @@ ONNX_OPS: dict[str, Emitter] = {
     "rope": emit_rope,
     "linear": _linear,
     "attention": _attention,
+    "kv_concat": onnx_cache.kv_concat,
+    "attention_cached": onnx_cache.attention_cached,
     "layernorm": _layernorm,
     "rmsnorm": _rmsnorm,
     "scalenorm": _scalenorm,

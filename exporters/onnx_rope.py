@@ -25,14 +25,20 @@ def emit_rope(b: Builder, n: Node) -> str:
     rd = int(a.get("rotary_dim", hd))  # rotated channels of each head
     interleaved = bool(a.get("interleaved", False))
     sym = b.graph.node(x).type.shape[1]
+    ids = n.inputs[1] if len(n.inputs) == 2 else None  # a KV-cache graph's position ids
+    if ids is not None:  # tables over every position of the mask: past and present
+        sym = b.graph.node(b.ids_for_mask).type.shape[1]
     inv_freq = a.get("inv_freq")
     cos, sin = b.rope_tables(sym, rd, float(a["theta"]),
                              tuple(inv_freq) if inv_freq is not None else None,
                              float(a.get("scale", 1.0)))  # (L, rd/2) each
     if b.opset >= ROPE_OPSET:
         partial: dict[str, Any] = {"rotary_embedding_dim": rd} if rd < hd else {}
-        return b.add(n.name, "RotaryEmbedding", [x, cos, sin, b.position_ids(sym)], n.name,
-                     num_heads=h, interleaved=int(interleaved), **partial)
+        return b.add(n.name, "RotaryEmbedding", [x, cos, sin, ids or b.position_ids(sym)],
+                     n.name, num_heads=h, interleaved=int(interleaved), **partial)
+    if ids is not None:  # each token's row: (B, L, rd/2)
+        cos = b.add(n.name, "Gather", [cos, ids], tag="cos_rows", axis=0)
+        sin = b.add(n.name, "Gather", [sin, ids], tag="sin_rows", axis=0)
     x4 = b.add(n.name, "Reshape", [x, b.ints([0, 0, h, hd])])  # (B, L, h, hd)
     rot = x4 if rd == hd else b.add(n.name, "Slice", [x4, b.ints([0]), b.ints([rd]),
                                                       b.ints([3])], tag="rotated")  # (.., rd)
@@ -47,10 +53,10 @@ def emit_rope(b: Builder, n: Node) -> str:
 def _half(b: Builder, n: Node, x4: str, cos: str, sin: str, rd: int) -> str:
     """Rotate-half (GPT-NeoX, Llama): x * cos + concat(-x2, x1) * sin on (B, L, h, rd)."""
     half = rd // 2
-    cos2 = b.add(n.name, "Concat", [cos, cos], tag="cos", axis=1)  # (L, rd)
-    sin2 = b.add(n.name, "Concat", [sin, sin], tag="sin", axis=1)
-    cos2 = b.add(n.name, "Unsqueeze", [cos2, b.ints([1])], tag="cos_h")  # (L, 1, rd)
-    sin2 = b.add(n.name, "Unsqueeze", [sin2, b.ints([1])], tag="sin_h")
+    cos2 = b.add(n.name, "Concat", [cos, cos], tag="cos", axis=-1)  # (L, rd) or (B, L, rd)
+    sin2 = b.add(n.name, "Concat", [sin, sin], tag="sin", axis=-1)
+    cos2 = b.add(n.name, "Unsqueeze", [cos2, b.ints([-2])], tag="cos_h")  # (.., L, 1, rd)
+    sin2 = b.add(n.name, "Unsqueeze", [sin2, b.ints([-2])], tag="sin_h")
     x1 = b.add(n.name, "Slice", [x4, b.ints([0]), b.ints([half]), b.ints([3])], tag="x1")
     x2 = b.add(n.name, "Slice", [x4, b.ints([half]), b.ints([rd]), b.ints([3])], tag="x2")
     rot = b.add(n.name, "Concat", [b.add(n.name, "Neg", [x2]), x1], tag="rotate_half", axis=3)
@@ -65,8 +71,8 @@ def _interleaved(b: Builder, n: Node, x4: str, cos: str, sin: str, rd: int) -> s
     x1 = b.add(n.name, "Slice", [x5, b.ints([0]), b.ints([1]), b.ints([4])], tag="x1")
     x2 = b.add(n.name, "Slice", [x5, b.ints([1]), b.ints([2]), b.ints([4])], tag="x2")
     rot = b.add(n.name, "Concat", [b.add(n.name, "Neg", [x2]), x1], tag="rotate_pairs", axis=4)
-    cos5 = b.add(n.name, "Unsqueeze", [cos, b.ints([1, 3])], tag="cos_h")  # (L, 1, rd/2, 1)
-    sin5 = b.add(n.name, "Unsqueeze", [sin, b.ints([1, 3])], tag="sin_h")
+    cos5 = b.add(n.name, "Unsqueeze", [cos, b.ints([-3, -1])], tag="cos_h")  # (.., L, 1, rd/2, 1)
+    sin5 = b.add(n.name, "Unsqueeze", [sin, b.ints([-3, -1])], tag="sin_h")
     y5 = b.add(n.name, "Add", [b.add(n.name, "Mul", [x5, cos5], tag="x_cos"),
                                b.add(n.name, "Mul", [rot, sin5], tag="rot_sin")])
     return b.add(n.name, "Reshape", [y5, b.ints([0, 0, 0, rd])], tag="merge_pairs")

@@ -90,7 +90,25 @@ def rope_tables(length: int, dim: int, theta: float, device: torch.device, dtype
     else:
         inv = torch.tensor(inv_freq, device=device, dtype=torch.float32)  # (dim/2,)
     pos = torch.arange(length, device=device, dtype=torch.float32)  # (L,)
-    angles = pos[:, None] * inv[None, :]  # (L, dim/2); a product, not a matmul
+    return _rope_cos_sin(pos, inv, dtype, scale, interleaved)
+
+
+def rope_tables_at(positions: Tensor, dim: int, theta: float, dtype: torch.dtype,
+                   inv_freq: tuple[float, ...] | None = None, scale: float = 1.0,
+                   interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """rope_tables for given positions (B, S) int64 (padding, KV cache): each (B, S, dim)."""
+    device = positions.device
+    if inv_freq is None:
+        inv = 1.0 / theta ** (torch.arange(0, dim, 2, device=device,
+                                           dtype=torch.float32) / dim)  # (dim/2,)
+    else:
+        inv = torch.tensor(inv_freq, device=device, dtype=torch.float32)  # (dim/2,)
+    return _rope_cos_sin(positions.to(torch.float32), inv, dtype, scale, interleaved)
+
+
+def _rope_cos_sin(pos: Tensor, inv: Tensor, dtype: torch.dtype, scale: float,
+                  interleaved: bool) -> tuple[Tensor, Tensor]:
+    angles = pos[..., None] * inv  # (..., L, dim/2); a product, not a matmul
     if interleaved:
         angles = angles.repeat_interleave(2, dim=-1)  # (L, dim): f0 f0 f1 f1 ...
     else:
@@ -118,7 +136,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int,
     else:
         x1, x2 = x.chunk(2, dim=-1)  # (B, L, heads, rd/2) each
         rotated = torch.cat((-x2, x1), dim=-1)  # (B, L, heads, rd)
-    out = x * cos[:, None, :] + rotated * sin[:, None, :]  # tables broadcast over B and heads
+    # tables (L, rd) broadcast over B and heads; per-row tables (B, L, rd) over heads
+    out = x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
     if rest is not None:
         out = torch.cat((out, rest), dim=-1)  # (B, L, heads, hd)
     return out.flatten(-2)  # (B, L, heads*hd)
@@ -321,3 +340,56 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
         y = F.linear(h, down[e]) * top_w[token, slot, None]  # (n_e, d)
         out.index_add_(0, token, y)
     return out.reshape(x.shape)
+
+
+def positions_at(table_rows: Tensor, position_ids: Tensor) -> Tensor:
+    """Rows of a (rows, d) position table for each token's position id (B, S) -> (B, S, d)."""
+    return F.embedding(position_ids, table_rows)
+
+
+def sinusoids_at(position_ids: Tensor, d: int, dtype: torch.dtype,
+                 layout: str = "interleaved") -> Tensor:
+    """sinusoidal_positions for each token's position id (B, S) -> (B, S, d)."""
+    rows = int(position_ids.max()) + 1 if position_ids.numel() else 1
+    table = sinusoidal_positions(rows, d, position_ids.device, dtype, layout)  # (rows, d)
+    return F.embedding(position_ids, table)
+
+
+def kv_concat(past: Tensor, new: Tensor, kv_heads: int, head_dim: int) -> Tensor:
+    """Present keys or values: past (B, kv, P, hd) then new (B, S, kv*hd) -> (B, kv, P+S, hd)."""
+    new = new.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, S, hd)
+    return torch.cat((past.to(new.dtype), new), dim=2)
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
+                     kv_heads: int, head_dim: int, causal: bool, normalize: str,
+                     scale: float | None = None, softcap: float | None = None,
+                     window: int | None = None) -> Tensor:
+    """Attention of the last S positions' queries q (B, S, h*hd) over present k, v
+    (B, kv, T, hd): key j is read by query i (at position P + i, P = T - S) when
+    mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window; a query always
+    reads its own key, so padding rows stay finite. -> (B, S, h*hd)."""
+    batch, s, t = q.shape[0], q.shape[1], k.shape[2]
+    q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, S, hd)
+    i = torch.arange(t - s, t, device=q.device)[:, None]  # (S, 1) absolute query positions
+    j = torch.arange(t, device=q.device)[None, :]  # (1, T)
+    read = (mask[:, None, :] != 0)  # (B, 1, T)
+    if causal:
+        read = read & (j <= i)[None]  # (B, S, T)
+        if window is not None:
+            read = read & (i - j < window)[None]
+    read = read | (j == i)[None]  # (B, S, T): its own key always
+    # Query heads grouped per k/v head, as in explicit_attention: no expanded k/v copies.
+    qg = q.reshape(batch, kv_heads, heads // kv_heads * s, head_dim)  # (B, kv, g*S, hd)
+    scores = (qg @ k.transpose(-2, -1)).unflatten(2, (-1, s))  # (B, kv, g, S, T)
+    scores = scores * (1.0 / math.sqrt(head_dim) if scale is None else scale)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    scores = scores.masked_fill(~read[:, None, None], float("-inf"))
+    if normalize == "softmax":
+        weights = scores.softmax(dim=-1)
+    else:
+        first_max = scores.argmax(dim=-1, keepdim=True)
+        weights = torch.zeros_like(scores).scatter_(-1, first_max, 1.0)
+    y = (weights.flatten(2, 3) @ v).reshape(batch, heads, s, head_dim)  # (B, h, S, hd)
+    return y.transpose(1, 2).flatten(2)  # (B, S, h*hd)

@@ -27,7 +27,7 @@ kernel). Dropout is active only in ``train()``, at the graph's dropout nodes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -227,6 +227,44 @@ class TokenTypeModel(TorchModel):
         return self._run((input_ids, token_type_ids))
 
 
+class CachedDecoderModel(TorchModel):
+    """A decoder's KV-cache graph (``tfgraph.compile(spec, cache=True)``): padding masks,
+    position ids and past keys/values, the interface of Hugging Face's causal LMs
+    (README, "KV cache")."""
+
+    def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
+        super().__init__(graph, weights)
+        past = [graph.node(n).type.shape for n in graph.inputs if n.startswith("past_key")]
+        self.cache_layers = len(past) // 2  # what forward needs to make an empty cache
+        self.kv_heads, self.head_dim = int(past[0][1]), int(past[0][3])
+        self.dtype = TORCH_DTYPES[graph.dtype]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None,
+                past_key_values: Sequence[tuple[Tensor, Tensor]] | None = None,
+                use_cache: bool = False) -> Any:
+        """input_ids (B, S) int64; attention_mask (B, P+S) (1 real, 0 padding; default all
+        real); position_ids (B, S) (default: real tokens counted from 0, padding at 0);
+        past_key_values: per layer (key, value), each (B, kv_heads, P, head_dim) (default
+        none). Returns logits (B, S, vocab), and with ``use_cache`` also the present
+        (key, value) per layer, each (B, kv_heads, P+S, head_dim)."""
+        batch, length = input_ids.shape
+        if past_key_values is None:
+            empty = input_ids.new_zeros((batch, self.kv_heads, 0, self.head_dim),
+                                        dtype=self.dtype)
+            past_key_values = [(empty, empty)] * self.cache_layers
+        past = past_key_values[0][0].shape[2] if past_key_values else 0
+        if attention_mask is None:
+            attention_mask = input_ids.new_ones((batch, past + length))
+        if position_ids is None:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        flat = [t for kv in past_key_values for t in kv]
+        out = self._program.run(self, (input_ids, attention_mask, position_ids, *flat))
+        if not use_cache:
+            return out[0]
+        return out[0], tuple(zip(out[1::2], out[2::2]))
+
+
 class EncoderDecoderModel(TorchModel):
     """Encoder-decoder: the decoder attends to the encoder output."""
 
@@ -285,8 +323,9 @@ def _build(graph: Graph, walk: Plan, top: _Program,
                 prog.inputs.append(prog.slot(i))
         args = tuple(prog.slots[i] for i in n.inputs)
         if n.op == "rope":
-            tkey: tuple[Any, ...] = (str(n.type.shape[1]),
-                                     *sorted(rope_table_attrs(n.attrs).items()))
+            # tables per sequence length, or (KV-cache graph) per token from position_ids
+            axis = "#position_ids" if len(n.inputs) == 2 else str(n.type.shape[1])
+            tkey: tuple[Any, ...] = (axis, *sorted(rope_table_attrs(n.attrs).items()))
             tname = rope_tables.setdefault(tkey, f"#rope_tables{len(rope_tables)}")
             if tname not in prog.slots:
                 ins.append(tname)
@@ -315,9 +354,11 @@ def _build(graph: Graph, walk: Plan, top: _Program,
                     continue
                 made_tables.add(tname)
                 tkey = next(k for k, v in rope_tables.items() if v == tname)
-                source = next(i for i in ins if not i.startswith("#")
-                              and str(graph.node(i).type.shape[1]) == tkey[0])
+                source = "position_ids" if tkey[0] == "#position_ids" else next(
+                    i for i in ins if not i.startswith("#")
+                    and str(graph.node(i).type.shape[1]) == tkey[0])
                 table_attrs: dict[str, Any] = dict(tkey[1:])  # (name, value) pairs
+                table_attrs["dtype"] = TORCH_DTYPES[graph.dtype]
                 top.steps.append((rope_tables_step, table_attrs,
                                   (top.slots[source],), top.slot(tname), (), None, ()))
             layer = layers[key]
@@ -383,7 +424,9 @@ def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = No
     else:
         values = _as_tensors(graph, weights, dtype, "weights")
     cls: type[TorchModel] = DecoderOnlyOrEncoderModel
-    if "tgt_ids" in graph.inputs:
+    if "attention_mask" in graph.inputs:
+        cls = CachedDecoderModel
+    elif "tgt_ids" in graph.inputs:
         cls = EncoderDecoderModel
     elif "token_type_ids" in graph.inputs:
         cls = TokenTypeModel

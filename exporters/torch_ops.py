@@ -37,16 +37,27 @@ def _norm_layer(m: nn.Module, a: dict[str, Any], x: Tensor, g: Tensor, b: Tensor
     return F.layer_norm(x, (x.shape[-1],), g, b, a["eps"])
 
 
-def _sinusoids(a: dict[str, Any], x: Tensor) -> Tensor:
+def _sinusoids(a: dict[str, Any], x: Tensor, ids: Tensor | None = None) -> Tensor:
+    if ids is not None:  # each token's own position (padding, KV cache)
+        return tf.sinusoids_at(ids, x.shape[2], x.dtype, a.get("layout", "interleaved"))
     return tf.sinusoidal_positions(x.shape[1], x.shape[2], x.device, x.dtype,
                                    a.get("layout", "interleaved"))  # (L, d)
 
 
-def _positions_sinusoidal(m: nn.Module, a: dict[str, Any], x: Tensor) -> Tensor:
-    return x + _sinusoids(a, x)  # (B, L, d)
+def _learned(a: dict[str, Any], x: Tensor, table: Tensor, ids: Tensor | None = None
+             ) -> Tensor:
+    if ids is not None:  # each token's own position (padding, KV cache)
+        return tf.positions_at(table[a.get("offset", 0):], ids)  # (B, L, d)
+    return tf.learned_positions(x, table, a.get("offset", 0))  # (L, d)
 
 
-def _rope(m: nn.Module, a: dict[str, Any], x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
+def _positions_sinusoidal(m: nn.Module, a: dict[str, Any], x: Tensor,
+                          ids: Tensor | None = None) -> Tensor:
+    return x + _sinusoids(a, x, ids)  # (B, L, d)
+
+
+def _rope(m: nn.Module, a: dict[str, Any], x: Tensor, *rest: Any) -> Tensor:
+    tables: tuple[Tensor, Tensor] = rest[-1]  # after the position ids, when given
     return tf.apply_rope(x, tables[0], tables[1], a["heads"], a["head_dim"],
                          a.get("rotary_dim"), a.get("interleaved", False))
 
@@ -66,7 +77,11 @@ def rope_table_attrs(a: dict[str, Any]) -> dict[str, Any]:
 def rope_tables_step(m: nn.Module, a: dict[str, Any], x: Tensor) -> tuple[Tensor, Tensor]:
     """Not an op: cos/sin for one sequence axis, computed once per forward by the model and
     passed to every layer whose rope nodes use that axis (so backward keeps one pair of tables,
-    not one per layer)."""
+    not one per layer). ``x`` is a tensor along that axis, or the position ids (B, S) of a
+    KV-cache graph (tables per token, in the model's dtype ``a["dtype"]``)."""
+    if not x.is_floating_point():
+        return tf.rope_tables_at(x, a["dim"], a["theta"], a["dtype"], a.get("inv_freq"),
+                                 a.get("scale", 1.0), a.get("interleaved", False))
     return tf.rope_tables(x.shape[1], a["dim"], a["theta"], x.device, x.dtype,
                           a.get("inv_freq"), a.get("scale", 1.0), a.get("interleaved", False))
 
@@ -83,9 +98,12 @@ TORCH_OPS: dict[str, Lowering] = {
     "embedding": lambda m, a, table, ids: F.embedding(ids, table),  # (B, L, d)
     "scale": lambda m, a, x: x * a["factor"],
     "positions_sinusoidal": _positions_sinusoidal,
-    "positions_learned": lambda m, a, x, table: x + tf.learned_positions(
-        x, table, a.get("offset", 0)),
+    "positions_learned": lambda m, a, x, table, ids=None: x + _learned(a, x, table, ids),
     "rope": _rope,
+    "kv_concat": lambda m, a, past, new: tf.kv_concat(past, new, a["kv_heads"], a["head_dim"]),
+    "attention_cached": lambda m, a, q, k, v, mask: tf.cached_attention(
+        q, k, v, mask, a["heads"], a["kv_heads"], a["head_dim"], a["causal"], a["normalize"],
+        a.get("scale"), a.get("softcap"), a.get("window")),
     "linear": _linear,
     "attention": _attention,
     "layernorm": _norm_layer,
@@ -109,6 +127,8 @@ TORCH_OPS: dict[str, Lowering] = {
 }
 
 NORM_OPS = ("layernorm", "rmsnorm", "scalenorm")
+# Ops only a KV-cache graph has: model.py (TORCH_SOURCE) is rendered for full-sequence graphs.
+CACHE_OPS = frozenset({"kv_concat", "attention_cached"})
 
 
 def _per_head(norm: Lowering) -> Lowering:
@@ -138,9 +158,8 @@ for _op in NORM_OPS:
 # their operands swapped, so that the dead one is overwritten.
 TORCH_INPLACE: dict[str, Lowering] = {
     "scale": lambda m, a, x: x.mul_(a["factor"]),
-    "positions_sinusoidal": lambda m, a, x: x.add_(_sinusoids(a, x)),
-    "positions_learned": lambda m, a, x, table: x.add_(
-        tf.learned_positions(x, table, a.get("offset", 0))),
+    "positions_sinusoidal": lambda m, a, x, ids=None: x.add_(_sinusoids(a, x, ids)),
+    "positions_learned": lambda m, a, x, table, ids=None: x.add_(_learned(a, x, table, ids)),
     "relu": lambda m, a, x: x.relu_(),
     "silu": lambda m, a, x: F.silu(x, inplace=True),
     "mul": lambda m, a, x, y: x.mul_(y),

@@ -41,7 +41,8 @@ from torch import nn
 from tfgraph.cost import param_count
 from tfgraph.exporters import torch_functional
 from tfgraph.exporters.torch_module import TORCH_DTYPES
-from tfgraph.exporters.torch_ops import SOURCE_SETTINGS
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters.torch_ops import CACHE_OPS, SOURCE_SETTINGS
 from tfgraph.exporters.torch_render import SLOT, ChildClass, Instance, InstanceRenderer
 from tfgraph.exporters.torch_render_graph import GraphView
 from tfgraph.exporters.torch_render_spelling import ABBREVIATIONS, RESERVED, literal, variant
@@ -87,7 +88,12 @@ class ClassText:
 
 
 def generate_source(graph: Graph) -> str:
-    """The text of ``model.py`` for ``graph``."""
+    """The text of ``model.py`` for ``graph`` (a full-sequence graph: the KV-cache graph runs
+    through ``to_torch`` and ONNX, README "KV cache")."""
+    cached = sorted({n.op for n in graph.ops()} & CACHE_OPS)
+    if cached or "attention_mask" in graph.inputs:
+        raise TfgraphError(f"{graph.name}: model.py is written for the full-sequence graph; "
+                           "the KV-cache graph runs through to_torch and ONNX")
     view = GraphView(graph)
     classes = "\n\n\n".join(_class_source(c) for c in render_classes(view))
     constants = _constants(graph, view, classes)

@@ -26,8 +26,10 @@ class CompiledGraph(Graph):
                             fused_attention=fused_attention)
 
 
-def compile(spec: Spec | str | Path, lint: bool = True) -> CompiledGraph:  # noqa: A001
+def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
+            cache: bool = False) -> CompiledGraph:
     """Lower ``spec`` to an op graph with symbolic shapes; ``lint`` checks it (on by default).
+    ``cache``: the KV-cache inference graph of a decoder (README, "KV cache").
 
     Costs are computed lazily by ``graph.report(...)`` (tfgraph.report) and memoised on the
     graph until it changes.
@@ -36,7 +38,7 @@ def compile(spec: Spec | str | Path, lint: bool = True) -> CompiledGraph:  # noq
         from tfgraph.loader import load_spec
 
         spec = load_spec(spec)
-    graph = lower(spec, None, CompiledGraph)
+    graph = lower(spec, None, CompiledGraph, cache)
     if lint:
         graph.lint()
     return graph

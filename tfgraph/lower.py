@@ -26,6 +26,8 @@ from typing import Any, TypeVar, overload
 import sympy
 
 from tfgraph.ir import B, S, T, Graph, NodeMeta
+from tfgraph.errors import TfgraphError
+from tfgraph.tensor import P
 from tfgraph.rope import rotary_attrs
 from tfgraph.spec import GATED_ACTIVATIONS, Spec, Vocabularies
 
@@ -139,8 +141,15 @@ PARALLEL_DOC = "parallel residual (GPT-J, GPT-NeoX): x = x + attn(norm(x)) + ffn
 
 
 class _Lowering:
-    def __init__(self, spec: Spec, sizes: Sizes, graph_type: type[Graph]) -> None:
+    def __init__(self, spec: Spec, sizes: Sizes, graph_type: type[Graph],
+                 cache: bool = False) -> None:
         self.spec = spec
+        # The inference graph (README, "KV cache"): attention_mask, position_ids and each
+        # layer's past keys/values in, logits and the present keys/values out.
+        self.cache = cache
+        self.mask: str | None = None  # attention_mask (B, P+S) int64
+        self.position_ids: str | None = None  # (B, S) int64
+        self.presents: list[str] = []
         self.z = sizes
         self.g = graph_type(spec.name, spec=spec, dtype=spec.dtype)
         self.g.sizes = sizes.named(spec)
@@ -207,6 +216,9 @@ class _Lowering:
     def model(self) -> Graph:
         spec, g = self.spec, self.g
         g.module("", "Model", f"{spec.name}: {spec.arch} Transformer.")
+        if self.cache and (spec.arch != "decoder-only" or spec.embedding.positions == "relative"):
+            raise TfgraphError(f"{spec.name}: a KV-cache graph is built for decoder-only models "
+                               f"without relative positions (this one is {spec.arch})")
         table_meta = NodeMeta(part="embed")
         if spec.arch == "encoder-decoder":
             src = g.input("src_ids", (B, S))  # (B, S) int64
@@ -227,6 +239,9 @@ class _Lowering:
             out_table = tgt_table
         else:
             ids = g.input("input_ids", (B, S))  # (B, S) int64
+            if self.cache:
+                self.mask = g.input("attention_mask", (B, P + S))  # (B, P+S) int64, 1 = real
+                self.position_ids = g.input("position_ids", (B, S))  # (B, S) int64
             if spec.embedding.token_types:  # BERT's segments; all zeros when not given
                 self.token_type_ids = g.input("token_type_ids", (B, S))  # (B, S) int64
             table = self.param("embed.tokens.weight", (self.vocab_names["source"], "d_model"),
@@ -235,6 +250,8 @@ class _Lowering:
             x = self.stack(stack, ids, table, causal=stack == "decoder", memory=None)
             out_table = table
         g.set_output(self.head(x, out_table))
+        for present in self.presents:  # after the logits: the optimum / genai output order
+            g.set_output(present)
         return g
 
     def stack(self, stack: str, ids: str, table: str, causal: bool, memory: str | None) -> str:
@@ -283,14 +300,15 @@ class _Lowering:
         emb = spec.embedding
         if emb.positions == "sinusoidal":
             layout = {} if emb.sinusoid_layout == "interleaved" else {"layout": emb.sinusoid_layout}
-            x = g.add("positions_sinusoidal", [x], name=f"{scope}.positions", scope=scope,
-                      meta=_role(meta, "positions"), **layout)
+            x = g.add("positions_sinusoidal", [x, *self._ids()], name=f"{scope}.positions",
+                      scope=scope, meta=_role(meta, "positions"), **layout)
         elif emb.positions == "learned":
             offset = emb.position_offset  # OPT, BART: position p reads row p + 2
             rows = "position_rows" if offset else "max_len"
             pos = self.param(f"{stack}.positions.weight", (rows, "d_model"), scope,
                              "normal", _role(meta, "positions.weight"))
-            x = g.add("positions_learned", [x, pos], name=f"{scope}.positions", scope=scope,
+            x = g.add("positions_learned", [x, pos, *self._ids()], name=f"{scope}.positions",
+                      scope=scope,
                       meta=_role(meta, "positions"), **({"offset": offset} if offset else {}))
         if emb.norm:  # BERT, BART, BLOOM: a norm on the summed embeddings
             x = self.norm(x, f"{scope}.norm", f"{stack}.embed_norm", scope, meta, "norm")
@@ -396,12 +414,16 @@ class _Lowering:
             # partial, interleaved and scaled rotation (tfgraph.rope); Gemma 3's local layers
             # with their own base are not scaled
             rot = rotary_attrs(self.spec, theta, z.rotary_dim, scaled=not own_base)
-            q = g.add("rope", [q], name=f"{scope}.q_rope", scope=scope,
+            q = g.add("rope", [q, *self._ids()], name=f"{scope}.q_rope", scope=scope,
                       heads=z.heads, head_dim=z.head_dim, theta=theta, meta=_role(meta, "q_rope"),
                       **rot)
-            k = g.add("rope", [k], name=f"{scope}.k_rope", scope=scope,
+            k = g.add("rope", [k, *self._ids()], name=f"{scope}.k_rope", scope=scope,
                       heads=z.kv_heads, head_dim=z.head_dim, theta=theta,
                       meta=_role(meta, "k_rope"), **rot)
+        if self.cache:
+            a = self.cached_attention(q, k, v, scope, meta, causal, extra)
+            return self.linear(a, scope, "o", "heads*head_dim", "d_model",
+                               bool(att.out_bias), meta)  # (B, S, d)
         bias = [self.position_bias] if rope and self.position_bias else []  # T5, self only
         a = g.add("attention", [q, k, v, *bias], name=f"{scope}.attention", scope=scope,
                   heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim, causal=causal,
@@ -409,6 +431,29 @@ class _Lowering:
                   meta=_role(meta, "attention"), **extra)  # (B, Tq, h*hd)
         return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
                            meta)  # (B, Tq, d)
+
+    def _ids(self) -> list[str]:
+        """The position ids operand of position ops in a KV-cache graph (none otherwise)."""
+        return [self.position_ids] if self.position_ids else []
+
+    def cached_attention(self, q: str, k: str, v: str, scope: str, meta: NodeMeta,
+                         causal: bool, extra: dict[str, Any]) -> str:
+        """Self-attention over the past keys/values and this step's: the layer's
+        ``past_key_values.{i}.key|value`` inputs, ``present.{i}.key|value`` outputs."""
+        g, z, i = self.g, self.z, meta.layer or 0
+        assert self.mask is not None
+        present = []
+        for part, new in (("key", k), ("value", v)):
+            past = g.input(f"past_key_values.{i}.{part}", (B, z.kv_heads, P, z.head_dim),
+                           dtype=self.dtype)  # (B, kv, P, hd)
+            present.append(g.add("kv_concat", [past, new], name=f"present.{i}.{part}",
+                                 scope=scope, kv_heads=z.kv_heads, head_dim=z.head_dim,
+                                 meta=_role(meta, f"present_{part}")))  # (B, kv, P+S, hd)
+        self.presents += present
+        return g.add("attention_cached", [q, *present, self.mask], name=f"{scope}.attention",
+                     scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
+                     causal=causal, normalize=self.spec.attention.normalize,
+                     meta=_role(meta, "attention"), **extra)  # (B, S, h*hd)
 
     def ffn(self, x: str, scope: str, meta: NodeMeta) -> str:
         ffn, g = self.spec.ffn, self.g
@@ -525,11 +570,14 @@ def lower(spec: Spec, sizes: Sizes | None = None) -> Graph: ...
 
 
 @overload
-def lower(spec: Spec, sizes: Sizes | None, graph_type: type[G]) -> G: ...
+def lower(spec: Spec, sizes: Sizes | None, graph_type: type[G], cache: bool = False) -> G: ...
 
 
-def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Graph) -> Graph:
+def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Graph,
+          cache: bool = False) -> Graph:
     """Lower a validated spec to an op graph (shapes inferred as nodes are added); ``sizes``
     defaults to the spec's own (``Sizes.of(spec)``); ``graph_type`` is the class of the result
-    (``tfgraph.compile`` asks for one with ``report()``)."""
-    return _Lowering(spec, sizes or Sizes.of(spec), graph_type).model()
+    (``tfgraph.compile`` asks for one with ``report()``). ``cache``: the inference graph of a
+    decoder (attention_mask, position_ids and past keys/values in; logits and present
+    keys/values out)."""
+    return _Lowering(spec, sizes or Sizes.of(spec), graph_type, cache).model()

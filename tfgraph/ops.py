@@ -163,17 +163,18 @@ def _sinusoid_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 register(OpDef(
-    "positions_sinusoidal", (1, 1), _sinusoid_infer, _elementwise("add"), _nothing_saved,
+    "positions_sinusoidal", (1, 2), _sinusoid_infer, _elementwise("add"), _nothing_saved,
     "x + PE[:S] with PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same) "
     "(Vaswani et al. 2017, section 3.5); with attrs['layout'] 'split' the sines fill the "
     "first ceil(d/2) channels and the cosines the rest (fairseq, Marian). The table is a "
-    "constant, not a parameter.",
+    "constant, not a parameter. An optional second operand, position ids (B, S), gives "
+    "each token's position instead of 0..S-1 (padding, KV cache).",
     category="position",
 ))
 
 
 def _learned_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    x, table = ins
+    x, table = ins[:2]
     _check_last(x, table.shape[1], "learned positions")
     offset = attrs.get("offset", 0)  # OPT, BART: 2
     rows_left = sympy.sympify(table.shape[0] - offset)  # symbolic in the formulas' twins
@@ -184,9 +185,10 @@ def _learned_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 register(OpDef(
-    "positions_learned", (2, 2), _learned_infer, _elementwise("add"), _nothing_saved,
+    "positions_learned", (2, 3), _learned_infer, _elementwise("add"), _nothing_saved,
     "x + table[offset:offset+S] with a learned (max_len + offset, d) table; attrs['offset'] "
-    "(OPT, BART: 2) is absent when 0.",
+    "(OPT, BART: 2) is absent when 0. An optional third operand, position ids (B, S), reads "
+    "table[offset + id] per token instead (padding, KV cache).",
     category="position",
 ))
 
@@ -203,14 +205,16 @@ def _rope_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -
 
 
 register(OpDef(
-    "rope", (1, 1), _rope_infer, _rope_flops, _nothing_saved,
+    "rope", (1, 2), _rope_infer, _rope_flops, _nothing_saved,
     "Rotary positions on (B, S, heads*head_dim), rotate-half convention (GPT-NeoX, Llama): "
     "pairs (i, i + hd/2), frequencies theta^(-2i/hd), positions from 0. Optional attrs: "
     "rotary_dim (only the first rotary_dim channels of each head rotate, pairs (i, i + rd/2); "
     "Pythia, Phi-2, GPT-J), interleaved (pairs (2i, 2i+1): GPT-J), and with a context "
     "scaling (tfgraph.rope) scaling, inv_freq (the rd/2 frequencies) and scale (multiplies "
     "cos and sin: YaRN). Its backward needs only the constant cos/sin tables (one (S, rd) "
-    "pair per sequence, shared by every layer: not counted), so nothing is saved.",
+    "pair per sequence, shared by every layer: not counted), so nothing is saved. An optional "
+    "second operand, position ids (B, S), rotates each token by its own position (padding, "
+    "KV cache).",
     category="position",
 ))
 
@@ -349,6 +353,59 @@ register(OpDef(
     "softmax or hardmax; an optional fourth operand (h, Tq, Tk) is added to the scores "
     "before the mask (T5's position bias). Output (B, Tq, h*hd).",
     _attention_temp,
+    category="attention",
+))
+
+# ---- KV cache (inference graphs: tfgraph.lower with cache=True) ---------------------------
+
+
+def _kv_concat_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    past, new = ins
+    kvh, hd = attrs["kv_heads"], attrs["head_dim"]
+    _check_last(new, kvh * hd, "kv_concat new keys/values")
+    if len(past.shape) != 4 or past.shape[1] != kvh or past.shape[3] != hd:
+        raise ValueError(f"past {past} is not (B, {kvh}, P, {hd})")
+    return TensorType((new.shape[0], kvh, past.shape[2] + new.shape[1], hd), past.dtype)
+
+
+register(OpDef(
+    "kv_concat", (2, 2), _kv_concat_infer, lambda ins, out, attrs: (ZERO, ZERO), _nothing_saved,
+    "The present keys (or values) of a layer: the past ones (B, kv, P, hd) followed by this "
+    "step's (B, S, kv*hd), as (B, kv, P+S, hd) (the layout of Hugging Face's and "
+    "onnxruntime-genai's past_key_values / present).",
+    category="attention",
+))
+
+
+def _cached_attention_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    q, k, v, mask = ins[:4]
+    h, kvh, hd = attrs["heads"], attrs["kv_heads"], attrs["head_dim"]
+    _check_last(q, h * hd, "attention q")
+    if k.shape != v.shape or len(k.shape) != 4 or k.shape[1] != kvh or k.shape[3] != hd:
+        raise ValueError(f"k {k} and v {v} must both be (B, {kvh}, T, {hd})")
+    if mask.shape != (q.shape[0], k.shape[2]):
+        raise ValueError(f"attention mask {mask} is not (B, T) for keys {k}")
+    return q
+
+
+def _cached_attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]
+                            ) -> Flops:
+    # Every query against every cached key (B*h*S*(P+S)): QK^T and A·V 2*scores*hd each.
+    scores = ins[0].shape[0] * attrs["heads"] * ins[0].shape[1] * ins[1].shape[2]
+    per_score = (FLOPS_PER_ELEMENT["add"] + FLOPS_PER_ELEMENT[attrs["normalize"]]
+                 + FLOPS_PER_ELEMENT["mask"] + (FLOPS_PER_ELEMENT["softcap"]
+                                                if attrs.get("softcap") else 0))
+    return 2 * 2 * scores * attrs["head_dim"], per_score * scores
+
+
+register(OpDef(
+    "attention_cached", (4, 4), _cached_attention_infer, _cached_attention_flops,
+    _nothing_saved,
+    "Attention of this step's queries q (B, S, h*hd) over the present keys and values "
+    "(B, kv, T, hd), T = P + S, the queries being the last S positions: key j is read by "
+    "query i when attention_mask[b, j] is 1 and, when causal, j <= P + i (within "
+    "attrs['window'] keys when set); a query reads its own key always, so a padding row "
+    "stays finite. scale, softcap, normalize and GQA as in attention. Output (B, S, h*hd).",
     category="attention",
 ))
 

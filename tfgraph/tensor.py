@@ -11,9 +11,11 @@ from typing import TypeAlias
 
 import sympy
 
-# Symbolic sizes: batch, source (or only) sequence length, target sequence length.
+# Symbolic sizes: batch, source (or only) sequence length, target sequence length, and the
+# positions already in a KV cache (past length, 0 at prefill).
 B, S, T = sympy.symbols("B S T", positive=True, integer=True)
-SYMBOLS = {"B": B, "S": S, "T": T}
+P = sympy.Symbol("P", nonnegative=True, integer=True)
+SYMBOLS = {"B": B, "S": S, "T": T, "P": P}
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
 

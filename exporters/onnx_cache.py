@@ -1,0 +1,87 @@
+"""The ONNX lowerings of a KV-cache graph's ops (``tfgraph.compile(spec, cache=True)``).
+
+The interface is the one Hugging Face optimum and onnxruntime-genai share (README, "KV
+cache"): ``attention_mask`` (B, total_len) and ``position_ids`` (B, seq_len) in, each layer's
+``past_key_values.{i}.key|value`` (B, kv_heads, past_len, head_dim) in and
+``present.{i}.key|value`` (B, kv_heads, total_len, head_dim) out. Attention is written out
+(MatMul, Where, Softmax) at every opset: queries are the last seq_len of total_len positions
+and the mask combines padding, causality and windows per row, which the standard
+``Attention`` op cannot take as one (it aligns causal masks differently with and without a
+past, and onnxruntime's CPU and CUDA kernels disagree there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tfgraph.exporters.onnx_builder import Builder
+from tfgraph.ir import Node
+
+
+def kv_concat(b: Builder, n: Node) -> str:
+    past, new = n.inputs  # (B, kv, P, hd), (B, S, kv*hd)
+    kv, hd = int(n.attrs["kv_heads"]), int(n.attrs["head_dim"])
+    heads = b.add(n.name, "Reshape", [new, b.ints([0, 0, kv, hd])], tag="split_heads")
+    heads = b.add(n.name, "Transpose", [heads], tag="heads", perm=[0, 2, 1, 3])  # (B,kv,S,hd)
+    return b.add(n.name, "Concat", [past, heads], n.name, axis=2)  # (B, kv, P+S, hd)
+
+
+def _read_mask(b: Builder, n: Node, q: str, k: str, mask: str) -> str:
+    """(B, 1, 1, S, T) bool: which present key each query reads (padding, causality, window;
+    its own key always, so a padding row stays finite)."""
+    total = b.add(n.name, "Shape", [k], tag="total_len", start=2, end=3)  # [T]
+    length = b.add(n.name, "Shape", [q], tag="seq_len", start=1, end=2)  # [S]
+    zero, one = b.ints([0]), b.ints([1])
+    t = b.add(n.name, "Squeeze", [total, zero], tag="T")
+    start = b.add(n.name, "Squeeze", [b.add(n.name, "Sub", [total, length], tag="past_len"),
+                                      zero], tag="P")
+    one_s = b.add(n.name, "Squeeze", [one, zero], tag="one")
+    zero_s = b.add(n.name, "Squeeze", [zero, zero], tag="zero")
+    i = b.add(n.name, "Unsqueeze", [b.add(n.name, "Range", [start, t, one_s], tag="query_pos"),
+                                    one], tag="i")  # (S, 1)
+    j = b.add(n.name, "Unsqueeze", [b.add(n.name, "Range", [zero_s, t, one_s], tag="key_pos"),
+                                    zero], tag="j")  # (1, T)
+    real = b.add(n.name, "Not", [b.add(n.name, "Equal", [mask, b.const(
+        n.name, "pad", np.array(0, np.int64), "int64")], tag="is_pad")], tag="real")  # (B, T)
+    read = b.add(n.name, "Unsqueeze", [real, b.ints([1, 2, 3])], tag="real5")  # (B,1,1,1,T)
+    if n.attrs["causal"]:
+        causal = b.add(n.name, "LessOrEqual", [j, i], tag="causal")  # (S, T)
+        window = n.attrs.get("window")
+        if window:
+            near = b.add(n.name, "Less", [b.add(n.name, "Sub", [i, j], tag="distance"), b.const(
+                n.name, "window", np.array(int(window), np.int64), "int64")], tag="in_window")
+            causal = b.add(n.name, "And", [causal, near], tag="causal_window")
+        read = b.add(n.name, "And", [read, causal], tag="read")  # (B, 1, 1, S, T)
+    own = b.add(n.name, "Equal", [j, i], tag="own")  # (S, T)
+    return b.add(n.name, "Or", [read, own], tag="read_own")
+
+
+def attention_cached(b: Builder, n: Node) -> str:
+    q, k, v, mask = n.inputs  # (B, S, h*hd), (B, kv, T, hd) x2, (B, T) int64
+    h, kv, hd = int(n.attrs["heads"]), int(n.attrs["kv_heads"]), int(n.attrs["head_dim"])
+    g = h // kv
+    scale = n.attrs.get("scale") or 1.0 / math.sqrt(hd)
+    # Query heads grouped under their kv head (head j reads kv head j // g): a size-1 group
+    # axis on k and v broadcasts without copying them.
+    q5 = b.add(n.name, "Reshape", [q, b.ints([0, 0, kv, g, hd])], tag="split_q")
+    q5 = b.add(n.name, "Transpose", [q5], tag="q_heads", perm=[0, 2, 3, 1, 4])  # (B,kv,g,S,hd)
+    k5 = b.add(n.name, "Unsqueeze", [k, b.ints([2])], tag="k_group")  # (B, kv, 1, T, hd)
+    kt = b.add(n.name, "Transpose", [k5], tag="k_t", perm=[0, 1, 2, 4, 3])  # (B,kv,1,hd,T)
+    v5 = b.add(n.name, "Unsqueeze", [v, b.ints([2])], tag="v_group")  # (B, kv, 1, T, hd)
+    scores = b.add(n.name, "MatMul", [q5, kt], tag="scores")  # (B, kv, g, S, T)
+    scores = b.add(n.name, "Mul", [scores, b.const(n.name, "scale", scale)], tag="scaled")
+    softcap = n.attrs.get("softcap")
+    if softcap:  # before the mask (Gemma 2)
+        c = b.const(n.name, "cap", float(softcap))
+        scores = b.add(n.name, "Mul", [b.add(n.name, "Tanh", [b.add(
+            n.name, "Div", [scores, c], tag="over_cap")]), c], tag="capped")
+    read = _read_mask(b, n, q, k, mask)
+    scores = b.add(n.name, "Where", [read, scores, b.const(n.name, "neg_inf", -np.inf)],
+                   tag="masked")
+    normalize = "Hardmax" if n.attrs["normalize"] == "hardmax" else "Softmax"
+    weights = b.add(n.name, normalize, [scores], axis=-1)  # (B, kv, g, S, T)
+    out = b.add(n.name, "MatMul", [weights, v5], tag="context")  # (B, kv, g, S, hd)
+    out = b.add(n.name, "Transpose", [out], tag="merge", perm=[0, 3, 1, 2, 4])  # (B,S,kv,g,hd)
+    return b.add(n.name, "Reshape", [out, b.ints([0, 0, h * hd])], n.name, tag="merge_heads")

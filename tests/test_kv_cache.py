@@ -1,0 +1,180 @@
+"""The KV-cache inference graph (``tfgraph.compile(spec, cache=True)``) against full recomputation.
+
+For every decoder-only tiny spec, in the torch module and in onnxruntime (opset 23 and 17):
+
+- prefill then one token at a time through the cache gives the logits of the full sequence
+  run at once by the ordinary graph (within 1e-4, float32);
+- 32 greedy tokens from the cached ONNX model equal those of the torch module recomputing the
+  whole prefix at every step;
+- a left-padded batch of prompts of lengths 3, 9 and 17 gives each row the logits of its
+  prompt run alone.
+
+The reference is the full-sequence graph, itself checked against Hugging Face and
+``torch.nn.Transformer`` elsewhere (tests/test_hf_families.py, test_torch_parity.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tfgraph
+from tfgraph.exporters import to_onnx, to_torch
+from tfgraph.spec import Spec
+
+ort = pytest.importorskip("onnxruntime")
+
+ROOT = Path(__file__).resolve().parent.parent
+DECODERS = sorted(p.stem for p in (ROOT / "specs").glob("tiny*.yaml")
+                  if tfgraph.load_spec(p).arch == "decoder-only"
+                  and tfgraph.load_spec(p).dtype == "float32")
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def load(name: str) -> Spec:
+    return tfgraph.load_spec(ROOT / "specs" / f"{name}.yaml")
+
+
+def ids_for(spec: Spec, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, spec.vocab_size("source"), (batch, length), generator=gen)
+
+
+class OnnxCached:
+    """The cached ONNX model in onnxruntime, fed the optimum / onnxruntime-genai way."""
+
+    def __init__(self, spec: Spec, opset: int) -> None:
+        graph = tfgraph.compile(spec, cache=True)
+        model = to_onnx(graph, seed=1, opset=opset)
+        self.session = ort.InferenceSession(model.SerializeToString(),
+                                            providers=["CPUExecutionProvider"])
+        self.past = [i.name for i in self.session.get_inputs()
+                     if i.name.startswith("past_key_values")]
+        shape = graph.node(self.past[0]).type.shape
+        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+
+    def empty(self, batch: int) -> dict[str, np.ndarray]:
+        return {n: np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
+                for n in self.past}
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]
+                 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        positions = np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -ids.shape[1]:]
+        out = self.session.run(None, {"input_ids": ids, "attention_mask": mask,
+                                      "position_ids": positions, **past})
+        return out[0], dict(zip(self.past, out[1:]))
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_torch_cache_equals_full_recomputation(name: str) -> None:
+    spec = load(name)
+    full = to_torch(tfgraph.compile(spec), seed=1)
+    cached = to_torch(tfgraph.compile(spec, cache=True), seed=1)
+    ids = ids_for(spec, 2, 12)
+    with torch.no_grad():
+        want = full(ids)
+        torch.testing.assert_close(cached(ids), want, **TOL)  # no cache given: a prefill
+        logits, past = cached(ids[:, :7], use_cache=True)
+        steps = [logits]
+        for t in range(7, 12):
+            logits, past = cached(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+            steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
+    kv = past[0][0]
+    assert kv.shape[0] == 2 and kv.shape[2] == 12  # (B, kv_heads, total_len, head_dim)
+
+
+@pytest.mark.parametrize("opset", [23, 17])
+@pytest.mark.parametrize("name", DECODERS)
+def test_onnx_cache_equals_full_recomputation(name: str, opset: int) -> None:
+    spec = load(name)
+    full = to_torch(tfgraph.compile(spec), seed=1)
+    model = OnnxCached(spec, opset)
+    ids = ids_for(spec, 2, 12).numpy()
+    with torch.no_grad():
+        want = full(torch.from_numpy(ids)).numpy()
+    logits, past = model(ids[:, :7], np.ones((2, 7), np.int64), model.empty(2))
+    steps = [logits]
+    for t in range(7, 12):
+        logits, past = model(ids[:, t:t + 1], np.ones((2, t + 1), np.int64), past)
+        steps.append(logits)
+    np.testing.assert_allclose(np.concatenate(steps, 1), want, **TOL)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_tokens_from_the_cache_equal_recomputation(name: str) -> None:
+    spec = load(name)
+    full = to_torch(tfgraph.compile(spec), seed=1)
+    model = OnnxCached(spec, 23)
+    prompt = ids_for(spec, 1, 5).numpy()
+    new = 32 if spec.max_len is None else min(32, spec.max_len - 5)
+    recomputed = prompt
+    with torch.no_grad():
+        for _ in range(new):
+            last = full(torch.from_numpy(recomputed))[:, -1].argmax(-1).numpy()
+            recomputed = np.concatenate([recomputed, last[:, None]], 1)
+    tokens = prompt
+    logits, past = model(prompt, np.ones_like(prompt), model.empty(1))
+    for _ in range(new):
+        nxt = logits[:, -1].argmax(-1)[:, None]
+        tokens = np.concatenate([tokens, nxt], 1)
+        if tokens.shape[1] == recomputed.shape[1]:
+            break
+        logits, past = model(nxt, np.ones_like(tokens), past)
+    assert tokens.tolist() == recomputed.tolist()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-decoder", "tiny-mistral", "tiny-gemma2",
+                                  "tiny-neox", "tiny-moe"])
+def test_left_padding_gives_each_row_its_own_logits(name: str) -> None:
+    spec = load(name)
+    full = to_torch(tfgraph.compile(spec), seed=1)
+    cached = to_torch(tfgraph.compile(spec, cache=True), seed=1)
+    onnx_model = OnnxCached(spec, 23)
+    lengths = (3, 9, 17)
+    prompts = [ids_for(spec, 1, n, seed=n)[0] for n in lengths]
+    width = max(lengths)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = p
+        mask[row, width - len(p):] = 1
+    with torch.no_grad():
+        batch = cached(ids, attention_mask=mask)
+        alone = [full(p[None])[0] for p in prompts]
+    onnx_batch, _ = onnx_model(ids.numpy(), mask.numpy(), onnx_model.empty(len(prompts)))
+    for row, p in enumerate(prompts):
+        torch.testing.assert_close(batch[row, width - len(p):], alone[row], **TOL)
+        np.testing.assert_allclose(onnx_batch[row, width - len(p):], alone[row].numpy(), **TOL)
+
+
+def test_onnx_interface_is_the_optimum_genai_convention() -> None:
+    spec = load("tiny-llama")
+    model = to_onnx(tfgraph.compile(spec, cache=True), seed=0)
+
+    def dims(value: object) -> list[object]:
+        shape = value.type.tensor_type.shape.dim  # type: ignore[attr-defined]
+        return [d.dim_param or d.dim_value for d in shape]
+
+    inputs = {i.name: dims(i) for i in model.graph.input}
+    outputs = {o.name: dims(o) for o in model.graph.output}
+    layers = spec.layers
+    kv, hd = spec.attention.kv_heads, spec.attention.head_dim or spec.d_model // spec.attention.heads
+    assert list(inputs)[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert inputs["input_ids"] == ["batch", "seq_len"]
+    assert inputs["attention_mask"] == ["batch", "total_len"]
+    assert inputs["position_ids"] == ["batch", "seq_len"]
+    assert list(outputs)[0] == "logits" and outputs["logits"][:2] == ["batch", "seq_len"]
+    for i in range(layers):
+        for part in ("key", "value"):
+            assert inputs[f"past_key_values.{i}.{part}"] == ["batch", kv, "past_len", hd]
+            assert outputs[f"present.{i}.{part}"] == ["batch", kv, "total_len", hd]
+    assert len(inputs) == 3 + 2 * layers and len(outputs) == 1 + 2 * layers
+
+
+def test_encoder_decoder_has_no_cache_graph_yet() -> None:
+    with pytest.raises(tfgraph.errors.TfgraphError, match="decoder-only"):
+        tfgraph.compile(load("tiny"), cache=True)
