@@ -48,7 +48,7 @@ def prepare(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | st
             backend: str = "onnx", provider: str = "auto", threads: int | None = None,
             weights_seed: int | None = None, opset: int = 23,
             eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
-            decoder_start_token_id: int | None = None) -> Prepared:
+            decoder_start_token_id: int | None = None, cache: bool = True) -> Prepared:
     """Open ``source`` and check ``prompts`` (id lists, or text for the model's tokenizer)."""
     where = os.fspath(source)
     if not prompts:
@@ -68,7 +68,7 @@ def prepare(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | st
         eos = (eos_token_id,)
     else:
         eos = tuple(int(t) for t in eos_token_id)
-    opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start)
+    opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start, cache)
     try:
         tokenizer = _tokenizer(opened.tokenizer)
         ids = [_prompt_ids(p, i, tokenizer, opened) for i, p in enumerate(prompts)]
@@ -86,19 +86,21 @@ def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | s
              weights_seed: int | None = None, opset: int = 23,
              eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
              decoder_start_token_id: int | None = None,
-             on_token: OnToken | None = None) -> Result:
+             on_token: OnToken | None = None, cache: bool = True) -> Result:
     """Generate from ``source`` (a spec, model folder or .onnx file) for each prompt.
 
     Prompts are token id lists or text (text needs the model's tokenizer.json). Greedy by
     default; ``temperature``/``top_k``/``top_p`` sample from ``seed``; ``beams`` > 1 is beam
     search. ``eos_token_id``: the folder's (generation_config.json, config.json) by default,
-    None for none. ``on_token(prompt_index, token_id)`` is called as tokens come. The result
+    None for none. ``on_token(prompt_index, token_id)`` is called as tokens come. ``cache``:
+    a decoder built from a spec or folder decodes through its KV cache (False: recomputes the
+    whole prefix each step, for comparison). The result
     holds the generated ids per prompt (prompt excluded), their text when a tokenizer is known,
     and prefill / decode tokens per second and time to first token.
     """
     sampler = Sampler(temperature, top_k, top_p, seed)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
-                    eos_token_id, decoder_start_token_id)
+                    eos_token_id, decoder_start_token_id, cache)
     try:
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
                           ready.eos, on_token, length_penalty)

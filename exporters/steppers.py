@@ -58,20 +58,23 @@ def settings_folder(source: str) -> Path | None:
 
 def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
                 threads: int | None = None, weights_seed: int | None = None, opset: int = 23,
-                decoder_start: int = 0) -> Opened:
+                decoder_start: int = 0, cache: bool = True) -> Opened:
     """Open ``source`` (a spec, a Hugging Face model folder or a tfgraph .onnx file) on
     ``backend`` and return the stepper that generates with it. A spec gets random weights
     from ``weights_seed`` (default 0), a folder its own weights unless ``weights_seed`` is
-    given; an .onnx file its initializers."""
+    given; an .onnx file its initializers. ``cache``: a decoder built from a spec or folder
+    decodes through its KV-cache graph (else by full recomputation, for comparison)."""
     if backend not in BACKENDS:
         raise TfgraphError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if Path(source).suffix.lower() == ".onnx":
-        return _from_onnx_file(source, backend, provider, threads, decoder_start)
-    return _from_spec(source, backend, provider, threads, weights_seed, opset, decoder_start)
+        return _from_onnx_file(source, backend, provider, threads, decoder_start, cache)
+    return _from_spec(source, backend, provider, threads, weights_seed, opset, decoder_start,
+                      cache)
 
 
 def _from_spec(source: str, backend: str, provider: str, threads: int | None,
-               weights_seed: int | None, opset: int, decoder_start: int) -> Opened:
+               weights_seed: int | None, opset: int, decoder_start: int,
+               cache: bool) -> Opened:
     import tfgraph
     from tfgraph.model_source import load_source
 
@@ -81,7 +84,7 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         raise TfgraphError(str(err).replace("--seed N", "--weights-seed N")) from None
     spec = built.spec
     _check_arch(spec, source)
-    graph = tfgraph.compile(spec)
+    graph = tfgraph.compile(spec, cache=cache and spec.arch == "decoder-only")
     weights = built.weights(graph) if built.checkpoint is not None else None
     seed = weights_seed or 0
     origin = "its weights" if weights is not None else f"seed {seed}"
@@ -108,7 +111,7 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
 
 
 def _from_onnx_file(source: str, backend: str, provider: str, threads: int | None,
-                    decoder_start: int) -> Opened:
+                    decoder_start: int, cache: bool) -> Opened:
     from tfgraph.exporters import onnx_runtime as rt
 
     model = rt.load_model(source)
@@ -117,8 +120,16 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     if backend == "onnx":
         stepper, runs_on = _onnx_stepper(model, Path(source), source, provider, threads,
                                          decoder_start)
-        vocab = rt.interface(model, source).vocab
-        prompt_vocab = vocab.get("input_ids", vocab.get("src_ids"))
+        names = {i.name for i in model.graph.input}
+        if "attention_mask" in names:  # a KV-cache model: its stored spec says the vocabulary
+            stored = {p.key for p in model.metadata_props}
+            from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
+
+            prompt_vocab = _stored_spec(model, source).vocab_size("source") \
+                if SPEC_METADATA_KEY in stored else None
+        else:
+            vocab = rt.interface(model, source).vocab
+            prompt_vocab = vocab.get("input_ids", vocab.get("src_ids"))
         return Opened(stepper, source, runs_on, tokenizer, prompt_vocab)
     spec = _stored_spec(model, source)
     _check_arch(spec, source)
@@ -126,8 +137,10 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     from tfgraph.exporters import to_torch
 
     graph = tfgraph.compile(spec)
-
-    module = to_torch(graph, weights=_initializers(Path(source), graph))
+    weights = _initializers(Path(source), graph)
+    if cache and spec.arch == "decoder-only":  # the same parameters run through the cache
+        graph = tfgraph.compile(spec, cache=True)
+    module = to_torch(graph, weights=weights)
     stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start)
     return Opened(stepper, f"{source} (torch, its weights)", runs_on, tokenizer,
                   spec.vocab_size("source"))
@@ -162,12 +175,27 @@ def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider
 
 def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider: str,
                          threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
-    """The stepper of a KV-cache ONNX model (design §8): the extension point for the cached
-    back end, which takes over here when it lands; until then such a model is refused."""
-    names = [i.name for i in model.graph.input][:4]
-    raise TfgraphError(f"{where}: a KV-cache model (inputs {', '.join(names)}, ...); "
-                       "tfgraph generate drives full-sequence models here: build without "
-                       "--kv-cache")
+    """The stepper of a KV-cache ONNX model (design §8): the past keys/values each step
+    returns are fed back at the next (tfgraph.generation.cached)."""
+    from tfgraph.exporters import onnx_runtime as rt
+    from tfgraph.exporters.cached_steppers import onnx_cached
+
+    names = [i.name for i in model.graph.input]
+    missing = [n for n in ("input_ids", "attention_mask", "position_ids") if n not in names]
+    if missing or not any(n.startswith("past_key_values.") for n in names):
+        raise TfgraphError(f"{where}: not a KV-cache model tfgraph drives (needs input_ids, "
+                           "attention_mask, position_ids and past_key_values.{i}.key|value)")
+    props = {p.key for p in model.metadata_props}
+    from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
+
+    spec = _stored_spec(model, where) if SPEC_METADATA_KEY in props else None
+    dtype = "float16" if model.graph.output[0].type.tensor_type.elem_type == 10 else "float32"
+    session, ran, why = rt.create_session(session_source, provider, threads=threads,
+                                          dtype=dtype)
+    vocab = _output_vocab(model) if spec is None else spec.output_vocab
+    stepper = onnx_cached(session, vocab, spec.max_len if spec is not None else None,
+                          output_probs=spec is not None and spec.output == "probs")
+    return stepper, f"{ran} ({why})"
 
 
 def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
@@ -182,6 +210,11 @@ def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
     device, why = _torch_device(provider)
     if threads:
         torch.set_num_threads(threads)
+    if getattr(module, "cache_layers", 0):  # the KV-cache graph's module
+        from tfgraph.exporters.cached_steppers import torch_cached
+
+        return torch_cached(module, spec.output_vocab, spec.max_len, device,
+                            output_probs=spec.output == "probs"), f"torch {device} ({why})"
     stepper = RecomputeTorch(module, spec.arch == "encoder-decoder", spec.output_vocab,
                              spec.max_len, decoder_start, output_probs=spec.output == "probs",
                              device=device)

@@ -170,8 +170,11 @@ def _human(n: float) -> str:
 @click.option("--opset", type=int, default=None,
               help="ONNX opset: 23 (default) uses fused Attention/RMSNormalization/"
                    "RotaryEmbedding; 17 decomposes them for older runtimes.")
+@click.option("--kv-cache", is_flag=True,
+              help="ONNX: the inference model of a decoder, with attention_mask, position_ids "
+                   "and past_key_values inputs and present outputs (README, \"KV cache\").")
 def build(spec: str, target: str, output: Path | None, weights: Path | None, seed: int | None,
-          dtype: str | None, check_finite: bool, opset: int | None) -> None:
+          dtype: str | None, check_finite: bool, opset: int | None, kv_cache: bool) -> None:
     """Compile SPEC (or a Hugging Face model folder) and write it as an ONNX model, a PyTorch
     folder, a Hugging Face folder, a diagram or graph JSON."""
     start = time.perf_counter()
@@ -183,12 +186,15 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
                 raise TfgraphError(f"{flag} applies to --to onnx, torch and hf, not {target}")
     if opset is not None and not how.takes_opset:
         raise TfgraphError(f"--opset applies to --to onnx only, not {target}")
+    if kv_cache and target != "onnx":
+        raise TfgraphError(f"--kv-cache applies to --to onnx, not {target} (the torch module "
+                           "gets it from tfgraph.compile(spec, cache=True))")
     if weights is not None and seed is not None:
         raise TfgraphError("--weights and --seed both choose the weights; give one")
     from tfgraph.compiler import compile as compile_spec
 
     source = load_source(spec, target, weights, seed, dtype, check_finite)
-    graph = compile_spec(source.spec)
+    graph = compile_spec(source.spec, cache=kv_cache)
     values: Any = None
     if weights is not None:
         from tfgraph.weights import load_weights
@@ -218,7 +224,7 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     params = sum(param_count(p) for p in graph.params())
     details = [_human(_size(written)), f"{params:,} params"]
     if target == "onnx":
-        details.append(f"opset {opts['opset']}")
+        details.append(f"opset {opts['opset']}" + (", KV cache" if kv_cache else ""))
     if how.takes_weights:
         details.append(graph.dtype)
         if weights is not None:

@@ -111,13 +111,16 @@ class _Stream:
                    "its own weights).")
 @click.option("--opset", type=int, default=23, show_default=True,
               help="ONNX opset when SOURCE is built.")
+@click.option("--no-cache", is_flag=True,
+              help="Recompute the whole prefix at every step instead of using the KV cache "
+                   "(for comparison; encoder-decoder models always recompute).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, ...],
              max_new_tokens: int, temperature: float | None, top_k: int | None,
              top_p: float | None, seed: int | None, beams: int, length_penalty: float,
              backend: str, provider: str, threads: int | None, eos_ids: tuple[int, ...],
              ignore_eos: bool, decoder_start_id: int | None, weights_seed: int | None,
-             opset: int, as_json: bool) -> None:
+             opset: int, no_cache: bool, as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
     from tfgraph.exporters.generate_api import FROM_MODEL, prepare
     from tfgraph.generation.loop import generate as run_loop
@@ -131,7 +134,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
     eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,
-                    decoder_start_id)
+                    decoder_start_id, not no_cache)
     for note in ready.opened.notes:
         click.echo(f"note: {note}", err=True)
     decode = ready.decode if ready.tokenizer is not None else None

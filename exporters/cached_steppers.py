@@ -1,0 +1,71 @@
+"""The KV-cache model run once, on onnxruntime or torch, for tfgraph.generation.cached.
+
+onnxruntime: the cache is a dict of numpy arrays fed back by name (``present.{i}.*`` become
+``past_key_values.{i}.*``). torch: the cache stays a tuple of tensors on the module's device
+between steps (no copies through numpy); only the logits come back as numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tfgraph.generation.cached import Cached
+
+
+def onnx_cached(session: Any, vocab: int, max_len: int | None,
+                output_probs: bool = False) -> Cached:
+    """A cached stepper over an onnxruntime session of a KV-cache model."""
+    past_inputs = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    names = [i.name for i in past_inputs]
+    kv_heads, head_dim = int(past_inputs[0].shape[1]), int(past_inputs[0].shape[3])
+    np_dtype = np.float16 if past_inputs[0].type == "tensor(float16)" else np.float32
+
+    def empty(batch: int) -> dict[str, np.ndarray]:
+        return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
+
+    def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+            past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past}
+        try:
+            out = session.run(None, feeds)
+        except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
+            from tfgraph.errors import TfgraphError
+
+            text = " ".join(str(err).split())
+            raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
+        return np.asarray(out[0], np.float32), dict(zip(names, out[1:]))
+
+    def select(past: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {n: v[rows] for n, v in past.items()}
+
+    return Cached(run, empty, select, vocab, max_len, output_probs)
+
+
+def torch_cached(module: Any, vocab: int, max_len: int | None, device: str,
+                 output_probs: bool = False) -> Cached:
+    """A cached stepper over the torch module of a KV-cache graph (CachedDecoderModel)."""
+    import torch
+
+    module = module.to(device)
+
+    def empty(batch: int) -> tuple[tuple[Any, Any], ...]:
+        none = torch.zeros((batch, module.kv_heads, 0, module.head_dim), dtype=module.dtype,
+                           device=device)
+        return tuple((none, none) for _ in range(module.cache_layers))
+
+    def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+            past: Any) -> tuple[np.ndarray, Any]:
+        with torch.no_grad():
+            logits, present = module(torch.from_numpy(ids).to(device),
+                                     torch.from_numpy(mask).to(device),
+                                     torch.from_numpy(np.ascontiguousarray(positions)).to(device),
+                                     past, use_cache=True)
+        return logits[:, -1:].float().cpu().numpy(), present
+
+    def select(past: Any, rows: np.ndarray) -> Any:
+        index = torch.from_numpy(rows).to(device)
+        return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in past)
+
+    return Cached(run, empty, select, vocab, max_len, output_probs)

@@ -1,0 +1,71 @@
+"""Decoding with a KV cache: a stepper for the KV-cache graph (README, "KV cache").
+
+Prompts come left-padded; the attention mask marks the padding and grows by one real column
+per step, position ids count each row's real tokens from 0 (the convention of Hugging Face's
+``generate``: the model's positions and rotary angles then match the row run alone), and the
+past keys/values each call returns are handed back at the next. Only the new token of each
+row is fed after the prefill, so a step costs one position, not the whole prefix. The back end
+is a function running the model once (tfgraph.exporters.cached_steppers), so this file holds
+the bookkeeping both back ends share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+Past = Any
+"""The back end's past keys/values (a dict of arrays, a tuple of tensors)."""
+
+Run = Callable[[np.ndarray, np.ndarray, np.ndarray, Past], tuple[np.ndarray, Past]]
+"""(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), past) -> (logits (B, S, V)
+float32, present)."""
+
+
+class Cached:
+    """A :class:`~tfgraph.generation.backend.Stepper` over a KV-cache model (decoder-only).
+
+    ``empty(batch)`` makes a cache with no positions; ``select(past, rows)`` keeps, drops or
+    repeats rows of one. ``output_probs``: the model ends in a softmax, so its outputs become
+    log-probabilities (logits of the same distribution).
+    """
+
+    encoder_decoder = False
+
+    def __init__(self, run: Run, empty: Callable[[int], Past],
+                 select: Callable[[Past, np.ndarray], Past], vocab: int, max_len: int | None,
+                 output_probs: bool = False) -> None:
+        self.run, self.empty, self.select = run, empty, select
+        self.vocab, self.max_len, self.output_probs = vocab, max_len, output_probs
+        self.mask = np.zeros((0, 0), np.int64)  # (B, P): 1 real, 0 padding
+        self.next_position = np.zeros(0, np.int64)  # (B,): position of each row's next token
+        self.past: Past = None
+
+    def _last(self, logits: np.ndarray) -> np.ndarray:
+        last = np.asarray(logits[:, -1], dtype=np.float32)  # (B, V)
+        return np.log(np.maximum(last, 1e-30)) if self.output_probs else last
+
+    def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        batch, width = ids.shape
+        self.mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(np.int64)
+        positions = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)  # (B, S)
+        logits, self.past = self.run(ids.astype(np.int64), self.mask, positions,
+                                     self.empty(batch))
+        self.next_position = lengths.astype(np.int64)
+        return self._last(logits)
+
+    def step(self, next_ids: np.ndarray) -> np.ndarray:
+        batch = next_ids.shape[0]
+        self.mask = np.concatenate([self.mask, np.ones((batch, 1), np.int64)], axis=1)
+        positions = self.next_position[:, None]  # (B, 1)
+        logits, self.past = self.run(next_ids.astype(np.int64)[:, None], self.mask, positions,
+                                     self.past)
+        self.next_position = self.next_position + 1
+        return self._last(logits)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.mask = self.mask[rows]
+        self.next_position = self.next_position[rows]
+        self.past = self.select(self.past, rows)
