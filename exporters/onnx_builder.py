@@ -192,7 +192,8 @@ def dim_names(graph: Graph) -> dict[Any, str]:
     """Symbolic dims as ONNX dim_params: batch, seq_len or src_len/tgt_len (the model's inputs
     as README.md's ``tfgraph build`` section documents them)."""
     if "attention_mask" in graph.inputs:  # a KV-cache graph (README, "KV cache")
-        return {P + S: "total_len", P: "past_len", B: "batch", S: "seq_len"}
+        return {P + S: "total_len", P: "past_len", B: "batch", S: "seq_len",
+                T: "encoder_seq_len"}
     if all(graph.node(i).type.shape[1] == S for i in graph.inputs):  # one sequence
         return {B: "batch", S: "seq_len"}
     return {B: "batch", S: "src_len", T: "tgt_len"}

@@ -21,11 +21,13 @@ from tfgraph.ir import Node
 
 
 def kv_concat(b: Builder, n: Node) -> str:
-    past, new = n.inputs  # (B, kv, P, hd), (B, S, kv*hd)
+    *past, new = n.inputs  # (B, kv, P, hd) when given, (B, S, kv*hd)
     kv, hd = int(n.attrs["kv_heads"]), int(n.attrs["head_dim"])
     heads = b.add(n.name, "Reshape", [new, b.ints([0, 0, kv, hd])], tag="split_heads")
+    if not past:  # this sequence's alone: (B, kv, S, hd)
+        return b.add(n.name, "Transpose", [heads], n.name, tag="heads", perm=[0, 2, 1, 3])
     heads = b.add(n.name, "Transpose", [heads], tag="heads", perm=[0, 2, 1, 3])  # (B,kv,S,hd)
-    return b.add(n.name, "Concat", [past, heads], n.name, axis=2)  # (B, kv, P+S, hd)
+    return b.add(n.name, "Concat", [past[0], heads], n.name, axis=2)  # (B, kv, P+S, hd)
 
 
 def _read_mask(b: Builder, n: Node, q: str, k: str, mask: str) -> str:
@@ -54,6 +56,8 @@ def _read_mask(b: Builder, n: Node, q: str, k: str, mask: str) -> str:
                 n.name, "window", np.array(int(window), np.int64), "int64")], tag="in_window")
             causal = b.add(n.name, "And", [causal, near], tag="causal_window")
         read = b.add(n.name, "And", [read, causal], tag="read")  # (B, 1, 1, S, T)
+    if not n.attrs.get("self_read", True):  # cross-attention: another sequence's keys
+        return read
     own = b.add(n.name, "Equal", [j, i], tag="own")  # (S, T)
     return b.add(n.name, "Or", [read, own], tag="read_own")
 

@@ -355,20 +355,22 @@ def sinusoids_at(position_ids: Tensor, d: int, dtype: torch.dtype,
     return F.embedding(position_ids, table)
 
 
-def kv_concat(past: Tensor, new: Tensor, kv_heads: int, head_dim: int) -> Tensor:
-    """Present keys or values: past (B, kv, P, hd) then new (B, S, kv*hd) -> (B, kv, P+S, hd)."""
+def kv_concat(past: Tensor | None, new: Tensor, kv_heads: int, head_dim: int) -> Tensor:
+    """Present keys or values: past (B, kv, P, hd) then new (B, S, kv*hd) -> (B, kv, P+S, hd);
+    without a past, new alone as (B, kv, S, hd)."""
     new = new.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, S, hd)
-    return torch.cat((past.to(new.dtype), new), dim=2)
+    return new if past is None else torch.cat((past.to(new.dtype), new), dim=2)
 
 
 def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
                      kv_heads: int, head_dim: int, causal: bool, normalize: str,
                      scale: float | None = None, softcap: float | None = None,
-                     window: int | None = None) -> Tensor:
+                     window: int | None = None, self_read: bool = True) -> Tensor:
     """Attention of the last S positions' queries q (B, S, h*hd) over present k, v
     (B, kv, T, hd): key j is read by query i (at position P + i, P = T - S) when
     mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window; a query always
-    reads its own key, so padding rows stay finite. -> (B, S, h*hd)."""
+    reads its own key (``self_read``; not in cross-attention), so padding rows stay finite.
+    -> (B, S, h*hd)."""
     batch, s, t = q.shape[0], q.shape[1], k.shape[2]
     q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, S, hd)
     i = torch.arange(t - s, t, device=q.device)[:, None]  # (S, 1) absolute query positions
@@ -378,7 +380,8 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
         read = read & (j <= i)[None]  # (B, S, T)
         if window is not None:
             read = read & (i - j < window)[None]
-    read = read | (j == i)[None]  # (B, S, T): its own key always
+    if self_read:
+        read = read | (j == i)[None]  # (B, S, T): its own key always
     # Query heads grouped per k/v head, as in explicit_attention: no expanded k/v copies.
     qg = q.reshape(batch, kv_heads, heads // kv_heads * s, head_dim)  # (B, kv, g*S, hd)
     scores = (qg @ k.transpose(-2, -1)).unflatten(2, (-1, s))  # (B, kv, g, S, T)

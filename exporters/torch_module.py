@@ -265,6 +265,66 @@ class CachedDecoderModel(TorchModel):
         return out[0], tuple(zip(out[1::2], out[2::2]))
 
 
+class CachedEncoderModel(TorchModel):
+    """An encoder-decoder's encoder part (``tfgraph.compile(spec, cache=True,
+    part="encoder")``): the source encoded once, with every decoder layer's cross-attention
+    keys and values."""
+
+    def forward(self, src_ids: Tensor, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> tuple[Tensor, tuple[Any, ...]]:
+        """src_ids (B, S) int64, attention_mask (B, S) (1 real, 0 padding; default all
+        real), position_ids (B, S) (default: real tokens counted from 0) -> the encoder
+        output (B, S, d) and per decoder layer (key, value), each (B, kv, S, hd)."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(src_ids)
+        if position_ids is None:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._program.run(self, (src_ids, attention_mask, position_ids))
+        return out[0], tuple(zip(out[1::2], out[2::2]))
+
+
+class CachedSeq2SeqDecoderModel(TorchModel):
+    """An encoder-decoder's decoder part (``part="decoder"``): target tokens over its own
+    past keys/values and the cross-attention keys/values the encoder part computed."""
+
+    def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
+        super().__init__(graph, weights)
+        past = [graph.node(n).type.shape for n in graph.inputs
+                if n.startswith("past_key") and ".decoder." in n]
+        self.cache_layers = len(past) // 2
+        self.kv_heads, self.head_dim = int(past[0][1]), int(past[0][3])
+        self.dtype = TORCH_DTYPES[graph.dtype]
+
+    def forward(self, input_ids: Tensor, encoder_key_values: Sequence[tuple[Tensor, Tensor]],
+                encoder_attention_mask: Tensor | None = None,
+                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                past_key_values: Sequence[tuple[Tensor, Tensor]] | None = None,
+                use_cache: bool = False) -> Any:
+        """input_ids (B, S) target tokens; encoder_key_values: the encoder part's (key,
+        value) per layer; encoder_attention_mask (B, T) the source mask (default all real);
+        attention_mask, position_ids, past_key_values, use_cache as CachedDecoderModel's."""
+        batch, length = input_ids.shape
+        if past_key_values is None:
+            empty = input_ids.new_zeros((batch, self.kv_heads, 0, self.head_dim),
+                                        dtype=self.dtype)
+            past_key_values = [(empty, empty)] * self.cache_layers
+        past = past_key_values[0][0].shape[2] if past_key_values else 0
+        if attention_mask is None:
+            attention_mask = input_ids.new_ones((batch, past + length))
+        if position_ids is None:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        if encoder_attention_mask is None:
+            encoder_attention_mask = input_ids.new_ones(
+                (batch, encoder_key_values[0][0].shape[2]))
+        flat = [t for own, cross in zip(past_key_values, encoder_key_values)
+                for t in (*own, *cross)]
+        out = self._program.run(self, (input_ids, attention_mask, position_ids,
+                                       encoder_attention_mask, *flat))
+        if not use_cache:
+            return out[0]
+        return out[0], tuple(zip(out[1::2], out[2::2]))
+
+
 class EncoderDecoderModel(TorchModel):
     """Encoder-decoder: the decoder attends to the encoder output."""
 
@@ -424,7 +484,11 @@ def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = No
     else:
         values = _as_tensors(graph, weights, dtype, "weights")
     cls: type[TorchModel] = DecoderOnlyOrEncoderModel
-    if "attention_mask" in graph.inputs:
+    if "encoder_attention_mask" in graph.inputs:
+        cls = CachedSeq2SeqDecoderModel
+    elif "src_ids" in graph.inputs and "attention_mask" in graph.inputs:
+        cls = CachedEncoderModel
+    elif "attention_mask" in graph.inputs:
         cls = CachedDecoderModel
     elif "tgt_ids" in graph.inputs:
         cls = EncoderDecoderModel

@@ -100,10 +100,11 @@ TORCH_OPS: dict[str, Lowering] = {
     "positions_sinusoidal": _positions_sinusoidal,
     "positions_learned": lambda m, a, x, table, ids=None: x + _learned(a, x, table, ids),
     "rope": _rope,
-    "kv_concat": lambda m, a, past, new: tf.kv_concat(past, new, a["kv_heads"], a["head_dim"]),
+    "kv_concat": lambda m, a, *x: tf.kv_concat(x[0] if len(x) == 2 else None, x[-1],
+                                               a["kv_heads"], a["head_dim"]),
     "attention_cached": lambda m, a, q, k, v, mask: tf.cached_attention(
         q, k, v, mask, a["heads"], a["kv_heads"], a["head_dim"], a["causal"], a["normalize"],
-        a.get("scale"), a.get("softcap"), a.get("window")),
+        a.get("scale"), a.get("softcap"), a.get("window"), a.get("self_read", True)),
     "linear": _linear,
     "attention": _attention,
     "layernorm": _norm_layer,

@@ -27,9 +27,10 @@ class CompiledGraph(Graph):
 
 
 def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
-            cache: bool = False) -> CompiledGraph:
+            cache: bool = False, part: str | None = None) -> CompiledGraph:
     """Lower ``spec`` to an op graph with symbolic shapes; ``lint`` checks it (on by default).
-    ``cache``: the KV-cache inference graph of a decoder (README, "KV cache").
+    ``cache``: the KV-cache inference graph of a decoder (README, "KV cache"); for an
+    encoder-decoder, ``part`` "encoder" or "decoder" says which of its two graphs.
 
     Costs are computed lazily by ``graph.report(...)`` (tfgraph.report) and memoised on the
     graph until it changes.
@@ -38,7 +39,7 @@ def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
         from tfgraph.loader import load_spec
 
         spec = load_spec(spec)
-    graph = lower(spec, None, CompiledGraph, cache)
+    graph = lower(spec, None, CompiledGraph, cache, part)
     if lint:
         graph.lint()
     return graph

@@ -142,11 +142,15 @@ PARALLEL_DOC = "parallel residual (GPT-J, GPT-NeoX): x = x + attn(norm(x)) + ffn
 
 class _Lowering:
     def __init__(self, spec: Spec, sizes: Sizes, graph_type: type[Graph],
-                 cache: bool = False) -> None:
+                 cache: bool = False, part: str | None = None) -> None:
         self.spec = spec
         # The inference graph (README, "KV cache"): attention_mask, position_ids and each
-        # layer's past keys/values in, logits and the present keys/values out.
+        # layer's past keys/values in, logits and the present keys/values out. An
+        # encoder-decoder's is two graphs (``part``): the encoder, which also computes every
+        # decoder layer's cross-attention keys/values once, and the decoder, which reads them.
         self.cache = cache
+        self.part = part
+        self.encoder_mask: str | None = None  # the decoder part's encoder_attention_mask
         self.mask: str | None = None  # attention_mask (B, P+S) int64
         self.position_ids: str | None = None  # (B, S) int64
         self.presents: list[str] = []
@@ -216,10 +220,10 @@ class _Lowering:
     def model(self) -> Graph:
         spec, g = self.spec, self.g
         g.module("", "Model", f"{spec.name}: {spec.arch} Transformer.")
-        if self.cache and (spec.arch != "decoder-only" or spec.embedding.positions == "relative"):
-            raise TfgraphError(f"{spec.name}: a KV-cache graph is built for decoder-only models "
-                               f"without relative positions (this one is {spec.arch})")
+        self._check_cache()
         table_meta = NodeMeta(part="embed")
+        if self.cache and spec.arch == "encoder-decoder":
+            return self.cached_encoder_decoder(table_meta)
         if spec.arch == "encoder-decoder":
             src = g.input("src_ids", (B, S))  # (B, S) int64
             tgt = g.input("tgt_ids", (B, T))  # (B, T) int64
@@ -380,6 +384,10 @@ class _Lowering:
     def attention(self, x: str, kv_source: str, scope: str, meta: NodeMeta, causal: bool,
                   rope: bool) -> str:
         att, g, z = self.spec.attention, self.g, self.z
+        if self.cache and not rope:  # cross-attention over the encoder part's keys/values
+            cross: dict[str, Any] = {k: getattr(att, k) for k in ("scale", "softcap")
+                                     if getattr(att, k) is not None}
+            return self.cached_cross_attention(x, scope, meta, cross)
         qkv_bias = bool(att.qkv_bias)  # derived from bias by the spec when not given
         q = self.linear(x, scope, "q", "d_model", "heads*head_dim", qkv_bias,
                         meta)  # (B, Tq, h*hd)
@@ -432,6 +440,90 @@ class _Lowering:
         return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
                            meta)  # (B, Tq, d)
 
+    def _check_cache(self) -> None:
+        spec = self.spec
+        if not self.cache:
+            if self.part is not None:
+                raise TfgraphError(f"{spec.name}: part={self.part!r} is for KV-cache graphs")
+            return
+        if spec.arch == "encoder-only":
+            raise TfgraphError(f"{spec.name}: an encoder-only model has no KV-cache graph")
+        if spec.embedding.positions == "relative":
+            raise TfgraphError(f"{spec.name}: no KV-cache graph for relative positions (T5) yet")
+        if spec.arch == "encoder-decoder":
+            if self.part not in ("encoder", "decoder"):
+                raise TfgraphError(f"{spec.name}: an encoder-decoder's KV-cache graph is two "
+                                   "graphs: part='encoder' or part='decoder'")
+            if spec.attention.qk_norm != "none":
+                raise TfgraphError(f"{spec.name}: no KV-cache graph for an encoder-decoder "
+                                   "with qk_norm")
+        elif self.part is not None:
+            raise TfgraphError(f"{spec.name}: part applies to encoder-decoder models")
+
+    def cached_encoder_decoder(self, table_meta: NodeMeta) -> Graph:
+        """The encoder part: src_ids, attention_mask, position_ids in; the encoder output and
+        each decoder layer's cross-attention keys/values (``present.{i}.encoder.key|value``)
+        out. The decoder part: input_ids, attention_mask, position_ids,
+        encoder_attention_mask and per layer ``past_key_values.{i}.decoder.*`` then
+        ``.encoder.*`` in; logits and ``present.{i}.decoder.*`` out (optimum's names)."""
+        spec, g, z = self.spec, self.g, self.z
+        shared = spec.embedding.share
+        if self.part == "encoder":
+            src = g.input("src_ids", (B, S))  # (B, S) int64
+            self.mask = g.input("attention_mask", (B, S))  # (B, S) int64, 1 = real
+            self.position_ids = g.input("position_ids", (B, S))
+            name = "embed.tokens.weight" if shared else "embed.source_tokens.weight"
+            table = self.param(name, (self.vocab_names["source"], "d_model"), "embed", "normal",
+                               _role(table_meta, name.split(".", 1)[1]))
+            memory = self.stack("encoder", src, table, causal=False, memory=None)
+            g.set_output(memory)
+            g.module("decoder", "Decoder", "The decoder's layers, as far as they read the "
+                     "encoder: each one's cross-attention keys and values.")
+            for i in range(z.layers["decoder"]):
+                scope = f"decoder.layers.{i}.cross_attn"
+                g.module(f"decoder.layers.{i}", "DecoderLayer",
+                         "One decoder layer's cross-attention keys and values.")
+                g.module(scope, "CrossAttentionKeysValues",
+                         "Keys and values of the encoder output, computed once.")
+                meta = NodeMeta(part="layer", stack="decoder", layer=i, module=scope,
+                                sublayer="cross_attn")
+                for role, part in (("k", "key"), ("v", "value")):
+                    kv = self.linear(memory, scope, role, "d_model", "kv_heads*head_dim",
+                                     bool(spec.attention.qkv_bias), meta)  # (B, S, kv*hd)
+                    g.set_output(g.add("kv_concat", [kv], name=f"present.{i}.encoder.{part}",
+                                       scope=scope, kv_heads=z.kv_heads, head_dim=z.head_dim,
+                                       meta=_role(meta, f"present_{part}")))  # (B, kv, S, hd)
+            return g
+        ids = g.input("input_ids", (B, S))  # (B, S) int64: this step's target tokens
+        self.mask = g.input("attention_mask", (B, P + S))
+        self.position_ids = g.input("position_ids", (B, S))
+        self.encoder_mask = g.input("encoder_attention_mask", (B, T))  # (B, T) source mask
+        name = "embed.tokens.weight" if shared else "embed.target_tokens.weight"
+        table = self.param(name, (self.vocab_names["target"], "d_model"), "embed", "normal",
+                           _role(table_meta, name.split(".", 1)[1]))
+        x = self.stack("decoder", ids, table, causal=True, memory="#cross-cache")
+        g.set_output(self.head(x, table))
+        for present in self.presents:
+            g.set_output(present)
+        return g
+
+    def cached_cross_attention(self, x: str, scope: str, meta: NodeMeta,
+                               extra: dict[str, Any]) -> str:
+        """Cross-attention of the decoder part: keys/values the encoder part computed
+        (``past_key_values.{i}.encoder.key|value`` inputs), masked by the source mask."""
+        att, g, z, i = self.spec.attention, self.g, self.z, meta.layer or 0
+        assert self.encoder_mask is not None
+        q = self.linear(x, scope, "q", "d_model", "heads*head_dim", bool(att.qkv_bias),
+                        meta)  # (B, S, h*hd)
+        k, v = (g.input(f"past_key_values.{i}.encoder.{part}", (B, z.kv_heads, T, z.head_dim),
+                        dtype=self.dtype) for part in ("key", "value"))  # (B, kv, T, hd)
+        a = g.add("attention_cached", [q, k, v, self.encoder_mask], name=f"{scope}.attention",
+                  scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
+                  causal=False, normalize=att.normalize, self_read=False,
+                  meta=_role(meta, "attention"), **extra)  # (B, S, h*hd)
+        return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
+                           meta)  # (B, S, d)
+
     def _ids(self) -> list[str]:
         """The position ids operand of position ops in a KV-cache graph (none otherwise)."""
         return [self.position_ids] if self.position_ids else []
@@ -443,13 +535,20 @@ class _Lowering:
         g, z, i = self.g, self.z, meta.layer or 0
         assert self.mask is not None
         present = []
-        for part, new in (("key", k), ("value", v)):
-            past = g.input(f"past_key_values.{i}.{part}", (B, z.kv_heads, P, z.head_dim),
+        if self.part == "encoder":  # no past: this sequence's keys/values, per head
+            present = [g.add("kv_concat", [new], name=f"{scope}.{part}_heads", scope=scope,
+                             kv_heads=z.kv_heads, head_dim=z.head_dim,
+                             meta=_role(meta, f"{part}_heads"))  # (B, kv, S, hd)
+                       for part, new in (("key", k), ("value", v))]
+        infix = ".decoder" if self.part == "decoder" else ""
+        for part, new in (("key", k), ("value", v)) if self.part != "encoder" else ():
+            past = g.input(f"past_key_values.{i}{infix}.{part}", (B, z.kv_heads, P, z.head_dim),
                            dtype=self.dtype)  # (B, kv, P, hd)
-            present.append(g.add("kv_concat", [past, new], name=f"present.{i}.{part}",
+            present.append(g.add("kv_concat", [past, new], name=f"present.{i}{infix}.{part}",
                                  scope=scope, kv_heads=z.kv_heads, head_dim=z.head_dim,
                                  meta=_role(meta, f"present_{part}")))  # (B, kv, P+S, hd)
-        self.presents += present
+        if self.part != "encoder":
+            self.presents += present
         return g.add("attention_cached", [q, *present, self.mask], name=f"{scope}.attention",
                      scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
                      causal=causal, normalize=self.spec.attention.normalize,
@@ -570,14 +669,15 @@ def lower(spec: Spec, sizes: Sizes | None = None) -> Graph: ...
 
 
 @overload
-def lower(spec: Spec, sizes: Sizes | None, graph_type: type[G], cache: bool = False) -> G: ...
+def lower(spec: Spec, sizes: Sizes | None, graph_type: type[G], cache: bool = False,
+          part: str | None = None) -> G: ...
 
 
 def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Graph,
-          cache: bool = False) -> Graph:
+          cache: bool = False, part: str | None = None) -> Graph:
     """Lower a validated spec to an op graph (shapes inferred as nodes are added); ``sizes``
     defaults to the spec's own (``Sizes.of(spec)``); ``graph_type`` is the class of the result
     (``tfgraph.compile`` asks for one with ``report()``). ``cache``: the inference graph of a
     decoder (attention_mask, position_ids and past keys/values in; logits and present
-    keys/values out)."""
-    return _Lowering(spec, sizes or Sizes.of(spec), graph_type, cache).model()
+    keys/values out); an encoder-decoder's is two graphs, ``part`` "encoder" or "decoder"."""
+    return _Lowering(spec, sizes or Sizes.of(spec), graph_type, cache, part).model()

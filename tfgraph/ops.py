@@ -360,19 +360,22 @@ register(OpDef(
 
 
 def _kv_concat_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    past, new = ins
+    *past, new = ins
     kvh, hd = attrs["kv_heads"], attrs["head_dim"]
     _check_last(new, kvh * hd, "kv_concat new keys/values")
-    if len(past.shape) != 4 or past.shape[1] != kvh or past.shape[3] != hd:
-        raise ValueError(f"past {past} is not (B, {kvh}, P, {hd})")
-    return TensorType((new.shape[0], kvh, past.shape[2] + new.shape[1], hd), past.dtype)
+    if not past:
+        return TensorType((new.shape[0], kvh, new.shape[1], hd), new.dtype)
+    if len(past[0].shape) != 4 or past[0].shape[1] != kvh or past[0].shape[3] != hd:
+        raise ValueError(f"past {past[0]} is not (B, {kvh}, P, {hd})")
+    return TensorType((new.shape[0], kvh, past[0].shape[2] + new.shape[1], hd), past[0].dtype)
 
 
 register(OpDef(
-    "kv_concat", (2, 2), _kv_concat_infer, lambda ins, out, attrs: (ZERO, ZERO), _nothing_saved,
+    "kv_concat", (1, 2), _kv_concat_infer, lambda ins, out, attrs: (ZERO, ZERO), _nothing_saved,
     "The present keys (or values) of a layer: the past ones (B, kv, P, hd) followed by this "
     "step's (B, S, kv*hd), as (B, kv, P+S, hd) (the layout of Hugging Face's and "
-    "onnxruntime-genai's past_key_values / present).",
+    "onnxruntime-genai's past_key_values / present); with no past operand, this sequence's "
+    "alone (an encoder's, or cross-attention keys/values computed once).",
     category="attention",
 ))
 
@@ -405,7 +408,9 @@ register(OpDef(
     "(B, kv, T, hd), T = P + S, the queries being the last S positions: key j is read by "
     "query i when attention_mask[b, j] is 1 and, when causal, j <= P + i (within "
     "attrs['window'] keys when set); a query reads its own key always, so a padding row "
-    "stays finite. scale, softcap, normalize and GQA as in attention. Output (B, S, h*hd).",
+    "stays finite, except with attrs['self_read'] false (cross-attention: the keys are "
+    "another sequence's). scale, softcap, normalize and GQA as in attention. Output "
+    "(B, S, h*hd).",
     category="attention",
 ))
 
