@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tfgraph.generation.cached import Cached
+from tfgraph.generation.cached import Cached, CachedSeq2Seq
 
 
 def onnx_cached(session: Any, vocab: int, max_len: int | None,
@@ -69,3 +69,83 @@ def torch_cached(module: Any, vocab: int, max_len: int | None, device: str,
         return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in past)
 
     return Cached(run, empty, select, vocab, max_len, output_probs)
+
+
+def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
+                 decoder_start: int, output_probs: bool = False) -> CachedSeq2Seq:
+    """A cached stepper over onnxruntime sessions of an encoder-decoder's two KV-cache
+    graphs (tfgraph.compile(spec, cache=True, part=...))."""
+    own = [i for i in decoder.get_inputs() if ".decoder." in i.name]
+    names = [i.name for i in own]
+    kv_heads, head_dim = int(own[0].shape[1]), int(own[0].shape[3])
+    np_dtype = np.float16 if own[0].type == "tensor(float16)" else np.float32
+    cross_names = [o.name.replace("present", "past_key_values")
+                   for o in encoder.get_outputs()[1:]]
+
+    def encode(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray
+               ) -> dict[str, np.ndarray]:
+        out = _run(encoder, {"src_ids": ids, "attention_mask": mask, "position_ids": positions})
+        return dict(zip(cross_names, out[1:]))
+
+    def decode(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+               source_mask: np.ndarray, cross: dict[str, np.ndarray],
+               past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        out = _run(decoder, {"input_ids": ids, "attention_mask": mask,
+                             "position_ids": positions, "encoder_attention_mask": source_mask,
+                             **cross, **past})
+        return np.asarray(out[0], np.float32), dict(zip(names, out[1:]))
+
+    def empty(batch: int) -> dict[str, np.ndarray]:
+        return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
+
+    def select(state: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {n: v[rows] for n, v in state.items()}
+
+    return CachedSeq2Seq(encode, decode, empty, select, vocab, max_len, decoder_start,
+                         output_probs)
+
+
+def torch_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None, device: str,
+                  decoder_start: int, output_probs: bool = False) -> CachedSeq2Seq:
+    """A cached stepper over the torch modules of an encoder-decoder's two KV-cache graphs
+    (CachedEncoderModel, CachedSeq2SeqDecoderModel); caches stay tensors on ``device``."""
+    import torch
+
+    encoder, decoder = encoder.to(device), decoder.to(device)
+
+    def tensor(a: np.ndarray) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+    def encode(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> Any:
+        with torch.no_grad():
+            return encoder(tensor(ids), tensor(mask), tensor(positions))[1]
+
+    def decode(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+               source_mask: np.ndarray, cross: Any, past: Any) -> tuple[np.ndarray, Any]:
+        with torch.no_grad():
+            logits, present = decoder(tensor(ids), cross, tensor(source_mask), tensor(mask),
+                                      tensor(positions), past, use_cache=True)
+        return logits[:, -1:].float().cpu().numpy(), present
+
+    def empty(batch: int) -> Any:
+        none = torch.zeros((batch, decoder.kv_heads, 0, decoder.head_dim), dtype=decoder.dtype,
+                           device=device)
+        return tuple((none, none) for _ in range(decoder.cache_layers))
+
+    def select(state: Any, rows: np.ndarray) -> Any:
+        index = torch.from_numpy(rows).to(device)
+        return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in state)
+
+    return CachedSeq2Seq(encode, decode, empty, select, vocab, max_len, decoder_start,
+                         output_probs)
+
+
+def _run(session: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
+    try:
+        out: list[Any] = session.run(None, feeds)
+    except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
+        from tfgraph.errors import TfgraphError
+
+        text = " ".join(str(err).split())
+        raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
+    return out

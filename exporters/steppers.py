@@ -11,6 +11,7 @@ the torch module's cached forward plugs in at :func:`_torch_stepper` the same wa
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,6 +85,9 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         raise TfgraphError(str(err).replace("--seed N", "--weights-seed N")) from None
     spec = built.spec
     _check_arch(spec, source)
+    if cache and _seq2seq_cache(spec):
+        return _cached_seq2seq(built, source, backend, provider, threads, weights_seed, opset,
+                               decoder_start)
     graph = tfgraph.compile(spec, cache=cache and spec.arch == "decoder-only")
     weights = built.weights(graph) if built.checkpoint is not None else None
     seed = weights_seed or 0
@@ -108,6 +112,87 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
     label = f"{graph.name} (built from {source}, opset {opset}, {origin})"
     return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"), built.notes,
                   keep)
+
+
+def _seq2seq_cache(spec: Spec) -> bool:
+    """Whether an encoder-decoder has KV-cache graphs (tfgraph.lower: not with relative
+    positions or q/k norms yet); others decode by recomputation."""
+    return (spec.arch == "encoder-decoder" and spec.embedding.positions != "relative"
+            and spec.attention.qk_norm == "none")
+
+
+class _Subset(Mapping[str, Any]):
+    """The weights of one of an encoder-decoder's two cache graphs, out of all of them
+    (read on demand when the source reads on demand)."""
+
+    def __init__(self, weights: Mapping[str, Any], names: list[str]) -> None:
+        self.weights, self.names = weights, names
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.names:
+            raise KeyError(name)
+        return self.weights[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        from tfgraph.weights import weight_shapes
+
+        every = weight_shapes(self.weights)
+        return {n: every[n] for n in self.names}
+
+
+def _cached_seq2seq(built: Any, source: str, backend: str, provider: str,
+                    threads: int | None, weights_seed: int | None, opset: int,
+                    decoder_start: int) -> Opened:
+    """An encoder-decoder decoding through its two KV-cache graphs: the encoder once, the
+    decoder one token at a time."""
+    import tfgraph
+
+    spec = built.spec
+    parts = [tfgraph.compile(spec, cache=True, part=p) for p in ("encoder", "decoder")]
+    seed = weights_seed or 0
+    weights = None
+    if built.checkpoint is not None:
+        every = built.weights(tfgraph.compile(spec))
+        weights = [_Subset(every, [p.name for p in g.params()]) for g in parts]
+    origin = "its weights" if weights is not None else f"seed {seed}"
+    tokenizer = built.tokenizer[0] if built.tokenizer else None
+    vocab, probs = spec.output_vocab, spec.output == "probs"
+    if backend == "torch":
+        from tfgraph.exporters import to_torch
+        from tfgraph.exporters.cached_steppers import torch_seq2seq
+
+        import torch
+
+        modules = [to_torch(g, seed=seed, weights=None if weights is None else weights[k])
+                   for k, g in enumerate(parts)]
+        device, why = _torch_device(provider)
+        if threads:
+            torch.set_num_threads(threads)
+        stepper: Stepper = torch_seq2seq(modules[0], modules[1], vocab, spec.max_len, device,
+                                         decoder_start, probs)
+        return Opened(stepper, f"{spec.name} (built from {source}, torch, {origin})",
+                      f"torch {device} ({why})", tokenizer, spec.vocab_size("source"),
+                      built.notes)
+    from tfgraph.exporters import onnx_runtime as rt
+    from tfgraph.exporters.cached_steppers import onnx_seq2seq
+    from tfgraph.exporters.onnx_model import to_onnx
+
+    sessions = []
+    for k, g in enumerate(parts):
+        model = to_onnx(g, weights=None if weights is None else weights[k], seed=seed,
+                        opset=opset)
+        session, ran, why = rt.create_session(model.SerializeToString(), provider,
+                                              threads=threads, dtype=g.dtype)
+        sessions.append(session)
+    stepper = onnx_seq2seq(sessions[0], sessions[1], vocab, spec.max_len, decoder_start, probs)
+    return Opened(stepper, f"{spec.name} (built from {source}, opset {opset}, {origin})",
+                  f"{ran} ({why})", tokenizer, spec.vocab_size("source"), built.notes)
 
 
 def _from_onnx_file(source: str, backend: str, provider: str, threads: int | None,

@@ -376,7 +376,7 @@ def hf_generate(ref: Any, prompt: list[int], seq2seq: bool, steps: int, eos: int
     return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2", "t5"])
+@pytest.fixture(scope="module", params=["llama", "gpt2", "t5", "bart", "mistral-window"])
 def hf_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
               ) -> tuple[Path, Any, bool, int]:
     """A tiny Hugging Face model saved with save_pretrained, its EOS set to a token its
@@ -562,11 +562,12 @@ def test_import_tfgraph_stays_light() -> None:
 
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-decoder", "tiny-mistral", "tiny-gemma2",
-                                  "tiny-moe", "tiny-neox"])
+                                  "tiny-moe", "tiny-neox", "tiny", "tiny-bart", "tiny-marian"])
 def test_cached_decoding_gives_the_recomputed_tokens(name: str, backend: str) -> None:
     """Greedy, a padded batch of prompts of lengths 3, 9 and 17 (rows leave the batch when
     done: reorder), and beam search (reorder duplicates rows): the KV-cache steppers give the
-    tokens of full recomputation."""
+    tokens of full recomputation. Encoder-decoders: sources padded, encoded once, the
+    cross-attention keys/values reused at every step."""
     from tfgraph.exporters.generate_api import generate as generate_api
 
     path = SPECS / f"{name}.yaml"

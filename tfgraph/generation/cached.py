@@ -69,3 +69,63 @@ class Cached:
         self.mask = self.mask[rows]
         self.next_position = self.next_position[rows]
         self.past = self.select(self.past, rows)
+
+
+Encode = Callable[[np.ndarray, np.ndarray, np.ndarray], Past]
+"""(src_ids (B, S), attention_mask (B, S), position_ids (B, S)) -> the cross-attention
+keys/values of every decoder layer (the encoder part's outputs)."""
+
+Decode = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Past, Past],
+                  tuple[np.ndarray, Past]]
+"""(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), encoder_attention_mask
+(B, T), cross keys/values, past) -> (logits (B, S, V), present)."""
+
+
+class CachedSeq2Seq:
+    """A :class:`~tfgraph.generation.backend.Stepper` over an encoder-decoder's two KV-cache
+    graphs: the (left-padded) sources are encoded once, which also computes every decoder
+    layer's cross-attention keys/values; each target starts from ``decoder_start`` and grows
+    one token per step through the decoder's own cache. ``select(state, rows)`` keeps,
+    drops or repeats rows of a cache (the back end's)."""
+
+    encoder_decoder = True
+
+    def __init__(self, encode: Encode, decode: Decode, empty: Callable[[int], Past],
+                 select: Callable[[Past, np.ndarray], Past], vocab: int, max_len: int | None,
+                 decoder_start: int = 0, output_probs: bool = False) -> None:
+        self.encode, self.decode, self.empty, self.select = encode, decode, empty, select
+        self.vocab, self.max_len = vocab, max_len
+        self.decoder_start, self.output_probs = decoder_start, output_probs
+        self.source_mask = np.zeros((0, 0), np.int64)
+        self.mask = np.zeros((0, 0), np.int64)
+        self.cross: Past = None
+        self.past: Past = None
+
+    def _last(self, logits: np.ndarray) -> np.ndarray:
+        last = np.asarray(logits[:, -1], dtype=np.float32)  # (B, V)
+        return np.log(np.maximum(last, 1e-30)) if self.output_probs else last
+
+    def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        batch, width = ids.shape
+        self.source_mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(
+            np.int64)
+        positions = np.clip(np.cumsum(self.source_mask, axis=1) - 1, 0, None)
+        self.cross = self.encode(ids.astype(np.int64), self.source_mask, positions)
+        start = np.full((batch, 1), self.decoder_start, np.int64)
+        self.mask = np.ones((batch, 1), np.int64)
+        logits, self.past = self.decode(start, self.mask, np.zeros((batch, 1), np.int64),
+                                        self.source_mask, self.cross, self.empty(batch))
+        return self._last(logits)
+
+    def step(self, next_ids: np.ndarray) -> np.ndarray:
+        batch = next_ids.shape[0]
+        position = np.full((batch, 1), self.mask.shape[1], np.int64)  # targets are unpadded
+        self.mask = np.concatenate([self.mask, np.ones((batch, 1), np.int64)], axis=1)
+        logits, self.past = self.decode(next_ids.astype(np.int64)[:, None], self.mask,
+                                        position, self.source_mask, self.cross, self.past)
+        return self._last(logits)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.source_mask, self.mask = self.source_mask[rows], self.mask[rows]
+        self.cross = self.select(self.cross, rows)
+        self.past = self.select(self.past, rows)
