@@ -11,7 +11,6 @@ the torch module's cached forward plugs in at :func:`_torch_stepper` the same wa
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tfgraph.errors import TfgraphError
 from tfgraph.generation.backend import Stepper
 from tfgraph.spec import Spec
+from tfgraph.weights import WeightSubset
 
 if TYPE_CHECKING:
     from tfgraph.ir import Graph
@@ -121,31 +121,6 @@ def _seq2seq_cache(spec: Spec) -> bool:
             and spec.attention.qk_norm == "none")
 
 
-class _Subset(Mapping[str, Any]):
-    """The weights of one of an encoder-decoder's two cache graphs, out of all of them
-    (read on demand when the source reads on demand)."""
-
-    def __init__(self, weights: Mapping[str, Any], names: list[str]) -> None:
-        self.weights, self.names = weights, names
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.names:
-            raise KeyError(name)
-        return self.weights[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        from tfgraph.weights import weight_shapes
-
-        every = weight_shapes(self.weights)
-        return {n: every[n] for n in self.names}
-
-
 def _cached_seq2seq(built: Any, source: str, backend: str, provider: str,
                     threads: int | None, weights_seed: int | None, opset: int,
                     decoder_start: int) -> Opened:
@@ -159,7 +134,7 @@ def _cached_seq2seq(built: Any, source: str, backend: str, provider: str,
     weights = None
     if built.checkpoint is not None:
         every = built.weights(tfgraph.compile(spec))
-        weights = [_Subset(every, [p.name for p in g.params()]) for g in parts]
+        weights = [WeightSubset(every, [p.name for p in g.params()]) for g in parts]
     origin = "its weights" if weights is not None else f"seed {seed}"
     tokenizer = built.tokenizer[0] if built.tokenizer else None
     vocab, probs = spec.output_vocab, spec.output == "probs"
@@ -206,7 +181,8 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
         stepper, runs_on = _onnx_stepper(model, Path(source), source, provider, threads,
                                          decoder_start)
         names = {i.name for i in model.graph.input}
-        if "attention_mask" in names:  # a KV-cache model: its stored spec says the vocabulary
+        if "attention_mask" in names or "encoder_attention_mask" in names:  # a KV-cache
+            # model: its stored spec says the vocabulary
             stored = {p.key for p in model.metadata_props}
             from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
 
@@ -266,6 +242,8 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     from tfgraph.exporters.cached_steppers import onnx_cached
 
     names = [i.name for i in model.graph.input]
+    if "encoder_attention_mask" in names:  # an encoder-decoder's decoder_model.onnx
+        return _seq2seq_files(model, session_source, where, provider, threads, decoder_start)
     missing = [n for n in ("input_ids", "attention_mask", "position_ids") if n not in names]
     if missing or not any(n.startswith("past_key_values.") for n in names):
         raise TfgraphError(f"{where}: not a KV-cache model tfgraph drives (needs input_ids, "
@@ -280,6 +258,30 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     vocab = _output_vocab(model) if spec is None else spec.output_vocab
     stepper = onnx_cached(session, vocab, spec.max_len if spec is not None else None,
                           output_probs=spec is not None and spec.output == "probs")
+    return stepper, f"{ran} ({why})"
+
+
+def _seq2seq_files(decoder: Any, session_source: bytes | Path, where: str, provider: str,
+                   threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
+    """decoder_model.onnx with the encoder_model.onnx `build --kv-cache` writes beside it."""
+    from tfgraph.exporters import onnx_runtime as rt
+    from tfgraph.exporters.cached_steppers import onnx_seq2seq
+
+    if not isinstance(session_source, Path):
+        raise TfgraphError(f"{where}: an encoder-decoder's decoder model needs its encoder "
+                           "model beside it")
+    encoder_path = session_source.with_name("encoder_model.onnx")
+    if not encoder_path.is_file():
+        raise TfgraphError(f"{where}: no encoder_model.onnx beside this decoder model "
+                           "(tfgraph build --kv-cache writes both)")
+    spec = _stored_spec(decoder, where)
+    sessions = []
+    for source in (encoder_path, session_source):
+        session, ran, why = rt.create_session(source, provider, threads=threads,
+                                              dtype=spec.dtype)
+        sessions.append(session)
+    stepper = onnx_seq2seq(sessions[0], sessions[1], spec.output_vocab, spec.max_len,
+                           decoder_start, spec.output == "probs")
     return stepper, f"{ran} ({why})"
 
 

@@ -384,7 +384,6 @@ def hf_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     pytest.importorskip("transformers")
     from test_hf_families import CASES, build_reference
 
-    torch.set_num_threads(1)
     case = CASES[request.param]
     seq2seq = case.kind == "seq2seq"
     for seed in range(7, 30):  # random weights often repeat one token: find a run that doesn't
@@ -597,3 +596,23 @@ def test_a_kv_cache_onnx_file_generates(tmp_path: Path) -> None:
         assert json.loads(got.stdout)["tokens"] == want
     refused = CliRunner().invoke(main, ["build", str(path), "--to", "torch", "--kv-cache"])
     assert refused.exit_code == 2
+
+
+def test_encoder_decoder_kv_cache_files_generate(tmp_path: Path) -> None:
+    """`build --kv-cache` of an encoder-decoder writes encoder_model.onnx and
+    decoder_model.onnx; generate on the decoder file (encoder beside it) gives the tokens of
+    recomputation from the spec."""
+    path = SPECS / "tiny.yaml"
+    out = tmp_path / "kv"
+    built = CliRunner().invoke(main, ["build", str(path), "--to", "onnx", "--kv-cache",
+                                      "-o", str(out), "--seed", "4"])
+    assert built.exit_code == 0, built.output
+    assert sorted(p.name for p in out.iterdir()) == ["decoder_model.onnx", "encoder_model.onnx"]
+    args = ("--prompt-ids", "5,6,7,8", "--prompt-ids", "9,10", "--max-new-tokens", "8",
+            "--ignore-eos", "--json")
+    want = run_json(path, "--weights-seed", "4", "--no-cache", *args)["tokens"]
+    assert len({t for row in want for t in row}) > 2  # a run that tells models apart
+    assert run_json(out / "decoder_model.onnx", *args)["tokens"] == want
+    (out / "encoder_model.onnx").unlink()
+    alone = cli(out / "decoder_model.onnx", "--prompt-ids", "1")
+    assert alone.exit_code == 2 and "no encoder_model.onnx beside" in alone.stderr

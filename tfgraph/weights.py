@@ -9,7 +9,7 @@ back ends cast to the spec's dtype. numpy only: the ONNX path must not import to
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,35 @@ def weight_shapes(weights: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     if callable(shapes):
         return dict(shapes())
     return {n: tuple(np.shape(v)) for n, v in weights.items()}
+
+
+class WeightSubset(Mapping[str, Any]):
+    """The weights of ``names`` out of ``weights`` (one of an encoder-decoder's two KV-cache
+    graphs takes part of the model's), read on demand when ``weights`` reads on demand."""
+
+    def __init__(self, weights: Mapping[str, Any], names: list[str]) -> None:
+        self.weights, self.names = weights, names
+        self._set = set(names)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._set:
+            raise KeyError(name)
+        return self.weights[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        every = weight_shapes(self.weights)
+        return {n: every[n] for n in self.names}
+
+    def verbatim(self, name: str, dtype: str) -> Any:
+        """Bytes to copy, when the source can give them (tfgraph.hf.checkpoint_weights)."""
+        find = getattr(self.weights, "verbatim", None)
+        return find(name, dtype) if find is not None and name in self._set else None
 
 
 def param_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:

@@ -59,6 +59,36 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
     return written
 
 
+def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed: int | None,
+                         opset: int | None) -> Path:
+    """An encoder-decoder's two KV-cache models in folder ``out`` (optimum's file names):
+    ``encoder_model.onnx`` (the source encoded once, with every decoder layer's cross-attention
+    keys/values) and ``decoder_model.onnx``, plus the source folder's tokenizer files."""
+    from tfgraph.compiler import compile as compile_spec
+    from tfgraph.exporters.onnx_model import write_onnx
+    from tfgraph.weights import WeightSubset
+
+    if out.exists() and not out.is_dir():
+        raise TfgraphError(f"{out}: an encoder-decoder's KV-cache model is two files; -o names "
+                           "a folder")
+    if not out.parent.is_dir():
+        raise TfgraphError(f"{out}: directory {out.parent} does not exist")
+    out.mkdir(exist_ok=True)
+    for part in ("encoder", "decoder"):
+        g = compile_spec(source.spec, cache=True, part=part)
+        part_values = None if values is None else WeightSubset(
+            values, [p.name for p in g.params()])
+        with _progress(g, f"writing {part}_model.onnx") as advance:
+            write_onnx(g, out / f"{part}_model.onnx", weights=part_values,
+                       seed=0 if seed is None else seed, opset=23 if opset is None else opset,
+                       progress=advance)
+    if source.tokenizer:
+        from tfgraph.hf.tokenizer import copy_files
+
+        copy_files(source.tokenizer, out)
+    return out
+
+
 def _write_torch(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
     module = importlib.import_module("tfgraph.exporters.torch_folder")
     with _progress(graph, f"writing {out.name}") as advance:
@@ -198,7 +228,9 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     from tfgraph.compiler import compile as compile_spec
 
     source = load_source(spec, target, weights, seed, dtype, check_finite)
-    graph = compile_spec(source.spec, cache=kv_cache)
+    # An encoder-decoder's KV-cache model is two models (encoder, decoder): a folder.
+    two_models = kv_cache and source.spec.arch == "encoder-decoder"
+    graph = compile_spec(source.spec, cache=kv_cache and not two_models)
     values: Any = None
     if weights is not None:
         from tfgraph.weights import load_weights
@@ -211,6 +243,12 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
 
         check_opset(opset)
     out = output if output is not None else how.default(graph.name)
+    if two_models:
+        out = output if output is not None else Path("build") / f"{graph.name}-kv"
+        written = _write_seq2seq_cache(source, graph, values, out, seed, opset)
+        click.echo(f"wrote {printable(str(written))}{os.sep} (encoder_model.onnx, "
+                   f"decoder_model.onnx, KV cache, {time.perf_counter() - start:.2f} s)")
+        return
     if target in ("svg", "png", "dot") and out.suffix.lower() != f".{target}":
         # The content follows --to, so "-o x.png --to svg" would write SVG into x.png.
         raise TfgraphError(f"{out}: --to {target} writes a .{target} file; give -o a .{target} "
