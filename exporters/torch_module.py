@@ -227,7 +227,33 @@ class TokenTypeModel(TorchModel):
         return self._run((input_ids, token_type_ids))
 
 
-class CachedDecoderModel(TorchModel):
+class _CacheDefaults(TorchModel):
+    """What a cached forward fills in when not given: an empty cache, every token real,
+    positions counted from the mask."""
+
+    cache_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def _defaults(self, input_ids: Tensor,
+                  past_key_values: Sequence[tuple[Tensor, Tensor]] | None,
+                  attention_mask: Tensor | None, position_ids: Tensor | None
+                  ) -> tuple[Sequence[tuple[Tensor, Tensor]], Tensor, Tensor]:
+        batch, length = input_ids.shape
+        if past_key_values is None:
+            empty = input_ids.new_zeros((batch, self.kv_heads, 0, self.head_dim),
+                                        dtype=self.dtype)
+            past_key_values = [(empty, empty)] * self.cache_layers
+        past = past_key_values[0][0].shape[2] if past_key_values else 0
+        if attention_mask is None:
+            attention_mask = input_ids.new_ones((batch, past + length))
+        if position_ids is None:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        return past_key_values, attention_mask, position_ids
+
+
+class CachedDecoderModel(_CacheDefaults):
     """A decoder's KV-cache graph (``tfgraph.compile(spec, cache=True)``): padding masks,
     position ids and past keys/values, the interface of Hugging Face's causal LMs
     (README, "KV cache")."""
@@ -248,16 +274,8 @@ class CachedDecoderModel(TorchModel):
         past_key_values: per layer (key, value), each (B, kv_heads, P, head_dim) (default
         none). Returns logits (B, S, vocab), and with ``use_cache`` also the present
         (key, value) per layer, each (B, kv_heads, P+S, head_dim)."""
-        batch, length = input_ids.shape
-        if past_key_values is None:
-            empty = input_ids.new_zeros((batch, self.kv_heads, 0, self.head_dim),
-                                        dtype=self.dtype)
-            past_key_values = [(empty, empty)] * self.cache_layers
-        past = past_key_values[0][0].shape[2] if past_key_values else 0
-        if attention_mask is None:
-            attention_mask = input_ids.new_ones((batch, past + length))
-        if position_ids is None:
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        past_key_values, attention_mask, position_ids = self._defaults(
+            input_ids, past_key_values, attention_mask, position_ids)
         flat = [t for kv in past_key_values for t in kv]
         out = self._program.run(self, (input_ids, attention_mask, position_ids, *flat))
         if not use_cache:
@@ -283,7 +301,7 @@ class CachedEncoderModel(TorchModel):
         return out[0], tuple(zip(out[1::2], out[2::2]))
 
 
-class CachedSeq2SeqDecoderModel(TorchModel):
+class CachedSeq2SeqDecoderModel(_CacheDefaults):
     """An encoder-decoder's decoder part (``part="decoder"``): target tokens over its own
     past keys/values and the cross-attention keys/values the encoder part computed."""
 
@@ -303,19 +321,11 @@ class CachedSeq2SeqDecoderModel(TorchModel):
         """input_ids (B, S) target tokens; encoder_key_values: the encoder part's (key,
         value) per layer; encoder_attention_mask (B, T) the source mask (default all real);
         attention_mask, position_ids, past_key_values, use_cache as CachedDecoderModel's."""
-        batch, length = input_ids.shape
-        if past_key_values is None:
-            empty = input_ids.new_zeros((batch, self.kv_heads, 0, self.head_dim),
-                                        dtype=self.dtype)
-            past_key_values = [(empty, empty)] * self.cache_layers
-        past = past_key_values[0][0].shape[2] if past_key_values else 0
-        if attention_mask is None:
-            attention_mask = input_ids.new_ones((batch, past + length))
-        if position_ids is None:
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        past_key_values, attention_mask, position_ids = self._defaults(
+            input_ids, past_key_values, attention_mask, position_ids)
         if encoder_attention_mask is None:
             encoder_attention_mask = input_ids.new_ones(
-                (batch, encoder_key_values[0][0].shape[2]))
+                (input_ids.shape[0], encoder_key_values[0][0].shape[2]))
         flat = [t for own, cross in zip(past_key_values, encoder_key_values)
                 for t in (*own, *cross)]
         out = self._program.run(self, (input_ids, attention_mask, position_ids,

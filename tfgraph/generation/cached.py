@@ -24,6 +24,13 @@ Run = Callable[[np.ndarray, np.ndarray, np.ndarray, Past], tuple[np.ndarray, Pas
 float32, present)."""
 
 
+def last_logits(logits: np.ndarray, output_probs: bool) -> np.ndarray:
+    """Each row's last position (B, V) in float32; a model ending in a softmax gives
+    probabilities, whose logs are logits of the same distribution."""
+    last = np.asarray(logits[:, -1], dtype=np.float32)
+    return np.log(np.maximum(last, 1e-30)) if output_probs else last
+
+
 class Cached:
     """A :class:`~tfgraph.generation.backend.Stepper` over a KV-cache model (decoder-only).
 
@@ -44,8 +51,7 @@ class Cached:
         self.past: Past = None
 
     def _last(self, logits: np.ndarray) -> np.ndarray:
-        last = np.asarray(logits[:, -1], dtype=np.float32)  # (B, V)
-        return np.log(np.maximum(last, 1e-30)) if self.output_probs else last
+        return last_logits(logits, self.output_probs)
 
     def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         batch, width = ids.shape
@@ -102,8 +108,7 @@ class CachedSeq2Seq:
         self.past: Past = None
 
     def _last(self, logits: np.ndarray) -> np.ndarray:
-        last = np.asarray(logits[:, -1], dtype=np.float32)  # (B, V)
-        return np.log(np.maximum(last, 1e-30)) if self.output_probs else last
+        return last_logits(logits, self.output_probs)
 
     def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         batch, width = ids.shape
