@@ -21,13 +21,16 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
     names = [i.name for i in past_inputs]
     kv_heads, head_dim = int(past_inputs[0].shape[1]), int(past_inputs[0].shape[3])
     np_dtype = np.float16 if past_inputs[0].type == "tensor(float16)" else np.float32
+    with_positions = any(i.name == "position_ids" for i in session.get_inputs())
 
     def empty(batch: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
 
     def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
             past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past}
+        feeds = {"input_ids": ids, "attention_mask": mask, **past}
+        if with_positions:
+            feeds["position_ids"] = positions
         try:
             out = session.run(None, feeds)
         except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
@@ -81,18 +84,25 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
     np_dtype = np.float16 if own[0].type == "tensor(float16)" else np.float32
     cross_names = [o.name.replace("present", "past_key_values")
                    for o in encoder.get_outputs()[1:]]
+    encoder_inputs = {i.name for i in encoder.get_inputs()}
+    decoder_inputs = {i.name for i in decoder.get_inputs()}
 
     def encode(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray
                ) -> dict[str, np.ndarray]:
-        out = _run(encoder, {"src_ids": ids, "attention_mask": mask, "position_ids": positions})
+        feeds = {"src_ids": ids, "attention_mask": mask}
+        if "position_ids" in encoder_inputs:
+            feeds["position_ids"] = positions
+        out = _run(encoder, feeds)
         return dict(zip(cross_names, out[1:]))
 
     def decode(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
                source_mask: np.ndarray, cross: dict[str, np.ndarray],
                past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        out = _run(decoder, {"input_ids": ids, "attention_mask": mask,
-                             "position_ids": positions, "encoder_attention_mask": source_mask,
-                             **cross, **past})
+        feeds = {"input_ids": ids, "attention_mask": mask,
+                 "encoder_attention_mask": source_mask, **cross, **past}
+        if "position_ids" in decoder_inputs:
+            feeds["position_ids"] = positions
+        out = _run(decoder, feeds)
         return np.asarray(out[0], np.float32), dict(zip(names, out[1:]))
 
     def empty(batch: int) -> dict[str, np.ndarray]:

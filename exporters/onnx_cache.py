@@ -63,7 +63,8 @@ def _read_mask(b: Builder, n: Node, q: str, k: str, mask: str) -> str:
 
 
 def attention_cached(b: Builder, n: Node) -> str:
-    q, k, v, mask = n.inputs  # (B, S, h*hd), (B, kv, T, hd) x2, (B, T) int64
+    q, k, v, mask = n.inputs[:4]  # (B, S, h*hd), (B, kv, T, hd) x2, (B, T) int64
+    bias = n.inputs[4] if len(n.inputs) == 5 else None  # (h, S, T): T5's position bias
     h, kv, hd = int(n.attrs["heads"]), int(n.attrs["kv_heads"]), int(n.attrs["head_dim"])
     g = h // kv
     scale = n.attrs.get("scale") or 1.0 / math.sqrt(hd)
@@ -81,6 +82,11 @@ def attention_cached(b: Builder, n: Node) -> str:
         c = b.const(n.name, "cap", float(softcap))
         scores = b.add(n.name, "Mul", [b.add(n.name, "Tanh", [b.add(
             n.name, "Div", [scores, c], tag="over_cap")]), c], tag="capped")
+    if bias is not None:  # (h, S, T) -> (kv, g, S, T), added before the mask
+        split = b.add(n.name, "Concat", [b.ints([kv, g]), b.add(
+            n.name, "Shape", [bias], tag="bias_shape", start=1)], tag="bias_heads", axis=0)
+        scores = b.add(n.name, "Add", [scores, b.add(n.name, "Reshape", [bias, split],
+                                                     tag="split_bias")], tag="biased")
     read = _read_mask(b, n, q, k, mask)
     scores = b.add(n.name, "Where", [read, scores, b.const(n.name, "neg_inf", -np.inf)],
                    tag="masked")

@@ -124,9 +124,22 @@ def _relative_bias(b: Builder, n: Node) -> str:
     # float32 (the same operations in the same order, so the same buckets).
     table = n.inputs[0]  # (buckets, h)
     buckets, max_distance = int(n.attrs["buckets"]), int(n.attrs["max_distance"])
-    r = b.arange(b.graph.node(n.inputs[1]).type.shape[1])  # (L,) of x (B, L, d)
-    rows = b.add(n.name, "Unsqueeze", [r, b.ints([1])], tag="queries")  # (L, 1) i
-    cols = b.add(n.name, "Unsqueeze", [r, b.ints([0])], tag="keys")  # (1, L) j
+    if len(n.inputs) == 3:  # KV cache: keys are the mask's T positions, queries the last L
+        total = b.add(n.name, "Shape", [n.inputs[2]], tag="total", start=1, end=2)  # [T]
+        length = b.add(n.name, "Shape", [n.inputs[1]], tag="length", start=1, end=2)  # [L]
+        t = b.add(n.name, "Squeeze", [total, b.ints([0])], tag="T")
+        first = b.add(n.name, "Squeeze", [b.add(n.name, "Sub", [total, length], tag="start"),
+                                          b.ints([0])], tag="P")
+        one = b.const(n.name, "one", np.array(1, np.int64), "int64")
+        zero_s = b.const(n.name, "zero", np.array(0, np.int64), "int64")
+        rows = b.add(n.name, "Unsqueeze", [b.add(n.name, "Range", [first, t, one],
+                                                 tag="query_pos"), b.ints([1])], tag="queries")
+        cols = b.add(n.name, "Unsqueeze", [b.add(n.name, "Range", [zero_s, t, one],
+                                                 tag="key_pos"), b.ints([0])], tag="keys")
+    else:
+        r = b.arange(b.graph.node(n.inputs[1]).type.shape[1])  # (L,) of x (B, L, d)
+        rows = b.add(n.name, "Unsqueeze", [r, b.ints([1])], tag="queries")  # (L, 1) i
+        cols = b.add(n.name, "Unsqueeze", [r, b.ints([0])], tag="keys")  # (1, L) j
     rel = b.add(n.name, "Sub", [cols, rows], tag="distance")  # (L, L) j - i
     zero = b.ints([0])
     if n.attrs["bidirectional"]:

@@ -115,10 +115,9 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
 
 
 def _seq2seq_cache(spec: Spec) -> bool:
-    """Whether an encoder-decoder has KV-cache graphs (tfgraph.lower: not with relative
-    positions or q/k norms yet); others decode by recomputation."""
-    return (spec.arch == "encoder-decoder" and spec.embedding.positions != "relative"
-            and spec.attention.qk_norm == "none")
+    """Whether an encoder-decoder has KV-cache graphs (tfgraph.lower: not with q/k norms
+    yet); others decode by recomputation."""
+    return spec.arch == "encoder-decoder" and spec.attention.qk_norm == "none"
 
 
 def _cached_seq2seq(built: Any, source: str, backend: str, provider: str,
@@ -244,10 +243,11 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     names = [i.name for i in model.graph.input]
     if "encoder_attention_mask" in names:  # an encoder-decoder's decoder_model.onnx
         return _seq2seq_files(model, session_source, where, provider, threads, decoder_start)
-    missing = [n for n in ("input_ids", "attention_mask", "position_ids") if n not in names]
+    missing = [n for n in ("input_ids", "attention_mask") if n not in names]
     if missing or not any(n.startswith("past_key_values.") for n in names):
         raise TfgraphError(f"{where}: not a KV-cache model tfgraph drives (needs input_ids, "
-                           "attention_mask, position_ids and past_key_values.{i}.key|value)")
+                           "attention_mask, past_key_values.{i}.key|value and, unless its "
+                           "positions are relative, position_ids)")
     props = {p.key for p in model.metadata_props}
     from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
 

@@ -52,15 +52,17 @@ def learned_positions(x: Tensor, table: Tensor, offset: int = 0) -> Tensor:
 
 
 def relative_position_bias(table: Tensor, length: int, bidirectional: bool, buckets: int,
-                           max_distance: int) -> Tensor:
-    """T5's position bias (Raffel et al. 2020): table[bucket(j - i)], (heads, L, L).
+                           max_distance: int, keys: int | None = None) -> Tensor:
+    """T5's position bias (Raffel et al. 2020): table[bucket(j - i)], (heads, L, L); with
+    ``keys`` T (a KV cache), (heads, L, T) for queries at the last L of T positions.
 
     A distance n = |j - i| (bidirectional: keys after the query use the upper half of the
     buckets) or n = max(i - j, 0) (causal) below half the buckets b is its own bucket; larger
     ones are spaced logarithmically up to max_distance, beyond which they share the last.
     """
-    pos = torch.arange(length, device=table.device)
-    rel = pos[None, :] - pos[:, None]  # (L, L) j - i
+    total = length if keys is None else keys
+    pos = torch.arange(total, device=table.device)
+    rel = pos[None, :] - pos[total - length:, None]  # (L, T) j - i
     bucket = torch.zeros_like(rel)
     if bidirectional:
         buckets //= 2
@@ -72,8 +74,8 @@ def relative_position_bias(table: Tensor, length: int, bidirectional: bool, buck
     far = exact + (torch.log(rel.float() / exact) / math.log(max_distance / exact)
                    * (buckets - exact)).long()
     far = torch.clamp(far, max=buckets - 1)
-    bucket = bucket + torch.where(rel < exact, rel, far)  # (L, L)
-    return F.embedding(bucket, table).permute(2, 0, 1)  # (heads, L, L)
+    bucket = bucket + torch.where(rel < exact, rel, far)  # (L, T)
+    return F.embedding(bucket, table).permute(2, 0, 1)  # (heads, L, T)
 
 
 def rope_tables(length: int, dim: int, theta: float, device: torch.device, dtype: torch.dtype,
@@ -365,7 +367,8 @@ def kv_concat(past: Tensor | None, new: Tensor, kv_heads: int, head_dim: int) ->
 def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
                      kv_heads: int, head_dim: int, causal: bool, normalize: str,
                      scale: float | None = None, softcap: float | None = None,
-                     window: int | None = None, self_read: bool = True) -> Tensor:
+                     window: int | None = None, self_read: bool = True,
+                     bias: Tensor | None = None) -> Tensor:
     """Attention of the last S positions' queries q (B, S, h*hd) over present k, v
     (B, kv, T, hd): key j is read by query i (at position P + i, P = T - S) when
     mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window; a query always
@@ -388,6 +391,8 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
     scores = scores * (1.0 / math.sqrt(head_dim) if scale is None else scale)
     if softcap is not None:
         scores = soft_cap(scores, softcap)
+    if bias is not None:  # (h, S, T) -> (kv, g, S, T), before the mask
+        scores = scores + bias.unflatten(0, (kv_heads, -1))
     scores = scores.masked_fill(~read[:, None, None], float("-inf"))
     if normalize == "softmax":
         weights = scores.softmax(dim=-1)

@@ -204,6 +204,10 @@ class TorchModel(nn.Module):
         out: Tensor = self._program.run(self, inputs)[0]
         return out
 
+    def _positions(self, position_ids: Tensor) -> tuple[Tensor, ...]:
+        """The position ids, when the graph takes them (not with relative positions)."""
+        return (position_ids,) if "position_ids" in self.input_names else ()
+
     def extra_repr(self) -> str:
         return f"graph={self.graph_name!r}, attention_impl={self.attention_impl!r}"
 
@@ -277,7 +281,8 @@ class CachedDecoderModel(_CacheDefaults):
         past_key_values, attention_mask, position_ids = self._defaults(
             input_ids, past_key_values, attention_mask, position_ids)
         flat = [t for kv in past_key_values for t in kv]
-        out = self._program.run(self, (input_ids, attention_mask, position_ids, *flat))
+        out = self._program.run(self, (input_ids, attention_mask,
+                                       *self._positions(position_ids), *flat))
         if not use_cache:
             return out[0]
         return out[0], tuple(zip(out[1::2], out[2::2]))
@@ -297,7 +302,8 @@ class CachedEncoderModel(TorchModel):
             attention_mask = torch.ones_like(src_ids)
         if position_ids is None:
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self._program.run(self, (src_ids, attention_mask, position_ids))
+        out = self._program.run(self, (src_ids, attention_mask,
+                                       *self._positions(position_ids)))
         return out[0], tuple(zip(out[1::2], out[2::2]))
 
 
@@ -328,7 +334,8 @@ class CachedSeq2SeqDecoderModel(_CacheDefaults):
                 (input_ids.shape[0], encoder_key_values[0][0].shape[2]))
         flat = [t for own, cross in zip(past_key_values, encoder_key_values)
                 for t in (*own, *cross)]
-        out = self._program.run(self, (input_ids, attention_mask, position_ids,
+        out = self._program.run(self, (input_ids, attention_mask,
+                                       *self._positions(position_ids),
                                        encoder_attention_mask, *flat))
         if not use_cache:
             return out[0]

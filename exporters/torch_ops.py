@@ -102,9 +102,9 @@ TORCH_OPS: dict[str, Lowering] = {
     "rope": _rope,
     "kv_concat": lambda m, a, *x: tf.kv_concat(x[0] if len(x) == 2 else None, x[-1],
                                                a["kv_heads"], a["head_dim"]),
-    "attention_cached": lambda m, a, q, k, v, mask: tf.cached_attention(
+    "attention_cached": lambda m, a, q, k, v, mask, bias=None: tf.cached_attention(
         q, k, v, mask, a["heads"], a["kv_heads"], a["head_dim"], a["causal"], a["normalize"],
-        a.get("scale"), a.get("softcap"), a.get("window"), a.get("self_read", True)),
+        a.get("scale"), a.get("softcap"), a.get("window"), a.get("self_read", True), bias),
     "linear": _linear,
     "attention": _attention,
     "layernorm": _norm_layer,
@@ -123,8 +123,9 @@ TORCH_OPS: dict[str, Lowering] = {
     "sigmoid_gate": lambda m, a, g, y: g.sigmoid() * y,
     "softmax": lambda m, a, x: x.softmax(dim=-1),
     "softcap": lambda m, a, x: tf.soft_cap(x, a["cap"]),
-    "relative_bias": lambda m, a, table, x: tf.relative_position_bias(
-        table, x.shape[1], a["bidirectional"], a["buckets"], a["max_distance"]),
+    "relative_bias": lambda m, a, table, x, keys=None: tf.relative_position_bias(
+        table, x.shape[1], a["bidirectional"], a["buckets"], a["max_distance"],
+        None if keys is None else keys.shape[1]),
 }
 
 NORM_OPS = ("layernorm", "rmsnorm", "scalenorm")

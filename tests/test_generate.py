@@ -561,7 +561,8 @@ def test_import_tfgraph_stays_light() -> None:
 
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-decoder", "tiny-mistral", "tiny-gemma2",
-                                  "tiny-moe", "tiny-neox", "tiny", "tiny-bart", "tiny-marian"])
+                                  "tiny-moe", "tiny-neox", "tiny", "tiny-bart", "tiny-marian",
+                                  "tiny-t5"])
 def test_cached_decoding_gives_the_recomputed_tokens(name: str, backend: str) -> None:
     """Greedy, a padded batch of prompts of lengths 3, 9 and 17 (rows leave the batch when
     done: reorder), and beam search (reorder duplicates rows): the KV-cache steppers give the

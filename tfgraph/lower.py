@@ -245,7 +245,7 @@ class _Lowering:
             ids = g.input("input_ids", (B, S))  # (B, S) int64
             if self.cache:
                 self.mask = g.input("attention_mask", (B, P + S))  # (B, P+S) int64, 1 = real
-                self.position_ids = g.input("position_ids", (B, S))  # (B, S) int64
+                self.position_ids = self._position_input()  # (B, S) int64
             if spec.embedding.token_types:  # BERT's segments; all zeros when not given
                 self.token_type_ids = g.input("token_type_ids", (B, S))  # (B, S) int64
             table = self.param("embed.tokens.weight", (self.vocab_names["source"], "d_model"),
@@ -280,7 +280,8 @@ class _Lowering:
         meta = NodeMeta(part="embed", stack=stack, module=stack)
         table = self.param(f"{stack}.relative_bias.weight", ("relative_buckets", "heads"),
                            stack, "normal", _role(meta, "relative_bias.weight"))
-        return self.g.add("relative_bias", [table, x], name=f"{stack}.relative_bias",
+        keys = [self.mask] if self.cache and self.mask else []  # KV cache: (h, L, P+L)
+        return self.g.add("relative_bias", [table, x, *keys], name=f"{stack}.relative_bias",
                           scope=stack, buckets=emb.relative_buckets,
                           max_distance=emb.relative_max_distance, bidirectional=not causal,
                           meta=_role(meta, "relative_bias"))  # (h, L, L)
@@ -429,7 +430,8 @@ class _Lowering:
                       heads=z.kv_heads, head_dim=z.head_dim, theta=theta,
                       meta=_role(meta, "k_rope"), **rot)
         if self.cache:
-            a = self.cached_attention(q, k, v, scope, meta, causal, extra)
+            cache_bias = [self.position_bias] if self.position_bias else []  # T5
+            a = self.cached_attention(q, k, v, scope, meta, causal, extra, cache_bias)
             return self.linear(a, scope, "o", "heads*head_dim", "d_model",
                                bool(att.out_bias), meta)  # (B, S, d)
         bias = [self.position_bias] if rope and self.position_bias else []  # T5, self only
@@ -448,8 +450,6 @@ class _Lowering:
             return
         if spec.arch == "encoder-only":
             raise TfgraphError(f"{spec.name}: an encoder-only model has no KV-cache graph")
-        if spec.embedding.positions == "relative":
-            raise TfgraphError(f"{spec.name}: no KV-cache graph for relative positions (T5) yet")
         if spec.arch == "encoder-decoder":
             if self.part not in ("encoder", "decoder"):
                 raise TfgraphError(f"{spec.name}: an encoder-decoder's KV-cache graph is two "
@@ -471,7 +471,7 @@ class _Lowering:
         if self.part == "encoder":
             src = g.input("src_ids", (B, S))  # (B, S) int64
             self.mask = g.input("attention_mask", (B, S))  # (B, S) int64, 1 = real
-            self.position_ids = g.input("position_ids", (B, S))
+            self.position_ids = self._position_input()
             name = "embed.tokens.weight" if shared else "embed.source_tokens.weight"
             table = self.param(name, (self.vocab_names["source"], "d_model"), "embed", "normal",
                                _role(table_meta, name.split(".", 1)[1]))
@@ -496,7 +496,7 @@ class _Lowering:
             return g
         ids = g.input("input_ids", (B, S))  # (B, S) int64: this step's target tokens
         self.mask = g.input("attention_mask", (B, P + S))
-        self.position_ids = g.input("position_ids", (B, S))
+        self.position_ids = self._position_input()
         self.encoder_mask = g.input("encoder_attention_mask", (B, T))  # (B, T) source mask
         name = "embed.tokens.weight" if shared else "embed.target_tokens.weight"
         table = self.param(name, (self.vocab_names["target"], "d_model"), "embed", "normal",
@@ -524,12 +524,19 @@ class _Lowering:
         return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
                            meta)  # (B, S, d)
 
+    def _position_input(self) -> str | None:
+        """The position_ids input of a KV-cache graph, when its positions read it (relative
+        positions, T5's, depend on distances only: none)."""
+        if self.spec.embedding.positions in ("relative", "none"):
+            return None
+        return self.g.input("position_ids", (B, S))  # (B, S) int64
+
     def _ids(self) -> list[str]:
         """The position ids operand of position ops in a KV-cache graph (none otherwise)."""
         return [self.position_ids] if self.position_ids else []
 
     def cached_attention(self, q: str, k: str, v: str, scope: str, meta: NodeMeta,
-                         causal: bool, extra: dict[str, Any]) -> str:
+                         causal: bool, extra: dict[str, Any], bias: list[str]) -> str:
         """Self-attention over the past keys/values and this step's: the layer's
         ``past_key_values.{i}.key|value`` inputs, ``present.{i}.key|value`` outputs."""
         g, z, i = self.g, self.z, meta.layer or 0
@@ -549,7 +556,8 @@ class _Lowering:
                                  meta=_role(meta, f"present_{part}")))  # (B, kv, P+S, hd)
         if self.part != "encoder":
             self.presents += present
-        return g.add("attention_cached", [q, *present, self.mask], name=f"{scope}.attention",
+        return g.add("attention_cached", [q, *present, self.mask, *bias],
+                     name=f"{scope}.attention",
                      scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
                      causal=causal, normalize=self.spec.attention.normalize,
                      meta=_role(meta, "attention"), **extra)  # (B, S, h*hd)

@@ -219,10 +219,11 @@ register(OpDef(
 ))
 
 def _relative_bias_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    table, x = ins
+    table, x = ins[:2]
     if len(table.shape) != 2 or len(x.shape) != 3:
         raise ValueError("relative_bias takes a (buckets, heads) table and a (B, L, d) input")
-    return TensorType((table.shape[1], x.shape[1], x.shape[1]), table.dtype)
+    keys = ins[2].shape[1] if len(ins) == 3 else x.shape[1]  # a KV-cache graph's (B, T) mask
+    return TensorType((table.shape[1], x.shape[1], keys), table.dtype)
 
 
 def _relative_bias_saved(ins: list[TensorType], out: TensorType,
@@ -232,12 +233,13 @@ def _relative_bias_saved(ins: list[TensorType], out: TensorType,
 
 
 register(OpDef(
-    "relative_bias", (2, 2), _relative_bias_infer, _no_flops, _relative_bias_saved,
+    "relative_bias", (2, 3), _relative_bias_infer, _no_flops, _relative_bias_saved,
     "T5's position bias (Raffel et al. 2020): table[bucket(j - i)] for query i and key j, as "
     "(heads, L, L) for x's length L. Buckets: exact distances below half the buckets, then "
     "logarithmic up to attrs['max_distance']; attrs['bidirectional'] gives each direction "
     "half the buckets (encoder), else only j <= i count (decoder). No FLOPs (a gather of "
-    "integer bucket indices).",
+    "integer bucket indices). With a third operand, an attention mask (B, T) of a KV-cache "
+    "graph, the keys are its T positions and the queries the last L: (heads, L, T).",
     category="position",
 ))
 
@@ -402,15 +404,16 @@ def _cached_attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[
 
 
 register(OpDef(
-    "attention_cached", (4, 4), _cached_attention_infer, _cached_attention_flops,
+    "attention_cached", (4, 5), _cached_attention_infer, _cached_attention_flops,
     _nothing_saved,
     "Attention of this step's queries q (B, S, h*hd) over the present keys and values "
     "(B, kv, T, hd), T = P + S, the queries being the last S positions: key j is read by "
     "query i when attention_mask[b, j] is 1 and, when causal, j <= P + i (within "
     "attrs['window'] keys when set); a query reads its own key always, so a padding row "
     "stays finite, except with attrs['self_read'] false (cross-attention: the keys are "
-    "another sequence's). scale, softcap, normalize and GQA as in attention. Output "
-    "(B, S, h*hd).",
+    "another sequence's). scale, softcap, normalize and GQA as in attention; an optional "
+    "fifth operand (h, S, T) is added to the scores before the mask (T5's position bias). "
+    "Output (B, S, h*hd).",
     category="attention",
 ))
 
