@@ -123,6 +123,9 @@ def interface(model: Any, where: str) -> Interface:
     """Check ``model`` has tfgraph's inputs and output (README.md, `tfgraph build`: the ONNX model); TfgraphError otherwise."""
     inputs = tuple(i.name for i in model.graph.input
                    if i.name not in {t.name for t in model.graph.initializer})
+    if "attention_mask" in inputs or "encoder_attention_mask" in inputs:
+        raise TfgraphError(f"{where}: a KV-cache model (built with --kv-cache): tfgraph "
+                           "generate drives it; tfgraph run times full-sequence models")
     if inputs not in (ONE_STACK_INPUTS, TWO_STACK_INPUTS, TOKEN_TYPE_INPUTS):
         raise TfgraphError(
             f"{where}: not a tfgraph model: inputs {list(inputs)}, expected input_ids (and "

@@ -259,3 +259,17 @@ def test_cache_graphs_say_what_they_cannot_build() -> None:
         tfgraph.compile(load("tiny-encoder"), cache=True)
     with pytest.raises(tfgraph.errors.TfgraphError, match="KV-cache graphs"):
         tfgraph.compile(load("tiny"), part="encoder")
+
+
+def test_run_points_a_kv_cache_model_to_generate(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+
+    out = tmp_path / "cached.onnx"
+    spec = str(ROOT / "specs" / "tiny-llama.yaml")
+    assert CliRunner().invoke(main, ["build", spec, "--to", "onnx", "--kv-cache", "-o",
+                                     str(out)]).exit_code == 0
+    result = CliRunner().invoke(main, ["run", str(out)])
+    assert result.exit_code == 2 and "tfgraph generate drives it" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
