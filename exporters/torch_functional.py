@@ -357,6 +357,15 @@ def sinusoids_at(position_ids: Tensor, d: int, dtype: torch.dtype,
     return F.embedding(position_ids, table)
 
 
+def kv_write(buffer: Tensor, new: Tensor, positions: Tensor, kv_heads: int,
+             head_dim: int) -> Tensor:
+    """A static cache (gpt-fast): write new (B, S, kv*hd) into the preallocated buffer
+    (B, kv, L, hd) at ``positions`` (S,) in place, and return the whole buffer: shapes stay
+    the same from step to step, so torch.compile traces the step once."""
+    new = new.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, S, hd)
+    return buffer.index_copy_(2, positions, new.to(buffer.dtype))
+
+
 def kv_concat(past: Tensor | None, new: Tensor, kv_heads: int, head_dim: int) -> Tensor:
     """Present keys or values: past (B, kv, P, hd) then new (B, S, kv*hd) -> (B, kv, P+S, hd);
     without a past, new alone as (B, kv, S, hd)."""
@@ -368,15 +377,17 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
                      kv_heads: int, head_dim: int, causal: bool, normalize: str,
                      scale: float | None = None, softcap: float | None = None,
                      window: int | None = None, self_read: bool = True,
-                     bias: Tensor | None = None) -> Tensor:
+                     bias: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
     """Attention of the last S positions' queries q (B, S, h*hd) over present k, v
     (B, kv, T, hd): key j is read by query i (at position P + i, P = T - S) when
     mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window; a query always
     reads its own key (``self_read``; not in cross-attention), so padding rows stay finite.
-    -> (B, S, h*hd)."""
+    ``positions`` (S,): the queries' positions in a static cache's buffer (kv_write), which
+    are not its last S. -> (B, S, h*hd)."""
     batch, s, t = q.shape[0], q.shape[1], k.shape[2]
     q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, S, hd)
-    i = torch.arange(t - s, t, device=q.device)[:, None]  # (S, 1) absolute query positions
+    i = (torch.arange(t - s, t, device=q.device) if positions is None
+         else positions)[:, None]  # (S, 1) absolute query positions
     j = torch.arange(t, device=q.device)[None, :]  # (1, T)
     read = (mask[:, None, :] != 0)  # (B, 1, T)
     if causal:

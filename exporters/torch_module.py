@@ -106,6 +106,8 @@ class LayerModule(nn.Module):
     then e.g. the encoder output and rotary tables, as the layer's graph reads them)."""
 
     attention_impl: str = "sdpa"
+    # The positions a static KV cache writes this step (CachedDecoderModel.static_cache).
+    cache_position: Tensor | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -257,10 +259,39 @@ class _CacheDefaults(TorchModel):
         return past_key_values, attention_mask, position_ids
 
 
+class StaticCache:
+    """Preallocated keys/values (gpt-fast style), (B, kv_heads, length, head_dim) per layer:
+    each step writes its positions in place, so every step has the same shapes and
+    ``torch.compile`` traces a step once instead of once per length."""
+
+    def __init__(self, layers: list[tuple[Tensor, Tensor]]) -> None:
+        self.layers = layers
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.layers[i]
+
+    def __iter__(self) -> Any:
+        return iter(self.layers)
+
+
 class CachedDecoderModel(_CacheDefaults):
     """A decoder's KV-cache graph (``tfgraph.compile(spec, cache=True)``): padding masks,
     position ids and past keys/values, the interface of Hugging Face's causal LMs
-    (README, "KV cache")."""
+    (README, "KV cache"). ``static_cache`` gives a preallocated cache instead, for
+    ``torch.compile``."""
+
+    def static_cache(self, batch: int, length: int, device: str | torch.device = "cpu"
+                     ) -> StaticCache:
+        """A cache of ``length`` positions for ``batch`` rows; pass it as past_key_values
+        with ``cache_position`` (the positions of this step's tokens) and an attention_mask
+        over all ``length`` positions (0 for those not written yet)."""
+        shape = (batch, self.kv_heads, length, self.head_dim)
+        return StaticCache([(torch.zeros(shape, dtype=self.dtype, device=device),
+                             torch.zeros(shape, dtype=self.dtype, device=device))
+                            for _ in range(self.cache_layers)])
 
     def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
         super().__init__(graph, weights)
@@ -272,12 +303,30 @@ class CachedDecoderModel(_CacheDefaults):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None,
                 past_key_values: Sequence[tuple[Tensor, Tensor]] | None = None,
-                use_cache: bool = False) -> Any:
+                use_cache: bool = False, cache_position: Tensor | None = None) -> Any:
         """input_ids (B, S) int64; attention_mask (B, P+S) (1 real, 0 padding; default all
         real); position_ids (B, S) (default: real tokens counted from 0, padding at 0);
         past_key_values: per layer (key, value), each (B, kv_heads, P, head_dim) (default
         none). Returns logits (B, S, vocab), and with ``use_cache`` also the present
-        (key, value) per layer, each (B, kv_heads, P+S, head_dim)."""
+        (key, value) per layer, each (B, kv_heads, P+S, head_dim).
+
+        With a :class:`StaticCache` as past_key_values: ``cache_position`` (S,) int64 says
+        where this step's tokens go, attention_mask covers the cache's whole length and
+        position_ids are required; the cache is written in place."""
+        if isinstance(past_key_values, StaticCache):
+            if cache_position is None or attention_mask is None or position_ids is None:
+                raise TfgraphError("a static cache needs cache_position, attention_mask and "
+                                   "position_ids")
+            for layer in self._layers.values():
+                layer.cache_position = cache_position
+            try:
+                flat = [t for kv in past_key_values for t in kv]
+                out = self._program.run(self, (input_ids, attention_mask,
+                                               *self._positions(position_ids), *flat))
+            finally:
+                for layer in self._layers.values():
+                    layer.cache_position = None
+            return (out[0], past_key_values) if use_cache else out[0]
         past_key_values, attention_mask, position_ids = self._defaults(
             input_ids, past_key_values, attention_mask, position_ids)
         flat = [t for kv in past_key_values for t in kv]

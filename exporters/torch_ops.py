@@ -56,6 +56,13 @@ def _positions_sinusoidal(m: nn.Module, a: dict[str, Any], x: Tensor,
     return x + _sinusoids(a, x, ids)  # (B, L, d)
 
 
+def _kv_concat(m: nn.Module, a: dict[str, Any], *x: Tensor) -> Tensor:
+    positions = getattr(m, "cache_position", None)  # set while a static cache runs
+    if positions is not None and len(x) == 2:
+        return tf.kv_write(x[0], x[1], positions, a["kv_heads"], a["head_dim"])
+    return tf.kv_concat(x[0] if len(x) == 2 else None, x[-1], a["kv_heads"], a["head_dim"])
+
+
 def _rope(m: nn.Module, a: dict[str, Any], x: Tensor, *rest: Any) -> Tensor:
     tables: tuple[Tensor, Tensor] = rest[-1]  # after the position ids, when given
     return tf.apply_rope(x, tables[0], tables[1], a["heads"], a["head_dim"],
@@ -100,11 +107,11 @@ TORCH_OPS: dict[str, Lowering] = {
     "positions_sinusoidal": _positions_sinusoidal,
     "positions_learned": lambda m, a, x, table, ids=None: x + _learned(a, x, table, ids),
     "rope": _rope,
-    "kv_concat": lambda m, a, *x: tf.kv_concat(x[0] if len(x) == 2 else None, x[-1],
-                                               a["kv_heads"], a["head_dim"]),
+    "kv_concat": _kv_concat,
     "attention_cached": lambda m, a, q, k, v, mask, bias=None: tf.cached_attention(
         q, k, v, mask, a["heads"], a["kv_heads"], a["head_dim"], a["causal"], a["normalize"],
-        a.get("scale"), a.get("softcap"), a.get("window"), a.get("self_read", True), bias),
+        a.get("scale"), a.get("softcap"), a.get("window"), a.get("self_read", True), bias,
+        getattr(m, "cache_position", None)),
     "linear": _linear,
     "attention": _attention,
     "layernorm": _norm_layer,

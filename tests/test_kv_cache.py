@@ -273,3 +273,56 @@ def test_run_points_a_kv_cache_model_to_generate(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["run", str(out)])
     assert result.exit_code == 2 and "tfgraph generate drives it" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-decoder", "tiny-gemma2"])
+def test_static_cache_equals_full_recomputation(name: str) -> None:
+    """A preallocated cache written in place (gpt-fast style): the logits of the full model."""
+    spec = load(name)
+    model = to_torch(tfgraph.compile(spec, cache=True), seed=1)
+    full = to_torch(tfgraph.compile(spec), seed=1)
+    ids = ids_for(spec, 2, 12)
+    cache = model.static_cache(2, 16)
+    mask = torch.zeros((2, 16), dtype=torch.long)
+    mask[:, :7] = 1
+    with torch.no_grad():
+        want = full(ids)
+        steps = [model(ids[:, :7], mask.clone(), torch.arange(7)[None].expand(2, 7), cache,
+                       cache_position=torch.arange(7))]
+        for t in range(7, 12):
+            mask[:, t] = 1
+            steps.append(model(ids[:, t:t + 1], mask.clone(), torch.full((2, 1), t), cache,
+                               cache_position=torch.tensor([t])))
+    torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
+
+
+def test_torch_compile_traces_a_static_cache_step_once() -> None:
+    """Prefill and decode each trace once whatever the length reached; the growing cache
+    changes shapes at every step and traces again."""
+    from torch._dynamo.testing import CompileCounter
+
+    spec = load("tiny-llama")
+    model = to_torch(tfgraph.compile(spec, cache=True), seed=1)
+    ids = ids_for(spec, 1, 12)
+    static = CompileCounter()
+    step = torch.compile(model, backend=static, dynamic=False)
+    cache = model.static_cache(1, 16)
+    mask = torch.zeros((1, 16), dtype=torch.long)
+    mask[:, :4] = 1
+    torch._dynamo.reset()
+    with torch.no_grad():
+        step(ids[:, :4], mask, torch.arange(4)[None], cache, cache_position=torch.arange(4))
+        for t in range(4, 12):
+            mask[:, t] = 1
+            step(ids[:, t:t + 1], mask, torch.full((1, 1), t), cache,
+                 cache_position=torch.tensor([t]))
+    assert static.frame_count == 2
+    torch._dynamo.reset()
+    growing = CompileCounter()
+    step = torch.compile(model, backend=growing, dynamic=False)
+    with torch.no_grad():
+        logits, past = step(ids[:, :4], use_cache=True)
+        for t in range(4, 8):
+            logits, past = step(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+    torch._dynamo.reset()
+    assert growing.frame_count > 2
