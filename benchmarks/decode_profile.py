@@ -80,19 +80,21 @@ def decode(sess: Any, model: Path, steps: int) -> list[float]:
     return seconds
 
 
-def kernel_times(trace: str) -> tuple[dict[str, float], float, int]:
-    """(kernel µs per op type, run µs, runs) summed over the decode steps (the runs after the
-    first, the prefill) of an onnxruntime profile."""
+def kernel_times(trace: str) -> tuple[dict[str, float], float, int, int]:
+    """(kernel µs per op type, run µs, runs, kernels run) summed over the decode steps (the
+    runs after the first, the prefill) of an onnxruntime profile."""
     events = json.loads(Path(trace).read_text())
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
     decode_runs = runs[1:]
     per_type: dict[str, float] = defaultdict(float)
+    count = 0
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
             continue
         if any(a <= e["ts"] <= b for a, b in decode_runs):
             per_type[e["args"]["op_name"]] += e["dur"]
-    return dict(per_type), float(sum(b - a for a, b in decode_runs)), len(decode_runs)
+            count += 1
+    return dict(per_type), float(sum(b - a for a, b in decode_runs)), len(decode_runs), count
 
 
 def report(model: Path, threads: int, steps: int) -> list[str]:
@@ -100,13 +102,14 @@ def report(model: Path, threads: int, steps: int) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         sess = session(model, threads, tmp)
         decode(sess, model, steps)
-        per_type, run_us, runs = kernel_times(sess.end_profiling())
+        per_type, run_us, runs, count = kernel_times(sess.end_profiling())
     kernels = sum(per_type.values())
     lines = [f"{model}: {len(sess.get_inputs())} inputs, {threads} threads",
              f"  session.run {1e3 * float(np.median(plain)):.2f} ms/step (median of {steps}, "
              "profiling off)",
-             f"  profiled: {run_us / runs / 1e3:.2f} ms/step, kernels {kernels / runs / 1e3:.2f}"
-             f" ms, outside kernels {(run_us - kernels) / runs / 1e3:.2f} ms"]
+             f"  profiled: {run_us / runs / 1e3:.2f} ms/step, {count // runs} kernels "
+             f"{kernels / runs / 1e3:.2f} ms, outside kernels {(run_us - kernels) / runs / 1e3:.2f}"
+             " ms"]
     for op, us in sorted(per_type.items(), key=lambda kv: -kv[1])[:12]:
         lines.append(f"    {op:36} {us / runs / 1e3:7.3f} ms/step  {100 * us / kernels:5.1f}%")
     return lines
