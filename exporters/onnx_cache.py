@@ -30,36 +30,49 @@ def kv_concat(b: Builder, n: Node) -> str:
     return b.add(n.name, "Concat", [past[0], heads], n.name, axis=2)  # (B, kv, P+S, hd)
 
 
-def _read_mask(b: Builder, n: Node, q: str, k: str, mask: str) -> str:
+def _read_mask(b: Builder, n: Node, mask: str) -> str:
     """(B, 1, 1, S, T) bool: which present key each query reads (padding, causality, window;
-    its own key always, so a padding row stays finite)."""
-    total = b.add(n.name, "Shape", [k], tag="total_len", start=2, end=3)  # [T]
-    length = b.add(n.name, "Shape", [q], tag="seq_len", start=1, end=2)  # [S]
+    its own key always, so a padding row stays finite). It depends on the mask input, the
+    step's length and the node's causal, window and self_read only, so it is built once per
+    model and kind of layer (local, global, cross), not once per layer: onnxruntime runs
+    every node of a decoding step, and small ones dominate once the weights are read."""
+    key = ("read_mask", mask, bool(n.attrs["causal"]), n.attrs.get("window"),
+           bool(n.attrs.get("self_read", True)))
+    if key not in b._cache:
+        b._cache[key] = _build_read_mask(b, f"attention_mask.{len(b._cache)}", n, mask)
+    result: str = b._cache[key]
+    return result
+
+
+def _build_read_mask(b: Builder, scope: str, n: Node, mask: str) -> str:
+    ids = "input_ids" if "input_ids" in b.graph.inputs else "src_ids"  # this step's tokens
+    total = b.add(scope, "Shape", [mask], tag="total_len", start=1, end=2)  # [T]
+    length = b.add(scope, "Shape", [ids], tag="seq_len", start=1, end=2)  # [S]
     zero, one = b.ints([0]), b.ints([1])
-    t = b.add(n.name, "Squeeze", [total, zero], tag="T")
-    start = b.add(n.name, "Squeeze", [b.add(n.name, "Sub", [total, length], tag="past_len"),
+    t = b.add(scope, "Squeeze", [total, zero], tag="T")
+    start = b.add(scope, "Squeeze", [b.add(scope, "Sub", [total, length], tag="past_len"),
                                       zero], tag="P")
-    one_s = b.add(n.name, "Squeeze", [one, zero], tag="one")
-    zero_s = b.add(n.name, "Squeeze", [zero, zero], tag="zero")
-    i = b.add(n.name, "Unsqueeze", [b.add(n.name, "Range", [start, t, one_s], tag="query_pos"),
+    one_s = b.add(scope, "Squeeze", [one, zero], tag="one")
+    zero_s = b.add(scope, "Squeeze", [zero, zero], tag="zero")
+    i = b.add(scope, "Unsqueeze", [b.add(scope, "Range", [start, t, one_s], tag="query_pos"),
                                     one], tag="i")  # (S, 1)
-    j = b.add(n.name, "Unsqueeze", [b.add(n.name, "Range", [zero_s, t, one_s], tag="key_pos"),
+    j = b.add(scope, "Unsqueeze", [b.add(scope, "Range", [zero_s, t, one_s], tag="key_pos"),
                                     zero], tag="j")  # (1, T)
-    real = b.add(n.name, "Not", [b.add(n.name, "Equal", [mask, b.const(
-        n.name, "pad", np.array(0, np.int64), "int64")], tag="is_pad")], tag="real")  # (B, T)
-    read = b.add(n.name, "Unsqueeze", [real, b.ints([1, 2, 3])], tag="real5")  # (B,1,1,1,T)
+    real = b.add(scope, "Not", [b.add(scope, "Equal", [mask, b.const(
+        scope, "pad", np.array(0, np.int64), "int64")], tag="is_pad")], tag="real")  # (B, T)
+    read = b.add(scope, "Unsqueeze", [real, b.ints([1, 2, 3])], tag="real5")  # (B,1,1,1,T)
     if n.attrs["causal"]:
-        causal = b.add(n.name, "LessOrEqual", [j, i], tag="causal")  # (S, T)
+        causal = b.add(scope, "LessOrEqual", [j, i], tag="causal")  # (S, T)
         window = n.attrs.get("window")
         if window:
-            near = b.add(n.name, "Less", [b.add(n.name, "Sub", [i, j], tag="distance"), b.const(
-                n.name, "window", np.array(int(window), np.int64), "int64")], tag="in_window")
-            causal = b.add(n.name, "And", [causal, near], tag="causal_window")
-        read = b.add(n.name, "And", [read, causal], tag="read")  # (B, 1, 1, S, T)
+            near = b.add(scope, "Less", [b.add(scope, "Sub", [i, j], tag="distance"), b.const(
+                scope, "window", np.array(int(window), np.int64), "int64")], tag="in_window")
+            causal = b.add(scope, "And", [causal, near], tag="causal_window")
+        read = b.add(scope, "And", [read, causal], tag="read")  # (B, 1, 1, S, T)
     if not n.attrs.get("self_read", True):  # cross-attention: another sequence's keys
         return read
-    own = b.add(n.name, "Equal", [j, i], tag="own")  # (S, T)
-    return b.add(n.name, "Or", [read, own], tag="read_own")
+    own = b.add(scope, "Equal", [j, i], tag="own")  # (S, T)
+    return b.add(scope, "Or", [read, own], tag="read_own")
 
 
 def attention_cached(b: Builder, n: Node) -> str:
@@ -87,7 +100,7 @@ def attention_cached(b: Builder, n: Node) -> str:
             n.name, "Shape", [bias], tag="bias_shape", start=1)], tag="bias_heads", axis=0)
         scores = b.add(n.name, "Add", [scores, b.add(n.name, "Reshape", [bias, split],
                                                      tag="split_bias")], tag="biased")
-    read = _read_mask(b, n, q, k, mask)
+    read = _read_mask(b, n, mask)
     scores = b.add(n.name, "Where", [read, scores, b.const(n.name, "neg_inf", -np.inf)],
                    tag="masked")
     normalize = "Hardmax" if n.attrs["normalize"] == "hardmax" else "Softmax"
