@@ -217,9 +217,45 @@ class TorchModel(nn.Module):
 class DecoderOnlyOrEncoderModel(TorchModel):
     """One stack (encoder-only or decoder-only)."""
 
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """input_ids (B, S) int64 -> logits or probs (B, S, vocab)."""
-        return self._run((input_ids,))
+    def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
+        super().__init__(graph, weights)
+        # A decoder also takes masks and a cache (design §8) through its KV-cache graph,
+        # built on first use over these very parameters (shared storage, not registered
+        # twice); a full, unmasked sequence keeps the fused-attention path.
+        spec = graph.spec
+        self._cached_spec = spec if spec is not None and spec.arch == "decoder-only" else None
+        self._cached: tuple[int, Any] | None = None
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None,
+                past_key_values: Sequence[tuple[Tensor, Tensor]] | None = None,
+                use_cache: bool = False, cache_position: Tensor | None = None) -> Any:
+        """input_ids (B, S) int64 -> logits or probs (B, S, vocab). A decoder also takes
+        attention_mask, position_ids, past_key_values, use_cache and cache_position as
+        :class:`CachedDecoderModel` does (README, "KV cache")."""
+        if attention_mask is None and position_ids is None and past_key_values is None \
+                and not use_cache:
+            return self._run((input_ids,))
+        if self._cached_spec is None:
+            raise TfgraphError(f"{self.graph_name}: masks and a KV cache are for decoders")
+        return self.cached_model()(input_ids, attention_mask, position_ids, past_key_values,
+                                   use_cache, cache_position)
+
+    def cached_model(self) -> CachedDecoderModel:
+        """The KV-cache module of this decoder, over the same parameter storage (rebuilt
+        when the parameters move: another device or dtype)."""
+        first = next(self.parameters())
+        if self._cached is None or self._cached[0] != first.data_ptr():
+            from tfgraph.compiler import compile as compile_spec
+
+            graph = compile_spec(self._cached_spec, cache=True)  # type: ignore[arg-type]
+            # detach() shares storage: the cached module reads these very weights
+            module = CachedDecoderModel(graph, {n: p.detach() for n, p in
+                                                self.named_parameters()})
+            module.attention_impl = self.attention_impl
+            self._cached = (first.data_ptr(), module.train(self.training))
+        cached: CachedDecoderModel = self._cached[1]
+        return cached
 
 
 class TokenTypeModel(TorchModel):

@@ -326,3 +326,30 @@ def test_torch_compile_traces_a_static_cache_step_once() -> None:
             logits, past = step(ids[:, t:t + 1], past_key_values=past, use_cache=True)
     torch._dynamo.reset()
     assert growing.frame_count > 2
+
+
+def test_the_ordinary_torch_module_takes_masks_and_a_cache() -> None:
+    """design §8: the torch module's forward takes attention_mask, past_key_values and
+    use_cache: a decoder's ordinary module runs them through its KV-cache graph over the same
+    parameters (a weight changed in place shows in both)."""
+    spec = load("tiny-llama")
+    model = to_torch(tfgraph.compile(spec), seed=1)
+    ids = ids_for(spec, 2, 10)
+    with torch.no_grad():
+        want = model(ids)
+        logits, past = model(ids[:, :6], use_cache=True)
+        steps = [logits]
+        for t in range(6, 10):
+            logits, past = model(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+            steps.append(logits)
+        torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0  # left padding: row 0 is its last 7 tokens alone
+        torch.testing.assert_close(model(ids, attention_mask=mask)[0, 3:],
+                                   model(ids[:1, 3:])[0], **TOL)
+        model.state_dict()["head.weight"].mul_(2.0)  # in place: the cache path sees it
+        torch.testing.assert_close(model(ids, attention_mask=torch.ones_like(ids)), model(ids),
+                                   **TOL)
+    encoder = to_torch(tfgraph.compile(load("tiny-encoder")), seed=1)
+    with pytest.raises(tfgraph.errors.TfgraphError, match="decoders"):
+        encoder(ids_for(load("tiny-encoder"), 1, 4), use_cache=True)
