@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import linear_rows, norm_rows
+from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
@@ -21,15 +21,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
                    "learned table")
     if cfg.bool("is_decoder", False) or cfg.bool("add_cross_attention", False):
         cfg.refuse("is_decoder", "only the BERT encoder (BertForMaskedLM) is imported")
-    draft.put("arch", "encoder-only")
-    draft.put("d_model", cfg.int("hidden_size"), "hidden_size")
-    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
-    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
-    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    put_sizes(draft, cfg, "encoder-only", True)
     draft.put("embedding.positions", "learned")
-    draft.put("embedding.scale", False)
-    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
-              "tie_word_embeddings")
     draft.put("embedding.output_bias", True)  # BertLMPredictionHead.bias
     types = cfg.int("type_vocab_size", 2)
     if types:

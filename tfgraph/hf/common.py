@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.config import HFConfig, SpecDraft
+from tfgraph.hf.config import HFConfig, SpecDraft, put_rope, rope_parameters
 from tfgraph.hf.names import Rule
 from tfgraph.spec import Spec
 
@@ -40,6 +40,38 @@ def put_windows(draft: SpecDraft, layer_types: list[Any] | None, window: int | N
             break
     draft.put("attention.window_pattern", [_WINDOW_KINDS[t] for t in layer_types[:period]],
               types_field, layer_types)
+
+
+def put_sizes(draft: SpecDraft, cfg: HFConfig, arch: str, tied: bool,
+              names: tuple[str, str, str, str] = ("hidden_size", "num_hidden_layers",
+                                                  "vocab_size", "max_position_embeddings")
+              ) -> int:
+    """arch, d_model, layers, vocab and max_len from the config fields ``names`` (width,
+    layers, vocabulary, positions: GPT-2 calls them n_embd, n_layer, vocab_size, n_positions),
+    an unscaled token table tied to the head unless tie_word_embeddings says otherwise
+    (``tied``: the family's default). Returns d_model."""
+    width, layers, vocab, positions = names
+    d = cfg.int(width)
+    draft.put("arch", arch)
+    draft.put("d_model", d, width)
+    draft.put("layers", cfg.int(layers), layers)
+    draft.put("vocab", cfg.int(vocab), vocab)
+    draft.put("max_len", cfg.int(positions), positions)
+    draft.put("embedding.scale", False)
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", tied),
+              "tie_word_embeddings")
+    return d
+
+
+def put_rms_rope(draft: SpecDraft, cfg: HFConfig, position: str) -> None:
+    """The RMSNorm (``rms_norm_eps``) at ``position`` with a final norm, and the rotary
+    settings (rope_parameters) of Llama-style families."""
+    draft.put("norm.position", position)
+    draft.put("norm.kind", "rmsnorm")
+    draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
+    draft.put("norm.final", True)
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
 
 
 def put_decoder_sizes(draft: SpecDraft, cfg: HFConfig, head_dim_field: str = "head_dim"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import head_rows, norm_rows
+from tfgraph.hf.common import head_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
@@ -17,16 +17,9 @@ from tfgraph.spec import Spec
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
-    d = cfg.int("n_embd")
-    draft.put("arch", "decoder-only")
-    draft.put("d_model", d, "n_embd")
-    draft.put("layers", cfg.int("n_layer"), "n_layer")
-    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
-    draft.put("max_len", cfg.int("n_positions"), "n_positions")
+    d = put_sizes(draft, cfg, "decoder-only", True,
+                  ("n_embd", "n_layer", "vocab_size", "n_positions"))
     draft.put("embedding.positions", "learned")
-    draft.put("embedding.scale", False)
-    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
-              "tie_word_embeddings")
     draft.put("attention.heads", cfg.int("n_head"), "n_head")
     if not cfg.bool("scale_attn_weights", True):
         draft.put("attention.scale", 1.0, "scale_attn_weights")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import linear_rows, norm_rows
+from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
@@ -15,16 +15,10 @@ from tfgraph.spec import Spec
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
-    d, heads = cfg.int("n_embd"), cfg.int("n_head")
-    draft.put("arch", "decoder-only")
-    draft.put("d_model", d, "n_embd")
-    draft.put("layers", cfg.int("n_layer"), "n_layer")
-    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
-    draft.put("max_len", cfg.int("n_positions"), "n_positions")
+    heads = cfg.int("n_head")
+    d = put_sizes(draft, cfg, "decoder-only", False,
+                  ("n_embd", "n_layer", "vocab_size", "n_positions"))
     draft.put("embedding.positions", "rope")
-    draft.put("embedding.scale", False)
-    tied = cfg.bool("tie_word_embeddings", False)
-    draft.put("embedding.tie_output", tied, "tie_word_embeddings")
     draft.put("embedding.output_bias", True)  # lm_head has a bias (modeling_gptj)
     draft.put("embedding.rotary_layout", "interleaved", "model_type")
     rotary_dim = cfg.int("rotary_dim", d // heads)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import (head_rows, llama_layer_rows, norm_rows, put_decoder_sizes,
-                               put_windows)
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+                               put_rms_rope, put_windows)
+from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
@@ -57,12 +57,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     # Only modeling_llama reads mlp_bias; the relatives' MLPs have no biases.
     draft.put("ffn.bias", cfg.bool("mlp_bias", False) if kind == "llama" else False,
               "mlp_bias" if kind == "llama" else None)
-    draft.put("norm.position", position)
-    draft.put("norm.kind", "rmsnorm")
-    draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
-    draft.put("norm.final", True)
-    where, params = rope_parameters(cfg)
-    put_rope(draft, params, where)
+    put_rms_rope(draft, cfg, position)
     window = cfg.get("sliding_window", None)
     if kind in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
         window = None

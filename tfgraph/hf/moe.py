@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import head_rows, llama_layer_rows, norm_rows, put_decoder_sizes, put_windows
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.common import (head_rows, llama_layer_rows, norm_rows, put_decoder_sizes,
+                               put_rms_rope, put_windows)
+from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import decoder_sizes, gated_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
@@ -63,12 +64,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     else:
         draft.put("ffn.experts", cfg.int("num_local_experts"), "num_local_experts")
         draft.put("ffn.router", "softmax_topk_renorm")
-    draft.put("norm.position", "pre")
-    draft.put("norm.kind", "rmsnorm")
-    draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
-    draft.put("norm.final", True)
-    where, params = rope_parameters(cfg)
-    put_rope(draft, params, where)
+    put_rms_rope(draft, cfg, "pre")
     window = cfg.get("sliding_window", None)
     if qwen and not cfg.bool("use_sliding_window", False):
         window = None

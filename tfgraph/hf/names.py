@@ -45,7 +45,8 @@ class Rule:
     ``heads`` (GPT-NeoX: per head, the rows of each part in turn, ``len(ours)`` parts of
     ``sizes[0]`` heads); ``alias`` (the same tensor under a second name, e.g. a tied
     ``lm_head.weight``: imported once, written back under both names in a state dict,
-    left out of a folder as ``save_pretrained`` leaves it out); ``generated`` (a buffer stored as a tensor but fixed by the config, e.g.
+    left out of a folder as ``save_pretrained`` leaves it out); ``generated`` (a buffer
+    stored as a tensor but fixed by the config, e.g.
     Marian's sinusoid tables, BART's zero ``final_logits_bias``: no tfgraph parameter;
     ``check`` validates it on import and ``make`` rebuilds it on export); ``expert`` (one
     expert's matrix, ``{e}`` in the name, of the tfgraph parameter stacking ``sizes[0]``

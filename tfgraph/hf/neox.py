@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import head_rows, linear_rows, norm_rows
+from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -19,15 +19,7 @@ from tfgraph.spec import Spec
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
-    d = cfg.int("hidden_size")
-    draft.put("arch", "decoder-only")
-    draft.put("d_model", d, "hidden_size")
-    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
-    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
-    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
-    draft.put("embedding.scale", False)
-    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", False),
-              "tie_word_embeddings")
+    d = put_sizes(draft, cfg, "decoder-only", False)
     draft.put("attention.heads", cfg.int("num_attention_heads"), "num_attention_heads")
     draft.put("attention.bias", cfg.bool("attention_bias", True), "attention_bias")
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import head_rows, linear_rows, norm_rows
+from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
@@ -28,16 +28,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if cfg.bool("_remove_final_layer_norm", False):
         cfg.refuse("_remove_final_layer_norm", "tfgraph's pre-norm models keep the final norm "
                    "when norm.final is true; this option drops it from a pre-norm OPT")
-    draft.put("arch", "decoder-only")
-    draft.put("d_model", d, "hidden_size")
-    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
-    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
-    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    put_sizes(draft, cfg, "decoder-only", True)
     draft.put("embedding.positions", "learned")
     draft.put("embedding.position_offset", OFFSET, "model_type")
-    draft.put("embedding.scale", False)
-    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
-              "tie_word_embeddings")
     draft.put("attention.heads", cfg.int("num_attention_heads"), "num_attention_heads")
     bias = cfg.bool("enable_bias", True)
     draft.put("attention.bias", bias, "enable_bias")

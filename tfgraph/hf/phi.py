@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import linear_rows, norm_rows
+from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -20,14 +20,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if cfg.bool("qk_layernorm", False):
         cfg.refuse("qk_layernorm", "Phi's LayerNorm on q and k is not imported (tfgraph's "
                    "attention.qk_norm is checked against Qwen3, Gemma 3 and OLMo 2 only)")
-    draft.put("arch", "decoder-only")
-    draft.put("d_model", d, "hidden_size")
-    draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
-    draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
-    draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
-    draft.put("embedding.scale", False)
-    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", False),
-              "tie_word_embeddings")
+    put_sizes(draft, cfg, "decoder-only", False)
     draft.put("embedding.output_bias", True)  # PhiForCausalLM: lm_head has a bias
     draft.put("attention.heads", heads, "num_attention_heads")
     draft.put("attention.kv_heads", cfg.int("num_key_value_heads", heads), "num_key_value_heads")
