@@ -52,7 +52,7 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "filename": model_file,
                 "head_size": int(past[0][3]),
-                "hidden_size": spec.d_model,
+                "hidden_size": int(graph.sizes["d_model"]),
                 "inputs": {
                     "input_ids": "input_ids",
                     "attention_mask": "attention_mask",
@@ -65,14 +65,14 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
                     "present_key_names": "present.%d.key",
                     "present_value_names": "present.%d.value",
                 },
-                "num_attention_heads": spec.attention.heads,
+                "num_attention_heads": int(graph.sizes["heads"]),
                 "num_hidden_layers": len(past) // 2,
                 "num_key_value_heads": int(past[0][1]),
             },
             "eos_token_id": eos,
             "pad_token_id": token("pad_token_id", eos if isinstance(eos, int) else 0),
             "type": "llama",  # onnxruntime-genai's plain decoder-only pipeline
-            "vocab_size": spec.output_vocab,
+            "vocab_size": int(graph.node(graph.outputs[0]).type.shape[-1]),
         },
         "search": {
             "diversity_penalty": 0.0, "do_sample": False, "early_stopping": True,

@@ -76,7 +76,6 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
 def _from_spec(source: str, backend: str, provider: str, threads: int | None,
                weights_seed: int | None, opset: int, decoder_start: int,
                cache: bool) -> Opened:
-    import tfgraph
     from tfgraph.model_source import load_source
 
     try:
@@ -84,11 +83,11 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
     except TfgraphError as err:  # generate's --seed seeds sampling; weights have their own
         raise TfgraphError(str(err).replace("--seed N", "--weights-seed N")) from None
     spec = built.spec
-    _check_arch(spec, source)
-    if cache and _seq2seq_cache(spec):
-        return _cached_seq2seq(built, source, backend, provider, threads, weights_seed, opset,
-                               decoder_start)
-    graph = tfgraph.compile(spec, cache=cache and spec.arch == "decoder-only")
+    graphs = _decoding_graphs(spec, cache, source)
+    if len(graphs) == 2:  # an encoder-decoder's encoder and decoder cache graphs
+        return _cached_seq2seq(built, graphs, source, backend, provider, threads,
+                               weights_seed, opset, decoder_start)
+    graph = graphs[0]
     weights = built.weights(graph) if built.checkpoint is not None else None
     seed = weights_seed or 0
     origin = "its weights" if weights is not None else f"seed {seed}"
@@ -114,13 +113,24 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
                   keep)
 
 
-def _seq2seq_cache(spec: Spec) -> bool:
-    """Whether an encoder-decoder has KV-cache graphs (tfgraph.lower: not with q/k norms
-    yet); others decode by recomputation."""
-    return spec.arch == "encoder-decoder" and spec.attention.qk_norm == "none"
+def _decoding_graphs(spec: Spec, cache: bool, where: str) -> list[Any]:
+    """tfgraph.compiler.decoding_graphs, its refusal naming ``where``."""
+    from tfgraph.compiler import decoding_graphs
+
+    _check_decodes(spec, where)
+    return decoding_graphs(spec, cache)
 
 
-def _cached_seq2seq(built: Any, source: str, backend: str, provider: str,
+def _check_decodes(spec: Spec, where: str) -> None:
+    from tfgraph.compiler import check_decodes
+
+    try:
+        check_decodes(spec)
+    except TfgraphError as err:
+        raise TfgraphError(f"{where}: {err}") from None
+
+
+def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, provider: str,
                     threads: int | None, weights_seed: int | None, opset: int,
                     decoder_start: int) -> Opened:
     """An encoder-decoder decoding through its two KV-cache graphs: the encoder once, the
@@ -128,7 +138,6 @@ def _cached_seq2seq(built: Any, source: str, backend: str, provider: str,
     import tfgraph
 
     spec = built.spec
-    parts = [tfgraph.compile(spec, cache=True, part=p) for p in ("encoder", "decoder")]
     seed = weights_seed or 0
     weights = None
     if built.checkpoint is not None:
@@ -192,14 +201,14 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
             prompt_vocab = vocab.get("input_ids", vocab.get("src_ids"))
         return Opened(stepper, source, runs_on, tokenizer, prompt_vocab)
     spec = _stored_spec(model, source)
-    _check_arch(spec, source)
     import tfgraph
     from tfgraph.exporters import to_torch
 
+    graphs = _decoding_graphs(spec, cache, source)
     graph = tfgraph.compile(spec)
     weights = _initializers(Path(source), graph)
-    if cache and spec.arch == "decoder-only":  # the same parameters run through the cache
-        graph = tfgraph.compile(spec, cache=True)
+    if len(graphs) == 1:  # a decoder: the same parameters run through its cache graph
+        graph = graphs[0]
     module = to_torch(graph, weights=weights)
     stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start)
     return Opened(stepper, f"{source} (torch, its weights)", runs_on, tokenizer,
@@ -221,7 +230,7 @@ def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider
     iface = rt.interface(model, where)
     spec = _stored_spec(model, where) if iface.spec_json is not None else None
     if spec is not None:
-        _check_arch(spec, where)
+        _check_decodes(spec, where)
     elif iface.inputs == rt.TOKEN_TYPE_INPUTS:
         raise TfgraphError(f"{where}: takes token_type_ids (an encoder): nothing to generate")
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
@@ -302,7 +311,7 @@ def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
 
         return torch_cached(module, spec.output_vocab, spec.max_len, device,
                             output_probs=spec.output == "probs"), f"torch {device} ({why})"
-    stepper = RecomputeTorch(module, spec.arch == "encoder-decoder", spec.output_vocab,
+    stepper = RecomputeTorch(module, "tgt_ids" in module.input_names, spec.output_vocab,
                              spec.max_len, decoder_start, output_probs=spec.output == "probs",
                              device=device)
     return stepper, f"torch {device} ({why})"
@@ -322,12 +331,6 @@ def _torch_device(provider: str) -> tuple[str, str]:
         raise TfgraphError("--provider cuda: torch sees no CUDA device here; use --provider "
                            "cpu or auto")
     return "cpu", "auto: torch sees no CUDA device"
-
-
-def _check_arch(spec: Spec, where: str) -> None:
-    if spec.arch == "encoder-only":
-        raise TfgraphError(f"{where}: {spec.name} is an encoder-only model: it has no decoder "
-                           "to generate with")
 
 
 def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int

@@ -43,3 +43,26 @@ def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
     if lint:
         graph.lint()
     return graph
+
+
+def decoding_graphs(spec: Spec, cache: bool = True) -> list[CompiledGraph]:
+    """The graphs a decoding loop runs (tfgraph generate): with ``cache``, a decoder's
+    KV-cache graph or an encoder-decoder's two (encoder, decoder: tfgraph.lower.cache_parts);
+    else, or where there is no cache graph, the full-sequence graph. An encoder has nothing
+    to decode: TfgraphError."""
+    from tfgraph.lower import cache_parts
+
+    check_decodes(spec)
+    parts = cache_parts(spec) if cache else None
+    if parts is None:
+        return [compile(spec)]
+    return [compile(spec, cache=True, part=part) for part in parts]
+
+
+def check_decodes(spec: Spec) -> None:
+    """TfgraphError unless ``spec`` has a decoder to generate with."""
+    from tfgraph.errors import TfgraphError
+
+    if spec.arch == "encoder-only":
+        raise TfgraphError(f"{spec.name} is an encoder-only model: it has no decoder to "
+                           "generate with")

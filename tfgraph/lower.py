@@ -672,6 +672,17 @@ def _role(meta: NodeMeta, role: str) -> NodeMeta:
 G = TypeVar("G", bound=Graph)
 
 
+def cache_parts(spec: Spec) -> tuple[str | None, ...] | None:
+    """The KV-cache graphs a spec has, by ``part``: one for a decoder (None), the encoder and
+    the decoder of an encoder-decoder; None when there are none (an encoder; an
+    encoder-decoder with q/k norms, which the cache graphs do not cover yet)."""
+    if spec.arch == "decoder-only":
+        return (None,)
+    if spec.arch == "encoder-decoder" and spec.attention.qk_norm == "none":
+        return ("encoder", "decoder")
+    return None
+
+
 @overload
 def lower(spec: Spec, sizes: Sizes | None = None) -> Graph: ...
 
