@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from tfgraph.exporters.onnx_runtime import run_all
 from tfgraph.generation.cached import Cached, CachedSeq2Seq
 
 
@@ -31,13 +32,7 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
         feeds = {"input_ids": ids, "attention_mask": mask, **past}
         if with_positions:
             feeds["position_ids"] = positions
-        try:
-            out = session.run(None, feeds)
-        except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
-            from tfgraph.errors import TfgraphError
-
-            text = " ".join(str(err).split())
-            raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
+        out = run_all(session, feeds)
         return np.asarray(out[0], np.float32), dict(zip(names, out[1:]))
 
     def select(past: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -92,7 +87,7 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
         feeds = {"src_ids": ids, "attention_mask": mask}
         if "position_ids" in encoder_inputs:
             feeds["position_ids"] = positions
-        out = _run(encoder, feeds)
+        out = run_all(encoder, feeds)
         return dict(zip(cross_names, out[1:]))
 
     def decode(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
@@ -102,7 +97,7 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
                  "encoder_attention_mask": source_mask, **cross, **past}
         if "position_ids" in decoder_inputs:
             feeds["position_ids"] = positions
-        out = _run(decoder, feeds)
+        out = run_all(decoder, feeds)
         return np.asarray(out[0], np.float32), dict(zip(names, out[1:]))
 
     def empty(batch: int) -> dict[str, np.ndarray]:
@@ -148,14 +143,3 @@ def torch_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None, d
 
     return CachedSeq2Seq(encode, decode, empty, select, vocab, max_len, decoder_start,
                          output_probs)
-
-
-def _run(session: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
-    try:
-        out: list[Any] = session.run(None, feeds)
-    except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
-        from tfgraph.errors import TfgraphError
-
-        text = " ".join(str(err).split())
-        raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
-    return out

@@ -9,7 +9,7 @@ at run time, so every sequence length works without a baked-in maximum.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,14 @@ class Builder:
         return self.add(scope, op, [x, self.ints(axes)], keepdims=1)
 
     # -- shared, cached helpers
+
+    def memo(self, key: tuple[Any, ...], make: Callable[[], str]) -> str:
+        """The value ``make()`` gives, built once per model and ``key`` (nodes several
+        emitters share: one set in the graph, not one per layer)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        value: str = self._cache[key]
+        return value
 
     def seq_len(self, sym: Any) -> str:
         """The runtime length of sequence symbol ``sym`` as an int64 scalar."""

@@ -36,12 +36,12 @@ def _read_mask(b: Builder, n: Node, mask: str) -> str:
     step's length and the node's causal, window and self_read only, so it is built once per
     model and kind of layer (local, global, cross), not once per layer: onnxruntime runs
     every node of a decoding step, and small ones dominate once the weights are read."""
-    key = ("read_mask", mask, bool(n.attrs["causal"]), n.attrs.get("window"),
-           bool(n.attrs.get("self_read", True)))
-    if key not in b._cache:
-        b._cache[key] = _build_read_mask(b, f"attention_mask.{len(b._cache)}", n, mask)
-    result: str = b._cache[key]
-    return result
+    causal, window = bool(n.attrs["causal"]), n.attrs.get("window")
+    own = bool(n.attrs.get("self_read", True))
+    scope = f"{mask}.{'causal' if causal else 'full'}{f'_w{window}' if window else ''}" \
+        f"{'' if own else '_cross'}"
+    return b.memo(("read_mask", mask, causal, window, own),
+                  lambda: _build_read_mask(b, scope, n, mask))
 
 
 def _build_read_mask(b: Builder, scope: str, n: Node, mask: str) -> str:

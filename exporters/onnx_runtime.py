@@ -200,12 +200,20 @@ def random_ids(iface: Interface, batch: int, seq: int, tgt_seq: int | None = Non
 
 
 def run(session: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    """One forward pass; runtime failures (e.g. ids out of range) become TfgraphError."""
+    """One forward pass, its first output; runtime failures (e.g. ids out of range) become
+    TfgraphError."""
+    first: np.ndarray = run_all(session, feeds)[0]
+    return first
+
+
+def run_all(session: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
+    """One forward pass, every output (a KV-cache model's present keys/values too)."""
     try:
-        return session.run(None, feeds)[0]
+        out: list[Any] = session.run(None, feeds)
     except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
         text = " ".join(str(err).split())
         raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
+    return out
 
 
 @dataclass
