@@ -1,0 +1,103 @@
+"""How each parameter is split across tensor- and expert-parallel ranks: one table, read by the
+planner (``tfgraph plan``: bytes per rank) and by ``tfgraph.exporters.parallelize`` (the
+``ColwiseParallel`` / ``RowwiseParallel`` plan applied to the module), so what the plan counts
+is what the module holds.
+
+The split follows Megatron-LM (Shoeybi et al. 2019, section 3): the projections that open a
+sublayer (q, k, v; up, gate) are split by output rows ("colwise"), the ones that close it
+(o, down) by input columns ("rowwise"), so a sublayer needs one reduction of its output; token
+tables and the output head are split by vocabulary rows ("vocab"); stacked routed experts are
+split by expert across expert-parallel ranks and by hidden unit across tensor-parallel ranks.
+Norms, routers, position tables and small gates are replicated. Roles come from the graph's
+node metadata (``NodeMeta.role``), as Hugging Face's ``base_model_tp_plan`` and torchtitan's
+plans key on parameter names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tfgraph.errors import TfgraphError
+from tfgraph.ir import Graph, Node
+
+Style = Literal["colwise", "rowwise", "vocab", "heads", "experts_colwise", "experts_rowwise",
+                "replicate"]
+
+# Role of a parameter's owner (NodeMeta.role without ".weight" / ".bias") -> its style.
+_LAYER_STYLES: dict[str, Style] = {
+    "q": "colwise", "k": "colwise", "v": "colwise", "up": "colwise", "gate": "colwise",
+    "shared.up": "colwise", "shared.gate": "colwise",
+    "o": "rowwise", "down": "rowwise", "shared.down": "rowwise",
+    "experts.up": "experts_colwise", "experts.gate": "experts_colwise",
+    "experts.down": "experts_rowwise",
+}
+_EMBED_STYLES: dict[str, Style] = {
+    "tokens": "vocab", "source_tokens": "vocab", "target_tokens": "vocab",
+    "relative_bias": "heads",  # (buckets, heads): each rank keeps its heads' columns
+}
+
+
+@dataclass(frozen=True)
+class ParamShard:
+    """Where one parameter is cut: ``tp_dim`` across tensor-parallel ranks, ``ep_dim`` across
+    expert-parallel ranks (None: not cut that way)."""
+
+    style: Style
+    tp_dim: int | None
+    ep_dim: int | None = None
+
+
+def _owner_role(p: Node) -> tuple[str, str]:
+    role = p.meta.role
+    base, _, leaf = role.rpartition(".")
+    return (base, leaf) if leaf in ("weight", "bias") else (role, "")
+
+
+def param_shard(p: Node) -> ParamShard:
+    """The split of one parameter node (see the module docstring)."""
+    base, leaf = _owner_role(p)
+    part = p.meta.part
+    style: Style = "replicate"
+    if part == "layer":
+        style = _LAYER_STYLES.get(base, "replicate")
+    elif part == "embed":
+        style = _EMBED_STYLES.get(base, "replicate")
+    elif part == "head" and base in ("weight", "bias", ""):
+        style = "vocab"  # head.weight (V, d) and head.bias (V,)
+    if style == "colwise" or style == "vocab":
+        return ParamShard(style, 0)
+    if style == "rowwise":  # the bias is added after the reduction: whole on every rank
+        return ParamShard(style, 1) if leaf == "weight" else ParamShard("replicate", None)
+    if style == "heads":
+        return ParamShard(style, 1)
+    if style == "experts_colwise":  # (E, hidden, d)
+        return ParamShard(style, 1, 0)
+    if style == "experts_rowwise":  # (E, d, hidden)
+        return ParamShard(style, 2, 0)
+    return ParamShard("replicate", None)
+
+
+def tp_plan(graph: Graph) -> dict[str, ParamShard]:
+    """Every parameter of ``graph`` (by name) with its split."""
+    return {p.name: param_shard(p) for p in graph.params()}
+
+
+def check_divisible(graph: Graph, tp: int = 1, ep: int = 1) -> None:
+    """Refuse a tensor/expert-parallel degree that does not divide what it cuts: every split
+    dimension, and the query and key/value heads of every attention (a rank holds whole
+    heads). Raises TfgraphError naming the first node that does not divide."""
+    for name, shard in tp_plan(graph).items():
+        shape = graph.node(name).attrs["shape"]
+        if tp > 1 and shard.tp_dim is not None and shape[shard.tp_dim] % tp:
+            raise TfgraphError(f"--tp {tp} does not divide {name} dimension {shard.tp_dim} "
+                               f"({shape[shard.tp_dim]})")
+        if ep > 1 and shard.ep_dim is not None and shape[shard.ep_dim] % ep:
+            raise TfgraphError(f"--ep {ep} does not divide the {shape[shard.ep_dim]} experts "
+                               f"of {name}")
+    if tp > 1:
+        for node in graph.ops():
+            for key in ("heads", "kv_heads"):
+                if key in node.attrs and node.attrs[key] % tp:
+                    raise TfgraphError(f"--tp {tp} does not divide the {node.attrs[key]} "
+                                       f"{key.replace('_', ' ')} of {node.name}")
