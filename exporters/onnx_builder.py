@@ -29,8 +29,12 @@ class Builder:
     def __init__(self, graph: Graph, opset: int) -> None:
         self.graph = graph
         self.opset = opset
-        # The model's dtype is that of its output (logits or probs), as lowering typed it.
-        self.dtype: str = graph.node(graph.outputs[0]).type.dtype
+        # The model's dtype is that of its output (logits or probs), as lowering typed it;
+        # a loss graph's (a float32 loss) is its logits'.
+        out = graph.node(graph.outputs[0])
+        if out.op == "cross_entropy":
+            out = graph.node(out.inputs[0])
+        self.dtype: str = out.type.dtype
         self.nodes: list[onnx.NodeProto] = []
         self._used: set[str] = set()
         self._cache: dict[tuple[Any, ...], Any] = {}

@@ -309,7 +309,18 @@ def _per_head(norm: Emitter) -> Emitter:
     return emit
 
 
+def _cross_entropy(b: Builder, n: Node) -> str:
+    """The training loss (tfgraph.ops_loss): SoftmaxCrossEntropyLoss (opset 12) over the
+    logits upcast to float32 with the classes second, (B, V, L), mean over the tokens."""
+    logits, labels = n.inputs
+    if b.graph.node(logits).type.dtype != "float32":
+        logits = b.cast(n.name, logits, "float32", tag="upcast")
+    scores = b.add(n.name, "Transpose", [logits], tag="classes_second", perm=[0, 2, 1])
+    return b.add(n.name, "SoftmaxCrossEntropyLoss", [scores, labels], n.name, reduction="mean")
+
+
 ONNX_OPS: dict[str, Emitter] = {
+    "cross_entropy": _cross_entropy,
     "embedding": _embedding,
     "scale": _scale,
     "positions_sinusoidal": _positions_sinusoidal,

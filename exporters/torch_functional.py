@@ -288,6 +288,13 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return torch.native_dropout(x, p, True)[0]
 
 
+def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean token cross-entropy of logits (B, L, V) against labels (B, L) int64, computed in
+    float32 (16-bit logits are upcast, as Megatron-LM and transformers do): a float32 scalar.
+    Autograd keeps the float32 log-probabilities, the labels and a scalar (tfgraph.ops_loss)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
 def route(logits: Tensor, top_k: int, router: str) -> Tensor:
     """Routing weights (B, L, E) from router logits (B, L, E): the k weights at their experts,
     exactly 0 elsewhere, computed in float32 as transformers' MoE routers do. router

@@ -53,7 +53,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 
 __all__ = ["ATTENTION_IMPLS", "TORCH_DTYPES", "TORCH_INPLACE", "TORCH_OPS", "TorchModel",
-           "LayerModule", "to_torch"]
+           "LayerModule", "LossModel", "to_torch"]
 
 # (lowering, attrs, input slots, output slot, slots freed after it,
 #  in-place lowering or None, its input slots (the operand to overwrite first))
@@ -435,6 +435,20 @@ class EncoderDecoderModel(TorchModel):
         return self._run((src_ids, tgt_ids))
 
 
+class LossModel(TorchModel):
+    """A loss graph (``tfgraph.compile(spec, loss=True)``): the model, then the token
+    cross-entropy against ``labels`` (tfgraph.ops_loss)."""
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        """The graph's inputs in its order (``input_names``: the ids as the model takes them,
+        then labels (B, L) int64) -> the mean cross-entropy over the B*L tokens, a float32
+        scalar."""
+        if len(inputs) != len(self.input_names):
+            raise TfgraphError(f"{self.graph_name}: the loss model takes "
+                               f"{', '.join(self.input_names)}; got {len(inputs)} tensors")
+        return self._run(inputs)
+
+
 def _region_paths(graph: Graph, region: Mapping[str, tuple[Any, ...]]
                   ) -> dict[tuple[Any, ...], str]:
     """Module path of each layer region: the outermost module its nodes are computed in
@@ -586,7 +600,9 @@ def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = No
     else:
         values = _as_tensors(graph, weights, dtype, "weights")
     cls: type[TorchModel] = DecoderOnlyOrEncoderModel
-    if "encoder_attention_mask" in graph.inputs:
+    if "labels" in graph.inputs:
+        cls = LossModel
+    elif "encoder_attention_mask" in graph.inputs:
         cls = CachedSeq2SeqDecoderModel
     elif "src_ids" in graph.inputs and "attention_mask" in graph.inputs:
         cls = CachedEncoderModel

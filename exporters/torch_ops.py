@@ -129,6 +129,7 @@ TORCH_OPS: dict[str, Lowering] = {
                                                       a["activation"]),
     "sigmoid_gate": lambda m, a, g, y: g.sigmoid() * y,
     "softmax": lambda m, a, x: x.softmax(dim=-1),
+    "cross_entropy": lambda m, a, logits, labels: tf.cross_entropy(logits, labels),
     "softcap": lambda m, a, x: tf.soft_cap(x, a["cap"]),
     "relative_bias": lambda m, a, table, x, keys=None: tf.relative_position_bias(
         table, x.shape[1], a["bidirectional"], a["buckets"], a["max_distance"],
@@ -341,6 +342,8 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
     "sigmoid_gate": SourceTemplate(lambda o, a: f"{o[0]}.sigmoid() * {o[1]}",
                                    dims=lambda d: d[1]),
     "softmax": SourceTemplate(lambda o, a: f"{o[0]}.softmax(dim=-1)"),
+    "cross_entropy": SourceTemplate(lambda o, a: f"cross_entropy({o[0]}, {o[1]})",
+                                    dims=lambda d: ()),
     "softcap": SourceTemplate(lambda o, a: f"soft_cap({o[0]}, {a('cap')})"),
     "relative_bias": SourceTemplate(
         lambda o, a: f"relative_position_bias({o[0]}, {o[1]}.shape[1], {a('bidirectional')}, "

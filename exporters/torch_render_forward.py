@@ -19,7 +19,8 @@ from tfgraph.ir import Node
 GENERIC = ("x", "h", "y", "z")
 """Names of values without a role name, in order of preference (nanoGPT's style)."""
 ROLE_NAMES = {"q": "q", "q_rope": "q", "k": "k", "k_rope": "k", "v": "v", "gate": "gate",
-              "up": "up", "tokens": "x", "logits": "logits", "probs": "probs"}
+              "up": "up", "tokens": "x", "logits": "logits", "probs": "probs",
+              "loss": "loss"}
 """Variables named after the node's role (``meta.role``)."""
 
 

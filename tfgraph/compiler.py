@@ -27,10 +27,14 @@ class CompiledGraph(Graph):
 
 
 def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
-            cache: bool = False, part: str | None = None) -> CompiledGraph:
+            cache: bool = False, part: str | None = None, loss: bool = False
+            ) -> CompiledGraph:
     """Lower ``spec`` to an op graph with symbolic shapes; ``lint`` checks it (on by default).
     ``cache``: the KV-cache inference graph of a decoder (README, "KV cache"); for an
     encoder-decoder, ``part`` "encoder" or "decoder" says which of its two graphs.
+    ``loss``: the training graph: a ``labels`` input (B, L) int64 and the token
+    cross-entropy ``loss`` (a float32 scalar, the graph's only output) after the logits
+    (tfgraph.ops_loss); what ``tfgraph.train_walk`` walks.
 
     Costs are computed lazily by ``graph.report(...)`` (tfgraph.report) and memoised on the
     graph until it changes.
@@ -39,7 +43,7 @@ def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
         from tfgraph.loader import load_spec
 
         spec = load_spec(spec)
-    graph = lower(spec, None, CompiledGraph, cache, part)
+    graph = lower(spec, None, CompiledGraph, cache, part, loss)
     if lint:
         graph.lint()
     return graph

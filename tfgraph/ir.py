@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 import networkx as nx
 import sympy
 
+import tfgraph.ops_loss  # noqa: F401 (registers the training loss op into OPS)
 import tfgraph.ops_moe  # noqa: F401 (registers the mixture-of-experts ops into OPS)
 from tfgraph.ops import OPS
 from tfgraph.tensor import (  # noqa: F401 (re-exported: the IR's types)

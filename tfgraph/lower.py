@@ -142,8 +142,11 @@ PARALLEL_DOC = "parallel residual (GPT-J, GPT-NeoX): x = x + attn(norm(x)) + ffn
 
 class _Lowering:
     def __init__(self, spec: Spec, sizes: Sizes, graph_type: type[Graph],
-                 cache: bool = False, part: str | None = None) -> None:
+                 cache: bool = False, part: str | None = None, loss: bool = False) -> None:
         self.spec = spec
+        # The training graph: a labels input and the cross-entropy node "loss" after the
+        # logits (tfgraph.ops_loss); "loss" is its only output.
+        self.loss = loss
         # The inference graph (README, "KV cache"): attention_mask, position_ids and each
         # layer's past keys/values in, logits and the present keys/values out. An
         # encoder-decoder's is two graphs (``part``): the encoder, which also computes every
@@ -253,7 +256,8 @@ class _Lowering:
             stack = "decoder" if spec.arch == "decoder-only" else "encoder"
             x = self.stack(stack, ids, table, causal=stack == "decoder", memory=None)
             out_table = table
-        g.set_output(self.head(x, out_table))
+        out = self.head(x, out_table)
+        g.set_output(self.cross_entropy(out) if self.loss else out)
         for present in self.presents:  # after the logits: the optimum / genai output order
             g.set_output(present)
         return g
@@ -444,6 +448,9 @@ class _Lowering:
 
     def _check_cache(self) -> None:
         spec = self.spec
+        if self.loss and self.cache:
+            raise TfgraphError(f"{spec.name}: a KV-cache graph is for inference; the loss "
+                               "graph (loss=True) is the full-sequence one")
         if not self.cache:
             if self.part is not None:
                 raise TfgraphError(f"{spec.name}: part={self.part!r} is for KV-cache graphs")
@@ -654,10 +661,20 @@ class _Lowering:
         if spec.head.softcap is not None:  # Gemma 2: cap * tanh(logits / cap)
             logits = g.add("softcap", [logits], name="logits", scope="head",
                            cap=spec.head.softcap, meta=_role(meta, "logits"))  # (B, L, V)
-        if spec.output == "probs":
+        if spec.output == "probs" and not self.loss:  # the loss reads the logits
             return g.add("softmax", [logits], name="probs", scope="head",
                          meta=_role(meta, "probs"))
         return logits
+
+    def cross_entropy(self, logits: str) -> str:
+        """The training loss: a ``labels`` input (B, L) int64 for the logits' L positions
+        (the target's, T, in an encoder-decoder) and ``loss``, the mean token cross-entropy.
+        The logits stay the loss's operand, not an output: a training step that returned them
+        would hold B*L*V through backward, which F.cross_entropy itself does not keep."""
+        length = T if self.spec.arch == "encoder-decoder" else S
+        labels = self.g.input("labels", (B, length))  # (B, L) int64
+        return self.g.add("cross_entropy", [logits, labels], name="loss", scope="head",
+                          meta=NodeMeta(part="head", role="loss", module=""))  # () float32
 
 
 def _inner_activation(act: str) -> str:
@@ -689,14 +706,16 @@ def lower(spec: Spec, sizes: Sizes | None = None) -> Graph: ...
 
 @overload
 def lower(spec: Spec, sizes: Sizes | None, graph_type: type[G], cache: bool = False,
-          part: str | None = None) -> G: ...
+          part: str | None = None, loss: bool = False) -> G: ...
 
 
 def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Graph,
-          cache: bool = False, part: str | None = None) -> Graph:
+          cache: bool = False, part: str | None = None, loss: bool = False) -> Graph:
     """Lower a validated spec to an op graph (shapes inferred as nodes are added); ``sizes``
     defaults to the spec's own (``Sizes.of(spec)``); ``graph_type`` is the class of the result
     (``tfgraph.compile`` asks for one with ``report()``). ``cache``: the inference graph of a
     decoder (attention_mask, position_ids and past keys/values in; logits and present
-    keys/values out); an encoder-decoder's is two graphs, ``part`` "encoder" or "decoder"."""
-    return _Lowering(spec, sizes or Sizes.of(spec), graph_type, cache, part).model()
+    keys/values out); an encoder-decoder's is two graphs, ``part`` "encoder" or "decoder".
+    ``loss``: the training graph, a ``labels`` input (B, L) int64 and the cross-entropy node
+    ``loss`` (its only output) after the logits (the logits, not probs, with output probs)."""
+    return _Lowering(spec, sizes or Sizes.of(spec), graph_type, cache, part, loss).model()
