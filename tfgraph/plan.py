@@ -8,7 +8,8 @@ The plan's rules:
 - op nodes run in the graph's deterministic topological order; inputs are live from the start,
   parameters are weights (never activations);
 - an op whose table entry says ``aliases_input`` (dropout, the identity at inference) writes no
-  buffer of its own: its output is its input's buffer (``owner``);
+  buffer of its own: its output is its input's buffer (``owner``); in the training walk
+  (``training=True``, read by ``tfgraph.train_walk``) it does, as dropout in training does;
 - a buffer lives from its producer to its last reader; graph outputs live to the end;
 - a *region* is a group of nodes run as one call (a layer module): a buffer produced outside a
   region and read inside it is held by the caller until the call returns, so it lives until the
@@ -76,20 +77,23 @@ def layer_region(node: Node) -> tuple[Any, ...] | None:
     return None if m.layer is None else (m.stack, m.layer)
 
 
-def plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None] = layer_region
-         ) -> Plan:
-    """The walk of ``graph`` with layers as regions (see the module docstring)."""
+def plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None] = layer_region,
+         training: bool = False) -> Plan:
+    """The walk of ``graph`` with layers as regions (see the module docstring); with
+    ``training`` no op aliases its input (dropout writes its own buffer)."""
     if region_of is layer_region:
-        return graph.memo("plan", lambda: _plan(graph, region_of))
-    return _plan(graph, region_of)
+        key = "plan_training" if training else "plan"
+        return graph.memo(key, lambda: _plan(graph, region_of, training))
+    return _plan(graph, region_of, training)
 
 
-def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None]) -> Plan:
+def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
+          training: bool = False) -> Plan:
     ops = list(graph.ops())
     pos = {n.name: i for i, n in enumerate(ops)}
     owner: dict[str, str] = {}
     for n in graph.nodes():
-        aliases = n.op in OPS and OPS[n.op].aliases_input
+        aliases = not training and n.op in OPS and OPS[n.op].aliases_input
         owner[n.name] = owner[n.inputs[0]] if aliases else n.name
     region = {n.name: r for n in ops if (r := region_of(n)) is not None}
     region_end: dict[tuple[Any, ...], int] = {}

@@ -1,0 +1,224 @@
+"""The training step's activation memory (tfgraph.train_walk) against one real step of the
+torch module on CPU.
+
+Measured, per spec (dense pre-norm with dropout, post-norm encoder-decoder with dropout,
+GQA + rope + SwiGLU, mixture of experts, T5's encoder-decoder with a position bias, bf16):
+- saved bytes: every tensor ``saved_tensors_hooks`` sees in the training forward and the
+  loss (each storage once, parameters excluded) equals the graph's saved bytes exactly, once
+  the terms the op table leaves out are added (stated in ``uncounted``);
+- the backward-start live set: those plus the logits' gradient, within 5% (exact with those
+  terms);
+- the live peak: a dispatch mode that tracks every storage the step creates (alive until its
+  last reference dies; parameters and their gradients left out) peaks within 5% of
+  ``train_peak``. Attention runs as SDPA (``attention_impl`` "sdpa"), the fused kernel the
+  accounting assumes (``fused_attention=True``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import pytest
+import sympy
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import tfgraph
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters import to_torch
+from tfgraph.exporters.torch_functional import cross_entropy
+from tfgraph.ir import B, S
+from tfgraph.loader import load_spec
+from tfgraph.report import sizes_for
+from tfgraph.tensor import DTYPE_BYTES
+from tfgraph.train_walk import saved_by_layer, train_peak
+
+from conftest import ROOT, small
+from test_torch_module import make_ids
+
+SPECS = ["tiny-decoder.yaml", "tiny-marian.yaml", "tiny-llama.yaml", "tiny-moe.yaml",
+         "tiny-t5.yaml", "tiny-bf16.yaml"]
+SHAPES = [(2, 12, 10), (4, 32, 24)]  # (batch, seq, tgt_seq)
+
+
+def _spec(name: str) -> Any:
+    return small(load_spec(ROOT / "specs" / name))
+
+
+def _labels(graph: tfgraph.CompiledGraph, batch: int, seq: int, tgt: int) -> torch.Tensor:
+    length = tgt if "tgt_ids" in graph.inputs else seq
+    vocab = int(graph.node("logits").type.shape[-1])
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(5))
+
+
+def uncounted(spec: Any, batch: int, seq: int, tgt: int) -> int:
+    """Bytes torch saves that the op table does not count, term by term:
+    - rotary positions: the cos and sin tables, one (S, rotary dims) pair per sequence shared
+      by every layer (ops.py, rope: "not counted");
+    - attention run as explicit matmuls (T5's position bias has no fused kernel): the causal
+      mask, a (T, T) bool tensor per decoder self-attention (masked_fill keeps it)."""
+    extra = 0
+    if spec.embedding.positions == "rope":
+        extra += 2 * seq * spec.rotary_dim * DTYPE_BYTES[spec.dtype]
+    if spec.embedding.positions == "relative":
+        extra += spec.layer_count("decoder") * tgt * tgt
+    return extra
+
+
+def measured_saved(spec: Any, batch: int, seq: int, tgt: int) -> tuple[int, int]:
+    """(saved bytes, logits' gradient bytes) of one training step of the ordinary module
+    with the loss graph's cross-entropy on its logits."""
+    plain = tfgraph.compile(spec)
+    model = to_torch(plain, seed=0).train()  # dropout on: its masks are saved
+    ids = make_ids(plain, batch, seq, tgt)
+    labels = _labels(plain, batch, seq, tgt)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(*ids)
+        loss = cross_entropy(logits, labels)
+    logits.retain_grad()
+    loss.backward()
+    assert logits.grad is not None
+    return sum(seen.values()), logits.grad.nbytes
+
+
+class LiveStorages(TorchDispatchMode):
+    """The bytes of every storage an op creates while the mode is on, counted until the
+    storage dies, and their largest sum. Parameters' storages and tensors shaped like a
+    parameter (their gradients, not activations) are left out."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.shapes = {tuple(p.shape) for p in model.parameters()}
+        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.live: dict[int, int] = {}
+        self.now = 0
+        self.peak = 0
+
+    def _gone(self, key: int) -> None:
+        self.now -= self.live.pop(key, 0)
+
+    def _track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in self.live or key in self.params or tuple(t.shape) in self.shapes:
+            return
+        self.live[key] = storage.nbytes()
+        self.now += storage.nbytes()
+        weakref.finalize(storage, self._gone, key)
+        self.peak = max(self.peak, self.now)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        return out
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("batch,seq,tgt", SHAPES)
+def test_saved_and_backward_start_match_a_measured_step(name: str, batch: int, seq: int,
+                                                        tgt: int) -> None:
+    spec = _spec(name)
+    graph = tfgraph.compile(spec, loss=True)
+    peak = train_peak(graph, sizes_for(graph, batch, seq, tgt), fused_attention=True)
+    saved, logits_grad = measured_saved(spec, batch, seq, tgt)
+    assert saved == peak.saved + uncounted(spec, batch, seq, tgt)
+    assert peak.backward_start - peak.saved == logits_grad  # B*L*V at the logits' dtype
+    measured_start = saved + logits_grad
+    assert abs(measured_start - peak.backward_start) <= 0.05 * measured_start
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("batch,seq,tgt", SHAPES)
+def test_live_peak_matches_a_measured_step(name: str, batch: int, seq: int, tgt: int) -> None:
+    spec = _spec(name)
+    graph = tfgraph.compile(spec, loss=True)
+    model = to_torch(graph, seed=0).train()  # the loss graph's own module
+    inputs = (*make_ids(tfgraph.compile(spec), batch, seq, tgt),
+              _labels(graph, batch, seq, tgt))
+    mode = LiveStorages(model)
+    with mode:
+        model(*inputs).backward()
+    peak = train_peak(graph, sizes_for(graph, batch, seq, tgt), fused_attention=True)
+    assert abs(mode.peak - peak.bytes) <= 0.05 * mode.peak, (mode.peak, peak)
+
+
+def test_peak_is_the_loss_backward_on_a_vocabulary_heavy_model() -> None:
+    graph = tfgraph.compile(_spec("tiny-decoder.yaml"), loss=True)
+    peak = train_peak(graph, sizes_for(graph, 2, 16, 16), fused_attention=True)
+    assert (peak.node, peak.phase) == ("loss", "backward")
+    vocab = graph.node("logits").type.shape[-1]
+    # the float32 log-probabilities, their gradient and the logits' gradient: 3 * B*S*V*4
+    assert {"loss#log_probs", "loss#scratch", "grad:logits"} <= set(peak.live)
+    assert sympy.expand(peak.expr).coeff(B * S) >= 3 * 4 * vocab
+
+
+def test_train_peak_exceeds_inference_peak_when_the_vocabulary_dominates() -> None:
+    data = _spec("tiny-llama.yaml").model_dump()
+    data["vocab"] = 4096
+    spec = tfgraph.Spec.model_validate(data)
+    graph = tfgraph.compile(spec, loss=True)
+    sizes = sizes_for(graph, 4, 64, 64)
+    inference = tfgraph.compile(spec).report(batch=4, seq=64, fused_attention=True)
+    train = train_peak(graph, sizes, fused_attention=True)
+    assert train.bytes > inference["memory"]["activations_peak"]
+
+
+def test_saved_by_layer_sums_to_the_forward_and_full_keeps_layer_inputs() -> None:
+    spec = _spec("tiny-bf16.yaml")
+    graph = tfgraph.compile(spec, loss=True)
+    sizes = sizes_for(graph, 3, 20, 20)
+    for recompute in ("none", "selective", "full"):
+        by_layer = saved_by_layer(graph, recompute)
+        peak = train_peak(graph, sizes, recompute, fused_attention=True)
+        assert sum(int(e.xreplace(sizes)) for e in by_layer.values()) == peak.saved
+    full = saved_by_layer(graph, "full")
+    layers = [k for k in full if k is not None]
+    assert layers == [("decoder", i) for i in range(spec.layer_count("decoder"))]
+    for key in layers:  # each layer keeps its input only: B*S*d at 2 bytes (the paper's 2sbh)
+        assert sympy.expand(full[key] - 2 * B * S * spec.d_model) == 0
+    none = saved_by_layer(graph, "none")
+    assert none[None] == full[None]  # outside layers nothing changes
+    assert all(sympy.expand(none[k] - full[k]).coeff(B * S) > 0 for k in layers)
+    full_peak = train_peak(graph, sizes, "full", fused_attention=True)
+    none_peak = train_peak(graph, sizes, "none", fused_attention=True)
+    assert full_peak.bytes < none_peak.bytes
+
+
+def test_selective_recompute_drops_score_sized_tensors() -> None:
+    # hardmax keeps its one-hot weights (one per score); a fused softmax kernel keeps none
+    spec = _spec("tiny-decoder.yaml")
+    data = spec.model_dump()
+    data["attention"]["normalize"] = "hardmax"
+    hard = tfgraph.compile(type(spec).model_validate(data), loss=True)
+    sizes = sizes_for(hard, 2, 48, 48)
+    none, selective = (saved_by_layer(hard, r) for r in ("none", "selective"))
+    heads = spec.attention.heads
+    for key in (k for k in none if k is not None):  # B*h*S*S float32 weights per layer
+        assert sympy.expand(none[key] - selective[key] - 4 * B * heads * S * S) == 0
+    kept = train_peak(hard, sizes, "none", fused_attention=True)
+    recomputed = train_peak(hard, sizes, "selective", fused_attention=True)
+    assert recomputed.saved < kept.saved
+    soft = tfgraph.compile(spec, loss=True)
+    assert saved_by_layer(soft, "selective") == saved_by_layer(soft, "none")
+
+
+def test_bad_recompute_and_graphs_without_loss_are_refused() -> None:
+    graph = tfgraph.compile(_spec("tiny-decoder.yaml"), loss=True)
+    with pytest.raises(TfgraphError, match="recompute 'some'"):
+        train_peak(graph, sizes_for(graph, 1, 8, 8), "some")
+    with pytest.raises(TfgraphError, match="no loss node"):
+        train_peak(tfgraph.compile(_spec("tiny-decoder.yaml")), sizes_for(graph, 1, 8, 8))
