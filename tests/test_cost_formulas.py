@@ -85,7 +85,13 @@ def test_spec_formulas_are_exact_for_every_knob(over):
 def test_formulas_do_not_depend_on_the_layer_count():
     a = tfgraph.compile(Spec.model_validate({**BASE, "layers": 3})).report(batch=1, seq=8)
     b = tfgraph.compile(Spec.model_validate({**BASE, "layers": 17})).report(batch=1, seq=8)
-    assert a["formulas"] == b["formulas"]
+    # the training step's live set spans every layer's saved tensors: written in B, S, T with
+    # the spec's sizes as numbers (report CONVENTIONS, formulas), so it is left out here
+    per_step = ("memory.train_activations_peak", "memory.train_step")
+    assert ({k: v for k, v in a["formulas"].items() if k not in per_step}
+            == {k: v for k, v in b["formulas"].items() if k not in per_step})
+    assert a["formulas"]["memory.train_activations_peak"] != \
+        b["formulas"]["memory.train_activations_peak"]
     assert a["formulas_bst"] != b["formulas_bst"]
     assert (a["symbols"]["L"], b["symbols"]["L"]) == (3, 17)
 

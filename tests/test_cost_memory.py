@@ -4,6 +4,7 @@ step, the inference activation peak (liveness) and bytes saved for backward."""
 from __future__ import annotations
 
 import pytest
+import sympy
 
 import tfgraph
 from tfgraph.ir import B, S, Graph
@@ -36,7 +37,13 @@ def test_weights_kv_cache_and_train_step_closed_forms(path):
 
     adam = 2 * params * 4  # two fp32 moments
     master = 4 * params if nbytes < 4 else 0  # fp32 master weights for 16-bit training
-    assert mem["train_step"] == 2 * mem["weights"] + adam + master + mem["saved_for_backward"]
+    assert mem["model_states"] == 2 * mem["weights"] + adam + master
+    # the activations of a step with its loss (tfgraph.train_walk) hold at least every saved
+    # tensor of the model and, at the loss's backward, the logits' gradient (B*L*V)
+    assert mem["train_step"] == mem["model_states"] + mem["train_activations_peak"]
+    length = 13 if spec.arch == "encoder-decoder" else 20
+    logits_grad = 3 * length * spec.vocab_size("target") * nbytes
+    assert mem["train_activations_peak"] >= mem["saved_for_backward"] + logits_grad
 
 
 def hand_graph(hidden: int = 16) -> Graph:
@@ -145,8 +152,9 @@ def test_sixteen_bit_dtypes_halve_weights_and_add_a_master_copy():
     assert rep["bfloat16"]["memory"]["weights"] * 2 == rep["float32"]["memory"]["weights"]
     assert rep["bfloat16"]["memory"]["kv_cache"] * 2 == rep["float32"]["memory"]["kv_cache"]
     half, full = rep["bfloat16"]["memory"], rep["float32"]["memory"]
-    assert half["train_step"] - half["saved_for_backward"] == 2 * 2 * p + 8 * p + 4 * p
-    assert full["train_step"] - full["saved_for_backward"] == 2 * 4 * p + 8 * p
+    assert half["train_step"] - half["train_activations_peak"] == 2 * 2 * p + 8 * p + 4 * p
+    assert full["train_step"] - full["train_activations_peak"] == 2 * 4 * p + 8 * p
+    assert half["model_states"] == 2 * 2 * p + 8 * p + 4 * p
 
 
 def test_stack_layer_counts_scale_the_kv_cache():
@@ -164,3 +172,24 @@ def test_stack_layer_counts_scale_the_kv_cache():
 def test_report_refuses_sizes_that_are_not_positive_integers(kwargs):
     with pytest.raises(ValueError, match="must be a positive integer"):
         build_report(hand_graph(), **kwargs)
+
+
+def test_train_step_exceeds_the_inference_peak_at_a_large_vocabulary():
+    """Issue 13's case: batch 8, seq 2048, vocab 32000, fused attention. The inference peak is
+    the logits (B*S*V*4 bytes, 1.95 GiB); the training step holds, at the loss's backward, the
+    float32 log-probabilities, their gradient and the logits' gradient besides every saved
+    tensor, so it now reads above it (it read 0.13 GiB, below, when it was model states plus
+    saved tensors without a loss)."""
+    data = tfgraph.load_spec(SPEC_FILES[0].parent / "tiny-decoder.yaml").model_dump()
+    data["vocab"] = 32000
+    rep = tfgraph.compile(Spec.model_validate(data)).report(batch=8, seq=2048,
+                                                            fused_attention=True)
+    mem = rep["memory"]
+    logits = 8 * 2048 * 32000 * 4
+    assert mem["activations_peak"] >= logits
+    assert mem["train_step"] > mem["activations_peak"]
+    assert mem["train_activations_peak"] >= mem["saved_for_backward"] + 3 * logits
+    assert rep["train_activations_peak_at"] == "loss (backward)"
+    formula = sympy.sympify(rep["formulas_bst"]["memory.train_activations_peak"],
+                            locals={"B": B, "S": S})
+    assert formula.subs({B: 8, S: 2048}) == mem["train_activations_peak"]

@@ -18,6 +18,7 @@ from tfgraph.ir import SYMBOLS, Graph
 from tfgraph.figures import symbolic
 from tfgraph.ir import Node
 from tfgraph.report import build_report, sizes_for
+from tfgraph.report import train_activations as report_train_activations
 
 DEFAULT_SEQS = (128, 512, 2048)
 # (section, key) of graph.report() shown per length, in display order.
@@ -41,7 +42,9 @@ DEFINITIONS = {
                                "topological order, attention scores materialised).",
     "memory.kv_cache": "bytes of K and V of every decoder attention for the whole sequence.",
     "memory.train_step": "bytes of one Adam training step: weights, gradients, two fp32 "
-                         "moments (+ fp32 master copy for 16-bit dtypes), saved activations.",
+                         "moments (+ fp32 master copy for 16-bit dtypes) and the activation "
+                         "peak of forward + backward with the loss (report "
+                         "train_activations_peak).",
     "ratio": "value / the first variant's value at the same length (null when that is 0).",
     "params_active": "parameters one token uses: a mixture of experts counts its top-k routed "
                      "experts (k/E of the stacked expert weights), its shared experts and "
@@ -172,16 +175,20 @@ def series(graph: Graph, lengths: Sequence[int], batch: int = 1) -> dict[str, li
     """
     sym = symbolic(graph)
     exprs = {f"{section}.{key}": sym[section][key] for section, key in METRICS
-             if key != "activations_peak"}
+             if key not in ("activations_peak", "train_step")}
     exprs["flops_by_kind.attention_scores"] = sym["flops_by_kind"].get("attention_scores", 0)
     exprs["flops_by_kind.ffn"] = sym["flops_by_kind"].get("ffn", 0)
-    out: dict[str, list[int]] = {key: [] for key in [*exprs, "memory.activations_peak"]}
+    out: dict[str, list[int]] = {key: [] for key in [*exprs, "memory.activations_peak",
+                                                     "memory.train_step"]}
     for seq in lengths:
         sizes = sizes_for(graph, batch, seq, seq)
         for key, expr in exprs.items():
             out[key].append(int(sympy.sympify(expr).xreplace(sizes)))
         peak = cost.activation_peak(graph, sym["costs"], sizes)
         out["memory.activations_peak"].append(peak.bytes)
+        train = report_train_activations(graph, sym, sizes, False)[0]
+        out["memory.train_step"].append(int(sym["memory"]["model_states"].xreplace(sizes))
+                                        + train)
     return out
 
 

@@ -2,7 +2,9 @@
 
 One pass over ``tfgraph.cost``'s per-op costs: parameters, FLOPs (forward, matmul, other,
 backward, train step, causal-effective matmul) and memory (weights, saved for backward, KV
-cache, train step), plus FLOPs by kind of work. ``tfgraph.report`` evaluates them at sizes,
+cache, the model states of an Adam step), plus FLOPs by kind of work. The training step's
+memory adds the activation peak of the loss graph to the model states at given sizes
+(``tfgraph.train_walk``, in ``tfgraph.report``). ``tfgraph.report`` evaluates them at sizes,
 ``tfgraph.formulas`` rewrites them in the spec's symbols, ``tfgraph.compare`` plots them.
 
 Precondition: the graph lints. Postcondition: the graph is unchanged; the figures are memoised
@@ -68,7 +70,9 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
             "weights": sympy.sympify(weights),
             "saved_for_backward": saved,
             "kv_cache": cost.kv_cache(graph),
-            "train_step": 2 * weights + (2 * ADAM_MOMENT_BYTES * params) + master + saved,
+            # weights + gradients (spec dtype) + two fp32 Adam moments (+ fp32 master)
+            "model_states": sympy.sympify(2 * weights + 2 * ADAM_MOMENT_BYTES * params
+                                          + master),
         },
         "flops_by_kind": {k: cost.total(v) for k, v in by_kind.items()},
     }

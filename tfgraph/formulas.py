@@ -60,7 +60,7 @@ MEANING: dict[str, str] = {
 # Figures written as formulas; the activation peak is handled separately (it depends on sizes).
 FIGURES = ("params", "flops.forward", "flops.matmul", "flops.other", "flops.backward",
            "flops.train_step", "flops.causal_effective_matmul", "memory.weights",
-           "memory.saved_for_backward", "memory.kv_cache", "memory.train_step")
+           "memory.saved_for_backward", "memory.kv_cache", "memory.model_states")
 # ... and those of a mixture of experts (tfgraph.figures: present only when it has experts)
 MOE_FIGURES = ("params_active", "flops.router", "flops.matmul_all_experts",
                "flops.forward_all_experts")

@@ -23,6 +23,7 @@ from tfgraph.figures import symbolic
 from tfgraph.formulas import spec_formulas
 from tfgraph.ir import SYMBOLS, Graph
 from tfgraph.ops import FLOPS_PER_ELEMENT
+from tfgraph.train_walk import loss_graph, train_peak
 
 CONVENTIONS = {
     "flops": "2 FLOPs per multiply-accumulate; matmul = every linear (output head included) "
@@ -49,8 +50,24 @@ CONVENTIONS = {
                                  "float32 log-sum-exp per query row).",
     "memory.kv_cache": "K and V of every decoder attention at kv_heads for the whole sequence: "
                        "self-attention over the target, cross-attention over the source.",
-    "memory.train_step": "Adam: weights + gradients (spec dtype) + two fp32 moments "
-                         "(+ an fp32 master copy for 16-bit dtypes) + saved_for_backward.",
+    "memory.model_states": "Adam: weights + gradients (spec dtype) + two fp32 moments "
+                           "(+ an fp32 master copy for 16-bit dtypes).",
+    "memory.train_activations_peak": "one training step of the loss graph (the spec compiled "
+                                     "with loss=True: token cross-entropy over the vocabulary "
+                                     "in float32; tfgraph.train_walk), no recomputation: the "
+                                     "largest live set of activations over forward then "
+                                     "backward. Forward: tensors saved so far (as "
+                                     "saved_for_backward) + buffers still needed + scratch; "
+                                     "backward in reverse op order: saved tensors until their "
+                                     "first saver's backward, each activation gradient from "
+                                     "its first consumer's to its producer's backward (read "
+                                     "twice: accumulated beside the new one), the gradients "
+                                     "an op writes, the loss's float32 log-probabilities with "
+                                     "their gradient and the logits' gradient. Unfused "
+                                     "attention holds one score matrix in its forward and "
+                                     "backward; parameters and their gradients excluded. A "
+                                     "graph without a spec: saved_for_backward.",
+    "memory.train_step": "memory.model_states + memory.train_activations_peak.",
     "params_active": "mixture of experts only: parameters one token uses, its top-k routed "
                      "experts (k/E of each layer's stacked expert weights), the shared "
                      "experts and every other parameter; params counts all experts, and so "
@@ -71,14 +88,17 @@ CONVENTIONS = {
                 "derived size equal to its default is written through its sources (hd = d/h, "
                 "kv = h, d_ff = 4*d); each formula is checked to give the numeric expression "
                 "back (formulas_bst: the same in B, S, T only). memory.activations_peak's "
-                "formula is the live set at the peak for the requested sizes.",
+                "formula is the live set at the peak for the requested sizes; "
+                "memory.train_activations_peak's too, in B, S, T with the spec's sizes as "
+                "numbers (and so the part of memory.train_step it adds).",
 }
 
 
 _FORMULA_ORDER = ["params", *(f"flops.{k}" for k in ("forward", "matmul", "other", "backward",
                                                       "train_step", "causal_effective_matmul")),
                   *(f"memory.{k}" for k in ("weights", "activations_peak", "saved_for_backward",
-                                            "kv_cache", "train_step")),
+                                            "kv_cache", "model_states", "train_step",
+                                            "train_activations_peak")),
                   "params_active", "flops.router", "flops.matmul_all_experts",
                   "flops.forward_all_experts"]
 
@@ -114,6 +134,19 @@ def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
     return graph.memo("formula_text", compute)
 
 
+def train_activations(graph: Graph, sym: dict[str, Any], sizes: dict[sympy.Symbol, int],
+                       fused_attention: bool) -> tuple[int, sympy.Expr, str | None]:
+    """(bytes, live-set expression, "node (phase)") of the training step's activation peak
+    over the loss graph (tfgraph.train_walk); saved_for_backward and no node for a graph
+    without a spec."""
+    train_graph = loss_graph(graph)
+    if train_graph is None:
+        saved = sym["memory"]["saved_for_backward"]
+        return _int(saved, sizes), saved, None
+    peak = train_peak(train_graph, sizes, "none", fused_attention)
+    return peak.bytes, peak.expr, f"{peak.node} ({peak.phase})"
+
+
 def _component_layers(graph: Graph) -> dict[str, dict[str, Any]]:
     """Where each component row sits: ``{"stack": "decoder", "layer": 3}`` for a layer,
     ``layer`` None for the rest (``stack`` None outside stacks: the shared table, the head).
@@ -142,6 +175,9 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     flops = {k: _int(v, sizes) for k, v in sym["flops"].items()}
     memory = {k: _int(v, sizes) for k, v in sym["memory"].items()}
     memory["activations_peak"] = peak.bytes
+    train_bytes, train_expr, train_at = train_activations(graph, sym, sizes, fused_attention)
+    memory["train_activations_peak"] = train_bytes
+    memory["train_step"] = memory["model_states"] + train_bytes
     # Components in order of first appearance (the token table, read by the first embedding,
     # comes first); layers are separate rows, a display may fold identical ones.
     components: dict[str, dict[str, int]] = {
@@ -161,7 +197,10 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         params_by_kind[kind] = params_by_kind.get(kind, 0) + cost.param_count(p)
     spec = graph.spec
     static_bst, static_named = _static_formulas(graph)
-    bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr)}
+    train_formula = sympy.expand(train_expr)
+    bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr),
+           "memory.train_activations_peak": str(train_formula),
+           "memory.train_step": _fmt(sym["memory"]["model_states"] + train_formula)}
     symbols = {"B": int(batch), "S": int(seq)}
     if spec is not None and spec.arch == "encoder-decoder":
         symbols["T"] = int(tgt_seq if tgt_seq else seq)
@@ -170,7 +209,10 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         formulas = dict(bst)
     else:
         formulas = {**static_named,
-                    "memory.activations_peak": str(named.peak(graph, peak, fused_attention))}
+                    "memory.activations_peak": str(named.peak(graph, peak, fused_attention)),
+                    "memory.train_activations_peak": str(train_formula),
+                    "memory.train_step": str(named.figures["memory.model_states"]
+                                             + train_formula)}
         symbols.update(named.used_values())
     formulas = {k: formulas[k] for k in sorted(formulas, key=_FORMULA_ORDER.index)}
     bst = {k: bst[k] for k in formulas}
@@ -190,6 +232,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "components": components,
         "component_layers": component_layers,
         "activations_peak_at": peak.node,
+        "train_activations_peak_at": train_at,
         "formulas": formulas,
         "formulas_bst": bst,
         "symbols": symbols,

@@ -48,6 +48,7 @@ import sympy
 from tfgraph import cost, ops_loss
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import Graph, Node
+from tfgraph.lower import lower
 from tfgraph.plan import Plan, Step, plan
 
 RECOMPUTE = ("none", "selective", "full")
@@ -86,6 +87,23 @@ def check_recompute(recompute: str) -> None:
     """TfgraphError unless ``recompute`` is one of ``RECOMPUTE``."""
     if recompute not in RECOMPUTE:
         raise TfgraphError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE)}")
+
+
+def loss_graph(graph: Graph) -> Graph | None:
+    """The loss graph of ``graph``: itself when it has a loss node, else its spec lowered with
+    ``loss=True`` (memoised on ``graph``); None for a graph without a spec (built by hand)."""
+    if any(n.op == "cross_entropy" for n in graph.ops()):
+        return graph
+    spec = graph.spec
+    if spec is None:
+        return None
+
+    def make() -> Graph:
+        out = lower(spec, None, type(graph), loss=True)
+        out.lint()
+        return out
+
+    return graph.memo("loss_graph", make)
 
 
 def loss_node(graph: Graph) -> Node:

@@ -162,7 +162,8 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
     for key in ("forward", "matmul", "other", "backward", "train_step",
                 "causal_effective_matmul"):
         totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")
-    for key in ("weights", "activations_peak", "saved_for_backward", "kv_cache", "train_step"):
+    for key in ("weights", "activations_peak", "saved_for_backward", "kv_cache", "model_states",
+                "train_activations_peak", "train_step"):
         totals.add_row(f"memory.{key}", _bytes(memory[key]), f"{memory[key]:,} B")
     if "params_active" in rep:  # a mixture of experts: what one token uses, the router, and
         # the FLOPs of the ONNX model's dense form (every expert on every token)
@@ -177,6 +178,8 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
                       f"flops.forward_all_experts, "
                       f"{flops['forward_all_experts'] / flops['forward']:.2f}x")
     console.print(f"activation peak at node {plain(rep['activations_peak_at'])}")
+    if rep.get("train_activations_peak_at"):
+        console.print(f"training step peak at node {plain(rep['train_activations_peak_at'])}")
 
     comp = Table(title="Per component (FLOPs of one forward; identical consecutive layers "
                        "folded, values summed)",
