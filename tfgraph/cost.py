@@ -168,7 +168,10 @@ def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol,
     inputs, its output, everything held for a later reader and its scratch (``temp``) are
     live. Parameters are weights, not activations; aliasing ops (dropout) add no buffer."""
     walk = _LiveBytes(graph, sizes)
-    temp = {c.node: (sympy.Integer(0) if fused_attention else c.temp) for c in costs}
+    # a fused kernel streams attention's scores; other scratch (a loss graph's float32 copy
+    # of 16-bit logits) stays
+    temp = {c.node: (sympy.Integer(0) if fused_attention and c.op == "attention" else c.temp)
+            for c in costs}
     env = {name: walk.bytes_of(graph.node(name).type.nbytes) for name in graph.inputs}
     best, at = -1, ""
     live: tuple[str, ...] = ()
