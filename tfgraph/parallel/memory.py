@@ -1,0 +1,101 @@
+"""Bytes of model states one rank holds: weights, gradients and optimizer states of the
+parameters its pipeline stage reads, split as ``tp_plan`` says and sharded over data-parallel
+ranks as ZeRO / FSDP do (Rajbhandari et al. 2020).
+
+Sharding over d data-parallel ranks cuts each parameter's first dimension into chunks of
+ceil(rows / d) (``torch.chunk``, FSDP2's rule): the first rank holds the largest chunk, the
+figure given (the most loaded rank). Expert weights split by expert parallelism are replicated
+over d / ep ranks only. Adam keeps a float32 step count per parameter tensor (torch.optim.Adam):
+4 bytes each, counted in ``optimizer``.
+
+Precision (``layout.STATE_BYTES``): mixed precision keeps 16-bit weights, fp32 gradients and
+an fp32 master copy with the two moments (Megatron-LM, 18 bytes per parameter); with ZeRO-3
+(FSDP2 with a 16-bit ``MixedPrecisionPolicy``) the sharded parameter itself is the fp32 master
+(4 + 4 + 8 bytes), the 16-bit copy exists only while a layer runs (``temporary``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tfgraph.ir import Graph
+from tfgraph.parallel.layout import STATE_BYTES, Layout
+from tfgraph.parallel.tp_plan import ParamShard, tp_plan
+
+STEP_BYTES = 4  # torch.optim.Adam's float32 step count, one per parameter tensor
+FP32 = 4
+ADAM_MOMENTS = 8  # two float32 moments per element
+
+
+@dataclass(frozen=True)
+class States:
+    """Bytes of one rank's model states (and the unsharded bytes of the same parameters)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    unsharded: int
+    """Elements of these parameters before data-parallel sharding (ZeRO-3 gathers them)."""
+
+
+def local_shape(shape: tuple[int, ...], shard: ParamShard, tp: int, ep: int) -> list[int]:
+    """The shape a rank holds after tensor and expert parallelism."""
+    local = list(shape)
+    if shard.tp_dim is not None and tp > 1:
+        local[shard.tp_dim] //= tp
+    if shard.ep_dim is not None and ep > 1:
+        local[shard.ep_dim] //= ep
+    return local
+
+
+def chunk_elements(shape: list[int], ranks: int) -> int:
+    """Elements of the first (largest) of ``ranks`` chunks along dimension 0."""
+    if not shape:
+        return 1
+    if ranks == 1:
+        return math.prod(shape)
+    return math.ceil(shape[0] / ranks) * math.prod(shape[1:])
+
+
+def add(a: States, b: States, sign: int = 1) -> States:
+    """The states of two disjoint sets of parameters together (``sign`` -1: without b's)."""
+    return States(a.weights + sign * b.weights, a.gradients + sign * b.gradients,
+                  a.optimizer + sign * b.optimizer, a.unsharded + sign * b.unsharded)
+
+
+NONE = States(0, 0, 0, 0)
+
+
+def states(graph: Graph, params: list[str], layout: Layout) -> States:
+    """Model-state bytes of the most loaded rank holding ``params`` (memoised per parameters
+    and the layout's degrees: a search asks for the same layers many times)."""
+    plan = tp_plan(graph)
+    key = (tuple(params), layout.tp, layout.ep, layout.dp, layout.zero, layout.dtype)
+    memo: dict[Any, States] = graph.memo("parallel_states", dict)
+    if key not in memo:
+        memo[key] = _states(graph, params, layout, plan)
+    return memo[key]
+
+
+def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, ParamShard]
+            ) -> States:
+    w16, grad_bytes, opt_bytes = STATE_BYTES[layout.dtype]
+    weights = gradients = optimizer = unsharded = 0
+    for name in params:
+        shard = plan[name]
+        shape = local_shape(tuple(graph.node(name).attrs["shape"]), shard, layout.tp, layout.ep)
+        full = math.prod(shape)
+        ranks = layout.dp // layout.ep if shard.ep_dim is not None else layout.dp
+        part = chunk_elements(shape, ranks)
+        unsharded += full
+        if layout.zero >= 3:
+            weights += part * FP32  # the fp32 (master) shard is the parameter
+            gradients += part * grad_bytes
+            optimizer += part * ADAM_MOMENTS + STEP_BYTES
+            continue
+        weights += full * w16
+        gradients += (part if layout.zero >= 2 else full) * grad_bytes
+        optimizer += (part if layout.zero >= 1 else full) * opt_bytes + STEP_BYTES
+    return States(weights, gradients, optimizer, unsharded)

@@ -1,0 +1,127 @@
+"""Where each value of a graph lives under tensor parallelism: a forward propagation over the
+graph from the parameters' splits (``tp_plan``), Megatron's scheme (Shoeybi et al. 2019, §3).
+
+Placements: ``R`` the whole tensor on every tensor-parallel rank, ``S`` split across the ranks
+along features (heads, hidden units, vocabulary: 1/t of it each), ``P`` a partial sum each rank
+holds whole (after a rowwise projection), reduced at once: every ``P`` node is followed by an
+all-reduce (a reduce-scatter with sequence parallelism), so its readers see ``R``.
+
+Rules (inputs: the activation operands, parameters by their split):
+- linear: R input, split weight -> S (colwise, vocab head); S input, rowwise weight -> P;
+  R input, replicated weight -> R;
+- embedding from a vocabulary-split table -> P (each rank looks up the ids it holds; Megatron's
+  VocabParallelEmbedding); relative-bias table split by heads -> S;
+- experts with hidden-split stacks on R tokens -> P;
+- an op whose activation operands are all S (rope, attention, element-wise, a per-head norm:
+  attrs ``heads``) -> S; all R -> R;
+- anything else (a whole-width norm of a split tensor, R mixed with S) is refused, naming the
+  node: it would need a gather the plan does not model.
+
+The backward pass mirrors the forward (Megatron's f / g operators): where an R tensor enters a
+split region (read by an op that makes S or P from it), its gradient is a partial sum and is
+all-reduced once. ``Placement.forward_reduce`` and ``backward_reduce`` list those tensors.
+
+Precondition: the graph lints; ``tp_plan.check_divisible`` passed. Postcondition: the graph is
+unchanged; a ``Placement`` is returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfgraph.errors import TfgraphError
+from tfgraph.ir import Graph, Node
+from tfgraph.parallel.tp_plan import tp_plan
+
+R, S, P = "R", "S", "P"
+_INDEX_DTYPES = ("int64", "int32", "bool")
+
+# Ops whose output is split like their split operands (per head or per element).
+_FOLLOWS = ("rope", "attention", "add", "mul", "dropout", "scale", "silu", "gelu", "gelu_tanh",
+            "relu", "softcap", "sigmoid_gate")
+# Ops over the vocabulary: on split logits each rank reduces its share and the ranks all-reduce
+# three numbers per token (max, sum of exponentials, the label's logit: Megatron's
+# vocab-parallel cross-entropy); the loss is whole, probabilities stay split.
+VOCAB_REDUCE = {"cross_entropy": R, "softmax": S}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Per node: R, S or P (parameters: S when split across tensor-parallel ranks)."""
+
+    of: dict[str, str]
+    forward_reduce: tuple[str, ...]
+    """Nodes whose output (P) is all-reduced in the forward pass."""
+    vocab_reduce: tuple[str, ...]
+    """Vocabulary ops on split logits: three floats per token all-reduced (VOCAB_REDUCE)."""
+    backward_reduce: dict[str, str]
+    """R tensors entering a split region -> their first split reader: the tensor's gradient
+    is all-reduced once in the backward pass (after that reader's backward)."""
+
+    def split(self, name: str) -> bool:
+        """Whether a rank holds 1/t of the node's value (S)."""
+        return self.of[name] == S
+
+
+def _refuse(node: Node, why: str) -> TfgraphError:
+    return TfgraphError(f"tensor parallelism: {node.name} ({node.op}) {why}")
+
+
+def _place(graph: Graph, node: Node, of: dict[str, str]) -> str:
+    # token and position ids, labels and masks are whole on every rank
+    acts = [of[i] for i in node.inputs if not graph.node(i).is_param
+            and graph.node(i).type.dtype not in _INDEX_DTYPES]
+    params = [of[i] for i in node.inputs if graph.node(i).is_param]
+    split_param = S in params
+    if node.op == "linear" or node.op == "experts":
+        x = acts[0]
+        if not split_param:
+            if x == S:
+                raise _refuse(node, "reads a split tensor with a replicated weight")
+            return R
+        return P if x == S or node.op == "experts" else S
+    if node.op == "embedding":
+        return P if split_param else R
+    if node.op == "relative_bias":
+        return S if split_param else R
+    placed = set(acts)
+    if node.op in VOCAB_REDUCE and placed == {S}:
+        return VOCAB_REDUCE[node.op]
+    if placed <= {R} and not split_param:
+        return R
+    if placed == {S} and (node.op in _FOLLOWS or "heads" in node.attrs):
+        return S
+    if placed == {S}:
+        raise _refuse(node, "normalises the whole width of a split tensor (a gather per "
+                            "token that the plan does not model)")
+    raise _refuse(node, f"mixes split and whole operands ({', '.join(sorted(placed))})")
+
+
+def place(graph: Graph) -> Placement:
+    """Propagate the parameters' splits through ``graph`` (see the module docstring)."""
+    plan = tp_plan(graph)
+    of: dict[str, str] = {}
+    for n in graph.nodes():
+        if n.is_param:
+            of[n.name] = S if plan[n.name].tp_dim is not None else R
+        elif n.op == "input":
+            of[n.name] = R
+    forward: list[str] = []
+    vocab: list[str] = []
+    entering: dict[str, str] = {}
+    for node in graph.ops():
+        # a P operand was reduced right after its producer: its readers see R
+        seen = {i: (R if of[i] == P else of[i]) for i in node.inputs}
+        out = _place(graph, node, seen)
+        of[node.name] = out
+        if out == P:
+            forward.append(node.name)
+        if node.op in VOCAB_REDUCE and S in seen.values():
+            vocab.append(node.name)
+        if out in (S, P):
+            for i in node.inputs:
+                src = graph.node(i)
+                if not src.is_param and src.op != "input" and seen[i] == R \
+                        and src.type.dtype not in _INDEX_DTYPES:
+                    entering.setdefault(i, node.name)
+    return Placement(of, tuple(forward), tuple(vocab), entering)

@@ -1,0 +1,329 @@
+"""``tfgraph plan``: what one rank holds, computes and sends in a training step of a layout.
+
+Every figure is summed from the graph's per-op costs (``tfgraph.parallel.units``), divided as
+the layout divides them:
+- weights, gradients, optimizer: ``tfgraph.parallel.memory`` over the parameters of the stage;
+- activations: the bytes each unit keeps for backward (split ones / t, whole ones / t with
+  sequence parallelism; full recompute keeps a layer's inputs only) times the micro-batches a
+  stage holds in flight under 1F1B: stage i of p keeps min(p - i, m) (Narayanan et al. 2021
+  §2.2: the first stage keeps p);
+- temporary: what exists only for a moment at the peak: the logits' gradient at the start of
+  backward (last stage), one layer rebuilt by full recompute, ZeRO-3's gathered 16-bit
+  weights of two layers (the one running and the one prefetched) and the unsharded gradients
+  of one;
+- step FLOPs: model FLOPs 3 x forward (README: backward = 2 x forward) for the global batch;
+  hardware FLOPs add what recompute runs again (selective: the attention cores; full: the
+  layers' forward);
+- communication, bytes each rank sends per step with ring collectives (an all-reduce of n
+  bytes over k ranks sends 2 n (k - 1) / k, a reduce-scatter or an all-gather n (k - 1) / k):
+  tp the forward and backward all-reduces of every layer (with sequence parallelism the same
+  volume as reduce-scatter + all-gather) and the vocabulary reductions; dp the gradients
+  (ZeRO 0 all-reduce; 1-2 reduce-scatter + all-gather of weights, once a step; 3 weights
+  gathered in forward and backward and gradients reduce-scattered, every micro-batch); pp the
+  activation and its gradient over each stage boundary; ep the token exchange of every MoE
+  layer (dispatch and combine, forward and backward);
+- time: compute at ``COMPUTE_EFFICIENCY`` of the GPU's peak, collectives at
+  ``LINK_EFFICIENCY`` of the link they use (NVLink inside a node of ``per_node`` GPUs, the
+  NIC between nodes); tensor, expert and pipeline traffic is not overlapped, data-parallel
+  traffic overlaps the backward pass (the part longer than it is exposed); the 1F1B bubble
+  adds (p - 1) / m of the pipeline's time. MFU = model FLOPs / (GPUs x peak x time).
+
+Precondition: the graph lints; ``layout.check`` passes. Postcondition: nothing is cached on
+the graph but its units (memoised); a plain JSON-ready dict is returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from tfgraph.errors import TfgraphError
+from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.parallel.gpus import Gpu
+from tfgraph.parallel.layout import Layout, check
+from tfgraph.parallel.memory import NONE, States, add, states
+from tfgraph.parallel.tp_plan import tp_plan
+from tfgraph.parallel.units import Unit, units
+
+COMPUTE_EFFICIENCY = 0.5
+"""Share of peak FLOP/s a large training run sustains (Narayanan et al. 2021 report 44-52% of
+A100 peak for GPT-3-class models on 3072 GPUs)."""
+LINK_EFFICIENCY = 0.8
+"""Share of a link's bandwidth NCCL's ring collectives reach (bus bandwidth)."""
+
+_NUMBERS = ("saved_none_split", "saved_none_whole", "saved_sel_split", "saved_sel_whole",
+            "inputs", "flops_split", "flops_whole", "attention_flops", "tp", "vocab_reduce",
+            "a2a", "output_grad")
+
+
+@dataclass(frozen=True)
+class UnitNumbers:
+    """A unit's figures at one micro-batch size and length (per micro-batch, unsplit)."""
+
+    values: dict[str, int]
+
+    def __getitem__(self, key: str) -> int:
+        return self.values[key]
+
+
+def _evaluate(unit: Unit, form: str, sizes: dict[sympy.Symbol, int]) -> UnitNumbers:
+    exprs = {
+        "saved_none_split": unit.saved[(form, "none")][0],
+        "saved_none_whole": unit.saved[(form, "none")][1],
+        "saved_sel_split": unit.saved[(form, "selective")][0],
+        "saved_sel_whole": unit.saved[(form, "selective")][1],
+        "inputs": unit.inputs, "flops_split": unit.flops_split,
+        "flops_whole": unit.flops_whole, "attention_flops": unit.attention_flops,
+        "tp": unit.tp_forward + unit.tp_backward, "vocab_reduce": unit.vocab_reduce,
+        "a2a": unit.a2a, "output_grad": unit.output_grad,
+    }
+    return UnitNumbers({k: int(sympy.sympify(v).xreplace(sizes)) for k, v in exprs.items()})
+
+
+def unit_numbers(graph: Graph, micro_batch: int, seq: int, form: str
+                 ) -> list[UnitNumbers]:
+    """Every unit evaluated at (micro-batch, seq); identical units evaluated once."""
+    table: dict[tuple[int, int, str], list[UnitNumbers]] = graph.memo("parallel_numbers", dict)
+    key = (micro_batch, seq, form)
+    if key not in table:
+        sizes = {SYMBOLS["B"]: micro_batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: seq}
+        seen: dict[tuple[Any, ...], UnitNumbers] = {}
+        out = []
+        for unit in units(graph)[0]:
+            sig = (tuple(unit.saved[(form, r)] for r in ("none", "selective")), unit.inputs,
+                   unit.flops_split, unit.flops_whole, unit.attention_flops, unit.tp_forward,
+                   unit.tp_backward, unit.vocab_reduce, unit.a2a, unit.output_grad)
+            if sig not in seen:
+                seen[sig] = _evaluate(unit, form, sizes)
+            out.append(seen[sig])
+        table[key] = out
+    return table[key]
+
+
+def stages(graph: Graph, pp: int) -> list[list[int]]:
+    """Unit indices of each pipeline stage: layers in contiguous equal groups; the ops outside
+    layers go with the next layer (the embeddings with the first, the decoder's embedding with
+    the first decoder layer) or, after the last layer, with the last stage (memoised)."""
+    table: dict[int, list[list[int]]] = graph.memo("parallel_stage_units", dict)
+    if pp not in table:
+        table[pp] = _stages(graph, pp)
+    return table[pp]
+
+
+def _stages(graph: Graph, pp: int) -> list[list[int]]:
+    all_units = units(graph)[0]
+    layer_ids = [i for i, u in enumerate(all_units) if u.is_layer]
+    per_stage = len(layer_ids) // pp
+    stage_of_layer = {idx: pos // per_stage for pos, idx in enumerate(layer_ids)}
+    out: list[list[int]] = [[] for _ in range(pp)]
+    for i, unit in enumerate(all_units):
+        if unit.is_layer:
+            out[stage_of_layer[i]].append(i)
+        else:
+            following = [stage_of_layer[j] for j in layer_ids if j > i]
+            out[following[0] if following else pp - 1].append(i)
+    return out
+
+
+@dataclass(frozen=True)
+class StageMembers:
+    """A stage's units folded into groups of identical ones (same parameter shapes and
+    splits, same cost expressions): (a representative unit index, how many)."""
+
+    groups: tuple[tuple[int, int], ...]
+    shared: tuple[str, ...]
+    """Parameters read by two of its units (a tied table): counted once."""
+
+
+def _signature(graph: Graph, unit: Unit) -> tuple[Any, ...]:
+    shapes = tuple(tuple(graph.node(p).attrs["shape"]) for p in unit.params)
+    plan = tp_plan(graph)
+    exprs = (tuple(sorted(unit.saved.items())), unit.inputs, unit.flops_split,
+             unit.flops_whole, unit.attention_flops, unit.tp_forward, unit.tp_backward,
+             unit.vocab_reduce, unit.a2a, unit.output_grad, unit.output_grad_split,
+             unit.is_layer)
+    return shapes, tuple(plan[p] for p in unit.params), exprs
+
+
+def stage_members(graph: Graph, pp: int) -> list[StageMembers]:
+    """``stages`` with identical units folded (memoised per pipeline degree)."""
+    table: dict[int, list[StageMembers]] = graph.memo("parallel_stages", dict)
+    if pp not in table:
+        all_units = units(graph)[0]
+        sigs: dict[tuple[Any, ...], int] = {}
+        rep = [sigs.setdefault(_signature(graph, u), i) for i, u in enumerate(all_units)]
+        out = []
+        for members in stages(graph, pp):
+            counts: dict[int, int] = {}
+            seen: set[str] = set()
+            shared: list[str] = []
+            for i in members:
+                counts[rep[i]] = counts.get(rep[i], 0) + 1
+                shared += [p for p in all_units[i].params if p in seen]
+                seen.update(all_units[i].params)
+            out.append(StageMembers(tuple(counts.items()), tuple(shared)))
+        table[pp] = out
+    return table[pp]
+
+
+def _ring(nbytes: float, ranks: int, reduce: bool) -> float:
+    """Bytes one rank sends in a ring all-reduce (reduce) or all-gather / reduce-scatter."""
+    if ranks <= 1:
+        return 0.0
+    return (2.0 if reduce else 1.0) * nbytes * (ranks - 1) / ranks
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    stage: int
+    states: States
+    activations: int
+    temporary: int
+    hardware_flops: float
+    comm: dict[str, float]
+
+    @property
+    def total(self) -> int:
+        s = self.states
+        return s.weights + s.gradients + s.optimizer + self.activations + self.temporary
+
+
+def _times(a: States, k: int) -> States:
+    return States(a.weights * k, a.gradients * k, a.optimizer * k, a.unsharded * k)
+
+
+def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
+           numbers: list[UnitNumbers], boundary: int) -> StageFigures:
+    all_units = units(graph)[0]
+    t, p, m = layout.tp, layout.pp, layout.microbatches
+    sp_div = t if layout.sp else 1
+    in_flight = min(p - index, m)
+    model_states = NONE
+    saved = temporary = 0
+    flops = 0.0
+    tp_bytes = a2a = 0.0
+    rebuilt = 0
+    per_unit_params: list[int] = []
+    sel = "sel" if layout.recompute == "selective" else "none"
+    for i, count in members.groups:
+        unit, n = all_units[i], numbers[i]
+        unit_states = states(graph, unit.params, layout)
+        model_states = add(model_states, _times(unit_states, count))
+        kept = -(-n[f"saved_{sel}_split"] // t) - (-n[f"saved_{sel}_whole"] // sp_div)
+        if layout.recompute == "full" and unit.is_layer:
+            rebuilt = max(rebuilt, n["saved_none_split"] // t + n["saved_none_whole"] // sp_div)
+            kept = n["inputs"] // sp_div
+        saved += kept * in_flight * count
+        forward = n["flops_split"] / t + n["flops_whole"] / sp_div
+        extra = 0.0
+        if layout.recompute == "selective":
+            extra = n["attention_flops"] / t
+        elif layout.recompute == "full" and unit.is_layer:
+            extra = forward
+        flops += (3 * forward + extra) * m * count
+        tp_bytes += (_ring(n["tp"], t, True) + _ring(n["vocab_reduce"], t, True)) * m * count
+        a2a += 4 * _ring(n["a2a"], layout.ep, False) * m * count
+        if n["output_grad"]:
+            temporary += n["output_grad"] // (t if unit.output_grad_split else 1) * count
+        per_unit_params += [unit_states.unsharded] * min(count, 2)
+    if members.shared:  # a tied table read by two units of the stage is held once
+        model_states = add(model_states, states(graph, list(members.shared), layout), -1)
+    w16 = 2 if layout.dtype != "float32" else 4
+    dp_bytes = _dp_bytes(layout, model_states, w16)
+    if layout.zero >= 3 and layout.dp > 1:
+        largest = sorted(per_unit_params)[-2:]
+        temporary += sum(largest) * w16 + largest[-1] * 4
+    temporary += rebuilt
+    pp_bytes = 2.0 * boundary * m if p > 1 else 0.0
+    comm = {"tp": tp_bytes, "dp": dp_bytes, "pp": pp_bytes, "ep": a2a}
+    return StageFigures(index, model_states, saved, temporary, flops, comm)
+
+
+def _dp_bytes(layout: Layout, s: States, w16: int) -> float:
+    d, m = layout.dp, layout.microbatches
+    grads = s.unsharded * 4
+    if layout.zero == 0:
+        return _ring(grads, d, True)
+    if layout.zero in (1, 2):
+        return _ring(grads, d, False) + _ring(s.unsharded * w16, d, False)
+    return m * (2 * _ring(s.unsharded * w16, d, False) + _ring(grads, d, False))
+
+
+def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> dict[str, Any]:
+    """The plan of ``layout`` on ``gpu`` (see the module docstring): per-rank memory of the
+    most loaded rank, the step's FLOPs, communication, bubble, time and MFU."""
+    check(graph, layout)
+    if attention not in ("fused", "unfused"):
+        raise TfgraphError(f"attention must be fused or unfused, got {attention!r}")
+    all_units, placement, refusal = units(graph)
+    if layout.tp > 1 and placement is None:
+        raise TfgraphError(refusal or "tensor parallelism is not possible for this graph")
+    numbers = unit_numbers(graph, layout.micro_batch, layout.seq, attention)
+    groups = stages(graph, layout.pp)
+    folded = stage_members(graph, layout.pp)
+    sp_div = layout.tp if layout.sp else 1
+    figures = []
+    for index in range(layout.pp):
+        # what crosses into the next stage: the next stage's first unit's inputs
+        boundary = 0
+        if index + 1 < layout.pp:
+            boundary = numbers[groups[index + 1][0]]["inputs"] // sp_div
+        figures.append(_stage(graph, layout, index, folded[index], numbers, boundary))
+    worst = max(figures, key=lambda f: f.total)
+    forward = sum(n["flops_split"] + n["flops_whole"] for n in numbers)
+    sequences = layout.global_batch // layout.micro_batch
+    model_flops = 3 * forward * sequences
+    hardware = sum(f.hardware_flops for f in figures) * layout.tp * layout.dp
+    timing = _timing(layout, gpu, figures, model_flops)
+    mem = worst.states
+    return {
+        "layout": layout.as_dict(),
+        "gpu": gpu.name,
+        "attention": attention,
+        "per_rank": {
+            "stage": worst.stage,
+            "memory": {"weights": mem.weights, "gradients": mem.gradients,
+                       "optimizer": mem.optimizer, "activations": worst.activations,
+                       "temporary": worst.temporary, "total": worst.total},
+            "fits": worst.total <= gpu.memory,
+            "gpu_memory": gpu.memory,
+        },
+        "stages": [{"stage": f.stage, "total": f.total, "activations": f.activations,
+                    "weights": f.states.weights} for f in figures],
+        "step": {
+            "flops": model_flops,
+            "hardware_flops": hardware,
+            "comm_bytes": {k: int(max(f.comm[k] for f in figures)) for k in
+                           ("tp", "dp", "pp", "ep")},
+            **timing,
+        },
+    }
+
+
+def _link(gpu: Gpu, span: int) -> float:
+    """Bandwidth of a group spanning ``span`` consecutive ranks (inside a node or not)."""
+    return (gpu.intra_node if span <= gpu.per_node else gpu.inter_node) * LINK_EFFICIENCY
+
+
+def _timing(layout: Layout, gpu: Gpu, figures: list[StageFigures], model_flops: float
+            ) -> dict[str, float]:
+    peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
+    t, p, m = layout.tp, layout.pp, layout.microbatches
+    slowest = 0.0
+    exposed_dp = 0.0
+    for f in figures:
+        compute = f.hardware_flops / (peak * COMPUTE_EFFICIENCY)
+        comm = (f.comm["tp"] / _link(gpu, t) + f.comm["ep"] / _link(gpu, t * layout.ep)
+                + f.comm["pp"] / _link(gpu, t * p))
+        slowest = max(slowest, compute + comm)
+        backward = compute * 2 / 3
+        dp_time = f.comm["dp"] / _link(gpu, layout.gpus) if layout.dp > 1 else 0.0
+        exposed_dp = max(exposed_dp, dp_time - backward)
+    bubble = (p - 1) / m
+    time_s = slowest * (1 + bubble) + max(0.0, exposed_dp)
+    mfu = model_flops / (layout.gpus * peak * time_s) if time_s > 0 else 0.0
+    tokens = layout.global_batch * layout.seq
+    return {"bubble": bubble, "time_s": time_s, "mfu": mfu,
+            "tokens_per_s": tokens / time_s if time_s > 0 else 0.0}

@@ -1,0 +1,235 @@
+"""The graph cut into pipeline units (each layer; the parts before, between and after the
+layers) with every per-op cost sorted by how tensor parallelism divides it: the inputs of the
+planner (``tfgraph.parallel.planner``).
+
+For each unit, from ``tfgraph.cost.op_costs`` and the placement (``tfgraph.parallel.placement``):
+- ``params``: the parameters its ops read (a tied table is in both units that read it, as
+  Megatron keeps a copy of the shared embedding on the first and the last stage);
+- ``saved``: bytes kept for backward, per attention form and recompute choice, as
+  (split, whole): split tensors are 1/t per rank; whole ones are 1/t only with sequence
+  parallelism. Each tensor once per unit (the attention output is also the output
+  projection's input);
+- ``flops``: (split, whole) forward FLOPs and the attention core's (recomputed by selective
+  recompute);
+- communication: bytes of the forward all-reduces (P outputs), the backward all-reduces (R
+  tensors entering a split region), the vocabulary reductions and the MoE token exchange.
+
+Every figure is a sympy expression in B, S, T: the planner evaluates units once per
+(micro-batch, length), so a search over thousands of layouts does arithmetic only.
+
+Precondition: the graph lints. Postcondition: the graph is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from tfgraph import cost
+from tfgraph.errors import TfgraphError
+from tfgraph.ir import DTYPE_BYTES, Graph, Node
+from tfgraph.ops import OPS
+from tfgraph.parallel.placement import Placement, place
+
+ZERO = sympy.Integer(0)
+STATS_BYTES = 4  # a float32 log-sum-exp per query row (tfgraph.ops)
+VOCAB_REDUCE_FLOATS = 3  # max, sum of exponentials, the label's logit (Megatron, loss-parallel)
+# Attention forms and recompute choices the saved bytes are given for.
+FORMS = ("fused", "unfused")
+
+
+@dataclass
+class Unit:
+    """One pipeline unit: a layer (``key`` (stack, index)) or the ops outside layers between
+    them (``key`` ("outside", n))."""
+
+    key: tuple[Any, ...]
+    ops: list[str] = field(default_factory=list)
+    params: list[str] = field(default_factory=list)
+    saved: dict[tuple[str, str], tuple[sympy.Expr, sympy.Expr]] = field(default_factory=dict)
+    """(form, recompute "none" | "selective") -> (split bytes, whole bytes)."""
+    inputs: sympy.Expr = ZERO
+    """Bytes of the activations the unit reads from before it: what full recompute keeps and
+    what a pipeline stage boundary sends."""
+    flops_split: sympy.Expr = ZERO
+    flops_whole: sympy.Expr = ZERO
+    attention_flops: sympy.Expr = ZERO
+    """Forward FLOPs of the attention cores (split by heads under tensor parallelism)."""
+    tp_forward: sympy.Expr = ZERO
+    tp_backward: sympy.Expr = ZERO
+    vocab_reduce: sympy.Expr = ZERO
+    a2a: sympy.Expr = ZERO
+    """Bytes of tokens one MoE exchange moves (dispatch; combine is the same again)."""
+    output_grad: sympy.Expr = ZERO
+    """Bytes of the logits' gradient when the unit computes the loss (alive at the start of
+    backward), else 0."""
+    output_grad_split: bool = False
+    """Whether those logits are split by vocabulary across tensor-parallel ranks."""
+
+    @property
+    def is_layer(self) -> bool:
+        return self.key[0] != "outside"
+
+
+def _attention_saved(graph: Graph, node: Node, form: str, recompute: str
+                     ) -> list[tuple[tuple[str, str], sympy.Expr]]:
+    """What the attention op keeps: the op table's entries (a fused kernel: q, k, v, output,
+    log-sum-exp; or the explicit form where no kernel exists); ``unfused`` softmax keeps q, k,
+    v and the softmax weights (Korthikanti et al. 2022 §4.1: QK^T inputs, softmax output, V);
+    selective recompute drops score-sized tensors (recomputed from q, k, v)."""
+    opdef = OPS[node.op]
+    ins = [graph.node(i).type for i in node.inputs]
+    entries = opdef.saved(ins, node.type, node.attrs)
+    q = ins[0]
+    scores = cost.total([opdef.temp(ins, node.type, node.attrs)])
+    fused = (len(ins) == 3 and not node.attrs.get("softcap")
+             and node.attrs.get("normalize") == "softmax")
+    if fused and form == "unfused":
+        entries = [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes),
+                   (("in", 2), ins[2].nbytes), (("tmp", "weights"), scores)]
+    if recompute == "selective":
+        entries = [(ref, b) for ref, b in entries if ref[0] != "tmp" or sympy.simplify(
+            b - scores) != 0]
+    return entries
+
+
+def _resolve(graph: Graph, node: Node, ref: tuple[Any, ...]) -> str | None:
+    """The tensor a saved entry names (None for a parameter, which is not an activation)."""
+    if ref[0] == "in":
+        src = node.inputs[ref[1]]
+        return None if graph.node(src).is_param else src
+    if ref[0] == "out":
+        return node.name
+    return f"{node.name}#{ref[1]}"
+
+
+def _split(graph: Graph, tensor: str, placement: Placement | None) -> bool:
+    """Whether a rank keeps 1/t of a saved tensor: a split value; an op's own scratch when
+    the op works on split data (the experts' hidden units, the log-softmax of split logits,
+    attention's log-sum-exp)."""
+    if placement is None:
+        return False
+    owner, scratch, _ = tensor.partition("#")
+    if not scratch:
+        return placement.of[owner] == "S"
+    node = graph.node(owner)
+    return placement.of[owner] in ("S", "P") or any(
+        placement.of[i] == "S" for i in node.inputs if not graph.node(i).is_param)
+
+
+def _saved(graph: Graph, unit_ops: list[Node], placement: Placement | None, form: str,
+           recompute: str) -> tuple[sympy.Expr, sympy.Expr]:
+    kept: dict[str, sympy.Expr] = {}
+    for node in unit_ops:
+        opdef = OPS[node.op]
+        if node.op == "attention":
+            entries = _attention_saved(graph, node, form, recompute)
+        else:
+            entries = opdef.saved([graph.node(i).type for i in node.inputs], node.type,
+                                  node.attrs)
+        for ref, nbytes in entries:
+            tensor = _resolve(graph, node, ref)
+            if tensor is not None:
+                kept.setdefault(tensor, nbytes)
+    split = cost.total(b for t, b in kept.items() if _split(graph, t, placement))
+    whole = cost.total(b for t, b in kept.items() if not _split(graph, t, placement))
+    return split, whole
+
+
+def _unit_keys(graph: Graph) -> dict[str, tuple[Any, ...]]:
+    """Unit of every op: its layer, or the stretch of non-layer ops it sits in."""
+    out: dict[str, tuple[Any, ...]] = {}
+    stretch = 0
+    previous_in_layer = False
+    for node in graph.ops():
+        m = node.meta
+        if m.layer is not None:
+            out[node.name] = (m.stack, m.layer)
+            previous_in_layer = True
+        else:
+            if previous_in_layer:
+                stretch += 1
+                previous_in_layer = False
+            out[node.name] = ("outside", stretch)
+    return out
+
+
+def _bytes(graph: Graph, names: Iterable[str]) -> sympy.Expr:
+    return cost.total(graph.node(n).type.nbytes for n in names)
+
+
+def units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
+    """The graph's units in execution order, the tensor-parallel placement (None where the
+    graph cannot be split: the reason is the third item)."""
+    return graph.memo("parallel_units", lambda: _units(graph))
+
+
+def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
+    try:
+        placement: Placement | None = place(graph)
+        refusal = None
+    except TfgraphError as e:
+        placement, refusal = None, str(e)
+    keys = _unit_keys(graph)
+    by_key: dict[tuple[Any, ...], Unit] = {}
+    for node in graph.ops():
+        by_key.setdefault(keys[node.name], Unit(keys[node.name])).ops.append(node.name)
+    costs = {c.node: c for c in cost.op_costs(graph)}
+    forward = set(placement.forward_reduce) if placement else set()
+    backward = placement.backward_reduce if placement else {}
+    vocab = set(placement.vocab_reduce) if placement else set()
+    out = list(by_key.values())
+    for unit in out:
+        nodes = [graph.node(n) for n in unit.ops]
+        members = set(unit.ops)
+        params: dict[str, None] = {}
+        inputs: dict[str, None] = {}
+        for node in nodes:
+            for i in node.inputs:
+                src = graph.node(i)
+                if src.is_param:
+                    params[i] = None
+                elif i not in members and src.type.dtype not in ("int64", "int32", "bool"):
+                    inputs[i] = None
+        unit.params = list(params)
+        unit.inputs = _bytes(graph, inputs)
+        for form in FORMS:
+            for recompute in ("none", "selective"):
+                unit.saved[(form, recompute)] = _saved(graph, nodes, placement, form, recompute)
+        split: list[sympy.Expr] = []
+        whole: list[sympy.Expr] = []
+        attention: list[sympy.Expr] = []
+        for node in nodes:
+            c = costs[node.name]
+            flops = c.matmul + c.other
+            is_split = placement is not None and placement.of[node.name] in ("S", "P")
+            (split if is_split else whole).append(flops)
+            if node.op == "attention":
+                attention.append(flops)
+            if node.op == "experts":
+                x = graph.node(node.inputs[0]).type
+                unit.a2a += x.nbytes * node.attrs["top_k"]
+            if node.op == "cross_entropy":
+                unit.output_grad += graph.node(node.inputs[0]).type.nbytes
+                unit.output_grad_split = _split(graph, node.inputs[0], placement)
+        unit.flops_split, unit.flops_whole = cost.total(split), cost.total(whole)
+        unit.attention_flops = cost.total(attention)
+        unit.tp_forward = _bytes(graph, (n for n in unit.ops if n in forward))
+        unit.tp_backward = _bytes(graph, (t for t, reader in backward.items()
+                                          if reader in members))
+        unit.vocab_reduce = cost.total(
+            VOCAB_REDUCE_FLOATS * STATS_BYTES * _rows(graph.node(graph.node(n).inputs[0]))
+            for n in unit.ops if n in vocab)
+    return out, placement, refusal
+
+
+def _rows(node: Node) -> sympy.Expr:
+    """Tokens a vocabulary op reduces over: every axis of its logits operand but the last."""
+    return sympy.Mul(*node.type.shape[:-1]) if node.type.shape else sympy.Integer(1)
+
+
+def dtype_bytes(graph: Graph) -> int:
+    return DTYPE_BYTES[graph.dtype]
