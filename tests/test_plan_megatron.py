@@ -1,0 +1,149 @@
+"""The planner against Megatron-LM's published closed forms for GPT-3 175B (issue 13, Proof).
+
+Narayanan et al. 2021 (PTD-P) and Korthikanti et al. 2022 (sequence parallelism, selective
+recompute) give, for a GPT layer with hidden size h, a heads, sequence s, micro-batch b, tensor
+parallel size t, in 16-bit activations:
+
+    activations per layer   sbh(34 + 5as/h)                      no parallelism
+                            sbh(10 + 24/t + 5as/(ht))            tensor parallel
+                            sbh(34/t + 5as/(ht))                 + sequence parallel
+                            34 sbh / t                           + selective recompute
+                            2 sbh                                full recompute
+    model states per param  18 bytes (fp16 weights 2, fp32 grads 4, fp32 master + Adam 12)
+                            6 + 12/d with the distributed optimizer over d data-parallel ranks
+    parameters per layer    12 h^2 (1 + 13/(12 h)), all divided by t
+    first pipeline stage    keeps p micro-batches of its L/p layers in flight (1F1B)
+
+tfgraph's figures come from its graph (tfgraph.parallel). Where the graph counts differently,
+each test states the difference term by term:
+- the spec has no attention dropout (GPT-3's graph in tfgraph drops out after the projections
+  only): the score tensors kept are the softmax weights, 2as^2b, not 5as^2b (Megatron adds the
+  dropout mask as^2b and the dropped-out weights 2as^2b);
+- each LayerNorm keeps its float32 mean and rstd per token: 2 x 8sb per layer;
+- the biases of the closing projections (o, down) and the two LayerNorms are replicated, not
+  split: 6h parameters per layer on every tensor-parallel rank, where Megatron's count
+  divides them by t;
+- torch's Adam keeps a float32 step count per parameter tensor (4 bytes each);
+- fused attention (the default form) keeps q, k, v, the output and a float32 log-sum-exp per
+  head and token (4asb) instead of the score tensors.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tfgraph
+from tfgraph.parallel.gpus import gpu
+from tfgraph.parallel.layout import Layout
+from tfgraph.parallel.planner import plan, unit_numbers
+from tfgraph.parallel.units import units
+
+L, H, A, V, SEQ = 96, 12288, 96, 51200, 2048
+NORM_STATS = 16  # bytes per token per layer: two LayerNorms x (mean, rstd) in float32
+
+
+@pytest.fixture(scope="module")
+def graph() -> tfgraph.compiler.CompiledGraph:
+    spec = tfgraph.load_spec("specs/gpt3-175b.yaml").model_copy(update={"dtype": "bfloat16"})
+    return tfgraph.compile(spec, loss=True)
+
+
+def _layer(graph, form: str, recompute: str, t: int, sp: bool, b: int = 1) -> int:
+    """Per-rank saved bytes of one layer, as the planner divides them."""
+    n = unit_numbers(graph, b, SEQ, form)[1]  # unit 0: the embeddings; unit 1: layer 0
+    assert units(graph)[0][1].key == ("decoder", 0)
+    key = "sel" if recompute == "selective" else "none"
+    split, whole = n[f"saved_{key}_split"], n[f"saved_{key}_whole"]
+    return split // t + whole // (t if sp else 1)
+
+
+def test_parameters_match_narayanan(graph) -> None:
+    params = sum(graph.node(p.name).attrs["shape"][0] * (graph.node(p.name).attrs["shape"][1]
+                 if len(p.attrs["shape"]) > 1 else 1) for p in graph.params())
+    closed_form = 12 * L * H**2 * (1 + 13 / (12 * H)) + (V + SEQ) * H  # §5.1, no final norm
+    assert params == round(closed_form) + 2 * H  # + the final LayerNorm's weight and bias
+
+
+@pytest.mark.parametrize("b", [1, 4])
+def test_activations_per_layer(graph, b: int) -> None:
+    s, h, a, t = SEQ, H, A, 8
+    sbh, scores = s * b * h, a * s * s * b
+    # no parallelism: Megatron sbh(34 + 5as/h); the graph keeps 2as^2b of scores and the norms'
+    # statistics
+    assert _layer(graph, "unfused", "none", 1, False, b) == 34 * sbh + 5 * scores \
+        - 3 * scores + NORM_STATS * s * b
+    # tensor parallel: sbh(10 + 24/t + 5as/(ht)); statistics stay whole
+    assert _layer(graph, "unfused", "none", t, False, b) == 10 * sbh + 24 * sbh // t \
+        + 5 * scores // t - 3 * scores // t + NORM_STATS * s * b
+    # + sequence parallel: sbh(34/t + 5as/(ht))
+    assert _layer(graph, "unfused", "none", t, True, b) == 34 * sbh // t + 5 * scores // t \
+        - 3 * scores // t + NORM_STATS * s * b // t
+    # + selective recompute: 34 sbh / t (the score tensors are rebuilt in backward)
+    assert _layer(graph, "unfused", "selective", t, True, b) == 34 * sbh // t \
+        + NORM_STATS * s * b // t
+    # fused attention keeps no scores either, plus a float32 log-sum-exp per head and token
+    assert _layer(graph, "fused", "none", t, True, b) == 34 * sbh // t \
+        + (NORM_STATS * s * b + 4 * a * s * b) // t
+
+
+@pytest.mark.parametrize("pp", [8, 16])
+def test_first_stage_activations_selective_sp(graph, pp: int) -> None:
+    """TP 8, SP, selective recompute: the first stage keeps p micro-batches of its L/p layers,
+    L x 34sbh/t in all (Korthikanti et al. 2022 §4.3), plus p micro-batches of the embedding
+    (its dropout mask sbh and the int64 token ids 8sb, both split by SP here)."""
+    t, dp = 8, 1024 // (8 * pp)
+    result = plan(graph, Layout(tp=t, pp=pp, dp=dp, sp=True, recompute="selective",
+                                micro_batch=1, global_batch=dp * 2 * pp, seq=SEQ),
+                  gpu("a100-80gb"), attention="unfused")
+    sbh = SEQ * H
+    embedding = (sbh + 8 * SEQ) // t
+    assert result["per_rank"]["stage"] == 0
+    assert result["per_rank"]["memory"]["activations"] == \
+        L * (34 * sbh // t + NORM_STATS * SEQ // t) + pp * embedding
+
+
+def test_full_recompute_keeps_layer_inputs(graph) -> None:
+    """Full recompute: 2sbh per layer (the layer's input), L of them on the first stage."""
+    t, pp = 8, 8
+    result = plan(graph, Layout(tp=t, pp=pp, dp=16, recompute="full", micro_batch=1,
+                                global_batch=16 * 16, seq=SEQ), gpu("a100-80gb"))
+    sbh = SEQ * H
+    embedding = sbh + 8 * SEQ  # dropout mask + token ids, whole without SP
+    assert result["per_rank"]["memory"]["activations"] == L * 2 * sbh + pp * embedding
+
+
+def _middle_stage_params(t: int, pp: int) -> tuple[int, int]:
+    """Parameters and parameter tensors one rank of a middle stage holds."""
+    layers = L // pp
+    per_layer = (12 * H**2 + 7 * H) // t + 6 * H
+    return layers * per_layer, layers * 16  # q k v o up down (w + b) + 2 norms (w + b)
+
+
+@pytest.mark.parametrize("pp", [8, 16])
+def test_model_states_18_bytes_per_parameter(graph, pp: int) -> None:
+    t = 8
+    dp = 1024 // (t * pp)
+    result = plan(graph, Layout(tp=t, pp=pp, dp=dp, zero=0, micro_batch=1,
+                                global_batch=dp * pp, seq=SEQ), gpu("a100-80gb"))
+    stage = result["stages"][1]
+    params, tensors = _middle_stage_params(t, pp)
+    megatron = (L // pp) * 12 * H**2 * (1 + 13 / (12 * H)) / t
+    replicated = (L // pp) * 6 * H * (1 - 1 / t)  # biases of o, down and the norms: whole
+    assert params == round(megatron + replicated)
+    m = plan(graph, Layout(tp=t, pp=pp, dp=dp, zero=0, micro_batch=1, global_batch=dp * pp,
+                           seq=SEQ), gpu("a100-80gb"))
+    assert m["stages"][1]["weights"] == 2 * params
+    states = stage["total"] - stage["activations"]
+    assert states == 18 * params + 4 * tensors  # + Adam's step counts
+
+
+def test_distributed_optimizer_6_plus_12_over_d(graph) -> None:
+    t, pp, dp = 8, 8, 16
+    zero0 = plan(graph, Layout(tp=t, pp=pp, dp=dp, zero=0, micro_batch=1,
+                               global_batch=dp * pp, seq=SEQ), gpu("a100-80gb"))
+    zero1 = plan(graph, Layout(tp=t, pp=pp, dp=dp, zero=1, micro_batch=1,
+                               global_batch=dp * pp, seq=SEQ), gpu("a100-80gb"))
+    params, tensors = _middle_stage_params(t, pp)
+    states = zero1["stages"][1]["total"] - zero1["stages"][1]["activations"]
+    assert states == 6 * params + 12 * params // dp + 4 * tensors
+    assert zero1["stages"][1]["activations"] == zero0["stages"][1]["activations"]
