@@ -147,3 +147,18 @@ def test_distributed_optimizer_6_plus_12_over_d(graph) -> None:
     states = zero1["stages"][1]["total"] - zero1["stages"][1]["activations"]
     assert states == 6 * params + 12 * params // dp + 4 * tensors
     assert zero1["stages"][1]["activations"] == zero0["stages"][1]["activations"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-t5", "tiny-llama", "tiny-moe", "tiny-gemma2",
+                                  "tiny-bart", "tiny-bf16"])
+def test_single_rank_activations_equal_the_training_walk(name: str) -> None:
+    """One GPU, no pipeline: the planner's activations are the bytes the training walk
+    (tfgraph.train_walk, checked against a real step in test_train_memory.py) saves."""
+    from tfgraph.ir import SYMBOLS
+    from tfgraph.train_walk import saved_by_layer
+
+    g = tfgraph.compile(tfgraph.load_spec(f"specs/{name}.yaml"), loss=True)
+    result = plan(g, Layout(seq=16, micro_batch=3, global_batch=3), gpu("h100"))
+    sizes = {SYMBOLS["B"]: 3, SYMBOLS["S"]: 16, SYMBOLS["T"]: 16}
+    walk = sum(int(e.xreplace(sizes)) for e in saved_by_layer(g, "none").values())
+    assert result["per_rank"]["memory"]["activations"] == walk

@@ -121,7 +121,9 @@ def _split(graph: Graph, tensor: str, placement: Placement | None) -> bool:
 
 
 def _saved(graph: Graph, unit_ops: list[Node], placement: Placement | None, form: str,
-           recompute: str) -> tuple[sympy.Expr, sympy.Expr]:
+           recompute: str, counted: set[str]) -> tuple[sympy.Expr, sympy.Expr]:
+    """(split, whole) bytes the unit keeps; a tensor an earlier unit keeps (``counted``: the
+    encoder output every cross-attention reads) is not counted again."""
     kept: dict[str, sympy.Expr] = {}
     for node in unit_ops:
         opdef = OPS[node.op]
@@ -132,8 +134,9 @@ def _saved(graph: Graph, unit_ops: list[Node], placement: Placement | None, form
                                   node.attrs)
         for ref, nbytes in entries:
             tensor = _resolve(graph, node, ref)
-            if tensor is not None:
+            if tensor is not None and tensor not in counted:
                 kept.setdefault(tensor, nbytes)
+    counted.update(kept)
     split = cost.total(b for t, b in kept.items() if _split(graph, t, placement))
     whole = cost.total(b for t, b in kept.items() if not _split(graph, t, placement))
     return split, whole
@@ -182,6 +185,8 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
     backward = placement.backward_reduce if placement else {}
     vocab = set(placement.vocab_reduce) if placement else set()
     out = list(by_key.values())
+    counted: dict[tuple[str, str], set[str]] = {(f, r): set() for f in FORMS
+                                                 for r in ("none", "selective")}
     for unit in out:
         nodes = [graph.node(n) for n in unit.ops]
         members = set(unit.ops)
@@ -198,7 +203,8 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
         unit.inputs = _bytes(graph, inputs)
         for form in FORMS:
             for recompute in ("none", "selective"):
-                unit.saved[(form, recompute)] = _saved(graph, nodes, placement, form, recompute)
+                unit.saved[(form, recompute)] = _saved(graph, nodes, placement, form, recompute,
+                                                       counted[(form, recompute)])
         split: list[sympy.Expr] = []
         whole: list[sympy.Expr] = []
         attention: list[sympy.Expr] = []
