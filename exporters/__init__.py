@@ -13,6 +13,9 @@ from typing import Any
 _LAZY = {
     "to_torch": "tfgraph.exporters.torch_module",
     "to_onnx": "tfgraph.exporters.onnx_model",
+    "parallelize": "tfgraph.exporters.torch_parallel",
+    "device_mesh": "tfgraph.exporters.torch_parallel",
+    "load_full_state_dict": "tfgraph.exporters.torch_parallel",
 }
 
 __all__ = sorted(_LAZY)

@@ -69,6 +69,53 @@ class _Scope(nn.Module):
                          if p is not None)
 
 
+class LinearWeights(nn.Linear):
+    """The owner of one linear's ``weight`` (and ``bias``): an ``nn.Linear`` whose parameters
+    are the graph's (none allocated here). Layer programs compute the linear with ``F.linear``
+    on these parameters directly; ``tfgraph.exporters.parallelize`` routes the step through a
+    call of this module instead, so that PyTorch's ``ColwiseParallel`` / ``RowwiseParallel``
+    hooks convert its input and output (they apply to ``nn.Linear`` modules that are called).
+    """
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: its parameters come from the graph
+
+    def set_sizes(self) -> None:
+        """nn.Linear's size attributes, from the weight just registered; no bias until the
+        graph's is registered (state_dict order stays weight, bias)."""
+        self.out_features, self.in_features = (int(n) for n in self.weight.shape)
+        if "bias" not in self._parameters:
+            self.register_parameter("bias", None)
+
+
+class EmbeddingWeights(nn.Embedding):
+    """The owner of a token table, an ``nn.Embedding`` over the graph's parameter (see
+    :class:`LinearWeights`: ``parallelize`` routes the lookup through its call, for
+    ``RowwiseParallel``'s vocabulary split)."""
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)  # not nn.Embedding's: the table comes from the graph
+        self.padding_idx, self.max_norm, self.norm_type = None, None, 2.0
+        self.scale_grad_by_freq, self.sparse = False, False
+
+    def set_sizes(self) -> None:
+        """nn.Embedding's size attributes, from the table just registered."""
+        self.num_embeddings, self.embedding_dim = (int(n) for n in self.weight.shape)
+
+
+def _owner_classes(graph: Graph) -> dict[str, type[nn.Module]]:
+    """Module path -> the class owning its parameters: token tables are embeddings, a
+    linear's weight owner a linear (a table a tied head reads stays an embedding)."""
+    owners: dict[str, type[nn.Module]] = {}
+    for n in graph.ops():
+        if n.op == "embedding":
+            owners[n.inputs[0].rpartition(".")[0]] = EmbeddingWeights
+    for n in graph.ops():
+        if n.op == "linear":
+            owners.setdefault(n.inputs[1].rpartition(".")[0], LinearWeights)
+    return owners
+
+
 class _Program:
     """Steps over a list environment: parameters, inputs, then one slot per produced value."""
 
@@ -147,13 +194,16 @@ class TorchModel(nn.Module):
         self.input_names = tuple(graph.inputs)
         self.output_name = graph.outputs[0]
         self._attention_impl = "sdpa"
+        self.source_graph = graph  # what parallelize reads (tfgraph.parallel.tp_plan)
         walk = plan(graph)
         layer_paths = _region_paths(graph, walk.region)
         self._layers: dict[tuple[Any, ...], LayerModule] = {}
         top = _Program()
+        owners = _owner_classes(graph)
         for p in graph.params():
             owner, leaf = self._register(p.name, weights[p.name],
-                                         {path: key for key, path in layer_paths.items()})
+                                         {path: key for key, path in layer_paths.items()},
+                                         owners)
             layer_key = layer_region(p)
             program = top if layer_key is None else self._layers[layer_key]._program
             program.params.append((program.slot(p.name), owner, leaf))
@@ -162,10 +212,11 @@ class TorchModel(nn.Module):
         self._program = top
         _build(graph, walk, top, self._layers, layer_paths)
 
-    def _register(self, name: str, value: Tensor, layer_paths: dict[str, tuple[Any, ...]]
-                  ) -> tuple[nn.Module, str]:
+    def _register(self, name: str, value: Tensor, layer_paths: dict[str, tuple[Any, ...]],
+                  owners: dict[str, type[nn.Module]]) -> tuple[nn.Module, str]:
         """Register parameter ``name`` ("a.b.c.weight") under nested submodules; a layer's
-        path becomes a ``LayerModule``, its parent (``decoder.layers``) an ``nn.ModuleDict``."""
+        path becomes a ``LayerModule``, its parent (``decoder.layers``) an ``nn.ModuleDict``,
+        the owner of a linear's or a token table's parameters ``owners``' class."""
         *path, leaf = name.split(".")
         owner: nn.Module = self
         for depth, part in enumerate(path):
@@ -178,11 +229,15 @@ class TorchModel(nn.Module):
                 elif any(lp.startswith(prefix + ".") and lp.count(".") == prefix.count(".") + 1
                          for lp in layer_paths):
                     child = nn.ModuleDict()
+                elif prefix in owners:
+                    child = owners[prefix]()
                 else:
                     child = _Scope()
                 owner.add_module(part, child)
             owner = child
         owner.register_parameter(leaf, nn.Parameter(value))
+        if isinstance(owner, (LinearWeights, EmbeddingWeights)) and leaf == "weight":
+            owner.set_sizes()
         return owner, leaf
 
     @property
@@ -585,20 +640,35 @@ def _as_tensors(graph: Graph, weights: Mapping[str, Any], dtype: torch.dtype,
     return out
 
 
-def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = None
-             ) -> TorchModel:
+def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = None,
+             device: str | torch.device | None = None) -> TorchModel:
     """The module for ``graph`` at the graph's dtype, in eval mode.
 
     Weights: ``weights`` (numpy arrays or tensors by parameter name, e.g. another module's
     ``state_dict()``; names and shapes checked, TfgraphError listing what is missing,
     unexpected or mis-shaped), else ``tfgraph.weights.generate(graph, seed)``, the generator
     the ONNX back end shares, so one seed gives the same weights in both.
+
+    ``device="meta"``: parameters with shapes and no storage, nothing generated (``weights``
+    and ``seed`` unused), to shard first and initialise after (``parallelize``,
+    ``load_full_state_dict``); another device: the weights moved there.
     """
     dtype = TORCH_DTYPES[graph.dtype]
+    if device is not None and torch.device(device).type == "meta":
+        shapes = {p.name: tuple(p.attrs["shape"]) for p in graph.params()}
+        return _model_class(graph)(graph, {n: torch.empty(s, dtype=dtype, device="meta")
+                                           for n, s in shapes.items()}).eval()
     if weights is None:
         values = {n: torch.from_numpy(a).to(dtype) for n, a in generate(graph, seed).items()}
     else:
         values = _as_tensors(graph, weights, dtype, "weights")
+    if device is not None:
+        values = {n: v.to(device) for n, v in values.items()}
+    return _model_class(graph)(graph, values).eval()
+
+
+def _model_class(graph: Graph) -> type[TorchModel]:
+    """Which module class computes ``graph`` (by its inputs)."""
     cls: type[TorchModel] = DecoderOnlyOrEncoderModel
     if "labels" in graph.inputs:
         cls = LossModel
@@ -612,4 +682,4 @@ def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = No
         cls = EncoderDecoderModel
     elif "token_type_ids" in graph.inputs:
         cls = TokenTypeModel
-    return cls(graph, values).eval()
+    return cls

@@ -1,0 +1,286 @@
+"""Train a tfgraph model on several processes: DDP, FSDP2, tensor parallelism, or FSDP2 + TP.
+
+    torchrun --nproc_per_node 2 examples/train_distributed.py --spec specs/tiny-llama.yaml \\
+        --strategy fsdp --steps 20
+    torchrun --nproc_per_node 4 examples/train_distributed.py --spec specs/tiny-moe.yaml \\
+        --strategy fsdp+tp --tp 2 --steps 20 --save ckpt/
+    python examples/train_distributed.py --spec specs/tiny-llama.yaml --quick   # one process
+
+Everything distributed is PyTorch's own: ``DistributedDataParallel``, FSDP2's ``fully_shard``
+and ``torch.distributed.tensor.parallel`` styles, applied by ``tfgraph.exporters.parallelize``
+from the graph's tensor-parallel plan (``tfgraph.parallel.tp_plan``). CPU runs use the gloo
+backend, GPUs NCCL; nothing else changes.
+
+The data are synthetic and deterministic: step s's global batch comes from a generator seeded
+with (seed, s), so every strategy sees the same global batch; data-parallel ranks (DDP, FSDP)
+each take their contiguous share of its rows, tensor-parallel ranks all take the same rows.
+Each row counts up from a random token by a random stride (mod vocab), so the next token is
+learnable and the loss falls. Loss: mean next-token cross-entropy; AdamW.
+
+Per rank the script measures what it holds after the last step, from the tensors themselves
+(``to_local()`` of DTensors): parameter, gradient and optimizer-state bytes (Adam's moments;
+its 0-d step counters apart), printed and, with ``--json-out``, written as JSON for a
+comparison with ``tfgraph plan``. ``--save DIR`` writes a sharded checkpoint (model and
+optimizer, ``torch.distributed.checkpoint``) after the last step; ``--resume DIR`` loads one
+and continues from the step it was saved at.
+
+A standalone folder written by ``tfgraph build SPEC --to torch -o DIR`` (its ``model.py``)
+trains too: ``--spec DIR`` imports it and shards it with its own ``parallelize`` (TP_PLAN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+STRATEGIES = ("none", "ddp", "fsdp", "tp", "fsdp+tp")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--spec", required=True, help="spec YAML, Hugging Face folder, or a "
+                   "folder with tfgraph's model.py")
+    p.add_argument("--strategy", choices=STRATEGIES, default="ddp",
+                   help="none: one process, no process group")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel degree (default: every process for tp, 2 for "
+                        "fsdp+tp)")
+    p.add_argument("--batch", type=int, default=8, help="global batch (rows per step)")
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0, help="weights and data")
+    p.add_argument("--save", metavar="DIR", help="sharded checkpoint after the last step")
+    p.add_argument("--resume", metavar="DIR", help="continue from this checkpoint")
+    p.add_argument("--json-out", metavar="FILE", help="losses and per-rank bytes as JSON")
+    p.add_argument("--quick", action="store_true", help="3 steps, batch 4, seq 16 (CI)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.batch, args.seq = 3, 4, 16
+    if args.tp is None:
+        args.tp = {"tp": int(os.environ.get("WORLD_SIZE", "1")), "fsdp+tp": 2}.get(
+            args.strategy, 1)
+    return args
+
+
+# ---- the model ------------------------------------------------------------------------------
+
+def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(tfgraph graph, its full weights) or (model.py's module, None) for a standalone folder;
+    checks the tensor-parallel degree against the graph before any process group starts."""
+    from tfgraph.errors import TfgraphError
+
+    folder = Path(args.spec)
+    if (folder / "model.py").is_file():
+        spec = importlib.util.spec_from_file_location("tfgraph_model", folder / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.check_tp(args.tp)  # model.py's own check of heads / tp
+        return module, None
+    import tfgraph
+    from tfgraph.model_source import load_source
+    from tfgraph.parallel.tp_plan import check_divisible
+
+    source = load_source(args.spec, "torch", None, None, None)
+    graph = tfgraph.compile(source.spec)
+    if set(graph.inputs) != {"input_ids"}:
+        raise TfgraphError(f"{args.spec}: this example trains one-stack models on input_ids")
+    check_divisible(graph, tp=args.tp)
+    weights = source.weights(graph) if source.checkpoint is not None else None
+    return graph, weights
+
+
+def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.device
+          ) -> tuple[nn.Module, int, int]:
+    """The model as the strategy shards it, initialised with the same weights whatever the
+    strategy; returns (model, data-parallel size, data-parallel rank)."""
+    from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
+
+    standalone = weights is None and not hasattr(graph, "params")
+    if args.strategy in ("none", "ddp"):
+        if standalone:
+            model = graph.Model().to(device)
+            model.load_state_dict(graph.init_weights(args.seed))
+        else:
+            model = to_torch(graph, seed=args.seed, weights=weights, device=device)
+        model.train()
+        if args.strategy == "none":
+            return model, 1, 0
+        ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids), dist.get_world_size(), \
+            dist.get_rank()
+    tp = args.tp if args.strategy in ("tp", "fsdp+tp") else 1
+    mesh = device_mesh(device.type, tp)
+    fsdp = args.strategy != "tp"
+    # Build on the meta device (no memory), shard, then fill every shard from rank 0's
+    # full weights: every rank ends up holding its part of exactly the one-process model.
+    if standalone:
+        with torch.device("meta"):
+            model = graph.Model()
+        graph.parallelize(model, mesh, tp=tp, fsdp=fsdp)
+        full = graph.init_weights(args.seed) if dist.get_rank() == 0 else {}
+    else:
+        model = parallelize(to_torch(graph, device="meta"), mesh, tp=tp, fsdp=fsdp)
+        full = to_torch(graph, seed=args.seed, weights=weights).state_dict() \
+            if dist.get_rank() == 0 else {}
+    load_full_state_dict(model, device, full)
+    model.train()
+    return model, mesh["dp"].size(), mesh["dp"].get_local_rank()
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+def global_batch(step: int, args: argparse.Namespace, vocab: int) -> Tensor:
+    """Step ``step``'s (batch, seq + 1) tokens, the same on every rank and strategy."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    start = torch.randint(0, vocab, (args.batch, 1), generator=g)
+    stride = torch.randint(1, 8, (args.batch, 1), generator=g)
+    return (start + stride * torch.arange(args.seq + 1)) % vocab
+
+
+# ---- memory, measured from the tensors ------------------------------------------------------
+
+def local_bytes(t: Tensor) -> int:
+    """Bytes this rank holds of ``t`` (its shard, for a DTensor)."""
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def measured_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    params = list(model.parameters())
+    states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, Tensor)]
+    return {
+        "weights": sum(local_bytes(p) for p in params),
+        "gradients": sum(local_bytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(local_bytes(v) for v in states if v.dim() > 0),  # Adam's moments
+        "optimizer_step_counters": sum(local_bytes(v) for v in states if v.dim() == 0),
+    }
+
+
+# ---- checkpoints ----------------------------------------------------------------------------
+
+def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    step: int) -> None:
+    """Every rank writes its shards (model and optimizer) under ``path``."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        Path(path, "train_state.json").write_text(json.dumps({"step": step}))
+
+
+def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Load ``path`` into the (already sharded) model and optimizer; the step to go on at."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path)  # in place
+    set_state_dict(model, optimizer, model_state_dict=model_state,
+                   optim_state_dict=optim_state)
+    return int(json.loads(Path(path, "train_state.json").read_text())["step"])
+
+
+# ---- training -------------------------------------------------------------------------------
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Train as ``args`` say; the losses and per-rank bytes (on every rank)."""
+    from tfgraph.errors import TfgraphError
+
+    graph, weights = load_model(args)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.strategy in ("tp", "fsdp+tp") and world % args.tp:
+        raise TfgraphError(f"--tp {args.tp} does not divide the {world} processes "
+                           "(torchrun --nproc_per_node)")
+    distributed = args.strategy != "none"
+    started_group = False
+    if distributed and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        started_group = True
+    rank = dist.get_rank() if distributed else 0
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    model, dp_size, dp_rank = build(args, graph, weights, device)
+    vocab = int(graph.VOCAB if weights is None and not hasattr(graph, "params")
+                else graph.node(graph.outputs[0]).type.shape[-1])
+    if args.batch % dp_size:
+        raise TfgraphError(f"--batch {args.batch} does not split over {dp_size} "
+                           "data-parallel ranks")
+    # foreach=False: under tensor parallelism some parameters are DTensors, others (norms)
+    # plain tensors, which one foreach kernel cannot mix.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr,
+                                  weight_decay=args.weight_decay, foreach=False)
+    start = load_checkpoint(args.resume, model, optimizer) if args.resume else 0
+    rows = args.batch // dp_size
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    for step in range(start, args.steps):
+        tokens = global_batch(step, args, vocab)[dp_rank * rows:(dp_rank + 1) * rows]
+        tokens = tokens.to(device)
+        logits = model(tokens[:, :-1])  # (rows, seq, vocab)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP and FSDP average gradients over the data-parallel ranks
+        optimizer.step()
+        # the global batch's loss: the mean of the data-parallel ranks' (equal) shares
+        shown = loss.detach().clone()
+        if distributed:
+            dist.all_reduce(shown)  # every rank; tensor-parallel ranks hold the same loss
+            shown /= dist.get_world_size()
+        losses.append(shown.item())
+        if rank == 0:
+            print(f"step {step} loss {losses[-1]:.6f}", flush=True)
+    seconds = time.perf_counter() - t0
+    if args.save:
+        save_checkpoint(args.save, model, optimizer, args.steps)
+    mine = measured_bytes(model, optimizer)
+    if device.type == "cuda":
+        mine["cuda_max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
+    per_rank: list[Any] = [mine]
+    if distributed:
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, mine)
+    result = {"strategy": args.strategy, "tp": args.tp, "world": len(per_rank),
+              "start_step": start, "losses": losses, "per_rank": per_rank,
+              "seconds": seconds}
+    if rank == 0:
+        for r, b in enumerate(per_rank):
+            print(f"rank {r}: " + ", ".join(f"{k} {v:,} B" for k, v in b.items()))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(result, indent=1))
+    if started_group:
+        dist.destroy_process_group()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tfgraph.errors import TfgraphError
+
+    args = parse_args(argv)
+    try:
+        train(args)
+    except TfgraphError as e:  # bad arguments: one line, exit 2 (as tfgraph's CLI)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
