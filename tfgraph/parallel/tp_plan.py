@@ -79,8 +79,17 @@ def param_shard(p: Node) -> ParamShard:
 
 
 def tp_plan(graph: Graph) -> dict[str, ParamShard]:
-    """Every parameter of ``graph`` (by name) with its split."""
-    return {p.name: param_shard(p) for p in graph.params()}
+    """Every parameter of ``graph`` (by name) with its split. A token table that the output
+    head also reads (tied, ``tie_output``) is replicated: one module cannot be both an
+    embedding split by vocabulary rows and a head split by output rows, so
+    ``parallelize`` keeps the tied table whole on every tensor-parallel rank, and the head's
+    bias (head.bias, when output_bias) with it."""
+    # tied: a table an embedding gathers from and a linear (the head) multiplies by
+    tables = {n.inputs[0] for n in graph.ops() if n.op == "embedding"}
+    tied = {name for n in graph.ops() if n.op == "linear" and n.inputs[1] in tables
+            for name in n.inputs[1:]}
+    return {p.name: ParamShard("replicate", None) if p.name in tied
+            and param_shard(p).style == "vocab" else param_shard(p) for p in graph.params()}
 
 
 def check_divisible(graph: Graph, tp: int = 1, ep: int = 1) -> None:
