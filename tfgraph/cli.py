@@ -30,7 +30,7 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 # command name -> module under tfgraph.commands defining a click command of the same name
 COMMANDS = ("validate", "schema", "report", "draw", "compare", "build", "run", "generate",
-            "import")
+            "import", "plan")
 # commands whose module and function cannot carry the command's name (``import`` is a keyword)
 _MODULE_NAMES = {"import": "hf_import"}
 

@@ -41,6 +41,7 @@ import sympy
 
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, check
 from tfgraph.parallel.memory import NONE, States, add, states
@@ -272,6 +273,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
             boundary = numbers[groups[index + 1][0]]["inputs"] // sp_div
         figures.append(_stage(graph, layout, index, folded[index], numbers, boundary))
     worst = max(figures, key=lambda f: f.total)
+    tp_stage = max(figures, key=lambda f: f.comm["tp"]).stage
     forward = sum(n["flops_split"] + n["flops_whole"] for n in numbers)
     sequences = layout.global_batch // layout.micro_batch
     model_flops = 3 * forward * sequences
@@ -299,6 +301,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
                            ("tp", "dp", "pp", "ep")},
             **timing,
         },
+        **plan_formulas(graph, layout, attention, folded, worst.stage, tp_stage),
     }
 
 
