@@ -40,7 +40,6 @@ broadcast_from_rank0=True)``.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -209,13 +208,11 @@ def _keep_gradients_split(module: nn.Module) -> None:
     not seen yet: ``to_empty`` and state-dict loading replace the parameter objects (and
     their hooks) after ``parallelize``. Not under FSDP, which reduce-scatters gradients into
     its own shards."""
-    seen: weakref.WeakSet[Tensor] = weakref.WeakSet()
-
     def register(mod: nn.Module, args: Any) -> None:
         for param in mod.parameters():
-            if isinstance(param, DTensor) and param not in seen:
+            if isinstance(param, DTensor) and not getattr(param, "_grad_kept_split", False):
                 param.register_post_accumulate_grad_hook(_grad_as_param)
-                seen.add(param)
+                param._grad_kept_split = True  # type: ignore[attr-defined]
     module.register_forward_pre_hook(register)
 
 

@@ -1,0 +1,165 @@
+"""examples/train_distributed.py under torchrun (2 and 4 CPU processes, gloo): DDP, FSDP2,
+tensor parallelism and FSDP2 + TP train to the one-process losses (same data, same seed),
+resume from a sharded checkpoint to the straight-through losses, and hold per rank exactly
+the bytes ``tfgraph.parallel.tp_plan`` says (parameters, gradients, Adam's moments).
+
+Specs: tiny-llama (dense, GQA: 4 query / 2 key-value heads, SwiGLU), tiny-moe (8 stacked
+experts split on their hidden units) and tiny-encoder (post-norm, no dropout, biases, a tied
+token table, replicated). Each torchrun launch runs several trainings
+(tests/distributed_worker.py): a launch costs seconds on two cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tfgraph
+from tfgraph.parallel.tp_plan import tp_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_distributed.py"
+WORKER = ROOT / "tests" / "distributed_worker.py"
+STEPS, SAVE_AT = 4, 2
+SPECS = {"llama": "specs/tiny-llama.yaml", "moe": "specs/tiny-moe.yaml",
+         "encoder": "specs/tiny-encoder.yaml"}
+
+
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(spec: str, strategy: str, *extra: str) -> list[str]:
+    return ["--spec", str(ROOT / SPECS[spec]), "--strategy", strategy, "--steps", str(STEPS),
+            "--batch", "4", "--seq", "16", *extra]
+
+
+def _torchrun(procs: int, runs: list[list[str]], out: Path) -> list[dict[str, Any]]:
+    """Every run of ``runs`` in one torchrun launch of ``procs`` CPU processes."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(WORKER),
+           json.dumps(runs), str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results: list[dict[str, Any]] = json.loads(out.read_text())
+    return results
+
+
+@pytest.fixture(scope="module")
+def single() -> dict[str, list[float]]:
+    """The one-process losses (no process group) of every spec."""
+    example = _example()
+    return {name: example.train(example.parse_args(_args(name, "none")))["losses"]
+            for name in SPECS}
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """One launch of 2 processes: ddp, fsdp and tp on every spec, and a checkpoint saved at
+    step SAVE_AT (fsdp, tp) then resumed to STEPS."""
+    tmp = tmp_path_factory.mktemp("two")
+    runs: dict[str, list[str]] = {}
+    for name in SPECS:
+        for strategy in ("ddp", "fsdp", "tp"):
+            runs[f"{name} {strategy}"] = _args(name, strategy)
+    for strategy in ("fsdp", "tp"):
+        ckpt = str(tmp / f"ckpt-{strategy}")
+        runs[f"save {strategy}"] = [*_args("llama", strategy), "--steps", str(SAVE_AT),
+                                    "--save", ckpt]  # the last --steps counts
+        runs[f"resume {strategy}"] = [*_args("llama", strategy), "--resume", ckpt]
+    results = _torchrun(2, list(runs.values()), tmp / "results.json")
+    return dict(zip(runs, results))
+
+
+def _close(got: list[float], want: list[float]) -> bool:
+    return len(got) == len(want) and all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
+                                         for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
+def test_two_processes_train_to_the_single_process_losses(
+        two: dict[str, dict[str, Any]], single: dict[str, list[float]], name: str,
+        strategy: str) -> None:
+    got = two[f"{name} {strategy}"]["losses"]
+    assert _close(got, single[name]), (got, single[name])
+
+
+def test_the_synthetic_data_is_learnable(single: dict[str, list[float]]) -> None:
+    assert single["llama"][-1] < single["llama"][0]
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "tp"])
+def test_resume_from_a_sharded_checkpoint_equals_running_straight_through(
+        two: dict[str, dict[str, Any]], strategy: str) -> None:
+    saved, resumed = two[f"save {strategy}"], two[f"resume {strategy}"]
+    straight = two[f"llama {strategy}"]["losses"]
+    assert resumed["start_step"] == SAVE_AT
+    assert _close(saved["losses"] + resumed["losses"], straight)
+
+
+def _planned(spec: str, tp: int, dp: int, rank: int) -> int:
+    """Parameter bytes rank ``rank`` holds per tp_plan: each parameter cut on its tp_dim over
+    tp ranks, then (FSDP) dim 0 in torch.chunk pieces over the dp ranks."""
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / SPECS[spec]))
+    dp_rank = rank // tp  # the mesh is (dp, tp), tp innermost
+    total = 0
+    for name, shard in tp_plan(graph).items():
+        shape = list(graph.node(name).attrs["shape"])
+        if tp > 1 and shard.tp_dim is not None:
+            shape[shard.tp_dim] //= tp
+        if dp > 1:
+            chunk = -(-shape[0] // dp)
+            shape[0] = max(0, min(chunk, shape[0] - chunk * dp_rank))
+        total += math.prod(shape) * 4  # float32
+    return total
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
+def test_measured_bytes_per_rank_are_the_plan(two: dict[str, dict[str, Any]], name: str,
+                                              strategy: str) -> None:
+    per_rank = two[f"{name} {strategy}"]["per_rank"]
+    tp, dp = (2, 1) if strategy == "tp" else (1, 2 if strategy == "fsdp" else 1)
+    for rank, held in enumerate(per_rank):
+        weights = _planned(name, tp, dp, rank)
+        assert held["weights"] == weights
+        assert held["gradients"] == weights
+        assert held["optimizer"] == 2 * weights  # Adam's two moments, float32
+
+
+def test_four_processes_fsdp_and_tensor_parallel(tmp_path: Path,
+                                                 single: dict[str, list[float]]) -> None:
+    runs = [_args(name, "fsdp+tp", "--tp", "2") for name in ("llama", "moe")]
+    results = _torchrun(4, runs, tmp_path / "results.json")
+    for name, result in zip(("llama", "moe"), results):
+        assert _close(result["losses"], single[name]), (name, result["losses"])
+        for rank, held in enumerate(result["per_rank"]):
+            assert held["weights"] == _planned(name, 2, 2, rank)
+            assert held["optimizer"] == 2 * held["weights"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--spec", "specs/tiny-falcon.yaml", "--strategy", "tp", "--tp", "2"],
+     "--tp 2 does not divide the 1 heads"),
+    (["--spec", "specs/tiny-llama.yaml", "--strategy", "tp", "--tp", "3"], "--tp 3"),
+])
+def test_bad_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLE), *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
