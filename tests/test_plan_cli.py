@@ -1,0 +1,317 @@
+"""``tfgraph plan``: the --json keys of design §8 equal the planner's dict; the formulas give the
+dict's numbers back; --search --json is a ranked list of fitting layouts; GPU names and memory
+sizes; a Hugging Face folder and a MoE spec as sources; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sympy
+from conftest import ROOT
+from rich.console import Console
+from test_cli_validate import runner  # stderr kept apart from stdout on every click
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.commands.plan_tables import render_plan, render_search
+from tfgraph.loader import load_spec
+from tfgraph.parallel.gpus import GB, GIB, GPUS, gpu
+from tfgraph.parallel.layout import Layout
+from tfgraph.parallel.planner import plan, stages
+
+SPECS = ROOT / "specs"
+DECODER = SPECS / "tiny-decoder.yaml"  # 2 layers, 4 heads, max_len 64
+MOE = SPECS / "tiny-moe.yaml"  # 8 experts, top 2, 4 heads (2 kv)
+
+
+def cli(*args: object):
+    return runner().invoke(main, ["plan", *map(str, args)], catch_exceptions=False)
+
+
+def plan_json(*args: object) -> dict:
+    result = cli(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    data: dict = json.loads(result.stdout)
+    return data
+
+
+def test_json_has_the_design_keys_and_equals_the_planner():
+    data = plan_json(DECODER, "--gpus", 8, "--tp", 2, "--pp", 2, "--zero", 1, "--sp",
+                     "--recompute", "selective", "--micro-batch", 2, "--global-batch", 16,
+                     "--seq", 32)
+    memory = data["per_rank"]["memory"]
+    assert set(memory) >= {"weights", "gradients", "optimizer", "activations", "total"}
+    assert all(isinstance(v, int) and v > 0 for k, v in memory.items() if k != "temporary")
+    assert memory["total"] == sum(memory[k] for k in ("weights", "gradients", "optimizer",
+                                                      "activations", "temporary"))
+    assert data["per_rank"]["fits"] is True
+    step = data["step"]
+    assert set(step) >= {"flops", "comm_bytes", "bubble", "time_s", "mfu"}
+    assert set(step["comm_bytes"]) == {"tp", "dp", "pp", "ep"}
+    assert step["comm_bytes"]["tp"] > 0 and step["comm_bytes"]["pp"] > 0
+    assert step["comm_bytes"]["ep"] == 0
+    assert data["layout"] == {"tp": 2, "pp": 2, "dp": 2, "ep": 1, "zero": 1, "sp": True,
+                              "recompute": "selective", "micro_batch": 2, "global_batch": 16,
+                              "seq": 32, "dtype": "bfloat16", "gpus": 8, "microbatches": 4}
+    assert step["bubble"] == pytest.approx((2 - 1) / 4)
+    graph = tfgraph.compile(load_spec(DECODER).model_copy(update={"dtype": "bfloat16"}),
+                            loss=True)
+    layout = Layout(tp=2, pp=2, dp=2, zero=1, sp=True, recompute="selective", micro_batch=2,
+                    global_batch=16, seq=32)
+    api = plan(graph, layout, gpu("h100"))
+    assert data == json.loads(json.dumps({"name": "tiny-decoder", **api}))
+
+
+def test_defaults_dp_global_batch_seq_and_dtype():
+    data = plan_json(DECODER, "--gpus", 4, "--tp", 2)
+    assert data["layout"]["dp"] == 2  # gpus / (tp x pp)
+    assert data["layout"]["global_batch"] == 2  # dp x micro-batch
+    assert data["layout"]["seq"] == 64  # the spec's max_len
+    assert data["layout"]["dtype"] == "bfloat16" and data["gpu"] == "h100"
+    assert data["attention"] == "fused"
+    no_max_len = plan_json(SPECS / "tiny-t5.yaml", "--gpus", 1)  # relative positions
+    assert no_max_len["layout"]["seq"] == 2048
+
+
+def test_dtype_sets_the_state_bytes():
+    # mixed precision: 2 (16-bit weights) + 4 (fp32 gradients) + 12 (master + moments)
+    mixed = plan_json(DECODER, "--gpus", 1)["per_rank"]["memory"]
+    fp32 = plan_json(DECODER, "--gpus", 1, "--dtype", "float32")["per_rank"]["memory"]
+    assert mixed["gradients"] == 2 * mixed["weights"] == fp32["gradients"] == fp32["weights"]
+    params = fp32["weights"] // 4
+    tensors = (mixed["optimizer"] - 12 * params) // 4  # Adam's float32 step per tensor
+    assert fp32["optimizer"] == 8 * params + 4 * tensors
+    # 16-bit activations halve, but the loss's float32 log-probabilities, the labels and
+    # attention's float32 log-sum-exp keep their size
+    assert mixed["activations"] < fp32["activations"] < 2 * mixed["activations"]
+
+
+def _formula_value(text: str, symbols: dict) -> sympy.Rational:
+    names = {name: sympy.Symbol(name, positive=True, integer=True) for name in symbols}
+    expr = sympy.sympify(text, locals=names)
+    assert expr.free_symbols <= set(names.values()), text
+    return expr.xreplace({names[k]: v["value"] for k, v in symbols.items()})
+
+
+LAYOUTS = [
+    ("--gpus", 1),
+    ("--gpus", 8, "--tp", 2, "--pp", 2, "--global-batch", 8, "--seq", 32),
+    ("--gpus", 8, "--tp", 4, "--pp", 2, "--sp", "--recompute", "selective",
+     "--global-batch", 8, "--micro-batch", 2, "--attention", "unfused"),
+    ("--gpus", 4, "--tp", 2, "--pp", 2, "--recompute", "full", "--global-batch", 4),
+    ("--gpus", 4, "--tp", 4, "--sp", "--recompute", "full", "--seq", 48),
+]
+
+
+@pytest.mark.parametrize("args", LAYOUTS, ids=lambda a: " ".join(map(str, a)))
+def test_formulas_give_the_plans_numbers(args):
+    data = plan_json(DECODER, *args)
+    symbols = data["formula_symbols"]
+    layout = data["layout"]
+    assert {k: v["value"] for k, v in symbols.items()} == {
+        "B": layout["micro_batch"], "S": layout["seq"], "t": layout["tp"],
+        "m": min(layout["pp"] - data["per_rank"]["stage"], layout["microbatches"]),
+        "n": layout["microbatches"]}
+    activations = _formula_value(data["formulas"]["per_rank.memory.activations"], symbols)
+    # the planner rounds each unit's split bytes up per rank: at most m bytes per unit apart
+    graph = tfgraph.compile(load_spec(DECODER).model_copy(update={"dtype": "bfloat16"}),
+                            loss=True)
+    stage_units = len(stages(graph, layout["pp"])[data["per_rank"]["stage"]])
+    slack = symbols["m"]["value"] * stage_units
+    assert 0 <= data["per_rank"]["memory"]["activations"] - math.floor(activations) <= slack
+    tp = _formula_value(data["formulas"]["step.comm_bytes.tp"], symbols)
+    assert data["step"]["comm_bytes"]["tp"] == math.floor(tp)
+    assert (tp == 0) == (layout["tp"] == 1)
+
+
+def test_formulas_of_gpt3_are_exact_and_megatrons():
+    """GPT-3 175B, tp 8, pp 8, sequence parallel: t divides every unit's bytes, so the formula
+    is the planner's number exactly; per layer it is Korthikanti et al. 2022's 34 s b h / t
+    (selective, fused attention keeps no score matrix either way)."""
+    data = plan_json(SPECS / "gpt3-175b.yaml", "--gpus", 1024, "--tp", 8, "--pp", 8, "--sp",
+                     "--recompute", "selective", "--global-batch", 1536)
+    symbols = data["formula_symbols"]
+    assert data["per_rank"]["memory"]["activations"] == _formula_value(
+        data["formulas"]["per_rank.memory.activations"], symbols)
+    assert data["step"]["comm_bytes"]["tp"] == _formula_value(
+        data["formulas"]["step.comm_bytes.tp"], symbols)
+    b, s, t, m = sympy.symbols("B S t m", positive=True, integer=True)
+    expr = sympy.sympify(data["formulas"]["per_rank.memory.activations"],
+                         locals={"B": b, "S": s, "t": t, "m": m})
+    per_layer_stage = 12 * 34 * 12288 * b * s * m / t  # 96 layers / 8 stages
+    extra = sympy.expand(expr - per_layer_stage)  # stage 0 also holds the embeddings' output
+    assert extra.free_symbols <= {b, s, t, m} and 0 < extra.subs({b: 1, s: 1, t: 1, m: 1}) \
+        < 12288 * 2
+
+
+def test_search_json_is_a_ranked_list_of_fitting_layouts():
+    result = cli(DECODER, "--gpus", 8, "--search", "--top", 5, "--global-batch", 16, "--json")
+    assert result.exit_code == 0, result.stderr
+    ranked = json.loads(result.stdout)
+    assert isinstance(ranked, list) and 1 <= len(ranked) <= 5
+    speeds = [r["step"]["tokens_per_s"] for r in ranked]
+    assert speeds == sorted(speeds, reverse=True)
+    for r in ranked:
+        assert r["per_rank"]["fits"] and r["layout"]["gpus"] == 8
+        assert r["layout"]["global_batch"] == 16
+        assert r["layout"]["tp"] * r["layout"]["pp"] * r["layout"]["dp"] == 8
+        assert set(r["per_rank"]["memory"]) >= {"weights", "gradients", "optimizer",
+                                                "activations", "total"}
+
+
+def test_search_default_top_and_batch():
+    ranked = plan_json(DECODER, "--gpus", 4, "--search")
+    assert len(ranked) == 10
+    assert {r["layout"]["global_batch"] for r in ranked} == {4}  # one sequence per GPU
+
+
+def test_search_table_lists_the_layouts():
+    result = cli(DECODER, "--gpus", 4, "--search", "--top", 3)
+    assert result.exit_code == 0, result.stderr
+    for text in ("The 3 fastest layouts that fit", "recompute", "micro-batch", "tokens/s",
+                 "MFU", "assumes compute at 50%"):
+        assert text in result.stdout, text
+
+
+def test_search_when_nothing_fits_is_one_line():
+    result = cli(DECODER, "--gpus", 4, "--search", "--gpu-memory", "0.001MB")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and "no layout of 4 GPUs fits" in result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_gpu_names(name):
+    data = plan_json(DECODER, "--gpus", 1, "--gpu", name.upper())
+    assert data["gpu"] == name and data["per_rank"]["gpu_memory"] == GPUS[name].memory
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("80GB", 80 * GB), ("141GiB", 141 * GIB), ("40", 40 * GB), ("0.5 TB", 500 * GB),
+    ("512MiB", 512 * 2**20)])
+def test_gpu_memory_parsing(text, expected):
+    data = plan_json(DECODER, "--gpus", 1, "--gpu-memory", text)
+    assert data["per_rank"]["gpu_memory"] == expected
+    named = plan_json(DECODER, "--gpus", 1, "--gpu", "h200", "--gpu-memory", text)
+    assert named["gpu"] == "h200" and named["per_rank"]["gpu_memory"] == expected
+
+
+def test_fits_follows_the_memory():
+    total = plan_json(DECODER, "--gpus", 1)["per_rank"]["memory"]["total"]
+    assert plan_json(DECODER, "--gpus", 1, "--gpu-memory", f"{total / 1e6}MB")["per_rank"][
+        "fits"]
+    assert not plan_json(DECODER, "--gpus", 1, "--gpu-memory", f"{(total - 1000) / 1e6}MB")[
+        "per_rank"]["fits"]
+
+
+BAD = [
+    (DECODER, ["--gpus", 3, "--tp", 3], "--tp 3 does not divide the 4 heads"),
+    (DECODER, ["--gpus", 3, "--pp", 3], "--pp 3 does not divide the 2 layers"),
+    (DECODER, ["--gpus", 8, "--tp", 2, "--dp", 2], "must equal tp x pp x dp"),
+    (DECODER, ["--gpus", 6, "--tp", 4], "not a multiple of tp x pp"),
+    (DECODER, ["--gpus", 1, "--gpu", "tpu-v9"], "--gpu 'tpu-v9': expected one of"),
+    (DECODER, ["--gpus", 1, "--gpu-memory", "lots"], "--gpu-memory 'lots'"),
+    (DECODER, ["--gpus", 1, "--gpu-memory", "-80GB"], "--gpu-memory '-80GB'"),
+    (DECODER, ["--gpus", 1, "--gpu-memory", "0GB"], "not a plausible device memory"),
+    (DECODER, ["--gpus", -4], "--gpus: expected a positive integer, got -4"),
+    (DECODER, ["--gpus", 0], "--gpus: expected a positive integer, got 0"),
+    (DECODER, ["--gpus", "four"], "--gpus: expected an integer"),
+    (DECODER, ["--gpus", 4, "--tp", -2], "--tp: expected a positive integer, got -2"),
+    (DECODER, ["--gpus", 4, "--micro-batch", -1], "--micro-batch: expected a positive"),
+    (DECODER, ["--gpus", 4, "--zero", -1], "--zero: expected an integer >= 0"),
+    (DECODER, ["--gpus", 4, "--zero", 4], "--zero: expected 0, 1, 2 or 3"),
+    (DECODER, ["--gpus", 4, "--seq", 65], "longer than the spec's max_len 64"),
+    (DECODER, ["--gpus", 4, "--sp"], "--sp splits what tensor parallelism leaves whole"),
+    (DECODER, ["--gpus", 4, "--ep", 2], "--ep is for mixture-of-experts models"),
+    (DECODER, ["--gpus", 4, "--global-batch", 6], "is not a multiple of dp x micro-batch"),
+    (DECODER, ["--gpus", 4, "--recompute", "some"], "'some' is not one of"),
+    (DECODER, ["--gpus", 4, "--top", 3], "--top: only with --search"),
+    (DECODER, ["--gpus", 4, "--search", "--pp", 2], "--search chooses --pp itself"),
+    (DECODER, ["--gpus", 4, "--search", "--top", 0], "--top: expected a positive integer"),
+    (MOE, ["--gpus", 4, "--ep", 3, "--dp", 4], "--ep 3 must divide --dp 4"),
+    (MOE, ["--gpus", 12, "--ep", 3], "3"),  # 8 experts do not split over 3 ranks
+    (DECODER, [], "Missing option '--gpus'"),
+    (SPECS / "missing.yaml", ["--gpus", 1], "missing.yaml"),
+]
+
+
+@pytest.mark.parametrize(("spec", "args", "message"), BAD,
+                         ids=[" ".join(str(x) for x in a) or "no --gpus" for _, a, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(spec, args, message):
+    result = cli(spec, *args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_bad_input_in_a_real_process_has_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "tfgraph", "plan", str(DECODER), "--gpus",
+                           "6", "--tp", "2", "--pp", "3"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == "--pp 3 does not divide the 2 layers\n"
+
+
+def test_hugging_face_folder_is_a_source(tmp_path: Path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    data = plan_json(tmp_path, "--gpus", 4, "--tp", 2, "--pp", 2, "--global-batch", 4)
+    assert data["layout"]["seq"] == 128  # max_position_embeddings
+    assert data["per_rank"]["fits"] and data["step"]["comm_bytes"]["tp"] > 0
+    spec = load_spec(tmp_path)
+    api = plan(tfgraph.compile(spec.model_copy(update={"dtype": "bfloat16"}), loss=True),
+               Layout(tp=2, pp=2, dp=1, global_batch=4, seq=128), gpu())
+    assert data["per_rank"] == json.loads(json.dumps(api["per_rank"]))
+    bad = cli(tmp_path, "--gpus", 3, "--tp", 3)  # 4 heads
+    assert bad.exit_code == 2 and bad.stderr.startswith("--tp 3 does not divide")
+
+
+def test_moe_with_expert_parallelism():
+    one = plan_json(MOE, "--gpus", 8, "--tp", 2, "--global-batch", 8)
+    ep = plan_json(MOE, "--gpus", 8, "--tp", 2, "--ep", 4, "--global-batch", 8)
+    assert one["step"]["comm_bytes"]["ep"] == 0 < ep["step"]["comm_bytes"]["ep"]
+    # each rank holds 8 / 4 experts: fewer weights, the same tokens' activations
+    assert ep["per_rank"]["memory"]["weights"] < one["per_rank"]["memory"]["weights"]
+    assert ep["per_rank"]["memory"]["activations"] == one["per_rank"]["memory"]["activations"]
+    assert ep["step"]["flops"] == one["step"]["flops"]
+    ranked = plan_json(MOE, "--gpus", 8, "--search", "--global-batch", 8, "--top", 50)
+    assert any(r["layout"]["ep"] > 1 for r in ranked)
+    assert all(8 % r["layout"]["ep"] == 0 for r in ranked)
+
+
+def test_table_shows_every_section():
+    result = cli(DECODER, "--gpus", 8, "--tp", 2, "--pp", 2, "--sp", "--global-batch", 8)
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    for text in ("tiny-decoder, decoder-only", "tp 2 x pp 2 x dp 2 = 8 GPUs",
+                 "Per-rank memory", "weights", "gradients", "optimizer", "activations",
+                 "temporary", "total", "GiB", "fits:", "Per pipeline stage", "model FLOPs",
+                 "hardware FLOPs", "tensor parallel (tp)", "data parallel (dp)",
+                 "pipeline (pp)", "expert all-to-all (ep)", "pipeline bubble", "time", "MFU",
+                 "tokens/s", "per_rank.memory.activations", "step.comm_bytes.tp",
+                 "assumes compute at 50%", "collectives at 80%"):
+        assert text in out, text
+    single = cli(DECODER, "--gpus", 1).stdout
+    assert "Per pipeline stage" not in single
+
+
+def test_hostile_spec_names_are_escaped():
+    hostile = "\x1b[31mred\x1b[0m [red]markup[/red] new\nline"
+    spec = load_spec(DECODER).model_copy(update={"name": hostile, "dtype": "bfloat16"})
+    graph = tfgraph.compile(spec, loss=True)
+    result = {"name": hostile, **plan(graph, Layout(), gpu())}
+    buffer = io.StringIO()
+    render_plan(result, spec, gpu(), Console(file=buffer, width=300))
+    render_search([result], spec, gpu(), Console(file=buffer, width=300))
+    out = buffer.getvalue()
+    assert "\x1b" not in out and "new\nline" not in out
+    assert out.count("\\x1b[31mred\\x1b[0m [red]markup[/red] new\\nline") == 2
+
