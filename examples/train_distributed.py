@@ -82,8 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---- the model ------------------------------------------------------------------------------
 
 def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(tfgraph graph, its full weights) or (model.py's module, None) for a standalone folder;
-    checks the tensor-parallel degree against the graph before any process group starts."""
+    """(tfgraph graph, its full weights or None for seeded ones), or for a standalone folder
+    (model.py's module, its weights); checks the tensor-parallel degree against the graph
+    before any process group starts."""
     from tfgraph.errors import TfgraphError
 
     folder = Path(args.spec)
@@ -92,8 +93,11 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        module.check_tp(args.tp)  # model.py's own check of heads / tp
-        return module, None
+        try:
+            module.check_tp(args.tp)  # model.py's own check of heads / tp
+        except ValueError as e:
+            raise TfgraphError(str(e)) from None
+        return module, module.load(str(folder)).state_dict()
     import tfgraph
     from tfgraph.model_source import load_source
     from tfgraph.parallel.tp_plan import check_divisible
@@ -113,11 +117,11 @@ def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.devi
     strategy; returns (model, data-parallel size, data-parallel rank)."""
     from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
 
-    standalone = weights is None and not hasattr(graph, "params")
+    standalone = hasattr(graph, "TP_PLAN")  # model.py, not a tfgraph graph
     if args.strategy in ("none", "ddp"):
         if standalone:
             model = graph.Model().to(device)
-            model.load_state_dict(graph.init_weights(args.seed))
+            model.load_state_dict(weights)
         else:
             model = to_torch(graph, seed=args.seed, weights=weights, device=device)
         model.train()
@@ -135,7 +139,7 @@ def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.devi
         with torch.device("meta"):
             model = graph.Model()
         graph.parallelize(model, mesh, tp=tp, fsdp=fsdp)
-        full = graph.init_weights(args.seed) if dist.get_rank() == 0 else {}
+        full = weights if dist.get_rank() == 0 else {}
     else:
         model = parallelize(to_torch(graph, device="meta"), mesh, tp=tp, fsdp=fsdp)
         full = to_torch(graph, seed=args.seed, weights=weights).state_dict() \
@@ -218,7 +222,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     else:
         device = torch.device("cpu")
     model, dp_size, dp_rank = build(args, graph, weights, device)
-    vocab = int(graph.VOCAB if weights is None and not hasattr(graph, "params")
+    vocab = int(graph.VOCAB if hasattr(graph, "TP_PLAN")
                 else graph.node(graph.outputs[0]).type.shape[-1])
     if args.batch % dp_size:
         raise TfgraphError(f"--batch {args.batch} does not split over {dp_size} "

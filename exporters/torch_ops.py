@@ -270,9 +270,12 @@ def _attention_src(o: Sequence[str], a: Attr) -> str:
                     if (value := _present(a, key)) is not None)
     if len(o) > 3:
         extra += f", bias={o[3]}"  # T5's position bias
-    return (f"attention({o[0]}, {o[1]}, {o[2]}, {a('heads')}, {a('kv_heads')}, "
-            f"{a('head_dim')}, causal={a('causal')}, normalize={a('normalize')}, "
-            f"impl=ATTENTION_IMPL{extra})")
+    # Head counts from q's and k's widths: under tensor parallelism a rank holds heads / tp
+    # of them (model.py's parallelize), so the spec's HEADS would be wrong there.
+    hd = a("head_dim")
+    return (f"attention({o[0]}, {o[1]}, {o[2]}, {o[0]}.shape[-1] // {hd}, "
+            f"{o[1]}.shape[-1] // {hd}, {hd}, causal={a('causal')}, "
+            f"normalize={a('normalize')}, impl=ATTENTION_IMPL{extra})")
 
 
 def _optional(a: Attr, key: str) -> str:
@@ -294,7 +297,8 @@ def _rope_tables_src(x: str, a: Attr) -> str:
 def _rope_src(o: Sequence[str], a: Attr) -> str:
     extra = "".join(f", {key}={value}" for key in ("rotary_dim", "interleaved")
                     if (value := _present(a, key)) is not None)
-    return f"apply_rope({o[0]}, *{o[1]}, {a('heads')}, {a('head_dim')}{extra})"
+    hd = a("head_dim")  # this rank's heads: from the width, as in _attention_src
+    return f"apply_rope({o[0]}, *{o[1]}, {o[0]}.shape[-1] // {hd}, {hd}{extra})"
 
 
 ROPE_TABLES = SharedInput(
@@ -363,7 +367,7 @@ def per_head_source(norm: SourceTemplate) -> SourceTemplate:
     """The source of a norm node with attrs['heads'] (``_per_head``): the same template on
     the input split into heads, merged back; no ``torch.nn`` module form."""
     def expr(o: Sequence[str], a: Attr) -> str:
-        split = f"{o[0]}.unflatten(-1, ({a('heads')}, -1))"
+        split = f"{o[0]}.unflatten(-1, (-1, {o[1]}.shape[-1]))"  # this rank's heads
         return f"{norm.expr([split, *o[1:]], a)}.flatten(-2)"
     return SourceTemplate(expr)
 

@@ -46,6 +46,7 @@ from tfgraph.exporters.torch_ops import CACHE_OPS, SOURCE_SETTINGS
 from tfgraph.exporters.torch_render import SLOT, ChildClass, Instance, InstanceRenderer
 from tfgraph.exporters.torch_render_graph import GraphView
 from tfgraph.exporters.torch_render_spelling import ABBREVIATIONS, RESERVED, literal, variant
+from tfgraph.exporters.torch_source_parallel import parallel_source
 from tfgraph.ir import Graph
 
 IMPORTS = """from __future__ import annotations
@@ -100,7 +101,7 @@ def generate_source(graph: Graph) -> str:
     kernels = _kernels(classes)
     helpers = [PARAMETERS] if "Parameters" in view.helpers else []
     parts = [_header(graph, view, classes), IMPORTS, constants, kernels, *helpers, classes,
-             _load(view.modules[""].cls)]
+             parallel_source(graph), _load(view.modules[""].cls)]
     return "\n\n\n".join(p.strip("\n") for p in parts if p) + "\n"
 
 

@@ -80,6 +80,11 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         runs[f"save {strategy}"] = [*_args("llama", strategy), "--steps", str(SAVE_AT),
                                     "--save", ckpt]  # the last --steps counts
         runs[f"resume {strategy}"] = [*_args("llama", strategy), "--resume", ckpt]
+    folder = tmp / "standalone"  # model.py (seed 0: the weights to_torch(graph, seed=0) has)
+    subprocess.run([sys.executable, "-m", "tfgraph", "build", str(ROOT / SPECS["llama"]),
+                    "--to", "torch", "-o", str(folder)], check=True, capture_output=True)
+    runs["standalone tp"] = [*_args("llama", "tp"), "--spec", str(folder)]
+    runs["standalone fsdp"] = [*_args("llama", "fsdp"), "--spec", str(folder)]
     results = _torchrun(2, list(runs.values()), tmp / "results.json")
     return dict(zip(runs, results))
 
@@ -96,6 +101,16 @@ def test_two_processes_train_to_the_single_process_losses(
         strategy: str) -> None:
     got = two[f"{name} {strategy}"]["losses"]
     assert _close(got, single[name]), (got, single[name])
+
+
+@pytest.mark.parametrize("strategy", ["tp", "fsdp"])
+def test_the_standalone_model_py_trains_under_its_own_plan(
+        two: dict[str, dict[str, Any]], single: dict[str, list[float]], strategy: str) -> None:
+    got = two[f"standalone {strategy}"]["losses"]
+    assert _close(got, single["llama"]), (got, single["llama"])
+    if strategy == "fsdp":  # model.py's parameters, as tp_plan and FSDP2 split them
+        for rank, held in enumerate(two["standalone fsdp"]["per_rank"]):
+            assert held["weights"] == _planned("llama", 1, 2, rank)
 
 
 def test_the_synthetic_data_is_learnable(single: dict[str, list[float]]) -> None:
