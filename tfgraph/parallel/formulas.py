@@ -21,7 +21,7 @@ Rounding: the planner gives whole bytes per rank, ceil(split / t) and ceil(whole
 (inputs under full recompute: floor), and sums ring bytes as floats truncated at the end; the
 formula divides exactly. Evaluated at the layout's numbers it equals the planner's figure when
 t divides every unit's bytes (the usual case: bytes are multiples of the hidden size), and
-otherwise differs by less than ``m`` bytes per unit of the stage.
+otherwise differs by less than ``2 m`` bytes per unit of the stage.
 
 Precondition: ``layout.check(graph, layout)`` passed. Postcondition: the graph keeps one
 memoised table of formula strings per (pipeline degree, stage, attention form, recompute,
@@ -61,9 +61,9 @@ MEANING: dict[str, str] = {
     "m": "micro-batches the stage keeps in flight (1F1B: min(pp - stage, n))",
     "n": "micro-batches per data-parallel rank per step (global batch / (dp x B))",
 }
-ROUNDING = ("the planner rounds each unit's split bytes per rank up (ceil(x / t)); the formula "
-            "divides exactly: equal when t divides every unit's bytes, else less than m bytes "
-            "per unit of the stage apart")
+ROUNDING = ("the planner rounds each unit's bytes per rank to whole bytes (ceil(x / t)); the "
+            "formula divides exactly: equal when t divides every unit's bytes, else less than "
+            "2 m bytes per unit of the stage apart")
 
 
 def _in_bs(expr: sympy.Expr) -> sympy.Expr:
