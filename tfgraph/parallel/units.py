@@ -91,7 +91,7 @@ def _attention_saved(graph: Graph, node: Node, form: str, recompute: str
         entries = [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes),
                    (("in", 2), ins[2].nbytes), (("tmp", "weights"), scores)]
     if recompute == "selective":
-        entries = [(ref, b) for ref, b in entries if ref[0] != "tmp" or sympy.simplify(
+        entries = [(ref, b) for ref, b in entries if ref[0] != "tmp" or sympy.expand(
             b - scores) != 0]
     return entries
 
