@@ -178,3 +178,27 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
+def test_the_planner_predicts_the_measured_bytes(two: dict[str, dict[str, Any]], name: str,
+                                                 strategy: str) -> None:
+    """``tfgraph plan``'s per-rank weights, gradients and optimizer bytes (the most loaded
+    rank) are exactly what the most loaded rank holds after real steps (float32 training:
+    Adam's two moments and a 0-d step counter per parameter tensor)."""
+    from tfgraph.parallel.gpus import gpu
+    from tfgraph.parallel.layout import Layout
+    from tfgraph.parallel.planner import plan
+
+    spec = tfgraph.load_spec(ROOT / SPECS[name]).model_copy(update={"dtype": "float32"})
+    graph = tfgraph.compile(spec, loss=True)
+    tp, dp, zero = {"ddp": (1, 2, 0), "fsdp": (1, 2, 3), "tp": (2, 1, 0)}[strategy]
+    layout = Layout(tp=tp, dp=dp, zero=zero, dtype="float32", seq=16, micro_batch=4 // dp,
+                    global_batch=4)
+    memory = plan(graph, layout, gpu("h100"))["per_rank"]["memory"]
+    per_rank = two[f"{name} {strategy}"]["per_rank"]
+    assert memory["weights"] == max(r["weights"] for r in per_rank)
+    assert memory["gradients"] == max(r["gradients"] for r in per_rank)
+    assert memory["optimizer"] == max(r["optimizer"] + r["optimizer_step_counters"]
+                                      for r in per_rank)
