@@ -55,8 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--spec", required=True, help="spec YAML, Hugging Face folder, or a "
                    "folder with tfgraph's model.py")
-    p.add_argument("--strategy", choices=STRATEGIES, default="ddp",
-                   help="none: one process, no process group")
+    p.add_argument("--strategy", choices=STRATEGIES, default=None,
+                   help="none: one process, no process group (the default without "
+                        "torchrun; ddp under it)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--tp", type=int, default=None,
                    help="tensor-parallel degree (default: every process for tp, 2 for "
@@ -71,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json-out", metavar="FILE", help="losses and per-rank bytes as JSON")
     p.add_argument("--quick", action="store_true", help="3 steps, batch 4, seq 16 (CI)")
     args = p.parse_args(argv)
+    if args.strategy is None:
+        args.strategy = "ddp" if "WORLD_SIZE" in os.environ else "none"
     if args.quick:
         args.steps, args.batch, args.seq = 3, 4, 16
     if args.tp is None:
@@ -128,8 +131,10 @@ def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.devi
         if args.strategy == "none":
             return model, 1, 0
         ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids), dist.get_world_size(), \
-            dist.get_rank()
+        # MoE: a rank's share of the batch may route no token to some expert
+        routed = not standalone and any(n.op == "experts" for n in graph.ops())
+        return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=routed), \
+            dist.get_world_size(), dist.get_rank()
     tp = args.tp if args.strategy in ("tp", "fsdp+tp") else 1
     mesh = device_mesh(device.type, tp)
     fsdp = args.strategy != "tp"

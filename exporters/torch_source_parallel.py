@@ -68,7 +68,7 @@ def parallel_source(graph: Graph) -> str:
     entries = "".join(f'    "{k}": "{v}",\n' for k, v in _plan(graph).items())
     counts = sorted({count for _, count in heads} | {size for _, _, size in dims})
     refusals = _refusals(graph)
-    return f'''# ---- tensor parallelism and FSDP2 (torchrun; tfgraph.parallel.tp_plan) ------------------
+    return f'''# ---- tensor parallelism and FSDP2 (torchrun; tfgraph.parallel.tp_plan) ------------
 # Module path -> how its weight is cut across tensor-parallel ranks (Megatron-LM, Shoeybi et
 # al. 2019): colwise by output rows, rowwise by input columns (output all-reduced),
 # vocab_embedding / vocab_head by vocabulary rows. Unlisted parameters are whole on every rank.
