@@ -79,6 +79,11 @@ def param_shard(p: Node) -> ParamShard:
 
 
 def tp_plan(graph: Graph) -> dict[str, ParamShard]:
+    """Every parameter of ``graph`` (by name) with its split (memoised on the graph)."""
+    return graph.memo("tp_plan", lambda: _tp_plan(graph))
+
+
+def _tp_plan(graph: Graph) -> dict[str, ParamShard]:
     """Every parameter of ``graph`` (by name) with its split. A token table that the output
     head also reads (tied, ``tie_output``) is replicated: one module cannot be both an
     embedding split by vocabulary rows and a head split by output rows, so
@@ -93,6 +98,20 @@ def tp_plan(graph: Graph) -> dict[str, ParamShard]:
 
 
 def check_divisible(graph: Graph, tp: int = 1, ep: int = 1) -> None:
+    """Refuse a tensor/expert-parallel degree that does not divide what it cuts (memoised per
+    degrees: see ``_check_divisible``)."""
+    verdicts: dict[tuple[int, int], str | None] = graph.memo("tp_divisible", dict)
+    if (tp, ep) not in verdicts:
+        try:
+            _check_divisible(graph, tp, ep)
+            verdicts[(tp, ep)] = None
+        except TfgraphError as e:
+            verdicts[(tp, ep)] = str(e)
+    if verdicts[(tp, ep)] is not None:
+        raise TfgraphError(verdicts[(tp, ep)])
+
+
+def _check_divisible(graph: Graph, tp: int = 1, ep: int = 1) -> None:
     """Refuse a tensor/expert-parallel degree that does not divide what it cuts: every split
     dimension, and the query and key/value heads of every attention (a rank holds whole
     heads). Raises TfgraphError naming the first node that does not divide."""
