@@ -4,6 +4,8 @@ logits check, and a tiny spec from ``specs/`` compared with a reference through 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +122,19 @@ def neox_weights(spec: Spec, sd: dict[str, Tensor]) -> dict[str, Tensor]:
             weights[f"{dst}.self_attn_norm.{kind}"] = sd[f"{src}.input_layernorm.{kind}"]
             weights[f"{dst}.ffn_norm.{kind}"] = sd[f"{src}.post_attention_layernorm.{kind}"]
     return weights
+
+
+@contextmanager
+def saved_storages(module: nn.Module) -> Iterator[dict[int, int]]:
+    """While inside: the distinct non-parameter storages autograd saves (data_ptr -> bytes)."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield seen

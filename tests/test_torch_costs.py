@@ -16,6 +16,7 @@ import tfgraph
 from tfgraph.exporters import to_torch
 from tfgraph.spec import Spec
 
+from parity_support import saved_storages
 from test_torch_module import make_ids
 
 SHAPES = [(2, 9, 7), (3, 16, 5)]  # (batch, seq, tgt_seq)
@@ -49,16 +50,7 @@ def test_sdpa_and_math_attention_agree(small_spec: Spec) -> None:
 
 def saved_bytes(module: torch.nn.Module, ids: tuple[torch.Tensor, ...]) -> int:
     """Bytes of the distinct non-parameter storages autograd saves in one forward."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storages(module) as seen:
         module(*ids)
     return sum(seen.values())
 

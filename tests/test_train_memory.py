@@ -36,6 +36,7 @@ from tfgraph.tensor import DTYPE_BYTES
 from tfgraph.train_walk import saved_by_layer, train_peak
 
 from conftest import ROOT, small
+from parity_support import saved_storages
 from test_torch_module import make_ids
 
 SPECS = ["tiny-decoder.yaml", "tiny-marian.yaml", "tiny-llama.yaml", "tiny-moe.yaml",
@@ -74,16 +75,7 @@ def measured_saved(spec: Any, batch: int, seq: int, tgt: int) -> tuple[int, int]
     model = to_torch(plain, seed=0).train()  # dropout on: its masks are saved
     ids = make_ids(plain, batch, seq, tgt)
     labels = _labels(plain, batch, seq, tgt)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storages(model) as seen:
         logits = model(*ids)
         loss = cross_entropy(logits, labels)
     logits.retain_grad()
