@@ -79,6 +79,30 @@ def test_validate_checks_every_file_and_fails_if_any_fails(tmp_path: Path) -> No
     assert debug.exit_code == 2 and "Traceback" in debug.stderr
 
 
+def test_all_errors_prints_every_problem_one_line_each(tmp_path: Path) -> None:
+    bad = write(tmp_path, (ROOT / "specs" / "tiny.yaml").read_text()
+                .replace("layers:", "layerz:").replace("d_model:", "d_model: 0 #"))
+    first = cli("validate", str(bad))
+    assert first.exit_code == 2 and first.stderr.count("\n") == 1
+    assert "layerz: unknown field 'layerz'; did you mean 'layers'? [2 more errors" in first.stderr
+    every = cli("validate", "--all-errors", str(bad))
+    assert every.exit_code == 2
+    lines = every.stderr.splitlines()
+    assert [line.split(": ")[1] for line in lines] == ["layerz", "d_model", "layers"]
+    assert not any("more error" in line for line in lines)
+
+
+def test_control_characters_in_keys_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    bad = write(tmp_path, (ROOT / "specs" / "tiny.yaml").read_text()
+                + '"k\\x1b]0;title\\x07": 1\n')
+    for args in (("validate", str(bad)), ("validate", "--all-errors", str(bad)),
+                 ("report", str(bad))):
+        result = cli(*args)
+        assert result.exit_code == 2
+        assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+        assert "k\\x1b]0;title\\x07: unknown field" in result.stderr
+
+
 def test_schema_accepts_every_spec() -> None:
     result = cli("schema")
     assert result.exit_code == 0
@@ -217,7 +241,7 @@ RULES = {
     "dropout-below-one": (
         BASE + "dropout: 1.5  # <-\n",
         "dropout",
-        "less than 1",
+        "must be < 1.0 (got 1.5)",
     ),
     "float-not-bool": (
         BASE + "norm:\n  eps: true  # <-\n",
@@ -227,22 +251,22 @@ RULES = {
     "negative-size": (
         BASE.replace("vocab: 100", "vocab: -100  # <-"),
         "vocab",
-        "greater than or equal to 1",
+        "must be >= 1 (got -100)",
     ),
     "upper-bound-d_model": (
         BASE.replace("d_model: 64", "d_model: 5120000  # <-"),
         "d_model",
-        "less than or equal to 262144",
+        "must be <= 262144 (got 5120000)",
     ),
     "upper-bound-layers": (
         BASE.replace("layers: 2", "layers: 100000  # <-"),
         "layers",
-        "less than or equal to 10000",
+        "must be <= 10000 (got 100000)",
     ),
     "upper-bound-huge-int": (
         BASE.replace("vocab: 100", "vocab: 99999999999999999999999999999  # <-"),
         "vocab",
-        "less than or equal to 16777216",
+        "must be <= 16777216",
     ),
     "unknown-key-suggestion": (
         BASE + "layerz: 3  # <-\n",
@@ -272,7 +296,7 @@ RULES = {
     "name-pattern": (
         BASE.replace("name: rules", "name: My Model  # <-"),
         "name",
-        "should match pattern",
+        "must be lowercase letters, digits",
     ),
     "missing-required": (
         BASE.replace("attention:\n  heads: 4\n", "attention:  # <-\n  bias: false\n"),

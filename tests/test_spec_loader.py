@@ -59,8 +59,42 @@ def test_yaml_1_2_exponent_floats_are_numbers() -> None:
 
 def test_several_errors_report_the_first_and_a_count() -> None:
     err = error_of(VALID + "norm:\n  position: middle\n  kind: other\n")
-    assert err.message.endswith("(and 1 more)")
+    # Worded so the count cannot be read as part of the message before it (a third key).
+    assert err.message.endswith("[1 more error in this file: tfgraph validate --all-errors]")
     assert err.path == "norm.position" and err.line == 9
+    assert [(p.path, p.line) for p in err.problems] == [("norm.position", 9), ("norm.kind", 10)]
+    assert "more error" not in err.problems[0].message
+
+
+def test_an_unknown_field_is_reported_before_the_missing_one_it_explains() -> None:
+    err = error_of(VALID.replace("layers: 2", "layerz: 2"))
+    assert str(err).startswith("t.yaml:4:1: layerz: unknown field 'layerz'; did you mean "
+                               "'layers'? [1 more error")
+    assert [p.path for p in err.problems] == ["layerz", "layers"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("layers: 2", "layers: 0"), "layers: must be >= 1 (got 0)"),
+        (("name: t", "name: My Model"), "name: must be lowercase letters, digits, '.', '_' or "
+                                        "'-', starting with a letter or digit (got 'My Model')"),
+        (("name: t", "name: " + "a" * 129), "name: must have at most 128 characters"),
+        (("heads: 4", "heads: 4\n  window: 8\n  window_pattern: []"),
+         "attention.window_pattern: must not be empty (got an empty list)"),
+        (("vocab: 100", "vocab: 100\ndropout: 2.0"), "dropout: must be < 1.0 (got 2.0)"),
+    ],
+)
+def test_constraint_errors_read_like_the_others(edit: tuple[str, str], expected: str) -> None:
+    text = str(error_of(VALID.replace(*edit)))
+    assert expected in text
+    assert "should" not in text and "Input" not in text  # no pydantic wording left
+
+
+def test_control_characters_in_a_key_are_escaped_in_the_location_prefix() -> None:
+    err = error_of(VALID + '"a\\x1b]0;title\\x07b": 1\n')
+    assert "\x1b" not in str(err) and "\x07" not in str(err)
+    assert str(err).startswith("t.yaml:8:1: a\\x1b]0;title\\x07b: unknown field")
 
 
 def test_union_noise_is_dropped_for_a_mapping_written_where_a_mapping_fits() -> None:

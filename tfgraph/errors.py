@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from tfgraph.terminal import printable
+
 _ASCII_SPACE = re.compile(r"[ \t\r\n\v\f]+")
 
 
@@ -43,11 +45,14 @@ class SpecError(TfgraphError):
         self.line = line
         self.col = col
         self.path = path
+        # Every problem of the file, located, this one first (tfgraph.spec_errors fills it).
+        self.problems: list[SpecError] = [self]
 
     def __str__(self) -> str:
+        # The file name and the field path are user text (a key may hold an escape sequence).
         where = [str(part) for part in (self.file, self.line, self.col) if part is not None]
-        parts = [":".join(where)] if where else []
+        parts = [printable(":".join(where))] if where else []
         if self.path:
-            parts.append(self.path)
+            parts.append(printable(self.path))
         parts.append(self.message)
         return ": ".join(parts)

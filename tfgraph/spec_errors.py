@@ -37,6 +37,24 @@ _EXPECTED = {
     "float_parsing": "expected a number",
 }
 
+# pydantic's constraint errors, reworded like the rest ("must be ..."); ctx holds the bound.
+_CONSTRAINTS = {
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}",
+    "multiple_of": "must be a multiple of {multiple_of}",
+    "string_too_short": "must have at least {min_length} characters",
+    "string_too_long": "must have at most {max_length} characters",
+    "too_short": "must hold at least {min_length} items",
+    "too_long": "must hold at most {max_length} items",
+}
+# Field patterns (tfgraph.spec) said in words.
+_PATTERNS = {
+    r"^[a-z0-9][a-z0-9._-]*$": "must be lowercase letters, digits, '.', '_' or '-', starting "
+                               "with a letter or digit",
+}
+
 
 @dataclass
 class _Problem:
@@ -65,7 +83,7 @@ def _show(value: Any) -> str:
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
-        return "a list"
+        return "a list" if value else "an empty list"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -193,25 +211,50 @@ def _problem(
         return _Problem(keys, f"must be one of {err['ctx']['expected']} (got {got})")
     if kind in _MAPPING_TYPES:
         return _Problem(keys, f"expected a mapping, got {got}")
+    if kind == "too_short" and err.get("ctx", {}).get("min_length") == 1:
+        return _Problem(keys, f"must not be empty (got {got})")
+    if kind in _CONSTRAINTS:
+        return _Problem(keys, f"{_CONSTRAINTS[kind].format(**err.get('ctx', {}))} (got {got})")
+    if kind == "string_pattern_mismatch":
+        pattern = str(err.get("ctx", {}).get("pattern", ""))
+        said = _PATTERNS.get(pattern, f"must match the pattern {pattern}")
+        return _Problem(keys, f"{said} (got {got})")
     if kind in _EXPECTED:
         hint = _mapping_hint(err, all_errors, root)
         return _Problem(keys, f"{_EXPECTED[kind]}, got {got}{hint}")
     return _Problem(keys, f"{msg} (got {got})")
 
 
-def spec_error(
-    exc: ValidationError, doc: Document, filename: str, root: type[BaseModel]
-) -> SpecError:
-    """The first problem, located in the file, plus a count of the others."""
-    raw = exc.errors(include_url=False)
-    errors = _drop_union_noise(raw, doc.data)
-    first = _problem(errors[0], raw, doc, root)
-    mark = first.mark(doc)
-    message = first.message + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+def _located(problem: _Problem, doc: Document, filename: str) -> SpecError:
+    mark = problem.mark(doc)
     return SpecError(
-        message,
+        problem.message,
         file=filename,
         line=mark.line + 1,
         col=mark.column + 1,
-        path=".".join(str(p) for p in first.path) or None,
+        path=".".join(str(p) for p in problem.path) or None,
     )
+
+
+def _explains_first(err: ErrorDetails) -> int:
+    """Unknown fields first: a typo'd key (``layerz:``) is also why its field is missing, and
+    "unknown field 'layerz'; did you mean 'layers'?" says so where "layers: required field is
+    missing" would not."""
+    return 0 if err["type"] == "extra_forbidden" else 1
+
+
+def spec_error(
+    exc: ValidationError, doc: Document, filename: str, root: type[BaseModel]
+) -> SpecError:
+    """The first problem, located in the file, with a count of the others in its message and
+    all of them, located, in ``.problems`` (``tfgraph validate --all-errors`` prints them)."""
+    raw = exc.errors(include_url=False)
+    errors = sorted(_drop_union_noise(raw, doc.data), key=_explains_first)
+    problems = [_located(_problem(err, raw, doc, root), doc, filename) for err in errors]
+    first = _located(_problem(errors[0], raw, doc, root), doc, filename)
+    if len(problems) > 1:
+        others = len(problems) - 1
+        first.message += (f" [{others} more error{'s' if others > 1 else ''} in this file: "
+                          "tfgraph validate --all-errors]")
+    first.problems = problems
+    return first

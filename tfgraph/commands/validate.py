@@ -7,13 +7,17 @@ import traceback
 import click
 
 from tfgraph.cli_support import describe, load_spec_arg
-from tfgraph.errors import TfgraphError
+from tfgraph.errors import SpecError, TfgraphError
+from tfgraph.terminal import printable
 
 
 @click.command()
 @click.argument("specs", nargs=-1, required=True, metavar="SPEC...")
+@click.option("--all-errors", is_flag=True,
+              help="Print every error of a spec file, one line each (default: the first and a "
+                   "count).")
 @click.pass_context
-def validate(ctx: click.Context, specs: tuple[str, ...]) -> None:
+def validate(ctx: click.Context, specs: tuple[str, ...], all_errors: bool) -> None:
     """Validate spec files and print a one-line summary of each.
 
     Every file is checked even after an error; errors go to stderr, one line each, as
@@ -27,7 +31,9 @@ def validate(ctx: click.Context, specs: tuple[str, ...]) -> None:
             # Reported here, not by tfgraph.cli, so that the remaining files are still checked.
             if ctx.find_root().params.get("debug"):
                 traceback.print_exc()
-            click.echo(str(exc), err=True)
+            shown = exc.problems if all_errors and isinstance(exc, SpecError) else [exc]
+            for problem in shown:
+                click.echo(printable(str(problem)), err=True)
             failed = True
             continue
         click.echo(f"{path}: ok \N{EM DASH} {describe(spec)}")
