@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.torch_ops import (
     ATTENTION_IMPLS,
+    NORM_OPS,
     TORCH_INPLACE,
     TORCH_OPS,
     Lowering,
@@ -53,7 +54,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 
 __all__ = ["ATTENTION_IMPLS", "TORCH_DTYPES", "TORCH_INPLACE", "TORCH_OPS", "TorchModel",
-           "LayerModule", "LossModel", "to_torch"]
+           "LayerModule", "LossModel", "NormWeights", "to_torch"]
 
 # (lowering, attrs, input slots, output slot, slots freed after it,
 #  in-place lowering or None, its input slots (the operand to overwrite first))
@@ -103,9 +104,41 @@ class EmbeddingWeights(nn.Embedding):
         self.num_embeddings, self.embedding_dim = (int(n) for n in self.weight.shape)
 
 
+class NormWeights(nn.Module):
+    """The owner of one norm's gain (and bias): a module that computes its norm node when
+    called (``bind``: the node's lowering and attributes). Layer programs compute the norm as
+    a step on these parameters directly; sequence parallelism (``parallelize(..., sp=True)``)
+    routes the step through a call of this module instead, so that PyTorch's
+    ``SequenceParallel`` hooks run (its input taken as a sequence shard, its parameters made
+    replicated DTensors whose partial gradients are summed over the ranks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lowering: Lowering | None = None
+        self.attrs: dict[str, Any] = {}
+        self.leaves: tuple[str, ...] = ()
+
+    def bind(self, lowering: Lowering, attrs: dict[str, Any], leaves: Sequence[str]) -> None:
+        """Compute ``lowering(self, attrs, x, *parameters)`` when called, the parameters the
+        node reads after x in the node's order (``leaves``: their names here)."""
+        self.lowering, self.attrs, self.leaves = lowering, dict(attrs), tuple(leaves)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The norm of x (..., d), as the node's step computes it. Precondition: bound."""
+        if self.lowering is None:
+            raise TfgraphError("a NormWeights module computes only after bind()")
+        return self.lowering(self, self.attrs, x, *(self._parameters[leaf]
+                                                     for leaf in self.leaves))
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{n}: {tuple(p.shape)}" for n, p in self._parameters.items()
+                         if p is not None)
+
+
 def _owner_classes(graph: Graph) -> dict[str, type[nn.Module]]:
     """Module path -> the class owning its parameters: token tables are embeddings, a
-    linear's weight owner a linear (a table a tied head reads stays an embedding)."""
+    linear's weight owner a linear (a table a tied head reads stays an embedding), a norm's
+    gain and bias owner a ``NormWeights``."""
     owners: dict[str, type[nn.Module]] = {}
     for n in graph.ops():
         if n.op == "embedding":
@@ -113,7 +146,19 @@ def _owner_classes(graph: Graph) -> dict[str, type[nn.Module]]:
     for n in graph.ops():
         if n.op == "linear":
             owners.setdefault(n.inputs[1].rpartition(".")[0], LinearWeights)
+        elif n.op in NORM_OPS and len(n.inputs) > 1:
+            owners.setdefault(n.inputs[1].rpartition(".")[0], NormWeights)
     return owners
+
+
+def _bind_norms(model: nn.Module, graph: Graph) -> None:
+    """Give every ``NormWeights`` owner its norm node's lowering and attributes."""
+    for n in graph.ops():
+        if n.op in NORM_OPS and len(n.inputs) > 1:
+            owner = model.get_submodule(n.inputs[1].rpartition(".")[0])
+            if isinstance(owner, NormWeights):
+                owner.bind(TORCH_OPS[n.op], n.attrs,
+                           [name.rpartition(".")[2] for name in n.inputs[1:]])
 
 
 class _Program:
@@ -211,6 +256,7 @@ class TorchModel(nn.Module):
             top.inputs.append(top.slot(name))
         self._program = top
         _build(graph, walk, top, self._layers, layer_paths)
+        _bind_norms(self, graph)
 
     def _register(self, name: str, value: Tensor, layer_paths: dict[str, tuple[Any, ...]],
                   owners: dict[str, type[nn.Module]]) -> tuple[nn.Module, str]:
