@@ -1,0 +1,118 @@
+"""examples/compare-variants/compare.py as CI runs it (``--quick``): exit 0 with every check
+passed, the HTML report naming every variant, and crossovers that tfgraph's own report
+confirms at L - 1 and L; plus the script's helpers on inputs whose answer is known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import tfgraph
+from tfgraph.compare import compare
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "compare-variants"
+SCRIPT = EXAMPLE / "compare.py"
+
+
+def _script() -> ModuleType:
+    """The example script as a module (its name would clash with tfgraph.compare)."""
+    spec = importlib.util.spec_from_file_location("compare_variants_example", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("compare-variants")
+    run = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out),
+                          "--json-out", str(out / "result.json")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    return out, run.stdout, json.loads((out / "result.json").read_text())
+
+
+def test_quick_run_passes_every_check(quick: tuple[Path, str, dict[str, Any]]) -> None:
+    out, stdout, summary = quick
+    checks = summary["checks"]
+    assert summary["passed"] and all(c["ok"] for c in checks)
+    assert stdout.strip().splitlines()[-1] == f"OK: {len(checks)}/{len(checks)} checks passed"
+    names = " ".join(c["name"] for c in checks)
+    for criterion in ("compare report", "crossovers agree", "cv-gqa KV cache",
+                      "cv-mqa KV cache", "linear beyond the window", "time increases"):
+        assert criterion in names
+    assert summary["quick"] and summary["lengths"] == [64, 256]
+
+
+def test_report_page_and_plots_name_every_variant(
+        quick: tuple[Path, str, dict[str, Any]]) -> None:
+    out, _, summary = quick
+    page = (out / "compare.html").read_text()
+    names = [v["name"] for v in summary["variants"]]
+    assert names == ["cv-base", "cv-post-norm", "cv-gqa", "cv-mqa", "cv-moe", "cv-window"]
+    assert all(name in page for name in names)
+    for png in ("compare.png", "time_vs_flops.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_crossovers_are_where_the_report_says(quick: tuple[Path, str, dict[str, Any]]) -> None:
+    """At the printed first L, report(seq=L) has attention-score FLOPs above the FFN's, and
+    report(seq=L - 1) not; the pairs answer as the FLOP counts say they must."""
+    _, _, summary = quick
+    first = {}
+    for v in summary["variants"]:
+        length = v["crossover"]["compare_first_above"]
+        assert length == v["crossover"]["direct_first_above"]
+        graph = tfgraph.compile(tfgraph.load_spec(EXAMPLE / v["file"]))
+        above = graph.report(seq=length)["flops_by_kind"]
+        below = graph.report(seq=length - 1)["flops_by_kind"]
+        assert above["attention_scores"] > above["ffn"]
+        assert below["attention_scores"] <= below["ffn"]
+        first[v["name"]] = length
+    # Norm placement, K/V heads and a window change neither the score products nor the FFN
+    # (tfgraph counts scores dense); top-2 of 8 experts doubles the FFN work (+ the router).
+    assert first["cv-post-norm"] == first["cv-gqa"] == first["cv-mqa"] == first["cv-window"] \
+        == first["cv-base"]
+    assert 2 * first["cv-base"] - 10 < first["cv-moe"] < 2 * first["cv-base"] + 10
+    # Counting only the scores read: causal attention reads about half, so ~2x later; a
+    # window of 256 keys never catches a 1024-wide FFN.
+    read = {v["name"]: v["crossover"]["read_first_above"] for v in summary["variants"]}
+    assert read["cv-window"] is None
+    assert 2 * first["cv-base"] - 10 < read["cv-base"] < 2 * first["cv-base"] + 100
+
+
+def test_measured_times_and_fit(quick: tuple[Path, str, dict[str, Any]]) -> None:
+    _, _, summary = quick
+    for v in summary["variants"]:
+        seconds = [v["seconds"][str(n)] for n in summary["lengths"]]
+        flops = [v["flops_forward"][str(n)] for n in summary["lengths"]]
+        assert 0 < seconds[0] < seconds[1] and 0 < flops[0] < flops[1]
+    fit = summary["fit"]
+    assert fit["gflops_per_s"] > 0 and -1 <= fit["pearson_r"] <= 1
+
+
+def test_first_above_finds_the_sign_change() -> None:
+    first_above = _script().first_above
+    assert first_above(lambda n: n * n - 1000 * n) == 1001  # n (n - 1000) > 0 from 1001
+    assert first_above(lambda n: n - 1) == 2
+    assert first_above(lambda n: 1) == 1
+    assert first_above(lambda n: -n) is None  # never above
+
+
+def test_kv_cache_check_fails_on_a_wrong_ratio() -> None:
+    script = _script()
+    specs = [tfgraph.load_spec(EXAMPLE / f) for f in ("base.yaml", "gqa.yaml")]
+    data = compare([tfgraph.compile(s) for s in specs], seqs=[16, 32])
+    script.kv_cache_checks(specs, data)
+    assert [c["ok"] for c in script.CHECKS] == [True]
+    data["variants"][1]["at"][1]["values"]["memory.kv_cache"] += 1  # one byte off
+    script.kv_cache_checks(specs, data)
+    assert [c["ok"] for c in script.CHECKS] == [True, False]
