@@ -15,9 +15,8 @@ from tfgraph.exporters.onnx_builder import Builder, dims
 from tfgraph.exporters.onnx_ops import MAX_OPSET, ONNX_OPS, check_opset
 from tfgraph.exporters.onnx_tensors import ELEM_TYPE
 from tfgraph.ir import Graph, Node
-
 # metadata_props key of the spec as JSON, so `tfgraph run MODEL.onnx --check` can rebuild it.
-SPEC_METADATA_KEY = "tfgraph.spec"
+from tfgraph.stored_spec import SPEC_METADATA_KEY
 
 
 def _value_info(b: Builder, node: Node) -> onnx.ValueInfoProto:

@@ -201,11 +201,12 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
             prompt_vocab = vocab.get("input_ids", vocab.get("src_ids"))
         return Opened(stepper, source, runs_on, tokenizer, prompt_vocab)
     spec = _stored_spec(model, source)
-    import tfgraph
     from tfgraph.exporters import to_torch
+    from tfgraph.stored_spec import model_graph
 
+    # The metadata is checked against the model's weights before anything else is compiled.
+    graph = model_graph(spec, {t.name: tuple(t.dims) for t in model.graph.initializer}, source)
     graphs = _decoding_graphs(spec, cache, source)
-    graph = tfgraph.compile(spec)
     weights = _initializers(Path(source), graph)
     if len(graphs) == 1:  # a decoder: the same parameters run through its cache graph
         graph = graphs[0]
@@ -355,19 +356,15 @@ def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int
 
 
 def _stored_spec(model: Any, where: str) -> Spec:
-    """The spec tfgraph stored in an ONNX model's metadata."""
-    import json
-
+    """The spec tfgraph stored in an ONNX model's metadata, validated as untrusted input."""
     from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
+    from tfgraph.stored_spec import stored_spec
 
     props = {p.key: p.value for p in model.metadata_props}
     if SPEC_METADATA_KEY not in props:
         raise TfgraphError(f"{where}: --backend torch needs the spec, and this model carries "
                            "none (it was not built by tfgraph); use --backend onnx")
-    try:
-        return Spec.model_validate(json.loads(props[SPEC_METADATA_KEY]))
-    except ValueError as err:
-        raise TfgraphError(f"{where}: the spec stored in the model is invalid: {err}") from None
+    return stored_spec(props[SPEC_METADATA_KEY], where)
 
 
 def _initializers(path: Path, graph: Graph) -> dict[str, Any]:

@@ -89,8 +89,8 @@ def test_wrong_weights_exit_2_listing_them(in_tmp: Path) -> None:
     result = cli("build", TINY, "--to", "onnx", "--weights", "bad.safetensors", "-o", "m.onnx")
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()
-    assert "missing: decoder.layers.1.cross_attn.k.bias" in line
-    assert "unexpected: decoder.layers.9.ffn.up.weight" in line
+    assert "1 missing (decoder.layers.1.cross_attn.k.bias" in line
+    assert "1 unexpected (decoder.layers.9.ffn.up.weight" in line
     assert "encoder.layers.0.ffn.up.weight (3, 3) != (64, 32)" in line
     assert Path("m.onnx").read_bytes() == b"old model"
 
@@ -208,3 +208,20 @@ def test_progress_bar_on_a_terminal(in_tmp: Path, monkeypatch: pytest.MonkeyPatc
     assert result.exit_code == 0, result.stderr
     assert sum(advanced) == cost.weights_bytes(tfgraph.compile(TINY))
     onnx.checker.check_model(onnx.load("m.onnx"), full_check=True)
+
+
+def test_many_renamed_weights_are_summarised_in_one_short_line(in_tmp: Path) -> None:
+    # A Hugging Face state dict given as --weights: every name differs.
+    graph = tfgraph.compile(TINY)
+    renamed = {f"model.layers.{i}.self_attn.q_proj.weight": np.zeros((2, 2), np.float32)
+               for i in range(39)}
+    save_weights(renamed, "hf.safetensors")
+    result = cli("build", TINY, "--to", "onnx", "--weights", "hf.safetensors", "-o", "m.onnx")
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert len(line) < 300, line
+    missing = len(list(graph.params()))
+    assert f"{missing} missing (" in line and f", +{missing - 1} more)" in line
+    assert "39 unexpected (model.layers.0.self_attn.q_proj.weight, +38 more)" in line
+    assert "Hugging Face names?" in line
+    assert "tfgraph import" in line and not Path("m.onnx").exists()

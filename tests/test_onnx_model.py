@@ -154,8 +154,8 @@ def test_wrong_weights_are_listed() -> None:
     with pytest.raises(TfgraphError) as err:
         to_onnx(graph, weights=weights)
     text = str(err.value)
-    assert "missing: decoder.layers.0.ffn.up.bias" in text
-    assert "unexpected: extra.weight" in text
+    assert "1 missing (decoder.layers.0.ffn.up.bias" in text
+    assert "1 unexpected (extra.weight" in text
     assert "decoder.layers.0.self_attn.q.weight (16, 15) != (16, 16)" in text
 
 

@@ -106,11 +106,11 @@ def test_wrong_weights_file_is_listed_and_nothing_is_written(tmp_path: Path) -> 
     with pytest.raises(TfgraphError) as err:
         load_weights(str(path), graph)
     message = str(err.value)
-    assert "missing: decoder.layers.1.ffn.up.weight" in message
-    assert "unexpected: decoder.layers.9.ffn.up.weight" in message
-    assert "mis-shaped: head.weight (2, 32) != (61, 32)" in message
+    assert "1 missing (decoder.layers.1.ffn.up.weight" in message
+    assert "1 unexpected (decoder.layers.9.ffn.up.weight" in message
+    assert "1 mis-shaped (head.weight (2, 32) != (61, 32)" in message
     # The same check guards the folder writer, before anything is written.
-    with pytest.raises(TfgraphError, match="missing: decoder.layers.1.ffn.up.weight"):
+    with pytest.raises(TfgraphError, match=r"1 missing \(decoder.layers.1.ffn.up.weight"):
         write_torch_folder(graph, tmp_path / "out", {k: v.numpy() for k, v in bad.items()}, 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.safetensors"]
 

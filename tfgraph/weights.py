@@ -110,21 +110,15 @@ def load_weights(path: str, graph: Graph, check_finite: bool = False
 
 
 def check_weights(shapes: dict[str, tuple[int, ...]], graph: Graph, source: str) -> None:
-    """Raise ``TfgraphError`` listing every missing, unexpected and mis-shaped name of
-    ``shapes`` (name -> shape of given weights, from ``source``) against ``graph``."""
+    """Raise ``TfgraphError`` summarising the missing, unexpected and mis-shaped names of
+    ``shapes`` (name -> shape of given weights, from ``source``) against ``graph``: counts and
+    the first few names of each (tfgraph.name_mismatch)."""
     from tfgraph.errors import TfgraphError
+    from tfgraph.name_mismatch import mismatch_line
 
-    expected = param_shapes(graph)
-    missing = sorted(set(expected) - set(shapes))
-    unexpected = sorted(set(shapes) - set(expected))
-    misshaped = sorted(f"{n} {tuple(shapes[n])} != {expected[n]}"
-                       for n in set(expected) & set(shapes)
-                       if tuple(shapes[n]) != expected[n])
-    problems = [f"{label}: {', '.join(names)}" for label, names in
-                (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
-                if names]
-    if problems:
-        raise TfgraphError(f"{source}: weights do not match {graph.name}: " + "; ".join(problems))
+    problem = mismatch_line(param_shapes(graph), shapes)
+    if problem:
+        raise TfgraphError(f"{source}: weights do not match {graph.name}: {problem}")
 
 
 def _read_safetensors(path: str, safe_open) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import onnx
 
     from tfgraph.ir import Graph
+    from tfgraph.spec import Spec
     from tfgraph.model_source import Source
 
 # Largest |onnxruntime - torch| accepted by --check, per dtype: parity is 1e-4 in float32
@@ -73,21 +74,15 @@ def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
     return feeds
 
 
-def _graph_from_model(model: onnx.ModelProto, spec_json: str | None, where: str) -> Graph:
-    """The graph of a tfgraph-built model, from the spec it carries in its metadata."""
-    if spec_json is None:
+def _graph_from_model(model: onnx.ModelProto, spec: Spec | None, where: str) -> Graph:
+    """The graph of a tfgraph-built model, from the spec it carries in its metadata, checked
+    against the model's initializers before and after compiling (tfgraph.stored_spec)."""
+    if spec is None:
         raise TfgraphError(f"{where}: --check needs the spec, and this model carries none "
                            "(it was not built by tfgraph); run the spec instead")
-    import json
+    from tfgraph.stored_spec import model_graph
 
-    import tfgraph
-    from tfgraph.spec import Spec
-
-    try:
-        spec = Spec.model_validate(json.loads(spec_json))
-    except ValueError as err:
-        raise TfgraphError(f"{where}: the spec stored in the model is invalid: {err}") from None
-    return tfgraph.compile(spec)
+    return model_graph(spec, {t.name: tuple(t.dims) for t in model.graph.initializer}, where)
 
 
 def _model_weights(model_path: Path, graph: Graph) -> dict[str, np.ndarray]:
@@ -175,19 +170,19 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             tokenizer = built.tokenizer[0] if built.tokenizer else None
         seed = seed or 0
         spec = None
-        if iface.spec_json is not None:
-            import json
+        if iface.spec_json is not None:  # untrusted: validated like a spec file
+            from tfgraph.stored_spec import stored_spec
 
-            spec = json.loads(iface.spec_json)
+            spec = stored_spec(iface.spec_json, source)
         if tgt_seq is not None and "tgt_ids" not in iface.inputs:
             raise TfgraphError(f"--tgt-seq: {source} has one sequence ({iface.inputs[0]}); "
                                "use --seq")
-        max_len = spec.get("max_len") if spec is not None else None
+        max_len = spec.max_len if spec is not None else None
         if max_len and ctx.get_parameter_source("seq") is click.core.ParameterSource.DEFAULT:
             seq = min(seq, max_len)  # as `report` does: the default fits the model
         _check_lengths(spec, seq, tgt_seq)
         if check and graph is None:  # say it before spending time on the runs
-            graph = _graph_from_model(model, iface.spec_json, source)
+            graph = _graph_from_model(model, spec, source)
             from_file = True
         else:
             from_file = False
@@ -210,7 +205,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
                    f"{timing.p90_s * 1e3:.2f} ms over {timing.runs} runs (1 warm-up)")
         click.echo(f"throughput {tokens / timing.median_s:,.0f} tokens/s "
                    f"({tokens} input tokens per run)")
-        if prompt is not None and spec is not None and spec.get("arch") == "decoder-only":
+        if prompt is not None and spec is not None and spec.arch == "decoder-only":
             from tfgraph.hf.tokenizer import load_tokenizer
 
             assert tokenizer is not None
@@ -237,11 +232,11 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
                 ctx.exit(1)
 
 
-def _check_lengths(spec: dict[str, Any] | None, seq: int, tgt_seq: int | None) -> None:
+def _check_lengths(spec: Spec | None, seq: int, tgt_seq: int | None) -> None:
     """Learned positions stop at max_len: say so instead of letting onnxruntime fail."""
-    if spec is None or spec.get("embedding", {}).get("positions") != "learned":
+    if spec is None or spec.embedding.positions != "learned":
         return
-    max_len = spec.get("max_len")
+    max_len = spec.max_len
     for flag, n in (("--seq", seq), ("--tgt-seq", tgt_seq)):
         if n is not None and max_len is not None and n > max_len:
             raise TfgraphError(f"{flag} {n}: longer than the model's max_len {max_len} "

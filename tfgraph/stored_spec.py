@@ -1,0 +1,61 @@
+"""The spec tfgraph stores in the ONNX models it builds (metadata key ``tfgraph.spec``), read as
+untrusted input: a model file can come from anyone, and its metadata can be malformed or disagree
+with the graph it rides on (a 10,000-layer spec in a tiny model would take half a minute and
+gigabytes to compile before the mismatch showed).
+
+Preconditions: none on the text. Postconditions: :func:`stored_spec` returns a validated
+:class:`~tfgraph.spec.Spec` or raises a one-line :class:`~tfgraph.errors.SpecError`;
+:func:`model_graph` compiles the spec only after its layer counts agree with the model's
+initializers, and returns a graph whose parameters match them name for name and shape for shape.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from tfgraph.errors import TfgraphError
+from tfgraph.ir import Graph
+from tfgraph.loader import parse_spec
+from tfgraph.name_mismatch import mismatch_line
+from tfgraph.spec import Spec
+from tfgraph.terminal import printable
+
+SPEC_METADATA_KEY = "tfgraph.spec"
+_LAYER_NAME = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.")
+
+
+def stored_spec(text: str, where: str) -> Spec:
+    """The spec of ``text`` (JSON, which the YAML reader reads with its size and nesting limits),
+    validated like a spec file; errors name ``where`` and the metadata key."""
+    return parse_spec(text, f"{printable(where)}[{SPEC_METADATA_KEY}]")
+
+
+def _layers_held(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    held: dict[str, int] = {}
+    for name in shapes:
+        match = _LAYER_NAME.match(name)
+        if match:
+            stack, index = match.group(1), int(match.group(2))
+            held[stack] = max(held.get(stack, 0), index + 1)
+    return held
+
+
+def model_graph(spec: Spec, shapes: Mapping[str, tuple[int, ...]], where: str) -> Graph:
+    """The graph of ``spec``, checked against the model's initializer ``shapes`` (name -> dims):
+    the layer count of each stack first (cheap: names only), then, once compiled, every
+    parameter (tfgraph.name_mismatch)."""
+    import tfgraph
+
+    held = _layers_held(shapes)
+    for stack in spec.stacks:
+        says, has = spec.layer_count(stack), held.get(stack, 0)
+        if says != has:
+            raise TfgraphError(f"{where}: the spec in its metadata has {says} {stack} layers, "
+                               f"its weights {has}; the metadata does not describe this model")
+    graph = tfgraph.compile(spec)
+    problem = mismatch_line({p.name: tuple(p.attrs["shape"]) for p in graph.params()}, shapes)
+    if problem:
+        raise TfgraphError(f"{where}: the spec in its metadata does not match the model's "
+                           f"weights: {problem}")
+    return graph
