@@ -4,6 +4,8 @@
         --strategy fsdp --steps 20
     torchrun --nproc_per_node 4 examples/train_distributed.py --spec specs/tiny-moe.yaml \\
         --strategy fsdp+tp --tp 2 --steps 20 --save ckpt/
+    torchrun --nproc_per_node 2 examples/train_distributed.py --spec specs/tiny-moe.yaml \\
+        --strategy fsdp --ep 2 --steps 20   # experts split over the ranks, all-to-all
     python examples/train_distributed.py --spec specs/tiny-llama.yaml --quick   # one process
 
 Everything distributed is PyTorch's own: ``DistributedDataParallel``, FSDP2's ``fully_shard``
@@ -62,6 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=None,
                    help="tensor-parallel degree (default: every process for tp, 2 for "
                         "fsdp+tp)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree (MoE, --strategy fsdp): the routed experts "
+                        "split over this many data-parallel ranks, tokens sent to them by "
+                        "all-to-all; per rank the all-to-all bytes sent are reported")
     p.add_argument("--batch", type=int, default=8, help="global batch (rows per step)")
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -100,6 +106,9 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
             module.check_tp(args.tp)  # model.py's own check of heads / tp
         except ValueError as e:
             raise TfgraphError(str(e)) from None
+        if args.ep > 1:
+            raise TfgraphError("--ep: a standalone model.py has no expert parallelism; "
+                               "train its spec")
         return module, module.load(str(folder)).state_dict()
     import tfgraph
     from tfgraph.model_source import load_source
@@ -109,7 +118,7 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
     graph = tfgraph.compile(source.spec)
     if set(graph.inputs) != {"input_ids"}:
         raise TfgraphError(f"{args.spec}: this example trains one-stack models on input_ids")
-    check_divisible(graph, tp=args.tp)
+    check_divisible(graph, tp=args.tp, ep=args.ep)
     weights = source.weights(graph) if source.checkpoint is not None else None
     return graph, weights
 
@@ -146,7 +155,8 @@ def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.devi
         graph.parallelize(model, mesh, tp=tp, fsdp=fsdp)
         full = weights if dist.get_rank() == 0 else {}
     else:
-        model = parallelize(to_torch(graph, device="meta"), mesh, tp=tp, fsdp=fsdp)
+        model = parallelize(to_torch(graph, device="meta"), mesh, tp=tp, fsdp=fsdp,
+                            ep=args.ep)
         full = to_torch(graph, seed=args.seed, weights=weights).state_dict() \
             if dist.get_rank() == 0 else {}
     load_full_state_dict(model, device, full)
@@ -215,6 +225,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.strategy in ("tp", "fsdp+tp") and world % args.tp:
         raise TfgraphError(f"--tp {args.tp} does not divide the {world} processes "
                            "(torchrun --nproc_per_node)")
+    if args.ep > 1 and args.strategy != "fsdp":
+        raise TfgraphError(f"--ep {args.ep} runs under --strategy fsdp (expert parallelism "
+                           "over the FSDP2 data-parallel ranks)")
     distributed = args.strategy != "none"
     started_group = False
     if distributed and not dist.is_initialized():
@@ -260,6 +273,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.save:
         save_checkpoint(args.save, model, optimizer, args.steps)
     mine = measured_bytes(model, optimizer)
+    if args.ep > 1:  # sent to the other expert-parallel ranks, all steps of this run
+        from tfgraph.exporters.torch_expert_parallel import all_to_all_bytes
+        mine["all_to_all"] = all_to_all_bytes(model)["total"]
     if device.type == "cuda":
         mine["cuda_max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
     per_rank: list[Any] = [mine]

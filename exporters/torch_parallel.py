@@ -26,9 +26,15 @@ therefore rewrites the steps of the modules it shards: a split linear's step cal
 every attention, rotary and per-head norm step gets the heads of one rank (``heads / tp``,
 ``kv_heads / tp``). An unparallelized module is untouched.
 
+Expert parallelism (``ep`` > 1; ``torch_expert_parallel``, torchtitan's ``ExpertParallel``):
+the routed experts cut by expert (``Shard(0)`` of the stacked weights) over ``ep`` of the
+data-parallel ranks, each rank routing its own rows and sending each (token, expert) pair to
+the rank holding the expert by all-to-all, and back; with FSDP2 and tp 1 only (``ep`` with
+tensor parallelism, or without FSDP2, is refused with a TfgraphError).
+
 Not done: ``SequenceParallel`` (norms and residuals here are functional steps inside a layer
 module, not modules a style can hook; activations between sublayers stay replicated across
-tensor-parallel ranks), expert parallelism (all-to-all), T5's relative position bias and
+tensor-parallel ranks), T5's relative position bias and
 full-width query/key norms (OLMo 2) under tensor parallelism (refused with a TfgraphError).
 
 Initialisation after sharding: build on the meta device (``to_torch(graph, device="meta")``),
@@ -65,6 +71,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from tfgraph.errors import TfgraphError
+from tfgraph.exporters.torch_expert_parallel import expert_parallel, shard_experts
 from tfgraph.exporters.torch_module import (
     EmbeddingWeights,
     LinearWeights,
@@ -239,7 +246,7 @@ def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int
 
 
 def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = True, *,
-                mp_policy: MixedPrecisionPolicy | None = None,
+                ep: int = 1, mp_policy: MixedPrecisionPolicy | None = None,
                 reshard_after_forward: bool = True) -> TorchModel:
     """Shard ``module`` (from ``to_torch``, on the meta device or any other) in place and
     return it.
@@ -253,8 +260,15 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
     cuts dim 0 over the dp ranks); forward and backward compute what the whole module
     computes on the same (per data-parallel rank) batch. TfgraphError when ``tp`` does not
     divide what it cuts, or the graph has a part that cannot be split (module docstring).
+    ``ep`` > 1: expert parallelism over the data-parallel ranks (``torch_expert_parallel``;
+    FSDP2 and tp 1 only): ``mesh["dp"]`` unflattened into ``(dp_mod_ep, ep)``, the routed
+    experts cut by expert over "ep" and FSDP2-sharded over "dp_mod_ep", tokens exchanged by
+    all-to-all; the experts' parameters are then held as ``tp_plan``'s ``ep_dim`` says.
     """
     names = mesh.mesh_dim_names or ()
+    experts_mesh = None
+    if ep > 1:  # refuses tp > 1 and fsdp=False before anything is changed
+        experts_mesh = expert_parallel(module, mesh, ep, tp, fsdp)
     if tp > 1:
         if "tp" not in names or mesh["tp"].size() != tp:
             raise TfgraphError(f"tp={tp} needs a mesh with a 'tp' dimension of size {tp}")
@@ -270,6 +284,8 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
         if mp_policy is not None:
             options["mp_policy"] = mp_policy
         for layer in module.layers():
+            if experts_mesh is not None:
+                shard_experts(layer, experts_mesh, dp_mesh.size(), options)
             fully_shard(layer, **options)
         fully_shard(module, **options)
     return module
