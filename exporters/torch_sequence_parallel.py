@@ -1,0 +1,371 @@
+"""Sequence parallelism of ``to_torch`` modules under tensor parallelism:
+``parallelize(module, mesh, tp=..., sp=True)`` (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", section 4.2.2).
+
+Tensor parallelism (Shoeybi et al. 2019) leaves the residual stream whole on every
+tensor-parallel rank: norms, residual adds and dropout are computed ``tp`` times over the same
+(B, S, d) values, and each rank keeps them all for backward. Sequence parallelism cuts those
+values along the sequence axis instead, rank r holding rows ``r S/tp .. (r+1) S/tp - 1``
+(a DTensor ``Shard(1)`` over the tensor-parallel ranks, kept between steps as its local
+tensor, as torchtitan does), and replaces each sublayer's all-reduce with an all-gather before
+it and a reduce-scatter after it (Korthikanti et al., figure 5: g and g-bar), the same bytes.
+What runs where, all of it PyTorch's machinery (``torch.distributed.tensor`` redistributions
+and ``torch.distributed.tensor.parallel`` styles):
+
+- the token embedding outputs a sequence shard: a vocabulary-split table by
+  ``RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))`` (reduce-scatter); a
+  replicated one (tied to the head) looks up every row, then keeps its rows
+  (``Replicate -> Shard(1)``, no communication; backward all-gathers the gradient);
+- norms on the stream run on the local rows through their owner module (``NormWeights``) with
+  ``SequenceParallel(use_local_output=True)``: their gain and bias become replicated DTensors,
+  so the gradient each rank computes from its rows is a ``Partial`` sum that PyTorch reduces
+  (``parallelize``'s gradient hook without FSDP2, FSDP2's own redistribution with it);
+- residual adds, scaling, dropout, activations and other element-wise steps run on the local
+  rows; an operand that is still whole (a routed experts' output, a small gate) is cut to the
+  rank's rows first (``Replicate -> Shard(1)``);
+- the projections that open a sublayer (``ColwiseParallel``: q, k, v; up, gate; a
+  vocabulary-split head) read their input all-gathered once per value and program (the
+  ``PrepareModuleInput`` torchtitan puts before attention and feed-forward): a replicated
+  DTensor shared by q, k and v, so in backward their partial input gradients are summed and
+  reduce-scattered once;
+- the projections that close it (o, down) are ``RowwiseParallel(output_layouts=Shard(1))``:
+  their partial sums are reduce-scattered to the rank's rows;
+- every other step that reads a sequence shard (a router, a tied head, routed experts, the
+  loss) reads it all-gathered (a plain tensor; its gradient, equal on every rank, is cut back
+  to the rank's rows), and the model's outputs are all-gathered: the final norm runs on the
+  local rows and the head gathers.
+
+Positions: learned and sinusoidal position tables added in the sharded region add the rows of
+the rank's own positions (the whole-sequence rows, then this rank's; a learned table's
+gradient is all-gathered, so every rank sees the one-process gradient); rotary tables are
+built for the whole sequence (rotary applies to q and k after the all-gather).
+
+Refused with a TfgraphError (one line, with the reason): graphs that take an attention mask,
+position ids or a KV cache (sequence parallelism is for full-sequence training graphs), a row
+parallel projection whose input is a sequence shard, and, at run time, a sequence length
+``tp`` does not divide (a DTensor built from local shards assumes even shards).
+
+Not done: dropout masks in the sharded region are drawn per rank (each rank its own rows), so
+with dropout > 0 a run differs from one process, as it does under tensor parallelism alone;
+routed experts read an all-gathered input and their all-reduced output is then cut to the
+rank's rows (an all-reduce where a reduce-scatter would do); an encoder output read by every
+decoder layer's cross-attention is all-gathered once per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters import torch_functional as tf
+from tfgraph.exporters.torch_module import NormWeights, TorchModel, _CallLayer, _pick, _Program
+from tfgraph.exporters.torch_ops import NORM_OPS, rope_tables_step
+from tfgraph.ir import Graph
+from tfgraph.parallel.tp_plan import tp_plan
+
+__all__ = ["ELEMENTWISE_OPS", "SequencePlan", "sequence_parallel", "sequence_parallel_plan",
+           "sequence_parallel_styles"]
+
+# Ops computed token by token on their operands' last axis: on a sequence shard they give
+# the rank's rows of the whole result.
+ELEMENTWISE_OPS = frozenset({"add", "mul", "scale", "dropout", "relu", "gelu", "gelu_tanh",
+                             "silu", "sigmoid_gate", "softcap", "softmax"})
+POSITION_OPS = frozenset({"positions_learned", "positions_sinusoidal"})
+# Graph inputs of the cached and masked graphs (KV cache, padding): not full-sequence training.
+_CACHE_INPUTS = ("attention_mask", "position_ids", "encoder_attention_mask")
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """Where each value lives under sequence parallelism (see the module docstring).
+
+    ``kind``: op node -> how it is computed: "embedding" (output cut to the rank's rows),
+    "rowwise" (reduce-scattered), "norm" (``SequenceParallel`` on its owner), "positions"
+    (the rank's positions), "elementwise" (on the local rows), "colwise" (input all-gathered
+    once, as a replicated DTensor), "gathered" (inputs all-gathered, a whole output); nodes
+    absent compute as under tensor parallelism alone. ``sharded``: the values held as the
+    rank's sequence rows."""
+
+    kind: Mapping[str, str]
+    sharded: frozenset[str]
+
+
+def sequence_parallel_plan(graph: Graph) -> SequencePlan:
+    """Each op node's kind and the sequence-sharded values of ``graph``, in one topological
+    pass. TfgraphError (one line) for what sequence parallelism here cannot run."""
+    cached = [name for name in graph.inputs if name in _CACHE_INPUTS
+              or name.startswith("past_key")]
+    if cached:
+        raise TfgraphError(f"sequence parallelism runs full-sequence graphs (training); this "
+                           f"graph takes {cached[0]}")
+    shards = tp_plan(graph)
+    kind: dict[str, str] = {}
+    sharded: set[str] = set()
+    for node in graph.ops():
+        params = [i for i in node.inputs if graph.node(i).is_param]
+        values = [i for i in node.inputs if not graph.node(i).is_param]
+        styles = {shards[p].style for p in params}
+        on_shards = [v for v in values if v in sharded]
+        if node.op == "embedding":
+            kind[node.name] = "embedding"
+        elif node.op == "linear" and "rowwise" in styles:
+            if on_shards:
+                raise TfgraphError(f"{node.name}: a row-parallel projection reads a sequence "
+                                   "shard; sequence parallelism cannot split it")
+            kind[node.name] = "rowwise"
+        elif not on_shards:
+            continue
+        elif node.op in NORM_OPS and params and "heads" not in node.attrs:
+            kind[node.name] = "norm"
+        elif node.op in POSITION_OPS:
+            if len(values) > 1:
+                raise TfgraphError(f"{node.name}: positions from position ids are not "
+                                   "supported under sequence parallelism")
+            kind[node.name] = "positions"
+        elif node.op in ELEMENTWISE_OPS and not params \
+                and all(_along_sequence(graph, v, on_shards[0]) for v in values):
+            kind[node.name] = "elementwise"
+        elif node.op == "linear" and styles & {"colwise", "vocab"}:
+            kind[node.name] = "colwise"
+            continue
+        else:
+            kind[node.name] = "gathered"
+            continue
+        sharded.add(node.name)
+    return SequencePlan(kind, frozenset(sharded))
+
+
+def _along_sequence(graph: Graph, value: str, shard: str) -> bool:
+    """Whether ``value`` has the sequence axis (axis 1) of the sharded value ``shard``, so
+    that the rank's rows of it are its rows of ``shard``."""
+    mine, theirs = graph.node(value).type.shape, graph.node(shard).type.shape
+    return len(mine) >= 2 and len(mine) == len(theirs) and str(mine[1]) == str(theirs[1])
+
+
+def sequence_parallel_styles(module: TorchModel, styles: Mapping[str, ParallelStyle],
+                             plan: SequencePlan) -> dict[str, ParallelStyle]:
+    """``styles`` (``module_tp_plan``: module path -> style) changed for sequence
+    parallelism: row-parallel projections and vocabulary-split tables output the rank's
+    sequence rows (``output_layouts=Shard(1)``, a reduce-scatter), and every norm on the
+    sharded stream gets ``SequenceParallel``."""
+    graph = module.source_graph
+    out = dict(styles)
+    for name, how in plan.kind.items():
+        node = graph.node(name)
+        if how == "norm":
+            out[node.inputs[1].rpartition(".")[0]] = SequenceParallel(use_local_output=True)
+        elif how == "rowwise":
+            out[node.inputs[1].rpartition(".")[0]] = RowwiseParallel(output_layouts=Shard(1))
+        elif how == "embedding":
+            path = node.inputs[0].rpartition(".")[0]
+            if isinstance(styles.get(path), RowwiseParallel):  # a vocabulary-split table
+                out[path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    return out
+
+
+# ---- conversions between the rank's rows and the whole sequence (DTensor redistributions) --
+
+def _gather(x: Tensor, mesh: DeviceMesh, keep_dtensor: bool) -> Tensor:
+    """The whole sequence from every rank's rows (all-gather along axis 1). ``keep_dtensor``:
+    a replicated DTensor (its partial gradients are reduce-scattered in backward); else a
+    plain tensor whose gradient, the same on every rank, is cut to the rank's rows."""
+    whole = DTensor.from_local(x, mesh, [Shard(1)], run_check=False).redistribute(
+        mesh, [Replicate()])
+    return whole if keep_dtensor else whole.to_local()
+
+
+def _rows_of_rank(x: Tensor, mesh: DeviceMesh, dim: int) -> Tensor:
+    """This rank's rows along ``dim`` of ``x``, which every rank holds whole (no
+    communication; backward all-gathers the gradient). A copy, so that the whole ``x`` can be
+    freed."""
+    local = DTensor.from_local(x, mesh, [Replicate()], run_check=False).redistribute(
+        mesh, [Shard(dim)]).to_local()
+    shared = local.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    return local.clone(memory_format=torch.contiguous_format) if shared else local
+
+
+def _whole_sequence_like(x: Tensor, tp: int) -> Tensor:
+    """A tensor shaped like the whole sequence of the rank's rows ``x`` (axis 1 times ``tp``)
+    with x's dtype and device, for steps that read only a length from their operand; nothing
+    is stored (one element, broadcast)."""
+    return x.new_empty(()).expand(x.shape[0], x.shape[1] * tp, *x.shape[2:])
+
+
+# ---- the steps that replace or wrap a program's steps ---------------------------------------
+
+class _Convert:
+    """A step converting one value: all-gather it (``keep_dtensor`` or not) or keep this
+    rank's rows of it."""
+
+    def __init__(self, mesh: DeviceMesh, how: str) -> None:
+        self.mesh, self.how = mesh, how
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor) -> Tensor:
+        if self.how == "rows":
+            return _rows_of_rank(x, self.mesh, 1)
+        return _gather(x, self.mesh, keep_dtensor=self.how == "gather_dtensor")
+
+
+class _ThenRows:
+    """A step (a replicated table's lookup) computed whole, then cut to the rank's rows."""
+
+    def __init__(self, step: Any, mesh: DeviceMesh) -> None:
+        self.step, self.mesh = step, mesh
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], *inputs: Any) -> Tensor:
+        return _rows_of_rank(self.step(module, attrs, *inputs), self.mesh, 1)
+
+
+class _CallNorm:
+    """A norm step computed by calling its ``NormWeights`` owner (``SequenceParallel``'s
+    hooks: the input taken as the rank's rows, the parameters replicated DTensors); the
+    parameter operands the program passes are not read."""
+
+    def __init__(self, owner: NormWeights) -> None:
+        self.owner = owner
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor,
+                 *params: Tensor) -> Tensor:
+        out: Tensor = self.owner(x)
+        return out
+
+
+class _PositionsOfRank:
+    """Learned or sinusoidal positions added to the rank's rows ``x``: the whole sequence's
+    position rows, then this rank's (a learned table's gradient all-gathered in backward)."""
+
+    def __init__(self, op: str, mesh: DeviceMesh, tp: int) -> None:
+        self.op, self.mesh, self.tp = op, mesh, tp
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor,
+                 *table: Tensor) -> Tensor:
+        whole = _whole_sequence_like(x, self.tp)
+        if self.op == "positions_learned":
+            rows = tf.learned_positions(whole, table[0], attrs.get("offset", 0))  # (S, d)
+        else:
+            rows = tf.sinusoidal_positions(whole.shape[1], x.shape[2], x.device, x.dtype,
+                                           attrs.get("layout", "interleaved"))  # (S, d)
+        return x + _rows_of_rank(rows, self.mesh, 0)
+
+
+class _WholeSequenceTables:
+    """Rotary cos/sin tables for the whole sequence of the rank's rows ``x`` (rotary applies
+    to q and k after the all-gather)."""
+
+    def __init__(self, tp: int) -> None:
+        self.tp = tp
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor
+                 ) -> tuple[Tensor, Tensor]:
+        return rope_tables_step(module, attrs, _whole_sequence_like(x, self.tp))
+
+
+# ---- rewriting the programs -----------------------------------------------------------------
+
+def _rewrite_program(program: _Program, module: TorchModel, plan: SequencePlan,
+                     mesh: DeviceMesh, tp: int, top: bool) -> None:
+    """Rewrite ``program``'s steps (already rewritten for tensor parallelism) as the plan
+    says, adding the all-gathers and row cuts as steps of their own, each computed once per
+    value and freed after its last reader; ``top``: the model's own program (its outputs are
+    all-gathered)."""
+    graph = module.source_graph
+    shards = tp_plan(graph)
+    names = {slot: name for name, slot in program.slots.items()}
+    steps: list[Any] = []
+    converted: dict[tuple[str, int], int] = {}
+
+    def convert(how: str, slot: int) -> int:
+        if (how, slot) not in converted:
+            new = program.slot(f"#{how}:{names[slot]}")
+            names[new] = f"#{how}:{names[slot]}"
+            steps.append((_Convert(mesh, how), {}, (slot,), new, (), None, ()))
+            converted[how, slot] = new
+        return converted[how, slot]
+
+    def is_sharded(slot: int) -> bool:
+        return names[slot] in plan.sharded
+
+    for step in program.steps:
+        fn, attrs, args, out, dead, inplace, inplace_args = step
+        how = plan.kind.get(names[out])
+        new_args = args
+        if isinstance(fn, _CallLayer) or fn is _pick:
+            pass  # a layer's inputs and outputs stay as they are; the layer converts them
+        elif fn is rope_tables_step and is_sharded(args[0]):
+            fn = _WholeSequenceTables(tp)
+        elif how == "embedding":
+            table = graph.node(names[out]).inputs[0]
+            if shards[table].style != "vocab":  # replicated: looked up whole, rows kept
+                fn = _ThenRows(fn, mesh)
+        elif how == "norm":
+            node = graph.node(names[out])
+            owner = module.get_submodule(node.inputs[1].rpartition(".")[0])
+            assert isinstance(owner, NormWeights)
+            fn = _CallNorm(owner)
+        elif how == "positions":
+            fn = _PositionsOfRank(graph.node(names[out]).op, mesh, tp)
+        elif how == "elementwise":
+            new_args = tuple(a if is_sharded(a) else convert("rows", a) for a in args)
+        elif how == "colwise":
+            new_args = (convert("gather_dtensor", args[0]), *args[1:])
+        elif how == "gathered":
+            new_args = tuple(convert("gather", a) if is_sharded(a) else a for a in args)
+        if new_args != args:
+            inplace, inplace_args = None, ()  # its operands are no longer the plan's
+        steps.append((fn, attrs, new_args, out, dead, inplace, inplace_args))
+    if top:
+        program.outputs = [convert("gather", o) if is_sharded(o) else o
+                           for o in program.outputs]
+    program.steps = _free_conversions(steps, set(converted.values()), set(program.outputs))
+
+
+def _free_conversions(steps: list[Any], temporaries: set[int], outputs: set[int]
+                      ) -> list[Any]:
+    """``steps`` with every temporary slot (an all-gathered value or the rank's rows) freed
+    after its last reader, unless it is an output."""
+    last: dict[int, int] = {}
+    for index, step in enumerate(steps):
+        for slot in (*step[2], *step[6]):
+            if slot in temporaries:
+                last[slot] = index
+    for slot, index in last.items():
+        if slot not in outputs:
+            fn, attrs, args, out, dead, inplace, inplace_args = steps[index]
+            steps[index] = (fn, attrs, args, out, (*dead, slot), inplace, inplace_args)
+    return steps
+
+
+def _check_sequence_lengths(tp: int) -> Any:
+    """A forward pre-hook refusing a sequence length ``tp`` does not divide."""
+    def check(module: nn.Module, args: tuple[Any, ...]) -> None:
+        for x in args:
+            if isinstance(x, Tensor) and x.dim() >= 2 and x.shape[1] % tp:
+                raise TfgraphError(f"sequence parallelism: tp {tp} does not divide the "
+                                   f"sequence length {x.shape[1]}")
+    return check
+
+
+def sequence_parallel(module: TorchModel, plan: SequencePlan, mesh: DeviceMesh,
+                      tp: int) -> None:
+    """Rewrite the module's programs for sequence parallelism, after ``parallelize_module``
+    applied ``sequence_parallel_styles`` and the tensor-parallel step rewrite
+    (``torch_parallel._rewrite_steps``). ``mesh``: the tensor-parallel mesh of ``tp`` ranks.
+    Postcondition: forward computes what the whole module computes, its output whole on
+    every rank; sequence lengths must be multiples of ``tp`` (TfgraphError otherwise)."""
+    _rewrite_program(module._program, module, plan, mesh, tp, top=True)
+    for layer in module.layers():
+        _rewrite_program(layer._program, module, plan, mesh, tp, top=False)
+    module.register_forward_pre_hook(_check_sequence_lengths(tp))
