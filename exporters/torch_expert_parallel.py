@@ -19,10 +19,12 @@ its own batch rows, ``ep`` divides ``dp``: ``parallelize``'s ``mesh["dp"]`` is u
 ``dp`` (each expert's gradient already sums the tokens of all ``ep`` ranks; torchtitan's
 ``set_gradient_divide_factor``); every other parameter is FSDP2-sharded over ``dp``.
 
-Supported: ``ep`` > 1 with FSDP2 (``fsdp=True``) and ``tp`` = 1. Refused with a TfgraphError:
-``ep`` without FSDP2 (the replicated parameters would need DDP's all-reduce, which does not
-take DTensor parameters), ``ep`` with tensor parallelism, ``ep`` on a model without routed
-experts, and ``ep`` that does not divide the experts or the data-parallel ranks.
+Supported: ``ep`` > 1 with FSDP2 (``fsdp=True``) and ``tp`` = 1, any ``dp`` that ``ep``
+divides. Refused with a TfgraphError: ``ep`` without FSDP2 (the gradients of the parameters
+replicated over the data-parallel ranks would need an all-reduce outside FSDP2: not done),
+``ep`` with tensor parallelism (torchtitan's expert tensor parallelism: not done), ``ep`` on a
+model without routed experts, and ``ep`` that does not divide the experts or the
+data-parallel ranks.
 
 The all-to-all bytes each rank sends to the other ranks are counted in the dispatch and the
 combine, forward and backward (``all_to_all_bytes``): the figure ``tfgraph plan`` predicts as
@@ -161,11 +163,12 @@ class ExpertParallel(ParallelStyle):
 
 def _expert_major(grid: Tensor) -> Tensor:
     """Row indices that reorder rows laid out by (source rank, expert), ``grid[r, e]`` rows
-    each, into (expert, source rank) order."""
-    starts = (grid.flatten().cumsum(0) - grid.flatten()).view(grid.shape)
-    pieces = [torch.arange(int(starts[r, e]), int(starts[r, e] + grid[r, e]))
-              for e in range(grid.shape[1]) for r in range(grid.shape[0])]
-    return torch.cat(pieces).to(grid.device)
+    each, into (expert, source rank) order (a stable sort: rows keep their order within a
+    block)."""
+    ranks, local = grid.shape
+    block = torch.repeat_interleave(torch.arange(ranks * local, device=grid.device),
+                                    grid.flatten())  # each row's (r, e) block, r-major
+    return ((block % local) * ranks + block // local).argsort(stable=True)
 
 
 def _count(module: nn.Module, kind: str, received: Tensor, sent_splits: list[int],
