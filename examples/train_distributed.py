@@ -24,7 +24,9 @@ Per rank the script measures what it holds after the last step, from the tensors
 its 0-d step counters apart), printed and, with ``--json-out``, written as JSON for a
 comparison with ``tfgraph plan``. ``--save DIR`` writes a sharded checkpoint (model and
 optimizer, ``torch.distributed.checkpoint``) after the last step; ``--resume DIR`` loads one
-and continues from the step it was saved at.
+and continues from the step it was saved at. ``--measure-saved`` adds, per rank, the bytes
+autograd saves for backward in the first step's forward and loss (``saved_for_backward``: the
+activations of ``tfgraph plan``'s per-rank memory, parameters left out).
 
 A standalone folder written by ``tfgraph build SPEC --to torch -o DIR`` (its ``model.py``)
 trains too: ``--spec DIR`` imports it and shards it with its own ``parallelize`` (TP_PLAN).
@@ -38,6 +40,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +52,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 STRATEGIES = ("none", "ddp", "fsdp", "tp", "fsdp+tp")
 
@@ -76,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save", metavar="DIR", help="sharded checkpoint after the last step")
     p.add_argument("--resume", metavar="DIR", help="continue from this checkpoint")
     p.add_argument("--json-out", metavar="FILE", help="losses and per-rank bytes as JSON")
+    p.add_argument("--measure-saved", action="store_true",
+                   help="also the bytes autograd saves for backward in the first step's "
+                        "forward and loss, per rank (saved_activations)")
     p.add_argument("--quick", action="store_true", help="3 steps, batch 4, seq 16 (CI)")
     args = p.parse_args(argv)
     if args.strategy is None:
@@ -156,7 +165,7 @@ def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.devi
         full = weights if dist.get_rank() == 0 else {}
     else:
         model = parallelize(to_torch(graph, device="meta"), mesh, tp=tp, fsdp=fsdp,
-                            ep=args.ep)
+                            ep=args.ep, loss_parallel=tp > 1)
         full = to_torch(graph, seed=args.seed, weights=weights).state_dict() \
             if dist.get_rank() == 0 else {}
     load_full_state_dict(model, device, full)
@@ -192,6 +201,48 @@ def measured_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
         "optimizer": sum(local_bytes(v) for v in states if v.dim() > 0),  # Adam's moments
         "optimizer_step_counters": sum(local_bytes(v) for v in states if v.dim() == 0),
     }
+
+
+def _held_storages(t: Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold ``t``'s data on this rank: its own, or for a wrapper tensor
+    subclass (a DTensor: its local tensor; functional collectives' AsyncCollectiveTensor: its
+    result) those of the tensors inside it, which own the memory the wrapper does not."""
+    if is_traceable_wrapper_subclass(t):
+        inner = [getattr(t, name) for name in t.__tensor_flatten__()[0]]
+        return [s for x in inner if isinstance(x, Tensor) for s in _held_storages(x)]
+    return [t.untyped_storage()]
+
+
+@contextmanager
+def saved_for_backward(model: nn.Module) -> Iterator[dict[int, int]]:
+    """While inside: the storages autograd saves for backward on this rank that are
+    activations (storage address -> bytes). What ``tfgraph plan`` calls a rank's activations,
+    counted by these rules:
+
+    - a DTensor counts as its local tensor (the shard or the replica this rank holds), an
+      all-reduce's AsyncCollectiveTensor as its result: wrappers own no memory
+      (``_held_storages``);
+    - a storage counts once, at its full size, however many tensors (views) save it;
+    - parameters are left out: every storage of a parameter the model has registered when
+      the tensor is saved. That covers plain and DTensor parameters, views of them (a
+      linear saves ``weight.t()``) and FSDP2's all-gathered unsharded parameters, which
+      FSDP2 registers on a module from its pre-forward to its post-forward: the plan counts
+      those as weights (the gathered copies as temporary), not activations.
+
+    Precondition: the storages saved stay alive until backward (autograd keeps them), so
+    no two of them share an address. Postcondition: nothing saved is changed (identity
+    pack and unpack)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        params = {s.data_ptr() for p in model.parameters() for s in _held_storages(p)}
+        for storage in _held_storages(t):
+            if storage.data_ptr() not in params:
+                seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield seen
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
@@ -252,17 +303,28 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     start = load_checkpoint(args.resume, model, optimizer) if args.resume else 0
     rows = args.batch // dp_size
     losses: list[float] = []
+    saved: dict[int, int] = {}
     t0 = time.perf_counter()
     for step in range(start, args.steps):
         tokens = global_batch(step, args, vocab)[dp_rank * rows:(dp_rank + 1) * rows]
-        tokens = tokens.to(device)
-        logits = model(tokens[:, :-1])  # (rows, seq, vocab)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        # this rank's inputs and labels as tensors of their own, as a data loader gives them
+        # (views would keep the whole global batch alive: the embedding saves its ids)
+        inputs, labels = (t.contiguous().to(device) for t in (tokens[:, :-1], tokens[:, 1:]))
+        measure = args.measure_saved and step == start
+        with saved_for_backward(model) if measure else nullcontext(saved) as saved:
+            logits = model(inputs)  # (rows, seq, vocab)
+            # vocabulary-split logits (tensor parallelism, parallelize's loss_parallel): the
+            # cross-entropy and its backward run split, Megatron's vocab-parallel loss
+            split_loss: Callable[[], AbstractContextManager[Any]] = \
+                loss_parallel if isinstance(logits, DTensor) else nullcontext
+            with split_loss():
+                loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP and FSDP average gradients over the data-parallel ranks
+        with split_loss():
+            loss.backward()  # DDP and FSDP average gradients over the data-parallel ranks
         optimizer.step()
         # the global batch's loss: the mean of the data-parallel ranks' (equal) shares
-        shown = loss.detach().clone()
+        shown = (loss.to_local() if isinstance(loss, DTensor) else loss).detach().clone()
         if distributed:
             dist.all_reduce(shown)  # every rank; tensor-parallel ranks hold the same loss
             shown /= dist.get_world_size()
@@ -276,6 +338,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.ep > 1:  # sent to the other expert-parallel ranks, all steps of this run
         from tfgraph.exporters.torch_expert_parallel import all_to_all_bytes
         mine["all_to_all"] = all_to_all_bytes(model)["total"]
+    if args.measure_saved:
+        mine["saved_activations"] = sum(saved.values())
     if device.type == "cuda":
         mine["cuda_max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
     per_rank: list[Any] = [mine]

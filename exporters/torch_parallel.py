@@ -12,7 +12,12 @@ is all-reduced; token tables and the head split by vocabulary rows):
 - ``colwise`` linear: ``ColwiseParallel()``; ``rowwise``: ``RowwiseParallel()`` (its bias
   whole on every rank, added after the reduction);
 - ``vocab`` token table: ``RowwiseParallel(input_layouts=Replicate())`` on the embedding;
-  ``vocab`` head: ``ColwiseParallel(output_layouts=Replicate())`` (logits gathered);
+  ``vocab`` head: ``ColwiseParallel(output_layouts=Replicate())`` (logits gathered), or
+  with ``loss_parallel`` ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)``:
+  the logits stay a vocabulary-split DTensor, for a cross-entropy computed under
+  ``torch.distributed.tensor.parallel.loss_parallel()`` (Megatron's vocab-parallel
+  cross-entropy, Shoeybi et al. 2019 section 3: no rank holds the whole logits; torchtitan's
+  default);
 - ``experts_colwise`` / ``experts_rowwise`` stacked experts (E, hidden, d) / (E, d, hidden):
   each rank keeps its slice of every expert's hidden units (``ShardParameters``); the experts
   step reads the local slices, its input is copied to the ranks and its output summed over
@@ -119,9 +124,11 @@ def device_mesh(device_type: str, tp: int = 1) -> DeviceMesh:
     return init_device_mesh(device_type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
 
 
-def module_tp_plan(module: TorchModel) -> dict[str, ParallelStyle]:
+def module_tp_plan(module: TorchModel, loss_parallel: bool = False
+                   ) -> dict[str, ParallelStyle]:
     """``tp_plan`` of the module's graph as parallel styles keyed by module path (see the
-    module docstring); parameters that stay whole have no entry."""
+    module docstring; ``loss_parallel``: the vocabulary-split head's logits are left split);
+    parameters that stay whole have no entry."""
     styles: dict[str, ParallelStyle] = {}
     shards = tp_plan(module.source_graph)
     experts: dict[str, dict[str, int]] = {}
@@ -135,7 +142,8 @@ def module_tp_plan(module: TorchModel) -> dict[str, ParallelStyle]:
         elif shard.style == "vocab" and isinstance(owner, EmbeddingWeights):
             styles[path] = RowwiseParallel(input_layouts=Replicate())
         elif shard.style == "vocab" and isinstance(owner, LinearWeights):
-            styles[path] = ColwiseParallel(output_layouts=Replicate())
+            styles[path] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False) \
+                if loss_parallel else ColwiseParallel(output_layouts=Replicate())
         elif shard.style in ("experts_colwise", "experts_rowwise") and shard.tp_dim is not None:
             experts.setdefault(path, {})[leaf] = shard.tp_dim
         elif shard.style != "replicate" and shard.style != "rowwise":
@@ -247,7 +255,8 @@ def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int
 
 def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = True, *,
                 ep: int = 1, mp_policy: MixedPrecisionPolicy | None = None,
-                reshard_after_forward: bool = True) -> TorchModel:
+                reshard_after_forward: bool = True, loss_parallel: bool = False
+                ) -> TorchModel:
     """Shard ``module`` (from ``to_torch``, on the meta device or any other) in place and
     return it.
 
@@ -264,6 +273,10 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
     FSDP2 and tp 1 only): ``mesh["dp"]`` unflattened into ``(dp_mod_ep, ep)``, the routed
     experts cut by expert over "ep" and FSDP2-sharded over "dp_mod_ep", tokens exchanged by
     all-to-all; the experts' parameters are then held as ``tp_plan``'s ``ep_dim`` says.
+    ``loss_parallel`` (tp > 1): a vocabulary-split head returns its logits as a DTensor split
+    on the vocabulary (module docstring); the caller computes the cross-entropy and its
+    backward under ``torch.distributed.tensor.parallel.loss_parallel()``. A tied head is
+    replicated and returns plain logits either way.
     """
     names = mesh.mesh_dim_names or ()
     experts_mesh = None
@@ -272,7 +285,7 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
     if tp > 1:
         if "tp" not in names or mesh["tp"].size() != tp:
             raise TfgraphError(f"tp={tp} needs a mesh with a 'tp' dimension of size {tp}")
-        _tensor_parallel(module, mesh["tp"], tp)
+        _tensor_parallel(module, mesh["tp"], tp, loss_parallel)
         if not fsdp:
             _keep_gradients_split(module)
     if fsdp:
@@ -291,10 +304,11 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
     return module
 
 
-def _tensor_parallel(module: TorchModel, mesh: DeviceMesh, tp: int) -> None:
+def _tensor_parallel(module: TorchModel, mesh: DeviceMesh, tp: int,
+                     loss_parallel: bool = False) -> None:
     graph = module.source_graph
     _check_tensor_parallel(graph, tp_plan(graph), tp)
-    styles = module_tp_plan(module)
+    styles = module_tp_plan(module, loss_parallel)
     split = {id(module.get_submodule(path)) for path in styles}
     parallelize_module(module, mesh, styles)
     for program in [module._program, *(layer._program for layer in module.layers())]:

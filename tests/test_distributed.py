@@ -1,7 +1,9 @@
 """examples/train_distributed.py under torchrun (2 and 4 CPU processes, gloo): DDP, FSDP2,
 tensor parallelism and FSDP2 + TP train to the one-process losses (same data, same seed),
 resume from a sharded checkpoint to the straight-through losses, and hold per rank exactly
-the bytes ``tfgraph.parallel.tp_plan`` says (parameters, gradients, Adam's moments).
+the bytes ``tfgraph.parallel.tp_plan`` says (parameters, gradients, Adam's moments). The bytes
+autograd saves for backward on a rank in the first step (``--measure-saved``) are
+``tfgraph plan``'s per-rank activations (within 5%; exact but for the rotary tables).
 
 Specs: tiny-llama (dense, GQA: 4 query / 2 key-value heads, SwiGLU), tiny-moe (8 stacked
 experts split on their hidden units) and tiny-encoder (post-norm, no dropout, biases, a tied
@@ -74,7 +76,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     runs: dict[str, list[str]] = {}
     for name in SPECS:
         for strategy in ("ddp", "fsdp", "tp"):
-            runs[f"{name} {strategy}"] = _args(name, strategy)
+            runs[f"{name} {strategy}"] = _args(name, strategy, "--measure-saved")
     for strategy in ("fsdp", "tp"):
         ckpt = str(tmp / f"ckpt-{strategy}")
         runs[f"save {strategy}"] = [*_args("llama", strategy), "--steps", str(SAVE_AT),
@@ -156,11 +158,17 @@ def test_measured_bytes_per_rank_are_the_plan(two: dict[str, dict[str, Any]], na
         assert held["optimizer"] == 2 * weights  # Adam's two moments, float32
 
 
-def test_four_processes_fsdp_and_tensor_parallel(tmp_path: Path,
+@pytest.fixture(scope="module")
+def four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """One launch of 4 processes: fsdp+tp (dp 2 x tp 2) on every spec."""
+    runs = [_args(name, "fsdp+tp", "--tp", "2", "--measure-saved") for name in SPECS]
+    results = _torchrun(4, runs, tmp_path_factory.mktemp("four") / "results.json")
+    return dict(zip(SPECS, results))
+
+
+def test_four_processes_fsdp_and_tensor_parallel(four: dict[str, dict[str, Any]],
                                                  single: dict[str, list[float]]) -> None:
-    runs = [_args(name, "fsdp+tp", "--tp", "2") for name in ("llama", "moe")]
-    results = _torchrun(4, runs, tmp_path / "results.json")
-    for name, result in zip(("llama", "moe"), results):
+    for name, result in four.items():
         assert _close(result["losses"], single[name]), (name, result["losses"])
         for rank, held in enumerate(result["per_rank"]):
             assert held["weights"] == _planned(name, 2, 2, rank)
@@ -180,6 +188,53 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
     assert len(lines) == 1 and says in lines[0], done.stderr
 
 
+LAYOUTS = {"ddp": (1, 2, 0), "fsdp": (1, 2, 3), "tp": (2, 1, 0), "fsdp+tp": (2, 2, 3)}
+"""(tp, dp, ZeRO stage) of each strategy: DDP replicates, FSDP2 shards weights too (ZeRO-3)."""
+
+
+def _plan_memory(name: str, strategy: str) -> dict[str, int]:
+    """``tfgraph plan``'s per-rank memory of the runs' layout: float32, micro-batch = the
+    batch of 4 over the data-parallel ranks, seq 16, no recompute, fused attention (the
+    module's SDPA)."""
+    from tfgraph.parallel.gpus import gpu
+    from tfgraph.parallel.layout import Layout
+    from tfgraph.parallel.planner import plan
+
+    spec = tfgraph.load_spec(ROOT / SPECS[name]).model_copy(update={"dtype": "float32"})
+    graph = tfgraph.compile(spec, loss=True)
+    tp, dp, zero = LAYOUTS[strategy]
+    layout = Layout(tp=tp, dp=dp, zero=zero, dtype="float32", seq=16, micro_batch=4 // dp,
+                    global_batch=4)
+    memory: dict[str, int] = plan(graph, layout, gpu("h100"), "fused")["per_rank"]["memory"]
+    return memory
+
+
+def _rotary_tables(name: str) -> int:
+    """Bytes of the rotary cos and sin tables, (seq, rotary dims) each, float32: computed
+    once per forward and saved by every layer's rope; the op table leaves them out (ops.py,
+    rope), as the single-process comparison (test_train_memory.uncounted) states."""
+    spec = tfgraph.load_spec(ROOT / SPECS[name])
+    return 2 * 16 * spec.rotary_dim * 4 if spec.embedding.positions == "rope" else 0
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("strategy", list(LAYOUTS))
+def test_saved_activations_on_a_rank_are_the_plan(two: dict[str, dict[str, Any]],
+                                                  four: dict[str, dict[str, Any]], name: str,
+                                                  strategy: str) -> None:
+    """What autograd saves for backward on each rank in the first step's forward and loss
+    (saved_tensors_hooks; parameters, FSDP2's gathered ones included, left out; DTensors
+    by their local tensors) is the plan's per-rank activations: within 5%, and exactly once
+    the rotary tables are added. Under tensor parallelism the loss runs vocabulary-split
+    (loss_parallel), as the plan has it, and the experts keep their routed tokens whole."""
+    result = four[name] if strategy == "fsdp+tp" else two[f"{name} {strategy}"]
+    planned = _plan_memory(name, strategy)["activations"]
+    for rank, held in enumerate(result["per_rank"]):
+        saved = held["saved_activations"]
+        assert abs(saved - planned) <= 0.05 * planned, (rank, saved, planned)
+        assert saved == planned + _rotary_tables(name), (rank, saved, planned)
+
+
 @pytest.mark.parametrize("name", list(SPECS))
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
 def test_the_planner_predicts_the_measured_bytes(two: dict[str, dict[str, Any]], name: str,
@@ -187,16 +242,7 @@ def test_the_planner_predicts_the_measured_bytes(two: dict[str, dict[str, Any]],
     """``tfgraph plan``'s per-rank weights, gradients and optimizer bytes (the most loaded
     rank) are exactly what the most loaded rank holds after real steps (float32 training:
     Adam's two moments and a 0-d step counter per parameter tensor)."""
-    from tfgraph.parallel.gpus import gpu
-    from tfgraph.parallel.layout import Layout
-    from tfgraph.parallel.planner import plan
-
-    spec = tfgraph.load_spec(ROOT / SPECS[name]).model_copy(update={"dtype": "float32"})
-    graph = tfgraph.compile(spec, loss=True)
-    tp, dp, zero = {"ddp": (1, 2, 0), "fsdp": (1, 2, 3), "tp": (2, 1, 0)}[strategy]
-    layout = Layout(tp=tp, dp=dp, zero=zero, dtype="float32", seq=16, micro_batch=4 // dp,
-                    global_batch=4)
-    memory = plan(graph, layout, gpu("h100"))["per_rank"]["memory"]
+    memory = _plan_memory(name, strategy)
     per_rank = two[f"{name} {strategy}"]["per_rank"]
     assert memory["weights"] == max(r["weights"] for r in per_rank)
     assert memory["gradients"] == max(r["gradients"] for r in per_rank)

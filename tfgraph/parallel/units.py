@@ -39,6 +39,14 @@ STATS_BYTES = 4  # a float32 log-sum-exp per query row (tfgraph.ops)
 VOCAB_REDUCE_FLOATS = 3  # max, sum of exponentials, the label's logit (Megatron, loss-parallel)
 # Attention forms and recompute choices the saved bytes are given for.
 FORMS = ("fused", "unfused")
+# An op's own scratch that stays whole on every tensor-parallel rank although the op works on
+# split data. Experts split on their hidden units (Megatron-LM's expert tensor parallelism):
+# each rank gathers every routed token at full width, and its partial output, the routing
+# weight's product and the routing indices are full width too; only the hidden buffers are
+# 1/t. Cross-entropy of vocabulary-split logits: the log-probabilities are split, the mean's
+# 0-d total weight is one float on every rank.
+WHOLE_SCRATCH = {"experts": ("tokens", "expert_out", "indices"),
+                 "cross_entropy": ("total_weight",)}
 
 
 @dataclass
@@ -109,13 +117,15 @@ def _resolve(graph: Graph, node: Node, ref: tuple[Any, ...]) -> str | None:
 def _split(graph: Graph, tensor: str, placement: Placement | None) -> bool:
     """Whether a rank keeps 1/t of a saved tensor: a split value; an op's own scratch when
     the op works on split data (the experts' hidden units, the log-softmax of split logits,
-    attention's log-sum-exp)."""
+    attention's log-sum-exp), but for the scratch ``WHOLE_SCRATCH`` names."""
     if placement is None:
         return False
-    owner, scratch, _ = tensor.partition("#")
+    owner, _, scratch = tensor.partition("#")
     if not scratch:
         return placement.of[owner] == "S"
     node = graph.node(owner)
+    if scratch in WHOLE_SCRATCH.get(node.op, ()):
+        return False
     return placement.of[owner] in ("S", "P") or any(
         placement.of[i] == "S" for i in node.inputs if not graph.node(i).is_param)
 
