@@ -48,6 +48,7 @@ from tfgraph.exporters.torch_render_graph import GraphView
 from tfgraph.exporters.torch_render_spelling import ABBREVIATIONS, RESERVED, literal, variant
 from tfgraph.exporters.torch_source_parallel import parallel_source
 from tfgraph.ir import Graph
+from tfgraph.weights import INIT_STD
 
 IMPORTS = """from __future__ import annotations
 
@@ -96,12 +97,18 @@ def generate_source(graph: Graph) -> str:
         raise TfgraphError(f"{graph.name}: model.py is written for the full-sequence graph; "
                            "the KV-cache graph runs through to_torch and ONNX")
     view = GraphView(graph)
-    classes = "\n\n\n".join(_class_source(c) for c in render_classes(view))
+    rendered = render_classes(view)
+    root = rendered[-1]  # children come first: the model's own class is the last
+    root.args.append(("seed", "int = 0"))
+    root.init.append("init_weights(self, seed)")
+    classes = "\n\n\n".join(_class_source(c) for c in rendered)
     constants = _constants(graph, view, classes)
     kernels = _kernels(classes)
     helpers = [PARAMETERS] if "Parameters" in view.helpers else []
-    parts = [_header(graph, view, classes), IMPORTS, constants, kernels, *helpers, classes,
-             parallel_source(graph), _load(view.modules[""].cls)]
+    imports = IMPORTS + ("\nfrom typing import Any" if "Any" in _names_in(kernels) else "")
+    parts = [_header(graph, view, classes), imports, constants, kernels, *helpers,
+             _initialisation(graph), classes, parallel_source(graph),
+             _load(view.modules[""].cls)]
     return "\n\n\n".join(p.strip("\n") for p in parts if p) + "\n"
 
 
@@ -296,6 +303,61 @@ def _kernels(code: str) -> str:
 
 def _names_in(code: str) -> set[str]:
     return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+
+
+def _init_patterns(graph: Graph) -> dict[str, list[str]]:
+    """Parameter-name patterns (layer indices as ``*``) by init kind, for model.py's
+    init_weights; a pattern whose layers disagree stays as exact names."""
+    kinds: dict[str, set[str]] = {}
+    names: dict[str, list[str]] = {}
+    for p in graph.params():
+        pattern = re.sub(r"\.layers\.\d+\.", ".layers.*.", p.name)
+        kinds.setdefault(pattern, set()).add(p.attrs["init"])
+        names.setdefault(pattern, []).append(p.name)
+    out: dict[str, list[str]] = {"ones": [], "zeros": []}
+    for pattern, found in kinds.items():
+        for kind in found & set(out):
+            out[kind] += [pattern] if len(found) == 1 else \
+                [n for n in names[pattern] if graph.node(n).attrs["init"] == kind]
+    return out
+
+
+def _initialisation(graph: Graph) -> str:
+    """init_weights: tfgraph's own initial values (tfgraph.weights), so ``Model(seed=s)``
+    holds exactly the weights ``tfgraph build --seed s`` writes."""
+    patterns = _init_patterns(graph)
+    tuples = {kind: "(" + "".join(f"\n    {literal(n)}," for n in names) + "\n)"
+              if names else "()" for kind, names in patterns.items()}
+    return f'''# ---- initialisation (tfgraph.weights: GPT-2's scheme, Radford et al. 2019) {"-" * 17}
+# Matrices and tables ~ N(0, INIT_STD), each drawn from its own stream seeded by (seed,
+# crc32(name)), so Model(seed=s) equals `tfgraph build --seed s`; norm gains start at 1 and
+# biases at 0 (these patterns; * is a layer index).
+INIT_STD = {INIT_STD}
+INIT_ONES = {tuples["ones"]}
+INIT_ZEROS = {tuples["zeros"]}
+
+
+def init_weights(model: nn.Module, seed: int = 0) -> None:
+    """Set every parameter of ``model`` to tfgraph's initial value for ``seed`` (parameters on
+    the meta device are left alone: load() fills them from the folder's weights)."""
+    import zlib
+    from fnmatch import fnmatchcase
+
+    import numpy as np
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.is_meta:
+                continue
+            if any(fnmatchcase(name, pattern) for pattern in INIT_ONES):
+                param.fill_(1.0)
+            elif any(fnmatchcase(name, pattern) for pattern in INIT_ZEROS):
+                param.zero_()
+            else:
+                rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+                value = rng.standard_normal(size=tuple(param.shape), dtype=np.float32)
+                value *= np.float32(INIT_STD)
+                param.copy_(torch.from_numpy(value))'''
 
 
 def _load(model: str) -> str:

@@ -175,7 +175,7 @@ def test_layers_share_a_class_and_configuration_is_an_argument() -> None:
     # Only the kernels the graph's ops call are copied in.
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert functions == {"sinusoidal_positions", "attention", "explicit_attention",
-                         "attention_mask", "soft_cap", "dropout", "load",
+                         "attention_mask", "soft_cap", "dropout", "load", "init_weights",
                          "check_tp", "parallelize"}  # torch_source_parallel: TP_PLAN's
 
 
@@ -247,3 +247,45 @@ def test_long_lines_wrap_at_commas_outside_strings() -> None:
     assert lines[-1].endswith("  # (B, L, h*hd)")
     joined = textwrap.dedent("\n".join(lines))
     assert ast.dump(ast.parse(joined)) == ast.dump(ast.parse(line))
+
+
+# ---- model.py stands alone (issue 15, item 7) ----------------------------------------------
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
+def test_model_py_passes_pyflakes_and_resolves_its_type_hints(path: Path, tmp_path: Path) -> None:
+    from pyflakes.api import check
+    from pyflakes.reporter import Reporter
+    import io
+    import typing
+
+    source = generate_source(tfgraph.compile(small(load_spec(path))))
+    out, err = io.StringIO(), io.StringIO()
+    problems = check(source, "model.py", Reporter(out, err))
+    assert problems == 0, out.getvalue() + err.getvalue()
+    (tmp_path / "model.py").write_text(source)
+    module = _import(tmp_path / "model.py")
+    for name, obj in vars(module).items():  # get_type_hints raised NameError on 'Any'
+        if getattr(obj, "__module__", None) == module.__name__:
+            typing.get_type_hints(obj)
+            for member in vars(obj).values() if isinstance(obj, type) else ():
+                if callable(member):
+                    typing.get_type_hints(member)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-moe", "tiny-seq2seq"])
+def test_model_without_weights_starts_from_tfgraphs_own_initial_values(
+        name: str, tmp_path: Path) -> None:
+    from tfgraph.weights import generate
+
+    graph = tfgraph.compile(small(load_spec(ROOT / "specs" / f"{name}.yaml")))
+    (tmp_path / "model.py").write_text(generate_source(graph))
+    module = _import(tmp_path / "model.py")
+    for seed in (0, 7):
+        state = module.Model(seed=seed).state_dict()
+        want = generate(graph, seed)  # what `tfgraph build --seed` writes
+        assert set(state) == set(want)
+        for key, value in want.items():
+            assert torch.equal(state[key].float(), torch.from_numpy(value)), (seed, key)
+    weights = [v for k, v in module.Model().state_dict().items() if k.endswith("q.weight")]
+    assert abs(float(torch.cat([w.flatten() for w in weights]).std()) - 0.02) < 0.002
