@@ -6,6 +6,8 @@
         --strategy fsdp+tp --tp 2 --steps 20 --save ckpt/
     torchrun --nproc_per_node 2 examples/train_distributed.py --spec specs/tiny-moe.yaml \\
         --strategy fsdp --ep 2 --steps 20   # experts split over the ranks, all-to-all
+    torchrun --nproc_per_node 2 examples/train_distributed.py --spec specs/tiny-llama.yaml \\
+        --strategy tp --sp --steps 20   # sequence parallelism: activations split on the sequence
     python examples/train_distributed.py --spec specs/tiny-llama.yaml --quick   # one process
 
 Everything distributed is PyTorch's own: ``DistributedDataParallel``, FSDP2's ``fully_shard``
@@ -70,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=None,
                    help="tensor-parallel degree (default: every process for tp, 2 for "
                         "fsdp+tp)")
+    p.add_argument("--sp", action="store_true",
+                   help="sequence parallelism (with tp or fsdp+tp; Korthikanti et al. 2022): "
+                        "norms, residual adds and dropout on each rank's --seq / --tp rows")
     p.add_argument("--ep", type=int, default=1,
                    help="expert-parallel degree (MoE, --strategy fsdp): the routed experts "
                         "split over this many data-parallel ranks, tokens sent to them by "
@@ -118,6 +123,9 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
         if args.ep > 1:
             raise TfgraphError("--ep: a standalone model.py has no expert parallelism; "
                                "train its spec")
+        if args.sp:
+            raise TfgraphError("--sp: a standalone model.py has no sequence parallelism "
+                               "(its norms are not modules); train its spec")
         return module, module.load(str(folder)).state_dict()
     import tfgraph
     from tfgraph.model_source import load_source
@@ -165,7 +173,7 @@ def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.devi
         full = weights if dist.get_rank() == 0 else {}
     else:
         model = parallelize(to_torch(graph, device="meta"), mesh, tp=tp, fsdp=fsdp,
-                            ep=args.ep, loss_parallel=tp > 1)
+                            ep=args.ep, loss_parallel=tp > 1, sp=args.sp)
         full = to_torch(graph, seed=args.seed, weights=weights).state_dict() \
             if dist.get_rank() == 0 else {}
     load_full_state_dict(model, device, full)
@@ -272,6 +280,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from tfgraph.errors import TfgraphError
 
     graph, weights = load_model(args)
+    if args.sp and (args.strategy not in ("tp", "fsdp+tp") or args.tp < 2):
+        raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs "
+                           "--strategy tp or fsdp+tp and --tp > 1")
+    if args.sp and args.seq % args.tp:
+        raise TfgraphError(f"--sp: --tp {args.tp} does not divide --seq {args.seq}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.strategy in ("tp", "fsdp+tp") and world % args.tp:
         raise TfgraphError(f"--tp {args.tp} does not divide the {world} processes "
@@ -346,7 +359,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if distributed:
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, mine)
-    result = {"strategy": args.strategy, "tp": args.tp, "world": len(per_rank),
+    result = {"strategy": args.strategy, "tp": args.tp, "sp": args.sp, "world": len(per_rank),
               "start_step": start, "losses": losses, "per_rank": per_rank,
               "seconds": seconds}
     if rank == 0:

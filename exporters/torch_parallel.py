@@ -31,16 +31,21 @@ therefore rewrites the steps of the modules it shards: a split linear's step cal
 every attention, rotary and per-head norm step gets the heads of one rank (``heads / tp``,
 ``kv_heads / tp``). An unparallelized module is untouched.
 
+Sequence parallelism (``sp=True``, Korthikanti et al. 2022; ``torch_sequence_parallel``): the
+activations between sublayers, which tensor parallelism leaves whole on every rank, are held
+as each rank's sequence rows; norms run as ``SequenceParallel`` on their owner modules
+(``NormWeights``), the opening projections read their input all-gathered once, the closing
+ones are ``RowwiseParallel(output_layouts=Shard(1))`` (reduce-scatter), token tables output
+the rank's rows, positions are the rank's own, and the output is gathered.
+
 Expert parallelism (``ep`` > 1; ``torch_expert_parallel``, torchtitan's ``ExpertParallel``):
 the routed experts cut by expert (``Shard(0)`` of the stacked weights) over ``ep`` of the
 data-parallel ranks, each rank routing its own rows and sending each (token, expert) pair to
 the rank holding the expert by all-to-all, and back; with FSDP2 and tp 1 only (``ep`` with
 tensor parallelism, or without FSDP2, is refused with a TfgraphError).
 
-Not done: ``SequenceParallel`` (norms and residuals here are functional steps inside a layer
-module, not modules a style can hook; activations between sublayers stay replicated across
-tensor-parallel ranks), T5's relative position bias and
-full-width query/key norms (OLMo 2) under tensor parallelism (refused with a TfgraphError).
+Not done: T5's relative position bias and full-width query/key norms (OLMo 2) under tensor
+parallelism (refused with a TfgraphError).
 
 Initialisation after sharding: build on the meta device (``to_torch(graph, device="meta")``),
 ``parallelize``, then ``load_full_state_dict(module, device, full)``: storage allocated
@@ -84,6 +89,11 @@ from tfgraph.exporters.torch_module import (
     _Program,
 )
 from tfgraph.exporters.torch_ops import TORCH_OPS
+from tfgraph.exporters.torch_sequence_parallel import (
+    sequence_parallel,
+    sequence_parallel_plan,
+    sequence_parallel_styles,
+)
 from tfgraph.ir import Graph
 from tfgraph.parallel.tp_plan import ParamShard, check_divisible, tp_plan
 
@@ -208,10 +218,27 @@ class _ExpertsOverRanks:
         return _sum_over_ranks(y, self.mesh)
 
 
+class _NormOfLocalHeads:
+    """A per-head norm (query/key norm: Qwen3, Gemma 3) on this rank's heads: its gain (one
+    per head channel, replicated) is copied to the ranks (Megatron's f), so that its
+    gradient, each rank's heads' share, is summed over the ranks in backward."""
+
+    def __init__(self, step: Any, mesh: DeviceMesh) -> None:
+        self.step, self.mesh = step, mesh
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor,
+                 *params: Tensor) -> Tensor:
+        out: Tensor = self.step(module, attrs, x,
+                                *(_copy_to_ranks(p, self.mesh) for p in params))
+        return out
+
+
 def _grad_as_param(param: Tensor) -> None:
     """Keep a split parameter's gradient split as the parameter is: the vocabulary-split
     embedding's backward gives the whole table's gradient (``Replicate``) on every rank; this
-    rank keeps its rows only (a local slice, no communication), as tp_plan counts."""
+    rank keeps its rows only (a local slice, no communication), as tp_plan counts. Under
+    sequence parallelism a norm's replicated gain gets a ``Partial`` gradient (each rank's
+    rows' share): redistributed to ``Replicate``, an all-reduce."""
     grad = param.grad
     if isinstance(param, DTensor) and isinstance(grad, DTensor) \
             and grad.placements != param.placements:
@@ -248,6 +275,8 @@ def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int
             fn = _CallOwner(owners[0])
         elif owners and fn is TORCH_OPS["experts"]:
             fn = _ExpertsOverRanks(fn, mesh)
+        elif "heads" in attrs and any(fn is TORCH_OPS[op] for op in NORM_OPS):
+            fn = _NormOfLocalHeads(fn, mesh)
         if "heads" in attrs or "kv_heads" in attrs:
             attrs = _local_heads(attrs, tp)
         program.steps[index] = (fn, attrs, args, out, dead, inplace, inplace_args)
@@ -255,8 +284,8 @@ def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int
 
 def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = True, *,
                 ep: int = 1, mp_policy: MixedPrecisionPolicy | None = None,
-                reshard_after_forward: bool = True, loss_parallel: bool = False
-                ) -> TorchModel:
+                reshard_after_forward: bool = True, loss_parallel: bool = False,
+                sp: bool = False) -> TorchModel:
     """Shard ``module`` (from ``to_torch``, on the meta device or any other) in place and
     return it.
 
@@ -277,7 +306,14 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
     on the vocabulary (module docstring); the caller computes the cross-entropy and its
     backward under ``torch.distributed.tensor.parallel.loss_parallel()``. A tied head is
     replicated and returns plain logits either way.
+    ``sp`` (tp > 1): sequence parallelism (``torch_sequence_parallel``, Korthikanti et al.
+    2022): the residual stream between sublayers is held as each tp rank's sequence rows
+    (norms by ``SequenceParallel``, all-gather before the column-parallel projections,
+    reduce-scatter after the row-parallel ones); the output is whole on every rank.
     """
+    if sp and tp <= 1:
+        raise TfgraphError("sequence parallelism splits what tensor parallelism leaves "
+                           "whole: it needs tp > 1")
     names = mesh.mesh_dim_names or ()
     experts_mesh = None
     if ep > 1:  # refuses tp > 1 and fsdp=False before anything is changed
@@ -285,7 +321,7 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
     if tp > 1:
         if "tp" not in names or mesh["tp"].size() != tp:
             raise TfgraphError(f"tp={tp} needs a mesh with a 'tp' dimension of size {tp}")
-        _tensor_parallel(module, mesh["tp"], tp, loss_parallel)
+        _tensor_parallel(module, mesh["tp"], tp, loss_parallel, sp)
         if not fsdp:
             _keep_gradients_split(module)
     if fsdp:
@@ -305,14 +341,19 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
 
 
 def _tensor_parallel(module: TorchModel, mesh: DeviceMesh, tp: int,
-                     loss_parallel: bool = False) -> None:
+                     loss_parallel: bool = False, sp: bool = False) -> None:
     graph = module.source_graph
     _check_tensor_parallel(graph, tp_plan(graph), tp)
     styles = module_tp_plan(module, loss_parallel)
+    if sp:  # checked before anything is changed
+        sequence = sequence_parallel_plan(graph)
+        styles = sequence_parallel_styles(module, styles, sequence)
     split = {id(module.get_submodule(path)) for path in styles}
     parallelize_module(module, mesh, styles)
     for program in [module._program, *(layer._program for layer in module.layers())]:
         _rewrite_steps(program, split, mesh, tp)
+    if sp:
+        sequence_parallel(module, sequence, mesh, tp)
 
 
 def load_full_state_dict(module: nn.Module, device: str | torch.device,

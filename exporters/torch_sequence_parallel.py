@@ -206,17 +206,111 @@ def _whole_sequence_like(x: Tensor, tp: int) -> Tensor:
 
 # ---- the steps that replace or wrap a program's steps ---------------------------------------
 
-class _Convert:
-    """A step converting one value: all-gather it (``keep_dtensor`` or not) or keep this
-    rank's rows of it."""
+class _RowsToGatherAgain:
+    """What autograd keeps of an all-gathered value that a step saves for backward: the
+    rank's rows, all-gathered again when backward first needs the value and dropped after
+    its last saved use (Korthikanti et al. 2022, section 4.2.2: the input of the first
+    projection is stored sequence-split and all-gathered again in backward, so a rank keeps
+    1/t of every activation between sublayers)."""
 
-    def __init__(self, mesh: DeviceMesh, how: str) -> None:
-        self.mesh, self.how = mesh, how
+    def __init__(self, rows: Tensor, whole: Tensor, mesh: DeviceMesh) -> None:
+        self.rows, self.mesh = rows.detach(), mesh
+        self.dtensor = isinstance(whole, DTensor)
+        local = whole._local_tensor if isinstance(whole, DTensor) else whole
+        self.storage, self.numel = local.untyped_storage().data_ptr(), local.numel()
+        self.pending = 0  # saved uses not unpacked yet
+        self.whole: Tensor | None = None
+
+    def holds(self, t: Tensor) -> bool:
+        """Whether ``t`` is the whole value or a view of all of it (a linear saves its input
+        flattened to (B*S, d))."""
+        local = t._local_tensor if isinstance(t, DTensor) else t
+        return isinstance(t, DTensor) == self.dtensor and local.is_contiguous() \
+            and local.storage_offset() == 0 and local.numel() == self.numel \
+            and local.untyped_storage().data_ptr() == self.storage
+
+    def again(self, rows: Tensor, shape: torch.Size) -> Tensor:
+        """The whole value (viewed as ``shape``), all-gathered from ``rows`` on the first
+        call of a backward; the last pending use drops it."""
+        if self.whole is None:
+            with torch.no_grad():
+                self.whole = _gather(rows, self.mesh, keep_dtensor=self.dtensor)
+        whole = self.whole.view(shape)
+        self.pending -= 1
+        if self.pending <= 0:
+            self.whole = None
+        return whole
+
+
+class _Gather:
+    """A step all-gathering one value (``keep_dtensor``: as a replicated DTensor). The
+    latest call's ``rows`` lets the readers' ``_SavingRows`` keep the rank's rows."""
+
+    def __init__(self, mesh: DeviceMesh, keep_dtensor: bool) -> None:
+        self.mesh, self.keep_dtensor = mesh, keep_dtensor
+        self.rows: _RowsToGatherAgain | None = None
 
     def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor) -> Tensor:
-        if self.how == "rows":
-            return _rows_of_rank(x, self.mesh, 1)
-        return _gather(x, self.mesh, keep_dtensor=self.how == "gather_dtensor")
+        whole = _gather(x, self.mesh, self.keep_dtensor)
+        self.rows = _RowsToGatherAgain(x, whole, self.mesh)
+        return whole
+
+
+class _RowsOfRank:
+    """A step keeping this rank's rows of a value every rank holds whole."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self.mesh = mesh
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor) -> Tensor:
+        return _rows_of_rank(x, self.mesh, 1)
+
+
+def _outer_hooks() -> tuple[Any, Any] | None:
+    """The saved-tensor hooks active around a step (a measurement, an offload to the host),
+    which ``_SavingRows`` passes what it keeps through; torch has no public accessor, so its
+    private one, and None where it is absent."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks: tuple[Any, Any] | None = top(False) if top is not None else None
+    return hooks
+
+
+class _SavingRows:
+    """A step reading all-gathered values (``gathers``' latest), computed with saved-tensor
+    hooks that keep, of each such value autograd saves, only the rank's rows
+    (``_RowsToGatherAgain``); other saved tensors are kept as they are. Hooks active
+    around the step still see every tensor kept (the rows instead of the whole value)."""
+
+    def __init__(self, step: Any, gathers: list[_Gather]) -> None:
+        self.step, self.gathers = step, gathers
+        self.last_reader_of: list[_Gather] = []  # their rows are forgotten after this step
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], *inputs: Any) -> Any:
+        tokens = [g.rows for g in self.gathers if g.rows is not None]
+        outer = _outer_hooks()
+        outer_pack = outer[0] if outer is not None else (lambda t: t)
+        outer_unpack = outer[1] if outer is not None else (lambda t: t)
+
+        def pack(t: Tensor) -> Any:
+            for token in tokens:
+                if token.holds(t):
+                    token.pending += 1
+                    return token, t.shape, outer_pack(token.rows)
+            return None, None, outer_pack(t)
+
+        def unpack(saved: Any) -> Tensor:
+            token, shape, payload = saved
+            if token is None:
+                kept: Tensor = outer_unpack(payload)
+                return kept
+            whole: Tensor = token.again(outer_unpack(payload), shape)
+            return whole
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = self.step(module, attrs, *inputs)
+        for gather in self.last_reader_of:
+            gather.rows = None  # autograd holds them where they were saved
+        return out
 
 
 class _ThenRows:
@@ -287,11 +381,16 @@ def _rewrite_program(program: _Program, module: TorchModel, plan: SequencePlan,
     steps: list[Any] = []
     converted: dict[tuple[str, int], int] = {}
 
+    gathers: dict[int, _Gather] = {}  # all-gathered value's slot -> its step
+
     def convert(how: str, slot: int) -> int:
         if (how, slot) not in converted:
             new = program.slot(f"#{how}:{names[slot]}")
             names[new] = f"#{how}:{names[slot]}"
-            steps.append((_Convert(mesh, how), {}, (slot,), new, (), None, ()))
+            fn: Any = _RowsOfRank(mesh)
+            if how != "rows":
+                fn = gathers[new] = _Gather(mesh, keep_dtensor=how == "gather_dtensor")
+            steps.append((fn, {}, (slot,), new, (), None, ()))
             converted[how, slot] = new
         return converted[how, slot]
 
@@ -323,6 +422,8 @@ def _rewrite_program(program: _Program, module: TorchModel, plan: SequencePlan,
             new_args = (convert("gather_dtensor", args[0]), *args[1:])
         elif how == "gathered":
             new_args = tuple(convert("gather", a) if is_sharded(a) else a for a in args)
+        if how in ("colwise", "gathered"):
+            fn = _SavingRows(fn, [gathers[a] for a in dict.fromkeys(new_args) if a in gathers])
         if new_args != args:
             inplace, inplace_args = None, ()  # its operands are no longer the plan's
         steps.append((fn, attrs, new_args, out, dead, inplace, inplace_args))
@@ -330,6 +431,10 @@ def _rewrite_program(program: _Program, module: TorchModel, plan: SequencePlan,
         program.outputs = [convert("gather", o) if is_sharded(o) else o
                            for o in program.outputs]
     program.steps = _free_conversions(steps, set(converted.values()), set(program.outputs))
+    for slot, gather in gathers.items():
+        readers = [step[0] for step in program.steps if slot in step[2]]
+        if readers and isinstance(readers[-1], _SavingRows):
+            readers[-1].last_reader_of.append(gather)
 
 
 def _free_conversions(steps: list[Any], temporaries: set[int], outputs: set[int]
