@@ -323,3 +323,29 @@ def test_hostile_spec_names_are_escaped():
     assert "\x1b" not in out and "new\nline" not in out
     assert out.count("\\x1b[31mred\\x1b[0m [red]markup[/red] new\\nline") == 2
 
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_expert_parallel_experts_reduce_over_the_ranks_holding_them(zero: int) -> None:
+    # Experts split over ep ranks are all-gathered / reduced among the dp / ep ranks holding the
+    # same experts; with ep = dp that group is one rank: only the dense parameters travel.
+    graph = tfgraph.compile(load_spec(MOE))
+    experts = sum(math.prod(p.attrs["shape"]) for p in graph.params() if ".experts." in p.name)
+    dense = sum(math.prod(p.attrs["shape"]) for p in graph.params()) - experts
+    base = dict(dp=4, zero=zero, global_batch=4, seq=16, dtype="float32")
+    d, w = 4, 4  # float32 weights and gradients
+
+    def ring(nbytes: float, ranks: int, reduce: bool) -> float:
+        return (2 if reduce else 1) * nbytes * (ranks - 1) / ranks if ranks > 1 else 0.0
+
+    def expected(elements: int, ranks: int) -> float:
+        if zero == 0:
+            return ring(elements * w, ranks, True)
+        if zero == 1:
+            return 2 * ring(elements * w, ranks, False)
+        return 3 * ring(elements * w, ranks, False)  # one micro-batch: gather x2, scatter x1
+
+    for ep in (1, 2, 4):
+        got = plan(graph, Layout(ep=ep, **base), gpu())["step"]["comm_bytes"]["dp"]
+        want = expected(dense, d) + expected(experts // ep, d // ep)
+        assert got == pytest.approx(want, rel=1e-9), (ep, got, want)

@@ -38,6 +38,9 @@ class States:
     optimizer: int
     unsharded: int
     """Elements of these parameters before data-parallel sharding (ZeRO-3 gathers them)."""
+    expert_unsharded: int = 0
+    """The part of ``unsharded`` in experts split by expert parallelism: their data-parallel
+    group is the d / ep ranks holding the same experts, not all d."""
 
 
 def local_shape(shape: tuple[int, ...], shard: ParamShard, tp: int, ep: int) -> list[int]:
@@ -62,7 +65,8 @@ def chunk_elements(shape: list[int], ranks: int) -> int:
 def add(a: States, b: States, sign: int = 1) -> States:
     """The states of two disjoint sets of parameters together (``sign`` -1: without b's)."""
     return States(a.weights + sign * b.weights, a.gradients + sign * b.gradients,
-                  a.optimizer + sign * b.optimizer, a.unsharded + sign * b.unsharded)
+                  a.optimizer + sign * b.optimizer, a.unsharded + sign * b.unsharded,
+                  a.expert_unsharded + sign * b.expert_unsharded)
 
 
 NONE = States(0, 0, 0, 0)
@@ -82,7 +86,7 @@ def states(graph: Graph, params: list[str], layout: Layout) -> States:
 def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, ParamShard]
             ) -> States:
     w16, grad_bytes, opt_bytes = STATE_BYTES[layout.dtype]
-    weights = gradients = optimizer = unsharded = 0
+    weights = gradients = optimizer = unsharded = expert_unsharded = 0
     for name in params:
         shard = plan[name]
         shape = local_shape(tuple(graph.node(name).attrs["shape"]), shard, layout.tp, layout.ep)
@@ -90,6 +94,8 @@ def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, Par
         ranks = layout.dp // layout.ep if shard.ep_dim is not None else layout.dp
         part = chunk_elements(shape, ranks)
         unsharded += full
+        if shard.ep_dim is not None and layout.ep > 1:
+            expert_unsharded += full
         if layout.zero >= 3:
             weights += part * FP32  # the fp32 (master) shard is the parameter
             gradients += part * grad_bytes
@@ -98,4 +104,4 @@ def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, Par
         weights += full * w16
         gradients += (part if layout.zero >= 2 else full) * grad_bytes
         optimizer += (part if layout.zero >= 1 else full) * opt_bytes + STEP_BYTES
-    return States(weights, gradients, optimizer, unsharded)
+    return States(weights, gradients, optimizer, unsharded, expert_unsharded)

@@ -192,7 +192,8 @@ class StageFigures:
 
 
 def _times(a: States, k: int) -> States:
-    return States(a.weights * k, a.gradients * k, a.optimizer * k, a.unsharded * k)
+    return States(a.weights * k, a.gradients * k, a.optimizer * k, a.unsharded * k,
+                  a.expert_unsharded * k)
 
 
 def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
@@ -243,13 +244,20 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
 
 
 def _dp_bytes(layout: Layout, s: States, w16: int) -> float:
+    """Data-parallel bytes one rank sends per step: the dense parameters over all d ranks, the
+    expert-parallel ones over the d / ep ranks that hold the same experts."""
     d, m = layout.dp, layout.microbatches
-    grads = s.unsharded * 4
-    if layout.zero == 0:
-        return _ring(grads, d, True)
-    if layout.zero in (1, 2):
-        return _ring(grads, d, False) + _ring(s.unsharded * w16, d, False)
-    return m * (2 * _ring(s.unsharded * w16, d, False) + _ring(grads, d, False))
+    total = 0.0
+    for elements, ranks in ((s.unsharded - s.expert_unsharded, d),
+                            (s.expert_unsharded, d // layout.ep)):
+        grads = elements * 4
+        if layout.zero == 0:
+            total += _ring(grads, ranks, True)
+        elif layout.zero in (1, 2):
+            total += _ring(grads, ranks, False) + _ring(elements * w16, ranks, False)
+        else:
+            total += m * (2 * _ring(elements * w16, ranks, False) + _ring(grads, ranks, False))
+    return total
 
 
 def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> dict[str, Any]:
