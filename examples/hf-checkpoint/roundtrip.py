@@ -1,7 +1,7 @@
 """A Hugging Face checkpoint through tfgraph and back: the same tokens as transformers.
 
     python examples/hf-checkpoint/roundtrip.py --quick   # a tiny Llama, seconds (CI)
-    python examples/hf-checkpoint/roundtrip.py           # a ~100M-parameter Llama, timings
+    python examples/hf-checkpoint/roundtrip.py           # a 100.7M-parameter Llama, timings
 
 What it does (each step prints the `tfgraph` command it runs and what it checks):
 
@@ -13,17 +13,20 @@ What it does (each step prints the `tfgraph` command it runs and what it checks)
 3. `tfgraph generate model.onnx --prompt TEXT ...`: greedy decoding on onnxruntime, the prompts
    as one left-padded batch. Checked: the same tokens (and text) as transformers'
    `model.generate(do_sample=False)` on each prompt alone.
-4. A tfgraph variant back into transformers: `tfgraph import FOLDER` gives the folder's spec;
-   one knob changes (sliding-window attention, as in Mistral: each query reads only the last
-   `window` keys); `tfgraph build variant.yaml --to hf --seed S` writes a folder that
+4. A tfgraph variant back into transformers: `tfgraph.load_spec(FOLDER)` gives the folder's
+   spec (what `tfgraph import FOLDER` prints); one knob changes (sliding-window attention, as in
+   Mistral: each query reads only the last `window` keys) and the variant is written as YAML;
+   `tfgraph build variant.yaml --to hf --seed S` writes a folder that
    `AutoModelForCausalLM.from_pretrained` loads (as a MistralForCausalLM: tfgraph picks the
    family whose config expresses the spec). Checked: its logits equal tfgraph's torch module
-   with the same seed (`to_torch(tfgraph.compile(spec), seed=S)`) within 1e-4, and its greedy
-   tokens equal `tfgraph generate variant.yaml --weights-seed S`. Prompts plus new tokens are
-   longer than the window, so the window matters.
+   with the same seed (`to_torch(tfgraph.compile(variant), seed=S)`) within 1e-4, they differ
+   from the no-window model's past the window (so the window is really applied), and its greedy
+   tokens equal `tfgraph.generate(variant.yaml, ..., weights_seed=S)` (the Python API of
+   `tfgraph generate`). Prompts plus new tokens are longer than the window.
 
-The full mode also times greedy generation of one prompt in transformers (eager PyTorch) and
-in tfgraph's ONNX model (onnxruntime), both on this machine's CPU threads.
+The full mode also times greedy generation of one prompt in transformers (PyTorch eager) and in
+tfgraph's ONNX model (onnxruntime), both on `--threads` threads (default 1: the cores here are
+shared, and a thread pool on busy cores runs many times slower).
 
 Success: every equality holds; the last line printed is "ok: ..." and the exit status 0, else
 "FAILED: ..." and 1. `--json-out FILE` writes the checks and figures as JSON.
@@ -134,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "out", help="where the folders go")
     p.add_argument("--seed", type=int, default=0, help="the random weights")
     p.add_argument("--json-out", type=Path, help="write the checks and figures here")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads of torch and onnxruntime (default 1: on shared, busy "
+                        "cores a thread pool runs many times slower)")
     args = p.parse_args(argv)
     start = time.perf_counter()
     mode = "quick" if args.quick else "full"
     size, new_tokens, window = SIZES[mode], NEW_TOKENS[mode], WINDOW[mode]
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.quick:  # a tiny model runs many times slower on a thread pool whose cores are busy
-        torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)  # transformers' and tfgraph's torch modules
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from tfgraph.exporters import to_torch
 
     hf_logging.disable_progress_bar()
-    figures: dict[str, Any] = {"mode": mode}
+    figures: dict[str, Any] = {"mode": mode, "threads": args.threads}
 
     print(f"1. a Hugging Face folder ({mode}: random Llama, seed {args.seed})")
     folder = args.out / "llama-hf"
@@ -166,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompt_ids = [tokenizer(text)["input_ids"] for text in PROMPTS]  # [prompt][tokens]
     prompt_args = [a for text in PROMPTS for a in ("--prompt", text)]
-    got = json.loads(tfgraph_cli("generate", onnx_path, *prompt_args,
-                                 "--max-new-tokens", new_tokens, "--json"))
+    got = json.loads(tfgraph_cli("generate", onnx_path, *prompt_args, "--max-new-tokens",
+                                 new_tokens, "--threads", args.threads, "--json"))
     check("prompt token counts equal", got["prompt_tokens"] == sum(map(len, prompt_ids)),
           f"{got['prompt_tokens']} tokens")
     for i, ids in enumerate(prompt_ids):
@@ -178,12 +183,15 @@ def main(argv: list[str] | None = None) -> int:
               repr(got["text"][i][:40]))
 
     if mode == "full":  # time one prompt's greedy generation in both
-        figures["timings"] = time_generation(model, onnx_path, prompt_ids[0], new_tokens)
+        figures["timings"] = time_generation(model, onnx_path, prompt_ids[0], new_tokens,
+                                             args.threads)
 
     print(f"4. a variant back into transformers: sliding window {window}")
     spec = tfgraph.load_spec(folder)  # the folder's spec, as `tfgraph import FOLDER` prints it
     edited = spec.model_dump()
-    edited["name"], edited["attention"]["window"] = "llama-window", window  # the one knob
+    edited["attention"]["window"] = window  # the one knob
+    edited["name"] = "llama-window"
+    edited["description"] = f"the Llama of {folder.name} with sliding-window attention ({window})"
     variant = tfgraph.Spec.model_validate(edited)
     variant_path = args.out / "llama-window.yaml"
     variant_path.write_text(tfgraph.dump_spec(variant))
@@ -219,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # greedy tokens: transformers vs tfgraph.generate (the Python API of `tfgraph generate`)
     got_tokens = tfgraph.generate(variant_path, prompt_ids, max_new_tokens=new_tokens,
-                                  weights_seed=variant_seed).tokens  # [prompt][new tokens]
+                                  weights_seed=variant_seed, threads=args.threads
+                                  ).tokens  # [prompt][new tokens]
     for i, ids in enumerate(prompt_ids):
         want = hf_greedy(hf_variant, ids, new_tokens)
         check(f"variant prompt {i + 1}: tokens equal", got_tokens[i] == want,
@@ -237,11 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def time_generation(model: Any, onnx_path: Path, prompt: list[int], new_tokens: int
-                    ) -> dict[str, float]:
+def time_generation(model: Any, onnx_path: Path, prompt: list[int], new_tokens: int,
+                    threads: int) -> dict[str, float]:
     """Greedy generation of one prompt, exactly `new_tokens` tokens: time to the first token
-    and decode throughput in transformers (PyTorch, torch's default threads) and in tfgraph's
-    ONNX model (onnxruntime's default threads), each with a warm-up run first."""
+    and decode throughput in transformers (PyTorch eager) and in tfgraph's ONNX model
+    (onnxruntime), both on `threads` threads, each after a warm-up run."""
     ids = torch.tensor([prompt])  # [1, prompt tokens]
 
     def hf_seconds(n: int) -> float:  # best of 3; min_new_tokens: no early end-of-sequence
@@ -257,16 +266,15 @@ def time_generation(model: Any, onnx_path: Path, prompt: list[int], new_tokens: 
     first, whole = hf_seconds(1), hf_seconds(new_tokens)
     got = json.loads(tfgraph_cli("generate", onnx_path, "--prompt-ids",
                                  ",".join(map(str, prompt)), "--max-new-tokens", new_tokens,
-                                 "--ignore-eos", "--json"))
+                                 "--ignore-eos", "--threads", threads, "--json"))
     t = {"hf_first_token_s": first,
          "hf_decode_tokens_per_s": (new_tokens - 1) / (whole - first),
          "tfgraph_first_token_s": got["time_to_first_token_s"],
          "tfgraph_decode_tokens_per_s": got["decode_tokens_per_s"]}
     print(f"  transformers: first token {t['hf_first_token_s'] * 1e3:.1f} ms, "
-          f"decode {t['hf_decode_tokens_per_s']:.1f} tokens/s ({torch.get_num_threads()} "
-          "torch threads)")
+          f"decode {t['hf_decode_tokens_per_s']:.1f} tokens/s (threads {threads})")
     print(f"  tfgraph onnx: first token {t['tfgraph_first_token_s'] * 1e3:.1f} ms, "
-          f"decode {t['tfgraph_decode_tokens_per_s']:.1f} tokens/s")
+          f"decode {t['tfgraph_decode_tokens_per_s']:.1f} tokens/s (threads {threads})")
     return t
 
 
