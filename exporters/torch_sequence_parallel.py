@@ -35,6 +35,20 @@ and ``torch.distributed.tensor.parallel`` styles):
   to the rank's rows), and the model's outputs are all-gathered: the final norm runs on the
   local rows and the head gathers.
 
+Saved for backward: an all-gathered value that a step saves (a projection's input) is kept
+as the rank's rows and all-gathered again when backward first needs it, once for all its
+readers (Korthikanti et al., section 4.2.2; ``_SavingRows``: saved-tensor hooks around the
+readers, which pass what they keep through any hooks active around the module), so a rank
+keeps 1/t of every activation between sublayers: one more all-gather per sublayer in
+backward. What a rank keeps is then ``tfgraph plan --sp``'s per-rank activations but for
+these terms (tests/test_sequence_parallel.py states them): the rotary cos/sin tables (whole,
+as without sp; not in the plan), the token ids, the labels and the loss's 0-d total weight
+(whole: the embedding's and the loss's backward read every row; the plan counts them 1/t)
+and, with a replicated (tied) head, the loss's log-probabilities (the head reads the
+all-gathered final norm and the loss runs on whole logits on every rank, as without sp; the
+plan counts them 1/t). A router and the routed experts read the stream all-gathered, so
+their routing and scratch tensors are whole on every rank (the plan counts them 1/t).
+
 Positions: learned and sinusoidal position tables added in the sharded region add the rows of
 the rank's own positions (the whole-sequence rows, then this rank's; a learned table's
 gradient is all-gathered, so every rank sees the one-process gradient); rotary tables are
@@ -63,7 +77,6 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
     ParallelStyle,
     RowwiseParallel,
     SequenceParallel,

@@ -1,0 +1,120 @@
+"""One torchrun rank of tests/test_sequence_parallel.py. argv[1] is a JSON list of runs, argv[2]
+the JSON file rank 0 writes one result per run to:
+
+- {"spec", "tp", "fsdp", "steps", "batch", "seq", "sp"}: train ``parallelize(..., sp=sp)``
+  (default True) and, on every rank, the whole one-process module from the same weights on
+  the same batches (AdamW); the result: both modules' losses, each parameter's largest
+  gradient difference from the one-process one after the first backward, the norm gains'
+  names and gradient placements, and the local shapes the first layer received and returned
+  (a forward hook);
+- {"example": [...]}: examples/train_distributed.py with those arguments, its result.
+
+A run that raises TfgraphError gives {"error": message}. Every rank computes the one-process
+reference itself: the comparison needs no second launch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+import tfgraph
+from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters.torch_module import NormWeights
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_distributed.py"
+
+
+def _whole(t: Tensor) -> Tensor:
+    """The whole tensor a (possibly sharded or partial) DTensor stands for."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _batch(step: int, batch: int, seq: int, vocab: int) -> Tensor:
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, vocab, (batch, seq + 1), generator=g)
+
+
+def _grad_differences(parallel: nn.Module, single: nn.Module) -> dict[str, float]:
+    """Parameter name -> max |parallel gradient - one-process gradient|."""
+    mine = dict(parallel.named_parameters())
+    return {name: float((_whole(mine[name].grad) - p.grad).abs().max())  # type: ignore
+            for name, p in single.named_parameters()}
+
+
+def run(case: dict[str, Any]) -> dict[str, Any]:
+    """One module comparison (module docstring)."""
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / case["spec"]))
+    vocab = int(graph.node(graph.outputs[0]).type.shape[-1])
+    single = to_torch(graph, seed=0).train()
+    mesh = device_mesh("cpu", case["tp"])
+    model = parallelize(to_torch(graph, device="meta"), mesh, tp=case["tp"],
+                        fsdp=case["fsdp"], sp=case.get("sp", True))
+    load_full_state_dict(model, "cpu", single.state_dict() if dist.get_rank() == 0 else {})
+    model.train()
+    shapes: list[list[list[int]]] = []
+    model.layers()[0].register_forward_hook(
+        lambda mod, args, out: shapes.append([list(args[0].shape), list(out.shape)]))
+    norms = {f"{name}.{leaf}" for name, m in single.named_modules()
+             if isinstance(m, NormWeights) for leaf, _ in m.named_parameters()}
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=3e-3, foreach=False)
+                  for m in (model, single)]
+    losses: dict[str, list[float]] = {"parallel": [], "single": []}
+    grads: dict[str, float] = {}
+    for step in range(case["steps"]):
+        tokens = _batch(step, case["batch"], case["seq"], vocab)
+        for key, module, optimizer in zip(losses, (model, single), optimizers):
+            logits = module(tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            losses[key].append(loss.item())
+        if step == 0:
+            grads = _grad_differences(model, single)
+        for optimizer in optimizers:
+            optimizer.step()
+    grad_placements = sorted({str(p.grad.placements) for name, p in model.named_parameters()
+                              if name in norms and isinstance(p.grad, DTensor)})
+    return {"losses": losses, "layer_shapes": shapes[0], "grad_differences": grads,
+            "norms": sorted(norms), "norm_grad_placements": grad_placements}
+
+
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    example = _example()
+    results: list[dict[str, Any]] = []
+    for case in json.loads(sys.argv[1]):
+        try:
+            if "example" in case:
+                results.append(example.train(example.parse_args(case["example"])))
+            else:
+                results.append(run(case))
+        except TfgraphError as e:
+            results.append({"error": str(e)})
+        dist.barrier()
+    if dist.get_rank() == 0:
+        Path(sys.argv[2]).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

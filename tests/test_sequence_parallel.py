@@ -1,0 +1,308 @@
+"""Sequence parallelism (``parallelize(..., sp=True)``, Korthikanti et al. 2022) under torchrun
+with 2 and 4 CPU processes (gloo): the one-process losses and gradients (norm gains included),
+activations between sublayers held as each rank's sequence rows, and per rank the bytes
+``tfgraph plan --sp`` predicts (weights, gradients, Adam's moments exactly; saved activations
+exactly once the stated terms are added).
+
+Specs: tiny-llama (GQA, rotary, RMSNorm, SwiGLU, vocabulary-split table and head), tiny-opt
+(LayerNorm, learned positions with offset 2, a tied and replicated head), tiny-encoder
+(post-norm, biases, tied head with an output bias), tiny-moe (router and routed experts read
+the all-gathered stream) and tiny-qwen3 (per-head query/key RMSNorm). Each torchrun launch runs
+several cases (tests/sequence_parallel_worker.py); every rank also computes the one-process
+module, so the module comparisons need no other launch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tfgraph
+from tfgraph.errors import TfgraphError
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_distributed.py"
+WORKER = ROOT / "tests" / "sequence_parallel_worker.py"
+SPECS = {"llama": "specs/tiny-llama.yaml", "opt": "specs/tiny-opt.yaml",
+         "encoder": "specs/tiny-encoder.yaml", "moe": "specs/tiny-moe.yaml",
+         "qwen3": "specs/tiny-qwen3.yaml"}
+MODULE_SPECS = ("llama", "opt", "encoder", "moe", "qwen3")
+EXAMPLE_SPECS = ("llama", "opt")
+BATCH, SEQ, STEPS = 4, 16, 4
+
+
+def _case(name: str, **over: Any) -> dict[str, Any]:
+    return {"spec": SPECS[name], "tp": 2, "fsdp": False, "steps": 3, "batch": 2, "seq": SEQ,
+            **over}
+
+
+def _example_args(name: str, strategy: str, *extra: str) -> list[str]:
+    return ["--spec", str(ROOT / SPECS[name]), "--strategy", strategy, "--steps", str(STEPS),
+            "--batch", str(BATCH), "--seq", str(SEQ), *extra]
+
+
+def _torchrun(procs: int, runs: list[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(WORKER),
+           json.dumps(runs), str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results: list[dict[str, Any]] = json.loads(out.read_text())
+    return results
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """One launch of 2 processes (tp 2): the module comparisons, qwen3 under tensor
+    parallelism alone, a sequence length tp does not divide, and the example's --sp runs."""
+    runs: dict[str, dict[str, Any]] = {name: _case(name) for name in MODULE_SPECS}
+    runs["qwen3 tp"] = _case("qwen3", sp=False)
+    runs["odd length"] = _case("llama", seq=15, steps=1)
+    for name in EXAMPLE_SPECS:
+        runs[f"example {name}"] = {"example": _example_args(name, "tp", "--sp",
+                                                            "--measure-saved")}
+    results = _torchrun(2, list(runs.values()),
+                        tmp_path_factory.mktemp("sp-two") / "results.json")
+    return dict(zip(runs, results))
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """One launch of 4 processes: FSDP2 over 2 data-parallel ranks of tp 2 with --sp."""
+    runs = {"llama": _case("llama", fsdp=True),
+            "example llama": {"example": _example_args("llama", "fsdp+tp", "--tp", "2",
+                                                       "--sp")}}
+    results = _torchrun(4, list(runs.values()),
+                        tmp_path_factory.mktemp("sp-four") / "results.json")
+    return dict(zip(runs, results))
+
+
+@pytest.fixture(scope="module")
+def single() -> dict[str, list[float]]:
+    """The example's one-process losses (no process group)."""
+    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return {name: example.train(example.parse_args(_example_args(name, "none")))["losses"]
+            for name in EXAMPLE_SPECS}
+
+
+def _close(got: list[float], want: list[float]) -> bool:
+    return len(got) == len(want) and all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
+                                         for a, b in zip(got, want))
+
+
+# ---- the module against the one-process module ----------------------------------------------
+
+@pytest.mark.parametrize("name", MODULE_SPECS)
+def test_losses_equal_the_one_process_module(two: dict[str, dict[str, Any]],
+                                             name: str) -> None:
+    losses = two[name]["losses"]
+    assert _close(losses["parallel"], losses["single"]), losses
+
+
+@pytest.mark.parametrize("name", MODULE_SPECS)
+def test_every_gradient_equals_the_one_process_one(two: dict[str, dict[str, Any]],
+                                                   name: str) -> None:
+    """After the first backward, every parameter's gradient (its whole tensor) equals the
+    one-process one: the norm gains, which each rank sees only its rows of, included."""
+    result = two[name]
+    differences = result["grad_differences"]
+    assert result["norms"] and set(result["norms"]) <= set(differences)
+    worst = max(differences.items(), key=lambda kv: kv[1])
+    assert worst[1] < 1e-6, worst
+
+
+@pytest.mark.parametrize("name", MODULE_SPECS)
+def test_norm_gains_are_replicated_and_reduced(two: dict[str, dict[str, Any]],
+                                               name: str) -> None:
+    """PyTorch's SequenceParallel makes the gains replicated DTensors; their Partial
+    gradients are all-reduced to Replicate (parallelize's gradient hook)."""
+    assert two[name]["norm_grad_placements"] == ["(Replicate(),)"]
+
+
+@pytest.mark.parametrize("name", MODULE_SPECS)
+def test_the_stream_between_sublayers_is_sequence_sharded(two: dict[str, dict[str, Any]],
+                                                          name: str) -> None:
+    """The first layer receives and returns (batch, seq / tp, d): each rank's rows."""
+    d = tfgraph.load_spec(ROOT / SPECS[name]).d_model
+    assert two[name]["layer_shapes"] == [[2, SEQ // 2, d], [2, SEQ // 2, d]]
+
+
+def test_per_head_norms_get_whole_gradients_under_tensor_parallelism_alone(
+        two: dict[str, dict[str, Any]]) -> None:
+    """Qwen3's query/key norms act on each rank's heads: their gains' gradients are summed
+    over the ranks (they were each rank's share before sp was added)."""
+    result = two["qwen3 tp"]
+    assert _close(result["losses"]["parallel"], result["losses"]["single"])
+    assert max(result["grad_differences"].values()) < 1e-6
+    assert result["layer_shapes"][0] == [2, SEQ, 48]  # no sp: whole rows
+
+
+def test_a_sequence_length_tp_does_not_divide_is_refused(
+        two: dict[str, dict[str, Any]]) -> None:
+    assert two["odd length"] == {"error": "sequence parallelism: tp 2 does not divide the "
+                                          "sequence length 15"}
+
+
+def test_fsdp_with_tensor_and_sequence_parallelism(four: dict[str, dict[str, Any]]) -> None:
+    result = four["llama"]
+    assert _close(result["losses"]["parallel"], result["losses"]["single"])
+    assert max(result["grad_differences"].values()) < 1e-6
+    assert result["norm_grad_placements"] == ["(Shard(dim=0), Replicate())"]
+    assert result["layer_shapes"] == [[2, SEQ // 2, 64], [2, SEQ // 2, 64]]
+
+
+# ---- the example: losses and per-rank bytes against tfgraph plan --sp -----------------------
+
+def _plan_memory(name: str, tp: int, dp: int) -> dict[str, int]:
+    """``tfgraph plan --sp``'s per-rank memory of the example's layout: float32, micro-batch
+    = the batch over the data-parallel ranks, seq 16, fused attention (the module's SDPA)."""
+    from tfgraph.parallel.gpus import gpu
+    from tfgraph.parallel.layout import Layout
+    from tfgraph.parallel.planner import plan
+
+    spec = tfgraph.load_spec(ROOT / SPECS[name]).model_copy(update={"dtype": "float32"})
+    graph = tfgraph.compile(spec, loss=True)
+    layout = Layout(tp=tp, dp=dp, zero=3 if dp > 1 else 0, sp=True, dtype="float32", seq=SEQ,
+                    micro_batch=BATCH // dp, global_batch=BATCH)
+    memory: dict[str, int] = plan(graph, layout, gpu("h100"), "fused")["per_rank"]["memory"]
+    return memory
+
+
+@pytest.mark.parametrize("name", EXAMPLE_SPECS)
+def test_the_example_trains_to_the_one_process_losses(two: dict[str, dict[str, Any]],
+                                                      single: dict[str, list[float]],
+                                                      name: str) -> None:
+    result = two[f"example {name}"]
+    assert result["sp"] is True
+    assert _close(result["losses"], single[name]), (result["losses"], single[name])
+
+
+def test_the_example_under_fsdp_and_tp_trains_to_the_one_process_losses(
+        four: dict[str, dict[str, Any]], single: dict[str, list[float]]) -> None:
+    assert _close(four["example llama"]["losses"], single["llama"])
+
+
+@pytest.mark.parametrize("name, procs", [("llama", 2), ("opt", 2), ("llama", 4)])
+def test_measured_state_bytes_are_the_plan_with_sp(two: dict[str, dict[str, Any]],
+                                                   four: dict[str, dict[str, Any]], name: str,
+                                                   procs: int) -> None:
+    """Weights, gradients and Adam's state the most loaded rank holds after real steps are
+    ``tfgraph plan --sp``'s exactly (sequence parallelism moves no parameter)."""
+    per_rank = (two if procs == 2 else four)[f"example {name}"]["per_rank"]
+    memory = _plan_memory(name, 2, procs // 2)
+    assert memory["weights"] == max(r["weights"] for r in per_rank)
+    assert memory["gradients"] == max(r["gradients"] for r in per_rank)
+    assert memory["optimizer"] == max(r["optimizer"] + r["optimizer_step_counters"]
+                                      for r in per_rank)
+
+
+def _stated_terms(name: str, tp: int) -> int:
+    """Bytes a rank keeps under sequence parallelism that ``tfgraph plan --sp`` counts
+    differently, term by term (float32, batch 4, seq 16):
+
+    - the rotary cos and sin tables, (seq, rotary dims) each: built once per forward for the
+      whole sequence; not in the plan at all, with or without sp (test_distributed);
+    - the token ids and the labels (int64, batch x seq each) and the loss's 0-d float32 total
+      weight: whole on every rank (the embedding's and the loss's backward read every row);
+      the plan counts them 1/tp;
+    - with a replicated (tied) head, the loss's float32 log-probabilities (batch x seq x
+      vocab): the head reads the all-gathered final norm and the loss runs on the whole
+      logits on every rank, as without sp; the plan counts them 1/tp."""
+    spec = tfgraph.load_spec(ROOT / SPECS[name])
+    rotary = 2 * SEQ * spec.rotary_dim * 4 if spec.embedding.positions == "rope" else 0
+    whole = 2 * BATCH * SEQ * 8 + 4
+    if spec.embedding.tie_output:
+        whole += BATCH * SEQ * spec.vocab * 4
+    return rotary + whole - whole // tp
+
+
+@pytest.mark.parametrize("name", EXAMPLE_SPECS)
+def test_saved_activations_are_the_plan_with_sp_and_the_stated_terms(
+        two: dict[str, dict[str, Any]], name: str) -> None:
+    """What autograd saves on each rank in the first step (the example's --measure-saved)
+    equals the plan's per-rank activations under --sp plus ``_stated_terms``: the stream
+    between sublayers, the norms' inputs and the projections' all-gathered inputs are kept as
+    the rank's rows (the all-gathered values are gathered again in backward)."""
+    planned = _plan_memory(name, 2, 1)["activations"]
+    for rank, held in enumerate(two[f"example {name}"]["per_rank"]):
+        assert held["saved_activations"] == planned + _stated_terms(name, 2), (rank, held)
+
+
+# ---- what is refused ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["--spec", "specs/tiny-llama.yaml", "--strategy", "fsdp", "--sp"],
+     "--sp splits what tensor parallelism leaves whole"),
+    (["--spec", "specs/tiny-llama.yaml", "--strategy", "tp", "--tp", "2", "--sp", "--seq",
+      "15"], "--sp: --tp 2 does not divide --seq 15"),
+])
+def test_bad_sp_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLE), *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+def test_sp_needs_tensor_parallelism() -> None:
+    from tfgraph.exporters import parallelize, to_torch
+
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["llama"]))
+    with pytest.raises(TfgraphError, match="it needs tp > 1"):
+        parallelize(to_torch(graph, device="meta"), None, tp=1, sp=True)  # type: ignore
+
+
+def test_cached_graphs_are_refused() -> None:
+    from tfgraph.exporters.torch_sequence_parallel import sequence_parallel_plan
+
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["llama"]), cache=True)
+    with pytest.raises(TfgraphError, match="full-sequence graphs .training.; this graph "
+                                           "takes attention_mask"):
+        sequence_parallel_plan(graph)
+
+
+# ---- the plan of what is sharded (no process group) -----------------------------------------
+
+def test_the_plan_of_a_pre_norm_decoder() -> None:
+    """tiny-llama: the stream, the norms and the residual adds are sequence shards; q, k, v,
+    gate, up and the vocabulary-split head read them all-gathered; o and down reduce-scatter;
+    attention, rotary and the SwiGLU product run on whole sequences (split by heads or
+    hidden units) and are left as tensor parallelism has them."""
+    from tfgraph.exporters.torch_sequence_parallel import sequence_parallel_plan
+
+    plan = sequence_parallel_plan(tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["llama"])))
+    layer = "decoder.layers.0"
+    assert plan.kind["decoder.embed.tokens"] == "embedding"
+    assert {plan.kind[f"{layer}.{n}"] for n in ("self_attn.norm", "ffn.norm")} == {"norm"}
+    assert {plan.kind[f"{layer}.self_attn.{p}"] for p in "qkv"} == {"colwise"}
+    assert {plan.kind[f"{layer}.ffn.{p}"] for p in ("gate", "up")} == {"colwise"}
+    assert {plan.kind[f"{layer}.{p}"] for p in ("self_attn.o", "ffn.down")} == {"rowwise"}
+    assert plan.kind[f"{layer}.self_attn.residual"] == "elementwise"
+    assert plan.kind["decoder.norm"] == "norm" and plan.kind["logits"] == "colwise"
+    for whole in ("self_attn.q_rope", "self_attn.attention", "ffn.act", "ffn.gated"):
+        assert f"{layer}.{whole}" not in plan.kind
+        assert f"{layer}.{whole}" not in plan.sharded
+    assert f"{layer}.ffn.residual" in plan.sharded and "logits" not in plan.sharded
+
+
+def test_the_plan_of_learned_positions_and_a_tied_head() -> None:
+    """tiny-opt: positions are added to the rank's rows; the tied (replicated) head reads the
+    final norm all-gathered."""
+    from tfgraph.exporters.torch_sequence_parallel import sequence_parallel_plan
+
+    plan = sequence_parallel_plan(tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["opt"])))
+    assert plan.kind["decoder.embed.positions"] == "positions"
+    assert "decoder.embed.positions" in plan.sharded
+    assert plan.kind["logits"] == "gathered"
