@@ -1,27 +1,31 @@
 """How do time and memory grow with the sequence length, and where does attention overtake the
-feed-forward? Answered for four pairs of Transformer variants (the question of the complexity
-notes, /work/shared/seeds/004: attention is O(n^2 d) in time and O(n^2) in space, the
-feed-forward O(n d^2)):
+feed-forward? The complexity notes tfgraph grew from put attention at O(N M d) time and
+O(N M) space for N queries and M keys, the feed-forward at O(N d d_ff); this example answers
+the question for four pairs of Transformer variants:
 
     post-norm vs pre-norm        post-norm.yaml vs base.yaml
     MHA vs GQA vs MQA            base.yaml vs gqa.yaml vs mqa.yaml
     dense vs MoE                 base.yaml vs moe.yaml
     full vs sliding window       base.yaml vs window.yaml
 
-Every variant is base.yaml with one change (same width, depth, heads and vocabulary). The
-script
-  1. writes `tfgraph compare`'s HTML report and plot of the six specs,
+Every variant is base.yaml with one change (same width, depth, heads and vocabulary); step 1
+checks that. Then the script
   2. prints where attention-score FLOPs overtake feed-forward FLOPs per variant: the crossover
      `tfgraph compare` solves from its symbolic figures, recomputed here from the per-op FLOPs
      of the op graph (`tfgraph.graph_json`), plus where it would be if only the scores a query
      reads were counted (the report's `flops.causal_effective_matmul` convention),
-  3. checks the memory claims (GQA/MQA KV cache, sliding window) on tfgraph's figures,
-  4. times the forward pass of each variant's torch module (`tfgraph.exporters.to_torch`) at a
-     few lengths, plots time against tfgraph's predicted FLOPs and fits time = a * FLOPs + b.
+  3. checks the memory and FLOPs claims of the pairs (GQA/MQA KV cache, sliding window),
+  4. writes `tfgraph compare`'s HTML report and plot of the six specs (a subprocess, as a user
+     would run it),
+  5. times the forward pass of each variant's torch module (`tfgraph.exporters.to_torch`) at a
+     few lengths, plots time against tfgraph's predicted FLOPs and fits time = FLOPs / rate.
+     `--attention sdpa` (default, the module's own) runs PyTorch's fused attention kernel,
+     which skips the score blocks a causal mask hides; `--attention math` computes the whole
+     score matrix, exactly the FLOPs tfgraph counts.
 
 Run from the repository root (after the set-up of the top-level README):
 
-    python examples/compare-variants/compare.py            # full run: L = 128 .. 2048, minutes
+    python examples/compare-variants/compare.py            # full run: L = 128 .. 2048 (2 min)
     python examples/compare-variants/compare.py --quick    # seconds: what CI runs
 
 Outputs go to --out (default examples/compare-variants/out/): compare.html and compare.png
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -221,13 +226,19 @@ def time_forwards(graphs: list[Any], lengths: list[int], repeats: int,
 
 
 def fit(flops: list[float], seconds: list[float]) -> dict[str, float]:
-    """Least squares seconds = a * flops + b, and Pearson's r of the two."""
+    """time = a * FLOPs fitted on log scales, where every point weighs the same whatever its
+    size (the points span decades): log t = log a + log F, so a is the geometric mean of
+    seconds per FLOP. Also the free log-log slope k (t ~ F^k; 1 when time is proportional to
+    FLOPs) and Pearson's r of log t against log F (and of t against F)."""
     import numpy as np
 
-    x, y = np.asarray(flops, float), np.asarray(seconds, float)
-    a, b = np.polyfit(x, y, 1)
-    return {"seconds_per_flop": float(a), "gflops_per_s": float(1e-9 / a) if a > 0 else 0.0,
-            "intercept_s": float(b), "pearson_r": float(np.corrcoef(x, y)[0, 1])}
+    x, y = np.log(np.asarray(flops, float)), np.log(np.asarray(seconds, float))
+    a = float(np.exp(np.mean(y - x)))
+    k, c = np.polyfit(x, y, 1)
+    return {"seconds_per_flop": a, "gflops_per_s": 1e-9 / a,
+            "loglog_slope": float(k), "loglog_intercept": float(c),
+            "pearson_r_log": float(np.corrcoef(x, y)[0, 1]),
+            "pearson_r": float(np.corrcoef(np.exp(x), np.exp(y))[0, 1])}
 
 
 def plot_times(path: Path, times: dict[str, dict[int, float]],
@@ -245,9 +256,11 @@ def plot_times(path: Path, times: dict[str, dict[int, float]],
         right.plot([flops[name][n] for n in lengths], [by_len[n] for n in lengths], "o",
                    label=name)
     every = sorted(f for by_len in flops.values() for f in by_len.values())
-    right.plot(every, [line["seconds_per_flop"] * f + line["intercept_s"] for f in every],
-               "k--", label=f"fit: {line['gflops_per_s']:.1f} GFLOP/s, "
-                            f"r = {line['pearson_r']:.3f}")
+    right.plot(every, [line["seconds_per_flop"] * f for f in every], "k--",
+               label=f"time = FLOPs / {line['gflops_per_s']:.1f} GFLOP/s "
+                     f"(r = {line['pearson_r_log']:.3f}, log-log)")
+    right.plot(every, [math.exp(line["loglog_intercept"]) * f ** line["loglog_slope"]
+                       for f in every], "k:", label=f"time ~ FLOPs^{line['loglog_slope']:.2f}")
     for ax, xlabel in ((left, "sequence length L"), (right, "predicted forward FLOPs")):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -255,6 +268,9 @@ def plot_times(path: Path, times: dict[str, dict[int, float]],
         ax.set_ylabel("forward time, batch 1 (s)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
+    lengths = sorted({n for by_len in times.values() for n in by_len})
+    left.set_xticks(lengths, [str(n) for n in lengths])  # the timed lengths, no minor labels
+    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     left.set_title("measured forward time (torch module)")
     right.set_title("measured time vs tfgraph's predicted FLOPs")
     fig.tight_layout()
@@ -277,15 +293,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on a shared 2-core machine two threads "
                         "wait on each other and times scatter)")
-    p.add_argument("--attention", choices=["math", "sdpa"], default="math",
-                   help="torch attention: math computes the full score matrix, the FLOPs "
-                        "tfgraph counts (default); sdpa the fused kernel, which skips "
-                        "masked blocks")
+    p.add_argument("--attention", choices=["sdpa", "math"], default="sdpa",
+                   help="torch attention: sdpa, the module's default fused kernel (skips "
+                        "blocks a causal mask hides); math, the full score matrix, exactly "
+                        "the FLOPs tfgraph counts")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    started = time.perf_counter()
     lengths = ([int(s) for s in args.lengths.split(",")] if args.lengths
                else [64, 256] if args.quick else [128, 256, 512, 1024, 2048])
     repeats = args.repeats or (3 if args.quick else 5)
@@ -363,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
               + f"{rate:>20.2f}")
     line = fit([flops[n][k] for n in names for k in lengths],
                [times[n][k] for n in names for k in lengths])
-    print(f"  fit over all points: time = FLOPs / ({line['gflops_per_s']:.2f} GFLOP/s) "
-          f"+ {line['intercept_s'] * 1e3:.1f} ms; Pearson r = {line['pearson_r']:.4f}")
+    print(f"  fit over all points: time = FLOPs / ({line['gflops_per_s']:.2f} GFLOP/s), "
+          f"{line['seconds_per_flop'] * 1e12:.1f} ps per FLOP\n  Pearson r = "
+          f"{line['pearson_r_log']:.4f} (log t vs log FLOPs), {line['pearson_r']:.4f} "
+          f"(linear); free log-log slope: time ~ FLOPs^{line['loglog_slope']:.3f}")
     plot = args.out / "time_vs_flops.png"
     plot_times(plot, times, flops, line)
     print(f"  wrote {plot}")
@@ -382,11 +401,13 @@ def main(argv: list[str] | None = None) -> int:
                       "seconds": {str(k): times[n][k] for k in lengths},
                       "flops_forward": {str(k): flops[n][k] for k in lengths}}
                      for n, (f, q, _) in zip(names, VARIANTS)],
-        "fit": line, "checks": CHECKS, "passed": passed == len(CHECKS),
+        "fit": line, "wall_s": time.perf_counter() - started,
+        "checks": CHECKS, "passed": passed == len(CHECKS),
     }
     out_json = args.json_out or args.out / "summary.json"
     out_json.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"wrote {out_json}")
+    print(f"wall time {time.perf_counter() - started:.1f} s")
     if passed != len(CHECKS):
         failed = [c["name"] for c in CHECKS if not c["ok"]]
         print(f"FAILED: {passed}/{len(CHECKS)} checks passed; failed: {', '.join(failed)}")
