@@ -76,3 +76,26 @@ def test_cli_reference_lists_the_commands_and_exit_codes() -> None:
     for text in ("tfgraph validate [--all-errors] SPEC...", "tfgraph schema", "--version", "--debug",
                  "| 0 |", "| 1 |", "| 2 |"):
         assert text in README, text
+
+
+def test_every_command_option_is_in_its_readme_synopsis_and_has_help() -> None:
+    # Issue 15 item 9: the synopses of run and draw left out options that exist.
+    import click
+
+    from tfgraph.cli import main
+
+    synopses = {m.group(1): m.group(0)
+                for m in re.finditer(r"^### `tfgraph (\w+)[^\n]*", README, re.M)}
+    ctx = click.Context(main)
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        assert command is not None and name in synopses, name
+        for param in command.params:
+            if not isinstance(param, click.Option) or "--help" in param.opts:
+                continue
+            spellings = param.opts + param.secondary_opts
+            assert any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", synopses[name])
+                       for o in spellings), f"{name}: {spellings[-1]} not in its synopsis"
+            assert param.help, f"{name}: {spellings[-1]} has no help"
+        usage = command.collect_usage_pieces(ctx)[-1]  # the argument's metavar
+        assert usage.split()[0] in synopses[name] or not command.params, (name, usage)

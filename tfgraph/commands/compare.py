@@ -75,7 +75,8 @@ def render_table(data: dict[str, Any], console: Console) -> None:
 @click.argument("specs", nargs=-1, required=True, metavar="SPEC SPEC...")
 @click.option("--seq", "seq_text", default="128,512,2048", show_default=True,
               help="Comma-separated sequence lengths (source = target for encoder-decoder).")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Batch size the FLOPs and memory are computed at.")
 @click.option("--json", "as_json", is_flag=True, help="Print (or write with -o) the dict.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Write FLOPs / memory / params plots to FILE.png or FILE.svg.")

@@ -82,7 +82,8 @@ class _Stream:
               help="A prompt as comma-separated token ids (repeat for a batch).")
 @click.option("--prompt", "prompt_texts", multiple=True, metavar="TEXT",
               help="A text prompt, tokenized with the model's tokenizer.json (repeatable).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Tokens to generate per prompt (fewer when every row ends).")
 @click.option("--temperature", type=float, default=None,
               help="Sample at this temperature (0: greedy).")
 @click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens.")
@@ -94,7 +95,7 @@ class _Stream:
 @click.option("--length-penalty", type=float, default=1.0, show_default=True,
               help="Beam scores are log-prob sums / length ** this (0: plain sums).")
 @click.option("--backend", type=click.Choice(["onnx", "torch"]), default="onnx",
-              show_default=True)
+              show_default=True, help="onnxruntime (the built ONNX model) or the torch module.")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
               show_default=True, help="Where the model runs; auto takes CUDA only when usable.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -110,7 +111,7 @@ class _Stream:
               help="Random weights from this seed (a spec's default 0; a folder's default: "
                    "its own weights).")
 @click.option("--opset", type=int, default=23, show_default=True,
-              help="ONNX opset when SOURCE is built.")
+              help="ONNX opset when the source is a spec or a model folder (built first).")
 @click.option("--no-cache", is_flag=True,
               help="Recompute the whole prefix at every step instead of using the KV cache "
                    "(for comparison; encoder-decoder models always recompute).")

@@ -118,7 +118,8 @@ def _torch_logits(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
 @click.argument("source", metavar="SPEC|DIR|MODEL.onnx")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
               show_default=True, help="Execution provider; auto takes CUDA only when usable.")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Rows of random ids (or copies of --prompt) per run.")
 @click.option("--seq", type=click.IntRange(min=1), default=128, show_default=True,
               help="Sequence length (source length for encoder-decoder models); the default "
                    "is capped at the spec's max_len.")
@@ -129,13 +130,13 @@ def _torch_logits(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
 @click.option("--check", is_flag=True,
               help="Also run the PyTorch back end on the same weights and compare.")
 @click.option("--seed", type=int, default=None,
-              help="Random weights from this seed when SOURCE is a spec (default 0) or a model "
-                   "folder (default: its own weights); also seeds the random input ids.")
+              help="Random weights from this seed when the source is a spec (default 0) or a "
+                   "model folder (default: its own weights); also seeds the random input ids.")
 @click.option("--prompt", default=None,
               help="Text to run instead of random ids (needs the model's tokenizer.json); "
                    "prints the predicted next token.")
 @click.option("--opset", type=int, default=23, show_default=True,
-              help="ONNX opset when SOURCE is a spec.")
+              help="ONNX opset when the source is a spec or a model folder (built first).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="onnxruntime intra-op threads (default: one per physical core).")
 @click.pass_context
