@@ -12,8 +12,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
-
 import tfgraph
 from tfgraph.compare import compare
 
@@ -30,18 +28,21 @@ def _script() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("compare-variants")
-    run = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out),
-                          "--json-out", str(out / "result.json")],
+def test_quick_run(tmp_path: Path) -> None:
+    """One run of the example (a module fixture would run it once per xdist worker), then
+    what it reports, section by section."""
+    run = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path),
+                          "--json-out", str(tmp_path / "result.json")],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    return out, run.stdout, json.loads((out / "result.json").read_text())
+    summary = json.loads((tmp_path / "result.json").read_text())
+    every_check_passed(run.stdout, summary)
+    report_page_and_plots_name_every_variant(tmp_path, summary)
+    crossovers_are_where_the_report_says(summary)
+    measured_times_and_fit(summary)
 
 
-def test_quick_run_passes_every_check(quick: tuple[Path, str, dict[str, Any]]) -> None:
-    out, stdout, summary = quick
+def every_check_passed(stdout: str, summary: dict[str, Any]) -> None:
     checks = summary["checks"]
     assert summary["passed"] and all(c["ok"] for c in checks)
     assert stdout.strip().splitlines()[-1] == f"OK: {len(checks)}/{len(checks)} checks passed"
@@ -52,9 +53,7 @@ def test_quick_run_passes_every_check(quick: tuple[Path, str, dict[str, Any]]) -
     assert summary["quick"] and summary["lengths"] == [64, 256]
 
 
-def test_report_page_and_plots_name_every_variant(
-        quick: tuple[Path, str, dict[str, Any]]) -> None:
-    out, _, summary = quick
+def report_page_and_plots_name_every_variant(out: Path, summary: dict[str, Any]) -> None:
     page = (out / "compare.html").read_text()
     names = [v["name"] for v in summary["variants"]]
     assert names == ["cv-base", "cv-post-norm", "cv-gqa", "cv-mqa", "cv-moe", "cv-window"]
@@ -63,10 +62,9 @@ def test_report_page_and_plots_name_every_variant(
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_crossovers_are_where_the_report_says(quick: tuple[Path, str, dict[str, Any]]) -> None:
+def crossovers_are_where_the_report_says(summary: dict[str, Any]) -> None:
     """At the printed first L, report(seq=L) has attention-score FLOPs above the FFN's, and
     report(seq=L - 1) not; the pairs answer as the FLOP counts say they must."""
-    _, _, summary = quick
     first = {}
     for v in summary["variants"]:
         length = v["crossover"]["compare_first_above"]
@@ -89,8 +87,7 @@ def test_crossovers_are_where_the_report_says(quick: tuple[Path, str, dict[str, 
     assert 2 * first["cv-base"] - 10 < read["cv-base"] < 2 * first["cv-base"] + 100
 
 
-def test_measured_times_and_fit(quick: tuple[Path, str, dict[str, Any]]) -> None:
-    _, _, summary = quick
+def measured_times_and_fit(summary: dict[str, Any]) -> None:
     for v in summary["variants"]:
         seconds = [v["seconds"][str(n)] for n in summary["lengths"]]
         flops = [v["flops_forward"][str(n)] for n in summary["lengths"]]
