@@ -278,4 +278,5 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         if source.tokenizer:
             details.append("tokenizer")
     details.append(f"{time.perf_counter() - start:.2f} s")
-    click.echo(f"wrote {printable(str(written))}{os.sep if written.is_dir() else ''} ({', '.join(details)})")
+    slash = os.sep if written.is_dir() else ""
+    click.echo(f"wrote {printable(str(written))}{slash} ({', '.join(details)})")
