@@ -49,6 +49,7 @@ import sympy
 
 import tfgraph
 from tfgraph.compare import compare
+from tfgraph.compiler import CompiledGraph as Graph  # what tfgraph.compile returns
 from tfgraph.graph_json import graph_dict
 
 HERE = Path(__file__).resolve().parent
@@ -98,7 +99,7 @@ def at(expr: sympy.Expr, length: int) -> int:
     return int(expr.xreplace({s: sizes[s.name] for s in expr.free_symbols}))
 
 
-def kind_flops(graph: Any) -> dict[str, sympy.Expr]:
+def kind_flops(graph: Graph) -> dict[str, sympy.Expr]:
     """Attention-score and feed-forward FLOPs summed from the per-op costs of the op graph
     (graph JSON: every op's flops_matmul and flops_other as sympy strings in B, S, T).
 
@@ -133,7 +134,7 @@ def first_above(gap: Callable[[int], int], hi: int = MAX_LEN) -> int | None:
     return hi
 
 
-def crossovers(graph: Any, data: dict[str, Any]) -> dict[str, Any]:
+def crossovers(graph: Graph, data: dict[str, Any]) -> dict[str, Any]:
     """This variant's crossover from `tfgraph compare`, the same recomputed from per-op FLOPs,
     and the one that counts only the scores each query reads (matmuls only)."""
     flops = kind_flops(graph)
@@ -166,7 +167,7 @@ def kv_cache_checks(specs: list[tfgraph.Spec], data: dict[str, Any]) -> None:
                         for row in v["at"]))
 
 
-def window_checks(specs: list[tfgraph.Spec], graphs: list[Any], data: dict[str, Any]) -> None:
+def window_checks(specs: list[tfgraph.Spec], graphs: list[Graph], data: dict[str, Any]) -> None:
     """A sliding window of W keys: the scores a query reads (causal-effective matmul FLOPs of
     the report) stop growing at W, so those FLOPs become linear in L beyond W (second
     difference 0) while full attention's stay quadratic; below W both are the same."""
@@ -179,6 +180,8 @@ def window_checks(specs: list[tfgraph.Spec], graphs: list[Any], data: dict[str, 
     def second_difference(f: sympy.Expr, n: int) -> int:
         return at(f, n + 2) - 2 * at(f, n + 1) + at(f, n)
 
+    # Every other term of the matmul FLOPs (projections, FFN, head) is linear in L, so the
+    # second difference in L sees the score products alone.
     beyond = [window, 2 * window, 8 * window, 64 * window]
     linear = all(second_difference(effective[1], n) == 0 for n in beyond)
     quadratic = all(second_difference(effective[0], n) > 0 for n in beyond)
@@ -197,7 +200,7 @@ def window_checks(specs: list[tfgraph.Spec], graphs: list[Any], data: dict[str, 
 
 # ---- the measured check: forward time of the torch modules ----------------------------------
 
-def time_forwards(graphs: list[Any], lengths: list[int], repeats: int,
+def time_forwards(graphs: list[Graph], lengths: list[int], repeats: int,
                   impl: str) -> dict[str, dict[int, float]]:
     """Fastest of `repeats` forward passes (batch 1, inference mode) per variant and length.
 
