@@ -437,8 +437,8 @@ def _rewrite_program(program: _Program, module: TorchModel, plan: SequencePlan,
             new_args = tuple(convert("gather", a) if is_sharded(a) else a for a in args)
         if how in ("colwise", "gathered"):
             fn = _SavingRows(fn, [gathers[a] for a in dict.fromkeys(new_args) if a in gathers])
-        if new_args != args:
-            inplace, inplace_args = None, ()  # its operands are no longer the plan's
+        if new_args != args or fn is not step[0]:
+            inplace, inplace_args = None, ()  # not the plan's step or operands any more
         steps.append((fn, attrs, new_args, out, dead, inplace, inplace_args))
     if top:
         program.outputs = [convert("gather", o) if is_sharded(o) else o

@@ -3,7 +3,8 @@ the JSON file rank 0 writes one result per run to:
 
 - {"spec", "tp", "fsdp", "steps", "batch", "seq", "sp"}: train ``parallelize(..., sp=sp)``
   (default True) and, on every rank, the whole one-process module from the same weights on
-  the same batches (AdamW); the result: both modules' losses, each parameter's largest
+  the same batches (AdamW); the result: the largest difference of their outputs in eval
+  mode without autograd (in-place steps), both modules' losses, each parameter's largest
   gradient difference from the one-process one after the first backward, the norm gains'
   names and gradient placements, and the local shapes the first layer received and returned
   (a forward hook);
@@ -47,22 +48,33 @@ def _batch(step: int, batch: int, seq: int, vocab: int) -> Tensor:
 
 
 def _grad_differences(parallel: nn.Module, single: nn.Module) -> dict[str, float]:
-    """Parameter name -> max |parallel gradient - one-process gradient|."""
+    """Parameter name -> max |parallel gradient - one-process gradient| (0 where neither
+    has one, infinity where only one has)."""
     mine = dict(parallel.named_parameters())
-    return {name: float((_whole(mine[name].grad) - p.grad).abs().max())  # type: ignore
-            for name, p in single.named_parameters()}
+    out = {}
+    for name, p in single.named_parameters():
+        got, want = mine[name].grad, p.grad
+        if got is None or want is None:
+            out[name] = 0.0 if got is None and want is None else float("inf")
+        else:
+            out[name] = float((_whole(got) - want).abs().max())
+    return out
 
 
 def run(case: dict[str, Any]) -> dict[str, Any]:
     """One module comparison (module docstring)."""
     graph = tfgraph.compile(tfgraph.load_spec(ROOT / case["spec"]))
     vocab = int(graph.node(graph.outputs[0]).type.shape[-1])
-    single = to_torch(graph, seed=0).train()
+    single = to_torch(graph, seed=0)  # eval mode
     mesh = device_mesh("cpu", case["tp"])
     model = parallelize(to_torch(graph, device="meta"), mesh, tp=case["tp"],
                         fsdp=case["fsdp"], sp=case.get("sp", True))
     load_full_state_dict(model, "cpu", single.state_dict() if dist.get_rank() == 0 else {})
+    ids = _batch(-1, case["batch"], case["seq"], vocab)[:, :-1]
+    with torch.no_grad():  # the in-place steps inference runs
+        inference = float((model.eval()(ids) - single(ids)).abs().max())
     model.train()
+    single.train()
     shapes: list[list[list[int]]] = []
     model.layers()[0].register_forward_hook(
         lambda mod, args, out: shapes.append([list(args[0].shape), list(out.shape)]))
@@ -87,7 +99,8 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
     grad_placements = sorted({str(p.grad.placements) for name, p in model.named_parameters()
                               if name in norms and isinstance(p.grad, DTensor)})
     return {"losses": losses, "layer_shapes": shapes[0], "grad_differences": grads,
-            "norms": sorted(norms), "norm_grad_placements": grad_placements}
+            "norms": sorted(norms), "norm_grad_placements": grad_placements,
+            "inference_difference": inference}
 
 
 def _example() -> Any:
