@@ -70,8 +70,12 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     for name in EXAMPLE_SPECS:
         runs[f"example {name}"] = {"example": _example_args(name, "tp", "--sp",
                                                             "--measure-saved")}
-    results = _torchrun(2, list(runs.values()),
-                        tmp_path_factory.mktemp("sp-two") / "results.json")
+    tmp = tmp_path_factory.mktemp("sp-two")
+    runs["save"] = {"example": [*_example_args("llama", "tp", "--sp"), "--steps", "2",
+                                "--save", str(tmp / "ckpt")]}  # the last --steps counts
+    runs["resume"] = {"example": [*_example_args("llama", "tp", "--sp"),
+                                  "--resume", str(tmp / "ckpt")]}
+    results = _torchrun(2, list(runs.values()), tmp / "results.json")
     return dict(zip(runs, results))
 
 
@@ -196,6 +200,14 @@ def test_the_example_trains_to_the_one_process_losses(two: dict[str, dict[str, A
     result = two[f"example {name}"]
     assert result["sp"] is True
     assert _close(result["losses"], single[name]), (result["losses"], single[name])
+
+
+def test_resume_from_a_sharded_checkpoint_equals_running_straight_through(
+        two: dict[str, dict[str, Any]]) -> None:
+    """The replicated DTensor norm gains save and load with the rest (DCP)."""
+    assert two["resume"]["start_step"] == 2
+    assert _close(two["save"]["losses"] + two["resume"]["losses"],
+                  two["example llama"]["losses"])
 
 
 def test_the_example_under_fsdp_and_tp_trains_to_the_one_process_losses(
