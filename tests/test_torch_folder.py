@@ -76,8 +76,10 @@ def test_model_py_is_standalone_and_the_folder_round_trips(tmp_path: Path) -> No
     folder = write_torch_folder(graph, tmp_path / "out", None, seed=1)
     source = (folder / "model.py").read_text()
     compile(source, "model.py", "exec")
-    # torch and the standard library; safetensors only inside load() for the weights file.
-    assert _imports(source) == {"__future__", "math", "os", "torch", "safetensors"}
+    # torch and the standard library; safetensors only inside load() for the weights file,
+    # numpy only inside init_weights() (tfgraph's generator: Model() without a weights file).
+    assert _imports(source) == {"__future__", "math", "os", "torch", "safetensors", "zlib",
+                                "fnmatch", "numpy"}
     # spec.yaml is the spec with defaults written out; the weights carry the README's names.
     assert parse_spec((folder / "spec.yaml").read_text()) == spec
     weights = load_weights(str(folder / "weights.safetensors"), graph)
