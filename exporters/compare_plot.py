@@ -24,17 +24,17 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from tfgraph.compare import PARAM_GROUPS, series
+from tfgraph.compare import series
 from tfgraph.errors import TfgraphError
 from tfgraph.io import atomic_write
 from tfgraph.ir import Graph
+from tfgraph.param_groups import kind_title, order_kinds
 from tfgraph.terminal import printable
 
 GRID_POINTS = 18
 MAX_LENGTH = 1 << 20  # plot range cap: crossovers beyond a million tokens are off the chart
-PARAM_COLOURS = {"embeddings": "#f4a259", "self-attention": "#5b8fd1",
-                 "cross-attention": "#4cb08a", "feed-forward": "#e07a5f", "norms": "#e9c46a",
-                 "head": "#8d99ae"}
+PARAM_COLOURS = {"embed": "#f4a259", "self_attn": "#5b8fd1", "cross_attn": "#4cb08a",
+                 "ffn": "#e07a5f", "layer": "#b8a9c9", "norm": "#e9c46a", "head": "#8d99ae"}
 MEMORY_STYLES = (("memory.activations_peak", "-", "activations peak"),
                  ("memory.kv_cache", "--", "KV cache"),
                  ("memory.train_step", "-.", "train step (Adam)"))
@@ -129,12 +129,11 @@ def compare_figure(graphs: Sequence[Graph], data: dict[str, Any]) -> Figure:
 def _params_panel(ax: Axes, data: dict[str, Any]) -> None:
     names = [plot_text(v["name"]) for v in data["variants"]]
     left = [0.0] * len(names)
-    for group in PARAM_GROUPS:
-        widths = [v["params_breakdown"][group] / 1e6 for v in data["variants"]]
-        if not any(widths):
-            continue
-        ax.barh(names, widths, left=left, color=PARAM_COLOURS[group], label=group,
-                edgecolor="white")
+    kinds = order_kinds({k: 0 for v in data["variants"] for k in v["params_by_kind"]})
+    for i, kind in enumerate(kinds):
+        widths = [v["params_by_kind"].get(kind, 0) / 1e6 for v in data["variants"]]
+        ax.barh(names, widths, left=left, color=PARAM_COLOURS.get(kind, f"C{i % 10}"),
+                label=plot_text(kind_title(kind)), edgecolor="white")
         left = [a + b for a, b in zip(left, widths)]
     for i, v in enumerate(data["variants"]):
         ax.text(left[i], i, f"  {v['params'] / 1e6:,.1f}M", va="center", fontsize=9)

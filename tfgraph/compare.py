@@ -2,8 +2,13 @@
 
 ``compare(graphs)`` returns one JSON-ready dict: the spec fields that differ, each variant's
 parameters, FLOPs and memory at each sequence length (exactly ``graph.report()``'s numbers),
-ratios to the first variant, a parameter breakdown, and the attention/FFN crossover solved
-from the symbolic FLOP expressions. The definitions of every figure travel in the dict.
+ratios to the first variant, the parameters by kind (``tfgraph.param_groups``, report's
+``params_by_kind``), and the attention/FFN crossover solved from the symbolic FLOP expressions.
+The definitions of every figure travel in the dict.
+
+Symbols are ``tfgraph report``'s: S is the sequence length (an encoder-decoder's source, with
+target T = S here), B the batch; L stays the layer count of report's formulas and is never a
+length here.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from typing import Any
 import sympy
 
 from tfgraph import cost
-from tfgraph.ir import SYMBOLS, Graph
 from tfgraph.figures import symbolic
-from tfgraph.ir import Node
+from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.param_groups import GROUPING, kind_title, order_kinds, params_by_kind
 from tfgraph.report import build_report, sizes_for
 from tfgraph.report import train_activations as report_train_activations
 
@@ -29,11 +34,10 @@ METRICS = (
     ("memory", "kv_cache"),
     ("memory", "train_step"),
 )
-PARAM_GROUPS = ("embeddings", "self-attention", "cross-attention", "feed-forward", "norms",
-                "head")
 
 DEFINITIONS = {
-    "seq": "sequence length L; encoder-decoder models use source = target = L.",
+    "seq": "sequence length S (report's --seq); encoder-decoder models use source length S "
+           "and target length T = S.",
     "flops.forward": "graph.report()['flops']['forward']: matmul + other FLOPs of one forward "
                      "pass (2 FLOPs per multiply-accumulate).",
     "flops.matmul": "graph.report()['flops']['matmul']: every linear (output head included) "
@@ -53,19 +57,19 @@ DEFINITIONS = {
                  "length) at each length: 'active' counts each token's top-k experts, "
                  "'all_experts' every expert on every token (report flops.forward_all_experts, "
                  "what the ONNX model computes); equal for dense models.",
+    "max_len": "the spec's max_len (null when it has none): the longest sequence it is built "
+               "for; the plots mark where each curve passes it.",
     "beyond_max_len": "the length exceeds the spec's max_len: figures are extrapolated from "
                       "the formulas, the model itself cannot run it.",
-    "crossover": "the sequence length L at which attention-score FLOPs "
+    "crossover": "the sequence length S at which attention-score FLOPs "
                  "(flops_by_kind['attention_scores']: QK^T, scaling, masking, softmax and "
                  "weights.V of every attention, all layers) equal feed-forward FLOPs "
                  "(flops_by_kind['ffn']: every FFN sublayer with its norm and residual add); "
-                 "above it attention dominates. Solved exactly from the sympy expressions with "
-                 "S = T = L; independent of batch, since both are linear in B. "
-                 "first_seq_above is the smallest integer L with attention > FFN.",
-    "params_breakdown": "unique parameters by role: embeddings (token tables and learned "
-                        "positions), self-attention, cross-attention, feed-forward (q/k/v/o and "
-                        "up/gate/down projections with biases), norms (every norm weight and "
-                        "bias), head (untied output weight and bias).",
+                 "above it attention dominates. Solved exactly from the sympy expressions in S "
+                 "(with T = S); independent of batch, since both are linear in B. "
+                 "first_seq_above is the smallest integer S with attention > FFN.",
+    "params_by_kind": "unique parameters by kind of work, exactly report's params_by_kind "
+                      "(tfgraph.param_groups.params_by_kind): " + GROUPING,
 }
 
 
@@ -95,38 +99,17 @@ def spec_differences(graphs: Sequence[Graph]) -> list[dict[str, Any]]:
     return diffs
 
 
-SUBLAYER_GROUPS = {"self_attn": "self-attention", "cross_attn": "cross-attention",
-                   "ffn": "feed-forward"}
-
-
-def param_group(graph: Graph, p: Node) -> str:
-    """Role of a parameter for the params breakdown, from its metadata and the category of the
-    ops that read it (a norm's gain and bias are "norms" wherever the norm sits)."""
-    if p.meta.part in ("embed", "head"):
-        return "embeddings" if p.meta.part == "embed" else "head"
-    if any(user.category == "norm" for user, _ in graph.users(p.name)):
-        return "norms"
-    if p.meta.sublayer in SUBLAYER_GROUPS:
-        return SUBLAYER_GROUPS[p.meta.sublayer]
-    raise ValueError(f"parameter {p.name!r} has no role in the params breakdown")
-
-
-def params_breakdown(graph: Graph) -> dict[str, int]:
-    out = dict.fromkeys(PARAM_GROUPS, 0)
-    for p in graph.params():
-        out[param_group(graph, p)] += cost.param_count(p)
-    return out
-
-
 def crossover(graph: Graph, batch: int = 1) -> dict[str, Any]:
-    """Where flops_by_kind['attention_scores'] overtakes flops_by_kind['ffn'] (S = T = L)."""
+    """Where flops_by_kind['attention_scores'] overtakes flops_by_kind['ffn'], solved in the
+    sequence length S (an encoder-decoder's target T = S)."""
     kinds = symbolic(graph)["flops_by_kind"]
-    length = sympy.Symbol("L", positive=True)
+    # report's S, without its integer assumption (sympy.solve would drop irrational roots)
+    length = sympy.Symbol("S", positive=True)
     subs = {SYMBOLS["S"]: length, SYMBOLS["T"]: length, SYMBOLS["B"]: batch}
     att = sympy.expand(sympy.sympify(kinds.get("attention_scores", 0)).xreplace(subs))
     ffn = sympy.expand(sympy.sympify(kinds.get("ffn", 0)).xreplace(subs))
     gap = att - ffn
-    # Attention grows as L^2 and the FFN as L, so the gap has one sign change for L > 0;
+    # Attention grows as S^2 and the FFN as S, so the gap has one sign change for S > 0;
     # keep the roots where attention passes the FFN going up.
     roots = sorted((r for r in sympy.solve(sympy.Eq(att, ffn), length)
                     if r.is_real and r > 0), key=float)
@@ -134,7 +117,7 @@ def crossover(graph: Graph, batch: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {
         "attention_scores_flops": str(att),
         "ffn_flops": str(ffn),
-        "variable": "L",
+        "variable": "S",
     }
     if not rising:
         out.update(seq=None, exact=None, first_seq_above=None)
@@ -212,9 +195,10 @@ def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
         variants.append({
             "name": graph.name,
             "arch": spec.arch if spec else None,
+            "max_len": spec.max_len if spec else None,
             "params": int(sym["params"]),
             "params_active": int(sym.get("params_active", sym["params"])),
-            "params_breakdown": params_breakdown(graph),
+            "params_by_kind": params_by_kind(graph),
             "at": at,
             "crossover": crossover(graph, batch),
         })
@@ -266,6 +250,13 @@ def _with_ratio(text: str, ratio: float | None, first: bool) -> str:
     return f"{text} (×{ratio:.2f})" if ratio is not None else f"{text} (–)"
 
 
+def length_heading(data: dict[str, Any], seq: int) -> str:
+    """The table's section title for one length: ``S = 128, batch 1``; ``S = T = 128`` when an
+    encoder-decoder is compared (its target length is S too)."""
+    two = any(v.get("arch") == "encoder-decoder" for v in data["variants"])
+    return f"{'S = T' if two else 'S'} = {seq}, batch {data['batch']}"
+
+
 def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     """(section, row title, one cell per variant) for the comparison table. Cells after the
     first variant carry the ratio to it; lengths beyond a spec's max_len are marked '†'."""
@@ -280,10 +271,10 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     if any(v["params_active"] != v["params"] for v in variants):  # a mixture of experts
         rows.append(("parameters", "params active (per token)",
                      [human_count(v["params_active"]) for v in variants]))
-    for group in PARAM_GROUPS:
-        counts = [v["params_breakdown"][group] for v in variants]
-        if any(counts):
-            rows.append(("parameters", f"  {group}", [human_count(c) for c in counts]))
+    kinds = order_kinds({k: 0 for v in variants for k in v["params_by_kind"]})
+    for kind in kinds:
+        counts = [v["params_by_kind"].get(kind, 0) for v in variants]
+        rows.append(("parameters", f"  {kind_title(kind)}", [human_count(c) for c in counts]))
     for j, seq in enumerate(data["seqs"]):
         for key, title in METRIC_TITLES.items():
             cells = []
@@ -293,16 +284,16 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
                 text = human_bytes(value) if key.startswith("memory.") else human_count(value)
                 text = _with_ratio(text, at["ratio"][key], i == 0)
                 cells.append(text + (" †" if at["beyond_max_len"] else ""))
-            rows.append((f"L = {seq}, batch {data['batch']}", title, cells))
+            rows.append((length_heading(data, seq), title, cells))
         if any(v["params_active"] != v["params"] for v in variants):
             for key, title in (("active", "FLOPs/token active"),
                                ("all_experts", "FLOPs/token all experts")):
-                rows.append((f"L = {seq}, batch {data['batch']}", title,
+                rows.append((length_heading(data, seq), title,
                              [human_count(v["at"][j]["per_token"][key]) for v in variants]))
     cross = []
     for v in variants:
         c = v["crossover"]
-        cross.append("none" if c["seq"] is None else f"L ≈ {c['seq']:,.1f}")
+        cross.append("none" if c["seq"] is None else f"S ≈ {c['seq']:,.1f}")
     rows.append(("attention vs FFN", "crossover length", cross))
     return rows
 
@@ -310,6 +301,8 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
 def table_notes(data: dict[str, Any]) -> list[str]:
     """Footnotes that the table's marks and ratios refer to."""
     notes = [f"Ratios (×) are to the first variant, {data['baseline']}.",
+             "Sequence length S: " + DEFINITIONS["seq"].split("; ", 1)[1],
+             "Parameters by kind (as in tfgraph report): " + GROUPING,
              "Crossover: " + DEFINITIONS["crossover"]]
     if any(a["beyond_max_len"] for v in data["variants"] for a in v["at"]):
         notes.append("†: " + DEFINITIONS["beyond_max_len"])

@@ -23,6 +23,7 @@ from tfgraph.figures import symbolic
 from tfgraph.formulas import spec_formulas
 from tfgraph.ir import SYMBOLS, Graph
 from tfgraph.ops import FLOPS_PER_ELEMENT
+from tfgraph.param_groups import GROUPING, params_by_kind
 from tfgraph.train_walk import loss_graph, train_peak
 
 CONVENTIONS = {
@@ -81,6 +82,8 @@ CONVENTIONS = {
                                  "expert on every token multiplied by routing weights that are "
                                  "0 outside the top k: it performs forward_all_experts "
                                  "(matmul_all_experts of it in matmuls).",
+    "params_by_kind": "unique parameters by kind of work (tfgraph.param_groups, the grouping "
+                      "tfgraph compare shows): " + GROUPING,
     "formulas": "sympy expressions in B (batch), S (sequence; source for encoder-decoder), "
                 "T (target) and the spec's sizes (values under 'symbols'): L layers per stack "
                 "(L_enc, L_dec when they differ), d d_model, h heads, kv key/value heads, hd "
@@ -191,10 +194,6 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     params_by_component = cost.params_by_component(graph)
     for key, n in params_by_component.items():
         components[key]["params"] = n
-    params_by_kind: dict[str, int] = {}
-    for p in graph.params():
-        kind = p.kind
-        params_by_kind[kind] = params_by_kind.get(kind, 0) + cost.param_count(p)
     spec = graph.spec
     static_bst, static_named = _static_formulas(graph)
     train_formula = sympy.expand(train_expr)
@@ -228,7 +227,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "flops": flops,
         "memory": memory,
         "flops_by_kind": {k: _int(v, sizes) for k, v in sym["flops_by_kind"].items()},
-        "params_by_kind": params_by_kind,
+        "params_by_kind": params_by_kind(graph),  # the grouping compare shows too
         "components": components,
         "component_layers": component_layers,
         "activations_peak_at": peak.node,

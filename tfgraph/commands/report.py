@@ -19,6 +19,7 @@ from rich.table import Table
 from tfgraph.cli_support import describe, load_spec_arg
 from tfgraph.commands.compare import plain
 from tfgraph.errors import TfgraphError
+from tfgraph.param_groups import kind_title, order_kinds
 
 
 def _positive(option: str, text: str | None) -> int | None:
@@ -194,15 +195,15 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
                      _pct(total, flops["forward"]))
     console.print(comp)
 
-    kinds = Table(title="Per sublayer kind (attention_scores: QKᵀ, normalise, weights·V)",
-                  title_justify="left")
+    kinds = Table(title="Per sublayer kind (a sublayer's norms count with it; attention "
+                        "scores: QKᵀ, normalise, weights·V)", title_justify="left")
     for col in ("kind", "params", "FLOPs", "of forward"):
         kinds.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
-    names = list(dict.fromkeys([*rep["params_by_kind"], *rep["flops_by_kind"]]))
+    names = list(order_kinds(dict.fromkeys([*rep["params_by_kind"], *rep["flops_by_kind"]], 0)))
     for kind in names:
         f = rep["flops_by_kind"].get(kind, 0)
-        kinds.add_row(kind, f"{rep['params_by_kind'].get(kind, 0):,}", _si(f, ""),
-                      _pct(f, flops["forward"]))
+        kinds.add_row(plain(kind_title(kind)), f"{rep['params_by_kind'].get(kind, 0):,}",
+                      _si(f, ""), _pct(f, flops["forward"]))
     console.print(kinds)
 
     formulas = Table(title="Formulas", title_justify="left")
