@@ -120,8 +120,8 @@ def html_page(graphs: Sequence[Graph], data: dict[str, Any]) -> str:
 </head>
 <body>
 <h1>{esc(title)}</h1>
-<p>Batch {esc(data['batch'])}; lengths {esc(', '.join(str(s) for s in data['seqs']))}
-(encoder-decoder: source = target). Figures are those of <code>tfgraph report</code>.</p>
+<p>Batch {esc(data['batch'])}; sequence lengths S = {esc(', '.join(str(s) for s in data['seqs']))}
+(encoder-decoder: target T = S). Figures are those of <code>tfgraph report</code>.</p>
 <h2>Side by side</h2>
 <table class="cmp">
 <thead><tr><th></th>{head}</tr></thead>
@@ -147,8 +147,8 @@ def markdown_page(data: dict[str, Any], plot_link: str,
     names = [md_text(v["name"]) for v in data["variants"]]
     lengths = md_text(", ".join(str(s) for s in data["seqs"]))
     lines = ["# tfgraph compare: " + " vs ".join(names), "",
-             f"Batch {md_text(data['batch'])}; lengths {lengths} "
-             "(encoder-decoder: source = target). Figures are those of `tfgraph report`.", "",
+             f"Batch {md_text(data['batch'])}; sequence lengths S = {lengths} "
+             "(encoder-decoder: target T = S). Figures are those of `tfgraph report`.", "",
              "## Side by side", "",
              "| | " + " | ".join(names) + " |",
              "|---|" + "---:|" * len(names)]

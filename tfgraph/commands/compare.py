@@ -48,27 +48,91 @@ def plain(text: object) -> str:
     return escape(printable(str(text)))
 
 
+# A rich table with the default box: one border column before each column and after the last,
+# one space of padding either side of every cell.
+BORDER, PADDING = 1, 2
+
+
+def table_width(widths: list[int]) -> int:
+    """Columns of a rich table whose columns hold at most ``widths`` cells of text."""
+    return sum(w + PADDING + BORDER for w in widths) + BORDER
+
+
+def column_chunks(title_width: int, widths: list[int], room: int) -> list[list[int]] | None:
+    """The variants' columns split into consecutive runs that fit ``room`` columns beside the
+    row titles, as few runs as greedily possible; None when one variant alone does not fit."""
+    chunks: list[list[int]] = []
+    for i, width in enumerate(widths):
+        if chunks and table_width([title_width, *(widths[j] for j in chunks[-1]), width]) <= room:
+            chunks[-1].append(i)
+        elif table_width([title_width, width]) <= room:
+            chunks.append([i])
+        else:
+            return None
+    return chunks
+
+
 def render_table(data: dict[str, Any], console: Console) -> None:
-    """Print the comparison as a rich table with its footnotes."""
+    """Print the comparison as rich tables with their footnotes, never breaking a word or a
+    number across lines: every variant side by side when the console is wide enough; else
+    the variants in runs that fit, each run a table with the row titles; else (a column wider
+    than the console by itself) one line per figure, ``name: value`` under each row title.
+    The footnotes wrap between words."""
+    from rich.cells import cell_len
     from rich.table import Table
 
     from tfgraph.compare import table_notes, table_rows
 
-    table = Table(title=f"tfgraph compare (batch {data['batch']})", title_justify="left")
-    table.add_column("", no_wrap=True)
-    for v in data["variants"]:
-        table.add_column(plain(v["name"]), justify="right", overflow="fold")
-    section = None
-    for sec, title, cells in table_rows(data):
-        if sec != section:
-            if section is not None:
-                table.add_section()
-            table.add_row(f"[bold]{plain(sec)}[/bold]", *([""] * len(cells)))
-            section = sec
-        table.add_row(plain(title), *(plain(c) for c in cells))
-    console.print(table)
+    rows = table_rows(data)
+    names = [printable(str(v["name"])) for v in data["variants"]]
+    title_width = max(cell_len(printable(t)) for sec, title, _ in rows for t in (sec, title))
+    widths = [max(cell_len(names[i]), *(cell_len(printable(cells[i])) for _, _, cells in rows))
+              for i in range(len(names))]
+    chunks = column_chunks(title_width, widths, console.width)
+    if chunks is None:
+        _render_stacked(data, rows, names, console)
+    for chunk in chunks or []:
+        title = f"tfgraph compare (batch {data['batch']})"
+        if len(chunks or []) > 1:
+            title += (f", variant {chunk[0] + 1} of {len(names)}" if len(chunk) == 1 else
+                      f", variants {chunk[0] + 1}\N{EN DASH}{chunk[-1] + 1} of {len(names)}")
+        console.print(title)  # above the table, not its title: wraps at the console's width
+        table = Table()
+        table.add_column("", no_wrap=True, min_width=title_width)
+        for i in chunk:
+            table.add_column(plain(names[i]), justify="right", no_wrap=True, min_width=widths[i])
+        section = None
+        for sec, row_title, cells in rows:
+            if sec != section:
+                if section is not None:
+                    table.add_section()
+                table.add_row(f"[bold]{plain(sec)}[/bold]", *([""] * len(chunk)))
+                section = sec
+            table.add_row(plain(row_title), *(plain(cells[i]) for i in chunk))
+        console.print(table)
     for note in table_notes(data):
         console.print(plain(note), style="dim")
+
+
+def _render_stacked(data: dict[str, Any], rows: list[tuple[str, str, list[str]]],
+                    names: list[str], console: Console) -> None:
+    """One line per figure: the section in bold, each row title, then ``name: value`` per
+    variant, indented (for consoles narrower than one variant's column beside the titles)."""
+    from rich.cells import cell_len
+
+    console.print(f"[bold]tfgraph compare (batch {data['batch']})[/bold]")
+    section = None
+    for sec, row_title, cells in rows:
+        if sec != section:
+            console.print(f"[bold]{plain(sec)}[/bold]")
+            section = sec
+        console.print(f"  {plain(row_title.strip())}")
+        for name, cell in zip(names, cells):
+            if cell_len(f"    {name}: {printable(cell)}") <= console.width:
+                console.print(f"    {plain(name)}: {plain(cell)}")
+            else:  # the value on a line of its own rather than wrapped inside it
+                console.print(f"    {plain(name)}:")
+                console.print(f"      {plain(cell)}")
 
 
 @click.command()
