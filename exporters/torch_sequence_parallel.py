@@ -40,14 +40,14 @@ as the rank's rows and all-gathered again when backward first needs it, once for
 readers (Korthikanti et al., section 4.2.2; ``_SavingRows``: saved-tensor hooks around the
 readers, which pass what they keep through any hooks active around the module), so a rank
 keeps 1/t of every activation between sublayers: one more all-gather per sublayer in
-backward. What a rank keeps is then ``tfgraph plan --sp``'s per-rank activations but for
-these terms (tests/test_sequence_parallel.py states them): the rotary cos/sin tables (whole,
-as without sp; not in the plan), the token ids, the labels and the loss's 0-d total weight
-(whole: the embedding's and the loss's backward read every row; the plan counts them 1/t)
-and, with a replicated (tied) head, the loss's log-probabilities (the head reads the
-all-gathered final norm and the loss runs on whole logits on every rank, as without sp; the
-plan counts them 1/t). A router and the routed experts read the stream all-gathered, so
-their routing and scratch tensors are whole on every rank (the plan counts them 1/t).
+backward. Whole on every rank, as without sp: the token ids, the labels and the loss's 0-d
+total weight (the embedding's and the loss's backward read every row); with a replicated
+(tied) head, the loss's log-probabilities (the head reads the all-gathered final norm and
+the loss runs on whole logits); a router's scores and the routed experts' tokens, outputs
+and indices (they read the stream all-gathered). What a rank keeps is then ``tfgraph plan
+--sp``'s per-rank activations, which count by the same rule
+(``tfgraph.parallel.sequence_plan``), plus the rotary cos/sin tables (whole, as without sp;
+not in the plan at all); tests/test_sequence_parallel.py measures it.
 
 Positions: learned and sinusoidal position tables added in the sharded region add the rows of
 the rank's own positions (the whole-sequence rows, then this rank's; a learned table's
@@ -62,14 +62,16 @@ parallel projection whose input is a sequence shard, and, at run time, a sequenc
 Not done: dropout masks in the sharded region are drawn per rank (each rank its own rows), so
 with dropout > 0 a run differs from one process, as it does under tensor parallelism alone;
 routed experts read an all-gathered input and their all-reduced output is then cut to the
-rank's rows (an all-reduce where a reduce-scatter would do); an encoder output read by every
-decoder layer's cross-attention is all-gathered once per layer.
+rank's rows (an all-reduce where a reduce-scatter would do); the router reads the stream
+all-gathered too, where Megatron-LM routes each rank's rows (its replicated weight would need
+a gradient reduction like the norms'), so its scores are whole on every rank (few bytes: the
+experts per token); an encoder output read by every decoder layer's cross-attention is
+all-gathered once per layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,87 +87,16 @@ from torch.distributed.tensor.parallel import (
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import torch_functional as tf
 from tfgraph.exporters.torch_module import NormWeights, TorchModel, _CallLayer, _pick, _Program
-from tfgraph.exporters.torch_ops import NORM_OPS, rope_tables_step
-from tfgraph.ir import Graph
+from tfgraph.exporters.torch_ops import rope_tables_step
+from tfgraph.parallel.sequence_plan import (  # the rule the planner counts by too
+    ELEMENTWISE_OPS,
+    SequencePlan,
+    sequence_parallel_plan,
+)
 from tfgraph.parallel.tp_plan import tp_plan
 
 __all__ = ["ELEMENTWISE_OPS", "SequencePlan", "sequence_parallel", "sequence_parallel_plan",
            "sequence_parallel_styles"]
-
-# Ops computed token by token on their operands' last axis: on a sequence shard they give
-# the rank's rows of the whole result.
-ELEMENTWISE_OPS = frozenset({"add", "mul", "scale", "dropout", "relu", "gelu", "gelu_tanh",
-                             "silu", "sigmoid_gate", "softcap", "softmax"})
-POSITION_OPS = frozenset({"positions_learned", "positions_sinusoidal"})
-# Graph inputs of the cached and masked graphs (KV cache, padding): not full-sequence training.
-_CACHE_INPUTS = ("attention_mask", "position_ids", "encoder_attention_mask")
-
-
-@dataclass(frozen=True)
-class SequencePlan:
-    """Where each value lives under sequence parallelism (see the module docstring).
-
-    ``kind``: op node -> how it is computed: "embedding" (output cut to the rank's rows),
-    "rowwise" (reduce-scattered), "norm" (``SequenceParallel`` on its owner), "positions"
-    (the rank's positions), "elementwise" (on the local rows), "colwise" (input all-gathered
-    once, as a replicated DTensor), "gathered" (inputs all-gathered, a whole output); nodes
-    absent compute as under tensor parallelism alone. ``sharded``: the values held as the
-    rank's sequence rows."""
-
-    kind: Mapping[str, str]
-    sharded: frozenset[str]
-
-
-def sequence_parallel_plan(graph: Graph) -> SequencePlan:
-    """Each op node's kind and the sequence-sharded values of ``graph``, in one topological
-    pass. TfgraphError (one line) for what sequence parallelism here cannot run."""
-    cached = [name for name in graph.inputs if name in _CACHE_INPUTS
-              or name.startswith("past_key")]
-    if cached:
-        raise TfgraphError(f"sequence parallelism runs full-sequence graphs (training); this "
-                           f"graph takes {cached[0]}")
-    shards = tp_plan(graph)
-    kind: dict[str, str] = {}
-    sharded: set[str] = set()
-    for node in graph.ops():
-        params = [i for i in node.inputs if graph.node(i).is_param]
-        values = [i for i in node.inputs if not graph.node(i).is_param]
-        styles = {shards[p].style for p in params}
-        on_shards = [v for v in values if v in sharded]
-        if node.op == "embedding":
-            kind[node.name] = "embedding"
-        elif node.op == "linear" and "rowwise" in styles:
-            if on_shards:
-                raise TfgraphError(f"{node.name}: a row-parallel projection reads a sequence "
-                                   "shard; sequence parallelism cannot split it")
-            kind[node.name] = "rowwise"
-        elif not on_shards:
-            continue
-        elif node.op in NORM_OPS and params and "heads" not in node.attrs:
-            kind[node.name] = "norm"
-        elif node.op in POSITION_OPS:
-            if len(values) > 1:
-                raise TfgraphError(f"{node.name}: positions from position ids are not "
-                                   "supported under sequence parallelism")
-            kind[node.name] = "positions"
-        elif node.op in ELEMENTWISE_OPS and not params \
-                and all(_along_sequence(graph, v, on_shards[0]) for v in values):
-            kind[node.name] = "elementwise"
-        elif node.op == "linear" and styles & {"colwise", "vocab"}:
-            kind[node.name] = "colwise"
-            continue
-        else:
-            kind[node.name] = "gathered"
-            continue
-        sharded.add(node.name)
-    return SequencePlan(kind, frozenset(sharded))
-
-
-def _along_sequence(graph: Graph, value: str, shard: str) -> bool:
-    """Whether ``value`` has the sequence axis (axis 1) of the sharded value ``shard``, so
-    that the rank's rows of it are its rows of ``shard``."""
-    mine, theirs = graph.node(value).type.shape, graph.node(shard).type.shape
-    return len(mine) >= 2 and len(mine) == len(theirs) and str(mine[1]) == str(theirs[1])
 
 
 def sequence_parallel_styles(module: TorchModel, styles: Mapping[str, ParallelStyle],

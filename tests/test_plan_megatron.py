@@ -25,7 +25,9 @@ each test states the difference term by term:
   divides them by t;
 - torch's Adam keeps a float32 step count per parameter tensor (4 bytes each);
 - fused attention (the default form) keeps q, k, v, the output and a float32 log-sum-exp per
-  head and token (4asb) instead of the score tensors.
+  head and token (4asb) instead of the score tensors;
+- the embedding's int64 token ids (8sb per micro-batch, outside the layers' formula) are kept
+  whole on every tensor-parallel rank with SP too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def _layer(graph, form: str, recompute: str, t: int, sp: bool, b: int = 1) -> in
     assert units(graph)[0][1].key == ("decoder", 0)
     key = "sel" if recompute == "selective" else "none"
     split, whole = n[f"saved_{key}_split"], n[f"saved_{key}_whole"]
+    # nothing in a GPT layer stays whole on every rank under SP (its steps run on the rank's
+    # rows or split by heads / hidden units)
+    assert n[f"saved_{key}_replicated"] == 0
     return split // t + whole // (t if sp else 1)
 
 
@@ -89,14 +94,18 @@ def test_activations_per_layer(graph, b: int) -> None:
 @pytest.mark.parametrize("pp", [8, 16])
 def test_first_stage_activations_selective_sp(graph, pp: int) -> None:
     """TP 8, SP, selective recompute: the first stage keeps p micro-batches of its L/p layers,
-    L x 34sbh/t in all (Korthikanti et al. 2022 §4.3), plus p micro-batches of the embedding
-    (its dropout mask sbh and the int64 token ids 8sb, both split by SP here)."""
+    L x 34sbh/t in all (Korthikanti et al. 2022 §4.3), plus p micro-batches of the embedding:
+    its dropout mask sbh, split by SP, and the int64 token ids 8sb, whole on every rank (the
+    paper's formula leaves them out; every tensor-parallel rank reads the whole batch, and
+    the embedding's backward reads every id: Megatron-LM broadcasts the batch to the
+    tensor-parallel group and its VocabParallelEmbedding keeps the masked ids, as
+    parallelize(sp=True) keeps them)."""
     t, dp = 8, 1024 // (8 * pp)
     result = plan(graph, Layout(tp=t, pp=pp, dp=dp, sp=True, recompute="selective",
                                 micro_batch=1, global_batch=dp * 2 * pp, seq=SEQ),
                   gpu("a100-80gb"), attention="unfused")
     sbh = SEQ * H
-    embedding = (sbh + 8 * SEQ) // t
+    embedding = sbh // t + 8 * SEQ
     assert result["per_rank"]["stage"] == 0
     assert result["per_rank"]["memory"]["activations"] == \
         L * (34 * sbh // t + NORM_STATS * SEQ // t) + pp * embedding

@@ -1,7 +1,9 @@
 """Which saved tensors a tensor-parallel rank keeps 1/t of (tfgraph.parallel.units): an op's
 own scratch is split when the op works on split data, except the scratch that stays whole on
-every rank (``WHOLE_SCRATCH``). tests/test_distributed.py measures the same on ranks under
-torchrun (saved_tensors_hooks); these pin the rule without a launch."""
+every rank (``WHOLE_SCRATCH``); under sequence parallelism the rest is the rank's rows or
+whole on every rank as ``tfgraph.parallel.sequence_plan`` runs it. tests/test_distributed.py
+and tests/test_sequence_parallel.py measure the same on ranks under torchrun
+(saved_tensors_hooks); these pin the rule without a launch."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import tfgraph
 from tfgraph.ops import OPS
-from tfgraph.parallel.units import _split, units
+from tfgraph.parallel.units import _kept_as, _resolve, _split, sequence_plan, units
 
 from conftest import ROOT
 
@@ -40,3 +42,45 @@ def test_vocabulary_split_cross_entropy_keeps_its_total_weight_whole() -> None:
     assert _scratch_split(_graph("tiny-llama.yaml"), "cross_entropy") == {
         "log_probs": True, "total_weight": False}
 
+
+
+def _kept_under_sp(graph: Any) -> dict[str, str]:
+    """Every tensor the graph's ops save -> how a rank keeps it under tensor and sequence
+    parallelism: "split", "whole" (the rank's rows with sp) or "replicated"."""
+    placement, sequence = units(graph)[1], sequence_plan(graph)[0]
+    assert placement is not None and sequence is not None
+    out: dict[str, str] = {}
+    for node in graph.ops():
+        entries = OPS[node.op].saved([graph.node(i).type for i in node.inputs], node.type,
+                                     node.attrs)
+        for ref, _ in entries:
+            tensor = _resolve(graph, node, ref)
+            if tensor is not None:
+                out.setdefault(tensor, _kept_as(graph, node, ref, tensor, placement, sequence))
+    return out
+
+
+def test_under_sp_ids_labels_and_what_reads_the_gathered_sequence_stay_whole() -> None:
+    """tiny-moe: the stream and the norms' statistics are the rank's rows; token ids, labels,
+    the loss's total weight, the router's scores and the routed experts' tokens, outputs and
+    indices are whole on every rank (the embedding's and the loss's backward read every row;
+    router and experts run on the all-gathered sequence); the experts' hidden buffers and the
+    vocabulary-split loss's log-probabilities stay split."""
+    kept = _kept_under_sp(_graph("tiny-moe.yaml"))
+    ffn = "decoder.layers.0.ffn"
+    everywhere = ("input_ids", "labels", "loss#total_weight", f"{ffn}.route#indices",
+                  f"{ffn}.route#softmax", f"{ffn}.experts#tokens", f"{ffn}.experts#expert_out",
+                  f"{ffn}.experts#indices")
+    assert {t: kept[t] for t in everywhere} == dict.fromkeys(everywhere, "replicated")
+    assert kept[f"{ffn}.norm"] == kept[f"{ffn}.norm#stats"] == "whole"
+    assert kept["decoder.layers.0.self_attn.residual"] == "whole"
+    assert kept[f"{ffn}.experts#hidden"] == kept["loss#log_probs"] == "split"
+
+
+def test_under_sp_a_replicated_heads_loss_is_whole_on_every_rank() -> None:
+    """tiny-opt ties its head to the (replicated) token table: the head reads the gathered
+    final norm, so the loss's log-probabilities are whole on every rank; the final norm's
+    input, which the head's all-gather leaves as the rank's rows, is 1/t."""
+    kept = _kept_under_sp(_graph("tiny-opt.yaml"))
+    assert kept["loss#log_probs"] == "replicated"
+    assert kept["decoder.norm"] == "whole"

@@ -5,8 +5,9 @@ Built from the same per-unit expressions the planner evaluates (``tfgraph.parall
 B and S: an encoder-decoder's target length T is the planned ``--seq`` too), for one pipeline
 stage, identical units folded (``planner.stage_members``: a count times one unit's expression):
 - ``per_rank.memory.activations`` (the most loaded stage):
-  ``m * sum(count * (split / t + whole / w))`` with w = t under sequence parallelism, else 1
-  (Korthikanti et al. 2022 §4.2.2); selective recompute uses the units' selective bytes, full
+  ``m * sum(count * (split / t + whole / w + replicated))`` with w = t under sequence
+  parallelism, else 1 (Korthikanti et al. 2022 §4.2.2; replicated bytes are whole on every
+  rank: ``units.Unit.saved``); selective recompute uses the units' selective bytes, full
   recompute keeps a layer's inputs only (``inputs / w``);
 - ``step.comm_bytes.tp`` (the stage that sends most, the figure the planner reports):
   ``n * sum(count * 2 (t - 1) / t * (tp_forward + tp_backward + vocab_reduce))``: ring
@@ -75,8 +76,9 @@ def _kept(unit: Unit, attention: str, recompute: str, whole_div: sympy.Expr) -> 
     """Bytes one micro-batch leaves on a rank for the unit's backward (planner._stage)."""
     if recompute == "full" and unit.is_layer:
         return _in_bs(unit.inputs) / whole_div
-    split, whole = unit.saved[(attention, "selective" if recompute == "selective" else "none")]
-    return _in_bs(split) / TP + _in_bs(whole) / whole_div
+    split, whole, replicated = unit.saved[
+        (attention, "selective" if recompute == "selective" else "none")]
+    return _in_bs(split) / TP + _in_bs(whole) / whole_div + _in_bs(replicated)
 
 
 def _tp_bytes(unit: Unit) -> sympy.Expr:

@@ -4,9 +4,9 @@ Every figure is summed from the graph's per-op costs (``tfgraph.parallel.units``
 the layout divides them:
 - weights, gradients, optimizer: ``tfgraph.parallel.memory`` over the parameters of the stage;
 - activations: the bytes each unit keeps for backward (split ones / t, whole ones / t with
-  sequence parallelism; full recompute keeps a layer's inputs only) times the micro-batches a
-  stage holds in flight under 1F1B: stage i of p keeps min(p - i, m) (Narayanan et al. 2021
-  §2.2: the first stage keeps p);
+  sequence parallelism, replicated ones whole: ``units.Unit.saved``; full recompute keeps a
+  layer's inputs only) times the micro-batches a stage holds in flight under 1F1B: stage i
+  of p keeps min(p - i, m) (Narayanan et al. 2021 §2.2: the first stage keeps p);
 - temporary: what exists only for a moment at the peak: the logits' gradient at the start of
   backward (last stage), one layer rebuilt by full recompute, ZeRO-3's gathered 16-bit
   weights of two layers (the one running and the one prefetched) and the unsharded gradients
@@ -46,7 +46,7 @@ from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, check
 from tfgraph.parallel.memory import NONE, States, add, states
 from tfgraph.parallel.tp_plan import tp_plan
-from tfgraph.parallel.units import Unit, units
+from tfgraph.parallel.units import Unit, sequence_plan, units
 
 COMPUTE_EFFICIENCY = 0.5
 """Share of peak FLOP/s a large training run sustains (Narayanan et al. 2021 report 44-52% of
@@ -54,9 +54,9 @@ A100 peak for GPT-3-class models on 3072 GPUs)."""
 LINK_EFFICIENCY = 0.8
 """Share of a link's bandwidth NCCL's ring collectives reach (bus bandwidth)."""
 
-_NUMBERS = ("saved_none_split", "saved_none_whole", "saved_sel_split", "saved_sel_whole",
-            "inputs", "flops_split", "flops_whole", "attention_flops", "tp", "vocab_reduce",
-            "a2a", "output_grad")
+_NUMBERS = ("saved_none_split", "saved_none_whole", "saved_none_replicated", "saved_sel_split",
+            "saved_sel_whole", "saved_sel_replicated", "inputs", "flops_split", "flops_whole",
+            "attention_flops", "tp", "vocab_reduce", "a2a", "output_grad")
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,10 @@ def _evaluate(unit: Unit, form: str, sizes: dict[sympy.Symbol, int]) -> UnitNumb
     exprs = {
         "saved_none_split": unit.saved[(form, "none")][0],
         "saved_none_whole": unit.saved[(form, "none")][1],
+        "saved_none_replicated": unit.saved[(form, "none")][2],
         "saved_sel_split": unit.saved[(form, "selective")][0],
         "saved_sel_whole": unit.saved[(form, "selective")][1],
+        "saved_sel_replicated": unit.saved[(form, "selective")][2],
         "inputs": unit.inputs, "flops_split": unit.flops_split,
         "flops_whole": unit.flops_whole, "attention_flops": unit.attention_flops,
         "tp": unit.tp_forward + unit.tp_backward, "vocab_reduce": unit.vocab_reduce,
@@ -213,9 +215,11 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
         unit, n = all_units[i], numbers[i]
         unit_states = states(graph, unit.params, layout)
         model_states = add(model_states, _times(unit_states, count))
-        kept = -(-n[f"saved_{sel}_split"] // t) - (-n[f"saved_{sel}_whole"] // sp_div)
+        kept = -(-n[f"saved_{sel}_split"] // t) - (-n[f"saved_{sel}_whole"] // sp_div) \
+            + n[f"saved_{sel}_replicated"]
         if layout.recompute == "full" and unit.is_layer:
-            rebuilt = max(rebuilt, n["saved_none_split"] // t + n["saved_none_whole"] // sp_div)
+            rebuilt = max(rebuilt, n["saved_none_split"] // t + n["saved_none_whole"] // sp_div
+                          + n["saved_none_replicated"])
             kept = n["inputs"] // sp_div
         saved += kept * in_flight * count
         forward = n["flops_split"] / t + n["flops_whole"] / sp_div
@@ -269,6 +273,8 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
     all_units, placement, refusal = units(graph)
     if layout.tp > 1 and placement is None:
         raise TfgraphError(refusal or "tensor parallelism is not possible for this graph")
+    if layout.sp and sequence_plan(graph)[0] is None:
+        raise TfgraphError(f"--sp: {sequence_plan(graph)[1]}")
     numbers = unit_numbers(graph, layout.micro_batch, layout.seq, attention)
     groups = stages(graph, layout.pp)
     folded = stage_members(graph, layout.pp)

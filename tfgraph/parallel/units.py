@@ -6,9 +6,13 @@ For each unit, from ``tfgraph.cost.op_costs`` and the placement (``tfgraph.paral
 - ``params``: the parameters its ops read (a tied table is in both units that read it, as
   Megatron keeps a copy of the shared embedding on the first and the last stage);
 - ``saved``: bytes kept for backward, per attention form and recompute choice, as
-  (split, whole): split tensors are 1/t per rank; whole ones are 1/t only with sequence
-  parallelism. Each tensor once per unit (the attention output is also the output
-  projection's input);
+  (split, whole, replicated): split tensors are 1/t per rank; whole ones are 1/t only with
+  sequence parallelism (the rank's rows); replicated ones are whole on every rank with
+  sequence parallelism too: the token ids and labels, and what a step reading the
+  all-gathered sequence keeps without a feature split (a router's scores, routed experts'
+  tokens, a replicated head's loss). Which is which under sequence parallelism is the
+  module's own rule (``tfgraph.parallel.sequence_plan``). Each tensor once per unit (the
+  attention output is also the output projection's input);
 - ``flops``: (split, whole) forward FLOPs and the attention core's (recomputed by selective
   recompute);
 - communication: bytes of the forward all-reduces (P outputs), the backward all-reduces (R
@@ -33,6 +37,7 @@ from tfgraph.errors import TfgraphError
 from tfgraph.ir import DTYPE_BYTES, Graph, Node
 from tfgraph.ops import OPS
 from tfgraph.parallel.placement import Placement, place
+from tfgraph.parallel.sequence_plan import SequencePlan, sequence_parallel_plan
 
 ZERO = sympy.Integer(0)
 STATS_BYTES = 4  # a float32 log-sum-exp per query row (tfgraph.ops)
@@ -44,7 +49,10 @@ FORMS = ("fused", "unfused")
 # each rank gathers every routed token at full width, and its partial output, the routing
 # weight's product and the routing indices are full width too; only the hidden buffers are
 # 1/t. Cross-entropy of vocabulary-split logits: the log-probabilities are split, the mean's
-# 0-d total weight is one float on every rank.
+# 0-d total weight is one float on every rank. Under sequence parallelism both ops still run
+# on the whole sequence (the experts on the all-gathered stream, as Megatron-LM's token
+# dispatcher for expert tensor parallelism all-gathers it; the loss on every token's logits),
+# so this scratch stays whole on every rank (``_kept_as``: "replicated").
 WHOLE_SCRATCH = {"experts": ("tokens", "expert_out", "indices"),
                  "cross_entropy": ("total_weight",)}
 
@@ -57,8 +65,9 @@ class Unit:
     key: tuple[Any, ...]
     ops: list[str] = field(default_factory=list)
     params: list[str] = field(default_factory=list)
-    saved: dict[tuple[str, str], tuple[sympy.Expr, sympy.Expr]] = field(default_factory=dict)
-    """(form, recompute "none" | "selective") -> (split bytes, whole bytes)."""
+    saved: dict[tuple[str, str], tuple[sympy.Expr, sympy.Expr, sympy.Expr]] = field(
+        default_factory=dict)
+    """(form, recompute "none" | "selective") -> (split, whole, replicated bytes)."""
     inputs: sympy.Expr = ZERO
     """Bytes of the activations the unit reads from before it: what full recompute keeps and
     what a pipeline stage boundary sends."""
@@ -130,11 +139,36 @@ def _split(graph: Graph, tensor: str, placement: Placement | None) -> bool:
         placement.of[i] == "S" for i in node.inputs if not graph.node(i).is_param)
 
 
-def _saved(graph: Graph, unit_ops: list[Node], placement: Placement | None, form: str,
-           recompute: str, counted: set[str]) -> tuple[sympy.Expr, sympy.Expr]:
-    """(split, whole) bytes the unit keeps; a tensor an earlier unit keeps (``counted``: the
-    encoder output every cross-attention reads) is not counted again."""
-    kept: dict[str, sympy.Expr] = {}
+def _kept_as(graph: Graph, node: Node, ref: tuple[Any, ...], tensor: str,
+             placement: Placement | None, sequence: SequencePlan | None) -> str:
+    """How a rank keeps ``tensor``, saved by ``node`` as ``ref``: "split" (1/t, split by
+    features: ``_split``), "whole" (whole under tensor parallelism alone, the rank's rows
+    under sequence parallelism: a value the sequence plan holds as rows, an operand an
+    element-wise step on rows reads (cut to the rank's rows first), the scratch of a step on
+    rows) or "replicated" (whole on every rank under sequence parallelism too: token ids,
+    labels, and the values and scratch of steps on the all-gathered sequence that are not
+    split by features). Without a sequence plan (``sequence`` None) nothing is
+    replicated."""
+    if _split(graph, tensor, placement):
+        return "split"
+    if sequence is None:
+        return "whole"
+    owner, _, scratch = tensor.partition("#")
+    if scratch:
+        rows = owner in sequence.sharded
+    else:
+        rows = tensor in sequence.sharded or (
+            ref[0] == "in" and sequence.kind.get(node.name) == "elementwise")
+    return "whole" if rows else "replicated"
+
+
+def _saved(graph: Graph, unit_ops: list[Node], placement: Placement | None,
+           sequence: SequencePlan | None, form: str, recompute: str, counted: set[str]
+           ) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+    """(split, whole, replicated) bytes the unit keeps (``_kept_as``); a tensor an earlier
+    unit keeps (``counted``: the encoder output every cross-attention reads) is not counted
+    again."""
+    kept: dict[str, tuple[sympy.Expr, str]] = {}
     for node in unit_ops:
         opdef = OPS[node.op]
         if node.op == "attention":
@@ -144,12 +178,13 @@ def _saved(graph: Graph, unit_ops: list[Node], placement: Placement | None, form
                                   node.attrs)
         for ref, nbytes in entries:
             tensor = _resolve(graph, node, ref)
-            if tensor is not None and tensor not in counted:
-                kept.setdefault(tensor, nbytes)
+            if tensor is not None and tensor not in counted and tensor not in kept:
+                kept[tensor] = (nbytes, _kept_as(graph, node, ref, tensor, placement,
+                                                 sequence))
     counted.update(kept)
-    split = cost.total(b for t, b in kept.items() if _split(graph, t, placement))
-    whole = cost.total(b for t, b in kept.items() if not _split(graph, t, placement))
-    return split, whole
+    split, whole, replicated = (cost.total(b for b, how in kept.values() if how == kind)
+                                for kind in ("split", "whole", "replicated"))
+    return split, whole, replicated
 
 
 def _unit_keys(graph: Graph) -> dict[str, tuple[Any, ...]]:
@@ -174,6 +209,18 @@ def _bytes(graph: Graph, names: Iterable[str]) -> sympy.Expr:
     return cost.total(graph.node(n).type.nbytes for n in names)
 
 
+def sequence_plan(graph: Graph) -> tuple[SequencePlan | None, str | None]:
+    """The graph's sequence-parallel plan (``sequence_parallel_plan``), or None and the
+    reason sequence parallelism cannot run it (memoised)."""
+    def make() -> tuple[SequencePlan | None, str | None]:
+        try:
+            return sequence_parallel_plan(graph), None
+        except TfgraphError as e:
+            return None, str(e)
+    found: tuple[SequencePlan | None, str | None] = graph.memo("parallel_sequence", make)
+    return found
+
+
 def units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
     """The graph's units in execution order, the tensor-parallel placement (None where the
     graph cannot be split: the reason is the third item)."""
@@ -186,6 +233,7 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
         refusal = None
     except TfgraphError as e:
         placement, refusal = None, str(e)
+    sequence = sequence_plan(graph)[0]
     keys = _unit_keys(graph)
     by_key: dict[tuple[Any, ...], Unit] = {}
     for node in graph.ops():
@@ -213,8 +261,8 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
         unit.inputs = _bytes(graph, inputs)
         for form in FORMS:
             for recompute in ("none", "selective"):
-                unit.saved[(form, recompute)] = _saved(graph, nodes, placement, form, recompute,
-                                                       counted[(form, recompute)])
+                unit.saved[(form, recompute)] = _saved(graph, nodes, placement, sequence, form,
+                                                       recompute, counted[(form, recompute)])
         split: list[sympy.Expr] = []
         whole: list[sympy.Expr] = []
         attention: list[sympy.Expr] = []
