@@ -35,10 +35,11 @@ PNG_DPI = "144"  # graphviz's default 96 dpi makes 12 pt text blurry in PNGs
 
 def build_diagram(graph: Graph, level: str = "model", *, unfold: bool = False,
                   annotate: Iterable[str] | str = (), batch: int = 1,
-                  seq: int = 128) -> graphviz.Digraph:
+                  seq: int | None = None) -> graphviz.Digraph:
     """The diagram of ``graph`` at ``level`` as a ``graphviz.Digraph`` (not rendered).
 
-    ``annotate``: "params" and/or "flops" (FLOP share of the forward pass at batch x seq).
+    ``annotate``: "params" and/or "flops" (FLOP share of the forward pass at batch x seq;
+    seq defaults to 128, or max_len when that is smaller; past max_len: tfgraph.lengths).
     ``unfold``: op level only; draw every layer instead of the first of each stack.
     """
     from tfgraph.exporters.diagram_layer import build_layer

@@ -22,6 +22,7 @@ import graphviz
 
 from tfgraph import cost
 from tfgraph.ir import Graph, Shape
+from tfgraph.lengths import check_lengths, default_seq
 from tfgraph.terminal import printable
 
 FONT = "Helvetica"
@@ -166,14 +167,17 @@ def percent(share: float) -> str:
 
 class Annotator:
     """Per-node extra lines: unique parameters and share of forward FLOPs (from the report's
-    per-op costs at ``batch`` x ``seq``, the same numbers ``graph.report()`` sums)."""
+    per-op costs at ``batch`` x ``seq``, the same numbers ``graph.report()`` sums). ``seq``
+    defaults as graph.report()'s and follows tfgraph.lengths past the spec's max_len."""
 
-    def __init__(self, graph: Graph, what: Iterable[str], batch: int = 1, seq: int = 128) -> None:
+    def __init__(self, graph: Graph, what: Iterable[str], batch: int = 1,
+                 seq: int | None = None) -> None:
         self.graph = graph
         self.what = tuple(w for w in ("params", "flops") if w in set(what))
         unknown = set(what) - {"params", "flops"}
         if unknown:
             raise ValueError(f"annotate: unknown {sorted(unknown)}; use params and/or flops")
+        seq = default_seq(graph.spec) if seq is None else seq
         self.batch, self.seq = batch, seq
         self._flops: dict[str, int] = {}
         self._owned: dict[str, list[str]] = {}
@@ -188,6 +192,7 @@ class Annotator:
             from tfgraph.figures import symbolic
             from tfgraph.report import build_report, sizes_for
 
+            check_lengths(graph.spec, ("seq", seq))
             rep = build_report(graph, batch=batch, seq=seq)
             sizes = sizes_for(graph, batch, seq, None)
             for c in symbolic(graph)["costs"]:

@@ -94,7 +94,9 @@ def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | s
     search. ``eos_token_id``: the folder's (generation_config.json, config.json) by default,
     None for none. ``on_token(prompt_index, token_id)`` is called as tokens come. ``cache``:
     a decoder built from a spec or folder decodes through its KV cache (False: recomputes the
-    whole prefix each step, for comparison). The result
+    whole prefix each step, for comparison). Past the spec's max_len (README, "Lengths beyond
+    max_len"): a learned position table stops each row at max_len, other positions go on
+    with a BeyondMaxLenWarning. The result
     holds the generated ids per prompt (prompt excluded), their text when a tokenizer is known,
     and prefill / decode tokens per second and time to first token.
     """
@@ -103,7 +105,7 @@ def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | s
                     eos_token_id, decoder_start_token_id, cache)
     try:
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
-                          ready.eos, on_token, length_penalty)
+                          ready.eos, on_token, length_penalty, ready.opened.lengths)
     finally:
         ready.opened.close()
     if ready.tokenizer is not None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.generation.backend import Stepper
+from tfgraph.lengths import Lengths
 from tfgraph.spec import Spec
 from tfgraph.weights import WeightSubset
 
@@ -30,7 +31,9 @@ CACHE_INPUT_PREFIXES = ("attention_mask", "past_key_values.", "position_ids")
 @dataclass
 class Opened:
     """A model ready to generate with: its stepper, what it is, where it runs, its tokenizer
-    (tokenizer.json) and the size of the vocabulary prompts index (None: unknown)."""
+    (tokenizer.json), the size of the vocabulary prompts index (None: unknown) and the
+    spec's rule for lengths past max_len (tfgraph.lengths; the stepper's own ``max_len`` is
+    only a learned table's hard limit)."""
 
     stepper: Stepper
     label: str
@@ -39,6 +42,7 @@ class Opened:
     prompt_vocab: int | None = None
     notes: list[str] = field(default_factory=list)
     keep: Any = None  # a temporary folder holding external weights while the session lives
+    lengths: Lengths | None = None  # the spec's max_len rule (None: no spec, no max_len)
 
     def close(self) -> None:
         if self.keep is not None:
@@ -99,7 +103,7 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start)
         label = f"{graph.name} (built from {source}, torch, {origin})"
         return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"),
-                      built.notes)
+                      built.notes, lengths=Lengths.of(spec))
     keep, model_source, model = _onnx_model(graph, weights, seed, opset)
     try:
         stepper, runs_on = _onnx_stepper(model, model_source, source, provider, threads,
@@ -110,7 +114,7 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         raise
     label = f"{graph.name} (built from {source}, opset {opset}, {origin})"
     return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"), built.notes,
-                  keep)
+                  keep, Lengths.of(spec))
 
 
 def _decoding_graphs(spec: Spec, cache: bool, where: str) -> list[Any]:
@@ -146,6 +150,7 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
     origin = "its weights" if weights is not None else f"seed {seed}"
     tokenizer = built.tokenizer[0] if built.tokenizer else None
     vocab, probs = spec.output_vocab, spec.output == "probs"
+    limits = Lengths.of(spec)
     if backend == "torch":
         from tfgraph.exporters import to_torch
         from tfgraph.exporters.cached_steppers import torch_seq2seq
@@ -157,11 +162,11 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
         device, why = _torch_device(provider)
         if threads:
             torch.set_num_threads(threads)
-        stepper: Stepper = torch_seq2seq(modules[0], modules[1], vocab, spec.max_len, device,
-                                         decoder_start, probs)
+        stepper: Stepper = torch_seq2seq(modules[0], modules[1], vocab, limits.hard_limit,
+                                         device, decoder_start, probs)
         return Opened(stepper, f"{spec.name} (built from {source}, torch, {origin})",
                       f"torch {device} ({why})", tokenizer, spec.vocab_size("source"),
-                      built.notes)
+                      built.notes, lengths=limits)
     from tfgraph.exporters import onnx_runtime as rt
     from tfgraph.exporters.cached_steppers import onnx_seq2seq
     from tfgraph.exporters.onnx_model import to_onnx
@@ -173,9 +178,11 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
         session, ran, why = rt.create_session(model.SerializeToString(), provider,
                                               threads=threads, dtype=g.dtype)
         sessions.append(session)
-    stepper = onnx_seq2seq(sessions[0], sessions[1], vocab, spec.max_len, decoder_start, probs)
+    stepper = onnx_seq2seq(sessions[0], sessions[1], vocab, limits.hard_limit, decoder_start,
+                           probs)
     return Opened(stepper, f"{spec.name} (built from {source}, opset {opset}, {origin})",
-                  f"{ran} ({why})", tokenizer, spec.vocab_size("source"), built.notes)
+                  f"{ran} ({why})", tokenizer, spec.vocab_size("source"), built.notes,
+                  lengths=limits)
 
 
 def _from_onnx_file(source: str, backend: str, provider: str, threads: int | None,
@@ -189,17 +196,18 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
         stepper, runs_on = _onnx_stepper(model, Path(source), source, provider, threads,
                                          decoder_start)
         names = {i.name for i in model.graph.input}
+        from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
+
+        stored = _stored_spec(model, source) \
+            if SPEC_METADATA_KEY in {p.key for p in model.metadata_props} else None
         if "attention_mask" in names or "encoder_attention_mask" in names:  # a KV-cache
             # model: its stored spec says the vocabulary
-            stored = {p.key for p in model.metadata_props}
-            from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
-
-            prompt_vocab = _stored_spec(model, source).vocab_size("source") \
-                if SPEC_METADATA_KEY in stored else None
+            prompt_vocab = stored.vocab_size("source") if stored is not None else None
         else:
             vocab = rt.interface(model, source).vocab
             prompt_vocab = vocab.get("input_ids", vocab.get("src_ids"))
-        return Opened(stepper, source, runs_on, tokenizer, prompt_vocab)
+        return Opened(stepper, source, runs_on, tokenizer, prompt_vocab,
+                      lengths=Lengths.of(stored) if stored is not None else None)
     spec = _stored_spec(model, source)
     from tfgraph.exporters import to_torch
     from tfgraph.stored_spec import model_graph
@@ -213,7 +221,7 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     module = to_torch(graph, weights=weights)
     stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start)
     return Opened(stepper, f"{source} (torch, its weights)", runs_on, tokenizer,
-                  spec.vocab_size("source"))
+                  spec.vocab_size("source"), lengths=Lengths.of(spec))
 
 
 def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider: str,
@@ -237,7 +245,7 @@ def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                           dtype=iface.dtype)
     vocab = _output_vocab(model) if spec is None else spec.output_vocab
-    max_len = spec.max_len if spec is not None else None
+    max_len = Lengths.of(spec).hard_limit if spec is not None else None
     stepper = RecomputeOnnx(session, iface.inputs, vocab, max_len, decoder_start,
                             output_probs=iface.output == "probs")
     return stepper, f"{ran} ({why})"
@@ -266,7 +274,7 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                           dtype=dtype)
     vocab = _output_vocab(model) if spec is None else spec.output_vocab
-    stepper = onnx_cached(session, vocab, spec.max_len if spec is not None else None,
+    stepper = onnx_cached(session, vocab, Lengths.of(spec).hard_limit if spec else None,
                           output_probs=spec is not None and spec.output == "probs")
     return stepper, f"{ran} ({why})"
 
@@ -290,8 +298,8 @@ def _seq2seq_files(decoder: Any, session_source: bytes | Path, where: str, provi
         session, ran, why = rt.create_session(source, provider, threads=threads,
                                               dtype=spec.dtype)
         sessions.append(session)
-    stepper = onnx_seq2seq(sessions[0], sessions[1], spec.output_vocab, spec.max_len,
-                           decoder_start, spec.output == "probs")
+    stepper = onnx_seq2seq(sessions[0], sessions[1], spec.output_vocab,
+                           Lengths.of(spec).hard_limit, decoder_start, spec.output == "probs")
     return stepper, f"{ran} ({why})"
 
 
@@ -310,10 +318,11 @@ def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
     if getattr(module, "cache_layers", 0):  # the KV-cache graph's module
         from tfgraph.exporters.cached_steppers import torch_cached
 
-        return torch_cached(module, spec.output_vocab, spec.max_len, device,
+        return torch_cached(module, spec.output_vocab, Lengths.of(spec).hard_limit, device,
                             output_probs=spec.output == "probs"), f"torch {device} ({why})"
     stepper = RecomputeTorch(module, "tgt_ids" in module.input_names, spec.output_vocab,
-                             spec.max_len, decoder_start, output_probs=spec.output == "probs",
+                             Lengths.of(spec).hard_limit, decoder_start,
+                             output_probs=spec.output == "probs",
                              device=device)
     return stepper, f"torch {device} ({why})"
 

@@ -194,7 +194,8 @@ def test_max_len_caps_generation_and_refuses_longer_prompts() -> None:
     result = generate(stepper, [[1, 2, 3, 4], [1]], max_new_tokens=20)
     assert [len(row) for row in result.tokens] == [3, 6]
     with pytest.raises(TfgraphError, match="prompt 2: 7 tokens, longer than the model's "
-                                           "max_len 6"):
+                                           "max_len 6: its learned position table has no "
+                                           "row past max_len"):
         generate(Bigram(chain(10, {}), max_len=6), [[1], [1] * 7], max_new_tokens=2)
     # encoder-decoder: the target [start, ...] is what grows
     encdec = Bigram(chain(10, {}), max_len=4, encoder_decoder=True)
@@ -211,7 +212,8 @@ def test_max_len_of_a_real_model() -> None:
         assert [len(r) for r in result.tokens] == [5, 8]
     result = cli(spec, "--prompt-ids", ",".join(["1"] * 65))
     assert result.exit_code == 2
-    assert result.stderr == "prompt 1: 65 tokens, longer than the model's max_len 64\n"
+    assert result.stderr == ("prompt 1: 65 tokens, longer than the model's max_len 64: its "
+                             "learned position table has no row past max_len\n")
 
 
 # ---- sampling --------------------------------------------------------------------------------

@@ -114,7 +114,8 @@ def test_report_places_every_component():
     (["--batch", "two"], "--batch: expected a positive integer, got 'two'"),
     (["--seq", "-3"], "--seq: expected a positive integer, got -3"),
     (["--seq", "1.5"], "--seq: expected a positive integer, got '1.5'"),
-    (["--seq", "65"], "--seq: 65 is longer than the spec's max_len 64"),
+    (["--seq", "65"], "--seq 65: longer than tiny-decoder's max_len 64: its learned position "
+                      "table has no row past max_len"),
     (["--tgt-seq", "4"], "--tgt-seq: tiny-decoder is decoder-only with one sequence"),
 ])
 def test_bad_sizes_are_one_line_and_exit_2(args, message):

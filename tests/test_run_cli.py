@@ -113,7 +113,8 @@ def test_sequence_longer_than_learned_positions_exit_2() -> None:
     result = cli("run", str(SPECS / "tiny-decoder.yaml"), "--seq", "65")
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        "--seq 65: longer than the model's max_len 64 (learned positions)")
+        "--seq 65: longer than tiny-decoder's max_len 64: its learned position table has no "
+        "row past max_len")
 
 
 def test_provider_cuda_follows_what_is_really_usable() -> None:

@@ -21,6 +21,7 @@ import sympy
 from tfgraph import cost
 from tfgraph.figures import symbolic
 from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.lengths import Lengths
 from tfgraph.param_groups import GROUPING, kind_title, order_kinds, params_by_kind
 from tfgraph.report import build_report, sizes_for
 from tfgraph.report import train_activations as report_train_activations
@@ -49,7 +50,8 @@ DEFINITIONS = {
                          "moments (+ fp32 master copy for 16-bit dtypes) and the activation "
                          "peak of forward + backward with the loss (report "
                          "train_activations_peak).",
-    "ratio": "value / the first variant's value at the same length (null when that is 0).",
+    "ratio": "value / the first variant's value at the same length (null when that is 0 or "
+             "either has no figure).",
     "params_active": "parameters one token uses: a mixture of experts counts its top-k routed "
                      "experts (k/E of the stacked expert weights), its shared experts and "
                      "everything else (report params_active); a dense model all its params.",
@@ -59,8 +61,15 @@ DEFINITIONS = {
                  "what the ONNX model computes); equal for dense models.",
     "max_len": "the spec's max_len (null when it has none): the longest sequence it is built "
                "for; the plots mark where each curve passes it.",
-    "beyond_max_len": "the length exceeds the spec's max_len: figures are extrapolated from "
-                      "the formulas, the model itself cannot run it.",
+    "beyond_max_len": "the length exceeds the spec's max_len (README, 'Lengths beyond "
+                      "max_len'). Learned positions: the table has no row past max_len, so "
+                      "the model cannot run there and its figures are null (— in the table, "
+                      "no point in the plot). Sinusoidal, rotary, relative or no positions: "
+                      "the model runs there with its positions extrapolating beyond what it "
+                      "was built for, and the figures are the formulas at that length, "
+                      "marked extrapolated (†).",
+    "extrapolated": "beyond_max_len with positions that are not a learned table: the figures "
+                    "(and the model) extrapolate; marked † in the table.",
     "crossover": "the sequence length S at which attention-score FLOPs "
                  "(flops_by_kind['attention_scores']: QK^T, scaling, masking, softmax and "
                  "weights.V of every attention, all layers) equal feed-forward FLOPs "
@@ -131,8 +140,9 @@ def crossover(graph: Graph, batch: int = 1) -> dict[str, Any]:
     return out
 
 
-def _ratio(value: int, first: int) -> float | None:
-    return None if first == 0 else value / first
+def _ratio(value: int | None, first: int | None) -> float | None:
+    """value / first; None when either has no figure (beyond_max_len) or first is 0."""
+    return None if value is None or not first else value / first
 
 
 def measure(graph: Graph, seq: int, batch: int = 1) -> dict[str, int]:
@@ -175,6 +185,27 @@ def series(graph: Graph, lengths: Sequence[int], batch: int = 1) -> dict[str, li
     return out
 
 
+def _figures_at(graph: Graph, rule: Lengths | None, seq: int, batch: int) -> dict[str, Any]:
+    """values, per_token and the max_len flags of one length (DEFINITIONS beyond_max_len,
+    extrapolated): a learned table past its max_len has no figures (None each)."""
+    beyond = rule is not None and rule.beyond(seq)
+    if rule is not None and not rule.has_figures(seq):
+        return {"values": {f"{section}.{key}": None for section, key in METRICS},
+                "per_token": {"active": None, "all_experts": None},
+                "beyond_max_len": True, "extrapolated": False}
+    return {"values": measure(graph, seq, batch), "per_token": per_token(graph, seq, batch),
+            "beyond_max_len": beyond, "extrapolated": beyond}
+
+
+def _flag_crossover(cross: dict[str, Any], rule: Lengths | None) -> dict[str, Any]:
+    """The crossover with the flags of its length: past a learned table's max_len the model
+    never reaches it (the table shows —; the length stays, as the formulas' answer)."""
+    beyond = rule is not None and cross["seq"] is not None and rule.beyond(cross["seq"])
+    cross["beyond_max_len"] = beyond
+    cross["extrapolated"] = beyond and rule is not None and not rule.learned
+    return cross
+
+
 def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
             batch: int = 1) -> dict[str, Any]:
     """The comparison dict (JSON-ready) of ``graphs``; ratios are to ``graphs[0]``."""
@@ -186,11 +217,10 @@ def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
     variants: list[dict[str, Any]] = []
     for graph in graphs:
         spec = graph.spec
+        rule = Lengths.of(spec) if spec else None  # README, "Lengths beyond max_len"
         at: list[dict[str, Any]] = []
         for seq in seqs:
-            values = measure(graph, seq, batch)
-            at.append({"seq": seq, "values": values, "per_token": per_token(graph, seq, batch),
-                       "beyond_max_len": bool(spec and spec.max_len and seq > spec.max_len)})
+            at.append({"seq": seq, **_figures_at(graph, rule, seq, batch)})
         sym = symbolic(graph)
         variants.append({
             "name": graph.name,
@@ -200,7 +230,7 @@ def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
             "params_active": int(sym.get("params_active", sym["params"])),
             "params_by_kind": params_by_kind(graph),
             "at": at,
-            "crossover": crossover(graph, batch),
+            "crossover": _flag_crossover(crossover(graph, batch), rule),
         })
     first = variants[0]
     for v in variants:
@@ -259,7 +289,8 @@ def length_heading(data: dict[str, Any], seq: int) -> str:
 
 def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     """(section, row title, one cell per variant) for the comparison table. Cells after the
-    first variant carry the ratio to it; lengths beyond a spec's max_len are marked '†'."""
+    first variant carry the ratio to it; past a spec's max_len a figure is marked '†'
+    (extrapolated) or is '—' (a learned table: none), README "Lengths beyond max_len"."""
     variants = data["variants"]
     rows: list[tuple[str, str, list[str]]] = []
     for diff in data["differences"]:
@@ -281,19 +312,28 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
             for i, v in enumerate(variants):
                 at = v["at"][j]
                 value = at["values"][key]
+                if value is None:  # beyond a learned table's max_len: no figure
+                    cells.append("—")
+                    continue
                 text = human_bytes(value) if key.startswith("memory.") else human_count(value)
                 text = _with_ratio(text, at["ratio"][key], i == 0)
-                cells.append(text + (" †" if at["beyond_max_len"] else ""))
+                cells.append(text + (" †" if at["extrapolated"] else ""))
             rows.append((length_heading(data, seq), title, cells))
         if any(v["params_active"] != v["params"] for v in variants):
             for key, title in (("active", "FLOPs/token active"),
                                ("all_experts", "FLOPs/token all experts")):
+                per = [v["at"][j]["per_token"][key] for v in variants]
                 rows.append((length_heading(data, seq), title,
-                             [human_count(v["at"][j]["per_token"][key]) for v in variants]))
+                             ["—" if n is None else human_count(n) for n in per]))
     cross = []
     for v in variants:
         c = v["crossover"]
-        cross.append("none" if c["seq"] is None else f"S ≈ {c['seq']:,.1f}")
+        if c["seq"] is None:
+            cross.append("none")
+        elif c.get("beyond_max_len") and not c.get("extrapolated"):
+            cross.append("—")  # past a learned table's max_len: never reached
+        else:
+            cross.append(f"S ≈ {c['seq']:,.1f}" + (" †" if c.get("extrapolated") else ""))
     rows.append(("attention vs FFN", "crossover length", cross))
     return rows
 
@@ -304,6 +344,29 @@ def table_notes(data: dict[str, Any]) -> list[str]:
              "Sequence length S: " + DEFINITIONS["seq"].split("; ", 1)[1],
              "Parameters by kind (as in tfgraph report): " + GROUPING,
              "Crossover: " + DEFINITIONS["crossover"]]
-    if any(a["beyond_max_len"] for v in data["variants"] for a in v["at"]):
-        notes.append("†: " + DEFINITIONS["beyond_max_len"])
+    notes.extend(max_len_notes(data))
     return notes
+
+
+def max_len_notes(data: dict[str, Any]) -> list[str]:
+    """The notes for † and — (README, "Lengths beyond max_len"), when the table has them."""
+    notes = []
+    marked = [v for v in data["variants"]
+              if any(a["extrapolated"] for a in v["at"]) or v["crossover"].get("extrapolated")]
+    if marked:
+        notes.append("†: beyond the max_len of " + _max_lens(marked) + ": sinusoidal, rotary, "
+                     "relative or no positions run past it (extrapolating, with a warning); "
+                     "the figures are the formulas at that length.")
+    refused = [v for v in data["variants"] if any(
+        a["beyond_max_len"] and not a["extrapolated"]
+        for a in [*v["at"], v["crossover"]] if "beyond_max_len" in a)]
+    if refused:
+        notes.append("—: beyond the max_len of " + _max_lens(refused) + ": a learned position "
+                     "table has no row past it, so the model cannot run there and has no "
+                     "figure.")
+    return notes
+
+
+def _max_lens(variants: list[dict[str, Any]]) -> str:
+    """``gpt2 (1,024), opt (2,048)``: each variant's name and max_len."""
+    return ", ".join(f"{v['name']} ({v['max_len']:,})" for v in variants)

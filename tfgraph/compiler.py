@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tfgraph.ir import Graph
+from tfgraph.lengths import check_lengths, default_seq
 from tfgraph.lower import lower
 from tfgraph.report import build_report
 from tfgraph.spec import Spec
@@ -19,9 +20,18 @@ from tfgraph.spec import Spec
 class CompiledGraph(Graph):
     """A graph lowered from a spec, with the cost report as a method."""
 
-    def report(self, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
+    def report(self, batch: int = 1, seq: int | None = None, tgt_seq: int | None = None,
                fused_attention: bool = False) -> dict[str, Any]:
-        """The cost report (same dict as ``tfgraph report --json``); see tfgraph.report."""
+        """The cost report (same dict as ``tfgraph report --json``); see tfgraph.report.
+
+        ``seq`` defaults to 128, or the spec's max_len when that is smaller (as the command).
+        Lengths past the spec's max_len follow tfgraph.lengths: a learned position table
+        refuses them (TfgraphError), other positions are reported there with a
+        BeyondMaxLenWarning."""
+        if seq is None:
+            seq = default_seq(self.spec)
+        two = self.spec is not None and self.spec.arch == "encoder-decoder"
+        check_lengths(self.spec, ("seq", seq), ("tgt_seq", tgt_seq if two else None))
         return build_report(self, batch=batch, seq=seq, tgt_seq=tgt_seq,
                             fused_attention=fused_attention)
 

@@ -8,6 +8,7 @@ import click
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
+from tfgraph.lengths import check_lengths, default_seq
 from tfgraph.terminal import printable
 
 LEVELS = ("model", "layer", "op")
@@ -45,13 +46,14 @@ def format_for(path: Path) -> str:
               help="Add parameter counts and/or FLOP shares to the boxes (repeat or comma-list).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Batch size for --annotate flops.")
-@click.option("--seq", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Sequence length (source and target) for --annotate flops.")
+@click.option("--seq", type=click.IntRange(min=1), default=None,
+              help="Sequence length (source and target) for --annotate flops (default 128, "
+                   "or max_len when that is smaller).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Output file; the suffix picks the format (.svg .png .pdf .dot). "
                    "Default: build/<name>-<level>.svg")
-def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: int, seq: int,
-         output: Path | None) -> None:
+def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: int,
+         seq: int | None, output: Path | None) -> None:
     """Draw SPEC's architecture with graphviz.
 
     Rendering SVG, PNG or PDF needs the graphviz 'dot' program (apt-get install graphviz);
@@ -64,6 +66,9 @@ def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: 
     if unfold and level != "op":
         raise TfgraphError(f"--unfold applies to --level op only (not {level})")
     parsed = load_spec_arg(spec)
+    if "flops" in what:  # README, "Lengths beyond max_len"
+        seq = default_seq(parsed) if seq is None else seq
+        check_lengths(parsed, ("--seq", seq))
     if output is None:
         Path("build").mkdir(exist_ok=True)
         output = Path("build") / f"{parsed.name}-{level}.svg"

@@ -145,7 +145,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
             click.echo(f"model     {printable(ready.opened.label)}")
             click.echo(f"runs on   {printable(ready.opened.runs_on)}")
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
-                          ready.eos, stream, length_penalty)
+                          ready.eos, stream, length_penalty, ready.opened.lengths)
     finally:
         ready.opened.close()
     if decode is not None:

@@ -23,6 +23,7 @@ import click
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
+from tfgraph.lengths import check_lengths
 from tfgraph.parallel.layout import Layout
 
 DEFAULT_SEQ = 2048  # GPT-3's context (Brown et al. 2020), for specs with no max_len
@@ -103,8 +104,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     assert gpus is not None  # required=True
     device = gpu(gpu_name, gpu_memory)
     seq = _count("--seq", seq_text) or spec.max_len or DEFAULT_SEQ
-    if spec.max_len is not None and seq > spec.max_len:
-        raise TfgraphError(f"--seq: {seq} is longer than the spec's max_len {spec.max_len}")
+    check_lengths(spec, ("--seq", seq))  # README, "Lengths beyond max_len"
     global_batch = _count("--global-batch", global_text)
     given = {"--tp": tp_text, "--pp": pp_text, "--dp": dp_text, "--ep": ep_text,
              "--zero": zero_text, "--sp": sp, "--recompute": recompute,

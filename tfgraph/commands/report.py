@@ -19,6 +19,7 @@ from rich.table import Table
 from tfgraph.cli_support import describe, load_spec_arg
 from tfgraph.commands.compare import plain
 from tfgraph.errors import TfgraphError
+from tfgraph.lengths import check_lengths, default_seq
 from tfgraph.param_groups import kind_title, order_kinds
 
 
@@ -60,11 +61,9 @@ def report(spec_path: str, batch_text: str | None, seq_text: str | None, tgt_tex
     if tgt_seq is not None and spec.arch != "encoder-decoder":
         raise TfgraphError(f"--tgt-seq: {spec.name} is {spec.arch} with one sequence; use --seq")
     if seq is None:
-        seq = min(128, spec.max_len) if spec.max_len else 128
-    for option, value in (("--seq", seq), ("--tgt-seq", tgt_seq)):
-        if value is not None and spec.max_len is not None and value > spec.max_len:
-            raise TfgraphError(f"{option}: {value} is longer than the spec's max_len "
-                               f"{spec.max_len}")
+        seq = default_seq(spec)
+    # README, "Lengths beyond max_len": learned positions refuse, the others note it
+    check_lengths(spec, ("--seq", seq), ("--tgt-seq", tgt_seq))
 
     import tfgraph
 

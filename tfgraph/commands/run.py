@@ -19,6 +19,7 @@ import click
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.lengths import Lengths, check_lengths, default_seq
 from tfgraph.terminal import printable
 
 if TYPE_CHECKING:
@@ -178,10 +179,10 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         if tgt_seq is not None and "tgt_ids" not in iface.inputs:
             raise TfgraphError(f"--tgt-seq: {source} has one sequence ({iface.inputs[0]}); "
                                "use --seq")
-        max_len = spec.max_len if spec is not None else None
-        if max_len and ctx.get_parameter_source("seq") is click.core.ParameterSource.DEFAULT:
-            seq = min(seq, max_len)  # as `report` does: the default fits the model
-        _check_lengths(spec, seq, tgt_seq)
+        if ctx.get_parameter_source("seq") is click.core.ParameterSource.DEFAULT:
+            seq = default_seq(spec)  # as `report` does: the default fits the model
+        if prompt is None:  # README, "Lengths beyond max_len" (a prompt's length: below)
+            check_lengths(spec, ("--seq", seq), ("--tgt-seq", tgt_seq))
         if check and graph is None:  # say it before spending time on the runs
             graph = _graph_from_model(model, spec, source)
             from_file = True
@@ -191,6 +192,9 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
                                               dtype=iface.dtype)
         if prompt is not None:
             feeds = _prompt_ids(prompt, tokenizer, iface, batch, source)
+            if spec is not None:
+                n = int(feeds["input_ids"].shape[1])
+                Lengths.of(spec).check("--prompt", n, f"--prompt of {n} tokens")
         else:
             feeds = rt.random_ids(iface, batch, seq, tgt_seq, seed=seed)
         timing = rt.time_runs(session, feeds, repeat=repeat, warmup=1)
@@ -231,14 +235,3 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
                        f"(tolerance {tol:g}, {iface.dtype}): {verdict}")
             if diff > tol:
                 ctx.exit(1)
-
-
-def _check_lengths(spec: Spec | None, seq: int, tgt_seq: int | None) -> None:
-    """Learned positions stop at max_len: say so instead of letting onnxruntime fail."""
-    if spec is None or spec.embedding.positions != "learned":
-        return
-    max_len = spec.max_len
-    for flag, n in (("--seq", seq), ("--tgt-seq", tgt_seq)):
-        if n is not None and max_len is not None and n > max_len:
-            raise TfgraphError(f"{flag} {n}: longer than the model's max_len {max_len} "
-                               "(learned positions)")

@@ -20,7 +20,8 @@ class Stepper(Protocol):
     ``vocab``: size of the logits' last axis (the target vocabulary of encoder-decoder models).
     ``max_len``: positions the model allows (None: unbounded), per fed sequence: the prompt
     plus generated tokens of a decoder-only row, the target of an encoder-decoder row (its
-    source is checked against it at prefill).
+    source is checked against it at prefill). Only a learned position table sets one (its
+    max_len); other positions run past the spec's max_len (tfgraph.lengths).
     ``encoder_decoder``: whether prompts are source sequences (the target starts from the
     decoder start token) rather than the start of the sequence that grows.
     """

@@ -2,9 +2,11 @@
 
 Prompts of different lengths form one left-padded batch. Each row stops on its own: at an EOS
 token (kept in its output), after ``max_new_tokens``, or when the next step would feed the
-model more positions than its ``max_len`` (a decoder-only row of P prompt tokens generates at
-most ``max_len - P + 1`` tokens, an encoder-decoder target at most ``max_len``). Finished rows
-leave the stepper's batch through ``reorder``, so the work left shrinks with them. Beam search
+model more positions than the stepper's ``max_len`` (a learned position table's rows; a
+decoder-only row of P prompt tokens generates at most ``max_len - P + 1`` tokens, an
+encoder-decoder target at most ``max_len``). Other positions run past the spec's max_len with
+a warning (tfgraph.lengths, README "Lengths beyond max_len"). Finished rows leave the
+stepper's batch through ``reorder``, so the work left shrinks with them. Beam search
 (``beams > 1``) is tfgraph.generation.beams.
 """
 
@@ -18,6 +20,7 @@ from tfgraph.errors import TfgraphError
 from tfgraph.generation.backend import Stepper
 from tfgraph.generation.result import Clock, Result
 from tfgraph.generation.sampling import Sampler
+from tfgraph.lengths import Lengths
 
 OnToken = Callable[[int, int], None]  # (prompt index, token id), as each token is chosen
 
@@ -25,17 +28,21 @@ OnToken = Callable[[int, int], None]  # (prompt index, token id), as each token 
 def generate(stepper: Stepper, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              sampler: Sampler | None = None, beams: int = 1,
              eos_token_id: int | Iterable[int] | None = None, on_token: OnToken | None = None,
-             length_penalty: float = 1.0) -> Result:
+             length_penalty: float = 1.0, length_rule: Lengths | None = None) -> Result:
     """Generate up to ``max_new_tokens`` per prompt (token id lists) with ``stepper``.
 
     Greedy unless ``sampler`` samples; ``beams > 1`` is beam search (greedy selection; its
     tokens reach ``on_token`` once the search ends). Raises TfgraphError (one line) for empty
     prompts, a prompt longer than the model allows, or a back end that returns NaN.
+    ``length_rule``: the spec's max_len rule; given, a BeyondMaxLenWarning says when a learned
+    table's max_len cuts a row short or other positions will run past max_len.
     """
     sampler = sampler or Sampler()
     rows = check_prompts(stepper, prompts, max_new_tokens)
     eos = eos_ids(eos_token_id)
     limits = [min(max_new_tokens, room(stepper, len(row))) for row in rows]
+    if length_rule is not None:
+        check_lengths(length_rule, stepper.encoder_decoder, rows, limits, max_new_tokens)
     ids, lengths = left_pad(rows)
     prompt_tokens = int(lengths.sum())
     if beams > 1:
@@ -102,9 +109,44 @@ def check_prompts(stepper: Stepper, prompts: Sequence[Sequence[int]],
             raise TfgraphError(f"prompt {i + 1}: no tokens")
         if stepper.max_len is not None and row.size > stepper.max_len:
             raise TfgraphError(f"prompt {i + 1}: {row.size} tokens, longer than the model's "
-                               f"max_len {stepper.max_len}")
+                               f"max_len {stepper.max_len}: its learned position table has "
+                               "no row past max_len")
         rows.append(row)
     return rows
+
+
+def check_lengths(lengths: Lengths, encoder_decoder: bool, rows: list[np.ndarray],
+                  limits: list[int], max_new_tokens: int) -> None:
+    """tfgraph.lengths for what generation will feed the model. Precondition: the prompts
+    passed check_prompts and ``limits`` are each row's new tokens (capped by room). A learned
+    table: one warning for the first row its max_len cuts short. Other positions: one
+    warning for the longest sequence fed past max_len (a decoder-only row feeds its prompt
+    and all but its last new token; an encoder-decoder row its source, and a target of as
+    many tokens as it generates), one more for the longest target of an encoder-decoder."""
+    if lengths.max_len is None:
+        return
+    level = 5  # warnings.warn's stacklevel from Lengths: the caller of tfgraph.generate
+    if lengths.learned:
+        for i, (row, n) in enumerate(zip(rows, limits)):
+            if n < max_new_tokens:
+                lengths.warn(f"prompt {i + 1} ({row.size} tokens) leaves room for {n} of "
+                             f"the {max_new_tokens} new tokens: {lengths.name}'s learned "
+                             f"position table ends at max_len {lengths.max_len}",
+                             "max_new_tokens", n, level)
+                return
+        return
+    if encoder_decoder:
+        i = max(range(len(rows)), key=lambda r: rows[r].size)
+        lengths.check("prompt", rows[i].size, f"prompt {i + 1} ({rows[i].size} tokens)",
+                      level)
+        longest = max(limits)
+        lengths.check("max_new_tokens", longest,
+                      f"{longest} new tokens (the decoder's input)", level)
+        return
+    fed = [row.size + n - 1 for row, n in zip(rows, limits)]
+    i = max(range(len(rows)), key=lambda r: fed[r])
+    lengths.check("prompt", fed[i], f"prompt {i + 1} ({rows[i].size} tokens) and up to "
+                  f"{limits[i]} new ones feed {fed[i]} positions", level)
 
 
 def room(stepper: Stepper, prompt_len: int) -> int:

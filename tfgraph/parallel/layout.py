@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import Graph
+from tfgraph.lengths import check_lengths
 from tfgraph.parallel.tp_plan import check_divisible
 
 Recompute = Literal["none", "selective", "full"]
@@ -95,6 +96,7 @@ def check(graph: Graph, layout: Layout) -> None:
         raise TfgraphError(f"--dtype must be one of {', '.join(DTYPES)}")
     if layout.sp and layout.tp == 1:
         raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs --tp > 1")
+    check_lengths(graph.spec, ("--seq", layout.seq))  # README, "Lengths beyond max_len"
     units = pipeline_units(graph)
     if units % layout.pp:
         raise TfgraphError(f"--pp {layout.pp} does not divide the {units} layers")
