@@ -85,10 +85,11 @@ def test_plot_svg_has_all_panels_and_the_crossovers(tmp_path: Path) -> None:
     texts = svg_texts(out.read_bytes())
     joined = " ".join(texts)
     for title in ("Forward FLOPs", "Attention-score (dashed) vs FFN (dotted) FLOPs",
-                  "Memory", "Parameters by role"):
+                  "Memory", "Parameters by kind"):
         assert title in joined, title
-    for v in data["variants"]:
-        assert f"L≈{v['crossover']['seq']:,.0f}" in texts
+    for v in data["variants"]:  # crossovers are listed in the legend, in report's symbol S
+        assert any(f"attention = FFN at S ≈ {v['crossover']['seq']:,.0f}" in t for t in texts)
+    assert not any("L≈" in t or "L ≈" in t or "L (" in t for t in texts)
     # the grid spans the requested lengths and every crossover
     grid = lengths_for(data)
     assert grid[0] <= 16 and grid[-1] >= max(v["crossover"]["seq"] for v in data["variants"])
