@@ -207,6 +207,33 @@ def test_run_sinusoidal_past_max_len_runs_and_matches_torch(sinusoidal: Path) ->
     assert "tgt_ids int64[1, 24]" in result.stdout and ": ok" in result.stdout
 
 
+def test_run_prompt_is_a_length_too(tmp_path: Path) -> None:
+    """``run MODEL.onnx --prompt TEXT``: the prompt's tokens are the length (the model's
+    stored spec says max_len)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tfgraph.exporters.onnx_model import write_onnx
+
+    for spec, words, expect in ((LEARNED, 65, 2), (ROTARY, 130, 0)):
+        folder = tmp_path / spec.stem
+        folder.mkdir()
+        write_onnx(tfgraph.compile(spec), folder / "model.onnx", seed=0)
+        tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(200)}, unk_token="w0"))
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+        tokenizer.save(str(folder / "tokenizer.json"))
+        text = " ".join(f"w{i % 200}" for i in range(words))
+        result = cli("run", folder / "model.onnx", "--prompt", text, "--repeat", 1)
+        assert result.exit_code == expect, result.stderr
+        (line,) = stderr_lines(result)
+        if expect:
+            assert line == ("--prompt of 65 tokens: longer than tiny-decoder's max_len 64: its "
+                            "learned position table has no row past max_len")
+        else:
+            assert line.startswith("note: --prompt of 130 tokens: longer than tiny-llama's "
+                                   "max_len 128: its rotary positions extrapolate")
+            assert "int64[1, 130]" in result.stdout
+
+
 # ---- draw and plan ---------------------------------------------------------------------------
 
 def test_draw_flops_follows_the_rule(tmp_path: Path) -> None:
