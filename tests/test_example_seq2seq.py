@@ -95,8 +95,25 @@ def test_quick_run_learns_and_onnx_agrees(tmp_path: Path) -> None:
     assert summary["greedy_agree"] is True and summary["beam_agree"] is True
     assert summary["onnx_exact_match"] == summary["exact_match"]
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for name in ("weights.safetensors", "onnx/encoder_model.onnx", "onnx/decoder_model.onnx"):
+    for name in ("weights.safetensors", "onnx/encoder_model.onnx", "onnx/decoder_model.onnx",
+                 "onnx/tokenizer.json", "onnx/generation_config.json"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_tokenizer_reads_digits_and_writes_words(tmp_path: Path) -> None:
+    """The tokenizer.json beside the ONNX model: "40213" and "4 0 2 1 3" are the source
+    digits; a target's ids decode to its words (the specials left out)."""
+    import tfgraph.hf.tokenizer
+    from tfgraph.generation.settings import read_settings
+
+    task = _task()
+    task.write_tokenizer(tmp_path)
+    tokenizer = tfgraph.hf.tokenizer.load_tokenizer(tmp_path / "tokenizer.json")
+    assert tokenizer.encode("40213").ids == tokenizer.encode("4 0 2 1 3").ids \
+        == task.source_ids(40213)
+    assert tokenizer.decode(task.target_ids(40213)) == "forty thousand two hundred thirteen"
+    settings = read_settings(tmp_path)
+    assert (settings.decoder_start_token_id, settings.eos_token_id) == (task.BOS, (task.EOS,))
 
 
 def test_quick_run_fails_below_its_target(tmp_path: Path) -> None:

@@ -10,13 +10,16 @@ pairs of digits fuse into one word (1 3 -> "thirteen"), zeros vanish, and "thous
 "hundred" are inserted where no source token stands for them.
 
 Source and target share one vocabulary of 43 tokens (the shared, tied token table of
-Vaswani et al. 2017 §3.4): 3 specials, 10 digits, 30 words.
+Vaswani et al. 2017 §3.4): 3 specials, 10 digits, 30 words. ``write_tokenizer`` saves it as
+the tokenizer.json and generation_config.json that ``tfgraph generate`` reads beside a model.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -99,3 +102,19 @@ def batches(batch: int, digits: int, exclude: set[int], seed: int
         tgt_in = torch.cat([torch.full((batch, 1), BOS), labels[:, :-1]], dim=1)  # (B, T)
         tgt_in[tgt_in == EOS] = PAD  # <eos> is never an input: the row ends there
         yield src, tgt_in, labels
+
+
+def write_tokenizer(folder: Path) -> None:
+    """Write the vocabulary as ``tokenizers``' tokenizer.json (one token per digit or word;
+    "40213" and "4 0 2 1 3" both encode to the digits) and generation_config.json (targets
+    start at <bos>, end at <eos>) into ``folder``, where ``tfgraph generate`` finds them next
+    to the model: text prompts in, words out. An unknown character encodes as <pad>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(vocab=TOKEN_ID, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)])
+    tokenizer.add_special_tokens(SPECIALS)  # left out of decoded text
+    tokenizer.save(str(folder / "tokenizer.json"))
+    settings = {"decoder_start_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD}
+    (folder / "generation_config.json").write_text(json.dumps(settings, indent=2) + "\n")

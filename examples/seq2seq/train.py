@@ -14,9 +14,10 @@ and output head), shrunk to d_model 128 and 2 layers. What the script does, and 
 3. Exact-match accuracy on held-out numbers (never seen in training): greedy decoding of the
    trained torch module with tfgraph's generation loop. Success: at least --target.
 4. Save the weights (weights.safetensors) and ``tfgraph build spec.yaml --to onnx --kv-cache
-   --weights weights.safetensors``: encoder_model.onnx + decoder_model.onnx with a KV cache.
-5. ``tfgraph generate onnx/decoder_model.onnx`` on onnxruntime, greedy and ``--beams N``,
-   over the held-out sources: its tokens must equal the torch module's, greedy and beam.
+   --weights weights.safetensors``: encoder_model.onnx + decoder_model.onnx with a KV cache,
+   and beside them the task's tokenizer.json and generation_config.json.
+5. ``tfgraph generate onnx/decoder_model.onnx --prompt 40213`` on onnxruntime, greedy and
+   ``--beams N``, over the held-out numbers: its tokens must equal the torch module's.
 
 Everything goes to --out (default examples/seq2seq/out/). The last line printed is a JSON
 summary (also written to --json-out FILE); the exit status is 1 when the accuracy is below
@@ -153,17 +154,18 @@ def tfgraph_cli(*args: str) -> str:
     return done.stdout
 
 
-def onnx_decode(decoder: Path, sources: list[list[int]], beams: int,
-                max_new: int) -> list[list[int]]:
-    """``tfgraph generate`` on onnxruntime with the KV cache: all sources as one left-padded
-    batch, the encoder run once, the decoder one token at a time (encoder_model.onnx is
-    found beside decoder_model.onnx)."""
-    prompts = [arg for s in sources for arg in ("--prompt-ids", ",".join(map(str, s)))]
-    out = tfgraph_cli("generate", str(decoder), *prompts, "--beams", str(beams),
-                      "--max-new-tokens", str(max_new), "--decoder-start-id", str(task.BOS),
-                      "--eos-id", str(task.EOS), "--provider", "cpu", "--json")
-    tokens: list[list[int]] = json.loads(out)["tokens"]
-    return tokens
+def onnx_decode(decoder: Path, numbers: list[int], beams: int,
+                max_new: int) -> tuple[list[list[int]], list[str]]:
+    """``tfgraph generate`` on onnxruntime with the KV cache, as a user would run it: each
+    number as a text prompt ("40213"), all as one left-padded batch; the encoder runs once,
+    the decoder one token at a time. Beside decoder_model.onnx it finds encoder_model.onnx,
+    tokenizer.json and generation_config.json (the start and end tokens). Returns the
+    generated ids and their text."""
+    prompts = [arg for n in numbers for arg in ("--prompt", str(n))]
+    out = json.loads(tfgraph_cli("generate", str(decoder), *prompts, "--beams", str(beams),
+                                 "--max-new-tokens", str(max_new), "--provider", "cpu",
+                                 "--json"))
+    return out["tokens"], out["text"]
 
 
 def exact_match(outputs: list[list[int]], numbers: list[int]) -> float:
@@ -213,12 +215,14 @@ def main() -> int:
     onnx_dir = args.out / "onnx"
     print(tfgraph_cli("build", str(args.spec), "--to", "onnx", "--kv-cache", "--weights",
                       str(weights), "-o", str(onnx_dir)).strip())
+    task.write_tokenizer(onnx_dir)  # tokenizer.json + generation_config.json beside it
     clock["built"] = time.perf_counter()
 
     # 5. tfgraph generate on onnxruntime must translate exactly as the torch module does.
     decoder = onnx_dir / "decoder_model.onnx"
-    onnx_greedy = onnx_decode(decoder, sources, 1, MAX_NEW_TOKENS)
-    onnx_beam = onnx_decode(decoder, sources, args.beams, MAX_NEW_TOKENS)
+    onnx_greedy, text = onnx_decode(decoder, test_numbers, 1, MAX_NEW_TOKENS)
+    onnx_beam, _ = onnx_decode(decoder, test_numbers, args.beams, MAX_NEW_TOKENS)
+    print(f"  tfgraph generate {decoder} --prompt {test_numbers[0]}  ->  {text[0]}")
     greedy_same = sum(a == b for a, b in zip(onnx_greedy, torch_greedy))
     beam_same = sum(a == b for a, b in zip(onnx_beam, torch_beam))
     print(f"tfgraph generate (onnxruntime, KV cache) = torch: greedy {greedy_same}/"
