@@ -212,10 +212,21 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     from tfgraph.exporters import to_torch
     from tfgraph.stored_spec import model_graph
 
+    # An encoder-decoder's KV-cache decoder_model.onnx holds part of the weights; the rest are
+    # in the encoder_model.onnx `build --kv-cache` writes beside it.
+    files = [Path(source)]
+    if "encoder_attention_mask" in {i.name for i in model.graph.input}:
+        files.append(Path(source).with_name("encoder_model.onnx"))
+        if not files[1].is_file():
+            raise TfgraphError(f"{source}: no encoder_model.onnx beside this decoder model "
+                               "(tfgraph build --kv-cache writes both)")
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    for other in files[1:]:
+        shapes.update({t.name: tuple(t.dims) for t in rt.load_model(str(other)).graph.initializer})
     # The metadata is checked against the model's weights before anything else is compiled.
-    graph = model_graph(spec, {t.name: tuple(t.dims) for t in model.graph.initializer}, source)
+    graph = model_graph(spec, shapes, source)
     graphs = _decoding_graphs(spec, cache, source)
-    weights = _initializers(Path(source), graph)
+    weights = {name: value for path in files for name, value in _initializers(path, graph).items()}
     if len(graphs) == 1:  # a decoder: the same parameters run through its cache graph
         graph = graphs[0]
     module = to_torch(graph, weights=weights)

@@ -93,3 +93,24 @@ def test_a_disagreeing_width_is_summarised(tiny_model: onnx.ModelProto, tmp_path
     (line,) = result.stderr.splitlines()
     assert "does not match the model's weights:" in line and "mis-shaped (" in line
     assert "more)" in line and len(line) < 300, line
+
+
+def test_torch_backend_reads_an_encoder_decoders_two_kv_cache_files(tmp_path: Path) -> None:
+    # decoder_model.onnx holds part of the weights; encoder_model.onnx beside it the rest (the
+    # torch back end was refused: "weights do not match: missing encoder.*").
+    folder = tmp_path / "s2s"
+    assert cli("build", str(ROOT / "specs" / "tiny-seq2seq.yaml"), "--to", "onnx",
+               "--kv-cache", "-o", str(folder)).exit_code == 0
+    args = ["generate", str(folder / "decoder_model.onnx"), "--prompt-ids", "3,4,5",
+            "--prompt-ids", "7,8", "--max-new-tokens", "6", "--ignore-eos", "--json"]
+    tokens = {}
+    for backend in ("onnx", "torch"):
+        for beams in ("1", "3"):
+            result = cli(*args, "--backend", backend, "--beams", beams)
+            assert result.exit_code == 0, result.stderr
+            tokens[backend, beams] = json.loads(result.stdout)["tokens"]
+    assert tokens["onnx", "1"] == tokens["torch", "1"]
+    assert tokens["onnx", "3"] == tokens["torch", "3"]
+    (folder / "encoder_model.onnx").unlink()
+    result = cli(*args, "--backend", "torch")
+    assert result.exit_code == 2 and "no encoder_model.onnx beside" in result.stderr
