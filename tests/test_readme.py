@@ -99,3 +99,14 @@ def test_every_command_option_is_in_its_readme_synopsis_and_has_help() -> None:
             assert param.help, f"{name}: {spellings[-1]} has no help"
         usage = command.collect_usage_pieces(ctx)[-1]  # the argument's metavar
         assert usage.split()[0] in synopses[name] or not command.params, (name, usage)
+
+
+def test_every_example_is_in_the_readme_and_run_by_a_test() -> None:
+    examples = sorted(p for p in (ROOT / "examples").iterdir()
+                      if p.is_dir() and any(p.glob("*.py")))
+    assert len(examples) >= 4
+    section = README.split("## Examples", 1)[1].split("\n## ", 1)[0]
+    for folder in examples:
+        assert f"examples/{folder.name}/" in section, folder.name
+        test = ROOT / "tests" / f"test_example_{folder.name.replace('-', '_')}.py"
+        assert test.is_file() and "--quick" in test.read_text(), test.name
