@@ -5,23 +5,19 @@ list (an ``{"error": ...}`` object for a run that raised TfgraphError)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import torch.distributed as dist
 
+from distributed_support import load_example
 from tfgraph.errors import TfgraphError
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_distributed.py"
 
 
 def main() -> None:
-    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example()
     dist.init_process_group("gloo")
     results = []
     for argv in json.loads(sys.argv[1]):

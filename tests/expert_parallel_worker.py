@@ -14,7 +14,6 @@ the results to (``torch.save``, one result per job):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -26,12 +25,12 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 import tfgraph
+from distributed_support import load_example
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
 from tfgraph.exporters.torch_expert_parallel import all_to_all_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "train_distributed.py"
 
 
 def fixed_batch(batch: int, seq: int, vocab: int, seed: int) -> torch.Tensor:
@@ -75,10 +74,7 @@ def parallelize_only(job: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example()
     dist.init_process_group("gloo")
     results: list[Any] = []
     for job in json.loads(sys.argv[1]):

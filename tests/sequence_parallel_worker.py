@@ -16,7 +16,6 @@ reference itself: the comparison needs no second launch.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -29,12 +28,12 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 import tfgraph
+from distributed_support import load_example
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.torch_module import NormWeights
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "train_distributed.py"
 
 
 def _whole(t: Tensor) -> Tensor:
@@ -103,17 +102,9 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             "inference_difference": inference}
 
 
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    return example
-
-
 def main() -> None:
     dist.init_process_group("gloo")
-    example = _example()
+    example = load_example()
     results: list[dict[str, Any]] = []
     for case in json.loads(sys.argv[1]):
         try:

@@ -13,16 +13,15 @@ token table, replicated). Each torchrun launch runs several trainings
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from distributed_support import load_example, torchrun
 
 import tfgraph
 from tfgraph.parallel.tp_plan import tp_plan
@@ -35,14 +34,6 @@ SPECS = {"llama": "specs/tiny-llama.yaml", "moe": "specs/tiny-moe.yaml",
          "encoder": "specs/tiny-encoder.yaml"}
 
 
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _args(spec: str, strategy: str, *extra: str) -> list[str]:
     return ["--spec", str(ROOT / SPECS[spec]), "--strategy", strategy, "--steps", str(STEPS),
             "--batch", "4", "--seq", "16", *extra]
@@ -50,12 +41,7 @@ def _args(spec: str, strategy: str, *extra: str) -> list[str]:
 
 def _torchrun(procs: int, runs: list[list[str]], out: Path) -> list[dict[str, Any]]:
     """Every run of ``runs`` in one torchrun launch of ``procs`` CPU processes."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(WORKER),
-           json.dumps(runs), str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun(procs, WORKER, runs, out, timeout=300)
     results: list[dict[str, Any]] = json.loads(out.read_text())
     return results
 
@@ -63,7 +49,7 @@ def _torchrun(procs: int, runs: list[list[str]], out: Path) -> list[dict[str, An
 @pytest.fixture(scope="module")
 def single() -> dict[str, list[float]]:
     """The one-process losses (no process group) of every spec."""
-    example = _example()
+    example = load_example()
     return {name: example.train(example.parse_args(_args(name, "none")))["losses"]
             for name in SPECS}
 

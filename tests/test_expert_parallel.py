@@ -18,16 +18,14 @@ Each torchrun launch runs several jobs (tests/expert_parallel_worker.py).
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from distributed_support import load_example, torchrun
 import torch
 import torch.nn.functional as F
 
@@ -46,14 +44,6 @@ STEPS, SAVE_AT, BATCH, SEQ, SEED = 5, 2, 4, 16, 0
 EXPERTS, TOP_K, D = 8, 2, 32  # tiny-moe
 
 
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _args(*extra: str) -> list[str]:
     return ["--spec", str(ROOT / MOE), "--steps", str(STEPS), "--batch", str(BATCH),
             "--seq", str(SEQ), *extra]
@@ -61,12 +51,7 @@ def _args(*extra: str) -> list[str]:
 
 def _torchrun(procs: int, jobs: list[dict[str, Any]], out: Path) -> list[list[Any]]:
     """Every job in one launch of ``procs`` CPU processes; per job, every rank's result."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(WORKER),
-           json.dumps(jobs), str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun(procs, WORKER, jobs, out, timeout=600)
     results: list[list[Any]] = torch.load(out, weights_only=False)
     return results
 
@@ -78,7 +63,7 @@ def _gradients_job(ep: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def single() -> list[float]:
     """The one-process losses (no process group)."""
-    example = _example()
+    example = load_example()
     losses: list[float] = example.train(example.parse_args(_args("--strategy", "none")))[
         "losses"]
     return losses

@@ -14,16 +14,15 @@ module, so the module comparisons need no other launch.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from distributed_support import load_example, torchrun
 
 import tfgraph
 from tfgraph.errors import TfgraphError
@@ -56,12 +55,7 @@ def _example_args(name: str, strategy: str, *extra: str) -> list[str]:
 
 
 def _torchrun(procs: int, runs: list[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(WORKER),
-           json.dumps(runs), str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun(procs, WORKER, runs, out, timeout=400)
     results: list[dict[str, Any]] = json.loads(out.read_text())
     return results
 
@@ -107,10 +101,7 @@ def four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def single() -> dict[str, list[float]]:
     """The example's one-process losses (no process group)."""
-    spec = importlib.util.spec_from_file_location("train_distributed", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example()
     return {name: example.train(example.parse_args(_example_args(name, "none")))["losses"]
             for name in EXAMPLE_SPECS}
 

@@ -125,9 +125,9 @@ def test_wrong_weights_are_listed() -> None:
     with pytest.raises(TfgraphError) as err:
         to_torch(graph, weights=weights)
     message = str(err.value)
-    assert "missing: decoder.layers.0.ffn.up.weight, decoder.norm.weight" in message
-    assert "unexpected: decoder.layers.0.ffn.up.weightt" in message
-    assert "mis-shaped: head.weight (3, 3) != (61, 32)" in message
+    assert "2 missing (decoder.layers.0.ffn.up.weight, decoder.norm.weight)" in message
+    assert "1 unexpected (decoder.layers.0.ffn.up.weightt)" in message
+    assert "1 mis-shaped (head.weight (3, 3) != (61, 32))" in message
     assert "\n" not in message
 
 

@@ -11,13 +11,17 @@ initializers, and returns a graph whose parameters match them name for name and 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 
-from tfgraph.errors import TfgraphError
+import yaml
+
+from tfgraph.errors import SpecError, TfgraphError
 from tfgraph.ir import Graph
 from tfgraph.loader import parse_spec
 from tfgraph.name_mismatch import mismatch_line
+from tfgraph.safe_yaml import MAX_BYTES
 from tfgraph.spec import Spec
 from tfgraph.terminal import printable
 
@@ -26,9 +30,28 @@ _LAYER_NAME = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.")
 
 
 def stored_spec(text: str, where: str) -> Spec:
-    """The spec of ``text`` (JSON, which the YAML reader reads with its size and nesting limits),
-    validated like a spec file; errors name ``where`` and the metadata key."""
-    return parse_spec(text, f"{printable(where)}[{SPEC_METADATA_KEY}]")
+    """The spec of ``text`` (JSON) validated like a spec file: the JSON is read by ``json``
+    (YAML would read an escaped surrogate pair, JSON's way to write an emoji, as two lone
+    surrogates), written back as YAML and read by the spec reader with its size, nesting and
+    count limits. Errors name ``where``, the metadata key and the field; no line and column
+    (they would point into the rewritten text, not the model's)."""
+    name = f"{printable(where)}[{SPEC_METADATA_KEY}]"
+    if len(text) > MAX_BYTES:
+        raise SpecError(f"larger than {MAX_BYTES:,} characters; not a spec", file=name)
+    try:
+        data = json.loads(text)
+        rewritten = yaml.safe_dump(data, sort_keys=False)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})",
+                        file=name) from None
+    except RecursionError:
+        raise SpecError("nested too deeply; not a spec", file=name) from None
+    try:
+        return parse_spec(rewritten, name)
+    except SpecError as err:
+        for problem in {id(p): p for p in (err, *err.problems)}.values():
+            problem.line = problem.col = None
+        raise
 
 
 def _layers_held(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
