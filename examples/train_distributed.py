@@ -368,6 +368,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(result, indent=1))
     if started_group:
+        dist.barrier()  # every rank done (rank 0 wrote its files) before gloo is torn down
         dist.destroy_process_group()
     return result
 

@@ -28,6 +28,7 @@ def main() -> None:
         dist.barrier()
     if dist.get_rank() == 0:
         Path(sys.argv[2]).write_text(json.dumps(results))
+    dist.barrier()  # no rank tears down gloo while another is still writing (it aborted)
     dist.destroy_process_group()
 
 

@@ -94,6 +94,9 @@ def main() -> None:
         dist.barrier()
     if dist.get_rank() == 0:
         torch.save(results, sys.argv[2])
+    # No rank tears down gloo while another is still writing: under load a rank aborted at
+    # exit ("terminate called without an active exception"), 1 launch in 3.
+    dist.barrier()
     dist.destroy_process_group()
 
 
