@@ -46,6 +46,7 @@ from tfgraph.exporters.torch_ops import (
     rope_tables_step,
 )
 from tfgraph.ir import Graph, Node
+from tfgraph.lower import cache_parts
 from tfgraph.plan import Plan, layer_region, plan
 from tfgraph.weights import check_weights, generate, weight_shapes
 
@@ -323,8 +324,9 @@ class DecoderOnlyOrEncoderModel(TorchModel):
         # A decoder also takes masks and a cache (design §8) through its KV-cache graph,
         # built on first use over these very parameters (shared storage, not registered
         # twice); a full, unmasked sequence keeps the fused-attention path.
+        # Whether a one-stack model has a KV-cache graph is the lowering's call (cache_parts).
         spec = graph.spec
-        self._cached_spec = spec if spec is not None and spec.arch == "decoder-only" else None
+        self._cached_spec = spec if spec is not None and cache_parts(spec) == (None,) else None
         self._cached: tuple[int, Any] | None = None
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,

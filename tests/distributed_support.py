@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +23,33 @@ def load_example() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_jobs(run_one: Callable[[Any], Any]) -> None:
+    """A worker's main: under torchrun (gloo), ``run_one`` on every job of argv[1] (JSON), a
+    TfgraphError as ``{"error": ...}``; rank 0 writes the results to argv[2] as JSON."""
+    import torch.distributed as dist
+
+    from tfgraph.errors import TfgraphError
+
+    dist.init_process_group("gloo")
+    results = []
+    for job in json.loads(sys.argv[1]):
+        try:
+            results.append(run_one(job))
+        except TfgraphError as e:
+            results.append({"error": str(e)})
+        dist.barrier()
+    if dist.get_rank() == 0:
+        Path(sys.argv[2]).write_text(json.dumps(results))
+    dist.barrier()  # no rank tears down gloo while another is still writing (it aborted)
+    dist.destroy_process_group()
+
+
+def run_example(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """examples/train_distributed.py as a plain process (no torchrun)."""
+    return subprocess.run([sys.executable, str(EXAMPLE), *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
 
 
 def torchrun(procs: int, worker: Path, jobs: Any, out: Path, timeout: int = 600) -> None:

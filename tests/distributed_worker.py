@@ -5,31 +5,18 @@ list (an ``{"error": ...}`` object for a run that raised TfgraphError)."""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
+from typing import Any
 
-import torch.distributed as dist
-
-from distributed_support import load_example
-from tfgraph.errors import TfgraphError
-
+from distributed_support import load_example, run_jobs
 
 
 def main() -> None:
     example = load_example()
-    dist.init_process_group("gloo")
-    results = []
-    for argv in json.loads(sys.argv[1]):
-        try:
-            results.append(example.train(example.parse_args(argv)))
-        except TfgraphError as e:
-            results.append({"error": str(e)})
-        dist.barrier()
-    if dist.get_rank() == 0:
-        Path(sys.argv[2]).write_text(json.dumps(results))
-    dist.barrier()  # no rank tears down gloo while another is still writing (it aborted)
-    dist.destroy_process_group()
+
+    def train(argv: list[str]) -> Any:
+        return example.train(example.parse_args(argv))
+
+    run_jobs(train)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ reference itself: the comparison needs no second launch.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +26,8 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 import tfgraph
-from distributed_support import load_example
+from distributed_support import load_example, run_jobs
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
-from tfgraph.errors import TfgraphError
 from tfgraph.exporters.torch_module import NormWeights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,22 +100,14 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
     example = load_example()
-    results: list[dict[str, Any]] = []
-    for case in json.loads(sys.argv[1]):
-        try:
-            if "example" in case:
-                results.append(example.train(example.parse_args(case["example"])))
-            else:
-                results.append(run(case))
-        except TfgraphError as e:
-            results.append({"error": str(e)})
-        dist.barrier()
-    if dist.get_rank() == 0:
-        Path(sys.argv[2]).write_text(json.dumps(results))
-    dist.barrier()  # no rank tears down gloo while another is still writing (it aborted)
-    dist.destroy_process_group()
+
+    def one(case: dict[str, Any]) -> Any:
+        if "example" in case:
+            return example.train(example.parse_args(case["example"]))
+        return run(case)
+
+    run_jobs(one)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from distributed_support import load_example, torchrun
+from distributed_support import load_example, run_example, torchrun
 
 import tfgraph
 from tfgraph.parallel.tp_plan import tp_plan
@@ -167,8 +167,7 @@ def test_four_processes_fsdp_and_tensor_parallel(four: dict[str, dict[str, Any]]
     (["--spec", "specs/tiny-llama.yaml", "--strategy", "tp", "--tp", "3"], "--tp 3"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
-    done = subprocess.run([sys.executable, str(EXAMPLE), *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = run_example(argv)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr

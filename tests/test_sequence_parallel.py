@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from distributed_support import load_example, torchrun
+from distributed_support import load_example, run_example, torchrun
 
 import tfgraph
 from tfgraph.errors import TfgraphError
@@ -272,8 +270,7 @@ def test_saved_activations_are_the_plan_with_sp(two: dict[str, dict[str, Any]],
       "15"], "--sp: --tp 2 does not divide --seq 15"),
 ])
 def test_bad_sp_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
-    done = subprocess.run([sys.executable, str(EXAMPLE), *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = run_example(argv)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
