@@ -22,16 +22,11 @@ from tfgraph.exporters.diagram_structure import (
     sublayer_ranks,
     users_in,
 )
-from tfgraph.exporters.diagram_style import NORM_NAMES, count
+from tfgraph.exporters.diagram_style import count, gated_title, op_title
 from tfgraph.ir import Graph, Node
+from tfgraph.ops import OPS
 from tfgraph.terminal import printable
 
-ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU"}
-# A gated feed-forward is called after the activation on its gate (Shazeer 2020, "GLU
-# Variants Improve Transformer").
-GATED_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU (tanh)"}
-POSITION_TEXT = {"positions_sinusoidal": "+ sinusoidal positions",
-                 "positions_learned": "+ learned positions"}
 SUBLAYER_WORDS = {"self_attn": "self-attention", "cross_attn": "cross-attention",
                   "ffn": "feed-forward"}
 
@@ -157,7 +152,7 @@ def inner_norm_text(graph: Graph, members: list[Node]) -> str:
     norms = [n for n in members if n.category == "norm"]
     if not norms:
         return ""
-    kinds = " / ".join(dict.fromkeys(NORM_NAMES.get(n.op, n.op) for n in norms))
+    kinds = " / ".join(dict.fromkeys(op_title(n.op) for n in norms))
     return f"{kinds} on {', '.join(_roles([graph.node(n.inputs[0]) for n in norms]))}"
 
 
@@ -201,8 +196,7 @@ def ffn_text(graph: Graph, members: list[Node]) -> str:
         return ", ".join(dict.fromkeys(n.op for n in members))
     act = acts[0].op
     gated = any(n.op == "mul" for n in members)
-    word = f"gated {GATED_NAMES.get(act, ACTIVATION_NAMES.get(act, act))}" if gated \
-        else ACTIVATION_NAMES.get(act, act)
+    word = f"gated {gated_title(act) or op_title(act)}" if gated else op_title(act)
     first, last = (graph.node(linears[i].inputs[1]).attrs["shape"] for i in (0, -1))
     return f"{word}, {first[1]} → {first[0]} → {last[0]}"
 
@@ -213,8 +207,8 @@ ROUTER_WORDS = {"softmax_topk": "softmax → top-k", "softmax_topk_renorm":
 
 def _expert_word(experts: Node) -> str:
     act = experts.attrs["activation"]
-    return f"gated {GATED_NAMES.get(act, act)}" if experts.attrs["gated"] \
-        else ACTIVATION_NAMES.get(act, act)
+    return f"gated {gated_title(act) or act}" if experts.attrs["gated"] \
+        else op_title(act)
 
 
 def experts_text(graph: Graph, members: list[Node]) -> str:
@@ -295,7 +289,7 @@ def order_text(graph: Graph, stack: Stack) -> str:
 def norm_kinds(stack: Stack) -> str:
     """'LayerNorm' (or 'RMSNorm', ...) of the norms in a layer, '' when it has none."""
     ops = dict.fromkeys(n.op for n in stack.layer0 if n.category == "norm")
-    return " / ".join(NORM_NAMES.get(op, op) for op in ops)
+    return " / ".join(op_title(op) for op in ops)
 
 
 def wiring_text(graph: Graph, stack: Stack) -> str:
@@ -333,20 +327,20 @@ def scale_text(factor: float) -> str:
 def positions_text(graph: Graph, stack: Stack) -> str:
     """How ``stack`` encodes positions: an embedding op, rotary ops in its layers, or none."""
     for node in stack.embed:
-        if node.op == "relative_bias":  # T5: a bias on the scores, not an added embedding
-            direction = "bidirectional" if node.attrs["bidirectional"] else "causal"
-            return (f"relative position bias ({node.attrs['buckets']} {direction} buckets, "
-                    "on the self-attention scores)")
-        if node.category == "position":
-            text = POSITION_TEXT.get(node.op, node.op)
-            if len(node.inputs) > 1:  # a learned table
-                rows, cols = graph.node(node.inputs[1]).attrs["shape"]
-                text += f" ({count(rows)} × {cols})"
-            if node.attrs.get("offset"):  # OPT, BART: position p reads row p + 2
-                text += f", from row {node.attrs['offset']}"
-            if node.attrs.get("layout") == "split":  # fairseq, Marian
-                text += " (sin | cos halves)"
+        opdef = OPS.get(node.op)
+        if opdef is None or opdef.category != "position":
+            continue
+        text = opdef.diagram_text(node.attrs) if opdef.diagram_text is not None else node.op
+        if opdef.score_bias:  # T5: a bias on the scores, not an added embedding
             return text
+        if len(node.inputs) > 1:  # a learned table
+            rows, cols = graph.node(node.inputs[1]).attrs["shape"]
+            text += f" ({count(rows)} × {cols})"
+        if node.attrs.get("offset"):  # OPT, BART: position p reads row p + 2
+            text += f", from row {node.attrs['offset']}"
+        if node.attrs.get("layout") == "split":  # fairseq, Marian
+            text += " (sin | cos halves)"
+        return text
     if any(n.category == "position" for n in stack.layer0):
         return "rotary positions (in attention)"
     return "no positions"
@@ -366,7 +360,7 @@ def embed_text(graph: Graph, stack: Stack) -> str:
     lines.append(positions_text(graph, stack))
     for node in stack.embed:
         if node.category == "norm":  # on the sum (BERT, BART)
-            lines.append(f"then {NORM_NAMES.get(node.op, node.op)}")
+            lines.append(f"then {op_title(node.op)}")
     return "\n".join(lines)
 
 

@@ -35,13 +35,13 @@ from tfgraph.exporters.diagram_structure import (
     wires,
 )
 from tfgraph.exporters.diagram_style import (
-    NORM_NAMES,
     Annotator,
     KindTracker,
     dot_id,
     edge,
     join_lines,
     new_digraph,
+    op_title,
 )
 from tfgraph.ir import Graph, Node
 
@@ -69,7 +69,7 @@ def _norm_text(graph: Graph, norm: Node, note: str) -> str:
     layer = norm.meta.module
     if layer and owner.startswith(layer + "."):
         owner = owner[len(layer) + 1:]
-    return join_lines(NORM_NAMES.get(norm.op, norm.op), name(owner), note)
+    return join_lines(op_title(norm.op), name(owner), note)
 
 
 def _all_layers(graph: Graph, box: str) -> list[str]:
@@ -152,7 +152,7 @@ def build_layer(graph: Graph, ann: Annotator) -> graphviz.Digraph:
         if stack.final_norm is not None:
             norm = stack.final_norm
             box = model_box(norm)
-            kinds.node(dot, box, join_lines(f"Final {NORM_NAMES.get(norm.op, norm.op)}",
+            kinds.node(dot, box, join_lines(f"Final {op_title(norm.op)}",
                                             ann.text([norm.name])), "norm")
             edge(dot, last, box, f" after layer {stack.layers}")
             out[stack.name] = box

@@ -13,7 +13,6 @@ from __future__ import annotations
 import graphviz
 
 from tfgraph.exporters.diagram_labels import (
-    ACTIVATION_NAMES,
     cross_text,
     dropout_text,
     embed_text,
@@ -25,12 +24,12 @@ from tfgraph.exporters.diagram_labels import (
 )
 from tfgraph.exporters.diagram_structure import Stack, arch_text, stack_named
 from tfgraph.exporters.diagram_style import (
-    NORM_NAMES,
     Annotator,
     KindTracker,
     edge,
     join_lines,
     new_digraph,
+    op_title,
     shape_text,
 )
 from tfgraph.ir import Graph, Node
@@ -76,8 +75,7 @@ def head_text(graph: Graph, head: Node, ann: Annotator) -> str:
     before = [n for n in ops[:ops.index(proj)]]
     scaled = [f"× {n.attrs['factor']:.4g}" for n in before if n.op == "scale"]  # T5
     words = [f"linear {linear_text(graph, n)}" if n.category == "linear"
-             else NORM_NAMES.get(n.op, n.op) if n.category == "norm"
-             else ACTIVATION_NAMES.get(n.op, n.op) for n in before if n.op != "scale"]
+             else op_title(n.op) for n in before if n.op != "scale"]
     transform = f"transform: {', '.join(words)}" if words else ""
     capped = [f"logits capped at ±{n.attrs['cap']:g}" for n in ops if n.op == "softcap"]
     return join_lines("Output head", transform, *scaled, f"linear {linear_text(graph, proj)}",
@@ -131,7 +129,7 @@ class _ModelDrawing:
             kinds.node(dot, box, join_lines(stack_text(graph, stack), ann.text(layer_nodes)),
                        "stack", shape="box3d", style="filled", fontsize="13")
         elif part == "norm":
-            kinds.node(dot, box, join_lines(f"Final {NORM_NAMES.get(node.op, node.op)}",
+            kinds.node(dot, box, join_lines(f"Final {op_title(node.op)}",
                                             ann.text([node.name])), "norm")
         elif box == "head":
             kinds.node(dot, box, head_text(graph, node, ann), "head")

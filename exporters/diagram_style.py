@@ -23,6 +23,7 @@ import graphviz
 from tfgraph import cost
 from tfgraph.ir import Graph, Shape
 from tfgraph.lengths import check_lengths, default_seq
+from tfgraph.ops import OPS
 from tfgraph.terminal import printable
 
 FONT = "Helvetica"
@@ -46,7 +47,17 @@ PALETTE: dict[str, tuple[str, str]] = {
     "head": ("#cfd8dc", "output head"),
 }
 
-NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "scalenorm": "ScaleNorm"}
+def op_title(op: str) -> str:
+    """An op's name as diagrams write it (``OpDef.title``: "LayerNorm", "GELU (tanh)"), else
+    the op's own name (or ``op`` itself, e.g. a spec's activation that is no op)."""
+    title = OPS[op].title if op in OPS else None
+    return title if title is not None else op
+
+
+def gated_title(op: str) -> str | None:
+    """The name of a feed-forward gated by activation ``op`` (``OpDef.gated_title``:
+    "SwiGLU"), None when it has none."""
+    return OPS[op].gated_title if op in OPS else None
 
 
 # Ids made only of these characters are written as they are (readable DOT, stable golden

@@ -95,12 +95,13 @@ from tfgraph.exporters.torch_sequence_parallel import (
     sequence_parallel_styles,
 )
 from tfgraph.ir import Graph
+from tfgraph.ops import OPS
 from tfgraph.parallel.tp_plan import ParamShard, check_divisible, tp_plan
 
 __all__ = ["ShardParameters", "device_mesh", "load_full_state_dict", "module_tp_plan",
            "parallelize"]
 
-NORM_OPS = ("layernorm", "rmsnorm", "scalenorm")
+NORM_OPS = tuple(op for op, d in OPS.items() if d.category == "norm")
 
 
 class ShardParameters(ParallelStyle):
@@ -167,14 +168,15 @@ def _check_tensor_parallel(graph: Graph, shards: Mapping[str, ParamShard], tp: i
     """What this module cannot split: raise TfgraphError (see the module docstring)."""
     check_divisible(graph, tp=tp)
     for node in graph.ops():
-        if node.op in NORM_OPS and "heads" not in node.attrs:
+        opdef = OPS[node.op]
+        if opdef.category == "norm" and "heads" not in node.attrs:
             source = graph.node(node.inputs[0])
             if source.op == "linear" and shards[source.inputs[1]].style == "colwise":
                 raise TfgraphError(f"{node.name}: a norm over a whole split projection "
                                    "(full-width query/key norm) needs statistics across "
                                    "tensor-parallel ranks; not supported")
-        if node.op == "relative_bias":
-            raise TfgraphError(f"{node.name}: tensor parallelism of relative position bias "
+        if opdef.tp_refused is not None:
+            raise TfgraphError(f"{node.name}: tensor parallelism of {opdef.tp_refused} "
                                "is not supported")
 
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 import re
 
 from tfgraph.ir import Graph
+from tfgraph.ops import OPS
 from tfgraph.parallel.tp_plan import tp_plan
 
 __all__ = ["parallel_source"]
-
-_NORMS = ("layernorm", "rmsnorm", "scalenorm")
 
 
 def _plan(graph: Graph) -> dict[str, str]:
@@ -47,11 +46,12 @@ def _refusals(graph: Graph) -> list[str]:
     shards = tp_plan(graph)
     why = []
     for node in graph.ops():
-        if node.op == "experts":
-            why.append("stacked experts are split by tfgraph.exporters.parallelize only")
-        if node.op == "relative_bias":
-            why.append("relative position bias is not split")
-        if node.op in _NORMS and "heads" not in node.attrs:
+        opdef = OPS[node.op]
+        if opdef.tp_refused_source is not None:
+            why.append(opdef.tp_refused_source)
+        if opdef.tp_refused is not None:
+            why.append(f"{opdef.tp_refused} is not split")
+        if opdef.category == "norm" and "heads" not in node.attrs:
             source = graph.node(node.inputs[0])
             if source.op == "linear" and shards[source.inputs[1]].style == "colwise":
                 why.append("a norm over a whole split projection needs statistics across "

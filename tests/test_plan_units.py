@@ -1,6 +1,6 @@
 """Which saved tensors a tensor-parallel rank keeps 1/t of (tfgraph.parallel.units): an op's
 own scratch is split when the op works on split data, except the scratch that stays whole on
-every rank (``WHOLE_SCRATCH``); under sequence parallelism the rest is the rank's rows or
+every rank (``OpDef.whole_scratch``); under sequence parallelism the rest is the rank's rows or
 whole on every rank as ``tfgraph.parallel.sequence_plan`` runs it. tests/test_distributed.py
 and tests/test_sequence_parallel.py measure the same on ranks under torchrun
 (saved_tensors_hooks); these pin the rule without a launch."""

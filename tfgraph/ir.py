@@ -137,6 +137,29 @@ def _shape(dims: tuple[Any, ...]) -> Shape:
     return tuple(sympy.sympify(d) for d in dims)
 
 
+def check_attrs(name: str, op: str, attrs: dict[str, Any]) -> None:
+    """LoweringError naming node ``name``, ``op`` and the attribute when ``attrs`` has one the
+    op does not declare (``OpDef.attrs``), lacks a required one, or has one of another
+    type."""
+    schema = OPS[op].attrs
+    for key, value in attrs.items():
+        if key not in schema:
+            known = ", ".join(sorted(schema)) or "none"
+            raise LoweringError(f"while lowering {name} ({op}): unknown attribute {key!r} "
+                                f"(the op takes: {known})")
+        expected = schema[key].type
+        if not isinstance(value, expected):
+            raise LoweringError(f"while lowering {name} ({op}): attribute {key!r} is "
+                                f"{type(value).__name__} {value!r}, not {_type_words(expected)}")
+    for key, attr in schema.items():
+        if attr.required and key not in attrs:
+            raise LoweringError(f"while lowering {name} ({op}): missing attribute {key!r}")
+
+
+def _type_words(t: type | tuple[type, ...]) -> str:
+    return " or ".join(x.__name__ for x in (t if isinstance(t, tuple) else (t,)))
+
+
 class Graph:
     """A lowered Transformer: op nodes, parameter nodes, graph inputs and outputs."""
 
@@ -194,12 +217,15 @@ class Graph:
 
     def add(self, op: str, inputs: list[str] | tuple[str, ...], *, name: str, scope: str,
             meta: NodeMeta | None = None, **attrs: Any) -> str:
-        """Add an op node; its output type is inferred now from the op's shape rule."""
+        """Add an op node; its attributes are checked against the op's (``OpDef.attrs``:
+        LoweringError for an unknown, missing required or mistyped one) and its output type
+        is inferred now from the op's shape rule."""
         if op not in OPS:
             raise LoweringError(f"while lowering {name}: unknown op {op!r}")
         missing = [i for i in inputs if i not in self._nodes]
         if missing:
             raise LoweringError(f"while lowering {name}: unknown inputs {missing}")
+        check_attrs(name, op, attrs)
         try:
             out = OPS[op].infer([self._nodes[i].type for i in inputs], attrs)
         except (ValueError, TypeError) as err:

@@ -28,17 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfgraph.errors import TfgraphError
+from tfgraph.spec import POSITION_KINDS
 
 if TYPE_CHECKING:
     from tfgraph.spec import Spec
 
-# What each kind of position does past max_len, ending the warning line.
-EXTRAPOLATES = {
-    "sinusoidal": "its sinusoidal positions extrapolate beyond the length it was built for",
-    "rope": "its rotary positions extrapolate beyond the length it was built for",
-    "relative": "its relative-position buckets extrapolate beyond the length it was built for",
-    "none": "it has no position encoding but runs beyond the length it was built for",
-}
 
 
 class BeyondMaxLenWarning(UserWarning):
@@ -68,7 +62,7 @@ class Lengths:
 
     @property
     def learned(self) -> bool:
-        return self.positions == "learned"
+        return POSITION_KINDS[self.positions].learned
 
     @property
     def hard_limit(self) -> int | None:
@@ -94,7 +88,7 @@ class Lengths:
     def extrapolation(self, subject: str) -> str:
         """The one-line warning for the other kinds asked for a length past max_len."""
         return (f"{subject}: longer than {self.name}'s max_len {self.max_len}: "
-                f"{EXTRAPOLATES[self.positions]}")
+                f"{POSITION_KINDS[self.positions].extrapolates}")
 
     def check(self, what: str, length: int | None, subject: str | None = None,
               stacklevel: int = 3) -> None:

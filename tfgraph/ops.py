@@ -15,7 +15,17 @@ Each ``OpDef`` gives
   (dropout); the liveness plan (``tfgraph.plan``) follows the alias;
 - ``commutative``: either operand may be the one a back end overwrites in place.
 - ``dense_flops``: for mixture-of-experts ops, the FLOPs when every expert runs on every
-  token (the ONNX form), next to ``flops``, the top-k count (``tfgraph.ops_moe``).
+  token (the ONNX form), next to ``flops``, the top-k count (``tfgraph.ops_moe``);
+- ``attrs``: the attributes the op takes (``Attr``: type, required or a default);
+  ``Graph.add`` refuses an undeclared one or a missing required one;
+- how it runs under tensor and sequence parallelism (``tp``, ``tp_split_param``,
+  ``vocab_reduce``, ``tp_refused``, ``tp_refused_source``, ``whole_scratch``, ``sequence``);
+- what a training step does with it (``shape_only`` operands, ``score_sized`` saved buffers);
+- ``score_bias`` and ``diagram_text``: how diagrams describe it.
+
+Every fact about an op lives here, in its ``OpDef``; a back end keeps only its own row per op
+(``TORCH_OPS``, ``TORCH_INPLACE``, ``TORCH_SOURCE``, ``ONNX_OPS``). ``tests/test_op_tables.py``
+asserts both: each back-end table covers every op, and no other op-keyed table exists.
 
 Back ends register a lowering per op name (``exporters``); a test asserts none is missing.
 """
@@ -23,8 +33,9 @@ Back ends register a lowering per op name (``exporters``); a test asserts none i
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Mapping
 
 import sympy
 
@@ -60,6 +71,46 @@ CATEGORIES = ("embedding", "position", "linear", "attention", "norm", "activatio
               "elementwise", "dropout", "output")
 
 
+TpRule = Literal["follows", "whole", "project", "project_hidden", "gather", "split_param"]
+"""How an op's output is placed under tensor parallelism (``tfgraph.parallel.placement``):
+
+- ``follows``: split like its split operands (per head or per element); whole when they are;
+- ``whole``: whole operands only (a split one is refused: a whole-width norm, routing, ...),
+  unless the node normalises per head (attrs ``heads``), which follows;
+- ``project``: a linear map by its weight's split: whole input and colwise weight -> split,
+  split input and rowwise weight -> partial sums, replicated weight -> whole;
+- ``project_hidden``: split on its hidden units (stacked experts): partial sums;
+- ``gather``: a lookup in a vocabulary-split table: partial sums (Megatron's
+  VocabParallelEmbedding);
+- ``split_param``: computed from a parameter split by heads (``tp_split_param``): split.
+"""
+
+SequenceRule = Literal["elementwise", "positions", "norm", "gathered"]
+"""How an op runs on a sequence shard (``tfgraph.parallel.sequence_plan``): ``elementwise``
+token by token on the last axis (the rank's rows of the whole result), ``positions`` adds the
+rank's positions, ``norm`` a whole-width norm with parameters (``SequenceParallel`` on its
+owner), ``gathered`` on all-gathered inputs (embeddings and linear maps are decided by their
+parameters' splits)."""
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One attribute an op takes: the Python type(s) its value has, and whether a node must
+    give it (``required``) or what an absent one means (``default``, documentation only: back
+    ends read ``attrs.get(key, default)`` as today)."""
+
+    type: type | tuple[type, ...]
+    required: bool = False
+    default: Any = None
+    doc: str = ""
+
+
+SIZE = (int, sympy.Expr)
+"""Sizes: ints, or sympy expressions in the symbolic twins ``tfgraph.formulas`` lowers."""
+REAL = (int, float)
+"""Real numbers (a YAML value may be an int where a float is meant)."""
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
@@ -77,6 +128,45 @@ class OpDef:
     dense_flops: Callable[[list[TensorType], TensorType, dict[str, Any]], Flops] | None = None
     """FLOPs of the form that computes every routed expert for every token (what the ONNX
     back end runs for ``experts``), when it differs from ``flops`` (the ideal, top-k form)."""
+    attrs: Mapping[str, Attr] = dataclasses.field(default_factory=dict)
+    """The attributes a node of this op may carry (``Graph.add`` checks them)."""
+    tp: TpRule = "whole"
+    """How its output is placed under tensor parallelism (``TpRule``)."""
+    tp_split_param: tuple[int, int] | None = None
+    """(operand, dimension) of a parameter operand split by heads across tensor-parallel ranks
+    (each rank keeps its heads' slice: the ``heads`` style of ``tfgraph.parallel.tp_plan``)."""
+    vocab_reduce: Literal["R", "S"] | None = None
+    """For ops over the vocabulary (last axis): on vocabulary-split logits each rank reduces
+    its share and the ranks all-reduce three numbers per token (max, sum of exponentials, the
+    label's logit: Megatron's vocab-parallel cross-entropy); the output is then whole ("R",
+    the loss) or split ("S", the probabilities)."""
+    tp_refused: str | None = None
+    """What the op is, in the words ``parallelize`` and model.py's ``check_tp`` refuse tensor
+    parallelism with ("tensor parallelism of X is not supported", "X is not split")."""
+    tp_refused_source: str | None = None
+    """Why model.py's own ``parallelize`` refuses tensor parallelism for the op although
+    ``tfgraph.exporters.parallelize`` runs it."""
+    whole_scratch: tuple[str, ...] = ()
+    """Labels of the op's own saved scratch that stays whole on every tensor-parallel rank
+    although the op works on split data (``tfgraph.parallel.units``)."""
+    sequence: SequenceRule = "gathered"
+    """How it runs on a sequence shard (``SequenceRule``)."""
+    shape_only: tuple[int, ...] = ()
+    """Operands the op reads only for their shape: no gradient flows back to them
+    (``tfgraph.train_walk``)."""
+    score_sized: tuple[str, ...] = ()
+    """Labels of its saved buffers that hold one value per attention score: what selective
+    recomputation drops and rebuilds in backward (``tfgraph.train_walk``)."""
+    score_bias: bool = False
+    """Its output is a per-head bias on the attention scores (heads, Tq, Tk), not an embedding
+    added to the residual stream (diagrams describe it so)."""
+    diagram_text: Callable[[dict[str, Any]], str] | None = None
+    """The words a diagram's embedding box gives a position op, from its attributes."""
+    title: str | None = None
+    """The op's name as diagrams write it ("LayerNorm", "GELU (tanh)"); None: its op name."""
+    gated_title: str | None = None
+    """For an activation, the name of a feed-forward gated by it ("SwiGLU"; Shazeer 2020,
+    "GLU Variants Improve Transformer"); None: "gated" and its title."""
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -145,12 +235,14 @@ def _embedding_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType
 register(OpDef(
     "embedding", (2, 2), _embedding_infer, _no_flops, _save_input(1),
     "Gather rows of a token table: (V, d), (B, S) int64 -> (B, S, d). No FLOPs (a copy).",
-    category="embedding",
+    category="embedding", tp="gather",
 ))
 
 register(OpDef(
     "scale", (1, 1), _same, _elementwise("add"), _nothing_saved,
     "x * attrs['factor'] (sqrt(d_model) on token embeddings, Vaswani et al. 2017 §3.4).",
+    attrs={"factor": Attr((*REAL, sympy.Expr), required=True, doc="the multiplier")},
+    tp="follows", sequence="elementwise",
 ))
 
 
@@ -169,7 +261,9 @@ register(OpDef(
     "first ceil(d/2) channels and the cosines the rest (fairseq, Marian). The table is a "
     "constant, not a parameter. An optional second operand, position ids (B, S), gives "
     "each token's position instead of 0..S-1 (padding, KV cache).",
-    category="position",
+    category="position", sequence="positions",
+    attrs={"layout": Attr(str, default="interleaved", doc="interleaved or split")},
+    diagram_text=lambda attrs: "+ sinusoidal positions",
 ))
 
 
@@ -189,7 +283,9 @@ register(OpDef(
     "x + table[offset:offset+S] with a learned (max_len + offset, d) table; attrs['offset'] "
     "(OPT, BART: 2) is absent when 0. An optional third operand, position ids (B, S), reads "
     "table[offset + id] per token instead (padding, KV cache).",
-    category="position",
+    category="position", sequence="positions",
+    attrs={"offset": Attr(int, default=0, doc="the table row of position 0")},
+    diagram_text=lambda attrs: "+ learned positions",
 ))
 
 
@@ -215,7 +311,16 @@ register(OpDef(
     "pair per sequence, shared by every layer: not counted), so nothing is saved. An optional "
     "second operand, position ids (B, S), rotates each token by its own position (padding, "
     "KV cache).",
-    category="position",
+    category="position", tp="follows",
+    attrs={
+        "heads": Attr(SIZE, required=True), "head_dim": Attr(SIZE, required=True),
+        "theta": Attr(REAL, required=True, doc="the frequency base"),
+        "rotary_dim": Attr(SIZE, doc="channels rotated per head (default: head_dim)"),
+        "interleaved": Attr(bool, default=False, doc="pairs (2i, 2i+1)"),
+        "scaling": Attr(str, doc="the context scaling (tfgraph.rope)"),
+        "inv_freq": Attr(tuple, doc="the rotary_dim/2 frequencies of a context scaling"),
+        "scale": Attr(REAL, default=1.0, doc="multiplies cos and sin (YaRN)"),
+    },
 ))
 
 def _relative_bias_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -241,6 +346,14 @@ register(OpDef(
     "integer bucket indices). With a third operand, an attention mask (B, T) of a KV-cache "
     "graph, the keys are its T positions and the queries the last L: (heads, L, T).",
     category="position",
+    attrs={"buckets": Attr(int, required=True), "max_distance": Attr(int, required=True),
+           "bidirectional": Attr(bool, required=True, doc="encoder: both directions")},
+    tp="split_param", tp_split_param=(0, 1), tp_refused="relative position bias",
+    shape_only=(1, 2), score_bias=True,
+    diagram_text=lambda attrs: (
+        f"relative position bias ({attrs['buckets']} "
+        f"{'bidirectional' if attrs['bidirectional'] else 'causal'} buckets, "
+        "on the self-attention scores)"),
 ))
 
 # ---- linear algebra -----------------------------------------------------------------------
@@ -266,8 +379,19 @@ def _linear_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any])
 register(OpDef(
     "linear", (2, 3), _linear_infer, _linear_flops, _save_input(0),
     "y = x W^T (+ b) with W in torch's [out, in] layout; also the output head (tied or not).",
-    category="linear",
+    category="linear", tp="project",
 ))
+
+
+ATTENTION_ATTRS: dict[str, Attr] = {
+    "heads": Attr(SIZE, required=True), "kv_heads": Attr(SIZE, required=True),
+    "head_dim": Attr(SIZE, required=True), "causal": Attr(bool, required=True),
+    "normalize": Attr(str, required=True, doc="softmax or hardmax"),
+    "window": Attr((*SIZE, type(None)), doc="sliding window: keys a query reads"),
+    "softcap": Attr(REAL, doc="c of c*tanh(scores/c) (Gemma 2)"),
+    "scale": Attr(REAL, doc="the score scale (default 1/sqrt(head_dim))"),
+}
+"""Attributes of both attention ops."""
 
 
 def _attention_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -355,8 +479,13 @@ register(OpDef(
     "softmax or hardmax; an optional fourth operand (h, Tq, Tk) is added to the scores "
     "before the mask (T5's position bias). Output (B, Tq, h*hd).",
     _attention_temp,
-    category="attention",
+    category="attention", tp="follows", score_sized=("weights", "tanh"),
+    attrs={
+        **ATTENTION_ATTRS,
+        "kind": Attr(str, required=True, doc="self or cross"),
+    },
 ))
+
 
 # ---- KV cache (inference graphs: tfgraph.lower with cache=True) ---------------------------
 
@@ -379,6 +508,7 @@ register(OpDef(
     "onnxruntime-genai's past_key_values / present); with no past operand, this sequence's "
     "alone (an encoder's, or cross-attention keys/values computed once).",
     category="attention",
+    attrs={"kv_heads": Attr(SIZE, required=True), "head_dim": Attr(SIZE, required=True)},
 ))
 
 
@@ -415,6 +545,8 @@ register(OpDef(
     "fifth operand (h, S, T) is added to the scores before the mask (T5's position bias). "
     "Output (B, S, h*hd).",
     category="attention",
+    attrs={**ATTENTION_ATTRS,
+           "self_read": Attr(bool, default=True, doc="a query reads its own key always")},
 ))
 
 # ---- norms --------------------------------------------------------------------------------
@@ -461,21 +593,34 @@ def _norm_flops(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, 
     return flops
 
 
+NORM_TITLES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "scalenorm": "ScaleNorm"}
+NORM_ATTRS: dict[str, Attr] = {
+    "eps": Attr(REAL, required=True),
+    "heads": Attr(SIZE, doc="slices of the last axis normalised each on its own (qk-norm)"),
+    "unit_offset": Attr(bool, default=False, doc="the gain is 1 + the parameter (Gemma)"),
+}
+
 for _kind, _doc in NORM_DOCS.items():
     register(OpDef(_kind, (2, 3), _norm_infer, _norm_flops(_kind), _norm_saved(_kind), _doc,
-                   category="norm"))
+                   category="norm", attrs=NORM_ATTRS, sequence="norm",
+                   title=NORM_TITLES[_kind]))
 
 
 # ---- activations and element-wise -------------------------------------------------------
 
 register(OpDef("relu", (1, 1), _same, _elementwise("relu"), _save_output, "max(x, 0).",
-               category="activation"))
+               category="activation", tp="follows", sequence="elementwise",
+               title="ReLU"))
 register(OpDef("gelu", (1, 1), _same, _elementwise("gelu"), _save_input(0),
-               "x * Phi(x), exact erf form.", category="activation"))
+               "x * Phi(x), exact erf form.", category="activation", tp="follows",
+               sequence="elementwise", title="GELU", gated_title="GeGLU"))
 register(OpDef("gelu_tanh", (1, 1), _same, _elementwise("gelu_tanh"), _save_input(0),
-               "GPT-2's tanh approximation of GELU ('gelu_new').", category="activation"))
+               "GPT-2's tanh approximation of GELU ('gelu_new').", category="activation",
+               tp="follows", sequence="elementwise", title="GELU (tanh)",
+               gated_title="GeGLU (tanh)"))
 register(OpDef("silu", (1, 1), _same, _elementwise("silu"), _save_input(0),
-               "x * sigmoid(x).", category="activation"))
+               "x * sigmoid(x).", category="activation", tp="follows", sequence="elementwise",
+               title="SiLU", gated_title="SwiGLU"))
 
 
 def _binary_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -489,9 +634,10 @@ def _mul_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) ->
 
 
 register(OpDef("mul", (2, 2), _binary_infer, _elementwise("add"), _mul_saved,
-               "Element-wise product: the gate of swiglu / geglu.", commutative=True))
+               "Element-wise product: the gate of swiglu / geglu.", commutative=True,
+               tp="follows", sequence="elementwise"))
 register(OpDef("add", (2, 2), _binary_infer, _elementwise("add"), _nothing_saved,
-               "Residual add.", commutative=True))
+               "Residual add.", commutative=True, tp="follows", sequence="elementwise"))
 
 
 def _dropout_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
@@ -504,7 +650,8 @@ register(OpDef(
     "dropout", (1, 1), _same, _no_flops, _dropout_saved,
     "Inverted dropout with attrs['p'] in training; the identity at inference (so no FLOPs in "
     "the inference count). Training keeps a one-byte mask per element.",
-    category="dropout", aliases_input=True,
+    category="dropout", aliases_input=True, tp="follows", sequence="elementwise",
+    attrs={"p": Attr(REAL, required=True, doc="the drop probability")},
 ))
 
 def _save_tanh(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
@@ -513,9 +660,12 @@ def _save_tanh(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) ->
 
 
 register(OpDef("softcap", (1, 1), _same, _elementwise("softcap"), _save_tanh,
-               "attrs['cap'] * tanh(x / attrs['cap']): soft-capped logits (Gemma 2)."))
+               "attrs['cap'] * tanh(x / attrs['cap']): soft-capped logits (Gemma 2).",
+               attrs={"cap": Attr(REAL, required=True)}, tp="follows",
+               sequence="elementwise"))
 register(OpDef("softmax", (1, 1), _same, _elementwise("softmax"), _save_output,
-               "Softmax over the last axis (output: probs).", category="output"))
+               "Softmax over the last axis (output: probs).", category="output",
+               vocab_reduce="S", sequence="elementwise"))
 
 
 def sinusoid_frequencies(d: int) -> list[float]:

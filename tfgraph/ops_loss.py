@@ -99,5 +99,5 @@ register(OpDef(
     "mean over the B*L tokens of -log_softmax(logits)[label], computed in float32 (16-bit "
     "logits are upcast). The training loss (tfgraph.compile(spec, loss=True)).",
     _cross_entropy_temp,
-    category="output",
+    category="output", vocab_reduce="R", whole_scratch=("total_weight",),
 ))

@@ -21,6 +21,8 @@ from tfgraph.ops import (
     STATS_BYTES,
     ZERO,
     Flops,
+    SIZE,
+    Attr,
     OpDef,
     Saved,
     TensorType,
@@ -85,6 +87,9 @@ register(OpDef(
     "by their sum), topk_softmax (softmax over the k largest logits). Output (B, L, E): the k "
     "weights at their experts, exactly 0 elsewhere. Computed in float32.",
     category="activation",
+    attrs={"top_k": Attr(SIZE, required=True),
+           "router": Attr(str, required=True,
+                          doc="softmax_topk, softmax_topk_renorm or topk_softmax")},
 ))
 
 
@@ -171,6 +176,10 @@ register(OpDef(
     "every expert on every token (the ONNX form).",
     category="linear",
     dense_flops=_experts_dense_flops,
+    attrs={"top_k": Attr(SIZE, required=True), "activation": Attr(str, required=True),
+           "gated": Attr(bool, required=True)},
+    tp="project_hidden", whole_scratch=("tokens", "expert_out", "indices"),
+    tp_refused_source="stacked experts are split by tfgraph.exporters.parallelize only",
 ))
 
 
@@ -197,4 +206,5 @@ def _sigmoid_gate_saved(ins: list[TensorType], out: TensorType, attrs: dict[str,
 register(OpDef(
     "sigmoid_gate", (2, 2), _sigmoid_gate_infer, _sigmoid_gate_flops, _sigmoid_gate_saved,
     "sigmoid(gate) * y with gate (B, L, 1) and y (B, L, d): Qwen2-MoE's shared_expert_gate.",
+    tp="follows", sequence="elementwise",
 ))

@@ -14,7 +14,8 @@ that prefix to point at the right line.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -32,6 +33,35 @@ MAX_EXPERTS = 1 << 16  # 65,536; DeepSeek-V3 has 256 routed experts
 
 Arch = Literal["encoder-only", "decoder-only", "encoder-decoder"]
 Positions = Literal["sinusoidal", "learned", "rope", "relative", "none"]
+"""The position kinds (``embedding.positions``); each has its record in ``POSITION_KINDS``."""
+
+
+@dataclass(frozen=True)
+class PositionKind:
+    """What a kind of positions means for sequence lengths (``tfgraph.lengths``):
+    ``learned``, a table with no row past ``max_len`` (a hard limit); otherwise
+    ``extrapolates``, how the model runs past ``max_len``, ending the warning line."""
+
+    learned: bool = False
+    extrapolates: str = ""
+
+
+POSITION_KINDS: dict[str, PositionKind] = {
+    "sinusoidal": PositionKind(extrapolates="its sinusoidal positions extrapolate beyond the "
+                                            "length it was built for"),
+    "learned": PositionKind(learned=True),
+    "rope": PositionKind(extrapolates="its rotary positions extrapolate beyond the length it "
+                                      "was built for"),
+    "relative": PositionKind(extrapolates="its relative-position buckets extrapolate beyond "
+                                          "the length it was built for"),
+    "none": PositionKind(extrapolates="it has no position encoding but runs beyond the length "
+                                      "it was built for"),
+}
+"""One record per position kind: a new kind is its ``Positions`` name and its entry here
+(checked when this module is imported)."""
+if set(POSITION_KINDS) != set(get_args(Positions)):
+    raise ImportError(f"tfgraph.spec: Positions {get_args(Positions)} and POSITION_KINDS "
+                      f"{tuple(POSITION_KINDS)} disagree")
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
 NormPosition = Literal["post", "pre", "branch", "sandwich"]
 NormKind = Literal["layernorm", "rmsnorm", "scalenorm"]

@@ -19,13 +19,15 @@ twice (the residual stream) has its gradient accumulated: the second consumer's 
 its new gradient next to the accumulated one. The loss's backward writes the logits' gradient
 (B, L, V at the logits' dtype) while the float32 log-probabilities and their gradient are live
 (``ops_loss.backward_temp``). Parameters receive no activation gradient; integer ids and the
-operands an op reads only for their shape (``relative_bias``' input) none either.
+operands an op reads only for their shape (``OpDef.shape_only``: ``relative_bias``' input) none
+either.
 
 Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models"):
 - ``none``: every saved tensor is kept from its op's forward to its backward;
-- ``selective``: attention's score-sized saved tensors (the softmax weights and tanh output
-  that explicit attention keeps: hardmax, a score bias, soft-capping) are not kept; they are
+- ``selective``: attention's score-sized saved tensors (``OpDef.score_sized``: the softmax
+  weights and tanh output that explicit attention keeps: hardmax, a score bias, soft-capping)
+  are not kept; they are
   recomputed in that attention's backward, where they are live again as scratch. Attention run
   as a fused kernel keeps no score-sized tensor, so there it equals ``none``;
 - ``full``: each layer (``plan.layer_region``) keeps only its inputs from outside the layer
@@ -49,15 +51,11 @@ from tfgraph import cost, ops_loss
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import Graph, Node
 from tfgraph.lower import lower
+from tfgraph.ops import OPS
 from tfgraph.plan import Plan, Step, plan
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO = sympy.Integer(0)
-SCORE_SIZED = ("weights", "tanh")
-"""Labels of attention's saved buffers that hold one value per score (``ops._attention_saved``):
-what selective recomputation drops."""
-SHAPE_ONLY = {"relative_bias": (1, 2)}
-"""Operands an op reads only for their length: no gradient flows back to them."""
 
 Region = tuple[Any, ...]
 LayerKey = tuple[str, int] | None
@@ -128,8 +126,9 @@ class _Saves:
     """Saved tensor id -> the op after whose backward it is freed (its first saver)."""
 
 
-def _is_score_sized(tensor: str) -> bool:
-    return tensor.rpartition("#")[2] in SCORE_SIZED and "#" in tensor
+def _is_score_sized(node: Node, tensor: str) -> bool:
+    """Whether saved ``tensor`` of ``node`` is one of the op's score-sized buffers."""
+    return tensor.rpartition("#")[2] in OPS[node.op].score_sized and "#" in tensor
 
 
 def _costs(graph: Graph) -> dict[str, cost.OpCost]:
@@ -147,11 +146,11 @@ def _saves(graph: Graph, walk: Plan, recompute: str) -> _Saves:
     for step in walk.steps:
         node = step.node
         saved = list(costs[node.name].saved)
-        if recompute == "selective" and node.op == "attention":
-            scores = [(t, b) for t, b in saved if _is_score_sized(t)]
+        if recompute == "selective" and OPS[node.op].score_sized:
+            scores = [(t, b) for t, b in saved if _is_score_sized(node, t)]
             if scores:
                 dropped[node.name] = cost.total(b for _, b in scores)
-                saved = [(t, b) for t, b in saved if not _is_score_sized(t)]
+                saved = [(t, b) for t, b in saved if not _is_score_sized(node, t)]
         key = region.get(node.name)
         if recompute == "full" and key is not None:
             rebuilt[node.name] = saved
@@ -184,7 +183,7 @@ def _region_inputs(graph: Graph, walk: Plan, key: Region) -> list[str]:
 
 def _grad_inputs(graph: Graph, node: Node) -> list[str]:
     """The operands ``node``'s backward writes a gradient for: floating activations."""
-    skip = SHAPE_ONLY.get(node.op, ())
+    skip = OPS[node.op].shape_only
     out = []
     for k, i in enumerate(node.inputs):
         src = graph.node(i)

@@ -31,18 +31,14 @@ from dataclasses import dataclass
 
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import Graph, Node
+from tfgraph.ops import OPS
 from tfgraph.parallel.tp_plan import tp_plan
 
 R, S, P = "R", "S", "P"
 _INDEX_DTYPES = ("int64", "int32", "bool")
 
-# Ops whose output is split like their split operands (per head or per element).
-_FOLLOWS = ("rope", "attention", "add", "mul", "dropout", "scale", "silu", "gelu", "gelu_tanh",
-            "relu", "softcap", "sigmoid_gate")
-# Ops over the vocabulary: on split logits each rank reduces its share and the ranks all-reduce
-# three numbers per token (max, sum of exponentials, the label's logit: Megatron's
-# vocab-parallel cross-entropy); the loss is whole, probabilities stay split.
-VOCAB_REDUCE = {"cross_entropy": R, "softmax": S}
+# Each op's rule is its OpDef.tp (tfgraph.ops.TpRule); ops over the vocabulary say where their
+# output lives on split logits (OpDef.vocab_reduce: the loss whole, probabilities split).
 
 
 @dataclass(frozen=True)
@@ -53,7 +49,8 @@ class Placement:
     forward_reduce: tuple[str, ...]
     """Nodes whose output (P) is all-reduced in the forward pass."""
     vocab_reduce: tuple[str, ...]
-    """Vocabulary ops on split logits: three floats per token all-reduced (VOCAB_REDUCE)."""
+    """Vocabulary ops on split logits: three floats per token all-reduced
+    (``OpDef.vocab_reduce``)."""
     backward_reduce: dict[str, str]
     """R tensors entering a split region -> their first split reader: the tensor's gradient
     is all-reduced once in the backward pass (after that reader's backward)."""
@@ -73,23 +70,24 @@ def _place(graph: Graph, node: Node, of: dict[str, str]) -> str:
             and graph.node(i).type.dtype not in _INDEX_DTYPES]
     params = [of[i] for i in node.inputs if graph.node(i).is_param]
     split_param = S in params
-    if node.op == "linear" or node.op == "experts":
+    opdef = OPS[node.op]
+    if opdef.tp in ("project", "project_hidden"):
         x = acts[0]
         if not split_param:
             if x == S:
                 raise _refuse(node, "reads a split tensor with a replicated weight")
             return R
-        return P if x == S or node.op == "experts" else S
-    if node.op == "embedding":
+        return P if x == S or opdef.tp == "project_hidden" else S
+    if opdef.tp == "gather":
         return P if split_param else R
-    if node.op == "relative_bias":
+    if opdef.tp == "split_param":
         return S if split_param else R
     placed = set(acts)
-    if node.op in VOCAB_REDUCE and placed == {S}:
-        return VOCAB_REDUCE[node.op]
+    if opdef.vocab_reduce is not None and placed == {S}:
+        return opdef.vocab_reduce
     if placed <= {R} and not split_param:
         return R
-    if placed == {S} and (node.op in _FOLLOWS or "heads" in node.attrs):
+    if placed == {S} and (opdef.tp == "follows" or "heads" in node.attrs):
         return S
     if placed == {S}:
         raise _refuse(node, "normalises the whole width of a split tensor (a gather per "
@@ -116,7 +114,7 @@ def place(graph: Graph) -> Placement:
         of[node.name] = out
         if out == P:
             forward.append(node.name)
-        if node.op in VOCAB_REDUCE and S in seen.values():
+        if OPS[node.op].vocab_reduce is not None and S in seen.values():
             vocab.append(node.name)
         if out in (S, P):
             for i in node.inputs:

@@ -33,21 +33,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import get_args
-
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import Graph
+from tfgraph.ops import OPS
 from tfgraph.parallel.tp_plan import tp_plan
-from tfgraph.spec import NormKind
 
 __all__ = ["ELEMENTWISE_OPS", "SequencePlan", "sequence_parallel_plan"]
 
-# Ops computed token by token on their operands' last axis: on a sequence shard they give
-# the rank's rows of the whole result.
-ELEMENTWISE_OPS = frozenset({"add", "mul", "scale", "dropout", "relu", "gelu", "gelu_tanh",
-                             "silu", "sigmoid_gate", "softcap", "softmax"})
-POSITION_OPS = frozenset({"positions_learned", "positions_sinusoidal"})
-NORM_OPS = frozenset(get_args(NormKind))  # a norm op is named by its spec kind
+# Each op's rule is its OpDef.sequence (tfgraph.ops.SequenceRule). Ops computed token by
+# token on their operands' last axis (sequence "elementwise") give on a sequence shard the
+# rank's rows of the whole result.
+ELEMENTWISE_OPS = frozenset(op for op, d in OPS.items() if d.sequence == "elementwise")
 # Graph inputs of the cached and masked graphs (KV cache, padding): not full-sequence training.
 _CACHE_INPUTS = ("attention_mask", "position_ids", "encoder_attention_mask")
 ROWS_KINDS = frozenset({"embedding", "rowwise", "norm", "positions", "elementwise"})
@@ -94,14 +90,14 @@ def sequence_parallel_plan(graph: Graph) -> SequencePlan:
             kind[node.name] = "rowwise"
         elif not on_shards:
             continue
-        elif node.op in NORM_OPS and params and "heads" not in node.attrs:
+        elif OPS[node.op].sequence == "norm" and params and "heads" not in node.attrs:
             kind[node.name] = "norm"
-        elif node.op in POSITION_OPS:
+        elif OPS[node.op].sequence == "positions":
             if len(values) > 1:
                 raise TfgraphError(f"{node.name}: positions from position ids are not "
                                    "supported under sequence parallelism")
             kind[node.name] = "positions"
-        elif node.op in ELEMENTWISE_OPS and not params \
+        elif OPS[node.op].sequence == "elementwise" and not params \
                 and all(_along_sequence(graph, v, on_shards[0]) for v in values):
             kind[node.name] = "elementwise"
         elif node.op == "linear" and styles & {"colwise", "vocab"}:

@@ -20,6 +20,7 @@ from typing import Literal
 
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import Graph, Node
+from tfgraph.ops import OPS
 
 Style = Literal["colwise", "rowwise", "vocab", "heads", "experts_colwise", "experts_rowwise",
                 "replicate"]
@@ -34,8 +35,9 @@ _LAYER_STYLES: dict[str, Style] = {
 }
 _EMBED_STYLES: dict[str, Style] = {
     "tokens": "vocab", "source_tokens": "vocab", "target_tokens": "vocab",
-    "relative_bias": "heads",  # (buckets, heads): each rank keeps its heads' columns
 }
+# A parameter an op splits by heads (OpDef.tp_split_param: T5's (buckets, heads) relative bias
+# table, each rank keeping its heads' columns) is found from the op, in _tp_plan.
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,6 @@ def param_shard(p: Node) -> ParamShard:
         return ParamShard(style, 0)
     if style == "rowwise":  # the bias is added after the reduction: whole on every rank
         return ParamShard(style, 1) if leaf == "weight" else ParamShard("replicate", None)
-    if style == "heads":
-        return ParamShard(style, 1)
     if style == "experts_colwise":  # (E, hidden, d)
         return ParamShard(style, 1, 0)
     if style == "experts_rowwise":  # (E, d, hidden)
@@ -88,12 +88,19 @@ def _tp_plan(graph: Graph) -> dict[str, ParamShard]:
     head also reads (tied, ``tie_output``) is replicated: one module cannot be both an
     embedding split by vocabulary rows and a head split by output rows, so
     ``parallelize`` keeps the tied table whole on every tensor-parallel rank, and the head's
-    bias (head.bias, when output_bias) with it."""
+    bias (head.bias, when output_bias) with it. A parameter operand an op splits by heads
+    (``OpDef.tp_split_param``) has the ``heads`` style on that dimension."""
     # tied: a table an embedding gathers from and a linear (the head) multiplies by
     tables = {n.inputs[0] for n in graph.ops() if n.op == "embedding"}
     tied = {name for n in graph.ops() if n.op == "linear" and n.inputs[1] in tables
             for name in n.inputs[1:]}
-    return {p.name: ParamShard("replicate", None) if p.name in tied
+    by_heads: dict[str, ParamShard] = {}
+    for n in graph.ops():
+        split = OPS[n.op].tp_split_param
+        if split is not None and graph.node(n.inputs[split[0]]).is_param:
+            by_heads[n.inputs[split[0]]] = ParamShard("heads", split[1])
+    return {p.name: by_heads[p.name] if p.name in by_heads
+            else ParamShard("replicate", None) if p.name in tied
             and param_shard(p).style == "vocab" else param_shard(p) for p in graph.params()}
 
 

@@ -52,9 +52,8 @@ FORMS = ("fused", "unfused")
 # 0-d total weight is one float on every rank. Under sequence parallelism both ops still run
 # on the whole sequence (the experts on the all-gathered stream, as Megatron-LM's token
 # dispatcher for expert tensor parallelism all-gathers it; the loss on every token's logits),
-# so this scratch stays whole on every rank (``_kept_as``: "replicated").
-WHOLE_SCRATCH = {"experts": ("tokens", "expert_out", "indices"),
-                 "cross_entropy": ("total_weight",)}
+# so this scratch stays whole on every rank (``_kept_as``: "replicated"). Each op names it in
+# its ``OpDef.whole_scratch``.
 
 
 @dataclass
@@ -126,14 +125,14 @@ def _resolve(graph: Graph, node: Node, ref: tuple[Any, ...]) -> str | None:
 def _split(graph: Graph, tensor: str, placement: Placement | None) -> bool:
     """Whether a rank keeps 1/t of a saved tensor: a split value; an op's own scratch when
     the op works on split data (the experts' hidden units, the log-softmax of split logits,
-    attention's log-sum-exp), but for the scratch ``WHOLE_SCRATCH`` names."""
+    attention's log-sum-exp), but for the scratch its ``OpDef.whole_scratch`` names."""
     if placement is None:
         return False
     owner, _, scratch = tensor.partition("#")
     if not scratch:
         return placement.of[owner] == "S"
     node = graph.node(owner)
-    if scratch in WHOLE_SCRATCH.get(node.op, ()):
+    if scratch in OPS[node.op].whole_scratch:
         return False
     return placement.of[owner] in ("S", "P") or any(
         placement.of[i] == "S" for i in node.inputs if not graph.node(i).is_param)

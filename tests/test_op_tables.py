@@ -1,0 +1,215 @@
+"""Every fact about an op lives with the op (issue 23): its ``OpDef`` in ``tfgraph/ops*.py``,
+and each back end keeps one row per op in its own table. This test finds every module-level
+op-keyed dict of ``tfgraph`` (its exporters included) and asserts that
+
+(a) each registered back-end table covers every op (``FULL_TABLES``; ``PARTIAL_TABLES`` are
+    back-end rows only some ops have, such as an in-place form);
+(b) no other op-keyed dict exists outside ``tfgraph/ops*.py`` (a side table a new op would
+    have to join with no test saying so): a new one fails here until its facts move into
+    ``OpDef`` or it is registered as a back end's own table;
+(c) every ``OpDef`` has the fields its kind of op needs filled;
+
+and that ``Graph.add`` checks a node's attributes against its op's declared ``attrs``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import types
+from collections.abc import Mapping
+from typing import Any, get_args
+
+import pytest
+import sympy
+
+import tfgraph
+from tfgraph.ir import Graph, LoweringError
+from tfgraph.ops import OPS, Attr, SequenceRule, TpRule
+
+OP_MODULES = ("tfgraph.ops", "tfgraph.ops_loss", "tfgraph.ops_moe")
+"""Where op facts live (``OPS``, ``NORM_DOCS``, ``NORM_TITLES``, ... are allowed here)."""
+
+# A back end's own row per op: "module.NAME" -> ops it need not cover, with why.
+FULL_TABLES: dict[str, frozenset[str]] = {
+    "tfgraph.exporters.torch_ops.TORCH_OPS": frozenset(),  # the torch module's kernels
+    # model.py's templates: KV-cache ops run only in the module's cached steppers
+    "tfgraph.exporters.torch_ops.TORCH_SOURCE": frozenset({"kv_concat", "attention_cached"}),
+    "tfgraph.exporters.onnx_ops.ONNX_OPS": frozenset(),  # the ONNX emitters
+}
+PARTIAL_TABLES: dict[str, str] = {
+    "tfgraph.exporters.torch_ops.TORCH_INPLACE": "the in-place forms of the ops that have one",
+    "tfgraph.exporters.onnx_moe.MOE_EMITTERS": "ONNX_OPS' mixture-of-experts rows "
+                                               "(merged into it)",
+}
+NOT_OP_KEYED: dict[str, str] = {
+    # keys that happen to be op names but name something else
+    "tfgraph.hf.export_common._PLAIN": "keyed by the spec's ffn.activation (Hugging Face "
+                                       "names), not by op",
+}
+
+
+def _modules() -> list[types.ModuleType]:
+    """tfgraph's modules and its exporters' (a package of its own folder, exporters/)."""
+    mods = [tfgraph]
+    for package in ("tfgraph", "tfgraph.exporters"):
+        root = importlib.import_module(package)
+        mods.append(root)
+        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+            mods.append(importlib.import_module(info.name))
+    return mods
+
+
+def op_keyed_tables(min_keys: int = 3) -> list[list[str]]:
+    """Every module-level dict of tfgraph whose keys are op names (at least ``min_keys``): for
+    each, the "module.NAME"s it is reached by (its definition and any re-exports)."""
+    names = set(OPS)
+    found: dict[int, list[str]] = {}
+    for mod in _modules():
+        for attr, value in vars(mod).items():
+            if not isinstance(value, Mapping) or len(value) < min_keys:
+                continue
+            keys = list(value)
+            if all(isinstance(k, str) for k in keys) and set(keys) <= names:
+                found.setdefault(id(value), []).append(f"{mod.__name__}.{attr}")
+    return [sorted(wheres) for wheres in found.values()]
+
+
+def _table(where: str) -> Mapping[str, Any]:
+    module, _, name = where.rpartition(".")
+    table: Mapping[str, Any] = getattr(importlib.import_module(module), name)
+    return table
+
+
+def missing_rows() -> list[str]:
+    """"TABLE: op" for each op a full back-end table lacks, or has but is no op."""
+    out = []
+    for where, exempt in FULL_TABLES.items():
+        table = _table(where)
+        out += [f"{where}: no row for {op}" for op in sorted(set(OPS) - exempt - set(table))]
+        out += [f"{where}: row for {op}, which is no op" for op in sorted(set(table) - set(OPS))]
+    return out
+
+
+def side_tables() -> list[str]:
+    """Op-keyed dicts that are neither in the op modules nor a registered back-end table."""
+    known = set(FULL_TABLES) | set(PARTIAL_TABLES) | set(NOT_OP_KEYED)
+    ops_prefix = tuple(m + "." for m in OP_MODULES)
+    return sorted(wheres[0] for wheres in op_keyed_tables()
+                  if not any(w in known or w.startswith(ops_prefix) for w in wheres))
+
+
+def test_backend_tables_cover_every_op() -> None:
+    assert missing_rows() == []
+
+
+def test_registered_tables_exist() -> None:
+    found = {w for wheres in op_keyed_tables(min_keys=1) for w in wheres}
+    for where in (*FULL_TABLES, *PARTIAL_TABLES, *NOT_OP_KEYED):
+        assert where in found, f"{where} is registered but is no op-keyed dict"
+
+
+def test_no_side_tables() -> None:
+    assert side_tables() == [], (
+        "op-keyed tables outside tfgraph/ops*.py: move the fact into OpDef, or register a "
+        "back end's own table in tests/test_op_tables.py")
+
+
+def test_checker_reports_a_removed_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfgraph.exporters import onnx_ops, torch_ops
+
+    monkeypatch.delitem(torch_ops.TORCH_OPS, "relu")
+    monkeypatch.delitem(onnx_ops.ONNX_OPS, "rope")
+    assert missing_rows() == ["tfgraph.exporters.torch_ops.TORCH_OPS: no row for relu",
+                              "tfgraph.exporters.onnx_ops.ONNX_OPS: no row for rope"]
+
+
+def test_checker_reports_a_new_side_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfgraph.exporters import diagram_labels
+    from tfgraph.parallel import placement
+
+    monkeypatch.setattr(placement, "_FOLLOWS", {"rope": 1, "add": 1, "mul": 1},
+                        raising=False)
+    monkeypatch.setattr(diagram_labels, "POSITION_TEXT",
+                        {"positions_sinusoidal": "", "positions_learned": "",
+                         "relative_bias": ""}, raising=False)
+    assert side_tables() == ["tfgraph.exporters.diagram_labels.POSITION_TEXT",
+                             "tfgraph.parallel.placement._FOLLOWS"]
+
+
+# ---- (c) every OpDef filled where its kind needs it ---------------------------------------
+
+
+def test_opdef_fields_filled() -> None:
+    for name, op in OPS.items():
+        lo, hi = op.arity
+        assert op.name == name
+        assert op.tp in get_args(TpRule), name
+        assert op.sequence in get_args(SequenceRule), name
+        assert (op.tp == "split_param") == (op.tp_split_param is not None), (
+            f"{name}: a split_param op names the parameter operand it splits, and only it")
+        if op.tp_split_param is not None:
+            assert op.tp_split_param[0] < hi, name
+        assert all(i < hi for i in op.shape_only), name
+        assert op.vocab_reduce in (None, "R", "S"), name
+        if op.category in ("norm", "activation") and name != "route":
+            assert op.title, f"{name}: diagrams need its title"
+        if op.score_bias or op.sequence == "positions":
+            assert op.diagram_text is not None, f"{name}: diagrams need its words"
+            op.diagram_text({k: a.default if a.default is not None else 1
+                             for k, a in op.attrs.items()})
+        if op.score_bias:
+            # a bias on the scores has no gradient into the stream it reads for its length,
+            # and tensor parallelism must say how it splits or that it is refused
+            assert op.shape_only, name
+            assert op.tp == "split_param" or op.tp_refused, name
+        for key, attr in op.attrs.items():
+            assert isinstance(attr, Attr), (name, key)
+            assert not (attr.required and attr.default is not None), (name, key)
+        assert op.doc, name
+
+
+def test_position_kinds_have_records() -> None:
+    from tfgraph.spec import POSITION_KINDS, Positions
+
+    assert set(POSITION_KINDS) == set(get_args(Positions))
+    for kind, record in POSITION_KINDS.items():
+        assert record.learned or record.extrapolates, kind
+
+
+# ---- typed attributes ------------------------------------------------------------------------
+
+
+def _graph() -> tuple[Graph, str]:
+    g = Graph("t")
+    x = g.input("x", (2, 3, 4), "float32")
+    return g, x
+
+
+def test_unknown_attribute_refused() -> None:
+    g, x = _graph()
+    with pytest.raises(LoweringError, match=r"while lowering act \(relu\): unknown attribute "
+                                            r"'p' \(the op takes: none\)"):
+        g.add("relu", [x], name="act", scope="s", p=0.1)
+
+
+def test_missing_required_attribute_refused() -> None:
+    g, x = _graph()
+    with pytest.raises(LoweringError, match=r"while lowering drop \(dropout\): missing "
+                                            r"attribute 'p'"):
+        g.add("dropout", [x], name="drop", scope="s")
+
+
+def test_attribute_of_wrong_type_refused() -> None:
+    g, x = _graph()
+    with pytest.raises(LoweringError, match=r"while lowering cap \(softcap\): attribute "
+                                            r"'cap' is str '3', not int or float"):
+        g.add("softcap", [x], name="cap", scope="s", cap="3")
+
+
+def test_sizes_accept_symbolic_expressions() -> None:
+    g = Graph("t")
+    h = sympy.Symbol("h", positive=True, integer=True)
+    x = g.input("x", (2, 3, 4 * h), "float32")
+    g.add("rope", [x], name="rope", scope="s", heads=h, head_dim=4, theta=10000.0)
+    g.add("scale", [x], name="scale", scope="s", factor=sympy.sqrt(h))
