@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from tfgraph.exporters import torch_functional as tf
 from tfgraph.ir import Node
+from tfgraph.ops import OPS
 
 ATTENTION_IMPLS = ("sdpa", "math")
 
@@ -136,7 +137,7 @@ TORCH_OPS: dict[str, Lowering] = {
         None if keys is None else keys.shape[1]),
 }
 
-NORM_OPS = ("layernorm", "rmsnorm", "scalenorm")
+NORM_OPS = tuple(op for op, d in OPS.items() if d.category == "norm")  # OpDef.category
 # Ops only a KV-cache graph has: model.py (TORCH_SOURCE) is rendered for full-sequence graphs.
 CACHE_OPS = frozenset({"kv_concat", "attention_cached"})
 

@@ -88,7 +88,7 @@ from tfgraph.exporters.torch_module import (
     TorchModel,
     _Program,
 )
-from tfgraph.exporters.torch_ops import TORCH_OPS
+from tfgraph.exporters.torch_ops import NORM_OPS, TORCH_OPS
 from tfgraph.exporters.torch_sequence_parallel import (
     sequence_parallel,
     sequence_parallel_plan,
@@ -100,8 +100,6 @@ from tfgraph.parallel.tp_plan import ParamShard, check_divisible, tp_plan
 
 __all__ = ["ShardParameters", "device_mesh", "load_full_state_dict", "module_tp_plan",
            "parallelize"]
-
-NORM_OPS = tuple(op for op, d in OPS.items() if d.category == "norm")
 
 
 class ShardParameters(ParallelStyle):

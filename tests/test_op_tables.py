@@ -4,9 +4,10 @@ op-keyed dict of ``tfgraph`` (its exporters included) and asserts that
 
 (a) each registered back-end table covers every op (``FULL_TABLES``; ``PARTIAL_TABLES`` are
     back-end rows only some ops have, such as an in-place form);
-(b) no other op-keyed dict exists outside ``tfgraph/ops*.py`` (a side table a new op would
-    have to join with no test saying so): a new one fails here until its facts move into
-    ``OpDef`` or it is registered as a back end's own table;
+(b) no other op-keyed dict (or tuple, list or set of op names) exists outside
+    ``tfgraph/ops*.py`` (a side table a new op would have to join with no test saying so): a
+    new one fails here until its facts move into ``OpDef`` or it is registered as a back end's
+    own table (or as a collection ``DERIVED`` from ``OpDef``, checked equal to it);
 (c) every ``OpDef`` has the fields its kind of op needs filled;
 
 and that ``Graph.add`` checks a node's attributes against its op's declared ``attrs``.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, get_args
 
 import pytest
@@ -25,7 +26,7 @@ import sympy
 
 import tfgraph
 from tfgraph.ir import Graph, LoweringError
-from tfgraph.ops import OPS, Attr, SequenceRule, TpRule
+from tfgraph.ops import OPS, Attr, OpDef, SequenceRule, TpRule
 
 OP_MODULES = ("tfgraph.ops", "tfgraph.ops_loss", "tfgraph.ops_moe")
 """Where op facts live (``OPS``, ``NORM_DOCS``, ``NORM_TITLES``, ... are allowed here)."""
@@ -41,6 +42,11 @@ PARTIAL_TABLES: dict[str, str] = {
     "tfgraph.exporters.torch_ops.TORCH_INPLACE": "the in-place forms of the ops that have one",
     "tfgraph.exporters.onnx_moe.MOE_EMITTERS": "ONNX_OPS' mixture-of-experts rows "
                                                "(merged into it)",
+}
+DERIVED: dict[str, Callable[[OpDef], bool]] = {
+    # collections of op names computed from OpDef (checked equal to what OpDef says)
+    "tfgraph.exporters.torch_ops.NORM_OPS": lambda d: d.category == "norm",
+    "tfgraph.parallel.sequence_plan.ELEMENTWISE_OPS": lambda d: d.sequence == "elementwise",
 }
 NOT_OP_KEYED: dict[str, str] = {
     # keys that happen to be op names but name something else
@@ -61,13 +67,15 @@ def _modules() -> list[types.ModuleType]:
 
 
 def op_keyed_tables(min_keys: int = 3) -> list[list[str]]:
-    """Every module-level dict of tfgraph whose keys are op names (at least ``min_keys``): for
-    each, the "module.NAME"s it is reached by (its definition and any re-exports)."""
+    """Every module-level dict of tfgraph whose keys are op names (at least ``min_keys``), or
+    tuple, list or set of op names: for each, the "module.NAME"s it is reached by (its
+    definition and any re-exports)."""
     names = set(OPS)
     found: dict[int, list[str]] = {}
     for mod in _modules():
         for attr, value in vars(mod).items():
-            if not isinstance(value, Mapping) or len(value) < min_keys:
+            if not isinstance(value, (Mapping, tuple, list, set, frozenset)) \
+                    or len(value) < min_keys:
                 continue
             keys = list(value)
             if all(isinstance(k, str) for k in keys) and set(keys) <= names:
@@ -75,10 +83,9 @@ def op_keyed_tables(min_keys: int = 3) -> list[list[str]]:
     return [sorted(wheres) for wheres in found.values()]
 
 
-def _table(where: str) -> Mapping[str, Any]:
+def _table(where: str) -> Any:
     module, _, name = where.rpartition(".")
-    table: Mapping[str, Any] = getattr(importlib.import_module(module), name)
-    return table
+    return getattr(importlib.import_module(module), name)
 
 
 def missing_rows() -> list[str]:
@@ -93,7 +100,7 @@ def missing_rows() -> list[str]:
 
 def side_tables() -> list[str]:
     """Op-keyed dicts that are neither in the op modules nor a registered back-end table."""
-    known = set(FULL_TABLES) | set(PARTIAL_TABLES) | set(NOT_OP_KEYED)
+    known = set(FULL_TABLES) | set(PARTIAL_TABLES) | set(DERIVED) | set(NOT_OP_KEYED)
     ops_prefix = tuple(m + "." for m in OP_MODULES)
     return sorted(wheres[0] for wheres in op_keyed_tables()
                   if not any(w in known or w.startswith(ops_prefix) for w in wheres))
@@ -105,8 +112,14 @@ def test_backend_tables_cover_every_op() -> None:
 
 def test_registered_tables_exist() -> None:
     found = {w for wheres in op_keyed_tables(min_keys=1) for w in wheres}
-    for where in (*FULL_TABLES, *PARTIAL_TABLES, *NOT_OP_KEYED):
+    for where in (*FULL_TABLES, *PARTIAL_TABLES, *DERIVED, *NOT_OP_KEYED):
         assert where in found, f"{where} is registered but is no op-keyed dict"
+
+
+def test_derived_collections_are_what_opdef_says() -> None:
+    for where, says in DERIVED.items():
+        value: Collection[str] = _table(where)
+        assert set(value) == {op for op, d in OPS.items() if says(d)}, where
 
 
 def test_no_side_tables() -> None:
@@ -128,8 +141,7 @@ def test_checker_reports_a_new_side_table(monkeypatch: pytest.MonkeyPatch) -> No
     from tfgraph.exporters import diagram_labels
     from tfgraph.parallel import placement
 
-    monkeypatch.setattr(placement, "_FOLLOWS", {"rope": 1, "add": 1, "mul": 1},
-                        raising=False)
+    monkeypatch.setattr(placement, "_FOLLOWS", ("rope", "add", "mul"), raising=False)
     monkeypatch.setattr(diagram_labels, "POSITION_TEXT",
                         {"positions_sinusoidal": "", "positions_learned": "",
                          "relative_bias": ""}, raising=False)

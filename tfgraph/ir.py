@@ -307,6 +307,7 @@ class Graph:
                 raise LoweringError(
                     f"{node.name}: {node.op} takes {lo}..{hi} inputs, got {len(node.inputs)}"
                 )
+            check_attrs(node.name, node.op, node.attrs)
             try:
                 again = opdef.infer([self._nodes[i].type for i in node.inputs], node.attrs)
             except (ValueError, TypeError) as err:

@@ -17,11 +17,11 @@ Each ``OpDef`` gives
 - ``dense_flops``: for mixture-of-experts ops, the FLOPs when every expert runs on every
   token (the ONNX form), next to ``flops``, the top-k count (``tfgraph.ops_moe``);
 - ``attrs``: the attributes the op takes (``Attr``: type, required or a default);
-  ``Graph.add`` refuses an undeclared one or a missing required one;
+  ``Graph.add`` refuses an undeclared, mistyped or missing required one;
 - how it runs under tensor and sequence parallelism (``tp``, ``tp_split_param``,
   ``vocab_reduce``, ``tp_refused``, ``tp_refused_source``, ``whole_scratch``, ``sequence``);
 - what a training step does with it (``shape_only`` operands, ``score_sized`` saved buffers);
-- ``score_bias`` and ``diagram_text``: how diagrams describe it.
+- ``score_bias``, ``diagram_text``, ``title`` and ``gated_title``: how diagrams describe it.
 
 Every fact about an op lives here, in its ``OpDef``; a back end keeps only its own row per op
 (``TORCH_OPS``, ``TORCH_INPLACE``, ``TORCH_SOURCE``, ``ONNX_OPS``). ``tests/test_op_tables.py``
@@ -32,8 +32,8 @@ Back ends register a lowering per op name (``exporters``); a test asserts none i
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 

@@ -18,11 +18,11 @@ import sympy
 
 from tfgraph.ops import (
     FLOPS_PER_ELEMENT,
+    SIZE,
     STATS_BYTES,
     ZERO,
-    Flops,
-    SIZE,
     Attr,
+    Flops,
     OpDef,
     Saved,
     TensorType,
