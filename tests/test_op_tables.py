@@ -225,3 +225,39 @@ def test_sizes_accept_symbolic_expressions() -> None:
     x = g.input("x", (2, 3, 4 * h), "float32")
     g.add("rope", [x], name="rope", scope="s", heads=h, head_dim=4, theta=10000.0)
     g.add("scale", [x], name="scale", scope="s", factor=sympy.sqrt(h))
+
+
+# ---- a new position op is its OpDef (ALiBi-like: a per-head score bias, no parameter) -----
+
+
+def test_a_new_score_bias_op_needs_only_its_opdef(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registering a score-bias op's OpDef is enough for the training walk (no gradient into
+    the operand it reads for its length), tensor parallelism's refusals (parallelize and
+    model.py) and the attribute check; nothing else names it."""
+    from tfgraph.exporters.torch_parallel import _check_tensor_parallel
+    from tfgraph.exporters.torch_source_parallel import _refusals
+    from tfgraph.errors import TfgraphError
+    from tfgraph.parallel.tp_plan import tp_plan
+    from tfgraph.tensor import TensorType
+    from tfgraph.train_walk import _grad_inputs
+
+    def infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        return TensorType((attrs["heads"], ins[0].shape[1], ins[0].shape[1]), ins[0].dtype)
+
+    relative = OPS["relative_bias"]
+    monkeypatch.setitem(OPS, "fake_alibi", OpDef(
+        "fake_alibi", (1, 1), infer, relative.flops, lambda i, o, a: [],
+        "a per-head linear bias on the scores", category="position",
+        attrs={"heads": Attr(int, required=True)}, tp_refused="ALiBi", shape_only=(0,),
+        score_bias=True, diagram_text=lambda attrs: f"ALiBi ({attrs['heads']} slopes)"))
+    g = Graph("t")
+    x = g.input("x", (2, 3, 4), "float32")
+    with pytest.raises(LoweringError, match="missing attribute 'heads'"):
+        g.add("fake_alibi", [x], name="nope", scope="s")
+    bias = g.add("fake_alibi", [x], name="bias", scope="s", heads=2)
+    assert _grad_inputs(g, g.node(bias)) == []
+    assert _refusals(g) == ["ALiBi is not split"]
+    with pytest.raises(TfgraphError, match="bias: tensor parallelism of ALiBi is not "
+                                           "supported"):
+        _check_tensor_parallel(g, tp_plan(g), 2)
+    test_opdef_fields_filled()
