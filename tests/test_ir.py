@@ -234,3 +234,11 @@ def test_node_meta_in_layer_keeps_every_other_field():
     meta = NodeMeta("layer", "decoder", 3, "ffn", "up", "decoder.layers.3.ffn")
     assert meta.in_layer(0) == NodeMeta("layer", "decoder", 0, "ffn", "up",
                                         "decoder.layers.3.ffn")
+
+
+def test_builders_read_dimension_names_as_the_irs_symbols():
+    from tfgraph.tensor import P
+
+    g = Graph("names")
+    g.input("attention_mask", ("B", "P + S"))
+    assert g.node("attention_mask").type.shape == (B, P + S)

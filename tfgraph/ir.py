@@ -136,7 +136,10 @@ def _param_dim(d: Any) -> Any:
 
 
 def _shape(dims: tuple[Any, ...]) -> Shape:
-    return tuple(as_dim(d) for d in dims)
+    """Dimensions given to the builders: ints, sympy expressions, or text over the IR's
+    symbols ("B", "P + S": the IR's B, S, T, P, with their assumptions)."""
+    return tuple(as_dim(sympy.sympify(d, locals=dict(SYMBOLS)) if isinstance(d, str) else d)
+                 for d in dims)
 
 
 _INFERRED: dict[tuple[Any, ...], TensorType] = {}
