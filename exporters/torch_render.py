@@ -27,6 +27,7 @@ from tfgraph.exporters.torch_render_spelling import (
     RESERVED,
     init_source,
     shape_source,
+    spell,
     template,
     variant,
 )
@@ -126,8 +127,7 @@ class InstanceRenderer:
         return self._axis_slots[symbol]
 
     def shape(self, value: str) -> str:
-        return "(" + ", ".join(self.axis(a.text) if a.symbol else a.text
-                               for a in self.v.axes[value]) + ")"
+        return "(" + ", ".join(spell(a, self.axis) for a in self.v.axes[value]) + ")"
 
     def attribute(self, path: str) -> str:
         """``self.a.b[0]`` for the module or parameter at ``path`` below this module."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import keyword
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +91,31 @@ class Axis:
     symbol: bool = False
 
 
+def axis_of(dim: Any) -> Axis:
+    """The axis of a dimension as the node's type has it: its text is the dimension printed
+    ("S", "P + S", "4096"), a symbol when it is one."""
+    expr = sympy.sympify(dim)
+    return Axis(str(expr), expr, bool(expr.is_Symbol))
+
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def spell(axis: Axis, name: Callable[[str], str]) -> str:
+    """``axis`` as shape-comment text with each symbol of the graph's inputs written by
+    ``name`` (B, S, T, P or any other symbol a shape holds): a symbol axis is its name's
+    spelling, an expression over symbols ("P + S") has each of its symbols spelled, a size
+    ("h*hd", "4096") is its text."""
+    if axis.symbol:
+        return name(axis.text)
+    value = axis.value
+    if not isinstance(value, sympy.Basic) or not value.free_symbols or axis.text != str(value):
+        return axis.text
+    symbols = {str(s) for s in value.free_symbols}
+    return _NAME.sub(lambda m: name(m.group()) if m.group() in symbols else m.group(),
+                     axis.text)
+
+
 def value_axes(graph: Graph, sizes: dict[str, Any]) -> dict[str, tuple[Axis, ...]]:
     """The axes of every value. A parameter's come from its ``dims`` ("heads*head_dim" reads
     "h*hd"); an op's from its template's ``dims`` rule over its operands' axes, so names travel
@@ -102,11 +129,13 @@ def value_axes(graph: Graph, sizes: dict[str, Any]) -> dict[str, tuple[Axis, ...
                      math.prod(sizes[p] for p in parts)) if parts else Axis(str(size), size)
                 for size, parts in _named_dims(node, sizes))
             continue
-        found = tuple(Axis(str(d), d, bool(d.is_Symbol)) for d in node.type.shape)
+        found = tuple(axis_of(d) for d in node.type.shape)
         if node.op != "input":
             operands = [axes[i] for i in node.inputs]
             rule = template(node).dims
-            named = tuple(rule(operands)) if rule else operands[0]
+            # a rule may name a new axis by its size (an int or a sympy expression)
+            named = tuple(a if isinstance(a, Axis) else axis_of(a) for a in rule(operands)) \
+                if rule else operands[0]
             if len(named) == len(node.type.shape) and all(
                     sympy.sympify(a.value) == d for a, d in zip(named, node.type.shape)):
                 found = named

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jsonschema
@@ -361,10 +360,8 @@ def hostile_files(tmp_path: Path) -> dict[str, Path]:
 def test_hostile_inputs_through_click(tmp_path: Path) -> None:
     paths = hostile_files(tmp_path)
     before = sorted(os.listdir(tmp_path))
-    for name, path in paths.items():
-        start = time.perf_counter()
+    for name, path in paths.items():  # their timing: benchmarks/hostile_inputs.py
         result = cli("validate", str(path))
-        assert time.perf_counter() - start < 5.0, name
         assert result.exit_code == 2, name
         assert result.stdout == "", name
         assert result.stderr.count("\n") == 1, (name, result.stderr)
@@ -387,9 +384,7 @@ def run_tfgraph(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_hostile_inputs_through_a_real_process(tmp_path: Path) -> None:
     paths = hostile_files(tmp_path)
     before = sorted(os.listdir(tmp_path))
-    start = time.perf_counter()
     proc = run_tfgraph("validate", *map(str, paths.values()), cwd=tmp_path)
-    assert time.perf_counter() - start < 30
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr

@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -362,11 +361,9 @@ def test_big_folder_converts_in_less_memory_than_its_weights(tmp_path: Path) -> 
     size = write_big_llama(folder)
     assert size == 2 * 200_827_904  # 200.8M float16 parameters
     out = tmp_path / "big.onnx"
-    start = time.perf_counter()
     peak, status, stdout, stderr = peak_rss(
         ["-m", "tfgraph", "build", str(folder), "--to", "onnx", "--dtype", "float16", "-o",
          str(out)], tmp_path)
-    elapsed = time.perf_counter() - start
     assert status == 0, stderr[-2000:]
     assert "200,827,904 params" in stdout and "float16" in stdout, stdout
     import onnx
@@ -381,6 +378,6 @@ def test_big_folder_converts_in_less_memory_than_its_weights(tmp_path: Path) -> 
     head = load_numpy(folder / json.loads((folder / "model.safetensors.index.json").read_text())
                       ["weight_map"]["lm_head.weight"])["lm_head.weight"]
     assert np.array_equal(numpy_helper.to_array(inits["head.weight"]), head)
-    print(f"\npeak RSS {peak / 1e6:.0f} MB for {size / 1e6:.0f} MB of weights, "
-          f"{elapsed:.1f} s")
+    # the conversion's time is measured by benchmarks/hf_build.py (the same 200.8M folder)
+    print(f"\npeak RSS {peak / 1e6:.0f} MB for {size / 1e6:.0f} MB of weights")
     assert peak < size, f"peak RSS {peak / 1e6:.0f} MB >= {size / 1e6:.0f} MB of weights"

@@ -206,3 +206,39 @@ def test_memo_is_per_graph_and_cleared_by_modules():
     assert g.memo("k", lambda: calls.append(1) or len(calls)) == 2  # forgotten
     g.add("relu", ["up"], name="again", scope="ffn")
     assert g.memo("k", lambda: calls.append(1) or len(calls)) == 3
+
+
+def test_tensor_type_dimensions_are_sympy_expressions():
+    """The IR's contract: every dimension is a sympy expression; ints are converted, anything
+    else refused with a clear error; equal types hash alike (list or tuple, int or Integer)."""
+    t = TensorType((2, B, S * 4), "float32")
+    assert all(isinstance(d, sympy.Expr) for d in t.shape)
+    assert t.shape[0] == sympy.Integer(2) and t.shape[0].is_Integer
+    same = TensorType([sympy.Integer(2), B, 4 * S], "float32")
+    assert same == t and hash(same) == hash(t) and same.shape == t.shape
+    assert t.numel == 8 * B * S and t.nbytes == 32 * B * S
+    for bad in (2.0, "S", True, None):
+        with pytest.raises(TypeError, match="int or a sympy expression"):
+            TensorType((bad, S), "float32")
+
+
+def test_param_with_int_dimensions_has_sympy_shape():
+    g = tiny_mlp()
+    assert all(isinstance(d, sympy.Integer) for d in g.node("ffn.up.weight").type.shape)
+    assert g.node("ffn.up.weight").attrs["shape"] == (6, 4)  # the attribute stays plain ints
+
+
+def test_node_meta_in_layer_keeps_every_other_field():
+    from tfgraph.ir import NodeMeta
+
+    meta = NodeMeta("layer", "decoder", 3, "ffn", "up", "decoder.layers.3.ffn")
+    assert meta.in_layer(0) == NodeMeta("layer", "decoder", 0, "ffn", "up",
+                                        "decoder.layers.3.ffn")
+
+
+def test_builders_read_dimension_names_as_the_irs_symbols():
+    from tfgraph.tensor import P
+
+    g = Graph("names")
+    g.input("attention_mask", ("B", "P + S"))
+    assert g.node("attention_mask").type.shape == (B, P + S)

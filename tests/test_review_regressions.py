@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -37,11 +36,11 @@ def test_build_of_a_spec_too_big_for_the_disk_is_refused_at_once(
     # temporary files behind.
     spec = _huge_spec(tmp_path)
     out = tmp_path / f"huge.{target}"
-    start = time.perf_counter()
+    # timeout: a hang guard; how fast the refusal comes is measured by
+    # benchmarks/hostile_inputs.py
     proc = subprocess.run([sys.executable, "-m", "tfgraph", "build", str(spec), "--to", target,
                            "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert time.perf_counter() - start < 60
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "of disk" in lines[0] and "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.yaml"]

@@ -5,7 +5,6 @@ on stderr and exit 2, found before anything big is compiled."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,13 +72,12 @@ def test_a_10000_layer_spec_in_a_tiny_model_is_refused_before_compiling(
                     with_spec(lambda spec: spec.update(layers=10_000)))
     for args in (("run", str(path), "--check"),
                  ("generate", str(path), "--backend", "torch", "--prompt-ids", "1,2")):
-        start = time.perf_counter()
+        # refused before compiling 10,000 layers (which took ~30 s and 1.6 GB); its time:
+        # benchmarks/hostile_inputs.py
         result = cli(*args)
-        elapsed = time.perf_counter() - start
         assert result.exit_code == 2
         (line,) = result.stderr.splitlines()
         assert "metadata has 10000 decoder layers, its weights 2" in line
-        assert elapsed < 10, elapsed  # compiling 10,000 layers took ~30 s and 1.6 GB
 
 
 def test_a_disagreeing_width_is_summarised(tiny_model: onnx.ModelProto, tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -176,12 +175,10 @@ def bomb(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_billion_laughs_is_refused_quickly() -> None:
-    # 10^9 values unbounded; the bound stops it after 10,000. The time limit is loose so a
-    # loaded CI machine does not flake; an unbounded expansion would take hours.
-    start = time.perf_counter()
+def test_billion_laughs_is_refused() -> None:
+    # 10^9 values unbounded; the bound stops it after 10,000 (an unbounded expansion would
+    # take hours; benchmarks/hostile_inputs.py times the refusal).
     err = error_of(bomb())
-    assert time.perf_counter() - start < 5.0
     assert f"{MAX_VALUES:,}" in err.message
 
 
@@ -206,12 +203,10 @@ def test_aliases_within_the_bound_are_fine() -> None:
 )
 def test_huge_structures_within_1_mib_are_stopped_while_composing(text: str, bound: str) -> None:
     assert len(text.encode()) < MAX_BYTES
-    start = time.perf_counter()
     err = error_of(text)
     # The message says the composer's bound fired (not a late check after building it all);
-    # the time limit only catches a catastrophic regression on a loaded machine.
+    # benchmarks/hostile_inputs.py times it.
     assert bound in err.message and "invalid YAML" in err.message
-    assert time.perf_counter() - start < 10.0
 
 
 @pytest.mark.parametrize(

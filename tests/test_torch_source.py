@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import sympy
 import torch
 
 import tfgraph
@@ -23,7 +24,7 @@ from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.exporters.torch_folder import write_torch_folder
 from tfgraph.exporters.torch_ops import TORCH_SOURCE
-from tfgraph.exporters.torch_render_spelling import literal
+from tfgraph.exporters.torch_render_spelling import axis_of, literal, spell, value_axes
 from tfgraph.exporters.torch_source import docstring, generate_source, wrap
 from tfgraph.ir import B, S, Graph, ModuleInfo
 from tfgraph.loader import load_spec
@@ -159,6 +160,40 @@ def test_a_graph_built_by_hand(tmp_path: Path) -> None:
     ids_in = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         _exact(net(ids_in), ref(ids_in), "hand-built graph")
+
+
+def test_any_symbol_of_a_shape_is_spelled() -> None:
+    """Shape comments name every symbol a shape holds, not only B, S and T: a symbol of its
+    own, an expression over symbols (each symbol spelled), a number as it is."""
+    p, n = sympy.Symbol("P", integer=True, nonnegative=True), sympy.Symbol("N", positive=True)
+    name = {"P": "<P>", "S": "<S>", "N": "<N>"}.__getitem__
+    assert spell(axis_of(n), name) == "<N>"
+    assert spell(axis_of(p + S), name) == "<P> + <S>"
+    assert spell(axis_of(2 * n), name) == "2*<N>"
+    assert spell(axis_of(4096), name) == "4096"
+
+
+def test_a_shape_with_a_new_symbol_renders_in_model_py(tmp_path: Path) -> None:
+    """A graph whose input has an axis no spec lowers to (N) and integer dimensions: the
+    axes are named in the comments and model.py runs."""
+    n = sympy.Symbol("N", positive=True, integer=True)
+    graph = Graph("new-axis")
+    graph.sizes = {"d_model": 8, "vocab": 11}
+    ids = graph.input("input_ids", (B, n))
+    table = graph.param("embed.tokens.weight", (11, 8), "embed", "normal", "float32",
+                        dims=("vocab", "d_model"))
+    x = graph.add("embedding", [table, ids], name="tokens", scope="embed")
+    graph.set_output(graph.add("linear", [x, table], name="logits", scope="head"))
+    graph.lint()
+    axes = value_axes(graph, graph.sizes)
+    assert [a.text for a in axes["logits"]] == ["B", "N", "V"]
+    source = generate_source(graph)
+    assert "(B, N, V)" in source
+    (tmp_path / "model.py").write_text(source)
+    net = _import(tmp_path / "model.py").Model()
+    net.load_state_dict(to_torch(graph, seed=1).state_dict())
+    with torch.no_grad():
+        assert net(torch.zeros((2, 3), dtype=torch.long)).shape == (2, 3, 11)
 
 
 def test_layers_share_a_class_and_configuration_is_an_argument() -> None:

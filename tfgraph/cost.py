@@ -52,12 +52,22 @@ def param_count(p: Node) -> int:
 
 def _signature(node: Node, graph: Graph) -> tuple[Any, ...]:
     ins = tuple((graph.node(i).type, graph.node(i).is_param) for i in node.inputs)
-    return node.op, ins, tuple(sorted(node.attrs.items()))
+    # type names too: 1, 1.0 and True are equal (and hash alike) as attribute values
+    attrs = tuple(sorted((k, type(v).__name__, v) for k, v in node.attrs.items()))
+    return node.op, ins, attrs
+
+
+_COSTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+"""Per-op costs by signature, shared by every graph of the process (a spec's inference and
+loss graphs, the layers of a stack): op cost rules are pure functions of the signature."""
+_COSTS_MAX = 8192
 
 
 def op_costs(graph: Graph) -> list[OpCost]:
     """Costs of every op node in topological order."""
-    memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    memo = _COSTS
+    if len(memo) >= _COSTS_MAX:
+        memo.clear()
     costs = []
     for node in graph.ops():
         key = _signature(node, graph)

@@ -18,7 +18,7 @@ forgets them whenever a node is added.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 import networkx as nx
@@ -37,12 +37,14 @@ from tfgraph.tensor import (  # noqa: F401 (re-exported: the IR's types)
     LoweringError,
     Shape,
     TensorType,
+    as_dim,
 )
 
 if TYPE_CHECKING:
     from tfgraph.spec import Spec
 
 R = TypeVar("R")
+GraphT = TypeVar("GraphT", bound="Graph")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class NodeMeta:
 
     def in_layer(self, layer: int) -> NodeMeta:
         """The same position in another layer of the stack (e.g. layer 0, the template)."""
-        return NodeMeta(self.part, self.stack, layer, self.sublayer, self.role, self.module)
+        return replace(self, layer=layer)
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,43 @@ def _param_dim(d: Any) -> Any:
 
 
 def _shape(dims: tuple[Any, ...]) -> Shape:
-    return tuple(sympy.sympify(d) for d in dims)
+    """Dimensions given to the builders: ints, sympy expressions, or text over the IR's
+    symbols ("B", "P + S": the IR's B, S, T, P, with their assumptions)."""
+    return tuple(as_dim(sympy.sympify(d, locals=dict(SYMBOLS)) if isinstance(d, str) else d)
+                 for d in dims)
+
+
+_INFERRED: dict[tuple[Any, ...], TensorType] = {}
+"""Shape inference by signature (op, operand types, attributes): the layers of a stack apply
+the same ops to the same types, so each rule runs once per distinct signature. Op rules are
+pure functions of their operands' types and attributes."""
+_INFERRED_MAX = 8192
+
+
+def _attrs_key(attrs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """A hashable key of ``attrs`` (type names included: 1, 1.0 and True are equal in Python),
+    or None when some value cannot be hashed."""
+    try:
+        key = tuple(sorted((k, type(v).__name__, v) for k, v in attrs.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def infer(op: str, types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    """``OPS[op].infer(types, attrs)``, memoised by signature (see ``_INFERRED``)."""
+    akey = _attrs_key(attrs)
+    if akey is None:
+        return OPS[op].infer(types, attrs)
+    key = (op, tuple(types), akey)
+    out = _INFERRED.get(key)
+    if out is None:
+        out = OPS[op].infer(types, attrs)
+        if len(_INFERRED) >= _INFERRED_MAX:
+            _INFERRED.clear()
+        _INFERRED[key] = out
+    return out
 
 
 def check_attrs(name: str, op: str, attrs: dict[str, Any]) -> None:
@@ -173,12 +211,37 @@ class Graph:
         self.sizes: dict[str, Any] = {}
         """Named sizes parameters are built from ("d_model": 512, "heads": 8, ...)."""
         self.modules: dict[str, ModuleInfo] = {}
-        self._g: nx.MultiDiGraph[str] = nx.MultiDiGraph()
+        self._nx: nx.MultiDiGraph[str] | None = None  # built on first use (``_g``)
         self._nodes: dict[str, Node] = {}
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self._order: list[Node] | None = None
         self._memo: dict[str, Any] = {}
+
+    def copy(self: GraphT) -> GraphT:
+        """A new graph of the same class with the same nodes, modules, sizes, inputs and
+        outputs, to be extended (nodes are never changed once added, so the two share them)."""
+        out = type(self)(self.name, self.spec, self.dtype)
+        out.sizes = dict(self.sizes)
+        out.modules = dict(self.modules)
+        out._nodes = dict(self._nodes)
+        out.inputs = list(self.inputs)
+        out.outputs = list(self.outputs)
+        return out
+
+    @property
+    def _g(self) -> nx.MultiDiGraph[str]:
+        """The networkx graph: a node per name, an edge per operand keyed by its index. Built
+        from the operand lists when first asked for (lowering and the cost passes never need
+        it), kept up to date after that."""
+        if self._nx is None:
+            g: nx.MultiDiGraph[str] = nx.MultiDiGraph()
+            g.add_nodes_from(self._nodes)
+            for n in self._nodes.values():
+                for k, src in enumerate(n.inputs):
+                    g.add_edge(src, n.name, key=k)
+            self._nx = g
+        return self._nx
 
     # ---- building ---------------------------------------------------------------------
 
@@ -187,9 +250,10 @@ class Graph:
             raise LoweringError(f"while lowering {node.name}: a node of that name already exists")
         node.index = len(self._nodes)
         self._nodes[node.name] = node
-        self._g.add_node(node.name)
-        for operand, src in enumerate(node.inputs):
-            self._g.add_edge(src, node.name, key=operand)
+        if self._nx is not None:
+            self._nx.add_node(node.name)
+            for operand, src in enumerate(node.inputs):
+                self._nx.add_edge(src, node.name, key=operand)
         self._order = None
         self._memo.clear()  # every derived result may change with a new node
         return node.name
@@ -227,7 +291,7 @@ class Graph:
             raise LoweringError(f"while lowering {name}: unknown inputs {missing}")
         check_attrs(name, op, attrs)
         try:
-            out = OPS[op].infer([self._nodes[i].type for i in inputs], attrs)
+            out = infer(op, [self._nodes[i].type for i in inputs], attrs)
         except (ValueError, TypeError) as err:
             raise LoweringError(f"while lowering {name} ({op}): {err}") from err
         return self._insert(Node(name, op, tuple(inputs), attrs, scope, out, meta=meta or NodeMeta()))
@@ -250,9 +314,9 @@ class Graph:
     def nodes(self) -> list[Node]:
         """All nodes in a deterministic topological order (ties broken by insertion order)."""
         if self._order is None:
-            key = {n: node.index for n, node in self._nodes.items()}
-            order = nx.lexicographical_topological_sort(self._g, key=lambda n: key[n])
-            self._order = [self._nodes[n] for n in order]
+            # A node's inputs exist before it is added, so insertion order is topological,
+            # and it is the lexicographically smallest one by insertion index (the tie-break).
+            self._order = list(self._nodes.values())
         return self._order
 
     def ops(self) -> Iterator[Node]:
@@ -287,15 +351,26 @@ class Graph:
     # ---- checking ---------------------------------------------------------------------
 
     def lint(self) -> None:
-        """Check structural invariants; raise LoweringError naming the first bad node."""
-        if not nx.is_directed_acyclic_graph(self._g):
-            cycle = nx.find_cycle(self._g)
-            raise LoweringError(f"graph has a cycle through {cycle[0][0]}")
-        if set(self._g.nodes) != set(self._nodes):
-            raise LoweringError("graph nodes and name table disagree")
+        """Check structural invariants; raise LoweringError naming the first bad node.
+
+        The networkx graph is checked against the operand lists only once something has built
+        it (``_g``): until then the operand lists are the edges, and acyclic, since a node's
+        inputs exist before it is added."""
+        in_edges: dict[str, list[tuple[int, str]]] | None = None
+        if self._nx is not None:
+            if set(self._nx.nodes) != set(self._nodes):
+                raise LoweringError("graph nodes and name table disagree")
+            in_edges = {}
+            backward = False  # an edge to an earlier node: the only way to a cycle
+            for src, dst, k in self._nx.edges(keys=True):
+                in_edges.setdefault(dst, []).append((k, src))
+                backward = backward or self._nodes[src].index >= self._nodes[dst].index
+            if backward and not nx.is_directed_acyclic_graph(self._nx):
+                cycle = nx.find_cycle(self._nx)
+                raise LoweringError(f"graph has a cycle through {cycle[0][0]}")
         for node in self.nodes():
-            edges = sorted((k, src) for src, _, k in self._g.in_edges(node.name, keys=True))
-            if tuple(src for _, src in edges) != node.inputs:
+            if in_edges is not None and tuple(
+                    src for _, src in sorted(in_edges.get(node.name, ()))) != node.inputs:
                 raise LoweringError(f"{node.name}: edges do not match its operand list")
             if node.op in ("param", "input"):
                 if node.inputs:
@@ -309,7 +384,7 @@ class Graph:
                 )
             check_attrs(node.name, node.op, node.attrs)
             try:
-                again = opdef.infer([self._nodes[i].type for i in node.inputs], node.attrs)
+                again = infer(node.op, [self._nodes[i].type for i in node.inputs], node.attrs)
             except (ValueError, TypeError) as err:
                 raise LoweringError(f"{node.name}: {err}") from err
             if again != node.type:
@@ -317,7 +392,8 @@ class Graph:
         for out in self.outputs:
             if out not in self._nodes:
                 raise LoweringError(f"output {out!r} is not a node")
-        dead = [n.name for n in self.nodes() if not self._g.out_degree(n.name)
+        read = {src for n in self._nodes.values() for src in n.inputs}
+        dead = [n.name for n in self.nodes() if n.name not in read
                 and n.name not in self.outputs]
         if dead:
             raise LoweringError(f"nodes computed but never used: {dead[:5]}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
 
 import sympy
@@ -164,17 +164,23 @@ class _Lowering:
         self.vocab_names = _vocab_names(spec)
         self.position_bias: str | None = None  # the current stack's T5 bias (relative_bias)
         self.token_type_ids: str | None = None  # the second input with embedding.token_types
+        self._shapes: dict[tuple[str, ...], tuple[Size, ...]] = {}  # parameter shapes by dims
 
     # ---- small helpers ----------------------------------------------------------------
+
+    def _param_shape(self, dims: tuple[str, ...]) -> tuple[Size, ...]:
+        shape = tuple(sympy.Mul(*(self.g.sizes[n] for n in d.split("*"))) if d != "1" else 1
+                      for d in dims)
+        return tuple(int(d) if isinstance(d, sympy.Integer) else d for d in shape)
 
     def param(self, name: str, dims: tuple[str, ...], scope: str, init: str,
               meta: NodeMeta) -> str:
         """Parameter ``name`` with its shape written in named sizes (``"heads*head_dim"``)."""
-        shape = tuple(sympy.Mul(*(self.g.sizes[n] for n in d.split("*"))) if d != "1" else 1
-                      for d in dims)
-        shape = tuple(int(d) if isinstance(d, sympy.Integer) else d for d in shape)
+        shape = self._shapes.get(dims)
+        if shape is None:  # every layer has the same parameter shapes: built once each
+            shape = self._shapes[dims] = self._param_shape(dims)
         owner = name.rsplit(".", 1)[0]  # the module a state_dict key belongs to
-        meta = NodeMeta(meta.part, meta.stack, meta.layer, meta.sublayer, meta.role, owner)
+        meta = replace(meta, module=owner)
         return self.g.param(name, shape, scope=scope, init=init, dtype=self.dtype, meta=meta,
                             dims=dims)
 
@@ -365,8 +371,8 @@ class _Lowering:
         scope = path
         cls, doc = SUBLAYER_CLASSES[sub]
         g.module(path, cls, doc)
-        wrap = NodeMeta(layer.part, layer.stack, layer.layer, sub, module=layer.module)
-        inner = NodeMeta(layer.part, layer.stack, layer.layer, sub, module=path)
+        wrap = replace(layer, sublayer=sub, role="")
+        inner = replace(wrap, module=path)
         norm_name = f"{layer.module}.{sub}_norm"
         h = x if normed is None else normed
         if where in ("pre", "sandwich") and normed is None:
@@ -683,7 +689,7 @@ def _inner_activation(act: str) -> str:
 
 
 def _role(meta: NodeMeta, role: str) -> NodeMeta:
-    return NodeMeta(meta.part, meta.stack, meta.layer, meta.sublayer, role, meta.module)
+    return replace(meta, role=role)
 
 
 G = TypeVar("G", bound=Graph)
@@ -719,3 +725,22 @@ def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Grap
     ``loss``: the training graph, a ``labels`` input (B, L) int64 and the cross-entropy node
     ``loss`` (its only output) after the logits (the logits, not probs, with output probs)."""
     return _Lowering(spec, sizes or Sizes.of(spec), graph_type, cache, part, loss).model()
+
+
+def with_loss(graph: G) -> G | None:
+    """The training graph of ``graph``, a full-sequence graph lowered from its spec with its
+    own sizes: a copy with the ``labels`` input and the ``loss`` node after its logits, the
+    graph ``lower(spec, loss=True)`` builds (same nodes, order, metadata), without lowering
+    the model again. None where that is not how the loss graph differs: no spec, an output
+    other than the logits alone (probs; a KV-cache graph's presents), or a loss already."""
+    spec = graph.spec
+    if spec is None or spec.output == "probs" or graph.outputs != ["logits"] \
+            or "labels" in graph or "loss" in graph:
+        return None
+    lowering = _Lowering(spec, Sizes.of(spec), type(graph), loss=True)
+    if graph.sizes != lowering.g.sizes:
+        return None
+    lowering.g = out = graph.copy()
+    out.outputs = []
+    out.set_output(lowering.cross_entropy("logits"))
+    return out

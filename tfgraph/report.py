@@ -187,10 +187,17 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         n.component: {"params": 0, "flops_matmul": 0, "flops_other": 0}
         for n in graph.nodes() if n.op != "input"}
     component_layers = _component_layers(graph)
+    values: dict[sympy.Expr, int] = {}  # every layer repeats the same few costs
+
+    def at_sizes(expr: sympy.Expr) -> int:
+        if expr not in values:
+            values[expr] = _int(expr, sizes)
+        return values[expr]
+
     for c in sym["costs"]:
         row = components[c.component]
-        row["flops_matmul"] += _int(c.matmul, sizes)
-        row["flops_other"] += _int(c.other, sizes)
+        row["flops_matmul"] += at_sizes(c.matmul)
+        row["flops_other"] += at_sizes(c.other)
     params_by_component = cost.params_by_component(graph)
     for key, n in params_by_component.items():
         components[key]["params"] = n

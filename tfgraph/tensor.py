@@ -6,10 +6,14 @@ The bottom layer of tfgraph: it imports nothing of tfgraph, and everything else 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import TypeAlias
+from functools import cached_property
+from typing import Any, TypeAlias
 
 import sympy
+import sympy.tensor.tensor  # noqa: F401 (sympy imports it lazily in its first Add: 60-130 ms
+# inside the first compile of a process otherwise; here it is part of ``import tfgraph``)
 
 # Symbolic sizes: batch, source (or only) sequence length, target sequence length, and the
 # positions already in a KV cache (past length, 0 at prefill).
@@ -27,18 +31,54 @@ class LoweringError(Exception):
     """A node could not be built or checked; the message names the node."""
 
 
+def as_dim(d: Any) -> Dim:
+    """One dimension as a sympy expression: an ``int`` becomes ``sympy.Integer``; a sympy
+    expression stays as it is; anything else (a float, a string, a bool) is a TypeError."""
+    if isinstance(d, sympy.Expr):
+        return d
+    if type(d) is int:
+        return sympy.Integer(d)
+    if isinstance(d, numbers.Integral) and not isinstance(d, bool):
+        return sympy.Integer(int(d))
+    raise TypeError(f"a tensor dimension must be an int or a sympy expression, got "
+                    f"{d!r} ({type(d).__name__})")
+
+
 @dataclass(frozen=True)
 class TensorType:
-    """Symbolic shape and dtype of a node's single output."""
+    """Symbolic shape and dtype of a node's single output.
+
+    Contract: every dimension is a sympy expression (``sympy.Integer`` for a number; ints
+    given here are converted, other types refused with a TypeError), so passes and back ends
+    may call sympy methods on any dimension. The hash is computed once: types are compared
+    and hashed for every node by the per-signature caches of shape inference and costs."""
 
     shape: Shape
     dtype: str
 
-    @property
+    def __post_init__(self) -> None:
+        if not isinstance(self.shape, tuple) or \
+                not all(isinstance(d, sympy.Expr) for d in self.shape):
+            if not isinstance(self.shape, (tuple, list)):
+                raise TypeError(f"a tensor shape must be a tuple of dimensions, got "
+                                f"{self.shape!r}")
+            object.__setattr__(self, "shape", tuple(as_dim(d) for d in self.shape))
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its fields: the cached hash (of strings, salted per process) must not
+        # travel to another process
+        return (TensorType, (self.shape, self.dtype))
+
+    # computed once per type: nodes share their types (ir.infer), and every pass asks
+    @cached_property
     def numel(self) -> sympy.Expr:
         return sympy.Mul(*self.shape)
 
-    @property
+    @cached_property
     def nbytes(self) -> sympy.Expr:
         return self.numel * DTYPE_BYTES[self.dtype]
 

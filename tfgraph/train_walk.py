@@ -50,7 +50,7 @@ import sympy
 from tfgraph import cost, ops_loss
 from tfgraph.errors import TfgraphError
 from tfgraph.ir import Graph, Node
-from tfgraph.lower import lower
+from tfgraph.lower import lower, with_loss
 from tfgraph.ops import OPS
 from tfgraph.plan import Plan, Step, plan
 
@@ -97,7 +97,9 @@ def loss_graph(graph: Graph) -> Graph | None:
         return None
 
     def make() -> Graph:
-        out = lower(spec, None, type(graph), loss=True)
+        out = with_loss(graph)  # the graph with the loss appended, when that is all it takes
+        if out is None:
+            out = lower(spec, None, type(graph), loss=True)
         out.lint()
         return out
 
@@ -203,10 +205,17 @@ class _Live:
         self.entries: dict[str, sympy.Expr] = {}
         self.holders: dict[str, set[str]] = {}
         self.total = 0
+        self._seq: dict[str, int] = {}  # when each entry joined (its place in ``entries``)
+        self._joined = 0
+        self._log: list[tuple[str, sympy.Expr, int | None]] = []
+        """Entries that joined (seq None) or left (with their seq) since ``mark``."""
 
     def add(self, key: str, nbytes: sympy.Expr, holder: str) -> None:
         if key not in self.entries:
             self.entries[key] = nbytes
+            self._seq[key] = self._joined
+            self._joined += 1
+            self._log.append((key, nbytes, None))
             self.total += self.value(nbytes)
         self.holders.setdefault(key, set()).add(holder)
 
@@ -217,7 +226,24 @@ class _Live:
         held.discard(holder)
         if not held:
             del self.holders[key]
-            self.total -= self.value(self.entries.pop(key))
+            nbytes = self.entries.pop(key)
+            self._log.append((key, nbytes, self._seq.pop(key)))
+            self.total -= self.value(nbytes)
+
+    def mark(self) -> None:
+        """Remember the entries as they are now (``at_mark`` gives them back later)."""
+        self._log.clear()
+
+    def at_mark(self) -> dict[str, sympy.Expr]:
+        """The entries as they were at the last ``mark``, in the order they had then: the
+        changes since are undone, newest first, instead of walking the step again."""
+        entries = {k: (b, self._seq[k]) for k, b in self.entries.items()}
+        for key, nbytes, seq in reversed(self._log):
+            if seq is None:
+                del entries[key]
+            else:
+                entries[key] = (nbytes, seq)
+        return {k: b for k, (b, _) in sorted(entries.items(), key=lambda kv: kv[1][1])}
 
 
 Event = tuple[str, str]  # (phase, op node name)
@@ -325,22 +351,19 @@ def train_peak(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str = "n
     loss = loss_node(graph)
     value = _value_of(sizes)
     live = _Live(value)
-    best, best_at, saved_end = -1, -1, -1
-    for k, (phase, _) in enumerate(_events(graph, sizes, recompute, fused_attention, live)):
+    best, saved_end = -1, -1
+    node = phase = ""
+    for event_phase, event_node in _events(graph, sizes, recompute, fused_attention, live):
         if live.total > best:
-            best, best_at = live.total, k
-        if phase == "backward" and saved_end < 0:  # the loss's backward comes first
+            best, phase, node = live.total, event_phase, event_node
+            live.mark()
+        if event_phase == "backward" and saved_end < 0:  # the loss's backward comes first
             saved_end = sum(value(b) for key, b in live.entries.items()
                             if "saved" in live.holders[key])
-    again = _Live(value)
-    for k, (phase, node) in enumerate(_events(graph, sizes, recompute, fused_attention,
-                                              again)):
-        if k == best_at:
-            break
+    entries = live.at_mark()
     logits = sum(value(graph.node(i).type.nbytes) for i in _grad_inputs(graph, loss))
-    expr = cost.total(again.entries.values())
-    return TrainPeak(best, node, phase, expr, tuple(again.entries), saved_end,
-                     saved_end + logits)
+    expr = cost.total(entries.values())
+    return TrainPeak(best, node, phase, expr, tuple(entries), saved_end, saved_end + logits)
 
 
 def saved_by_layer(graph: Graph, recompute: str = "none") -> dict[LayerKey, sympy.Expr]:
