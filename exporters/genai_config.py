@@ -26,8 +26,8 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
                  ) -> dict[str, Any]:
     """The config of the KV-cache model of ``graph`` stored as ``model_file``; ``tokens``:
     the source config.json's token ids (bos, eos, pad), when known."""
-    spec = graph.spec
-    if spec is None or "attention_mask" not in graph.inputs:
+    info = graph.info
+    if info.kind != "cached" or info.part is not None:
         raise TfgraphError(f"{graph.name}: genai_config.json describes a KV-cache model "
                            "(build --kv-cache)")
     past = [graph.node(n).type.shape for n in graph.inputs if n.startswith("past_key_values.")]
@@ -43,7 +43,7 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
     no_eos = not isinstance(eos, list) and eos < 0
     if no_eos:
         eos = 0
-    context = spec.max_len or 4096  # the generator's default maximum length
+    context = (info.lengths.max_len if info.lengths else None) or 4096  # the generator's default maximum length
     return {
         "model": {
             "bos_token_id": token("bos_token_id", 0),

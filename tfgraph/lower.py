@@ -18,6 +18,7 @@ parameter table; every node's ``meta.module`` is a declared module.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from typing import Any, TypeVar, overload
 
 import sympy
 
-from tfgraph.ir import B, S, T, Graph, NodeMeta
+from tfgraph.ir import B, S, T, CacheLayout, Graph, GraphInfo, NodeMeta, SpecText
+from tfgraph.lengths import Lengths, default_seq
 from tfgraph.errors import TfgraphError
 from tfgraph.tensor import P
 from tfgraph.rope import rotary_attrs
@@ -718,4 +720,43 @@ def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Grap
     keys/values out); an encoder-decoder's is two graphs, ``part`` "encoder" or "decoder".
     ``loss``: the training graph, a ``labels`` input (B, L) int64 and the cross-entropy node
     ``loss`` (its only output) after the logits (the logits, not probs, with output probs)."""
-    return _Lowering(spec, sizes or Sizes.of(spec), graph_type, cache, part, loss).model()
+    z = sizes or Sizes.of(spec)
+    graph = _Lowering(spec, z, graph_type, cache, part, loss).model()
+    graph.info = graph_info(spec, z, graph_type, cache, part, loss)
+    return graph
+
+
+def graph_info(spec: Spec, sizes: Sizes, graph_type: type[Graph], cache: bool = False,
+               part: str | None = None, loss: bool = False) -> GraphInfo:
+    """The facts back ends read from a graph lowered from ``spec`` (tfgraph.ir.GraphInfo):
+    its architecture and kind, its KV-cache graphs and how to lower one, the lengths rule,
+    the output and vocabularies, the description and the spec as text."""
+    parts = cache_parts(spec)
+
+    def cache_graph(which: str | None) -> Graph:
+        if parts is None or which not in parts:
+            raise TfgraphError(f"{spec.name}: no KV-cache graph {which or 'decoder'!r} "
+                               f"(its KV-cache graphs: {parts})")
+        graph = lower(spec, sizes, graph_type, cache=True, part=which)
+        graph.lint()
+        return graph
+
+    def as_json() -> str:
+        return json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+
+    def as_yaml() -> str:
+        from tfgraph.loader import dump_spec
+
+        return dump_spec(spec)
+
+    layout = None
+    if spec.arch != "encoder-only" and all(isinstance(n, int) for n in
+                                           (sizes.kv_heads, sizes.head_dim)):
+        layout = CacheLayout(sizes.layers["decoder"], int(sizes.kv_heads), int(sizes.head_dim))
+    return GraphInfo(
+        arch=spec.arch, kind="loss" if loss else "cached" if cache else "full",
+        part=part if cache else None, description=spec.description,
+        lengths=Lengths.of(spec), default_seq=default_seq(spec), output=spec.output,
+        prompt_vocab=spec.vocab_size("source"), output_vocab=spec.output_vocab,
+        cache_parts=parts, cache_graph=cache_graph, cache=layout,
+        source=SpecText(spec.name, as_yaml, as_json))

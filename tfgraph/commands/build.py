@@ -97,11 +97,13 @@ def _write_torch(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
 
 
 def _write_hf(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
+    from tfgraph.hf.export_config import hf_folder_facts
+
+    config, names = hf_folder_facts(opts["spec"], opts["source_config"])
     module = importlib.import_module("tfgraph.exporters.hf_folder")
     with _progress(graph, f"writing {out.name}") as advance:
-        return Path(module.write_hf_folder(graph, out, opts["weights"], opts["seed"],
-                                           opts["extra_files"], advance,
-                                           opts["source_config"]))
+        return Path(module.write_hf_folder(graph, out, config, names, opts["weights"],
+                                           opts["seed"], opts["extra_files"], advance))
 
 
 def _diagram(fmt: str) -> Callable[[Graph, Path, dict[str, Any]], Path]:
@@ -259,7 +261,7 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         click.echo(f"note: {note}", err=True)
     opts = {"weights": values, "seed": 0 if seed is None else seed,
             "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
-            "source_config": source.config}
+            "source_config": source.config, "spec": source.spec}
     written = how.write(graph, out, opts)
     from tfgraph.cost import param_count
 
