@@ -30,7 +30,8 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
     if info.kind != "cached" or info.part is not None:
         raise TfgraphError(f"{graph.name}: genai_config.json describes a KV-cache model "
                            "(build --kv-cache)")
-    past = [graph.node(n).type.shape for n in graph.inputs if n.startswith("past_key_values.")]
+    layout = info.cache  # the keys/values per layer the generator allocates
+    assert layout is not None
     tokens = tokens or {}
 
     def token(key: str, default: int) -> Any:  # the config's id, else default (genai wants one)
@@ -51,7 +52,7 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "filename": model_file,
-                "head_size": int(past[0][3]),
+                "head_size": layout.head_dim,
                 "hidden_size": int(graph.sizes["d_model"]),
                 "inputs": {
                     "input_ids": "input_ids",
@@ -66,8 +67,8 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
                     "present_value_names": "present.%d.value",
                 },
                 "num_attention_heads": int(graph.sizes["heads"]),
-                "num_hidden_layers": len(past) // 2,
-                "num_key_value_heads": int(past[0][1]),
+                "num_hidden_layers": layout.layers,
+                "num_key_value_heads": layout.kv_heads,
             },
             "eos_token_id": eos,
             "pad_token_id": token("pad_token_id", eos if isinstance(eos, int) else 0),

@@ -52,7 +52,8 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
         from tfgraph.hf.tokenizer import copy_files
 
         copy_files(opts["extra_files"], written.parent)
-    if "attention_mask" in graph.inputs:  # a KV-cache model: onnxruntime-genai can drive it
+    if graph.info.kind == "cached" and graph.info.part is None:  # a decoder's KV-cache
+        # model: onnxruntime-genai can drive it
         from tfgraph.exporters.genai_config import write_genai_config
 
         write_genai_config(graph, written, opts["source_config"])
