@@ -54,7 +54,8 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 
 __all__ = ["ATTENTION_IMPLS", "MODEL_CLASSES", "TORCH_DTYPES", "TORCH_INPLACE", "TORCH_OPS",
-           "DecoderModel", "EncoderDecoderModel", "EncoderModel", "GraphModel", "LayerModule", "LossModel",
+           "DecoderModel", "DecoderPartModel", "EncoderDecoderModel", "EncoderModel",
+           "EncoderPartModel", "GraphModel", "LayerModule", "LossModel",
            "NormWeights", "StaticCache", "TorchModel", "to_torch"]
 
 # (lowering, attrs, input slots, output slot, slots freed after it,
@@ -503,23 +504,20 @@ class EncoderDecoderModel(_CachedModel):
     """An encoder-decoder (the decoder attends to the encoder output): three calls, one per
     graph lowering makes of it (``graph.info``), each available on the full model too.
 
-    ``translate(src_ids, tgt_ids)``: the full-sequence graph. ``encode(src_ids,
-    attention_mask=None, position_ids=None)``: the KV-cache encoder part, the encoder output
-    and every decoder layer's cross-attention (key, value). ``decode(input_ids,
-    encoder_key_values, encoder_attention_mask=None, attention_mask=None, position_ids=None,
-    past_key_values=None, use_cache=False)``: one KV-cache decoder step. ``forward`` is the
-    call of the module's own graph (README, "KV cache"); on the full model ``encode`` and
-    ``decode`` run its KV-cache graphs over the same parameters."""
+    ``translate(src_ids, tgt_ids)`` (the full model's ``forward``): the full-sequence graph.
+    ``encode(src_ids, attention_mask=None, position_ids=None)``: the KV-cache encoder part,
+    the encoder output and every decoder layer's cross-attention (key, value).
+    ``decode(input_ids, encoder_key_values, encoder_attention_mask=None,
+    attention_mask=None, position_ids=None, past_key_values=None, use_cache=False)``: one
+    KV-cache decoder step. On the full model ``encode`` and ``decode`` run its KV-cache graphs
+    over the same parameters; the modules of the two KV-cache graphs themselves
+    (:class:`EncoderPartModel`, :class:`DecoderPartModel`) are this class with ``forward``
+    bound to ``encode`` or ``decode`` (README, "KV cache"). Each forward keeps its own named
+    arguments, which ``torch.export``'s dynamic shapes are keyed by."""
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The module's graph: ``translate`` on the full-sequence graph, ``encode`` on the
-        KV-cache encoder part, ``decode`` on the decoder part."""
-        part = self.info.part if self.cached else None
-        if part == "encoder":
-            return self.encode(*args, **kwargs)
-        if part == "decoder":
-            return self.decode(*args, **kwargs)
-        return self.translate(*args, **kwargs)
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+        """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab)."""
+        return self.translate(src_ids, tgt_ids)
 
     def translate(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab)."""
@@ -571,6 +569,18 @@ class EncoderDecoderModel(_CachedModel):
         if not use_cache:
             return out[0]
         return out[0], tuple(zip(out[1::2], out[2::2]))
+
+
+class EncoderPartModel(EncoderDecoderModel):
+    """The module of an encoder-decoder's KV-cache encoder part: ``forward`` is ``encode``."""
+
+    forward = EncoderDecoderModel.encode  # type: ignore[assignment]
+
+
+class DecoderPartModel(EncoderDecoderModel):
+    """The module of an encoder-decoder's KV-cache decoder part: ``forward`` is ``decode``."""
+
+    forward = EncoderDecoderModel.decode  # type: ignore[assignment]
 
 
 class GraphModel(TorchModel):
@@ -767,12 +777,16 @@ MODEL_CLASSES: dict[str, type[TorchModel]] = {
     "encoder-decoder": EncoderDecoderModel,
 }
 """The module class of each architecture (``graph.info.arch``); a loss graph's is LossModel,
-a graph built by hand (no architecture) GraphModel, whose forward takes the graph's inputs
-in order."""
+an encoder-decoder's KV-cache parts EncoderPartModel and DecoderPartModel (EncoderDecoderModel
+with forward bound to encode or decode); a graph built by hand (no architecture) GraphModel,
+whose forward takes the graph's inputs in order."""
 
 
 def _model_class(graph: Graph) -> type[TorchModel]:
     """Which module class computes ``graph``: lowering's word for it (``graph.info``)."""
-    if graph.info.kind == "loss":
+    info = graph.info
+    if info.kind == "loss":
         return LossModel
-    return MODEL_CLASSES.get(graph.info.arch, GraphModel)
+    if info.arch == "encoder-decoder" and info.kind == "cached":
+        return EncoderPartModel if info.part == "encoder" else DecoderPartModel
+    return MODEL_CLASSES.get(info.arch, GraphModel)
