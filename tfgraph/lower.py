@@ -30,6 +30,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar, overload
 
 import sympy
@@ -811,23 +812,6 @@ def graph_info(spec: Spec, sizes: Sizes, graph_type: type[Graph], cache: bool = 
     its architecture and kind, its KV-cache graphs and how to lower one, the lengths rule,
     the output and vocabularies, the description and the spec as text."""
     parts = cache_parts(spec)
-
-    def cache_graph(which: str | None) -> Graph:
-        if parts is None or which not in parts:
-            raise TfgraphError(f"{spec.name}: no KV-cache graph {which or 'decoder'!r} "
-                               f"(its KV-cache graphs: {parts})")
-        graph = lower(spec, sizes, graph_type, cache=True, part=which)
-        graph.lint()
-        return graph
-
-    def as_json() -> str:
-        return json.dumps(spec.model_dump(mode="json"), sort_keys=True)
-
-    def as_yaml() -> str:
-        from tfgraph.loader import dump_spec
-
-        return dump_spec(spec)
-
     layout = None
     if spec.arch != "encoder-only" and all(isinstance(n, int) for n in
                                            (sizes.kv_heads, sizes.head_dim)):
@@ -837,5 +821,29 @@ def graph_info(spec: Spec, sizes: Sizes, graph_type: type[Graph], cache: bool = 
         part=part if cache else None, description=spec.description,
         lengths=Lengths.of(spec), default_seq=default_seq(spec), output=spec.output,
         prompt_vocab=spec.vocab_size("source"), output_vocab=spec.output_vocab,
-        cache_parts=parts, cache_graph=cache_graph, cache=layout,
-        source=SpecText(spec.name, as_yaml, as_json))
+        cache_parts=parts, cache_graph=partial(_cache_graph, spec, sizes, graph_type),
+        cache=layout,
+        source=SpecText(spec.name, partial(_spec_yaml, spec), partial(_spec_json, spec)))
+
+
+# Module-level (not closures), so that a graph's info pickles with it.
+def _cache_graph(spec: Spec, sizes: Sizes, graph_type: type[Graph], which: str | None
+                 ) -> Graph:
+    """The linted KV-cache graph ``which`` of ``spec`` (GraphInfo.cache_graph)."""
+    parts = cache_parts(spec)
+    if parts is None or which not in parts:
+        raise TfgraphError(f"{spec.name}: no KV-cache graph {which or 'decoder'!r} "
+                           f"(its KV-cache graphs: {parts})")
+    graph = lower(spec, sizes, graph_type, cache=True, part=which)
+    graph.lint()
+    return graph
+
+
+def _spec_json(spec: Spec) -> str:
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+
+
+def _spec_yaml(spec: Spec) -> str:
+    from tfgraph.loader import dump_spec
+
+    return dump_spec(spec)
