@@ -319,8 +319,10 @@ class TorchModel(nn.Module):
         move (another device or dtype)."""
         info = self.info
         if info.cache_graph is None or info.cache_parts is None or part not in info.cache_parts:
-            raise TfgraphError(f"{self.graph_name}: masks and a KV cache are for decoders "
-                               f"with a KV-cache graph (this {info.arch or 'graph'} has none)")
+            which = "" if part is None else f" {part!r}"
+            raise TfgraphError(f"{self.graph_name}: masks and a KV cache need a KV-cache graph"
+                               f"{which}, and this {info.arch or 'graph'} has none "
+                               f"(its KV-cache graphs: {info.cache_parts})")
         first = next(self.parameters()).data_ptr()
         held = self._parts.get(part)
         if held is None or held[0] != first:
