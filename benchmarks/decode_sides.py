@@ -118,7 +118,7 @@ class TfgraphSide:
 
     def __init__(self, folder: Path, prompts: list[list[int]], backend: str, cache: bool = True,
                  threads: int | None = None) -> None:
-        from tfgraph.exporters.generate_api import prepare
+        from tfgraph.commands.generate_api import prepare
 
         start = time.perf_counter()
         self.ready = prepare(folder, prompts, backend=backend, threads=threads,

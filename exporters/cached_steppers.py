@@ -43,7 +43,7 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
 
 def torch_cached(module: Any, vocab: int, max_len: int | None, device: str,
                  output_probs: bool = False) -> Cached:
-    """A cached stepper over the torch module of a KV-cache graph (CachedDecoderModel)."""
+    """A cached stepper over the torch module of a KV-cache graph (DecoderModel)."""
     import torch
 
     module = module.to(device)
@@ -72,7 +72,7 @@ def torch_cached(module: Any, vocab: int, max_len: int | None, device: str,
 def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
                  decoder_start: int, output_probs: bool = False) -> CachedSeq2Seq:
     """A cached stepper over onnxruntime sessions of an encoder-decoder's two KV-cache
-    graphs (tfgraph.compile(spec, cache=True, part=...))."""
+    graphs (``graph.info.kind == "cached"``, ``part`` "encoder" and "decoder")."""
     own = [i for i in decoder.get_inputs() if ".decoder." in i.name]
     names = [i.name for i in own]
     kv_heads, head_dim = int(own[0].shape[1]), int(own[0].shape[3])
@@ -113,7 +113,7 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
 def torch_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None, device: str,
                   decoder_start: int, output_probs: bool = False) -> CachedSeq2Seq:
     """A cached stepper over the torch modules of an encoder-decoder's two KV-cache graphs
-    (CachedEncoderModel, CachedSeq2SeqDecoderModel); caches stay tensors on ``device``."""
+    (EncoderDecoderModel: encode, decode); caches stay tensors on ``device``."""
     import torch
 
     encoder, decoder = encoder.to(device), decoder.to(device)

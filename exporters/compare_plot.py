@@ -232,8 +232,7 @@ def compare_figure(graphs: Sequence[Graph], data: dict[str, Any]) -> Figure:
     names = [plot_text(v["name"]) for v in data["variants"]]
     any_past = any_end = any_dagger = False
     for i, (graph, v, colour) in enumerate(zip(graphs, data["variants"], colours)):
-        limits = (Lengths.of(graph.spec) if graph.spec
-                  else Lengths(graph.name, None, "none"))
+        limits = graph.info.lengths or Lengths(graph.name, None, "none")
         s = series(graph, xs, batch)
         drawn = [_curve(ax_flops, xs, s["flops.forward"], limits, color=colour, lw=2),
                  _curve(ax_cross, xs, s["flops_by_kind.attention_scores"], limits,

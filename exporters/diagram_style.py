@@ -22,7 +22,6 @@ import graphviz
 
 from tfgraph import cost
 from tfgraph.ir import Graph, Shape
-from tfgraph.lengths import check_lengths, default_seq
 from tfgraph.ops import OPS
 from tfgraph.terminal import printable
 
@@ -188,7 +187,7 @@ class Annotator:
         unknown = set(what) - {"params", "flops"}
         if unknown:
             raise ValueError(f"annotate: unknown {sorted(unknown)}; use params and/or flops")
-        seq = default_seq(graph.spec) if seq is None else seq
+        seq = graph.info.default_seq if seq is None else seq
         self.batch, self.seq = batch, seq
         self._flops: dict[str, int] = {}
         self._owned: dict[str, list[str]] = {}
@@ -203,7 +202,7 @@ class Annotator:
             from tfgraph.figures import symbolic
             from tfgraph.report import build_report, sizes_for
 
-            check_lengths(graph.spec, ("seq", seq))
+            graph.info.check_lengths(("seq", seq))
             rep = build_report(graph, batch=batch, seq=seq)
             sizes = sizes_for(graph, batch, seq, None)
             for c in symbolic(graph)["costs"]:

@@ -26,11 +26,12 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
                  ) -> dict[str, Any]:
     """The config of the KV-cache model of ``graph`` stored as ``model_file``; ``tokens``:
     the source config.json's token ids (bos, eos, pad), when known."""
-    spec = graph.spec
-    if spec is None or "attention_mask" not in graph.inputs:
+    info = graph.info
+    if info.kind != "cached" or info.part is not None:
         raise TfgraphError(f"{graph.name}: genai_config.json describes a KV-cache model "
                            "(build --kv-cache)")
-    past = [graph.node(n).type.shape for n in graph.inputs if n.startswith("past_key_values.")]
+    layout = info.cache  # the keys/values per layer the generator allocates
+    assert layout is not None
     tokens = tokens or {}
 
     def token(key: str, default: int) -> Any:  # the config's id, else default (genai wants one)
@@ -43,7 +44,7 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
     no_eos = not isinstance(eos, list) and eos < 0
     if no_eos:
         eos = 0
-    context = spec.max_len or 4096  # the generator's default maximum length
+    context = (info.lengths.max_len if info.lengths else None) or 4096  # the generator's default maximum length
     return {
         "model": {
             "bos_token_id": token("bos_token_id", 0),
@@ -51,7 +52,7 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "filename": model_file,
-                "head_size": int(past[0][3]),
+                "head_size": layout.head_dim,
                 "hidden_size": int(graph.sizes["d_model"]),
                 "inputs": {
                     "input_ids": "input_ids",
@@ -66,8 +67,8 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
                     "present_value_names": "present.%d.value",
                 },
                 "num_attention_heads": int(graph.sizes["heads"]),
-                "num_hidden_layers": len(past) // 2,
-                "num_key_value_heads": int(past[0][1]),
+                "num_hidden_layers": layout.layers,
+                "num_key_value_heads": layout.kv_heads,
             },
             "eos_token_id": eos,
             "pad_token_id": token("pad_token_id", eos if isinstance(eos, int) else 0),

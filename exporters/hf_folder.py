@@ -18,17 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from tfgraph.errors import TfgraphError
-from tfgraph.hf.names import HFTensor
+from tfgraph.hf.names import HFTensor, NameMap
 from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES
 from tfgraph.ir import Graph
 
 FILES = ("config.json", "model.safetensors")
-# Token ids live in config.json but not in a spec: carried over from the folder a model came
-# from; without one, bos and eos are unknown (None), not the family class's defaults, which
-# may lie outside a small vocabulary.
-TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
-              "forced_bos_token_id", "forced_eos_token_id", "sep_token_id")
 
 
 def write_order(tensors: list[HFTensor], params: Sequence[str]) -> list[HFTensor]:
@@ -72,35 +66,24 @@ def _hf_values(order: list[HFTensor], stream: Iterator[tuple[str, np.ndarray]],
     yield from buffers.items()
 
 
-def write_hf_folder(graph: Graph, out_dir: Path, weights: Mapping[str, Any] | None,
-                    seed: int, extra_files: Sequence[Path] = (),
-                    progress: Callable[[int], None] | None = None,
-                    source_config: Mapping[str, Any] | None = None) -> Path:
-    """Write ``graph`` (its spec and weights) as a Hugging Face folder at ``out_dir``.
+def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], names: NameMap,
+                    weights: Mapping[str, Any] | None, seed: int,
+                    extra_files: Sequence[Path] = (),
+                    progress: Callable[[int], None] | None = None) -> Path:
+    """Write ``graph``'s weights as a Hugging Face folder at ``out_dir``: ``config`` as its
+    config.json, the tensors under ``names`` (both from
+    tfgraph.hf.export_config.hf_folder_facts, which the build command asks; it raises
+    TfgraphError when no Hugging Face family expresses the spec exactly).
 
-    ``weights`` as for the other back ends (checked), else generated from ``seed``;
-    ``source_config``: the config.json the spec was imported from (its token ids are kept).
-    Raises TfgraphError when no Hugging Face family expresses the spec exactly.
+    ``weights`` as for the other back ends (checked), else generated from ``seed``.
     """
     from tfgraph.cost import weights_bytes
     from tfgraph.exporters.onnx_model import parameter_values
     from tfgraph.exporters.onnx_weights import write_memory_bytes
     from tfgraph.exporters.safetensors_writer import Entry, write_safetensors
     from tfgraph.exporters.staged_folder import staged_folder
-    from tfgraph.hf import name_map
-    from tfgraph.hf.export_config import hf_config
     from tfgraph.io import check_capacity
 
-    if graph.spec is None:
-        raise TfgraphError(f"{graph.name}: graph has no spec; compile it from a spec")
-    export = hf_config(graph.spec)
-    config = dict(export.config)
-    for key in TOKEN_KEYS:
-        if source_config is not None and key in source_config:
-            config[key] = source_config[key]
-        elif key in ("bos_token_id", "eos_token_id"):
-            config.setdefault(key, None)
-    names = name_map(config, graph.spec)
     params = graph.params()
     shapes = {p.name: tuple(p.attrs["shape"]) for p in params}
     order = write_order(names.hf_tensors(shapes, aliases=False, layout="disk"), list(shapes))

@@ -1,4 +1,4 @@
-"""The ONNX lowerings of a KV-cache graph's ops (``tfgraph.compile(spec, cache=True)``).
+"""The ONNX lowerings of a KV-cache graph's ops (``graph.info.kind == "cached"``).
 
 The interface is the one Hugging Face optimum and onnxruntime-genai share (README, "KV
 cache"): ``attention_mask`` (B, total_len) and ``position_ids`` (B, seq_len) in, each layer's

@@ -6,7 +6,6 @@ The initializers are added afterwards, in memory (``to_onnx``) or streamed strai
 
 from __future__ import annotations
 
-import json
 
 import onnx
 from onnx import helper
@@ -16,7 +15,7 @@ from tfgraph.exporters.onnx_ops import MAX_OPSET, ONNX_OPS, check_opset
 from tfgraph.exporters.onnx_tensors import ELEM_TYPE
 from tfgraph.ir import Graph, Node
 # metadata_props key of the spec as JSON, so `tfgraph run MODEL.onnx --check` can rebuild it.
-from tfgraph.stored_spec import SPEC_METADATA_KEY
+from tfgraph.ir import SPEC_METADATA_KEY
 
 
 def _value_info(b: Builder, node: Node) -> onnx.ValueInfoProto:
@@ -48,17 +47,15 @@ def build_structure(graph: Graph, opset: int = MAX_OPSET) -> onnx.ModelProto:
         # default, which onnxruntime 1.31 rejects ("max supported IR version: 13").
         ir_version=helper.find_min_ir_version_for(opsets),
     )
-    from tfgraph import __version__
+    from tfgraph.version import __version__
 
     model.producer_version = __version__
-    spec = getattr(graph, "spec", None)
-    if spec is not None:
+    source = graph.info.source
+    if source is not None:
         # Both are protobuf strings (length-delimited UTF-8): any text the spec allows, quotes,
         # newlines, U+2028 and escape characters included, is stored and read back unchanged,
         # with nothing to escape. (Lone surrogates, which UTF-8 cannot encode, are refused
         # when the spec is validated.) Printing them is the reader's job.
-        model.doc_string = spec.description
-        helper.set_model_props(model, {
-            SPEC_METADATA_KEY: json.dumps(spec.model_dump(mode="json"), sort_keys=True),
-        })
+        model.doc_string = graph.info.description
+        helper.set_model_props(model, {SPEC_METADATA_KEY: source.json()})
     return model

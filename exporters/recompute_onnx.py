@@ -3,7 +3,7 @@
 Today's ONNX models take one whole sequence and have no attention mask, so each step reruns
 every row's prefix; rows of different lengths run as separate batches (grouped by length),
 which gives what a correctly masked padded batch would. A KV-cache model (``attention_mask`` and
-``past_key_values.*`` inputs) is driven by its own stepper instead (tfgraph.exporters.steppers).
+``past_key_values.*`` inputs) is driven by its own stepper instead (tfgraph.commands.steppers).
 """
 
 from __future__ import annotations

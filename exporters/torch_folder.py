@@ -18,7 +18,7 @@ from typing import Any
 from tfgraph.errors import TfgraphError
 from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES
 from tfgraph.ir import Graph
-from tfgraph.loader import dump_spec
+from tfgraph.ir import SPEC_METADATA_KEY
 
 FILES = ("model.py", "weights.safetensors", "spec.yaml")
 
@@ -40,7 +40,8 @@ def write_torch_folder(graph: Graph, out_dir: Path, weights: Mapping[str, Any] |
     from tfgraph.io import check_capacity
 
     out_dir = Path(out_dir)
-    if graph.spec is None:
+    source = graph.info.source
+    if source is None:
         raise TfgraphError(f"{graph.name}: graph has no spec; compile it from a spec")
     check_capacity(out_dir, weights_bytes(graph), write_memory_bytes(graph))
     params = graph.params()
@@ -52,8 +53,8 @@ def write_torch_folder(graph: Graph, out_dir: Path, weights: Mapping[str, Any] |
             (stage / "model.py").write_text(generate_source(graph), encoding="utf-8")
             write_safetensors(stage / "weights.safetensors", entries,
                               ((p.name, value) for p, value in stream),
-                              {"tfgraph.spec": graph.spec.name, "format": "pt"}, progress)
-            (stage / "spec.yaml").write_text(dump_spec(graph.spec), encoding="utf-8")
+                              {SPEC_METADATA_KEY: source.name, "format": "pt"}, progress)
+            (stage / "spec.yaml").write_text(source.yaml(), encoding="utf-8")
             for extra in extra_files:
                 (stage / extra.name).write_bytes(extra.read_bytes())
     finally:

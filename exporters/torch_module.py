@@ -45,8 +45,7 @@ from tfgraph.exporters.torch_ops import (
     rope_table_attrs,
     rope_tables_step,
 )
-from tfgraph.ir import Graph, Node
-from tfgraph.lower import cache_parts
+from tfgraph.ir import CacheLayout, Graph, Node
 from tfgraph.plan import Plan, layer_region, plan
 from tfgraph.weights import check_weights, generate, weight_shapes
 
@@ -54,8 +53,10 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
 }
 
-__all__ = ["ATTENTION_IMPLS", "TORCH_DTYPES", "TORCH_INPLACE", "TORCH_OPS", "TorchModel",
-           "LayerModule", "LossModel", "NormWeights", "to_torch"]
+__all__ = ["ATTENTION_IMPLS", "MODEL_CLASSES", "TORCH_DTYPES", "TORCH_INPLACE", "TORCH_OPS",
+           "DecoderModel", "DecoderPartModel", "EncoderDecoderModel", "EncoderModel",
+           "EncoderPartModel", "GraphModel", "LayerModule", "LossModel",
+           "NormWeights", "StaticCache", "TorchModel", "to_torch"]
 
 # (lowering, attrs, input slots, output slot, slots freed after it,
 #  in-place lowering or None, its input slots (the operand to overwrite first))
@@ -199,7 +200,7 @@ class LayerModule(nn.Module):
     then e.g. the encoder output and rotary tables, as the layer's graph reads them)."""
 
     attention_impl: str = "sdpa"
-    # The positions a static KV cache writes this step (CachedDecoderModel.static_cache).
+    # The positions a static KV cache writes this step (DecoderModel.static_cache).
     cache_position: Tensor | None = None
 
     def __init__(self) -> None:
@@ -241,6 +242,9 @@ class TorchModel(nn.Module):
         self.output_name = graph.outputs[0]
         self._attention_impl = "sdpa"
         self.source_graph = graph  # what parallelize reads (tfgraph.parallel.tp_plan)
+        self.info = graph.info  # what lowering says of the graph (its kind, cache parts)
+        # modules of this model's other graphs (its KV-cache parts) over the same parameters
+        self._parts: dict[str | None, tuple[int, TorchModel]] = {}
         walk = plan(graph)
         layer_paths = _region_paths(graph, walk.region)
         self._layers: dict[tuple[Any, ...], LayerModule] = {}
@@ -308,6 +312,29 @@ class TorchModel(nn.Module):
         out: Tensor = self._program.run(self, inputs)[0]
         return out
 
+    def _part_module(self, part: str | None) -> TorchModel:
+        """The module of this model's KV-cache graph ``part`` (lowering's
+        ``graph.info.cache_graph``: None a decoder's, "encoder" or "decoder" an
+        encoder-decoder's), over the same parameter storage, rebuilt when the parameters
+        move (another device or dtype)."""
+        info = self.info
+        if info.cache_graph is None or info.cache_parts is None or part not in info.cache_parts:
+            which = "" if part is None else f" {part!r}"
+            raise TfgraphError(f"{self.graph_name}: masks and a KV cache need a KV-cache graph"
+                               f"{which}, and this {info.arch or 'graph'} has none "
+                               f"(its KV-cache graphs: {info.cache_parts})")
+        first = next(self.parameters()).data_ptr()
+        held = self._parts.get(part)
+        if held is None or held[0] != first:
+            graph = info.cache_graph(part)
+            # detach() shares storage: the part's module reads these very weights
+            mine = dict(self.named_parameters())
+            module = _model_class(graph)(graph, {p.name: mine[p.name].detach()
+                                                 for p in graph.params()})
+            module.attention_impl = self.attention_impl
+            held = self._parts[part] = (first, module.train(self.training))
+        return held[1]
+
     def _positions(self, position_ids: Tensor) -> tuple[Tensor, ...]:
         """The position ids, when the graph takes them (not with relative positions)."""
         return (position_ids,) if "position_ids" in self.input_names else ()
@@ -316,86 +343,22 @@ class TorchModel(nn.Module):
         return f"graph={self.graph_name!r}, attention_impl={self.attention_impl!r}"
 
 
-class DecoderOnlyOrEncoderModel(TorchModel):
-    """One stack (encoder-only or decoder-only)."""
-
-    def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
-        super().__init__(graph, weights)
-        # A decoder also takes masks and a cache (design §8) through its KV-cache graph,
-        # built on first use over these very parameters (shared storage, not registered
-        # twice); a full, unmasked sequence keeps the fused-attention path.
-        # Whether a one-stack model has a KV-cache graph is the lowering's call (cache_parts).
-        spec = graph.spec
-        self._cached_spec = spec if spec is not None and cache_parts(spec) == (None,) else None
-        self._cached: tuple[int, Any] | None = None
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None,
-                past_key_values: Sequence[tuple[Tensor, Tensor]] | None = None,
-                use_cache: bool = False, cache_position: Tensor | None = None) -> Any:
-        """input_ids (B, S) int64 -> logits or probs (B, S, vocab). A decoder also takes
-        attention_mask, position_ids, past_key_values, use_cache and cache_position as
-        :class:`CachedDecoderModel` does (README, "KV cache")."""
-        if attention_mask is None and position_ids is None and past_key_values is None \
-                and not use_cache:
-            return self._run((input_ids,))
-        if self._cached_spec is None:
-            raise TfgraphError(f"{self.graph_name}: masks and a KV cache are for decoders")
-        return self.cached_model()(input_ids, attention_mask, position_ids, past_key_values,
-                                   use_cache, cache_position)
-
-    def cached_model(self) -> CachedDecoderModel:
-        """The KV-cache module of this decoder, over the same parameter storage (rebuilt
-        when the parameters move: another device or dtype)."""
-        first = next(self.parameters())
-        if self._cached is None or self._cached[0] != first.data_ptr():
-            from tfgraph.compiler import compile as compile_spec
-
-            graph = compile_spec(self._cached_spec, cache=True)  # type: ignore[arg-type]
-            # detach() shares storage: the cached module reads these very weights
-            module = CachedDecoderModel(graph, {n: p.detach() for n, p in
-                                                self.named_parameters()})
-            module.attention_impl = self.attention_impl
-            self._cached = (first.data_ptr(), module.train(self.training))
-        cached: CachedDecoderModel = self._cached[1]
-        return cached
-
-
-class TokenTypeModel(TorchModel):
-    """One stack with segment embeddings (embedding.token_types, BERT)."""
-
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """input_ids and token_type_ids (B, S) int64 -> logits or probs (B, S, vocab); without
-        token_type_ids every token is in segment 0 (Hugging Face's default)."""
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        return self._run((input_ids, token_type_ids))
-
-
-class _CacheDefaults(TorchModel):
-    """What a cached forward fills in when not given: an empty cache, every token real,
-    positions counted from the mask."""
-
-    cache_layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-
-    def _defaults(self, input_ids: Tensor,
-                  past_key_values: Sequence[tuple[Tensor, Tensor]] | None,
-                  attention_mask: Tensor | None, position_ids: Tensor | None
-                  ) -> tuple[Sequence[tuple[Tensor, Tensor]], Tensor, Tensor]:
-        batch, length = input_ids.shape
-        if past_key_values is None:
-            empty = input_ids.new_zeros((batch, self.kv_heads, 0, self.head_dim),
-                                        dtype=self.dtype)
-            past_key_values = [(empty, empty)] * self.cache_layers
-        past = past_key_values[0][0].shape[2] if past_key_values else 0
-        if attention_mask is None:
-            attention_mask = input_ids.new_ones((batch, past + length))
-        if position_ids is None:
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
-        return past_key_values, attention_mask, position_ids
+def _cache_defaults(input_ids: Tensor, layout: CacheLayout, dtype: torch.dtype,
+                    past_key_values: Sequence[tuple[Tensor, Tensor]] | None,
+                    attention_mask: Tensor | None, position_ids: Tensor | None
+                    ) -> tuple[Sequence[tuple[Tensor, Tensor]], Tensor, Tensor]:
+    """What a cached forward fills in when not given: an empty cache of ``layout``, every
+    token real, positions counted from the mask."""
+    batch, length = input_ids.shape
+    if past_key_values is None:
+        empty = input_ids.new_zeros((batch, layout.kv_heads, 0, layout.head_dim), dtype=dtype)
+        past_key_values = [(empty, empty)] * layout.layers
+    past = past_key_values[0][0].shape[2] if past_key_values else 0
+    if attention_mask is None:
+        attention_mask = input_ids.new_ones((batch, past + length))
+    if position_ids is None:
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
+    return past_key_values, attention_mask, position_ids
 
 
 class StaticCache:
@@ -416,28 +379,32 @@ class StaticCache:
         return iter(self.layers)
 
 
-class CachedDecoderModel(_CacheDefaults):
-    """A decoder's KV-cache graph (``tfgraph.compile(spec, cache=True)``): padding masks,
-    position ids and past keys/values, the interface of Hugging Face's causal LMs
-    (README, "KV cache"). ``static_cache`` gives a preallocated cache instead, for
-    ``torch.compile``."""
-
-    def static_cache(self, batch: int, length: int, device: str | torch.device = "cpu"
-                     ) -> StaticCache:
-        """A cache of ``length`` positions for ``batch`` rows; pass it as past_key_values
-        with ``cache_position`` (the positions of this step's tokens) and an attention_mask
-        over all ``length`` positions (0 for those not written yet)."""
-        shape = (batch, self.kv_heads, length, self.head_dim)
-        return StaticCache([(torch.zeros(shape, dtype=self.dtype, device=device),
-                             torch.zeros(shape, dtype=self.dtype, device=device))
-                            for _ in range(self.cache_layers)])
+class _CachedModel(TorchModel):
+    """A model whose graph may be a KV-cache one (``graph.info.kind == "cached"``): the cache
+    layout it allocates empty caches with (``cache_layers`` 0 on a full-sequence graph)."""
 
     def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
         super().__init__(graph, weights)
-        past = [graph.node(n).type.shape for n in graph.inputs if n.startswith("past_key")]
-        self.cache_layers = len(past) // 2  # what forward needs to make an empty cache
-        self.kv_heads, self.head_dim = int(past[0][1]), int(past[0][3])
+        self.cached = graph.info.kind == "cached"
+        layout = graph.info.cache or CacheLayout(0, 0, 0)
+        self.layout = layout if self.cached else CacheLayout(0, 0, 0)
+        # what the cached steppers read (tfgraph.exporters.cached_steppers)
+        self.cache_layers, self.kv_heads, self.head_dim = (
+            self.layout.layers, self.layout.kv_heads, self.layout.head_dim)
         self.dtype = TORCH_DTYPES[graph.dtype]
+
+
+class DecoderModel(_CachedModel):
+    """A decoder-only model, one forward for the full sequence and for KV-cache steps (in the
+    spirit of gpt-fast): ``forward(input_ids, attention_mask=None, position_ids=None,
+    past_key_values=None, use_cache=False, cache_position=None)``.
+
+    On the full-sequence graph, a call with none of the cache arguments runs that graph (its
+    fused attention); given any, the model's KV-cache graph (``graph.info.cache_graph``) runs
+    over the same parameters. On a KV-cache graph (``graph.info.kind == "cached"``), the
+    cache arguments default to an empty cache, every token real and positions counted from
+    the mask. ``static_cache`` gives a preallocated cache instead, for ``torch.compile``
+    (README, "KV cache")."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None,
@@ -446,28 +413,23 @@ class CachedDecoderModel(_CacheDefaults):
         """input_ids (B, S) int64; attention_mask (B, P+S) (1 real, 0 padding; default all
         real); position_ids (B, S) (default: real tokens counted from 0, padding at 0);
         past_key_values: per layer (key, value), each (B, kv_heads, P, head_dim) (default
-        none). Returns logits (B, S, vocab), and with ``use_cache`` also the present
+        none). Returns logits or probs (B, S, vocab), and with ``use_cache`` also the present
         (key, value) per layer, each (B, kv_heads, P+S, head_dim).
 
         With a :class:`StaticCache` as past_key_values: ``cache_position`` (S,) int64 says
         where this step's tokens go, attention_mask covers the cache's whole length and
         position_ids are required; the cache is written in place."""
+        if not self.cached:
+            if attention_mask is None and position_ids is None and past_key_values is None \
+                    and not use_cache and cache_position is None:
+                return self._run((input_ids,))
+            return self.cached_model()(input_ids, attention_mask, position_ids,
+                                       past_key_values, use_cache, cache_position)
         if isinstance(past_key_values, StaticCache):
-            if cache_position is None or attention_mask is None or position_ids is None:
-                raise TfgraphError("a static cache needs cache_position, attention_mask and "
-                                   "position_ids")
-            for layer in self._layers.values():
-                layer.cache_position = cache_position
-            try:
-                flat = [t for kv in past_key_values for t in kv]
-                out = self._program.run(self, (input_ids, attention_mask,
-                                               *self._positions(position_ids), *flat))
-            finally:
-                for layer in self._layers.values():
-                    layer.cache_position = None
-            return (out[0], past_key_values) if use_cache else out[0]
-        past_key_values, attention_mask, position_ids = self._defaults(
-            input_ids, past_key_values, attention_mask, position_ids)
+            return self._static_step(input_ids, attention_mask, position_ids, past_key_values,
+                                     use_cache, cache_position)
+        past_key_values, attention_mask, position_ids = _cache_defaults(
+            input_ids, self.layout, self.dtype, past_key_values, attention_mask, position_ids)
         flat = [t for kv in past_key_values for t in kv]
         out = self._program.run(self, (input_ids, attention_mask,
                                        *self._positions(position_ids), *flat))
@@ -475,17 +437,107 @@ class CachedDecoderModel(_CacheDefaults):
             return out[0]
         return out[0], tuple(zip(out[1::2], out[2::2]))
 
+    def _static_step(self, input_ids: Tensor, attention_mask: Tensor | None,
+                     position_ids: Tensor | None, cache: StaticCache, use_cache: bool,
+                     cache_position: Tensor | None) -> Any:
+        if cache_position is None or attention_mask is None or position_ids is None:
+            raise TfgraphError("a static cache needs cache_position, attention_mask and "
+                               "position_ids")
+        for layer in self._layers.values():
+            layer.cache_position = cache_position
+        try:
+            flat = [t for kv in cache for t in kv]
+            out = self._program.run(self, (input_ids, attention_mask,
+                                           *self._positions(position_ids), *flat))
+        finally:
+            for layer in self._layers.values():
+                layer.cache_position = None
+        return (out[0], cache) if use_cache else out[0]
 
-class CachedEncoderModel(TorchModel):
-    """An encoder-decoder's encoder part (``tfgraph.compile(spec, cache=True,
-    part="encoder")``): the source encoded once, with every decoder layer's cross-attention
-    keys and values."""
+    def static_cache(self, batch: int, length: int, device: str | torch.device = "cpu"
+                     ) -> StaticCache:
+        """A cache of ``length`` positions for ``batch`` rows; pass it as past_key_values
+        with ``cache_position`` (the positions of this step's tokens) and an attention_mask
+        over all ``length`` positions (0 for those not written yet)."""
+        if not self.cached:
+            return self.cached_model().static_cache(batch, length, device)
+        shape = (batch, self.layout.kv_heads, length, self.layout.head_dim)
+        return StaticCache([(torch.zeros(shape, dtype=self.dtype, device=device),
+                             torch.zeros(shape, dtype=self.dtype, device=device))
+                            for _ in range(self.layout.layers)])
 
-    def forward(self, src_ids: Tensor, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None) -> tuple[Tensor, tuple[Any, ...]]:
+    def cached_model(self) -> DecoderModel:
+        """The module of this decoder's KV-cache graph: itself on a KV-cache graph, else one
+        over the same parameter storage (rebuilt when the parameters move)."""
+        if self.cached:
+            return self
+        module = self._part_module(None)
+        assert isinstance(module, DecoderModel)
+        return module
+
+
+class EncoderModel(TorchModel):
+    """An encoder-only model (BERT): ``forward(input_ids, token_type_ids=None)``. It takes
+    the decoder's cache arguments only to refuse them (TfgraphError): an encoder has no
+    KV-cache graph."""
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, *,
+                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                past_key_values: Sequence[tuple[Tensor, Tensor]] | None = None,
+                use_cache: bool = False) -> Tensor:
+        """input_ids (B, S) int64 -> logits or probs (B, S, vocab); with segment embeddings
+        (embedding.token_types) also token_type_ids (B, S), every token in segment 0 when
+        not given (Hugging Face's default)."""
+        if attention_mask is not None or position_ids is not None \
+                or past_key_values is not None or use_cache:
+            raise TfgraphError(f"{self.graph_name}: masks and a KV cache are for decoders "
+                               "(an encoder-only model has no KV-cache graph)")
+        if "token_type_ids" not in self.input_names:
+            if token_type_ids is not None:
+                raise TfgraphError(f"{self.graph_name}: takes no token_type_ids (its spec "
+                                   "has no embedding.token_types)")
+            return self._run((input_ids,))
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        return self._run((input_ids, token_type_ids))
+
+
+class EncoderDecoderModel(_CachedModel):
+    """An encoder-decoder (the decoder attends to the encoder output): three calls, one per
+    graph lowering makes of it (``graph.info``), each available on the full model too.
+
+    ``translate(src_ids, tgt_ids)`` (the full model's ``forward``): the full-sequence graph.
+    ``encode(src_ids, attention_mask=None, position_ids=None)``: the KV-cache encoder part,
+    the encoder output and every decoder layer's cross-attention (key, value).
+    ``decode(input_ids, encoder_key_values, encoder_attention_mask=None,
+    attention_mask=None, position_ids=None, past_key_values=None, use_cache=False)``: one
+    KV-cache decoder step. On the full model ``encode`` and ``decode`` run its KV-cache graphs
+    over the same parameters; the modules of the two KV-cache graphs themselves
+    (:class:`EncoderPartModel`, :class:`DecoderPartModel`) are this class with ``forward``
+    bound to ``encode`` or ``decode`` (README, "KV cache"). Each forward keeps its own named
+    arguments, which ``torch.export``'s dynamic shapes are keyed by."""
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+        """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab)."""
+        return self.translate(src_ids, tgt_ids)
+
+    def translate(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+        """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab)."""
+        if self.cached:
+            raise TfgraphError(f"{self.graph_name}: the KV-cache {self.info.part} part runs "
+                               f"{'encode' if self.info.part == 'encoder' else 'decode'}, "
+                               "not the full model")
+        return self._run((src_ids, tgt_ids))
+
+    def encode(self, src_ids: Tensor, attention_mask: Tensor | None = None,
+               position_ids: Tensor | None = None) -> tuple[Tensor, tuple[Any, ...]]:
         """src_ids (B, S) int64, attention_mask (B, S) (1 real, 0 padding; default all
         real), position_ids (B, S) (default: real tokens counted from 0) -> the encoder
         output (B, S, d) and per decoder layer (key, value), each (B, kv, S, hd)."""
+        if self.info.part != "encoder":
+            module = self._part_module("encoder")
+            assert isinstance(module, EncoderDecoderModel)
+            return module.encode(src_ids, attention_mask, position_ids)
         if attention_mask is None:
             attention_mask = torch.ones_like(src_ids)
         if position_ids is None:
@@ -494,29 +546,20 @@ class CachedEncoderModel(TorchModel):
                                        *self._positions(position_ids)))
         return out[0], tuple(zip(out[1::2], out[2::2]))
 
-
-class CachedSeq2SeqDecoderModel(_CacheDefaults):
-    """An encoder-decoder's decoder part (``part="decoder"``): target tokens over its own
-    past keys/values and the cross-attention keys/values the encoder part computed."""
-
-    def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
-        super().__init__(graph, weights)
-        past = [graph.node(n).type.shape for n in graph.inputs
-                if n.startswith("past_key") and ".decoder." in n]
-        self.cache_layers = len(past) // 2
-        self.kv_heads, self.head_dim = int(past[0][1]), int(past[0][3])
-        self.dtype = TORCH_DTYPES[graph.dtype]
-
-    def forward(self, input_ids: Tensor, encoder_key_values: Sequence[tuple[Tensor, Tensor]],
-                encoder_attention_mask: Tensor | None = None,
-                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: Sequence[tuple[Tensor, Tensor]] | None = None,
-                use_cache: bool = False) -> Any:
+    def decode(self, input_ids: Tensor, encoder_key_values: Sequence[tuple[Tensor, Tensor]],
+               encoder_attention_mask: Tensor | None = None,
+               attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+               past_key_values: Sequence[tuple[Tensor, Tensor]] | None = None,
+               use_cache: bool = False) -> Any:
         """input_ids (B, S) target tokens; encoder_key_values: the encoder part's (key,
         value) per layer; encoder_attention_mask (B, T) the source mask (default all real);
-        attention_mask, position_ids, past_key_values, use_cache as CachedDecoderModel's."""
-        past_key_values, attention_mask, position_ids = self._defaults(
-            input_ids, past_key_values, attention_mask, position_ids)
+        attention_mask, position_ids, past_key_values, use_cache as DecoderModel's."""
+        if self.info.part != "decoder":
+            return self._part_module("decoder")(
+                input_ids, encoder_key_values, encoder_attention_mask, attention_mask,
+                position_ids, past_key_values, use_cache)
+        past_key_values, attention_mask, position_ids = _cache_defaults(
+            input_ids, self.layout, self.dtype, past_key_values, attention_mask, position_ids)
         if encoder_attention_mask is None:
             encoder_attention_mask = input_ids.new_ones(
                 (input_ids.shape[0], encoder_key_values[0][0].shape[2]))
@@ -530,17 +573,33 @@ class CachedSeq2SeqDecoderModel(_CacheDefaults):
         return out[0], tuple(zip(out[1::2], out[2::2]))
 
 
-class EncoderDecoderModel(TorchModel):
-    """Encoder-decoder: the decoder attends to the encoder output."""
+class EncoderPartModel(EncoderDecoderModel):
+    """The module of an encoder-decoder's KV-cache encoder part: ``forward`` is ``encode``."""
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
-        """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab)."""
-        return self._run((src_ids, tgt_ids))
+    forward = EncoderDecoderModel.encode  # type: ignore[assignment]
+
+
+class DecoderPartModel(EncoderDecoderModel):
+    """The module of an encoder-decoder's KV-cache decoder part: ``forward`` is ``decode``."""
+
+    forward = EncoderDecoderModel.decode  # type: ignore[assignment]
+
+
+class GraphModel(TorchModel):
+    """The module of a graph built by hand (no architecture in ``graph.info``):
+    ``forward(*inputs)`` takes the graph's inputs in its order (``input_names``) and returns
+    its first output."""
+
+    def forward(self, *inputs: Tensor) -> Any:
+        if len(inputs) != len(self.input_names):
+            raise TfgraphError(f"{self.graph_name}: takes {', '.join(self.input_names)}; "
+                               f"got {len(inputs)} tensors")
+        return self._run(inputs)
 
 
 class LossModel(TorchModel):
-    """A loss graph (``tfgraph.compile(spec, loss=True)``): the model, then the token
-    cross-entropy against ``labels`` (tfgraph.ops_loss)."""
+    """A loss graph (``graph.info.kind == "loss"``, any architecture): the model, then the
+    token cross-entropy against ``labels`` (tfgraph.ops_loss)."""
 
     def forward(self, *inputs: Tensor) -> Tensor:
         """The graph's inputs in its order (``input_names``: the ids as the model takes them,
@@ -715,19 +774,21 @@ def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = No
     return _model_class(graph)(graph, values).eval()
 
 
+MODEL_CLASSES: dict[str, type[TorchModel]] = {
+    "decoder-only": DecoderModel, "encoder-only": EncoderModel,
+    "encoder-decoder": EncoderDecoderModel,
+}
+"""The module class of each architecture (``graph.info.arch``); a loss graph's is LossModel,
+an encoder-decoder's KV-cache parts EncoderPartModel and DecoderPartModel (EncoderDecoderModel
+with forward bound to encode or decode); a graph built by hand (no architecture) GraphModel,
+whose forward takes the graph's inputs in order."""
+
+
 def _model_class(graph: Graph) -> type[TorchModel]:
-    """Which module class computes ``graph`` (by its inputs)."""
-    cls: type[TorchModel] = DecoderOnlyOrEncoderModel
-    if "labels" in graph.inputs:
-        cls = LossModel
-    elif "encoder_attention_mask" in graph.inputs:
-        cls = CachedSeq2SeqDecoderModel
-    elif "src_ids" in graph.inputs and "attention_mask" in graph.inputs:
-        cls = CachedEncoderModel
-    elif "attention_mask" in graph.inputs:
-        cls = CachedDecoderModel
-    elif "tgt_ids" in graph.inputs:
-        cls = EncoderDecoderModel
-    elif "token_type_ids" in graph.inputs:
-        cls = TokenTypeModel
-    return cls
+    """Which module class computes ``graph``: lowering's word for it (``graph.info``)."""
+    info = graph.info
+    if info.kind == "loss":
+        return LossModel
+    if info.arch == "encoder-decoder" and info.kind == "cached":
+        return EncoderPartModel if info.part == "encoder" else DecoderPartModel
+    return MODEL_CLASSES.get(info.arch, GraphModel)

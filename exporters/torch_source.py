@@ -239,8 +239,7 @@ def _header(graph: Graph, view: GraphView, classes: str) -> str:
     root = view.modules[""]
     params = sum(param_count(p) for p in graph.params())
     title = f"{root.doc.rstrip('.') or graph.name}, {params:,} parameters."
-    # The spec is read for its description only: everything else comes from the graph.
-    description = graph.spec.description if graph.spec is not None else ""
+    description = graph.info.description  # set by lowering ("" for a graph built by hand)
     ids = ", ".join(graph.inputs)
     shapes = ", ".join(_plain_shape(view, i) for i in graph.inputs)
     out = graph.outputs[0]

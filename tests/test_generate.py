@@ -33,7 +33,7 @@ from tfgraph.cli import main
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.exporters.onnx_model import write_onnx
-from tfgraph.exporters.steppers import stepper_for
+from tfgraph.commands.steppers import stepper_for
 from tfgraph.generation.beams import beam_search
 from tfgraph.generation.loop import generate, left_pad
 from tfgraph.generation.result import Clock
@@ -549,13 +549,13 @@ def test_import_tfgraph_stays_light() -> None:
     """``import tfgraph`` does not load the generation API; ``tfgraph.generate`` loads it
     without torch or onnx, which wait for a back end to be used."""
     code = ("import sys, tfgraph\n"
-            "assert 'tfgraph.exporters.generate_api' not in sys.modules\n"
+            "assert 'tfgraph.commands.generate_api' not in sys.modules\n"
             "api = tfgraph.generate\n"
             "print(api.__module__, [m for m in ('torch', 'onnx', 'onnxruntime') "
             "if m in sys.modules])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
-    assert out.stdout.strip() == "tfgraph.exporters.generate_api []"
+    assert out.stdout.strip() == "tfgraph.commands.generate_api []"
 
 
 # ---- decoding through the KV cache -------------------------------------------------------
@@ -570,7 +570,7 @@ def test_cached_decoding_gives_the_recomputed_tokens(name: str, backend: str) ->
     done: reorder), and beam search (reorder duplicates rows): the KV-cache steppers give the
     tokens of full recomputation. Encoder-decoders: sources padded, encoded once, the
     cross-attention keys/values reused at every step."""
-    from tfgraph.exporters.generate_api import generate as generate_api
+    from tfgraph.commands.generate_api import generate as generate_api
 
     path = SPECS / f"{name}.yaml"
     spec = tfgraph.load_spec(path)

@@ -318,3 +318,48 @@ def test_shared_norm_needs_a_parallel_pre_norm_layer(over: dict[str, Any]) -> No
     with pytest.raises(pydantic.ValidationError) as err:
         make(**over)
     assert "block.shared_norm" in str(err.value)
+
+
+# ---- what lowering tells the back ends (graph.info, issue 23) ---------------------------------
+
+
+@pytest.mark.parametrize("name,kwargs,kind,part", [
+    ("tiny-decoder.yaml", {}, "full", None),
+    ("tiny-decoder.yaml", {"loss": True}, "loss", None),
+    ("tiny-decoder.yaml", {"cache": True}, "cached", None),
+    ("tiny-bart.yaml", {"cache": True, "part": "encoder"}, "cached", "encoder"),
+    ("tiny-bart.yaml", {"cache": True, "part": "decoder"}, "cached", "decoder"),
+    ("tiny-encoder.yaml", {}, "full", None),
+])
+def test_graph_info_says_what_the_graph_is(name: str, kwargs: dict[str, Any], kind: str,
+                                           part: str | None) -> None:
+    """Every fact a back end needs of the spec is on the graph: its architecture and kind,
+    its KV-cache graphs (and a builder for them), the cache layout, the lengths rule, the
+    description and the spec as text (what spec.yaml and the ONNX metadata hold)."""
+    spec = tfgraph.load_spec(SPEC_FILES[0].parent / name)
+    graph = tfgraph.compile(spec, **kwargs)
+    info = graph.info
+    assert (info.arch, info.kind, info.part) == (spec.arch, kind, part)
+    assert info.description == spec.description
+    assert info.lengths is not None and info.lengths.max_len == spec.max_len
+    assert info.output == spec.output and info.output_vocab == spec.output_vocab
+    assert info.source is not None and tfgraph.parse_spec(info.source.yaml()) == spec
+    if spec.arch == "encoder-only":
+        assert info.cache_parts is None and info.cache is None
+        with pytest.raises(tfgraph.errors.TfgraphError, match="no KV-cache graph"):
+            assert info.cache_graph is not None
+            info.cache_graph(None)
+        return
+    assert info.cache is not None and info.cache.layers == spec.layer_count("decoder")
+    parts = (None,) if spec.arch == "decoder-only" else ("encoder", "decoder")
+    assert info.cache_parts == parts and info.cache_graph is not None
+    for which in parts:
+        cached = info.cache_graph(which)
+        assert (cached.info.kind, cached.info.part) == ("cached", which)
+        assert cached.inputs == tfgraph.compile(spec, cache=True, part=which).inputs
+
+
+def test_graph_info_of_a_graph_built_by_hand() -> None:
+    """No spec, no facts: the defaults say so (no architecture, a full graph, no cache)."""
+    info = Graph("hand").info
+    assert (info.arch, info.kind, info.cache_parts, info.source) == ("", "full", None, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,7 +127,8 @@ def _is_package(path: Path) -> bool:
 
 def import_graph(files: dict[str, Path]) -> Any:
     """Module -> module edges for every import in ``files`` (module level, inside functions,
-    under TYPE_CHECKING, and ``importlib.import_module("literal")``), restricted to the
+    under TYPE_CHECKING, ``importlib.import_module("literal")`` and any string that is a
+    module's full name, as the lazy tables of ``__getattr__`` hold), restricted to the
     modules of ``files``. Each edge keeps the import lines ("file:line: text") behind it.
     ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to pkg;
     the bare name ``exporters`` is read as its installed name ``tfgraph.exporters``."""
@@ -168,6 +170,11 @@ def import_graph(files: dict[str, Path]) -> Any:
                   and isinstance(node.args[0], ast.Constant)
                   and isinstance(node.args[0].value, str)):
                 targets = [installed(node.args[0].value)]
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and installed(node.value) in files and "." in node.value):
+                # A module's name as a string, e.g. a lazy table's value that
+                # ``importlib.import_module(TABLE[name])`` imports on first use.
+                targets = [installed(node.value)]
             for target in targets:
                 dest = known(target)
                 if dest is None or dest == module:
@@ -204,7 +211,7 @@ def test_the_package_has_no_import_cycles() -> None:
             "tfgraph.exporters.onnx_writer"} <= set(files)
     graph = import_graph(files)
     # The graph is the real one: deferred imports inside functions are in it.
-    assert graph.has_edge("tfgraph.exporters.onnx_graph", "tfgraph")  # in build_structure
+    assert graph.has_edge("tfgraph.exporters.onnx_graph", "tfgraph.version")  # in a function
     assert graph.has_edge("tfgraph.commands.build", "tfgraph.exporters.torch_folder")
     assert graph.number_of_edges() > 100
     cycles = _describe_cycles(graph)
@@ -237,6 +244,42 @@ def test_the_core_never_imports_a_back_end() -> None:
                                                                 "tfgraph.commands."))
              and b.startswith("tfgraph.exporters")]
     assert not wrong, wrong
+
+
+def test_the_cycle_finder_follows_lazy_import_tables(tmp_path: Path) -> None:
+    """A module named in a string (``_LAZY = {"f": "tfgraph.exporters.c"}`` imported by
+    ``importlib.import_module(_LAZY[name])``) is an import edge: tfgraph/__init__.py's lazy
+    ``generate`` must not hide a core -> back end import."""
+    (tmp_path / "a.py").write_text(
+        "import importlib\n_LAZY = {'f': 'tfgraph.exporters.c'}\n"
+        "def __getattr__(name):\n    return importlib.import_module(_LAZY[name])\n")
+    (tmp_path / "c.py").write_text("x = 1\n")
+    files = {"tfgraph.a": tmp_path / "a.py", "tfgraph.exporters.c": tmp_path / "c.py"}
+    assert import_graph(files).has_edge("tfgraph.a", "tfgraph.exporters.c")
+    graph = import_graph(_module_files())
+    assert graph.has_edge("tfgraph.exporters", "tfgraph.exporters.torch_module")
+    assert graph.has_edge("tfgraph", "tfgraph.commands.generate_api")
+
+
+# What a back end must not read: the spec, or the core layers that lower one (issue 23).
+SPEC_READERS = re.compile(r"graph\.spec\b|tfgraph\.compile\(|tfgraph\.lower\b|tfgraph\.spec\b"
+                          r"|tfgraph\.compiler\b|tfgraph\.stored_spec\b")
+
+
+def test_back_ends_read_the_graph_only() -> None:
+    """README.md, "How it works": every fact a back end needs (cache layout, which graphs a
+    model decodes with, lengths rule, description, the spec's text) is on the graph
+    (``graph.info``, set by lowering); no file of exporters/ names the spec, the lowering or
+    the compiler, nor compiles a spec (``re.compile(`` and ``torch.compile(`` are fine)."""
+    hits = []
+    for path in sorted((ROOT / "exporters").rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if SPEC_READERS.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not hits, "\n".join(hits)
+    assert SPEC_READERS.search("x = graph.spec.name") and SPEC_READERS.search(
+        "from tfgraph.lower import cache_parts") and not SPEC_READERS.search(
+        "re.compile(r'x'); torch.compile(m)")
 
 
 def test_the_ir_knows_nothing_above_it() -> None:

@@ -503,3 +503,41 @@ def test_the_module_holds_exactly_what_the_plan_says_is_live(small_spec: Spec) -
         fast = _live_profile(to_torch(graph, seed=0), ids)
     over = {n: (fast[n], planned[n]) for n in planned if fast[n] > planned[n]}
     assert not over, over
+
+
+def test_the_module_class_comes_from_graph_info() -> None:
+    """One class per architecture, picked from what lowering says (graph.info), never from
+    the graph's input names; a loss graph's is LossModel, a hand-built graph's GraphModel."""
+    from tfgraph.exporters import torch_module as tm
+
+    cases = [("tiny-decoder.yaml", {}, tm.DecoderModel),
+             ("tiny-decoder.yaml", {"cache": True}, tm.DecoderModel),
+             ("tiny-decoder.yaml", {"loss": True}, tm.LossModel),
+             ("tiny-encoder.yaml", {}, tm.EncoderModel),
+             ("tiny-bart.yaml", {}, tm.EncoderDecoderModel),
+             ("tiny-bart.yaml", {"cache": True, "part": "encoder"}, tm.EncoderPartModel),
+             ("tiny-bart.yaml", {"cache": True, "part": "decoder"}, tm.DecoderPartModel)]
+    for name, kwargs, cls in cases:
+        graph = tfgraph.compile(ROOT / "specs" / name, **kwargs)
+        assert tm._model_class(graph) is cls, (name, kwargs)
+        if cls is not tm.LossModel:  # one class per architecture (the parts subclass it)
+            assert issubclass(cls, tm.MODEL_CLASSES[graph.info.arch])
+    hand = Graph("hand")
+    hand.set_output(hand.input("input_ids", (1, 2)))
+    assert tm._model_class(hand) is tm.GraphModel
+
+
+def test_the_full_encoder_decoder_encodes_and_decodes_with_its_cache_graphs() -> None:
+    """gpt-fast style: the full model's encode/decode run its KV-cache graphs over its own
+    parameters and give the full-sequence logits step by step."""
+    spec = load_spec(ROOT / "specs" / "tiny-bart.yaml")
+    model = to_torch(tfgraph.compile(spec), seed=1)
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, spec.vocab_size("source"), (2, 5), generator=gen)
+    tgt = torch.randint(0, spec.vocab_size("target"), (2, 4), generator=gen)
+    with torch.no_grad():
+        want = model(src, tgt)
+        _, cross = model.encode(src)
+        logits, past = model.decode(tgt[:, :2], cross, use_cache=True)
+        step, _ = model.decode(tgt[:, 2:], cross, past_key_values=past, use_cache=True)
+    torch.testing.assert_close(torch.cat([logits, step], 1), want, rtol=1e-4, atol=1e-4)

@@ -7,6 +7,7 @@ User text reaches the file only as escaped docstring text.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -131,7 +132,8 @@ def test_reads_the_graph_not_the_spec(tmp_path: Path) -> None:
     source = generate_source(graph)
     assert "eps=0.5" in source and "p=0.6" in source
     _check_against_to_torch(graph, tmp_path / "edited")
-    graph.spec = None  # the description is all the file takes from it
+    graph.spec = None  # nothing of the file comes from the spec; the description from info
+    graph.info = dataclasses.replace(graph.info, description="")
     plain = tfgraph.compile(_with(spec, description=""))
     for node in plain.ops():
         node.attrs.update(graph.node(node.name).attrs)

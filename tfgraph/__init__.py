@@ -5,23 +5,18 @@ in ``tfgraph.exporters`` and import those libraries themselves.
 """
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from tfgraph.compiler import compile
 from tfgraph.loader import dump_spec, load_spec, parse_spec
 from tfgraph.spec import Spec
-
-try:
-    __version__ = version("tfgraph")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.1.0"
+from tfgraph.version import __version__
 
 __all__ = ["Spec", "__version__", "compile", "dump_spec", "generate", "load_spec", "parse_spec"]
 
 # Attributes whose module runs a back end, imported on first use so ``import tfgraph`` stays
 # cheap (the pattern of tfgraph.exporters): tfgraph.generate is the API of `tfgraph generate`.
-_LAZY = {"generate": "tfgraph.exporters.generate_api"}
+_LAZY = {"generate": "tfgraph.commands.generate_api"}
 
 
 def __getattr__(name: str) -> Any:

@@ -26,6 +26,7 @@ import sympy
 
 import tfgraph.ops_loss  # noqa: F401 (registers the training loss op into OPS)
 import tfgraph.ops_moe  # noqa: F401 (registers the mixture-of-experts ops into OPS)
+from tfgraph.lengths import DEFAULT_SEQ, Lengths
 from tfgraph.ops import OPS
 from tfgraph.tensor import (  # noqa: F401 (re-exported: the IR's types)
     B,
@@ -127,6 +128,80 @@ class Node:
         return self.meta.sublayer or self.meta.part or self.scope
 
 
+SPEC_METADATA_KEY = "tfgraph.spec"
+"""The metadata key of the spec's text in a built model (ONNX metadata_props, safetensors)."""
+
+GRAPH_KINDS = ("full", "cached", "loss")
+"""What a lowered graph computes (``GraphInfo.kind``): the whole sequence at once, one step of
+a KV-cache decode (README, "KV cache"), or the training loss."""
+
+
+@dataclass(frozen=True)
+class SpecText:
+    """The spec a graph was lowered from, as text, for provenance only (``spec.yaml`` beside
+    a built model, an ONNX model's metadata): ``yaml()`` with every default written out,
+    ``json()`` the same document as sorted JSON. Both are produced on first call."""
+
+    name: str
+    yaml: Callable[[], str] = field(repr=False, compare=False)
+    json: Callable[[], str] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The keys/values of a KV-cache graph: ``layers`` (key, value) pairs of its own (the
+    decoder's self-attention), each (B, kv_heads, length, head_dim) at the graph's dtype."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """What lowering knows of a model beyond its nodes, set once per graph: the facts the back
+    ends need, so that they read the graph and never the spec.
+
+    ``arch`` is "decoder-only", "encoder-only", "encoder-decoder" ("" for a graph built by
+    hand). ``kind`` is one of ``GRAPH_KINDS``; a "cached" graph of an encoder-decoder is one of
+    two, ``part`` "encoder" (the source once, with every decoder layer's cross-attention
+    keys/values) or "decoder" (one target step); None otherwise. ``cache_parts`` are the
+    model's KV-cache graphs by part ((None,) a decoder's one; None: it has none), and
+    ``cache_graph(part)`` lowers one of them (None: the graph cannot); ``cache`` is the
+    layout of the keys/values a cached graph's decoder keeps. ``lengths`` is the
+    spec's max_len rule (tfgraph.lengths; None: no spec), ``default_seq`` the length
+    ``graph.report()`` uses when given none. ``output`` is "logits" or "probs",
+    ``prompt_vocab`` the vocabulary input ids index and ``output_vocab`` the output's.
+    ``source`` is the spec as text, for provenance.
+    """
+
+    arch: str = ""
+    kind: str = "full"
+    part: str | None = None
+    description: str = ""
+    lengths: Lengths | None = None
+    default_seq: int = DEFAULT_SEQ
+    output: str = "logits"
+    prompt_vocab: int | None = None
+    output_vocab: int | None = None
+    cache_parts: tuple[str | None, ...] | None = None
+    cache: CacheLayout | None = None
+    cache_graph: Callable[[str | None], Graph] | None = field(default=None, repr=False,
+                                                              compare=False)
+    source: SpecText | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAPH_KINDS:
+            raise ValueError(f"GraphInfo.kind {self.kind!r}: expected one of {GRAPH_KINDS}")
+
+    def check_lengths(self, *named: tuple[str, int | None]) -> None:
+        """The spec's max_len rule (``Lengths.check``) for each (name, length); nothing for a
+        graph with no spec."""
+        if self.lengths is not None:
+            for what, length in named:
+                self.lengths.check(what, length, stacklevel=4)
+
+
 def _param_dim(d: Any) -> Any:
     """A parameter dimension: an ``int`` in every real graph; a sympy expression only in the
     symbolic twins that ``tfgraph.formulas`` lowers to write costs in the spec's symbols."""
@@ -203,9 +278,11 @@ class Graph:
 
     def __init__(self, name: str, spec: Spec | None = None, dtype: str = "float32") -> None:
         self.name = name
-        # The spec the graph was lowered from, kept for provenance only (the report's header,
-        # spec.yaml next to a built model); back ends read the graph, never the spec.
+        # The spec the graph was lowered from, for the core's passes and reports only; back
+        # ends read the graph and ``info`` (a test greps exporters/ for any read of it).
         self.spec = spec
+        self.info = GraphInfo()
+        """What lowering knows of the model beyond its nodes (:class:`GraphInfo`)."""
         self.dtype = dtype
         """Parameter dtype (the spec's dtype)."""
         self.sizes: dict[str, Any] = {}

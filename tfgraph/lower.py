@@ -9,7 +9,15 @@ Lowering is the only reader of the ``Spec``. It takes the spec's *choices* (arch
 kind and placement, activation, positions, biases, tying) from the spec and every *size* from a
 ``Sizes`` record, so the same code lowers a real graph (integer sizes) and the symbolic twins of
 ``tfgraph.formulas`` (sizes that are sympy symbols). Every node gets its ``NodeMeta`` here, and
-every module (the classes of generated code and the boxes of diagrams) is declared here.
+every module (the classes of generated code and the boxes of diagrams) is declared here, and
+the graph's ``info`` (tfgraph.ir.GraphInfo: architecture, kind, cache parts and layout, lengths
+rule, description, the spec as text), all the back ends know of the spec.
+
+One lowering makes the full-sequence, KV-cache and loss graphs: a KV-cache lowering holds a
+``_Cache`` (its part, mask and position inputs, the presents it outputs), consulted in the
+small methods of the "KV cache" section and in ``attend``; a full lowering holds None. A
+cached decoder part's cross-attention reads ``CROSS_CACHE`` (the encoder part's keys/values)
+where the full graph reads the encoder output.
 
 Precondition: ``spec`` passed validation (derived defaults resolved).
 Postcondition: the graph lints; parameter nodes carry exactly the names of the README's
@@ -18,14 +26,17 @@ parameter table; every node's ``meta.module`` is a declared module.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, TypeVar, overload
 
 import sympy
 
-from tfgraph.ir import B, S, T, Graph, NodeMeta
+from tfgraph.ir import B, S, T, CacheLayout, Graph, GraphInfo, NodeMeta, SpecText
+from tfgraph.lengths import Lengths, default_seq
 from tfgraph.errors import TfgraphError
 from tfgraph.tensor import P
 from tfgraph.rope import rotary_attrs
@@ -140,6 +151,70 @@ PLACEMENT_DOCS = {
 PARALLEL_DOC = "parallel residual (GPT-J, GPT-NeoX): x = x + attn(norm(x)) + ffn(norm(x))"
 
 
+@dataclass(frozen=True)
+class CrossCache:
+    """The memory a cached decoder part's cross-attention reads: not a node but the keys and
+    values the encoder part computed once, ``past_key_values.{i}.encoder.key|value`` inputs
+    (the typed stand-in for the encoder output in ``stack``/``layer``/``attention``)."""
+
+
+CROSS_CACHE = CrossCache()
+Memory = str | CrossCache | None
+"""What a decoder layer's cross-attention reads: the encoder output's node, the encoder
+part's cached keys/values, or nothing (no cross-attention)."""
+
+
+@dataclass
+class _Cache:
+    """The KV-cache state of an inference graph (README, "KV cache"): which ``part`` it is
+    (None a decoder's one graph; "encoder" or "decoder" of an encoder-decoder's two), its
+    mask and position inputs once made, and the present keys/values it outputs after the
+    logits. A full-sequence lowering has none (``_Lowering.cache is None``)."""
+
+    part: str | None
+    mask: str | None = None
+    """attention_mask: (B, P+S) int64 (the encoder part's (B, S)), 1 = real token."""
+    position_ids: str | None = None
+    """(B, S) int64; None when positions are relative (T5: distances only)."""
+    encoder_mask: str | None = None
+    """The decoder part's encoder_attention_mask (B, T)."""
+    presents: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, spec: Spec, cache: bool, part: str | None, loss: bool) -> _Cache | None:
+        """The cache of a lowering asked for ``cache``/``part``/``loss``, or None; refuses
+        what has no KV-cache graph (TfgraphError)."""
+        if loss and cache:
+            raise TfgraphError(f"{spec.name}: a KV-cache graph is for inference; the loss "
+                               "graph (loss=True) is the full-sequence one")
+        if not cache:
+            if part is not None:
+                raise TfgraphError(f"{spec.name}: part={part!r} is for KV-cache graphs")
+            return None
+        if spec.arch == "encoder-only":
+            raise TfgraphError(f"{spec.name}: an encoder-only model has no KV-cache graph")
+        if spec.arch == "encoder-decoder":
+            if part not in ("encoder", "decoder"):
+                raise TfgraphError(f"{spec.name}: an encoder-decoder's KV-cache graph is two "
+                                   "graphs: part='encoder' or part='decoder'")
+            if spec.attention.qk_norm != "none":
+                raise TfgraphError(f"{spec.name}: no KV-cache graph for an encoder-decoder "
+                                   "with qk_norm")
+        elif part is not None:
+            raise TfgraphError(f"{spec.name}: part applies to encoder-decoder models")
+        return cls(part)
+
+    @property
+    def keeps_past(self) -> bool:
+        """Whether its self-attention reads past keys/values (not the encoder part's)."""
+        return self.part != "encoder"
+
+    @property
+    def infix(self) -> str:
+        """The part in the names of past/present keys/values (".decoder" or "")."""
+        return ".decoder" if self.part == "decoder" else ""
+
+
 class _Lowering:
     def __init__(self, spec: Spec, sizes: Sizes, graph_type: type[Graph],
                  cache: bool = False, part: str | None = None, loss: bool = False) -> None:
@@ -151,12 +226,7 @@ class _Lowering:
         # layer's past keys/values in, logits and the present keys/values out. An
         # encoder-decoder's is two graphs (``part``): the encoder, which also computes every
         # decoder layer's cross-attention keys/values once, and the decoder, which reads them.
-        self.cache = cache
-        self.part = part
-        self.encoder_mask: str | None = None  # the decoder part's encoder_attention_mask
-        self.mask: str | None = None  # attention_mask (B, P+S) int64
-        self.position_ids: str | None = None  # (B, S) int64
-        self.presents: list[str] = []
+        self.cache = _Cache.of(spec, cache, part, loss)
         self.z = sizes
         self.g = graph_type(spec.name, spec=spec, dtype=spec.dtype)
         self.g.sizes = sizes.named(spec)
@@ -229,9 +299,8 @@ class _Lowering:
     def model(self) -> Graph:
         spec, g = self.spec, self.g
         g.module("", "Model", f"{spec.name}: {spec.arch} Transformer.")
-        self._check_cache()
         table_meta = NodeMeta(part="embed")
-        if self.cache and spec.arch == "encoder-decoder":
+        if self.cache is not None and spec.arch == "encoder-decoder":
             return self.cached_encoder_decoder(table_meta)
         if spec.arch == "encoder-decoder":
             src = g.input("src_ids", (B, S))  # (B, S) int64
@@ -252,9 +321,7 @@ class _Lowering:
             out_table = tgt_table
         else:
             ids = g.input("input_ids", (B, S))  # (B, S) int64
-            if self.cache:
-                self.mask = g.input("attention_mask", (B, P + S))  # (B, P+S) int64, 1 = real
-                self.position_ids = self._position_input()  # (B, S) int64
+            self._cache_inputs(P + S)  # attention_mask (B, P+S), position_ids (B, S)
             if spec.embedding.token_types:  # BERT's segments; all zeros when not given
                 self.token_type_ids = g.input("token_type_ids", (B, S))  # (B, S) int64
             table = self.param("embed.tokens.weight", (self.vocab_names["source"], "d_model"),
@@ -264,11 +331,10 @@ class _Lowering:
             out_table = table
         out = self.head(x, out_table)
         g.set_output(self.cross_entropy(out) if self.loss else out)
-        for present in self.presents:  # after the logits: the optimum / genai output order
-            g.set_output(present)
+        self._set_presents()
         return g
 
-    def stack(self, stack: str, ids: str, table: str, causal: bool, memory: str | None) -> str:
+    def stack(self, stack: str, ids: str, table: str, causal: bool, memory: Memory) -> str:
         self.g.module(stack, stack.capitalize(),
                       f"Embedding scale and positions, the layers and the final norm of the "
                       f"{stack}.")
@@ -290,7 +356,7 @@ class _Lowering:
         meta = NodeMeta(part="embed", stack=stack, module=stack)
         table = self.param(f"{stack}.relative_bias.weight", ("relative_buckets", "heads"),
                            stack, "normal", _role(meta, "relative_bias.weight"))
-        keys = [self.mask] if self.cache and self.mask else []  # KV cache: (h, L, P+L)
+        keys = self._mask()  # KV cache: (h, L, P+L)
         return self.g.add("relative_bias", [table, x, *keys], name=f"{stack}.relative_bias",
                           scope=stack, buckets=emb.relative_buckets,
                           max_distance=emb.relative_max_distance, bidirectional=not causal,
@@ -329,7 +395,7 @@ class _Lowering:
             x = self.norm(x, f"{scope}.norm", f"{stack}.embed_norm", scope, meta, "norm")
         return self.dropout(x, f"{scope}.dropout", scope, meta)
 
-    def layer(self, stack: str, i: int, x: str, causal: bool, memory: str | None) -> str:
+    def layer(self, stack: str, i: int, x: str, causal: bool, memory: Memory) -> str:
         path = f"{stack}.layers.{i}"
         parallel = self.spec.block.residual == "parallel"
         position = self.spec.norm.position
@@ -392,13 +458,27 @@ class _Lowering:
             x = self.norm(x, f"{scope}.norm", norm_name, scope, wrap, "norm")
         return x
 
-    def attention(self, x: str, kv_source: str, scope: str, meta: NodeMeta, causal: bool,
-                  rope: bool) -> str:
-        att, g, z = self.spec.attention, self.g, self.z
-        if self.cache and not rope:  # cross-attention over the encoder part's keys/values
-            cross: dict[str, Any] = {k: getattr(att, k) for k in ("scale", "softcap")
-                                     if getattr(att, k) is not None}
-            return self.cached_cross_attention(x, scope, meta, cross)
+    def attention(self, x: str, kv_source: str | CrossCache, scope: str, meta: NodeMeta,
+                  causal: bool, rope: bool) -> str:
+        """Multi-head attention of x over ``kv_source`` (x itself for self-attention, the
+        encoder output, or the encoder part's cached keys/values): projections, q/k norms,
+        rotary positions (self-attention, ``rope``), the attention op, the output
+        projection."""
+        if isinstance(kv_source, CrossCache):  # the decoder part's cross-attention
+            return self.cached_cross_attention(x, scope, meta)
+        q, k, v = self.projections(x, kv_source, scope, meta)
+        local = rope and self.spec.layer_is_local(meta.layer or 0)  # self-attention only
+        if rope and self.spec.embedding.positions == "rope":
+            q, k = self.rotary(q, k, scope, meta, local)
+        a = self.attend(q, k, v, scope, meta, causal, rope, self.attention_attrs(local))
+        return self.linear(a, scope, "o", "heads*head_dim", "d_model",
+                           bool(self.spec.attention.out_bias), meta)  # (B, Tq, d)
+
+    def projections(self, x: str, kv_source: str, scope: str, meta: NodeMeta
+                    ) -> tuple[str, str, str]:
+        """q (B, Tq, h*hd) from x, k and v (B, Tk, kv*hd) from ``kv_source``, with the
+        spec's q/k norms (over the whole projection, or per head)."""
+        att, z = self.spec.attention, self.z
         qkv_bias = bool(att.qkv_bias)  # derived from bias by the spec when not given
         q = self.linear(x, scope, "q", "d_model", "heads*head_dim", qkv_bias,
                         meta)  # (B, Tq, h*hd)
@@ -416,62 +496,76 @@ class _Lowering:
                           width="head_dim", groups=z.heads)
             k = self.norm(k, f"{scope}.k_norm", f"{scope}.k_norm", scope, meta, "k_norm",
                           width="head_dim", groups=z.kv_heads)
-        local = rope and self.spec.layer_is_local(meta.layer or 0)  # self-attention only
-        extra: dict[str, Any] = {}  # attributes only specs that use them carry
-        if att.window is not None:
-            extra["window"] = z.window if local else None
+        return q, k, v
+
+    def rotary(self, q: str, k: str, scope: str, meta: NodeMeta, local: bool
+               ) -> tuple[str, str]:
+        """Rotary positions on q and k: partial, interleaved and scaled rotation
+        (tfgraph.rope); Gemma 3's local layers with their own base are not scaled."""
+        g, z, emb = self.g, self.z, self.spec.embedding
+        theta, own_base = emb.rope_theta, False
+        if local and emb.local_rope_theta is not None:  # Gemma 3's local layers
+            theta, own_base = emb.local_rope_theta, True
+        rot = rotary_attrs(self.spec, theta, z.rotary_dim, scaled=not own_base)
+        q = g.add("rope", [q, *self._ids()], name=f"{scope}.q_rope", scope=scope,
+                  heads=z.heads, head_dim=z.head_dim, theta=theta, meta=_role(meta, "q_rope"),
+                  **rot)
+        k = g.add("rope", [k, *self._ids()], name=f"{scope}.k_rope", scope=scope,
+                  heads=z.kv_heads, head_dim=z.head_dim, theta=theta,
+                  meta=_role(meta, "k_rope"), **rot)
+        return q, k
+
+    def attention_attrs(self, local: bool, window: bool = True) -> dict[str, Any]:
+        """The attention op's attributes only specs that use them carry: the sliding window
+        (a local layer's; None elsewhere), the score scale and the soft-cap."""
+        att, extra = self.spec.attention, {}
+        if att.window is not None and window:
+            extra["window"] = self.z.window if local else None
         if att.scale is not None:
             extra["scale"] = att.scale
         if att.softcap is not None:
             extra["softcap"] = att.softcap
-        if rope and self.spec.embedding.positions == "rope":
-            theta = self.spec.embedding.rope_theta
-            local_theta = self.spec.embedding.local_rope_theta
-            own_base = local and local_theta is not None
-            if local and local_theta is not None:
-                theta = local_theta  # Gemma 3's local layers
-            # partial, interleaved and scaled rotation (tfgraph.rope); Gemma 3's local layers
-            # with their own base are not scaled
-            rot = rotary_attrs(self.spec, theta, z.rotary_dim, scaled=not own_base)
-            q = g.add("rope", [q, *self._ids()], name=f"{scope}.q_rope", scope=scope,
-                      heads=z.heads, head_dim=z.head_dim, theta=theta, meta=_role(meta, "q_rope"),
-                      **rot)
-            k = g.add("rope", [k, *self._ids()], name=f"{scope}.k_rope", scope=scope,
-                      heads=z.kv_heads, head_dim=z.head_dim, theta=theta,
-                      meta=_role(meta, "k_rope"), **rot)
-        if self.cache:
-            cache_bias = [self.position_bias] if self.position_bias else []  # T5
-            a = self.cached_attention(q, k, v, scope, meta, causal, extra, cache_bias)
-            return self.linear(a, scope, "o", "heads*head_dim", "d_model",
-                               bool(att.out_bias), meta)  # (B, S, d)
-        bias = [self.position_bias] if rope and self.position_bias else []  # T5, self only
-        a = g.add("attention", [q, k, v, *bias], name=f"{scope}.attention", scope=scope,
-                  heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim, causal=causal,
-                  normalize=att.normalize, kind="self" if rope else "cross",
-                  meta=_role(meta, "attention"), **extra)  # (B, Tq, h*hd)
-        return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
-                           meta)  # (B, Tq, d)
+        return extra
 
-    def _check_cache(self) -> None:
-        spec = self.spec
-        if self.loss and self.cache:
-            raise TfgraphError(f"{spec.name}: a KV-cache graph is for inference; the loss "
-                               "graph (loss=True) is the full-sequence one")
-        if not self.cache:
-            if self.part is not None:
-                raise TfgraphError(f"{spec.name}: part={self.part!r} is for KV-cache graphs")
+    def attend(self, q: str, k: str, v: str, scope: str, meta: NodeMeta, causal: bool,
+               self_attn: bool, extra: dict[str, Any]) -> str:
+        """The attention op (B, Tq, h*hd): over this sequence's keys/values, or in a KV-cache
+        graph over the past ones too (``cached_attention``); T5's position bias on
+        self-attention."""
+        bias = [self.position_bias] if self_attn and self.position_bias else []  # T5
+        if self.cache is not None:
+            return self.cached_attention(q, k, v, scope, meta, causal, extra, bias)
+        z = self.z
+        return self.g.add("attention", [q, k, v, *bias], name=f"{scope}.attention",
+                          scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
+                          causal=causal, normalize=self.spec.attention.normalize,
+                          kind="self" if self_attn else "cross", meta=_role(meta, "attention"),
+                          **extra)  # (B, Tq, h*hd)
+
+    # ---- KV cache (README, "KV cache"): every consultation of ``self.cache`` ----------------
+
+    def _cache_inputs(self, mask_length: Any) -> None:
+        """attention_mask (B, mask_length) and position_ids (B, S) of a KV-cache graph, made
+        once, right after its ids (nothing for a full-sequence graph)."""
+        if self.cache is None:
             return
-        if spec.arch == "encoder-only":
-            raise TfgraphError(f"{spec.name}: an encoder-only model has no KV-cache graph")
-        if spec.arch == "encoder-decoder":
-            if self.part not in ("encoder", "decoder"):
-                raise TfgraphError(f"{spec.name}: an encoder-decoder's KV-cache graph is two "
-                                   "graphs: part='encoder' or part='decoder'")
-            if spec.attention.qk_norm != "none":
-                raise TfgraphError(f"{spec.name}: no KV-cache graph for an encoder-decoder "
-                                   "with qk_norm")
-        elif self.part is not None:
-            raise TfgraphError(f"{spec.name}: part applies to encoder-decoder models")
+        self.cache.mask = self.g.input("attention_mask", (B, mask_length))  # 1 = real token
+        if self.spec.embedding.positions not in ("relative", "none"):  # T5: distances only
+            self.cache.position_ids = self.g.input("position_ids", (B, S))  # (B, S) int64
+
+    def _mask(self) -> list[str]:
+        """The attention_mask operand of T5's bias in a KV-cache graph (none otherwise)."""
+        return [self.cache.mask] if self.cache is not None and self.cache.mask else []
+
+    def _ids(self) -> list[str]:
+        """The position ids operand of position ops in a KV-cache graph (none otherwise)."""
+        cache = self.cache
+        return [cache.position_ids] if cache is not None and cache.position_ids else []
+
+    def _set_presents(self) -> None:
+        """The present keys/values, outputs after the logits (the optimum / genai order)."""
+        for present in self.cache.presents if self.cache is not None else ():
+            self.g.set_output(present)
 
     def cached_encoder_decoder(self, table_meta: NodeMeta) -> Graph:
         """The encoder part: src_ids, attention_mask, position_ids in; the encoder output and
@@ -480,11 +574,11 @@ class _Lowering:
         encoder_attention_mask and per layer ``past_key_values.{i}.decoder.*`` then
         ``.encoder.*`` in; logits and ``present.{i}.decoder.*`` out (optimum's names)."""
         spec, g, z = self.spec, self.g, self.z
+        assert self.cache is not None
         shared = spec.embedding.share
-        if self.part == "encoder":
+        if self.cache.part == "encoder":
             src = g.input("src_ids", (B, S))  # (B, S) int64
-            self.mask = g.input("attention_mask", (B, S))  # (B, S) int64, 1 = real
-            self.position_ids = self._position_input()
+            self._cache_inputs(S)  # attention_mask (B, S), position_ids (B, S)
             name = "embed.tokens.weight" if shared else "embed.source_tokens.weight"
             table = self.param(name, (self.vocab_names["source"], "d_model"), "embed", "normal",
                                _role(table_meta, name.split(".", 1)[1]))
@@ -508,68 +602,56 @@ class _Lowering:
                                        meta=_role(meta, f"present_{part}")))  # (B, kv, S, hd)
             return g
         ids = g.input("input_ids", (B, S))  # (B, S) int64: this step's target tokens
-        self.mask = g.input("attention_mask", (B, P + S))
-        self.position_ids = self._position_input()
-        self.encoder_mask = g.input("encoder_attention_mask", (B, T))  # (B, T) source mask
+        self._cache_inputs(P + S)
+        self.cache.encoder_mask = g.input("encoder_attention_mask", (B, T))  # source mask
         name = "embed.tokens.weight" if shared else "embed.target_tokens.weight"
         table = self.param(name, (self.vocab_names["target"], "d_model"), "embed", "normal",
                            _role(table_meta, name.split(".", 1)[1]))
-        x = self.stack("decoder", ids, table, causal=True, memory="#cross-cache")
+        x = self.stack("decoder", ids, table, causal=True, memory=CROSS_CACHE)
         g.set_output(self.head(x, table))
-        for present in self.presents:
-            g.set_output(present)
+        self._set_presents()
         return g
 
-    def cached_cross_attention(self, x: str, scope: str, meta: NodeMeta,
-                               extra: dict[str, Any]) -> str:
+    def cached_cross_attention(self, x: str, scope: str, meta: NodeMeta) -> str:
         """Cross-attention of the decoder part: keys/values the encoder part computed
         (``past_key_values.{i}.encoder.key|value`` inputs), masked by the source mask."""
         att, g, z, i = self.spec.attention, self.g, self.z, meta.layer or 0
-        assert self.encoder_mask is not None
+        assert self.cache is not None and self.cache.encoder_mask is not None
+        extra = self.attention_attrs(local=False, window=False)
         q = self.linear(x, scope, "q", "d_model", "heads*head_dim", bool(att.qkv_bias),
                         meta)  # (B, S, h*hd)
         k, v = (g.input(f"past_key_values.{i}.encoder.{part}", (B, z.kv_heads, T, z.head_dim),
                         dtype=self.dtype) for part in ("key", "value"))  # (B, kv, T, hd)
-        a = g.add("attention_cached", [q, k, v, self.encoder_mask], name=f"{scope}.attention",
+        a = g.add("attention_cached", [q, k, v, self.cache.encoder_mask],
+                  name=f"{scope}.attention",
                   scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
                   causal=False, normalize=att.normalize, self_read=False,
                   meta=_role(meta, "attention"), **extra)  # (B, S, h*hd)
         return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
                            meta)  # (B, S, d)
 
-    def _position_input(self) -> str | None:
-        """The position_ids input of a KV-cache graph, when its positions read it (relative
-        positions, T5's, depend on distances only: none)."""
-        if self.spec.embedding.positions in ("relative", "none"):
-            return None
-        return self.g.input("position_ids", (B, S))  # (B, S) int64
-
-    def _ids(self) -> list[str]:
-        """The position ids operand of position ops in a KV-cache graph (none otherwise)."""
-        return [self.position_ids] if self.position_ids else []
-
     def cached_attention(self, q: str, k: str, v: str, scope: str, meta: NodeMeta,
                          causal: bool, extra: dict[str, Any], bias: list[str]) -> str:
         """Self-attention over the past keys/values and this step's: the layer's
         ``past_key_values.{i}.key|value`` inputs, ``present.{i}.key|value`` outputs."""
-        g, z, i = self.g, self.z, meta.layer or 0
-        assert self.mask is not None
-        present = []
-        if self.part == "encoder":  # no past: this sequence's keys/values, per head
+        g, z, i, cache = self.g, self.z, meta.layer or 0, self.cache
+        assert cache is not None and cache.mask is not None
+        if not cache.keeps_past:  # the encoder part: this sequence's keys/values, per head
             present = [g.add("kv_concat", [new], name=f"{scope}.{part}_heads", scope=scope,
                              kv_heads=z.kv_heads, head_dim=z.head_dim,
                              meta=_role(meta, f"{part}_heads"))  # (B, kv, S, hd)
                        for part, new in (("key", k), ("value", v))]
-        infix = ".decoder" if self.part == "decoder" else ""
-        for part, new in (("key", k), ("value", v)) if self.part != "encoder" else ():
-            past = g.input(f"past_key_values.{i}{infix}.{part}", (B, z.kv_heads, P, z.head_dim),
-                           dtype=self.dtype)  # (B, kv, P, hd)
-            present.append(g.add("kv_concat", [past, new], name=f"present.{i}{infix}.{part}",
-                                 scope=scope, kv_heads=z.kv_heads, head_dim=z.head_dim,
-                                 meta=_role(meta, f"present_{part}")))  # (B, kv, P+S, hd)
-        if self.part != "encoder":
-            self.presents += present
-        return g.add("attention_cached", [q, *present, self.mask, *bias],
+        else:
+            present = []
+            for part, new in (("key", k), ("value", v)):
+                past = g.input(f"past_key_values.{i}{cache.infix}.{part}",
+                               (B, z.kv_heads, P, z.head_dim), dtype=self.dtype)  # (B,kv,P,hd)
+                present.append(g.add("kv_concat", [past, new],
+                                     name=f"present.{i}{cache.infix}.{part}", scope=scope,
+                                     kv_heads=z.kv_heads, head_dim=z.head_dim,
+                                     meta=_role(meta, f"present_{part}")))  # (B,kv,P+S,hd)
+            cache.presents += present
+        return g.add("attention_cached", [q, *present, cache.mask, *bias],
                      name=f"{scope}.attention",
                      scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
                      causal=causal, normalize=self.spec.attention.normalize,
@@ -724,7 +806,53 @@ def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Grap
     keys/values out); an encoder-decoder's is two graphs, ``part`` "encoder" or "decoder".
     ``loss``: the training graph, a ``labels`` input (B, L) int64 and the cross-entropy node
     ``loss`` (its only output) after the logits (the logits, not probs, with output probs)."""
-    return _Lowering(spec, sizes or Sizes.of(spec), graph_type, cache, part, loss).model()
+    z = sizes or Sizes.of(spec)
+    graph = _Lowering(spec, z, graph_type, cache, part, loss).model()
+    graph.info = graph_info(spec, z, graph_type, cache, part, loss)
+    return graph
+
+
+def graph_info(spec: Spec, sizes: Sizes, graph_type: type[Graph], cache: bool = False,
+               part: str | None = None, loss: bool = False) -> GraphInfo:
+    """The facts back ends read from a graph lowered from ``spec`` (tfgraph.ir.GraphInfo):
+    its architecture and kind, its KV-cache graphs and how to lower one, the lengths rule,
+    the output and vocabularies, the description and the spec as text."""
+    parts = cache_parts(spec)
+    layout = None
+    if spec.arch != "encoder-only" and all(isinstance(n, int) for n in
+                                           (sizes.kv_heads, sizes.head_dim)):
+        layout = CacheLayout(sizes.layers["decoder"], int(sizes.kv_heads), int(sizes.head_dim))
+    return GraphInfo(
+        arch=spec.arch, kind="loss" if loss else "cached" if cache else "full",
+        part=part if cache else None, description=spec.description,
+        lengths=Lengths.of(spec), default_seq=default_seq(spec), output=spec.output,
+        prompt_vocab=spec.vocab_size("source"), output_vocab=spec.output_vocab,
+        cache_parts=parts, cache_graph=partial(_cache_graph, spec, sizes, graph_type),
+        cache=layout,
+        source=SpecText(spec.name, partial(_spec_yaml, spec), partial(_spec_json, spec)))
+
+
+# Module-level (not closures), so that a graph's info pickles with it.
+def _cache_graph(spec: Spec, sizes: Sizes, graph_type: type[Graph], which: str | None
+                 ) -> Graph:
+    """The linted KV-cache graph ``which`` of ``spec`` (GraphInfo.cache_graph)."""
+    parts = cache_parts(spec)
+    if parts is None or which not in parts:
+        raise TfgraphError(f"{spec.name}: no KV-cache graph {which or 'decoder'!r} "
+                           f"(its KV-cache graphs: {parts})")
+    graph = lower(spec, sizes, graph_type, cache=True, part=which)
+    graph.lint()
+    return graph
+
+
+def _spec_json(spec: Spec) -> str:
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+
+
+def _spec_yaml(spec: Spec) -> str:
+    from tfgraph.loader import dump_spec
+
+    return dump_spec(spec)
 
 
 def with_loss(graph: G) -> G | None:
@@ -743,4 +871,5 @@ def with_loss(graph: G) -> G | None:
     lowering.g = out = graph.copy()
     out.outputs = []
     out.set_output(lowering.cross_entropy("logits"))
+    out.info = graph_info(spec, Sizes.of(spec), type(graph), loss=True)
     return out

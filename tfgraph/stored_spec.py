@@ -18,14 +18,14 @@ from collections.abc import Mapping
 import yaml
 
 from tfgraph.errors import SpecError, TfgraphError
-from tfgraph.ir import Graph
+from tfgraph.ir import SPEC_METADATA_KEY, Graph
 from tfgraph.loader import parse_spec
 from tfgraph.name_mismatch import mismatch_line
 from tfgraph.safe_yaml import MAX_BYTES
 from tfgraph.spec import Spec
 from tfgraph.terminal import printable
 
-SPEC_METADATA_KEY = "tfgraph.spec"
+__all__ = ["SPEC_METADATA_KEY", "model_graph", "stored_spec"]
 _LAYER_NAME = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.")
 
 
@@ -68,7 +68,7 @@ def model_graph(spec: Spec, shapes: Mapping[str, tuple[int, ...]], where: str) -
     """The graph of ``spec``, checked against the model's initializer ``shapes`` (name -> dims):
     the layer count of each stack first (cheap: names only), then, once compiled, every
     parameter (tfgraph.name_mismatch)."""
-    import tfgraph
+    from tfgraph.compiler import compile as compile_spec
 
     held = _layers_held(shapes)
     for stack in spec.stacks:
@@ -76,7 +76,7 @@ def model_graph(spec: Spec, shapes: Mapping[str, tuple[int, ...]], where: str) -
         if says != has:
             raise TfgraphError(f"{where}: the spec in its metadata has {says} {stack} layers, "
                                f"its weights {has}; the metadata does not describe this model")
-    graph = tfgraph.compile(spec)
+    graph = compile_spec(spec)
     problem = mismatch_line({p.name: tuple(p.attrs["shape"]) for p in graph.params()}, shapes)
     if problem:
         raise TfgraphError(f"{where}: the spec in its metadata does not match the model's "

@@ -52,7 +52,8 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
         from tfgraph.hf.tokenizer import copy_files
 
         copy_files(opts["extra_files"], written.parent)
-    if "attention_mask" in graph.inputs:  # a KV-cache model: onnxruntime-genai can drive it
+    if graph.info.kind == "cached" and graph.info.part is None:  # a decoder's KV-cache
+        # model: onnxruntime-genai can drive it
         from tfgraph.exporters.genai_config import write_genai_config
 
         write_genai_config(graph, written, opts["source_config"])
@@ -97,11 +98,13 @@ def _write_torch(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
 
 
 def _write_hf(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
+    from tfgraph.hf.export_config import hf_folder_facts
+
+    config, names = hf_folder_facts(opts["spec"], opts["source_config"])
     module = importlib.import_module("tfgraph.exporters.hf_folder")
     with _progress(graph, f"writing {out.name}") as advance:
-        return Path(module.write_hf_folder(graph, out, opts["weights"], opts["seed"],
-                                           opts["extra_files"], advance,
-                                           opts["source_config"]))
+        return Path(module.write_hf_folder(graph, out, config, names, opts["weights"],
+                                           opts["seed"], opts["extra_files"], advance))
 
 
 def _diagram(fmt: str) -> Callable[[Graph, Path, dict[str, Any]], Path]:
@@ -259,7 +262,7 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         click.echo(f"note: {note}", err=True)
     opts = {"weights": values, "seed": 0 if seed is None else seed,
             "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
-            "source_config": source.config}
+            "source_config": source.config, "spec": source.spec}
     written = how.write(graph, out, opts)
     from tfgraph.cost import param_count
 

@@ -4,7 +4,7 @@ Prompts are ``--prompt-ids 5,17,42`` (repeatable: several prompts make one padde
 ``--prompt TEXT`` with the model's tokenizer.json. Tokens are printed as they come (text when a
 tokenizer is known, else ids; one line per token, tagged with its prompt, when there are
 several prompts), then prefill and decode throughput and time to first token. ``--json`` prints
-one object instead (design §8). The work is tfgraph.exporters.generate_api's and
+one object instead (design §8). The work is tfgraph.commands.generate_api's and
 tfgraph.generation's; this module parses options and prints.
 """
 
@@ -123,7 +123,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
              ignore_eos: bool, decoder_start_id: int | None, weights_seed: int | None,
              opset: int, no_cache: bool, as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
-    from tfgraph.exporters.generate_api import FROM_MODEL, prepare
+    from tfgraph.commands.generate_api import FROM_MODEL, prepare
     from tfgraph.generation.loop import generate as run_loop
     from tfgraph.generation.sampling import Sampler
 

@@ -159,3 +159,27 @@ def hf_config(spec: Spec) -> HFExport:
             closest = (rank, model_type, why)
     detail = f"closest: {closest[1]}; {closest[2]}" if closest else f"none for {spec.arch}"
     raise TfgraphError(f"{spec.name}: no Hugging Face family expresses this spec ({detail})")
+
+
+# Token ids live in config.json but not in a spec: carried over from the folder a model came
+# from; without one, bos and eos are unknown (None), not the family class's defaults, which
+# may lie outside a small vocabulary.
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
+              "forced_bos_token_id", "forced_eos_token_id", "sep_token_id")
+
+
+def hf_folder_facts(spec: Spec, source_config: Mapping[str, Any] | None = None
+                    ) -> tuple[dict[str, Any], Any]:
+    """What ``tfgraph build --to hf`` writes for ``spec`` besides the weights: config.json
+    (``hf_config``, with ``source_config``'s token ids kept) and the family's parameter-name
+    map (tfgraph.hf.names.NameMap) the weights are written in. TfgraphError when no family
+    expresses the spec."""
+    from tfgraph.hf import name_map
+
+    config = dict(hf_config(spec).config)
+    for key in TOKEN_KEYS:
+        if source_config is not None and key in source_config:
+            config[key] = source_config[key]
+        elif key in ("bos_token_id", "eos_token_id"):
+            config.setdefault(key, None)
+    return config, name_map(config, spec)

@@ -139,13 +139,13 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
                     decoder_start: int) -> Opened:
     """An encoder-decoder decoding through its two KV-cache graphs: the encoder once, the
     decoder one token at a time."""
-    import tfgraph
+    from tfgraph.compiler import compile as compile_spec
 
     spec = built.spec
     seed = weights_seed or 0
     weights = None
     if built.checkpoint is not None:
-        every = built.weights(tfgraph.compile(spec))
+        every = built.weights(compile_spec(spec))
         weights = [WeightSubset(every, [p.name for p in g.params()]) for g in parts]
     origin = "its weights" if weights is not None else f"seed {seed}"
     tokenizer = built.tokenizer[0] if built.tokenizer else None

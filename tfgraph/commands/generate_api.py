@@ -1,6 +1,6 @@
 """``tfgraph.generate``: the Python side of ``tfgraph generate`` (README.md, "tfgraph generate").
 
-Opens a spec, Hugging Face model folder or .onnx file on a back end (tfgraph.exporters.steppers),
+Opens a spec, Hugging Face model folder or .onnx file on a back end (tfgraph.commands.steppers),
 reads the folder's generation settings (tfgraph.generation.settings), turns text prompts into
 ids with its tokenizer, and runs the decoding loop (tfgraph.generation.loop). The CLI uses
 :func:`prepare` and the loop itself so that it can stream tokens as they come.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tfgraph.errors import TfgraphError
-from tfgraph.exporters.steppers import Opened, settings_folder, stepper_for
+from tfgraph.commands.steppers import Opened, settings_folder, stepper_for
 from tfgraph.generation.loop import OnToken
 from tfgraph.generation.loop import generate as run_loop
 from tfgraph.generation.result import Result
