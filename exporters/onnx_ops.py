@@ -119,6 +119,27 @@ def _positions_learned(b: Builder, n: Node) -> str:
     return b.add(n.name, "Add", [x, rows], n.name)
 
 
+def _alibi(b: Builder, n: Node) -> str:
+    # slope_h * j for key j, repeated over the L query rows, as torch_ops._alibi.
+    x = n.inputs[0]  # (B, L, d)
+    keys = n.inputs[1] if len(n.inputs) == 2 else x  # KV cache: the (B, T) mask's T
+    t = b.add(n.name, "Squeeze", [b.add(n.name, "Shape", [keys], tag="keys", start=1, end=2),
+                                  b.ints([0])], tag="T")
+    zero, one = (b.const(n.name, tag, np.array(v, np.int64), "int64")
+                 for tag, v in (("zero", 0), ("one", 1)))
+    j = b.cast(n.name, b.add(n.name, "Range", [zero, t, one], tag="key_pos"), "float32",
+               tag="key_pos_f")  # (T,)
+    slopes = np.array(n.attrs["slopes"], np.float32)[:, None, None]  # (h, 1, 1)
+    bias = b.add(n.name, "Mul", [b.const(n.name, "slopes", slopes, "float32"), j],
+                 tag="sloped")  # (h, 1, T)
+    if b.dtype != "float32":
+        bias = b.cast(n.name, bias, b.dtype)
+    length = b.add(n.name, "Shape", [x], tag="length", start=1, end=2)  # [L]
+    shape = b.add(n.name, "Concat", [b.ints([len(n.attrs["slopes"])]), length,
+                                     b.ints([1])], tag="rows", axis=0)  # [h, L, 1]
+    return b.add(n.name, "Expand", [bias, shape], n.name)  # (h, L, T)
+
+
 def _relative_bias(b: Builder, n: Node) -> str:
     # T5's buckets, as torch_functional.relative_position_bias computes them, in int64 and
     # float32 (the same operations in the same order, so the same buckets).
@@ -342,6 +363,7 @@ ONNX_OPS: dict[str, Emitter] = {
     "dropout": _simple("Identity"),  # inference: dropout is the identity
     "softmax": _simple("Softmax", axis=-1),
     "softcap": lambda b, n: _softcap(b, n, n.inputs[0], n.name),
+    "alibi": _alibi,
     "relative_bias": _relative_bias,
 }
 

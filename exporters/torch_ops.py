@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -132,10 +133,19 @@ TORCH_OPS: dict[str, Lowering] = {
     "softmax": lambda m, a, x: x.softmax(dim=-1),
     "cross_entropy": lambda m, a, logits, labels: tf.cross_entropy(logits, labels),
     "softcap": lambda m, a, x: tf.soft_cap(x, a["cap"]),
+    "alibi": lambda m, a, x, keys=None: _alibi(a, x, keys),
     "relative_bias": lambda m, a, table, x, keys=None: tf.relative_position_bias(
         table, x.shape[1], a["bidirectional"], a["buckets"], a["max_distance"],
         None if keys is None else keys.shape[1]),
 }
+
+def _alibi(a: dict[str, Any], x: Tensor, keys: Tensor | None = None) -> Tensor:
+    # TORCH_SOURCE's "alibi" template writes the same expression into model.py
+    t = x.shape[1] if keys is None else keys.shape[1]  # (B, L, d); keys: a (B, T) mask
+    slopes = torch.tensor(a["slopes"], device=x.device)  # (h,) float32
+    j = torch.arange(t, device=x.device)  # (T,) key positions
+    return (slopes[:, None, None] * j).to(x.dtype).expand(-1, x.shape[1], -1)  # (h, L, T)
+
 
 NORM_OPS = tuple(op for op, d in OPS.items() if d.category == "norm")  # OpDef.category
 # Ops only a KV-cache graph has: model.py (TORCH_SOURCE) is rendered for full-sequence graphs.
@@ -350,6 +360,10 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
     "cross_entropy": SourceTemplate(lambda o, a: f"cross_entropy({o[0]}, {o[1]})",
                                     dims=lambda d: ()),
     "softcap": SourceTemplate(lambda o, a: f"soft_cap({o[0]}, {a('cap')})"),
+    "alibi": SourceTemplate(  # _alibi, written out: slope_h * j, the same on every row
+        lambda o, a: f"(torch.tensor({a('slopes')}, device={o[0]}.device)[:, None, None] * "
+                     f"torch.arange({o[0]}.shape[1], device={o[0]}.device)).to({o[0]}.dtype)"
+                     f".expand(-1, {o[0]}.shape[1], -1)"),
     "relative_bias": SourceTemplate(
         lambda o, a: f"relative_position_bias({o[0]}, {o[1]}.shape[1], {a('bidirectional')}, "
                      f"{a('buckets')}, {a('max_distance')})",

@@ -55,6 +55,7 @@ class OnnxCached:
                      if i.name.startswith("past_key_values")]
         shape = graph.node(self.past[0]).type.shape
         self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        self.with_positions = "position_ids" in graph.inputs
 
     def empty(self, batch: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
@@ -62,9 +63,10 @@ class OnnxCached:
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]
                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        positions = np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -ids.shape[1]:]
-        out = self.session.run(None, {"input_ids": ids, "attention_mask": mask,
-                                      "position_ids": positions, **past})
+        feeds = {"input_ids": ids, "attention_mask": mask, **past}
+        if self.with_positions:  # not with ALiBi: its bias reads the mask's key positions
+            feeds["position_ids"] = np.clip(np.cumsum(mask, 1) - 1, 0, None)[:, -ids.shape[1]:]
+        out = self.session.run(None, feeds)
         return out[0], dict(zip(self.past, out[1:]))
 
 

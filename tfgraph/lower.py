@@ -38,9 +38,10 @@ import sympy
 from tfgraph.ir import B, S, T, CacheLayout, Graph, GraphInfo, NodeMeta, SpecText
 from tfgraph.lengths import Lengths, default_seq
 from tfgraph.errors import TfgraphError
+from tfgraph.ops import alibi_slopes
 from tfgraph.tensor import P
 from tfgraph.rope import rotary_attrs
-from tfgraph.spec import GATED_ACTIVATIONS, Spec, Vocabularies
+from tfgraph.spec import GATED_ACTIVATIONS, POSITION_KINDS, Spec, Vocabularies
 
 Size = Any  # int in a real graph; a sympy expression in a symbolic twin
 """A size read by lowering."""
@@ -348,12 +349,19 @@ class _Lowering:
         return x
 
     def relative_bias(self, stack: str, x: str, causal: bool) -> str | None:
-        """T5's position bias of one stack, computed once and added to every self-attention
-        of the stack: table[bucket(j - i)] as (h, L, L), buckets bidirectional in an encoder."""
+        """The position bias of one stack, computed once and added to every self-attention
+        of the stack: T5's table[bucket(j - i)] as (h, L, L), buckets bidirectional in an
+        encoder; or ALiBi's slope_h * j."""
         emb = self.spec.embedding
+        meta = NodeMeta(part="embed", stack=stack, module=stack)
+        if emb.positions == "alibi":  # BLOOM, MPT: fixed slopes, no table
+            heads = self.z.heads
+            slopes = {"slopes": alibi_slopes(heads)} if isinstance(heads, int) else {}
+            keys = self._mask()  # KV cache: (h, L, P+L)
+            return self.g.add("alibi", [x, *keys], name=f"{stack}.alibi", scope=stack,
+                              heads=heads, meta=_role(meta, "alibi"), **slopes)  # (h, L, L)
         if emb.positions != "relative":
             return None
-        meta = NodeMeta(part="embed", stack=stack, module=stack)
         table = self.param(f"{stack}.relative_bias.weight", ("relative_buckets", "heads"),
                            stack, "normal", _role(meta, "relative_bias.weight"))
         keys = self._mask()  # KV cache: (h, L, P+L)
@@ -550,11 +558,12 @@ class _Lowering:
         if self.cache is None:
             return
         self.cache.mask = self.g.input("attention_mask", (B, mask_length))  # 1 = real token
-        if self.spec.embedding.positions not in ("relative", "none"):  # T5: distances only
+        if POSITION_KINDS[self.spec.embedding.positions].position_ids:
             self.cache.position_ids = self.g.input("position_ids", (B, S))  # (B, S) int64
 
     def _mask(self) -> list[str]:
-        """The attention_mask operand of T5's bias in a KV-cache graph (none otherwise)."""
+        """The attention_mask operand of a position bias (T5's, ALiBi's) in a KV-cache graph
+        (none otherwise)."""
         return [self.cache.mask] if self.cache is not None and self.cache.mask else []
 
     def _ids(self) -> list[str]:

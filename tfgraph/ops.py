@@ -356,6 +356,49 @@ register(OpDef(
         "on the self-attention scores)"),
 ))
 
+def alibi_slopes(heads: int) -> tuple[float, ...]:
+    """ALiBi's per-head slopes (Press et al. 2022, section 3): for n heads, n a power of two,
+    head h = 1..n has slope 2^(-8h/n); otherwise the m = 2^floor(log2 n) slopes of m heads,
+    then the odd-numbered slopes 2^(-4h/m), h = 1, 3, 5, ..., of 2m heads for the other
+    n - m (BLOOM's build_alibi_tensor)."""
+    m = 1 << (heads.bit_length() - 1)
+    slopes = [2.0 ** (-8.0 * h / m) for h in range(1, m + 1)]
+    slopes += [2.0 ** (-4.0 * h / m) for h in range(1, 2 * (heads - m), 2)]
+    return tuple(slopes)
+
+
+def _alibi_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    x = ins[0]
+    if len(x.shape) != 3:
+        raise ValueError("alibi reads the length of a (B, L, d) input")
+    keys = ins[1].shape[1] if len(ins) == 2 else x.shape[1]  # a KV-cache graph's (B, T) mask
+    return TensorType((attrs["heads"], x.shape[1], keys), x.dtype)
+
+
+def _alibi_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
+    # slope * position once per head and key; the rows repeat it (a broadcast, no work)
+    return ZERO, FLOPS_PER_ELEMENT["add"] * out.shape[0] * out.shape[2]
+
+
+register(OpDef(
+    "alibi", (1, 2), _alibi_infer, _alibi_flops, _nothing_saved,
+    "ALiBi (Press et al. 2022): slope_h * j for key j, the same for every query row, as "
+    "(heads, L, L) for x's length L; added to the causal self-attention scores it is "
+    "-slope_h * (i - j) up to a per-row constant, which softmax ignores (BLOOM adds exactly "
+    "this). attrs['slopes'] are alibi_slopes(heads) (absent in symbolic twins). With a "
+    "second operand, an attention mask (B, T) of a KV-cache graph, the keys are its T "
+    "positions: (heads, L, T). No parameters, nothing saved; h*T multiplies.",
+    category="position",
+    attrs={"heads": Attr(SIZE, required=True),
+           "slopes": Attr(tuple, doc="alibi_slopes(heads); absent in symbolic twins")},
+    # a rank's heads would need their own slopes (an offset into the global heads)
+    tp="whole", tp_refused="ALiBi position bias",
+    shape_only=(0, 1), score_bias=True,
+    diagram_text=lambda attrs: (
+        f"ALiBi (linear bias slope · key position, {attrs['heads']} slopes, "
+        "on the self-attention scores)"),
+))
+
 # ---- linear algebra -----------------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ MAX_LEN = 1 << 24
 MAX_EXPERTS = 1 << 16  # 65,536; DeepSeek-V3 has 256 routed experts
 
 Arch = Literal["encoder-only", "decoder-only", "encoder-decoder"]
-Positions = Literal["sinusoidal", "learned", "rope", "relative", "none"]
+Positions = Literal["sinusoidal", "learned", "rope", "relative", "alibi", "none"]
 """The position kinds (``embedding.positions``); each has its record in ``POSITION_KINDS``."""
 
 
@@ -44,6 +44,9 @@ class PositionKind:
 
     learned: bool = False
     extrapolates: str = ""
+    position_ids: bool = True
+    """A KV-cache graph takes ``position_ids`` for them (not T5's buckets nor ALiBi's bias,
+    which read distances or the attention mask's key positions alone; nor no positions)."""
 
 
 POSITION_KINDS: dict[str, PositionKind] = {
@@ -53,9 +56,11 @@ POSITION_KINDS: dict[str, PositionKind] = {
     "rope": PositionKind(extrapolates="its rotary positions extrapolate beyond the length it "
                                       "was built for"),
     "relative": PositionKind(extrapolates="its relative-position buckets extrapolate beyond "
-                                          "the length it was built for"),
+                                          "the length it was built for", position_ids=False),
+    "alibi": PositionKind(extrapolates="its ALiBi biases extrapolate beyond the length it was "
+                                       "built for", position_ids=False),
     "none": PositionKind(extrapolates="it has no position encoding but runs beyond the length "
-                                      "it was built for"),
+                                      "it was built for", position_ids=False),
 }
 """One record per position kind: a new kind is its ``Positions`` name and its entry here
 (checked when this module is imported)."""
@@ -138,7 +143,9 @@ class Embedding(_Strict):
     rotary embeddings applied to q and k (GPT-NeoX rotate-half convention), relative: T5's
     learned per-head bias on the self-attention scores by bucketed key - query distance
     (Raffel et al. 2020 §2.1; bidirectional buckets in the encoder, causal in the decoder,
-    one table per stack shared by its layers, ``{stack}.relative_bias.weight``), or none."""
+    one table per stack shared by its layers, ``{stack}.relative_bias.weight``), alibi: a fixed
+    per-head linear bias slope_h * (key position) on the self-attention scores (Press et al.
+    2022; BLOOM, MPT: decoder-only, no parameters), or none."""
     relative_buckets: _size(1 << 16) | None = None  # type: ignore[valid-type]
     """positions relative: distance buckets (T5: 32; half per direction in the encoder).
     Default: 32."""
@@ -451,6 +458,9 @@ class Spec(_Strict):
         elif emb.relative_buckets is not None or emb.relative_max_distance is not None:
             raise ValueError("embedding.relative_buckets: relative_buckets and "
                              "relative_max_distance are for positions: relative")
+        if emb.positions == "alibi" and self.arch != "decoder-only":
+            raise ValueError("embedding.positions: alibi biases causal self-attention "
+                             "(BLOOM, MPT): decoder-only models only")
         if emb.positions == "learned" and self.max_len is None:
             raise ValueError("max_len: required when embedding.positions is learned")
         if emb.position_offset and emb.positions != "learned":

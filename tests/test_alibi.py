@@ -1,0 +1,168 @@
+"""ALiBi positions (``embedding.positions: alibi``) against Hugging Face's ``BloomForCausalLM``.
+
+A tiny BLOOM built from ``BloomConfig`` with random weights, copied into tfgraph through the
+name map below (BLOOM's fused ``query_key_value`` rows are per head [q, k, v]), gives the same
+logits through ``to_torch`` and through ONNX (opsets 23 and 17) in onnxruntime, for a
+power-of-two head count and one that is not (BLOOM's slopes interleave a second series); the
+KV-cache graph gives the logits of a left-padded batch that transformers gives with the same
+attention mask, and greedy decoding through the cache equals transformers' ``generate``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+import tfgraph
+from tfgraph.exporters import to_onnx, to_torch
+from tfgraph.ops import alibi_slopes
+from tfgraph.spec import Spec
+
+from parity_support import check_against, randomize, split_neox_qkv
+
+transformers = pytest.importorskip("transformers")
+ort = pytest.importorskip("onnxruntime")
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def bloom_spec(heads: int) -> Spec:
+    return tfgraph.Spec.model_validate({
+        "name": f"bloom-{heads}", "arch": "decoder-only", "d_model": 16 * heads, "layers": 2,
+        "vocab": 128,
+        "embedding": {"positions": "alibi", "scale": False, "tie_output": True, "norm": True},
+        "attention": {"heads": heads, "bias": True},
+        "ffn": {"hidden": 64 * heads, "activation": "gelu_tanh", "bias": True},
+        "norm": {"position": "pre", "kind": "layernorm", "eps": 1e-5}, "dropout": 0.0})
+
+
+def bloom_reference(spec: Spec, seed: int = 0) -> torch.nn.Module:
+    config = transformers.BloomConfig(
+        vocab_size=spec.vocab_size("source"), hidden_size=spec.d_model, n_layer=spec.layers,
+        n_head=spec.attention.heads, layer_norm_epsilon=spec.norm.eps,
+        hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0)
+    ref = transformers.BloomForCausalLM(config).eval()
+    randomize(ref, seed)
+    return ref
+
+
+def bloom_weights(spec: Spec, ref: torch.nn.Module) -> dict[str, Tensor]:
+    """BLOOM's names (``transformer.h.i.self_attention.query_key_value``, ...) to tfgraph's."""
+    sd = ref.state_dict()
+    weights = {"embed.tokens.weight": sd["transformer.word_embeddings.weight"]}
+    for kind in ("weight", "bias"):
+        weights[f"decoder.embed_norm.{kind}"] = sd[f"transformer.word_embeddings_layernorm.{kind}"]
+        weights[f"decoder.norm.{kind}"] = sd[f"transformer.ln_f.{kind}"]
+    for i in range(spec.layers):
+        src, dst = f"transformer.h.{i}", f"decoder.layers.{i}"
+        for kind in ("weight", "bias"):
+            q, k, v = split_neox_qkv(sd[f"{src}.self_attention.query_key_value.{kind}"],
+                                     spec.attention.heads)
+            weights.update({f"{dst}.self_attn.q.{kind}": q, f"{dst}.self_attn.k.{kind}": k,
+                            f"{dst}.self_attn.v.{kind}": v})
+            pairs = {"self_attn.o": "self_attention.dense", "self_attn_norm": "input_layernorm",
+                     "ffn_norm": "post_attention_layernorm", "ffn.up": "mlp.dense_h_to_4h",
+                     "ffn.down": "mlp.dense_4h_to_h"}
+            for ours, theirs in pairs.items():
+                weights[f"{dst}.{ours}.{kind}"] = sd[f"{src}.{theirs}.{kind}"]
+    return weights
+
+
+@pytest.mark.parametrize("heads", list(range(1, 41)) + [64, 96, 112])
+def test_slopes_are_blooms(heads: int) -> None:
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+    theirs = _get_alibi_slopes(heads, torch.device("cpu")).double()
+    ours = torch.tensor(alibi_slopes(heads), dtype=torch.float64)
+    torch.testing.assert_close(ours, theirs, atol=0, rtol=1e-6)
+    if heads & (heads - 1) == 0:  # Press et al. 2022: 2^(-8/n), 2^(-16/n), ...
+        assert ours.tolist() == pytest.approx([2 ** (-8 * h / heads) for h in range(1, heads + 1)])
+
+
+@pytest.mark.parametrize("heads", [4, 6])
+def test_logits_equal_bloom_through_torch_and_onnx(heads: int) -> None:
+    spec = bloom_spec(heads)
+    ref = bloom_reference(spec)
+    weights = bloom_weights(spec, ref)
+    ids, expected = check_against(spec, ref, weights)  # to_torch and ONNX opset 23
+    model = to_onnx(tfgraph.compile(spec), weights=weights, opset=17)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"input_ids": ids.numpy()})[0]
+    np.testing.assert_allclose(got, expected.numpy(), **TOL)
+
+
+def padded(spec: Spec) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    lengths = (4, 11, 7)
+    ids = torch.zeros((len(lengths), max(lengths)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, -n:] = torch.randint(1, spec.vocab_size("source"), (n,), generator=gen)
+        mask[row, -n:] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("opset", [23, 17])
+def test_kv_cache_on_a_padded_batch_equals_bloom(opset: int) -> None:
+    spec = bloom_spec(6)
+    ref = bloom_reference(spec, seed=1)
+    weights = bloom_weights(spec, ref)
+    ids, mask = padded(spec)
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask).logits
+    cached = to_torch(tfgraph.compile(spec, cache=True), weights=weights)
+    graph = tfgraph.compile(spec, cache=True)
+    assert "position_ids" not in graph.inputs  # ALiBi reads key positions from the mask
+    session = ort.InferenceSession(to_onnx(graph, weights=weights, opset=opset)
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    past = {i.name: np.zeros((3, spec.attention.kv_heads, 0, spec.attention.head_dim),
+                             np.float32)
+            for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    onnx_logits = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+                                     **past})[0]
+    with torch.no_grad():
+        ours = cached(ids, attention_mask=mask)
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], want[real], **TOL)
+    np.testing.assert_allclose(onnx_logits[real.numpy()], want[real].numpy(), **TOL)
+
+
+def test_greedy_generation_through_the_cache_equals_bloom_generate() -> None:
+    spec = bloom_spec(6)
+    ref = bloom_reference(spec, seed=2)
+    model = to_torch(tfgraph.compile(spec), weights=bloom_weights(spec, ref))
+    ids, mask = padded(spec)
+    new = 12
+    with torch.no_grad():
+        want = ref.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                            min_new_tokens=new, pad_token_id=0)[:, ids.shape[1]:]
+        logits, past = model(ids, attention_mask=mask, use_cache=True)
+        tokens = []
+        for _ in range(new):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(nxt)
+            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+            logits, past = model(nxt, attention_mask=mask, past_key_values=past, use_cache=True)
+    assert torch.cat(tokens, 1).tolist() == want.tolist()
+
+
+def test_alibi_is_for_decoders_and_costs_no_parameters() -> None:
+    with pytest.raises(ValueError, match="alibi"):
+        tfgraph.Spec.model_validate({**bloom_spec(4).model_dump(), "arch": "encoder-only"})
+    spec = bloom_spec(4)
+    graph = tfgraph.compile(spec)
+    bias = [n for n in graph.ops() if n.op == "alibi"]
+    assert len(bias) == 1 and bias[0].attrs["slopes"] == alibi_slopes(4)
+    alibi = graph.report(seq=32)
+    assert alibi["params"] == sum(p.numel() for p in bloom_reference(spec).parameters())
+    plain = tfgraph.compile(tfgraph.Spec.model_validate(
+        {**spec.model_dump(), "embedding": {**spec.embedding.model_dump(),
+                                            "positions": "none"}})).report(seq=32)
+    # one bias per stack (h * S multiplies, shared by the layers) and, in every layer, one
+    # add per score (B * h * S * S)
+    heads, seq, layers = 4, 32, spec.layers
+    assert alibi["flops"]["matmul"] == plain["flops"]["matmul"]
+    assert alibi["flops"]["other"] - plain["flops"]["other"] == \
+        heads * seq + layers * heads * seq * seq
