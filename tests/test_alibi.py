@@ -10,6 +10,10 @@ attention mask, and greedy decoding through the cache equals transformers' ``gen
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +21,7 @@ from torch import Tensor
 
 import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
+from tfgraph.exporters.torch_source import generate_source
 from tfgraph.ops import alibi_slopes
 from tfgraph.spec import Spec
 
@@ -166,3 +171,26 @@ def test_alibi_is_for_decoders_and_costs_no_parameters() -> None:
     assert alibi["flops"]["matmul"] == plain["flops"]["matmul"]
     assert alibi["flops"]["other"] - plain["flops"]["other"] == \
         heads * seq + layers * heads * seq * seq
+
+
+def test_every_pass_knows_alibi_from_its_op_definition(tmp_path: Path) -> None:
+    """The op's facts reach the planner, model.py, the lengths rule and the diagrams without
+    a row anywhere else (tfgraph/ops.py's OpDef and spec.POSITION_KINDS)."""
+    spec_path = "specs/tiny-bloom.yaml"
+    root = Path(__file__).resolve().parent.parent
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tfgraph", *args], cwd=root,
+                              capture_output=True, text=True, timeout=300)
+
+    plan = cli("plan", spec_path, "--gpus", "2", "--tp", "2")
+    assert plan.returncode == 2 and plan.stderr.count("\n") == 1
+    assert "decoder.alibi (alibi)" in plan.stderr and "ALiBi position bias" in plan.stderr
+    assert cli("plan", spec_path, "--gpus", "2", "--dp", "2").returncode == 0
+    longer = cli("report", spec_path, "--seq", "200", "--json")
+    assert longer.returncode == 0 and "ALiBi biases extrapolate" in longer.stderr
+    source = generate_source(tfgraph.compile(tfgraph.load_spec(root / spec_path)))
+    assert "ALiBi position bias is not split" in source  # model.py's TP_REFUSED
+    dot = cli("draw", spec_path, "--level", "model", "-o", str(tmp_path / "m.dot"))
+    assert dot.returncode == 0
+    assert "ALiBi (linear bias" in (tmp_path / "m.dot").read_text()

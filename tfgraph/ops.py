@@ -71,7 +71,8 @@ CATEGORIES = ("embedding", "position", "linear", "attention", "norm", "activatio
               "elementwise", "dropout", "output")
 
 
-TpRule = Literal["follows", "whole", "project", "project_hidden", "gather", "split_param"]
+TpRule = Literal["follows", "whole", "project", "project_hidden", "gather", "split_param",
+                 "refused"]
 """How an op's output is placed under tensor parallelism (``tfgraph.parallel.placement``):
 
 - ``follows``: split like its split operands (per head or per element); whole when they are;
@@ -82,7 +83,9 @@ TpRule = Literal["follows", "whole", "project", "project_hidden", "gather", "spl
 - ``project_hidden``: split on its hidden units (stacked experts): partial sums;
 - ``gather``: a lookup in a vocabulary-split table: partial sums (Megatron's
   VocabParallelEmbedding);
-- ``split_param``: computed from a parameter split by heads (``tp_split_param``): split.
+- ``split_param``: computed from a parameter split by heads (``tp_split_param``): split;
+- ``refused``: no tensor-parallel form: the plan refuses the layout, naming the op and its
+  ``tp_refused`` words (as ``parallelize`` and model.py do).
 """
 
 SequenceRule = Literal["elementwise", "positions", "norm", "gathered"]
@@ -392,7 +395,7 @@ register(OpDef(
     attrs={"heads": Attr(SIZE, required=True),
            "slopes": Attr(tuple, doc="alibi_slopes(heads); absent in symbolic twins")},
     # a rank's heads would need their own slopes (an offset into the global heads)
-    tp="whole", tp_refused="ALiBi position bias",
+    tp="refused", tp_refused="ALiBi position bias",
     shape_only=(0, 1), score_bias=True,
     diagram_text=lambda attrs: (
         f"ALiBi (linear bias slope · key position, {attrs['heads']} slopes, "

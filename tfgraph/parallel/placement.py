@@ -71,6 +71,9 @@ def _place(graph: Graph, node: Node, of: dict[str, str]) -> str:
     params = [of[i] for i in node.inputs if graph.node(i).is_param]
     split_param = S in params
     opdef = OPS[node.op]
+    if opdef.tp == "refused":
+        raise _refuse(node, f"has no tensor-parallel form ({opdef.tp_refused} is not split "
+                            "across ranks)")
     if opdef.tp in ("project", "project_hidden"):
         x = acts[0]
         if not split_param:
