@@ -51,7 +51,7 @@ def _tfgraph_worker(layers: int) -> dict[str, object]:
 
     t0 = time.perf_counter()
     import tfgraph
-    from tfgraph.spec import Spec
+    from tfgraph.spec.schema import Spec
 
     imported = time.perf_counter() - t0
     if layers:

@@ -33,7 +33,7 @@ def _worker(layers: int) -> dict[str, object]:
     import time
 
     import tfgraph
-    from tfgraph.spec import Spec
+    from tfgraph.spec.schema import Spec
 
     data = tfgraph.load_spec(SPEC).model_dump()
     data["layers"] = layers

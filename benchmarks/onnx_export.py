@@ -56,8 +56,8 @@ torch.onnx.export(model, (src, tgt), {out!r}, dynamo=True, input_names=["src_ids
                   output_names=["logits"], dynamic_shapes=shapes, verbose=False)
 """
 
-IMPORTS_ONLY = ("import tfgraph.cli, tfgraph.compiler, tfgraph.exporters.onnx_model, "
-                "tfgraph.weights")
+IMPORTS_ONLY = ("import tfgraph.cli, tfgraph.compiler, tfgraph.exporters.onnx.model, "
+                "tfgraph.graph.weights")
 
 
 def timed(cmd: list[str], cwd: str) -> tuple[float, str]:

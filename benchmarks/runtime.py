@@ -3,14 +3,14 @@
     python benchmarks/runtime.py [--spec specs/base.yaml] [--batch 8] [--seq 128] [--repeat 10]
                                  [--threads N] [--no-export-peer]
 
-One process, one set of weights (tfgraph.weights.generate at seed 0), the same random ids for
+One process, one set of weights (tfgraph.graph.weights.generate at seed 0), the same random ids for
 everyone, the same intra-op thread count for every engine (default: the physical cores as
 onnxruntime counts them; torch.set_num_threads to the same), inter-op parallelism off for both.
 Contenders, each timed over ``--repeat`` forward passes after two warm-up passes, interleaved
 round by round so that background load hits them alike:
 
 - tfgraph ONNX (opset 23) on onnxruntime, graph optimizations ORT_ENABLE_ALL except
-  SkipLayerNormFusion (slower on the CPU: see tfgraph.exporters.onnx_runtime), as
+  SkipLayerNormFusion (slower on the CPU: see tfgraph.exporters.onnx.runtime), as
   ``tfgraph run`` does;
 - tfgraph ONNX (opset 17, decomposed), same session options;
 - torch eager, stock: embeddings + ``torch.nn.Transformer`` + tied head with tfgraph's weights
@@ -60,7 +60,7 @@ def _physical_cores() -> int:
 def ort_session(model: bytes | str, threads: int, device: str, all_fusions: bool = False) -> Any:
     import onnxruntime as ort
 
-    from tfgraph.exporters.onnx_runtime import CPU_DISABLED_OPTIMIZERS
+    from tfgraph.exporters.onnx.runtime import CPU_DISABLED_OPTIMIZERS
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -146,8 +146,8 @@ def main() -> None:
 
     import tfgraph
     from tfgraph.exporters import to_onnx, to_torch
-    from tfgraph.spec import Spec
-    from tfgraph.weights import generate
+    from tfgraph.spec.schema import Spec
+    from tfgraph.graph.weights import generate
 
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)

@@ -3,7 +3,7 @@
     python benchmarks/torch_forward.py [--spec specs/base.yaml] [--batch 8] [--seq 128]
                                        [--tgt-seq 128] [--repeat 9] [--threads N]
 
-Contenders, same process, same weights (tfgraph.weights.generate, seed 0), same ids, CPU,
+Contenders, same process, same weights (tfgraph.graph.weights.generate, seed 0), same ids, CPU,
 eval mode under torch.no_grad():
 
 - tfgraph: ``to_torch(graph)`` (SDPA attention, the default);
@@ -55,7 +55,7 @@ def main() -> None:
 
     import tfgraph
     from tfgraph.exporters import to_torch
-    from tfgraph.weights import generate
+    from tfgraph.graph.weights import generate
     from transformer_peer import for_spec, load_tfgraph_weights
 
     graph = tfgraph.compile(args.spec)

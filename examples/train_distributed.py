@@ -128,7 +128,7 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
                                "(its norms are not modules); train its spec")
         return module, module.load(str(folder)).state_dict()
     import tfgraph
-    from tfgraph.model_source import load_source
+    from tfgraph.spec.source import load_source
     from tfgraph.parallel.tp_plan import check_divisible
 
     source = load_source(args.spec, "torch", None, None, None)
@@ -349,7 +349,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         save_checkpoint(args.save, model, optimizer, args.steps)
     mine = measured_bytes(model, optimizer)
     if args.ep > 1:  # sent to the other expert-parallel ranks, all steps of this run
-        from tfgraph.exporters.torch_expert_parallel import all_to_all_bytes
+        from tfgraph.exporters.torch.expert_parallel import all_to_all_bytes
         mine["all_to_all"] = all_to_all_bytes(model)["total"]
     if args.measure_saved:
         mine["saved_activations"] = sum(saved.values())

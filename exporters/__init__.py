@@ -1,6 +1,6 @@
 """Back ends, installed as ``tfgraph.exporters`` (README.md, "How it works").
 
-Each back end registers a lowering per op of ``tfgraph.ops.OPS`` in its own table. Names are
+Each back end registers a lowering per op of ``tfgraph.graph.ops.OPS`` in its own table. Names are
 resolved lazily so that ``import tfgraph.exporters`` imports neither torch, onnx nor graphviz:
 ``to_onnx`` never pulls in torch.
 """
@@ -11,11 +11,11 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "to_torch": "tfgraph.exporters.torch_module",
-    "to_onnx": "tfgraph.exporters.onnx_model",
-    "parallelize": "tfgraph.exporters.torch_parallel",
-    "device_mesh": "tfgraph.exporters.torch_parallel",
-    "load_full_state_dict": "tfgraph.exporters.torch_parallel",
+    "to_torch": "tfgraph.exporters.torch.module",
+    "to_onnx": "tfgraph.exporters.onnx.model",
+    "parallelize": "tfgraph.exporters.torch.parallel",
+    "device_mesh": "tfgraph.exporters.torch.parallel",
+    "load_full_state_dict": "tfgraph.exporters.torch.parallel",
 }
 
 __all__ = sorted(_LAZY)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tfgraph.spec import Spec, StackLayers, Vocabularies
+from tfgraph.spec.schema import Spec, StackLayers, Vocabularies
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_FILES = sorted((ROOT / "specs").glob("*.yaml"))
@@ -58,7 +58,7 @@ def small(spec: Spec, d_model: int = 32, vocab: int = 61, max_layers: int = 2) -
 
 
 def load_all_specs() -> list[tuple[str, Spec]]:
-    from tfgraph.loader import load_spec
+    from tfgraph.spec.loader import load_spec
 
     return [(p.name, load_spec(p)) for p in SPEC_FILES]
 
@@ -72,6 +72,6 @@ def spec_file(request: pytest.FixtureRequest) -> Path:
 @pytest.fixture
 def small_spec(spec_file: Path) -> Spec:
     """Each file in specs/ at tiny sizes (see ``small``)."""
-    from tfgraph.loader import load_spec
+    from tfgraph.spec.loader import load_spec
 
     return small(load_spec(spec_file))

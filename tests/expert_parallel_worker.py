@@ -28,7 +28,7 @@ import tfgraph
 from distributed_support import load_example
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
-from tfgraph.exporters.torch_expert_parallel import all_to_all_bytes
+from tfgraph.exporters.torch.expert_parallel import all_to_all_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 

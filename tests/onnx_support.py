@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 
 def float32_twin(spec: Spec) -> Spec:

@@ -1,14 +1,14 @@
 """README.md's parameter names ("Parameter names"), written out from the spec alone, for
 tests that check what lowering and the back ends name their parameters (independently of
-tfgraph.lower, so that a renamed parameter is caught)."""
+tfgraph.graph.lower, so that a renamed parameter is caught)."""
 
 from __future__ import annotations
 
-from tfgraph.spec import GATED_ACTIVATIONS, Spec
+from tfgraph.spec.schema import GATED_ACTIVATIONS, Spec
 
 
 def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
-    """README.md's parameter names, written out independently of tfgraph.lower: name -> shape."""
+    """README.md's parameter names, written out independently of tfgraph.graph.lower: name -> shape."""
     d, att, ffn, norm = spec.d_model, spec.attention, spec.ffn, spec.norm
     out: dict[str, tuple[int, ...]] = {}
 

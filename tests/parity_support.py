@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 ATOL = 1e-4
 
@@ -36,7 +36,7 @@ def check(ours: Tensor, ref: Tensor) -> None:
 
 
 def tiny(name: str) -> Spec:
-    from tfgraph.loader import load_spec
+    from tfgraph.spec.loader import load_spec
 
     return load_spec(Path(__file__).resolve().parent.parent / "specs" / name)
 
@@ -47,7 +47,7 @@ def check_against(spec: Spec, ref: nn.Module, weights: dict[str, Tensor]
     count, and logits within ATOL through to_torch and through ONNX in onnxruntime.
     Returns the ids and the reference logits."""
     ort = pytest.importorskip("onnxruntime")
-    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.exporters.onnx.model import to_onnx
 
     graph = tfgraph.compile(spec)
     assert graph.report()["params"] == sum(p.numel() for p in ref.parameters())

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 import tfgraph
 from distributed_support import load_example, run_jobs
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
-from tfgraph.exporters.torch_module import NormWeights
+from tfgraph.exporters.torch.module import NormWeights
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,9 +21,9 @@ from torch import Tensor
 
 import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
-from tfgraph.exporters.torch_source import generate_source
-from tfgraph.ops import alibi_slopes
-from tfgraph.spec import Spec
+from tfgraph.exporters.torch.source import generate_source
+from tfgraph.graph.ops import alibi_slopes
+from tfgraph.spec.schema import Spec
 
 from parity_support import check_against, randomize, split_neox_qkv
 
@@ -175,7 +175,7 @@ def test_alibi_is_for_decoders_and_costs_no_parameters() -> None:
 
 def test_every_pass_knows_alibi_from_its_op_definition(tmp_path: Path) -> None:
     """The op's facts reach the planner, model.py, the lengths rule and the diagrams without
-    a row anywhere else (tfgraph/ops.py's OpDef and spec.POSITION_KINDS)."""
+    a row anywhere else (tfgraph/graph/ops.py's OpDef and spec.POSITION_KINDS)."""
     spec_path = "specs/tiny-bloom.yaml"
     root = Path(__file__).resolve().parent.parent
 

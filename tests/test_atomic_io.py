@@ -173,7 +173,8 @@ BLOCKED_IN_BUILD = """
     import signal, sys, time
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    from tfgraph.exporters import onnx_model, onnx_writer
+    from tfgraph.exporters.onnx import model as onnx_model
+    from tfgraph.exporters.onnx import writer as onnx_writer
     from tfgraph.cli import main
 
     out, external = sys.argv[1], sys.argv[2] == "external"

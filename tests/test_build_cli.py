@@ -12,10 +12,11 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 import tfgraph
-from tfgraph import cost
+from tfgraph.passes import cost
 from tfgraph.cli import main
-from tfgraph.exporters import onnx_model, onnx_writer
-from tfgraph.weights import generate, save_weights
+from tfgraph.exporters.onnx import model as onnx_model
+from tfgraph.exporters.onnx import writer as onnx_writer
+from tfgraph.graph.weights import generate, save_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "specs" / "tiny.yaml")

@@ -1,4 +1,4 @@
-"""``tfgraph.compare``: the comparison dict against graph.report(), ratios, spec differences, the
+"""``tfgraph.passes.compare``: the comparison dict against graph.report(), ratios, spec differences, the
 parameter breakdown and the attention/FFN crossover against values derived by hand here.
 
 The crossover references are written out from the accounting conventions (README,
@@ -19,17 +19,17 @@ import sympy
 from conftest import ROOT, SPEC_FILES
 
 import tfgraph
-from tfgraph.compare import compare, crossover, series, spec_differences
-from tfgraph.param_groups import params_by_kind
-from tfgraph.report import build_report
+from tfgraph.passes.compare import compare, crossover, series, spec_differences
+from tfgraph.passes.param_groups import params_by_kind
+from tfgraph.passes.report import build_report
 
 
-def compiled(name: str) -> tfgraph.ir.Graph:
+def compiled(name: str) -> tfgraph.graph.ir.Graph:
     return tfgraph.compile(ROOT / "specs" / name)
 
 
 @pytest.fixture(scope="module")
-def variants() -> list[tfgraph.ir.Graph]:
+def variants() -> list[tfgraph.graph.ir.Graph]:
     return [compiled("base.yaml"), compiled("gpt2.yaml"), compiled("tiny-llama.yaml")]
 
 

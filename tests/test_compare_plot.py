@@ -21,8 +21,8 @@ from matplotlib.lines import Line2D
 from test_diagram import svg_texts
 
 import tfgraph
-from tfgraph.compare import compare
-from tfgraph.exporters.compare_plot import (
+from tfgraph.passes.compare import compare
+from tfgraph.exporters.compare.plot import (
     EXTRAPOLATED_MARKER,
     BinaryLocator,
     binary_bytes,
@@ -30,7 +30,7 @@ from tfgraph.exporters.compare_plot import (
     length_label,
     write_compare_plot,
 )
-from tfgraph.lengths import Lengths
+from tfgraph.graph.lengths import Lengths
 
 # learned positions (max_len 64), sinusoidal (max_len 512), rotary (max_len 128)
 NAMES = ("tiny-decoder.yaml", "base.yaml", "tiny-llama.yaml")
@@ -92,7 +92,7 @@ def test_the_dagger_is_in_the_legend_and_the_svg(plotted: tuple, tmp_path: Path)
 
 
 def test_a_learned_table_has_no_curve_past_max_len(plotted: tuple) -> None:
-    """tiny-decoder's positions are a learned table of 64 rows (tfgraph.lengths): every curve
+    """tiny-decoder's positions are a learned table of 64 rows (tfgraph.graph.lengths): every curve
     of its colour stops at 64, where a bar marks the end; the legend says what the bar is."""
     graphs, data, fig = plotted
     assert Lengths.of(graphs[0].spec).hard_limit == 64

@@ -17,8 +17,8 @@ from test_diagram import PNG_SIGNATURE, require_binary, svg_texts
 
 import tfgraph
 from tfgraph.cli import main
-from tfgraph.compare import compare
-from tfgraph.exporters.compare_plot import lengths_for, write_compare_plot
+from tfgraph.passes.compare import compare
+from tfgraph.exporters.compare.plot import lengths_for, write_compare_plot
 
 SPECS = [str(ROOT / "specs" / n) for n in ("tiny-decoder.yaml", "tiny-llama.yaml",
                                            "tiny-seq2seq.yaml")]

@@ -17,7 +17,7 @@ from rich.console import Console
 import tfgraph
 from tfgraph.cli import main
 from tfgraph.commands.compare import column_chunks, render_table, table_width
-from tfgraph.compare import compare, table_notes, table_rows
+from tfgraph.passes.compare import compare, table_notes, table_rows
 from tfgraph.terminal import printable
 
 MIXED = ("tiny-decoder.yaml", "base.yaml", "tiny-moe.yaml")  # the case: enc-dec, MoE
@@ -116,7 +116,7 @@ def test_the_length_symbol_is_s_in_every_output(tmp_path: Path) -> None:
 
     from test_diagram import svg_texts
 
-    from tfgraph.exporters.compare_plot import write_compare_plot
+    from tfgraph.exporters.compare.plot import write_compare_plot
 
     graphs = [tfgraph.compile(ROOT / "specs" / n) for n in MIXED]
     svg = write_compare_plot(graphs, data, tmp_path / "p.svg").read_bytes()

@@ -9,9 +9,9 @@ import pytest
 import sympy
 
 import tfgraph
-from tfgraph.formulas import D, D_FF, H, KV, L, V, pretty, size_symbols, spec_formulas
-from tfgraph.ir import B, S
-from tfgraph.spec import Spec
+from tfgraph.passes.formulas import D, D_FF, H, KV, L, V, pretty, size_symbols, spec_formulas
+from tfgraph.graph.ir import B, S
+from tfgraph.spec.schema import Spec
 
 from conftest import SPEC_FILES
 
@@ -119,7 +119,7 @@ def test_pretty_uses_middle_dots_and_superscripts():
 def test_a_graph_without_spec_reports_formulas_in_b_s_t():
     from test_cost_memory import hand_graph
 
-    from tfgraph.report import build_report
+    from tfgraph.passes.report import build_report
 
     rep = build_report(hand_graph(), batch=2, seq=5)
     assert rep["formulas"] == rep["formulas_bst"]

@@ -7,9 +7,9 @@ import pytest
 import sympy
 
 import tfgraph
-from tfgraph.ir import B, S, Graph
-from tfgraph.report import build_report
-from tfgraph.spec import Spec, StackLayers
+from tfgraph.graph.ir import B, S, Graph
+from tfgraph.passes.report import build_report
+from tfgraph.spec.schema import Spec, StackLayers
 
 from conftest import SPEC_FILES, small
 
@@ -38,7 +38,7 @@ def test_weights_kv_cache_and_train_step_closed_forms(path):
     adam = 2 * params * 4  # two fp32 moments
     master = 4 * params if nbytes < 4 else 0  # fp32 master weights for 16-bit training
     assert mem["model_states"] == 2 * mem["weights"] + adam + master
-    # the activations of a step with its loss (tfgraph.train_walk) hold at least every saved
+    # the activations of a step with its loss (tfgraph.passes.train_walk) hold at least every saved
     # tensor of the model and, at the loss's backward, the logits' gradient (B*L*V)
     assert mem["train_step"] == mem["model_states"] + mem["train_activations_peak"]
     length = 13 if spec.arch == "encoder-decoder" else 20

@@ -7,7 +7,7 @@ from __future__ import annotations
 import tracemalloc
 
 import tfgraph
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 TRILLION = {
     "name": "trillion", "arch": "decoder-only", "d_model": 25600, "layers": 128, "vocab": 50257,

@@ -20,8 +20,8 @@ from conftest import ROOT, SPEC_FILES
 import tfgraph
 from tfgraph.cli import main
 from tfgraph.errors import TfgraphError
-from tfgraph.exporters.diagram import diagram_source, write_diagram
-from tfgraph.exporters.diagram_style import Annotator
+from tfgraph.exporters.diagram.draw import diagram_source, write_diagram
+from tfgraph.exporters.diagram.style import Annotator
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -67,7 +67,7 @@ def svg_texts(data: bytes) -> list[str]:
     return ["".join(t.itertext()).strip() for t in root.iter(f"{SVG_NS}text")]
 
 
-def compiled(name: str) -> tfgraph.ir.Graph:
+def compiled(name: str) -> tfgraph.graph.ir.Graph:
     return tfgraph.compile(ROOT / "specs" / name)
 
 
@@ -363,15 +363,15 @@ def test_diagrams_never_read_the_spec(name: str) -> None:
         assert diagram_source(graph, level) == source, level
 
 
-def _parallel_graph(summed: bool = False) -> tfgraph.ir.Graph:
+def _parallel_graph(summed: bool = False) -> tfgraph.graph.ir.Graph:
     """tiny-llama lowered with a parallel residual (GPT-J, GPT-NeoX): each layer computes
     x + self_attn(norm(x)) + ffn(norm(x)), both sublayers reading the layer input. Lowering
     has no such option: this stands for any wiring lowering may produce, which diagrams must
     show as computed rather than as a fixed template."""
     from tfgraph.compiler import CompiledGraph
-    from tfgraph.ir import NodeMeta
-    from tfgraph.loader import load_spec
-    from tfgraph.lower import SUBLAYER_CLASSES, Sizes, _Lowering, _role
+    from tfgraph.graph.ir import NodeMeta
+    from tfgraph.spec.loader import load_spec
+    from tfgraph.graph.lower import SUBLAYER_CLASSES, Sizes, _Lowering, _role
 
     class Parallel(_Lowering):
         """Each sublayer reads the layer input; its output is added to the stream

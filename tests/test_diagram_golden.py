@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, SPEC_FILES
 
 import tfgraph
-from tfgraph.exporters.diagram import diagram_source
+from tfgraph.exporters.diagram.draw import diagram_source
 
 GOLDEN = ROOT / "tests" / "golden"
 LEVELS = ("model", "layer")

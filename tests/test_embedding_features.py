@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 
 def _spec(arch: str = "decoder-only", **embedding: Any) -> Spec:
@@ -132,8 +132,8 @@ def test_run_feeds_token_type_ids_to_a_built_onnx_file(tmp_path: Any) -> None:
     from click.testing import CliRunner
 
     from tfgraph.cli import main
-    from tfgraph.exporters.onnx_model import write_onnx
-    from tfgraph.loader import load_spec
+    from tfgraph.exporters.onnx.model import write_onnx
+    from tfgraph.spec.loader import load_spec
 
     root = Path(__file__).resolve().parent.parent
     path = Path(str(tmp_path)) / "bert.onnx"

@@ -24,12 +24,12 @@ from test_diagram import require_binary, svg_texts
 import tfgraph
 from tfgraph.commands.compare import render_table
 from tfgraph.commands.report import render
-from tfgraph.compare import compare
-from tfgraph.exporters.compare_page import html_page, markdown_page, md_link, md_text
-from tfgraph.exporters.compare_plot import write_compare_plot
-from tfgraph.exporters.diagram import diagram_source
-from tfgraph.ir import B, S, Graph, NodeMeta
-from tfgraph.loader import load_spec
+from tfgraph.passes.compare import compare
+from tfgraph.exporters.compare.page import html_page, markdown_page, md_link, md_text
+from tfgraph.exporters.compare.plot import write_compare_plot
+from tfgraph.exporters.diagram.draw import diagram_source
+from tfgraph.graph.ir import B, S, Graph, NodeMeta
+from tfgraph.spec.loader import load_spec
 from tfgraph.terminal import printable
 
 HOSTILE = [
@@ -51,7 +51,7 @@ ALL = " ".join(HOSTILE)
 CASES = [*HOSTILE, ALL]
 
 
-def hostile_graph(name: str, spec: str = "tiny-seq2seq.yaml") -> tfgraph.ir.Graph:
+def hostile_graph(name: str, spec: str = "tiny-seq2seq.yaml") -> tfgraph.graph.ir.Graph:
     """A compiled spec whose name and description are ``name`` (not re-validated)."""
     loaded = load_spec(ROOT / "specs" / spec)
     return tfgraph.compile(loaded.model_copy(update={"name": name, "description": name}))

@@ -13,14 +13,14 @@ from types import ModuleType
 from typing import Any
 
 import tfgraph
-from tfgraph.compare import compare
+from tfgraph.passes.compare import compare
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "compare-variants"
 SCRIPT = EXAMPLE / "compare.py"
 
 
 def _script() -> ModuleType:
-    """The example script as a module (its name would clash with tfgraph.compare)."""
+    """The example script as a module (its name would clash with tfgraph.passes.compare)."""
     spec = importlib.util.spec_from_file_location("compare_variants_example", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

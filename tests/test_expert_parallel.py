@@ -1,4 +1,4 @@
-"""Expert parallelism (``parallelize(..., ep=N)``, exporters/torch_expert_parallel.py) under
+"""Expert parallelism (``parallelize(..., ep=N)``, exporters/torch/expert_parallel.py) under
 torchrun with 2 and 4 CPU processes (gloo) on tiny-moe (8 SwiGLU experts, top-2):
 
 - training with ``--strategy fsdp --ep N`` gives the one-process losses (same global batch,
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.exporters.torch_ops import TORCH_OPS
+from tfgraph.exporters.torch.ops import TORCH_OPS
 from tfgraph.parallel.gpus import gpu
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.planner import plan

@@ -12,9 +12,9 @@ import pytest
 import sympy
 
 import tfgraph
-from tfgraph.formulas import D, L, V, spec_formulas
-from tfgraph.ir import B, S
-from tfgraph.spec import Spec
+from tfgraph.passes.formulas import D, L, V, spec_formulas
+from tfgraph.graph.ir import B, S
+from tfgraph.spec.schema import Spec
 
 from conftest import ROOT
 

@@ -32,7 +32,7 @@ import tfgraph
 from tfgraph.cli import main
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
-from tfgraph.exporters.onnx_model import write_onnx
+from tfgraph.exporters.onnx.model import write_onnx
 from tfgraph.commands.steppers import stepper_for
 from tfgraph.generation.beams import beam_search
 from tfgraph.generation.loop import generate, left_pad

@@ -11,8 +11,8 @@ import sympy
 
 import tfgraph
 from tfgraph.errors import TfgraphError
-from tfgraph.formulas import size_symbols
-from tfgraph.graph_json import FORMAT, write_graph_json
+from tfgraph.passes.formulas import size_symbols
+from tfgraph.graph.serialize import FORMAT, write_graph_json
 
 from conftest import ROOT
 

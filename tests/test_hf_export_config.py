@@ -17,7 +17,7 @@ import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.hf import spec_from_config
 from tfgraph.hf.export_config import ARCHITECTURES, PREFERENCE, HFExport, hf_config
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 from test_hf_families import CASES
 

@@ -32,7 +32,7 @@ import tfgraph
 from tfgraph.cli import main
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 from parity_support import check, randomize
 
@@ -219,7 +219,7 @@ def test_family_matches_hugging_face(family: str, tmp_path: Path) -> None:
     ours = to_torch(graph, weights=weights).eval()
     with torch.no_grad():
         check(ours(*feeds.values()), expected)
-    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.exporters.onnx.model import to_onnx
 
     model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

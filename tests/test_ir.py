@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from tfgraph.ir import B, S, Graph, LoweringError, TensorType
+from tfgraph.graph.ir import B, S, Graph, LoweringError, TensorType
 
 
 def tiny_mlp() -> Graph:
@@ -142,7 +142,7 @@ def test_nx_graph_view_is_read_only():
 
 def _compiled(name: str = "tiny-decoder.yaml"):  # type: ignore[no-untyped-def]
     import tfgraph
-    from tfgraph.loader import load_spec
+    from tfgraph.spec.loader import load_spec
 
     from conftest import ROOT, small
 
@@ -150,11 +150,11 @@ def _compiled(name: str = "tiny-decoder.yaml"):  # type: ignore[no-untyped-def]
 
 
 def test_report_and_plan_follow_a_node_added_after_compile():
-    """graph.report() and tfgraph.plan.plan(graph) are memoised on the graph; a node added
+    """graph.report() and tfgraph.passes.liveness.plan(graph) are memoised on the graph; a node added
     through the Graph API must invalidate them. Catches a cache that is not cleared on
     ``add`` / ``param`` (the second report would repeat the first one's numbers)."""
-    from tfgraph.ir import NodeMeta
-    from tfgraph.plan import plan
+    from tfgraph.graph.ir import NodeMeta
+    from tfgraph.passes.liveness import plan
 
     g = _compiled()
     before, plan_before = g.report(batch=2, seq=8), plan(g)
@@ -181,7 +181,7 @@ def test_plan_follows_a_new_output():
     """An existing node made a graph output must live to the end of the walk (and count in
     the activation peak); the memoised plan of before must not be reused. Catches
     ``set_output`` not invalidating the memo."""
-    from tfgraph.plan import END, plan
+    from tfgraph.passes.liveness import END, plan
 
     name = "decoder.layers.0.ffn.up"
     g = _compiled()
@@ -229,7 +229,7 @@ def test_param_with_int_dimensions_has_sympy_shape():
 
 
 def test_node_meta_in_layer_keeps_every_other_field():
-    from tfgraph.ir import NodeMeta
+    from tfgraph.graph.ir import NodeMeta
 
     meta = NodeMeta("layer", "decoder", 3, "ffn", "up", "decoder.layers.3.ffn")
     assert meta.in_layer(0) == NodeMeta("layer", "decoder", 0, "ffn", "up",
@@ -237,7 +237,7 @@ def test_node_meta_in_layer_keeps_every_other_field():
 
 
 def test_builders_read_dimension_names_as_the_irs_symbols():
-    from tfgraph.tensor import P
+    from tfgraph.graph.tensor import P
 
     g = Graph("names")
     g.input("attention_mask", ("B", "P + S"))

@@ -23,7 +23,7 @@ import torch
 
 import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -1,4 +1,4 @@
-"""One rule for lengths beyond ``max_len`` (tfgraph.lengths; README, "Lengths beyond max_len"):
+"""One rule for lengths beyond ``max_len`` (tfgraph.graph.lengths; README, "Lengths beyond max_len"):
 learned positions refuse a longer sequence (one line, exit 2), every other kind runs there with
 one warning (one ``note:`` line and exit 0 in a command, a BeyondMaxLenWarning in Python) and
 its figures are the in-range formulas evaluated at that length: in report, run, draw, plan,
@@ -20,16 +20,16 @@ from click.testing import Result
 
 import tfgraph
 from tfgraph.cli import main
-from tfgraph.compare import compare, measure, per_token, table_notes, table_rows
+from tfgraph.passes.compare import compare, measure, per_token, table_notes, table_rows
 from tfgraph.errors import TfgraphError
-from tfgraph.figures import symbolic
-from tfgraph.ir import SYMBOLS
-from tfgraph.lengths import BeyondMaxLenWarning, Lengths, check_lengths, notes
+from tfgraph.passes.figures import symbolic
+from tfgraph.graph.ir import SYMBOLS
+from tfgraph.graph.lengths import BeyondMaxLenWarning, Lengths, check_lengths, notes
 from tfgraph.parallel.gpus import gpu
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.planner import plan
-from tfgraph.report import build_report
-from tfgraph.spec import Spec
+from tfgraph.passes.report import build_report
+from tfgraph.spec.schema import Spec
 
 from conftest import ROOT
 from test_cli_validate import runner  # stderr kept apart from stdout on every click
@@ -212,7 +212,7 @@ def test_run_prompt_is_a_length_too(tmp_path: Path) -> None:
     stored spec says max_len)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from tfgraph.exporters.onnx_model import write_onnx
+    from tfgraph.exporters.onnx.model import write_onnx
 
     for spec, words, expect in ((LEARNED, 65, 2), (ROTARY, 130, 0)):
         folder = tmp_path / spec.stem

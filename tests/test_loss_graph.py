@@ -1,5 +1,5 @@
 """The loss node: ``tfgraph.compile(spec, loss=True)`` ends the graph with the token
-cross-entropy (tfgraph.ops_loss); its costs, and its torch and ONNX lowerings against
+cross-entropy (tfgraph.graph.ops_loss); its costs, and its torch and ONNX lowerings against
 ``F.cross_entropy`` on the ordinary module's logits."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import tfgraph
-from tfgraph.cost import op_costs
+from tfgraph.passes.cost import op_costs
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
-from tfgraph.ir import B, S, T
-from tfgraph.loader import load_spec
+from tfgraph.graph.ir import B, S, T
+from tfgraph.spec.loader import load_spec
 
 from conftest import ROOT, small
 from test_torch_module import make_ids
@@ -81,7 +81,7 @@ def test_cross_entropy_saves_what_the_op_table_says(dtype: torch.dtype) -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        tfgraph.exporters.torch_functional.cross_entropy(logits, labels)
+        tfgraph.exporters.torch.functional.cross_entropy(logits, labels)
     assert sum(seen.values()) == 4 * batch * length * vocab + 8 * batch * length + 4
 
 
@@ -130,7 +130,7 @@ def test_onnx_loss_equals_torch(name: str) -> None:
 
 
 def test_torch_source_writes_the_loss() -> None:
-    from tfgraph.exporters.torch_source import generate_source
+    from tfgraph.exporters.torch.source import generate_source
 
     graph = tfgraph.compile(small(load_spec(ROOT / "specs" / "tiny-decoder.yaml")), loss=True)
     source = generate_source(graph)

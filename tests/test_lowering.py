@@ -11,8 +11,8 @@ import pydantic
 import pytest
 
 import tfgraph
-from tfgraph.ir import SYMBOLS, Graph
-from tfgraph.spec import Spec
+from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.spec.schema import Spec
 
 from conftest import SPEC_FILES
 from param_names import expected_params

@@ -14,7 +14,7 @@ import torch
 
 import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 
 def _spec(max_len: int, arch: str = "decoder-only") -> Spec:

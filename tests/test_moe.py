@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 import tfgraph
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 from parity_support import check_against, llama_family_config, llama_family_weights, randomize, tiny
 
@@ -234,7 +234,7 @@ def test_deepseek_v3_sized_spec_is_near_671b_total_and_37b_active() -> None:
 
 
 def test_compare_shows_total_and_active_side_by_side() -> None:
-    from tfgraph.compare import compare, table_rows
+    from tfgraph.passes.compare import compare, table_rows
 
     graphs = [tfgraph.compile(ROOT / "specs" / f"{n}.yaml") for n in ("mixtral-8x7b",
                                                                        "mistral-7b")]

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 import tfgraph
 from tfgraph.cli import main
-from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY, to_onnx, write_onnx
-from tfgraph.loader import load_spec
-from tfgraph.spec import Spec
+from tfgraph.exporters.onnx.model import SPEC_METADATA_KEY, to_onnx, write_onnx
+from tfgraph.spec.loader import load_spec
+from tfgraph.spec.schema import Spec
 from tfgraph.terminal import printable
 
 HOSTILE = ("q\"uote' back\\slash\nnew\u2028line\u2029para ]; node [ label=\"x\" <script>alert(1)"

@@ -13,13 +13,13 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 import tfgraph
-from tfgraph import cost
+from tfgraph.passes import cost
 from tfgraph.errors import TfgraphError
-from tfgraph.exporters import onnx_model
-from tfgraph.exporters.onnx_model import ONNX_OPS, to_onnx, write_onnx
-from tfgraph.ops import OPS
-from tfgraph.spec import Spec
-from tfgraph.weights import generate
+from tfgraph.exporters.onnx import model as onnx_model
+from tfgraph.exporters.onnx.model import ONNX_OPS, to_onnx, write_onnx
+from tfgraph.graph.ops import OPS
+from tfgraph.spec.schema import Spec
+from tfgraph.graph.weights import generate
 
 from onnx_support import feeds_for, float32_twin
 

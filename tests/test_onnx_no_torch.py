@@ -23,7 +23,7 @@ import json, sys
 import numpy as np
 import tfgraph
 from tfgraph.exporters import to_onnx
-from tfgraph.exporters import onnx_runtime as rt
+from tfgraph.exporters.onnx import runtime as rt
 graph = tfgraph.compile({str(ROOT / "specs" / "tiny-llama.yaml")!r})
 model = to_onnx(graph, seed=1)
 session, ran, why = rt.create_session(model.SerializeToString(), "auto")
@@ -40,7 +40,7 @@ def test_cli_build_to_onnx_with_weights_leaves_torch_unimported(tmp_path: Path) 
     code = f"""
 import json, sys
 import tfgraph
-from tfgraph.weights import generate, save_weights
+from tfgraph.graph.weights import generate, save_weights
 from tfgraph.cli import main
 spec = {str(ROOT / "specs" / "tiny.yaml")!r}
 save_weights(generate(tfgraph.compile(spec), 3), "w.safetensors")

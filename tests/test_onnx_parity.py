@@ -18,8 +18,8 @@ import torch
 
 import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
-from tfgraph.spec import Spec
-from tfgraph.weights import generate
+from tfgraph.spec.schema import Spec
+from tfgraph.graph.weights import generate
 
 from onnx_support import feeds_for, float32_twin
 
@@ -77,7 +77,7 @@ def test_state_dict_round_trip_and_same_seed(small_spec: Spec) -> None:
 def test_float16_model_matches_torch_in_float16() -> None:
     """The fp16 spec in its own dtype: both back ends round every activation to fp16, so the
     bound is a few fp16 ulps at |logit| ~ 1 (2^-10 each), not float32's 1e-4."""
-    from tfgraph.loader import load_spec
+    from tfgraph.spec.loader import load_spec
 
     from conftest import ROOT, small
 
@@ -99,7 +99,7 @@ def test_vaswani_specs_match_stock_nn_transformer(name: str) -> None:
     (benchmarks/transformer_peer.py, the same model the ONNX benchmarks compare against)."""
     import importlib.util
 
-    from tfgraph.loader import load_spec
+    from tfgraph.spec.loader import load_spec
 
     from conftest import ROOT, small
 

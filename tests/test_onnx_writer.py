@@ -1,4 +1,4 @@
-"""The streaming ONNX writer (``exporters/onnx_writer.py``): the file it writes is the model
+"""The streaming ONNX writer (``exporters/onnx/writer.py``): the file it writes is the model
 ``to_onnx`` builds in memory, for every spec of the library, in one file or with external data;
 and its protobuf framing helpers encode exactly as protobuf itself does.
 """
@@ -15,10 +15,11 @@ import pytest
 from onnx import GraphProto, ModelProto, TensorProto, numpy_helper
 
 import tfgraph
-from tfgraph.exporters import onnx_model, onnx_writer
-from tfgraph.exporters.onnx_model import to_onnx, write_onnx
-from tfgraph.exporters.onnx_tensors import make_initializer, numpy_dtype, tensor_header
-from tfgraph.spec import Spec
+from tfgraph.exporters.onnx import model as onnx_model
+from tfgraph.exporters.onnx import writer as onnx_writer
+from tfgraph.exporters.onnx.model import to_onnx, write_onnx
+from tfgraph.exporters.onnx.tensors import make_initializer, numpy_dtype, tensor_header
+from tfgraph.spec.schema import Spec
 
 
 def _same_initializers(got: list[TensorProto], want: list[TensorProto]) -> None:
@@ -196,8 +197,8 @@ def test_numpy_dtype_is_a_dtype_with_the_spec_byte_width(dtype: str) -> None:
     """Catches numpy_dtype returning ml_dtypes' scalar *type* for bfloat16, whose
     ``itemsize`` is a class descriptor: write_memory_bytes then raised TypeError and
     ``write_onnx`` / ``tfgraph build --to onnx`` failed on every bfloat16 spec."""
-    from tfgraph.exporters.onnx_weights import write_memory_bytes
-    from tfgraph.ir import DTYPE_BYTES
+    from tfgraph.exporters.onnx.weights import write_memory_bytes
+    from tfgraph.graph.ir import DTYPE_BYTES
 
     assert numpy_dtype(dtype).itemsize == DTYPE_BYTES[dtype]
     spec = Spec.model_validate({"name": "s", "arch": "decoder-only", "d_model": 8, "layers": 1,

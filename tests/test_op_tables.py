@@ -25,27 +25,27 @@ import pytest
 import sympy
 
 import tfgraph
-from tfgraph.ir import Graph, LoweringError
-from tfgraph.ops import OPS, Attr, OpDef, SequenceRule, TpRule
+from tfgraph.graph.ir import Graph, LoweringError
+from tfgraph.graph.ops import OPS, Attr, OpDef, SequenceRule, TpRule
 
-OP_MODULES = ("tfgraph.ops", "tfgraph.ops_loss", "tfgraph.ops_moe")
+OP_MODULES = ("tfgraph.graph.ops", "tfgraph.graph.ops_loss", "tfgraph.graph.ops_moe")
 """Where op facts live (``OPS``, ``NORM_DOCS``, ``NORM_TITLES``, ... are allowed here)."""
 
 # A back end's own row per op: "module.NAME" -> ops it need not cover, with why.
 FULL_TABLES: dict[str, frozenset[str]] = {
-    "tfgraph.exporters.torch_ops.TORCH_OPS": frozenset(),  # the torch module's kernels
+    "tfgraph.exporters.torch.ops.TORCH_OPS": frozenset(),  # the torch module's kernels
     # model.py's templates: KV-cache ops run only in the module's cached steppers
-    "tfgraph.exporters.torch_ops.TORCH_SOURCE": frozenset({"kv_concat", "attention_cached"}),
-    "tfgraph.exporters.onnx_ops.ONNX_OPS": frozenset(),  # the ONNX emitters
+    "tfgraph.exporters.torch.ops.TORCH_SOURCE": frozenset({"kv_concat", "attention_cached"}),
+    "tfgraph.exporters.onnx.ops.ONNX_OPS": frozenset(),  # the ONNX emitters
 }
 PARTIAL_TABLES: dict[str, str] = {
-    "tfgraph.exporters.torch_ops.TORCH_INPLACE": "the in-place forms of the ops that have one",
-    "tfgraph.exporters.onnx_moe.MOE_EMITTERS": "ONNX_OPS' mixture-of-experts rows "
+    "tfgraph.exporters.torch.ops.TORCH_INPLACE": "the in-place forms of the ops that have one",
+    "tfgraph.exporters.onnx.moe.MOE_EMITTERS": "ONNX_OPS' mixture-of-experts rows "
                                                "(merged into it)",
 }
 DERIVED: dict[str, Callable[[OpDef], bool]] = {
     # collections of op names computed from OpDef (checked equal to what OpDef says)
-    "tfgraph.exporters.torch_ops.NORM_OPS": lambda d: d.category == "norm",
+    "tfgraph.exporters.torch.ops.NORM_OPS": lambda d: d.category == "norm",
     "tfgraph.parallel.sequence_plan.ELEMENTWISE_OPS": lambda d: d.sequence == "elementwise",
 }
 NOT_OP_KEYED: dict[str, str] = {
@@ -129,23 +129,24 @@ def test_no_side_tables() -> None:
 
 
 def test_checker_reports_a_removed_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfgraph.exporters import onnx_ops, torch_ops
+    from tfgraph.exporters.onnx import ops as onnx_ops
 
+    from tfgraph.exporters.torch import ops as torch_ops
     monkeypatch.delitem(torch_ops.TORCH_OPS, "relu")
     monkeypatch.delitem(onnx_ops.ONNX_OPS, "rope")
-    assert missing_rows() == ["tfgraph.exporters.torch_ops.TORCH_OPS: no row for relu",
-                              "tfgraph.exporters.onnx_ops.ONNX_OPS: no row for rope"]
+    assert missing_rows() == ["tfgraph.exporters.torch.ops.TORCH_OPS: no row for relu",
+                              "tfgraph.exporters.onnx.ops.ONNX_OPS: no row for rope"]
 
 
 def test_checker_reports_a_new_side_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfgraph.exporters import diagram_labels
+    from tfgraph.exporters.diagram import labels as diagram_labels
     from tfgraph.parallel import placement
 
     monkeypatch.setattr(placement, "_FOLLOWS", ("rope", "add", "mul"), raising=False)
     monkeypatch.setattr(diagram_labels, "POSITION_TEXT",
                         {"positions_sinusoidal": "", "positions_learned": "",
                          "relative_bias": ""}, raising=False)
-    assert side_tables() == ["tfgraph.exporters.diagram_labels.POSITION_TEXT",
+    assert side_tables() == ["tfgraph.exporters.diagram.labels.POSITION_TEXT",
                              "tfgraph.parallel.placement._FOLLOWS"]
 
 
@@ -182,7 +183,7 @@ def test_opdef_fields_filled() -> None:
 
 
 def test_position_kinds_have_records() -> None:
-    from tfgraph.spec import POSITION_KINDS, Positions
+    from tfgraph.spec.schema import POSITION_KINDS, Positions
 
     assert set(POSITION_KINDS) == set(get_args(Positions))
     for kind, record in POSITION_KINDS.items():
@@ -234,12 +235,12 @@ def test_a_new_score_bias_op_needs_only_its_opdef(monkeypatch: pytest.MonkeyPatc
     """Registering a score-bias op's OpDef is enough for the training walk (no gradient into
     the operand it reads for its length), tensor parallelism's refusals (parallelize and
     model.py) and the attribute check; nothing else names it."""
-    from tfgraph.exporters.torch_parallel import _check_tensor_parallel
-    from tfgraph.exporters.torch_source_parallel import _refusals
+    from tfgraph.exporters.torch.parallel import _check_tensor_parallel
+    from tfgraph.exporters.torch.source_parallel import _refusals
     from tfgraph.errors import TfgraphError
     from tfgraph.parallel.tp_plan import tp_plan
-    from tfgraph.tensor import TensorType
-    from tfgraph.train_walk import _grad_inputs
+    from tfgraph.graph.tensor import TensorType
+    from tfgraph.passes.train_walk import _grad_inputs
 
     def infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
         return TensorType((attrs["heads"], ins[0].shape[1], ins[0].shape[1]), ins[0].dtype)

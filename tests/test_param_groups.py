@@ -15,8 +15,8 @@ from rich.console import Console
 import tfgraph
 from tfgraph.commands.compare import render_table
 from tfgraph.commands.report import render
-from tfgraph.compare import compare, human_count
-from tfgraph.param_groups import kind_title, params_by_kind
+from tfgraph.passes.compare import compare, human_count
+from tfgraph.passes.param_groups import kind_title, params_by_kind
 
 # decoder-only (learned positions, biases), encoder-decoder, mixture of experts, a parallel
 # residual with one shared norm (GPT-J), sandwich norms (Gemma 2), BART's embedding norms,
@@ -26,7 +26,7 @@ SPECS = ("tiny-decoder.yaml", "tiny-seq2seq.yaml", "tiny-moe.yaml", "tiny-gptj.y
 
 
 @pytest.fixture(scope="module")
-def graphs() -> list[tfgraph.ir.Graph]:
+def graphs() -> list[tfgraph.graph.ir.Graph]:
     return [tfgraph.compile(ROOT / "specs" / name) for name in SPECS]
 
 

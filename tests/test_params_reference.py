@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 import tfgraph
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 from conftest import ROOT
 

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 from parity_support import (ATOL, check_against, llama_family_config, llama_family_weights,
                             randomize, tiny)
@@ -146,7 +146,7 @@ def test_hf_t5_relative_position_bias() -> None:
     """T5: bucketed relative position bias (bidirectional in the encoder, causal in the
     decoder, shared by a stack's layers), unscaled scores, tied head scaled by d^-0.5.
     Catches the bias left out, its buckets wrong in either direction, and a scaled score."""
-    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.exporters.onnx.model import to_onnx
 
     ort = pytest.importorskip("onnxruntime")
     spec = tiny("tiny-t5.yaml")

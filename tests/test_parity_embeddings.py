@@ -20,7 +20,7 @@ from torch import Tensor
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 from parity_support import check, randomize, tiny
 
@@ -38,7 +38,7 @@ def _check(spec: Spec, weights: dict[str, Tensor], params: int, feeds: dict[str,
            expected: Tensor) -> None:
     """tfgraph with ``weights``: ``params`` parameters, and ``expected`` from ``feeds`` (every
     graph input by name) through to_torch and through ONNX at opsets 23 and 17."""
-    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.exporters.onnx.model import to_onnx
 
     graph = tfgraph.compile(spec)
     assert graph.report()["params"] == params
@@ -176,7 +176,7 @@ def test_generated_model_py_defaults_token_type_ids(tmp_path: object) -> None:
     import importlib.util
     from pathlib import Path
 
-    from tfgraph.exporters.torch_folder import write_torch_folder
+    from tfgraph.exporters.torch.folder import write_torch_folder
 
     spec = tiny("tiny-bert.yaml")
     graph = tfgraph.compile(spec)
@@ -283,7 +283,7 @@ def test_marian_matches_hugging_face() -> None:
 
 def test_split_sinusoids_match_marian_for_odd_widths() -> None:
     """HF's table for odd d: ceil(d/2) sines, then floor(d/2) cosines."""
-    from tfgraph.exporters.torch_functional import sinusoidal_positions
+    from tfgraph.exporters.torch.functional import sinusoidal_positions
     from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
     for d in (7, 8):

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 from parity_support import (ATOL, check_against, llama_family_config, llama_family_weights,
                             neox_weights, randomize, tiny)

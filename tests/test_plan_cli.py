@@ -20,7 +20,7 @@ from test_cli_validate import runner  # stderr kept apart from stdout on every c
 import tfgraph
 from tfgraph.cli import main
 from tfgraph.commands.plan_tables import render_plan, render_search
-from tfgraph.loader import load_spec
+from tfgraph.spec.loader import load_spec
 from tfgraph.parallel.gpus import GB, GIB, GPUS, gpu
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.planner import plan, stages

@@ -162,9 +162,9 @@ def test_distributed_optimizer_6_plus_12_over_d(graph) -> None:
                                   "tiny-bart", "tiny-bf16"])
 def test_single_rank_activations_equal_the_training_walk(name: str) -> None:
     """One GPU, no pipeline: the planner's activations are the bytes the training walk
-    (tfgraph.train_walk, checked against a real step in test_train_memory.py) saves."""
-    from tfgraph.ir import SYMBOLS
-    from tfgraph.train_walk import saved_by_layer
+    (tfgraph.passes.train_walk, checked against a real step in test_train_memory.py) saves."""
+    from tfgraph.graph.ir import SYMBOLS
+    from tfgraph.passes.train_walk import saved_by_layer
 
     g = tfgraph.compile(tfgraph.load_spec(f"specs/{name}.yaml"), loss=True)
     result = plan(g, Layout(seq=16, micro_batch=3, global_batch=3), gpu("h100"))

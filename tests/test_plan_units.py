@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import tfgraph
-from tfgraph.ops import OPS
+from tfgraph.graph.ops import OPS
 from tfgraph.parallel.units import _kept_as, _resolve, _split, sequence_plan, units
 
 from conftest import ROOT

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -65,7 +65,7 @@ def test_reference_documents_every_field_and_choice() -> None:
 
 
 def test_reference_states_the_bounds_of_spec_py() -> None:
-    from tfgraph import spec
+    from tfgraph.spec import schema as spec
 
     for bound in (spec.MAX_D_MODEL, spec.MAX_LAYERS, spec.MAX_VOCAB, spec.MAX_HEADS,
                   spec.MAX_HIDDEN, spec.MAX_LEN):

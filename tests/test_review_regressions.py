@@ -64,7 +64,7 @@ def test_weights_in_flight_stay_within_the_lookahead_budget(
     import threading
 
     import tfgraph
-    from tfgraph.exporters import onnx_model
+    from tfgraph.exporters.onnx import model as onnx_model
 
     graph = tfgraph.compile(tfgraph.load_spec(TINY))
     largest = max(4 * math.prod(p.attrs["shape"]) for p in graph.params())

@@ -1,5 +1,5 @@
 """The rotary knobs, norm.unit_offset and geglu_tanh below the parity tests: spec rules and
-derived defaults, the scaled frequencies of tfgraph.rope against transformers' own functions,
+derived defaults, the scaled frequencies of tfgraph.graph.rope against transformers' own functions,
 the accounting (FLOPs of partial rotation, the +1 of unit-offset gains), the graph attributes
 and the ONNX form (initializers untouched, opset 23 and 17)."""
 
@@ -13,10 +13,10 @@ import pydantic
 import pytest
 
 import tfgraph
-from tfgraph.cost import op_costs
-from tfgraph.ir import B, S
-from tfgraph.rope import base_frequencies, scaled_frequencies
-from tfgraph.spec import Spec
+from tfgraph.passes.cost import op_costs
+from tfgraph.graph.ir import B, S
+from tfgraph.graph.rope import base_frequencies, scaled_frequencies
+from tfgraph.spec.schema import Spec
 
 
 def make(embedding: dict[str, Any] | None = None, **over: Any) -> Spec:
@@ -201,7 +201,7 @@ def test_unit_offset_onnx_keeps_the_stored_gain_and_adds_one(kind: str, opset: i
     import torch
 
     from tfgraph.exporters import to_torch
-    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.exporters.onnx.model import to_onnx
 
     spec = make(norm={"kind": kind, "position": "pre", "unit_offset": True},
                 ffn={"activation": "geglu_tanh", "hidden": 40})
@@ -234,12 +234,12 @@ def test_geglu_tanh_lowers_to_a_gated_tanh_gelu() -> None:
 
 
 def test_formulas_write_partial_rotation_as_a_share_of_head_dim() -> None:
-    """The symbolic twin (tfgraph.formulas) rotates rd = hd/4 channels: every figure is
+    """The symbolic twin (tfgraph.passes.formulas) rotates rd = hd/4 channels: every figure is
     verified against the numbers, and q and k rotate 2 * 3 * B*S*h*(3/4)hd fewer elements
     than with whole heads, with head_dim derived (hd = d/h) and explicit."""
     import sympy
 
-    from tfgraph.formulas import D, H, HD, L, spec_formulas
+    from tfgraph.passes.formulas import D, H, HD, L, spec_formulas
 
     for attention, hd in (({"heads": 4}, D / H), ({"heads": 4, "head_dim": 24}, HD)):
         figures = []

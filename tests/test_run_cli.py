@@ -13,8 +13,8 @@ from onnx import TensorProto, helper
 import tfgraph
 from tfgraph.cli import main
 from tfgraph.errors import TfgraphError
-from tfgraph.exporters import onnx_runtime as rt
-from tfgraph.exporters.onnx_model import write_onnx
+from tfgraph.exporters.onnx import runtime as rt
+from tfgraph.exporters.onnx.model import write_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
@@ -145,7 +145,7 @@ def test_run_spec_over_the_protobuf_limit_goes_through_external_data(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Specs whose weights pass ~1.8 GB are written to a temporary .onnx + .data pair first
     (a threshold of 0 bytes sends the tiny spec down that path)."""
-    from tfgraph.exporters import onnx_model
+    from tfgraph.exporters.onnx import model as onnx_model
 
     monkeypatch.setattr(onnx_model, "EXTERNAL_DATA_THRESHOLD", 0)
     result = cli("run", str(SPECS / "tiny-seq2seq.yaml"), "--seq", "5", "--repeat", "1",

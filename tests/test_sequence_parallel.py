@@ -285,7 +285,7 @@ def test_sp_needs_tensor_parallelism() -> None:
 
 
 def test_cached_graphs_are_refused() -> None:
-    from tfgraph.exporters.torch_sequence_parallel import sequence_parallel_plan
+    from tfgraph.exporters.torch.sequence_parallel import sequence_parallel_plan
 
     graph = tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["llama"]), cache=True)
     with pytest.raises(TfgraphError, match="full-sequence graphs .training.; this graph "
@@ -300,7 +300,7 @@ def test_the_plan_of_a_pre_norm_decoder() -> None:
     gate, up and the vocabulary-split head read them all-gathered; o and down reduce-scatter;
     attention, rotary and the SwiGLU product run on whole sequences (split by heads or
     hidden units) and are left as tensor parallelism has them."""
-    from tfgraph.exporters.torch_sequence_parallel import sequence_parallel_plan
+    from tfgraph.exporters.torch.sequence_parallel import sequence_parallel_plan
 
     plan = sequence_parallel_plan(tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["llama"])))
     layer = "decoder.layers.0"
@@ -320,7 +320,7 @@ def test_the_plan_of_a_pre_norm_decoder() -> None:
 def test_the_plan_of_learned_positions_and_a_tied_head() -> None:
     """tiny-opt: positions are added to the rank's rows; the tied (replicated) head reads the
     final norm all-gathered."""
-    from tfgraph.exporters.torch_sequence_parallel import sequence_parallel_plan
+    from tfgraph.exporters.torch.sequence_parallel import sequence_parallel_plan
 
     plan = sequence_parallel_plan(tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["opt"])))
     assert plan.kind["decoder.embed.positions"] == "positions"

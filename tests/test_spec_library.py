@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel
 
 from tfgraph import Spec, load_spec
-from tfgraph.spec import GATED_ACTIVATIONS, StackLayers, Vocabularies
+from tfgraph.spec.schema import GATED_ACTIVATIONS, StackLayers, Vocabularies
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_FILES = sorted((ROOT / "specs").glob("*.yaml"))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tfgraph import Spec, dump_spec, load_spec, parse_spec
 from tfgraph.errors import SpecError, TfgraphError
-from tfgraph.safe_yaml import MAX_BYTES, MAX_VALUES
+from tfgraph.spec.safe_yaml import MAX_BYTES, MAX_VALUES
 
 SPEC_FILES = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.yaml"))
 
@@ -353,7 +353,7 @@ def test_mutated_valid_specs_never_crash(base, edits) -> None:
 
 
 def test_shared_sub_models_do_not_leak_derived_values_between_specs() -> None:
-    from tfgraph.spec import Attention
+    from tfgraph.spec.schema import Attention
 
     shared = Attention(heads=4)
     common = dict(arch="decoder-only", layers=1, vocab=10, attention=shared)

@@ -10,13 +10,13 @@ import torch
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.loader import load_spec
+from tfgraph.spec.loader import load_spec
 
 from conftest import ROOT, small
 from test_torch_module import make_ids
 
 
-def _graph(name: str, max_layers: int = 2) -> tfgraph.ir.Graph:
+def _graph(name: str, max_layers: int = 2) -> tfgraph.graph.ir.Graph:
     return tfgraph.compile(small(load_spec(ROOT / "specs" / name), max_layers=max_layers))
 
 

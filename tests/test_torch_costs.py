@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 from parity_support import saved_storages
 from test_torch_module import make_ids

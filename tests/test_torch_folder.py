@@ -18,9 +18,9 @@ from safetensors.torch import load_file, save_file
 import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
-from tfgraph.exporters.torch_folder import write_torch_folder
-from tfgraph.loader import load_spec, parse_spec
-from tfgraph.weights import generate, load_weights
+from tfgraph.exporters.torch.folder import write_torch_folder
+from tfgraph.spec.loader import load_spec, parse_spec
+from tfgraph.graph.weights import generate, load_weights
 
 from conftest import ROOT, SPEC_FILES, small
 from test_torch_module import make_ids

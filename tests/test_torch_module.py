@@ -12,13 +12,13 @@ import torch.nn.functional as F
 import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
-from tfgraph.exporters import torch_functional as tf
-from tfgraph.exporters.torch_module import TORCH_DTYPES, TORCH_OPS
-from tfgraph.ir import Graph
-from tfgraph.loader import load_spec
-from tfgraph.ops import OPS
-from tfgraph.spec import Spec
-from tfgraph.weights import generate
+from tfgraph.exporters.torch import functional as tf
+from tfgraph.exporters.torch.module import TORCH_DTYPES, TORCH_OPS
+from tfgraph.graph.ir import Graph
+from tfgraph.spec.loader import load_spec
+from tfgraph.graph.ops import OPS
+from tfgraph.spec.schema import Spec
+from tfgraph.graph.weights import generate
 
 from conftest import ROOT, small
 from param_names import expected_params
@@ -409,7 +409,7 @@ def test_state_dict_keys_are_the_documented_names(small_spec: Spec) -> None:
     assert set(keys) == set(expected_params(small_spec))
 
 
-# ---- the module frees what the plan says (tfgraph.plan) ---------------------------------------
+# ---- the module frees what the plan says (tfgraph.passes.liveness) ---------------------------------------
 
 
 def _live_profile(module: torch.nn.Module, ids: tuple[torch.Tensor, ...]) -> dict[str, int]:
@@ -422,7 +422,7 @@ def _live_profile(module: torch.nn.Module, ids: tuple[torch.Tensor, ...]) -> dic
     Parameters are weights, not activations; the rotary tables are not graph values."""
     import sys
 
-    from tfgraph.exporters import torch_module as tm
+    from tfgraph.exporters.torch import module as tm
 
     run_code = tm._Program.run.__code__
     weights = {p.data_ptr() for p in module.parameters()}
@@ -464,7 +464,7 @@ def _live_profile(module: torch.nn.Module, ids: tuple[torch.Tensor, ...]) -> dic
 
 
 def test_the_module_holds_exactly_what_the_plan_says_is_live(small_spec: Spec) -> None:
-    """The report's activation peak walks tfgraph.plan; the module runs the same plan. With
+    """The report's activation peak walks tfgraph.passes.liveness; the module runs the same plan. With
     autograd on (no in-place writes), the activations the module holds after every op step
     are the plan's live set at that step, byte for byte, and so its peak is the report's
     (fused attention: no scratch). Catches: a slot freed late or never (a layer's output
@@ -472,9 +472,9 @@ def test_the_module_holds_exactly_what_the_plan_says_is_live(small_spec: Spec) -
     KeyError or None would surface), or a report walk that differs from the module's."""
     import sympy
 
-    from tfgraph.ir import SYMBOLS
-    from tfgraph.ops import OPS
-    from tfgraph.plan import Interpreter, Step
+    from tfgraph.graph.ir import SYMBOLS
+    from tfgraph.graph.ops import OPS
+    from tfgraph.passes.liveness import Interpreter, Step
 
     graph = tfgraph.compile(small_spec)
     batch, src, tgt = 2, 7, 5
@@ -508,7 +508,7 @@ def test_the_module_holds_exactly_what_the_plan_says_is_live(small_spec: Spec) -
 def test_the_module_class_comes_from_graph_info() -> None:
     """One class per architecture, picked from what lowering says (graph.info), never from
     the graph's input names; a loss graph's is LossModel, a hand-built graph's GraphModel."""
-    from tfgraph.exporters import torch_module as tm
+    from tfgraph.exporters.torch import module as tm
 
     cases = [("tiny-decoder.yaml", {}, tm.DecoderModel),
              ("tiny-decoder.yaml", {"cache": True}, tm.DecoderModel),

@@ -23,14 +23,14 @@ import torch
 import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
-from tfgraph.exporters.torch_folder import write_torch_folder
-from tfgraph.exporters.torch_ops import TORCH_SOURCE
-from tfgraph.exporters.torch_render_spelling import axis_of, literal, spell, value_axes
-from tfgraph.exporters.torch_source import docstring, generate_source, wrap
-from tfgraph.ir import B, S, Graph, ModuleInfo
-from tfgraph.loader import load_spec
-from tfgraph.ops import OPS
-from tfgraph.spec import Spec
+from tfgraph.exporters.torch.folder import write_torch_folder
+from tfgraph.exporters.torch.ops import TORCH_SOURCE
+from tfgraph.exporters.torch.render_spelling import axis_of, literal, spell, value_axes
+from tfgraph.exporters.torch.source import docstring, generate_source, wrap
+from tfgraph.graph.ir import B, S, Graph, ModuleInfo
+from tfgraph.spec.loader import load_spec
+from tfgraph.graph.ops import OPS
+from tfgraph.spec.schema import Spec
 
 from conftest import ROOT, SPEC_FILES, small
 from test_torch_module import make_ids
@@ -109,7 +109,7 @@ def test_generated_model_matches_to_torch(path: Path, tmp_path: Path) -> None:
 
 def test_every_op_has_a_source_template() -> None:
     """Every op of a full-sequence graph; the KV-cache graph's own ops are not rendered."""
-    from tfgraph.exporters.torch_ops import CACHE_OPS
+    from tfgraph.exporters.torch.ops import CACHE_OPS
 
     assert set(TORCH_SOURCE) == set(OPS) - CACHE_OPS, (
         f"missing: {sorted(set(OPS) - CACHE_OPS - set(TORCH_SOURCE))}, "
@@ -313,7 +313,7 @@ def test_model_py_passes_pyflakes_and_resolves_its_type_hints(path: Path, tmp_pa
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-moe", "tiny-seq2seq"])
 def test_model_without_weights_starts_from_tfgraphs_own_initial_values(
         name: str, tmp_path: Path) -> None:
-    from tfgraph.weights import generate
+    from tfgraph.graph.weights import generate
 
     graph = tfgraph.compile(small(load_spec(ROOT / "specs" / f"{name}.yaml")))
     (tmp_path / "model.py").write_text(generate_source(graph))

@@ -1,4 +1,4 @@
-"""The training step's activation memory (tfgraph.train_walk) against one real step of the
+"""The training step's activation memory (tfgraph.passes.train_walk) against one real step of the
 torch module on CPU.
 
 Measured, per spec (dense pre-norm with dropout, post-norm encoder-decoder with dropout,
@@ -28,12 +28,12 @@ from torch.utils._pytree import tree_flatten
 import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
-from tfgraph.exporters.torch_functional import cross_entropy
-from tfgraph.ir import B, S
-from tfgraph.loader import load_spec
-from tfgraph.report import sizes_for
-from tfgraph.tensor import DTYPE_BYTES
-from tfgraph.train_walk import saved_by_layer, train_peak
+from tfgraph.exporters.torch.functional import cross_entropy
+from tfgraph.graph.ir import B, S
+from tfgraph.spec.loader import load_spec
+from tfgraph.passes.report import sizes_for
+from tfgraph.graph.tensor import DTYPE_BYTES
+from tfgraph.passes.train_walk import saved_by_layer, train_peak
 
 from conftest import ROOT, small
 from parity_support import saved_storages

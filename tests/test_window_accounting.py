@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import tfgraph
-from tfgraph.loader import load_spec
-from tfgraph.spec import Spec
+from tfgraph.spec.loader import load_spec
+from tfgraph.spec.schema import Spec
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 BATCH = 2

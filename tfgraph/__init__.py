@@ -8,8 +8,8 @@ import importlib
 from typing import Any
 
 from tfgraph.compiler import compile
-from tfgraph.loader import dump_spec, load_spec, parse_spec
-from tfgraph.spec import Spec
+from tfgraph.spec.loader import dump_spec, load_spec, parse_spec
+from tfgraph.spec.schema import Spec
 from tfgraph.version import __version__
 
 __all__ = ["Spec", "__version__", "compile", "dump_spec", "generate", "load_spec", "parse_spec"]

@@ -7,7 +7,7 @@ lists it), so ``tfgraph build`` does not pay for the imports of ``run``, ``draw`
 - :class:`~tfgraph.errors.TfgraphError` (bad spec, bad argument): its one-line message on
   stderr, exit 2;
 - click usage errors: click's message on one line, exit 2;
-- a length past a spec's ``max_len`` that its positions allow (tfgraph.lengths): one
+- a length past a spec's ``max_len`` that its positions allow (tfgraph.graph.lengths): one
   ``note: ...`` line on stderr, and the command goes on;
 - anything else is a bug: ``tfgraph: internal error: ...`` on stderr, exit 1.
 
@@ -25,7 +25,7 @@ import click
 
 from tfgraph import __version__
 from tfgraph.errors import TfgraphError
-from tfgraph.lengths import notes
+from tfgraph.graph.lengths import notes
 from tfgraph.terminal import printable
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -63,7 +63,7 @@ class _Group(click.Group):
         debug = bool(ctx.params.get("debug"))
         try:
             # A length past a spec's max_len that its positions allow is one `note:` line on
-            # stderr (tfgraph.lengths), however many checks meet it.
+            # stderr (tfgraph.graph.lengths), however many checks meet it.
             with notes(lambda text: click.echo(f"note: {printable(text)}", err=True)):
                 return super().invoke(ctx)
         except TfgraphError as exc:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from tfgraph.loader import load_spec
-from tfgraph.spec import Spec
+from tfgraph.spec.loader import load_spec
+from tfgraph.spec.schema import Spec
 
 
 def load_spec_arg(path: str | os.PathLike[str]) -> Spec:

@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tfgraph.ir import Graph
-from tfgraph.lengths import check_lengths, default_seq
-from tfgraph.lower import lower
-from tfgraph.report import build_report
-from tfgraph.spec import Spec
+from tfgraph.graph.ir import Graph
+from tfgraph.graph.lengths import check_lengths, default_seq
+from tfgraph.graph.lower import lower
+from tfgraph.passes.report import build_report
+from tfgraph.spec.schema import Spec
 
 
 @contextmanager
@@ -43,10 +43,10 @@ class CompiledGraph(Graph):
 
     def report(self, batch: int = 1, seq: int | None = None, tgt_seq: int | None = None,
                fused_attention: bool = False) -> dict[str, Any]:
-        """The cost report (same dict as ``tfgraph report --json``); see tfgraph.report.
+        """The cost report (same dict as ``tfgraph report --json``); see tfgraph.passes.report.
 
         ``seq`` defaults to 128, or the spec's max_len when that is smaller (as the command).
-        Lengths past the spec's max_len follow tfgraph.lengths: a learned position table
+        Lengths past the spec's max_len follow tfgraph.graph.lengths: a learned position table
         refuses them (TfgraphError), other positions are reported there with a
         BeyondMaxLenWarning."""
         if seq is None:
@@ -66,13 +66,13 @@ def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
     encoder-decoder, ``part`` "encoder" or "decoder" says which of its two graphs.
     ``loss``: the training graph: a ``labels`` input (B, L) int64 and the token
     cross-entropy ``loss`` (a float32 scalar, the graph's only output) after the logits
-    (tfgraph.ops_loss); what ``tfgraph.train_walk`` walks.
+    (tfgraph.graph.ops_loss); what ``tfgraph.passes.train_walk`` walks.
 
-    Costs are computed lazily by ``graph.report(...)`` (tfgraph.report) and memoised on the
+    Costs are computed lazily by ``graph.report(...)`` (tfgraph.passes.report) and memoised on the
     graph until it changes.
     """
     if not isinstance(spec, Spec):
-        from tfgraph.loader import load_spec
+        from tfgraph.spec.loader import load_spec
 
         spec = load_spec(spec)
     with gc_paused():
@@ -84,10 +84,10 @@ def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
 
 def decoding_graphs(spec: Spec, cache: bool = True) -> list[CompiledGraph]:
     """The graphs a decoding loop runs (tfgraph generate): with ``cache``, a decoder's
-    KV-cache graph or an encoder-decoder's two (encoder, decoder: tfgraph.lower.cache_parts);
+    KV-cache graph or an encoder-decoder's two (encoder, decoder: tfgraph.graph.lower.cache_parts);
     else, or where there is no cache graph, the full-sequence graph. An encoder has nothing
     to decode: TfgraphError."""
-    from tfgraph.lower import cache_parts
+    from tfgraph.graph.lower import cache_parts
 
     check_decodes(spec)
     parts = cache_parts(spec) if cache else None

@@ -45,7 +45,7 @@ class SpecError(TfgraphError):
         self.line = line
         self.col = col
         self.path = path
-        # Every problem of the file, located, this one first (tfgraph.spec_errors fills it).
+        # Every problem of the file, located, this one first (tfgraph.spec.errors fills it).
         self.problems: list[SpecError] = [self]
 
     def __str__(self) -> str:

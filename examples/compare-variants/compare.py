@@ -12,7 +12,7 @@ Every variant is base.yaml with one change (same width, depth, heads and vocabul
 checks that. Then the script
   2. prints where attention-score FLOPs overtake feed-forward FLOPs per variant: the crossover
      `tfgraph compare` solves from its symbolic figures, recomputed here from the per-op FLOPs
-     of the op graph (`tfgraph.graph_json`), plus where it would be if only the scores a query
+     of the op graph (`tfgraph.graph.serialize`), plus where it would be if only the scores a query
      reads were counted (the report's `flops.causal_effective_matmul` convention),
   3. checks the memory and FLOPs claims of the pairs (GQA/MQA KV cache, sliding window),
   4. writes `tfgraph compare`'s HTML report and plot of the six specs (a subprocess, as a user
@@ -48,9 +48,9 @@ from typing import Any, Callable
 import sympy
 
 import tfgraph
-from tfgraph.compare import compare
+from tfgraph.passes.compare import compare
 from tfgraph.compiler import CompiledGraph as Graph  # what tfgraph.compile returns
-from tfgraph.graph_json import graph_dict
+from tfgraph.graph.serialize import graph_dict
 
 HERE = Path(__file__).resolve().parent
 

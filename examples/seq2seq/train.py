@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.exporters.recompute_torch import RecomputeTorch
+from tfgraph.exporters.torch.recompute import RecomputeTorch
 from tfgraph.generation.loop import generate
 
 import number_words as task  # examples/seq2seq/number_words.py, beside this script

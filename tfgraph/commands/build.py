@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 import click
 
-from tfgraph.model_source import load_source
+from tfgraph.spec.source import load_source
 from tfgraph.errors import TfgraphError
 from tfgraph.terminal import printable
-from tfgraph.ir import Graph
+from tfgraph.graph.ir import Graph
 
 # Weights above this size get a progress bar (when stderr is a terminal).
 PROGRESS_BYTES = 64 * 1024 * 1024
@@ -43,7 +43,7 @@ class Target:
 
 
 def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
-    from tfgraph.exporters.onnx_model import write_onnx
+    from tfgraph.exporters.onnx.model import write_onnx
 
     with _progress(graph, f"writing {out.name}") as advance:
         written = write_onnx(graph, out, weights=opts["weights"], seed=opts["seed"],
@@ -54,7 +54,7 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
         copy_files(opts["extra_files"], written.parent)
     if graph.info.kind == "cached" and graph.info.part is None:  # a decoder's KV-cache
         # model: onnxruntime-genai can drive it
-        from tfgraph.exporters.genai_config import write_genai_config
+        from tfgraph.exporters.onnx.genai_config import write_genai_config
 
         write_genai_config(graph, written, opts["source_config"])
     return written
@@ -66,8 +66,8 @@ def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed
     ``encoder_model.onnx`` (the source encoded once, with every decoder layer's cross-attention
     keys/values) and ``decoder_model.onnx``, plus the source folder's tokenizer files."""
     from tfgraph.compiler import compile as compile_spec
-    from tfgraph.exporters.onnx_model import write_onnx
-    from tfgraph.weights import WeightSubset
+    from tfgraph.exporters.onnx.model import write_onnx
+    from tfgraph.graph.weights import WeightSubset
 
     if out.exists() and not out.is_dir():
         raise TfgraphError(f"{out}: an encoder-decoder's KV-cache model is two files; -o names "
@@ -91,7 +91,7 @@ def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed
 
 
 def _write_torch(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
-    module = importlib.import_module("tfgraph.exporters.torch_folder")
+    module = importlib.import_module("tfgraph.exporters.torch.folder")
     with _progress(graph, f"writing {out.name}") as advance:
         return Path(module.write_torch_folder(graph, out, opts["weights"], opts["seed"],
                                               opts["extra_files"], advance))
@@ -101,7 +101,7 @@ def _write_hf(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
     from tfgraph.hf.export_config import hf_folder_facts
 
     config, names = hf_folder_facts(opts["spec"], opts["source_config"])
-    module = importlib.import_module("tfgraph.exporters.hf_folder")
+    module = importlib.import_module("tfgraph.exporters.hf.folder")
     with _progress(graph, f"writing {out.name}") as advance:
         return Path(module.write_hf_folder(graph, out, config, names, opts["weights"],
                                            opts["seed"], opts["extra_files"], advance))
@@ -109,14 +109,14 @@ def _write_hf(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
 
 def _diagram(fmt: str) -> Callable[[Graph, Path, dict[str, Any]], Path]:
     def write(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
-        module = importlib.import_module("tfgraph.exporters.diagram")
+        module = importlib.import_module("tfgraph.exporters.diagram.draw")
         return Path(module.write_diagram(graph, out, fmt, level="model"))
 
     return write
 
 
 def _write_json(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
-    module = importlib.import_module("tfgraph.graph_json")
+    module = importlib.import_module("tfgraph.graph.serialize")
     return Path(module.write_graph_json(graph, out))
 
 
@@ -136,7 +136,7 @@ class _progress:
     terminal. Writers call the function it yields once per tensor, with its bytes."""
 
     def __init__(self, graph: Graph, label: str) -> None:
-        from tfgraph.cost import weights_bytes
+        from tfgraph.passes.cost import weights_bytes
 
         self.total, self.label = weights_bytes(graph), label
         self.bar: Any = None
@@ -236,13 +236,13 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     graph = compile_spec(source.spec, cache=kv_cache and not two_models)
     values: Any = None
     if weights is not None:
-        from tfgraph.weights import load_weights
+        from tfgraph.graph.weights import load_weights
 
         values = load_weights(os.fspath(weights), graph, check_finite=check_finite)
     elif source.checkpoint is not None:
         values = source.weights(graph)
     if opset is not None:
-        from tfgraph.exporters.onnx_model import check_opset
+        from tfgraph.exporters.onnx.model import check_opset
 
         check_opset(opset)
     out = output if output is not None else how.default(graph.name)
@@ -264,7 +264,7 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
             "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
             "source_config": source.config, "spec": source.spec}
     written = how.write(graph, out, opts)
-    from tfgraph.cost import param_count
+    from tfgraph.passes.cost import param_count
 
     params = sum(param_count(p) for p in graph.params())
     details = [_human(_size(written)), f"{params:,} params"]

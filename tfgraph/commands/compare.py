@@ -1,7 +1,7 @@
 """``tfgraph compare SPEC SPEC...``: variants side by side (README, ``tfgraph compare``).
 
 Default: a rich table (spec differences, params, FLOPs and memory per length with ratios to the
-first spec, the attention/FFN crossover). ``--json``: the ``tfgraph.compare.compare`` dict.
+first spec, the attention/FFN crossover). ``--json``: the ``tfgraph.passes.compare.compare`` dict.
 ``--plot FILE.png|.svg``: FLOPs and memory against length (log-log) and a params breakdown.
 ``--format md|html``: a report with the table, the plots and each variant's model diagram.
 """
@@ -81,7 +81,7 @@ def render_table(data: dict[str, Any], console: Console) -> None:
     from rich.cells import cell_len
     from rich.table import Table
 
-    from tfgraph.compare import table_notes, table_rows
+    from tfgraph.passes.compare import table_notes, table_rows
 
     rows = table_rows(data)
     names = [printable(str(v["name"])) for v in data["variants"]]
@@ -167,14 +167,14 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
     parsed = [load_spec_arg(path) for path in specs]
 
     import tfgraph
-    from tfgraph.compare import compare as compare_graphs
+    from tfgraph.passes.compare import compare as compare_graphs
     from tfgraph.io import atomic_write
 
     graphs = [tfgraph.compile(spec) for spec in parsed]
     data = compare_graphs(graphs, seqs=seqs, batch=batch)
 
     if page:
-        from tfgraph.exporters.compare_page import write_compare_page
+        from tfgraph.exporters.compare.page import write_compare_page
 
         if output is None:
             Path("build").mkdir(exist_ok=True)
@@ -199,7 +199,7 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
                 handle.write(console.export_text())
             click.echo(f"wrote {printable(str(output))}")
     if plot is not None:
-        from tfgraph.exporters.compare_plot import write_compare_plot
+        from tfgraph.exporters.compare.plot import write_compare_plot
 
         write_compare_plot(graphs, data, plot)
         click.echo(f"wrote {printable(str(plot))}", err=as_json and output is None)

@@ -8,7 +8,7 @@ import click
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
-from tfgraph.lengths import check_lengths, default_seq
+from tfgraph.graph.lengths import check_lengths, default_seq
 from tfgraph.terminal import printable
 
 LEVELS = ("model", "layer", "op")
@@ -60,7 +60,7 @@ def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: 
     without it the DOT source is written next to the requested file and the exit status is 2.
     """
     import tfgraph
-    from tfgraph.exporters.diagram import write_diagram
+    from tfgraph.exporters.diagram.draw import write_diagram
 
     what = parse_annotate(annotate)
     if unfold and level != "op":

@@ -22,7 +22,7 @@ def spec_yaml(path: str, name: str | None = None) -> str:
     """The YAML text ``tfgraph import`` writes for the config at ``path``."""
     from tfgraph.hf import draft_from_config
     from tfgraph.hf.files import read_config, spec_name
-    from tfgraph.safe_yaml import Dumper
+    from tfgraph.spec.safe_yaml import Dumper
 
     data, file = read_config(path)
     model_type = str(data.get("model_type", ""))

@@ -23,7 +23,7 @@ import click
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
-from tfgraph.lengths import check_lengths
+from tfgraph.graph.lengths import check_lengths
 from tfgraph.parallel.layout import Layout
 
 DEFAULT_SEQ = 2048  # GPT-3's context (Brown et al. 2020), for specs with no max_len

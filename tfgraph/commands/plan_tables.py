@@ -12,10 +12,10 @@ from rich.table import Table
 
 from tfgraph.cli_support import describe
 from tfgraph.commands.compare import plain
-from tfgraph.formulas import pretty
+from tfgraph.passes.formulas import pretty
 from tfgraph.parallel.gpus import GB, GIB, Gpu
 from tfgraph.parallel.planner import COMPUTE_EFFICIENCY, LINK_EFFICIENCY
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "temporary", "total")
 

@@ -19,8 +19,8 @@ from rich.table import Table
 from tfgraph.cli_support import describe, load_spec_arg
 from tfgraph.commands.compare import plain
 from tfgraph.errors import TfgraphError
-from tfgraph.lengths import check_lengths, default_seq
-from tfgraph.param_groups import kind_title, order_kinds
+from tfgraph.graph.lengths import check_lengths, default_seq
+from tfgraph.passes.param_groups import kind_title, order_kinds
 
 
 def _positive(option: str, text: str | None) -> int | None:
@@ -137,7 +137,7 @@ def fold_components(components: dict[str, Row], places: dict[str, dict[str, Any]
 
 def render(rep: dict[str, Any], title: str, console: Console | None = None) -> None:
     """Print the report dict as rich tables."""
-    from tfgraph.formulas import pretty
+    from tfgraph.passes.formulas import pretty
 
     if console is None:
         console = Console()

@@ -3,7 +3,7 @@
 A spec is built first (in memory, or in a temporary folder when its weights pass protobuf's
 2 GiB); an ``.onnx`` file is checked to be a tfgraph model (its inputs and output) before
 onnxruntime sees it. The provider that really ran is printed: onnxruntime-gpu falls back to the
-CPU silently, so ``auto`` probes CUDA first (tfgraph.exporters.onnx_runtime).
+CPU silently, so ``auto`` probes CUDA first (tfgraph.exporters.onnx.runtime).
 ``--check`` runs the torch back end on the same weights and inputs and prints the largest
 absolute difference; only then is torch imported.
 """
@@ -19,15 +19,15 @@ import click
 import numpy as np
 
 from tfgraph.errors import TfgraphError
-from tfgraph.lengths import Lengths, check_lengths, default_seq
+from tfgraph.graph.lengths import Lengths, check_lengths, default_seq
 from tfgraph.terminal import printable
 
 if TYPE_CHECKING:
     import onnx
 
-    from tfgraph.ir import Graph
-    from tfgraph.spec import Spec
-    from tfgraph.model_source import Source
+    from tfgraph.graph.ir import Graph
+    from tfgraph.spec.schema import Spec
+    from tfgraph.spec.source import Source
 
 # Largest |onnxruntime - torch| accepted by --check, per dtype: parity is 1e-4 in float32
 # (design); 16-bit models round every activation, so their bound is that of their precision.
@@ -39,10 +39,10 @@ def _build_spec(source: Source, seed: int, opset: int, tmp: Path
     """Compile a spec and export it: (graph, weights or None for seeded ones, model proto,
     model bytes or a temporary path)."""
     from tfgraph.compiler import compile as compile_spec
-    from tfgraph.exporters import onnx_runtime as rt
-    from tfgraph.cost import weights_bytes
-    from tfgraph.exporters.onnx_model import EXTERNAL_DATA_THRESHOLD, to_onnx
-    from tfgraph.exporters.onnx_model import write_onnx
+    from tfgraph.exporters.onnx import runtime as rt
+    from tfgraph.passes.cost import weights_bytes
+    from tfgraph.exporters.onnx.model import EXTERNAL_DATA_THRESHOLD, to_onnx
+    from tfgraph.exporters.onnx.model import write_onnx
 
     graph = compile_spec(source.spec)
     weights = source.weights(graph) if source.checkpoint is not None else None
@@ -77,11 +77,11 @@ def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
 
 def _graph_from_model(model: onnx.ModelProto, spec: Spec | None, where: str) -> Graph:
     """The graph of a tfgraph-built model, from the spec it carries in its metadata, checked
-    against the model's initializers before and after compiling (tfgraph.stored_spec)."""
+    against the model's initializers before and after compiling (tfgraph.spec.stored)."""
     if spec is None:
         raise TfgraphError(f"{where}: --check needs the spec, and this model carries none "
                            "(it was not built by tfgraph); run the spec instead")
-    from tfgraph.stored_spec import model_graph
+    from tfgraph.spec.stored import model_graph
 
     return model_graph(spec, {t.name: tuple(t.dims) for t in model.graph.initializer}, where)
 
@@ -146,8 +146,8 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         opset: int, threads: int | None) -> None:
     """Run SPEC (built first), a Hugging Face model folder (built from its weights) or
     MODEL.onnx with onnxruntime and report latency."""
-    from tfgraph.exporters import onnx_runtime as rt
-    from tfgraph.model_source import load_source
+    from tfgraph.exporters.onnx import runtime as rt
+    from tfgraph.spec.source import load_source
 
     given: Any = None  # the weights a spec or folder was built with (None: the seed's)
     tokenizer: Path | None = None
@@ -173,7 +173,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         seed = seed or 0
         spec = None
         if iface.spec_json is not None:  # untrusted: validated like a spec file
-            from tfgraph.stored_spec import stored_spec
+            from tfgraph.spec.stored import stored_spec
 
             spec = stored_spec(iface.spec_json, source)
         if tgt_seq is not None and "tgt_ids" not in iface.inputs:
@@ -224,7 +224,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             elif given is not None:  # a model folder's own weights
                 weights = given
             else:  # the weights the spec was built with: the shared generator at --seed
-                from tfgraph.weights import generate
+                from tfgraph.graph.weights import generate
 
                 weights = generate(graph, seed)
             expected = _torch_logits(graph, weights, seed, feeds)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 
 @click.command()

@@ -2,7 +2,7 @@
 
 :func:`stepper_for` is the one place that decides how a model is stepped. Today's models take
 one whole sequence (inputs ``input_ids`` or ``src_ids, tgt_ids``, design §6), which the
-full-recompute steppers drive (tfgraph.exporters.recompute_onnx / recompute_torch). A model
+full-recompute steppers drive (tfgraph.exporters.onnx.recompute / recompute_torch). A model
 with the KV-cache interface of design §8 (``attention_mask``, ``past_key_values.{i}.key|value``
 inputs; ``present.*`` outputs) needs a cached stepper, chosen in :func:`_cached_onnx_stepper`;
 the torch module's cached forward plugs in at :func:`_torch_stepper` the same way.
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.generation.backend import Stepper
-from tfgraph.lengths import Lengths
-from tfgraph.spec import Spec
-from tfgraph.weights import WeightSubset
+from tfgraph.graph.lengths import Lengths
+from tfgraph.spec.schema import Spec
+from tfgraph.graph.weights import WeightSubset
 
 if TYPE_CHECKING:
-    from tfgraph.ir import Graph
+    from tfgraph.graph.ir import Graph
 
 BACKENDS = ("onnx", "torch")
 CACHE_INPUT_PREFIXES = ("attention_mask", "past_key_values.", "position_ids")
@@ -32,7 +32,7 @@ CACHE_INPUT_PREFIXES = ("attention_mask", "past_key_values.", "position_ids")
 class Opened:
     """A model ready to generate with: its stepper, what it is, where it runs, its tokenizer
     (tokenizer.json), the size of the vocabulary prompts index (None: unknown) and the
-    spec's rule for lengths past max_len (tfgraph.lengths; the stepper's own ``max_len`` is
+    spec's rule for lengths past max_len (tfgraph.graph.lengths; the stepper's own ``max_len`` is
     only a learned table's hard limit)."""
 
     stepper: Stepper
@@ -80,7 +80,7 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
 def _from_spec(source: str, backend: str, provider: str, threads: int | None,
                weights_seed: int | None, opset: int, decoder_start: int,
                cache: bool) -> Opened:
-    from tfgraph.model_source import load_source
+    from tfgraph.spec.source import load_source
 
     try:
         built = load_source(source, backend, None, weights_seed, None)
@@ -153,7 +153,7 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
     limits = Lengths.of(spec)
     if backend == "torch":
         from tfgraph.exporters import to_torch
-        from tfgraph.exporters.cached_steppers import torch_seq2seq
+        from tfgraph.exporters.generation.cached_steppers import torch_seq2seq
 
         import torch
 
@@ -167,9 +167,9 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
         return Opened(stepper, f"{spec.name} (built from {source}, torch, {origin})",
                       f"torch {device} ({why})", tokenizer, spec.vocab_size("source"),
                       built.notes, lengths=limits)
-    from tfgraph.exporters import onnx_runtime as rt
-    from tfgraph.exporters.cached_steppers import onnx_seq2seq
-    from tfgraph.exporters.onnx_model import to_onnx
+    from tfgraph.exporters.onnx import runtime as rt
+    from tfgraph.exporters.generation.cached_steppers import onnx_seq2seq
+    from tfgraph.exporters.onnx.model import to_onnx
 
     sessions = []
     for k, g in enumerate(parts):
@@ -187,7 +187,7 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
 
 def _from_onnx_file(source: str, backend: str, provider: str, threads: int | None,
                     decoder_start: int, cache: bool) -> Opened:
-    from tfgraph.exporters import onnx_runtime as rt
+    from tfgraph.exporters.onnx import runtime as rt
 
     model = rt.load_model(source)
     beside = Path(source).parent / "tokenizer.json"
@@ -196,7 +196,7 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
         stepper, runs_on = _onnx_stepper(model, Path(source), source, provider, threads,
                                          decoder_start)
         names = {i.name for i in model.graph.input}
-        from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
+        from tfgraph.exporters.onnx.model import SPEC_METADATA_KEY
 
         stored = _stored_spec(model, source) \
             if SPEC_METADATA_KEY in {p.key for p in model.metadata_props} else None
@@ -210,7 +210,7 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
                       lengths=Lengths.of(stored) if stored is not None else None)
     spec = _stored_spec(model, source)
     from tfgraph.exporters import to_torch
-    from tfgraph.stored_spec import model_graph
+    from tfgraph.spec.stored import model_graph
 
     # An encoder-decoder's KV-cache decoder_model.onnx holds part of the weights; the rest are
     # in the encoder_model.onnx `build --kv-cache` writes beside it.
@@ -239,8 +239,8 @@ def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider
                   threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
     """The stepper for an ONNX model: full recompute for today's interface, a cached stepper
     for the KV-cache interface."""
-    from tfgraph.exporters import onnx_runtime as rt
-    from tfgraph.exporters.recompute_onnx import RecomputeOnnx
+    from tfgraph.exporters.onnx import runtime as rt
+    from tfgraph.exporters.onnx.recompute import RecomputeOnnx
 
     initializers = {t.name for t in model.graph.initializer}
     inputs = tuple(i.name for i in model.graph.input if i.name not in initializers)
@@ -266,8 +266,8 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
                          threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
     """The stepper of a KV-cache ONNX model (design §8): the past keys/values each step
     returns are fed back at the next (tfgraph.generation.cached)."""
-    from tfgraph.exporters import onnx_runtime as rt
-    from tfgraph.exporters.cached_steppers import onnx_cached
+    from tfgraph.exporters.onnx import runtime as rt
+    from tfgraph.exporters.generation.cached_steppers import onnx_cached
 
     names = [i.name for i in model.graph.input]
     if "encoder_attention_mask" in names:  # an encoder-decoder's decoder_model.onnx
@@ -278,7 +278,7 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
                            "attention_mask, past_key_values.{i}.key|value and, unless its "
                            "positions are relative, position_ids)")
     props = {p.key for p in model.metadata_props}
-    from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
+    from tfgraph.exporters.onnx.model import SPEC_METADATA_KEY
 
     spec = _stored_spec(model, where) if SPEC_METADATA_KEY in props else None
     dtype = "float16" if model.graph.output[0].type.tensor_type.elem_type == 10 else "float32"
@@ -293,8 +293,8 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
 def _seq2seq_files(decoder: Any, session_source: bytes | Path, where: str, provider: str,
                    threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
     """decoder_model.onnx with the encoder_model.onnx `build --kv-cache` writes beside it."""
-    from tfgraph.exporters import onnx_runtime as rt
-    from tfgraph.exporters.cached_steppers import onnx_seq2seq
+    from tfgraph.exporters.onnx import runtime as rt
+    from tfgraph.exporters.generation.cached_steppers import onnx_seq2seq
 
     if not isinstance(session_source, Path):
         raise TfgraphError(f"{where}: an encoder-decoder's decoder model needs its encoder "
@@ -321,13 +321,13 @@ def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
     threads for the process (small models decode faster on one thread than on busy cores)."""
     import torch
 
-    from tfgraph.exporters.recompute_torch import RecomputeTorch
+    from tfgraph.exporters.torch.recompute import RecomputeTorch
 
     device, why = _torch_device(provider)
     if threads:
         torch.set_num_threads(threads)
     if getattr(module, "cache_layers", 0):  # the KV-cache graph's module
-        from tfgraph.exporters.cached_steppers import torch_cached
+        from tfgraph.exporters.generation.cached_steppers import torch_cached
 
         return torch_cached(module, spec.output_vocab, Lengths.of(spec).hard_limit, device,
                             output_probs=spec.output == "probs"), f"torch {device} ({why})"
@@ -358,9 +358,9 @@ def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int
                 ) -> tuple[Any, bytes | Path, Any]:
     """(temporary folder or None, session source, model proto): in memory, or written to a
     temporary folder when the weights pass protobuf's 2 GiB (as ``tfgraph run`` does)."""
-    from tfgraph.cost import weights_bytes
-    from tfgraph.exporters import onnx_runtime as rt
-    from tfgraph.exporters.onnx_model import EXTERNAL_DATA_THRESHOLD, to_onnx, write_onnx
+    from tfgraph.passes.cost import weights_bytes
+    from tfgraph.exporters.onnx import runtime as rt
+    from tfgraph.exporters.onnx.model import EXTERNAL_DATA_THRESHOLD, to_onnx, write_onnx
 
     if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
         model = to_onnx(graph, weights=weights, seed=seed, opset=opset)
@@ -377,8 +377,8 @@ def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int
 
 def _stored_spec(model: Any, where: str) -> Spec:
     """The spec tfgraph stored in an ONNX model's metadata, validated as untrusted input."""
-    from tfgraph.exporters.onnx_model import SPEC_METADATA_KEY
-    from tfgraph.stored_spec import stored_spec
+    from tfgraph.exporters.onnx.model import SPEC_METADATA_KEY
+    from tfgraph.spec.stored import stored_spec
 
     props = {p.key: p.value for p in model.metadata_props}
     if SPEC_METADATA_KEY not in props:

@@ -21,7 +21,7 @@ class Stepper(Protocol):
     ``max_len``: positions the model allows (None: unbounded), per fed sequence: the prompt
     plus generated tokens of a decoder-only row, the target of an encoder-decoder row (its
     source is checked against it at prefill). Only a learned position table sets one (its
-    max_len); other positions run past the spec's max_len (tfgraph.lengths).
+    max_len); other positions run past the spec's max_len (tfgraph.graph.lengths).
     ``encoder_decoder``: whether prompts are source sequences (the target starts from the
     decoder start token) rather than the start of the sequence that grows.
     """

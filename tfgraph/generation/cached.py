@@ -5,7 +5,7 @@ per step, position ids count each row's real tokens from 0 (the convention of Hu
 ``generate``: the model's positions and rotary angles then match the row run alone), and the
 past keys/values each call returns are handed back at the next. Only the new token of each
 row is fed after the prefill, so a step costs one position, not the whole prefix. The back end
-is a function running the model once (tfgraph.exporters.cached_steppers), so this file holds
+is a function running the model once (tfgraph.exporters.generation.cached_steppers), so this file holds
 the bookkeeping both back ends share.
 """
 

@@ -5,7 +5,7 @@ token (kept in its output), after ``max_new_tokens``, or when the next step woul
 model more positions than the stepper's ``max_len`` (a learned position table's rows; a
 decoder-only row of P prompt tokens generates at most ``max_len - P + 1`` tokens, an
 encoder-decoder target at most ``max_len``). Other positions run past the spec's max_len with
-a warning (tfgraph.lengths, README "Lengths beyond max_len"). Finished rows leave the
+a warning (tfgraph.graph.lengths, README "Lengths beyond max_len"). Finished rows leave the
 stepper's batch through ``reorder``, so the work left shrinks with them. Beam search
 (``beams > 1``) is tfgraph.generation.beams.
 """
@@ -20,7 +20,7 @@ from tfgraph.errors import TfgraphError
 from tfgraph.generation.backend import Stepper
 from tfgraph.generation.result import Clock, Result
 from tfgraph.generation.sampling import Sampler
-from tfgraph.lengths import Lengths
+from tfgraph.graph.lengths import Lengths
 
 OnToken = Callable[[int, int], None]  # (prompt index, token id), as each token is chosen
 
@@ -117,7 +117,7 @@ def check_prompts(stepper: Stepper, prompts: Sequence[Sequence[int]],
 
 def check_lengths(lengths: Lengths, encoder_decoder: bool, rows: list[np.ndarray],
                   limits: list[int], max_new_tokens: int) -> None:
-    """tfgraph.lengths for what generation will feed the model. Precondition: the prompts
+    """tfgraph.graph.lengths for what generation will feed the model. Precondition: the prompts
     passed check_prompts and ``limits`` are each row's new tokens (capped by room). A learned
     table: one warning for the first row its max_len cuts short. Other positions: one
     warning for the longest sequence fed past max_len (a decoder-only row feeds its prompt

@@ -16,7 +16,7 @@ from typing import Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.hf.files import inside, read_json
-from tfgraph.safe_yaml import MAX_BYTES
+from tfgraph.spec.safe_yaml import MAX_BYTES
 
 FILES = ("generation_config.json", "config.json")
 DEFAULT_DECODER_START = 0

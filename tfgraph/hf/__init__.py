@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from tfgraph.hf.config import ConfigError, HFConfig, SpecDraft
 from tfgraph.hf.names import NameMap, NameMapError, Rule
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 __all__ = ["FAMILIES", "ConfigError", "HFConfig", "NameMap", "NameMapError", "Rule",
            "SpecDraft", "draft_from_config", "family", "name_map", "spec_from_config"]

@@ -24,7 +24,7 @@ from tfgraph.hf.common import linear_rows, norm_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule, Tensor, all_zero, from_numpy_like, zeros_like_lib
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 OFFSET = 2  # BartLearnedPositionalEmbedding.offset
 

@@ -1,7 +1,7 @@
 """A checkpoint's headers checked against the model its config.json describes, in the
 checkpoint's own terms.
 
-The back ends check given weights against the graph too (tfgraph.weights.check_weights), but in
+The back ends check given weights against the graph too (tfgraph.graph.weights.check_weights), but in
 tfgraph's parameter names, which a user of a Hugging Face folder never wrote and cannot find in
 their files. Here every problem is one line naming the file and the Hugging Face tensor to look
 at (a tensor the model has no place for, a shape the config does not give, a tensor the model

@@ -10,7 +10,7 @@ A fused Hugging Face tensor (GPT-2's ``c_attn``, Phi-3's ``qkv_proj``) holds sev
 parameters. It is read once: the first part asked for splits it, and the other parts wait in
 ``_parts`` until they are asked for (writers ask for them together, in graph order), so memory
 holds at most the fused tensors being consumed. Values are float32, the contract of every
-weight source (tfgraph.weights); widening float16 and bfloat16 is exact, and back ends cast to
+weight source (tfgraph.graph.weights); widening float16 and bfloat16 is exact, and back ends cast to
 the spec's dtype.
 """
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from tfgraph.hf.config import HFConfig, SpecDraft, put_rope, rope_parameters
 from tfgraph.hf.names import Rule
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 _WINDOW_KINDS = {"sliding_attention": "local", "full_attention": "global"}
 

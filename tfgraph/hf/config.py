@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from tfgraph.errors import TfgraphError
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 _MISSING: Any = object()
 
@@ -116,7 +116,7 @@ class SpecDraft:
             error = exc.errors()[0]
             path = ".".join(str(p) for p in error["loc"] if not isinstance(p, int))
             message = error["msg"].removeprefix("Value error, ")
-            if not path:  # a cross-field rule: "field.path: what to change" (tfgraph.spec)
+            if not path:  # a cross-field rule: "field.path: what to change" (tfgraph.spec.schema)
                 head = message.split(":", 1)[0]
                 path = head if head.replace(".", "").replace("_", "").isalnum() else ""
             if path and not message.startswith(path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.spec import GATED_ACTIVATIONS, Spec
+from tfgraph.spec.schema import GATED_ACTIVATIONS, Spec
 
 # tfgraph activation -> Hugging Face name (the inverse of tfgraph.hf.config._PLAIN / _GATED)
 _PLAIN = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu"}

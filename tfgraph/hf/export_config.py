@@ -22,7 +22,7 @@ from typing import Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.hf import FAMILIES, ConfigError, spec_from_config
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 # model_type -> the transformers class of the checkpoint (config.json "architectures")
 ARCHITECTURES: dict[str, str] = {

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tfgraph.errors import SpecError
-from tfgraph.safe_yaml import MAX_BYTES, decode
-from tfgraph.spec import Spec
+from tfgraph.spec.safe_yaml import MAX_BYTES, decode
+from tfgraph.spec.schema import Spec
 
 CONFIG_NAME = "config.json"
 

@@ -18,7 +18,7 @@ from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_pa
 from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 _NORMS = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"}
 _SANDWICH = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "self_attn_out_norm",

@@ -10,7 +10,7 @@ from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:

@@ -17,7 +17,7 @@ from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 # model_type -> (norm position, qk_norm, per-layer norms: Hugging Face name -> tfgraph name)
 _FAMILY: dict[str, tuple[str, str, dict[str, str]]] = {

@@ -22,7 +22,7 @@ from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import decoder_sizes, gated_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 _NORMS = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"}
 

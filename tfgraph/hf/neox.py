@@ -14,7 +14,7 @@ from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_pa
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:

@@ -13,7 +13,7 @@ from typing import Any
 from tfgraph.hf.common import linear_rows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.names import Rule
-from tfgraph.spec import Spec
+from tfgraph.spec.schema import Spec
 
 # feed_forward_proj -> (Hugging Face activation, gated); T5Config splits "gated-" off
 _PROJ = {"relu": ("relu", False), "gated-gelu": ("gelu_new", True),

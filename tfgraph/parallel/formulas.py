@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import sympy
 
-from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.graph.ir import SYMBOLS, Graph
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.units import Unit, units
 

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from tfgraph.errors import TfgraphError
-from tfgraph.ir import Graph
-from tfgraph.lengths import check_lengths
+from tfgraph.graph.ir import Graph
+from tfgraph.graph.lengths import check_lengths
 from tfgraph.parallel.tp_plan import check_divisible
 
 Recompute = Literal["none", "selective", "full"]

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tfgraph.ir import Graph
+from tfgraph.graph.ir import Graph
 from tfgraph.parallel.layout import STATE_BYTES, Layout
 from tfgraph.parallel.tp_plan import ParamShard, tp_plan
 

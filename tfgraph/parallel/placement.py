@@ -30,14 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tfgraph.errors import TfgraphError
-from tfgraph.ir import Graph, Node
-from tfgraph.ops import OPS
+from tfgraph.graph.ir import Graph, Node
+from tfgraph.graph.ops import OPS
 from tfgraph.parallel.tp_plan import tp_plan
 
 R, S, P = "R", "S", "P"
 _INDEX_DTYPES = ("int64", "int32", "bool")
 
-# Each op's rule is its OpDef.tp (tfgraph.ops.TpRule); ops over the vocabulary say where their
+# Each op's rule is its OpDef.tp (tfgraph.graph.ops.TpRule); ops over the vocabulary say where their
 # output lives on split logits (OpDef.vocab_reduce: the loss whole, probabilities split).
 
 

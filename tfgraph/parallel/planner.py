@@ -40,7 +40,7 @@ from typing import Any
 import sympy
 
 from tfgraph.errors import TfgraphError
-from tfgraph.ir import SYMBOLS, Graph
+from tfgraph.graph.ir import SYMBOLS, Graph
 from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, check

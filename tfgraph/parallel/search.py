@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from tfgraph.errors import TfgraphError
-from tfgraph.ir import Graph
+from tfgraph.graph.ir import Graph
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import RECOMPUTE, Layout, experts
 from tfgraph.parallel.planner import plan

@@ -1,7 +1,7 @@
 """Where each value of a graph lives under sequence parallelism (Korthikanti et al. 2022,
 section 4.2.2): one rule, read by the planner (``tfgraph.parallel.units``: which saved bytes a
 rank keeps 1/t of with ``--sp``) and by ``parallelize(..., sp=True)``
-(``tfgraph.exporters.torch_sequence_parallel``: what each step of the module computes on), so
+(``tfgraph.exporters.torch.sequence_parallel``: what each step of the module computes on), so
 that what the plan counts is what the module keeps.
 
 Tensor parallelism leaves the residual stream whole on every tensor-parallel rank; sequence
@@ -34,13 +34,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from tfgraph.errors import TfgraphError
-from tfgraph.ir import Graph
-from tfgraph.ops import OPS
+from tfgraph.graph.ir import Graph
+from tfgraph.graph.ops import OPS
 from tfgraph.parallel.tp_plan import tp_plan
 
 __all__ = ["ELEMENTWISE_OPS", "SequencePlan", "sequence_parallel_plan"]
 
-# Each op's rule is its OpDef.sequence (tfgraph.ops.SequenceRule). Ops computed token by
+# Each op's rule is its OpDef.sequence (tfgraph.graph.ops.SequenceRule). Ops computed token by
 # token on their operands' last axis (sequence "elementwise") give on a sequence shard the
 # rank's rows of the whole result.
 ELEMENTWISE_OPS = frozenset(op for op, d in OPS.items() if d.sequence == "elementwise")

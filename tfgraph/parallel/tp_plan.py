@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tfgraph.errors import TfgraphError
-from tfgraph.ir import Graph, Node
-from tfgraph.ops import OPS
+from tfgraph.graph.ir import Graph, Node
+from tfgraph.graph.ops import OPS
 
 Style = Literal["colwise", "rowwise", "vocab", "heads", "experts_colwise", "experts_rowwise",
                 "replicate"]

@@ -2,7 +2,7 @@
 layers) with every per-op cost sorted by how tensor parallelism divides it: the inputs of the
 planner (``tfgraph.parallel.planner``).
 
-For each unit, from ``tfgraph.cost.op_costs`` and the placement (``tfgraph.parallel.placement``):
+For each unit, from ``tfgraph.passes.cost.op_costs`` and the placement (``tfgraph.parallel.placement``):
 - ``params``: the parameters its ops read (a tied table is in both units that read it, as
   Megatron keeps a copy of the shared embedding on the first and the last stage);
 - ``saved``: bytes kept for backward, per attention form and recompute choice, as
@@ -32,15 +32,15 @@ from typing import Any
 
 import sympy
 
-from tfgraph import cost
+from tfgraph.passes import cost
 from tfgraph.errors import TfgraphError
-from tfgraph.ir import DTYPE_BYTES, Graph, Node
-from tfgraph.ops import OPS
+from tfgraph.graph.ir import DTYPE_BYTES, Graph, Node
+from tfgraph.graph.ops import OPS
 from tfgraph.parallel.placement import Placement, place
 from tfgraph.parallel.sequence_plan import SequencePlan, sequence_parallel_plan
 
 ZERO = sympy.Integer(0)
-STATS_BYTES = 4  # a float32 log-sum-exp per query row (tfgraph.ops)
+STATS_BYTES = 4  # a float32 log-sum-exp per query row (tfgraph.graph.ops)
 VOCAB_REDUCE_FLOATS = 3  # max, sum of exponentials, the label's logit (Megatron, loss-parallel)
 # Attention forms and recompute choices the saved bytes are given for.
 FORMS = ("fused", "unfused")

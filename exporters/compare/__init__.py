@@ -1,0 +1,2 @@
+"""Variant comparison pages: the HTML/Markdown page (``page``) and the plot (``plot``).
+"""

@@ -1,0 +1,412 @@
+"""Words for diagram boxes, read from the graph: ops, their attributes and categories, the
+shapes of parameters, and node metadata.
+
+Every function takes the nodes it describes and returns plain text (lines joined by "\\n");
+``diagram_style`` escapes it for DOT. Names that come from users (a graph's name, the node
+names of a hand-built graph) are made one printable line here (``name``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tfgraph.exporters.diagram.structure import (
+    Stack,
+    box_id,
+    box_key,
+    boxes,
+    layer_statements,
+    placement,
+    stacks,
+    sublayer_ranks,
+    users_in,
+)
+from tfgraph.exporters.diagram.style import count, gated_title, op_title
+from tfgraph.graph.ir import Graph, Node
+from tfgraph.graph.ops import OPS
+from tfgraph.terminal import printable
+
+SUBLAYER_WORDS = {"self_attn": "self-attention", "cross_attn": "cross-attention",
+                  "ffn": "feed-forward"}
+
+
+def name(text: str) -> str:
+    """A user-supplied name as one printable line (control characters shown as escapes)."""
+    return printable(text)
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+
+def heads_text(att: Node) -> str:
+    """``8 heads × 64``, with GQA / MQA and hardmax noted, from an attention op's attrs."""
+    a = att.attrs
+    heads, kv = a["heads"], a["kv_heads"]
+    text = f"{heads} heads × {a['head_dim']}"
+    if kv == 1 and heads != 1:
+        text += ", 1 kv head (MQA)"
+    elif kv != heads:
+        text += f", {kv} kv heads (GQA)"
+    if a.get("normalize") == "hardmax":
+        text += ", hardmax"
+    if a.get("scale") is not None:  # T5 (1), Gemma 2 (query_pre_attn_scalar^-0.5)
+        text += f", scores × {a['scale']:.4g}"
+    if a.get("softcap") is not None:  # Gemma 2
+        text += f", scores capped at ±{a['softcap']:g}"
+    return text
+
+
+def window_text(graph: Graph, stack: Stack) -> str:
+    """``sliding window 8: 1 local, 1 global layer`` for a stack with sliding windows."""
+    windows = [n.attrs.get("window") for n in graph.ops()
+               if n.op == "attention" and n.meta.stack == stack.name
+               and n.attrs.get("kind") == "self"]
+    local = [w for w in windows if w is not None]
+    if not local:
+        return ""
+    if len(local) == len(windows):
+        return f"sliding window {local[0]} in every layer"
+    glob = len(windows) - len(local)
+    return (f"sliding window {local[0]}: {len(local)} local, {glob} global "
+            f"layer{'s' if glob > 1 else ''}")
+
+
+def attention_title(node: Node) -> str:
+    """'Masked self-attention', 'Self-attention' or 'Cross-attention' for an attention op."""
+    if node.attrs["kind"] == "cross":
+        return "Cross-attention"
+    return "Masked self-attention" if node.attrs["causal"] else "Self-attention"
+
+
+def attention_kind(node: Node) -> str:
+    """Palette kind of an attention op."""
+    if node.attrs["kind"] == "cross":
+        return "cross_attention"
+    return "masked_attention" if node.attrs["causal"] else "self_attention"
+
+
+# ---- sublayer functions ---------------------------------------------------------------------
+
+
+def attention_of(members: list[Node]) -> Node | None:
+    return next((n for n in members if n.category == "attention"), None)
+
+
+def sublayer_title(members: list[Node], sublayer: str) -> str:
+    """What a sublayer's function is: the attention's title, 'Feed-forward' for linears
+    around an activation, else the sublayer's name."""
+    att = attention_of(members)
+    if att is not None:
+        return attention_title(att)
+    if any(n.category == "activation" for n in members):
+        return "Feed-forward"
+    return SUBLAYER_WORDS.get(sublayer, sublayer).capitalize()
+
+
+def _roles(nodes: list[Node]) -> list[str]:
+    return [name(n.meta.role or n.name) for n in nodes]
+
+
+def projections_text(graph: Graph, members: list[Node]) -> list[str]:
+    """The linears grouped by size: ``q, k, v, o: linear 512 → 512`` when all agree, else
+    e.g. ``q, o: linear 2,048 → 2,048`` and ``k, v: linear 2,048 → 256`` (GQA)."""
+    sizes: dict[str, list[str]] = {}
+    for node in (n for n in members if n.category == "linear"):
+        sizes.setdefault(linear_text(graph, node), []).extend(_roles([node]))
+    return [f"{', '.join(roles)}: linear {text}" for text, roles in sizes.items()]
+
+
+def _projection(graph: Graph, node: Node) -> Node:
+    """The linear behind ``node``, looking through norms (a qk-norm sits between them)."""
+    while node.category == "norm":
+        node = graph.node(node.inputs[0])
+    return node
+
+
+def rope_text(graph: Graph, members: list[Node]) -> str:
+    """``rotary positions on q, k`` from the rotary ops and the projections they read."""
+    ropes = [n for n in members if n.op == "rope"]
+    read = [_projection(graph, graph.node(n.inputs[0])) for n in ropes]
+    if not read:
+        return ""
+    detail = rope_detail(ropes[0].attrs)
+    return f"rotary positions on {', '.join(_roles(read))}" + (f"\n({detail})" if detail else "")
+
+
+def rope_detail(a: dict[str, Any]) -> str:
+    """What a rope node does beyond whole-head, rotate-half, unscaled rotation: ``4 of 16
+    channels, interleaved, yarn scaling``; empty when nothing."""
+    parts = []
+    if "rotary_dim" in a:
+        parts.append(f"{a['rotary_dim']} of {a['head_dim']} channels")
+    if a.get("interleaved"):
+        parts.append("interleaved pairs")
+    if "scaling" in a:
+        parts.append(f"{a['scaling']} scaling")
+    return ", ".join(parts)
+
+
+def inner_norm_text(graph: Graph, members: list[Node]) -> str:
+    """``RMSNorm on q, k`` for norms inside a sublayer's function (qk-norm)."""
+    norms = [n for n in members if n.category == "norm"]
+    if not norms:
+        return ""
+    kinds = " / ".join(dict.fromkeys(op_title(n.op) for n in norms))
+    return f"{kinds} on {', '.join(_roles([graph.node(n.inputs[0]) for n in norms]))}"
+
+
+def _from_other_stack(graph: Graph, node: Node) -> Node | None:
+    """The first data input of ``node`` that another stack computes (the encoder output)."""
+    for i in node.inputs:
+        src = graph.node(i)
+        if not src.is_param and src.meta.stack not in (node.meta.stack, None):
+            return src
+    return None
+
+
+def external_text(graph: Graph, members: list[Node]) -> str:
+    """``K, V from the encoder output`` for ops that read another stack."""
+    readers = [n for n in members if _from_other_stack(graph, n) is not None]
+    if not readers:
+        return ""
+    source = _from_other_stack(graph, readers[0])
+    assert source is not None
+    roles = ", ".join(r.upper() for r in _roles(readers))
+    return f"{roles} from the {source.meta.stack} output"
+
+
+def attention_text(graph: Graph, members: list[Node]) -> str:
+    att = attention_of(members)
+    assert att is not None
+    lines = [attention_title(att), heads_text(att), *projections_text(graph, members),
+             inner_norm_text(graph, members), rope_text(graph, members),
+             external_text(graph, members)]
+    return "\n".join(line for line in lines if line)
+
+
+def ffn_text(graph: Graph, members: list[Node]) -> str:
+    """``ReLU, 512 → 2048 → 512`` or ``gated SwiGLU, 2048 → 5632 → 2048``: the activation
+    op, whether an element-wise product gates it, and the widths of the first and last linear."""
+    if any(n.op == "experts" for n in members):  # a mixture of experts
+        return experts_text(graph, members)
+    acts = [n for n in members if n.category == "activation"]
+    linears = [n for n in members if n.category == "linear"]
+    if not acts or not linears:
+        return ", ".join(dict.fromkeys(n.op for n in members))
+    act = acts[0].op
+    gated = any(n.op == "mul" for n in members)
+    word = f"gated {gated_title(act) or op_title(act)}" if gated else op_title(act)
+    first, last = (graph.node(linears[i].inputs[1]).attrs["shape"] for i in (0, -1))
+    return f"{word}, {first[1]} → {first[0]} → {last[0]}"
+
+
+ROUTER_WORDS = {"softmax_topk": "softmax → top-k", "softmax_topk_renorm":
+                "softmax → top-k → renormalised", "topk_softmax": "top-k → softmax"}
+
+
+def _expert_word(experts: Node) -> str:
+    act = experts.attrs["activation"]
+    return f"gated {gated_title(act) or act}" if experts.attrs["gated"] \
+        else op_title(act)
+
+
+def experts_text(graph: Graph, members: list[Node]) -> str:
+    """``experts ×8, top-2: gated SwiGLU, 32 → 48 → 32`` (``×E, top-k``)."""
+    experts = next(n for n in members if n.op == "experts")
+    count, hidden, d = graph.node(experts.inputs[-2]).attrs["shape"]  # up: (E, H, d)
+    return (f"experts ×{count}, top-{experts.attrs['top_k']}: {_expert_word(experts)}, "
+            f"{d} → {hidden} → {d}")
+
+
+def moe_text(graph: Graph, members: list[Node]) -> str:
+    """``Mixture of experts`` with the router, ``experts ×8, top-2: gated SwiGLU, 32 → 48 →
+    32`` and the shared experts, from a mixture-of-experts feed-forward's nodes."""
+    experts = next(n for n in members if n.op == "experts")
+    route = next(n for n in members if n.op == "route")
+    count, _, d = graph.node(experts.inputs[-2]).attrs["shape"]  # up: (E, H, d)
+    word = _expert_word(experts)
+    lines = ["Mixture of experts",
+             f"router: linear {d} → {count}, {ROUTER_WORDS.get(route.attrs['router'], '')}",
+             experts_text(graph, members)]
+    shared = [n for n in members if n.category == "linear" and n.meta.role.startswith("shared.")]
+    if shared:
+        width = graph.node(shared[0].inputs[1]).attrs["shape"][0]
+        gate = ", sigmoid gate" if any(n.op == "sigmoid_gate" for n in members) else ""
+        lines.append(f"shared experts: {word}, {d} → {width} → {d}{gate}")
+    return "\n".join(lines)
+
+
+def _dense_then_moe(graph: Graph, members: list[Node]) -> str:
+    """For a dense feed-forward in a stack whose later layers have experts (ffn.dense_layers):
+    ``layers 0–2: gated SwiGLU, ...`` then ``layers 3–: Mixture of experts ...``; else ''."""
+    first = members[0].meta
+    later = [n for n in graph.ops() if n.op == "experts" and n.meta.stack == first.stack]
+    if not later or first.layer is None:
+        return ""
+    meta = later[0].meta
+    moe = [n for n in graph.ops() if n.meta.stack == meta.stack and n.meta.layer == meta.layer
+           and n.meta.sublayer == meta.sublayer]
+    first_moe = int(meta.layer or 0)
+    dense = "layer 0" if first_moe == 1 else f"layers 0–{first_moe - 1}"
+    return (f"Feed-forward\n{dense}: {ffn_text(graph, members)}\n"
+            f"layers {first_moe}–: {moe_text(graph, moe)}")
+
+
+def fn_text(graph: Graph, members: list[Node]) -> str:
+    """Label of a folded sublayer function (without annotations)."""
+    if attention_of(members) is not None:
+        return attention_text(graph, members)
+    if any(n.op == "experts" for n in members):
+        return moe_text(graph, members)
+    if mixed := _dense_then_moe(graph, members):
+        return mixed
+    title = sublayer_title(members, members[0].meta.sublayer or "")
+    return f"{title}\n{ffn_text(graph, members)}"
+
+
+def fn_kind(members: list[Node]) -> str:
+    """Palette kind of a folded sublayer function."""
+    att = attention_of(members)
+    return attention_kind(att) if att is not None else "ffn"
+
+
+# ---- stacks ---------------------------------------------------------------------------------
+
+
+def order_text(graph: Graph, stack: Stack) -> str:
+    """``masked self-attention → cross-attention → feed-forward`` in the order the graph's
+    edges impose; sublayers that read the same input are joined by ``∥`` (parallel)."""
+    words = {}
+    for nodes in boxes(stack).values():
+        if box_key(nodes[0]) == "fn":
+            sub = nodes[0].meta.sublayer or ""
+            words[sub] = sublayer_title(nodes, sub).lower()
+    return " → ".join(" ∥ ".join(words[s] for s in group)
+                      for group in sublayer_ranks(graph, stack))
+
+
+def norm_kinds(stack: Stack) -> str:
+    """'LayerNorm' (or 'RMSNorm', ...) of the norms in a layer, '' when it has none."""
+    ops = dict.fromkeys(n.op for n in stack.layer0 if n.category == "norm")
+    return " / ".join(op_title(op) for op in ops)
+
+
+def wiring_text(graph: Graph, stack: Stack) -> str:
+    """``LayerNorm, post-norm: norm(x + f(x))`` when every sublayer is wired alike, else the
+    layer's assignments (``x = x + self_attn(norm(x)) + ffn(norm(x))``)."""
+    kinds = norm_kinds(stack)
+    shared = placement(graph, stack)
+    text = shared if shared is not None else "; ".join(layer_statements(graph, stack))
+    return f"{kinds}, {text}" if kinds else text
+
+
+def stack_text(graph: Graph, stack: Stack) -> str:
+    """The folded stack box: title, sublayer order, heads, feed-forward and wiring."""
+    att = next((n for n in stack.layer0 if n.category == "attention"), None)
+    ffn = [nodes for nodes in boxes(stack).values()
+           if box_key(nodes[0]) == "fn" and attention_of(nodes) is None]
+    lines = [f"{stack.name.capitalize()} × {stack.layers}", order_text(graph, stack),
+             heads_text(att) if att is not None else "", window_text(graph, stack),
+             f"FFN {ffn_text(graph, ffn[0])}" if ffn else "",
+             wiring_text(graph, stack)]
+    return "\n".join(line for line in lines if line)
+
+
+# ---- embeddings, tables, head ------------------------------------------------------------
+
+
+def scale_text(factor: float) -> str:
+    """``√512`` when the factor is the root of an integer (sqrt(d_model)), else the number."""
+    square = round(float(factor) ** 2)
+    if square > 0 and math.isclose(math.sqrt(square), float(factor), rel_tol=1e-9):
+        return f"√{square}"
+    return f"{float(factor):.4g}"
+
+
+def positions_text(graph: Graph, stack: Stack) -> str:
+    """How ``stack`` encodes positions: an embedding op, rotary ops in its layers, or none."""
+    for node in stack.embed:
+        opdef = OPS.get(node.op)
+        if opdef is None or opdef.category != "position":
+            continue
+        text = opdef.diagram_text(node.attrs) if opdef.diagram_text is not None else node.op
+        if opdef.score_bias:  # T5: a bias on the scores, not an added embedding
+            return text
+        if len(node.inputs) > 1:  # a learned table
+            rows, cols = graph.node(node.inputs[1]).attrs["shape"]
+            text += f" ({count(rows)} × {cols})"
+        if node.attrs.get("offset"):  # OPT, BART: position p reads row p + 2
+            text += f", from row {node.attrs['offset']}"
+        if node.attrs.get("layout") == "split":  # fairseq, Marian
+            text += " (sin | cos halves)"
+        return text
+    if any(n.category == "position" for n in stack.layer0):
+        return "rotary positions (in attention)"
+    return "no positions"
+
+
+def embed_text(graph: Graph, stack: Stack) -> str:
+    """Token gather, scaling and positions of ``stack``'s embedding, from its ops."""
+    several = len(stacks(graph)) > 1
+    lines = [f"{stack.name.capitalize()} embedding" if several else "Embedding"]
+    scale = next((n for n in stack.embed if n.op == "scale"), None)
+    lines.append(f"tokens × {scale_text(scale.attrs['factor'])}" if scale else "tokens")
+    for node in stack.embed[1:]:
+        if node.category == "embedding":  # another gathered table: BERT's segments
+            rows, _ = graph.node(node.inputs[0]).attrs["shape"]
+            lines.append(f"+ {name(node.meta.role or node.name).replace('_', ' ')} "
+                         f"({count(rows)} rows)")
+    lines.append(positions_text(graph, stack))
+    for node in stack.embed:
+        if node.category == "norm":  # on the sum (BERT, BART)
+            lines.append(f"then {op_title(node.op)}")
+    return "\n".join(lines)
+
+
+def table_text(graph: Graph, table: Node) -> str:
+    """A token table: its name and shape, and who else reads it (stacks, the head)."""
+    rows, cols = table.attrs["shape"]
+    readers = [u for u, _ in graph.users(table.name)]
+    gathered = {u.meta.stack for u in readers if u.category == "embedding"}
+    lines = [name(table.name), f"{count(rows)} × {count(cols)}"]
+    if len(gathered) > 1:
+        lines.append("shared by both stacks" if len(gathered) == 2
+                     else f"shared by {len(gathered)} stacks")
+    if any(u.meta.part == "head" for u in readers):
+        lines.append("tied to the output head")
+    return "\n".join(lines)
+
+
+def dropout_text(node: Node) -> str:
+    return f"dropout {node.attrs['p']:g}"
+
+
+def linear_text(graph: Graph, node: Node) -> str:
+    """``512 → 2048 + bias`` from the weight's [out, in] shape."""
+    w = graph.node(node.inputs[1]).attrs["shape"]
+    text = f"{count(w[1])} → {count(w[0])}"
+    if len(node.inputs) == 3:
+        text += " + bias"
+    return text
+
+
+def is_tied(graph: Graph, linear: Node) -> bool:
+    """The linear's weight belongs to another part (the head reading a token table)."""
+    return graph.node(linear.inputs[1]).meta.part != linear.meta.part
+
+
+def cross_text(graph: Graph, src: Node, stack: Stack) -> str:
+    """Edge label of another stack's output read by ``stack``'s layers: ``cross-attention K,
+    V`` and whether every layer reads it."""
+    readers = users_in(graph, src, stack.name)
+    layer0 = [u for u in readers if u.meta.layer == 0]
+    box = box_id(layer0[0]) if layer0 else None
+    title = sublayer_title(boxes(stack)[box], layer0[0].meta.sublayer or "").lower() \
+        if box is not None else ""
+    what = " ".join(w for w in (title, ", ".join(r.upper() for r in _roles(layer0))) if w)
+    layers = {u.meta.layer for u in readers}
+    into = f"into every {stack.name} layer (× {stack.layers})" if len(layers) == stack.layers \
+        else f"into {len(layers)} of {stack.layers} {stack.name} layers"
+    return f"{what}\n{into}"
+

@@ -1,0 +1,2 @@
+"""Hugging Face folders written from a graph (``folder``).
+"""

@@ -1,0 +1,98 @@
+"""``genai_config.json``: what onnxruntime-genai's ``og.Model`` needs to drive a tfgraph
+KV-cache ONNX model (README, "KV cache").
+
+The model already has the interface onnxruntime-genai's decoder expects (``input_ids``,
+``attention_mask``, ``position_ids``, ``past_key_values.%d.key|value`` in; ``logits``,
+``present.%d.key|value`` out); the config names them, gives the sizes the generator allocates
+its cache with, and the token ids and search defaults. Its cache grows by concatenation, so
+``past_present_share_buffer`` is off (that mode needs a fixed-size buffer the model writes
+into). The field names are those onnxruntime-genai's own model builder writes (0.18).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tfgraph.errors import TfgraphError
+from tfgraph.graph.ir import Graph
+
+FILENAME = "genai_config.json"
+
+
+def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """The config of the KV-cache model of ``graph`` stored as ``model_file``; ``tokens``:
+    the source config.json's token ids (bos, eos, pad), when known."""
+    info = graph.info
+    if info.kind != "cached" or info.part is not None:
+        raise TfgraphError(f"{graph.name}: genai_config.json describes a KV-cache model "
+                           "(build --kv-cache)")
+    layout = info.cache  # the keys/values per layer the generator allocates
+    assert layout is not None
+    tokens = tokens or {}
+
+    def token(key: str, default: int) -> Any:  # the config's id, else default (genai wants one)
+        value = tokens.get(key)
+        return value if isinstance(value, int) or isinstance(value, list) else default
+
+    # onnxruntime-genai needs an end token in the vocabulary. Without one (a spec has no
+    # tokenizer), id 0 stands in and min_length = max_length keeps it from ending a run.
+    eos = token("eos_token_id", -1)
+    no_eos = not isinstance(eos, list) and eos < 0
+    if no_eos:
+        eos = 0
+    context = (info.lengths.max_len if info.lengths else None) or 4096  # the generator's default maximum length
+    return {
+        "model": {
+            "bos_token_id": token("bos_token_id", 0),
+            "context_length": context,
+            "decoder": {
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "filename": model_file,
+                "head_size": layout.head_dim,
+                "hidden_size": int(graph.sizes["d_model"]),
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "attention_mask": "attention_mask",
+                    "position_ids": "position_ids",
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
+                "num_attention_heads": int(graph.sizes["heads"]),
+                "num_hidden_layers": layout.layers,
+                "num_key_value_heads": layout.kv_heads,
+            },
+            "eos_token_id": eos,
+            "pad_token_id": token("pad_token_id", eos if isinstance(eos, int) else 0),
+            "type": "llama",  # onnxruntime-genai's plain decoder-only pipeline
+            "vocab_size": int(graph.node(graph.outputs[0]).type.shape[-1]),
+        },
+        "search": {
+            "diversity_penalty": 0.0, "do_sample": False, "early_stopping": True,
+            "length_penalty": 1.0, "max_length": context,
+            "min_length": context if no_eos else 0,
+            "no_repeat_ngram_size": 0, "num_beams": 1, "num_return_sequences": 1,
+            "past_present_share_buffer": False, "repetition_penalty": 1.0,
+            "temperature": 1.0, "top_k": 1, "top_p": 1.0,
+        },
+    }
+
+
+def write_genai_config(graph: Graph, model_path: Path,
+                       tokens: Mapping[str, Any] | None = None) -> Path:
+    """Write genai_config.json next to ``model_path`` (atomically)."""
+    from tfgraph.io import atomic_write
+
+    target = model_path.parent / FILENAME
+    with atomic_write(target) as out:
+        json.dump(genai_config(graph, model_path.name, tokens), out, indent=4)
+        out.write("\n")
+    return target

@@ -1,0 +1,61 @@
+"""The ONNX model without its weights: nodes, inputs, outputs, value infos, opset, metadata.
+
+The initializers are added afterwards, in memory (``to_onnx``) or streamed straight to the file
+(``tfgraph.exporters.onnx.writer``); everything else about the model is decided here.
+"""
+
+from __future__ import annotations
+
+
+import onnx
+from onnx import helper
+
+from tfgraph.exporters.onnx.builder import Builder, dims
+from tfgraph.exporters.onnx.ops import MAX_OPSET, ONNX_OPS, check_opset
+from tfgraph.exporters.onnx.tensors import ELEM_TYPE
+from tfgraph.graph.ir import Graph, Node
+# metadata_props key of the spec as JSON, so `tfgraph run MODEL.onnx --check` can rebuild it.
+from tfgraph.graph.ir import SPEC_METADATA_KEY
+
+
+def _value_info(b: Builder, node: Node) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(node.name, ELEM_TYPE[node.type.dtype],
+                                         dims(node.type.shape, b.dim_names))
+
+
+def build_structure(graph: Graph, opset: int = MAX_OPSET) -> onnx.ModelProto:
+    """The model without initializer data: nodes, inputs, outputs, value infos, metadata."""
+    check_opset(opset)
+    b = Builder(graph, opset)
+    value_infos = []
+    for node in graph.ops():
+        out = ONNX_OPS[node.op](b, node)
+        if out != node.name:  # an emitter contract, not a user error
+            raise AssertionError(f"{node.name}: ONNX emitter for {node.op} wrote {out}")
+        if node.name not in graph.outputs:
+            value_infos.append(_value_info(b, node))
+    onnx_graph = helper.make_graph(
+        b.nodes, graph.name,
+        inputs=[_value_info(b, graph.node(i)) for i in graph.inputs],
+        outputs=[_value_info(b, graph.node(o)) for o in graph.outputs],
+        value_info=value_infos,
+    )
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(
+        onnx_graph, opset_imports=opsets, producer_name="tfgraph",
+        # The lowest IR version that carries this opset: onnx 1.23 would write IR 14 by
+        # default, which onnxruntime 1.31 rejects ("max supported IR version: 13").
+        ir_version=helper.find_min_ir_version_for(opsets),
+    )
+    from tfgraph.version import __version__
+
+    model.producer_version = __version__
+    source = graph.info.source
+    if source is not None:
+        # Both are protobuf strings (length-delimited UTF-8): any text the spec allows, quotes,
+        # newlines, U+2028 and escape characters included, is stored and read back unchanged,
+        # with nothing to escape. (Lone surrogates, which UTF-8 cannot encode, are refused
+        # when the spec is validated.) Printing them is the reader's job.
+        model.doc_string = graph.info.description
+        helper.set_model_props(model, {SPEC_METADATA_KEY: source.json()})
+    return model

@@ -1,0 +1,103 @@
+"""ONNX emitters of the mixture-of-experts ops (``tfgraph.graph.ops_moe``; README, ``ffn.experts``).
+
+The routed experts use the dense form: every expert runs on every token as batched MatMuls
+over the stacked (E, H, d) weights, and the outputs are summed weighted by the routing
+weights, which ``route`` leaves exactly 0 outside each token's top k. The result is the same
+function as the PyTorch back end's gather form (which runs each expert on its own tokens),
+while the model performs E/k times the routed experts' FLOPs: the report's
+``flops.forward_all_experts`` and ``matmul_all_experts``. It needs only standard opset-17 ops
+(a gather form would need a loop over experts or per-token copies of the expert weights).
+Routing: Softmax, TopK and ScatterElements into zeros, in float32 as the PyTorch back end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from onnx import TensorProto, helper
+
+from tfgraph.exporters.onnx.builder import Builder
+from tfgraph.exporters.onnx.tensors import ELEM_TYPE
+from tfgraph.graph.ir import Node
+
+GELU_OPSET = 20  # the opset of ONNX's Gelu (as tfgraph.exporters.onnx.ops)
+
+
+def _activation(b: Builder, scope: str, x: str, activation: str) -> str:
+    if activation == "silu":
+        return b.add(scope, "Mul", [x, b.add(scope, "Sigmoid", [x])], tag="silu")
+    if activation == "relu":
+        return b.add(scope, "Relu", [x])
+    approximate = "tanh" if activation == "gelu_tanh" else "none"
+    if b.opset >= GELU_OPSET:
+        return b.add(scope, "Gelu", [x], approximate=approximate)
+    if approximate == "none":  # 0.5 x (1 + erf(x / sqrt 2))
+        inner = b.add(scope, "Erf", [b.add(scope, "Mul", [x, b.const(
+            scope, "inv_sqrt2", 1 / math.sqrt(2))], tag="x_over_sqrt2")])
+    else:  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        cube = b.add(scope, "Mul", [b.add(scope, "Mul", [x, x], tag="x2"), x], tag="x3")
+        cube = b.add(scope, "Mul", [cube, b.const(scope, "c", 0.044715)], tag="c_x3")
+        arg = b.add(scope, "Mul", [b.add(scope, "Add", [x, cube]),
+                                   b.const(scope, "k", math.sqrt(2 / math.pi))], tag="arg")
+        inner = b.add(scope, "Tanh", [arg])
+    one_plus = b.add(scope, "Add", [inner, b.const(scope, "one", 1.0)], tag="one_plus")
+    y = b.add(scope, "Mul", [x, one_plus], tag="x_mul")
+    return b.add(scope, "Mul", [y, b.const(scope, "half", 0.5)], tag="half")
+
+
+def _route(b: Builder, n: Node) -> str:
+    logits = n.inputs[0]  # (B, L, E)
+    k, router = int(n.attrs["top_k"]), n.attrs["router"]
+    x = logits if b.dtype == "float32" else b.cast(n.name, logits, "float32", tag="to_float32")
+    topk = b.ints([k])
+    if router == "topk_softmax":
+        top, index = b.add_outputs(n.name, "TopK", [x, topk], 2, axis=-1)  # (B, L, k)
+        weights = b.add(n.name, "Softmax", [top], axis=-1)
+    else:
+        probs = b.add(n.name, "Softmax", [x], axis=-1)  # (B, L, E)
+        weights, index = b.add_outputs(n.name, "TopK", [probs, topk], 2, axis=-1)
+        if router == "softmax_topk_renorm":
+            total = b.reduce(n.name, "ReduceSum", weights, [-1])
+            weights = b.add(n.name, "Div", [weights, total], tag="renorm")
+    zero = helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0])
+    zeros = b.add(n.name, "ConstantOfShape", [b.add(n.name, "Shape", [x])], value=zero)
+    out = b.add(n.name, "ScatterElements", [zeros, index, weights], axis=-1)  # (B, L, E)
+    if b.dtype == "float32":
+        return b.add(n.name, "Identity", [out], n.name)
+    return b.add(n.name, "Cast", [out], n.name, to=ELEM_TYPE[b.dtype])
+
+
+def _experts(b: Builder, n: Node) -> str:
+    x, weights, *params = n.inputs  # (B, L, d), (B, L, E), [gate,] up (E, H, d), down (E, d, H)
+    *gate, up, down = params
+    xe = b.add(n.name, "Unsqueeze", [x, b.ints([1])], tag="x_per_expert")  # (B, 1, L, d)
+
+    def project(w: str, tag: str) -> str:  # (B, 1, L, d) @ (E, d, H) -> (B, E, L, H)
+        wt = b.add(n.name, "Transpose", [w], tag=f"{tag}_t", perm=[0, 2, 1])
+        return b.add(n.name, "MatMul", [xe, wt], tag=tag)
+
+    if gate:
+        h = b.add(n.name, "Mul", [_activation(b, n.name, project(gate[0], "gate"),
+                                              n.attrs["activation"]), project(up, "up")],
+                  tag="gated")
+    else:
+        h = _activation(b, n.name, project(up, "up"), n.attrs["activation"])  # (B, E, L, H)
+    down_t = b.add(n.name, "Transpose", [down], tag="down_t", perm=[0, 2, 1])  # (E, H, d)
+    y = b.add(n.name, "MatMul", [h, down_t], tag="down")  # (B, E, L, d)
+    w = b.add(n.name, "Transpose", [weights], tag="weights_t", perm=[0, 2, 1])  # (B, E, L)
+    w = b.add(n.name, "Unsqueeze", [w, b.ints([3])], tag="weights")  # (B, E, L, 1)
+    y = b.add(n.name, "Mul", [y, w], tag="weighted")  # 0 outside each token's top k
+    return b.add(n.name, "ReduceSum", [y, b.ints([1])], n.name, keepdims=0)  # (B, L, d)
+
+
+def _sigmoid_gate(b: Builder, n: Node) -> str:
+    gate, y = n.inputs  # (B, L, 1), (B, L, d)
+    return b.add(n.name, "Mul", [b.add(n.name, "Sigmoid", [gate]), y], n.name)
+
+
+MOE_EMITTERS: dict[str, Callable[[Builder, Node], str]] = {
+    "route": _route,
+    "experts": _experts,
+    "sigmoid_gate": _sigmoid_gate,
+}

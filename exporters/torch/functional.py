@@ -1,0 +1,421 @@
+"""The PyTorch meaning of tfgraph's ops that torch.nn.functional does not have in one call.
+
+Shared by the two PyTorch back ends: ``torch_module`` (``to_torch``) calls these functions and
+``torch_source`` copies their source text verbatim into the generated ``model.py``, so the
+interpreted module and the standalone file run the same kernels in the same order and give
+bit-identical outputs. Keep them self-contained: they may use only ``math``, ``torch`` and
+``F`` (torch.nn.functional), and each other by name.
+
+Shapes: B batch, L (Tq, Tk) sequence lengths, h query heads, kv key/value heads, hd head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def sinusoidal_positions(length: int, d: int, device: torch.device, dtype: torch.dtype,
+                         layout: str = "interleaved") -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same): (L, d).
+
+    layout "split" (fairseq, Marian): the ceil(d/2) sines first, then the floor(d/2) cosines
+    of the same frequencies. Computed per call in float32 (it is cheap next to one matmul) so
+    any sequence length works, including the dynamic lengths of torch.export.
+    """
+    pos = torch.arange(length, device=device, dtype=torch.float32)[:, None]  # (L, 1)
+    i2 = torch.arange(0, d, 2, device=device, dtype=torch.float32)  # 2i, (ceil(d/2),)
+    angles = pos * torch.exp(i2 * (-math.log(10000.0) / d))  # (L, ceil(d/2))
+    if layout == "split":
+        pe = torch.cat((angles.sin(), angles[:, :d // 2].cos()), dim=-1)  # sines, then cosines
+        return pe.to(dtype)  # (L, d)
+    pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleaved sin, cos
+    return pe[:, :d].to(dtype)  # (L, d)
+
+
+def learned_positions(x: Tensor, table: Tensor, offset: int = 0) -> Tensor:
+    """Rows offset .. offset + L - 1 of a learned (max_len + offset, d) position table for x
+    (B, L, d) (OPT and BART read position p from row p + 2).
+
+    A longer input is an error naming max_len (slicing would silently return fewer rows, and
+    a one-row table would broadcast to every position).
+    """
+    length, max_len = x.shape[1], table.shape[0] - offset
+    torch._check(length <= max_len, lambda: (
+        f"sequence length {length} is longer than max_len {max_len} (the rows of the learned "
+        "position table)"))
+    return table[offset:offset + length]  # (L, d)
+
+
+def relative_position_bias(table: Tensor, length: int, bidirectional: bool, buckets: int,
+                           max_distance: int, keys: int | None = None) -> Tensor:
+    """T5's position bias (Raffel et al. 2020): table[bucket(j - i)], (heads, L, L); with
+    ``keys`` T (a KV cache), (heads, L, T) for queries at the last L of T positions.
+
+    A distance n = |j - i| (bidirectional: keys after the query use the upper half of the
+    buckets) or n = max(i - j, 0) (causal) below half the buckets b is its own bucket; larger
+    ones are spaced logarithmically up to max_distance, beyond which they share the last.
+    """
+    total = length if keys is None else keys
+    pos = torch.arange(total, device=table.device)
+    rel = pos[None, :] - pos[total - length:, None]  # (L, T) j - i
+    bucket = torch.zeros_like(rel)
+    if bidirectional:
+        buckets //= 2
+        bucket = bucket + (rel > 0).long() * buckets
+        rel = rel.abs()
+    else:
+        rel = -torch.clamp(rel, max=0)
+    exact = buckets // 2
+    far = exact + (torch.log(rel.float() / exact) / math.log(max_distance / exact)
+                   * (buckets - exact)).long()
+    far = torch.clamp(far, max=buckets - 1)
+    bucket = bucket + torch.where(rel < exact, rel, far)  # (L, T)
+    return F.embedding(bucket, table).permute(2, 0, 1)  # (heads, L, T)
+
+
+def rope_tables(length: int, dim: int, theta: float, device: torch.device, dtype: torch.dtype,
+                inv_freq: tuple[float, ...] | None = None, scale: float = 1.0,
+                interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles pos * theta^(-2i/dim), each (L, dim), dim the rotated
+    channels of a head. Layout rotate-half (GPT-NeoX, Llama): the dim/2 frequencies repeated,
+    pairing channel i with i + dim/2; ``interleaved`` (GPT-J): each frequency twice in a row,
+    pairing 2i with 2i + 1. ``inv_freq``: scaled frequencies (tfgraph.graph.rope) instead of
+    theta's; ``scale``: multiplies cos and sin (YaRN's attention factor)."""
+    if inv_freq is None:
+        inv = 1.0 / theta ** (torch.arange(0, dim, 2, device=device,
+                                           dtype=torch.float32) / dim)  # (dim/2,)
+    else:
+        inv = torch.tensor(inv_freq, device=device, dtype=torch.float32)  # (dim/2,)
+    pos = torch.arange(length, device=device, dtype=torch.float32)  # (L,)
+    return _rope_cos_sin(pos, inv, dtype, scale, interleaved)
+
+
+def rope_tables_at(positions: Tensor, dim: int, theta: float, dtype: torch.dtype,
+                   inv_freq: tuple[float, ...] | None = None, scale: float = 1.0,
+                   interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """rope_tables for given positions (B, S) int64 (padding, KV cache): each (B, S, dim)."""
+    device = positions.device
+    if inv_freq is None:
+        inv = 1.0 / theta ** (torch.arange(0, dim, 2, device=device,
+                                           dtype=torch.float32) / dim)  # (dim/2,)
+    else:
+        inv = torch.tensor(inv_freq, device=device, dtype=torch.float32)  # (dim/2,)
+    return _rope_cos_sin(positions.to(torch.float32), inv, dtype, scale, interleaved)
+
+
+def _rope_cos_sin(pos: Tensor, inv: Tensor, dtype: torch.dtype, scale: float,
+                  interleaved: bool) -> tuple[Tensor, Tensor]:
+    angles = pos[..., None] * inv  # (..., L, dim/2); a product, not a matmul
+    if interleaved:
+        angles = angles.repeat_interleave(2, dim=-1)  # (L, dim): f0 f0 f1 f1 ...
+    else:
+        angles = torch.cat((angles, angles), dim=-1)  # (L, dim)
+    cos, sin = angles.cos(), angles.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int,
+               rotary_dim: int | None = None, interleaved: bool = False) -> Tensor:
+    """Rotate q or k, (B, L, heads*hd) -> same, by x*cos + rotate(x)*sin on the first
+    ``rotary_dim`` channels of each head (all by default); the others pass through (Pythia,
+    Phi-2, GPT-J). rotate: (-x2, x1) of the halves, or of each pair when ``interleaved``.
+
+    Autograd keeps only cos and sin (shared by every call of one forward), not x.
+    """
+    x = x.unflatten(-1, (heads, head_dim))  # (B, L, heads, hd)
+    rest = None
+    if rotary_dim is not None and rotary_dim < head_dim:
+        x, rest = x[..., :rotary_dim], x[..., rotary_dim:]  # (B, L, heads, rd), the rest
+    if interleaved:
+        rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)  # pairs
+    else:
+        x1, x2 = x.chunk(2, dim=-1)  # (B, L, heads, rd/2) each
+        rotated = torch.cat((-x2, x1), dim=-1)  # (B, L, heads, rd)
+    # tables (L, rd) broadcast over B and heads; per-row tables (B, L, rd) over heads
+    out = x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
+    if rest is not None:
+        out = torch.cat((out, rest), dim=-1)  # (B, L, heads, hd)
+    return out.flatten(-2)  # (B, L, heads*hd)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_dim: int,
+              causal: bool, normalize: str, impl: str = "sdpa", scale: float | None = None,
+              softcap: float | None = None, window: int | None = None,
+              bias: Tensor | None = None) -> Tensor:
+    """Multi-head attention on projected q (B, Tq, h*hd), k and v (B, Tk, kv*hd) -> (B, Tq, h*hd).
+
+    softmax with impl "sdpa": the fused kernel (flash on CPU and GPU: keeps only q, k, v, the
+    output and a log-sum-exp per row for backward; grouped k/v without copies), with a
+    boolean band mask for a sliding window. impl "math", hardmax and soft-capped scores (no
+    fused kernel caps): explicit matmuls over the full (B, h, Tq, Tk) score matrix, which
+    FlopCounterMode can see (it counts 0 for the CPU flash kernel).
+    """
+    q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, Tq, hd)
+    k = k.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
+    v = v.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
+    if normalize == "softmax" and impl == "sdpa" and softcap is None and bias is None:
+        mask = None if window is None else attention_mask(q.shape[2], k.shape[2], causal,
+                                                          window, q.device)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           is_causal=causal and mask is None, scale=scale,
+                                           enable_gqa=kv_heads != heads)  # (B, h, Tq, hd)
+    else:
+        y = explicit_attention(q, k, v, causal, normalize, scale, softcap, window, bias)
+    return y.transpose(1, 2).flatten(2)  # (B, Tq, h*hd)
+
+
+def attention_mask(tq: int, tk: int, causal: bool, window: int | None,
+                   device: torch.device) -> Tensor | None:
+    """Which keys each query reads, (Tq, Tk) bool, True = read: key j <= query i when causal,
+    and i - j < window with a sliding window (Mistral, Gemma 2); None when every key is read."""
+    if not causal:
+        return None
+    i = torch.arange(tq, device=device)[:, None]  # (Tq, 1)
+    j = torch.arange(tk, device=device)[None, :]  # (1, Tk)
+    read = j <= i
+    if window is not None:
+        read = read & (i - j < window)
+    return read  # (Tq, Tk)
+
+
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """cap * tanh(x / cap): scores or logits squashed smoothly into (-cap, cap) (Gemma 2)."""
+    return torch.tanh(x / cap) * cap
+
+
+def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize: str,
+                       scale: float | None = None, softcap: float | None = None,
+                       window: int | None = None, bias: Tensor | None = None) -> Tensor:
+    """normalize(softcap(q k^T * scale) + bias + mask) v with q (B, h, Tq, hd), k and v
+    (B, kv, Tk, hd), bias (h, Tq, Tk).
+
+    scale defaults to 1/sqrt(hd); softcap c gives c * tanh(scores / c) (Gemma 2); bias is T5's
+    position bias.
+    Query heads are grouped per k/v head (head j*g + i reads k/v head j, as repeat_interleave
+    and SDPA's enable_gqa do): the g query heads of a group are stacked along the query axis,
+    so each product is an ordinary batched matmul and k and v are never expanded or copied
+    (a broadcasting matmul would save expanded copies of them for backward).
+    hardmax: the one-hot of the arg-max (first index on ties). The arg-max has no gradient,
+    so q and k are detached: backward then keeps only the one-hot weights.
+    """
+    batch, heads, tq, hd = q.shape
+    kv_heads, tk = k.shape[1], k.shape[2]
+    if normalize == "hardmax":
+        q, k = q.detach(), k.detach()
+    q = q.reshape(batch, kv_heads, heads // kv_heads * tq, hd)  # (B, kv, g*Tq, hd)
+    scores = (q @ k.transpose(-2, -1)).unflatten(2, (-1, tq))  # (B, kv, g, Tq, Tk)
+    scores = scores * (1.0 / math.sqrt(hd) if scale is None else scale)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    if bias is not None:
+        scores = scores + bias.unflatten(0, (kv_heads, -1))  # (kv, g, Tq, Tk) broadcast
+    read = attention_mask(tq, tk, causal, window, q.device)  # (Tq, Tk) or None
+    if read is not None:
+        scores = scores.masked_fill(~read, float("-inf"))
+    if normalize == "softmax":
+        weights = scores.softmax(dim=-1)
+    else:
+        first_max = scores.argmax(dim=-1, keepdim=True)  # (B, kv, g, Tq, 1)
+        weights = torch.zeros_like(scores).scatter_(-1, first_max, 1.0)
+    y = weights.flatten(2, 3) @ v  # (B, kv, g*Tq, hd)
+    return y.reshape(batch, heads, tq, hd)  # (B, h, Tq, hd)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) * w computed in float32, keeping only x and the float32
+    per-row rstd for backward, like the fused CUDA kernel. PyTorch's CPU rms_norm is a
+    composite whose autograd also keeps the normalized x (and float32 copies of 16-bit
+    inputs); this keeps training memory what tfgraph's report says on every device."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, weight: Tensor,
+                eps: float) -> Tensor:
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # 16-bit inputs in float32
+        rstd = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x32 * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    # ctx is Any, as in torch's own Function.backward: its stubs declare saved_tensors and
+    # needs_input_grad (torch/_C/__init__.pyi) as 1-tuples, and FunctionCtx has neither.
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.to(rstd.dtype) * rstd  # (..., d) recomputed, not kept
+        grad32 = grad.to(rstd.dtype)
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (grad32 * xhat).flatten(0, -2).sum(0).to(weight.dtype)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            dxhat = grad32 * weight.to(rstd.dtype)
+            # d/dx of x * r with r = (mean(x^2) + eps)^-1/2: r * (dxhat - xhat * mean(dxhat*xhat))
+            grad_x = (rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))).to(x.dtype)
+        return grad_x, grad_w, None
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis (Zhang & Sennrich 2019).
+
+    Inference and CUDA use torch's fused ``F.rms_norm``; CPU training uses ``_RMSNorm``,
+    which keeps for backward what the fused kernel keeps.
+    """
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) and not x.is_cuda:
+        return _RMSNorm.apply(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def scale_norm(x: Tensor, gain: Tensor, eps: float) -> Tensor:
+    """g * x / sqrt(sum(x^2) + eps) with one scalar gain g of shape (1,) (Nguyen & Salazar
+    2019). The same as rms_norm with eps / d and gain g / sqrt(d), since
+    sum(x^2) + eps = d * (mean(x^2) + eps / d), so it shares rms_norm's fused kernels."""
+    d = x.shape[-1]
+    return rms_norm(x, (gain * (1.0 / math.sqrt(d))).expand(d), eps / d)
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Inverted dropout in training, the identity otherwise. ``torch.native_dropout`` is the
+    kernel F.dropout uses on CUDA; on CPU F.dropout multiplies by a full-width noise tensor
+    instead, keeping 4 bytes per element for backward where native_dropout keeps a bool mask."""
+    if not training or p == 0.0:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
+def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean token cross-entropy of logits (B, L, V) against labels (B, L) int64, computed in
+    float32 (16-bit logits are upcast, as Megatron-LM and transformers do): a float32 scalar.
+    Autograd keeps the float32 log-probabilities, the labels and a scalar (tfgraph.graph.ops_loss)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def route(logits: Tensor, top_k: int, router: str) -> Tensor:
+    """Routing weights (B, L, E) from router logits (B, L, E): the k weights at their experts,
+    exactly 0 elsewhere, computed in float32 as transformers' MoE routers do. router
+    "softmax_topk": softmax over the E experts, the k largest (Qwen2-MoE, OLMoE);
+    "softmax_topk_renorm": those divided by their sum (Mixtral, Qwen3-MoE);
+    "topk_softmax": softmax over the k largest logits (Mixtral's reference code)."""
+    x = logits.float()
+    if router == "topk_softmax":
+        top, index = x.topk(top_k, dim=-1)  # (B, L, k)
+        weights = top.softmax(dim=-1)
+    else:
+        weights, index = x.softmax(dim=-1).topk(top_k, dim=-1)  # (B, L, k)
+        if router == "softmax_topk_renorm":
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(x).scatter(-1, index, weights).to(logits.dtype)  # (B, L, E)
+
+
+def expert_activation(x: Tensor, activation: str) -> Tensor:
+    """The element-wise activation of an expert (the gate's, for gated experts)."""
+    if activation == "silu":
+        return F.silu(x)
+    if activation == "gelu":
+        return F.gelu(x)
+    if activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if activation == "relu":
+        return F.relu(x)
+    raise ValueError(f"unknown expert activation {activation!r}")
+
+
+def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
+            activation: str) -> Tensor:
+    """Routed experts: x (B, L, d), routing weights (B, L, E) that are 0 outside each token's
+    top k, stacked weights ([gate (E, H, d),] up (E, H, d), down (E, d, H)) -> (B, L, d).
+
+    Each expert runs only on the tokens routed to it (gathered by index, as transformers and
+    mlx-lm do), so the work is k experts per token, not E; its output, scaled by the token's
+    routing weight, is added back at the token's row."""
+    *gate, up, down = params
+    flat = x.reshape(-1, x.shape[-1])  # (N, d)
+    top_w, top_i = weights.reshape(-1, weights.shape[-1]).topk(top_k, dim=-1)  # (N, k)
+    out = torch.zeros_like(flat)
+    for e in range(up.shape[0]):
+        token, slot = torch.where(top_i == e)  # the (token, slot) pairs routed to e
+        if token.numel() == 0:
+            continue
+        h = flat[token]  # (n_e, d)
+        if gate:
+            h = expert_activation(F.linear(h, gate[0][e]), activation) * F.linear(h, up[e])
+        else:
+            h = expert_activation(F.linear(h, up[e]), activation)  # (n_e, H)
+        y = F.linear(h, down[e]) * top_w[token, slot, None]  # (n_e, d)
+        out.index_add_(0, token, y)
+    return out.reshape(x.shape)
+
+
+def positions_at(table_rows: Tensor, position_ids: Tensor) -> Tensor:
+    """Rows of a (rows, d) position table for each token's position id (B, S) -> (B, S, d)."""
+    return F.embedding(position_ids, table_rows)
+
+
+def sinusoids_at(position_ids: Tensor, d: int, dtype: torch.dtype,
+                 layout: str = "interleaved") -> Tensor:
+    """sinusoidal_positions for each token's position id (B, S) -> (B, S, d)."""
+    rows = int(position_ids.max()) + 1 if position_ids.numel() else 1
+    table = sinusoidal_positions(rows, d, position_ids.device, dtype, layout)  # (rows, d)
+    return F.embedding(position_ids, table)
+
+
+def kv_write(buffer: Tensor, new: Tensor, positions: Tensor, kv_heads: int,
+             head_dim: int) -> Tensor:
+    """A static cache (gpt-fast): write new (B, S, kv*hd) into the preallocated buffer
+    (B, kv, L, hd) at ``positions`` (S,) in place, and return the whole buffer: shapes stay
+    the same from step to step, so torch.compile traces the step once."""
+    new = new.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, S, hd)
+    return buffer.index_copy_(2, positions, new.to(buffer.dtype))
+
+
+def kv_concat(past: Tensor | None, new: Tensor, kv_heads: int, head_dim: int) -> Tensor:
+    """Present keys or values: past (B, kv, P, hd) then new (B, S, kv*hd) -> (B, kv, P+S, hd);
+    without a past, new alone as (B, kv, S, hd)."""
+    new = new.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, S, hd)
+    return new if past is None else torch.cat((past.to(new.dtype), new), dim=2)
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
+                     kv_heads: int, head_dim: int, causal: bool, normalize: str,
+                     scale: float | None = None, softcap: float | None = None,
+                     window: int | None = None, self_read: bool = True,
+                     bias: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+    """Attention of the last S positions' queries q (B, S, h*hd) over present k, v
+    (B, kv, T, hd): key j is read by query i (at position P + i, P = T - S) when
+    mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window; a query always
+    reads its own key (``self_read``; not in cross-attention), so padding rows stay finite.
+    ``positions`` (S,): the queries' positions in a static cache's buffer (kv_write), which
+    are not its last S. -> (B, S, h*hd)."""
+    batch, s, t = q.shape[0], q.shape[1], k.shape[2]
+    q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, S, hd)
+    i = (torch.arange(t - s, t, device=q.device) if positions is None
+         else positions)[:, None]  # (S, 1) absolute query positions
+    j = torch.arange(t, device=q.device)[None, :]  # (1, T)
+    read = (mask[:, None, :] != 0)  # (B, 1, T)
+    if causal:
+        read = read & (j <= i)[None]  # (B, S, T)
+        if window is not None:
+            read = read & (i - j < window)[None]
+    if self_read:
+        read = read | (j == i)[None]  # (B, S, T): its own key always
+    # Query heads grouped per k/v head, as in explicit_attention: no expanded k/v copies.
+    qg = q.reshape(batch, kv_heads, heads // kv_heads * s, head_dim)  # (B, kv, g*S, hd)
+    scores = (qg @ k.transpose(-2, -1)).unflatten(2, (-1, s))  # (B, kv, g, S, T)
+    scores = scores * (1.0 / math.sqrt(head_dim) if scale is None else scale)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    if bias is not None:  # (h, S, T) -> (kv, g, S, T), before the mask
+        scores = scores + bias.unflatten(0, (kv_heads, -1))
+    scores = scores.masked_fill(~read[:, None, None], float("-inf"))
+    if normalize == "softmax":
+        weights = scores.softmax(dim=-1)
+    else:
+        first_max = scores.argmax(dim=-1, keepdim=True)
+        weights = torch.zeros_like(scores).scatter_(-1, first_max, 1.0)
+    y = (weights.flatten(2, 3) @ v).reshape(batch, heads, s, head_dim)  # (B, h, S, hd)
+    return y.transpose(1, 2).flatten(2)  # (B, S, h*hd)

@@ -1,0 +1,366 @@
+"""``parallelize``: a ``to_torch`` module sharded by PyTorch's own engines, tensor parallelism
+(``torch.distributed.tensor.parallel``) and FSDP2 (``torch.distributed.fsdp.fully_shard``),
+the torchtitan recipe: tensor-parallel styles first, then ``fully_shard`` per layer module and
+on the root.
+
+The tensor-parallel plan is ``tfgraph.parallel.tp_plan``'s table turned into styles keyed by
+module path, as Hugging Face's ``base_model_tp_plan`` and torchtitan's plans are (Megatron-LM,
+Shoeybi et al. 2019, section 3: the projections that open a sublayer split by output rows,
+``ColwiseParallel``; those that close it by input columns, ``RowwiseParallel``, whose output
+is all-reduced; token tables and the head split by vocabulary rows):
+
+- ``colwise`` linear: ``ColwiseParallel()``; ``rowwise``: ``RowwiseParallel()`` (its bias
+  whole on every rank, added after the reduction);
+- ``vocab`` token table: ``RowwiseParallel(input_layouts=Replicate())`` on the embedding;
+  ``vocab`` head: ``ColwiseParallel(output_layouts=Replicate())`` (logits gathered), or
+  with ``loss_parallel`` ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)``:
+  the logits stay a vocabulary-split DTensor, for a cross-entropy computed under
+  ``torch.distributed.tensor.parallel.loss_parallel()`` (Megatron's vocab-parallel
+  cross-entropy, Shoeybi et al. 2019 section 3: no rank holds the whole logits; torchtitan's
+  default);
+- ``experts_colwise`` / ``experts_rowwise`` stacked experts (E, hidden, d) / (E, d, hidden):
+  each rank keeps its slice of every expert's hidden units (``ShardParameters``); the experts
+  step reads the local slices, its input is copied to the ranks and its output summed over
+  them (Megatron's f and g operators, as DTensor redistributions);
+- ``replicate`` (norms, routers, position tables, a tied token table): whole on every rank.
+
+The parallel styles convert tensors in the hooks of modules that are *called*; a plain
+``to_torch`` module computes linears with ``F.linear`` on its parameters. ``parallelize``
+therefore rewrites the steps of the modules it shards: a split linear's step calls its owner
+(``LinearWeights``, an ``nn.Linear``), a split table's lookup its ``EmbeddingWeights``, and
+every attention, rotary and per-head norm step gets the heads of one rank (``heads / tp``,
+``kv_heads / tp``). An unparallelized module is untouched.
+
+Sequence parallelism (``sp=True``, Korthikanti et al. 2022; ``torch_sequence_parallel``): the
+activations between sublayers, which tensor parallelism leaves whole on every rank, are held
+as each rank's sequence rows; norms run as ``SequenceParallel`` on their owner modules
+(``NormWeights``), the opening projections read their input all-gathered once, the closing
+ones are ``RowwiseParallel(output_layouts=Shard(1))`` (reduce-scatter), token tables output
+the rank's rows, positions are the rank's own, and the output is gathered.
+
+Expert parallelism (``ep`` > 1; ``torch_expert_parallel``, torchtitan's ``ExpertParallel``):
+the routed experts cut by expert (``Shard(0)`` of the stacked weights) over ``ep`` of the
+data-parallel ranks, each rank routing its own rows and sending each (token, expert) pair to
+the rank holding the expert by all-to-all, and back; with FSDP2 and tp 1 only (``ep`` with
+tensor parallelism, or without FSDP2, is refused with a TfgraphError).
+
+Not done: T5's relative position bias and full-width query/key norms (OLMo 2) under tensor
+parallelism (refused with a TfgraphError).
+
+Initialisation after sharding: build on the meta device (``to_torch(graph, device="meta")``),
+``parallelize``, then ``load_full_state_dict(module, device, full)``: storage allocated
+(``to_empty``) and rank 0's full state dict (e.g. ``to_torch(graph, seed=0).state_dict()``)
+scattered to the shards with ``set_model_state_dict(..., full_state_dict=True,
+broadcast_from_rank0=True)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters.torch.expert_parallel import expert_parallel, shard_experts
+from tfgraph.exporters.torch.module import (
+    EmbeddingWeights,
+    LinearWeights,
+    TorchModel,
+    _Program,
+)
+from tfgraph.exporters.torch.ops import NORM_OPS, TORCH_OPS
+from tfgraph.exporters.torch.sequence_parallel import (
+    sequence_parallel,
+    sequence_parallel_plan,
+    sequence_parallel_styles,
+)
+from tfgraph.graph.ir import Graph
+from tfgraph.graph.ops import OPS
+from tfgraph.parallel.tp_plan import ParamShard, check_divisible, tp_plan
+
+__all__ = ["ShardParameters", "device_mesh", "load_full_state_dict", "module_tp_plan",
+           "parallelize"]
+
+
+class ShardParameters(ParallelStyle):
+    """Each parameter of a module cut along ``dims[name]`` across the tensor-parallel ranks
+    (a DTensor ``Shard(dim)``), with no input or output conversion: for stacked experts, whose
+    step reads the local slices itself (``parallelize`` wraps it)."""
+
+    def __init__(self, dims: Mapping[str, int]) -> None:
+        super().__init__()
+        self.dims = dict(dims)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def partition(name: str, sub: nn.Module, mesh: DeviceMesh) -> None:
+            if sub is not module:
+                return
+            for leaf, param in list(sub.named_parameters(recurse=False)):
+                shard = distribute_tensor(param, mesh, [Shard(self.dims[leaf])],
+                                          src_data_rank=self.src_data_rank)
+                sub.register_parameter(leaf, nn.Parameter(shard, param.requires_grad))
+        return distribute_module(module, device_mesh, partition)
+
+
+def device_mesh(device_type: str, tp: int = 1) -> DeviceMesh:
+    """The (dp, tp) mesh over every process of the group: ``world / tp`` data-parallel
+    replicas (or FSDP shards) of ``tp`` tensor-parallel ranks each, tp innermost (neighbouring
+    ranks, the fast links; Narayanan et al. 2021, section 3.3). Needs an initialised process
+    group; TfgraphError when ``tp`` does not divide the world size."""
+    world = dist.get_world_size()
+    if tp < 1 or world % tp:
+        raise TfgraphError(f"--tp {tp} does not divide the {world} processes")
+    return init_device_mesh(device_type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def module_tp_plan(module: TorchModel, loss_parallel: bool = False
+                   ) -> dict[str, ParallelStyle]:
+    """``tp_plan`` of the module's graph as parallel styles keyed by module path (see the
+    module docstring; ``loss_parallel``: the vocabulary-split head's logits are left split);
+    parameters that stay whole have no entry."""
+    styles: dict[str, ParallelStyle] = {}
+    shards = tp_plan(module.source_graph)
+    experts: dict[str, dict[str, int]] = {}
+    for name, shard in shards.items():
+        path, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(path)
+        if shard.style == "colwise":
+            styles[path] = ColwiseParallel()
+        elif shard.style == "rowwise" and leaf == "weight":
+            styles[path] = RowwiseParallel()
+        elif shard.style == "vocab" and isinstance(owner, EmbeddingWeights):
+            styles[path] = RowwiseParallel(input_layouts=Replicate())
+        elif shard.style == "vocab" and isinstance(owner, LinearWeights):
+            styles[path] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False) \
+                if loss_parallel else ColwiseParallel(output_layouts=Replicate())
+        elif shard.style in ("experts_colwise", "experts_rowwise") and shard.tp_dim is not None:
+            experts.setdefault(path, {})[leaf] = shard.tp_dim
+        elif shard.style != "replicate" and shard.style != "rowwise":
+            raise TfgraphError(f"tensor parallelism of {name} ({shard.style}) is not "
+                               "supported by parallelize")
+    styles.update({path: ShardParameters(dims) for path, dims in experts.items()})
+    return styles
+
+
+def _check_tensor_parallel(graph: Graph, shards: Mapping[str, ParamShard], tp: int) -> None:
+    """What this module cannot split: raise TfgraphError (see the module docstring)."""
+    check_divisible(graph, tp=tp)
+    for node in graph.ops():
+        opdef = OPS[node.op]
+        if opdef.category == "norm" and "heads" not in node.attrs:
+            source = graph.node(node.inputs[0])
+            if source.op == "linear" and shards[source.inputs[1]].style == "colwise":
+                raise TfgraphError(f"{node.name}: a norm over a whole split projection "
+                                   "(full-width query/key norm) needs statistics across "
+                                   "tensor-parallel ranks; not supported")
+        if opdef.tp_refused is not None:
+            raise TfgraphError(f"{node.name}: tensor parallelism of {opdef.tp_refused} "
+                               "is not supported")
+
+
+def _copy_to_ranks(x: Tensor, mesh: DeviceMesh) -> Tensor:
+    """Megatron's f: the same tensor on every tensor-parallel rank, gradients summed over
+    the ranks in backward (each rank's gradient is a partial sum)."""
+    return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(
+        grad_placements=[Partial()])
+
+
+def _sum_over_ranks(y: Tensor, mesh: DeviceMesh) -> Tensor:
+    """Megatron's g: the sum of every rank's partial output (all-reduce), gradient passed
+    through unchanged in backward."""
+    return DTensor.from_local(y, mesh, [Partial()], run_check=False).redistribute(
+        mesh, [Replicate()]).to_local()
+
+
+class _CallOwner:
+    """A linear or embedding step computed by calling its owner module (so the module's
+    parallel-style hooks run); the parameter operands the program passes are not read."""
+
+    def __init__(self, owner: nn.Module) -> None:
+        self.owner = owner
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], *inputs: Any) -> Any:
+        return self.owner(inputs[0] if isinstance(self.owner, LinearWeights) else inputs[1])
+
+
+class _ExpertsOverRanks:
+    """The experts step on each rank's slice of the hidden units: input and routing weights
+    copied to the ranks, the local experts' outputs summed over them."""
+
+    def __init__(self, step: Any, mesh: DeviceMesh) -> None:
+        self.step, self.mesh = step, mesh
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor, weights: Tensor,
+                 *params: Tensor) -> Tensor:
+        local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+        y = self.step(module, attrs, _copy_to_ranks(x, self.mesh),
+                      _copy_to_ranks(weights, self.mesh), *local)
+        return _sum_over_ranks(y, self.mesh)
+
+
+class _NormOfLocalHeads:
+    """A per-head norm (query/key norm: Qwen3, Gemma 3) on this rank's heads: its gain (one
+    per head channel, replicated) is copied to the ranks (Megatron's f), so that its
+    gradient, each rank's heads' share, is summed over the ranks in backward."""
+
+    def __init__(self, step: Any, mesh: DeviceMesh) -> None:
+        self.step, self.mesh = step, mesh
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor,
+                 *params: Tensor) -> Tensor:
+        out: Tensor = self.step(module, attrs, x,
+                                *(_copy_to_ranks(p, self.mesh) for p in params))
+        return out
+
+
+def _grad_as_param(param: Tensor) -> None:
+    """Keep a split parameter's gradient split as the parameter is: the vocabulary-split
+    embedding's backward gives the whole table's gradient (``Replicate``) on every rank; this
+    rank keeps its rows only (a local slice, no communication), as tp_plan counts. Under
+    sequence parallelism a norm's replicated gain gets a ``Partial`` gradient (each rank's
+    rows' share): redistributed to ``Replicate``, an all-reduce."""
+    grad = param.grad
+    if isinstance(param, DTensor) and isinstance(grad, DTensor) \
+            and grad.placements != param.placements:
+        param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+def _keep_gradients_split(module: nn.Module) -> None:
+    """``_grad_as_param`` on every split parameter, registered at each forward on parameters
+    not seen yet: ``to_empty`` and state-dict loading replace the parameter objects (and
+    their hooks) after ``parallelize``. Not under FSDP, which reduce-scatters gradients into
+    its own shards."""
+    def register(mod: nn.Module, args: Any) -> None:
+        for param in mod.parameters():
+            if isinstance(param, DTensor) and not getattr(param, "_grad_kept_split", False):
+                param.register_post_accumulate_grad_hook(_grad_as_param)
+                param._grad_kept_split = True  # type: ignore[attr-defined]
+    module.register_forward_pre_hook(register)
+
+
+def _local_heads(attrs: dict[str, Any], tp: int) -> dict[str, Any]:
+    """A step's attributes with one rank's heads (whole heads per rank: check_divisible)."""
+    return {k: v // tp if k in ("heads", "kv_heads") else v for k, v in attrs.items()}
+
+
+def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int) -> None:
+    """Route split linears and token tables through their owners, run experts over the
+    ranks, and give every step one rank's heads (``split``: ids of the modules the plan
+    shards)."""
+    by_slot = {slot: owner for slot, owner, _ in program.params}
+    for index, (fn, attrs, args, out, dead, inplace, inplace_args) in \
+            enumerate(program.steps):
+        owners = [by_slot[a] for a in args if a in by_slot and id(by_slot[a]) in split]
+        if owners and (fn is TORCH_OPS["linear"] or fn is TORCH_OPS["embedding"]):
+            fn = _CallOwner(owners[0])
+        elif owners and fn is TORCH_OPS["experts"]:
+            fn = _ExpertsOverRanks(fn, mesh)
+        elif "heads" in attrs and any(fn is TORCH_OPS[op] for op in NORM_OPS):
+            fn = _NormOfLocalHeads(fn, mesh)
+        if "heads" in attrs or "kv_heads" in attrs:
+            attrs = _local_heads(attrs, tp)
+        program.steps[index] = (fn, attrs, args, out, dead, inplace, inplace_args)
+
+
+def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = True, *,
+                ep: int = 1, mp_policy: MixedPrecisionPolicy | None = None,
+                reshard_after_forward: bool = True, loss_parallel: bool = False,
+                sp: bool = False) -> TorchModel:
+    """Shard ``module`` (from ``to_torch``, on the meta device or any other) in place and
+    return it.
+
+    ``mesh``: a device mesh with dimension names "dp" and/or "tp" (``device_mesh``). ``tp``:
+    the tensor-parallel degree, the size of ``mesh["tp"]`` (1: none). ``fsdp``: FSDP2
+    ``fully_shard`` over ``mesh["dp"]``, per layer module then on the root, with
+    ``mp_policy`` (e.g. bf16 parameters and float32 gradient reduction) and
+    ``reshard_after_forward``. Postconditions: every parameter is held per rank as
+    ``tfgraph.parallel.tp_plan`` says (cut on its ``tp_dim`` over the tp ranks; FSDP further
+    cuts dim 0 over the dp ranks); forward and backward compute what the whole module
+    computes on the same (per data-parallel rank) batch. TfgraphError when ``tp`` does not
+    divide what it cuts, or the graph has a part that cannot be split (module docstring).
+    ``ep`` > 1: expert parallelism over the data-parallel ranks (``torch_expert_parallel``;
+    FSDP2 and tp 1 only): ``mesh["dp"]`` unflattened into ``(dp_mod_ep, ep)``, the routed
+    experts cut by expert over "ep" and FSDP2-sharded over "dp_mod_ep", tokens exchanged by
+    all-to-all; the experts' parameters are then held as ``tp_plan``'s ``ep_dim`` says.
+    ``loss_parallel`` (tp > 1): a vocabulary-split head returns its logits as a DTensor split
+    on the vocabulary (module docstring); the caller computes the cross-entropy and its
+    backward under ``torch.distributed.tensor.parallel.loss_parallel()``. A tied head is
+    replicated and returns plain logits either way.
+    ``sp`` (tp > 1): sequence parallelism (``torch_sequence_parallel``, Korthikanti et al.
+    2022): the residual stream between sublayers is held as each tp rank's sequence rows
+    (norms by ``SequenceParallel``, all-gather before the column-parallel projections,
+    reduce-scatter after the row-parallel ones); the output is whole on every rank.
+    """
+    if sp and tp <= 1:
+        raise TfgraphError("sequence parallelism splits what tensor parallelism leaves "
+                           "whole: it needs tp > 1")
+    names = mesh.mesh_dim_names or ()
+    experts_mesh = None
+    if ep > 1:  # refuses tp > 1 and fsdp=False before anything is changed
+        experts_mesh = expert_parallel(module, mesh, ep, tp, fsdp)
+    if tp > 1:
+        if "tp" not in names or mesh["tp"].size() != tp:
+            raise TfgraphError(f"tp={tp} needs a mesh with a 'tp' dimension of size {tp}")
+        _tensor_parallel(module, mesh["tp"], tp, loss_parallel, sp)
+        if not fsdp:
+            _keep_gradients_split(module)
+    if fsdp:
+        if "dp" not in names:
+            raise TfgraphError("fsdp needs a mesh with a 'dp' dimension")
+        dp_mesh = mesh["dp"]
+        options: dict[str, Any] = {"mesh": dp_mesh,
+                                   "reshard_after_forward": reshard_after_forward}
+        if mp_policy is not None:
+            options["mp_policy"] = mp_policy
+        for layer in module.layers():
+            if experts_mesh is not None:
+                shard_experts(layer, experts_mesh, dp_mesh.size(), options)
+            fully_shard(layer, **options)
+        fully_shard(module, **options)
+    return module
+
+
+def _tensor_parallel(module: TorchModel, mesh: DeviceMesh, tp: int,
+                     loss_parallel: bool = False, sp: bool = False) -> None:
+    graph = module.source_graph
+    _check_tensor_parallel(graph, tp_plan(graph), tp)
+    styles = module_tp_plan(module, loss_parallel)
+    if sp:  # checked before anything is changed
+        sequence = sequence_parallel_plan(graph)
+        styles = sequence_parallel_styles(module, styles, sequence)
+    split = {id(module.get_submodule(path)) for path in styles}
+    parallelize_module(module, mesh, styles)
+    for program in [module._program, *(layer._program for layer in module.layers())]:
+        _rewrite_steps(program, split, mesh, tp)
+    if sp:
+        sequence_parallel(module, sequence, mesh, tp)
+
+
+def load_full_state_dict(module: nn.Module, device: str | torch.device,
+                         full: Mapping[str, Tensor]) -> None:
+    """Allocate the (sharded, possibly meta) module's storage on ``device`` and fill every
+    shard from rank 0's full state dict ``full`` (other ranks may pass ``{}``): the module then
+    holds, per rank, its part of exactly those values. Collective: every rank calls it."""
+    module.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(module, dict(full), options=options)

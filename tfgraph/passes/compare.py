@@ -1,0 +1,372 @@
+"""Variants side by side (README, ``tfgraph compare``).
+
+``compare(graphs)`` returns one JSON-ready dict: the spec fields that differ, each variant's
+parameters, FLOPs and memory at each sequence length (exactly ``graph.report()``'s numbers),
+ratios to the first variant, the parameters by kind (``tfgraph.passes.param_groups``, report's
+``params_by_kind``), and the attention/FFN crossover solved from the symbolic FLOP expressions.
+The definitions of every figure travel in the dict.
+
+Symbols are ``tfgraph report``'s: S is the sequence length (an encoder-decoder's source, with
+target T = S here), B the batch; L stays the layer count of report's formulas and is never a
+length here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+
+from tfgraph.passes import cost
+from tfgraph.passes.figures import symbolic
+from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.graph.lengths import Lengths
+from tfgraph.passes.param_groups import GROUPING, kind_title, order_kinds, params_by_kind
+from tfgraph.passes.report import build_report, sizes_for
+from tfgraph.passes.report import train_activations as report_train_activations
+
+DEFAULT_SEQS = (128, 512, 2048)
+# (section, key) of graph.report() shown per length, in display order.
+METRICS = (
+    ("flops", "forward"),
+    ("flops", "matmul"),
+    ("memory", "activations_peak"),
+    ("memory", "kv_cache"),
+    ("memory", "train_step"),
+)
+
+DEFINITIONS = {
+    "seq": "sequence length S (report's --seq); encoder-decoder models use source length S "
+           "and target length T = S.",
+    "flops.forward": "graph.report()['flops']['forward']: matmul + other FLOPs of one forward "
+                     "pass (2 FLOPs per multiply-accumulate).",
+    "flops.matmul": "graph.report()['flops']['matmul']: every linear (output head included) "
+                    "and both attention products over the full score matrix.",
+    "memory.activations_peak": "inference activation peak in bytes (liveness over the "
+                               "topological order, attention scores materialised).",
+    "memory.kv_cache": "bytes of K and V of every decoder attention for the whole sequence.",
+    "memory.train_step": "bytes of one Adam training step: weights, gradients, two fp32 "
+                         "moments (+ fp32 master copy for 16-bit dtypes) and the activation "
+                         "peak of forward + backward with the loss (report "
+                         "train_activations_peak).",
+    "ratio": "value / the first variant's value at the same length (null when that is 0 or "
+             "either has no figure).",
+    "params_active": "parameters one token uses: a mixture of experts counts its top-k routed "
+                     "experts (k/E of the stacked expert weights), its shared experts and "
+                     "everything else (report params_active); a dense model all its params.",
+    "per_token": "flops.forward / tokens (batch x length; encoder-decoder: batch x target "
+                 "length) at each length: 'active' counts each token's top-k experts, "
+                 "'all_experts' every expert on every token (report flops.forward_all_experts, "
+                 "what the ONNX model computes); equal for dense models.",
+    "max_len": "the spec's max_len (null when it has none): the longest sequence it is built "
+               "for; the plots mark where each curve passes it.",
+    "beyond_max_len": "the length exceeds the spec's max_len (README, 'Lengths beyond "
+                      "max_len'). Learned positions: the table has no row past max_len, so "
+                      "the model cannot run there and its figures are null (— in the table, "
+                      "no point in the plot). Sinusoidal, rotary, relative or no positions: "
+                      "the model runs there with its positions extrapolating beyond what it "
+                      "was built for, and the figures are the formulas at that length, "
+                      "marked extrapolated (†).",
+    "extrapolated": "beyond_max_len with positions that are not a learned table: the figures "
+                    "(and the model) extrapolate; marked † in the table.",
+    "crossover": "the sequence length S at which attention-score FLOPs "
+                 "(flops_by_kind['attention_scores']: QK^T, scaling, masking, softmax and "
+                 "weights.V of every attention, all layers) equal feed-forward FLOPs "
+                 "(flops_by_kind['ffn']: every FFN sublayer with its norm and residual add); "
+                 "above it attention dominates. Solved exactly from the sympy expressions in S "
+                 "(with T = S); independent of batch, since both are linear in B. "
+                 "first_seq_above is the smallest integer S with attention > FFN.",
+    "params_by_kind": "unique parameters by kind of work, exactly report's params_by_kind "
+                      "(tfgraph.passes.param_groups.params_by_kind): " + GROUPING,
+}
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def spec_differences(graphs: Sequence[Graph]) -> list[dict[str, Any]]:
+    """Spec fields (dotted paths, derived defaults resolved) whose values are not all equal;
+    each with every variant's value (None where a variant has no such field)."""
+    flat = [_flatten(g.spec.model_dump(mode="json")) if g.spec else {} for g in graphs]
+    keys: dict[str, None] = {}
+    for f in flat:
+        keys.update(dict.fromkeys(f))
+    diffs = []
+    for key in keys:
+        if key in ("name", "description"):
+            continue  # they label the columns
+        values = [f.get(key) for f in flat]
+        if any(v != values[0] for v in values[1:]):
+            diffs.append({"field": key, "values": values})
+    return diffs
+
+
+def crossover(graph: Graph, batch: int = 1) -> dict[str, Any]:
+    """Where flops_by_kind['attention_scores'] overtakes flops_by_kind['ffn'], solved in the
+    sequence length S (an encoder-decoder's target T = S)."""
+    kinds = symbolic(graph)["flops_by_kind"]
+    # report's S, without its integer assumption (sympy.solve would drop irrational roots)
+    length = sympy.Symbol("S", positive=True)
+    subs = {SYMBOLS["S"]: length, SYMBOLS["T"]: length, SYMBOLS["B"]: batch}
+    att = sympy.expand(sympy.sympify(kinds.get("attention_scores", 0)).xreplace(subs))
+    ffn = sympy.expand(sympy.sympify(kinds.get("ffn", 0)).xreplace(subs))
+    gap = att - ffn
+    # Attention grows as S^2 and the FFN as S, so the gap has one sign change for S > 0;
+    # keep the roots where attention passes the FFN going up.
+    roots = sorted((r for r in sympy.solve(sympy.Eq(att, ffn), length)
+                    if r.is_real and r > 0), key=float)
+    rising = [r for r in roots if sympy.diff(gap, length).subs(length, r) > 0]
+    out: dict[str, Any] = {
+        "attention_scores_flops": str(att),
+        "ffn_flops": str(ffn),
+        "variable": "S",
+    }
+    if not rising:
+        out.update(seq=None, exact=None, first_seq_above=None)
+        return out
+    root = rising[0]
+    forward = sympy.sympify(symbolic(graph)["flops"]["forward"]).xreplace(subs)
+    out.update(seq=float(root), exact=str(sympy.nsimplify(root)),
+               first_seq_above=int(sympy.floor(root)) + 1,
+               flops_each_at_crossover=float(att.subs(length, root)),
+               forward_flops_at_crossover=float(forward.subs(length, root)))
+    return out
+
+
+def _ratio(value: int | None, first: int | None) -> float | None:
+    """value / first; None when either has no figure (beyond_max_len) or first is 0."""
+    return None if value is None or not first else value / first
+
+
+def measure(graph: Graph, seq: int, batch: int = 1) -> dict[str, int]:
+    """The METRICS of graph.report() at one length, keyed 'flops.forward' etc."""
+    rep = build_report(graph, batch=batch, seq=seq, tgt_seq=seq)
+    return {f"{section}.{key}": rep[section][key] for section, key in METRICS}
+
+
+def per_token(graph: Graph, seq: int, batch: int = 1) -> dict[str, float]:
+    """Forward FLOPs per token at one length: active (each token's top-k experts) and with
+    every expert on every token (DEFINITIONS['per_token'])."""
+    flops = build_report(graph, batch=batch, seq=seq, tgt_seq=seq)["flops"]
+    tokens = batch * seq
+    return {"active": flops["forward"] / tokens,
+            "all_experts": flops.get("forward_all_experts", flops["forward"]) / tokens}
+
+
+def series(graph: Graph, lengths: Sequence[int], batch: int = 1) -> dict[str, list[int]]:
+    """METRICS plus attention-score and FFN FLOPs at each length, for plots.
+
+    The same expressions and liveness pass ``graph.report()`` evaluates, without building a
+    whole report (formulas, roll-ups) per point: a curve has dozens of points.
+    """
+    sym = symbolic(graph)
+    exprs = {f"{section}.{key}": sym[section][key] for section, key in METRICS
+             if key not in ("activations_peak", "train_step")}
+    exprs["flops_by_kind.attention_scores"] = sym["flops_by_kind"].get("attention_scores", 0)
+    exprs["flops_by_kind.ffn"] = sym["flops_by_kind"].get("ffn", 0)
+    out: dict[str, list[int]] = {key: [] for key in [*exprs, "memory.activations_peak",
+                                                     "memory.train_step"]}
+    for seq in lengths:
+        sizes = sizes_for(graph, batch, seq, seq)
+        for key, expr in exprs.items():
+            out[key].append(int(sympy.sympify(expr).xreplace(sizes)))
+        peak = cost.activation_peak(graph, sym["costs"], sizes)
+        out["memory.activations_peak"].append(peak.bytes)
+        train = report_train_activations(graph, sym, sizes, False)[0]
+        out["memory.train_step"].append(int(sym["memory"]["model_states"].xreplace(sizes))
+                                        + train)
+    return out
+
+
+def _figures_at(graph: Graph, rule: Lengths | None, seq: int, batch: int) -> dict[str, Any]:
+    """values, per_token and the max_len flags of one length (DEFINITIONS beyond_max_len,
+    extrapolated): a learned table past its max_len has no figures (None each)."""
+    beyond = rule is not None and rule.beyond(seq)
+    if rule is not None and not rule.has_figures(seq):
+        return {"values": {f"{section}.{key}": None for section, key in METRICS},
+                "per_token": {"active": None, "all_experts": None},
+                "beyond_max_len": True, "extrapolated": False}
+    return {"values": measure(graph, seq, batch), "per_token": per_token(graph, seq, batch),
+            "beyond_max_len": beyond, "extrapolated": beyond}
+
+
+def _flag_crossover(cross: dict[str, Any], rule: Lengths | None) -> dict[str, Any]:
+    """The crossover with the flags of its length: past a learned table's max_len the model
+    never reaches it (the table shows —; the length stays, as the formulas' answer)."""
+    beyond = rule is not None and cross["seq"] is not None and rule.beyond(cross["seq"])
+    cross["beyond_max_len"] = beyond
+    cross["extrapolated"] = beyond and rule is not None and not rule.learned
+    return cross
+
+
+def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
+            batch: int = 1) -> dict[str, Any]:
+    """The comparison dict (JSON-ready) of ``graphs``; ratios are to ``graphs[0]``."""
+    if not graphs:
+        raise ValueError("compare needs at least one graph")
+    if not seqs or any(int(s) < 1 for s in seqs) or batch < 1:
+        raise ValueError("seqs and batch must be positive")
+    seqs = [int(s) for s in seqs]
+    variants: list[dict[str, Any]] = []
+    for graph in graphs:
+        spec = graph.spec
+        rule = Lengths.of(spec) if spec else None  # README, "Lengths beyond max_len"
+        at: list[dict[str, Any]] = []
+        for seq in seqs:
+            at.append({"seq": seq, **_figures_at(graph, rule, seq, batch)})
+        sym = symbolic(graph)
+        variants.append({
+            "name": graph.name,
+            "arch": spec.arch if spec else None,
+            "max_len": spec.max_len if spec else None,
+            "params": int(sym["params"]),
+            "params_active": int(sym.get("params_active", sym["params"])),
+            "params_by_kind": params_by_kind(graph),
+            "at": at,
+            "crossover": _flag_crossover(crossover(graph, batch), rule),
+        })
+    first = variants[0]
+    for v in variants:
+        v["ratio"] = {"params": _ratio(v["params"], first["params"])}
+        for row, base in zip(v["at"], first["at"]):
+            row["ratio"] = {k: _ratio(x, base["values"][k]) for k, x in row["values"].items()}
+    return {
+        "batch": batch,
+        "seqs": seqs,
+        "baseline": first["name"],
+        "differences": spec_differences(graphs),
+        "variants": variants,
+        "definitions": DEFINITIONS,
+    }
+
+
+# ---- one table for every rendering (rich, markdown, HTML) -----------------------------------
+
+METRIC_TITLES = {
+    "flops.forward": "FLOPs forward",
+    "flops.matmul": "FLOPs matmul",
+    "memory.activations_peak": "activations peak",
+    "memory.kv_cache": "KV cache",
+    "memory.train_step": "train step memory",
+}
+
+
+def human_count(n: float) -> str:
+    """1.24e8 -> ``124.4M``; FLOPs and parameter counts."""
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:g}"
+
+
+def human_bytes(n: float) -> str:
+    """Binary units: 307298304 -> ``293.1 MiB``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _with_ratio(text: str, ratio: float | None, first: bool) -> str:
+    if first:
+        return text
+    return f"{text} (×{ratio:.2f})" if ratio is not None else f"{text} (–)"
+
+
+def length_heading(data: dict[str, Any], seq: int) -> str:
+    """The table's section title for one length: ``S = 128, batch 1``; ``S = T = 128`` when an
+    encoder-decoder is compared (its target length is S too)."""
+    two = any(v.get("arch") == "encoder-decoder" for v in data["variants"])
+    return f"{'S = T' if two else 'S'} = {seq}, batch {data['batch']}"
+
+
+def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+    """(section, row title, one cell per variant) for the comparison table. Cells after the
+    first variant carry the ratio to it; past a spec's max_len a figure is marked '†'
+    (extrapolated) or is '—' (a learned table: none), README "Lengths beyond max_len"."""
+    variants = data["variants"]
+    rows: list[tuple[str, str, list[str]]] = []
+    for diff in data["differences"]:
+        rows.append(("spec differences", diff["field"],
+                     ["—" if v is None else str(v) for v in diff["values"]]))
+    rows.append(("parameters", "params",
+                 [_with_ratio(human_count(v["params"]), v["ratio"]["params"], i == 0)
+                  for i, v in enumerate(variants)]))
+    if any(v["params_active"] != v["params"] for v in variants):  # a mixture of experts
+        rows.append(("parameters", "params active (per token)",
+                     [human_count(v["params_active"]) for v in variants]))
+    kinds = order_kinds({k: 0 for v in variants for k in v["params_by_kind"]})
+    for kind in kinds:
+        counts = [v["params_by_kind"].get(kind, 0) for v in variants]
+        rows.append(("parameters", f"  {kind_title(kind)}", [human_count(c) for c in counts]))
+    for j, seq in enumerate(data["seqs"]):
+        for key, title in METRIC_TITLES.items():
+            cells = []
+            for i, v in enumerate(variants):
+                at = v["at"][j]
+                value = at["values"][key]
+                if value is None:  # beyond a learned table's max_len: no figure
+                    cells.append("—")
+                    continue
+                text = human_bytes(value) if key.startswith("memory.") else human_count(value)
+                text = _with_ratio(text, at["ratio"][key], i == 0)
+                cells.append(text + (" †" if at["extrapolated"] else ""))
+            rows.append((length_heading(data, seq), title, cells))
+        if any(v["params_active"] != v["params"] for v in variants):
+            for key, title in (("active", "FLOPs/token active"),
+                               ("all_experts", "FLOPs/token all experts")):
+                per = [v["at"][j]["per_token"][key] for v in variants]
+                rows.append((length_heading(data, seq), title,
+                             ["—" if n is None else human_count(n) for n in per]))
+    cross = []
+    for v in variants:
+        c = v["crossover"]
+        if c["seq"] is None:
+            cross.append("none")
+        elif c.get("beyond_max_len") and not c.get("extrapolated"):
+            cross.append("—")  # past a learned table's max_len: never reached
+        else:
+            cross.append(f"S ≈ {c['seq']:,.1f}" + (" †" if c.get("extrapolated") else ""))
+    rows.append(("attention vs FFN", "crossover length", cross))
+    return rows
+
+
+def table_notes(data: dict[str, Any]) -> list[str]:
+    """Footnotes that the table's marks and ratios refer to."""
+    notes = [f"Ratios (×) are to the first variant, {data['baseline']}.",
+             "Sequence length S: " + DEFINITIONS["seq"].split("; ", 1)[1],
+             "Parameters by kind (as in tfgraph report): " + GROUPING,
+             "Crossover: " + DEFINITIONS["crossover"]]
+    notes.extend(max_len_notes(data))
+    return notes
+
+
+def max_len_notes(data: dict[str, Any]) -> list[str]:
+    """The notes for † and — (README, "Lengths beyond max_len"), when the table has them."""
+    notes = []
+    marked = [v for v in data["variants"]
+              if any(a["extrapolated"] for a in v["at"]) or v["crossover"].get("extrapolated")]
+    if marked:
+        notes.append("†: beyond the max_len of " + _max_lens(marked) + ": sinusoidal, rotary, "
+                     "relative or no positions run past it (extrapolating, with a warning); "
+                     "the figures are the formulas at that length.")
+    refused = [v for v in data["variants"] if any(
+        a["beyond_max_len"] and not a["extrapolated"]
+        for a in [*v["at"], v["crossover"]] if "beyond_max_len" in a)]
+    if refused:
+        notes.append("—: beyond the max_len of " + _max_lens(refused) + ": a learned position "
+                     "table has no row past it, so the model cannot run there and has no "
+                     "figure.")
+    return notes
+
+
+def _max_lens(variants: list[dict[str, Any]]) -> str:
+    """``gpt2 (1,024), opt (2,048)``: each variant's name and max_len."""
+    return ", ".join(f"{v['name']} ({v['max_len']:,})" for v in variants)

@@ -1,0 +1,203 @@
+"""Cost passes over a lowered graph: parameters, FLOPs and memory (README, ``tfgraph report``).
+
+Every figure is a sympy expression in B, S, T first (``symbolic``), evaluated for concrete sizes
+second. Per-op costs come from the op table (``tfgraph.graph.ops``) and are memoised per op signature,
+since the layers of a stack repeat the same ops on the same types.
+
+Precondition: the graph lints (``Graph.lint``). Postcondition: nothing in the graph changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from tfgraph.graph.ir import DTYPE_BYTES, Graph, Node
+from tfgraph.graph.ops import OPS
+from tfgraph.passes.liveness import Interpreter, Step
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Costs of one op node."""
+
+    node: str
+    component: str  # roll-up row (Node.component)
+    kind: str  # kind of work (Node.kind)
+    op: str
+    matmul: sympy.Expr
+    other: sympy.Expr
+    saved: tuple[tuple[str, sympy.Expr], ...]  # (tensor id, bytes), parameters excluded
+    temp: sympy.Expr
+    # FLOPs with every routed expert on every token (OpDef.dense_flops; None: matmul, other)
+    dense: tuple[sympy.Expr, sympy.Expr] | None = None
+
+
+def total(exprs: Iterable[sympy.Expr]) -> sympy.Expr:
+    """Sum of many expressions, most of them repeated (every layer has the same ops): identical
+    terms are counted first, so sympy flattens one term per distinct cost, not one per node."""
+    counts = Counter(exprs)
+    return sympy.Add(*(n * e for e, n in counts.items()))
+
+
+def param_count(p: Node) -> int:
+    """Elements of a parameter node (a sympy product in tfgraph.passes.formulas' symbolic twins)."""
+    return math.prod(p.attrs["shape"])
+
+
+def _signature(node: Node, graph: Graph) -> tuple[Any, ...]:
+    ins = tuple((graph.node(i).type, graph.node(i).is_param) for i in node.inputs)
+    # type names too: 1, 1.0 and True are equal (and hash alike) as attribute values
+    attrs = tuple(sorted((k, type(v).__name__, v) for k, v in node.attrs.items()))
+    return node.op, ins, attrs
+
+
+_COSTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+"""Per-op costs by signature, shared by every graph of the process (a spec's inference and
+loss graphs, the layers of a stack): op cost rules are pure functions of the signature."""
+_COSTS_MAX = 8192
+
+
+def op_costs(graph: Graph) -> list[OpCost]:
+    """Costs of every op node in topological order."""
+    memo = _COSTS
+    if len(memo) >= _COSTS_MAX:
+        memo.clear()
+    costs = []
+    for node in graph.ops():
+        key = _signature(node, graph)
+        if key not in memo:
+            opdef = OPS[node.op]
+            ins = [graph.node(i).type for i in node.inputs]
+            matmul, other = opdef.flops(ins, node.type, node.attrs)
+            dense = opdef.dense_flops(ins, node.type, node.attrs) if opdef.dense_flops else None
+            memo[key] = (matmul, other, opdef.saved(ins, node.type, node.attrs),
+                         opdef.temp(ins, node.type, node.attrs), dense)
+        matmul, other, saved, temp, dense = memo[key]
+        tensors = []
+        for ref, nbytes in saved:
+            if ref[0] == "in":
+                src = node.inputs[ref[1]]
+                if graph.node(src).is_param:
+                    continue  # parameters are not activations
+                tensors.append((src, nbytes))
+            elif ref[0] == "out":
+                tensors.append((node.name, nbytes))
+            else:
+                tensors.append((f"{node.name}#{ref[1]}", nbytes))
+        costs.append(OpCost(node.name, node.component, node.kind, node.op, matmul, other,
+                            tuple(tensors), temp, dense))
+    return costs
+
+
+def params_by_component(graph: Graph) -> dict[str, int]:
+    """Unique parameter counts per component (a tied table counts once, where it is defined)."""
+    out: dict[str, int] = {}
+    for p in graph.params():
+        key = p.component
+        out[key] = out.get(key, 0) + param_count(p)
+    return out
+
+
+def routed_experts(graph: Graph) -> list[Node]:
+    """The mixture-of-experts nodes (op ``experts``; README, ``ffn.experts``)."""
+    return [n for n in graph.ops() if n.op == "experts"]
+
+
+def inactive_params(graph: Graph) -> sympy.Expr:
+    """Parameters a token does not use: the routed experts outside its top k, (E - k) / E of
+    each experts op's stacked weights. params - this = the active parameters per token."""
+    terms = []
+    for node in routed_experts(graph):
+        experts = graph.node(node.inputs[1]).type.shape[-1]
+        stacked = sum(param_count(graph.node(p)) for p in node.inputs[2:])
+        terms.append(sympy.expand(stacked * (experts - node.attrs["top_k"]) / experts))
+    return total(terms)
+
+
+def saved_for_backward(costs: list[OpCost]) -> sympy.Expr:
+    """Bytes kept for the backward pass in one training forward, each tensor counted once."""
+    unique: dict[str, sympy.Expr] = {}
+    for c in costs:
+        for tensor, nbytes in c.saved:
+            unique.setdefault(tensor, nbytes)
+    return total(unique.values())
+
+
+def kv_cache(graph: Graph) -> sympy.Expr:
+    """K and V of every decoder attention for the whole sequence, at kv_heads (README.md, `tfgraph report`):
+    self-attention caches 2*B*T*kv*hd, cross-attention 2*B*S*kv*hd per layer; a sliding-window
+    layer only its last min(T, W) positions."""
+    terms = []
+    for node in graph.ops():
+        if node.op == "attention" and node.meta.stack == "decoder":
+            k, v = (graph.node(i).type for i in node.inputs[1:3])
+            kept = 1  # a sliding window keeps only its last W positions (attention.window)
+            if node.attrs.get("window"):
+                kept = sympy.Min(k.shape[1], node.attrs["window"]) / k.shape[1]
+            terms += [k.nbytes * kept, v.nbytes * kept]
+    return total(terms)
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Inference activation peak: bytes, the node at which it happens, the buffers live there
+    (node names) and its expression (their bytes plus the node's scratch)."""
+
+    bytes: int
+    node: str
+    expr: sympy.Expr
+    live: tuple[str, ...] = ()
+
+
+class _LiveBytes(Interpreter[int]):
+    """The plan's walk with each value's bytes at concrete sizes as its value."""
+
+    def __init__(self, graph: Graph, sizes: dict[sympy.Symbol, int]) -> None:
+        super().__init__(graph)
+        self.sizes = sizes
+        self._cache: dict[sympy.Expr, int] = {}
+
+    def bytes_of(self, expr: sympy.Expr) -> int:
+        if expr not in self._cache:
+            self._cache[expr] = int(sympy.sympify(expr).xreplace(self.sizes))
+        return self._cache[expr]
+
+    def run_node(self, step: Step, args: list[int | None]) -> int:
+        return self.bytes_of(step.node.type.nbytes)
+
+
+def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol, int],
+                    fused_attention: bool = False) -> Peak:
+    """The largest live set of the plan's walk (``tfgraph.passes.liveness``): while an op runs, its
+    inputs, its output, everything held for a later reader and its scratch (``temp``) are
+    live. Parameters are weights, not activations; aliasing ops (dropout) add no buffer."""
+    walk = _LiveBytes(graph, sizes)
+    # a fused kernel streams attention's scores; other scratch (a loss graph's float32 copy
+    # of 16-bit logits) stays
+    temp = {c.node: (sympy.Integer(0) if fused_attention and c.op == "attention" else c.temp)
+            for c in costs}
+    env = {name: walk.bytes_of(graph.node(name).type.nbytes) for name in graph.inputs}
+    best, at = -1, ""
+    live: tuple[str, ...] = ()
+    for step, values in walk.walk(env):
+        if OPS[step.node.op].aliases_input:
+            continue
+        total_now = sum(values.values()) + walk.bytes_of(temp.get(step.node.name, ZERO))
+        if total_now > best:
+            best, at, live = total_now, step.node.name, tuple(values)
+    expr = total([*(graph.node(n).type.nbytes for n in live), temp.get(at, ZERO)])
+    return Peak(best, at, expr, live)
+
+
+ZERO = sympy.Integer(0)
+
+
+def weights_bytes(graph: Graph) -> int:
+    """Bytes of the unique parameters at their dtype."""
+    return sum(param_count(p) * DTYPE_BYTES[p.type.dtype] for p in graph.params())

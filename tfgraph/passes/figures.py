@@ -1,0 +1,102 @@
+"""Every figure of a graph as a sympy expression in B, S, T (the numbers of the report).
+
+One pass over ``tfgraph.passes.cost``'s per-op costs: parameters, FLOPs (forward, matmul, other,
+backward, train step, causal-effective matmul) and memory (weights, saved for backward, KV
+cache, the model states of an Adam step), plus FLOPs by kind of work. The training step's
+memory adds the activation peak of the loss graph to the model states at given sizes
+(``tfgraph.passes.train_walk``, in ``tfgraph.passes.report``). ``tfgraph.passes.report`` evaluates them at sizes,
+``tfgraph.passes.formulas`` rewrites them in the spec's symbols, ``tfgraph.passes.compare`` plots them.
+
+Precondition: the graph lints. Postcondition: the graph is unchanged; the figures are memoised
+on it until it changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from tfgraph.passes import cost
+from tfgraph.graph.ir import DTYPE_BYTES, Graph
+from tfgraph.graph.ops import attended_scores
+
+ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
+MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
+
+
+def _causal_discount(graph: Graph) -> sympy.Expr:
+    """Matmul FLOPs of masked-out scores: 2 products * 2 * B*h*hd per score a query does not
+    read, Tq*(Tq-1)/2 per causal op, more outside a sliding window (``ops.attended_scores``)."""
+    terms = []
+    for node in graph.ops():
+        if node.op == "attention" and node.attrs["causal"]:
+            q, k = (graph.node(i).type for i in node.inputs[:2])
+            b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
+            read = attended_scores(tq, tk, True, node.attrs.get("window"))
+            terms.append(2 * 2 * b * node.attrs["heads"] * node.attrs["head_dim"]
+                         * (tq * tk - read))
+    return cost.total(terms)
+
+
+def symbolic(graph: Graph) -> dict[str, Any]:
+    """Every figure as a sympy expression in B, S, T (memoised on the graph)."""
+    return graph.memo("symbolic", lambda: _symbolic(graph))
+
+
+def _symbolic(graph: Graph) -> dict[str, Any]:
+    costs = cost.op_costs(graph)
+    params = sum(cost.params_by_component(graph).values())
+    matmul = cost.total(c.matmul for c in costs)
+    other = cost.total(c.other for c in costs)
+    forward = matmul + other
+    saved = cost.saved_for_backward(costs)
+    dtype_bytes = DTYPE_BYTES[graph.dtype]
+    weights = cost.weights_bytes(graph)
+    master = MASTER_COPY_BYTES * params if dtype_bytes < 4 else 0
+    by_kind: dict[str, list[sympy.Expr]] = {}
+    for c in costs:
+        kind = "attention_scores" if c.op == "attention" else c.kind
+        by_kind.setdefault(kind, []).append(c.matmul + c.other)
+    out = {
+        "costs": costs,
+        "params": params,
+        "flops": {
+            "forward": forward, "matmul": matmul, "other": other,
+            "backward": 2 * forward, "train_step": 3 * forward,
+            "causal_effective_matmul": sympy.expand(matmul - _causal_discount(graph)),
+        },
+        "memory": {
+            "weights": sympy.sympify(weights),
+            "saved_for_backward": saved,
+            "kv_cache": cost.kv_cache(graph),
+            # weights + gradients (spec dtype) + two fp32 Adam moments (+ fp32 master)
+            "model_states": sympy.sympify(2 * weights + 2 * ADAM_MOMENT_BYTES * params
+                                          + master),
+        },
+        "flops_by_kind": {k: cost.total(v) for k, v in by_kind.items()},
+    }
+    if cost.routed_experts(graph):
+        _add_expert_figures(graph, costs, out)
+    return out
+
+
+# Roles of the routing ops of a mixture-of-experts feed-forward (tfgraph.graph.lower.moe).
+ROUTER_ROLES = ("router", "route")
+
+
+def _add_expert_figures(graph: Graph, costs: list[cost.OpCost], out: dict[str, Any]) -> None:
+    """Mixture-of-experts figures (README, ``ffn.experts``): the parameters a token uses
+    (its top-k routed experts, the shared experts, everything else), the router's FLOPs, and
+    the FLOPs with every routed expert on every token, which is what the ONNX back end's dense
+    form computes (``flops.matmul`` and ``forward`` count each token's top k, as the PyTorch
+    back end computes)."""
+    roles = {n.name: n.meta.role for n in graph.ops()}
+    out["params_active"] = sympy.expand(out["params"] - cost.inactive_params(graph))
+    flops = out["flops"]
+    flops["router"] = cost.total(c.matmul + c.other for c in costs
+                                 if roles[c.node] in ROUTER_ROLES)
+    dense_matmul = cost.total(c.dense[0] if c.dense else c.matmul for c in costs)
+    dense_other = cost.total(c.dense[1] if c.dense else c.other for c in costs)
+    flops["matmul_all_experts"] = dense_matmul
+    flops["forward_all_experts"] = dense_matmul + dense_other

@@ -1,0 +1,246 @@
+"""The cost report: one dict for ``graph.report(...)`` and ``tfgraph report --json`` (README,
+``tfgraph report``).
+
+Conventions (also written into every report under ``conventions``):
+- FLOPs count 2 per multiply-accumulate; ``matmul`` covers every linear (output head included)
+  and both attention products over the full score matrix; ``other`` uses the per-element
+  constants of ``tfgraph.graph.ops.FLOPS_PER_ELEMENT``. Causal attention is counted dense;
+  ``causal_effective_matmul`` counts only the Tq*(Tq+1)/2 unmasked scores of causal products.
+- backward = 2 x forward (two products per forward product: gradients of input and weight;
+  Kaplan et al. 2020, Narayanan et al. 2021); train_step = forward + backward.
+- Memory is in bytes at the spec's dtype.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import sympy
+
+from tfgraph.passes import cost
+from tfgraph.passes.figures import symbolic
+from tfgraph.passes.formulas import spec_formulas
+from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.graph.ops import FLOPS_PER_ELEMENT
+from tfgraph.passes.param_groups import GROUPING, params_by_kind
+from tfgraph.passes.train_walk import loss_graph, train_peak
+
+CONVENTIONS = {
+    "flops": "2 FLOPs per multiply-accumulate; matmul = every linear (output head included) "
+             "and both attention products (QK^T, weights.V) over the full score matrix; "
+             "embedding gathers excluded; causal attention counted dense.",
+    "flops.other": "element-wise work with per-element constants: "
+                   + ", ".join(f"{k} {v}" for k, v in FLOPS_PER_ELEMENT.items())
+                   + "; dropout is the identity at inference (0).",
+    "flops.backward": "2 x flops.forward (input and weight gradients of every product).",
+    "flops.train_step": "flops.forward + flops.backward (optimizer update not counted).",
+    "flops.causal_effective_matmul": "flops.matmul with causal score products counted over "
+                                     "the Tq*(Tq+1)/2 unmasked scores only.",
+    "memory.weights": "unique parameters x bytes of the spec dtype (a tied table once).",
+    "memory.activations_peak": "inference; the walk of tfgraph.passes.liveness (the one the PyTorch module "
+                               "runs): a tensor lives from its producer to its last consumer, "
+                               "an op's inputs, output and scratch are live together, a layer's "
+                               "inputs are held by its caller until the layer returns; unfused "
+                               "attention materialises one B*h*Tq*Tk score matrix; token ids "
+                               "included.",
+    "memory.saved_for_backward": "one training forward: tensors each op keeps for its gradient "
+                                 "(each counted once; parameters excluded; dropout masks at 1 "
+                                 "byte per element; norm statistics in float32; softmax "
+                                 "attention as a fused kernel keeping q, k, v, output and a "
+                                 "float32 log-sum-exp per query row).",
+    "memory.kv_cache": "K and V of every decoder attention at kv_heads for the whole sequence: "
+                       "self-attention over the target, cross-attention over the source.",
+    "memory.model_states": "Adam: weights + gradients (spec dtype) + two fp32 moments "
+                           "(+ an fp32 master copy for 16-bit dtypes).",
+    "memory.train_activations_peak": "one training step of the loss graph (the spec compiled "
+                                     "with loss=True: token cross-entropy over the vocabulary "
+                                     "in float32; tfgraph.passes.train_walk), no recomputation: the "
+                                     "largest live set of activations over forward then "
+                                     "backward. Forward: tensors saved so far (as "
+                                     "saved_for_backward) + buffers still needed + scratch; "
+                                     "backward in reverse op order: saved tensors until their "
+                                     "first saver's backward, each activation gradient from "
+                                     "its first consumer's to its producer's backward (read "
+                                     "twice: accumulated beside the new one), the gradients "
+                                     "an op writes, the loss's float32 log-probabilities with "
+                                     "their gradient and the logits' gradient. Unfused "
+                                     "attention holds one score matrix in its forward and "
+                                     "backward; parameters and their gradients excluded. A "
+                                     "graph without a spec: saved_for_backward.",
+    "memory.train_step": "memory.model_states + memory.train_activations_peak.",
+    "params_active": "mixture of experts only: parameters one token uses, its top-k routed "
+                     "experts (k/E of each layer's stacked expert weights), the shared "
+                     "experts and every other parameter; params counts all experts, and so "
+                     "does memory.weights.",
+    "flops.router": "mixture of experts only: the router's linear (d -> E) and the routing "
+                    "(softmax, top-k selection, renormalisation), included in forward.",
+    "flops.forward_all_experts": "mixture of experts only: forward FLOPs with every routed "
+                                 "expert run on every token. flops.forward and matmul count "
+                                 "each token's top-k experts: the ideal, what the PyTorch back "
+                                 "end computes. The ONNX model computes the dense form, every "
+                                 "expert on every token multiplied by routing weights that are "
+                                 "0 outside the top k: it performs forward_all_experts "
+                                 "(matmul_all_experts of it in matmuls).",
+    "params_by_kind": "unique parameters by kind of work (tfgraph.passes.param_groups, the grouping "
+                      "tfgraph compare shows): " + GROUPING,
+    "formulas": "sympy expressions in B (batch), S (sequence; source for encoder-decoder), "
+                "T (target) and the spec's sizes (values under 'symbols'): L layers per stack "
+                "(L_enc, L_dec when they differ), d d_model, h heads, kv key/value heads, hd "
+                "head_dim, d_ff ffn.hidden, V vocabulary (V_src, V_tgt when two), max_len; a "
+                "derived size equal to its default is written through its sources (hd = d/h, "
+                "kv = h, d_ff = 4*d); each formula is checked to give the numeric expression "
+                "back (formulas_bst: the same in B, S, T only). memory.activations_peak's "
+                "formula is the live set at the peak for the requested sizes; "
+                "memory.train_activations_peak's too, in B, S, T with the spec's sizes as "
+                "numbers (and so the part of memory.train_step it adds).",
+}
+
+
+_FORMULA_ORDER = ["params", *(f"flops.{k}" for k in ("forward", "matmul", "other", "backward",
+                                                      "train_step", "causal_effective_matmul")),
+                  *(f"memory.{k}" for k in ("weights", "activations_peak", "saved_for_backward",
+                                            "kv_cache", "model_states", "train_step",
+                                            "train_activations_peak")),
+                  "params_active", "flops.router", "flops.matmul_all_experts",
+                  "flops.forward_all_experts"]
+
+
+def _int(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int:
+    return int(sympy.Integer(expr.xreplace(sizes)))
+
+
+def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[sympy.Symbol, int]:
+    tgt = seq if tgt_seq is None else tgt_seq
+    return {SYMBOLS["B"]: int(batch), SYMBOLS["S"]: int(seq), SYMBOLS["T"]: int(tgt)}
+
+
+def _fmt(expr: sympy.Expr) -> str:
+    return str(sympy.expand(expr))
+
+
+def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
+    """The size-independent formula strings (B, S, T form; spec-symbol form), printed once per
+    graph: sympy's printer is slow and reports are asked for at many lengths (compare)."""
+
+    def compute() -> tuple[dict[str, str], dict[str, str]]:
+        sym = symbolic(graph)
+        bst = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
+        bst.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
+        bst["params"] = str(sym["params"])
+        if "params_active" in sym:
+            bst["params_active"] = _fmt(sym["params_active"])
+        named = spec_formulas(graph)
+        text = {} if named is None else {k: str(v) for k, v in named.figures.items()}
+        return bst, text
+
+    return graph.memo("formula_text", compute)
+
+
+def train_activations(graph: Graph, sym: dict[str, Any], sizes: dict[sympy.Symbol, int],
+                       fused_attention: bool) -> tuple[int, sympy.Expr, str | None]:
+    """(bytes, live-set expression, "node (phase)") of the training step's activation peak
+    over the loss graph (tfgraph.passes.train_walk); saved_for_backward and no node for a graph
+    without a spec."""
+    train_graph = loss_graph(graph)
+    if train_graph is None:
+        saved = sym["memory"]["saved_for_backward"]
+        return _int(saved, sizes), saved, None
+    peak = train_peak(train_graph, sizes, "none", fused_attention)
+    return peak.bytes, peak.expr, f"{peak.node} ({peak.phase})"
+
+
+def _component_layers(graph: Graph) -> dict[str, dict[str, Any]]:
+    """Where each component row sits: ``{"stack": "decoder", "layer": 3}`` for a layer,
+    ``layer`` None for the rest (``stack`` None outside stacks: the shared table, the head).
+    Displays fold runs of identical layers with it instead of parsing component names."""
+    out: dict[str, dict[str, Any]] = {}
+    for n in graph.nodes():
+        if n.op != "input":
+            out.setdefault(n.component, {"stack": n.meta.stack, "layer": n.meta.layer})
+    return out
+
+
+def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
+                 fused_attention: bool = False) -> dict[str, Any]:
+    """The report dict: totals at the given sizes, roll-ups, formulas, conventions."""
+    for what, value in (("batch", batch), ("seq", seq), ("tgt_seq", tgt_seq)):
+        if value is None and what == "tgt_seq":
+            continue
+        # bool is an int subclass and 2.5 would be truncated silently: refuse both
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    batch, seq = int(batch), int(seq)  # plain ints in the dict (numpy ints are not JSON)
+    tgt_seq = None if tgt_seq is None else int(tgt_seq)
+    sym = symbolic(graph)
+    sizes = sizes_for(graph, batch, seq, tgt_seq)
+    peak = cost.activation_peak(graph, sym["costs"], sizes, fused_attention=fused_attention)
+    flops = {k: _int(v, sizes) for k, v in sym["flops"].items()}
+    memory = {k: _int(v, sizes) for k, v in sym["memory"].items()}
+    memory["activations_peak"] = peak.bytes
+    train_bytes, train_expr, train_at = train_activations(graph, sym, sizes, fused_attention)
+    memory["train_activations_peak"] = train_bytes
+    memory["train_step"] = memory["model_states"] + train_bytes
+    # Components in order of first appearance (the token table, read by the first embedding,
+    # comes first); layers are separate rows, a display may fold identical ones.
+    components: dict[str, dict[str, int]] = {
+        n.component: {"params": 0, "flops_matmul": 0, "flops_other": 0}
+        for n in graph.nodes() if n.op != "input"}
+    component_layers = _component_layers(graph)
+    values: dict[sympy.Expr, int] = {}  # every layer repeats the same few costs
+
+    def at_sizes(expr: sympy.Expr) -> int:
+        if expr not in values:
+            values[expr] = _int(expr, sizes)
+        return values[expr]
+
+    for c in sym["costs"]:
+        row = components[c.component]
+        row["flops_matmul"] += at_sizes(c.matmul)
+        row["flops_other"] += at_sizes(c.other)
+    params_by_component = cost.params_by_component(graph)
+    for key, n in params_by_component.items():
+        components[key]["params"] = n
+    spec = graph.spec
+    static_bst, static_named = _static_formulas(graph)
+    train_formula = sympy.expand(train_expr)
+    bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr),
+           "memory.train_activations_peak": str(train_formula),
+           "memory.train_step": _fmt(sym["memory"]["model_states"] + train_formula)}
+    symbols = {"B": int(batch), "S": int(seq)}
+    if spec is not None and spec.arch == "encoder-decoder":
+        symbols["T"] = int(tgt_seq if tgt_seq else seq)
+    named = spec_formulas(graph)
+    if named is None:
+        formulas = dict(bst)
+    else:
+        formulas = {**static_named,
+                    "memory.activations_peak": str(named.peak(graph, peak, fused_attention)),
+                    "memory.train_activations_peak": str(train_formula),
+                    "memory.train_step": str(named.figures["memory.model_states"]
+                                             + train_formula)}
+        symbols.update(named.used_values())
+    formulas = {k: formulas[k] for k in sorted(formulas, key=_FORMULA_ORDER.index)}
+    bst = {k: bst[k] for k in formulas}
+    return {
+        "name": graph.name,
+        "arch": spec.arch if spec else None,
+        "dtype": graph.dtype,
+        "sizes": {"batch": batch, "seq": seq, "tgt_seq": tgt_seq if tgt_seq else seq,
+                  "fused_attention": fused_attention},
+        "params": sym["params"],
+        **({"params_active": int(sym["params_active"])} if "params_active" in sym else {}),
+        "params_by_component": params_by_component,
+        "flops": flops,
+        "memory": memory,
+        "flops_by_kind": {k: _int(v, sizes) for k, v in sym["flops_by_kind"].items()},
+        "params_by_kind": params_by_kind(graph),  # the grouping compare shows too
+        "components": components,
+        "component_layers": component_layers,
+        "activations_peak_at": peak.node,
+        "train_activations_peak_at": train_at,
+        "formulas": formulas,
+        "formulas_bst": bst,
+        "symbols": symbols,
+        "conventions": CONVENTIONS,
+    }

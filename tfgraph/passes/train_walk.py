@@ -1,0 +1,395 @@
+"""The training step as it runs: forward then backward over a loss graph, and its live peak.
+
+A loss graph (``tfgraph.compile(spec, loss=True)``) ends with the token cross-entropy
+(``tfgraph.graph.ops_loss``). One training step walks it forward in the order of ``tfgraph.passes.liveness``
+(its training form: dropout writes its own buffer), then backward in reverse. Activations only:
+parameters, their gradients and the optimizer's states are not here (``tfgraph.passes.figures``).
+
+Forward, while an op runs: the tensors saved for backward so far (each once, ``OpCost.saved``,
+the op's own included), the forward buffers the plan still needs (inputs, its output, buffers a
+layer's caller holds) and the op's scratch (``temp``: the float32 copy of 16-bit logits; the
+score matrix of unfused attention, none with ``fused_attention``).
+
+Backward, in reverse op order, while an op's backward runs: the saved tensors not yet freed,
+every live activation gradient, the gradients it writes for its inputs and its backward
+scratch; after it, its output's gradient is freed and so is every saved tensor whose first
+saver (in forward order) it is. An activation's gradient lives from its first consumer's
+backward (the last consumer in forward order) to its producer's backward; a tensor read
+twice (the residual stream) has its gradient accumulated: the second consumer's backward holds
+its new gradient next to the accumulated one. The loss's backward writes the logits' gradient
+(B, L, V at the logits' dtype) while the float32 log-probabilities and their gradient are live
+(``ops_loss.backward_temp``). Parameters receive no activation gradient; integer ids and the
+operands an op reads only for their shape (``OpDef.shape_only``: ``relative_bias``' input) none
+either.
+
+Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models"):
+- ``none``: every saved tensor is kept from its op's forward to its backward;
+- ``selective``: attention's score-sized saved tensors (``OpDef.score_sized``: the softmax
+  weights and tanh output that explicit attention keeps: hardmax, a score bias, soft-capping)
+  are not kept; they are
+  recomputed in that attention's backward, where they are live again as scratch. Attention run
+  as a fused kernel keeps no score-sized tensor, so there it equals ``none``;
+- ``full``: each layer (``plan.layer_region``) keeps only its inputs from outside the layer
+  (the residual stream, the encoder output, a position bias); when backward reaches the layer
+  its forward runs again (phase ``recompute``), its saved tensors are rebuilt and freed by its
+  backward, so one layer's worth is live at a time. Ops outside layers keep their own.
+
+Precondition: the graph lints and ends with a ``cross_entropy`` node (a loss graph).
+Postcondition: nothing in the graph changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from tfgraph.passes import cost
+from tfgraph.graph import ops_loss
+from tfgraph.errors import TfgraphError
+from tfgraph.graph.ir import Graph, Node
+from tfgraph.graph.lower import lower, with_loss
+from tfgraph.graph.ops import OPS
+from tfgraph.passes.liveness import Plan, Step, plan
+
+RECOMPUTE = ("none", "selective", "full")
+ZERO = sympy.Integer(0)
+
+Region = tuple[Any, ...]
+LayerKey = tuple[str, int] | None
+
+
+@dataclass(frozen=True)
+class TrainPeak:
+    """The largest live set of one training step's activations.
+
+    ``bytes`` at the sizes asked for; ``node`` the op during whose ``phase`` ("forward",
+    "recompute" or "backward") it happens; ``live`` the tensors live there (buffer names,
+    saved tensor ids, ``grad:NAME`` gradients, ``NAME#scratch`` scratch) and ``expr`` their
+    bytes in B, S, T. ``saved``: bytes kept for backward at the end of forward;
+    ``backward_start``: those plus the logits' gradient, what is live once the loss's
+    backward has written it (the figure a measured step checks)."""
+
+    bytes: int
+    node: str
+    phase: str
+    expr: sympy.Expr
+    live: tuple[str, ...]
+    saved: int
+    backward_start: int
+
+
+def check_recompute(recompute: str) -> None:
+    """TfgraphError unless ``recompute`` is one of ``RECOMPUTE``."""
+    if recompute not in RECOMPUTE:
+        raise TfgraphError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE)}")
+
+
+def loss_graph(graph: Graph) -> Graph | None:
+    """The loss graph of ``graph``: itself when it has a loss node, else its spec lowered with
+    ``loss=True`` (memoised on ``graph``); None for a graph without a spec (built by hand)."""
+    if any(n.op == "cross_entropy" for n in graph.ops()):
+        return graph
+    spec = graph.spec
+    if spec is None:
+        return None
+
+    def make() -> Graph:
+        out = with_loss(graph)  # the graph with the loss appended, when that is all it takes
+        if out is None:
+            out = lower(spec, None, type(graph), loss=True)
+        out.lint()
+        return out
+
+    return graph.memo("loss_graph", make)
+
+
+def loss_node(graph: Graph) -> Node:
+    """The graph's cross-entropy node; TfgraphError when it has none."""
+    for node in graph.ops():
+        if node.op == "cross_entropy":
+            return node
+    raise TfgraphError(f"{graph.name}: no loss node; compile it with loss=True")
+
+
+@dataclass(frozen=True)
+class _Saves:
+    """What the forward keeps under one recompute choice."""
+
+    kept: dict[str, list[tuple[str, sympy.Expr]]]
+    """Per op node, the saved tensors it adds to the live set in the forward."""
+    rebuilt: dict[str, list[tuple[str, sympy.Expr]]]
+    """Per op node in a recomputed layer, the saved tensors its recomputation adds."""
+    dropped: dict[str, sympy.Expr]
+    """Per attention node, the score-sized bytes selective recompute rebuilds in backward."""
+    release: dict[str, str]
+    """Saved tensor id -> the op after whose backward it is freed (its first saver)."""
+
+
+def _is_score_sized(node: Node, tensor: str) -> bool:
+    """Whether saved ``tensor`` of ``node`` is one of the op's score-sized buffers."""
+    return tensor.rpartition("#")[2] in OPS[node.op].score_sized and "#" in tensor
+
+
+def _costs(graph: Graph) -> dict[str, cost.OpCost]:
+    return graph.memo("op_costs_by_node", lambda: {c.node: c for c in cost.op_costs(graph)})
+
+
+def _saves(graph: Graph, walk: Plan, recompute: str) -> _Saves:
+    costs = _costs(graph)
+    region = walk.region
+    kept: dict[str, list[tuple[str, sympy.Expr]]] = {}
+    rebuilt: dict[str, list[tuple[str, sympy.Expr]]] = {}
+    dropped: dict[str, sympy.Expr] = {}
+    release: dict[str, str] = {}
+    started: set[Region] = set()
+    for step in walk.steps:
+        node = step.node
+        saved = list(costs[node.name].saved)
+        if recompute == "selective" and OPS[node.op].score_sized:
+            scores = [(t, b) for t, b in saved if _is_score_sized(node, t)]
+            if scores:
+                dropped[node.name] = cost.total(b for _, b in scores)
+                saved = [(t, b) for t, b in saved if not _is_score_sized(node, t)]
+        key = region.get(node.name)
+        if recompute == "full" and key is not None:
+            rebuilt[node.name] = saved
+            if key not in started:  # the layer's inputs, held from its first op
+                started.add(key)
+                kept[node.name] = [(i, graph.node(i).type.nbytes)
+                                   for i in _region_inputs(graph, walk, key)]
+            for tensor, _ in kept.get(node.name, []):
+                release.setdefault(tensor, node.name)
+            for tensor, _ in saved:  # rebuilt tensors die with their first saver's backward
+                release.setdefault(f"{tensor}@{key}", node.name)
+            continue
+        kept[node.name] = saved
+        for tensor, _ in saved:
+            release.setdefault(tensor, node.name)
+    return _Saves(kept, rebuilt, dropped, release)
+
+
+def _region_inputs(graph: Graph, walk: Plan, key: Region) -> list[str]:
+    """Values a layer reads from outside it (not parameters), in first-read order."""
+    out: list[str] = []
+    for step in walk.steps:
+        if walk.region.get(step.node.name) != key:
+            continue
+        for i in step.node.inputs:
+            if (walk.region.get(i) != key and not graph.node(i).is_param and i not in out):
+                out.append(i)
+    return out
+
+
+def _grad_inputs(graph: Graph, node: Node) -> list[str]:
+    """The operands ``node``'s backward writes a gradient for: floating activations."""
+    skip = OPS[node.op].shape_only
+    out = []
+    for k, i in enumerate(node.inputs):
+        src = graph.node(i)
+        if k in skip or src.is_param or src.op == "input" or src.type.dtype == "int64":
+            continue
+        if i not in out:
+            out.append(i)
+    return out
+
+
+class _Live:
+    """A live set: entries by key with their bytes expression, each held by one or more
+    holders (a tensor saved and still needed forward is one buffer); running total in bytes."""
+
+    def __init__(self, value: Callable[[sympy.Expr], int]) -> None:
+        self.value = value
+        self.entries: dict[str, sympy.Expr] = {}
+        self.holders: dict[str, set[str]] = {}
+        self.total = 0
+        self._seq: dict[str, int] = {}  # when each entry joined (its place in ``entries``)
+        self._joined = 0
+        self._log: list[tuple[str, sympy.Expr, int | None]] = []
+        """Entries that joined (seq None) or left (with their seq) since ``mark``."""
+
+    def add(self, key: str, nbytes: sympy.Expr, holder: str) -> None:
+        if key not in self.entries:
+            self.entries[key] = nbytes
+            self._seq[key] = self._joined
+            self._joined += 1
+            self._log.append((key, nbytes, None))
+            self.total += self.value(nbytes)
+        self.holders.setdefault(key, set()).add(holder)
+
+    def drop(self, key: str, holder: str) -> None:
+        held = self.holders.get(key)
+        if held is None:
+            return
+        held.discard(holder)
+        if not held:
+            del self.holders[key]
+            nbytes = self.entries.pop(key)
+            self._log.append((key, nbytes, self._seq.pop(key)))
+            self.total -= self.value(nbytes)
+
+    def mark(self) -> None:
+        """Remember the entries as they are now (``at_mark`` gives them back later)."""
+        self._log.clear()
+
+    def at_mark(self) -> dict[str, sympy.Expr]:
+        """The entries as they were at the last ``mark``, in the order they had then: the
+        changes since are undone, newest first, instead of walking the step again."""
+        entries = {k: (b, self._seq[k]) for k, b in self.entries.items()}
+        for key, nbytes, seq in reversed(self._log):
+            if seq is None:
+                del entries[key]
+            else:
+                entries[key] = (nbytes, seq)
+        return {k: b for k, (b, _) in sorted(entries.items(), key=lambda kv: kv[1][1])}
+
+
+Event = tuple[str, str]  # (phase, op node name)
+
+
+def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
+            fused_attention: bool, live: _Live) -> Iterator[Event]:
+    """Run the step, yielding after each event (an op's forward, recomputation or backward)
+    with ``live`` as it is while that event runs."""
+    walk = plan(graph, training=True)
+    saves = _saves(graph, walk, recompute)
+    costs = _costs(graph)
+    released: dict[str, list[str]] = {}  # op -> saved tensors freed after its backward
+    for tensor, op in saves.release.items():
+        released.setdefault(op, []).append(tensor)
+
+    def scratch(node: Node) -> sympy.Expr:
+        if node.op == "attention" and fused_attention:
+            return ZERO
+        return costs[node.name].temp
+
+    for name in graph.inputs:
+        live.add(name, graph.node(name).type.nbytes, "buf")
+    yield from _forward(graph, walk, walk.steps, saves.kept, scratch, live, "forward")
+
+    # backward: every activation gradient from its first consumer's to its producer's backward
+    producer = {s.node.name for s in walk.steps}
+    regions_done: set[Region] = set()
+    for step in reversed(walk.steps):
+        node = step.node
+        key = walk.region.get(node.name)
+        if recompute == "full" and key is not None and key not in regions_done:
+            regions_done.add(key)  # entering the layer from its end: run its forward again
+            steps = [s for s in walk.steps if walk.region.get(s.node.name) == key]
+            rebuilt = {n: [(f"{t}@{key}", b) for t, b in v] for n, v in saves.rebuilt.items()}
+            yield from _forward(graph, walk, steps, rebuilt, scratch, live, "recompute",
+                                keep_outputs=False)
+        extra: list[tuple[str, sympy.Expr]] = []
+        back = ZERO
+        if node.op == "cross_entropy":
+            back = ops_loss.backward_temp([graph.node(i).type for i in node.inputs])
+        elif node.op == "attention":
+            back = scratch(node) + saves.dropped.get(node.name, ZERO)
+        if back != ZERO:
+            extra.append((f"{node.name}#scratch", back))
+        for i in _grad_inputs(graph, node):
+            if i not in producer:
+                continue
+            nbytes = graph.node(i).type.nbytes
+            if f"grad:{i}" in live.entries:  # accumulated: the new gradient beside the old
+                extra.append((f"grad:{i}#new", nbytes))
+            else:
+                live.add(f"grad:{i}", nbytes, "grad")
+        for k, b in extra:
+            live.add(k, b, "scratch")
+        yield "backward", node.name
+        for k, _ in extra:
+            live.drop(k, "scratch")
+        live.drop(f"grad:{node.name}", "grad")
+        for tensor in released.get(node.name, ()):
+            live.drop(tensor, "saved")
+
+
+def _forward(graph: Graph, walk: Plan, steps: Any, kept: dict[str, list[tuple[str, Any]]],
+             scratch: Callable[[Node], sympy.Expr], live: _Live, phase: str,
+             keep_outputs: bool = True) -> Iterator[Event]:
+    """The forward over ``steps`` (all, or one layer's when recomputing it): each op's output
+    joins the live set, then its saved tensors; buffers die at the plan's frees."""
+    made: list[str] = []
+    step: Step
+    for step in steps:
+        node = step.node
+        live.add(node.name, node.type.nbytes, "buf")
+        made.append(node.name)
+        for tensor, nbytes in kept.get(node.name, []):
+            live.add(tensor, nbytes, "saved")
+        temp = scratch(node)
+        if temp != ZERO:
+            live.add(f"{node.name}#scratch", temp, "scratch")
+        yield phase, node.name
+        live.drop(f"{node.name}#scratch", "scratch")
+        for buf in step.frees:
+            live.drop(buf, "buf")
+    if not keep_outputs:  # a recomputed layer's outputs are thrown away
+        for name in made:
+            live.drop(name, "buf")
+
+
+def _value_of(sizes: dict[sympy.Symbol, int]) -> Callable[[sympy.Expr], int]:
+    memo: dict[sympy.Expr, int] = {}
+
+    def value(expr: sympy.Expr) -> int:
+        if expr not in memo:
+            memo[expr] = int(sympy.sympify(expr).xreplace(sizes))
+        return memo[expr]
+
+    return value
+
+
+def train_peak(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str = "none",
+               fused_attention: bool = False) -> TrainPeak:
+    """The peak of one training step's activations over the loss graph ``graph`` at
+    ``sizes`` (B, S, T), under ``recompute`` (see the module docstring)."""
+    check_recompute(recompute)
+    loss = loss_node(graph)
+    value = _value_of(sizes)
+    live = _Live(value)
+    best, saved_end = -1, -1
+    node = phase = ""
+    for event_phase, event_node in _events(graph, sizes, recompute, fused_attention, live):
+        if live.total > best:
+            best, phase, node = live.total, event_phase, event_node
+            live.mark()
+        if event_phase == "backward" and saved_end < 0:  # the loss's backward comes first
+            saved_end = sum(value(b) for key, b in live.entries.items()
+                            if "saved" in live.holders[key])
+    entries = live.at_mark()
+    logits = sum(value(graph.node(i).type.nbytes) for i in _grad_inputs(graph, loss))
+    expr = cost.total(entries.values())
+    return TrainPeak(best, node, phase, expr, tuple(entries), saved_end, saved_end + logits)
+
+
+def saved_by_layer(graph: Graph, recompute: str = "none") -> dict[LayerKey, sympy.Expr]:
+    """Bytes kept for backward at the end of the forward, by layer: ``(stack, index)`` for
+    a layer (``plan.layer_region``), ``None`` for everything outside layers (embeddings,
+    final norms, head, loss), as sympy expressions in B, S, T. A tensor saved by ops in
+    several places counts once, where it is first saved (a layer's input, saved by its first
+    norm, counts in that layer; the encoder output, saved by every cross-attention, in the
+    first decoder layer). ``full``: a layer keeps only its inputs. Their sum is the saved
+    bytes of the whole forward under that choice."""
+    check_recompute(recompute)
+    return graph.memo(f"saved_by_layer:{recompute}", lambda: _saved_by_layer(graph, recompute))
+
+
+def _saved_by_layer(graph: Graph, recompute: str) -> dict[LayerKey, sympy.Expr]:
+    walk = plan(graph, training=True)
+    saves = _saves(graph, walk, recompute)
+    seen: set[str] = set()
+    terms: dict[LayerKey, list[sympy.Expr]] = {}
+    for step in walk.steps:
+        region = walk.region.get(step.node.name)
+        key: LayerKey = None if region is None else (region[0], region[1])
+        bucket = terms.setdefault(key, [])
+        for tensor, nbytes in saves.kept.get(step.node.name, []):
+            if tensor not in seen:
+                seen.add(tensor)
+                bucket.append(nbytes)
+    return {k: cost.total(v) for k, v in terms.items()}

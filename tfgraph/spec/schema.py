@@ -1,0 +1,597 @@
+"""The spec language: a Transformer variant as validated pydantic models (README.md, "Spec reference").
+
+Every field has one docstring; choices are ``Literal``; derived defaults (head_dim, kv_heads,
+ffn.hidden, norm.final, embedding.share) are resolved in one place, ``Spec._derive``, so a
+validated ``Spec`` is complete and dumping it to YAML and loading it back gives the same spec.
+Defaults follow the original Transformer (Vaswani et al. 2017): post-norm, ReLU, sinusoidal
+positions, scaled and tied embeddings.
+
+Cross-field rules raise ``ValueError("field.path: what to change")``: pydantic reports them at
+the model's location, so the message starts with the field it is about and the YAML loader uses
+that prefix to point at the right line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tfgraph.spec.rope import RopeScaling, RotaryLayout, derive_rotary, rotary_dim
+
+# Documented upper bounds (README "Limits"): far above any published model, low enough that a
+# typo such as 5120000 for 5120 is caught and symbolic accounting never meets absurd numbers.
+MAX_D_MODEL = 1 << 18  # 262,144
+MAX_LAYERS = 10_000
+MAX_VOCAB = 1 << 24  # 16,777,216
+MAX_HEADS = 4_096
+MAX_HIDDEN = 1 << 21  # 2,097,152
+MAX_LEN = 1 << 24
+MAX_EXPERTS = 1 << 16  # 65,536; DeepSeek-V3 has 256 routed experts
+
+Arch = Literal["encoder-only", "decoder-only", "encoder-decoder"]
+Positions = Literal["sinusoidal", "learned", "rope", "relative", "alibi", "none"]
+"""The position kinds (``embedding.positions``); each has its record in ``POSITION_KINDS``."""
+
+
+@dataclass(frozen=True)
+class PositionKind:
+    """What a kind of positions means for sequence lengths (``tfgraph.graph.lengths``):
+    ``learned``, a table with no row past ``max_len`` (a hard limit); otherwise
+    ``extrapolates``, how the model runs past ``max_len``, ending the warning line."""
+
+    learned: bool = False
+    extrapolates: str = ""
+    position_ids: bool = True
+    """A KV-cache graph takes ``position_ids`` for them (not T5's buckets nor ALiBi's bias,
+    which read distances or the attention mask's key positions alone; nor no positions)."""
+
+
+POSITION_KINDS: dict[str, PositionKind] = {
+    "sinusoidal": PositionKind(extrapolates="its sinusoidal positions extrapolate beyond the "
+                                            "length it was built for"),
+    "learned": PositionKind(learned=True),
+    "rope": PositionKind(extrapolates="its rotary positions extrapolate beyond the length it "
+                                      "was built for"),
+    "relative": PositionKind(extrapolates="its relative-position buckets extrapolate beyond "
+                                          "the length it was built for", position_ids=False),
+    "alibi": PositionKind(extrapolates="its ALiBi biases extrapolate beyond the length it was "
+                                       "built for", position_ids=False),
+    "none": PositionKind(extrapolates="it has no position encoding but runs beyond the length "
+                                      "it was built for", position_ids=False),
+}
+"""One record per position kind: a new kind is its ``Positions`` name and its entry here
+(checked when this module is imported)."""
+if set(POSITION_KINDS) != set(get_args(Positions)):
+    raise ImportError(f"tfgraph.spec.schema: Positions {get_args(Positions)} and POSITION_KINDS "
+                      f"{tuple(POSITION_KINDS)} disagree")
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
+NormPosition = Literal["post", "pre", "branch", "sandwich"]
+NormKind = Literal["layernorm", "rmsnorm", "scalenorm"]
+Residual = Literal["sequential", "parallel"]
+Normalize = Literal["softmax", "hardmax"]
+QKNorm = Literal["none", "head", "full"]
+WindowKind = Literal["local", "global"]
+Router = Literal["softmax_topk", "softmax_topk_renorm", "topk_softmax"]
+Output = Literal["logits", "probs"]
+DType = Literal["float32", "float16", "bfloat16"]
+
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
+# The activation on the gate of each gated feed-forward.
+GATED_INNER = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
+SinusoidLayout = Literal["interleaved", "split"]
+
+
+# YAML's true/false only: pydantic's lax bool would take 1, "yes" or "off" as well.
+Flag = Annotated[bool, Field(strict=True)]
+
+
+def _optional_finite_float(value: Any) -> Any:
+    """``_finite_float``, or None for an optional field left out."""
+    return None if value is None else _finite_float(value)
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and value <= 0.0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def _size(upper: int) -> Any:
+    """A strict positive integer with an upper bound (``true`` or ``"8"`` is not a size)."""
+    return Annotated[int, Field(strict=True, ge=1, le=upper)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+def _finite_float(value: Any) -> Any:
+    """Floats may be written as YAML ints (``10000``) but never as booleans or strings."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("must be a number")
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number (not NaN or infinity)")
+    return float(value)
+
+
+class StackLayers(_Strict):
+    """Layer counts per stack, for encoder-decoder models."""
+
+    encoder: _size(MAX_LAYERS)  # type: ignore[valid-type]
+    """Number of encoder layers."""
+    decoder: _size(MAX_LAYERS)  # type: ignore[valid-type]
+    """Number of decoder layers."""
+
+
+class Vocabularies(_Strict):
+    """Separate source and target vocabularies, for encoder-decoder models."""
+
+    source: _size(MAX_VOCAB)  # type: ignore[valid-type]
+    """Size of the source (encoder input) vocabulary."""
+    target: _size(MAX_VOCAB)  # type: ignore[valid-type]
+    """Size of the target (decoder input and output) vocabulary."""
+
+
+class Embedding(_Strict):
+    """Token and position embeddings and the output projection that may share their table."""
+
+    positions: Positions = "sinusoidal"
+    """How positions enter: added sinusoids (Vaswani et al. 2017 §3.5), an added learned table,
+    rotary embeddings applied to q and k (GPT-NeoX rotate-half convention), relative: T5's
+    learned per-head bias on the self-attention scores by bucketed key - query distance
+    (Raffel et al. 2020 §2.1; bidirectional buckets in the encoder, causal in the decoder,
+    one table per stack shared by its layers, ``{stack}.relative_bias.weight``), alibi: a fixed
+    per-head linear bias slope_h * (key position) on the self-attention scores (Press et al.
+    2022; BLOOM, MPT: decoder-only, no parameters), or none."""
+    relative_buckets: _size(1 << 16) | None = None  # type: ignore[valid-type]
+    """positions relative: distance buckets (T5: 32; half per direction in the encoder).
+    Default: 32."""
+    relative_max_distance: _size(MAX_LEN) | None = None  # type: ignore[valid-type]
+    """positions relative: distances from this on share the last bucket (T5: 128).
+    Default: 128."""
+    scale: Flag = True
+    """Multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017 §3.4)."""
+    tie_output: Flag = True
+    """The output projection reuses the (target) token table instead of its own weight."""
+    share: Flag | None = None
+    """Encoder-decoder only: one token table for both stacks (needs one vocabulary).
+    Default: true when there is one vocabulary, false otherwise."""
+    output_bias: Flag = False
+    """Add a bias to the output projection (``head.bias``)."""
+    rope_theta: float = 10000.0
+    """Base of the rotary frequencies theta^(-2i/d) (positions: rope)."""
+    rotary_fraction: float = 1.0
+    """Rotary only: the share of each head's channels that rotate, the first
+    int(head_dim * fraction) (even); the rest pass through (Pythia 0.25, Phi-2 0.4, GPT-J
+    64 of 256)."""
+    rotary_layout: RotaryLayout = "half"
+    """Rotary only: half pairs channel i with i + d/2 (GPT-NeoX, Llama); interleaved pairs
+    2i with 2i + 1 (GPT-J, the original RoFormer)."""
+    rope_scaling: RopeScaling | None = None
+    """Rotary only: frequencies rescaled for a longer context (linear, llama3, yarn;
+    Llama 3.1, Qwen2.5, DeepSeek-V3). Default: none."""
+    position_offset: Annotated[int, Field(strict=True, ge=0, le=MAX_LEN)] = 0
+    """Learned positions only: position p reads row p + offset of a table of max_len + offset
+    rows (OPT and BART: 2, the rows their padding scheme reserved; the checkpoint keeps them,
+    so parameter counts follow it)."""
+    sinusoid_layout: SinusoidLayout = "interleaved"
+    """Sinusoidal positions only: interleaved PE[p, 2i] = sin, PE[p, 2i+1] = cos (Vaswani et
+    al. 2017), or split: the sines in the first ceil(d/2) channels, the cosines after them
+    (fairseq, Marian)."""
+    token_types: Annotated[int, Field(strict=True, ge=0, le=MAX_VOCAB)] = 0
+    """Rows of a segment table added to the token embeddings (BERT: 2); 0 for none. The model
+    then takes a second input, token_type_ids, all zeros when not given. One stack only."""
+    norm: Flag = False
+    """A norm (norm.kind, norm.eps) on the summed embeddings, before the first layer (BERT's
+    embeddings.LayerNorm, BART's layernorm_embedding, BLOOM's word_embeddings_layernorm);
+    its gains are ``{stack}.embed_norm``."""
+
+    local_rope_theta: float | None = None
+    """Rotary base of the local (sliding-window) layers when it differs from rope_theta
+    (Gemma 3: 10000 locally, 1000000 globally). Default: rope_theta."""
+
+    _finite = field_validator("rope_theta", "rotary_fraction", mode="before")(_finite_float)
+
+    @field_validator("rotary_fraction")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        if not 0.0 < value <= 1.0:
+            raise ValueError("must be in (0, 1] (Pythia: 0.25, Phi-2: 0.4)")
+        return value
+    _finite_optional = field_validator("local_rope_theta", mode="before")(
+        _optional_finite_float)
+
+    @field_validator("rope_theta", "local_rope_theta")
+    @classmethod
+    def _positive_theta(cls, value: float | None) -> float | None:
+        if value is not None and value <= 1.0:
+            raise ValueError("must be greater than 1 (typical values: 10000, 500000)")
+        return value
+
+
+class Attention(_Strict):
+    """Multi-head attention: heads, grouped key/value heads, projections, normalisation."""
+
+    heads: _size(MAX_HEADS)  # type: ignore[valid-type]
+    """Number of query heads."""
+    kv_heads: _size(MAX_HEADS) | None = None  # type: ignore[valid-type]
+    """Number of key/value heads; heads % kv_heads == 0 (GQA; 1 is multi-query). Default: heads."""
+    head_dim: _size(MAX_D_MODEL) | None = None  # type: ignore[valid-type]
+    """Width of one head. Default: d_model / heads (then d_model % heads must be 0)."""
+    bias: Flag = True
+    """Biases on the q, k, v and o projections (the default of the two fields below)."""
+    qkv_bias: Flag | None = None
+    """Biases on the q, k and v projections only (Qwen2 and Qwen2.5: true with out_bias
+    false). Default: bias."""
+    out_bias: Flag | None = None
+    """Bias on the output projection o. Default: bias."""
+    qk_norm: QKNorm = "none"
+    """A norm (of norm.kind) on q and k before rotary positions (Wortsman et al. 2023): head
+    normalises each head's head_dim channels with one gain of width head_dim shared by the
+    heads (Qwen3, Gemma 3); full normalises the whole projection (OLMo 2). Its gains are
+    self_attn.q_norm / k_norm."""
+    scale: float | None = None
+    """Multiplier of the scores q k^T. Default: 1 / sqrt(head_dim) (Vaswani et al. 2017 §3.2.1);
+    T5 uses 1, Gemma 2 query_pre_attn_scalar^-0.5."""
+    softcap: float | None = None
+    """Soft-cap the scores as softcap * tanh(scores / softcap) before the mask (Gemma 2: 50)."""
+    window: _size(MAX_LEN) | None = None  # type: ignore[valid-type]
+    """Sliding-window self-attention: query i reads keys i - window < j <= i, so the KV cache
+    of a local layer holds at most window positions (Mistral v0.1 4096, Gemma 2 4096).
+    Decoder-only."""
+    window_pattern: Annotated[list[WindowKind], Field(min_length=1, max_length=MAX_LAYERS)] \
+        | None = None
+    """Which layers use the window, as a pattern repeated over the layers from the first:
+    [local, global] alternates (Gemma 2), five local then one global is Gemma 3. Default: every
+    layer local. Needs window."""
+    normalize: Normalize = "softmax"
+    """softmax, or hardmax: the one-hot of the arg-max ("hard attention": each query reads only its highest-scoring key)."""
+
+    _finite = field_validator("scale", "softcap", mode="before")(_optional_finite_float)
+    _above_zero = field_validator("scale", "softcap")(_positive)
+
+
+class FeedForward(_Strict):
+    """The position-wise feed-forward sublayer."""
+
+    hidden: _size(MAX_HIDDEN) | None = None  # type: ignore[valid-type]
+    """Inner width d_ff. Default: 4 * d_model."""
+    activation: Activation = "relu"
+    """relu; gelu (exact erf); gelu_tanh (GPT-2's tanh approximation); silu; or the gated
+    swiglu = down(silu(gate(x)) * up(x)), geglu = down(gelu(gate(x)) * up(x)) and
+    geglu_tanh with the tanh GELU (Gemma; T5 v1.1 and Flan-T5's gated "gelu_new")."""
+    bias: Flag = True
+    """Biases on the up, gate and down projections."""
+    experts: _size(MAX_EXPERTS) | None = None  # type: ignore[valid-type]
+    """Routed experts E of a mixture-of-experts feed-forward (Shazeer et al. 2017; Mixtral 8,
+    Qwen2-MoE 60, OLMoE 64, DeepSeek-V3 256). None: one dense feed-forward."""
+    top_k: _size(MAX_EXPERTS) | None = None  # type: ignore[valid-type]
+    """Experts each token is routed to, k <= experts (Mixtral 2, DeepSeek-V3 8). Required
+    with experts."""
+    router: Router | None = None
+    """How router logits become the k routing weights: softmax_topk (softmax over all
+    experts, keep the k largest; Qwen2-MoE, OLMoE: norm_topk_prob false), softmax_topk_renorm
+    (the same, divided by their sum; Mixtral in transformers, Qwen3-MoE), topk_softmax (the
+    k largest logits, softmax over them; Mixtral's reference code; equal to
+    softmax_topk_renorm in exact arithmetic, fewer FLOPs). Default with experts:
+    softmax_topk_renorm."""
+    expert_hidden: _size(MAX_HIDDEN) | None = None  # type: ignore[valid-type]
+    """Inner width of each routed expert (Qwen2-MoE moe_intermediate_size, DeepSeek-V3 2048).
+    Default with experts: hidden."""
+    shared_experts: Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)] | None = None
+    """Experts every token always goes through, each expert_hidden wide, run as one
+    feed-forward of width shared_hidden (DeepSeek-MoE, DeepSeek-V3: 1; Qwen2-MoE: 1).
+    Default with experts: 0."""
+    shared_hidden: _size(MAX_HIDDEN) | None = None  # type: ignore[valid-type]
+    """Width of the shared-expert feed-forward (Qwen2-MoE shared_expert_intermediate_size).
+    Default: shared_experts * expert_hidden (DeepSeek)."""
+    shared_gate: Flag | None = None
+    """Scale the shared experts' output by sigmoid(x w), w a (1, d_model) linear
+    (Qwen2-MoE's shared_expert_gate). Default with experts: false."""
+    dense_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] | None = None
+    """The first N layers keep a dense feed-forward of width hidden (DeepSeek
+    first_k_dense_replace: 3 in V3). One stack only. Default with experts: 0."""
+
+
+class Block(_Strict):
+    """How the sublayers of a layer are combined."""
+
+    residual: Residual = "sequential"
+    """sequential: each sublayer reads the previous one's sum (x = x + attn(n1(x)); then
+    x = x + ffn(n2(x))); parallel: both read the layer input and their outputs are summed,
+    x = x + attn(n1(x)) + ffn(n2(x)) (GPT-J, GPT-NeoX/Pythia; Wang & Komatsuzaki 2021).
+    Parallel needs one stack (no cross-attention) and a norm position other than post."""
+    shared_norm: Flag = False
+    """Parallel only: one pre-norm read by both sublayers, x = x + attn(n(x)) + ffn(n(x))
+    (GPT-J, Falcon, Phi-2); its gains are ``{stack}.layers.{i}.norm``. Needs norm.position
+    pre."""
+
+
+class Norm(_Strict):
+    """Where and how sublayers are normalised."""
+
+    position: NormPosition = "post"
+    """post: norm(x + f(x)) (Vaswani); pre: x + f(norm(x)) (GPT-2); branch: x + norm(f(x))
+    (OLMo 2); sandwich: x + norm(f(norm(x))) (Gemma 2)."""
+    kind: NormKind = "layernorm"
+    """layernorm (gain and bias); rmsnorm (gain, no bias); scalenorm (one scalar g: g*x/||x||_2)."""
+    eps: float = 1e-5
+    """Added inside the normalising square root."""
+    final: Flag | None = None
+    """A norm after the last layer of each stack. Default: true for pre and sandwich."""
+    unit_offset: Flag = False
+    """Gains are stored as offsets from 1: the norm multiplies by (1 + w) and w starts at 0
+    (Gemma, Gemma 2 and 3 RMSNorm; also the qk-norm gains)."""
+
+    _finite = field_validator("eps", mode="before")(_finite_float)
+
+    @field_validator("eps")
+    @classmethod
+    def _eps_range(cls, value: float) -> float:
+        if not 0.0 < value < 1.0:
+            raise ValueError("must be between 0 and 1 (typical values: 1e-5, 1e-6)")
+        return value
+
+
+class Head(_Strict):
+    """The output head: what maps the last hidden state to the vocabulary."""
+
+    transform: Flag = False
+    """BERT's masked-LM transform before the vocabulary projection: a d_model -> d_model
+    linear with bias (``head.transform``), the feed-forward's activation (BERT's hidden_act
+    serves both; a gated one's inner activation), then a norm of norm.kind
+    (``head.transform_norm``)."""
+    scale: float | None = None
+    """Multiply the last hidden state by this before the vocabulary projection (T5 with tied
+    embeddings: d_model^-0.5). Default: no scaling."""
+    softcap: float | None = None
+    """Soft-cap the logits as softcap * tanh(logits / softcap) (Gemma 2: 30)."""
+
+    _finite = field_validator("scale", "softcap", mode="before")(_optional_finite_float)
+    _above_zero = field_validator("scale", "softcap")(_positive)
+
+
+class Spec(_Strict):
+    """A Transformer variant. Validated, with every derived default resolved."""
+
+    name: Annotated[str, Field(strict=True, pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=128)]
+    """Identifier used for output file names: lower case letters, digits, '.', '_' and '-'."""
+    description: Annotated[str, Field(strict=True, max_length=4096)] = ""
+    """Free text, e.g. the paper the numbers come from."""
+    arch: Arch
+    """encoder-only (BERT), decoder-only (GPT) or encoder-decoder (the original Transformer)."""
+    d_model: _size(MAX_D_MODEL)  # type: ignore[valid-type]
+    """Width of the residual stream."""
+    layers: _size(MAX_LAYERS) | StackLayers  # type: ignore[valid-type]
+    """Layers per stack: one int for every stack, or {encoder: N, decoder: M} (encoder-decoder)."""
+    vocab: _size(MAX_VOCAB) | Vocabularies  # type: ignore[valid-type]
+    """Vocabulary size: one int, or {source: N, target: M} (encoder-decoder)."""
+    max_len: _size(MAX_LEN) | None = None  # type: ignore[valid-type]
+    """Longest sequence. Required when positions are learned."""
+    embedding: Embedding = Field(default_factory=Embedding)
+    """Token and position embeddings and output tying."""
+    attention: Attention
+    """Multi-head attention."""
+    ffn: FeedForward = Field(default_factory=FeedForward)
+    """Feed-forward sublayer."""
+    norm: Norm = Field(default_factory=Norm)
+    """Normalisation placement and kind."""
+    block: Block = Field(default_factory=Block)
+    """How a layer combines its sublayers (sequential or parallel residual)."""
+    head: Head = Field(default_factory=Head)
+    """The output head (before and around the vocabulary projection)."""
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    """Dropout probability after embeddings and after each sublayer (training only)."""
+    output: Output = "logits"
+    """logits, or probs (softmax over the vocabulary)."""
+    dtype: DType = "float32"
+    """Parameter and activation dtype."""
+
+    _finite = field_validator("dropout", mode="before")(_finite_float)
+
+    @model_validator(mode="after")
+    def _derive(self) -> Spec:
+        """Check every cross-field rule and resolve the derived defaults, in one place."""
+        # pydantic keeps sub-model instances passed in as they are: derive on copies, so a
+        # shared Attention (or Norm, ...) never carries one spec's derived values into another.
+        self.attention = att = self.attention.model_copy()
+        self.embedding = emb = self.embedding.model_copy()
+        self.ffn = self.ffn.model_copy()
+        self.norm = self.norm.model_copy()
+        self.head = self.head.model_copy()
+        # --- layers and vocab forms against arch
+        if isinstance(self.layers, StackLayers) and self.arch != "encoder-decoder":
+            stack = "encoder" if self.arch == "encoder-only" else "decoder"
+            raise ValueError(
+                f"layers: {{encoder, decoder}} is only for encoder-decoder; {self.arch} has one "
+                f"stack, write layers: {getattr(self.layers, stack)}"
+            )
+        if isinstance(self.vocab, Vocabularies) and self.arch != "encoder-decoder":
+            raise ValueError(
+                f"vocab: {{source, target}} is only for encoder-decoder; {self.arch} has one "
+                "vocabulary, write vocab: N"
+            )
+        # --- attention geometry
+        if att.head_dim is None:
+            if self.d_model % att.heads:
+                raise ValueError(
+                    f"attention.heads: d_model {self.d_model} is not divisible by heads "
+                    f"{att.heads}; choose heads dividing d_model or set attention.head_dim"
+                )
+            att.head_dim = self.d_model // att.heads
+        if att.kv_heads is None:
+            att.kv_heads = att.heads
+        if att.qkv_bias is None:
+            att.qkv_bias = att.bias
+        if att.out_bias is None:
+            att.out_bias = att.bias
+        if att.heads % att.kv_heads:
+            raise ValueError(
+                f"attention.kv_heads: heads {att.heads} is not a multiple of kv_heads "
+                f"{att.kv_heads}; kv_heads must divide heads"
+            )
+        if emb.positions == "rope" and emb.rotary_fraction == 1.0 and att.head_dim % 2:
+            raise ValueError(
+                f"attention.head_dim: rotary positions rotate pairs, so head_dim must be even "
+                f"(got {att.head_dim})"
+            )
+        if att.window_pattern is not None and att.window is None:
+            raise ValueError("attention.window_pattern: says which layers use the sliding "
+                             "window; set attention.window too")
+        if att.window is not None and self.arch != "decoder-only":
+            raise ValueError("attention.window: sliding windows are implemented for the causal "
+                             "self-attention of decoder-only models")
+        if emb.local_rope_theta is not None and (att.window is None or emb.positions != "rope"):
+            raise ValueError("embedding.local_rope_theta: the rotary base of sliding-window "
+                             "layers needs positions: rope and attention.window")
+        derive_rotary(emb, att.head_dim, self.max_len)
+        # --- embeddings
+        if emb.positions == "relative":  # T5's defaults (Raffel et al. 2020)
+            emb.relative_buckets = emb.relative_buckets or 32
+            emb.relative_max_distance = emb.relative_max_distance or 128
+            if emb.relative_buckets < 4:
+                raise ValueError("embedding.relative_buckets: T5's buckets are halved per "
+                                 "direction and again into exact and log-spaced ones; use >= 4")
+        elif emb.relative_buckets is not None or emb.relative_max_distance is not None:
+            raise ValueError("embedding.relative_buckets: relative_buckets and "
+                             "relative_max_distance are for positions: relative")
+        if emb.positions == "alibi" and self.arch != "decoder-only":
+            raise ValueError("embedding.positions: alibi biases causal self-attention "
+                             "(BLOOM, MPT): decoder-only models only")
+        if emb.positions == "learned" and self.max_len is None:
+            raise ValueError("max_len: required when embedding.positions is learned")
+        if emb.position_offset and emb.positions != "learned":
+            raise ValueError("embedding.position_offset: offsets rows of a learned position "
+                             "table; set positions: learned or remove it")
+        if emb.sinusoid_layout != "interleaved" and emb.positions != "sinusoidal":
+            raise ValueError("embedding.sinusoid_layout: only sinusoidal positions have a "
+                             "layout; set positions: sinusoidal or remove it")
+        if emb.token_types and self.arch == "encoder-decoder":
+            raise ValueError("embedding.token_types: segment embeddings are for one-stack "
+                             "models (BERT); remove it or use encoder-only / decoder-only")
+        one_vocab = not isinstance(self.vocab, Vocabularies)
+        if self.arch != "encoder-decoder":
+            if emb.share:
+                raise ValueError(
+                    "embedding.share: only encoder-decoder models have two stacks to share a "
+                    "table between; remove it"
+                )
+            emb.share = False
+        elif emb.share is None:
+            emb.share = one_vocab
+        elif emb.share and not one_vocab:
+            raise ValueError(
+                "embedding.share: sharing one table needs one vocabulary; write vocab: N or "
+                "set share: false"
+            )
+        # --- feed-forward and norms
+        if self.ffn.hidden is None:
+            self.ffn.hidden = 4 * self.d_model
+        _derive_experts(self)
+        if self.norm.final is None:
+            self.norm.final = self.norm.position in ("pre", "sandwich")
+        if self.block.residual == "parallel":
+            if self.arch == "encoder-decoder":
+                raise ValueError("block.residual: parallel sums self-attention and "
+                                 "feed-forward; an encoder-decoder's cross-attention has no "
+                                 "parallel form; use sequential")
+            if self.norm.position == "post":
+                raise ValueError("block.residual: parallel adds both branches to the layer "
+                                 "input; norm.position post normalises that sum instead; use "
+                                 "pre, branch or sandwich")
+        if self.block.shared_norm and (self.block.residual != "parallel"
+                                       or self.norm.position != "pre"):
+            raise ValueError("block.shared_norm: one norm shared by both sublayers needs "
+                             "block.residual: parallel and norm.position: pre")
+        return self
+
+    # ---- derived views used by lowering and reports -------------------------------------
+
+    @property
+    def stacks(self) -> tuple[str, ...]:
+        """The stacks this architecture has, in execution order."""
+        return {
+            "encoder-only": ("encoder",),
+            "decoder-only": ("decoder",),
+            "encoder-decoder": ("encoder", "decoder"),
+        }[self.arch]
+
+    def layer_count(self, stack: str) -> int:
+        """Layers in ``stack``."""
+        if isinstance(self.layers, StackLayers):
+            return int(getattr(self.layers, stack))
+        return int(self.layers)
+
+    def vocab_size(self, role: str) -> int:
+        """Vocabulary of ``role``: 'source' (encoder input) or 'target' (decoder, output)."""
+        if isinstance(self.vocab, Vocabularies):
+            return int(getattr(self.vocab, role))
+        return int(self.vocab)
+
+    def layer_is_local(self, index: int) -> bool:
+        """Layer ``index`` attends through the sliding window (attention.window_pattern)."""
+        att = self.attention
+        if att.window is None:
+            return False
+        pattern = att.window_pattern or ["local"]
+        return pattern[index % len(pattern)] == "local"
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels of each head that rotary positions rotate (embedding.rotary_fraction)."""
+        assert self.attention.head_dim is not None
+        return rotary_dim(self.attention.head_dim, self.embedding.rotary_fraction)
+
+    @property
+    def output_vocab(self) -> int:
+        """Size of the output distribution: the target vocabulary (or the only one)."""
+        return self.vocab_size("target" if self.arch == "encoder-decoder" else "source")
+
+
+MOE_FIELDS = ("top_k", "router", "expert_hidden", "shared_experts", "shared_hidden",
+              "shared_gate", "dense_layers")
+
+
+def _derive_experts(spec: Spec) -> None:
+    """Rules and defaults of the mixture-of-experts fields of ``spec.ffn`` (in place)."""
+    ffn = spec.ffn
+    if ffn.experts is None:
+        for name in MOE_FIELDS:
+            if getattr(ffn, name) is not None:
+                raise ValueError(f"ffn.{name}: only for a mixture of experts; set ffn.experts "
+                                 "or remove it")
+        return
+    if ffn.top_k is None:
+        raise ValueError("ffn.top_k: required with ffn.experts (experts per token, e.g. 2)")
+    if ffn.top_k > ffn.experts:
+        raise ValueError(f"ffn.top_k: {ffn.top_k} is more than the {ffn.experts} experts; "
+                         "choose top_k <= experts")
+    if ffn.bias:
+        raise ValueError("ffn.bias: routed experts have no biases (Mixtral, Qwen-MoE, OLMoE, "
+                         "DeepSeek); set bias: false")
+    if ffn.router is None:
+        ffn.router = "softmax_topk_renorm"
+    if ffn.expert_hidden is None:
+        ffn.expert_hidden = ffn.hidden
+    if ffn.shared_experts is None:
+        ffn.shared_experts = 0
+    if ffn.shared_experts == 0 and (ffn.shared_hidden is not None or ffn.shared_gate):
+        name = "shared_hidden" if ffn.shared_hidden is not None else "shared_gate"
+        raise ValueError(f"ffn.{name}: there are no shared experts; set ffn.shared_experts "
+                         "or remove it")
+    if ffn.shared_experts and ffn.shared_hidden is None:
+        ffn.shared_hidden = ffn.shared_experts * int(ffn.expert_hidden or 0)
+    if ffn.shared_gate is None:
+        ffn.shared_gate = False
+    if ffn.dense_layers is None:
+        ffn.dense_layers = 0
+    if ffn.dense_layers:
+        if len(spec.stacks) > 1:
+            raise ValueError("ffn.dense_layers: dense first layers need one stack; "
+                             f"{spec.arch} has two, remove it")
+        if ffn.dense_layers >= spec.layer_count(spec.stacks[0]):
+            raise ValueError(f"ffn.dense_layers: {ffn.dense_layers} leaves no layer with "
+                             f"experts out of {spec.layer_count(spec.stacks[0])}; choose fewer")

@@ -1,0 +1,94 @@
+"""What a command's SPEC argument brings: a spec, and for a Hugging Face model folder also its
+config, checkpoint and tokenizer files (README.md, "Hugging Face models").
+
+The dtype a model is built in is decided here, once, for every command that builds one: an
+explicit ``--dtype``; else a checkpoint's own dtype (the one most of its bytes are in), except
+that a bfloat16 checkpoint built for onnxruntime becomes float32 (onnxruntime's CPU provider
+has no bfloat16 kernels; widening is exact) and the user is told so; else the spec's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfgraph.cli_support import load_spec_arg
+from tfgraph.errors import TfgraphError
+from tfgraph.graph.ir import Graph
+from tfgraph.spec.schema import Spec
+
+# dtypes onnxruntime's CPU provider runs (tfgraph.exporters.onnx.runtime refuses bfloat16).
+ONNXRUNTIME_DTYPES = ("float32", "float16")
+
+
+@dataclass
+class Source:
+    """A spec and, when it came from a model folder, what else the folder holds."""
+
+    spec: Spec
+    folder: Path | None = None
+    config: dict[str, Any] | None = None
+    checkpoint: Any = None  # tfgraph.hf.checkpoint.Checkpoint, when its weights are used
+    check_finite: bool = False
+    tokenizer: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def weights(self, graph: Graph) -> Any:
+        """The checkpoint's weights under ``graph``'s names, read on demand; its headers are
+        checked against the graph's parameters first, naming the file and tensor at fault."""
+        from tfgraph.hf import name_map
+        from tfgraph.hf.checkpoint_check import check_checkpoint
+        from tfgraph.hf.checkpoint_weights import CheckpointWeights
+        from tfgraph.graph.weights import param_shapes
+
+        assert self.checkpoint is not None and self.config is not None
+        names = name_map(self.config, self.spec)
+        values = CheckpointWeights(self.checkpoint, names, self.check_finite)
+        check_checkpoint(self.checkpoint, names, param_shapes(graph))
+        values.check_buffers()
+        return values
+
+
+def with_dtype(spec: Spec, dtype: str) -> Spec:
+    """``spec`` in ``dtype`` (validated again)."""
+    if spec.dtype == dtype:
+        return spec
+    return Spec.model_validate(spec.model_dump() | {"dtype": dtype})
+
+
+def model_folder(path: str) -> Path | None:
+    """``path`` as a Hugging Face model folder, or None for a spec or config file."""
+    given = Path(path)
+    return given if given.is_dir() else None
+
+
+def load_source(path: str, target: str, weights: Any, seed: int | None, dtype: str | None,
+                check_finite: bool = False) -> Source:
+    """The spec ``path`` names, in the dtype to build for ``target`` (``onnx``, ``torch``,
+    ``hf`` or another target that takes no weights), with the folder's checkpoint when its
+    weights are to be used (no ``--weights``, no ``--seed``)."""
+    spec = load_spec_arg(path)
+    folder = model_folder(path)
+    source = Source(spec, folder, check_finite=check_finite)
+    if folder is not None:
+        from tfgraph.hf.files import read_config
+        from tfgraph.hf.tokenizer import tokenizer_files
+
+        source.config = read_config(folder)[0]
+        source.tokenizer = tokenizer_files(folder)
+        if weights is None and seed is None and target in ("onnx", "torch", "hf"):
+            from tfgraph.hf.checkpoint import Checkpoint
+
+            source.checkpoint = Checkpoint.open(folder)
+    if dtype is None and source.checkpoint is not None:
+        dtype = source.checkpoint.dtype()
+        if target == "onnx" and dtype not in ONNXRUNTIME_DTYPES:
+            source.notes.append(f"the checkpoint is {dtype}, which onnxruntime's CPU provider "
+                                "cannot run: writing float32 (--dtype keeps another)")
+            dtype = "float32"
+    if check_finite and source.checkpoint is None and weights is None:
+        raise TfgraphError("--check-finite checks given weights: a model folder's or "
+                           "--weights FILE's")
+    source.spec = with_dtype(spec, dtype) if dtype is not None else spec
+    return source
