@@ -340,7 +340,7 @@ class _Lowering:
                       f"Embedding scale and positions, the layers and the final norm of the "
                       f"{stack}.")
         x = self.embed(stack, ids, table)  # (B, L, d)
-        self.position_bias = self.relative_bias(stack, x, causal)  # (h, L, L) or None
+        self.position_bias = self.score_bias(stack, x, causal)  # (h, L, L) or None
         for i in range(self.z.layers[stack]):
             x = self.layer(stack, i, x, causal, memory)
         if self.spec.norm.final:
@@ -348,7 +348,7 @@ class _Lowering:
             x = self.norm(x, f"{stack}.norm", f"{stack}.norm", f"{stack}.norm", meta, "norm")
         return x
 
-    def relative_bias(self, stack: str, x: str, causal: bool) -> str | None:
+    def score_bias(self, stack: str, x: str, causal: bool) -> str | None:
         """The position bias of one stack, computed once and added to every self-attention
         of the stack: T5's table[bucket(j - i)] as (h, L, L), buckets bidirectional in an
         encoder; or ALiBi's slope_h * j."""
