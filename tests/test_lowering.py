@@ -81,7 +81,7 @@ def test_every_spec_lowers_lints_and_shapes_evaluate(path):
             if node.op == "input":
                 assert shape == (sizes["B"], length) and node.type.dtype == "int64", node.name
                 continue
-            if node.op == "relative_bias":  # T5: (heads, L, L), shared by the batch
+            if node.op in ("relative_bias", "alibi"):  # (heads, L, L), shared by the batch
                 assert shape == (spec.attention.heads, length, length), node.name
                 continue
             assert shape == (sizes["B"], length, expected_width(spec, node.name)), node.name
