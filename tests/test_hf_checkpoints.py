@@ -271,7 +271,7 @@ def test_hf_folder_from_a_spec(name: str, tmp_path: Path) -> None:
     same(torch_logits(ours, feeds), hf_logits(hf, kwargs))
 
 
-# A Llama-architecture folder the size of benchmarks/hf_build.py's (design §9): 200.8M
+# A Llama-architecture folder the size of benchmarks/hf_build.py's (the peers README's benchmarks quote): 200.8M
 # parameters, 402 MB in float16.
 BIG: dict[str, Any] = dict(
     hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,

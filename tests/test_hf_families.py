@@ -183,7 +183,7 @@ def inputs(spec: Spec, kind: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]
 
 def moe_expert_flops(spec: Spec, tokens: int) -> int:
     """Routed experts' matmul FLOPs, which FlopCounterMode misses in transformers' MoE blocks
-    (design §7): layers · 2 · tokens · top_k · 3 · d · expert_hidden."""
+    (transformers 5 MoE models; README "Hugging Face models"): layers · 2 · tokens · top_k · 3 · d · expert_hidden."""
     ffn = spec.ffn
     assert ffn.top_k is not None and ffn.expert_hidden is not None
     moe_layers = spec.layers - (ffn.dense_layers or 0)  # type: ignore[operator]

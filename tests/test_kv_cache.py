@@ -331,7 +331,7 @@ def test_torch_compile_traces_a_static_cache_step_once() -> None:
 
 
 def test_the_ordinary_torch_module_takes_masks_and_a_cache() -> None:
-    """design §8: the torch module's forward takes attention_mask, past_key_values and
+    """README, "KV cache": the torch module's forward takes attention_mask, past_key_values and
     use_cache: a decoder's ordinary module runs them through its KV-cache graph over the same
     parameters (a weight changed in place shows in both)."""
     spec = load("tiny-llama")

@@ -1,4 +1,4 @@
-"""``tfgraph plan``: the --json keys of design §8 equal the planner's dict; the formulas give the
+"""``tfgraph plan``: the --json keys (README, "tfgraph plan") equal the planner's dict; the formulas give the
 dict's numbers back; --search --json is a ranked list of fitting layouts; GPU names and memory
 sizes; a Hugging Face folder and a MoE spec as sources; bad input is one line and exit 2."""
 

@@ -110,3 +110,21 @@ def test_every_example_is_in_the_readme_and_run_by_a_test() -> None:
         assert f"examples/{folder.name}/" in section, folder.name
         test = ROOT / "tests" / f"test_example_{folder.name.replace('-', '_')}.py"
         assert test.is_file() and "--quick" in test.read_text(), test.name
+
+
+def test_no_reference_to_documents_users_do_not_have() -> None:
+    """Comments and docs cite README sections or papers, never the internal design document
+    (issue 28, item 2); README's "Not yet" lines do not list what it says works elsewhere."""
+    cited = []
+    for folder in ("tfgraph", "exporters", "examples", "benchmarks", "tests"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md") and path.name != "test_readme.py":
+                text = path.read_text(encoding="utf-8")
+                if "design §" in text or "design.md" in text:
+                    cited.append(str(path.relative_to(ROOT)))
+    assert not cited, cited
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for line in readme.splitlines():
+        if line.startswith("Not yet"):
+            assert "genai_config.json" not in line.split("(")[0], line
+    assert "`genai_config.json` beside it for onnxruntime-genai" in readme

@@ -34,7 +34,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, Locator, LogLocator, NullFormatter
 
-from tfgraph.passes.compare import human_count, series
+from tfgraph.passes.compare import human_params, series
+from tfgraph.prefixes import PARAMS, SI, prefixed
 from tfgraph.errors import TfgraphError
 from tfgraph.io import atomic_write
 from tfgraph.graph.ir import Graph
@@ -55,7 +56,6 @@ EXTRAPOLATED_GID = "extrapolated-{variant}-{figure}"
 FADED = 0.35  # alpha of a curve's extrapolated part
 MAX_MEMORY_TICKS = 7
 BINARY_UNITS = (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-SI_UNITS = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
 
 
 def plot_text(text: str) -> str:
@@ -98,11 +98,8 @@ def binary_bytes(value: float) -> str:
 
 
 def si_count(value: float) -> str:
-    """A FLOP or parameter tick label with a decimal prefix: 1e10 -> ``10G``."""
-    for unit, size in SI_UNITS:
-        if abs(value) >= size:
-            return f"{value / size:g}{unit}"
-    return f"{value:g}"
+    """A FLOP tick label with a decimal prefix: 1e10 -> ``10G`` (tfgraph.prefixes)."""
+    return prefixed(value, SI, "g")
 
 
 class BinaryLocator(Locator):
@@ -296,13 +293,13 @@ def _params_panel(ax: Axes, data: dict[str, Any], below: dict[str, Any]) -> None
                 label=plot_text(kind_title(kind)), edgecolor="white")
         left = [a + b for a, b in zip(left, widths)]
     for i, v in enumerate(data["variants"]):
-        ax.text(left[i], i, f"  {human_count(v['params'])}", va="center", fontsize=9)
+        ax.text(left[i], i, f"  {human_params(v['params'])}", va="center", fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, max(left) * 1.22 if max(left) > 0 else 1)
     ax.set_title("Parameters by kind (a sublayer's norms count with it)", fontsize=12,
                  loc="left")
     ax.set_xlabel("parameters (k = 10³, M = 10⁶, G = 10⁹)")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: si_count(x)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: prefixed(x, PARAMS, "g")))
     ax.grid(True, axis="x", alpha=0.35)
     ax.legend(fontsize=9, ncol=4, **below)
 

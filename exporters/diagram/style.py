@@ -23,6 +23,7 @@ import graphviz
 from tfgraph.passes import cost
 from tfgraph.graph.ir import Graph, Shape
 from tfgraph.graph.ops import OPS
+from tfgraph.prefixes import PARAMS, prefixed
 from tfgraph.terminal import printable
 
 FONT = "Helvetica"
@@ -160,11 +161,8 @@ def count(n: int) -> str:
 
 
 def short_count(n: float) -> str:
-    """Human size: 63084544 -> ``63.1M``."""
-    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:g}"
+    """A parameter count: 63084544 -> ``63.1M``, 1.1e9 -> ``1.1B`` (tfgraph.prefixes)."""
+    return prefixed(n, PARAMS, ".3g")
 
 
 def percent(share: float) -> str:

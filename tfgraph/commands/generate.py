@@ -4,7 +4,7 @@ Prompts are ``--prompt-ids 5,17,42`` (repeatable: several prompts make one padde
 ``--prompt TEXT`` with the model's tokenizer.json. Tokens are printed as they come (text when a
 tokenizer is known, else ids; one line per token, tagged with its prompt, when there are
 several prompts), then prefill and decode throughput and time to first token. ``--json`` prints
-one object instead (design §8). The work is tfgraph.commands.generate_api's and
+one object instead (README, "tfgraph generate"). The work is tfgraph.commands.generate_api's and
 tfgraph.generation's; this module parses options and prints.
 """
 

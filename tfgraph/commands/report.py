@@ -21,6 +21,7 @@ from tfgraph.commands.compare import plain
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.lengths import check_lengths, default_seq
 from tfgraph.passes.param_groups import kind_title, order_kinds
+from tfgraph.prefixes import PARAMS, SI, prefixed
 
 
 def _positive(option: str, text: str | None) -> int | None:
@@ -79,11 +80,13 @@ def report(spec_path: str, batch_text: str | None, seq_text: str | None, tgt_tex
 
 
 def _si(n: int, unit: str) -> str:
-    """1234567 -> '1.23 M' (decimal prefixes for counts and FLOPs)."""
-    for value, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= value:
-            return f"{n / value:.2f} {prefix}{unit}"
-    return f"{n} {unit}".rstrip()
+    """1234567 -> '1.23 M' (SI prefixes for FLOPs, tfgraph.prefixes)."""
+    return prefixed(n, SI, ".2f", " ", unit)
+
+
+def _params(n: int) -> str:
+    """1.1e9 -> '1.10 B' (parameter counts: billions as B, tfgraph.prefixes)."""
+    return prefixed(n, PARAMS, ".2f", " ")
 
 
 def _bytes(n: int) -> str:
@@ -158,7 +161,7 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
     totals.add_column("figure", no_wrap=True)
     totals.add_column("value", justify="right", no_wrap=True)
     totals.add_column("exact", justify="right", no_wrap=True)
-    totals.add_row("params", _si(rep["params"], ""), f"{rep['params']:,}")
+    totals.add_row("params", _params(rep["params"]), f"{rep['params']:,}")
     for key in ("forward", "matmul", "other", "backward", "train_step",
                 "causal_effective_matmul"):
         totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")
@@ -167,7 +170,7 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
         totals.add_row(f"memory.{key}", _bytes(memory[key]), f"{memory[key]:,} B")
     if "params_active" in rep:  # a mixture of experts: what one token uses, the router, and
         # the FLOPs of the ONNX model's dense form (every expert on every token)
-        totals.add_row("params_active", _si(rep["params_active"], ""),
+        totals.add_row("params_active", _params(rep["params_active"]),
                        f"{rep['params_active']:,}")
         for key in ("router", "matmul_all_experts", "forward_all_experts"):
             totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")

@@ -1,9 +1,9 @@
 """Opening SPEC|DIR|MODEL.onnx for generation, and picking the stepper that drives it.
 
 :func:`stepper_for` is the one place that decides how a model is stepped. Today's models take
-one whole sequence (inputs ``input_ids`` or ``src_ids, tgt_ids``, design §6), which the
+one whole sequence (inputs ``input_ids`` or ``src_ids, tgt_ids``, README "CLI reference"), which the
 full-recompute steppers drive (tfgraph.exporters.onnx.recompute / recompute_torch). A model
-with the KV-cache interface of design §8 (``attention_mask``, ``past_key_values.{i}.key|value``
+with the KV-cache interface of README "KV cache" (``attention_mask``, ``past_key_values.{i}.key|value``
 inputs; ``present.*`` outputs) needs a cached stepper, chosen in :func:`_cached_onnx_stepper`;
 the torch module's cached forward plugs in at :func:`_torch_stepper` the same way.
 """
@@ -264,7 +264,7 @@ def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider
 
 def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider: str,
                          threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
-    """The stepper of a KV-cache ONNX model (design §8): the past keys/values each step
+    """The stepper of a KV-cache ONNX model (README, "KV cache"): the past keys/values each step
     returns are fed back at the next (tfgraph.generation.cached)."""
     from tfgraph.exporters.onnx import runtime as rt
     from tfgraph.exporters.generation.cached_steppers import onnx_cached

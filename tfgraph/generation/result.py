@@ -39,7 +39,7 @@ class Result:
         return self.decode_tokens / self.decode_s
 
     def as_json(self) -> dict[str, Any]:
-        """The ``tfgraph generate --json`` object (design §8)."""
+        """The ``tfgraph generate --json`` object (README, "tfgraph generate")."""
         return {"tokens": self.tokens, "text": self.text,
                 "prefill_tokens_per_s": self.prefill_tokens_per_s,
                 "decode_tokens_per_s": self.decode_tokens_per_s,

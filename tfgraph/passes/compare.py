@@ -24,6 +24,7 @@ from tfgraph.graph.ir import SYMBOLS, Graph
 from tfgraph.graph.lengths import Lengths
 from tfgraph.passes.param_groups import GROUPING, kind_title, order_kinds, params_by_kind
 from tfgraph.passes.report import build_report, sizes_for
+from tfgraph.prefixes import PARAMS, SI, prefixed
 from tfgraph.passes.report import train_activations as report_train_activations
 
 DEFAULT_SEQS = (128, 512, 2048)
@@ -259,11 +260,13 @@ METRIC_TITLES = {
 
 
 def human_count(n: float) -> str:
-    """1.24e8 -> ``124.4M``; FLOPs and parameter counts."""
-    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n:g}"
+    """1.24e8 -> ``124.4M``, 2.1e15 -> ``2.1P``: FLOPs (SI prefixes, tfgraph.prefixes)."""
+    return prefixed(n, SI)
+
+
+def human_params(n: float) -> str:
+    """1.1e9 -> ``1.1B``: parameter counts (billions as B, tfgraph.prefixes)."""
+    return prefixed(n, PARAMS)
 
 
 def human_bytes(n: float) -> str:
@@ -297,15 +300,15 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         rows.append(("spec differences", diff["field"],
                      ["—" if v is None else str(v) for v in diff["values"]]))
     rows.append(("parameters", "params",
-                 [_with_ratio(human_count(v["params"]), v["ratio"]["params"], i == 0)
+                 [_with_ratio(human_params(v["params"]), v["ratio"]["params"], i == 0)
                   for i, v in enumerate(variants)]))
     if any(v["params_active"] != v["params"] for v in variants):  # a mixture of experts
         rows.append(("parameters", "params active (per token)",
-                     [human_count(v["params_active"]) for v in variants]))
+                     [human_params(v["params_active"]) for v in variants]))
     kinds = order_kinds({k: 0 for v in variants for k in v["params_by_kind"]})
     for kind in kinds:
         counts = [v["params_by_kind"].get(kind, 0) for v in variants]
-        rows.append(("parameters", f"  {kind_title(kind)}", [human_count(c) for c in counts]))
+        rows.append(("parameters", f"  {kind_title(kind)}", [human_params(c) for c in counts]))
     for j, seq in enumerate(data["seqs"]):
         for key, title in METRIC_TITLES.items():
             cells = []
