@@ -449,3 +449,30 @@ def test_user_errors_from_any_command_exit_2_traceback_only_with_debug() -> None
     assert plain.exit_code == 2
     assert plain.stderr == "out.onnx: directory nope does not exist\n"
     assert debug.exit_code == 2 and "Traceback" in debug.stderr
+
+
+def test_all_errors_shows_cross_field_errors_behind_unknown_fields(tmp_path: Path) -> None:
+    """Issue 28 item 3: pydantic checks cross-field rules only once every field is valid, so
+    --all-errors repairs what it reported (a typo'd key moves to the field it names, other
+    bad values drop to their defaults) and validates again: one run shows every error, and
+    fixing exactly those makes the file valid."""
+    text = ("name: typos\narch: decoder-only\nd_model: 64\nlayerz: 2\nvocab: 100\n"
+            "attention:\n  heads: 5\n  headz: 3\nffn:\n  hidden: 128\n  activaton: relu\n"
+            "norm:\n  kind: rmsnorm\n  position: sandwhich\n")
+    path = tmp_path / "typos.yaml"
+    path.write_text(text)
+    result = runner().invoke(main, ["validate", "--all-errors", str(path)])
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert [line.split(": ")[1] for line in lines] == [
+        "attention.headz", "ffn.activaton", "layerz", "layers", "norm.position",
+        "attention.heads"], lines
+    assert "d_model 64 is not divisible by heads 5" in lines[-1]
+    assert lines[-1].startswith(f"{path}:7:")  # located at heads: 5
+    first = runner().invoke(main, ["validate", str(path)])
+    assert first.stderr.count("\n") == 1 and "[5 more errors in this file" in first.stderr
+    fixed = (text.replace("layerz", "layers").replace("heads: 5", "heads: 4")
+             .replace("  headz: 3\n", "").replace("activaton", "activation")
+             .replace("sandwhich", "sandwich"))
+    path.write_text(fixed)
+    assert runner().invoke(main, ["validate", str(path)]).exit_code == 0

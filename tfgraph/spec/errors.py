@@ -9,6 +9,8 @@ path says which line to point at.
 
 from __future__ import annotations
 
+import copy
+
 import difflib
 import re
 import types
@@ -243,6 +245,50 @@ def _explains_first(err: ErrorDetails) -> int:
     return 0 if err["type"] == "extra_forbidden" else 1
 
 
+def _after_repair(data: Any, errors: list[ErrorDetails], root: type[BaseModel],
+                  rounds: int = 3) -> list[ErrorDetails]:
+    """The errors pydantic did not get to: its cross-field rules (``heads`` against
+    ``d_model``, ...) run only once every field is valid. So the document is repaired as the
+    messages suggest -- an unknown key that is a typo of a missing field moves to that field
+    (``layerz: 2`` -> ``layers: 2``), other unknown keys and invalid values are dropped (their
+    defaults apply) -- and validated again, up to ``rounds`` times, for ``validate
+    --all-errors`` to show every problem in one run. Nothing when the repair leaves a
+    required field missing (the rules would only report that again)."""
+    found: list[ErrorDetails] = []
+    for _ in range(rounds):
+        fixed = copy.deepcopy(data)
+        if not isinstance(fixed, dict):
+            return found
+        for err in errors:
+            if err["type"] == "missing":  # perhaps filled by a typo's value just moved
+                continue
+            keys, _ = _walk(tuple(err["loc"]), fixed)  # the loc minus union branch names
+            if not keys:  # a missing field, or a rule of the whole document: nothing to drop
+                continue
+            holder = _value_at(fixed, keys[:-1])
+            if not isinstance(holder, dict):
+                continue
+            value = holder.pop(keys[-1])
+            loc = tuple(keys)
+            if err["type"] == "extra_forbidden":
+                model = _model_at(root, loc[:-1])
+                fields = list(model.model_fields) if model else []
+                close = difflib.get_close_matches(str(loc[-1]), fields, n=1, cutoff=0.6)
+                if close and close[0] not in holder:
+                    holder[close[0]] = value
+        try:
+            root.model_validate(fixed)
+            return found
+        except ValidationError as again:
+            errors = again.errors(include_url=False)
+        if any(e["type"] == "missing" for e in errors):
+            return found
+        found += [e for e in errors if not any(e["msg"] == f["msg"] and e["loc"] == f["loc"]
+                                                for f in found)]
+        data = fixed
+    return found
+
+
 def spec_error(
     exc: ValidationError, doc: Document, filename: str, root: type[BaseModel]
 ) -> SpecError:
@@ -251,6 +297,12 @@ def spec_error(
     raw = exc.errors(include_url=False)
     errors = sorted(_drop_union_noise(raw, doc.data), key=_explains_first)
     problems = [_located(_problem(err, raw, doc, root), doc, filename) for err in errors]
+    seen = {str(p) for p in problems}
+    for err in _after_repair(doc.data, errors, root):
+        problem = _located(_problem(err, [err], doc, root), doc, filename)
+        if str(problem) not in seen:
+            seen.add(str(problem))
+            problems.append(problem)
     first = _located(_problem(errors[0], raw, doc, root), doc, filename)
     if len(problems) > 1:
         others = len(problems) - 1
