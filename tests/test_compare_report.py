@@ -147,3 +147,24 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert pixels.shape[:2] == (900, 1200)
     assert float(np.std(pixels)) > 0.05, "screenshot is blank"
     assert float(pixels.mean()) < 0.99  # text and table lines, not an empty white page
+
+
+def test_json_out_beside_an_html_page(tmp_path: Path) -> None:
+    """Issue 28 item 5: one run writes the HTML page and the JSON dict (--json-out)."""
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    a, b = (str(root / "specs" / n) for n in ("tiny-llama.yaml", "tiny-mistral.yaml"))
+    page, data = tmp_path / "c.html", tmp_path / "c.json"
+    result = CliRunner().invoke(main, ["compare", a, b, "--seq", "16,32", "--format", "html",
+                                       "-o", str(page), "--json-out", str(data)])
+    assert result.exit_code == 0, result.output
+    assert page.read_text().lstrip().lower().startswith("<!doctype html")
+    loaded = json.loads(data.read_text())
+    assert [v["name"] for v in loaded["variants"]] == ["tiny-llama", "tiny-mistral"]
+    assert loaded["seqs"] == [16, 32]
+    same = CliRunner().invoke(main, ["compare", a, b, "--json-out", str(page), "--format",
+                                     "html", "-o", str(page)])
+    assert same.exit_code == 2 and "same file" in same.output

@@ -148,8 +148,11 @@ def _render_stacked(data: dict[str, Any], rows: list[tuple[str, str, list[str]]]
               help="Write a report page (table, plots, model diagrams).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Output file (default: stdout; build/compare.<md|html> with --format).")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the --json dict to FILE, beside the table, page or plot.")
 def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
-            plot: Path | None, page: str | None, output: Path | None) -> None:
+            plot: Path | None, page: str | None, output: Path | None,
+            json_out: Path | None) -> None:
     """Compare Transformer variants: parameters, FLOPs and memory at each length, ratios to
     the first SPEC, and where attention FLOPs overtake feed-forward FLOPs."""
     if len(specs) < 2:
@@ -160,9 +163,11 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
         raise TfgraphError(f"--plot {plot}: use a .png or .svg file name")
     from tfgraph.io import check_output
 
-    for path in (plot, output):  # before anything is printed or written
-        if path is not None:
-            check_output(path)
+    outputs = [p for p in (plot, output, json_out) if p is not None]
+    if len({p.resolve() for p in outputs}) < len(outputs):
+        raise TfgraphError("--plot, -o and --json-out name the same file: give each its own")
+    for path in outputs:  # before anything is printed or written
+        check_output(path)
     seqs = parse_seqs(seq_text)
     parsed = [load_spec_arg(path) for path in specs]
 
@@ -173,6 +178,10 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
     graphs = [tfgraph.compile(spec) for spec in parsed]
     data = compare_graphs(graphs, seqs=seqs, batch=batch)
 
+    if json_out is not None:
+        with atomic_write(json_out) as handle:
+            handle.write(json.dumps(data, indent=2) + "\n")
+        click.echo(f"wrote {printable(str(json_out))}", err=as_json and output is None)
     if page:
         from tfgraph.exporters.compare.page import write_compare_page
 
