@@ -78,6 +78,21 @@ class NodeMeta:
         """The same position in another layer of the stack (e.g. layer 0, the template)."""
         return replace(self, layer=layer)
 
+    def but(self, **changes: Any) -> NodeMeta:
+        """``dataclasses.replace(self, **changes)`` without its per-field loop and checked
+        ``__init__`` (lowering derives a few metadata per node: this is in its inner loop).
+        Only the fields may change (TypeError otherwise)."""
+        if not changes.keys() <= _META_FIELDS:
+            raise TypeError(f"NodeMeta has no field {sorted(changes.keys() - _META_FIELDS)[0]!r}")
+        out = object.__new__(NodeMeta)
+        fields = out.__dict__
+        fields.update(self.__dict__)
+        fields.update(changes)
+        return out
+
+
+_META_FIELDS = frozenset(("part", "stack", "layer", "sublayer", "role", "module"))
+
 
 @dataclass(frozen=True)
 class ModuleInfo:
@@ -149,6 +164,11 @@ pure functions of their operands' types and attributes."""
 _INFERRED_MAX = 8192
 
 
+_PARAM_TYPES: dict[tuple[Any, ...], tuple[tuple[Any, ...], TensorType]] = {}
+"""A parameter's shape attribute and type by (shape, dtype), for shapes of plain ints: every
+layer has the same parameter shapes."""
+
+
 def _attrs_key(attrs: dict[str, Any]) -> tuple[Any, ...] | None:
     """A hashable key of ``attrs`` (type names included: 1, 1.0 and True are equal in Python),
     or None when some value cannot be hashed."""
@@ -160,9 +180,37 @@ def _attrs_key(attrs: dict[str, Any]) -> tuple[Any, ...] | None:
     return key
 
 
-def infer(op: str, types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    """``OPS[op].infer(types, attrs)``, memoised by signature (see ``_INFERRED``)."""
+_CHECKED: dict[tuple[str, tuple[Any, ...]], Any] = {}
+"""(op, attributes key) -> the op's attribute schema ``check_attrs`` passed them under (a pure
+function of the two; an op registered anew has a new schema, checked again)."""
+
+
+def _checked_attrs(name: str, op: str, attrs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """``check_attrs(name, op, attrs)``, remembered by (op, attributes); the attributes' key
+    (``_attrs_key``) for ``infer``."""
     akey = _attrs_key(attrs)
+    if akey is None:
+        check_attrs(name, op, attrs)
+        return None
+    schema = OPS[op].attrs
+    key = (op, akey)
+    if _CHECKED.get(key) is not schema:
+        check_attrs(name, op, attrs)
+        if len(_CHECKED) >= _INFERRED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = schema
+    return akey
+
+
+_NO_KEY: tuple[Any, ...] = ()
+
+
+def infer(op: str, types: list[TensorType], attrs: dict[str, Any],
+          akey: tuple[Any, ...] | None = _NO_KEY) -> TensorType:
+    """``OPS[op].infer(types, attrs)``, memoised by signature (see ``_INFERRED``); ``akey``:
+    ``_attrs_key(attrs)`` when the caller has it."""
+    if akey is _NO_KEY:
+        akey = _attrs_key(attrs)
     if akey is None:
         return OPS[op].infer(types, attrs)
     key = (op, tuple(types), akey)
@@ -273,10 +321,19 @@ class Graph:
               meta: NodeMeta | None = None, dims: tuple[str, ...] | None = None) -> str:
         """A parameter; ``init`` is 'normal', 'zeros' or 'ones' (see tfgraph.weights).
         ``dims`` writes each dimension in the graph's named sizes ("heads*head_dim")."""
-        attrs: dict[str, Any] = {"shape": tuple(_param_dim(d) for d in shape), "init": init}
+        key = (shape, dtype)
+        plain = type(shape) is tuple and all(type(d) is int for d in shape)
+        known = _PARAM_TYPES.get(key) if plain else None
+        if known is None:
+            known = (tuple(_param_dim(d) for d in shape), TensorType(_shape(shape), dtype))
+            if plain:
+                if len(_PARAM_TYPES) >= _INFERRED_MAX:
+                    _PARAM_TYPES.clear()
+                _PARAM_TYPES[key] = known
+        attrs: dict[str, Any] = {"shape": known[0], "init": init}
         if dims is not None:
             attrs["dims"] = dims
-        return self._insert(Node(name, "param", (), attrs, scope, TensorType(_shape(shape), dtype),
+        return self._insert(Node(name, "param", (), attrs, scope, known[1],
                                  meta=meta or NodeMeta()))
 
     def add(self, op: str, inputs: list[str] | tuple[str, ...], *, name: str, scope: str,
@@ -289,9 +346,9 @@ class Graph:
         missing = [i for i in inputs if i not in self._nodes]
         if missing:
             raise LoweringError(f"while lowering {name}: unknown inputs {missing}")
-        check_attrs(name, op, attrs)
+        akey = _checked_attrs(name, op, attrs)
         try:
-            out = infer(op, [self._nodes[i].type for i in inputs], attrs)
+            out = infer(op, [self._nodes[i].type for i in inputs], attrs, akey)
         except (ValueError, TypeError) as err:
             raise LoweringError(f"while lowering {name} ({op}): {err}") from err
         return self._insert(Node(name, op, tuple(inputs), attrs, scope, out, meta=meta or NodeMeta()))
@@ -382,9 +439,10 @@ class Graph:
                 raise LoweringError(
                     f"{node.name}: {node.op} takes {lo}..{hi} inputs, got {len(node.inputs)}"
                 )
-            check_attrs(node.name, node.op, node.attrs)
+            akey = _checked_attrs(node.name, node.op, node.attrs)
             try:
-                again = infer(node.op, [self._nodes[i].type for i in node.inputs], node.attrs)
+                again = infer(node.op, [self._nodes[i].type for i in node.inputs], node.attrs,
+                              akey)
             except (ValueError, TypeError) as err:
                 raise LoweringError(f"{node.name}: {err}") from err
             if again != node.type:
