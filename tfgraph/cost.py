@@ -105,13 +105,25 @@ def op_costs(graph: Graph) -> list[OpCost]:
     return costs
 
 
+def sum_terms(terms: list[Any]) -> Any:
+    """``sum(terms)``: plain ints added as ints; sympy terms (the symbolic twins' parameter
+    products) in one ``sympy.Add``, not one flattening per term (the same sum)."""
+    if all(type(t) is int for t in terms):
+        return sum(terms)
+    return sympy.Add(*terms)
+
+
 def params_by_component(graph: Graph) -> dict[str, int]:
-    """Unique parameter counts per component (a tied table counts once, where it is defined)."""
-    out: dict[str, int] = {}
-    for p in graph.params():
-        key = p.component
-        out[key] = out.get(key, 0) + param_count(p)
-    return out
+    """Unique parameter counts per component (a tied table counts once, where it is defined).
+    A new dict each call (memoised on the graph)."""
+
+    def compute() -> dict[str, int]:
+        terms: dict[str, list[Any]] = {}
+        for p in graph.params():
+            terms.setdefault(p.component, []).append(param_count(p))
+        return {key: sum_terms(v) for key, v in terms.items()}
+
+    return dict(graph.memo("params_by_component", compute))
 
 
 def routed_experts(graph: Graph) -> list[Node]:
@@ -225,4 +237,4 @@ ZERO = sympy.Integer(0)
 
 def weights_bytes(graph: Graph) -> int:
     """Bytes of the unique parameters at their dtype."""
-    return sum(param_count(p) * DTYPE_BYTES[p.type.dtype] for p in graph.params())
+    return sum_terms([param_count(p) * DTYPE_BYTES[p.type.dtype] for p in graph.params()])

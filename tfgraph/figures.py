@@ -52,7 +52,7 @@ def symbolic(graph: Graph) -> dict[str, Any]:
 
 def _symbolic(graph: Graph) -> dict[str, Any]:
     costs = cost.op_costs(graph)
-    params = sum(cost.params_by_component(graph).values())
+    params = cost.sum_terms(list(cost.params_by_component(graph).values()))
     matmul = cost.total(c.matmul for c in costs)
     other = cost.total(c.other for c in costs)
     forward = matmul + other

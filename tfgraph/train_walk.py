@@ -299,6 +299,8 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
 
     # backward: every activation gradient from its first consumer's to its producer's backward
     producer = {s.node.name for s in walk.steps}
+    grad_inputs = graph.memo("grad_inputs", lambda: {
+        s.node.name: _grad_inputs(graph, s.node) for s in walk.steps})
     regions_done: set[Region] = set()
     for step in reversed(walk.steps):
         node = step.node
@@ -320,7 +322,7 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
                 back = back + dropped
         if _nonzero(back):
             extra.append((f"{node.name}#scratch", back))
-        for i in _grad_inputs(graph, node):
+        for i in grad_inputs[node.name]:
             if i not in producer:
                 continue
             nbytes = graph.node(i).type.nbytes
@@ -354,8 +356,10 @@ def _forward(graph: Graph, walk: Plan, steps: Any, kept: dict[str, list[tuple[st
         temp = scratch(node)
         if _nonzero(temp):
             live.add(f"{node.name}#scratch", temp, "scratch")
-        yield phase, node.name
-        live.drop(f"{node.name}#scratch", "scratch")
+            yield phase, node.name
+            live.drop(f"{node.name}#scratch", "scratch")
+        else:
+            yield phase, node.name
         for buf in step.frees:
             live.drop(buf, "buf")
     if not keep_outputs:  # a recomputed layer's outputs are thrown away
