@@ -264,6 +264,7 @@ class Graph:
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self._order: list[Node] | None = None
+        self._ops: list[Node] | None = None  # the op nodes of ``_order``
         self._memo: dict[str, Any] = {}
 
     def copy(self: GraphT) -> GraphT:
@@ -302,7 +303,7 @@ class Graph:
             self._nx.add_node(node.name)
             for operand, src in enumerate(node.inputs):
                 self._nx.add_edge(src, node.name, key=operand)
-        self._order = None
+        self._order = self._ops = None
         self._memo.clear()  # every derived result may change with a new node
         return node.name
 
@@ -378,7 +379,10 @@ class Graph:
 
     def ops(self) -> Iterator[Node]:
         """Op nodes (not parameters or inputs) in topological order."""
-        return (n for n in self.nodes() if n.op not in ("param", "input"))
+        ops = self._ops
+        if ops is None:
+            ops = self._ops = [n for n in self.nodes() if n.op not in ("param", "input")]
+        return iter(ops)
 
     def params(self) -> list[Node]:
         """Parameter nodes in topological order; a tied table appears once."""

@@ -92,9 +92,9 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
     ops = list(graph.ops())
     pos = {n.name: i for i, n in enumerate(ops)}
     owner: dict[str, str] = {}
+    aliasing = set() if training else {op for op, d in OPS.items() if d.aliases_input}
     for n in graph.nodes():
-        aliases = not training and n.op in OPS and OPS[n.op].aliases_input
-        owner[n.name] = owner[n.inputs[0]] if aliases else n.name
+        owner[n.name] = owner[n.inputs[0]] if n.op in aliasing else n.name
     region = {n.name: r for n in ops if (r := region_of(n)) is not None}
     region_end: dict[tuple[Any, ...], int] = {}
     for n in ops:
@@ -102,17 +102,20 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
             region_end[region[n.name]] = pos[n.name]
     last_use: dict[str, int] = {}
     held: set[str] = set()  # buffers some region reads from outside (its caller holds them)
-    for n in ops:
-        r = region.get(n.name)
+    params = {n.name for n in graph.nodes() if n.is_param}
+    region_get, last_get = region.get, last_use.get
+    for at_n, n in enumerate(ops):
+        r = region_get(n.name)
         for i in n.inputs:
-            if graph.node(i).is_param:
+            if i in params:
                 continue
             buf = owner[i]
-            at = pos[n.name]
-            if r is not None and region.get(i) != r:
+            at = at_n
+            if r is not None and region_get(i) != r:
                 at = region_end[r]  # held by the caller until the layer returns
                 held.add(buf)
-            last_use[buf] = max(last_use.get(buf, -1), at)
+            if last_get(buf, -1) < at:
+                last_use[buf] = at
     outputs = {owner[o] for o in graph.outputs}
     for o in outputs:
         last_use[o] = END
