@@ -17,7 +17,7 @@ from typing import Any
 
 import sympy
 
-from tfgraph.ir import DTYPE_BYTES, Graph, Node
+from tfgraph.ir import DTYPE_BYTES, Graph, Node, frozen_new
 from tfgraph.ops import OPS
 from tfgraph.plan import Interpreter, Step
 
@@ -76,8 +76,10 @@ def op_costs(graph: Graph) -> list[OpCost]:
                 and all(a is b for a, b in zip(cached[0], srcs)):
             append(cached[1])
             continue
-        key = (node.op, tuple((s.type, s.op == "param") for s in srcs),
-               tuple(sorted((k, type(v).__name__, v) for k, v in node.attrs.items())))
+        # attributes in the dict's order, with their types (1, 1.0 and True are equal values):
+        # another order of the same attributes is only a miss
+        key = (node.op, tuple([(s.type, s.op == "param") for s in srcs]),
+               tuple([(k, type(v), v) for k, v in node.attrs.items()]))
         entry = memo.get(key)
         if entry is None:
             opdef = OPS[node.op]
@@ -98,8 +100,10 @@ def op_costs(graph: Graph) -> list[OpCost]:
                 tensors.append((node.name, nbytes))
             else:
                 tensors.append((f"{node.name}#{ref[1]}", nbytes))
-        c = OpCost(node.name, node.component, node.kind, node.op, matmul, other,
-                   tuple(tensors), temp, dense)
+        c = frozen_new(OpCost, {"node": node.name, "component": node.component,
+                                "kind": node.kind, "op": node.op, "matmul": matmul,
+                                "other": other, "saved": tuple(tensors), "temp": temp,
+                                "dense": dense})
         node.__dict__["_opcost"] = (srcs, c)
         append(c)
     return costs

@@ -91,6 +91,15 @@ class NodeMeta:
         return out
 
 
+def frozen_new(cls: type[R], fields: dict[str, Any]) -> R:
+    """An instance of the frozen dataclass ``cls`` with ``fields`` (all of them, no defaults,
+    no ``__post_init__``), without its ``__init__``'s ``object.__setattr__`` per field: for
+    the passes that build one per node (plan steps, op costs)."""
+    out = object.__new__(cls)
+    out.__dict__.update(fields)
+    return out
+
+
 _META_FIELDS = frozenset(("part", "stack", "layer", "sublayer", "role", "module"))
 
 
@@ -170,10 +179,12 @@ layer has the same parameter shapes."""
 
 
 def _attrs_key(attrs: dict[str, Any]) -> tuple[Any, ...] | None:
-    """A hashable key of ``attrs`` (type names included: 1, 1.0 and True are equal in Python),
+    """A hashable key of ``attrs`` (types included: 1, 1.0 and True are equal in Python),
     or None when some value cannot be hashed."""
     try:
-        key = tuple(sorted((k, type(v).__name__, v) for k, v in attrs.items()))
+        # in the dict's order: the lowering writes an op's attributes in one order, and
+        # another order is only a cache miss
+        key = tuple([(k, type(v), v) for k, v in attrs.items()])
         hash(key)
     except TypeError:
         return None

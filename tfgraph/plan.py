@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from tfgraph.ir import Graph, Node
+from tfgraph.ir import Graph, Node, frozen_new
 from tfgraph.ops import OPS
 
 V = TypeVar("V")
@@ -137,7 +137,9 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
             overwrite = 0
         elif len(n.inputs) > 1 and OPS[n.op].commutative and overwritable(n.inputs[1], at):
             overwrite = 1
-        steps.append(Step(n, at, tuple(frees.get(at, ())), overwrite))
+        steps.append(frozen_new(Step, {"node": n, "position": at,
+                                       "frees": tuple(frees.get(at, ())),
+                                       "overwrite": overwrite}))
     return Plan(tuple(steps), owner, last_use, region)
 
 
