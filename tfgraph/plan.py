@@ -124,19 +124,22 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
         if at != END:  # token ids too: the model drops its reference after their last reader
             frees.setdefault(at, []).append(buf)
 
-    def overwritable(name: str, at: int) -> bool:
+    def overwritable(name: str, at: int, r: tuple[Any, ...] | None) -> bool:
         buf = owner[name]
-        return (buf in pos and buf not in outputs and buf not in held
-                and last_use.get(buf) == at and region.get(buf) == region.get(ops[at].name))
+        return (last_get(buf) == at and buf in pos and buf not in outputs and buf not in held
+                and region_get(buf) == r)
 
+    commutative = {op for op, d in OPS.items() if d.commutative}
     steps = []
-    for n in ops:
-        at = pos[n.name]
+    for at, n in enumerate(ops):
         overwrite = None
-        if n.inputs and overwritable(n.inputs[0], at):
-            overwrite = 0
-        elif len(n.inputs) > 1 and OPS[n.op].commutative and overwritable(n.inputs[1], at):
-            overwrite = 1
+        inputs = n.inputs
+        if inputs:
+            r = region_get(n.name)
+            if overwritable(inputs[0], at, r):
+                overwrite = 0
+            elif len(inputs) > 1 and n.op in commutative and overwritable(inputs[1], at, r):
+                overwrite = 1
         steps.append(frozen_new(Step, {"node": n, "position": at,
                                        "frees": tuple(frees.get(at, ())),
                                        "overwrite": overwrite}))
