@@ -346,22 +346,24 @@ def _forward(graph: Graph, walk: Plan, steps: Any, kept: dict[str, list[tuple[st
     """The forward over ``steps`` (all, or one layer's when recomputing it): each op's output
     joins the live set, then its saved tensors; buffers die at the plan's frees."""
     made: list[str] = []
+    add, drop = live.add, live.drop
     step: Step
     for step in steps:
         node = step.node
-        live.add(node.name, node.type.nbytes, "buf")
-        made.append(node.name)
-        for tensor, nbytes in kept.get(node.name, []):
-            live.add(tensor, nbytes, "saved")
+        name = node.name
+        add(name, node.type.nbytes, "buf")
+        made.append(name)
+        for tensor, nbytes in kept.get(name, ()):
+            add(tensor, nbytes, "saved")
         temp = scratch(node)
         if _nonzero(temp):
-            live.add(f"{node.name}#scratch", temp, "scratch")
-            yield phase, node.name
-            live.drop(f"{node.name}#scratch", "scratch")
+            add(f"{name}#scratch", temp, "scratch")
+            yield phase, name
+            drop(f"{name}#scratch", "scratch")
         else:
-            yield phase, node.name
+            yield phase, name
         for buf in step.frees:
-            live.drop(buf, "buf")
+            drop(buf, "buf")
     if not keep_outputs:  # a recomputed layer's outputs are thrown away
         for name in made:
             live.drop(name, "buf")
