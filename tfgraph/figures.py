@@ -61,9 +61,14 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
     weights = cost.weights_bytes(graph)
     master = MASTER_COPY_BYTES * params if dtype_bytes < 4 else 0
     by_kind: dict[str, list[sympy.Expr]] = {}
+    sums: dict[tuple[int, int], tuple[sympy.Expr, sympy.Expr, sympy.Expr]] = {}
     for c in costs:
         kind = "attention_scores" if c.op == "attention" else c.kind
-        by_kind.setdefault(kind, []).append(c.matmul + c.other)
+        # the layers share their cost expressions (cost.op_costs' memo): one sympy add each
+        hit = sums.get((id(c.matmul), id(c.other)))
+        if hit is None or hit[0] is not c.matmul or hit[1] is not c.other:
+            hit = sums[(id(c.matmul), id(c.other))] = (c.matmul, c.other, c.matmul + c.other)
+        by_kind.setdefault(kind, []).append(hit[2])
     out = {
         "costs": costs,
         "params": params,
