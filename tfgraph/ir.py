@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 import networkx as nx
@@ -135,10 +136,11 @@ class Node:
         """The op's category from the op table ("param" and "input" for those nodes)."""
         return OPS[self.op].category if self.op in OPS else self.op
 
-    @property
+    @cached_property
     def component(self) -> str:
         """Cost roll-up row: "decoder.layers.3" for anything in a layer, else the scope
-        ("embed", "decoder.embed", "decoder.norm", "head")."""
+        ("embed", "decoder.embed", "decoder.norm", "head"). Computed once per node (nodes are
+        not changed once added; every cost pass and the report read it)."""
         m = self.meta
         if m.layer is not None and m.stack is not None:
             return f"{m.stack}.layers.{m.layer}"
