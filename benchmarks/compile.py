@@ -13,7 +13,9 @@ graph, the formulas in the spec's symbols). Each measurement runs in a fresh Pyt
 
 Goals (printed with their verdicts): a 96-layer compile + report in at most 0.1 s, and a cost
 linear in layers: 4 times the layers in at most 4.4 times the time (24 -> 96 and 96 -> 384,
-judged on CPU time). Then the README's claim for ``tfgraph report``: a 1-trillion-parameter
+judged on CPU time). From each pair of sizes' CPU times it prints a two-term cost model:
+milliseconds per layer, and the fixed part every compile + report pays whatever the depth.
+Then the README's claim for ``tfgraph report``: a 1-trillion-parameter
 spec (d_model 25600, 128 layers, 160 heads, vocab 50257, max_len 4096) compiled and reported
 at batch 8, seq 4096, timed the same way (the claim is "under a second").
 
@@ -157,6 +159,17 @@ def main() -> int:
               f"x{wall_ratio:.2f} wall time (goal <= x{GOAL_RATIO} on CPU time)")
     print(f"goal: linear in layers (x4 layers in <= x{GOAL_RATIO} time): "
           f"{_verdict(ratios_ok)}")
+    for low, high in zip(LAYERS, LAYERS[1:]):
+        per_layer = (cpus[high] - cpus[low]) / (high - low)
+        fixed = cpus[low] - low * per_layer
+        print(f"cost model (CPU time, {low} -> {high} layers): {1000 * per_layer:.2f} ms per "
+              f"layer + {1000 * fixed:.0f} ms per compile + report whatever the depth")
+    print("  (the fixed part is mostly sympy: the formulas in the spec's symbols, the first "
+          "evaluation of each cost rule, printing)")
+    left = GOAL_SECONDS - per_layer * GOAL_LAYERS
+    print(f"  {GOAL_LAYERS} layers: {1000 * per_layer * GOAL_LAYERS:.0f} ms of per-layer work, "
+          + (f"which leaves {1000 * left:.0f} ms of the {GOAL_SECONDS} s goal for the fixed part"
+             if left > 0 else f"already past the {GOAL_SECONDS} s goal without the fixed part"))
     fast = walls[GOAL_LAYERS] <= GOAL_SECONDS
     print(f"goal: {GOAL_LAYERS} layers in <= {GOAL_SECONDS} s: {_verdict(fast)} "
           f"({walls[GOAL_LAYERS]:.3f} s wall, {cpus[GOAL_LAYERS]:.3f} s CPU)")

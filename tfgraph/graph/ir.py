@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 import networkx as nx
@@ -79,6 +80,30 @@ class NodeMeta:
         """The same position in another layer of the stack (e.g. layer 0, the template)."""
         return replace(self, layer=layer)
 
+    def but(self, **changes: Any) -> NodeMeta:
+        """``dataclasses.replace(self, **changes)`` without its per-field loop and checked
+        ``__init__`` (lowering derives a few metadata per node: this is in its inner loop).
+        Only the fields may change (TypeError otherwise)."""
+        if not changes.keys() <= _META_FIELDS:
+            raise TypeError(f"NodeMeta has no field {sorted(changes.keys() - _META_FIELDS)[0]!r}")
+        out = object.__new__(NodeMeta)
+        fields = out.__dict__
+        fields.update(self.__dict__)
+        fields.update(changes)
+        return out
+
+
+def frozen_new(cls: type[R], fields: dict[str, Any]) -> R:
+    """An instance of the frozen dataclass ``cls`` with ``fields`` (all of them, no defaults,
+    no ``__post_init__``), without its ``__init__``'s ``object.__setattr__`` per field: for
+    the passes that build one per node (plan steps, op costs)."""
+    out = object.__new__(cls)
+    out.__dict__.update(fields)
+    return out
+
+
+_META_FIELDS = frozenset(("part", "stack", "layer", "sublayer", "role", "module"))
+
 
 @dataclass(frozen=True)
 class ModuleInfo:
@@ -112,10 +137,11 @@ class Node:
         """The op's category from the op table ("param" and "input" for those nodes)."""
         return OPS[self.op].category if self.op in OPS else self.op
 
-    @property
+    @cached_property
     def component(self) -> str:
         """Cost roll-up row: "decoder.layers.3" for anything in a layer, else the scope
-        ("embed", "decoder.embed", "decoder.norm", "head")."""
+        ("embed", "decoder.embed", "decoder.norm", "head"). Computed once per node (nodes are
+        not changed once added; every cost pass and the report read it)."""
         m = self.meta
         if m.layer is not None and m.stack is not None:
             return f"{m.stack}.layers.{m.layer}"
@@ -224,20 +250,55 @@ pure functions of their operands' types and attributes."""
 _INFERRED_MAX = 8192
 
 
+_PARAM_TYPES: dict[tuple[Any, ...], tuple[tuple[Any, ...], TensorType]] = {}
+"""A parameter's shape attribute and type by (shape, dtype), for shapes of plain ints: every
+layer has the same parameter shapes."""
+
+
 def _attrs_key(attrs: dict[str, Any]) -> tuple[Any, ...] | None:
-    """A hashable key of ``attrs`` (type names included: 1, 1.0 and True are equal in Python),
+    """A hashable key of ``attrs`` (types included: 1, 1.0 and True are equal in Python),
     or None when some value cannot be hashed."""
     try:
-        key = tuple(sorted((k, type(v).__name__, v) for k, v in attrs.items()))
+        # in the dict's order: the lowering writes an op's attributes in one order, and
+        # another order is only a cache miss
+        key = tuple([(k, type(v), v) for k, v in attrs.items()])
         hash(key)
     except TypeError:
         return None
     return key
 
 
-def infer(op: str, types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    """``OPS[op].infer(types, attrs)``, memoised by signature (see ``_INFERRED``)."""
+_CHECKED: dict[tuple[str, tuple[Any, ...]], Any] = {}
+"""(op, attributes key) -> the op's attribute schema ``check_attrs`` passed them under (a pure
+function of the two; an op registered anew has a new schema, checked again)."""
+
+
+def _checked_attrs(name: str, op: str, attrs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """``check_attrs(name, op, attrs)``, remembered by (op, attributes); the attributes' key
+    (``_attrs_key``) for ``infer``."""
     akey = _attrs_key(attrs)
+    if akey is None:
+        check_attrs(name, op, attrs)
+        return None
+    schema = OPS[op].attrs
+    key = (op, akey)
+    if _CHECKED.get(key) is not schema:
+        check_attrs(name, op, attrs)
+        if len(_CHECKED) >= _INFERRED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = schema
+    return akey
+
+
+_NO_KEY: tuple[Any, ...] = ()
+
+
+def infer(op: str, types: list[TensorType], attrs: dict[str, Any],
+          akey: tuple[Any, ...] | None = _NO_KEY) -> TensorType:
+    """``OPS[op].infer(types, attrs)``, memoised by signature (see ``_INFERRED``); ``akey``:
+    ``_attrs_key(attrs)`` when the caller has it."""
+    if akey is _NO_KEY:
+        akey = _attrs_key(attrs)
     if akey is None:
         return OPS[op].infer(types, attrs)
     key = (op, tuple(types), akey)
@@ -293,6 +354,7 @@ class Graph:
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self._order: list[Node] | None = None
+        self._ops: list[Node] | None = None  # the op nodes of ``_order``
         self._memo: dict[str, Any] = {}
 
     def copy(self: GraphT) -> GraphT:
@@ -331,7 +393,7 @@ class Graph:
             self._nx.add_node(node.name)
             for operand, src in enumerate(node.inputs):
                 self._nx.add_edge(src, node.name, key=operand)
-        self._order = None
+        self._order = self._ops = None
         self._memo.clear()  # every derived result may change with a new node
         return node.name
 
@@ -350,10 +412,19 @@ class Graph:
               meta: NodeMeta | None = None, dims: tuple[str, ...] | None = None) -> str:
         """A parameter; ``init`` is 'normal', 'zeros' or 'ones' (see tfgraph.graph.weights).
         ``dims`` writes each dimension in the graph's named sizes ("heads*head_dim")."""
-        attrs: dict[str, Any] = {"shape": tuple(_param_dim(d) for d in shape), "init": init}
+        key = (shape, dtype)
+        plain = type(shape) is tuple and all(type(d) is int for d in shape)
+        known = _PARAM_TYPES.get(key) if plain else None
+        if known is None:
+            known = (tuple(_param_dim(d) for d in shape), TensorType(_shape(shape), dtype))
+            if plain:
+                if len(_PARAM_TYPES) >= _INFERRED_MAX:
+                    _PARAM_TYPES.clear()
+                _PARAM_TYPES[key] = known
+        attrs: dict[str, Any] = {"shape": known[0], "init": init}
         if dims is not None:
             attrs["dims"] = dims
-        return self._insert(Node(name, "param", (), attrs, scope, TensorType(_shape(shape), dtype),
+        return self._insert(Node(name, "param", (), attrs, scope, known[1],
                                  meta=meta or NodeMeta()))
 
     def add(self, op: str, inputs: list[str] | tuple[str, ...], *, name: str, scope: str,
@@ -366,9 +437,9 @@ class Graph:
         missing = [i for i in inputs if i not in self._nodes]
         if missing:
             raise LoweringError(f"while lowering {name}: unknown inputs {missing}")
-        check_attrs(name, op, attrs)
+        akey = _checked_attrs(name, op, attrs)
         try:
-            out = infer(op, [self._nodes[i].type for i in inputs], attrs)
+            out = infer(op, [self._nodes[i].type for i in inputs], attrs, akey)
         except (ValueError, TypeError) as err:
             raise LoweringError(f"while lowering {name} ({op}): {err}") from err
         return self._insert(Node(name, op, tuple(inputs), attrs, scope, out, meta=meta or NodeMeta()))
@@ -398,7 +469,10 @@ class Graph:
 
     def ops(self) -> Iterator[Node]:
         """Op nodes (not parameters or inputs) in topological order."""
-        return (n for n in self.nodes() if n.op not in ("param", "input"))
+        ops = self._ops
+        if ops is None:
+            ops = self._ops = [n for n in self.nodes() if n.op not in ("param", "input")]
+        return iter(ops)
 
     def params(self) -> list[Node]:
         """Parameter nodes in topological order; a tied table appears once."""
@@ -459,9 +533,10 @@ class Graph:
                 raise LoweringError(
                     f"{node.name}: {node.op} takes {lo}..{hi} inputs, got {len(node.inputs)}"
                 )
-            check_attrs(node.name, node.op, node.attrs)
+            akey = _checked_attrs(node.name, node.op, node.attrs)
             try:
-                again = infer(node.op, [self._nodes[i].type for i in node.inputs], node.attrs)
+                again = infer(node.op, [self._nodes[i].type for i in node.inputs], node.attrs,
+                              akey)
             except (ValueError, TypeError) as err:
                 raise LoweringError(f"{node.name}: {err}") from err
             if again != node.type:

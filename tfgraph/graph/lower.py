@@ -251,7 +251,7 @@ class _Lowering:
         if shape is None:  # every layer has the same parameter shapes: built once each
             shape = self._shapes[dims] = self._param_shape(dims)
         owner = name.rsplit(".", 1)[0]  # the module a state_dict key belongs to
-        meta = replace(meta, module=owner)
+        meta = meta.but(module=owner)
         return self.g.param(name, shape, scope=scope, init=init, dtype=self.dtype, meta=meta,
                             dims=dims)
 
@@ -780,7 +780,7 @@ def _inner_activation(act: str) -> str:
 
 
 def _role(meta: NodeMeta, role: str) -> NodeMeta:
-    return replace(meta, role=role)
+    return meta.but(role=role)
 
 
 G = TypeVar("G", bound=Graph)

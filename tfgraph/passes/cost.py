@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 
-from tfgraph.graph.ir import DTYPE_BYTES, Graph, Node
+from tfgraph.graph.ir import DTYPE_BYTES, Graph, Node, frozen_new
 from tfgraph.graph.ops import OPS
 from tfgraph.passes.liveness import Interpreter, Step
 
@@ -50,13 +50,6 @@ def param_count(p: Node) -> int:
     return math.prod(p.attrs["shape"])
 
 
-def _signature(node: Node, graph: Graph) -> tuple[Any, ...]:
-    ins = tuple((graph.node(i).type, graph.node(i).is_param) for i in node.inputs)
-    # type names too: 1, 1.0 and True are equal (and hash alike) as attribute values
-    attrs = tuple(sorted((k, type(v).__name__, v) for k, v in node.attrs.items()))
-    return node.op, ins, attrs
-
-
 _COSTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 """Per-op costs by signature, shared by every graph of the process (a spec's inference and
 loss graphs, the layers of a stack): op cost rules are pure functions of the signature."""
@@ -64,44 +57,77 @@ _COSTS_MAX = 8192
 
 
 def op_costs(graph: Graph) -> list[OpCost]:
-    """Costs of every op node in topological order."""
+    """Costs of every op node in topological order.
+
+    Each node's ``OpCost`` is kept on the node with the operand nodes it was computed from:
+    a node is never changed once added, and the graphs that share it (a loss graph copied
+    from the inference graph) resolve its operands to the same nodes, so they reuse it."""
     memo = _COSTS
     if len(memo) >= _COSTS_MAX:
         memo.clear()
-    costs = []
+    table = graph._nodes
+    costs: list[OpCost] = []
+    append = costs.append
     for node in graph.ops():
-        key = _signature(node, graph)
-        if key not in memo:
+        inputs = node.inputs
+        srcs = tuple(table[i] for i in inputs)
+        cached = node.__dict__.get("_opcost")
+        if cached is not None and len(cached[0]) == len(srcs) \
+                and all(a is b for a, b in zip(cached[0], srcs)):
+            append(cached[1])
+            continue
+        # attributes in the dict's order, with their types (1, 1.0 and True are equal values):
+        # another order of the same attributes is only a miss
+        key = (node.op, tuple([(s.type, s.op == "param") for s in srcs]),
+               tuple([(k, type(v), v) for k, v in node.attrs.items()]))
+        entry = memo.get(key)
+        if entry is None:
             opdef = OPS[node.op]
-            ins = [graph.node(i).type for i in node.inputs]
+            ins = [s.type for s in srcs]
             matmul, other = opdef.flops(ins, node.type, node.attrs)
             dense = opdef.dense_flops(ins, node.type, node.attrs) if opdef.dense_flops else None
-            memo[key] = (matmul, other, opdef.saved(ins, node.type, node.attrs),
-                         opdef.temp(ins, node.type, node.attrs), dense)
-        matmul, other, saved, temp, dense = memo[key]
+            entry = memo[key] = (matmul, other, opdef.saved(ins, node.type, node.attrs),
+                                 opdef.temp(ins, node.type, node.attrs), dense)
+        matmul, other, saved, temp, dense = entry
         tensors = []
         for ref, nbytes in saved:
             if ref[0] == "in":
-                src = node.inputs[ref[1]]
-                if graph.node(src).is_param:
+                src = inputs[ref[1]]
+                if srcs[ref[1]].op == "param":
                     continue  # parameters are not activations
                 tensors.append((src, nbytes))
             elif ref[0] == "out":
                 tensors.append((node.name, nbytes))
             else:
                 tensors.append((f"{node.name}#{ref[1]}", nbytes))
-        costs.append(OpCost(node.name, node.component, node.kind, node.op, matmul, other,
-                            tuple(tensors), temp, dense))
+        c = frozen_new(OpCost, {"node": node.name, "component": node.component,
+                                "kind": node.kind, "op": node.op, "matmul": matmul,
+                                "other": other, "saved": tuple(tensors), "temp": temp,
+                                "dense": dense})
+        node.__dict__["_opcost"] = (srcs, c)
+        append(c)
     return costs
 
 
+def sum_terms(terms: list[Any]) -> Any:
+    """``sum(terms)``: plain ints added as ints; sympy terms (the symbolic twins' parameter
+    products) in one ``sympy.Add``, not one flattening per term (the same sum)."""
+    if all(type(t) is int for t in terms):
+        return sum(terms)
+    return sympy.Add(*terms)
+
+
 def params_by_component(graph: Graph) -> dict[str, int]:
-    """Unique parameter counts per component (a tied table counts once, where it is defined)."""
-    out: dict[str, int] = {}
-    for p in graph.params():
-        key = p.component
-        out[key] = out.get(key, 0) + param_count(p)
-    return out
+    """Unique parameter counts per component (a tied table counts once, where it is defined).
+    A new dict each call (memoised on the graph)."""
+
+    def compute() -> dict[str, int]:
+        terms: dict[str, list[Any]] = {}
+        for p in graph.params():
+            terms.setdefault(p.component, []).append(param_count(p))
+        return {key: sum_terms(v) for key, v in terms.items()}
+
+    return dict(graph.memo("params_by_component", compute))
 
 
 def routed_experts(graph: Graph) -> list[Node]:
@@ -144,6 +170,26 @@ def kv_cache(graph: Graph) -> sympy.Expr:
     return total(terms)
 
 
+def evaluator(sizes: dict[sympy.Symbol, int]) -> Callable[[Any], int]:
+    """``int(expr at sizes)``, memoised: by the expression object first (the nodes of every
+    layer hold their own, equal, shape expressions, and sympy's equality test on a hash hit
+    is slow next to an identity check), then by value."""
+    by_value: dict[Any, int] = {}
+    by_id: dict[int, tuple[Any, int]] = {}
+
+    def value(expr: Any) -> int:
+        hit = by_id.get(id(expr))
+        if hit is not None and hit[0] is expr:
+            return hit[1]
+        out = by_value.get(expr)
+        if out is None:
+            out = by_value[expr] = int(sympy.sympify(expr).xreplace(sizes))
+        by_id[id(expr)] = (expr, out)  # holds expr: its id is not reused while cached
+        return out
+
+    return value
+
+
 @dataclass(frozen=True)
 class Peak:
     """Inference activation peak: bytes, the node at which it happens, the buffers live there
@@ -161,12 +207,7 @@ class _LiveBytes(Interpreter[int]):
     def __init__(self, graph: Graph, sizes: dict[sympy.Symbol, int]) -> None:
         super().__init__(graph)
         self.sizes = sizes
-        self._cache: dict[sympy.Expr, int] = {}
-
-    def bytes_of(self, expr: sympy.Expr) -> int:
-        if expr not in self._cache:
-            self._cache[expr] = int(sympy.sympify(expr).xreplace(self.sizes))
-        return self._cache[expr]
+        self.bytes_of = evaluator(sizes)
 
     def run_node(self, step: Step, args: list[int | None]) -> int:
         return self.bytes_of(step.node.type.nbytes)
@@ -200,4 +241,4 @@ ZERO = sympy.Integer(0)
 
 def weights_bytes(graph: Graph) -> int:
     """Bytes of the unique parameters at their dtype."""
-    return sum(param_count(p) * DTYPE_BYTES[p.type.dtype] for p in graph.params())
+    return sum_terms([param_count(p) * DTYPE_BYTES[p.type.dtype] for p in graph.params()])

@@ -29,13 +29,19 @@ def _causal_discount(graph: Graph) -> sympy.Expr:
     """Matmul FLOPs of masked-out scores: 2 products * 2 * B*h*hd per score a query does not
     read, Tq*(Tq-1)/2 per causal op, more outside a sliding window (``ops.attended_scores``)."""
     terms = []
+    seen: dict[tuple[Any, ...], sympy.Expr] = {}  # the layers repeat a few attention shapes
     for node in graph.ops():
         if node.op == "attention" and node.attrs["causal"]:
             q, k = (graph.node(i).type for i in node.inputs[:2])
-            b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
-            read = attended_scores(tq, tk, True, node.attrs.get("window"))
-            terms.append(2 * 2 * b * node.attrs["heads"] * node.attrs["head_dim"]
-                         * (tq * tk - read))
+            heads, head_dim = node.attrs["heads"], node.attrs["head_dim"]
+            window = node.attrs.get("window")
+            key = (q.shape, k.shape, heads, head_dim, window)
+            term = seen.get(key)
+            if term is None:
+                b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
+                read = attended_scores(tq, tk, True, window)
+                term = seen[key] = 2 * 2 * b * heads * head_dim * (tq * tk - read)
+            terms.append(term)
     return cost.total(terms)
 
 
@@ -46,7 +52,7 @@ def symbolic(graph: Graph) -> dict[str, Any]:
 
 def _symbolic(graph: Graph) -> dict[str, Any]:
     costs = cost.op_costs(graph)
-    params = sum(cost.params_by_component(graph).values())
+    params = cost.sum_terms(list(cost.params_by_component(graph).values()))
     matmul = cost.total(c.matmul for c in costs)
     other = cost.total(c.other for c in costs)
     forward = matmul + other
@@ -55,9 +61,14 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
     weights = cost.weights_bytes(graph)
     master = MASTER_COPY_BYTES * params if dtype_bytes < 4 else 0
     by_kind: dict[str, list[sympy.Expr]] = {}
+    sums: dict[tuple[int, int], tuple[sympy.Expr, sympy.Expr, sympy.Expr]] = {}
     for c in costs:
         kind = "attention_scores" if c.op == "attention" else c.kind
-        by_kind.setdefault(kind, []).append(c.matmul + c.other)
+        # the layers share their cost expressions (cost.op_costs' memo): one sympy add each
+        hit = sums.get((id(c.matmul), id(c.other)))
+        if hit is None or hit[0] is not c.matmul or hit[1] is not c.other:
+            hit = sums[(id(c.matmul), id(c.other))] = (c.matmul, c.other, c.matmul + c.other)
+        by_kind.setdefault(kind, []).append(hit[2])
     out = {
         "costs": costs,
         "params": params,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from tfgraph.graph.ir import Graph, Node
+from tfgraph.graph.ir import Graph, Node, frozen_new
 from tfgraph.graph.ops import OPS
 
 V = TypeVar("V")
@@ -92,9 +92,9 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
     ops = list(graph.ops())
     pos = {n.name: i for i, n in enumerate(ops)}
     owner: dict[str, str] = {}
+    aliasing = set() if training else {op for op, d in OPS.items() if d.aliases_input}
     for n in graph.nodes():
-        aliases = not training and n.op in OPS and OPS[n.op].aliases_input
-        owner[n.name] = owner[n.inputs[0]] if aliases else n.name
+        owner[n.name] = owner[n.inputs[0]] if n.op in aliasing else n.name
     region = {n.name: r for n in ops if (r := region_of(n)) is not None}
     region_end: dict[tuple[Any, ...], int] = {}
     for n in ops:
@@ -102,17 +102,20 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
             region_end[region[n.name]] = pos[n.name]
     last_use: dict[str, int] = {}
     held: set[str] = set()  # buffers some region reads from outside (its caller holds them)
-    for n in ops:
-        r = region.get(n.name)
+    params = {n.name for n in graph.nodes() if n.is_param}
+    region_get, last_get = region.get, last_use.get
+    for at_n, n in enumerate(ops):
+        r = region_get(n.name)
         for i in n.inputs:
-            if graph.node(i).is_param:
+            if i in params:
                 continue
             buf = owner[i]
-            at = pos[n.name]
-            if r is not None and region.get(i) != r:
+            at = at_n
+            if r is not None and region_get(i) != r:
                 at = region_end[r]  # held by the caller until the layer returns
                 held.add(buf)
-            last_use[buf] = max(last_use.get(buf, -1), at)
+            if last_get(buf, -1) < at:
+                last_use[buf] = at
     outputs = {owner[o] for o in graph.outputs}
     for o in outputs:
         last_use[o] = END
@@ -121,20 +124,25 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
         if at != END:  # token ids too: the model drops its reference after their last reader
             frees.setdefault(at, []).append(buf)
 
-    def overwritable(name: str, at: int) -> bool:
+    def overwritable(name: str, at: int, r: tuple[Any, ...] | None) -> bool:
         buf = owner[name]
-        return (buf in pos and buf not in outputs and buf not in held
-                and last_use.get(buf) == at and region.get(buf) == region.get(ops[at].name))
+        return (last_get(buf) == at and buf in pos and buf not in outputs and buf not in held
+                and region_get(buf) == r)
 
+    commutative = {op for op, d in OPS.items() if d.commutative}
     steps = []
-    for n in ops:
-        at = pos[n.name]
+    for at, n in enumerate(ops):
         overwrite = None
-        if n.inputs and overwritable(n.inputs[0], at):
-            overwrite = 0
-        elif len(n.inputs) > 1 and OPS[n.op].commutative and overwritable(n.inputs[1], at):
-            overwrite = 1
-        steps.append(Step(n, at, tuple(frees.get(at, ())), overwrite))
+        inputs = n.inputs
+        if inputs:
+            r = region_get(n.name)
+            if overwritable(inputs[0], at, r):
+                overwrite = 0
+            elif len(inputs) > 1 and n.op in commutative and overwritable(inputs[1], at, r):
+                overwrite = 1
+        steps.append(frozen_new(Step, {"node": n, "position": at,
+                                       "frees": tuple(frees.get(at, ())),
+                                       "overwrite": overwrite}))
     return Plan(tuple(steps), owner, last_use, region)
 
 

@@ -188,10 +188,15 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         for n in graph.nodes() if n.op != "input"}
     component_layers = _component_layers(graph)
     values: dict[sympy.Expr, int] = {}  # every layer repeats the same few costs
+    by_id: dict[int, tuple[sympy.Expr, int]] = {}  # ... as the same objects (cost memo)
 
     def at_sizes(expr: sympy.Expr) -> int:
+        hit = by_id.get(id(expr))
+        if hit is not None and hit[0] is expr:
+            return hit[1]
         if expr not in values:
             values[expr] = _int(expr, sizes)
+        by_id[id(expr)] = (expr, values[expr])  # holds expr: its id is not reused meanwhile
         return values[expr]
 
     for c in sym["costs"]:

@@ -58,6 +58,21 @@ from tfgraph.passes.liveness import Plan, Step, plan
 RECOMPUTE = ("none", "selective", "full")
 ZERO = sympy.Integer(0)
 
+_NONZERO: dict[Any, bool] = {}
+"""``expr != 0`` by expression: the layers repeat a few scratch sizes, and sympy's comparison
+is slow next to a dict look-up."""
+
+
+def _nonzero(expr: Any) -> bool:
+    known = _NONZERO.get(expr)
+    if known is None:
+        known = bool(expr != ZERO)
+        if len(_NONZERO) >= 4096:
+            _NONZERO.clear()
+        _NONZERO[expr] = known
+    return known
+
+
 Region = tuple[Any, ...]
 LayerKey = tuple[str, int] | None
 
@@ -197,6 +212,10 @@ def _grad_inputs(graph: Graph, node: Node) -> list[str]:
     return out
 
 
+_HOLDERS = {"buf": 1, "saved": 2, "scratch": 4, "grad": 8}
+"""The holders of a live entry, as bits (an entry is freed when its last holder drops it)."""
+
+
 class _Live:
     """A live set: entries by key with their bytes expression, each held by one or more
     holders (a tensor saved and still needed forward is one buffer); running total in bytes."""
@@ -204,7 +223,7 @@ class _Live:
     def __init__(self, value: Callable[[sympy.Expr], int]) -> None:
         self.value = value
         self.entries: dict[str, sympy.Expr] = {}
-        self.holders: dict[str, set[str]] = {}
+        self._held: dict[str, int] = {}  # holder bits (``_HOLDERS``) of each entry
         self.total = 0
         self._seq: dict[str, int] = {}  # when each entry joined (its place in ``entries``)
         self._joined = 0
@@ -212,24 +231,33 @@ class _Live:
         """Entries that joined (seq None) or left (with their seq) since ``mark``."""
 
     def add(self, key: str, nbytes: sympy.Expr, holder: str) -> None:
-        if key not in self.entries:
+        held = self._held.get(key)
+        if held is None:
             self.entries[key] = nbytes
             self._seq[key] = self._joined
             self._joined += 1
             self._log.append((key, nbytes, None))
             self.total += self.value(nbytes)
-        self.holders.setdefault(key, set()).add(holder)
+            self._held[key] = _HOLDERS[holder]
+        else:
+            self._held[key] = held | _HOLDERS[holder]
 
     def drop(self, key: str, holder: str) -> None:
-        held = self.holders.get(key)
+        held = self._held.get(key)
         if held is None:
             return
-        held.discard(holder)
-        if not held:
-            del self.holders[key]
-            nbytes = self.entries.pop(key)
-            self._log.append((key, nbytes, self._seq.pop(key)))
-            self.total -= self.value(nbytes)
+        held &= ~_HOLDERS[holder]
+        if held:
+            self._held[key] = held
+            return
+        del self._held[key]
+        nbytes = self.entries.pop(key)
+        self._log.append((key, nbytes, self._seq.pop(key)))
+        self.total -= self.value(nbytes)
+
+    def held_by(self, key: str, holder: str) -> bool:
+        """Whether ``holder`` holds entry ``key``."""
+        return bool(self._held.get(key, 0) & _HOLDERS[holder])
 
     def mark(self) -> None:
         """Remember the entries as they are now (``at_mark`` gives them back later)."""
@@ -272,6 +300,8 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
 
     # backward: every activation gradient from its first consumer's to its producer's backward
     producer = {s.node.name for s in walk.steps}
+    grad_inputs = graph.memo("grad_inputs", lambda: {
+        s.node.name: _grad_inputs(graph, s.node) for s in walk.steps})
     regions_done: set[Region] = set()
     for step in reversed(walk.steps):
         node = step.node
@@ -287,10 +317,13 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
         if node.op == "cross_entropy":
             back = ops_loss.backward_temp([graph.node(i).type for i in node.inputs])
         elif node.op == "attention":
-            back = scratch(node) + saves.dropped.get(node.name, ZERO)
-        if back != ZERO:
+            back = scratch(node)
+            dropped = saves.dropped.get(node.name)
+            if dropped is not None:
+                back = back + dropped
+        if _nonzero(back):
             extra.append((f"{node.name}#scratch", back))
-        for i in _grad_inputs(graph, node):
+        for i in grad_inputs[node.name]:
             if i not in producer:
                 continue
             nbytes = graph.node(i).type.nbytes
@@ -314,34 +347,31 @@ def _forward(graph: Graph, walk: Plan, steps: Any, kept: dict[str, list[tuple[st
     """The forward over ``steps`` (all, or one layer's when recomputing it): each op's output
     joins the live set, then its saved tensors; buffers die at the plan's frees."""
     made: list[str] = []
+    add, drop = live.add, live.drop
     step: Step
     for step in steps:
         node = step.node
-        live.add(node.name, node.type.nbytes, "buf")
-        made.append(node.name)
-        for tensor, nbytes in kept.get(node.name, []):
-            live.add(tensor, nbytes, "saved")
+        name = node.name
+        add(name, node.type.nbytes, "buf")
+        made.append(name)
+        for tensor, nbytes in kept.get(name, ()):
+            add(tensor, nbytes, "saved")
         temp = scratch(node)
-        if temp != ZERO:
-            live.add(f"{node.name}#scratch", temp, "scratch")
-        yield phase, node.name
-        live.drop(f"{node.name}#scratch", "scratch")
+        if _nonzero(temp):
+            add(f"{name}#scratch", temp, "scratch")
+            yield phase, name
+            drop(f"{name}#scratch", "scratch")
+        else:
+            yield phase, name
         for buf in step.frees:
-            live.drop(buf, "buf")
+            drop(buf, "buf")
     if not keep_outputs:  # a recomputed layer's outputs are thrown away
         for name in made:
             live.drop(name, "buf")
 
 
 def _value_of(sizes: dict[sympy.Symbol, int]) -> Callable[[sympy.Expr], int]:
-    memo: dict[sympy.Expr, int] = {}
-
-    def value(expr: sympy.Expr) -> int:
-        if expr not in memo:
-            memo[expr] = int(sympy.sympify(expr).xreplace(sizes))
-        return memo[expr]
-
-    return value
+    return cost.evaluator(sizes)
 
 
 def train_peak(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str = "none",
@@ -360,7 +390,7 @@ def train_peak(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str = "n
             live.mark()
         if event_phase == "backward" and saved_end < 0:  # the loss's backward comes first
             saved_end = sum(value(b) for key, b in live.entries.items()
-                            if "saved" in live.holders[key])
+                            if live.held_by(key, "saved"))
     entries = live.at_mark()
     logits = sum(value(graph.node(i).type.nbytes) for i in _grad_inputs(graph, loss))
     expr = cost.total(entries.values())
