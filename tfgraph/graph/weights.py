@@ -96,7 +96,9 @@ def load_weights(path: str, graph: Graph, check_finite: bool = False
     from safetensors import SafetensorError, safe_open
 
     from tfgraph.errors import TfgraphError
+    from tfgraph.io import check_input_file
 
+    check_input_file(path, "weights file")  # a FIFO would block the read forever
     try:
         arrays = _read_safetensors(path, safe_open)
     except (OSError, SafetensorError, ValueError) as err:
