@@ -25,6 +25,7 @@ import click
 
 from tfgraph.spec.source import load_source
 from tfgraph.errors import TfgraphError
+from tfgraph.limits import SEED
 from tfgraph.terminal import printable
 from tfgraph.graph.ir import Graph
 
@@ -216,7 +217,7 @@ def _human(n: float) -> str:
 @click.option("--weights", type=click.Path(dir_okay=False, path_type=Path),
               help="Parameter values from a .safetensors file (names as in the docs); "
                    "default: a model folder's own weights, else generated from --seed.")
-@click.option("--seed", type=int, default=None,
+@click.option("--seed", type=SEED, default=None,
               help="Random weights from this seed (default 0 for a spec); same seed, same "
                    "weights in every back end.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
