@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "specs" / "tiny-decoder.yaml")
 
 
-def tfgraph(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tfgraph", *args], capture_output=True,
                           text=True, timeout=timeout)
 
@@ -52,7 +52,7 @@ TOO_MANY_THREADS = str(usable_cores() + 1)
     (("plan", TINY, "--gpus", "8", "--micro-batch", "99999999999999"), ("--micro-batch",)),
 ])
 def test_size_options_are_bounded(args: tuple[str, ...], words: tuple[str, ...]) -> None:
-    refused(tfgraph(*args, timeout=120), *words)
+    refused(cli(*args, timeout=120), *words)
 
 
 def spec_with(tmp_path: Path, old: str, new: str) -> str:
@@ -72,7 +72,7 @@ def spec_with(tmp_path: Path, old: str, new: str) -> str:
 ])
 def test_yaml_1_1_forms_are_strings(tmp_path: Path, old: str, new: str,
                                     words: tuple[str, ...]) -> None:
-    refused(tfgraph("validate", spec_with(tmp_path, old, new)), *words)
+    refused(cli("validate", spec_with(tmp_path, old, new)), *words)
 
 
 def test_yaml_1_2_core_numbers(tmp_path: Path) -> None:
@@ -82,3 +82,85 @@ def test_yaml_1_2_core_numbers(tmp_path: Path) -> None:
     assert load_spec(spec_with(tmp_path, "d_model: 48", "d_model: 0x30")).d_model == 48
     assert load_spec(spec_with(tmp_path, "d_model: 48", "d_model: 0o60")).d_model == 48
     assert load_spec(spec_with(tmp_path, "scale: false", "scale: False")).embedding.scale is False
+
+
+@pytest.fixture(scope="module")
+def tiny_weights() -> dict[str, object]:
+    import tfgraph
+    from tfgraph.graph.weights import generate
+
+    return dict(generate(tfgraph.compile(TINY), 0))
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("int32", ("I32",)), ("bool", ("BOOL",)), ("float64", ("F64",)), ("float8", ("F8_E4M3",)),
+    ("nan", ("NaN",)), ("inf", ("infinite",)),
+])
+def test_weights_of_other_dtypes_or_not_finite_are_refused(
+        tmp_path: Path, tiny_weights: dict[str, object], kind: str,
+        words: tuple[str, ...]) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    weights = {k: np.asarray(v) for k, v in tiny_weights.items()}
+    name = next(iter(weights))
+    if kind in ("nan", "inf"):
+        weights[name] = weights[name].copy()
+        weights[name].flat[0] = np.nan if kind == "nan" else np.inf
+    elif kind == "float8":
+        import ml_dtypes
+
+        weights[name] = weights[name].astype(ml_dtypes.float8_e4m3fn)
+    else:
+        weights[name] = weights[name].astype(kind)
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    refused(cli("build", TINY, "--to", "onnx", "--weights", str(tmp_path / "w.safetensors"),
+                    "-o", str(tmp_path / "m.onnx")), name, *words)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_run_check_fails_on_nan(tmp_path: Path, tiny_weights: dict[str, object]) -> None:
+    import numpy as np
+
+    import tfgraph
+    from tfgraph.exporters.onnx.model import write_onnx
+
+    weights = {k: np.array(v) for k, v in tiny_weights.items()}
+    for value in weights.values():
+        value.flat[0] = np.nan
+    path = write_onnx(tfgraph.compile(TINY), tmp_path / "m.onnx", weights=weights)
+    result = cli("run", str(path), "--seq", "4", "--repeat", "1", "--check")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "FAILED" in result.stdout
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"num_attention_heads": 0}, ("num_attention_heads", "at least 1")),
+    ({"hidden_size": "DIGITS"}, ("5,000 digits",)),
+])
+def test_hostile_config_values(tmp_path: Path, change: dict[str, object],
+                               words: tuple[str, ...]) -> None:
+    import json
+
+    config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5}
+    text = json.dumps(config | change).replace('"DIGITS"', "3" * 5000)
+    (tmp_path / "config.json").write_text(text)
+    for command in ("validate", "report"):
+        refused(cli(command, str(tmp_path)), *words)
+
+
+def test_a_huge_name_makes_a_bounded_line(tmp_path: Path,
+                                          tiny_weights: dict[str, object]) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    weights = {k: np.asarray(v) for k, v in tiny_weights.items()}
+    weights["x" * 1_000_000] = np.zeros(1, np.float32)
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    result = cli("build", TINY, "--to", "onnx", "--weights", str(tmp_path / "w.safetensors"),
+                     "-o", str(tmp_path / "m.onnx"))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert len(result.stderr) <= 1001

@@ -87,7 +87,7 @@ class _Group(click.Group):
         except TfgraphError as exc:
             if debug:
                 traceback.print_exc()
-            click.echo(printable(str(exc)), err=True)
+            click.echo(_one_line(printable(str(exc))), err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:
             _usage_error(exc)
@@ -115,8 +115,20 @@ class _Group(click.Group):
                 traceback.print_exc()
             detail = " ".join(str(exc).split()) or type(exc).__name__
             hint = "" if debug else " (run with --debug for the traceback)"
-            click.echo(f"tfgraph: internal error: {type(exc).__name__}: {detail}{hint}", err=True)
+            click.echo(_one_line(f"tfgraph: internal error: {type(exc).__name__}: "
+                                 f"{printable(detail)}") + hint, err=True)
             ctx.exit(1)
+
+
+MAX_LINE = 1000
+"""Longest error line printed: a hostile file's 5 MB tensor name must not become a 5 MB line
+(messages that quote names shorten them themselves; this is the safety net)."""
+
+
+def _one_line(message: str) -> str:
+    if len(message) <= MAX_LINE:
+        return message
+    return f"{message[:MAX_LINE - 40]}... ({len(message):,} characters in all)"
 
 
 class Interrupted(BaseException):
