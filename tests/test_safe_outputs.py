@@ -183,7 +183,6 @@ def wait_for_signal_policy(pid: int) -> None:
         caught = int(next(line.split()[1] for line in status.splitlines()
                           if line.startswith("SigCgt:")), 16)
         if caught >> (signal.SIGTERM - 1) & 1:
-            time.sleep(0.2)
             return
         time.sleep(0.05)
 
@@ -205,3 +204,43 @@ def test_a_signal_during_a_build_is_one_line_and_leaves_nothing(tmp_path: Path, 
     assert stderr.strip().splitlines() == [
         "tfgraph: interrupted" if sig == signal.SIGINT else "tfgraph: terminated"], stderr
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_the_first_second_is_one_line(tmp_path: Path, sig: int) -> None:
+    """While the program is still importing (pydantic, sympy): no traceback either."""
+    program = Path(sys.executable).parent / "tfgraph"
+    if not program.exists():
+        pytest.skip("no tfgraph console script next to this Python")
+    proc = subprocess.Popen([str(program), "build", TINY, "--to", "json", "-o",
+                             str(tmp_path / "g.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_signal_policy(proc.pid)
+    proc.send_signal(sig)
+    _stdout, stderr = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the build finished before the signal")
+    assert proc.returncode == 128 + sig, (proc.returncode, stderr)
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_disk_full_while_writing_side_files_leaves_nothing(
+        folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC after the model was written, while its tokenizer files are: neither appears."""
+    import errno
+
+    from click.testing import CliRunner
+
+    import tfgraph.hf.tokenizer
+    from tfgraph.cli import main
+
+    def full(files: list[Path], target: Path) -> list[Path]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tfgraph.hf.tokenizer, "copy_files", full)
+    result = CliRunner().invoke(main, ["build", str(folder), "--to", "onnx", "-o",
+                                       str(tmp_path / "model.onnx")])
+    assert result.exit_code == 1, result.output
+    assert "No space left on device" in result.output and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
