@@ -164,3 +164,32 @@ def test_a_huge_name_makes_a_bounded_line(tmp_path: Path,
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert len(result.stderr) <= 1001
+
+
+@pytest.mark.parametrize("command", ["compare", "draw"])
+def test_special_files_as_output_are_refused(tmp_path: Path, command: str) -> None:
+    import os
+
+    fifo = tmp_path / ("out.md" if command == "compare" else "out.svg")
+    os.mkfifo(fifo)
+    args = (TINY, TINY) if command == "compare" else (TINY,)
+    refused(cli(command, *args, "-o", str(fifo), timeout=120), "FIFO")
+    assert fifo.is_fifo()
+
+
+def test_a_tokenizer_past_the_vocabulary_is_refused(tmp_path: Path) -> None:
+    """A text prompt whose tokens pass the model's vocabulary: exit 2, not an IndexError."""
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    spec = tmp_path / "tiny.yaml"
+    shutil.copy(TINY, spec)
+    vocab = {f"w{i}": i for i in range(300)} | {"<unk>": 300}
+    Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
+    model = tmp_path / "m.onnx"
+    built = cli("build", str(spec), "--to", "onnx", "-o", str(model))
+    assert built.returncode == 0, built.stderr
+    for backend in ("onnx", "torch"):
+        refused(cli("generate", str(model), "--prompt", "w299", "--backend", backend,
+                    "--max-new-tokens", "2"), "299", "vocabulary")

@@ -31,7 +31,7 @@ import shutil
 import signal
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -381,6 +381,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 _group: list[tuple[Path, Path, int]] | None = None
+_after: list[Callable[[], None]] = []
+
+
+def after_publish(action: Callable[[], None]) -> None:
+    """Run ``action`` once the files written so far are in place: now, or at the end of the
+    enclosing :func:`publish_together` block (not at all when that block fails)."""
+    if _group is None:
+        action()
+    else:
+        _after.append(action)
 
 
 @contextlib.contextmanager
@@ -395,10 +405,13 @@ def publish_together() -> Iterator[None]:
         return
     pending: list[tuple[Path, Path, int]] = []
     _group = pending
+    _after.clear()
     try:
         yield
         for tmp, target, _fd in pending:
             os.replace(tmp, target)
+        for action in list(_after):
+            action()
     except BaseException:
         for tmp, _target_path, _fd in pending:
             with contextlib.suppress(OSError):
@@ -406,6 +419,7 @@ def publish_together() -> Iterator[None]:
         raise
     finally:
         _group = None
+        _after.clear()
         for _tmp, _target_path, fd in pending:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -93,7 +93,10 @@ def _check_size(size: int, name: str, limit: int, what: str) -> None:
 def read_json(file: Path, limit: int, what: str) -> dict[str, Any]:
     """The JSON object in ``file`` (at most ``limit`` bytes, UTF-8, no duplicate keys, no NaN
     or Infinity); one SpecError line naming the file otherwise."""
+    from tfgraph.io import note_input
+
     name = os.fspath(file)
+    note_input(file)
     try:
         if file.is_dir():
             raise SpecError(f"is a directory, not a {what}", file=name)
@@ -132,6 +135,9 @@ def _bounded_int(text: str) -> int:
 
 def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
     """The config mapping and the file it came from."""
+    from tfgraph.io import note_input
+
+    note_input(path)  # a folder given: no output may lie inside it (tfgraph.io)
     file = config_file(path)
     return read_json(file, MAX_BYTES, CONFIG_NAME), file
 
