@@ -167,7 +167,11 @@ def available_memory() -> int | None:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:,.1f} GB"
+    """Bytes in the unit that shows them (never "0.0 GB" for a few megabytes)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,} bytes"
 
 
 def check_capacity(target: str | os.PathLike[str], disk_bytes: int, memory_bytes: int) -> None:

@@ -55,7 +55,10 @@ def check_at_most(option: str, value: int | None, limit: int, why: str) -> None:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:,.1f} GB"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,.0f} bytes"
 
 
 def check_memory(what: str, need_bytes: float) -> None:

@@ -172,9 +172,11 @@ def _check_model_bounds(ready: Any, eos_ids: tuple[int, ...], beams: int) -> Non
     vocab = ready.opened.prompt_vocab
     if not vocab:
         return
-    for eos in eos_ids:
+    for eos in ready.eos or ():
         if eos >= vocab:
-            raise TfgraphError(f"--eos-id {eos}: past the model's vocabulary of {vocab} tokens "
+            given = f"--eos-id {eos}" if eos in eos_ids else \
+                f"eos_token_id {eos} (the model folder's generation settings)"
+            raise TfgraphError(f"{given}: past the model's vocabulary of {vocab} tokens "
                                f"(ids 0 to {vocab - 1})")
     if beams > vocab:
         raise TfgraphError(f"--beams {beams}: more beams than the model's {vocab} tokens")
