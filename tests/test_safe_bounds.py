@@ -35,6 +35,7 @@ TOO_MANY_THREADS = str(usable_cores() + 1)
 
 @pytest.mark.parametrize("args, words", [
     (("run", TINY, "--batch", "99999999999"), ("--batch", "memory")),
+    (("run", str(ROOT / "specs" / "tiny-llama.yaml"), "--seq", "99999999"), ("--seq", "memory")),
     (("run", TINY, "--threads", TOO_MANY_THREADS), ("--threads",)),
     (("run", TINY, "--seed", "-1"), ("--seed",)),
     (("build", TINY, "--to", "onnx", "--seed", "-1"), ("--seed",)),

@@ -164,6 +164,8 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             tokenizer = beside if beside.is_file() else None
         else:
             built = load_source(source, "onnx", None, seed, None)
+            # before the build, which a big model makes long
+            _check_run_memory(built.spec, batch, seq if prompt is None else 1, tgt_seq)
             for note in built.notes:
                 click.echo(f"note: {note}", err=True)
             graph, given, model, session_source = _build_spec(built, seed or 0, opset,
@@ -183,9 +185,9 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
                                "use --seq")
         if ctx.get_parameter_source("seq") is click.core.ParameterSource.DEFAULT:
             seq = default_seq(spec)  # as `report` does: the default fits the model
+        _check_run_memory(spec, batch, seq if prompt is None else 1, tgt_seq)
         if prompt is None:  # README, "Lengths beyond max_len" (a prompt's length: below)
             check_lengths(spec, ("--seq", seq), ("--tgt-seq", tgt_seq))
-        _check_run_memory(spec, batch, seq if prompt is None else 1, tgt_seq)
         if check and graph is None:  # say it before spending time on the runs
             graph = _graph_from_model(model, spec, source)
             from_file = True
