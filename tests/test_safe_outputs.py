@@ -244,3 +244,19 @@ def test_disk_full_while_writing_side_files_leaves_nothing(
     assert result.exit_code == 1, result.output
     assert "No space left on device" in result.output and "Traceback" not in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("to", ["torch", "hf"])
+def test_a_folder_tfgraph_did_not_write_is_not_replaced(folder: Path, tmp_path: Path,
+                                                        to: str) -> None:
+    """A downloaded checkpoint with exactly the names a build writes stays as it was."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    name = "model.py" if to == "torch" else "config.json"
+    (victim / name).write_text("mine\n")
+    refused(tfgraph("build", TINY, "--to", to, "-o", str(victim)), "did not write")
+    assert sorted(p.name for p in victim.iterdir()) == [name]
+    fresh = tmp_path / "fresh"
+    for _ in range(2):  # its own folder: rebuilt in place
+        result = tfgraph("build", TINY, "--to", to, "-o", str(fresh))
+        assert result.returncode == 0, result.stderr

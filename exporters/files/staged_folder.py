@@ -19,6 +19,11 @@ from pathlib import Path
 from tfgraph.errors import TfgraphError
 
 
+MARKER = ".tfgraph-output"
+"""An empty file in every folder tfgraph builds: a later build may replace only such a folder
+(or an empty one), never one of the same file names that tfgraph did not write."""
+
+
 def check_target(out_dir: Path, names: Collection[str], kind: str) -> None:
     """Refuse ``out_dir`` unless it is new, empty or holds only ``names`` (a ``kind``)."""
     if not out_dir.parent.is_dir():
@@ -30,12 +35,18 @@ def check_target(out_dir: Path, names: Collection[str], kind: str) -> None:
         raise TfgraphError(f"{out_dir}: exists and is not a directory; this target writes a "
                            "folder")
     if out_dir.is_dir():
-        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in names
-                         and p.name != "__pycache__")
+        present = [p.name for p in out_dir.iterdir()]
+        foreign = sorted(n for n in present if n not in names and n != "__pycache__"
+                         and n != MARKER)
         if foreign:
             raise TfgraphError(f"{out_dir}: not a {kind} (has {', '.join(foreign[:3])}"
                                f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty "
                                "directory")
+        if present and MARKER not in present:
+            # The right names, but not written by tfgraph (a downloaded checkpoint, a
+            # hand-made folder): replacing it would lose files tfgraph did not write.
+            raise TfgraphError(f"{out_dir}: a folder tfgraph did not write (no {MARKER}); "
+                               "choose a new or empty directory")
 
 
 @contextlib.contextmanager
@@ -50,6 +61,7 @@ def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[
     lock = _locked(stage)  # held while we write: another build's clean-up leaves it alone
     try:
         yield stage
+        (stage / MARKER).touch()
         umask = _umask()
         for path in stage.iterdir():  # on disk before the rename makes the folder visible
             with open(path, "rb") as handle:
