@@ -14,7 +14,7 @@ import os
 import click
 
 from tfgraph.errors import TfgraphError
-from tfgraph.io import available_memory
+from tfgraph import io
 
 SEED = click.IntRange(min=0, max=2**64 - 1)
 """Seeds: numpy's generators take non-negative integers; 64 bits is what they mix in."""
@@ -63,7 +63,7 @@ def _gb(n: float) -> str:
 
 def check_memory(what: str, need_bytes: float) -> None:
     """Refuse work that needs more memory than is available (unknown: not checked)."""
-    available = available_memory()
+    available = io.available_memory()  # looked up at each call (tests replace it)
     if not math.isfinite(need_bytes) or (available is not None and need_bytes > available):
         shown = "more than any machine has" if not math.isfinite(need_bytes) \
             else _gb(need_bytes)
