@@ -210,7 +210,7 @@ RULES = {
             "layers: 2", "layers:\n  encoder: 2\n  decoder: yes  # <-"
         ),
         "layers.decoder",
-        "expected an integer, got true",
+        "expected an integer, got 'yes'",
     ),
     "strict-bool-string": (
         BASE + "embedding:\n  scale: 'yes'  # <-\n",

@@ -525,7 +525,7 @@ def test_an_incomplete_kv_cache_interface_is_refused(tmp_path: Path) -> None:
     (["--prompt-ids", "1,256"], "prompt 1: token id 256 is not in [0, 256)"),
     (["--prompt-ids", "1", "--top-p", "2"], "--top-p 2.0: must be in (0, 1]"),
     (["--prompt-ids", "1", "--max-new-tokens", "0"],
-     "'--max-new-tokens': 0 is not in the range x>=1"),
+     "'--max-new-tokens': 0 is not in the range 1<=x<=1048576"),
     (["--prompt-ids", "1", "--ignore-eos", "--eos-id", "3"], "contradict each other"),
 ])
 def test_cli_errors_are_one_line_exit_2(args: list[str], message: str) -> None:

@@ -163,7 +163,7 @@ def test_a_date_is_kept_as_the_text_written() -> None:
 
 
 def test_non_string_keys_are_refused() -> None:
-    err = error_of(VALID + "on: 3\n")
+    err = error_of(VALID + "true: 3\n")
     assert "not a field name" in err.message and err.line == 8
 
 

@@ -46,7 +46,7 @@ def test_fresh_process_reproduces_every_spec(tmp_path: Path) -> None:
         graph = tfgraph.compile(small(load_spec(path)))
         folder = write_torch_folder(graph, tmp_path / path.stem, None, seed=5)
         assert sorted(p.name for p in folder.iterdir()) == [
-            "model.py", "spec.yaml", "weights.safetensors"]
+            ".tfgraph-output", "model.py", "spec.yaml", "weights.safetensors"]
         ids = make_ids(graph, 2, 9, 6)
         torch.save(ids, folder / "ids.pt")
         with torch.no_grad():

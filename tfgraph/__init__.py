@@ -7,10 +7,14 @@ in ``tfgraph.exporters`` and import those libraries themselves.
 import importlib
 from typing import Any
 
-from tfgraph.compiler import compile
-from tfgraph.spec.loader import dump_spec, load_spec, parse_spec
-from tfgraph.spec.schema import Spec
-from tfgraph.version import __version__
+from tfgraph._early_signals import install as _install_early_signals
+
+_install_early_signals()  # the `tfgraph` program only: see tfgraph/_early_signals.py
+
+from tfgraph.compiler import compile  # noqa: E402
+from tfgraph.spec.loader import dump_spec, load_spec, parse_spec  # noqa: E402
+from tfgraph.spec.schema import Spec  # noqa: E402
+from tfgraph.version import __version__  # noqa: E402
 
 __all__ = ["Spec", "__version__", "compile", "dump_spec", "generate", "load_spec", "parse_spec"]
 

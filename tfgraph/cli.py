@@ -16,8 +16,11 @@ A Python traceback is printed only with ``tfgraph --debug``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 import traceback
 from typing import Any, NoReturn
 
@@ -26,6 +29,7 @@ import click
 from tfgraph import __version__
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.lengths import notes
+from tfgraph.io import track_inputs
 from tfgraph.terminal import printable
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -59,8 +63,22 @@ class _Group(click.Group):
         except click.UsageError as exc:  # the group's own options (tfgraph --bogus)
             _usage_error(exc)
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run with tfgraph's signal policy: SIGINT and SIGTERM unwind the command (every
+        staged output is removed on the way), then one line and exit 130 or 143."""
+        previous = _install_signal_policy()
+        try:
+            return super().main(*args, **kwargs)
+        except Interrupted as exc:
+            _restore(previous)
+            _say_interrupted(exc.signum)
+            sys.exit(128 + exc.signum)
+        finally:
+            _restore(previous)
+
     def invoke(self, ctx: click.Context) -> Any:
         debug = bool(ctx.params.get("debug"))
+        track_inputs()  # no output of this command may be one of its inputs (tfgraph.io)
         try:
             # A length past a spec's max_len that its positions allow is one `note:` line on
             # stderr (tfgraph.graph.lengths), however many checks meet it.
@@ -69,7 +87,7 @@ class _Group(click.Group):
         except TfgraphError as exc:
             if debug:
                 traceback.print_exc()
-            click.echo(printable(str(exc)), err=True)
+            click.echo(_one_line(printable(str(exc))), err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:
             _usage_error(exc)
@@ -79,15 +97,83 @@ class _Group(click.Group):
             # click annotates exit_code as a ClassVar; an instance value is what click reads.
             exc.exit_code = 2  # type: ignore[misc]
             raise
-        except (click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+        except (click.exceptions.Exit, click.Abort, Interrupted):
             raise
+        except KeyboardInterrupt:  # raised by code that bypasses the handler below
+            raise Interrupted(signal.SIGINT) from None
+        except OSError as exc:
+            # Output that cannot be written (a full disk, stdout on /dev/full, a closed pipe)
+            # is the environment's, not a bug: one line, exit 1, no traceback.
+            if debug:
+                traceback.print_exc()
+            click.echo(printable(f"tfgraph: {exc.strerror or exc}"
+                                 + (f": {exc.filename}" if exc.filename else ""))[:300],
+                       err=True)
+            ctx.exit(1)
         except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into exit 1
             if debug:
                 traceback.print_exc()
             detail = " ".join(str(exc).split()) or type(exc).__name__
             hint = "" if debug else " (run with --debug for the traceback)"
-            click.echo(f"tfgraph: internal error: {type(exc).__name__}: {detail}{hint}", err=True)
+            click.echo(_one_line(f"tfgraph: internal error: {type(exc).__name__}: "
+                                 f"{printable(detail)}") + hint, err=True)
             ctx.exit(1)
+
+
+MAX_LINE = 1000
+"""Longest error line printed: a hostile file's 5 MB tensor name must not become a 5 MB line
+(messages that quote names shorten them themselves; this is the safety net)."""
+
+
+def _one_line(message: str) -> str:
+    if len(message) <= MAX_LINE:
+        return message
+    return f"{message[:MAX_LINE - 40]}... ({len(message):,} characters in all)"
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: unwind (a BaseException, so ``except Exception`` does not
+    swallow it and click does not turn it into "Aborted!")."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    # Ignore repeats while unwinding: the clean-up runs once, to the end.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def _install_signal_policy() -> dict[int, Any]:
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        current = signal.getsignal(sig)
+        if current is signal.SIG_IGN:  # ignored by the parent (nohup, a shell's &): stays so
+            continue
+        previous[sig] = current
+        signal.signal(sig, _on_signal)
+    return previous
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    previous.clear()
+
+
+def _say_interrupted(signum: int) -> None:
+    word = "interrupted" if signum == signal.SIGINT else "terminated"
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"tfgraph: {word}\n")
+        sys.stderr.flush()
 
 
 # click >= 8.2 raises this (a UsageError) to print the help of a group run without arguments.

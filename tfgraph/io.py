@@ -31,7 +31,7 @@ import shutil
 import signal
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -45,6 +45,97 @@ except ImportError:  # not POSIX: no locks; an open file cannot be removed there
     fcntl = None  # type: ignore[assignment]
 
 
+# ---- inputs and outputs ----------------------------------------------------------------------
+#
+# One discipline for every writer: an output is a regular file (or, for folder targets, a
+# directory) or does not exist yet; it is never an input of the same command nor inside one;
+# and nothing is written until every input has been read through these checks.
+
+_inputs: dict[Path, bool] = {}  # resolved input path -> is a directory
+_tracking = False  # inputs are recorded while a command of the CLI runs (tfgraph.cli)
+
+
+def _resolved(path: str | os.PathLike[str]) -> Path:
+    try:
+        return Path(os.path.realpath(path))
+    except (OSError, ValueError):
+        return Path(os.path.abspath(path))
+
+
+def note_input(path: str | os.PathLike[str]) -> None:
+    """Record ``path`` as an input of this command: outputs may not be it nor lie inside it."""
+    if not _tracking:
+        return
+    resolved = _resolved(path)
+    _inputs[resolved] = os.path.isdir(resolved)
+
+
+def track_inputs(on: bool = True) -> None:
+    """Start (or stop) recording inputs for a new command, with none recorded yet. The CLI
+    turns this on; library calls (load_spec then a write) are not a command's inputs."""
+    global _tracking
+    _tracking = on
+    _inputs.clear()
+
+
+def check_not_input(target: str | os.PathLike[str]) -> None:
+    """Refuse (exit 2) an output that is an input of this command or lies inside one."""
+    resolved = _resolved(target)
+    for source, is_dir in _inputs.items():
+        if resolved == source or (is_dir and source in resolved.parents):
+            what = "is" if resolved == source else "is inside"
+            raise TfgraphError(f"{printable(str(target))}: {what} the input "
+                               f"{printable(str(source))}; write the output elsewhere")
+        if source.parent != source and resolved in source.parents and os.path.isdir(resolved):
+            raise TfgraphError(f"{printable(str(target))}: holds the input "
+                               f"{printable(str(source))}; write the output elsewhere")
+
+
+def check_input_file(path: str | os.PathLike[str], what: str = "file") -> Path:
+    """Refuse (exit 2) an input that is not a regular file before opening it: a FIFO or a
+    terminal would block ``open`` or ``read`` forever, a device never ends."""
+    file = Path(path)
+    try:
+        mode = os.stat(file).st_mode
+    except FileNotFoundError:
+        raise TfgraphError(f"{printable(str(file))}: no such {what}") from None
+    except OSError as exc:
+        raise TfgraphError(f"{printable(str(file))}: cannot read: "
+                           f"{exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise TfgraphError(f"{printable(str(file))}: is a directory, not a {what}")
+    if not stat.S_ISREG(mode):
+        raise TfgraphError(f"{printable(str(file))}: is {_kind(mode)}, not a regular {what}")
+    note_input(file)
+    return file
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def check_output_node(target: str | os.PathLike[str], directory: bool = False) -> None:
+    """Refuse an existing output that is not a regular file (or a directory, for folder
+    targets): replacing a device, a FIFO or a socket by a file is never what was meant."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise TfgraphError(f"{printable(str(target))}: cannot write: "
+                           f"{exc.strerror or exc}") from None
+    if stat.S_ISREG(mode) or (directory and stat.S_ISDIR(mode)):
+        return
+    if stat.S_ISDIR(mode):
+        raise TfgraphError(f"{printable(str(target))}: is a directory; give a file name")
+    raise TfgraphError(f"{printable(str(target))}: is {_kind(mode)}; tfgraph writes only "
+                       "regular files (give a file name)")
+
+
 def _target(path: str | os.PathLike[str]) -> Path:
     """Check ``path`` can be an output file, with a clear error when it cannot."""
     target = Path(path)
@@ -53,6 +144,8 @@ def _target(path: str | os.PathLike[str]) -> Path:
     if not target.parent.is_dir():
         raise TfgraphError(f"{printable(str(target))}: directory "
                            f"{printable(str(target.parent))} does not exist")
+    check_output_node(target)
+    check_not_input(target)
     return target
 
 
@@ -74,7 +167,11 @@ def available_memory() -> int | None:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:,.1f} GB"
+    """Bytes in the unit that shows them (never "0.0 GB" for a few megabytes)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,} bytes"
 
 
 def check_capacity(target: str | os.PathLike[str], disk_bytes: int, memory_bytes: int) -> None:
@@ -269,17 +366,89 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except OSError as exc:
         raise TfgraphError(f"{printable(str(target))}: cannot write: "
                            f"{exc.strerror or exc}") from None
+    group = _group
     try:
         with _signals_remove(tmp):
             yield tmp
             os.chmod(tmp, _mode_for(target))
+            if group is not None:  # published with the rest of the group
+                group.append((tmp, target, fd))
+                return
             os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
     finally:
-        os.close(fd)  # releases the lock, once the file is in place or gone
+        if group is None or not any(entry[2] == fd for entry in group):
+            os.close(fd)  # releases the lock, once the file is in place or gone
+
+
+_group: list[tuple[Path, Path, int]] | None = None
+_after: list[Callable[[], None]] = []
+
+
+def after_publish(action: Callable[[], None]) -> None:
+    """Run ``action`` once the files written so far are in place: now, or at the end of the
+    enclosing :func:`publish_together` block (not at all when that block fails)."""
+    if _group is None:
+        action()
+    else:
+        _after.append(action)
+
+
+@contextlib.contextmanager
+def publish_together() -> Iterator[None]:
+    """Every :func:`atomic_path` inside the block is written to its temporary file only; the
+    files replace their targets together when the block ends without an exception, so a
+    failure (a full disk while writing the third file) leaves none of them changed. A nested
+    block joins the outer one."""
+    global _group
+    if _group is not None:
+        yield
+        return
+    pending: list[tuple[Path, Path, int]] = []
+    _group = pending
+    _after.clear()
+    try:
+        yield
+        for tmp, target, _fd in pending:
+            os.replace(tmp, target)
+        for action in list(_after):
+            action()
+    except BaseException:
+        for tmp, _target_path, _fd in pending:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+    finally:
+        _group = None
+        _after.clear()
+        for _tmp, _target_path, fd in pending:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def check_side_file(target: str | os.PathLike[str], data: bytes) -> bool:
+    """Whether side file ``target`` (a tokenizer file, a generation config written next to a
+    model) must be written: False when it already holds exactly ``data``. A file of that name
+    with other content is not tfgraph's to replace: refused (exit 2), naming it."""
+    path = Path(target)
+    check_output_node(path)
+    check_not_input(path)
+    try:
+        with open(path, "rb") as handle:
+            existing = handle.read(len(data) + 1)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        raise TfgraphError(f"{printable(str(path))}: cannot read: "
+                           f"{exc.strerror or exc}") from None
+    if existing == data:
+        return False
+    raise TfgraphError(f"{printable(str(path))}: exists with other content, and tfgraph "
+                       "does not replace files it did not write; remove it or write to "
+                       "another directory")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Collection, Iterator
@@ -18,32 +19,49 @@ from pathlib import Path
 from tfgraph.errors import TfgraphError
 
 
+MARKER = ".tfgraph-output"
+"""An empty file in every folder tfgraph builds: a later build may replace only such a folder
+(or an empty one), never one of the same file names that tfgraph did not write."""
+
+
 def check_target(out_dir: Path, names: Collection[str], kind: str) -> None:
     """Refuse ``out_dir`` unless it is new, empty or holds only ``names`` (a ``kind``)."""
     if not out_dir.parent.is_dir():
         raise TfgraphError(f"{out_dir}: directory {out_dir.parent} does not exist")
+    from tfgraph.io import check_not_input
+
+    check_not_input(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise TfgraphError(f"{out_dir}: exists and is not a directory; this target writes a "
                            "folder")
     if out_dir.is_dir():
-        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in names
-                         and p.name != "__pycache__")
+        present = [p.name for p in out_dir.iterdir()]
+        foreign = sorted(n for n in present if n not in names and n != "__pycache__"
+                         and n != MARKER)
         if foreign:
             raise TfgraphError(f"{out_dir}: not a {kind} (has {', '.join(foreign[:3])}"
                                f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty "
                                "directory")
+        if present and MARKER not in present:
+            # The right names, but not written by tfgraph (a downloaded checkpoint, a
+            # hand-made folder): replacing it would lose files tfgraph did not write.
+            raise TfgraphError(f"{out_dir}: a folder tfgraph did not write (no {MARKER}); "
+                               "choose a new or empty directory")
 
 
 @contextlib.contextmanager
 def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[Path]:
     """Yield a temporary folder to fill; on success it replaces ``out_dir``."""
+    remove_stale_stages(out_dir)
     check_target(out_dir, names, kind)
     try:
         stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
     except OSError as exc:
         raise TfgraphError(f"{out_dir}: cannot write: {exc.strerror or exc}") from None
+    lock = _locked(stage)  # held while we write: another build's clean-up leaves it alone
     try:
         yield stage
+        (stage / MARKER).touch()
         umask = _umask()
         for path in stage.iterdir():  # on disk before the rename makes the folder visible
             with open(path, "rb") as handle:
@@ -57,23 +75,82 @@ def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
 
 
 def _swap_in(stage: Path, out_dir: Path) -> None:
-    """Replace ``out_dir`` by ``stage`` with renames; the old folder is removed afterwards."""
+    """Replace ``out_dir`` by ``stage`` with renames; the old folder is removed afterwards.
+    A process killed between the two renames leaves ``.NAME.old-*`` and no ``NAME``: the
+    next build of the same target puts it back first (:func:`remove_stale_stages`)."""
     if not out_dir.exists():
         os.replace(stage, out_dir)
         return
     old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))
     os.rmdir(old)  # only the unique name is wanted
-    os.replace(out_dir, old)
+    lock = _locked(out_dir)  # follows the folder through the rename
     try:
-        os.replace(stage, out_dir)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.replace(old, out_dir)  # put the previous folder back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        os.replace(out_dir, old)
+        try:
+            os.replace(stage, out_dir)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.replace(old, out_dir)  # put the previous folder back
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _locked(folder: Path) -> int | None:
+    """An open descriptor of ``folder`` holding an exclusive lock, or None when it cannot be
+    locked: None too when another process holds it (then ``folder`` is in use)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (ImportError, OSError):
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_stages(out_dir: Path) -> None:
+    """Clean up after a build of ``out_dir`` that was killed (SIGKILL, power cut): remove
+    its ``.NAME.tmp-*`` staging folders and, when ``NAME`` is missing, rename its
+    ``.NAME.old-*`` back (killed between the two renames), else remove it. Only folders of
+    exactly these names that no running build holds locked are touched."""
+    pattern = re.compile(re.escape(f".{out_dir.name}.") + r"(tmp|old)-[a-z0-9_]{8}")
+    try:
+        names = sorted(os.listdir(out_dir.parent))
+    except OSError:
+        return
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None:
+            continue
+        path = out_dir.parent / name
+        if path.is_symlink() or not path.is_dir():
+            continue
+        fd = _locked(path)
+        if fd is None:
+            continue
+        try:
+            if match.group(1) == "old" and not os.path.lexists(out_dir):
+                os.replace(path, out_dir)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _umask() -> int:

@@ -89,10 +89,11 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
 def write_genai_config(graph: Graph, model_path: Path,
                        tokens: Mapping[str, Any] | None = None) -> Path:
     """Write genai_config.json next to ``model_path`` (atomically)."""
-    from tfgraph.io import atomic_write
+    from tfgraph.io import atomic_write, check_side_file
 
     target = model_path.parent / FILENAME
-    with atomic_write(target) as out:
-        json.dump(genai_config(graph, model_path.name, tokens), out, indent=4)
-        out.write("\n")
+    text = json.dumps(genai_config(graph, model_path.name, tokens), indent=4) + "\n"
+    if check_side_file(target, text.encode("utf-8")):
+        with atomic_write(target) as out:
+            out.write(text)
     return target

@@ -26,7 +26,7 @@ from onnx import TensorProto
 
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.onnx.tensors import Value, cast_value, tensor_header, write_bytes
-from tfgraph.io import atomic_path, remove_stale_temps
+from tfgraph.io import after_publish, atomic_path, remove_stale_temps
 from tfgraph.terminal import printable
 
 # (name, dtype, float32 value) of each parameter, in the order they become initializers.
@@ -155,10 +155,13 @@ def write_model(model: onnx.ModelProto, values: Values, target: Path, external: 
             os.fsync(out.fileno())
         # The model just replaced may have kept its weights in <target>.data; nothing points
         # at that file any more, and leaving it would sit next to the new model as if it
-        # belonged to it.
-        with contextlib.suppress(FileNotFoundError):
-            if data_target.is_file() and not data_target.is_symlink():
-                data_target.unlink()
+        # belonged to it (once the new model is in place: see tfgraph.io.publish_together).
+        def remove_old_data() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                if data_target.is_file() and not data_target.is_symlink():
+                    data_target.unlink()
+
+        after_publish(remove_old_data)
         return target
     with atomic_path(data_target) as tmp_data, atomic_path(target) as tmp_model, \
             _write_errors(target):

@@ -25,6 +25,7 @@ import click
 
 from tfgraph.spec.source import load_source
 from tfgraph.errors import TfgraphError
+from tfgraph.limits import SEED
 from tfgraph.terminal import printable
 from tfgraph.graph.ir import Graph
 
@@ -44,19 +45,25 @@ class Target:
 
 def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
     from tfgraph.exporters.onnx.model import write_onnx
+    from tfgraph.io import check_output, check_side_file, publish_together
 
-    with _progress(graph, f"writing {out.name}") as advance:
-        written = write_onnx(graph, out, weights=opts["weights"], seed=opts["seed"],
-                             opset=opts["opset"], progress=advance)
-    if opts["extra_files"]:  # next to the model, where onnxruntime-genai looks for them
-        from tfgraph.hf.tokenizer import copy_files
+    check_output(out)
+    for extra in opts["extra_files"] or ():  # refuse a foreign file of that name before work
+        check_side_file(out.parent / extra.name, extra.read_bytes())
+    # The model, its weights file and its side files are published together, or none is.
+    with publish_together():
+        with _progress(graph, f"writing {out.name}") as advance:
+            written = write_onnx(graph, out, weights=opts["weights"], seed=opts["seed"],
+                                 opset=opts["opset"], progress=advance)
+        if opts["extra_files"]:  # next to the model, where onnxruntime-genai looks for them
+            from tfgraph.hf.tokenizer import copy_files
 
-        copy_files(opts["extra_files"], written.parent)
-    if graph.info.kind == "cached" and graph.info.part is None:  # a decoder's KV-cache
-        # model: onnxruntime-genai can drive it
-        from tfgraph.exporters.onnx.genai_config import write_genai_config
+            copy_files(opts["extra_files"], written.parent)
+        if graph.info.kind == "cached" and graph.info.part is None:  # a decoder's KV-cache
+            # model: onnxruntime-genai can drive it
+            from tfgraph.exporters.onnx.genai_config import write_genai_config
 
-        write_genai_config(graph, written, opts["source_config"])
+            write_genai_config(graph, written, opts["source_config"])
     return written
 
 
@@ -74,7 +81,22 @@ def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed
                            "a folder")
     if not out.parent.is_dir():
         raise TfgraphError(f"{out}: directory {out.parent} does not exist")
+    from tfgraph.io import check_not_input, check_output_node, publish_together
+
+    check_output_node(out, directory=True)
+    check_not_input(out)
     out.mkdir(exist_ok=True)
+    with publish_together():
+        _write_two_models(source, values, out, seed, opset)
+    return out
+
+
+def _write_two_models(source: Any, values: Any, out: Path, seed: int | None,
+                      opset: int | None) -> None:
+    from tfgraph.compiler import compile as compile_spec
+    from tfgraph.exporters.onnx.model import write_onnx
+    from tfgraph.graph.weights import WeightSubset
+
     for part in ("encoder", "decoder"):
         g = compile_spec(source.spec, cache=True, part=part)
         part_values = None if values is None else WeightSubset(
@@ -87,7 +109,6 @@ def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed
         from tfgraph.hf.tokenizer import copy_files
 
         copy_files(source.tokenizer, out)
-    return out
 
 
 def _write_torch(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
@@ -196,7 +217,7 @@ def _human(n: float) -> str:
 @click.option("--weights", type=click.Path(dir_okay=False, path_type=Path),
               help="Parameter values from a .safetensors file (names as in the docs); "
                    "default: a model folder's own weights, else generated from --seed.")
-@click.option("--seed", type=int, default=None,
+@click.option("--seed", type=SEED, default=None,
               help="Random weights from this seed (default 0 for a spec); same seed, same "
                    "weights in every back end.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,

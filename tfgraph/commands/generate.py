@@ -11,11 +11,13 @@ tfgraph.generation's; this module parses options and prints.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import click
 
 from tfgraph.errors import TfgraphError
+from tfgraph.limits import MAX_BEAMS, MAX_NEW_TOKENS, SEED, check_threads
 from tfgraph.terminal import printable
 
 
@@ -82,15 +84,15 @@ class _Stream:
               help="A prompt as comma-separated token ids (repeat for a batch).")
 @click.option("--prompt", "prompt_texts", multiple=True, metavar="TEXT",
               help="A text prompt, tokenized with the model's tokenizer.json (repeatable).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--max-new-tokens", type=click.IntRange(min=1, max=MAX_NEW_TOKENS), default=32, show_default=True,
               help="Tokens to generate per prompt (fewer when every row ends).")
 @click.option("--temperature", type=float, default=None,
               help="Sample at this temperature (0: greedy).")
 @click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens.")
 @click.option("--top-p", type=float, default=None,
               help="Sample from the smallest set of tokens holding this probability.")
-@click.option("--seed", type=int, default=None, help="Seed of the sampling generator.")
-@click.option("--beams", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--seed", type=SEED, default=None, help="Seed of the sampling generator.")
+@click.option("--beams", type=click.IntRange(min=1, max=MAX_BEAMS), default=1, show_default=True,
               help="Beam search with this many beams (1: no beam search).")
 @click.option("--length-penalty", type=float, default=1.0, show_default=True,
               help="Beam scores are log-prob sums / length ** this (0: plain sums).")
@@ -107,7 +109,7 @@ class _Stream:
 @click.option("--decoder-start-id", type=click.IntRange(min=0), default=None,
               help="First target token of encoder-decoder models (default: the folder's, "
                    "else 0).")
-@click.option("--weights-seed", type=int, default=None,
+@click.option("--weights-seed", type=SEED, default=None,
               help="Random weights from this seed (a spec's default 0; a folder's default: "
                    "its own weights).")
 @click.option("--opset", type=int, default=23, show_default=True,
@@ -131,6 +133,9 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
         raise TfgraphError("give --prompt-ids or --prompt, not both")
     if ignore_eos and eos_ids:
         raise TfgraphError("--ignore-eos and --eos-id contradict each other")
+    check_threads("--threads", threads)
+    if not math.isfinite(length_penalty):
+        raise TfgraphError(f"--length-penalty: expected a finite number, got {length_penalty}")
     prompts: list[Any] = [parse_ids(p) for p in prompt_ids] or list(prompt_texts)
     sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
     eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
@@ -138,6 +143,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
                     decoder_start_id, not no_cache)
     for note in ready.opened.notes:
         click.echo(f"note: {note}", err=True)
+    _check_model_bounds(ready, eos_ids, beams)
     decode = ready.decode if ready.tokenizer is not None else None
     stream = None if as_json else _Stream(len(ready.prompts), decode)
     try:
@@ -159,6 +165,21 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     click.echo(f"decode    {result.decode_tokens} tokens in {result.decode_s * 1e3:.2f} ms: "
                f"{_rate(result.decode_tokens_per_s)}")
     click.echo(f"first token after {result.time_to_first_token_s * 1e3:.2f} ms")
+
+
+def _check_model_bounds(ready: Any, eos_ids: tuple[int, ...], beams: int) -> None:
+    """Token ids and beams the model's vocabulary can hold (known when a spec is)."""
+    vocab = ready.opened.prompt_vocab
+    if not vocab:
+        return
+    for eos in ready.eos or ():
+        if eos >= vocab:
+            given = f"--eos-id {eos}" if eos in eos_ids else \
+                f"eos_token_id {eos} (the model folder's generation settings)"
+            raise TfgraphError(f"{given}: past the model's vocabulary of {vocab} tokens "
+                               f"(ids 0 to {vocab - 1})")
+    if beams > vocab:
+        raise TfgraphError(f"--beams {beams}: more beams than the model's {vocab} tokens")
 
 
 def _rate(per_s: float | None) -> str:

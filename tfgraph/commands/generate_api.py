@@ -132,11 +132,13 @@ def _prompt_ids(prompt: Sequence[int] | str, index: int, tokenizer: Tokenizer | 
         ids = list(tokenizer.encode(prompt).ids)
         if not ids:
             raise TfgraphError(f"prompt {index + 1}: the text encodes to no tokens")
-        return ids
-    ids = [int(t) for t in prompt]
+        why = " (the tokenizer has more tokens than the model's vocabulary)"
+    else:
+        ids = [int(t) for t in prompt]
+        why = ""
     vocab = opened.prompt_vocab
     for token in ids:
         if token < 0 or (vocab is not None and token >= vocab):
             bound = f"[0, {vocab})" if vocab is not None else ">= 0"
-            raise TfgraphError(f"prompt {index + 1}: token id {token} is not in {bound}")
+            raise TfgraphError(f"prompt {index + 1}: token id {token} is not in {bound}{why}")
     return ids

@@ -23,6 +23,7 @@ import click
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
+from tfgraph.limits import MAX_BATCH, MAX_GPUS, MAX_TOP
 from tfgraph.graph.lengths import check_lengths
 from tfgraph.parallel.layout import Layout
 
@@ -33,7 +34,8 @@ _LAYOUT_OPTIONS = ("--tp", "--pp", "--dp", "--ep", "--zero", "--sp", "--recomput
                    "--micro-batch")
 
 
-def _count(option: str, text: str | None, minimum: int = 1) -> int | None:
+def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None = None
+           ) -> int | None:
     """An integer option parsed here, so a bad value is one line naming the option."""
     if text is None:
         return None
@@ -44,6 +46,9 @@ def _count(option: str, text: str | None, minimum: int = 1) -> int | None:
     if value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise TfgraphError(f"{option}: expected {kind}, got {value}")
+    limit = maximum if maximum is not None else MAX_BATCH
+    if value > limit:
+        raise TfgraphError(f"{option} {value}: at most {limit:,}")
     return value
 
 
@@ -100,7 +105,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     from tfgraph.parallel.gpus import gpu
 
     spec = load_spec_arg(source)
-    gpus = _count("--gpus", gpus_text)
+    gpus = _count("--gpus", gpus_text, maximum=MAX_GPUS)
     assert gpus is not None  # required=True
     device = gpu(gpu_name, gpu_memory)
     seq = _count("--seq", seq_text) or spec.max_len or DEFAULT_SEQ
@@ -114,7 +119,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
         if fixed:
             raise TfgraphError(f"--search chooses {', '.join(fixed)} itself; give only --gpus, "
                                "--gpu/--gpu-memory, --global-batch, --seq, --dtype, --attention")
-        top = _count("--top", top_text) or DEFAULT_TOP
+        top = _count("--top", top_text, maximum=MAX_TOP) or DEFAULT_TOP
     elif top_text is not None:
         raise TfgraphError("--top: only with --search")
 

@@ -19,6 +19,7 @@ import click
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.limits import SEED, check_memory, check_threads
 from tfgraph.graph.lengths import Lengths, check_lengths, default_seq
 from tfgraph.terminal import printable
 
@@ -130,7 +131,7 @@ def _torch_logits(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
               help="Timed runs (after one untimed warm-up).")
 @click.option("--check", is_flag=True,
               help="Also run the PyTorch back end on the same weights and compare.")
-@click.option("--seed", type=int, default=None,
+@click.option("--seed", type=SEED, default=None,
               help="Random weights from this seed when the source is a spec (default 0) or a "
                    "model folder (default: its own weights); also seeds the random input ids.")
 @click.option("--prompt", default=None,
@@ -149,6 +150,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
     from tfgraph.exporters.onnx import runtime as rt
     from tfgraph.spec.source import load_source
 
+    check_threads("--threads", threads)
     given: Any = None  # the weights a spec or folder was built with (None: the seed's)
     tokenizer: Path | None = None
     with tempfile.TemporaryDirectory(prefix="tfgraph-run-") as tmp:
@@ -162,6 +164,8 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             tokenizer = beside if beside.is_file() else None
         else:
             built = load_source(source, "onnx", None, seed, None)
+            # before the build, which a big model makes long
+            _check_run_memory(built.spec, batch, seq if prompt is None else 1, tgt_seq)
             for note in built.notes:
                 click.echo(f"note: {note}", err=True)
             graph, given, model, session_source = _build_spec(built, seed or 0, opset,
@@ -181,6 +185,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
                                "use --seq")
         if ctx.get_parameter_source("seq") is click.core.ParameterSource.DEFAULT:
             seq = default_seq(spec)  # as `report` does: the default fits the model
+        _check_run_memory(spec, batch, seq if prompt is None else 1, tgt_seq)
         if prompt is None:  # README, "Lengths beyond max_len" (a prompt's length: below)
             check_lengths(spec, ("--seq", seq), ("--tgt-seq", tgt_seq))
         if check and graph is None:  # say it before spending time on the runs
@@ -233,5 +238,20 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             verdict = "ok" if diff <= tol else "FAILED"
             click.echo(f"check     max |onnxruntime - torch| = {diff:.3g} "
                        f"(tolerance {tol:g}, {iface.dtype}): {verdict}")
-            if diff > tol:
+            if not diff <= tol:  # NaN compares false both ways: a failure
                 ctx.exit(1)
+
+
+def _check_run_memory(spec: Spec | None, batch: int, seq: int, tgt_seq: int | None) -> None:
+    """Refuse --batch x --seq whose inputs and activations cannot fit in memory, before a
+    session is built: ids (int64), the hidden states and the logits (float32), and one
+    layer's attention scores, an estimate from below."""
+    tokens = batch * max(seq, tgt_seq or 0)
+    need = 8.0 * tokens
+    if spec is not None:
+        heads = spec.attention.heads
+        vocab = spec.vocab if isinstance(spec.vocab, int) else max(spec.vocab.source,
+                                                                   spec.vocab.target)
+        need += 4.0 * tokens * (vocab + 8 * spec.d_model)
+        need += 4.0 * batch * heads * max(seq, tgt_seq or 0) ** 2
+    check_memory(f"--batch {batch} x --seq {max(seq, tgt_seq or 0)}", need)

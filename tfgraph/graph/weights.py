@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from tfgraph.terminal import printable
+
 from tfgraph.graph.ir import Graph
 
 INIT_STD = 0.02
@@ -96,17 +98,46 @@ def load_weights(path: str, graph: Graph, check_finite: bool = False
     from safetensors import SafetensorError, safe_open
 
     from tfgraph.errors import TfgraphError
+    from tfgraph.io import check_input_file
 
+    check_input_file(path, "weights file")  # a FIFO would block the read forever
+    shown = printable(shorten(path))
     try:
+        _check_dtypes(path, safe_open, shown)
         arrays = _read_safetensors(path, safe_open)
     except (OSError, SafetensorError, ValueError) as err:
-        raise TfgraphError(f"{path}: cannot read weights: {err}") from err
-    check_weights({n: tuple(a.shape) for n, a in arrays.items()}, graph, path)
-    if check_finite:
-        for name, array in arrays.items():
-            if not np.isfinite(array).all():
-                raise TfgraphError(f"{path}: {name} holds NaN or infinite values")
+        raise TfgraphError(f"{shown}: cannot read weights: {shorten(str(err))}") from None
+    check_weights({n: tuple(a.shape) for n, a in arrays.items()}, graph, shown)
+    # A NaN or an infinity in a weights file is always a mistake (a diverged run, a bad
+    # conversion): refused whether or not --check-finite was given (it also covers folders).
+    for name, array in arrays.items():
+        if not np.isfinite(array).all():
+            raise TfgraphError(f"{shown}: {printable(shorten(name))} holds NaN or infinite "
+                               "values")
     return {n: a.astype(np.float32, copy=False) for n, a in arrays.items()}
+
+
+# Tensor dtypes a weights file may hold (safetensors' names): the float types tfgraph builds
+# in. Integers, booleans, float64 and float8 are refused rather than converted silently.
+WEIGHT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """``text`` cut to about ``limit`` characters for an error line (a hostile file may hold
+    a 5 MB tensor name)."""
+    return text if len(text) <= limit else f"{text[:limit - 20]}...({len(text):,} chars)"
+
+
+def _check_dtypes(path: str, safe_open, shown: str) -> None:  # type: ignore[no-untyped-def]
+    from tfgraph.errors import TfgraphError
+
+    with safe_open(path, framework="numpy") as f:
+        for name in f.keys():
+            dtype = str(f.get_slice(name).get_dtype())
+            if dtype not in WEIGHT_DTYPES:
+                raise TfgraphError(
+                    f"{shown}: {printable(shorten(name))} is {dtype}; weights must be float32, "
+                    "float16 or bfloat16 (convert the file first)")
 
 
 def check_weights(shapes: dict[str, tuple[int, ...]], graph: Graph, source: str) -> None:

@@ -75,7 +75,12 @@ def draft_from_config(data: Mapping[str, Any], name: str | None = None,
                       ) -> SpecDraft:
     """The spec fields a config.json mapping determines (validated), in writing order."""
     cfg = HFConfig(data, source)
-    draft: SpecDraft = family(cfg).spec_from_config(cfg)
+    try:
+        draft: SpecDraft = family(cfg).spec_from_config(cfg)
+    except ZeroDivisionError:  # a count of 0 that another size is divided by
+        zeros = [k for k, v in cfg.data.items() if v == 0 and not isinstance(v, bool)
+                 and any(w in k for w in ("head", "layer", "size", "dim", "expert"))]
+        cfg.refuse(zeros[0] if zeros else "num_attention_heads", "must be at least 1")
     draft.data["name"] = name or cfg.model_type.replace("_", "-")
     key = "dtype" if "dtype" in cfg else "torch_dtype"
     dtype = cfg.get(key, None)

@@ -93,10 +93,16 @@ def _check_size(size: int, name: str, limit: int, what: str) -> None:
 def read_json(file: Path, limit: int, what: str) -> dict[str, Any]:
     """The JSON object in ``file`` (at most ``limit`` bytes, UTF-8, no duplicate keys, no NaN
     or Infinity); one SpecError line naming the file otherwise."""
+    from tfgraph.io import note_input
+
     name = os.fspath(file)
+    note_input(file)
     try:
         if file.is_dir():
             raise SpecError(f"is a directory, not a {what}", file=name)
+        if not stat.S_ISREG(file.stat().st_mode):  # a FIFO would block open() forever
+            raise SpecError(f"not a regular file (a FIFO, a device or a socket); give a {what}",
+                            file=name)
         _check_size(file.stat().st_size, name, limit, what)
         with file.open("rb") as handle:
             data = handle.read(limit + 1)  # /dev/zero and growing files report size 0
@@ -105,7 +111,8 @@ def read_json(file: Path, limit: int, what: str) -> dict[str, Any]:
     _check_size(len(data), name, limit, what)
     text = decode(data, name)
     try:
-        parsed = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        parsed = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                            parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         raise SpecError(f"not valid JSON: {exc.msg}", file=name, line=exc.lineno,
                         col=exc.colno) from None
@@ -117,8 +124,20 @@ def read_json(file: Path, limit: int, what: str) -> dict[str, Any]:
     return parsed
 
 
+def _bounded_int(text: str) -> int:
+    """A JSON integer of at most 30 digits: sizes and ids have a few (Python would refuse
+    4,300 digits with an error naming sys.set_int_max_str_digits)."""
+    if len(text.lstrip("-")) > 30:
+        raise ValueError(f"an integer of {len(text.lstrip('-')):,} digits; a config's "
+                         "numbers have a few")
+    return int(text)
+
+
 def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
     """The config mapping and the file it came from."""
+    from tfgraph.io import note_input
+
+    note_input(path)  # a folder given: no output may lie inside it (tfgraph.io)
     file = config_file(path)
     return read_json(file, MAX_BYTES, CONFIG_NAME), file
 

@@ -59,12 +59,13 @@ def load_tokenizer(path: Path) -> Tokenizer:
 
 def copy_files(files: list[Path], folder: Path) -> list[Path]:
     """Copy ``files`` into ``folder`` atomically, each replacing any file of that name."""
-    from tfgraph.io import atomic_path
+    from tfgraph.io import atomic_path, check_side_file
 
-    written = []
-    for source in files:
-        target = folder / source.name
+    pending = [(folder / source.name, source.read_bytes()) for source in files]
+    # Every name is checked before any is written: a file of that name that tfgraph did not
+    # write (other content) is refused, never replaced (tfgraph.io.check_side_file).
+    needed = [(target, data) for target, data in pending if check_side_file(target, data)]
+    for target, data in needed:
         with atomic_path(target) as tmp:
-            tmp.write_bytes(source.read_bytes())
-        written.append(target)
-    return written
+            tmp.write_bytes(data)
+    return [target for target, _data in pending]

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import yaml
@@ -38,6 +39,9 @@ def read_spec_text(path: str | os.PathLike[str]) -> str:
             raise SpecError("no such file", file=name)
         if file.is_dir():
             raise SpecError("is a directory, not a spec file", file=name)
+        if not stat.S_ISREG(file.stat().st_mode):  # a FIFO would block open() forever
+            raise SpecError("not a regular file (a FIFO, a device or a socket); give a spec "
+                            "file", file=name)
         check_size(file.stat().st_size, name)
         with file.open("rb") as handle:
             # Read one byte past the limit: /dev/zero and growing files report size 0.
@@ -54,6 +58,9 @@ def load_spec(path: str | os.PathLike[str]) -> Spec:
     "tfgraph import")."""
     name = os.fspath(path)
     from tfgraph.hf.files import is_config_path, load_config_spec
+    from tfgraph.io import note_input
+
+    note_input(name)  # no output of this command may be it or lie inside it
 
     if is_config_path(name):
         return load_config_spec(name)

@@ -85,8 +85,50 @@ class Dumper(yaml.SafeDumper):
 Dumper.add_representer(str, Dumper.represent_str)
 
 
-for _cls in (_Loader, Dumper):
-    _cls.add_implicit_resolver(_YAML + "float", _FLOAT_1_2, list("-+0123456789"))
+Dumper.add_implicit_resolver(_YAML + "float", _FLOAT_1_2, list("-+0123456789"))
+
+# ---- YAML 1.2 core schema ----------------------------------------------------------------------
+#
+# PyYAML resolves plain scalars by YAML 1.1's rules: ``040`` is octal 32, ``1:30`` is 90
+# (base 60), ``1_000`` is 1000, ``yes``/``on`` are true and ``2024-01-01`` a date. Specs are
+# read by the YAML 1.2 core schema (yaml.org/spec/1.2.2, 10.3.2, "Tag Resolution") instead, as
+# JSON, every YAML 1.2 library and most editors read them: only these plain scalars are not
+# strings, and any other spelling stays a string (then a type error for a number field).
+_CORE_RESOLVERS: list[tuple[str, str, str]] = [
+    ("null", r"^(?:~|null|Null|NULL|)$", "~nN"),
+    ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+    ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+              r"|[-+]?\.(?:inf|Inf|INF)|\.nan|\.NaN|\.NAN)$", "-+.0123456789"),
+]
+_Loader.yaml_implicit_resolvers = {}
+for _kind, _regexp, _first in _CORE_RESOLVERS:
+    _Loader.add_implicit_resolver(_YAML + _kind, re.compile(_regexp), list(_first))
+# The empty scalar is null too (PyYAML looks it up under the key None).
+_Loader.add_implicit_resolver(_YAML + "null", re.compile(r"^$"), [None])
+# "<<" stays recognised, only to be refused with a clear message (merge keys).
+_Loader.add_implicit_resolver(_YAML + "merge", re.compile(r"^(?:<<)$"), ["<"])
+
+
+def _construct_core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """An integer by the 1.2 core schema: decimal (``040`` is forty), ``0o`` octal, ``0x``
+    hexadecimal. Huge literals are refused: a spec's numbers are model sizes."""
+    text = str(loader.construct_scalar(node))
+    if len(text) > 30:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"integer of {len(text)} digits; a spec's numbers have a few",
+            node.start_mark)
+    if text.startswith("0o"):
+        return int(text[2:], 8)
+    if text.startswith("0x"):
+        return int(text[2:], 16)
+    return int(text, 10)
+
+
+_Loader.add_constructor(_YAML + "int", _construct_core_int)
+# The dumper quotes every string the loader would read as something else (1.1 and 1.2).
+for _kind, _regexp, _first in _CORE_RESOLVERS:
+    Dumper.add_implicit_resolver(_YAML + _kind, re.compile(_regexp), list(_first))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,212 @@
+"""Issue 27: every size option bounded before work starts, strict YAML 1.2 core specs, user
+errors as exit 2 with one line (subprocess CLI runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tfgraph.limits import usable_cores
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "specs" / "tiny-decoder.yaml")
+
+
+def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tfgraph", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def refused(result: subprocess.CompletedProcess[str], *words: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 300, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+TOO_MANY_THREADS = str(usable_cores() + 1)
+
+
+@pytest.mark.parametrize("args, words", [
+    (("run", TINY, "--batch", "99999999999"), ("--batch", "memory")),
+    (("run", str(ROOT / "specs" / "tiny-llama.yaml"), "--seq", "99999999"), ("--seq", "memory")),
+    (("run", TINY, "--threads", TOO_MANY_THREADS), ("--threads",)),
+    (("run", TINY, "--seed", "-1"), ("--seed",)),
+    (("build", TINY, "--to", "onnx", "--seed", "-1"), ("--seed",)),
+    (("generate", TINY, "--prompt-ids", "1,2", "--threads", TOO_MANY_THREADS), ("--threads",)),
+    (("generate", TINY, "--prompt-ids", "1,2", "--beams", "1000000000"), ("--beams",)),
+    (("generate", TINY, "--prompt-ids", "1,2", "--max-new-tokens", "999999999999"),
+     ("--max-new-tokens",)),
+    (("generate", TINY, "--prompt-ids", "1,2", "--weights-seed", "-1"), ("--weights-seed",)),
+    (("generate", TINY, "--prompt-ids", "1,2", "--length-penalty", "nan"),
+     ("--length-penalty",)),
+    (("generate", TINY, "--prompt-ids", "1,2", "--eos-id", "99999"), ("--eos-id", "211")),
+    (("plan", TINY, "--gpus", "999999999999"), ("--gpus",)),
+    (("plan", TINY, "--gpus", "999999999", "--search", "--top", "100000000"), ("--gpus",)),
+    (("plan", TINY, "--gpus", "8", "--search", "--top", "100000000"), ("--top",)),
+    (("plan", TINY, "--gpus", "8", "--micro-batch", "99999999999999"), ("--micro-batch",)),
+])
+def test_size_options_are_bounded(args: tuple[str, ...], words: tuple[str, ...]) -> None:
+    refused(cli(*args, timeout=120), *words)
+
+
+def spec_with(tmp_path: Path, old: str, new: str) -> str:
+    text = Path(TINY).read_text()
+    assert old in text
+    path = tmp_path / "spec.yaml"
+    path.write_text(text.replace(old, new))
+    return str(path)
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("d_model: 48", "d_model: 1:30", ("d_model", "'1:30'")),
+    ("d_model: 48", "d_model: 1_000", ("d_model", "'1_000'")),
+    ("scale: false", "scale: yes", ("scale", "'yes'")),
+    ("scale: false", "scale: off", ("scale", "'off'")),
+    ("d_model: 48", "d_model: " + "4" * 5000, ("digits",)),
+])
+def test_yaml_1_1_forms_are_strings(tmp_path: Path, old: str, new: str,
+                                    words: tuple[str, ...]) -> None:
+    refused(cli("validate", spec_with(tmp_path, old, new)), *words)
+
+
+def test_yaml_1_2_core_numbers(tmp_path: Path) -> None:
+    from tfgraph import load_spec
+
+    assert load_spec(spec_with(tmp_path, "d_model: 48", "d_model: 048")).d_model == 48
+    assert load_spec(spec_with(tmp_path, "d_model: 48", "d_model: 0x30")).d_model == 48
+    assert load_spec(spec_with(tmp_path, "d_model: 48", "d_model: 0o60")).d_model == 48
+    assert load_spec(spec_with(tmp_path, "scale: false", "scale: False")).embedding.scale is False
+
+
+@pytest.fixture(scope="module")
+def tiny_weights() -> dict[str, object]:
+    import tfgraph
+    from tfgraph.graph.weights import generate
+
+    return dict(generate(tfgraph.compile(TINY), 0))
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("int32", ("I32",)), ("bool", ("BOOL",)), ("float64", ("F64",)), ("float8", ("F8_E4M3",)),
+    ("nan", ("NaN",)), ("inf", ("infinite",)),
+])
+def test_weights_of_other_dtypes_or_not_finite_are_refused(
+        tmp_path: Path, tiny_weights: dict[str, object], kind: str,
+        words: tuple[str, ...]) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    weights = {k: np.asarray(v) for k, v in tiny_weights.items()}
+    name = next(iter(weights))
+    if kind in ("nan", "inf"):
+        weights[name] = weights[name].copy()
+        weights[name].flat[0] = np.nan if kind == "nan" else np.inf
+    elif kind == "float8":
+        import ml_dtypes
+
+        weights[name] = weights[name].astype(ml_dtypes.float8_e4m3fn)
+    else:
+        weights[name] = weights[name].astype(kind)
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    refused(cli("build", TINY, "--to", "onnx", "--weights", str(tmp_path / "w.safetensors"),
+                    "-o", str(tmp_path / "m.onnx")), name, *words)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_run_check_fails_on_nan(tmp_path: Path, tiny_weights: dict[str, object]) -> None:
+    import numpy as np
+
+    import tfgraph
+    from tfgraph.exporters.onnx.model import write_onnx
+
+    weights = {k: np.array(v) for k, v in tiny_weights.items()}
+    for value in weights.values():
+        value.flat[0] = np.nan
+    path = write_onnx(tfgraph.compile(TINY), tmp_path / "m.onnx", weights=weights)
+    result = cli("run", str(path), "--seq", "4", "--repeat", "1", "--check")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "FAILED" in result.stdout
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"num_attention_heads": 0}, ("num_attention_heads", "at least 1")),
+    ({"hidden_size": "DIGITS"}, ("5,000 digits",)),
+])
+def test_hostile_config_values(tmp_path: Path, change: dict[str, object],
+                               words: tuple[str, ...]) -> None:
+    import json
+
+    config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5}
+    text = json.dumps(config | change).replace('"DIGITS"', "3" * 5000)
+    (tmp_path / "config.json").write_text(text)
+    for command in ("validate", "report"):
+        refused(cli(command, str(tmp_path)), *words)
+
+
+def test_a_huge_name_makes_a_bounded_line(tmp_path: Path,
+                                          tiny_weights: dict[str, object]) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    weights = {k: np.asarray(v) for k, v in tiny_weights.items()}
+    weights["x" * 1_000_000] = np.zeros(1, np.float32)
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    result = cli("build", TINY, "--to", "onnx", "--weights", str(tmp_path / "w.safetensors"),
+                     "-o", str(tmp_path / "m.onnx"))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert len(result.stderr) <= 1001
+
+
+@pytest.mark.parametrize("command", ["compare", "draw"])
+def test_special_files_as_output_are_refused(tmp_path: Path, command: str) -> None:
+    import os
+
+    fifo = tmp_path / ("out.md" if command == "compare" else "out.svg")
+    os.mkfifo(fifo)
+    args = (TINY, TINY) if command == "compare" else (TINY,)
+    refused(cli(command, *args, "-o", str(fifo), timeout=120), "FIFO")
+    assert fifo.is_fifo()
+
+
+def test_a_tokenizer_past_the_vocabulary_is_refused(tmp_path: Path) -> None:
+    """A text prompt whose tokens pass the model's vocabulary: exit 2, not an IndexError."""
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    spec = tmp_path / "tiny.yaml"
+    shutil.copy(TINY, spec)
+    vocab = {f"w{i}": i for i in range(300)} | {"<unk>": 300}
+    Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
+    model = tmp_path / "m.onnx"
+    built = cli("build", str(spec), "--to", "onnx", "-o", str(model))
+    assert built.returncode == 0, built.stderr
+    for backend in ("onnx", "torch"):
+        refused(cli("generate", str(model), "--prompt", "w299", "--backend", backend,
+                    "--max-new-tokens", "2"), "299", "vocabulary")
+
+
+def test_a_folder_eos_past_the_vocabulary_is_refused(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    spec = tmp_path / "tiny.yaml"
+    shutil.copy(TINY, spec)
+    model = tmp_path / "m.onnx"
+    assert cli("build", str(spec), "--to", "onnx", "-o", str(model)).returncode == 0
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 10**29}))
+    refused(cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "2"),
+            "eos_token_id", "vocabulary")
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 1e30}')
+    refused(cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "2"),
+            "eos_token_id")

@@ -1,0 +1,262 @@
+"""Issue 27: one output discipline (nothing lost, nothing left behind), regular-file checks
+on inputs, and one signal policy; every reproduction runs the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "specs" / "tiny-decoder.yaml")
+
+
+def tfgraph(*args: str, cwd: Path | None = None, timeout: float = 240
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tfgraph", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
+def refused(result: subprocess.CompletedProcess[str], *words: str) -> str:
+    """Exit 2, one line on stderr of at most ~300 characters, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 300, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama folder with a tokenizer.json and a generation_config.json."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("folder") / "tiny"
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(root)
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"t{i}": i for i in range(60)} | {"<unk>": 60}
+    Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(root / "tokenizer.json"))
+    return root
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_output_inside_the_input_folder_is_refused(folder: Path) -> None:
+    before = snapshot(folder)
+    result = tfgraph("build", str(folder), "--to", "onnx", "-o",
+                     str(folder / "model.safetensors"))
+    refused(result, "model.safetensors", "input")
+    assert snapshot(folder) == before
+
+
+def test_output_that_is_the_spec_is_refused(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny.yaml"
+    spec.write_bytes(Path(TINY).read_bytes())
+    refused(tfgraph("build", str(spec), "--to", "json", "-o", str(spec)), "input")
+    assert spec.read_bytes() == Path(TINY).read_bytes()
+
+
+def test_foreign_side_file_is_not_overwritten(folder: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "tokenizer.json").write_text("mine\n")
+    result = tfgraph("build", str(folder), "--to", "onnx", "-o", str(victim / "model.onnx"))
+    refused(result, "tokenizer.json")
+    assert (victim / "tokenizer.json").read_text() == "mine\n"
+    assert sorted(p.name for p in victim.iterdir()) == ["tokenizer.json"]
+
+
+def test_rebuild_beside_its_own_side_files(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "model.onnx"
+    for _ in range(2):  # the second build finds the same files: nothing foreign
+        result = tfgraph("build", str(folder), "--to", "onnx", "-o", str(out))
+        assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "generation_config.json", "model.onnx", "tokenizer.json"]
+
+
+@pytest.mark.parametrize("args", [("build", TINY, "--to", "json"), ("import",)])
+def test_a_fifo_as_output_stays_a_fifo(tmp_path: Path, args: tuple[str, ...],
+                                       folder: Path) -> None:
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    if args == ("import",):
+        args = ("import", str(folder / "config.json"))
+    refused(tfgraph(*args, "-o", str(fifo)), "FIFO")
+    assert fifo.is_fifo()
+
+
+def test_a_char_device_as_output_is_refused(tmp_path: Path) -> None:
+    link = tmp_path / "null.json"
+    link.symlink_to("/dev/null")
+    refused(tfgraph("build", TINY, "--to", "json", "-o", str(link)), "character device")
+    assert Path("/dev/null").is_char_device()
+
+
+@pytest.mark.parametrize("command", ["validate", "report"])
+def test_a_fifo_as_spec_does_not_hang(tmp_path: Path, command: str) -> None:
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    refused(tfgraph(command, str(fifo), timeout=60), "regular file")
+
+
+def test_a_fifo_as_weights_does_not_hang(tmp_path: Path) -> None:
+    fifo = tmp_path / "w.safetensors"
+    os.mkfifo(fifo)
+    refused(tfgraph("build", TINY, "--to", "onnx", "--weights", str(fifo), "-o",
+                    str(tmp_path / "m.onnx"), timeout=120), "FIFO")
+
+
+def test_stale_staging_folders_are_cleaned_and_old_restored(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    (tmp_path / ".model.tmp-abcd1234").mkdir()
+    (tmp_path / ".model.tmp-abcd1234" / "model.py").write_text("half")
+    old = tmp_path / ".model.old-efgh5678"  # killed between the two renames
+    result = tfgraph("build", TINY, "--to", "torch", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    first = snapshot(out)
+    os.replace(out, old)
+    (tmp_path / ".other.tmp-abcd1234").mkdir()  # another target's: not ours to remove
+    result = tfgraph("build", TINY, "--to", "torch", "-o", str(out), "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-abcd1234", "model"]
+    assert snapshot(out) != first  # the restored folder was then rebuilt
+
+
+def test_side_files_and_model_are_published_together(folder: Path, tmp_path: Path) -> None:
+    """A failure after the model is written (here: a side file refused mid-way by a FIFO of
+    its name created after the checks) leaves neither the model nor any side file."""
+    from tfgraph import io
+
+    calls: list[str] = []
+    out = tmp_path / "m.onnx"
+    with pytest.raises(RuntimeError):
+        with io.publish_together():
+            for name in ("m.onnx", "tokenizer.json"):
+                with io.atomic_write(tmp_path / name) as handle:
+                    handle.write("x")
+                calls.append(name)
+            raise RuntimeError("disk full")
+    assert calls == ["m.onnx", "tokenizer.json"]
+    assert list(tmp_path.iterdir()) == []
+    with io.publish_together():
+        with io.atomic_write(out) as handle:
+            handle.write("x")
+        assert not out.exists()
+    assert out.read_text() == "x"
+
+
+def test_disk_full_on_stdout_is_one_line() -> None:
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "tfgraph", "report", TINY],
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode in (1, 2), result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def wait_for_signal_policy(pid: int) -> None:
+    """Until the CLI catches SIGTERM (its signal policy is installed: the command runs)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            time.sleep(0.5)  # no /proc: give the imports time
+            return
+        caught = int(next(line.split()[1] for line in status.splitlines()
+                          if line.startswith("SigCgt:")), 16)
+        if caught >> (signal.SIGTERM - 1) & 1:
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_build_is_one_line_and_leaves_nothing(tmp_path: Path, sig: int,
+                                                                folder: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "tfgraph", "build", str(folder), "--to",
+                             "torch", "-o", str(out / "model")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_signal_policy(proc.pid)
+    proc.send_signal(sig)
+    _stdout, stderr = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the build finished before the signal")
+    assert proc.returncode == 128 + sig, (proc.returncode, stderr)
+    assert stderr.strip().splitlines() == [
+        "tfgraph: interrupted" if sig == signal.SIGINT else "tfgraph: terminated"], stderr
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_the_first_second_is_one_line(tmp_path: Path, sig: int) -> None:
+    """While the program is still importing (pydantic, sympy): no traceback either."""
+    program = Path(sys.executable).parent / "tfgraph"
+    if not program.exists():
+        pytest.skip("no tfgraph console script next to this Python")
+    proc = subprocess.Popen([str(program), "build", TINY, "--to", "json", "-o",
+                             str(tmp_path / "g.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_signal_policy(proc.pid)
+    proc.send_signal(sig)
+    _stdout, stderr = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the build finished before the signal")
+    assert proc.returncode == 128 + sig, (proc.returncode, stderr)
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_disk_full_while_writing_side_files_leaves_nothing(
+        folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC after the model was written, while its tokenizer files are: neither appears."""
+    import errno
+
+    from click.testing import CliRunner
+
+    import tfgraph.hf.tokenizer
+    from tfgraph.cli import main
+
+    def full(files: list[Path], target: Path) -> list[Path]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tfgraph.hf.tokenizer, "copy_files", full)
+    result = CliRunner().invoke(main, ["build", str(folder), "--to", "onnx", "-o",
+                                       str(tmp_path / "model.onnx")])
+    assert result.exit_code == 1, result.output
+    assert "No space left on device" in result.output and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("to", ["torch", "hf"])
+def test_a_folder_tfgraph_did_not_write_is_not_replaced(folder: Path, tmp_path: Path,
+                                                        to: str) -> None:
+    """A downloaded checkpoint with exactly the names a build writes stays as it was."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    name = "model.py" if to == "torch" else "config.json"
+    (victim / name).write_text("mine\n")
+    refused(tfgraph("build", TINY, "--to", to, "-o", str(victim)), "did not write")
+    assert sorted(p.name for p in victim.iterdir()) == [name]
+    fresh = tmp_path / "fresh"
+    for _ in range(2):  # its own folder: rebuilt in place
+        result = tfgraph("build", TINY, "--to", to, "-o", str(fresh))
+        assert result.returncode == 0, result.stderr

@@ -1,0 +1,71 @@
+"""Bounds for the size options of the commands, checked before any work starts (issue 27).
+
+Every count a user gives either fits the machine and the model or is refused with one line
+(exit 2) naming the option, the value and the limit, rather than running for hours, filling
+memory or ending in a ``MemoryError``. Limits come from the machine (the cores this process
+may run on, the memory the kernel says is available) and from the model (its vocabulary).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import click
+
+from tfgraph.errors import TfgraphError
+from tfgraph import io
+
+SEED = click.IntRange(min=0, max=2**64 - 1)
+"""Seeds: numpy's generators take non-negative integers; 64 bits is what they mix in."""
+
+MAX_GPUS = 1 << 20
+"""plan --gpus: over a million accelerators is past any cluster built (and keeps --search's
+enumeration of layouts bounded)."""
+MAX_TOP = 1000
+"""plan --top: layouts a search shows."""
+MAX_BATCH = 1 << 30
+"""plan --micro-batch and --global-batch: sequences per step."""
+MAX_BEAMS = 1024
+"""generate --beams: beams per prompt (also at most the vocabulary)."""
+MAX_NEW_TOKENS = 1 << 20
+"""generate --max-new-tokens: a million tokens per prompt."""
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else ``os.cpu_count``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def check_threads(option: str, threads: int | None) -> None:
+    """Refuse more threads than cores: they would only take turns (and thousands of threads
+    exhaust the process's memory for stacks)."""
+    cores = usable_cores()
+    if threads is not None and threads > cores:
+        raise TfgraphError(f"{option} {threads}: this machine runs {cores} threads at once; "
+                           f"give at most {cores}")
+
+
+def check_at_most(option: str, value: int | None, limit: int, why: str) -> None:
+    if value is not None and value > limit:
+        raise TfgraphError(f"{option} {value}: at most {limit:,} ({why})")
+
+
+def _gb(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,.0f} bytes"
+
+
+def check_memory(what: str, need_bytes: float) -> None:
+    """Refuse work that needs more memory than is available (unknown: not checked)."""
+    available = io.available_memory()  # looked up at each call (tests replace it)
+    if not math.isfinite(need_bytes) or (available is not None and need_bytes > available):
+        shown = "more than any machine has" if not math.isfinite(need_bytes) \
+            else _gb(need_bytes)
+        free = f", only {_gb(available)} available" if available is not None else ""
+        raise TfgraphError(f"{what}: needs about {shown} of memory{free}")
