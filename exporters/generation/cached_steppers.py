@@ -7,6 +7,7 @@ between steps (no copies through numpy); only the logits come back as numpy.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,171 @@ def torch_cached(module: Any, vocab: int, max_len: int | None, device: str,
         return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in past)
 
     return Cached(run, empty, select, vocab, max_len, output_probs)
+
+
+class TorchStatic:
+    """A cached stepper (tfgraph.generation.backend.Stepper) over a decoder's static cache
+    attached to the module (``DecoderModel.setup_cache``, gpt-fast style): prefill and every
+    step write in place into preallocated buffers of ``batch`` rows and ``length`` positions,
+    so the decoding step has one shape from the first step to the last and ``torch.compile``
+    (``compile=True``: ``mode="reduce-overhead"`` on CUDA, CUDA graphs; inductor's default
+    elsewhere) compiles it once. Rows that leave the batch (``reorder``) are moved to the
+    first rows of the buffers and the step keeps running on all of them (the rest are
+    ignored), so no shape changes; more rows than the buffers hold reallocate them.
+
+    ``prepare(batch, new_tokens)`` sizes the cache and, compiled, runs the compilation once
+    (a throw-away step whose cache writes the real steps overwrite); ``compile_s`` is the time
+    that took, kept out of the decoding loop's prefill and decode timings."""
+
+    encoder_decoder = False
+
+    def __init__(self, module: Any, vocab: int, max_len: int | None, device: str,
+                 output_probs: bool = False, compile: bool = False,
+                 mode: str | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.module = module.to(device)
+        self.vocab, self.max_len, self.output_probs = vocab, max_len, output_probs
+        self.device = device
+        self.compiled = compile
+        self.mode = mode if mode is not None else (
+            "reduce-overhead" if compile and str(device).startswith("cuda") else None)
+        self.step_fn: Any = self.module
+        if compile:
+            self.step_fn = torch.compile(self.module, mode=self.mode, dynamic=False)
+        self.compile_s = 0.0
+        self.new_tokens = 256  # positions reserved past the prompt until prepare says
+        self.batch = 0  # rows the buffers hold
+        self.length = 0  # positions the buffers hold
+        self.rows = 0  # rows in use
+        self.width = 0  # positions written so far (the mask's width)
+        self.mask = np.zeros((0, 0), np.int64)
+        self.next_position = np.zeros(0, np.int64)
+        self.cache: Any = None
+        self._warm: set[tuple[int, int]] = set()
+
+    # sizing and compilation
+    def prepare(self, batch: int, width: int, new_tokens: int) -> None:
+        """Expect up to ``batch`` rows, prompts up to ``width`` tokens and ``new_tokens``
+        tokens past them: allocate the buffers and, compiled, compile the step now, so that
+        the decoding loop's clock does not count it (``compile_s`` does)."""
+        self.new_tokens = max(1, int(new_tokens))
+        self._reserve_rows = max(1, int(batch))
+        self._allocate(self._reserve_rows, self._length(width))
+        self._warm_up()
+
+    _reserve_rows = 1
+
+    def _length(self, width: int) -> int:
+        length = width + self.new_tokens
+        if self.max_len is not None:
+            length = min(length, max(self.max_len, width + 1))
+        return length
+
+    def _allocate(self, batch: int, length: int) -> None:
+        self.cache = self.module.setup_cache(batch, length)
+        self.batch, self.length = batch, length
+
+    def _warm_up(self) -> None:
+        """Compile the step for the buffers' shapes once, timed into ``compile_s``."""
+        if not self.compiled or (self.batch, self.length) in self._warm:
+            return
+        torch = self.torch
+        start = time.perf_counter()
+        ids = torch.zeros((self.batch, 1), dtype=torch.long, device=self.device)
+        mask = torch.zeros((self.batch, self.length), dtype=torch.long, device=self.device)
+        where = torch.tensor([self.length - 1], device=self.device)
+        with torch.no_grad():
+            for _ in range(2):  # CUDA graphs record on the second call
+                self.step_fn(ids, mask, torch.zeros_like(ids), cache_position=where)
+        if str(self.device).startswith("cuda"):
+            torch.cuda.synchronize()
+        self._warm.add((self.batch, self.length))
+        self.compile_s += time.perf_counter() - start
+
+    def _tensor(self, a: np.ndarray) -> Any:
+        # a fresh C-ordered copy: a view's strides (0 on a new axis) would fail the compiled
+        # step's stride guards and compile it again
+        return self.torch.from_numpy(np.array(a, order="C", copy=True)).to(self.device)
+
+    def _pad(self, a: np.ndarray) -> np.ndarray:
+        """Rows of ``a`` padded with zeros to the buffers' batch."""
+        if a.shape[0] == self.batch:
+            return a
+        out = np.zeros((self.batch, *a.shape[1:]), a.dtype)
+        out[:a.shape[0]] = a
+        return out
+
+    def _full_mask(self) -> np.ndarray:
+        mask = np.zeros((self.batch, self.length), np.int64)
+        mask[:self.rows, :self.width] = self.mask
+        return mask
+
+    def _last(self, logits: Any) -> np.ndarray:
+        from tfgraph.generation.cached import last_logits
+
+        return last_logits(logits[:self.rows, -1:].float().cpu().numpy(), self.output_probs)
+
+    # the Stepper calls
+    def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        rows, width = ids.shape
+        length = self._length(width)
+        batch = max(rows, self._reserve_rows)
+        if self.cache is None or self.batch < batch or self.length < length:
+            self._allocate(batch, length)
+        self._warm_up()
+        self.rows, self.width = rows, width
+        self.mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(np.int64)
+        positions = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)
+        with torch.no_grad():  # eager: prompt shapes vary from call to call
+            logits = self.module(self._tensor(self._pad(ids.astype(np.int64))),
+                                 self._tensor(self._full_mask()),
+                                 self._tensor(self._pad(positions)),
+                                 cache_position=torch.arange(width, device=self.device))
+        self.next_position = lengths.astype(np.int64)
+        return self._last(logits)
+
+    def _grow(self) -> None:
+        """Double the positions the buffers hold (copying what is written)."""
+        old = [(k.clone(), v.clone()) for k, v in self.cache]
+        self._allocate(self.batch, max(self.length * 2, self.width + 1))
+        for (k, v), (ok, ov) in zip(self.cache, old):
+            k[:, :, :ok.shape[2]].copy_(ok)
+            v[:, :, :ov.shape[2]].copy_(ov)
+        self._warm_up()
+
+    def step(self, next_ids: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        if self.width >= self.length:
+            self._grow()
+        t = self.width
+        self.mask = np.concatenate([self.mask, np.ones((self.rows, 1), np.int64)], axis=1)
+        self.width += 1
+        with torch.no_grad():
+            logits = self.step_fn(self._tensor(self._pad(next_ids.astype(np.int64)[:, None])),
+                                  self._tensor(self._full_mask()),
+                                  self._tensor(self._pad(self.next_position[:, None])),
+                                  cache_position=torch.tensor([t], device=self.device))
+        self.next_position = self.next_position + 1
+        return self._last(logits)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.mask = self.mask[rows]
+        self.next_position = self.next_position[rows]
+        n = int(rows.shape[0])
+        index = self.torch.from_numpy(np.ascontiguousarray(rows)).to(self.device)
+        if n > self.batch:  # more rows than the buffers hold: new buffers
+            old = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cache]
+            self._allocate(n, self.length)
+            for (k, v), (ok, ov) in zip(self.cache, old):
+                k.copy_(ok)
+                v.copy_(ov)
+            self._warm_up()
+        elif n:
+            self.cache.select_rows(index)
+        self.rows = n
 
 
 def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
