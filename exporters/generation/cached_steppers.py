@@ -12,18 +12,28 @@ from typing import Any
 
 import numpy as np
 
+from tfgraph.errors import TfgraphError
 from tfgraph.exporters.onnx.runtime import run_all
 from tfgraph.generation.cached import Cached, CachedSeq2Seq
 
 
 def onnx_cached(session: Any, vocab: int, max_len: int | None,
-                output_probs: bool = False) -> Cached:
-    """A cached stepper over an onnxruntime session of a KV-cache model."""
+                output_probs: bool = False, bind: bool = True) -> Cached:
+    """A cached stepper over an onnxruntime session of a KV-cache model.
+
+    ``bind`` (default): onnxruntime I/O binding; the present keys/values stay OrtValues on
+    the session's device (the GPU under the CUDA provider) and are bound as the next step's
+    past, so the cache never goes through numpy between steps; only the ids, mask and
+    positions go in and the logits come back to the host. ``bind=False``: plain
+    ``session.run`` with numpy arrays (the path before; kept for comparison)."""
     past_inputs = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
     names = [i.name for i in past_inputs]
     kv_heads, head_dim = int(past_inputs[0].shape[1]), int(past_inputs[0].shape[3])
     np_dtype = np.float16 if past_inputs[0].type == "tensor(float16)" else np.float32
     with_positions = any(i.name == "position_ids" for i in session.get_inputs())
+    if bind:
+        return _bound_cached(session, names, kv_heads, head_dim, np_dtype, with_positions,
+                             vocab, max_len, output_probs)
 
     def empty(batch: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
@@ -38,6 +48,56 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
 
     def select(past: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         return {n: v[rows] for n, v in past.items()}
+
+    return Cached(run, empty, select, vocab, max_len, output_probs)
+
+
+def session_device(session: Any) -> str:
+    """Where a session's tensors live for I/O binding: "cuda" under the CUDA provider."""
+    return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+
+
+def _bound_cached(session: Any, names: list[str], kv_heads: int, head_dim: int,
+                  np_dtype: Any, with_positions: bool, vocab: int, max_len: int | None,
+                  output_probs: bool) -> Cached:
+    """onnx_cached's I/O-bound path: past/present as device OrtValues."""
+    import onnxruntime as ort
+
+    device = session_device(session)
+    outputs = [o.name for o in session.get_outputs()]
+    presents = outputs[1:]
+
+    def on_device(a: np.ndarray) -> Any:
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), device, 0)
+
+    def empty(batch: int) -> dict[str, Any]:
+        return {n: on_device(np.zeros((batch, kv_heads, 0, head_dim), np_dtype))
+                for n in names}
+
+    def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+            past: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        binding = session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask))
+        if with_positions:
+            binding.bind_cpu_input("position_ids", np.ascontiguousarray(positions))
+        for name, value in past.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(outputs[0], "cpu")  # the logits: what the sampler reads
+        for name in presents:
+            binding.bind_output(name, device)  # onnxruntime allocates them there
+        try:
+            session.run_with_iobinding(binding)
+        except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary
+            text = " ".join(str(err).split())
+            raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
+        out = binding.get_outputs()
+        logits = np.asarray(out[0].numpy(), np.float32)
+        return logits, dict(zip(names, out[1:]))
+
+    def select(past: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+        # rows leave or beams move: through the host (steps alone keep the cache on device)
+        return {n: on_device(v.numpy()[rows]) for n, v in past.items()}
 
     return Cached(run, empty, select, vocab, max_len, output_probs)
 
