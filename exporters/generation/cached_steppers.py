@@ -61,18 +61,12 @@ def _bound_cached(session: Any, names: list[str], kv_heads: int, head_dim: int,
                   np_dtype: Any, with_positions: bool, vocab: int, max_len: int | None,
                   output_probs: bool) -> Cached:
     """onnx_cached's I/O-bound path: past/present as device OrtValues."""
-    import onnxruntime as ort
-
     device = session_device(session)
     outputs = [o.name for o in session.get_outputs()]
     presents = outputs[1:]
 
-    def on_device(a: np.ndarray) -> Any:
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), device, 0)
-
-    def empty(batch: int) -> dict[str, Any]:
-        return {n: on_device(np.zeros((batch, kv_heads, 0, head_dim), np_dtype))
-                for n in names}
+    def empty(batch: int) -> dict[str, Any]:  # host arrays, copied in by the binding
+        return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
 
     def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
             past: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
@@ -82,7 +76,10 @@ def _bound_cached(session: Any, names: list[str], kv_heads: int, head_dim: int,
         if with_positions:
             binding.bind_cpu_input("position_ids", np.ascontiguousarray(positions))
         for name, value in past.items():
-            binding.bind_ortvalue_input(name, value)
+            if isinstance(value, np.ndarray):  # the empty cache, or rows reordered
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            else:  # the last step's present, where onnxruntime left it
+                binding.bind_ortvalue_input(name, value)
         binding.bind_output(outputs[0], "cpu")  # the logits: what the sampler reads
         for name in presents:
             binding.bind_output(name, device)  # onnxruntime allocates them there
@@ -97,7 +94,8 @@ def _bound_cached(session: Any, names: list[str], kv_heads: int, head_dim: int,
 
     def select(past: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
         # rows leave or beams move: through the host (steps alone keep the cache on device)
-        return {n: on_device(v.numpy()[rows]) for n, v in past.items()}
+        return {n: (v if isinstance(v, np.ndarray) else v.numpy())[rows]
+                for n, v in past.items()}
 
     return Cached(run, empty, select, vocab, max_len, output_probs)
 
@@ -204,7 +202,7 @@ class TorchStatic:
         mask = torch.zeros((self.batch, self.length), dtype=torch.long, device=self.device)
         where = torch.tensor([self.length - 1], device=self.device)
         with torch.no_grad():
-            for _ in range(2):  # CUDA graphs record on the second call
+            for _ in range(3):  # CUDA graphs: a warm-up call, a recording, a replay
                 self.step_fn(ids, mask, torch.zeros_like(ids), cache_position=where)
         if str(self.device).startswith("cuda"):
             torch.cuda.synchronize()
