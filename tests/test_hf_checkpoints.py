@@ -223,6 +223,27 @@ def test_bfloat16_folder(family: str, tmp_path: Path) -> None:
     assert agree(torch.float16, got16, want32, scale, case.moe), (got16 - want32).abs()
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_float16_as_accurate_as_transformers(family: str, tmp_path: Path) -> None:
+    """Issue 24 item 4, on CPU: tfgraph's float16 torch module is within AS_ACCURATE of
+    transformers' own float16 model's distance from the float32 logits (the bfloat16 test
+    above holds the same for bfloat16)."""
+    case, _ = saved(family, tmp_path / "hf", torch.float16)
+    cls = getattr(transformers, case.model)
+    hf16 = cls.from_pretrained(tmp_path / "hf", dtype=torch.float16,
+                               attn_implementation="eager").eval()
+    hf32 = cls.from_pretrained(tmp_path / "hf", dtype=torch.float32,
+                               attn_implementation="eager").eval()
+    cli(tmp_path / "hf", "--to", "torch", "-o", tmp_path / "torch")
+    kwargs, feeds = feeds_for(case, tmp_path / "torch")
+    want16, want32 = hf_logits(hf16, kwargs), hf_logits(hf32, kwargs)
+    got = torch_logits(load_torch_folder(tmp_path / "torch"), feeds)
+    assert got.dtype == torch.float16
+    err_ours = (got.float() - want32).abs().max().item()
+    err_theirs = (want16.float() - want32).abs().max().item()
+    assert err_ours <= AS_ACCURATE * err_theirs, (err_ours, err_theirs)
+
+
 # Every tiny spec some Hugging Face family expresses exactly (tfgraph.hf.export_config); the
 # test below keeps the list honest. tiny-moe's topk_softmax router is Mixtral's
 # softmax-then-renormalise in value, and exports as Mixtral.

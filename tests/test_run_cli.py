@@ -166,3 +166,37 @@ def test_check_on_a_model_without_its_spec_exit_2_before_running(tmp_path: Path)
     result = cli("run", str(path), "--seq", "4", "--repeat", "1", "--check")
     assert result.exit_code == 2 and result.stdout == ""
     assert "--check needs the spec" in result.stderr
+
+
+def test_check_switches_tf32_off_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 item 5: ``run --check`` compares like with like. The CUDA provider gets
+    ``use_tf32=0`` (its float32 matmuls otherwise run in TF32 against a float32 reference) and
+    the check line says so; without --check, onnxruntime's defaults stand. Built and tested
+    without a GPU: the options, and what run asks create_session for."""
+    from tfgraph.commands.run import check_note
+
+    assert rt.provider_options([rt.CUDA, rt.CPU], tf32=False) == [{"use_tf32": "0"}, {}]
+    assert rt.provider_options([rt.CUDA, rt.CPU]) == [{}, {}]
+    assert rt.provider_options([rt.CPU], tf32=False) == [{}]
+    assert "TF32 off in onnxruntime (use_tf32=0) and in torch" in check_note(rt.CUDA,
+                                                                             "float32")
+    assert check_note(rt.CUDA, "float16") == "" and check_note(rt.CPU, "float32") == ""
+    from tfgraph.exporters import to_onnx
+
+    model = to_onnx(tfgraph.compile(SPECS / "tiny-llama.yaml"), seed=0)
+    session, ran, _ = rt.create_session(model.SerializeToString(), "cpu", tf32=False)
+    assert ran == rt.CPU and session.get_providers() == [rt.CPU]
+    asked: list[bool] = []
+    real = rt.create_session
+
+    def spy(*args: object, **kwargs: object) -> object:
+        asked.append(bool(kwargs.get("tf32", True)))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rt, "create_session", spy)
+    spec = str(SPECS / "tiny-llama.yaml")
+    for flags in (["--check"], []):
+        result = CliRunner().invoke(main, ["run", spec, "--provider", "cpu", "--seq", "8",
+                                           "--repeat", "1", *flags])
+        assert result.exit_code == 0, result.output
+    assert asked == [False, True]

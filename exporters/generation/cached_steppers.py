@@ -7,22 +7,33 @@ between steps (no copies through numpy); only the logits come back as numpy.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
+from tfgraph.errors import TfgraphError
 from tfgraph.exporters.onnx.runtime import run_all
 from tfgraph.generation.cached import Cached, CachedSeq2Seq
 
 
 def onnx_cached(session: Any, vocab: int, max_len: int | None,
-                output_probs: bool = False) -> Cached:
-    """A cached stepper over an onnxruntime session of a KV-cache model."""
+                output_probs: bool = False, bind: bool = True) -> Cached:
+    """A cached stepper over an onnxruntime session of a KV-cache model.
+
+    ``bind`` (default): onnxruntime I/O binding; the present keys/values stay OrtValues on
+    the session's device (the GPU under the CUDA provider) and are bound as the next step's
+    past, so the cache never goes through numpy between steps; only the ids, mask and
+    positions go in and the logits come back to the host. ``bind=False``: plain
+    ``session.run`` with numpy arrays (the path before; kept for comparison)."""
     past_inputs = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
     names = [i.name for i in past_inputs]
     kv_heads, head_dim = int(past_inputs[0].shape[1]), int(past_inputs[0].shape[3])
     np_dtype = np.float16 if past_inputs[0].type == "tensor(float16)" else np.float32
     with_positions = any(i.name == "position_ids" for i in session.get_inputs())
+    if bind:
+        return _bound_cached(session, names, kv_heads, head_dim, np_dtype, with_positions,
+                             vocab, max_len, output_probs)
 
     def empty(batch: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
@@ -37,6 +48,54 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
 
     def select(past: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         return {n: v[rows] for n, v in past.items()}
+
+    return Cached(run, empty, select, vocab, max_len, output_probs)
+
+
+def session_device(session: Any) -> str:
+    """Where a session's tensors live for I/O binding: "cuda" under the CUDA provider."""
+    return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+
+
+def _bound_cached(session: Any, names: list[str], kv_heads: int, head_dim: int,
+                  np_dtype: Any, with_positions: bool, vocab: int, max_len: int | None,
+                  output_probs: bool) -> Cached:
+    """onnx_cached's I/O-bound path: past/present as device OrtValues."""
+    device = session_device(session)
+    outputs = [o.name for o in session.get_outputs()]
+    presents = outputs[1:]
+
+    def empty(batch: int) -> dict[str, Any]:  # host arrays, copied in by the binding
+        return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
+
+    def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+            past: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        binding = session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask))
+        if with_positions:
+            binding.bind_cpu_input("position_ids", np.ascontiguousarray(positions))
+        for name, value in past.items():
+            if isinstance(value, np.ndarray):  # the empty cache, or rows reordered
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            else:  # the last step's present, where onnxruntime left it
+                binding.bind_ortvalue_input(name, value)
+        binding.bind_output(outputs[0], "cpu")  # the logits: what the sampler reads
+        for name in presents:
+            binding.bind_output(name, device)  # onnxruntime allocates them there
+        try:
+            session.run_with_iobinding(binding)
+        except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary
+            text = " ".join(str(err).split())
+            raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
+        out = binding.get_outputs()
+        logits = np.asarray(out[0].numpy(), np.float32)
+        return logits, dict(zip(names, out[1:]))
+
+    def select(past: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+        # rows leave or beams move: through the host (steps alone keep the cache on device)
+        return {n: (v if isinstance(v, np.ndarray) else v.numpy())[rows]
+                for n, v in past.items()}
 
     return Cached(run, empty, select, vocab, max_len, output_probs)
 
@@ -67,6 +126,171 @@ def torch_cached(module: Any, vocab: int, max_len: int | None, device: str,
         return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in past)
 
     return Cached(run, empty, select, vocab, max_len, output_probs)
+
+
+class TorchStatic:
+    """A cached stepper (tfgraph.generation.backend.Stepper) over a decoder's static cache
+    attached to the module (``DecoderModel.setup_cache``, gpt-fast style): prefill and every
+    step write in place into preallocated buffers of ``batch`` rows and ``length`` positions,
+    so the decoding step has one shape from the first step to the last and ``torch.compile``
+    (``compile=True``: ``mode="reduce-overhead"`` on CUDA, CUDA graphs; inductor's default
+    elsewhere) compiles it once. Rows that leave the batch (``reorder``) are moved to the
+    first rows of the buffers and the step keeps running on all of them (the rest are
+    ignored), so no shape changes; more rows than the buffers hold reallocate them.
+
+    ``prepare(batch, new_tokens)`` sizes the cache and, compiled, runs the compilation once
+    (a throw-away step whose cache writes the real steps overwrite); ``compile_s`` is the time
+    that took, kept out of the decoding loop's prefill and decode timings."""
+
+    encoder_decoder = False
+
+    def __init__(self, module: Any, vocab: int, max_len: int | None, device: str,
+                 output_probs: bool = False, compile: bool = False,
+                 mode: str | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.module = module.to(device)
+        self.vocab, self.max_len, self.output_probs = vocab, max_len, output_probs
+        self.device = device
+        self.compiled = compile
+        self.mode = mode if mode is not None else (
+            "reduce-overhead" if compile and str(device).startswith("cuda") else None)
+        self.step_fn: Any = self.module
+        if compile:
+            self.step_fn = torch.compile(self.module, mode=self.mode, dynamic=False)
+        self.compile_s = 0.0
+        self.new_tokens = 256  # positions reserved past the prompt until prepare says
+        self.batch = 0  # rows the buffers hold
+        self.length = 0  # positions the buffers hold
+        self.rows = 0  # rows in use
+        self.width = 0  # positions written so far (the mask's width)
+        self.mask = np.zeros((0, 0), np.int64)
+        self.next_position = np.zeros(0, np.int64)
+        self.cache: Any = None
+        self._warm: set[tuple[int, int]] = set()
+
+    # sizing and compilation
+    def prepare(self, batch: int, width: int, new_tokens: int) -> None:
+        """Expect up to ``batch`` rows, prompts up to ``width`` tokens and ``new_tokens``
+        tokens past them: allocate the buffers and, compiled, compile the step now, so that
+        the decoding loop's clock does not count it (``compile_s`` does)."""
+        self.new_tokens = max(1, int(new_tokens))
+        self._reserve_rows = max(1, int(batch))
+        self._allocate(self._reserve_rows, self._length(width))
+        self._warm_up()
+
+    _reserve_rows = 1
+
+    def _length(self, width: int) -> int:
+        length = width + self.new_tokens
+        if self.max_len is not None:
+            length = min(length, max(self.max_len, width + 1))
+        return length
+
+    def _allocate(self, batch: int, length: int) -> None:
+        self.cache = self.module.setup_cache(batch, length)
+        self.batch, self.length = batch, length
+
+    def _warm_up(self) -> None:
+        """Compile the step for the buffers' shapes once, timed into ``compile_s``."""
+        if not self.compiled or (self.batch, self.length) in self._warm:
+            return
+        torch = self.torch
+        start = time.perf_counter()
+        ids = torch.zeros((self.batch, 1), dtype=torch.long, device=self.device)
+        mask = torch.zeros((self.batch, self.length), dtype=torch.long, device=self.device)
+        where = torch.tensor([self.length - 1], device=self.device)
+        with torch.no_grad():
+            for _ in range(3):  # CUDA graphs: a warm-up call, a recording, a replay
+                self.step_fn(ids, mask, torch.zeros_like(ids), cache_position=where)
+        if str(self.device).startswith("cuda"):
+            torch.cuda.synchronize()
+        self._warm.add((self.batch, self.length))
+        self.compile_s += time.perf_counter() - start
+
+    def _tensor(self, a: np.ndarray) -> Any:
+        # a fresh C-ordered copy: a view's strides (0 on a new axis) would fail the compiled
+        # step's stride guards and compile it again
+        return self.torch.from_numpy(np.array(a, order="C", copy=True)).to(self.device)
+
+    def _pad(self, a: np.ndarray) -> np.ndarray:
+        """Rows of ``a`` padded with zeros to the buffers' batch."""
+        if a.shape[0] == self.batch:
+            return a
+        out = np.zeros((self.batch, *a.shape[1:]), a.dtype)
+        out[:a.shape[0]] = a
+        return out
+
+    def _full_mask(self) -> np.ndarray:
+        mask = np.zeros((self.batch, self.length), np.int64)
+        mask[:self.rows, :self.width] = self.mask
+        return mask
+
+    def _last(self, logits: Any) -> np.ndarray:
+        from tfgraph.generation.cached import last_logits
+
+        return last_logits(logits[:self.rows, -1:].float().cpu().numpy(), self.output_probs)
+
+    # the Stepper calls
+    def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        rows, width = ids.shape
+        length = self._length(width)
+        batch = max(rows, self._reserve_rows)
+        if self.cache is None or self.batch < batch or self.length < length:
+            self._allocate(batch, length)
+        self._warm_up()
+        self.rows, self.width = rows, width
+        self.mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(np.int64)
+        positions = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)
+        with torch.no_grad():  # eager: prompt shapes vary from call to call
+            logits = self.module(self._tensor(self._pad(ids.astype(np.int64))),
+                                 self._tensor(self._full_mask()),
+                                 self._tensor(self._pad(positions)),
+                                 cache_position=torch.arange(width, device=self.device))
+        self.next_position = lengths.astype(np.int64)
+        return self._last(logits)
+
+    def _grow(self) -> None:
+        """Double the positions the buffers hold (copying what is written)."""
+        old = [(k.clone(), v.clone()) for k, v in self.cache]
+        self._allocate(self.batch, max(self.length * 2, self.width + 1))
+        for (k, v), (ok, ov) in zip(self.cache, old):
+            k[:, :, :ok.shape[2]].copy_(ok)
+            v[:, :, :ov.shape[2]].copy_(ov)
+        self._warm_up()
+
+    def step(self, next_ids: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        if self.width >= self.length:
+            self._grow()
+        t = self.width
+        self.mask = np.concatenate([self.mask, np.ones((self.rows, 1), np.int64)], axis=1)
+        self.width += 1
+        with torch.no_grad():
+            logits = self.step_fn(self._tensor(self._pad(next_ids.astype(np.int64)[:, None])),
+                                  self._tensor(self._full_mask()),
+                                  self._tensor(self._pad(self.next_position[:, None])),
+                                  cache_position=torch.tensor([t], device=self.device))
+        self.next_position = self.next_position + 1
+        return self._last(logits)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.mask = self.mask[rows]
+        self.next_position = self.next_position[rows]
+        n = int(rows.shape[0])
+        index = self.torch.from_numpy(np.ascontiguousarray(rows)).to(self.device)
+        if n > self.batch:  # more rows than the buffers hold: new buffers
+            old = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cache]
+            self._allocate(n, self.length)
+            for (k, v), (ok, ov) in zip(self.cache, old):
+                k.copy_(ok)
+                v.copy_(ov)
+            self._warm_up()
+        elif n:
+            self.cache.select_rows(index)
+        self.rows = n
 
 
 def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,

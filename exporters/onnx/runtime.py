@@ -153,13 +153,24 @@ def interface(model: Any, where: str) -> Interface:
     return Interface(inputs, outputs[0].name, vocab, dtype, props.get(SPEC_METADATA_KEY))
 
 
+def provider_options(providers: list[str], tf32: bool = True) -> list[dict[str, str]]:
+    """Each provider's options for an InferenceSession, in the order of ``providers``.
+    ``tf32=False`` switches TF32 off in the CUDA provider (``use_tf32=0``): its float32
+    MatMul/Gemm then multiply in float32, as a float32 reference does (``run --check``); by
+    default the CUDA provider multiplies float32 in TF32 (10-bit mantissas) on Ampere and
+    later cards. Other providers take none."""
+    return [{"use_tf32": "0"} if p == CUDA and not tf32 else {} for p in providers]
+
+
 def create_session(model: bytes | str | os.PathLike[str], provider: str = "auto",
                    threads: int | None = None, dtype: str = "float32",
-                   optimization: str = "all") -> tuple[Any, str, str]:
+                   optimization: str = "all", tf32: bool = True) -> tuple[Any, str, str]:
     """An InferenceSession on the chosen provider: (session, provider that ran, why).
 
     ``threads`` sets intra-op threads (default: onnxruntime's, one per physical core).
-    Raises TfgraphError when the runtime cannot load or run the model here.
+    ``tf32``: whether the CUDA provider may compute float32 matmuls in TF32
+    (:func:`provider_options`). Raises TfgraphError when the runtime cannot load or run the
+    model here.
     """
     ort = _ort()
     providers, why = choose_providers(provider)
@@ -180,6 +191,7 @@ def create_session(model: bytes | str | os.PathLike[str], provider: str = "auto"
     disabled = list(CPU_DISABLED_OPTIMIZERS) if providers[0] == CPU else []
     try:
         session = ort.InferenceSession(source, options, providers=providers,
+                                       provider_options=provider_options(providers, tf32),
                                        disabled_optimizers=disabled)
     except Exception as err:  # onnxruntime raises its own exception types for bad models
         text = " ".join(str(err).split())

@@ -361,22 +361,64 @@ def _cache_defaults(input_ids: Tensor, layout: CacheLayout, dtype: torch.dtype,
     return past_key_values, attention_mask, position_ids
 
 
-class StaticCache:
-    """Preallocated keys/values (gpt-fast style), (B, kv_heads, length, head_dim) per layer:
-    each step writes its positions in place, so every step has the same shapes and
-    ``torch.compile`` traces a step once instead of once per length."""
+class StaticCache(nn.Module):
+    """Preallocated keys/values (gpt-fast style), (B, kv_heads, length, head_dim) per layer,
+    held as buffers (``key_{i}``, ``value_{i}``): each step writes its positions in place
+    (index_copy_), so every step has the same shapes and ``torch.compile`` traces a step once
+    instead of once per length. Attached to a model (``DecoderModel.setup_cache``), the
+    buffers are the model's own, which CUDA graphs (``mode="reduce-overhead"``) may mutate;
+    each buffer is also marked a static address for inductor."""
 
     def __init__(self, layers: list[tuple[Tensor, Tensor]]) -> None:
-        self.layers = layers
+        super().__init__()
+        self.count = len(layers)
+        for i, (k, v) in enumerate(layers):
+            self.register_buffer(f"key_{i}", k, persistent=False)
+            self.register_buffer(f"value_{i}", v, persistent=False)
+            for t in (k, v):
+                _mark_static(t)
+
+    @property
+    def layers(self) -> list[tuple[Tensor, Tensor]]:
+        return [self[i] for i in range(self.count)]
+
+    @property
+    def batch(self) -> int:
+        return int(self[0][0].shape[0]) if self.count else 0
+
+    @property
+    def length(self) -> int:
+        return int(self[0][0].shape[2]) if self.count else 0
 
     def __len__(self) -> int:
-        return len(self.layers)
+        return self.count
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        return self.layers[i]
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        return self._buffers[f"key_{i}"], self._buffers[f"value_{i}"]  # type: ignore[return-value]
 
     def __iter__(self) -> Any:
         return iter(self.layers)
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Rows ``rows`` (n <= batch) of every buffer moved to its first n rows, in place (the
+        buffers keep their addresses; rows past n keep stale values nothing reads)."""
+        n = int(rows.shape[0])
+        for i in range(self.count):
+            for t in self[i]:
+                t[:n].copy_(t.index_select(0, rows))
+
+    def extra_repr(self) -> str:
+        return f"layers={self.count}, batch={self.batch}, length={self.length}"
+
+
+def _mark_static(t: Tensor) -> None:
+    """Tell dynamo the tensor's address never changes (CUDA graphs then do not copy it nor
+    skip for its in-place writes)."""
+    mark = getattr(torch._dynamo, "mark_static_address", None)
+    if mark is not None:
+        mark(t)
 
 
 class _CachedModel(TorchModel):
@@ -425,6 +467,13 @@ class DecoderModel(_CachedModel):
                 return self._run((input_ids,))
             return self.cached_model()(input_ids, attention_mask, position_ids,
                                        past_key_values, use_cache, cache_position)
+        if past_key_values is None and cache_position is not None:
+            attached = self._modules.get("kv_cache")
+            if not isinstance(attached, StaticCache):
+                raise TfgraphError("cache_position without past_key_values needs a cache "
+                                   "attached by setup_cache(batch, length)")
+            return self._static_step(input_ids, attention_mask, position_ids, attached,
+                                     use_cache, cache_position)
         if isinstance(past_key_values, StaticCache):
             return self._static_step(input_ids, attention_mask, position_ids, past_key_values,
                                      use_cache, cache_position)
@@ -454,17 +503,35 @@ class DecoderModel(_CachedModel):
                 layer.cache_position = None
         return (out[0], cache) if use_cache else out[0]
 
-    def static_cache(self, batch: int, length: int, device: str | torch.device = "cpu"
-                     ) -> StaticCache:
-        """A cache of ``length`` positions for ``batch`` rows; pass it as past_key_values
-        with ``cache_position`` (the positions of this step's tokens) and an attention_mask
-        over all ``length`` positions (0 for those not written yet)."""
+    def static_cache(self, batch: int, length: int, device: str | torch.device | None = None,
+                     dtype: torch.dtype | None = None) -> StaticCache:
+        """A cache of ``length`` positions for ``batch`` rows, on the module's device and in
+        its parameters' dtype unless ``device``/``dtype`` say otherwise; pass it as
+        past_key_values with ``cache_position`` (the positions of this step's tokens) and an
+        attention_mask over all ``length`` positions (0 for those not written yet)."""
         if not self.cached:
-            return self.cached_model().static_cache(batch, length, device)
+            return self.cached_model().static_cache(batch, length, device, dtype)
+        first = next(self.parameters(), None)
+        if device is None:
+            device = first.device if first is not None else torch.device("cpu")
+        if dtype is None:
+            dtype = first.dtype if first is not None and first.is_floating_point() \
+                else self.dtype
         shape = (batch, self.layout.kv_heads, length, self.layout.head_dim)
-        return StaticCache([(torch.zeros(shape, dtype=self.dtype, device=device),
-                             torch.zeros(shape, dtype=self.dtype, device=device))
+        return StaticCache([(torch.zeros(shape, dtype=dtype, device=device),
+                             torch.zeros(shape, dtype=dtype, device=device))
                             for _ in range(self.layout.layers)])
+
+    def setup_cache(self, batch: int, length: int, device: str | torch.device | None = None,
+                    dtype: torch.dtype | None = None) -> StaticCache:
+        """Attach a static cache (``static_cache``) to the module as ``kv_cache``, its
+        buffers the module's own (gpt-fast): a forward with ``cache_position`` and no
+        past_key_values then reads and writes it, so a compiled step mutates buffers, not
+        inputs, and CUDA graphs apply. Replaces any cache attached before."""
+        module = self.cached_model()
+        cache = module.static_cache(batch, length, device, dtype)
+        module.kv_cache = cache
+        return cache
 
     def cached_model(self) -> DecoderModel:
         """The module of this decoder's KV-cache graph: itself on a KV-cache graph, else one

@@ -117,15 +117,19 @@ class _Stream:
 @click.option("--no-cache", is_flag=True,
               help="Recompute the whole prefix at every step instead of using the KV cache "
                    "(for comparison; encoder-decoder models always recompute).")
+@click.option("--compile", "compile_step", is_flag=True,
+              help="--backend torch: decode through a static cache held as the module's "
+                   "buffers, the step compiled by torch.compile (CUDA graphs on CUDA); the "
+                   "compile time is reported apart.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, ...],
              max_new_tokens: int, temperature: float | None, top_k: int | None,
              top_p: float | None, seed: int | None, beams: int, length_penalty: float,
              backend: str, provider: str, threads: int | None, eos_ids: tuple[int, ...],
              ignore_eos: bool, decoder_start_id: int | None, weights_seed: int | None,
-             opset: int, no_cache: bool, as_json: bool) -> None:
+             opset: int, no_cache: bool, compile_step: bool, as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
-    from tfgraph.commands.generate_api import FROM_MODEL, prepare
+    from tfgraph.commands.generate_api import FROM_MODEL, prepare, warm_up
     from tfgraph.generation.loop import generate as run_loop
     from tfgraph.generation.sampling import Sampler
 
@@ -140,7 +144,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
     eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,
-                    decoder_start_id, not no_cache)
+                    decoder_start_id, not no_cache, compile_step)
     for note in ready.opened.notes:
         click.echo(f"note: {note}", err=True)
     _check_model_bounds(ready, eos_ids, beams)
@@ -150,8 +154,10 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
         if stream is not None:
             click.echo(f"model     {printable(ready.opened.label)}")
             click.echo(f"runs on   {printable(ready.opened.runs_on)}")
+        compile_s = warm_up(ready, max_new_tokens, beams)
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
                           ready.eos, stream, length_penalty, ready.opened.lengths)
+        result.compile_s = compile_s
     finally:
         ready.opened.close()
     if decode is not None:
@@ -165,6 +171,9 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     click.echo(f"decode    {result.decode_tokens} tokens in {result.decode_s * 1e3:.2f} ms: "
                f"{_rate(result.decode_tokens_per_s)}")
     click.echo(f"first token after {result.time_to_first_token_s * 1e3:.2f} ms")
+    if result.compile_s is not None:
+        click.echo(f"compile   {result.compile_s:.2f} s before decoding (not in the figures "
+                   "above)")
 
 
 def _check_model_bounds(ready: Any, eos_ids: tuple[int, ...], beams: int) -> None:

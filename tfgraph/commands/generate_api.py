@@ -48,7 +48,8 @@ def prepare(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | st
             backend: str = "onnx", provider: str = "auto", threads: int | None = None,
             weights_seed: int | None = None, opset: int = 23,
             eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
-            decoder_start_token_id: int | None = None, cache: bool = True) -> Prepared:
+            decoder_start_token_id: int | None = None, cache: bool = True,
+            compile: bool = False) -> Prepared:
     """Open ``source`` and check ``prompts`` (id lists, or text for the model's tokenizer)."""
     where = os.fspath(source)
     if not prompts:
@@ -68,7 +69,8 @@ def prepare(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | st
         eos = (eos_token_id,)
     else:
         eos = tuple(int(t) for t in eos_token_id)
-    opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start, cache)
+    opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start, cache,
+                         compile)
     try:
         tokenizer = _tokenizer(opened.tokenizer)
         ids = [_prompt_ids(p, i, tokenizer, opened) for i, p in enumerate(prompts)]
@@ -86,7 +88,8 @@ def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | s
              weights_seed: int | None = None, opset: int = 23,
              eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
              decoder_start_token_id: int | None = None,
-             on_token: OnToken | None = None, cache: bool = True) -> Result:
+             on_token: OnToken | None = None, cache: bool = True,
+             compile: bool = False) -> Result:
     """Generate from ``source`` (a spec, model folder or .onnx file) for each prompt.
 
     Prompts are token id lists or text (text needs the model's tokenizer.json). Greedy by
@@ -94,7 +97,10 @@ def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | s
     search. ``eos_token_id``: the folder's (generation_config.json, config.json) by default,
     None for none. ``on_token(prompt_index, token_id)`` is called as tokens come. ``cache``:
     a decoder built from a spec or folder decodes through its KV cache (False: recomputes the
-    whole prefix each step, for comparison). Past the spec's max_len (README, "Lengths beyond
+    whole prefix each step, for comparison). ``compile`` (backend "torch"): decode through a
+    static cache held as the module's buffers, the step compiled by torch.compile (CUDA
+    graphs on CUDA); the compilation runs before the clock starts and is reported apart as
+    ``result.compile_s``. Past the spec's max_len (README, "Lengths beyond
     max_len"): a learned position table stops each row at max_len, other positions go on
     with a BeyondMaxLenWarning. The result
     holds the generated ids per prompt (prompt excluded), their text when a tokenizer is known,
@@ -102,15 +108,32 @@ def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | s
     """
     sampler = Sampler(temperature, top_k, top_p, seed)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
-                    eos_token_id, decoder_start_token_id, cache)
+                    eos_token_id, decoder_start_token_id, cache, compile)
     try:
+        compile_s = warm_up(ready, max_new_tokens, beams)
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
                           ready.eos, on_token, length_penalty, ready.opened.lengths)
+        result.compile_s = compile_s
     finally:
         ready.opened.close()
     if ready.tokenizer is not None:
         result.text = [ready.decode(tokens) for tokens in result.tokens]
     return result
+
+
+def warm_up(ready: Prepared, max_new_tokens: int, beams: int = 1) -> float | None:
+    """Size a stepper that preallocates (a static cache) for these prompts and compile it,
+    before the decoding loop's clock starts; the seconds compiling took (None: the stepper
+    does not compile)."""
+    stepper = ready.opened.stepper
+    prepare_stepper = getattr(stepper, "prepare", None)
+    if prepare_stepper is None:
+        return None
+    prepare_stepper(len(ready.prompts) * beams, max(len(p) for p in ready.prompts),
+                    max_new_tokens)
+    if not getattr(stepper, "compiled", False):
+        return None
+    return float(getattr(stepper, "compile_s"))
 
 
 def _tokenizer(path: Path | None) -> Tokenizer | None:

@@ -98,6 +98,16 @@ def _model_weights(model_path: Path, graph: Graph) -> dict[str, np.ndarray]:
             for t in model.graph.initializer if t.name in names}
 
 
+def check_note(ran: str, dtype: str) -> str:
+    """What the check line says of TF32: on the CUDA provider a float32 model runs with TF32
+    off (provider option use_tf32=0) against a torch reference with TF32 off too."""
+    from tfgraph.exporters.onnx import runtime as rt
+
+    if ran == rt.CUDA and dtype == "float32":
+        return "; TF32 off in onnxruntime (use_tf32=0) and in torch"
+    return ""
+
+
 def _torch_logits(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
                   feeds: dict[str, np.ndarray]) -> np.ndarray:
     try:
@@ -111,9 +121,15 @@ def _torch_logits(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
     torch_weights = None if weights is None else {
         name: torch.from_numpy(value) for name, value in weights.items()}
     module = to_torch(graph, weights=torch_weights, seed=seed).eval()
-    with torch.no_grad():
-        args = [torch.from_numpy(feeds[name]) for name in graph.inputs]
-        return module(*args).float().numpy()
+    # the reference runs on the CPU (no TF32 there); should it ever run on CUDA, no TF32 either
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            args = [torch.from_numpy(feeds[name]) for name in graph.inputs]
+            return module(*args).float().numpy()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 @click.command()
@@ -193,8 +209,9 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             from_file = True
         else:
             from_file = False
+        # --check compares with a float32 reference: no TF32 in the CUDA provider's matmuls
         session, ran, why = rt.create_session(session_source, provider, threads=threads,
-                                              dtype=iface.dtype)
+                                              dtype=iface.dtype, tf32=not check)
         if prompt is not None:
             feeds = _prompt_ids(prompt, tokenizer, iface, batch, source)
             if spec is not None:
@@ -237,7 +254,8 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             tol = CHECK_TOLERANCE.get(iface.dtype, 1e-4)
             verdict = "ok" if diff <= tol else "FAILED"
             click.echo(f"check     max |onnxruntime - torch| = {diff:.3g} "
-                       f"(tolerance {tol:g}, {iface.dtype}): {verdict}")
+                       f"(tolerance {tol:g}, {iface.dtype}{check_note(ran, iface.dtype)}): "
+                       f"{verdict}")
             if not diff <= tol:  # NaN compares false both ways: a failure
                 ctx.exit(1)
 

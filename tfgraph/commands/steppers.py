@@ -63,23 +63,30 @@ def settings_folder(source: str) -> Path | None:
 
 def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
                 threads: int | None = None, weights_seed: int | None = None, opset: int = 23,
-                decoder_start: int = 0, cache: bool = True) -> Opened:
+                decoder_start: int = 0, cache: bool = True, compile: bool = False) -> Opened:
     """Open ``source`` (a spec, a Hugging Face model folder or a tfgraph .onnx file) on
     ``backend`` and return the stepper that generates with it. A spec gets random weights
     from ``weights_seed`` (default 0), a folder its own weights unless ``weights_seed`` is
     given; an .onnx file its initializers. ``cache``: a decoder built from a spec or folder
-    decodes through its KV-cache graph (else by full recomputation, for comparison)."""
+    decodes through its KV-cache graph (else by full recomputation, for comparison).
+    ``compile`` (torch back end, decoders with a cache): a static cache attached to the module
+    and the step compiled by torch.compile (exporters/generation/cached_steppers.TorchStatic)."""
     if backend not in BACKENDS:
         raise TfgraphError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+    if compile and backend != "torch":
+        raise TfgraphError("--compile is for --backend torch (torch.compile)")
+    if compile and not cache:
+        raise TfgraphError("--compile decodes through the static KV cache: not with --no-cache")
     if Path(source).suffix.lower() == ".onnx":
-        return _from_onnx_file(source, backend, provider, threads, decoder_start, cache)
+        return _from_onnx_file(source, backend, provider, threads, decoder_start, cache,
+                               compile)
     return _from_spec(source, backend, provider, threads, weights_seed, opset, decoder_start,
-                      cache)
+                      cache, compile)
 
 
 def _from_spec(source: str, backend: str, provider: str, threads: int | None,
                weights_seed: int | None, opset: int, decoder_start: int,
-               cache: bool) -> Opened:
+               cache: bool, compile: bool = False) -> Opened:
     from tfgraph.spec.source import load_source
 
     try:
@@ -89,6 +96,9 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
     spec = built.spec
     graphs = _decoding_graphs(spec, cache, source)
     if len(graphs) == 2:  # an encoder-decoder's encoder and decoder cache graphs
+        if compile:
+            raise TfgraphError("--compile: decoder-only models (an encoder-decoder's static "
+                               "cache is not built yet)")
         return _cached_seq2seq(built, graphs, source, backend, provider, threads,
                                weights_seed, opset, decoder_start)
     graph = graphs[0]
@@ -100,7 +110,8 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         from tfgraph.exporters import to_torch
 
         module = to_torch(graph, seed=seed, weights=weights)
-        stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start)
+        stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start,
+                                          compile)
         label = f"{graph.name} (built from {source}, torch, {origin})"
         return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"),
                       built.notes, lengths=Lengths.of(spec))
@@ -186,7 +197,7 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
 
 
 def _from_onnx_file(source: str, backend: str, provider: str, threads: int | None,
-                    decoder_start: int, cache: bool) -> Opened:
+                    decoder_start: int, cache: bool, compile: bool = False) -> Opened:
     from tfgraph.exporters.onnx import runtime as rt
 
     model = rt.load_model(source)
@@ -216,6 +227,9 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     # in the encoder_model.onnx `build --kv-cache` writes beside it.
     files = [Path(source)]
     if "encoder_attention_mask" in {i.name for i in model.graph.input}:
+        if compile:
+            raise TfgraphError("--compile: decoder-only models (an encoder-decoder's static "
+                               "cache is not built yet)")
         files.append(Path(source).with_name("encoder_model.onnx"))
         if not files[1].is_file():
             raise TfgraphError(f"{source}: no encoder_model.onnx beside this decoder model "
@@ -230,7 +244,8 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     if len(graphs) == 1:  # a decoder: the same parameters run through its cache graph
         graph = graphs[0]
     module = to_torch(graph, weights=weights)
-    stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start)
+    stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start,
+                                          compile)
     return Opened(stepper, f"{source} (torch, its weights)", runs_on, tokenizer,
                   spec.vocab_size("source"), lengths=Lengths.of(spec))
 
@@ -315,7 +330,7 @@ def _seq2seq_files(decoder: Any, session_source: bytes | Path, where: str, provi
 
 
 def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
-                   decoder_start: int) -> tuple[Stepper, str]:
+                   decoder_start: int, compile: bool = False) -> tuple[Stepper, str]:
     """The stepper for the torch module: full recompute (the module's forward takes whole
     sequences); a cached forward would be picked here. ``threads`` sets torch's intra-op
     threads for the process (small models decode faster on one thread than on busy cores)."""
@@ -326,6 +341,15 @@ def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
     device, why = _torch_device(provider)
     if threads:
         torch.set_num_threads(threads)
+    if compile:
+        from tfgraph.exporters.generation.cached_steppers import TorchStatic
+
+        if not getattr(module, "cache_layers", 0):
+            raise TfgraphError("--compile decodes through a KV cache: this model has none")
+        static = TorchStatic(module, spec.output_vocab, Lengths.of(spec).hard_limit, device,
+                             output_probs=spec.output == "probs", compile=True)
+        return static, f"torch {device} ({why}; static cache, torch.compile mode " \
+                       f"{static.mode or 'default'})"
     if getattr(module, "cache_layers", 0):  # the KV-cache graph's module
         from tfgraph.exporters.generation.cached_steppers import torch_cached
 

@@ -26,6 +26,7 @@ class Result:
     decode_tokens: int
     text: list[str] | None = None
     scores: list[float] | None = None
+    compile_s: float | None = None  # torch.compile's time before decoding (not in the above)
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
@@ -45,7 +46,7 @@ class Result:
                 "decode_tokens_per_s": self.decode_tokens_per_s,
                 "time_to_first_token_s": self.time_to_first_token_s,
                 "prompt_tokens": self.prompt_tokens, "decode_tokens": self.decode_tokens,
-                "scores": self.scores}
+                "scores": self.scores, "compile_s": self.compile_s}
 
 
 class Clock:

@@ -1,0 +1,377 @@
+"""Issue 24's GPU table in one run: decoding, the bandwidth floor, training and activation peaks.
+
+    python benchmarks/gpu.py                 # on a CUDA machine: TinyLlama-1.1B sizes, 16-bit
+    python benchmarks/gpu.py --quick         # tiny-llama, a smoke run (on CPU: what can run)
+    python benchmarks/gpu.py --cpu --quick   # force the CPU even where CUDA is
+
+Meant to run in one go on a GPU machine with no network (a few minutes; everything it needs
+is installed beside tfgraph: torch with CUDA, onnxruntime-gpu, transformers, optionally
+onnxruntime-genai-cuda). Same random weights everywhere: ``tfgraph build SPEC --to hf`` writes
+a Hugging Face folder (specs/llama.yaml: d 2048, 22 layers, 32/4 heads, SwiGLU 5632, vocab
+32000), every side loads it. Prompts: 16 random tokens per row, greedy, EOS ignored, 256 new
+tokens, batch 1 and 8. Sides:
+
+- tfgraph ONNX on CUDA: ``tfgraph.generate(MODEL.onnx, provider="cuda")`` of the float16
+  ``build --kv-cache`` model (I/O binding: the cache stays on the GPU);
+- tfgraph torch, eager (``backend="torch"``) and compiled (``compile=True``: static cache as
+  module buffers, ``torch.compile(mode="reduce-overhead")``, compile time printed apart);
+- transformers ``generate``, eager and ``cache_implementation="static"``;
+- onnxruntime-genai on its own builder's model (``-p fp16 -e cuda``), when importable.
+
+Decode speed: generated tokens after each row's first over the time after the first token
+(tfgraph's ``Result``; transformers': the time of N new tokens less the time of 1). Then:
+the bandwidth floor (weight bytes over the device's measured read rate, batch 1), the training
+step (forward, token cross-entropy, backward; bfloat16, batch 4 x 1024) of tfgraph's module
+against ``LlamaForCausalLM`` (SDPA), and the activation peaks from
+``torch.cuda.max_memory_allocated`` against ``tfgraph report --fused-attention``.
+
+Without CUDA it says which parts it skips (the ONNX CUDA side, onnxruntime-genai CUDA, CUDA
+graphs, memory peaks) and runs the rest on the CPU with tiny-llama (``--quick`` implied).
+Nothing is written to benchmarks/RESULTS.md: paste the closing block, with the card it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PROMPT_LEN = 16
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def tfgraph_cli(*args: str) -> str:
+    cmd = [sys.executable, "-m", "tfgraph", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def prompts_for(batch: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(3, vocab, PROMPT_LEN)] for _ in range(batch)]
+
+
+class Row:
+    """One side's decode figures at one batch."""
+
+    def __init__(self, side: str, batch: int, tokens_per_s: float | None,
+                 tokens: list[list[int]] | None, note: str = "") -> None:
+        self.side, self.batch, self.tokens_per_s = side, batch, tokens_per_s
+        self.tokens, self.note = tokens, note
+
+
+def device_bandwidth(cuda: bool) -> tuple[float, str]:
+    """Read bytes per second of the device's memory: a reduction over a large array."""
+    if not cuda:
+        sys.path.insert(0, str(HERE))
+        import bandwidth
+
+        bw = bandwidth.measure(1 << 27, repeats=3)
+        return max(bw.one_thread, bw.all_cores), "numpy reductions over 128 MiB, best of 3"
+    import torch
+
+    n = 2 << 30  # 2 GiB, far past any cache
+    x = torch.empty(n // 2, dtype=torch.float16, device="cuda").fill_(1)
+    for _ in range(3):
+        x.amax()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(10):
+        start = time.perf_counter()
+        x.amax()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    del x
+    torch.cuda.empty_cache()
+    return n / best, "torch amax over 2 GiB of float16, best of 10"
+
+
+def tfgraph_side(source: str, prompts: list[list[int]], new: int, **kw: Any) -> Row:
+    import tfgraph
+
+    if not kw.get("compile"):  # a warm-up (a compiled side compiles before its clock starts)
+        tfgraph.generate(source, prompts, max_new_tokens=4, eos_token_id=None, **kw)
+    r = tfgraph.generate(source, prompts, max_new_tokens=new, eos_token_id=None, **kw)
+    note = f"compile {r.compile_s:.1f} s apart" if r.compile_s is not None else ""
+    return Row("", len(prompts), r.decode_tokens_per_s, r.tokens, note)
+
+
+def hf_side(model: Any, prompts: list[list[int]], new: int, device: str, **kw: Any) -> Row:
+    import torch
+
+    ids = torch.tensor(prompts, device=device)
+    mask = torch.ones_like(ids)
+
+    def timed(n: int) -> tuple[float, Any]:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0, **kw)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, out
+
+    timed(1)  # warm-ups: a static cache's length is prompt + new tokens, so both compile
+    timed(new)
+    one, _ = timed(1)
+    full, out = timed(new)
+    rate = len(prompts) * (new - 1) / max(full - one, 1e-9)
+    return Row("", len(prompts), rate, out[:, ids.shape[1]:].tolist())
+
+
+def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> Row:
+    import onnxruntime_genai as og
+
+    out = work / "genai"
+    if not out.exists():
+        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder),
+               "-o", str(out), "-p", "fp16", "-e", "cuda", "-c", str(work / "genai-cache")]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            return Row("", len(prompts), None, None,
+                       f"its builder failed: {done.stderr.strip()[-200:]}")
+    model = og.Model(str(out))
+
+    def run(n: int) -> tuple[float, list[list[int]]]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=PROMPT_LEN + n, min_length=PROMPT_LEN + n,
+                                  do_sample=False, batch_size=len(prompts))
+        gen = og.Generator(model, params)
+        gen.append_tokens(np.asarray(prompts, np.int32))
+        start = time.perf_counter()
+        first = None
+        while not gen.is_done():
+            gen.generate_next_token()
+            if first is None:
+                first = time.perf_counter()
+        end = time.perf_counter()
+        rows = [list(gen.get_sequence(i))[PROMPT_LEN:] for i in range(len(prompts))]
+        return end - (first or start), rows
+
+    run(4)
+    spent, rows = run(new)
+    return Row("", len(prompts), len(prompts) * (new - 1) / max(spent, 1e-9), rows)
+
+
+def median_ms(step: Callable[[], None], cuda: bool, repeat: int) -> float:
+    import torch
+
+    times = []
+    for i in range(repeat + 2):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def training(spec_path: Path, folder: Path, cuda: bool, quick: bool) -> list[str]:
+    """tfgraph's module against LlamaForCausalLM: training step time and activation peaks."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    import tfgraph
+    from tfgraph.exporters import to_torch
+
+    device = "cuda" if cuda else "cpu"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    batch, seq = (4, 1024) if not quick else (2, 32)
+    spec = tfgraph.load_spec(spec_path)
+    ids = torch.randint(3, spec.vocab_size("source"), (batch, seq), device=device)
+    ours = to_torch(tfgraph.compile(spec), seed=0).to(device=device, dtype=dtype).train()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, attn_implementation="sdpa").to(device).train()
+
+    def step(model: Any, is_hf: bool) -> Callable[[], None]:
+        def run() -> None:
+            logits = model(ids).logits if is_hf else model(ids)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+        return run
+
+    lines = []
+    repeat = 5 if cuda else 2
+    t_ours = median_ms(step(ours, False), cuda, repeat)
+    t_hf = median_ms(step(hf, True), cuda, repeat)
+    lines.append(f"training step ({str(dtype)[6:]}, batch {batch} x {seq}, forward + token "
+                 f"cross-entropy + backward): tfgraph {t_ours:.1f} ms, transformers (SDPA) "
+                 f"{t_hf:.1f} ms: {t_hf / t_ours:.2f}x")
+    if not cuda:
+        lines.append("activation peaks: skipped (torch.cuda.max_memory_allocated needs CUDA)")
+        return lines
+    del hf
+    torch.cuda.empty_cache()
+    report = json.loads(tfgraph_cli("report", str(spec_path), "--batch", str(batch), "--seq",
+                                    str(seq), "--fused-attention", "--json"))
+    # the report counts the spec's dtype; the run is bfloat16
+    scale = 2 / {"float32": 4, "float16": 2, "bfloat16": 2}[report["dtype"]]
+    want_train = report["memory"]["train_activations_peak"] * scale
+    want_infer = report["memory"]["activations_peak"] * scale
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step(ours, False)()
+    torch.cuda.synchronize()
+    got_train = torch.cuda.max_memory_allocated() - base
+    ours.eval()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        ours(ids)
+    torch.cuda.synchronize()
+    got_infer = torch.cuda.max_memory_allocated() - base
+    lines.append(f"activation peak, training: measured {got_train / 1e9:.2f} GB vs report "
+                 f"--fused-attention {want_train / 1e9:.2f} GB ({got_train / want_train:.3f})")
+    lines.append(f"activation peak, inference: measured {got_infer / 1e9:.3f} GB vs report "
+                 f"{want_infer / 1e9:.3f} GB ({got_infer / want_infer:.4f})")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny-llama: a smoke run")
+    parser.add_argument("--cpu", action="store_true", help="the CPU even where CUDA is")
+    parser.add_argument("--new-tokens", type=int, default=None,
+                        help="tokens per row (default 256, 16 with --quick)")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--skip-train", action="store_true")
+    args = parser.parse_args()
+    import torch
+    import transformers
+
+    cuda = torch.cuda.is_available() and not args.cpu
+    quick = args.quick or not cuda
+    skipped: list[str] = []
+    if not cuda:
+        say("no CUDA device here (or --cpu): GPU-only parts are skipped and the rest runs on "
+            "the CPU with tiny-llama (--quick)")
+    card = torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.machine()}, " \
+        f"{os.cpu_count()} cores)"
+    device = "cuda" if cuda else "cpu"
+    new = args.new_tokens or (16 if quick else 256)
+    batches = [int(b) for b in args.batches.split(",")]
+    spec_path = ROOT / "specs" / ("tiny-llama.yaml" if quick else "llama.yaml")
+    dtype = "float16" if cuda else "float32"
+    import tfgraph
+
+    spec = tfgraph.load_spec(spec_path)
+    say(f"card      {card}")
+    say(f"versions  torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"tfgraph {getattr(tfgraph, '__version__', '?')}")
+    say(f"model     {spec_path.name}, {dtype}, prompts of {PROMPT_LEN}, {new} new tokens, "
+        f"greedy, batches {batches}")
+    work = Path(tempfile.mkdtemp(prefix="tfgraph-gpu-"))
+    start = time.perf_counter()
+    folder = work / "hf"
+    tfgraph_cli("build", str(spec_path), "--to", "hf", "-o", str(folder), "--seed", "0")
+    onnx_path = work / "onnx" / "model.onnx"
+    onnx_path.parent.mkdir()
+    tfgraph_cli("build", str(folder), "--to", "onnx", "--kv-cache", "--dtype", dtype, "-o",
+                str(onnx_path))
+    say(f"built     {folder} and {onnx_path} in {time.perf_counter() - start:.0f} s")
+    weight_bytes = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    if dtype == "float16":
+        weight_bytes = weight_bytes * 2 // 4 if not _is_16bit(folder) else weight_bytes
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").to(device).eval()
+    try:
+        import onnxruntime_genai  # noqa: F401
+        genai = cuda
+        if not cuda:
+            skipped.append("onnxruntime-genai CUDA: needs CUDA")
+    except ImportError:
+        genai = False
+        skipped.append("onnxruntime-genai: not importable here")
+    if not cuda:
+        skipped.append("tfgraph ONNX on CUDA: ran on the CPU provider instead")
+        skipped.append("CUDA graphs (torch.compile mode reduce-overhead): CUDA only; the "
+                       "compiled side used inductor's default mode")
+    rows: list[Row] = []
+    provider = "cuda" if cuda else "cpu"
+    for batch in batches:
+        prompts = prompts_for(batch, spec.vocab_size("source"))
+        sides: list[tuple[str, Callable[[], Row]]] = [
+            ("transformers eager", lambda: hf_side(hf, prompts, new, device)),
+            ("transformers static cache", lambda: hf_side(
+                hf, prompts, new, device, cache_implementation="static")),
+            (f"tfgraph ONNX ({provider})", lambda: tfgraph_side(
+                str(onnx_path), prompts, new, provider=provider)),
+            ("tfgraph torch eager", lambda: tfgraph_side(
+                str(folder), prompts, new, backend="torch", provider=provider)),
+            ("tfgraph torch compiled", lambda: tfgraph_side(
+                str(folder), prompts, new, backend="torch", provider=provider,
+                compile=True)),
+        ]
+        if genai:
+            sides.append(("onnxruntime-genai (own model, CUDA)",
+                          lambda: genai_side(folder, work, prompts, new)))
+        for name, run in sides:
+            try:
+                row = run()
+            except Exception as err:  # noqa: BLE001 - a side that fails is reported, not fatal
+                row = Row("", batch, None, None, f"failed: {type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:160] if str(err) else ''}")
+            row.side = name
+            rows.append(row)
+            rate = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.1f}"
+            say(f"  batch {batch}  {name:38s} {rate:>10s} tokens/s  {row.note}")
+    bw, how = device_bandwidth(cuda)
+    floor = bw / weight_bytes
+    lines = [f"card: {card}", f"bandwidth floor (batch 1): {weight_bytes / 1e9:.3f} GB of "
+             f"weights / {bw / 1e12:.2f} TB/s read ({how}) = {floor:,.0f} tokens/s"]
+    for row in rows:
+        ref = next((r for r in rows if r.batch == row.batch
+                    and r.side == "transformers eager"), None)
+        same = ""
+        if ref is not None and ref.tokens is not None and row.tokens is not None:
+            equal = sum(int(a == b) for ra, rb in zip(row.tokens, ref.tokens)
+                        for a, b in zip(ra, rb))
+            same = f", {equal}/{sum(len(r) for r in ref.tokens)} tokens = transformers eager"
+        rate = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.1f} tokens/s"
+        share = "" if row.tokens_per_s is None or row.batch != 1 else \
+            f" ({row.tokens_per_s / floor:.0%} of the floor)"
+        lines.append(f"batch {row.batch}: {row.side}: {rate}{share}{same}"
+                     f"{'; ' + row.note if row.note else ''}")
+    del hf
+    if not args.skip_train:
+        lines += training(spec_path, folder, cuda, quick)
+    lines += [f"skipped: {s}" for s in skipped]
+    say(f"\n--- for benchmarks/RESULTS.md ({time.perf_counter() - start:.0f} s in all) ---")
+    for line in lines:
+        say(line)
+    return 0
+
+
+def _is_16bit(folder: Path) -> bool:
+    config = json.loads((folder / "config.json").read_text())
+    return str(config.get("torch_dtype", config.get("dtype", ""))) in ("float16", "bfloat16")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Decoding through a static KV cache held as the module's buffers (gpt-fast style), eager and
+compiled (issue 24 item 3): the tokens of full recomputation; the cache on the module's device
+and in its dtype by default; ``generate --backend torch --compile`` reports the compile time
+apart. torch.compile (inductor) takes tens of seconds on a 2-core machine: it runs once, on a
+one-layer model; CUDA graphs (``mode="reduce-overhead"``) only where CUDA is.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters import to_torch
+from tfgraph.exporters.generation.cached_steppers import TorchStatic
+from tfgraph.exporters.torch.module import StaticCache
+from tfgraph.generation.loop import generate as run_loop
+from tfgraph.generation.sampling import Sampler
+from tfgraph.spec.loader import load_spec
+
+from conftest import ROOT, small
+
+LLAMA = str(ROOT / "specs" / "tiny-llama.yaml")
+PROMPTS = [[5, 17, 42], [7, 8], [3, 1, 4, 1, 5, 9, 2]]
+
+
+def _module(layers: int | None = None) -> Any:
+    spec = load_spec(LLAMA)
+    if layers is not None:
+        spec = small(spec, max_layers=layers)
+    return spec, to_torch(tfgraph.compile(spec, cache=True), seed=0)
+
+
+def _tokens(stepper: Any, new: int, beams: int = 1, eos: tuple[int, ...] = ()) -> Any:
+    return run_loop(stepper, PROMPTS, new, Sampler(None, None, None, None), beams, eos).tokens
+
+
+def test_static_cache_defaults_to_the_module_device_and_dtype() -> None:
+    _, model = _module()
+    cache = model.static_cache(2, 8)
+    assert cache[0][0].dtype == torch.float32 and cache[0][0].device.type == "cpu"
+    model = model.to(torch.bfloat16)
+    cache = model.static_cache(2, 8)
+    assert all(t.dtype == torch.bfloat16 for kv in cache for t in kv)
+    assert cache.batch == 2 and cache.length == 8 and len(cache) == model.cache_layers
+    assert model.static_cache(1, 4, dtype=torch.float16)[0][1].dtype == torch.float16
+    model = model.to("meta")  # another device: the cache follows the parameters
+    assert model.static_cache(1, 4)[0][0].device.type == "meta"
+
+
+def test_an_attached_cache_is_module_buffers_and_gives_the_full_logits() -> None:
+    spec, model = _module()
+    full = to_torch(tfgraph.compile(spec), seed=0)
+    cache = model.setup_cache(2, 16)
+    assert isinstance(cache, StaticCache)
+    buffers = dict(model.named_buffers())
+    assert buffers["kv_cache.key_0"] is cache[0][0]
+    assert buffers[f"kv_cache.value_{model.cache_layers - 1}"] is cache[-1 + len(cache)][1]
+    ids = torch.randint(0, spec.vocab_size("source"), (2, 10), generator=torch.Generator()
+                        .manual_seed(0))
+    mask = torch.zeros((2, 16), dtype=torch.long)
+    mask[:, :6] = 1
+    with torch.no_grad():
+        want = full(ids)
+        got = [model(ids[:, :6], mask.clone(), torch.arange(6)[None].expand(2, 6),
+                     cache_position=torch.arange(6))]
+        for t in range(6, 10):
+            mask[:, t] = 1
+            got.append(model(ids[:, t:t + 1], mask.clone(), torch.full((2, 1), t),
+                             cache_position=torch.tensor([t])))
+    torch.testing.assert_close(torch.cat(got, 1), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(TfgraphError, match="setup_cache"):
+        _module()[1](ids[:, :1], mask, torch.zeros((2, 1), dtype=torch.long),
+                     cache_position=torch.tensor([0]))
+
+
+def test_static_stepper_tokens_equal_full_recomputation() -> None:
+    """Left-padded prompts, rows leaving at EOS (the buffers keep their batch), beam search
+    (more rows than prepared: new buffers), growth past the reserved length."""
+    spec, model = _module()
+    want = tfgraph.generate(LLAMA, PROMPTS, max_new_tokens=12, backend="torch", cache=False,
+                            eos_token_id=None)
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu")
+    stepper.prepare(len(PROMPTS), 7, 12)
+    assert _tokens(stepper, 12) == want.tokens
+    eos = (want.tokens[1][3],)  # the second row stops early; the others go on
+    want_eos = tfgraph.generate(LLAMA, PROMPTS, max_new_tokens=12, backend="torch",
+                                cache=False, eos_token_id=eos[0])
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu")
+    stepper.prepare(len(PROMPTS), 7, 12)
+    assert _tokens(stepper, 12, eos=eos) == want_eos.tokens
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu")
+    stepper.prepare(1, 7, 2)  # reserves too little: the buffers grow
+    beams = tfgraph.generate(LLAMA, PROMPTS, max_new_tokens=9, backend="torch", cache=False,
+                             eos_token_id=None, beams=3)
+    assert _tokens(stepper, 9, beams=3) == beams.tokens
+
+
+def test_compiled_static_decoding_on_cpu() -> None:
+    """Inductor (its default mode: CUDA graphs need CUDA) compiles the step once; the tokens
+    are eager's."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    spec, model = _module(layers=1)
+    eager = TorchStatic(model, spec.output_vocab, None, "cpu")
+    eager.prepare(len(PROMPTS), 7, 6)
+    want = _tokens(eager, 6)
+    torch._dynamo.reset()
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu", compile=True)
+    assert stepper.mode is None  # reduce-overhead (CUDA graphs) only on CUDA
+    counter = CompileCounterWithBackend("inductor")
+    stepper.step_fn = torch.compile(model, backend=counter, dynamic=False)
+    stepper.prepare(len(PROMPTS), 7, 6)
+    assert stepper.compile_s > 0 and counter.frame_count == 1
+    assert _tokens(stepper, 6) == want
+    assert counter.frame_count == 1  # no recompilation while decoding
+    torch._dynamo.reset()
+
+
+def test_generate_compile_reports_compile_time_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``generate --backend torch --compile --json``: the tokens of the cached decode, and
+    compile_s beside the decode figures (dynamo's eager backend here: inductor runs above)."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile",
+                        lambda module, **kw: real(module, backend="eager", dynamic=False))
+    args = ["generate", LLAMA, "--prompt-ids", "5,17,42", "--prompt-ids", "7,8",
+            "--max-new-tokens", "6", "--backend", "torch", "--ignore-eos"]
+    torch._dynamo.reset()
+    out = CliRunner().invoke(main, [*args, "--compile", "--json"])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.stdout)
+    want = json.loads(CliRunner().invoke(main, [*args, "--json"]).stdout)
+    assert got["tokens"] == want["tokens"] and want["compile_s"] is None
+    assert got["compile_s"] > 0 and got["decode_tokens_per_s"] > 0
+    text = CliRunner().invoke(main, [*args, "--compile"])
+    assert text.exit_code == 0 and "static cache, torch.compile" in text.stdout
+    assert "compile " in text.stdout and "not in the figures above" in text.stdout
+    result = tfgraph.generate(LLAMA, [[5, 17, 42]], max_new_tokens=4, backend="torch",
+                              compile=True, eos_token_id=None)
+    assert result.compile_s is not None and len(result.tokens[0]) == 4
+    torch._dynamo.reset()
+    onnx = ["generate", LLAMA, "--prompt-ids", "5,17,42", "--compile"]  # the onnx back end
+    refused = CliRunner().invoke(main, onnx)
+    assert refused.exit_code == 2 and "--backend torch" in refused.stderr
+    assert np.isfinite(got["time_to_first_token_s"])
