@@ -181,11 +181,10 @@ def _check_model_bounds(ready: Any, eos_ids: tuple[int, ...], beams: int) -> Non
     vocab = ready.opened.prompt_vocab
     if not vocab:
         return
-    for eos in ready.eos or ():
+    # --eos-id as typed; a folder's list may name ids the model never produces (harmless)
+    for eos in eos_ids:
         if eos >= vocab:
-            given = f"--eos-id {eos}" if eos in eos_ids else \
-                f"eos_token_id {eos} (the model folder's generation settings)"
-            raise TfgraphError(f"{given}: past the model's vocabulary of {vocab} tokens "
+            raise TfgraphError(f"--eos-id {eos}: past the model's vocabulary of {vocab} tokens "
                                f"(ids 0 to {vocab - 1})")
     if beams > vocab:
         raise TfgraphError(f"--beams {beams}: more beams than the model's {vocab} tokens")
