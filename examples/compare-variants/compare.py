@@ -193,7 +193,7 @@ def window_checks(specs: list[tfgraph.Spec], graphs: list[Graph], data: dict[str
     kv = {row["seq"]: row["values"]["memory.kv_cache"] for row in data["variants"][i]["at"]}
     print(f"  {graphs[i].name} KV cache (bytes) by L: {kv}: min(L, {window}) positions")
     dense = [at(kind_flops(graphs[k])["attention"], 2048) for k in (0, i)]
-    print(f"  note: tfgraph's attention-score FLOPs count the score matrix dense (README, "tfgraph report"), "
+    print(f"  note: tfgraph's attention-score FLOPs count the score matrix dense (README, 'tfgraph report'), "
           f"window or not:\n  {graphs[i].name} {dense[1]:,} = {graphs[0].name} {dense[0]:,} "
           f"at L = 2048")
 
