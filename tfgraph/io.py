@@ -23,6 +23,7 @@ The temporary file does not outlive the write:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -30,6 +31,7 @@ import secrets
 import shutil
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -136,22 +138,64 @@ def check_output_node(target: str | os.PathLike[str], directory: bool = False) -
                        "regular files (give a file name)")
 
 
-def _target(path: str | os.PathLike[str]) -> Path:
-    """Check ``path`` can be an output file, with a clear error when it cannot."""
+_CREATED: list[Path] = []
+"""Folders this process created above its outputs, outermost first (``make_parents``)."""
+
+
+def _remove_created_if_empty() -> None:
+    """At exit: the folders created for outputs that were never written (the command failed
+    after its checks) go again, innermost first; a folder holding anything stays."""
+    for folder in reversed(_CREATED):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def make_parents(target: Path) -> None:
+    """Create the missing folders above an output, as ``mkdir -p`` does, and say so on
+    stderr (``-o newdir/model.onnx``); a command that fails before writing there removes
+    them at exit. Refused when an existing ancestor is not a directory."""
+    missing: list[Path] = []
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    if not missing:
+        return
+    if not parent.is_dir():
+        raise TfgraphError(f"{printable(str(target))}: {printable(str(parent))} is not a "
+                           "directory")
+    try:
+        target.parent.mkdir(parents=True)
+    except OSError as exc:
+        raise TfgraphError(f"{printable(str(target))}: cannot create directory "
+                           f"{printable(str(target.parent))}: {exc.strerror or exc}") from None
+    if not _CREATED:
+        atexit.register(_remove_created_if_empty)
+    _CREATED.extend(reversed(missing))
+    print(f"note: created directory {printable(str(target.parent))}", file=sys.stderr)
+
+
+def _target(path: str | os.PathLike[str], create: bool = False) -> Path:
+    """Check ``path`` can be an output file, with a clear error when it cannot; with
+    ``create`` the missing folders above it are made (``make_parents``), else they are an
+    error (a library write: the caller names an existing folder)."""
     target = Path(path)
     if target.is_dir():
         raise TfgraphError(f"{printable(str(target))}: is a directory; give a file name")
-    if not target.parent.is_dir():
-        raise TfgraphError(f"{printable(str(target))}: directory "
-                           f"{printable(str(target.parent))} does not exist")
     check_output_node(target)
     check_not_input(target)
+    if create:
+        make_parents(target)
+    elif not target.parent.is_dir():
+        raise TfgraphError(f"{printable(str(target))}: directory "
+                           f"{printable(str(target.parent))} does not exist")
     return target
 
 
 def check_output(path: str | os.PathLike[str]) -> Path:
-    """Refuse (exit 2) an output path that cannot be written, before any work is done."""
-    return _target(path)
+    """Refuse (exit 2) an output path that cannot be written, before any work is done; the
+    commands' ``-o newdir/file`` creates ``newdir`` (said on stderr)."""
+    return _target(path, create=True)
 
 
 def available_memory() -> int | None:

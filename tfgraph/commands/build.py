@@ -79,12 +79,11 @@ def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed
     if out.exists() and not out.is_dir():
         raise TfgraphError(f"{out}: an encoder-decoder's KV-cache model is two files; -o names "
                            "a folder")
-    if not out.parent.is_dir():
-        raise TfgraphError(f"{out}: directory {out.parent} does not exist")
-    from tfgraph.io import check_not_input, check_output_node, publish_together
+    from tfgraph.io import check_not_input, check_output_node, make_parents, publish_together
 
     check_output_node(out, directory=True)
     check_not_input(out)
+    make_parents(out)
     out.mkdir(exist_ok=True)
     with publish_together():
         _write_two_models(source, values, out, seed, opset)

@@ -1,0 +1,61 @@
+"""``-o newdir/file`` creates the missing folders and says so (issue 28, item 4); a command
+that fails after its checks leaves no folder it created behind; a file in the way is one line,
+exit 2. Library writes (``atomic_write``) still want an existing folder."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "specs" / "tiny.yaml")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tfgraph", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_build_creates_the_missing_folders_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper" / "model.onnx"
+    result = cli("build", TINY, "--to", "onnx", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.is_file()
+    assert result.stderr == f"note: created directory {out.parent}\n"
+
+
+def test_compare_and_import_outputs_create_folders_too(tmp_path: Path) -> None:
+    out = tmp_path / "reports" / "c.json"
+    result = cli("compare", TINY, str(ROOT / "specs" / "tiny-llama.yaml"), "--json", "-o",
+                 str(out), "--seq", "16")
+    assert result.returncode == 0 and out.is_file(), result.stderr
+    assert "created directory" in result.stderr
+
+
+def test_a_failing_command_removes_the_folders_it_created(tmp_path: Path) -> None:
+    # the weights file does not exist: refused after -o was checked (and its folder made)
+    out = tmp_path / "gone" / "twice" / "model.onnx"
+    result = cli("build", TINY, "--to", "onnx", "-o", str(out), "--weights",
+                 str(tmp_path / "missing.safetensors"))
+    assert result.returncode == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_in_the_way_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("mine")
+    result = cli("build", TINY, "--to", "onnx", "-o", str(tmp_path / "file" / "m.onnx"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_library_writes_still_want_an_existing_folder(tmp_path: Path) -> None:
+    import pytest
+
+    from tfgraph.errors import TfgraphError
+    from tfgraph.io import atomic_write
+
+    with pytest.raises(TfgraphError, match="does not exist"):
+        with atomic_write(tmp_path / "nope" / "x.txt") as handle:
+            handle.write("x")
+    assert list(tmp_path.iterdir()) == []
