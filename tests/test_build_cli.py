@@ -151,9 +151,10 @@ def test_failed_write_keeps_old_file(in_tmp: Path, monkeypatch: pytest.MonkeyPat
     (["--to", "json", "--weights", "w.safetensors"], "--weights applies to"),
     (["--to", "dot", "--seed", "3"], "--seed applies to"),
     (["--to", "onnx", "--opset", "12"], "opset 12 is not supported"),
-    (["--to", "onnx", "-o", "no/such/dir/m.onnx"], "does not exist"),
+    (["--to", "onnx", "-o", "TINY_IS_A_FILE/m.onnx"], "Not a directory"),
 ])
 def test_bad_arguments_exit_2_one_line(in_tmp: Path, args: list[str], message: str) -> None:
+    Path("TINY_IS_A_FILE").write_text("a file, not a folder")  # (missing folders are made)
     result = cli("build", TINY, *args)
     assert result.exit_code == 2
     assert message in result.stderr and len(result.stderr.splitlines()) == 1
