@@ -93,13 +93,16 @@ def test_weights_in_flight_stay_within_the_lookahead_budget(
 def test_compare_checks_the_plot_path_before_writing_anything(
         tmp_path: Path, flags: list[str]) -> None:
     # A bad --plot directory used to be found only after the table was printed and the -o
-    # file written: exit 2 with partial output.
+    # file written: exit 2 with partial output. (A missing folder is now created; a file in
+    # the way of the folder is the bad path.)
+    in_the_way = tmp_path / "afile"
+    in_the_way.write_text("mine")
     tiny_decoder = str(ROOT / "specs" / "tiny-decoder.yaml")
-    args = ["compare", TINY, tiny_decoder, "--plot", str(tmp_path / "missing" / "p.png")]
+    args = ["compare", TINY, tiny_decoder, "--plot", str(in_the_way / "p.png")]
     result = cli(*args, *(f.format(tmp=tmp_path) for f in flags))
     assert result.exit_code == 2
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [in_the_way] and in_the_way.read_text() == "mine"
 
 
 def test_run_default_length_fits_a_learned_positions_spec() -> None:
