@@ -3,31 +3,19 @@ errors as exit 2 with one line (subprocess CLI runs)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tfgraph.limits import usable_cores
 
+from cli_support import refused
+from cli_support import tfgraph as cli
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "specs" / "tiny-decoder.yaml")
 
 
-def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tfgraph", *args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def refused(result: subprocess.CompletedProcess[str], *words: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and len(lines[0]) <= 300, result.stderr
-    assert "Traceback" not in result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 TOO_MANY_THREADS = str(usable_cores() + 1)

@@ -12,25 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import refused, tfgraph
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "specs" / "tiny-decoder.yaml")
 
 
-def tfgraph(*args: str, cwd: Path | None = None, timeout: float = 240
-            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tfgraph", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout)
-
-
-def refused(result: subprocess.CompletedProcess[str], *words: str) -> str:
-    """Exit 2, one line on stderr of at most ~300 characters, no traceback."""
-    assert result.returncode == 2, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and len(lines[0]) <= 300, result.stderr
-    assert "Traceback" not in result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
