@@ -19,7 +19,8 @@ tokens, batch 1 and 8. Sides:
 - tfgraph torch, eager (``backend="torch"``) and compiled (``compile=True``: static cache as
   module buffers, ``torch.compile(mode="reduce-overhead")``, compile time printed apart);
 - transformers ``generate``, eager and ``cache_implementation="static"``;
-- onnxruntime-genai on its own builder's model (``-p fp16 -e cuda``), when importable.
+- onnxruntime-genai on its own builder's model (``-p fp16 -e cuda``), when importable, and its
+  generator on tfgraph's model (``build --kv-cache --genai-provider cuda``: genai_config.json).
 
 Decode speed: generated tokens after each row's first over the time after the first token
 (tfgraph's ``Result``, onnxruntime-genai's loop); transformers': N new tokens over the whole
@@ -498,7 +499,7 @@ def main() -> int:
     if ("onnx" in parts or "build" in steps) and not onnx_path.is_file():
         onnx_path.parent.mkdir(exist_ok=True)
         tfgraph_cli("build", str(folder), "--to", "onnx", "--kv-cache", "--dtype", dtype,
-                    "-o", str(onnx_path))
+                    "--genai-provider", "cuda" if cuda else "cpu", "-o", str(onnx_path))
     say(f"built     {folder}{' and ' + str(onnx_path) if 'onnx' in parts else ''} in "
         f"{time.perf_counter() - start:.0f} s")
     if "build" in steps:
@@ -543,6 +544,8 @@ def main() -> int:
             if genai:
                 sides.append(("onnxruntime-genai (own model, CUDA)",
                               lambda: genai_side(folder, work, prompts, new)))
+                sides.append(("onnxruntime-genai on tfgraph's model (CUDA)",
+                              lambda: genai_run(onnx_path.parent, prompts, new)))
         for name, run in sides:
             try:
                 row = run()
