@@ -128,3 +128,22 @@ def test_no_reference_to_documents_users_do_not_have() -> None:
         if line.startswith("Not yet"):
             assert "genai_config.json" not in line.split("(")[0], line
     assert "`genai_config.json` beside it for onnxruntime-genai" in readme
+
+
+def test_every_timed_output_points_to_the_timings_section() -> None:
+    """Issue 28 item 7: times in README are one machine's (its Timings section names it and
+    its load); each block of timed output says so right before it. ``plan`` output is a
+    prediction from stated efficiencies, not a measurement here."""
+    readme = (ROOT / "README.md").read_text()
+    section = " ".join(readme.split("### Timings", 1)[1].split("\n### ", 1)[0].split())
+    assert "2 cores" in section and "load average" in section and "benchmarks/RESULTS.md" in section
+    timed = re.compile(r"\d ms\b|tokens/s|, \d+(?:\.\d+)? s\)|\bin \d+(?:\.\d+)? s\b")
+    checked = 0
+    for block in re.finditer(r"```[a-z]*\n(.*?)```", readme, re.S):
+        body = block.group(1)
+        if not timed.search(body) or body.startswith("$ tfgraph plan"):
+            continue
+        before = readme[max(0, block.start() - 300):block.start()]
+        assert "[Timings](#timings)" in before, body.splitlines()[0]
+        checked += 1
+    assert checked >= 4  # build, run, generate, a folder build
