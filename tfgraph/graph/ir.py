@@ -356,6 +356,11 @@ class Graph:
         self._order: list[Node] | None = None
         self._ops: list[Node] | None = None  # the op nodes of ``_order``
         self._memo: dict[str, Any] = {}
+        self._linted = 0
+        """Leading nodes the last successful ``lint`` checked one by one (0: none)."""
+        self._checked_upto = 0
+        """Leading nodes a copy need not check one by one again: those its source's lint
+        checked (nodes are shared and never changed once added); only ``copy`` sets it."""
 
     def copy(self: GraphT) -> GraphT:
         """A new graph of the same class with the same nodes, modules, sizes, inputs and
@@ -366,6 +371,7 @@ class Graph:
         out._nodes = dict(self._nodes)
         out.inputs = list(self.inputs)
         out.outputs = list(self.outputs)
+        out._checked_upto = self._linted
         return out
 
     @property
@@ -519,7 +525,11 @@ class Graph:
             if backward and not nx.is_directed_acyclic_graph(self._nx):
                 cycle = nx.find_cycle(self._nx)
                 raise LoweringError(f"graph has a cycle through {cycle[0][0]}")
-        for node in self.nodes():
+        nodes = self.nodes()
+        # a copy of a linted graph (the loss graph: the inference graph plus its loss) checks
+        # only the nodes added since, one by one; the whole-graph checks below see them all
+        skip = self._checked_upto if in_edges is None else 0
+        for node in nodes[skip:] if skip else nodes:
             if in_edges is not None and tuple(
                     src for _, src in sorted(in_edges.get(node.name, ()))) != node.inputs:
                 raise LoweringError(f"{node.name}: edges do not match its operand list")
@@ -560,3 +570,4 @@ class Graph:
             if not node.is_param and self.modules and module not in self.modules \
                     and node.op != "input":
                 raise LoweringError(f"{node.name}: module {module!r} was never declared")
+        self._linted = len(nodes)
