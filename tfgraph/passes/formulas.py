@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
+from tfgraph.passes import exact
 from tfgraph.passes.cost import Peak, op_costs
 from tfgraph.passes.figures import symbolic
 from tfgraph.graph.ir import SYMBOLS, Graph
@@ -250,7 +251,7 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
             moe_layer = layer_terms[L]
             dense_layer = sympy.expand(dense[key] - per[L][key] + moe_layer)
             expr = (L - L_DENSE) * moe_layer + L_DENSE * dense_layer + rest
-        if sympy.expand(expr.xreplace(values) - numeric[key]) != 0:
+        if not _verified(expr, values, numeric[key]):
             unverified.append(key)
             expr = sympy.expand(numeric[key])
         figures[key] = expr
@@ -259,6 +260,17 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
                             dense_layers=spec.ffn.dense_layers)
     return SpecFormulas(figures, values, unverified, one)
 
+
+def _verified(expr: sympy.Expr, values: dict[sympy.Symbol, int], numeric: sympy.Expr) -> bool:
+    """Whether ``expr`` at the spec's ``values`` is ``numeric``: ``expand(difference) == 0``,
+    compared as polynomials in B, S, T where both are (tfgraph.passes.exact)."""
+    same = exact.equal_at(expr, values, numeric, BST)
+    if same is None:
+        same = sympy.expand(expr.xreplace(values) - numeric) == 0
+    return same
+
+
+BST = (SYMBOLS["B"], SYMBOLS["S"], SYMBOLS["T"])
 
 _SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import sympy
 
-from tfgraph.passes import cost
+from tfgraph.passes import cost, exact
 from tfgraph.passes.figures import symbolic
 from tfgraph.passes.formulas import spec_formulas
 from tfgraph.graph.ir import SYMBOLS, Graph
@@ -107,7 +107,8 @@ _FORMULA_ORDER = ["params", *(f"flops.{k}" for k in ("forward", "matmul", "other
 
 
 def _int(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int:
-    return int(sympy.Integer(expr.xreplace(sizes)))
+    fast = exact.value(expr, sizes)  # the same integer, without sympy's intermediate objects
+    return fast if fast is not None else int(sympy.Integer(expr.xreplace(sizes)))
 
 
 def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[sympy.Symbol, int]:
