@@ -37,7 +37,11 @@ TWO_LENGTHS: list[dict[str, Any]] = [
 PLANS = [("gpt3-175b.yaml", ["--gpus", "64", "--tp", "8", "--pp", "8"]),
          ("tiny-llama.yaml", ["--gpus", "2", "--tp", "2", "--sp"]),
          ("tiny-moe.yaml", ["--gpus", "4", "--ep", "2", "--recompute", "selective"]),
-         ("tiny-t5.yaml", ["--gpus", "2", "--tp", "2", "--attention", "unfused"])]
+         ("tiny-t5.yaml", ["--gpus", "2", "--tp", "2", "--attention", "unfused"]),
+         ("tiny-gemma2.yaml", ["--gpus", "2", "--tp", "2", "--recompute", "full",
+                               "--attention", "unfused"]),
+         ("tiny-bart.yaml", ["--gpus", "2", "--recompute", "full", "--seq", "40"]),
+         ("gpt2.yaml", ["--gpus", "8", "--search", "--top", "3"])]
 
 
 def _report(graph: Any, setting: dict[str, Any]) -> str:
