@@ -53,6 +53,22 @@ def _report(graph: Any, setting: dict[str, Any]) -> str:
         return f"refused: {type(err).__name__}: {err}"
 
 
+def _train_peaks(key: str, graph: Any) -> dict[str, str]:
+    """The training step's peak under every recompute choice (the report shows "none")."""
+    from tfgraph.passes.report import sizes_for
+    from tfgraph.passes.train_walk import RECOMPUTE, loss_graph, train_peak
+
+    train = loss_graph(graph)
+    if train is None:
+        return {}
+    out = {}
+    for recompute in RECOMPUTE:
+        for fused in (False, True):
+            peak = train_peak(train, sizes_for(graph, 2, 32, 24), recompute, fused)
+            out[f"{key} train_peak {recompute} fused={fused}"] = repr(peak)
+    return out
+
+
 def snapshot(quick: bool) -> dict[str, str]:
     out: dict[str, str] = {}
     specs = sorted((ROOT / "specs").glob("*.yaml")) + sorted((ROOT / "benchmarks" / "specs").glob("*.yaml"))
@@ -65,6 +81,7 @@ def snapshot(quick: bool) -> dict[str, str]:
         for setting in settings:
             out[f"{key} report {sorted(setting.items())}"] = _report(graph, setting)
         if not quick:
+            out.update(_train_peaks(key, graph))
             out[f"{key} graph"] = json.dumps(graph_dict(graph), sort_keys=True)
             if graph.spec is not None and graph.spec.arch != "encoder-only":
                 loss = tfgraph.compile(path, loss=True)
