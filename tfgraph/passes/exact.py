@@ -1,12 +1,13 @@
-"""Exact evaluation of cost expressions without building sympy objects.
+"""Exact arithmetic on cost expressions without sympy's intermediate expressions.
 
-The figures are polynomials (sums of products of sizes, integer powers and rational
-coefficients). Evaluating one at sizes with ``expr.xreplace(sizes)``, or checking two equal
-with ``expand(a - b) == 0``, makes sympy build (and derive assumptions for) every
-intermediate expression, most of the time of a first report. Here an expression becomes a
-dict from exponent tuples to ``Fraction`` coefficients, with sizes substituted on the way.
-Anything else (``Min`` of a sliding window, a float, a fractional power) raises
-``NotPolynomial`` and the caller falls back to sympy, so every result is the one sympy gives.
+The figures are polynomials: sums of products of sizes, integer powers and rational
+coefficients. Evaluating one at sizes with ``expr.xreplace(sizes)``, checking two equal with
+``expand(a - b) == 0`` or expanding a difference makes sympy build (and derive assumptions
+for) every intermediate expression, most of the time of a first report. Here an expression
+becomes a dict from monomials to ``Fraction`` coefficients; the results are the ones sympy
+gives: the same integer, the same verdict, and, for ``expand``, sympy's canonical sum of the
+same terms. Anything else (``Min`` of a sliding window, a float, a fractional power) raises
+``NotPolynomial`` inside, and the caller's sympy operation runs instead.
 """
 
 from __future__ import annotations
@@ -16,66 +17,56 @@ from typing import Any
 
 import sympy
 
-Monomial = tuple[int, ...]
+Monomial = frozenset[tuple[Any, int]]
+"""A product of powers of symbols: its (symbol, exponent) pairs (empty: the constant 1)."""
 Polynomial = dict[Monomial, Fraction]
+"""{monomial: coefficient}, no zero coefficients."""
+
+ONE: Monomial = frozenset()
 
 
 class NotPolynomial(Exception):
-    """The expression is not a polynomial this module evaluates (see the module docstring)."""
+    """The expression is not a polynomial of this module (see the module docstring)."""
 
 
-def polynomial(expr: Any, values: dict[sympy.Symbol, int],
-               gens: tuple[sympy.Symbol, ...] = ()) -> Polynomial:
-    """``expr`` with ``values`` substituted, as {exponents of ``gens``: coefficient} (no zero
-    coefficients); NotPolynomial when a symbol is in neither or the form is unsupported."""
-    index = {g: k for k, g in enumerate(gens)}
-    return _poly(expr, values, index, (0,) * len(gens))
-
-
-def _poly(e: Any, values: dict[sympy.Symbol, int], index: dict[sympy.Symbol, int],
-          one: Monomial) -> Polynomial:
+def polynomial(e: Any) -> Polynomial:
+    """``e`` as a polynomial over all its symbols; NotPolynomial for anything but sums,
+    products, integer powers and rational numbers (a negative power only of a symbol)."""
     if not isinstance(e, sympy.Basic):
         if type(e) is int:
-            return {one: Fraction(e)} if e else {}
+            return {ONE: Fraction(e)} if e else {}
         raise NotPolynomial(e)
     if e.is_Rational:  # Integer included
-        return {one: Fraction(int(e.p), int(e.q))} if e.p else {}
+        return {ONE: Fraction(int(e.p), int(e.q))} if e.p else {}
     if e.is_Symbol:
-        if e in values:
-            v = values[e]
-            return {one: Fraction(v)} if v else {}
-        k = index.get(e)
-        if k is None:
-            raise NotPolynomial(e)
-        return {one[:k] + (1,) + one[k + 1:]: Fraction(1)}
+        return {frozenset([(e, 1)]): Fraction(1)}
     if e.is_Add:
         out: Polynomial = {}
         for arg in e.args:
-            _add_into(out, _poly(arg, values, index, one))
+            _add_into(out, polynomial(arg))
         return out
     if e.is_Mul:
-        prod: Polynomial = {one: Fraction(1)}
+        prod: Polynomial = {ONE: Fraction(1)}
         for arg in e.args:
-            prod = _mul(prod, _poly(arg, values, index, one))
+            prod = _mul(prod, polynomial(arg))
         return prod
     if e.is_Pow and e.exp.is_Integer:
-        base = _poly(e.base, values, index, one)
         n = int(e.exp)
+        if e.base.is_Symbol:
+            return {frozenset([(e.base, n)]): Fraction(1)}
         if n < 0:
-            if len(base) != 1:  # only a monomial has a polynomial inverse
-                raise NotPolynomial(e)
-            (mono, coef), = base.items()
-            base, n = {tuple(-x for x in mono): 1 / coef}, -n
-        out = {one: Fraction(1)}
+            raise NotPolynomial(e)
+        base = polynomial(e.base)
+        power: Polynomial = {ONE: Fraction(1)}
         for _ in range(n):
-            out = _mul(out, base)
-        return out
+            power = _mul(power, base)
+        return power
     raise NotPolynomial(e)
 
 
-def _add_into(out: Polynomial, p: Polynomial) -> None:
+def _add_into(out: Polynomial, p: Polynomial, sign: int = 1) -> None:
     for mono, coef in p.items():
-        total = out.get(mono, 0) + coef
+        total = out.get(mono, 0) + sign * coef
         if total:
             out[mono] = total
         else:
@@ -86,31 +77,65 @@ def _mul(a: Polynomial, b: Polynomial) -> Polynomial:
     out: Polynomial = {}
     for ma, ca in a.items():
         for mb, cb in b.items():
-            mono = tuple([x + y for x, y in zip(ma, mb)]) if ma else ma
-            total = out.get(mono, 0) + ca * cb
-            if total:
-                out[mono] = total
+            _add_into(out, {_mono_mul(ma, mb): ca * cb})
+    return out
+
+
+def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
+    if not a or not b:
+        return a or b
+    powers = dict(a)
+    for sym, n in b:
+        powers[sym] = powers.get(sym, 0) + n
+    return frozenset((s, n) for s, n in powers.items() if n)
+
+
+def substitute(p: Polynomial, values: dict[sympy.Symbol, int]) -> Polynomial:
+    """``p`` with the symbols in ``values`` replaced by their values."""
+    out: Polynomial = {}
+    for mono, coef in p.items():
+        rest = []
+        for sym, n in mono:
+            if sym in values:
+                coef = coef * Fraction(values[sym]) ** n
             else:
-                out.pop(mono, None)
+                rest.append((sym, n))
+        _add_into(out, {frozenset(rest): coef})
     return out
 
 
 def value(expr: Any, values: dict[sympy.Symbol, int]) -> int | None:
-    """The integer ``expr`` takes at ``values``; None when it is not a polynomial in them or
-    not an integer there (the caller asks sympy)."""
+    """``int(expr.xreplace(values))`` when that is an integer; None when ``expr`` is not a
+    polynomial, keeps a symbol outside ``values`` or is not an integer there (the caller asks
+    sympy, which gives the same error or truncation as before)."""
     try:
-        p = polynomial(expr, values)
-    except NotPolynomial:
+        p = substitute(polynomial(expr), values)
+    except (NotPolynomial, ZeroDivisionError):
         return None
-    v = p.get((), Fraction(0))
+    if any(p.keys() - {ONE}):
+        return None
+    v = p.get(ONE, Fraction(0))
     return int(v) if v.denominator == 1 else None
 
 
-def equal_at(expr: Any, values: dict[sympy.Symbol, int], other: Any,
-             gens: tuple[sympy.Symbol, ...]) -> bool | None:
-    """Whether ``expand(expr.xreplace(values) - other) == 0``, both polynomials in ``gens``
-    once ``values`` are substituted; None when either is not (the caller asks sympy)."""
+def equal_at(expr: Any, values: dict[sympy.Symbol, int], other: Any) -> bool | None:
+    """Whether ``expand(expr.xreplace(values) - other) == 0``; None when either is not a
+    polynomial (the caller asks sympy)."""
     try:
-        return polynomial(expr, values, gens) == polynomial(other, {}, gens)
-    except NotPolynomial:
+        return substitute(polynomial(expr), values) == polynomial(other)
+    except (NotPolynomial, ZeroDivisionError):
         return None
+
+
+def expand(expr: Any, minus: Any = None) -> Any:
+    """``sympy.expand(expr - minus)`` (``minus`` None: of ``expr``): for polynomials, the
+    terms summed again from their exact coefficients; anything else goes to sympy.expand."""
+    try:
+        terms = polynomial(expr)
+        if minus is not None:
+            _add_into(terms, polynomial(minus), -1)
+    except NotPolynomial:
+        return sympy.expand(expr if minus is None else expr - minus)
+    return sympy.Add(*(sympy.Mul(sympy.Rational(c.numerator, c.denominator),
+                                 *(s**n for s, n in mono))
+                       for mono, c in terms.items()))

@@ -242,8 +242,8 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
     figures: dict[str, sympy.Expr] = {}
     unverified = []
     for key in (k for k in (*FIGURES, *MOE_FIGURES) if k in numeric):
-        layer_terms = {sym: sympy.expand(two[key] - base[key]) for sym, two in per.items()}
-        rest = sympy.expand(base[key] - sympy.Add(*layer_terms.values()))
+        layer_terms = {sym: exact.expand(two[key], base[key]) for sym, two in per.items()}
+        rest = exact.expand(base[key], sympy.Add(*layer_terms.values()))
         expr = sympy.Add(*(sym * term for sym, term in layer_terms.items()), rest)
         if _mixed_windows(spec) and dense is None:
             expr = _by_window_kind(spec, key, values)
@@ -263,14 +263,12 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
 
 def _verified(expr: sympy.Expr, values: dict[sympy.Symbol, int], numeric: sympy.Expr) -> bool:
     """Whether ``expr`` at the spec's ``values`` is ``numeric``: ``expand(difference) == 0``,
-    compared as polynomials in B, S, T where both are (tfgraph.passes.exact)."""
-    same = exact.equal_at(expr, values, numeric, BST)
+    compared as exact polynomials where both are (tfgraph.passes.exact)."""
+    same = exact.equal_at(expr, values, numeric)
     if same is None:
         same = sympy.expand(expr.xreplace(values) - numeric) == 0
     return same
 
-
-BST = (SYMBOLS["B"], SYMBOLS["S"], SYMBOLS["T"])
 
 _SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 

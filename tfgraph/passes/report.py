@@ -117,7 +117,7 @@ def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[s
 
 
 def _fmt(expr: sympy.Expr) -> str:
-    return str(sympy.expand(expr))
+    return str(exact.expand(expr))
 
 
 def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
@@ -209,9 +209,10 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         components[key]["params"] = n
     spec = graph.spec
     static_bst, static_named = _static_formulas(graph)
-    train_formula = sympy.expand(train_expr)
+    train_formula = exact.expand(train_expr)
+    train_text = str(train_formula)  # printed once: both forms show it
     bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr),
-           "memory.train_activations_peak": str(train_formula),
+           "memory.train_activations_peak": train_text,
            "memory.train_step": _fmt(sym["memory"]["model_states"] + train_formula)}
     symbols = {"B": int(batch), "S": int(seq)}
     if spec is not None and spec.arch == "encoder-decoder":
@@ -222,7 +223,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     else:
         formulas = {**static_named,
                     "memory.activations_peak": str(named.peak(graph, peak, fused_attention)),
-                    "memory.train_activations_peak": str(train_formula),
+                    "memory.train_activations_peak": train_text,
                     "memory.train_step": str(named.figures["memory.model_states"]
                                              + train_formula)}
         symbols.update(named.used_values())
