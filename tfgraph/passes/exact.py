@@ -36,6 +36,10 @@ def polynomial(e: Any) -> Polynomial:
         if type(e) is int:
             return {ONE: Fraction(e)} if e else {}
         raise NotPolynomial(e)
+    return _polynomial(e)
+
+
+def _polynomial(e: sympy.Basic) -> Polynomial:
     if e.is_Rational:  # Integer included
         return {ONE: Fraction(int(e.p), int(e.q))} if e.p else {}
     if e.is_Symbol:
@@ -74,10 +78,18 @@ def _add_into(out: Polynomial, p: Polynomial, sign: int = 1) -> None:
 
 
 def _mul(a: Polynomial, b: Polynomial) -> Polynomial:
+    if len(a) == 1 and ONE in a:  # a number times b: the common case of a product's start
+        c = a[ONE]
+        return {mono: c * coef for mono, coef in b.items()}
     out: Polynomial = {}
     for ma, ca in a.items():
         for mb, cb in b.items():
-            _add_into(out, {_mono_mul(ma, mb): ca * cb})
+            mono = _mono_mul(ma, mb)
+            total = out.get(mono, 0) + ca * cb
+            if total:
+                out[mono] = total
+            else:
+                out.pop(mono, None)
     return out
 
 
