@@ -71,10 +71,11 @@ def op_costs(graph: Graph) -> list[OpCost]:
     append = costs.append
     for node in graph.ops():
         inputs = node.inputs
-        srcs = tuple(table[i] for i in inputs)
+        srcs = tuple([table[i] for i in inputs])
         cached = node.__dict__.get("_opcost")
-        if cached is not None and len(cached[0]) == len(srcs) \
-                and all(a is b for a, b in zip(cached[0], srcs)):
+        # the same operand nodes (a tuple compares items by identity first; operands equal
+        # field by field would give the same costs too)
+        if cached is not None and cached[0] == srcs:
             append(cached[1])
             continue
         # attributes in the dict's order, with their types (1, 1.0 and True are equal values):
