@@ -55,3 +55,27 @@ def test_equal_at_is_the_verdict_of_expanding_the_difference() -> None:
     assert exact.equal_at(CASES[0], values, numeric) is True
     assert exact.equal_at(CASES[0], values, numeric + B) is False
     assert exact.equal_at(sympy.Min(T, D) * B, values, B * T) is None
+
+
+def test_text_is_sympys_printing() -> None:
+    import random
+
+    rng = random.Random(7)
+    symbols = [B, S, T, D, H, sympy.Symbol("x"), sympy.Symbol("L_enc", positive=True)]
+    L = sympy.Symbol("L", positive=True, integer=True)
+
+    def poly(k: int) -> sympy.Expr:
+        out = sympy.Integer(0)
+        for _ in range(k):
+            term = sympy.Rational(rng.choice([1, -1]) * rng.randint(1, 40), rng.choice([1, 2, 3]))
+            for s in rng.sample(symbols, rng.randint(0, 3)):
+                term *= s ** rng.choice([1, 2, 3, -1, -2])
+            out += term
+        return out
+
+    cases = [*CASES, B, -B, B**2, 2 / B, 3 - 2 * D, 3 - 2 * D * H, -D / 2, 1 - B, 7,
+             sympy.Min(T, 4) * B, 0.5 * B, L * (24 * B * S * D**2 + 4 * B * S**2 * D) + 2 * B * S * D]
+    cases += [poly(rng.randint(1, 6)) for _ in range(400)]
+    cases += [rng.choice([1, 2, -3]) * L * poly(3) + poly(rng.randint(0, 3)) for _ in range(200)]
+    for expr in cases:
+        assert exact.text(expr) == str(expr)

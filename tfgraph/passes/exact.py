@@ -151,3 +151,126 @@ def expand(expr: Any, minus: Any = None) -> Any:
     return sympy.Add(*(sympy.Mul(sympy.Rational(c.numerator, c.denominator),
                                  *(s**n for s, n in mono))
                        for mono, c in terms.items()))
+
+
+def text(expr: Any) -> str:
+    """``str(expr)``: sympy's printing of a sum of monomials in symbols (integer powers,
+    rational coefficients; a term may have one sum of such monomials as a factor, the
+    ``L*(...)`` of the formulas), written directly without the printer's term ordering
+    machinery and the assumptions it asks of every term; anything else is printed by
+    sympy."""
+    out = _sum_text(expr)
+    return str(expr) if out is None else out
+
+
+Factor = tuple[tuple[int, str], int, Any]
+"""One factor of a monomial: its sort key ((0, name) for a symbol, (1, "") for a sum, which
+sympy orders after every symbol), its exponent and the symbol or the sum."""
+Term = tuple[Fraction, list[Factor]]
+"""A monomial as printed: its coefficient and factors in sympy's order."""
+
+
+def _sum_text(expr: Any) -> str | None:
+    terms = list(expr.args) if isinstance(expr, sympy.Basic) and expr.is_Add else [expr]
+    parsed = [_term(t) for t in terms]
+    if any(p is None for p in parsed):
+        return None
+    if len(parsed) == 1:
+        return _term_text(parsed[0])  # type: ignore[arg-type]
+    ordered = _ordered(terms, parsed)  # type: ignore[arg-type]
+    if ordered is None:
+        return None
+    out = []
+    for term in ordered:
+        t = _term_text(term)
+        if t is None:
+            return None
+        sign = "+"
+        if t.startswith("-"):
+            sign, t = "-", t[1:]
+        out.extend([sign, t])
+    first = out.pop(0)
+    return ("" if first == "+" else first) + " ".join(out)
+
+
+def _term(t: Any) -> Term | None:
+    """``t`` as a coefficient and factors, or None where ``text`` leaves it to sympy."""
+    if not isinstance(t, sympy.Basic):
+        return None
+    if t.is_Rational:
+        return Fraction(int(t.p), int(t.q)), []
+    args = t.args if t.is_Mul else (t,)
+    coef = Fraction(1)
+    factors: list[Factor] = []
+    for k, a in enumerate(args):
+        if a.is_Rational and k == 0 and t.is_Mul:
+            coef = Fraction(int(a.p), int(a.q))
+        elif a.is_Symbol:
+            factors.append(((0, a.name), 1, a))
+        elif a.is_Pow and a.base.is_Symbol and a.exp.is_Integer and (t.is_Mul or a.exp > 0):
+            factors.append(((0, a.base.name), int(a.exp), a.base))
+        elif a.is_Add and t.is_Mul:
+            factors.append(((1, ""), 1, a))
+        else:
+            return None
+    keys = [f[0] for f in factors]
+    if len(set(keys)) != len(keys):  # two sums, or two symbols of one name
+        return None
+    factors.sort(key=lambda f: f[0])
+    return coef, factors
+
+
+def _term_text(term: Term) -> str | None:
+    """sympy's ``_print_Mul`` (``_print_Symbol``, ``_print_Pow``, ``_print_Rational``) of one
+    monomial: the sign, the numerator's factors, then ``/d`` or ``/(d1*d2)``."""
+    coef, factors = term
+    if not factors:
+        return str(coef.numerator) if coef.denominator == 1 else \
+            f"{coef.numerator}/{coef.denominator}"
+    sign = "-" if coef < 0 else ""
+    coef = abs(coef)
+    num = [str(coef.numerator)] if coef.numerator != 1 else []
+    den = [str(coef.denominator)] if coef.denominator != 1 else []
+    for (kind, name), n, what in factors:
+        if kind:  # a sum, in parentheses
+            inner = _sum_text(what)
+            if inner is None:
+                return None
+            num.append(f"({inner})")
+        else:
+            (num if n > 0 else den).append(name if abs(n) == 1 else f"{name}**{abs(n)}")
+    head = sign + "*".join(num or ["1"])
+    if not den:
+        return head
+    return head + ("/" + den[0] if len(den) == 1 else f"/({'*'.join(den)})")
+
+
+def _ordered(terms: list[Any], parsed: list[Term]) -> list[Term] | None:
+    """The terms in sympy's ``as_ordered_terms`` order: lexicographic by exponents over the
+    symbols sorted by name (then the one sum some terms multiply), higher first (a
+    constant after every positive power); a positive number before a negative multiple of
+    one symbol-product ("3 - 2*x"). None for terms with different sums as factors."""
+    if len(parsed) == 2:
+        number = [p for p in parsed if not p[1]]
+        other = [p for p in parsed if p[1]]
+        if len(number) == 1 and number[0][0] > 0 and other and other[0][0] < 0 \
+                and _mul_of_two(terms[parsed.index(other[0])]):
+            return [number[0], other[0]]
+    sums = {what for _, factors in parsed for (kind, _), _, what in factors if kind}
+    if len(sums) > 1:  # sympy orders sums by their own sort keys: left to it
+        return None
+    gens = sorted({key for _, factors in parsed for key, _, _ in factors})
+    index = {g: k for k, g in enumerate(gens)}
+
+    def key(term: Term) -> tuple[int, ...]:
+        monom = [0] * len(gens)
+        for g, n, _ in term[1]:
+            monom[index[g]] = n
+        return tuple(-m for m in monom)
+
+    return sorted(parsed, key=key)
+
+
+def _mul_of_two(t: Any) -> bool:
+    """A Mul of a number and one other factor (sympy's special case of ``3 - 2*x``)."""
+    return bool(t.is_Mul and len(t.args) == 2 and t.args[0].is_Number)

@@ -117,7 +117,7 @@ def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[s
 
 
 def _fmt(expr: sympy.Expr) -> str:
-    return str(exact.expand(expr))
+    return exact.text(exact.expand(expr))
 
 
 def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
@@ -132,7 +132,7 @@ def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
         if "params_active" in sym:
             bst["params_active"] = _fmt(sym["params_active"])
         named = spec_formulas(graph)
-        text = {} if named is None else {k: str(v) for k, v in named.figures.items()}
+        text = {} if named is None else {k: exact.text(v) for k, v in named.figures.items()}
         return bst, text
 
     return graph.memo("formula_text", compute)
@@ -210,7 +210,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     spec = graph.spec
     static_bst, static_named = _static_formulas(graph)
     train_formula = exact.expand(train_expr)
-    train_text = str(train_formula)  # printed once: both forms show it
+    train_text = exact.text(train_formula)  # printed once: both forms show it
     bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr),
            "memory.train_activations_peak": train_text,
            "memory.train_step": _fmt(sym["memory"]["model_states"] + train_formula)}
@@ -222,10 +222,10 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         formulas = dict(bst)
     else:
         formulas = {**static_named,
-                    "memory.activations_peak": str(named.peak(graph, peak, fused_attention)),
+                    "memory.activations_peak": exact.text(named.peak(graph, peak, fused_attention)),
                     "memory.train_activations_peak": train_text,
-                    "memory.train_step": str(named.figures["memory.model_states"]
-                                             + train_formula)}
+                    "memory.train_step": exact.text(named.figures["memory.model_states"]
+                                                    + train_formula)}
         symbols.update(named.used_values())
     formulas = {k: formulas[k] for k in sorted(formulas, key=_FORMULA_ORDER.index)}
     bst = {k: bst[k] for k in formulas}
