@@ -79,3 +79,5 @@ def test_text_is_sympys_printing() -> None:
     cases += [rng.choice([1, 2, -3]) * L * poly(3) + poly(rng.randint(0, 3)) for _ in range(200)]
     for expr in cases:
         assert exact.text(expr) == str(expr)
+    for expr in cases[:60]:
+        assert exact.expanded_text(expr * (B + 2)) == str(sympy.expand(expr * (B + 2)))

@@ -170,14 +170,36 @@ Term = tuple[Fraction, list[Factor]]
 """A monomial as printed: its coefficient and factors in sympy's order."""
 
 
+def expanded_text(expr: Any) -> str:
+    """``str(sympy.expand(expr))``, printed straight from the polynomial (no sympy sum is
+    built); sympy for anything else."""
+    try:
+        p = polynomial(expr)
+    except NotPolynomial:
+        return text(sympy.expand(expr))
+    terms: list[Term] = []
+    for mono, coef in p.items():
+        factors = sorted((((0, sym.name), n, sym) for sym, n in mono), key=lambda f: f[0])
+        if len({f[0] for f in factors}) != len(factors):  # two symbols of one name
+            return text(sympy.expand(expr))
+        terms.append((coef, factors))
+    out = _terms_text(terms) if terms else "0"
+    return str(sympy.expand(expr)) if out is None else out
+
+
 def _sum_text(expr: Any) -> str | None:
     terms = list(expr.args) if isinstance(expr, sympy.Basic) and expr.is_Add else [expr]
     parsed = [_term(t) for t in terms]
     if any(p is None for p in parsed):
         return None
+    return _terms_text(parsed)  # type: ignore[arg-type]
+
+
+def _terms_text(parsed: list[Term]) -> str | None:
+    """sympy's ``_print_Add`` of the terms (one term: the term's own printing)."""
     if len(parsed) == 1:
-        return _term_text(parsed[0])  # type: ignore[arg-type]
-    ordered = _ordered(terms, parsed)  # type: ignore[arg-type]
+        return _term_text(parsed[0])
+    ordered = _ordered(parsed)
     if ordered is None:
         return None
     out = []
@@ -245,16 +267,17 @@ def _term_text(term: Term) -> str | None:
     return head + ("/" + den[0] if len(den) == 1 else f"/({'*'.join(den)})")
 
 
-def _ordered(terms: list[Any], parsed: list[Term]) -> list[Term] | None:
+def _ordered(parsed: list[Term]) -> list[Term] | None:
     """The terms in sympy's ``as_ordered_terms`` order: lexicographic by exponents over the
     symbols sorted by name (then the one sum some terms multiply), higher first (a
-    constant after every positive power); a positive number before a negative multiple of
-    one symbol-product ("3 - 2*x"). None for terms with different sums as factors."""
+    constant after every positive power); a positive number before a negative number times
+    one factor ("3 - 2*x": sympy's special case of a number and a Mul of two). None for
+    terms with different sums as factors."""
     if len(parsed) == 2:
         number = [p for p in parsed if not p[1]]
         other = [p for p in parsed if p[1]]
         if len(number) == 1 and number[0][0] > 0 and other and other[0][0] < 0 \
-                and _mul_of_two(terms[parsed.index(other[0])]):
+                and len(other[0][1]) == 1:
             return [number[0], other[0]]
     sums = {what for _, factors in parsed for (kind, _), _, what in factors if kind}
     if len(sums) > 1:  # sympy orders sums by their own sort keys: left to it
@@ -269,8 +292,3 @@ def _ordered(terms: list[Any], parsed: list[Term]) -> list[Term] | None:
         return tuple(-m for m in monom)
 
     return sorted(parsed, key=key)
-
-
-def _mul_of_two(t: Any) -> bool:
-    """A Mul of a number and one other factor (sympy's special case of ``3 - 2*x``)."""
-    return bool(t.is_Mul and len(t.args) == 2 and t.args[0].is_Number)

@@ -117,7 +117,7 @@ def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[s
 
 
 def _fmt(expr: sympy.Expr) -> str:
-    return exact.text(exact.expand(expr))
+    return exact.expanded_text(expr)
 
 
 def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
