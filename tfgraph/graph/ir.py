@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 import networkx as nx
@@ -40,6 +39,7 @@ from tfgraph.graph.tensor import (  # noqa: F401 (re-exported: the IR's types)
     Shape,
     TensorType,
     as_dim,
+    cached_attribute,
 )
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class Node:
         """The op's category from the op table ("param" and "input" for those nodes)."""
         return OPS[self.op].category if self.op in OPS else self.op
 
-    @cached_property
+    @cached_attribute
     def component(self) -> str:
         """Cost roll-up row: "decoder.layers.3" for anything in a layer, else the scope
         ("embed", "decoder.embed", "decoder.norm", "head"). Computed once per node (nodes are
