@@ -554,20 +554,20 @@ class Graph:
         for out in self.outputs:
             if out not in self._nodes:
                 raise LoweringError(f"output {out!r} is not a node")
-        read = {src for n in self._nodes.values() for src in n.inputs}
-        dead = [n.name for n in self.nodes() if n.name not in read
-                and n.name not in self.outputs]
+        read = {src for n in nodes for src in n.inputs}
+        dead = [n.name for n in nodes if n.name not in read and n.name not in self.outputs]
         if dead:
             raise LoweringError(f"nodes computed but never used: {dead[:5]}")
         seen: dict[tuple[Any, ...], str] = {}
-        for node in self.nodes():
-            if not node.meta.role:
+        modules = self.modules
+        for node in nodes:
+            m = node.meta
+            if not m.role:
                 continue
-            other = seen.setdefault(node.meta.key, node.name)
+            # m.key, spelled out: this loop reads every node of every graph linted
+            other = seen.setdefault((m.part, m.stack, m.layer, m.sublayer, m.role), node.name)
             if other != node.name:
                 raise LoweringError(f"{node.name}: same metadata as {other} ({node.meta})")
-            module = node.meta.module
-            if not node.is_param and self.modules and module not in self.modules \
-                    and node.op != "input":
-                raise LoweringError(f"{node.name}: module {module!r} was never declared")
+            if modules and m.module not in modules and node.op not in ("param", "input"):
+                raise LoweringError(f"{node.name}: module {m.module!r} was never declared")
         self._linted = len(nodes)
