@@ -42,7 +42,18 @@ class OpCost:
 def total(exprs: Iterable[sympy.Expr]) -> sympy.Expr:
     """Sum of many expressions, most of them repeated (every layer has the same ops): identical
     terms are counted first, so sympy flattens one term per distinct cost, not one per node."""
-    counts = Counter(exprs)
+    # counted by object first: the layers' nodes share their cost expressions (op_costs'
+    # memo), and an identity look-up is much cheaper than hashing a sympy expression
+    by_object: dict[int, list[Any]] = {}
+    for e in exprs:
+        seen = by_object.get(id(e))
+        if seen is None:
+            by_object[id(e)] = [e, 1]  # holds e: its id is not reused meanwhile
+        else:
+            seen[1] += 1
+    counts: Counter[Any] = Counter()
+    for e, n in by_object.values():
+        counts[e] += n
     return sympy.Add(*(n * e for e, n in counts.items()))
 
 
