@@ -151,15 +151,21 @@ def train_activations(graph: Graph, sym: dict[str, Any], sizes: dict[sympy.Symbo
     return peak.bytes, peak.expr, f"{peak.node} ({peak.phase})"
 
 
-def _component_layers(graph: Graph) -> dict[str, dict[str, Any]]:
-    """Where each component row sits: ``{"stack": "decoder", "layer": 3}`` for a layer,
-    ``layer`` None for the rest (``stack`` None outside stacks: the shared table, the head).
-    Displays fold runs of identical layers with it instead of parsing component names."""
-    out: dict[str, dict[str, Any]] = {}
+def _components(graph: Graph) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]:
+    """The component rows (zeroed) in order of first appearance (the token table, read by the
+    first embedding, comes first; layers are separate rows, a display may fold identical
+    ones), and where each sits: ``{"stack": "decoder", "layer": 3}`` for a layer, ``layer``
+    None for the rest (``stack`` None outside stacks: the shared table, the head). Displays
+    fold runs of identical layers with it instead of parsing component names."""
+    rows: dict[str, dict[str, int]] = {}
+    places: dict[str, dict[str, Any]] = {}
     for n in graph.nodes():
         if n.op != "input":
-            out.setdefault(n.component, {"stack": n.meta.stack, "layer": n.meta.layer})
-    return out
+            key = n.component
+            if key not in rows:
+                rows[key] = {"params": 0, "flops_matmul": 0, "flops_other": 0}
+                places[key] = {"stack": n.meta.stack, "layer": n.meta.layer}
+    return rows, places
 
 
 def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
@@ -182,12 +188,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     train_bytes, train_expr, train_at = train_activations(graph, sym, sizes, fused_attention)
     memory["train_activations_peak"] = train_bytes
     memory["train_step"] = memory["model_states"] + train_bytes
-    # Components in order of first appearance (the token table, read by the first embedding,
-    # comes first); layers are separate rows, a display may fold identical ones.
-    components: dict[str, dict[str, int]] = {
-        n.component: {"params": 0, "flops_matmul": 0, "flops_other": 0}
-        for n in graph.nodes() if n.op != "input"}
-    component_layers = _component_layers(graph)
+    components, component_layers = _components(graph)
     values: dict[sympy.Expr, int] = {}  # every layer repeats the same few costs
     by_id: dict[int, tuple[sympy.Expr, int]] = {}  # ... as the same objects (cost memo)
 
