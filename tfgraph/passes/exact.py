@@ -4,7 +4,7 @@ The figures are polynomials: sums of products of sizes, integer powers and ratio
 coefficients. Evaluating one at sizes with ``expr.xreplace(sizes)``, checking two equal with
 ``expand(a - b) == 0`` or expanding a difference makes sympy build (and derive assumptions
 for) every intermediate expression, most of the time of a first report. Here an expression
-becomes a dict from monomials to ``Fraction`` coefficients; the results are the ones sympy
+becomes a dict from monomials to exact coefficients (ints, or ``Fraction``); the results are the ones sympy
 gives: the same integer, the same verdict, and, for ``expand``, sympy's canonical sum of the
 same terms. Anything else (``Min`` of a sliding window, a float, a fractional power) raises
 ``NotPolynomial`` inside, and the caller's sympy operation runs instead.
@@ -19,7 +19,9 @@ import sympy
 
 Monomial = frozenset[tuple[Any, int]]
 """A product of powers of symbols: its (symbol, exponent) pairs (empty: the constant 1)."""
-Polynomial = dict[Monomial, Fraction]
+Coefficient = int | Fraction
+"""An int where the coefficient is one (Fraction arithmetic is many times slower)."""
+Polynomial = dict[Monomial, Coefficient]
 """{monomial: coefficient}, no zero coefficients."""
 
 ONE: Monomial = frozenset()
@@ -34,38 +36,43 @@ def polynomial(e: Any) -> Polynomial:
     products, integer powers and rational numbers (a negative power only of a symbol)."""
     if not isinstance(e, sympy.Basic):
         if type(e) is int:
-            return {ONE: Fraction(e)} if e else {}
+            return {ONE: e} if e else {}
         raise NotPolynomial(e)
     return _polynomial(e)
 
 
 def _polynomial(e: sympy.Basic) -> Polynomial:
     if e.is_Rational:  # Integer included
-        return {ONE: Fraction(int(e.p), int(e.q))} if e.p else {}
+        return {ONE: _number(e)} if e.p else {}
     if e.is_Symbol:
-        return {frozenset([(e, 1)]): Fraction(1)}
+        return {frozenset([(e, 1)]): 1}
     if e.is_Add:
         out: Polynomial = {}
         for arg in e.args:
             _add_into(out, polynomial(arg))
         return out
     if e.is_Mul:
-        prod: Polynomial = {ONE: Fraction(1)}
+        prod: Polynomial = {ONE: 1}
         for arg in e.args:
             prod = _mul(prod, polynomial(arg))
         return prod
     if e.is_Pow and e.exp.is_Integer:
         n = int(e.exp)
         if e.base.is_Symbol:
-            return {frozenset([(e.base, n)]): Fraction(1)}
+            return {frozenset([(e.base, n)]): 1}
         if n < 0:
             raise NotPolynomial(e)
         base = polynomial(e.base)
-        power: Polynomial = {ONE: Fraction(1)}
+        power: Polynomial = {ONE: 1}
         for _ in range(n):
             power = _mul(power, base)
         return power
     raise NotPolynomial(e)
+
+
+def _number(e: sympy.Rational) -> Coefficient:
+    p, q = int(e.p), int(e.q)
+    return p if q == 1 else Fraction(p, q)
 
 
 def _add_into(out: Polynomial, p: Polynomial, sign: int = 1) -> None:
@@ -109,7 +116,8 @@ def substitute(p: Polynomial, values: dict[sympy.Symbol, int]) -> Polynomial:
         rest = []
         for sym, n in mono:
             if sym in values:
-                coef = coef * Fraction(values[sym]) ** n
+                v = values[sym]
+                coef = coef * v**n if n > 0 else coef / Fraction(v) ** -n
             else:
                 rest.append((sym, n))
         _add_into(out, {frozenset(rest): coef})
@@ -126,7 +134,7 @@ def value(expr: Any, values: dict[sympy.Symbol, int]) -> int | None:
         return None
     if any(p.keys() - {ONE}):
         return None
-    v = p.get(ONE, Fraction(0))
+    v = p.get(ONE, 0)
     return int(v) if v.denominator == 1 else None
 
 
@@ -166,7 +174,7 @@ def text(expr: Any) -> str:
 Factor = tuple[tuple[int, str], int, Any]
 """One factor of a monomial: its sort key ((0, name) for a symbol, (1, "") for a sum, which
 sympy orders after every symbol), its exponent and the symbol or the sum."""
-Term = tuple[Fraction, list[Factor]]
+Term = tuple[Coefficient, list[Factor]]
 """A monomial as printed: its coefficient and factors in sympy's order."""
 
 
@@ -220,13 +228,13 @@ def _term(t: Any) -> Term | None:
     if not isinstance(t, sympy.Basic):
         return None
     if t.is_Rational:
-        return Fraction(int(t.p), int(t.q)), []
+        return _number(t), []
     args = t.args if t.is_Mul else (t,)
-    coef = Fraction(1)
+    coef: Coefficient = 1
     factors: list[Factor] = []
     for k, a in enumerate(args):
         if a.is_Rational and k == 0 and t.is_Mul:
-            coef = Fraction(int(a.p), int(a.q))
+            coef = _number(a)
         elif a.is_Symbol:
             factors.append(((0, a.name), 1, a))
         elif a.is_Pow and a.base.is_Symbol and a.exp.is_Integer and (t.is_Mul or a.exp > 0):
@@ -250,9 +258,9 @@ def _term_text(term: Term) -> str | None:
         return str(coef.numerator) if coef.denominator == 1 else \
             f"{coef.numerator}/{coef.denominator}"
     sign = "-" if coef < 0 else ""
-    coef = abs(coef)
-    num = [str(coef.numerator)] if coef.numerator != 1 else []
-    den = [str(coef.denominator)] if coef.denominator != 1 else []
+    top, bottom = abs(coef.numerator), coef.denominator
+    num = [str(top)] if top != 1 else []
+    den = [str(bottom)] if bottom != 1 else []
     for (kind, name), n, what in factors:
         if kind:  # a sum, in parentheses
             inner = _sum_text(what)
