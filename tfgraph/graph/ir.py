@@ -507,12 +507,15 @@ class Graph:
 
     # ---- checking ---------------------------------------------------------------------
 
-    def lint(self) -> None:
+    def lint(self, recheck_added: bool = True) -> None:
         """Check structural invariants; raise LoweringError naming the first bad node.
 
         The networkx graph is checked against the operand lists only once something has built
         it (``_g``): until then the operand lists are the edges, and acyclic, since a node's
-        inputs exist before it is added."""
+        inputs exist before it is added. ``recheck_added`` False skips what ``add`` checked
+        of each node as it was added (its attributes, its type from the shape rule), for a
+        graph nothing can have changed since (``tfgraph.compile`` lints what lowering has
+        just built)."""
         in_edges: dict[str, list[tuple[int, str]]] | None = None
         if self._nx is not None:
             if set(self._nx.nodes) != set(self._nodes):
@@ -543,6 +546,8 @@ class Graph:
                 raise LoweringError(
                     f"{node.name}: {node.op} takes {lo}..{hi} inputs, got {len(node.inputs)}"
                 )
+            if not recheck_added:
+                continue
             akey = _checked_attrs(node.name, node.op, node.attrs)
             try:
                 again = infer(node.op, [self._nodes[i].type for i in node.inputs], node.attrs,
