@@ -5,9 +5,11 @@ them byte-identical (issue 23, item 6).
 
 For every spec in specs/ and benchmarks/specs/: ``graph.report(...)`` as
 ``json.dumps(report, sort_keys=True)`` at batch/seq 1/128, 2/64 with fused attention, 3/2048,
-5/33 and the default length (an encoder-decoder also at a separate target length; a refused length
-records its refusal message), the graph's JSON form (every node's cost strings), the same for
-the loss graph, and ``tfgraph plan --json`` of a few specs. Compare two snapshots with ``cmp``.
+5/33 and the default length (an encoder-decoder also at separate target lengths; a refused
+length records its refusal message); then, without ``--quick``, the training step's peak under
+every recompute choice, the graph's JSON form (every node's cost strings) and the loss graph's,
+``tfgraph plan --json`` of a few specs and ``tfgraph report``'s text of a few. Compare two
+snapshots with ``cmp``; run it against another checkout with ``PYTHONPATH=that/checkout``.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def _train_peaks(key: str, graph: Any) -> dict[str, str]:
 
 def snapshot(quick: bool) -> dict[str, str]:
     out: dict[str, str] = {}
-    specs = sorted((ROOT / "specs").glob("*.yaml")) + sorted((ROOT / "benchmarks" / "specs").glob("*.yaml"))
+    specs = [*sorted((ROOT / "specs").glob("*.yaml")),
+             *sorted((ROOT / "benchmarks" / "specs").glob("*.yaml"))]
     for path in specs:
         key = f"{path.parent.name}/{path.name}"
         graph = tfgraph.compile(path)

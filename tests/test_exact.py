@@ -74,7 +74,8 @@ def test_text_is_sympys_printing() -> None:
         return out
 
     cases = [*CASES, B, -B, B**2, 2 / B, 3 - 2 * D, 3 - 2 * D * H, -D / 2, 1 - B, 7,
-             sympy.Min(T, 4) * B, 0.5 * B, L * (24 * B * S * D**2 + 4 * B * S**2 * D) + 2 * B * S * D]
+             sympy.Min(T, 4) * B, 0.5 * B,
+             L * (24 * B * S * D**2 + 4 * B * S**2 * D) + 2 * B * S * D]
     cases += [poly(rng.randint(1, 6)) for _ in range(400)]
     cases += [rng.choice([1, 2, -3]) * L * poly(3) + poly(rng.randint(0, 3)) for _ in range(200)]
     for expr in cases:

@@ -4,10 +4,11 @@ The figures are polynomials: sums of products of sizes, integer powers and ratio
 coefficients. Evaluating one at sizes with ``expr.xreplace(sizes)``, checking two equal with
 ``expand(a - b) == 0`` or expanding a difference makes sympy build (and derive assumptions
 for) every intermediate expression, most of the time of a first report. Here an expression
-becomes a dict from monomials to exact coefficients (ints, or ``Fraction``); the results are the ones sympy
-gives: the same integer, the same verdict, and, for ``expand``, sympy's canonical sum of the
-same terms. Anything else (``Min`` of a sliding window, a float, a fractional power) raises
-``NotPolynomial`` inside, and the caller's sympy operation runs instead.
+becomes a dict from monomials to exact coefficients (ints, or ``Fraction``); the results are
+the ones sympy gives: the same integer, the same verdict, and, for ``expand`` and ``text``,
+sympy's canonical sum of the same terms and its printing. Anything else (``Min`` of a
+sliding window, a float, a fractional power) raises ``NotPolynomial`` inside, and the caller's
+sympy operation runs instead.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def value(expr: Any, values: dict[sympy.Symbol, int]) -> int | None:
         p = substitute(polynomial(expr), values)
     except (NotPolynomial, ZeroDivisionError):
         return None
-    if any(p.keys() - {ONE}):
+    if p.keys() - {ONE}:  # a symbol without a value
         return None
     v = p.get(ONE, 0)
     return int(v) if v.denominator == 1 else None
