@@ -165,7 +165,7 @@ def main() -> int:
         print(f"cost model (CPU time, {low} -> {high} layers): {1000 * per_layer:.2f} ms per "
               f"layer + {1000 * fixed:.0f} ms per compile + report whatever the depth")
     print("  (the fixed part is mostly sympy: the formulas in the spec's symbols, the first "
-          "evaluation of each cost rule, printing)")
+          "evaluation of each cost rule)")
     left = GOAL_SECONDS - per_layer * GOAL_LAYERS
     print(f"  {GOAL_LAYERS} layers: {1000 * per_layer * GOAL_LAYERS:.0f} ms of per-layer work, "
           + (f"which leaves {1000 * left:.0f} ms of the {GOAL_SECONDS} s goal for the fixed part"

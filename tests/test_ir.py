@@ -88,6 +88,21 @@ def test_lint_catches_wrong_arity():
         g.lint()
 
 
+def test_lint_of_a_freshly_lowered_graph_still_checks_its_structure():
+    # tfgraph.compile skips what add checked of each node (attributes, inferred type), not
+    # what add does not check: arity here
+    g = tiny_mlp()
+    g.add("relu", ["up", "act"], name="two_args", scope="ffn")
+    g.set_output("two_args")
+    with pytest.raises(LoweringError, match=r"two_args: relu takes 1\.\.1 inputs, got 2"):
+        g.lint(recheck_added=False)
+    g = tiny_mlp()
+    g.node("act").type = TensorType((B, S, sympy.Integer(7)), "float32")  # after add
+    g.lint(recheck_added=False)  # what add checked is not checked again ...
+    with pytest.raises(LoweringError, match=r"^act: stored type"):
+        g.lint()  # ... unless asked for
+
+
 def test_lint_catches_a_stored_shape_that_disagrees_with_the_rule():
     g = tiny_mlp()
     g.node("act").type = TensorType((B, S, sympy.Integer(7)), "float32")  # corrupted in place

@@ -77,8 +77,8 @@ def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
         spec = load_spec(spec)
     with gc_paused():
         graph = lower(spec, None, CompiledGraph, cache, part, loss)
-        if lint:
-            graph.lint()
+        if lint:  # add checked each node's attributes and type as lowering added it
+            graph.lint(recheck_added=False)
     return graph
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 import networkx as nx
@@ -40,6 +39,7 @@ from tfgraph.graph.tensor import (  # noqa: F401 (re-exported: the IR's types)
     Shape,
     TensorType,
     as_dim,
+    cached_attribute,
 )
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class Node:
         """The op's category from the op table ("param" and "input" for those nodes)."""
         return OPS[self.op].category if self.op in OPS else self.op
 
-    @cached_property
+    @cached_attribute
     def component(self) -> str:
         """Cost roll-up row: "decoder.layers.3" for anything in a layer, else the scope
         ("embed", "decoder.embed", "decoder.norm", "head"). Computed once per node (nodes are
@@ -356,6 +356,11 @@ class Graph:
         self._order: list[Node] | None = None
         self._ops: list[Node] | None = None  # the op nodes of ``_order``
         self._memo: dict[str, Any] = {}
+        self._linted = 0
+        """Leading nodes the last successful ``lint`` checked one by one (0: none)."""
+        self._checked_upto = 0
+        """Leading nodes a copy need not check one by one again: those its source's lint
+        checked (nodes are shared and never changed once added); only ``copy`` sets it."""
 
     def copy(self: GraphT) -> GraphT:
         """A new graph of the same class with the same nodes, modules, sizes, inputs and
@@ -366,6 +371,7 @@ class Graph:
         out._nodes = dict(self._nodes)
         out.inputs = list(self.inputs)
         out.outputs = list(self.outputs)
+        out._checked_upto = self._linted
         return out
 
     @property
@@ -501,12 +507,15 @@ class Graph:
 
     # ---- checking ---------------------------------------------------------------------
 
-    def lint(self) -> None:
+    def lint(self, recheck_added: bool = True) -> None:
         """Check structural invariants; raise LoweringError naming the first bad node.
 
         The networkx graph is checked against the operand lists only once something has built
         it (``_g``): until then the operand lists are the edges, and acyclic, since a node's
-        inputs exist before it is added."""
+        inputs exist before it is added. ``recheck_added`` False skips what ``add`` checked
+        of each node as it was added (its attributes, its type from the shape rule), for a
+        graph nothing can have changed since (``tfgraph.compile`` lints what lowering has
+        just built)."""
         in_edges: dict[str, list[tuple[int, str]]] | None = None
         if self._nx is not None:
             if set(self._nx.nodes) != set(self._nodes):
@@ -519,7 +528,11 @@ class Graph:
             if backward and not nx.is_directed_acyclic_graph(self._nx):
                 cycle = nx.find_cycle(self._nx)
                 raise LoweringError(f"graph has a cycle through {cycle[0][0]}")
-        for node in self.nodes():
+        nodes = self.nodes()
+        # a copy of a linted graph (the loss graph: the inference graph plus its loss) checks
+        # only the nodes added since, one by one; the whole-graph checks below see them all
+        skip = self._checked_upto if in_edges is None else 0
+        for node in nodes[skip:] if skip else nodes:
             if in_edges is not None and tuple(
                     src for _, src in sorted(in_edges.get(node.name, ()))) != node.inputs:
                 raise LoweringError(f"{node.name}: edges do not match its operand list")
@@ -533,6 +546,8 @@ class Graph:
                 raise LoweringError(
                     f"{node.name}: {node.op} takes {lo}..{hi} inputs, got {len(node.inputs)}"
                 )
+            if not recheck_added:
+                continue
             akey = _checked_attrs(node.name, node.op, node.attrs)
             try:
                 again = infer(node.op, [self._nodes[i].type for i in node.inputs], node.attrs,
@@ -544,19 +559,20 @@ class Graph:
         for out in self.outputs:
             if out not in self._nodes:
                 raise LoweringError(f"output {out!r} is not a node")
-        read = {src for n in self._nodes.values() for src in n.inputs}
-        dead = [n.name for n in self.nodes() if n.name not in read
-                and n.name not in self.outputs]
+        read = {src for n in nodes for src in n.inputs}
+        dead = [n.name for n in nodes if n.name not in read and n.name not in self.outputs]
         if dead:
             raise LoweringError(f"nodes computed but never used: {dead[:5]}")
         seen: dict[tuple[Any, ...], str] = {}
-        for node in self.nodes():
-            if not node.meta.role:
+        modules = self.modules
+        for node in nodes:
+            m = node.meta
+            if not m.role:
                 continue
-            other = seen.setdefault(node.meta.key, node.name)
+            # m.key, spelled out: this loop reads every node of every graph linted
+            other = seen.setdefault((m.part, m.stack, m.layer, m.sublayer, m.role), node.name)
             if other != node.name:
                 raise LoweringError(f"{node.name}: same metadata as {other} ({node.meta})")
-            module = node.meta.module
-            if not node.is_param and self.modules and module not in self.modules \
-                    and node.op != "input":
-                raise LoweringError(f"{node.name}: module {module!r} was never declared")
+            if modules and m.module not in modules and node.op not in ("param", "input"):
+                raise LoweringError(f"{node.name}: module {m.module!r} was never declared")
+        self._linted = len(nodes)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, TypeAlias
+from collections.abc import Callable
+from typing import Any, Generic, TypeAlias, TypeVar, overload
 
 import sympy
 import sympy.tensor.tensor  # noqa: F401 (sympy imports it lazily in its first Add: 60-130 ms
@@ -25,6 +25,36 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
 
 Dim: TypeAlias = sympy.Expr
 Shape: TypeAlias = tuple[Dim, ...]
+
+
+V = TypeVar("V")
+
+
+class cached_attribute(Generic[V]):  # noqa: N801 (used like functools.cached_property)
+    """``functools.cached_property`` without the lock Python 3.11 takes on every first access
+    (about a microsecond: the cost passes read ``Node.component`` of every node). The value
+    is a pure function of an object that never changes, so two threads computing it at once
+    store the same value; Python 3.12 dropped the lock for that reason."""
+
+    def __init__(self, func: Callable[[Any], V]) -> None:
+        self.func = func
+        self.name = func.__name__
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> cached_attribute[V]: ...
+
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> V: ...
+
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)  # later reads find it there
+        return value
 
 
 class LoweringError(Exception):
@@ -74,11 +104,11 @@ class TensorType:
         return (TensorType, (self.shape, self.dtype))
 
     # computed once per type: nodes share their types (ir.infer), and every pass asks
-    @cached_property
+    @cached_attribute
     def numel(self) -> sympy.Expr:
         return sympy.Mul(*self.shape)
 
-    @cached_property
+    @cached_attribute
     def nbytes(self) -> sympy.Expr:
         return self.numel * DTYPE_BYTES[self.dtype]
 

@@ -19,7 +19,8 @@ import sympy
 
 from tfgraph.graph.ir import DTYPE_BYTES, Graph, Node, frozen_new
 from tfgraph.graph.ops import OPS
-from tfgraph.passes.liveness import Interpreter, Step
+from tfgraph.passes import exact
+from tfgraph.passes.liveness import plan
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,18 @@ class OpCost:
 def total(exprs: Iterable[sympy.Expr]) -> sympy.Expr:
     """Sum of many expressions, most of them repeated (every layer has the same ops): identical
     terms are counted first, so sympy flattens one term per distinct cost, not one per node."""
-    counts = Counter(exprs)
+    # counted by object first: the layers' nodes share their cost expressions (op_costs'
+    # memo), and an identity look-up is much cheaper than hashing a sympy expression
+    by_object: dict[int, list[Any]] = {}
+    for e in exprs:
+        seen = by_object.get(id(e))
+        if seen is None:
+            by_object[id(e)] = [e, 1]  # holds e: its id is not reused meanwhile
+        else:
+            seen[1] += 1
+    counts: Counter[Any] = Counter()
+    for e, n in by_object.values():
+        counts[e] += n
     return sympy.Add(*(n * e for e, n in counts.items()))
 
 
@@ -70,10 +82,11 @@ def op_costs(graph: Graph) -> list[OpCost]:
     append = costs.append
     for node in graph.ops():
         inputs = node.inputs
-        srcs = tuple(table[i] for i in inputs)
+        srcs = tuple([table[i] for i in inputs])
         cached = node.__dict__.get("_opcost")
-        if cached is not None and len(cached[0]) == len(srcs) \
-                and all(a is b for a, b in zip(cached[0], srcs)):
+        # the same operand nodes (a tuple compares items by identity first; operands equal
+        # field by field would give the same costs too)
+        if cached is not None and cached[0] == srcs:
             append(cached[1])
             continue
         # attributes in the dict's order, with their types (1, 1.0 and True are equal values):
@@ -183,7 +196,10 @@ def evaluator(sizes: dict[sympy.Symbol, int]) -> Callable[[Any], int]:
             return hit[1]
         out = by_value.get(expr)
         if out is None:
-            out = by_value[expr] = int(sympy.sympify(expr).xreplace(sizes))
+            out = exact.value(expr, sizes)  # the same integer, without sympy's objects
+            if out is None:
+                out = int(sympy.sympify(expr).xreplace(sizes))
+            by_value[expr] = out
         by_id[id(expr)] = (expr, out)  # holds expr: its id is not reused while cached
         return out
 
@@ -201,37 +217,36 @@ class Peak:
     live: tuple[str, ...] = ()
 
 
-class _LiveBytes(Interpreter[int]):
-    """The plan's walk with each value's bytes at concrete sizes as its value."""
-
-    def __init__(self, graph: Graph, sizes: dict[sympy.Symbol, int]) -> None:
-        super().__init__(graph)
-        self.sizes = sizes
-        self.bytes_of = evaluator(sizes)
-
-    def run_node(self, step: Step, args: list[int | None]) -> int:
-        return self.bytes_of(step.node.type.nbytes)
-
-
 def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol, int],
                     fused_attention: bool = False) -> Peak:
     """The largest live set of the plan's walk (``tfgraph.passes.liveness``): while an op runs, its
     inputs, its output, everything held for a later reader and its scratch (``temp``) are
-    live. Parameters are weights, not activations; aliasing ops (dropout) add no buffer."""
-    walk = _LiveBytes(graph, sizes)
+    live. Parameters are weights, not activations; aliasing ops (dropout) add no buffer.
+
+    The walk of ``liveness.Interpreter`` with each buffer's bytes as its value, written out
+    with a running total: this runs once per report over every node."""
+    bytes_of = evaluator(sizes)
     # a fused kernel streams attention's scores; other scratch (a loss graph's float32 copy
     # of 16-bit logits) stays
-    temp = {c.node: (sympy.Integer(0) if fused_attention and c.op == "attention" else c.temp)
+    temp = {c.node: (ZERO if fused_attention and c.op == "attention" else c.temp)
             for c in costs}
-    env = {name: walk.bytes_of(graph.node(name).type.nbytes) for name in graph.inputs}
+    aliasing = {op for op, d in OPS.items() if d.aliases_input}
+    env = {name: bytes_of(graph.node(name).type.nbytes) for name in graph.inputs}
+    now = sum(env.values())
     best, at = -1, ""
     live: tuple[str, ...] = ()
-    for step, values in walk.walk(env):
-        if OPS[step.node.op].aliases_input:
-            continue
-        total_now = sum(values.values()) + walk.bytes_of(temp.get(step.node.name, ZERO))
-        if total_now > best:
-            best, at, live = total_now, step.node.name, tuple(values)
+    for step in plan(graph).steps:
+        node = step.node
+        if node.op not in aliasing:  # an alias's value is its input's buffer
+            nbytes = env[node.name] = bytes_of(node.type.nbytes)
+            now += nbytes
+            total_now = now + bytes_of(temp.get(node.name, ZERO))
+            if total_now > best:
+                best, at, live = total_now, node.name, tuple(env)
+        for name in step.frees:
+            gone = env.pop(name, None)
+            if gone is not None:
+                now -= gone
     expr = total([*(graph.node(n).type.nbytes for n in live), temp.get(at, ZERO)])
     return Peak(best, at, expr, live)
 

@@ -23,7 +23,7 @@ import sympy
 
 from tfgraph.graph.ir import Graph
 from tfgraph.graph.ops import attended_scores
-from tfgraph.passes import cost
+from tfgraph.passes import cost, exact
 from tfgraph.passes.figures import symbolic
 
 ATTENTION_KIND = "attention_scores"  # figures' flops_by_kind key of the attention ops
@@ -67,20 +67,20 @@ def _effective(graph: Graph) -> dict[str, Any]:
             assert fraction is not None
             # Both products and every per-score constant scale with the scores read; what a
             # query does not read is (1 - fraction) of the dense count.
-            hit = seen[key] = (sympy.expand(c.matmul * (1 - fraction)),
-                               sympy.expand(c.other * (1 - fraction)))
+            hit = seen[key] = (exact.expand(c.matmul * (1 - fraction)),
+                               exact.expand(c.other * (1 - fraction)))
         masked_matmul.append(hit[0])
         masked_other.append(hit[1])
     skipped_matmul = cost.total(masked_matmul)
     skipped_other = cost.total(masked_other)
     flops = sym["flops"]
-    matmul = sympy.expand(flops["matmul"] - skipped_matmul)
-    other = sympy.expand(flops["other"] - skipped_other)
+    matmul = exact.expand(flops["matmul"], skipped_matmul)
+    other = exact.expand(flops["other"], skipped_other)
     forward = matmul + other
     by_kind = dict(sym["flops_by_kind"])
     if ATTENTION_KIND in by_kind:
-        by_kind[ATTENTION_KIND] = sympy.expand(by_kind[ATTENTION_KIND] - skipped_matmul
-                                               - skipped_other)
+        by_kind[ATTENTION_KIND] = exact.expand(by_kind[ATTENTION_KIND],
+                                               skipped_matmul + skipped_other)
     return {
         "flops": {"forward_effective": forward, "matmul_effective": matmul,
                   "other_effective": other, "backward_effective": 2 * forward,
@@ -94,7 +94,8 @@ def at_sizes(graph: Graph, sizes: dict[sympy.Symbol, int]) -> dict[str, Any]:
     eff = effective(graph)
 
     def value(expr: sympy.Expr) -> int:
-        return int(sympy.Integer(sympy.sympify(expr).xreplace(sizes)))
+        fast = exact.value(expr, sizes)  # the same integer, without sympy's objects
+        return fast if fast is not None else int(sympy.Integer(sympy.sympify(expr).xreplace(sizes)))
 
     return {"flops": {k: value(v) for k, v in eff["flops"].items()},
             "flops_by_kind": {k: value(v) for k, v in eff["flops_by_kind"].items()}}

@@ -17,7 +17,7 @@ from typing import Any
 
 import sympy
 
-from tfgraph.passes import cost
+from tfgraph.passes import cost, exact
 from tfgraph.graph.ir import DTYPE_BYTES, Graph
 from tfgraph.graph.ops import attended_scores
 
@@ -75,7 +75,7 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
         "flops": {
             "forward": forward, "matmul": matmul, "other": other,
             "backward": 2 * forward, "train_step": 3 * forward,
-            "causal_effective_matmul": sympy.expand(matmul - _causal_discount(graph)),
+            "causal_effective_matmul": exact.expand(matmul, _causal_discount(graph)),
         },
         "memory": {
             "weights": sympy.sympify(weights),
@@ -103,7 +103,7 @@ def _add_expert_figures(graph: Graph, costs: list[cost.OpCost], out: dict[str, A
     form computes (``flops.matmul`` and ``forward`` count each token's top k, as the PyTorch
     back end computes)."""
     roles = {n.name: n.meta.role for n in graph.ops()}
-    out["params_active"] = sympy.expand(out["params"] - cost.inactive_params(graph))
+    out["params_active"] = exact.expand(out["params"], cost.inactive_params(graph))
     flops = out["flops"]
     flops["router"] = cost.total(c.matmul + c.other for c in costs
                                  if roles[c.node] in ROUTER_ROLES)

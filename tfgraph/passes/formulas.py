@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
+from tfgraph.passes import exact
 from tfgraph.passes.cost import Peak, op_costs
 from tfgraph.passes.effective import effective
 from tfgraph.passes.figures import symbolic
@@ -247,8 +248,8 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
     figures: dict[str, sympy.Expr] = {}
     unverified = []
     for key in (k for k in (*FIGURES, *MOE_FIGURES) if k in numeric):
-        layer_terms = {sym: sympy.expand(two[key] - base[key]) for sym, two in per.items()}
-        rest = sympy.expand(base[key] - sympy.Add(*layer_terms.values()))
+        layer_terms = {sym: exact.expand(two[key], base[key]) for sym, two in per.items()}
+        rest = exact.expand(base[key], sympy.Add(*layer_terms.values()))
         expr = sympy.Add(*(sym * term for sym, term in layer_terms.items()), rest)
         if _mixed_windows(spec) and dense is None:
             expr = _by_window_kind(spec, key, values)
@@ -256,7 +257,7 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
             moe_layer = layer_terms[L]
             dense_layer = sympy.expand(dense[key] - per[L][key] + moe_layer)
             expr = (L - L_DENSE) * moe_layer + L_DENSE * dense_layer + rest
-        if sympy.expand(expr.xreplace(values) - numeric[key]) != 0:
+        if not _verified(expr, values, numeric[key]):
             unverified.append(key)
             expr = sympy.expand(numeric[key])
         figures[key] = expr
@@ -264,6 +265,15 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
         return SpecFormulas(figures, values, unverified, _twin(spec, {s: 2 for s in stacks}, 1),
                             dense_layers=spec.ffn.dense_layers)
     return SpecFormulas(figures, values, unverified, one)
+
+
+def _verified(expr: sympy.Expr, values: dict[sympy.Symbol, int], numeric: sympy.Expr) -> bool:
+    """Whether ``expr`` at the spec's ``values`` is ``numeric``: ``expand(difference) == 0``,
+    compared as exact polynomials where both are (tfgraph.passes.exact)."""
+    same = exact.equal_at(expr, values, numeric)
+    if same is None:
+        same = sympy.expand(expr.xreplace(values) - numeric) == 0
+    return same
 
 
 _SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")

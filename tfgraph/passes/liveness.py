@@ -93,16 +93,24 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
     pos = {n.name: i for i, n in enumerate(ops)}
     owner: dict[str, str] = {}
     aliasing = set() if training else {op for op, d in OPS.items() if d.aliases_input}
+    params: set[str] = set()
     for n in graph.nodes():
-        owner[n.name] = owner[n.inputs[0]] if n.op in aliasing else n.name
-    region = {n.name: r for n in ops if (r := region_of(n)) is not None}
+        name = n.name
+        if n.op in aliasing:
+            owner[name] = owner[n.inputs[0]]
+        else:
+            owner[name] = name
+            if n.op == "param":
+                params.add(name)
+    region: dict[str, tuple[Any, ...]] = {}
     region_end: dict[tuple[Any, ...], int] = {}
-    for n in ops:
-        if n.name in region:
-            region_end[region[n.name]] = pos[n.name]
+    for at, n in enumerate(ops):
+        r = region_of(n)
+        if r is not None:
+            region[n.name] = r
+            region_end[r] = at
     last_use: dict[str, int] = {}
     held: set[str] = set()  # buffers some region reads from outside (its caller holds them)
-    params = {n.name for n in graph.nodes() if n.is_param}
     region_get, last_get = region.get, last_use.get
     for at_n, n in enumerate(ops):
         r = region_get(n.name)
@@ -131,6 +139,7 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
 
     commutative = {op for op, d in OPS.items() if d.commutative}
     steps = []
+    no_frees: tuple[str, ...] = ()
     for at, n in enumerate(ops):
         overwrite = None
         inputs = n.inputs
@@ -140,8 +149,9 @@ def _plan(graph: Graph, region_of: Callable[[Node], tuple[Any, ...] | None],
                 overwrite = 0
             elif len(inputs) > 1 and n.op in commutative and overwritable(inputs[1], at, r):
                 overwrite = 1
+        freed = frees.get(at)
         steps.append(frozen_new(Step, {"node": n, "position": at,
-                                       "frees": tuple(frees.get(at, ())),
+                                       "frees": tuple(freed) if freed else no_frees,
                                        "overwrite": overwrite}))
     return Plan(tuple(steps), owner, last_use, region)
 

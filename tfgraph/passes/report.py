@@ -22,7 +22,7 @@ from typing import Any
 
 import sympy
 
-from tfgraph.passes import cost, effective
+from tfgraph.passes import cost, effective, exact
 from tfgraph.passes.figures import symbolic
 from tfgraph.passes.formulas import spec_formulas
 from tfgraph.graph.ir import SYMBOLS, Graph
@@ -129,7 +129,8 @@ _FORMULA_ORDER = ["params", *(f"flops.{k}" for k in ("forward_effective", "matmu
 
 
 def _int(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int:
-    return int(sympy.Integer(expr.xreplace(sizes)))
+    fast = exact.value(expr, sizes)  # the same integer, without sympy's intermediate objects
+    return fast if fast is not None else int(sympy.Integer(expr.xreplace(sizes)))
 
 
 def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[sympy.Symbol, int]:
@@ -138,7 +139,7 @@ def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[s
 
 
 def _fmt(expr: sympy.Expr) -> str:
-    return str(sympy.expand(expr))
+    return exact.expanded_text(expr)
 
 
 # backward_effective and train_step_effective are 2x and 3x forward_effective, and
@@ -174,7 +175,7 @@ def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
         if "params_active" in sym:
             bst["params_active"] = _fmt(sym["params_active"])
         named = spec_formulas(graph)
-        text = {} if named is None else {k: str(v) for k, v in named.figures.items()}
+        text = {} if named is None else {k: exact.text(v) for k, v in named.figures.items()}
         for form in (bst, text):
             _effective_multiples(form)
         return bst, text
@@ -195,15 +196,21 @@ def train_activations(graph: Graph, sym: dict[str, Any], sizes: dict[sympy.Symbo
     return peak.bytes, peak.expr, f"{peak.node} ({peak.phase})"
 
 
-def _component_layers(graph: Graph) -> dict[str, dict[str, Any]]:
-    """Where each component row sits: ``{"stack": "decoder", "layer": 3}`` for a layer,
-    ``layer`` None for the rest (``stack`` None outside stacks: the shared table, the head).
-    Displays fold runs of identical layers with it instead of parsing component names."""
-    out: dict[str, dict[str, Any]] = {}
+def _components(graph: Graph) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]:
+    """The component rows (zeroed) in order of first appearance (the token table, read by the
+    first embedding, comes first; layers are separate rows, a display may fold identical
+    ones), and where each sits: ``{"stack": "decoder", "layer": 3}`` for a layer, ``layer``
+    None for the rest (``stack`` None outside stacks: the shared table, the head). Displays
+    fold runs of identical layers with it instead of parsing component names."""
+    rows: dict[str, dict[str, int]] = {}
+    places: dict[str, dict[str, Any]] = {}
     for n in graph.nodes():
         if n.op != "input":
-            out.setdefault(n.component, {"stack": n.meta.stack, "layer": n.meta.layer})
-    return out
+            key = n.component
+            if key not in rows:
+                rows[key] = {"params": 0, "flops_matmul": 0, "flops_other": 0}
+                places[key] = {"stack": n.meta.stack, "layer": n.meta.layer}
+    return rows, places
 
 
 def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
@@ -230,12 +237,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     train_bytes, train_expr, train_at = train_activations(graph, sym, sizes, fused_attention)
     memory["train_activations_peak"] = train_bytes
     memory["train_step"] = memory["model_states"] + train_bytes
-    # Components in order of first appearance (the token table, read by the first embedding,
-    # comes first); layers are separate rows, a display may fold identical ones.
-    components: dict[str, dict[str, int]] = {
-        n.component: {"params": 0, "flops_matmul": 0, "flops_other": 0}
-        for n in graph.nodes() if n.op != "input"}
-    component_layers = _component_layers(graph)
+    components, component_layers = _components(graph)
     values: dict[sympy.Expr, int] = {}  # every layer repeats the same few costs
     by_id: dict[int, tuple[sympy.Expr, int]] = {}  # ... as the same objects (cost memo)
 
@@ -257,9 +259,10 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         components[key]["params"] = n
     spec = graph.spec
     static_bst, static_named = _static_formulas(graph)
-    train_formula = sympy.expand(train_expr)
+    train_formula = exact.expand(train_expr)
+    train_text = exact.text(train_formula)  # printed once: both forms show it
     bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr),
-           "memory.train_activations_peak": str(train_formula),
+           "memory.train_activations_peak": train_text,
            "memory.train_step": _fmt(sym["memory"]["model_states"] + train_formula)}
     symbols = {"B": int(batch), "S": int(seq)}
     if spec is not None and spec.arch == "encoder-decoder":
@@ -269,10 +272,10 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         formulas = dict(bst)
     else:
         formulas = {**static_named,
-                    "memory.activations_peak": str(named.peak(graph, peak, fused_attention)),
-                    "memory.train_activations_peak": str(train_formula),
-                    "memory.train_step": str(named.figures["memory.model_states"]
-                                             + train_formula)}
+                    "memory.activations_peak": exact.text(named.peak(graph, peak, fused_attention)),
+                    "memory.train_activations_peak": train_text,
+                    "memory.train_step": exact.text(named.figures["memory.model_states"]
+                                                    + train_formula)}
         symbols.update(named.used_values())
     formulas = {k: formulas[k] for k in sorted(formulas, key=_FORMULA_ORDER.index)}
     bst = {k: bst[k] for k in formulas}

@@ -212,8 +212,8 @@ def _grad_inputs(graph: Graph, node: Node) -> list[str]:
     return out
 
 
-_HOLDERS = {"buf": 1, "saved": 2, "scratch": 4, "grad": 8}
-"""The holders of a live entry, as bits (an entry is freed when its last holder drops it)."""
+# The holders of a live entry, as bits (an entry is freed when its last holder drops it).
+BUF, SAVED, SCRATCH, GRAD = 1, 2, 4, 8
 
 
 class _Live:
@@ -223,41 +223,41 @@ class _Live:
     def __init__(self, value: Callable[[sympy.Expr], int]) -> None:
         self.value = value
         self.entries: dict[str, sympy.Expr] = {}
-        self._held: dict[str, int] = {}  # holder bits (``_HOLDERS``) of each entry
         self.total = 0
-        self._seq: dict[str, int] = {}  # when each entry joined (its place in ``entries``)
+        # per entry: [holder bits, when it joined (its place in ``entries``), its bytes]; one
+        # record per entry, as add and drop run a few times per op of the step
+        self._state: dict[str, list[int]] = {}
         self._joined = 0
         self._log: list[tuple[str, sympy.Expr, int | None]] = []
         """Entries that joined (seq None) or left (with their seq) since ``mark``."""
 
-    def add(self, key: str, nbytes: sympy.Expr, holder: str) -> None:
-        held = self._held.get(key)
-        if held is None:
+    def add(self, key: str, nbytes: sympy.Expr, holder: int) -> None:
+        state = self._state.get(key)
+        if state is None:
             self.entries[key] = nbytes
-            self._seq[key] = self._joined
-            self._joined += 1
             self._log.append((key, nbytes, None))
-            self.total += self.value(nbytes)
-            self._held[key] = _HOLDERS[holder]
+            size = self.value(nbytes)
+            self.total += size
+            self._state[key] = [holder, self._joined, size]
+            self._joined += 1
         else:
-            self._held[key] = held | _HOLDERS[holder]
+            state[0] |= holder
 
-    def drop(self, key: str, holder: str) -> None:
-        held = self._held.get(key)
-        if held is None:
+    def drop(self, key: str, holder: int) -> None:
+        state = self._state.get(key)
+        if state is None:
             return
-        held &= ~_HOLDERS[holder]
-        if held:
-            self._held[key] = held
+        state[0] &= ~holder
+        if state[0]:
             return
-        del self._held[key]
-        nbytes = self.entries.pop(key)
-        self._log.append((key, nbytes, self._seq.pop(key)))
-        self.total -= self.value(nbytes)
+        del self._state[key]
+        self._log.append((key, self.entries.pop(key), state[1]))
+        self.total -= state[2]
 
-    def held_by(self, key: str, holder: str) -> bool:
+    def held_by(self, key: str, holder: int) -> bool:
         """Whether ``holder`` holds entry ``key``."""
-        return bool(self._held.get(key, 0) & _HOLDERS[holder])
+        state = self._state.get(key)
+        return state is not None and bool(state[0] & holder)
 
     def mark(self) -> None:
         """Remember the entries as they are now (``at_mark`` gives them back later)."""
@@ -266,7 +266,7 @@ class _Live:
     def at_mark(self) -> dict[str, sympy.Expr]:
         """The entries as they were at the last ``mark``, in the order they had then: the
         changes since are undone, newest first, instead of walking the step again."""
-        entries = {k: (b, self._seq[k]) for k, b in self.entries.items()}
+        entries = {k: (b, self._state[k][1]) for k, b in self.entries.items()}
         for key, nbytes, seq in reversed(self._log):
             if seq is None:
                 del entries[key]
@@ -295,50 +295,61 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
         return costs[node.name].temp
 
     for name in graph.inputs:
-        live.add(name, graph.node(name).type.nbytes, "buf")
+        live.add(name, graph.node(name).type.nbytes, BUF)
     yield from _forward(graph, walk, walk.steps, saves.kept, scratch, live, "forward")
 
     # backward: every activation gradient from its first consumer's to its producer's backward
-    producer = {s.node.name for s in walk.steps}
-    grad_inputs = graph.memo("grad_inputs", lambda: {
-        s.node.name: _grad_inputs(graph, s.node) for s in walk.steps})
+    grads = graph.memo("grad_keys", lambda: _grad_keys(graph, walk))
     regions_done: set[Region] = set()
+    add, drop, entries = live.add, live.drop, live.entries
     for step in reversed(walk.steps):
         node = step.node
-        key = walk.region.get(node.name)
-        if recompute == "full" and key is not None and key not in regions_done:
-            regions_done.add(key)  # entering the layer from its end: run its forward again
-            steps = [s for s in walk.steps if walk.region.get(s.node.name) == key]
-            rebuilt = {n: [(f"{t}@{key}", b) for t, b in v] for n, v in saves.rebuilt.items()}
-            yield from _forward(graph, walk, steps, rebuilt, scratch, live, "recompute",
-                                keep_outputs=False)
+        name = node.name
+        if recompute == "full":
+            key = walk.region.get(name)
+            if key is not None and key not in regions_done:
+                regions_done.add(key)  # entering the layer from its end: run its forward again
+                steps = [s for s in walk.steps if walk.region.get(s.node.name) == key]
+                rebuilt = {n: [(f"{t}@{key}", b) for t, b in v]
+                           for n, v in saves.rebuilt.items()}
+                yield from _forward(graph, walk, steps, rebuilt, scratch, live, "recompute",
+                                    keep_outputs=False)
         extra: list[tuple[str, sympy.Expr]] = []
         back = ZERO
         if node.op == "cross_entropy":
             back = ops_loss.backward_temp([graph.node(i).type for i in node.inputs])
         elif node.op == "attention":
             back = scratch(node)
-            dropped = saves.dropped.get(node.name)
+            dropped = saves.dropped.get(name)
             if dropped is not None:
                 back = back + dropped
-        if _nonzero(back):
-            extra.append((f"{node.name}#scratch", back))
-        for i in grad_inputs[node.name]:
-            if i not in producer:
-                continue
-            nbytes = graph.node(i).type.nbytes
-            if f"grad:{i}" in live.entries:  # accumulated: the new gradient beside the old
-                extra.append((f"grad:{i}#new", nbytes))
+        if back is not ZERO and _nonzero(back):
+            extra.append((f"{name}#scratch", back))
+        own, inputs = grads[name]
+        for grad, new, nbytes in inputs:
+            if grad in entries:  # accumulated: the new gradient beside the old
+                extra.append((new, nbytes))
             else:
-                live.add(f"grad:{i}", nbytes, "grad")
+                add(grad, nbytes, GRAD)
         for k, b in extra:
-            live.add(k, b, "scratch")
-        yield "backward", node.name
+            add(k, b, SCRATCH)
+        yield "backward", name
         for k, _ in extra:
-            live.drop(k, "scratch")
-        live.drop(f"grad:{node.name}", "grad")
-        for tensor in released.get(node.name, ()):
-            live.drop(tensor, "saved")
+            drop(k, SCRATCH)
+        drop(own, GRAD)
+        for tensor in released.get(name, ()):
+            drop(tensor, SAVED)
+
+
+def _grad_keys(graph: Graph, walk: Plan) -> dict[str, tuple[str, list[tuple[str, str, Any]]]]:
+    """Per op node: the key of its output's gradient, and for each operand its backward
+    writes a gradient for (``_grad_inputs``, produced by an op): the gradient's key, the key
+    of a second one accumulated beside it, and their bytes."""
+    producer = {s.node.name for s in walk.steps}
+    return {s.node.name: (f"grad:{s.node.name}",
+                          [(f"grad:{i}", f"grad:{i}#new", graph.node(i).type.nbytes)
+                           for i in _grad_inputs(graph, s.node) if i in producer])
+            for s in walk.steps}
 
 
 def _forward(graph: Graph, walk: Plan, steps: Any, kept: dict[str, list[tuple[str, Any]]],
@@ -352,22 +363,22 @@ def _forward(graph: Graph, walk: Plan, steps: Any, kept: dict[str, list[tuple[st
     for step in steps:
         node = step.node
         name = node.name
-        add(name, node.type.nbytes, "buf")
+        add(name, node.type.nbytes, BUF)
         made.append(name)
         for tensor, nbytes in kept.get(name, ()):
-            add(tensor, nbytes, "saved")
+            add(tensor, nbytes, SAVED)
         temp = scratch(node)
-        if _nonzero(temp):
-            add(f"{name}#scratch", temp, "scratch")
+        if temp is not ZERO and _nonzero(temp):
+            add(f"{name}#scratch", temp, SCRATCH)
             yield phase, name
-            drop(f"{name}#scratch", "scratch")
+            drop(f"{name}#scratch", SCRATCH)
         else:
             yield phase, name
         for buf in step.frees:
-            drop(buf, "buf")
+            drop(buf, BUF)
     if not keep_outputs:  # a recomputed layer's outputs are thrown away
         for name in made:
-            live.drop(name, "buf")
+            live.drop(name, BUF)
 
 
 def _value_of(sizes: dict[sympy.Symbol, int]) -> Callable[[sympy.Expr], int]:
@@ -390,7 +401,7 @@ def train_peak(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str = "n
             live.mark()
         if event_phase == "backward" and saved_end < 0:  # the loss's backward comes first
             saved_end = sum(value(b) for key, b in live.entries.items()
-                            if live.held_by(key, "saved"))
+                            if live.held_by(key, SAVED))
     entries = live.at_mark()
     logits = sum(value(graph.node(i).type.nbytes) for i in _grad_inputs(graph, loss))
     expr = cost.total(entries.values())
