@@ -39,7 +39,7 @@ from types import FrameType
 from typing import IO, Any
 
 from tfgraph.errors import TfgraphError
-from tfgraph.terminal import printable
+from tfgraph.terminal import short_path
 
 try:
     import fcntl
@@ -86,11 +86,12 @@ def check_not_input(target: str | os.PathLike[str]) -> None:
     for source, is_dir in _inputs.items():
         if resolved == source or (is_dir and source in resolved.parents):
             what = "is" if resolved == source else "is inside"
-            raise TfgraphError(f"{printable(str(target))}: {what} the input "
-                               f"{printable(str(source))}; write the output elsewhere")
+            # Two paths in one line: each keeps its end, the line stays under ~300.
+            raise TfgraphError(f"{short_path(target, 110)}: {what} the input "
+                               f"{short_path(source, 110)}; write the output elsewhere")
         if source.parent != source and resolved in source.parents and os.path.isdir(resolved):
-            raise TfgraphError(f"{printable(str(target))}: holds the input "
-                               f"{printable(str(source))}; write the output elsewhere")
+            raise TfgraphError(f"{short_path(target, 110)}: holds the input "
+                               f"{short_path(source, 110)}; write the output elsewhere")
 
 
 def check_input_file(path: str | os.PathLike[str], what: str = "file") -> Path:
@@ -100,14 +101,14 @@ def check_input_file(path: str | os.PathLike[str], what: str = "file") -> Path:
     try:
         mode = os.stat(file).st_mode
     except FileNotFoundError:
-        raise TfgraphError(f"{printable(str(file))}: no such {what}") from None
+        raise TfgraphError(f"{short_path(file)}: no such {what}") from None
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(file))}: cannot read: "
+        raise TfgraphError(f"{short_path(file)}: cannot read: "
                            f"{exc.strerror or exc}") from None
     if stat.S_ISDIR(mode):
-        raise TfgraphError(f"{printable(str(file))}: is a directory, not a {what}")
+        raise TfgraphError(f"{short_path(file)}: is a directory, not a {what}")
     if not stat.S_ISREG(mode):
-        raise TfgraphError(f"{printable(str(file))}: is {_kind(mode)}, not a regular {what}")
+        raise TfgraphError(f"{short_path(file)}: is {_kind(mode)}, not a regular {what}")
     note_input(file)
     return file
 
@@ -128,13 +129,13 @@ def check_output_node(target: str | os.PathLike[str], directory: bool = False) -
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(target))}: cannot write: "
+        raise TfgraphError(f"{short_path(target)}: cannot write: "
                            f"{exc.strerror or exc}") from None
     if stat.S_ISREG(mode) or (directory and stat.S_ISDIR(mode)):
         return
     if stat.S_ISDIR(mode):
-        raise TfgraphError(f"{printable(str(target))}: is a directory; give a file name")
-    raise TfgraphError(f"{printable(str(target))}: is {_kind(mode)}; tfgraph writes only "
+        raise TfgraphError(f"{short_path(target)}: is a directory; give a file name")
+    raise TfgraphError(f"{short_path(target)}: is {_kind(mode)}; tfgraph writes only "
                        "regular files (give a file name)")
 
 
@@ -162,17 +163,17 @@ def make_parents(target: Path) -> None:
     if not missing:
         return
     if not parent.is_dir():
-        raise TfgraphError(f"{printable(str(target))}: {printable(str(parent))} is not a "
+        raise TfgraphError(f"{short_path(target)}: {short_path(parent)} is not a "
                            "directory")
     try:
         target.parent.mkdir(parents=True)
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(target))}: cannot create directory "
-                           f"{printable(str(target.parent))}: {exc.strerror or exc}") from None
+        raise TfgraphError(f"{short_path(target)}: cannot create directory "
+                           f"{short_path(target.parent)}: {exc.strerror or exc}") from None
     if not _CREATED:
         atexit.register(_remove_created_if_empty)
     _CREATED.extend(reversed(missing))
-    print(f"note: created directory {printable(str(target.parent))}", file=sys.stderr)
+    print(f"note: created directory {short_path(target.parent)}", file=sys.stderr)
 
 
 def _target(path: str | os.PathLike[str], create: bool = False) -> Path:
@@ -181,14 +182,14 @@ def _target(path: str | os.PathLike[str], create: bool = False) -> Path:
     error (a library write: the caller names an existing folder)."""
     target = Path(path)
     if target.is_dir():
-        raise TfgraphError(f"{printable(str(target))}: is a directory; give a file name")
+        raise TfgraphError(f"{short_path(target)}: is a directory; give a file name")
     check_output_node(target)
     check_not_input(target)
     if create:
         make_parents(target)
     elif not target.parent.is_dir():
-        raise TfgraphError(f"{printable(str(target))}: directory "
-                           f"{printable(str(target.parent))} does not exist")
+        raise TfgraphError(f"{short_path(target)}: directory "
+                           f"{short_path(target.parent)} does not exist")
     return target
 
 
@@ -224,14 +225,14 @@ def check_capacity(target: str | os.PathLike[str], disk_bytes: int, memory_bytes
     available. Better one clear line now than minutes of work ending in a full disk or the
     out-of-memory killer. Unknown figures (no such directory, no /proc) are not checked."""
     target = Path(target)
-    shown = printable(str(target))
+    shown = short_path(target)
     try:
         free = shutil.disk_usage(target.parent).free
     except OSError:
         free = None
     if free is not None and disk_bytes > free:
         raise TfgraphError(f"{shown}: needs {_gb(disk_bytes)} of disk, only {_gb(free)} free "
-                           f"in {printable(str(target.parent))}")
+                           f"in {short_path(target.parent)}")
     memory = available_memory()
     if memory is not None and memory_bytes > memory:
         raise TfgraphError(f"{shown}: needs {_gb(memory_bytes)} of memory to write, only "
@@ -408,7 +409,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         fd, tmp = _create_temp(target)
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(target))}: cannot write: "
+        raise TfgraphError(f"{short_path(target)}: cannot write: "
                            f"{exc.strerror or exc}") from None
     group = _group
     try:
@@ -486,11 +487,11 @@ def check_side_file(target: str | os.PathLike[str], data: bytes) -> bool:
     except FileNotFoundError:
         return True
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(path))}: cannot read: "
+        raise TfgraphError(f"{short_path(path)}: cannot read: "
                            f"{exc.strerror or exc}") from None
     if existing == data:
         return False
-    raise TfgraphError(f"{printable(str(path))}: exists with other content, and tfgraph "
+    raise TfgraphError(f"{short_path(path)}: exists with other content, and tfgraph "
                        "does not replace files it did not write; remove it or write to "
                        "another directory")
 
