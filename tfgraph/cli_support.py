@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import os
 
+from tfgraph.limits import check_layers
 from tfgraph.spec.loader import load_spec
+from tfgraph.terminal import short_path
 from tfgraph.spec.schema import Spec
 
 
-def load_spec_arg(path: str | os.PathLike[str]) -> Spec:
+def load_spec_arg(path: str | os.PathLike[str], lowered: bool = True) -> Spec:
     """Load the SPEC argument of a command.
 
     Raises :class:`~tfgraph.errors.SpecError` (exit 2, one line) for anything wrong with the
-    file; commands just call this and let ``tfgraph.cli`` report the error.
+    file; commands just call this and let ``tfgraph.cli`` report the error. ``lowered``: the
+    command lowers the spec to a graph, so a spec deeper than
+    :data:`tfgraph.limits.MAX_LOWERED_LAYERS` is refused now (``validate`` passes False).
     """
-    return load_spec(path)
+    spec = load_spec(path)
+    if lowered:
+        check_layers(spec, short_path(os.fspath(path)))
+    return spec
 
 
 def describe(spec: Spec) -> str:
