@@ -275,3 +275,34 @@ def test_a_folder_eos_that_is_not_an_id_is_refused(tmp_path: Path) -> None:
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": 1e30}')
     refused(cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "2"),
             "eos_token_id")
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_a_decoder_start_past_the_vocabulary_is_refused(backend: str) -> None:
+    """torch failed with an IndexError (exit 1), onnxruntime with its own coloured log line
+    before tfgraph's."""
+    refused(cli("generate", str(ROOT / "specs" / "tiny-bart.yaml"), "--prompt-ids", "1,2",
+                "--decoder-start-id", "99999", "--max-new-tokens", "2", "--backend", backend),
+            "--decoder-start-id 99999", "160")
+
+
+def test_onnxruntime_prints_nothing_of_its_own(tmp_path: Path) -> None:
+    """A failing run is one exception (tfgraph's one line), not also onnxruntime's log line
+    with raw escape sequences on stderr."""
+    import subprocess
+    import sys
+
+    model = tmp_path / "m.onnx"
+    assert cli("build", TINY, "--to", "onnx", "-o", str(model)).returncode == 0
+    script = ("import numpy as np\n"
+              "from tfgraph.errors import TfgraphError\n"
+              "from tfgraph.exporters.onnx import runtime as rt\n"
+              f"session = rt.create_session({str(model)!r})[0]\n"
+              "try:\n"
+              "    rt.run(session, {'input_ids': np.array([[1, 5000]], np.int64)})\n"
+              "except TfgraphError as err:\n"
+              "    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert "5000" in done.stdout, done.stdout
+    assert "\x1b" not in done.stderr and "onnxruntime" not in done.stderr, done.stderr
