@@ -247,3 +247,38 @@ def test_a_folder_tfgraph_did_not_write_is_not_replaced(folder: Path, tmp_path: 
     for _ in range(2):  # its own folder: rebuilt in place
         result = tfgraph("build", TINY, "--to", to, "-o", str(fresh))
         assert result.returncode == 0, result.stderr
+
+
+SIGNAL_AFTER_WROTE = """
+import os, signal, sys
+import click
+from tfgraph.cli import main
+
+echo = click.echo
+
+def echo_then_signal(message=None, *args, **kwargs):
+    echo(message, *args, **kwargs)
+    if str(message).startswith("wrote "):  # the moment after the command claims success
+        os.kill(os.getpid(), int(sys.argv[1]))
+
+click.echo = echo_then_signal
+main.main(args=sys.argv[2:], prog_name="tfgraph")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("command", [("build", TINY, "--to", "json", "-o", "g.json"),
+                                     ("compare", TINY, TINY, "--plot", "p.svg")])
+def test_a_signal_after_wrote_still_exits_0(tmp_path: Path, sig: int,
+                                            command: tuple[str, ...]) -> None:
+    """The rule: "wrote ..." is printed once the output is published, and from then on the
+    command has succeeded (exit 0); a signal just after it used to end it with 143."""
+    if command[0] == "compare":
+        pytest.importorskip("matplotlib")
+    result = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_WROTE, str(int(sig)),
+                             *command], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert "wrote" in result.stdout and "interrupted" not in result.stderr \
+        and "terminated" not in result.stderr, result.stderr
+    assert (tmp_path / command[-1]).is_file()

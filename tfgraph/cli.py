@@ -150,6 +150,11 @@ def _install_signal_policy() -> dict[int, Any]:
 
 
 def _restore(previous: dict[int, Any]) -> None:
+    from tfgraph.cli_support import finished
+
+    if finished():  # the command succeeded and said so: exit 0, whatever arrives now
+        previous.clear()
+        return
     for sig, handler in previous.items():
         with contextlib.suppress(ValueError, TypeError):
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
+
+import click
 
 from tfgraph.limits import check_layers
 from tfgraph.spec.loader import load_spec
@@ -36,3 +40,26 @@ def describe(spec: Spec) -> str:
     if att.kv_heads != att.heads:
         heads += f" ({att.kv_heads} kv)"
     return f"{spec.name}, {spec.arch}, {layers}, d_model {spec.d_model}, {heads}"
+
+
+_finished = False
+"""Whether the command's outputs are all in place and it has said so (:func:`say_done`)."""
+
+
+def say_done(line: str, err: bool = False) -> None:
+    """Print the command's last line, ``wrote PATH (...)``, once every output is published:
+    from here the command has succeeded, so SIGINT and SIGTERM are ignored until the
+    process exits 0. A signal after "wrote" can no longer turn it into 130 or 143 (which
+    would say the command failed after it claimed success); a signal before it still
+    unwinds the command, removing what it staged (tfgraph.cli)."""
+    global _finished
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        _finished = True
+    click.echo(line, err=err)
+
+
+def finished() -> bool:
+    """Whether :func:`say_done` ended the command (tfgraph.cli keeps the signals ignored)."""
+    return _finished

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import click
 
+from tfgraph.cli_support import say_done
 from tfgraph.spec.source import load_source
 from tfgraph.errors import TfgraphError
 from tfgraph.limits import SEED
@@ -269,7 +270,7 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     if two_models:
         out = output if output is not None else Path("build") / f"{graph.name}-kv"
         written = _write_seq2seq_cache(source, graph, values, out, seed, opset)
-        click.echo(f"wrote {printable(str(written))}{os.sep} (encoder_model.onnx, "
+        say_done(f"wrote {printable(str(written))}{os.sep} (encoder_model.onnx, "
                    f"decoder_model.onnx, KV cache, {time.perf_counter() - start:.2f} s)")
         return
     if target in ("svg", "png", "dot") and out.suffix.lower() != f".{target}":
@@ -302,4 +303,4 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
             details.append("tokenizer")
     details.append(f"{time.perf_counter() - start:.2f} s")
     slash = os.sep if written.is_dir() else ""
-    click.echo(f"wrote {printable(str(written))}{slash} ({', '.join(details)})")
+    say_done(f"wrote {printable(str(written))}{slash} ({', '.join(details)})")

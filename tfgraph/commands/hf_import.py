@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
+from tfgraph.cli_support import say_done
 from tfgraph.hf.config import SpecDraft
 from tfgraph.terminal import printable
 
@@ -89,7 +90,7 @@ def hf_import(path: str, output: Path | None, name: str | None) -> None:
 
     with atomic_path(output) as tmp:
         tmp.write_text(text, encoding="utf-8")
-    click.echo(f"wrote {printable(str(output))}", err=True)
+    say_done(f"wrote {printable(str(output))}", err=True)
 
 
 hf_import.name = "import"
