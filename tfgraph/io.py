@@ -54,7 +54,13 @@ except ImportError:  # not POSIX: no locks; an open file cannot be removed there
 # and nothing is written until every input has been read through these checks.
 
 _inputs: dict[Path, bool] = {}  # resolved input path -> is a directory
+_input_files: dict[tuple[int, int], Path] = {}  # (device, inode) of input files -> path
+_linked_inputs = False  # some input file has other hard links (outputs' folders are searched)
 _tracking = False  # inputs are recorded while a command of the CLI runs (tfgraph.cli)
+
+MAX_FOLDER_FILES = 10_000
+"""Files of an input folder whose identities are noted, and of an output folder searched for
+a hard link to an input: bounded work on a hostile folder (model folders hold a few dozen)."""
 
 
 def _resolved(path: str | os.PathLike[str]) -> Path:
@@ -70,14 +76,48 @@ def note_input(path: str | os.PathLike[str]) -> None:
         return
     resolved = _resolved(path)
     _inputs[resolved] = os.path.isdir(resolved)
+    # A hard link is another name of the same file: inputs are also known by identity, a
+    # folder's by the files directly in it (a model folder is flat).
+    files = _folder_files(resolved) if _inputs[resolved] else [resolved]
+    for file in files:
+        _note_identity(file)
+
+
+def _note_identity(file: Path) -> None:
+    global _linked_inputs
+    try:
+        info = os.stat(file)
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode):
+        _input_files.setdefault((info.st_dev, info.st_ino), file)
+        _linked_inputs = _linked_inputs or info.st_nlink > 1
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as entries:
+            return [Path(entry.path) for _, entry in zip(range(MAX_FOLDER_FILES), entries)]
+    except OSError:
+        return []
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
 
 
 def track_inputs(on: bool = True) -> None:
     """Start (or stop) recording inputs for a new command, with none recorded yet. The CLI
     turns this on; library calls (load_spec then a write) are not a command's inputs."""
-    global _tracking
+    global _tracking, _linked_inputs
     _tracking = on
     _inputs.clear()
+    _input_files.clear()
+    _linked_inputs = False
 
 
 def check_not_input(target: str | os.PathLike[str]) -> None:
@@ -92,6 +132,26 @@ def check_not_input(target: str | os.PathLike[str]) -> None:
         if source.parent != source and resolved in source.parents and os.path.isdir(resolved):
             raise TfgraphError(f"{short_path(target, 110)}: holds the input "
                                f"{short_path(source, 110)}; write the output elsewhere")
+    _check_not_linked(Path(target), resolved)
+
+
+def _check_not_linked(target: Path, resolved: Path) -> None:
+    """Refuse an output that is a hard link to an input file, or an output folder holding
+    one: the same file under another name."""
+    source = _input_files.get(_identity(resolved) or (-1, -1))
+    if source is not None:
+        raise TfgraphError(f"{short_path(target, 110)}: is the input {short_path(source, 110)} "
+                           "(a hard link to it); write the output elsewhere")
+    if not (_linked_inputs and resolved.is_dir()):
+        return
+    for count, file in enumerate(resolved.rglob("*")):
+        if count >= MAX_FOLDER_FILES:
+            return
+        source = _input_files.get(_identity(file) or (-1, -1))
+        if source is not None:
+            raise TfgraphError(f"{short_path(target, 110)}: holds the input "
+                               f"{short_path(source, 110)} (as {short_path(file.name, 60)}, a "
+                               "hard link); write the output elsewhere")
 
 
 def check_input_file(path: str | os.PathLike[str], what: str = "file") -> Path:
@@ -196,7 +256,18 @@ def _target(path: str | os.PathLike[str], create: bool = False) -> Path:
 def check_output(path: str | os.PathLike[str]) -> Path:
     """Refuse (exit 2) an output path that cannot be written, before any work is done; the
     commands' ``-o newdir/file`` creates ``newdir`` (said on stderr)."""
-    return _target(path, create=True)
+    target = _target(path, create=True)
+    check_writable(target)
+    return target
+
+
+def check_writable(target: str | os.PathLike[str]) -> None:
+    """Refuse (exit 2) an output whose folder this process may not write in (the output is
+    written there first, then renamed over the target)."""
+    folder = Path(target).parent
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise TfgraphError(f"{short_path(target)}: cannot write in {short_path(folder)} "
+                           "(permission denied)")
 
 
 def available_memory() -> int | None:

@@ -73,6 +73,9 @@ def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: 
         Path("build").mkdir(exist_ok=True)
         output = Path("build") / f"{parsed.name}-{level}.svg"
     fmt = format_for(output)
+    from tfgraph.io import check_output
+
+    check_output(output)  # before compiling: not an input, a regular file, a writable folder
     graph = tfgraph.compile(parsed)
     path = write_diagram(graph, output, fmt, level, unfold=unfold, annotate=what,
                          batch=batch, seq=seq)
