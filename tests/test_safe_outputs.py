@@ -376,3 +376,17 @@ def test_an_unwritable_folder_is_refused_before_compiling(
     result = CliRunner().invoke(main, ["build", TINY, "--to", to, "-o", str(locked / "out")])
     assert result.exit_code == 2 and "permission denied" in result.output, result.output
     assert list(locked.iterdir()) == []
+
+
+def test_the_cli_in_process_gives_the_signals_back(tmp_path: Path) -> None:
+    """After a command called in process (CliRunner) ends, this process's handlers are its
+    own again: nothing ignored that programs it starts later would inherit."""
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    result = CliRunner().invoke(main, ["build", TINY, "--to", "json", "-o",
+                                       str(tmp_path / "g.json")])
+    assert result.exit_code == 0, result.output
+    assert {sig: signal.getsignal(sig) for sig in before} == before

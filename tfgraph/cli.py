@@ -66,6 +66,9 @@ class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """Run with tfgraph's signal policy: SIGINT and SIGTERM unwind the command (every
         staged output is removed on the way), then one line and exit 130 or 143."""
+        from tfgraph.cli_support import start_command
+
+        start_command()
         previous = _install_signal_policy()
         try:
             return super().main(*args, **kwargs)
@@ -150,10 +153,10 @@ def _install_signal_policy() -> dict[int, Any]:
 
 
 def _restore(previous: dict[int, Any]) -> None:
-    from tfgraph.cli_support import finished
+    from tfgraph.cli_support import finished, is_the_program
 
-    if finished():  # the command succeeded and said so: exit 0, whatever arrives now
-        previous.clear()
+    if finished() and is_the_program():  # it succeeded and said so: exit 0, whatever
+        previous.clear()  # arrives while the interpreter shuts down (say_done)
         return
     for sig, handler in previous.items():
         with contextlib.suppress(ValueError, TypeError):

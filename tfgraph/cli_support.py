@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+from typing import Any
 
 import click
 
@@ -46,6 +48,11 @@ _finished = False
 """Whether the command's outputs are all in place and it has said so (:func:`say_done`)."""
 
 
+def _ignore(signum: int, frame: Any) -> None:
+    """A signal after the command succeeded: nothing to do. (A Python handler rather than
+    SIG_IGN, which programs started later from this process would inherit.)"""
+
+
 def say_done(line: str, err: bool = False) -> None:
     """Print the command's last line, ``wrote PATH (...)``, once every output is published:
     from here the command has succeeded, so SIGINT and SIGTERM are ignored until the
@@ -55,11 +62,31 @@ def say_done(line: str, err: bool = False) -> None:
     global _finished
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, _ignore)
         _finished = True
     click.echo(line, err=err)
 
 
 def finished() -> bool:
-    """Whether :func:`say_done` ended the command (tfgraph.cli keeps the signals ignored)."""
+    """Whether :func:`say_done` ended the command."""
     return _finished
+
+
+def start_command() -> None:
+    """A new command runs in this process (the CLI called in-process again, by tests)."""
+    global _finished
+    _finished = False
+
+
+def is_the_program() -> bool:
+    """Whether this process is the ``tfgraph`` program (console script or ``python -m
+    tfgraph``), which exits when the command ends, rather than a caller of the CLI in
+    process (click's CliRunner), whose own signal handlers come back afterwards."""
+    if not sys.argv:
+        return False
+    first = sys.argv[0]
+    if os.path.basename(first) in ("tfgraph", "tfgraph.exe"):
+        return True
+    return os.path.abspath(first) == os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "__main__.py")
