@@ -253,10 +253,11 @@ def _target(path: str | os.PathLike[str], create: bool = False) -> Path:
     return target
 
 
-def check_output(path: str | os.PathLike[str]) -> Path:
+def check_output(path: str | os.PathLike[str], create: bool = True) -> Path:
     """Refuse (exit 2) an output path that cannot be written, before any work is done; the
-    commands' ``-o newdir/file`` creates ``newdir`` (said on stderr)."""
-    target = _target(path, create=True)
+    commands' ``-o newdir/file`` creates ``newdir`` (said on stderr; ``create=False``: a
+    missing folder is refused instead)."""
+    target = _target(path, create=create)
     check_writable(target)
     return target
 

@@ -75,7 +75,8 @@ def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: 
     fmt = format_for(output)
     from tfgraph.io import check_output
 
-    check_output(output)  # before compiling: not an input, a regular file, a writable folder
+    # Before compiling: a regular file, not an input, in an existing writable folder.
+    check_output(output, create=False)
     graph = tfgraph.compile(parsed)
     path = write_diagram(graph, output, fmt, level, unfold=unfold, annotate=what,
                          batch=batch, seq=seq)
