@@ -3,6 +3,9 @@
     python benchmarks/gpu.py                 # on a CUDA machine: TinyLlama-1.1B sizes, 16-bit
     python benchmarks/gpu.py --quick         # tiny-llama, a smoke run (on CPU: what can run)
     python benchmarks/gpu.py --cpu --quick   # force the CPU even where CUDA is
+    python benchmarks/gpu.py --part torch --batches 1 --steps decode --work W --log L
+                                             # a slice of it (a short device lease): the
+                                             # models built once into W, lines appended to L
 
 Meant to run in one go on a GPU machine with no network (a few minutes; everything it needs
 is installed beside tfgraph: torch with CUDA, onnxruntime-gpu, transformers, optionally
@@ -16,14 +19,19 @@ tokens, batch 1 and 8. Sides:
 - tfgraph torch, eager (``backend="torch"``) and compiled (``compile=True``: static cache as
   module buffers, ``torch.compile(mode="reduce-overhead")``, compile time printed apart);
 - transformers ``generate``, eager and ``cache_implementation="static"``;
-- onnxruntime-genai on its own builder's model (``-p fp16 -e cuda``), when importable.
+- onnxruntime-genai on its own builder's model (``-p fp16 -e cuda``), when importable, and its
+  generator on tfgraph's model (``build --kv-cache --genai-provider cuda``: genai_config.json).
 
 Decode speed: generated tokens after each row's first over the time after the first token
-(tfgraph's ``Result``; transformers': the time of N new tokens less the time of 1). Then:
+(tfgraph's ``Result``, onnxruntime-genai's loop); transformers': N new tokens over the whole
+``generate`` call, prompt included (about one step's time of 257: it reads <= 0.4% low;
+timing a second length would compile the static cache's step again). Then:
 the bandwidth floor (weight bytes over the device's measured read rate, batch 1), the training
 step (forward, token cross-entropy, backward; bfloat16, batch 4 x 1024) of tfgraph's module
 against ``LlamaForCausalLM`` (SDPA), and the activation peaks from
-``torch.cuda.max_memory_allocated`` against ``tfgraph report --fused-attention``.
+``torch.cuda.max_memory_allocated`` against ``tfgraph report --fused-attention``, the float16
+numerics (each side's logits against the float32 ones, as a multiple of transformers' own
+float16 error; issue 24 item 4) and ``tfgraph run --check`` on the CUDA provider (item 5).
 
 Without CUDA it says which parts it skips (the ONNX CUDA side, onnxruntime-genai CUDA, CUDA
 graphs, memory peaks) and runs the rest on the CPU with tiny-llama (``--quick`` implied).
@@ -52,8 +60,25 @@ ROOT = HERE.parent
 PROMPT_LEN = 16
 
 
+PARTS = ("all", "torch", "onnx")
+STEPS = ("decode", "numerics", "train", "checks")
+LOG: Path | None = None  # --log: every line also appended here as it comes
+
+
 def say(text: str) -> None:
     print(text, flush=True)
+    if LOG is not None:
+        with LOG.open("a") as f:
+            f.write(text + "\n")
+
+
+def _ort_version() -> str:
+    try:
+        import onnxruntime
+
+        return f", onnxruntime {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})"
+    except ImportError:
+        return ", onnxruntime not importable"
 
 
 def tfgraph_cli(*args: str) -> str:
@@ -131,12 +156,44 @@ def hf_side(model: Any, prompts: list[list[int]], new: int, device: str, **kw: A
             torch.cuda.synchronize()
         return time.perf_counter() - start, out
 
-    timed(1)  # warm-ups: a static cache's length is prompt + new tokens, so both compile
+    # A warm-up of the same length (a static cache is sized prompt + new tokens: one compile).
+    # The timed call includes the prompt's forward, about one decoding step's time at 16
+    # tokens, so the rate reads at most ~1/new low; a second length would compile again.
     timed(new)
-    one, _ = timed(1)
     full, out = timed(new)
-    rate = len(prompts) * (new - 1) / max(full - one, 1e-9)
-    return Row("", len(prompts), rate, out[:, ids.shape[1]:].tolist())
+    rate = len(prompts) * new / max(full, 1e-9)
+    return Row("", len(prompts), rate, out[:, ids.shape[1]:].tolist(),
+               "prompt's forward included")
+
+
+def compiled_side(source: str, prompts: list[list[int]], new: int, provider: str) -> Row:
+    """tfgraph torch, compiled: the static cache as module buffers under torch.compile
+    (``mode="reduce-overhead"`` on CUDA). Inductor counts each graph it could not capture as a
+    CUDA graph (``counters["inductor"]["cudagraph_skips"]``); the note says how many."""
+    from torch._dynamo.utils import counters
+
+    before = counters["inductor"]["cudagraph_skips"]
+    row = tfgraph_side(source, prompts, new, backend="torch", provider=provider, compile=True)
+    if provider == "cuda":
+        skips = counters["inductor"]["cudagraph_skips"] - before
+        row.note += "; CUDA graphs: " + ("captured" if not skips else
+                                         f"{skips} graphs skipped (TORCH_LOGS=perf_hints says why)")
+    return row
+
+
+def write_word_tokenizer(folder: Path) -> None:
+    """A tokenizer for a folder without one (onnxruntime-genai's builder refuses such a
+    folder): one word per id, ``t0`` .. ``t{vocab-1}``; only ids cross the benchmark."""
+    if (folder / "tokenizer.json").exists():
+        return
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = int(json.loads((folder / "config.json").read_text())["vocab_size"])
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0"}))
 
 
 def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> Row:
@@ -144,6 +201,7 @@ def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> 
 
     out = work / "genai"
     if not out.exists():
+        write_word_tokenizer(folder)
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder),
                "-o", str(out), "-p", "fp16", "-e", "cuda", "-c", str(work / "genai-cache")]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -173,6 +231,106 @@ def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> 
     return Row("", len(prompts), len(prompts) * (new - 1) / max(spent, 1e-9), rows)
 
 
+def numerics(folder: Path, work: Path, hf16: Any, parts: tuple[str, ...], cuda: bool,
+             onnx_path: Path, vocab: int) -> list[str]:
+    """Issue 24 item 4: each side's float16 logits against the float32 ones (TF32 off) on the
+    same weights, as a multiple of transformers' own float16 distance, and how often the
+    argmax (a greedy token) differs from float32's, beside the share of positions whose top
+    two float32 logits lie closer than transformers' own float16 error (near-ties that any
+    16-bit implementation may flip)."""
+    import torch
+    import transformers
+
+    device = "cuda" if cuda else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rng = np.random.default_rng(1)
+    ids = torch.from_numpy(rng.integers(3, vocab, (4, 64))).to(device)
+    hf32 = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager").to(device).eval()
+    with torch.no_grad():
+        want = hf32(ids).logits.float()
+    del hf32
+    if hf16.dtype != torch.float16:  # the CPU run's float32 model: a float16 copy of it
+        hf16 = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float16, attn_implementation="sdpa").to(device).eval()
+    sides: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        sides["transformers float16 (sdpa)"] = hf16(ids).logits.float()
+    if "torch" in parts:
+        torch_dir = work / "torch"
+        if not (torch_dir / "model.py").is_file():
+            tfgraph_cli("build", str(folder), "--to", "torch", "-o", str(torch_dir))
+        import importlib.util
+
+        loader = importlib.util.spec_from_file_location("tfgraph_gpu_model", torch_dir / "model.py")
+        assert loader is not None and loader.loader is not None
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+        net = module.load(str(torch_dir)).to(device=device, dtype=torch.float16).eval()
+        with torch.no_grad():
+            sides["tfgraph torch float16"] = net(ids).float()
+        del net
+    if "onnx" in parts and cuda:
+        sides["tfgraph ONNX float16 (CUDA)"] = torch.from_numpy(
+            onnx_logits(onnx_path, ids.cpu().numpy())).to(device).float()
+    theirs = (sides["transformers float16 (sdpa)"] - want).abs().max().item()
+    top2 = want.topk(2, dim=-1).values
+    ties = ((top2[..., 0] - top2[..., 1]) < theirs).float().mean().item()
+    best = want.argmax(-1)
+    lines = [f"float16 numerics ({device}, 4 x 64 tokens, against float32 logits with TF32 off; "
+             f"{ties:.0%} of positions have their top two float32 logits within transformers' "
+             f"own float16 error):"]
+    for name, got in sides.items():
+        err = (got - want).abs().max().item()
+        flips = (got.argmax(-1) != best).float().mean().item()
+        lines.append(f"  {name}: max |error| {err:.4f} ({err / theirs:.2f}x transformers'), "
+                     f"argmax differs from float32 at {flips:.1%} of positions")
+    for line in lines:
+        say(line)
+    return lines
+
+
+def onnx_logits(onnx_path: Path, ids: np.ndarray) -> np.ndarray:
+    """Full-sequence logits of the KV-cache model from an empty cache, on the CUDA provider."""
+    from tfgraph.exporters.onnx import runtime as rt
+
+    session, _, _ = rt.create_session(onnx_path, "cuda", dtype="float16")
+    batch, seq = ids.shape
+    feeds: dict[str, np.ndarray] = {"input_ids": ids.astype(np.int64),
+                                    "attention_mask": np.ones((batch, seq), np.int64)}
+    for arg in session.get_inputs():
+        if arg.name == "position_ids":
+            feeds[arg.name] = np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
+        elif arg.name.startswith("past_key_values."):
+            kind = np.float16 if arg.type == "tensor(float16)" else np.float32
+            feeds[arg.name] = np.zeros((batch, int(arg.shape[1]), 0, int(arg.shape[3])), kind)
+    return np.asarray(rt.run(session, feeds), np.float32)
+
+
+def cuda_checks(work: Path, cuda: bool, build_only: bool = False) -> list[str]:
+    """Issue 24 item 5: ``tfgraph run MODEL.onnx --check`` on the CUDA provider, float32 and
+    float16 builds of specs/base.yaml: the check's own verdict line and exit status."""
+    provider = "cuda" if cuda else "cpu"
+    lines = []
+    for dtype in ("float32", "float16"):
+        path = work / f"base-{dtype}.onnx"
+        if not path.is_file():
+            tfgraph_cli("build", str(ROOT / "specs" / "base.yaml"), "--to", "onnx", "--dtype",
+                        dtype, "-o", str(path))
+        if build_only:
+            continue
+        done = subprocess.run([sys.executable, "-m", "tfgraph", "run", str(path), "--provider",
+                               provider, "--check", "--repeat", "3"],
+                              capture_output=True, text=True)
+        said = [ln.strip() for ln in (done.stdout + done.stderr).splitlines()
+                if "max |" in ln or "TF32" in ln or "error" in ln.lower()]
+        lines.append(f"run --check, base.yaml {dtype} on {provider}: exit {done.returncode}: "
+                     f"{' / '.join(said) or (done.stdout + done.stderr).strip()[-300:]}")
+        say(lines[-1])
+    return lines
+
+
 def median_ms(step: Callable[[], None], cuda: bool, repeat: int) -> float:
     import torch
 
@@ -189,7 +347,7 @@ def median_ms(step: Callable[[], None], cuda: bool, repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def training(spec_path: Path, folder: Path, cuda: bool, quick: bool) -> list[str]:
+def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool) -> list[str]:
     """tfgraph's module against LlamaForCausalLM: training step time and activation peaks."""
     import torch
     import torch.nn.functional as F
@@ -227,30 +385,57 @@ def training(spec_path: Path, folder: Path, cuda: bool, quick: bool) -> list[str
         return lines
     del hf
     torch.cuda.empty_cache()
-    report = json.loads(tfgraph_cli("report", str(spec_path), "--batch", str(batch), "--seq",
+    lines += activation_peaks(spec, ours, ids, work)
+    return lines
+
+
+def activation_peaks(spec: Any, ours: Any, ids: Any, work: Path) -> list[str]:
+    """``torch.cuda.max_memory_allocated`` against ``tfgraph report --fused-attention`` of the
+    same spec in bfloat16 (its float32 log-probabilities stay 4 bytes: scaling a float32
+    report would halve them). Training: the loss graph's module (``compile(spec, loss=True)``:
+    the model and its token cross-entropy, what the report's training peak walks) after one
+    step, so the parameters' gradients already exist and count as model states, as in the
+    report, not as activations. Inference: the model's forward under no_grad."""
+    import torch
+
+    import tfgraph
+    from tfgraph.exporters import to_torch
+
+    batch, seq = ids.shape
+    spec16 = spec.model_copy(update={"dtype": "bfloat16"})
+    path16 = work / "train-bf16.yaml"
+    path16.write_text(tfgraph.dump_spec(spec16))
+    report = json.loads(tfgraph_cli("report", str(path16), "--batch", str(batch), "--seq",
                                     str(seq), "--fused-attention", "--json"))
-    # the report counts the spec's dtype; the run is bfloat16
-    scale = 2 / {"float32": 4, "float16": 2, "bfloat16": 2}[report["dtype"]]
-    want_train = report["memory"]["train_activations_peak"] * scale
-    want_infer = report["memory"]["activations_peak"] * scale
+    want_train = report["memory"]["train_activations_peak"]
+    want_infer = report["memory"]["activations_peak"]
+    loss_model = to_torch(tfgraph.compile(spec16, loss=True), seed=0).to(ids.device).train()
+
+    def loss_step() -> None:
+        loss_model(ids, ids).backward()
+
+    loss_step()  # the gradients exist from here on (accumulated into by the measured step)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    step(ours, False)()
+    loss_step()
     torch.cuda.synchronize()
     got_train = torch.cuda.max_memory_allocated() - base
+    del loss_model
+    torch.cuda.empty_cache()
     ours.eval()
+    torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
         ours(ids)
     torch.cuda.synchronize()
     got_infer = torch.cuda.max_memory_allocated() - base
-    lines.append(f"activation peak, training: measured {got_train / 1e9:.2f} GB vs report "
-                 f"--fused-attention {want_train / 1e9:.2f} GB ({got_train / want_train:.3f})")
-    lines.append(f"activation peak, inference: measured {got_infer / 1e9:.3f} GB vs report "
-                 f"{want_infer / 1e9:.3f} GB ({got_infer / want_infer:.4f})")
-    return lines
+    return [f"activation peak, training (loss graph's module, bfloat16): measured "
+            f"{got_train / 1e9:.3f} GB vs report --fused-attention {want_train / 1e9:.3f} GB "
+            f"({got_train / want_train:.3f})",
+            f"activation peak, inference: measured {got_infer / 1e9:.3f} GB vs report "
+            f"{want_infer / 1e9:.3f} GB ({got_infer / want_infer:.4f})"]
 
 
 def main() -> int:
@@ -260,8 +445,24 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=None,
                         help="tokens per row (default 256, 16 with --quick)")
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--part", choices=PARTS, default="all",
+                        help="torch: transformers and tfgraph's torch sides, numerics, training; "
+                             "onnx: tfgraph ONNX, onnxruntime-genai, run --check; all: both")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="folder for the built models, reused when it holds them "
+                             "(default: a new temporary folder)")
+    parser.add_argument("--log", type=Path, default=None,
+                        help="also append every printed line to this file as it comes")
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help="which of decode, numerics, train, checks to run (default: all; "
+                             "train is in the torch part, checks in the onnx part); --steps "
+                             "build only builds the models into --work")
     args = parser.parse_args()
+    steps = set(args.steps.split(","))
+    if not steps <= {*STEPS, "build"}:
+        sys.exit(f"--steps: choose from {', '.join(STEPS)}, build")
+    global LOG
+    LOG = args.log
     import torch
     import transformers
 
@@ -278,59 +479,73 @@ def main() -> int:
     batches = [int(b) for b in args.batches.split(",")]
     spec_path = ROOT / "specs" / ("tiny-llama.yaml" if quick else "llama.yaml")
     dtype = "float16" if cuda else "float32"
+    parts = ("torch", "onnx") if args.part == "all" else (args.part,)
     import tfgraph
 
     spec = tfgraph.load_spec(spec_path)
     say(f"card      {card}")
     say(f"versions  torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"tfgraph {getattr(tfgraph, '__version__', '?')}")
+        f"tfgraph {getattr(tfgraph, '__version__', '?')}{_ort_version()}")
     say(f"model     {spec_path.name}, {dtype}, prompts of {PROMPT_LEN}, {new} new tokens, "
-        f"greedy, batches {batches}")
-    work = Path(tempfile.mkdtemp(prefix="tfgraph-gpu-"))
+        f"greedy, batches {batches}, parts {', '.join(parts)}")
+    work = args.work or Path(tempfile.mkdtemp(prefix="tfgraph-gpu-"))
+    work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     folder = work / "hf"
-    tfgraph_cli("build", str(spec_path), "--to", "hf", "-o", str(folder), "--seed", "0")
+    if not (folder / "config.json").is_file():  # the same weights for every side, in dtype
+        tfgraph_cli("build", str(spec_path), "--to", "hf", "--dtype", dtype, "-o", str(folder),
+                    "--seed", "0")
     onnx_path = work / "onnx" / "model.onnx"
-    onnx_path.parent.mkdir()
-    tfgraph_cli("build", str(folder), "--to", "onnx", "--kv-cache", "--dtype", dtype, "-o",
-                str(onnx_path))
-    say(f"built     {folder} and {onnx_path} in {time.perf_counter() - start:.0f} s")
+    if ("onnx" in parts or "build" in steps) and not onnx_path.is_file():
+        onnx_path.parent.mkdir(exist_ok=True)
+        tfgraph_cli("build", str(folder), "--to", "onnx", "--kv-cache", "--dtype", dtype,
+                    "--genai-provider", "cuda" if cuda else "cpu", "-o", str(onnx_path))
+    say(f"built     {folder}{' and ' + str(onnx_path) if 'onnx' in parts else ''} in "
+        f"{time.perf_counter() - start:.0f} s")
+    if "build" in steps:
+        cuda_checks(work, cuda, build_only=True)
+        return 0
     weight_bytes = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    if dtype == "float16":
-        weight_bytes = weight_bytes * 2 // 4 if not _is_16bit(folder) else weight_bytes
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").to(device).eval()
-    try:
-        import onnxruntime_genai  # noqa: F401
-        genai = cuda
+    genai = False
+    if "onnx" in parts:
+        try:
+            import onnxruntime_genai  # noqa: F401
+            genai = cuda
+            if not cuda:
+                skipped.append("onnxruntime-genai CUDA: needs CUDA")
+        except ImportError:
+            skipped.append("onnxruntime-genai: not importable here")
         if not cuda:
-            skipped.append("onnxruntime-genai CUDA: needs CUDA")
-    except ImportError:
-        genai = False
-        skipped.append("onnxruntime-genai: not importable here")
-    if not cuda:
-        skipped.append("tfgraph ONNX on CUDA: ran on the CPU provider instead")
+            skipped.append("tfgraph ONNX on CUDA: ran on the CPU provider instead")
+    if "torch" in parts and not cuda:
         skipped.append("CUDA graphs (torch.compile mode reduce-overhead): CUDA only; the "
                        "compiled side used inductor's default mode")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=getattr(torch, dtype), attn_implementation="sdpa").to(device).eval()
     rows: list[Row] = []
     provider = "cuda" if cuda else "cpu"
-    for batch in batches:
+    for batch in batches if "decode" in steps else []:
         prompts = prompts_for(batch, spec.vocab_size("source"))
+        # transformers eager runs in both parts: every side's tokens are compared with it
         sides: list[tuple[str, Callable[[], Row]]] = [
-            ("transformers eager", lambda: hf_side(hf, prompts, new, device)),
-            ("transformers static cache", lambda: hf_side(
-                hf, prompts, new, device, cache_implementation="static")),
-            (f"tfgraph ONNX ({provider})", lambda: tfgraph_side(
-                str(onnx_path), prompts, new, provider=provider)),
-            ("tfgraph torch eager", lambda: tfgraph_side(
-                str(folder), prompts, new, backend="torch", provider=provider)),
-            ("tfgraph torch compiled", lambda: tfgraph_side(
-                str(folder), prompts, new, backend="torch", provider=provider,
-                compile=True)),
-        ]
-        if genai:
-            sides.append(("onnxruntime-genai (own model, CUDA)",
-                          lambda: genai_side(folder, work, prompts, new)))
+            ("transformers eager", lambda: hf_side(hf, prompts, new, device))]
+        if "torch" in parts:
+            sides += [
+                ("transformers static cache", lambda: hf_side(
+                    hf, prompts, new, device, cache_implementation="static")),
+                ("tfgraph torch eager", lambda: tfgraph_side(
+                    str(folder), prompts, new, backend="torch", provider=provider)),
+                ("tfgraph torch compiled", lambda: compiled_side(
+                    str(folder), prompts, new, provider)),
+            ]
+        if "onnx" in parts:
+            sides.append((f"tfgraph ONNX ({provider})", lambda: tfgraph_side(
+                str(onnx_path), prompts, new, provider=provider)))
+            if genai:
+                sides.append(("onnxruntime-genai (own model, CUDA)",
+                              lambda: genai_side(folder, work, prompts, new)))
+                sides.append(("onnxruntime-genai on tfgraph's model (CUDA)",
+                              lambda: genai_run(onnx_path.parent, prompts, new)))
         for name, run in sides:
             try:
                 row = run()
@@ -345,11 +560,31 @@ def main() -> int:
     floor = bw / weight_bytes
     lines = [f"card: {card}", f"bandwidth floor (batch 1): {weight_bytes / 1e9:.3f} GB of "
              f"weights / {bw / 1e12:.2f} TB/s read ({how}) = {floor:,.0f} tokens/s"]
+    lines += table(rows, floor)
+    say("\n".join(["", "decode figures:"] + lines[1:]))
+    if "numerics" in steps:
+        lines += numerics(folder, work, hf, parts, cuda, onnx_path, spec.vocab_size("source"))
+    del hf
+    if "onnx" in parts and "checks" in steps:
+        lines += cuda_checks(work, cuda)
+    if "torch" in parts and "train" in steps:
+        lines += training(spec_path, folder, work, cuda, quick)
+    lines += [f"skipped: {s}" for s in skipped]
+    say(f"\n--- for benchmarks/RESULTS.md ({time.perf_counter() - start:.0f} s in all) ---")
+    for line in lines:
+        say(line)
+    return 0
+
+
+def table(rows: list[Row], floor: float) -> list[str]:
+    """One line per side and batch: speed, share of the floor, tokens equal to transformers."""
+    lines = []
     for row in rows:
         ref = next((r for r in rows if r.batch == row.batch
                     and r.side == "transformers eager"), None)
         same = ""
-        if ref is not None and ref.tokens is not None and row.tokens is not None:
+        if ref is not None and ref is not row and ref.tokens is not None \
+                and row.tokens is not None:
             equal = sum(int(a == b) for ra, rb in zip(row.tokens, ref.tokens)
                         for a, b in zip(ra, rb))
             same = f", {equal}/{sum(len(r) for r in ref.tokens)} tokens = transformers eager"
@@ -358,19 +593,7 @@ def main() -> int:
             f" ({row.tokens_per_s / floor:.0%} of the floor)"
         lines.append(f"batch {row.batch}: {row.side}: {rate}{share}{same}"
                      f"{'; ' + row.note if row.note else ''}")
-    del hf
-    if not args.skip_train:
-        lines += training(spec_path, folder, cuda, quick)
-    lines += [f"skipped: {s}" for s in skipped]
-    say(f"\n--- for benchmarks/RESULTS.md ({time.perf_counter() - start:.0f} s in all) ---")
-    for line in lines:
-        say(line)
-    return 0
-
-
-def _is_16bit(folder: Path) -> bool:
-    config = json.loads((folder / "config.json").read_text())
-    return str(config.get("torch_dtype", config.get("dtype", ""))) in ("float16", "bfloat16")
+    return lines
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def test_numbers_are_the_reports_at_every_length(variants: list) -> None:
             rep = graph.report(batch=3, seq=seq, tgt_seq=seq)
             assert row["seq"] == seq
             assert row["values"] == {
+                "flops.forward_effective": rep["flops"]["forward_effective"],
                 "flops.forward": rep["flops"]["forward"],
+                "flops.matmul_effective": rep["flops"]["matmul_effective"],
                 "flops.matmul": rep["flops"]["matmul"],
                 "memory.activations_peak": rep["memory"]["activations_peak"],
                 "memory.kv_cache": rep["memory"]["kv_cache"],

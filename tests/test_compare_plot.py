@@ -62,7 +62,7 @@ def test_every_extrapolated_figure_of_the_data_carries_the_dagger(plotted: tuple
     daggers = _daggers(fig)
     expected = {}
     for i, v in enumerate(data["variants"]):
-        for key in ("flops.forward", "memory.activations_peak", "memory.kv_cache",
+        for key in ("flops.forward_effective", "memory.activations_peak", "memory.kv_cache",
                     "memory.train_step"):
             points = [(row["seq"], row["values"][key]) for row in v["at"]
                       if row["beyond_max_len"] and row.get("values")
@@ -77,8 +77,8 @@ def test_every_extrapolated_figure_of_the_data_carries_the_dagger(plotted: tuple
         xs, ys = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
         assert list(zip(xs.tolist(), ys.tolist())) == points
     # rotary and sinusoidal positions extrapolate: 256 and 1024 past tiny-llama's 128
-    assert [x for x, _ in expected["extrapolated-2-flops.forward"]] == [256, 1024]
-    assert [x for x, _ in expected["extrapolated-1-flops.forward"]] == [1024]
+    assert [x for x, _ in expected["extrapolated-2-flops.forward_effective"]] == [256, 1024]
+    assert [x for x, _ in expected["extrapolated-1-flops.forward_effective"]] == [1024]
 
 
 def test_the_dagger_is_in_the_legend_and_the_svg(plotted: tuple, tmp_path: Path) -> None:
@@ -104,7 +104,8 @@ def test_a_learned_table_has_no_curve_past_max_len(plotted: tuple) -> None:
             xs = list(line.get_xdata())
             assert max(xs) <= 64, (ax.get_title(loc="left"), xs)
             ends += line.get_gid() == "max-len-end"
-    assert ends == 3 + 3  # FLOPs, attention and FFN, three memory curves
+    # FLOPs (work done and dense), attention (work done and dense) and FFN, three memory curves
+    assert ends == 5 + 3
     labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
     assert any("learned position table: no figures past it" in t for t in labels)
 
@@ -177,9 +178,9 @@ def test_legends_and_crossovers_stay_off_the_data(plotted: tuple) -> None:
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     for v in data["variants"]:
         assert any(t.startswith(f"{v['name']}: attention = FFN at S ≈ "
-                                f"{v['crossover']['seq']:,.0f}") for t in labels)
-    assert any("(past max_len 64)" in t for t in labels)  # tiny-decoder's 178
-    # a crossover marker only where the curve has figures: tiny-decoder's (178 > 64) has none
+                                f"{v['crossover_effective']['seq']:,.0f}") for t in labels)
+    assert any("(past max_len 64)" in t for t in labels)  # tiny-decoder's
+    # a crossover marker only where the curve has figures: tiny-decoder's (past 64) has none
     crossovers = {line.get_gid() for ax in fig.axes for line in ax.lines
                   if str(line.get_gid()).startswith("crossover-")}
     assert crossovers == {"crossover-1", "crossover-2"}

@@ -87,12 +87,16 @@ def test_plot_svg_has_all_panels_and_the_crossovers(tmp_path: Path) -> None:
     for title in ("Forward FLOPs", "Attention-score (dashed) vs FFN (dotted) FLOPs",
                   "Memory", "Parameters by kind"):
         assert title in joined, title
-    for v in data["variants"]:  # crossovers are listed in the legend, in report's symbol S
-        assert any(f"attention = FFN at S ≈ {v['crossover']['seq']:,.0f}" in t for t in texts)
+    for v in data["variants"]:  # crossovers are listed in the legend, in report's symbol S:
+        # the headline one (attention over the keys each query reads), then the dense one
+        head, dense = v["crossover_effective"]["seq"], v["crossover"]["seq"]
+        assert any(f"attention = FFN at S ≈ {head:,.0f}" in t
+                   and f"(dense: S ≈ {dense:,.0f})" in t for t in texts)
     assert not any("L≈" in t or "L ≈" in t or "L (" in t for t in texts)
     # the grid spans the requested lengths and every crossover
     grid = lengths_for(data)
-    assert grid[0] <= 16 and grid[-1] >= max(v["crossover"]["seq"] for v in data["variants"])
+    assert grid[0] <= 16 and grid[-1] >= max(v[key]["seq"] for v in data["variants"]
+                                             for key in ("crossover", "crossover_effective"))
 
 
 def test_markdown_page_links_files_that_exist(tmp_path: Path) -> None:

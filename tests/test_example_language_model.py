@@ -45,6 +45,9 @@ def test_quick_run_learns_and_onnx_greedy_equals_torch(tmp_path: Path) -> None:
     assert figures["greedy_equal"] is True
     assert [len(t) for t in figures["greedy_tokens"]] == [24, 24, 24]
     assert figures["sample"].startswith("def ")
+    # --prompt TEXT through the byte-level tokenizer.json written beside the model
+    assert figures["tokenizer_text_equal"] is True
+    assert (out / "tokenizer.json").is_file()
     assert (out / "byte-lm.onnx").is_file()
     # the greedy tokens it reports are the trained torch module's, recomputed here
     model = to_torch(tfgraph.compile(SCRIPT.parent / "byte-lm.yaml"),

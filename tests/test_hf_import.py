@@ -272,6 +272,8 @@ def test_name_map_refuses_unknown_names_and_untied_aliases() -> None:
         names.to_tfgraph({"model.embed_tokens.weight": table, "lm_head.weight": table * 2})
     with pytest.raises(NameMapError, match="no Hugging Face tensor"):
         names.from_tfgraph({"decoder.layers.0.mystery.weight": table})
-    split = name_map({**LLAMA, "model_type": "phi3"})
+    # a Phi-3 config: Llama's keys less mlp_bias, which Phi-3 has not (strict import)
+    split = name_map({**{k: v for k, v in LLAMA.items() if k != "mlp_bias"},
+                      "model_type": "phi3"})
     with pytest.raises(NameMapError, match="missing"):
         split.from_tfgraph({"decoder.layers.0.self_attn.q.weight": np.zeros((64, 64))})

@@ -128,3 +128,51 @@ def test_no_reference_to_documents_users_do_not_have() -> None:
         if line.startswith("Not yet"):
             assert "genai_config.json" not in line.split("(")[0], line
     assert "`genai_config.json` beside it for onnxruntime-genai" in readme
+
+
+def test_every_timed_output_points_to_the_timings_section() -> None:
+    """Issue 28 item 7: times in README are one machine's (its Timings section names it and
+    its load); each block of timed output says so right before it. ``plan`` output is a
+    prediction from stated efficiencies, not a measurement here."""
+    readme = (ROOT / "README.md").read_text()
+    section = " ".join(readme.split("### Timings", 1)[1].split("\n### ", 1)[0].split())
+    assert "2 cores" in section and "load average" in section and "benchmarks/RESULTS.md" in section
+    timed = re.compile(r"\d ms\b|tokens/s|, \d+(?:\.\d+)? s\)|\bin \d+(?:\.\d+)? s\b")
+    checked = 0
+    for block in re.finditer(r"```[a-z]*\n(.*?)```", readme, re.S):
+        body = block.group(1)
+        if not timed.search(body) or body.startswith("$ tfgraph plan"):
+            continue
+        before = readme[max(0, block.start() - 300):block.start()]
+        assert "[Timings](#timings)" in before, body.splitlines()[0]
+        checked += 1
+    assert checked >= 4  # build, run, generate, a folder build
+
+
+def test_readme_quotes_the_effective_headline_figures() -> None:
+    """Issue 28 item 1: README's report and compare sections quote the work done (causal masks
+    and sliding windows counted) as the headline and the dense figures beside it; each number
+    quoted is the one the code gives."""
+    import tfgraph
+    from tfgraph.passes.compare import crossover, crossover_effective
+
+    assert "#### Effective and dense FLOPs" in README
+    for name, effective, dense in (("gpt2", "6,002", "3,001"), ("base", "1,603", "1,335"),
+                                   ("llama", "16,455", "8,228")):
+        graph = tfgraph.compile(ROOT / "specs" / f"{name}.yaml")
+        assert f"{crossover_effective(graph)['seq']:,.0f}" == effective and effective in README
+        assert f"{crossover(graph)['seq']:,.0f}" == dense and dense in README
+    mistral = tfgraph.compile(ROOT / "specs" / "mistral-7b.yaml")
+    assert crossover_effective(mistral)["seq"] is None  # "stays below its FFN at every length"
+    assert f"{crossover(mistral)['seq']:,.0f}" == "21,220" and "21,220 for Mistral 7B" in README
+    spec = tfgraph.load_spec(ROOT / "specs" / "mistral-7b.yaml").model_dump(mode="json")
+    quoted = {"533.00 TFLOP": dict(spec["attention"]),
+              "751.5 TFLOP": {**spec["attention"], "window": None},
+              "642.2 TFLOP": {**spec["attention"], "window_pattern": ["local", "global"]}}
+    for text, attention in quoted.items():
+        graph = tfgraph.compile(tfgraph.Spec.model_validate({**spec, "attention": attention}))
+        flops = graph.report(seq=32768)["flops"]
+        value = flops["forward_effective"] / 1e12
+        assert text in README and (f"{value:.2f} TFLOP" == text or f"{value:.1f} TFLOP" == text)
+        assert f"{flops['forward'] / 1e15:.2f} PFLOP" == "1.04 PFLOP"
+    assert "51.4% of the dense 1.04 PFLOP" in README

@@ -16,7 +16,9 @@ What it shows, step by step:
 5. Deployment: the trained ``state_dict`` saved as safetensors, ``tfgraph build --to onnx
    --kv-cache --weights`` and ``tfgraph generate`` on onnxruntime, decoding through the KV
    cache. Its greedy tokens must equal the torch module's, recomputed from the whole prefix at
-   every step. Then a sampled continuation.
+   every step. Then a sampled continuation from ``--prompt TEXT``: a byte-level
+   ``tokenizer.json`` (``tfgraph.hf.tokenizer.write_byte_level``) is written beside the model,
+   and its decoded text must be the bytes'.
 
 Success criterion (the exit status is 1 when it fails): held-out perplexity below --max-ppl
 (--quick: 40 after 40 steps, against about 256 untrained; full run: 8, a third of the
@@ -44,6 +46,7 @@ from safetensors.torch import save_file
 
 import tfgraph
 from tfgraph.exporters import to_torch
+from tfgraph.hf.tokenizer import write_byte_level
 
 HERE = Path(__file__).resolve().parent
 SPEC = HERE / "byte-lm.yaml"
@@ -269,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     onnx_path = args.out / "byte-lm.onnx"
     tfgraph_cli("build", str(SPEC), "--to", "onnx", "--kv-cache", "--weights", str(weights),
                 "-o", str(onnx_path))
+    # The model's ids are bytes: a byte-level tokenizer.json beside it lets `tfgraph generate
+    # byte-lm.onnx --prompt TEXT` take and print text.
+    write_byte_level(onnx_path.parent)
 
     # Greedy through onnxruntime's KV cache (one left-padded batch) vs the torch module.
     prompts = [list(p.encode()) for p in PROMPTS]
@@ -279,16 +285,18 @@ def main(argv: list[str] | None = None) -> int:
         same = same and onnx_tokens == torch_tokens
         console.print(f"greedy {'==' if onnx_tokens == torch_tokens else '!='} torch: "
                       f"{as_text(prompt + onnx_tokens)!r}")
-    sample = onnx_generate(onnx_path, [list(SAMPLE_PROMPT.encode())], args.sample_tokens,
-                           args.threads, "--temperature", "0.8",
+    sample = onnx_generate(onnx_path, [], args.sample_tokens, args.threads,
+                           "--prompt", SAMPLE_PROMPT, "--temperature", "0.8",
                            "--top-k", "20", "--seed", str(args.seed))
-    sample_text = as_text(list(SAMPLE_PROMPT.encode()) + sample["tokens"][0])
+    # the tokenizer's text is the bytes' (a byte cut mid-character decodes the same way)
+    text_ok = sample["text"][0] == as_text(sample["tokens"][0])
+    sample_text = SAMPLE_PROMPT + sample["text"][0]
     console.print("sample (temperature 0.8, top-k 20, onnxruntime):", style="bold")
     console.print(sample_text, markup=False, highlight=False)
     console.print(f"decode {sample['decode_tokens_per_s']:.0f} tokens/s, first token after "
                   f"{1e3 * sample['time_to_first_token_s']:.1f} ms")
 
-    passed = trained < args.max_ppl and same
+    passed = trained < args.max_ppl and same and text_ok
     total_s = time.perf_counter() - began
     console.print(f"whole run {total_s:.1f} s (outputs in {args.out})")
     figures = {
@@ -298,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "unigram_ppl": unigram, "held_out_ppl": trained, "max_ppl": args.max_ppl,
         "train_seconds": train_s, "train_cpu_seconds": train_cpu_s, "history": history,
         "total_seconds": total_s, "greedy_equal": same,
+        "tokenizer_text_equal": text_ok,
         "greedy_tokens": greedy["tokens"], "sample": sample_text,
         "decode_tokens_per_s": sample["decode_tokens_per_s"], "passed": passed,
     }
@@ -305,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json_out.write_text(json.dumps(figures, indent=1))
     verdict = "PASS" if passed else "FAIL"
     print(f"{verdict}: held-out perplexity {trained:.2f} (must be < {args.max_ppl:g}; "
-          f"untrained {untrained:.1f}, unigram {unigram:.2f}), greedy ONNX == torch: {same}")
+          f"untrained {untrained:.1f}, unigram {unigram:.2f}), greedy ONNX == torch: {same}, "
+          f"--prompt text == its bytes: {text_ok}")
     return 0 if passed else 1
 
 

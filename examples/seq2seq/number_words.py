@@ -81,7 +81,8 @@ def batches(batch: int, digits: int, exclude: set[int], seed: int
 
     Each batch draws one source length k uniformly (so short numbers are not drowned by long
     ones), then ``batch`` numbers of k digits not in ``exclude``. All sources in a batch have
-    length k: the trained module takes no source padding mask, so a batch must need none.
+    length k, so a batch needs no source padding (sources of mixed lengths would be
+    left-padded and passed with their mask: ``model(src, tgt_in, attention_mask=mask)``).
     Targets are right-padded: tgt_in = <bos> words (B, T), labels = words <eos> (B, T), PAD
     where a row is shorter (the loss ignores those positions; causal attention keeps the
     padding after a row's end from reaching its real positions).

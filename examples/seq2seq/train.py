@@ -42,8 +42,6 @@ from safetensors.torch import save_file
 
 import tfgraph
 from tfgraph.exporters import to_torch
-from tfgraph.exporters.torch.recompute import RecomputeTorch
-from tfgraph.generation.loop import generate
 
 import number_words as task  # examples/seq2seq/number_words.py, beside this script
 
@@ -136,13 +134,12 @@ def plot_losses(losses: list[float], path: Path, title: str) -> None:
 
 
 def torch_decode(model: torch.nn.Module, sources: list[list[int]], beams: int,
-                 max_new: int, max_len: int | None = None) -> list[list[int]]:
-    """The trained module's translations (token ids, <eos> included) through tfgraph's
-    decoding loop: greedy for beams = 1, else beam search; the module has no cache, so every
-    step recomputes the target prefix."""
-    stepper = RecomputeTorch(model, encoder_decoder=True, vocab=len(task.VOCAB),
-                             max_len=max_len, decoder_start=task.BOS)
-    return generate(stepper, sources, max_new, beams=beams, eos_token_id=task.EOS).tokens
+                 max_new: int) -> list[list[int]]:
+    """The trained module's translations (token ids, <eos> included): ``tfgraph.generate`` on
+    the module itself (its KV-cache graphs over its parameters, in eval mode), greedy for
+    beams = 1, else beam search; the sources are one left-padded batch."""
+    return tfgraph.generate(model, sources, max_new_tokens=max_new, beams=beams,
+                            eos_token_id=task.EOS, decoder_start_token_id=task.BOS).tokens
 
 
 def tfgraph_cli(*args: str) -> str:
@@ -198,8 +195,8 @@ def main() -> int:
 
     # 3. Held-out exact match of the torch module: greedy (the criterion) and beam search.
     sources = [task.source_ids(n) for n in test_numbers]
-    torch_greedy = torch_decode(model, sources, 1, MAX_NEW_TOKENS, spec.max_len)
-    torch_beam = torch_decode(model, sources, args.beams, MAX_NEW_TOKENS, spec.max_len)
+    torch_greedy = torch_decode(model, sources, 1, MAX_NEW_TOKENS)
+    torch_beam = torch_decode(model, sources, args.beams, MAX_NEW_TOKENS)
     accuracy = exact_match(torch_greedy, test_numbers)
     for n, out in list(zip(test_numbers, torch_greedy))[:3]:
         words = " ".join(task.VOCAB[t] for t in out if t != task.EOS)

@@ -1,8 +1,11 @@
 """Plots for ``tfgraph compare --plot`` (matplotlib, Agg; no pyplot global state).
 
 One figure, four panels, one colour per variant:
-1. forward FLOPs against the sequence length S (log-log), the attention/FFN crossover marked;
-2. attention-score FLOPs (dashed) and FFN FLOPs (dotted): the crossover is where they meet;
+1. forward FLOPs against the sequence length S (log-log), the attention/FFN crossover marked:
+   the work done (``flops.forward_effective``: causal masks and sliding windows skip scores)
+   solid, the dense count (full score matrices) thin and dotted;
+2. attention-score FLOPs (dashed; thin dash-dot: dense) and FFN FLOPs (dotted): the crossover
+   (``crossover_effective``) is where the dashed and dotted curves meet;
 3. memory (log-log, binary units): inference activation peak, KV cache, an Adam training step;
 4. parameters by kind (stacked bars; ``tfgraph.passes.param_groups``, the table's grouping).
 
@@ -44,6 +47,9 @@ from tfgraph.passes.param_groups import kind_title, order_kinds
 from tfgraph.terminal import printable
 
 GRID_POINTS = 18
+# the headline crossover (effective attention) and the dense one: both inside the plot range
+CROSSOVER_KEYS = ("crossover_effective", "crossover")
+DENSE_STYLE = {"ls": (0, (1, 2)), "lw": 1.1}  # the dense FLOPs beside the work done
 MAX_LENGTH = 1 << 20  # plot range cap: crossovers beyond a million tokens are off the chart
 PARAM_COLOURS = {"embed": "#f4a259", "self_attn": "#5b8fd1", "cross_attn": "#4cb08a",
                  "ffn": "#e07a5f", "layer": "#b8a9c9", "norm": "#e9c46a", "head": "#8d99ae"}
@@ -68,7 +74,8 @@ def lengths_for(data: dict[str, Any]) -> list[int]:
     """Integer lengths on a geometric grid over the requested lengths and the crossovers,
     plus those exact points and every max_len inside the range (where a curve changes)."""
     points = [float(s) for s in data["seqs"]]
-    points += [v["crossover"]["seq"] for v in data["variants"] if v["crossover"]["seq"]]
+    points += [v[key]["seq"] for v in data["variants"] for key in CROSSOVER_KEYS
+               if v.get(key, {}).get("seq")]
     lo = max(1.0, min(points) / 2)
     hi = min(float(MAX_LENGTH), max(points) * 2)
     grid = {round(lo * (hi / lo) ** (i / (GRID_POINTS - 1))) for i in range(GRID_POINTS)}
@@ -208,12 +215,18 @@ def _extrapolated_points(ax: Axes, v: dict[str, Any], index: int, key: str,
 
 
 def _crossover_text(name: str, v: dict[str, Any]) -> str:
-    c = v["crossover"]
+    """The legend's line for one variant: the headline (effective) crossover, then the dense
+    one, so a sliding window's later (or absent) crossover is read beside the dense one."""
+    c = v.get("crossover_effective", v["crossover"])
     if c["seq"] is None:
-        return f"{name}: attention < FFN at every S"
-    text = f"{name}: attention = FFN at S ≈ {c['seq']:,.0f}"
-    if v.get("max_len") and c["seq"] > v["max_len"]:
-        text += f" (past max_len {v['max_len']:,})"
+        text = f"{name}: attention < FFN at every S"
+    else:
+        text = f"{name}: attention = FFN at S ≈ {c['seq']:,.0f}"
+        if v.get("max_len") and c["seq"] > v["max_len"]:
+            text += f" (past max_len {v['max_len']:,})"
+    dense = v["crossover"]["seq"]
+    if c is not v["crossover"] and dense != c["seq"]:
+        text += " (dense: " + ("none" if dense is None else f"S ≈ {dense:,.0f}") + ")"
     return text
 
 
@@ -231,16 +244,20 @@ def compare_figure(graphs: Sequence[Graph], data: dict[str, Any]) -> Figure:
     for i, (graph, v, colour) in enumerate(zip(graphs, data["variants"], colours)):
         limits = graph.info.lengths or Lengths(graph.name, None, "none")
         s = series(graph, xs, batch)
-        drawn = [_curve(ax_flops, xs, s["flops.forward"], limits, color=colour, lw=2),
-                 _curve(ax_cross, xs, s["flops_by_kind.attention_scores"], limits,
+        drawn = [_curve(ax_flops, xs, s["flops.forward_effective"], limits, color=colour,
+                        lw=2),
+                 _curve(ax_flops, xs, s["flops.forward"], limits, color=colour, **DENSE_STYLE),
+                 _curve(ax_cross, xs, s["flops_by_kind_effective.attention_scores"], limits,
                         color=colour, ls="--", lw=1.8),
+                 _curve(ax_cross, xs, s["flops_by_kind.attention_scores"], limits,
+                        color=colour, ls="-.", lw=0.9),
                  _curve(ax_cross, xs, s["flops_by_kind.ffn"], limits, color=colour, ls=":",
                         lw=2.2)]
         for key, ls, _ in MEMORY_STYLES:
             drawn.append(_curve(ax_mem, xs, s[key], limits, color=colour, ls=ls, lw=1.8))
             any_dagger |= _extrapolated_points(ax_mem, v, i, key, colour)
-        any_dagger |= _extrapolated_points(ax_flops, v, i, "flops.forward", colour)
-        c = v["crossover"]
+        any_dagger |= _extrapolated_points(ax_flops, v, i, "flops.forward_effective", colour)
+        c = v.get("crossover_effective", v["crossover"])
         if c["seq"] and c["seq"] <= MAX_LENGTH and limits.has_figures(math.ceil(c["seq"])):
             ax_flops.plot([c["seq"]], [c["forward_flops_at_crossover"]], marker="o", ms=8,
                           mfc="white", mec=colour, mew=2, ls="none", gid=f"crossover-{i}")
@@ -252,22 +269,26 @@ def compare_figure(graphs: Sequence[Graph], data: dict[str, Any]) -> Figure:
     for seq in data["seqs"]:
         for ax in (ax_flops, ax_cross, ax_mem):
             ax.axvline(seq, color="#999999", lw=0.6, ls=(0, (1, 3)))
-    _flops_axis(ax_flops, f"Forward FLOPs (batch {batch})", data)
+    _flops_axis(ax_flops, f"Forward FLOPs, work done (—) and dense (···) (batch {batch})",
+                data)
     _flops_axis(ax_cross, "Attention-score (dashed) vs FFN (dotted) FLOPs", data)
     _memory_axis(ax_mem, "Memory: activations peak (—), KV cache (--), train step (-.)", data)
     below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.16), "frameon": False}
     ax_cross.legend(handles=[Line2D([], [], color="#333333", ls="--", label="attention scores"),
+                             Line2D([], [], color="#333333", ls="-.", lw=0.9,
+                                    label="attention, dense"),
                              Line2D([], [], color="#333333", ls=":", lw=2.2, label="FFN"),
                              Line2D([], [], marker="o", mfc="#bbbbbb", mec="black", ls="none",
                                     label="attention = FFN")],
-                    fontsize=9, ncol=3, **below)
+                    fontsize=9, ncol=4, **below)
     ax_mem.legend(handles=[Line2D([], [], color="#333333", ls=ls, label=label)
                            for _, ls, label in MEMORY_STYLES], fontsize=9, ncol=3, **below)
     _params_panel(ax_params, data, below)
     handles = [Line2D([], [], color=colour, lw=3, label=_crossover_text(name, v))
                for name, colour, v in zip(names, colours, data["variants"])]
     handles.append(Line2D([], [], marker="o", ms=8, mfc="white", mec="#333333", mew=2,
-                          ls="none", label="attention-score FLOPs = FFN FLOPs (crossover)"))
+                          ls="none", label="attention-score FLOPs = FFN FLOPs (crossover; "
+                                           "attention over the keys each query reads)"))
     if any_past:
         handles.append(Line2D([], [], color="#333333", lw=2, alpha=FADED,
                               label="faded: past the spec's max_len, extrapolated"))

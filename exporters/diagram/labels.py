@@ -72,6 +72,48 @@ def window_text(graph: Graph, stack: Stack) -> str:
             f"layer{'s' if glob > 1 else ''}")
 
 
+def _period(kinds: list[str]) -> list[str]:
+    """The shortest pattern that, repeated from the first layer, gives ``kinds``."""
+    for p in range(1, len(kinds) + 1):
+        if all(k == kinds[i % p] for i, k in enumerate(kinds)):
+            return kinds[:p]
+    return kinds
+
+
+def _runs(pattern: list[str]) -> str:
+    """``local ×5, global``: a layer pattern with runs folded."""
+    out: list[tuple[str, int]] = []
+    for kind in pattern:
+        if out and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + 1)
+        else:
+            out.append((kind, 1))
+    return ", ".join(k if n == 1 else f"{k} \N{MULTIPLICATION SIGN}{n}" for k, n in out)
+
+
+def window_pattern_text(graph: Graph, att: Node) -> str:
+    """What keys the self-attention box of a layer diagram reads across the stack's layers:
+    ``sliding window 4096 in every layer (the last 4096 keys)``, or ``sliding window 8 on local
+    layers, global on the others`` and ``layers: local ×5, global, repeated`` (the pattern
+    from the first layer; a global layer reads every earlier key). Empty without sliding windows. Read from the attention ops' ``window``
+    attribute, so it is what the graph computes."""
+    if att.attrs.get("kind") != "self" or not att.attrs["causal"]:
+        return ""
+    layers = sorted((n.meta.layer, n.attrs.get("window")) for n in graph.ops()
+                    if n.op == "attention" and n.meta.stack == att.meta.stack
+                    and n.attrs.get("kind") == "self" and n.meta.layer is not None)
+    windows = [w for _, w in layers]
+    local = [w for w in windows if w is not None]
+    if not local:
+        return ""
+    if len(local) == len(windows) and len(set(local)) == 1:
+        return f"sliding window {local[0]} in every layer (the last {local[0]} keys)"
+    pattern = _period(["local" if w is not None else "global" for w in windows])
+    return (f"sliding window {local[0]} on local layers, global on the others\n"
+            f"layers: {_runs(pattern)}"
+            + (", repeated" if len(pattern) < len(windows) else ""))
+
+
 def attention_title(node: Node) -> str:
     """'Masked self-attention', 'Self-attention' or 'Cross-attention' for an attention op."""
     if node.attrs["kind"] == "cross":
@@ -179,7 +221,8 @@ def external_text(graph: Graph, members: list[Node]) -> str:
 def attention_text(graph: Graph, members: list[Node]) -> str:
     att = attention_of(members)
     assert att is not None
-    lines = [attention_title(att), heads_text(att), *projections_text(graph, members),
+    lines = [attention_title(att), heads_text(att), window_pattern_text(graph, att),
+             *projections_text(graph, members),
              inner_norm_text(graph, members), rope_text(graph, members),
              external_text(graph, members)]
     return "\n".join(line for line in lines if line)

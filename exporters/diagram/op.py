@@ -85,7 +85,9 @@ def op_text(graph: Graph, node: Node) -> str:
         heads = f"{a['heads']}×{a['head_dim']}"
         if a["kv_heads"] != a["heads"]:
             heads += f", kv {a['kv_heads']}"
-        flags = [a["kind"], "causal" if a["causal"] else "", a["normalize"]]
+        # the keys each query reads: the work the op does (README, flops.forward_effective)
+        window = f"window {a['window']}" if a.get("window") else ""
+        flags = [a["kind"], "causal" if a["causal"] else "", window, a["normalize"]]
         return f"attention {heads}\n" + ", ".join(f for f in flags if f)
     if node.op == "embedding":
         rows, cols = graph.node(node.inputs[0]).attrs["shape"]

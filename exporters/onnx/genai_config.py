@@ -20,12 +20,18 @@ from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import Graph
 
 FILENAME = "genai_config.json"
+# Execution providers onnxruntime-genai's session can be asked for: "cpu" writes none (its
+# default, the CPU), "cuda" its CUDA provider (as its own builder's ``-e cuda`` does).
+PROVIDERS = ("cpu", "cuda")
 
 
-def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
+def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None = None,
+                 provider: str = "cpu") -> dict[str, Any]:
     """The config of the KV-cache model of ``graph`` stored as ``model_file``; ``tokens``:
-    the source config.json's token ids (bos, eos, pad), when known."""
+    the source config.json's token ids (bos, eos, pad), when known; ``provider``: the
+    execution provider the generator's session asks for (PROVIDERS)."""
+    if provider not in PROVIDERS:
+        raise TfgraphError(f"genai provider {provider!r}: choose one of {', '.join(PROVIDERS)}")
     info = graph.info
     if info.kind != "cached" or info.part is not None:
         raise TfgraphError(f"{graph.name}: genai_config.json describes a KV-cache model "
@@ -45,22 +51,22 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
     if no_eos:
         eos = 0
     context = (info.lengths.max_len if info.lengths else None) or 4096  # the generator's default maximum length
+    inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
+    if "position_ids" in graph.inputs:  # ALiBi and T5-style bias models take none
+        inputs["position_ids"] = "position_ids"
+    inputs["past_key_names"] = "past_key_values.%d.key"
+    inputs["past_value_names"] = "past_key_values.%d.value"
     return {
         "model": {
             "bos_token_id": token("bos_token_id", 0),
             "context_length": context,
             "decoder": {
-                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options":
+                                    [] if provider == "cpu" else [{provider: {}}]},
                 "filename": model_file,
                 "head_size": layout.head_dim,
                 "hidden_size": int(graph.sizes["d_model"]),
-                "inputs": {
-                    "input_ids": "input_ids",
-                    "attention_mask": "attention_mask",
-                    "position_ids": "position_ids",
-                    "past_key_names": "past_key_values.%d.key",
-                    "past_value_names": "past_key_values.%d.value",
-                },
+                "inputs": inputs,
                 "outputs": {
                     "logits": "logits",
                     "present_key_names": "present.%d.key",
@@ -87,12 +93,12 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
 
 
 def write_genai_config(graph: Graph, model_path: Path,
-                       tokens: Mapping[str, Any] | None = None) -> Path:
+                       tokens: Mapping[str, Any] | None = None, provider: str = "cpu") -> Path:
     """Write genai_config.json next to ``model_path`` (atomically)."""
     from tfgraph.io import atomic_write, check_side_file
 
     target = model_path.parent / FILENAME
-    text = json.dumps(genai_config(graph, model_path.name, tokens), indent=4) + "\n"
+    text = json.dumps(genai_config(graph, model_path.name, tokens, provider), indent=4) + "\n"
     if check_side_file(target, text.encode("utf-8")):
         with atomic_write(target) as out:
             out.write(text)

@@ -286,7 +286,11 @@ class TorchModel(nn.Module):
                     child = _Scope()
                 owner.add_module(part, child)
             owner = child
-        owner.register_parameter(leaf, nn.Parameter(value))
+        # A KV-cache part module is given its model's very Parameters: gradients of a masked
+        # or cached forward land where the optimizer looks (a new Parameter over the same
+        # storage would collect them on an object nobody steps).
+        owner.register_parameter(leaf, value if isinstance(value, nn.Parameter)
+                                 else nn.Parameter(value))
         if isinstance(owner, (LinearWeights, EmbeddingWeights)) and leaf == "weight":
             owner.set_sizes()
         return owner, leaf
@@ -327,12 +331,16 @@ class TorchModel(nn.Module):
         held = self._parts.get(part)
         if held is None or held[0] != first:
             graph = info.cache_graph(part)
-            # detach() shares storage: the part's module reads these very weights
+            # the very Parameter objects: the part reads these weights and its gradients
+            # accumulate on them (training through a masked forward)
             mine = dict(self.named_parameters())
-            module = _model_class(graph)(graph, {p.name: mine[p.name].detach()
-                                                 for p in graph.params()})
+            module = _model_class(graph)(graph, {p.name: mine[p.name] for p in graph.params()})
             module.attention_impl = self.attention_impl
-            held = self._parts[part] = (first, module.train(self.training))
+            held = self._parts[part] = (first, module)
+        if held[1].training != self.training:  # follows model.train() / model.eval()
+            held[1].train(self.training)
+        if held[1].attention_impl != self.attention_impl:
+            held[1].attention_impl = self.attention_impl
         return held[1]
 
     def _positions(self, position_ids: Tensor) -> tuple[Tensor, ...]:
@@ -584,17 +592,32 @@ class EncoderDecoderModel(_CachedModel):
     bound to ``encode`` or ``decode`` (README, "KV cache"). Each forward keeps its own named
     arguments, which ``torch.export``'s dynamic shapes are keyed by."""
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
-        """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab)."""
-        return self.translate(src_ids, tgt_ids)
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab);
+        attention_mask (B, S): the source's padding mask (1 real, 0 padding), see translate."""
+        return self.translate(src_ids, tgt_ids, attention_mask)
 
-    def translate(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
-        """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab)."""
+    def translate(self, src_ids: Tensor, tgt_ids: Tensor,
+                  attention_mask: Tensor | None = None) -> Tensor:
+        """src_ids (B, S), tgt_ids (B, T) int64 -> logits or probs (B, T, target vocab).
+
+        Without ``attention_mask`` the full-sequence graph runs (every source token real).
+        With it, (B, S) 1 real / 0 padding, the KV-cache graphs run over the same parameters:
+        ``encode`` with the mask, then ``decode`` of the whole target at once (causal, an empty
+        cache) reading only the real source tokens, whose positions count from the first real
+        one; so a padded row gives the logits of the same row alone, and training through it
+        (batches of sources of different lengths) sends the gradients to this module's
+        parameters."""
         if self.cached:
             raise TfgraphError(f"{self.graph_name}: the KV-cache {self.info.part} part runs "
                                f"{'encode' if self.info.part == 'encoder' else 'decode'}, "
                                "not the full model")
-        return self._run((src_ids, tgt_ids))
+        if attention_mask is None:
+            return self._run((src_ids, tgt_ids))
+        _, cross = self.encode(src_ids, attention_mask)
+        logits: Tensor = self.decode(tgt_ids, cross, encoder_attention_mask=attention_mask)
+        return logits
 
     def encode(self, src_ids: Tensor, attention_mask: Tensor | None = None,
                position_ids: Tensor | None = None) -> tuple[Tensor, tuple[Any, ...]]:

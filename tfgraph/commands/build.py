@@ -64,7 +64,7 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
             # model: onnxruntime-genai can drive it
             from tfgraph.exporters.onnx.genai_config import write_genai_config
 
-            write_genai_config(graph, written, opts["source_config"])
+            write_genai_config(graph, written, opts["source_config"], opts["genai_provider"])
     return written
 
 
@@ -260,8 +260,12 @@ def _check_output_first(target: str, out: Path, two_models: bool) -> None:
 @click.option("--kv-cache", is_flag=True,
               help="ONNX: the inference model of a decoder, with attention_mask, position_ids "
                    "and past_key_values inputs and present outputs (README, \"KV cache\").")
+@click.option("--genai-provider", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="--kv-cache: the execution provider genai_config.json asks "
+                   "onnxruntime-genai for (default cpu); the model itself runs on either.")
 def build(spec: str, target: str, output: Path | None, weights: Path | None, seed: int | None,
-          dtype: str | None, check_finite: bool, opset: int | None, kv_cache: bool) -> None:
+          dtype: str | None, check_finite: bool, opset: int | None, kv_cache: bool,
+          genai_provider: str | None) -> None:
     """Compile SPEC (or a Hugging Face model folder) and write it as an ONNX model, a PyTorch
     folder, a Hugging Face folder, a diagram or graph JSON."""
     start = time.perf_counter()
@@ -276,6 +280,8 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     if kv_cache and target != "onnx":
         raise TfgraphError(f"--kv-cache applies to --to onnx, not {target} (the torch module "
                            "gets it from tfgraph.compile(spec, cache=True))")
+    if genai_provider is not None and not kv_cache:
+        raise TfgraphError("--genai-provider applies to --kv-cache builds (genai_config.json)")
     if weights is not None and seed is not None:
         raise TfgraphError("--weights and --seed both choose the weights; give one")
     from tfgraph.compiler import compile as compile_spec
@@ -283,6 +289,9 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     source = load_source(spec, target, weights, seed, dtype, check_finite)
     # An encoder-decoder's KV-cache model is two models (encoder, decoder): a folder.
     two_models = kv_cache and source.spec.arch == "encoder-decoder"
+    if two_models and genai_provider is not None:
+        raise TfgraphError("--genai-provider: an encoder-decoder's KV-cache models come "
+                           "without genai_config.json (onnxruntime-genai drives decoders)")
     if weights is not None:  # an input too: no output may be it (tfgraph.io)
         from tfgraph.io import check_input_file
 
@@ -314,7 +323,8 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         click.echo(f"note: {note}", err=True)
     opts = {"weights": values, "seed": 0 if seed is None else seed,
             "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
-            "source_config": source.config, "spec": source.spec}
+            "source_config": source.config, "spec": source.spec,
+            "genai_provider": genai_provider or "cpu"}
     written = how.write(graph, out, opts)
     from tfgraph.passes.cost import param_count
 

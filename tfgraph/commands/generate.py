@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import click
@@ -113,6 +114,9 @@ class _Stream:
 @click.option("--weights-seed", type=SEED, default=None,
               help="Random weights from this seed (a spec's default 0; a folder's default: "
                    "its own weights).")
+@click.option("--weights", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Parameter values from a .safetensors file (tfgraph's names, e.g. a "
+                   "trained state_dict) for SPEC or DIR, instead of random or the folder's.")
 @click.option("--opset", type=int, default=23, show_default=True,
               help="ONNX opset when the source is a spec or a model folder (built first).")
 @click.option("--no-cache", is_flag=True,
@@ -128,7 +132,8 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
              top_p: float | None, seed: int | None, beams: int, length_penalty: float,
              backend: str, provider: str, threads: int | None, eos_ids: tuple[int, ...],
              ignore_eos: bool, decoder_start_id: int | None, weights_seed: int | None,
-             opset: int, no_cache: bool, compile_step: bool, as_json: bool) -> None:
+             weights: Path | None, opset: int, no_cache: bool, compile_step: bool,
+             as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
     from tfgraph.commands.generate_api import FROM_MODEL, prepare, warm_up
     from tfgraph.generation.loop import generate as run_loop
@@ -146,7 +151,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
     _check_memory_early(source, prompts, max_new_tokens, beams, not no_cache)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,
-                    decoder_start_id, not no_cache, compile_step)
+                    decoder_start_id, not no_cache, compile_step, weights)
     for note in ready.opened.notes:
         click.echo(f"note: {note}", err=True)
     _check_model_bounds(ready, eos_ids, beams)

@@ -24,6 +24,7 @@ from tfgraph.generation.settings import read_settings
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+    from torch.nn import Module
 
 Setting = Literal["model"]
 FROM_MODEL: Setting = "model"  # take the setting from the model folder (generation_config.json)
@@ -44,33 +45,37 @@ class Prepared:
         return text
 
 
-def prepare(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | str],
+def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[int] | str],
             backend: str = "onnx", provider: str = "auto", threads: int | None = None,
             weights_seed: int | None = None, opset: int = 23,
             eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
             decoder_start_token_id: int | None = None, cache: bool = True,
-            compile: bool = False) -> Prepared:
-    """Open ``source`` and check ``prompts`` (id lists, or text for the model's tokenizer)."""
-    where = os.fspath(source)
+            compile: bool = False, weights: str | os.PathLike[str] | None = None) -> Prepared:
+    """Open ``source`` and check ``prompts`` (id lists, or text for the model's tokenizer).
+    ``source``: a spec, model folder or .onnx path, or a module from ``to_torch``."""
     if not prompts:
         raise TfgraphError("no prompt: give --prompt-ids or --prompt")
+    if not isinstance(source, (str, os.PathLike)):  # a torch module
+        if weights is not None or weights_seed is not None:
+            raise TfgraphError("a module generates with its own weights: no --weights or "
+                               "--weights-seed")
+        if backend != "torch" and backend != "onnx":
+            raise TfgraphError(f"--backend {backend}: choose one of onnx, torch")
+        from tfgraph.commands.steppers import stepper_for_module
+
+        start = 0 if decoder_start_token_id is None else decoder_start_token_id
+        opened = stepper_for_module(source, provider, threads, start, cache, compile)
+        _check_decoder_start(start, False, opened)
+        eos = _eos_ids(eos_token_id, ())
+        return Prepared(opened, [_prompt_ids(p, i, None, opened) for i, p in
+                                 enumerate(prompts)], eos, None)
+    where = os.fspath(source)
     settings = read_settings(settings_folder(where))
     start = settings.decoder_start_token_id if decoder_start_token_id is None \
         else decoder_start_token_id
-    eos: tuple[int, ...]
-    if isinstance(eos_token_id, str):
-        if eos_token_id != FROM_MODEL:
-            raise TfgraphError(f"eos_token_id {eos_token_id!r}: a token id, ids, None or "
-                               f"{FROM_MODEL!r}")
-        eos = settings.eos_token_id
-    elif eos_token_id is None:
-        eos = ()
-    elif isinstance(eos_token_id, int):
-        eos = (eos_token_id,)
-    else:
-        eos = tuple(int(t) for t in eos_token_id)
+    eos = _eos_ids(eos_token_id, settings.eos_token_id)
     opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start, cache,
-                         compile)
+                         compile, None if weights is None else os.fspath(weights))
     try:
         _check_decoder_start(start, decoder_start_token_id is None, opened)
         tokenizer = _tokenizer(opened.tokenizer)
@@ -81,7 +86,22 @@ def prepare(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | st
     return Prepared(opened, ids, eos, tokenizer)
 
 
-def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | str], *,
+def _eos_ids(eos_token_id: int | Iterable[int] | None | Setting,
+             from_model: tuple[int, ...]) -> tuple[int, ...]:
+    """The end-of-sequence ids in force: given ones, none, or the model's (``FROM_MODEL``)."""
+    if isinstance(eos_token_id, str):
+        if eos_token_id != FROM_MODEL:
+            raise TfgraphError(f"eos_token_id {eos_token_id!r}: a token id, ids, None or "
+                               f"{FROM_MODEL!r}")
+        return from_model
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, int):
+        return (eos_token_id,)
+    return tuple(int(t) for t in eos_token_id)
+
+
+def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[int] | str], *,
              max_new_tokens: int = 32, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              beams: int = 1, length_penalty: float = 1.0, backend: str = "onnx",
@@ -90,8 +110,11 @@ def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | s
              eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
              decoder_start_token_id: int | None = None,
              on_token: OnToken | None = None, cache: bool = True,
-             compile: bool = False) -> Result:
-    """Generate from ``source`` (a spec, model folder or .onnx file) for each prompt.
+             compile: bool = False, weights: str | os.PathLike[str] | None = None) -> Result:
+    """Generate from ``source`` (a spec, model folder or .onnx file, or a torch module from
+    ``to_torch``: its own weights, on its own device, in eval mode while it generates) for
+    each prompt. ``weights``: a .safetensors file of the spec's parameters (tfgraph's names,
+    e.g. a trained ``state_dict``) instead of random ones or the folder's.
 
     Prompts are token id lists or text (text needs the model's tokenizer.json). Greedy by
     default; ``temperature``/``top_k``/``top_p`` sample from ``seed``; ``beams`` > 1 is beam
@@ -109,7 +132,7 @@ def generate(source: str | os.PathLike[str], prompts: Sequence[Sequence[int] | s
     """
     sampler = Sampler(temperature, top_k, top_p, seed)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
-                    eos_token_id, decoder_start_token_id, cache, compile)
+                    eos_token_id, decoder_start_token_id, cache, compile, weights)
     try:
         compile_s = warm_up(ready, max_new_tokens, beams)
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,

@@ -101,6 +101,25 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
+# Totals rows: the effective FLOPs (tfgraph.passes.effective) as the headline, then the dense.
+EFFECTIVE_ROWS = ("forward_effective", "matmul_effective", "other_effective",
+                  "backward_effective", "train_step_effective")
+DENSE_ROWS = ("forward", "matmul", "other", "backward", "train_step")
+
+
+def effective_note(flops: dict[str, int]) -> str:
+    """One line under the totals saying what the two forward figures count and how far
+    apart they are, so a sliding window's saving is read off, not computed."""
+    work, dense = flops["forward_effective"], flops["forward"]
+    if work == dense:
+        return ("flops.forward_effective = flops.forward: no attention is masked (every "
+                "query reads every key).")
+    return (f"flops.forward_effective counts each causal attention over the keys its "
+            f"queries read (with a sliding window, its last W): {_si(work, 'FLOP')}, "
+            f"{100 * work / dense:.1f}% of the dense {_si(dense, 'FLOP')} "
+            f"(flops.forward: full score matrices).")
+
+
 Row = dict[str, int]
 
 
@@ -162,9 +181,12 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
     totals.add_column("value", justify="right", no_wrap=True)
     totals.add_column("exact", justify="right", no_wrap=True)
     totals.add_row("params", _params(rep["params"]), f"{rep['params']:,}")
-    for key in ("forward", "matmul", "other", "backward", "train_step",
-                "causal_effective_matmul"):
+    # The work the model does comes first (causal masks and sliding windows skip scores);
+    # the dense figures (flops.forward and the rest: full score matrices) follow.
+    for key in EFFECTIVE_ROWS:
         totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")
+    for key in DENSE_ROWS:
+        totals.add_row(f"flops.{key} (dense)", _si(flops[key], "FLOP"), f"{flops[key]:,}")
     for key in ("weights", "activations_peak", "saved_for_backward", "kv_cache", "model_states",
                 "train_activations_peak", "train_step"):
         totals.add_row(f"memory.{key}", _bytes(memory[key]), f"{memory[key]:,} B")
@@ -175,6 +197,7 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
         for key in ("router", "matmul_all_experts", "forward_all_experts"):
             totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")
     console.print(totals)
+    console.print(effective_note(flops))
     if "params_active" in rep:
         console.print(f"flops.forward counts each token's top-k experts (the PyTorch module); "
                       f"the ONNX model runs every expert on every token: "
@@ -184,8 +207,8 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
     if rep.get("train_activations_peak_at"):
         console.print(f"training step peak at node {plain(rep['train_activations_peak_at'])}")
 
-    comp = Table(title="Per component (FLOPs of one forward; identical consecutive layers "
-                       "folded, values summed)",
+    comp = Table(title="Per component (dense FLOPs of one forward, full score matrices; "
+                       "identical consecutive layers folded, values summed)",
                  title_justify="left")
     for col in ("component", "params", "FLOPs", "matmul", "other", "of forward"):
         comp.add_column(col, justify="left" if col == "component" else "right", no_wrap=True)
@@ -197,15 +220,18 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
                      _pct(total, flops["forward"]))
     console.print(comp)
 
-    kinds = Table(title="Per sublayer kind (a sublayer's norms count with it; attention "
-                        "scores: QKᵀ, normalise, weights·V)", title_justify="left")
-    for col in ("kind", "params", "FLOPs", "of forward"):
+    kinds = Table(title="Per sublayer kind (FLOPs as flops.forward_effective; a sublayer's "
+                        "norms count with it; attention scores: QKᵀ, normalise, weights·V)",
+                  title_justify="left")
+    for col in ("kind", "params", "FLOPs", "of forward", "dense FLOPs"):
         kinds.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
     names = list(order_kinds(dict.fromkeys([*rep["params_by_kind"], *rep["flops_by_kind"]], 0)))
+    work_by_kind = rep.get("flops_by_kind_effective", rep["flops_by_kind"])
     for kind in names:
-        f = rep["flops_by_kind"].get(kind, 0)
+        f = work_by_kind.get(kind, 0)
         kinds.add_row(plain(kind_title(kind)), f"{rep['params_by_kind'].get(kind, 0):,}",
-                      _si(f, ""), _pct(f, flops["forward"]))
+                      _si(f, ""), _pct(f, flops["forward_effective"]),
+                      _si(rep["flops_by_kind"].get(kind, 0), ""))
     console.print(kinds)
 
     formulas = Table(title="Formulas", title_justify="left")

@@ -64,48 +64,67 @@ def settings_folder(source: str) -> Path | None:
 
 def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
                 threads: int | None = None, weights_seed: int | None = None, opset: int = 23,
-                decoder_start: int = 0, cache: bool = True, compile: bool = False) -> Opened:
+                decoder_start: int = 0, cache: bool = True, compile: bool = False,
+                weights: str | None = None) -> Opened:
     """Open ``source`` (a spec, a Hugging Face model folder or a tfgraph .onnx file) on
     ``backend`` and return the stepper that generates with it. A spec gets random weights
     from ``weights_seed`` (default 0), a folder its own weights unless ``weights_seed`` is
     given; an .onnx file its initializers. ``cache``: a decoder built from a spec or folder
     decodes through its KV-cache graph (else by full recomputation, for comparison).
     ``compile`` (torch back end, decoders with a cache): a static cache attached to the module
-    and the step compiled by torch.compile (exporters/generation/cached_steppers.TorchStatic)."""
+    and the step compiled by torch.compile (exporters/generation/cached_steppers.TorchStatic).
+    ``weights``: a ``.safetensors`` file of the spec's (or folder's) parameters, by tfgraph's
+    names (a trained ``state_dict`` saved as is), instead of random or the folder's own."""
     if backend not in BACKENDS:
         raise TfgraphError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if compile and backend != "torch":
         raise TfgraphError("--compile is for --backend torch (torch.compile)")
     if compile and not cache:
         raise TfgraphError("--compile decodes through the static KV cache: not with --no-cache")
+    if weights is not None and weights_seed is not None:
+        raise TfgraphError("--weights and --weights-seed both choose the weights; give one")
     if Path(source).suffix.lower() == ".onnx":
+        if weights is not None:
+            raise TfgraphError("--weights: an .onnx model carries its own weights (build it "
+                               "with --weights)")
         return _from_onnx_file(source, backend, provider, threads, decoder_start, cache,
                                compile)
     return _from_spec(source, backend, provider, threads, weights_seed, opset, decoder_start,
-                      cache, compile)
+                      cache, compile, weights)
 
 
 def _from_spec(source: str, backend: str, provider: str, threads: int | None,
                weights_seed: int | None, opset: int, decoder_start: int,
-               cache: bool, compile: bool = False) -> Opened:
+               cache: bool, compile: bool = False, weights_file: str | None = None) -> Opened:
     from tfgraph.spec.source import load_source
 
     try:
-        built = load_source(source, backend, None, weights_seed, None)
+        built = load_source(source, backend, weights_file, weights_seed, None)
     except TfgraphError as err:  # generate's --seed seeds sampling; weights have their own
         raise TfgraphError(str(err).replace("--seed N", "--weights-seed N")) from None
     spec = built.spec
     graphs = _decoding_graphs(spec, cache, source)
+    given = None
+    if weights_file is not None:  # checked against the whole model's parameters
+        from tfgraph.compiler import compile as compile_spec
+        from tfgraph.graph.weights import load_weights
+
+        given = load_weights(weights_file, compile_spec(spec))
     if len(graphs) == 2:  # an encoder-decoder's encoder and decoder cache graphs
         if compile:
             raise TfgraphError("--compile: decoder-only models (an encoder-decoder's static "
                                "cache is not built yet)")
         return _cached_seq2seq(built, graphs, source, backend, provider, threads,
-                               weights_seed, opset, decoder_start)
+                               weights_seed, opset, decoder_start, given, weights_file)
     graph = graphs[0]
-    weights = built.weights(graph) if built.checkpoint is not None else None
+    weights: Any = None
+    if given is not None:
+        weights = WeightSubset(given, [p.name for p in graph.params()])
+    elif built.checkpoint is not None:
+        weights = built.weights(graph)
     seed = weights_seed or 0
-    origin = "its weights" if weights is not None else f"seed {seed}"
+    origin = f"weights {weights_file}" if weights_file is not None else \
+        "its weights" if weights is not None else f"seed {seed}"
     tokenizer = built.tokenizer[0] if built.tokenizer else None
     if backend == "torch":
         from tfgraph.exporters import to_torch
@@ -148,18 +167,22 @@ def _check_decodes(spec: Spec, where: str) -> None:
 
 def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, provider: str,
                     threads: int | None, weights_seed: int | None, opset: int,
-                    decoder_start: int) -> Opened:
+                    decoder_start: int, given: Any = None,
+                    weights_file: str | None = None) -> Opened:
     """An encoder-decoder decoding through its two KV-cache graphs: the encoder once, the
-    decoder one token at a time."""
+    decoder one token at a time. ``given``: the --weights file's values."""
     from tfgraph.compiler import compile as compile_spec
 
     spec = built.spec
     seed = weights_seed or 0
     weights = None
-    if built.checkpoint is not None:
+    every = given
+    if every is None and built.checkpoint is not None:
         every = built.weights(compile_spec(spec))
+    if every is not None:
         weights = [WeightSubset(every, [p.name for p in g.params()]) for g in parts]
-    origin = "its weights" if weights is not None else f"seed {seed}"
+    origin = f"weights {weights_file}" if weights_file is not None else \
+        "its weights" if weights is not None else f"seed {seed}"
     tokenizer = built.tokenizer[0] if built.tokenizer else None
     vocab, probs = spec.output_vocab, spec.output == "probs"
     limits = Lengths.of(spec)
@@ -330,8 +353,71 @@ def _seq2seq_files(decoder: Any, session_source: bytes | Path, where: str, provi
     return stepper, f"{ran} ({why})"
 
 
+class _ModeBack:
+    """Puts a module back in training mode when generation is done (Opened.keep)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def cleanup(self) -> None:
+        self.module.train()
+
+
+def stepper_for_module(module: Any, provider: str = "auto", threads: int | None = None,
+                       decoder_start: int = 0, cache: bool = True,
+                       compile: bool = False) -> Opened:
+    """Generate with a torch module ``to_torch`` made (a decoder's or an encoder-decoder's
+    full model, e.g. right after training): its own parameters, on its own device unless
+    ``provider`` names one (``auto`` keeps the module where it is). A module in training mode
+    decodes in eval mode (no dropout) and is put back in training mode afterwards."""
+    import torch
+
+    from tfgraph.exporters.torch.module import DecoderModel, EncoderDecoderModel
+
+    if not isinstance(module, (DecoderModel, EncoderDecoderModel)):
+        raise TfgraphError(f"{type(module).__name__}: not a tfgraph model to generate with (a "
+                           "spec, a model folder, an .onnx file or a decoder's or "
+                           "encoder-decoder's module from to_torch)")
+    spec = module.source_graph.spec
+    if spec is None:  # a graph built by hand carries no spec: nothing says how to decode it
+        raise TfgraphError(f"{module.graph_name}: a module of a graph without a spec")
+    info = module.info
+    if info.kind != "full" or info.part is not None or info.arch not in (
+            "decoder-only", "encoder-decoder"):
+        raise TfgraphError(f"{module.graph_name}: generation takes a decoder's or an "
+                           "encoder-decoder's full model (to_torch(tfgraph.compile(spec)))")
+    _check_decodes(spec, module.graph_name)
+    if provider == "auto":
+        device, why = str(next(module.parameters()).device), "the module's device"
+    else:
+        device, why = _torch_device(provider)
+    keep = _ModeBack(module) if module.training else None
+    module.eval()
+    vocab, probs = spec.output_vocab, spec.output == "probs"
+    limits = Lengths.of(spec)
+    stepper: Stepper
+    if isinstance(module, EncoderDecoderModel):
+        if compile:
+            raise TfgraphError("--compile: decoder-only models (an encoder-decoder's static "
+                               "cache is not built yet)")
+        from tfgraph.exporters.generation.cached_steppers import torch_seq2seq
+
+        if threads:
+            torch.set_num_threads(threads)
+        stepper = torch_seq2seq(module._part_module("encoder"), module._part_module("decoder"),
+                                vocab, limits.hard_limit, device, decoder_start, probs)
+        runs_on = f"torch {device} ({why})"
+    else:
+        target = module.cached_model() if cache else module
+        stepper, runs_on = _torch_stepper(target, spec, device, threads, decoder_start,
+                                          compile, why)
+    return Opened(stepper, f"{module.graph_name} (torch module, its weights)", runs_on, None,
+                  spec.vocab_size("source"), [], keep, limits, spec)
+
+
 def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
-                   decoder_start: int, compile: bool = False) -> tuple[Stepper, str]:
+                   decoder_start: int, compile: bool = False,
+                   why: str | None = None) -> tuple[Stepper, str]:
     """The stepper for the torch module: full recompute (the module's forward takes whole
     sequences); a cached forward would be picked here. ``threads`` sets torch's intra-op
     threads for the process (small models decode faster on one thread than on busy cores)."""
@@ -339,7 +425,10 @@ def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,
 
     from tfgraph.exporters.torch.recompute import RecomputeTorch
 
-    device, why = _torch_device(provider)
+    if why is None:
+        device, why = _torch_device(provider)
+    else:  # a device chosen by the caller (a module's own)
+        device = provider
     if threads:
         torch.set_num_threads(threads)
     if compile:

@@ -57,8 +57,10 @@ def family(cfg: HFConfig) -> ModuleType:
     """The module that converts configs of ``cfg``'s model_type."""
     kind = cfg.data.get("model_type")
     if kind not in FAMILIES:
-        supported = ", ".join(sorted(FAMILIES))
-        cfg.refuse("model_type", f"not a family tfgraph imports (supported: {supported})",
+        from tfgraph.hf.strict import closest_family
+
+        cfg.refuse("model_type", f"not one of the {len(FAMILIES)} model types tfgraph imports "
+                                 f"(README, \"tfgraph import\"); {closest_family(cfg.data)}",
                    kind)
     return importlib.import_module(f"tfgraph.hf.{FAMILIES[str(kind)]}")
 
@@ -81,6 +83,8 @@ def draft_from_config(data: Mapping[str, Any], name: str | None = None,
         zeros = [k for k, v in cfg.data.items() if v == 0 and not isinstance(v, bool)
                  and any(w in k for w in ("head", "layer", "size", "dim", "expert"))]
         cfg.refuse(zeros[0] if zeros else "num_attention_heads", "must be at least 1")
+    from tfgraph.hf.strict import check_unread
+
     draft.data["name"] = name or cfg.model_type.replace("_", "-")
     key = "dtype" if "dtype" in cfg else "torch_dtype"
     dtype = cfg.get(key, None)
@@ -93,6 +97,7 @@ def draft_from_config(data: Mapping[str, Any], name: str | None = None,
         description = (f"Imported from a Hugging Face config (model_type {cfg.model_type}"
                        + (f", {origin}" if origin else "") + ")")
     draft.data["description"] = description
+    check_unread(cfg)  # after every reading above: what is left was ignored
     # Keys in the order a person would write them.
     order = ("name", "description", "arch", "d_model", "layers", "vocab", "max_len",
              "embedding", "attention", "ffn", "norm", "block", "head", "dropout", "dtype")

@@ -43,12 +43,21 @@ class HFConfig:
         self.data = dict(data)
         self.source = source
         self.model_type = str(data.get("model_type", ""))
+        # every key a family looked at (tfgraph.hf.strict refuses the others that matter)
+        self.read: set[str] = {"model_type"}
 
     def __contains__(self, key: str) -> bool:
+        self.read.add(key)
         return key in self.data
+
+    def moot(self, *keys: str) -> None:
+        """Mark ``keys`` as considered: other settings make them irrelevant (Qwen2's
+        max_window_layers without use_sliding_window), so tfgraph.hf.strict lets them be."""
+        self.read.update(keys)
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
         """The value of ``key``; its default when absent or null (``_MISSING``: required)."""
+        self.read.add(key)
         value = self.data.get(key)
         if value is None:
             if default is _MISSING:

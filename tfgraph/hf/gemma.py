@@ -84,6 +84,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if final_cap is not None:
         draft.put("head.softcap", cfg.float("final_logit_softcapping"), "final_logit_softcapping")
     types = cfg.get("layer_types", None)
+    if types is not None:  # what modeling reads; older configs' pattern made it
+        cfg.moot("sliding_window_pattern")
     if types is None:  # Gemma2Config / Gemma3TextConfig defaults
         period = 2 if kind == "gemma2" else cfg.int("sliding_window_pattern", 6)
         types = ["sliding_attention" if (i + 1) % period else "full_attention"

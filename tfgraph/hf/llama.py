@@ -61,7 +61,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     window = cfg.get("sliding_window", None)
     if kind in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
         window = None
+        cfg.moot("max_window_layers")  # transformers reads it only with a sliding window
     types = cfg.get("layer_types", None)
+    if types is not None:  # transformers 5 writes the layers max_window_layers made
+        cfg.moot("max_window_layers")
     if kind in ("qwen2", "qwen3") and types is None and window:
         start = cfg.int("max_window_layers", layers)
         types = ["sliding_attention" if i >= start else "full_attention" for i in range(layers)]

@@ -68,9 +68,13 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     window = cfg.get("sliding_window", None)
     if qwen and not cfg.bool("use_sliding_window", False):
         window = None
+        cfg.moot("max_window_layers")  # transformers reads it only with a sliding window
     if qwen and window:
         cfg.refuse("use_sliding_window", "Qwen2-MoE's sliding window follows max_window_layers; "
                    "not imported")
+    types = cfg.get("layer_types", None)  # transformers 5 writes one per layer
+    if types is not None and set(types) != {"full_attention"}:
+        cfg.refuse("layer_types", "sliding layers in a mixture of experts: not imported")
     put_windows(draft, None, window, layers)
     return draft
 

@@ -69,3 +69,48 @@ def copy_files(files: list[Path], folder: Path) -> list[Path]:
         with atomic_path(target) as tmp:
             tmp.write_bytes(data)
     return [target for target, _data in pending]
+
+
+def byte_level(vocab_size: int = 256) -> Tokenizer:
+    """A tokenizer whose ids are the UTF-8 bytes of the text (id = byte value), for byte-level
+    models (examples/language-model): GPT-2's byte-to-character table, no merges, decoding
+    back to the bytes (invalid UTF-8 shows as U+FFFD). ``vocab_size`` >= 256; ids past 255
+    are left for special tokens the model may have."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    if vocab_size < 256:
+        raise TfgraphError(f"a byte-level tokenizer needs 256 ids, the vocabulary has "
+                           f"{vocab_size}")
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # the 256 characters standing for bytes
+    table = _byte_characters()
+    assert sorted(alphabet) == sorted(table)
+    tokenizer = Tokenizer(models.BPE({ch: b for b, ch in enumerate(table)}, []))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _byte_characters() -> list[str]:
+    """GPT-2's byte-to-character table (the one ``tokenizers``' ByteLevel uses): printable
+    Latin-1 bytes stand for themselves, the rest map to characters from U+0100 on, in order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            table.append(chr(b))
+        else:
+            table.append(chr(256 + extra))
+            extra += 1
+    return table
+
+
+def write_byte_level(folder: Path, vocab_size: int = 256) -> Path:
+    """Write :func:`byte_level`'s ``tokenizer.json`` into ``folder`` (beside a model, where
+    ``tfgraph generate --prompt`` reads it); returns its path."""
+    from tfgraph.io import atomic_write
+
+    target = folder / TOKENIZER_JSON
+    with atomic_write(target) as out:
+        out.write(byte_level(vocab_size).to_str())
+    return target

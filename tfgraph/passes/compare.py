@@ -6,6 +6,11 @@ ratios to the first variant, the parameters by kind (``tfgraph.passes.param_grou
 ``params_by_kind``), and the attention/FFN crossover solved from the symbolic FLOP expressions.
 The definitions of every figure travel in the dict.
 
+The headline is the work the model does (``tfgraph.passes.effective``): ``flops.forward_effective``
+and ``crossover_effective`` count each causal attention over the keys its queries read, so a
+sliding window shows; ``flops.forward`` and ``crossover`` are the dense figures (full score
+matrices), kept as secondary rows with their meaning unchanged.
+
 Symbols are ``tfgraph report``'s: S is the sequence length (an encoder-decoder's source, with
 target T = S here), B the batch; L stays the layer count of report's formulas and is never a
 length here.
@@ -19,6 +24,7 @@ from typing import Any
 import sympy
 
 from tfgraph.passes import cost
+from tfgraph.passes.effective import effective
 from tfgraph.passes.figures import symbolic
 from tfgraph.graph.ir import SYMBOLS, Graph
 from tfgraph.graph.lengths import Lengths
@@ -30,7 +36,9 @@ from tfgraph.passes.report import train_activations as report_train_activations
 DEFAULT_SEQS = (128, 512, 2048)
 # (section, key) of graph.report() shown per length, in display order.
 METRICS = (
+    ("flops", "forward_effective"),
     ("flops", "forward"),
+    ("flops", "matmul_effective"),
     ("flops", "matmul"),
     ("memory", "activations_peak"),
     ("memory", "kv_cache"),
@@ -40,10 +48,18 @@ METRICS = (
 DEFINITIONS = {
     "seq": "sequence length S (report's --seq); encoder-decoder models use source length S "
            "and target length T = S.",
-    "flops.forward": "graph.report()['flops']['forward']: matmul + other FLOPs of one forward "
-                     "pass (2 FLOPs per multiply-accumulate).",
-    "flops.matmul": "graph.report()['flops']['matmul']: every linear (output head included) "
-                    "and both attention products over the full score matrix.",
+    "flops.forward_effective": "graph.report()['flops']['forward_effective'], the headline: "
+                               "the work of one forward pass with each causal attention "
+                               "counted over the keys its queries read (Tq*(Tq+1)/2 scores "
+                               "under the causal mask, the last W keys with a sliding window "
+                               "of W); products and per-score work alike.",
+    "flops.forward": "graph.report()['flops']['forward'], dense: matmul + other FLOPs of one "
+                     "forward pass over full score matrices (2 FLOPs per multiply-accumulate).",
+    "flops.matmul_effective": "graph.report()['flops']['matmul_effective']: flops.matmul with "
+                              "causal and sliding-window attention counted as "
+                              "flops.forward_effective.",
+    "flops.matmul": "graph.report()['flops']['matmul'], dense: every linear (output head "
+                    "included) and both attention products over the full score matrix.",
     "memory.activations_peak": "inference activation peak in bytes (liveness over the "
                                "topological order, attention scores materialised).",
     "memory.kv_cache": "bytes of K and V of every decoder attention for the whole sequence.",
@@ -71,9 +87,19 @@ DEFINITIONS = {
                       "marked extrapolated (†).",
     "extrapolated": "beyond_max_len with positions that are not a learned table: the figures "
                     "(and the model) extrapolate; marked † in the table.",
+    "crossover_effective": "the headline crossover: the sequence length S at which "
+                           "attention-score FLOPs equal feed-forward FLOPs as in crossover, "
+                           "with attention counted as flops.forward_effective (report "
+                           "flops_by_kind_effective['attention_scores']: each causal query "
+                           "over the keys it reads, a sliding window's last W). Past the "
+                           "window a local layer's attention grows like the FFN, linearly in "
+                           "S, so a windowed model may have none (null: attention stays "
+                           "below the FFN at every S). Solved exactly piece by piece (S <= W, "
+                           "S > W).",
     "crossover": "the sequence length S at which attention-score FLOPs "
                  "(flops_by_kind['attention_scores']: QK^T, scaling, masking, softmax and "
-                 "weights.V of every attention, all layers) equal feed-forward FLOPs "
+                 "weights.V of every attention, all layers, over full score matrices) equal "
+                 "feed-forward FLOPs "
                  "(flops_by_kind['ffn']: every FFN sublayer with its norm and residual add); "
                  "above it attention dominates. Solved exactly from the sympy expressions in S "
                  "(with T = S); independent of batch, since both are linear in B. "
@@ -141,6 +167,61 @@ def crossover(graph: Graph, batch: int = 1) -> dict[str, Any]:
     return out
 
 
+def crossover_effective(graph: Graph, batch: int = 1) -> dict[str, Any]:
+    """Where the effective attention-score FLOPs (``tfgraph.passes.effective``) overtake the
+    FFN's, in S (an encoder-decoder's T = S); the keys of ``crossover``.
+
+    A sliding window makes the attention cost piecewise: min(S, W) appears in it, quadratic
+    below W and linear above. Each piece is a polynomial, solved exactly on its interval;
+    the first root where attention passes the FFN going up is the crossover."""
+    kinds = effective(graph)["flops_by_kind"]
+    length = sympy.Symbol("S", positive=True)
+    subs = {SYMBOLS["S"]: length, SYMBOLS["T"]: length, SYMBOLS["B"]: batch}
+    att = sympy.expand(sympy.sympify(kinds.get("attention_scores", 0)).xreplace(subs))
+    ffn = sympy.expand(sympy.sympify(kinds.get("ffn", 0)).xreplace(subs))
+    out: dict[str, Any] = {"attention_scores_flops": str(att), "ffn_flops": str(ffn),
+                           "variable": "S"}
+    root = _first_rising_root(att - ffn, length)
+    if root is None:
+        out.update(seq=None, exact=None, first_seq_above=None)
+        return out
+    flops = effective(graph)["flops"]["forward_effective"]
+    forward = sympy.sympify(flops).xreplace(subs)
+    out.update(seq=float(root), exact=str(sympy.nsimplify(root)),
+               first_seq_above=int(sympy.floor(root)) + 1,
+               flops_each_at_crossover=float(att.subs(length, root)),
+               forward_flops_at_crossover=float(forward.subs(length, root)))
+    return out
+
+
+def _first_rising_root(gap: sympy.Expr, length: sympy.Symbol) -> sympy.Expr | None:
+    """The smallest S > 0 where ``gap`` (attention - FFN) turns from <= 0 to > 0, with every
+    Min(S, W) / Max(S, W) of a sliding window resolved piece by piece between the windows."""
+    bends = sorted({float(a) for f in gap.atoms(sympy.Min, sympy.Max) for a in f.args
+                    if a.is_number and a > 0})
+    edges = [0.0, *bends, float("inf")]
+    for lo, hi in zip(edges, edges[1:]):
+        probe = lo + 1 if hi == float("inf") else (lo + hi) / 2
+        # on (lo, hi] every Min / Max picks the same argument as at the probe
+        piece = gap.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)),
+                            lambda e: _pick(e, length, probe))
+        piece = sympy.expand(piece)
+        slope = sympy.diff(piece, length)
+        roots = sorted((r for r in sympy.solve(sympy.Eq(piece, 0), length)
+                        if r.is_real and lo < r <= hi), key=float)
+        for r in roots:
+            if slope.subs(length, r) > 0:
+                return r
+    return None
+
+
+def _pick(e: sympy.Expr, length: sympy.Symbol, probe: float) -> sympy.Expr:
+    """The argument of Min / Max ``e`` that it equals at S = probe."""
+    values = [float(a.subs(length, probe)) for a in e.args]
+    best = min(values) if isinstance(e, sympy.Min) else max(values)
+    return e.args[values.index(best)]
+
+
 def _ratio(value: int | None, first: int | None) -> float | None:
     """value / first; None when either has no figure (beyond_max_len) or first is 0."""
     return None if value is None or not first else value / first
@@ -168,9 +249,13 @@ def series(graph: Graph, lengths: Sequence[int], batch: int = 1) -> dict[str, li
     whole report (formulas, roll-ups) per point: a curve has dozens of points.
     """
     sym = symbolic(graph)
-    exprs = {f"{section}.{key}": sym[section][key] for section, key in METRICS
+    work = effective(graph)
+    figures = {"flops": {**sym["flops"], **work["flops"]}, "memory": sym["memory"]}
+    exprs = {f"{section}.{key}": figures[section][key] for section, key in METRICS
              if key not in ("activations_peak", "train_step")}
     exprs["flops_by_kind.attention_scores"] = sym["flops_by_kind"].get("attention_scores", 0)
+    exprs["flops_by_kind_effective.attention_scores"] = \
+        work["flops_by_kind"].get("attention_scores", 0)
     exprs["flops_by_kind.ffn"] = sym["flops_by_kind"].get("ffn", 0)
     out: dict[str, list[int]] = {key: [] for key in [*exprs, "memory.activations_peak",
                                                      "memory.train_step"]}
@@ -231,6 +316,7 @@ def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
             "params_active": int(sym.get("params_active", sym["params"])),
             "params_by_kind": params_by_kind(graph),
             "at": at,
+            "crossover_effective": _flag_crossover(crossover_effective(graph, batch), rule),
             "crossover": _flag_crossover(crossover(graph, batch), rule),
         })
     first = variants[0]
@@ -251,8 +337,10 @@ def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
 # ---- one table for every rendering (rich, markdown, HTML) -----------------------------------
 
 METRIC_TITLES = {
-    "flops.forward": "FLOPs forward",
-    "flops.matmul": "FLOPs matmul",
+    "flops.forward_effective": "FLOPs forward",
+    "flops.forward": "  dense (full scores)",
+    "flops.matmul_effective": "FLOPs matmul",
+    "flops.matmul": "  dense (full scores)",
     "memory.activations_peak": "activations peak",
     "memory.kv_cache": "KV cache",
     "memory.train_step": "train step memory",
@@ -328,17 +416,21 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
                 per = [v["at"][j]["per_token"][key] for v in variants]
                 rows.append((length_heading(data, seq), title,
                              ["—" if n is None else human_count(n) for n in per]))
-    cross = []
-    for v in variants:
-        c = v["crossover"]
-        if c["seq"] is None:
-            cross.append("none")
-        elif c.get("beyond_max_len") and not c.get("extrapolated"):
-            cross.append("—")  # past a learned table's max_len: never reached
-        else:
-            cross.append(f"S ≈ {c['seq']:,.1f}" + (" †" if c.get("extrapolated") else ""))
-    rows.append(("attention vs FFN", "crossover length", cross))
+    rows.append(("attention vs FFN", "crossover length",
+                 [crossover_cell(v["crossover_effective"]) for v in variants]))
+    rows.append(("attention vs FFN", "  dense (full scores)",
+                 [crossover_cell(v["crossover"]) for v in variants]))
     return rows
+
+
+def crossover_cell(c: dict[str, Any]) -> str:
+    """A crossover as the table shows it: ``S ≈ 3,001.4``, ``none`` (attention never overtakes
+    the FFN), ``—`` (past a learned table's max_len: never reached), † when extrapolated."""
+    if c["seq"] is None:
+        return "none"
+    if c.get("beyond_max_len") and not c.get("extrapolated"):
+        return "—"
+    return f"S ≈ {c['seq']:,.1f}" + (" †" if c.get("extrapolated") else "")
 
 
 def table_notes(data: dict[str, Any]) -> list[str]:
@@ -346,7 +438,11 @@ def table_notes(data: dict[str, Any]) -> list[str]:
     notes = [f"Ratios (×) are to the first variant, {data['baseline']}.",
              "Sequence length S: " + DEFINITIONS["seq"].split("; ", 1)[1],
              "Parameters by kind (as in tfgraph report): " + GROUPING,
-             "Crossover: " + DEFINITIONS["crossover"]]
+             "FLOPs: the work the model does, each causal attention over the keys its "
+             "queries read (a sliding window's last W); 'dense' rows count full score "
+             "matrices (report flops.forward).",
+             "Crossover length: " + DEFINITIONS["crossover_effective"].split(": ", 1)[1],
+             "Crossover, dense row: " + DEFINITIONS["crossover"]]
     notes.extend(max_len_notes(data))
     return notes
 
@@ -355,14 +451,16 @@ def max_len_notes(data: dict[str, Any]) -> list[str]:
     """The notes for † and — (README, "Lengths beyond max_len"), when the table has them."""
     notes = []
     marked = [v for v in data["variants"]
-              if any(a["extrapolated"] for a in v["at"]) or v["crossover"].get("extrapolated")]
+              if any(a["extrapolated"] for a in v["at"]) or v["crossover"].get("extrapolated")
+              or v.get("crossover_effective", {}).get("extrapolated")]
     if marked:
         notes.append("†: beyond the max_len of " + _max_lens(marked) + ": sinusoidal, rotary, "
                      "relative or no positions run past it (extrapolating, with a warning); "
                      "the figures are the formulas at that length.")
     refused = [v for v in data["variants"] if any(
         a["beyond_max_len"] and not a["extrapolated"]
-        for a in [*v["at"], v["crossover"]] if "beyond_max_len" in a)]
+        for a in [*v["at"], v["crossover"], v.get("crossover_effective", {})]
+        if "beyond_max_len" in a)]
     if refused:
         notes.append("—: beyond the max_len of " + _max_lens(refused) + ": a learned position "
                      "table has no row past it, so the model cannot run there and has no "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import sympy
 
 from tfgraph.passes.cost import Peak, op_costs
+from tfgraph.passes.effective import effective
 from tfgraph.passes.figures import symbolic
 from tfgraph.graph.ir import SYMBOLS, Graph
 from tfgraph.graph.lower import Sizes, lower
@@ -59,8 +60,11 @@ MEANING: dict[str, str] = {
 
 # Figures written as formulas; the activation peak is handled separately (it depends on sizes).
 FIGURES = ("params", "flops.forward", "flops.matmul", "flops.other", "flops.backward",
-           "flops.train_step", "flops.causal_effective_matmul", "memory.weights",
-           "memory.saved_for_backward", "memory.kv_cache", "memory.model_states")
+           "flops.train_step", "flops.causal_effective_matmul", "flops.forward_effective",
+           "flops.other_effective", "memory.weights", "memory.saved_for_backward",
+           "memory.kv_cache", "memory.model_states")
+# (flops.backward_effective and train_step_effective, 2x and 3x forward_effective, and
+# matmul_effective, causal_effective_matmul, are written from those by tfgraph.passes.report)
 # ... and those of a mixture of experts (tfgraph.passes.figures: present only when it has experts)
 MOE_FIGURES = ("params_active", "flops.router", "flops.matmul_all_experts",
                "flops.forward_all_experts")
@@ -113,6 +117,8 @@ def _figures(graph: Graph) -> dict[str, sympy.Expr]:
     if "params_active" in sym:
         out["params_active"] = sympy.sympify(sym["params_active"])
     out.update({f"flops.{k}": v for k, v in sym["flops"].items()})
+    # the work done (causal masks, sliding windows): report's headline has a formula too
+    out.update({f"flops.{k}": v for k, v in effective(graph)["flops"].items()})
     out.update({f"memory.{k}": sympy.sympify(v) for k, v in sym["memory"].items()})
     return out
 

@@ -6,6 +6,10 @@ Conventions (also written into every report under ``conventions``):
   and both attention products over the full score matrix; ``other`` uses the per-element
   constants of ``tfgraph.graph.ops.FLOPS_PER_ELEMENT``. Causal attention is counted dense;
   ``causal_effective_matmul`` counts only the Tq*(Tq+1)/2 unmasked scores of causal products.
+- The ``*_effective`` FLOPs (``tfgraph.passes.effective``) are the work the model does: each
+  causal attention over the scores its queries read (a sliding window's last W keys), matmul
+  and per-score work alike. They are the headline of the readable report; the dense keys keep
+  their meaning (README, "Effective and dense FLOPs").
 - backward = 2 x forward (two products per forward product: gradients of input and weight;
   Kaplan et al. 2020, Narayanan et al. 2021); train_step = forward + backward.
 - Memory is in bytes at the spec's dtype.
@@ -18,7 +22,7 @@ from typing import Any
 
 import sympy
 
-from tfgraph.passes import cost
+from tfgraph.passes import cost, effective
 from tfgraph.passes.figures import symbolic
 from tfgraph.passes.formulas import spec_formulas
 from tfgraph.graph.ir import SYMBOLS, Graph
@@ -37,6 +41,21 @@ CONVENTIONS = {
     "flops.train_step": "flops.forward + flops.backward (optimizer update not counted).",
     "flops.causal_effective_matmul": "flops.matmul with causal score products counted over "
                                      "the Tq*(Tq+1)/2 unmasked scores only.",
+    "flops.forward_effective": "the work the model does, the readable report's headline: "
+                               "flops.forward with every causal attention counted over the "
+                               "scores its queries read, Tq*(Tq+1)/2 under the causal mask, "
+                               "sum of min(i+1, W) over queries i with a sliding window of W "
+                               "keys: both products (QK^T, weights.V) and the per-score "
+                               "scaling, mask, soft-cap and softmax. What attention kernels "
+                               "that skip masked tiles compute (FlashAttention, SDPA "
+                               "is_causal); flops.forward counts the full score matrix.",
+    "flops.matmul_effective": "flops.matmul counted as flops.forward_effective (equal to "
+                              "flops.causal_effective_matmul).",
+    "flops.other_effective": "flops.other counted as flops.forward_effective.",
+    "flops.backward_effective": "2 x flops.forward_effective.",
+    "flops.train_step_effective": "flops.forward_effective + flops.backward_effective.",
+    "flops_by_kind_effective": "flops_by_kind counted as flops.forward_effective (only "
+                               "attention_scores differs).",
     "memory.weights": "unique parameters x bytes of the spec dtype (a tied table once).",
     "memory.activations_peak": "inference; the walk of tfgraph.passes.liveness (the one the PyTorch module "
                                "runs): a tensor lives from its producer to its last consumer, "
@@ -97,7 +116,10 @@ CONVENTIONS = {
 }
 
 
-_FORMULA_ORDER = ["params", *(f"flops.{k}" for k in ("forward", "matmul", "other", "backward",
+_FORMULA_ORDER = ["params", *(f"flops.{k}" for k in ("forward_effective", "matmul_effective",
+                                                      "other_effective", "backward_effective",
+                                                      "train_step_effective", "forward",
+                                                      "matmul", "other", "backward",
                                                       "train_step", "causal_effective_matmul")),
                   *(f"memory.{k}" for k in ("weights", "activations_peak", "saved_for_backward",
                                             "kv_cache", "model_states", "train_step",
@@ -119,6 +141,25 @@ def _fmt(expr: sympy.Expr) -> str:
     return str(sympy.expand(expr))
 
 
+# backward_effective and train_step_effective are 2x and 3x forward_effective, and
+# matmul_effective is causal_effective_matmul: their formulas are written from those rather
+# than printed again (sympy's printer is the slow part of a report).
+EFFECTIVE_MULTIPLES = {"backward_effective": 2, "train_step_effective": 3}
+EFFECTIVE_COPIES = {"matmul_effective": "causal_effective_matmul"}
+
+
+def _effective_multiples(form: dict[str, str]) -> None:
+    """Add the formulas of EFFECTIVE_MULTIPLES and EFFECTIVE_COPIES to ``form`` from those of
+    forward_effective and causal_effective_matmul."""
+    forward = form.get("flops.forward_effective")
+    if forward is not None:
+        for key, factor in EFFECTIVE_MULTIPLES.items():
+            form[f"flops.{key}"] = f"{factor}*({forward})"
+    for key, source in EFFECTIVE_COPIES.items():
+        if f"flops.{source}" in form:
+            form[f"flops.{key}"] = form[f"flops.{source}"]
+
+
 def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
     """The size-independent formula strings (B, S, T form; spec-symbol form), printed once per
     graph: sympy's printer is slow and reports are asked for at many lengths (compare)."""
@@ -126,12 +167,16 @@ def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
     def compute() -> tuple[dict[str, str], dict[str, str]]:
         sym = symbolic(graph)
         bst = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
+        bst.update({f"flops.{k}": _fmt(v) for k, v in effective.effective(graph)["flops"].items()
+                    if k not in EFFECTIVE_MULTIPLES and k not in EFFECTIVE_COPIES})
         bst.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
         bst["params"] = str(sym["params"])
         if "params_active" in sym:
             bst["params_active"] = _fmt(sym["params_active"])
         named = spec_formulas(graph)
         text = {} if named is None else {k: str(v) for k, v in named.figures.items()}
+        for form in (bst, text):
+            _effective_multiples(form)
         return bst, text
 
     return graph.memo("formula_text", compute)
@@ -176,6 +221,10 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     sizes = sizes_for(graph, batch, seq, tgt_seq)
     peak = cost.activation_peak(graph, sym["costs"], sizes, fused_attention=fused_attention)
     flops = {k: _int(v, sizes) for k, v in sym["flops"].items()}
+    # the headline: the work done, causal masks and sliding windows counted (new keys; the
+    # dense ones keep their meaning: full score matrices, as FlopCounterMode counts)
+    work = effective.at_sizes(graph, sizes)
+    flops.update(work["flops"])
     memory = {k: _int(v, sizes) for k, v in sym["memory"].items()}
     memory["activations_peak"] = peak.bytes
     train_bytes, train_expr, train_at = train_activations(graph, sym, sizes, fused_attention)
@@ -239,6 +288,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "flops": flops,
         "memory": memory,
         "flops_by_kind": {k: _int(v, sizes) for k, v in sym["flops_by_kind"].items()},
+        "flops_by_kind_effective": work["flops_by_kind"],
         "params_by_kind": params_by_kind(graph),  # the grouping compare shows too
         "components": components,
         "component_layers": component_layers,
