@@ -1,14 +1,20 @@
 """Train a tfgraph model on several processes: DDP, FSDP2, tensor parallelism, or FSDP2 + TP.
 
-    torchrun --nproc_per_node 2 examples/train_distributed.py --spec specs/tiny-llama.yaml \\
-        --strategy fsdp --steps 20
-    torchrun --nproc_per_node 4 examples/train_distributed.py --spec specs/tiny-moe.yaml \\
-        --strategy fsdp+tp --tp 2 --steps 20 --save ckpt/
-    torchrun --nproc_per_node 2 examples/train_distributed.py --spec specs/tiny-moe.yaml \\
-        --strategy fsdp --ep 2 --steps 20   # experts split over the ranks, all-to-all
-    torchrun --nproc_per_node 2 examples/train_distributed.py --spec specs/tiny-llama.yaml \\
-        --strategy tp --sp --steps 20   # sequence parallelism: activations split on the sequence
+    torchrun --standalone --nproc_per_node 2 examples/train_distributed.py \\
+        --spec specs/tiny-llama.yaml --strategy fsdp --steps 20
+    torchrun --standalone --nproc_per_node 4 examples/train_distributed.py \\
+        --spec specs/tiny-moe.yaml --strategy fsdp+tp --tp 2 --steps 20 --save ckpt/
+    torchrun --standalone --nproc_per_node 2 examples/train_distributed.py \\
+        --spec specs/tiny-moe.yaml --strategy fsdp --ep 2 --steps 20   # experts split, all-to-all
+    torchrun --standalone --nproc_per_node 2 examples/train_distributed.py \\
+        --spec specs/tiny-llama.yaml --strategy tp --sp --steps 20   # sequence parallelism
     python examples/train_distributed.py --spec specs/tiny-llama.yaml --quick   # one process
+
+``torchrun --standalone`` rendezvouses on a free port (a plain ``torchrun`` takes port 29500,
+which another job may hold: its ranks then wait for ever). Every collective, and the start of
+the process group, fails after ``--timeout`` seconds (default 300) rather than waiting for a
+rank that hung or never started; ``--strategy ddp`` etc. outside torchrun is a group of one
+process on a free port.
 
 Everything distributed is PyTorch's own: ``DistributedDataParallel``, FSDP2's ``fully_shard``
 and ``torch.distributed.tensor.parallel`` styles, applied by ``tfgraph.exporters.parallelize``
@@ -44,6 +50,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also the bytes autograd saves for backward in the first step's "
                         "forward and loss, per rank (saved_activations)")
     p.add_argument("--quick", action="store_true", help="3 steps, batch 4, seq 16 (CI)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="the process group's start and every collective fail after this "
+                        "long (a hung or missing rank), instead of gloo's 30 minutes")
     args = p.parse_args(argv)
     if args.strategy is None:
         args.strategy = "ddp" if "WORLD_SIZE" in os.environ else "none"
@@ -295,7 +305,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     distributed = args.strategy != "none"
     started_group = False
     if distributed and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        start_group(args.timeout)
         started_group = True
     rank = dist.get_rank() if distributed else 0
     if torch.cuda.is_available():
@@ -373,6 +383,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def start_group(timeout_s: float) -> None:
+    """The process group, with ``timeout_s`` on its start and on every collective. Under
+    torchrun (MASTER_PORT set) its rendezvous; otherwise a group of this one process, its
+    store on a port the system picks (free: never a port another job holds)."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    if "MASTER_PORT" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+
+
 def main(argv: list[str] | None = None) -> int:
     from tfgraph.errors import TfgraphError
 
@@ -382,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     except TfgraphError as e:  # bad arguments: one line, exit 2 (as tfgraph's CLI)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except dist.DistError as e:  # a rank hung or never came: one line, not a traceback
+        detail = " ".join(str(e).split())[:200]
+        print(f"error: a rank did not answer within --timeout {args.timeout:g} s: {detail}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

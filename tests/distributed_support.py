@@ -6,14 +6,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_distributed.py"
+GROUP_TIMEOUT = timedelta(seconds=120)
+"""A worker's process group gives up on a hung rank after this (gloo waits 30 minutes)."""
 
 
 def load_example() -> Any:
@@ -32,7 +36,7 @@ def run_jobs(run_one: Callable[[Any], Any]) -> None:
 
     from tfgraph.errors import TfgraphError
 
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
     results = []
     for job in json.loads(sys.argv[1]):
         try:
@@ -59,6 +63,20 @@ def torchrun(procs: int, worker: Path, jobs: Any, out: Path, timeout: int = 600)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(worker),
            json.dumps(jobs), str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    done = launch(cmd, timeout, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def launch(cmd: list[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd)`` with its output captured, in a session of its own: past
+    ``timeout`` the whole session is killed, torchrun's ranks too (killing torchrun alone
+    would leave a hung rank running), and the timeout is raised."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kwargs) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

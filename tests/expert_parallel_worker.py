@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 import tfgraph
-from distributed_support import load_example
+from distributed_support import GROUP_TIMEOUT, load_example
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
 from tfgraph.exporters.torch.expert_parallel import all_to_all_bytes
@@ -75,7 +75,7 @@ def parallelize_only(job: dict[str, Any]) -> str:
 
 def main() -> None:
     example = load_example()
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)  # a hung rank fails the launch
     results: list[Any] = []
     for job in json.loads(sys.argv[1]):
         mine: Any

@@ -416,7 +416,7 @@ def test_valid_spec_through_a_real_process() -> None:
 def test_internal_errors_exit_1_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     import tfgraph.commands.validate as validate_module
 
-    def broken(path: str) -> None:
+    def broken(path: str, **options: object) -> None:
         raise RuntimeError("something\nbroke")
 
     monkeypatch.setattr(validate_module, "load_spec_arg", broken)

@@ -161,6 +161,43 @@ def test_four_processes_fsdp_and_tensor_parallel(four: dict[str, dict[str, Any]]
             assert held["optimizer"] == 2 * held["weights"]
 
 
+def test_a_missing_rank_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 of 2 whose peer never comes: the group's start fails after --timeout (gloo's
+    default would wait 30 minutes; a hung rank under torchrun hung CI for 12)."""
+    import socket
+    import time
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:  # a port nobody listens on: no rank 1 will ever come
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    example = load_example()
+    assert example.parse_args(["--spec", "x"]).timeout == 300  # the default bound
+    start = time.monotonic()
+    with pytest.raises(dist.DistError):
+        example.start_group(1.0)
+    assert time.monotonic() - start < 30
+    assert not dist.is_initialized()
+
+
+def test_a_group_outside_torchrun_takes_a_free_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--strategy ddp etc. without torchrun: a group of one on a port the system picks (no
+    MASTER_PORT needed, none that another job holds)."""
+    import torch.distributed as dist
+
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    example = load_example()
+    example.start_group(30.0)
+    try:
+        assert dist.get_world_size() == 1 and dist.get_rank() == 0
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--spec", "specs/tiny-falcon.yaml", "--strategy", "tp", "--tp", "2"],
      "--tp 2 does not divide the 1 heads"),

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from conftest import ROOT
+from distributed_support import launch
 
 README = (ROOT / "README.md").read_text()
 BLOCKS = [(README[: m.start()].count("\n") + 2, m.group(1))
@@ -54,9 +55,10 @@ def test_the_torchrun_block_runs_on_two_processes(tmp_path: Path) -> None:
     (distributed,) = [(line, code) for line, code in BLOCKS
                       if "torchrun" in code.splitlines()[0]]
     (tmp_path / "block.py").write_text(distributed[1] + "\nprint('done', flush=True)\n")
-    result = subprocess.run(
+    # A free rendezvous port, and past the timeout both ranks are killed (distributed_support)
+    result = launch(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
          "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "block.py"],
-        cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=300)
+        300, cwd=tmp_path, env=_env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("done") == 2

@@ -44,8 +44,8 @@ def test_size_options_are_bounded(args: tuple[str, ...], words: tuple[str, ...])
     refused(cli(*args, timeout=120), *words)
 
 
-def spec_with(tmp_path: Path, old: str, new: str) -> str:
-    text = Path(TINY).read_text()
+def spec_with(tmp_path: Path, old: str, new: str, base: str | Path = TINY) -> str:
+    text = Path(base).read_text()
     assert old in text
     path = tmp_path / "spec.yaml"
     path.write_text(text.replace(old, new))
@@ -150,9 +150,97 @@ def test_a_huge_name_makes_a_bounded_line(tmp_path: Path,
     save_file(weights, str(tmp_path / "w.safetensors"))
     result = cli("build", TINY, "--to", "onnx", "--weights", str(tmp_path / "w.safetensors"),
                      "-o", str(tmp_path / "m.onnx"))
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert len(result.stderr) <= 1001
+    refused(result, "w.safetensors")  # one line of at most ~300 characters
+
+
+def test_a_cut_line_keeps_its_start_and_its_end() -> None:
+    from tfgraph.terminal import MAX_LINE, one_line
+
+    text = "where: " + "x" * 5000 + " /deep/folder/model.onnx: what to do"
+    line = one_line(text)
+    assert len(line) <= MAX_LINE <= 300
+    assert line.startswith("where: xxx") and line.endswith("/deep/folder/model.onnx: what to do")
+    assert "characters left out" in line
+
+
+def deep_folder(tmp_path: Path) -> Path:
+    """A folder 600 characters deep (each name under the 255 a file system allows)."""
+    deep = tmp_path.joinpath(*["d" * 100] * 6)
+    deep.mkdir(parents=True)
+    return deep
+
+
+def test_errors_naming_deep_paths_stay_one_short_line(tmp_path: Path) -> None:
+    """The file at fault keeps its name in a line of at most ~300 characters."""
+    deep = deep_folder(tmp_path)
+    spec = deep / "spec.yaml"
+    spec.write_bytes(Path(TINY).read_bytes())
+    refused(cli("build", str(spec), "--to", "json", "-o", str(spec)), "/spec.yaml",
+            "is the input", "elsewhere")
+    refused(cli("report", str(deep / "nope.yaml")), "/nope.yaml", "no such file")
+    (deep / "bad.yaml").write_text("name: x\nd_model: 48\nbogus: 1\n")
+    refused(cli("validate", str(deep / "bad.yaml")), "/bad.yaml:3:1", "bogus")
+    refused(cli("validate", str(spec), "--" + "x" * 2000), "No such option", "--help")
+
+
+def test_generate_memory_counts_beams_prompt_and_new_tokens() -> None:
+    from tfgraph import load_spec
+    from tfgraph.limits import generate_memory
+
+    spec = load_spec(ROOT / "specs" / "tiny-llama.yaml")  # rope: no max_len stop
+    one = generate_memory(spec, 1, 10, 90, 1, cache=True)
+    assert generate_memory(spec, 1, 10, 90, 4, cache=True) == 4 * one
+    grows = [generate_memory(spec, 1, 10, new, 1, cache=True) for new in (90, 190, 290)]
+    assert grows[2] - grows[1] == grows[1] - grows[0] > 0  # the cache grows with each token
+    assert generate_memory(spec, 1, 10, 90, 1, cache=False) > one
+
+
+def test_generate_past_memory_is_refused_before_work(tmp_path: Path) -> None:
+    """KV cache of 100 layers x 200 beams x a million tokens: terabytes, refused at once (it
+    would otherwise decode for hours)."""
+    spec = spec_with(tmp_path, "layers: 2", "layers: 100", ROOT / "specs" / "tiny-llama.yaml")
+    refused(cli("generate", spec, "--prompt-ids", "1,2", "--beams", "200", "--max-new-tokens",
+                "1000000", "--json", timeout=60), "--beams 200", "--max-new-tokens 1000000",
+            "memory")
+
+
+def deep_sources(tmp_path: Path) -> tuple[str, str]:
+    """A 10,000-layer spec (the schema allows it) and a 10,000-layer config.json folder."""
+    import json
+
+    spec = spec_with(tmp_path, "layers: 2", "layers: 10000")
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 10000, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5}))
+    return spec, str(folder)
+
+
+@pytest.mark.parametrize("command", [("report",), ("plan", "--gpus", "8")])
+def test_ten_thousand_layers_are_refused_at_once(tmp_path: Path,
+                                                 command: tuple[str, ...]) -> None:
+    """Lowering 10,000 layers took 26 s and 850 MB (report) or 68 s (plan): refused with
+    the bound (tfgraph.limits.MAX_LOWERED_LAYERS) instead."""
+    import time
+
+    from tfgraph.limits import MAX_LOWERED_LAYERS
+
+    for source in deep_sources(tmp_path):
+        start = time.monotonic()
+        refused(cli(command[0], source, *command[1:], timeout=60), "10,000 layers",
+                f"{MAX_LOWERED_LAYERS:,}")
+        assert time.monotonic() - start < 30
+
+
+def test_ten_thousand_layers_validate_and_import(tmp_path: Path) -> None:
+    """validate and import do not lower a spec: they take any depth the schema allows."""
+    spec, folder = deep_sources(tmp_path)
+    assert cli("validate", spec, folder).returncode == 0
+    imported = cli("import", str(Path(folder) / "config.json"))
+    assert imported.returncode == 0, imported.stderr
+    assert "Parameters: not counted" in imported.stdout
 
 
 @pytest.mark.parametrize("command", ["compare", "draw"])
@@ -196,3 +284,34 @@ def test_a_folder_eos_that_is_not_an_id_is_refused(tmp_path: Path) -> None:
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": 1e30}')
     refused(cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "2"),
             "eos_token_id")
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_a_decoder_start_past_the_vocabulary_is_refused(backend: str) -> None:
+    """torch failed with an IndexError (exit 1), onnxruntime with its own coloured log line
+    before tfgraph's."""
+    refused(cli("generate", str(ROOT / "specs" / "tiny-bart.yaml"), "--prompt-ids", "1,2",
+                "--decoder-start-id", "99999", "--max-new-tokens", "2", "--backend", backend),
+            "--decoder-start-id 99999", "160")
+
+
+def test_onnxruntime_prints_nothing_of_its_own(tmp_path: Path) -> None:
+    """A failing run is one exception (tfgraph's one line), not also onnxruntime's log line
+    with raw escape sequences on stderr."""
+    import subprocess
+    import sys
+
+    model = tmp_path / "m.onnx"
+    assert cli("build", TINY, "--to", "onnx", "-o", str(model)).returncode == 0
+    script = ("import numpy as np\n"
+              "from tfgraph.errors import TfgraphError\n"
+              "from tfgraph.exporters.onnx import runtime as rt\n"
+              f"session = rt.create_session({str(model)!r})[0]\n"
+              "try:\n"
+              "    rt.run(session, {'input_ids': np.array([[1, 5000]], np.int64)})\n"
+              "except TfgraphError as err:\n"
+              "    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert "5000" in done.stdout, done.stdout
+    assert "\x1b" not in done.stderr and "onnxruntime" not in done.stderr, done.stderr

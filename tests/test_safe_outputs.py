@@ -247,3 +247,146 @@ def test_a_folder_tfgraph_did_not_write_is_not_replaced(folder: Path, tmp_path: 
     for _ in range(2):  # its own folder: rebuilt in place
         result = tfgraph("build", TINY, "--to", to, "-o", str(fresh))
         assert result.returncode == 0, result.stderr
+
+
+SIGNAL_AFTER_WROTE = """
+import os, signal, sys
+import click
+from tfgraph.cli import main
+
+echo = click.echo
+
+def echo_then_signal(message=None, *args, **kwargs):
+    echo(message, *args, **kwargs)
+    if str(message).startswith("wrote "):  # the moment after the command claims success
+        os.kill(os.getpid(), int(sys.argv[1]))
+
+click.echo = echo_then_signal
+main.main(args=sys.argv[2:], prog_name="tfgraph")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("command", [("build", TINY, "--to", "json", "-o", "g.json"),
+                                     ("compare", TINY, TINY, "--plot", "p.svg")])
+def test_a_signal_after_wrote_still_exits_0(tmp_path: Path, sig: int,
+                                            command: tuple[str, ...]) -> None:
+    """The rule: "wrote ..." is printed once the output is published, and from then on the
+    command has succeeded (exit 0); a signal just after it used to end it with 143."""
+    if command[0] == "compare":
+        pytest.importorskip("matplotlib")
+    result = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_WROTE, str(int(sig)),
+                             *command], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert "wrote" in result.stdout and "interrupted" not in result.stderr \
+        and "terminated" not in result.stderr, result.stderr
+    assert (tmp_path / command[-1]).is_file()
+
+
+def test_an_output_hard_linked_to_the_input_is_refused(tmp_path: Path) -> None:
+    """A hard link is the same file under another name: refused like the file itself."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(Path(TINY).read_bytes())
+    link = tmp_path / "graph.json"
+    os.link(spec, link)
+    refused(tfgraph("build", str(spec), "--to", "json", "-o", str(link)), "graph.json",
+            "spec.yaml", "hard link")
+    assert spec.read_bytes() == link.read_bytes() == Path(TINY).read_bytes()
+    assert os.stat(spec).st_ino == os.stat(link).st_ino
+
+
+def test_an_output_folder_holding_a_hard_linked_input_is_refused(tmp_path: Path) -> None:
+    """--weights w.safetensors is a hard link to the weights of the folder being rebuilt."""
+    out = tmp_path / "out"
+    assert tfgraph("build", TINY, "--to", "torch", "-o", str(out)).returncode == 0
+    weights = tmp_path / "w.safetensors"
+    os.link(out / "weights.safetensors", weights)
+    before = snapshot(out)
+    refused(tfgraph("build", TINY, "--to", "torch", "--weights", str(weights), "-o", str(out)),
+            "out", "w.safetensors", "hard link")
+    assert snapshot(out) == before
+
+
+def no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiling fails the test: the output must be refused before it."""
+    import tfgraph
+    import tfgraph.compiler
+
+    def compile_spec(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compiled before the output was checked")
+
+    monkeypatch.setattr(tfgraph.compiler, "compile", compile_spec)
+    monkeypatch.setattr(tfgraph, "compile", compile_spec)
+
+
+@pytest.mark.parametrize("command, output, words", [
+    (("build", "SPEC", "--to", "json"), "SPEC", ("is the input",)),
+    (("build", "SPEC", "--to", "svg"), "fifo.svg", ("FIFO",)),
+    (("build", "SPEC", "--to", "dot"), "folder.dot", ("is a directory",)),
+    (("build", "SPEC", "--to", "torch"), "victim", ("not a tfgraph torch folder",)),
+    (("build", "SPEC", "--to", "hf"), "checkpoint", ("did not write",)),
+    (("draw", "SPEC"), "fifo.svg", ("FIFO",)),
+    (("compare", "SPEC", "SPEC"), "SPEC", ("is the input",)),
+])
+def test_outputs_are_checked_before_compiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              command: tuple[str, ...], output: str,
+                                              words: tuple[str, ...]) -> None:
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(Path(TINY).read_bytes())
+    os.mkfifo(tmp_path / "fifo.svg")
+    (tmp_path / "folder.dot").mkdir()
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "notes.txt").write_text("mine\n")
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "config.json").write_text("{}\n")
+    no_compiling(monkeypatch)
+    args = [str(spec) if a == "SPEC" else a for a in command]
+    target = str(spec) if output == "SPEC" else str(tmp_path / output)
+    result = CliRunner().invoke(main, [*args, "-o", target])
+    assert result.exit_code == 2, result.output
+    for word in words:
+        assert word in result.output, result.output
+    assert spec.read_bytes() == Path(TINY).read_bytes()
+
+
+@pytest.mark.parametrize("to", ["json", "torch"])
+def test_an_unwritable_folder_is_refused_before_compiling(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to: str) -> None:
+    """A folder without write permission (simulated: root may write anywhere)."""
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+
+    def access(path: object, mode: int, **kwargs: object) -> bool:
+        if Path(str(path)) == locked and mode & os.W_OK:
+            return False
+        return real_access(path, mode, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "access", access)
+    no_compiling(monkeypatch)
+    result = CliRunner().invoke(main, ["build", TINY, "--to", to, "-o", str(locked / "out")])
+    assert result.exit_code == 2 and "permission denied" in result.output, result.output
+    assert list(locked.iterdir()) == []
+
+
+def test_the_cli_in_process_gives_the_signals_back(tmp_path: Path) -> None:
+    """After a command called in process (CliRunner) ends, this process's handlers are its
+    own again: nothing ignored that programs it starts later would inherit."""
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    result = CliRunner().invoke(main, ["build", TINY, "--to", "json", "-o",
+                                       str(tmp_path / "g.json")])
+    assert result.exit_code == 0, result.output
+    assert {sig: signal.getsignal(sig) for sig in before} == before

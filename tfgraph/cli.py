@@ -30,7 +30,7 @@ from tfgraph import __version__
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.lengths import notes
 from tfgraph.io import track_inputs
-from tfgraph.terminal import printable
+from tfgraph.terminal import MAX_LINE, one_line, printable
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
@@ -66,6 +66,9 @@ class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """Run with tfgraph's signal policy: SIGINT and SIGTERM unwind the command (every
         staged output is removed on the way), then one line and exit 130 or 143."""
+        from tfgraph.cli_support import start_command
+
+        start_command()
         previous = _install_signal_policy()
         try:
             return super().main(*args, **kwargs)
@@ -87,7 +90,7 @@ class _Group(click.Group):
         except TfgraphError as exc:
             if debug:
                 traceback.print_exc()
-            click.echo(_one_line(printable(str(exc))), err=True)
+            click.echo(one_line(printable(str(exc))), err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:
             _usage_error(exc)
@@ -106,8 +109,8 @@ class _Group(click.Group):
             # is the environment's, not a bug: one line, exit 1, no traceback.
             if debug:
                 traceback.print_exc()
-            click.echo(printable(f"tfgraph: {exc.strerror or exc}"
-                                 + (f": {exc.filename}" if exc.filename else ""))[:300],
+            click.echo(one_line(printable(f"tfgraph: {exc.strerror or exc}"
+                                          + (f": {exc.filename}" if exc.filename else ""))),
                        err=True)
             ctx.exit(1)
         except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into exit 1
@@ -115,20 +118,9 @@ class _Group(click.Group):
                 traceback.print_exc()
             detail = " ".join(str(exc).split()) or type(exc).__name__
             hint = "" if debug else " (run with --debug for the traceback)"
-            click.echo(_one_line(f"tfgraph: internal error: {type(exc).__name__}: "
-                                 f"{printable(detail)}") + hint, err=True)
+            click.echo(one_line(f"tfgraph: internal error: {type(exc).__name__}: "
+                                f"{printable(detail)}", MAX_LINE - len(hint)) + hint, err=True)
             ctx.exit(1)
-
-
-MAX_LINE = 1000
-"""Longest error line printed: a hostile file's 5 MB tensor name must not become a 5 MB line
-(messages that quote names shorten them themselves; this is the safety net)."""
-
-
-def _one_line(message: str) -> str:
-    if len(message) <= MAX_LINE:
-        return message
-    return f"{message[:MAX_LINE - 40]}... ({len(message):,} characters in all)"
 
 
 class Interrupted(BaseException):
@@ -161,6 +153,11 @@ def _install_signal_policy() -> dict[int, Any]:
 
 
 def _restore(previous: dict[int, Any]) -> None:
+    from tfgraph.cli_support import finished, is_the_program
+
+    if finished() and is_the_program():  # it succeeded and said so: exit 0, whatever
+        previous.clear()  # arrives while the interpreter shuts down (say_done)
+        return
     for sig, handler in previous.items():
         with contextlib.suppress(ValueError, TypeError):
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
@@ -187,7 +184,7 @@ def _usage_error(exc: click.UsageError) -> NoReturn:
         raise exc
     where = exc.ctx.command_path if exc.ctx is not None else "tfgraph"
     message = " ".join(exc.format_message().split())
-    click.echo(f"{where}: {message} (see {where} --help)", err=True)
+    click.echo(one_line(printable(f"{where}: {message} (see {where} --help)")), err=True)
     sys.exit(2)
 
 

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
+from typing import Any
 
+import click
+
+from tfgraph.limits import check_layers
 from tfgraph.spec.loader import load_spec
+from tfgraph.terminal import short_path
 from tfgraph.spec.schema import Spec
 
 
-def load_spec_arg(path: str | os.PathLike[str]) -> Spec:
+def load_spec_arg(path: str | os.PathLike[str], lowered: bool = True) -> Spec:
     """Load the SPEC argument of a command.
 
     Raises :class:`~tfgraph.errors.SpecError` (exit 2, one line) for anything wrong with the
-    file; commands just call this and let ``tfgraph.cli`` report the error.
+    file; commands just call this and let ``tfgraph.cli`` report the error. ``lowered``: the
+    command lowers the spec to a graph, so a spec deeper than
+    :data:`tfgraph.limits.MAX_LOWERED_LAYERS` is refused now (``validate`` passes False).
     """
-    return load_spec(path)
+    spec = load_spec(path)
+    if lowered:
+        check_layers(spec, short_path(os.fspath(path)))
+    return spec
 
 
 def describe(spec: Spec) -> str:
@@ -29,3 +42,51 @@ def describe(spec: Spec) -> str:
     if att.kv_heads != att.heads:
         heads += f" ({att.kv_heads} kv)"
     return f"{spec.name}, {spec.arch}, {layers}, d_model {spec.d_model}, {heads}"
+
+
+_finished = False
+"""Whether the command's outputs are all in place and it has said so (:func:`say_done`)."""
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """A signal after the command succeeded: nothing to do. (A Python handler rather than
+    SIG_IGN, which programs started later from this process would inherit.)"""
+
+
+def say_done(line: str, err: bool = False) -> None:
+    """Print the command's last line, ``wrote PATH (...)``, once every output is published:
+    from here the command has succeeded, so SIGINT and SIGTERM are ignored until the
+    process exits 0. A signal after "wrote" can no longer turn it into 130 or 143 (which
+    would say the command failed after it claimed success); a signal before it still
+    unwinds the command, removing what it staged (tfgraph.cli)."""
+    global _finished
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, _ignore)
+        _finished = True
+    click.echo(line, err=err)
+
+
+def finished() -> bool:
+    """Whether :func:`say_done` ended the command."""
+    return _finished
+
+
+def start_command() -> None:
+    """A new command runs in this process (the CLI called in-process again, by tests)."""
+    global _finished
+    _finished = False
+
+
+def is_the_program() -> bool:
+    """Whether this process is the ``tfgraph`` program (console script or ``python -m
+    tfgraph``), which exits when the command ends, rather than a caller of the CLI in
+    process (click's CliRunner), whose own signal handlers come back afterwards."""
+    if not sys.argv:
+        return False
+    first = sys.argv[0]
+    if os.path.basename(first) in ("tfgraph", "tfgraph.exe"):
+        return True
+    return os.path.abspath(first) == os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "__main__.py")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from tfgraph.terminal import printable
+from tfgraph.terminal import printable, short_path
 
 _ASCII_SPACE = re.compile(r"[ \t\r\n\v\f]+")
 
@@ -50,8 +50,11 @@ class SpecError(TfgraphError):
 
     def __str__(self) -> str:
         # The file name and the field path are user text (a key may hold an escape sequence).
-        where = [str(part) for part in (self.file, self.line, self.col) if part is not None]
-        parts = [printable(":".join(where))] if where else []
+        # A long file name keeps its end (tfgraph.terminal.short_path): the line is at most
+        # ~300 characters and the file's own name is what locates the error.
+        where = [short_path(self.file)] if self.file is not None else []
+        where += [str(part) for part in (self.line, self.col) if part is not None]
+        parts = [":".join(where)] if where else []
         if self.path:
             parts.append(printable(self.path))
         parts.append(self.message)

@@ -39,7 +39,7 @@ from types import FrameType
 from typing import IO, Any
 
 from tfgraph.errors import TfgraphError
-from tfgraph.terminal import printable
+from tfgraph.terminal import short_path
 
 try:
     import fcntl
@@ -54,7 +54,13 @@ except ImportError:  # not POSIX: no locks; an open file cannot be removed there
 # and nothing is written until every input has been read through these checks.
 
 _inputs: dict[Path, bool] = {}  # resolved input path -> is a directory
+_input_files: dict[tuple[int, int], Path] = {}  # (device, inode) of input files -> path
+_linked_inputs = False  # some input file has other hard links (outputs' folders are searched)
 _tracking = False  # inputs are recorded while a command of the CLI runs (tfgraph.cli)
+
+MAX_FOLDER_FILES = 10_000
+"""Files of an input folder whose identities are noted, and of an output folder searched for
+a hard link to an input: bounded work on a hostile folder (model folders hold a few dozen)."""
 
 
 def _resolved(path: str | os.PathLike[str]) -> Path:
@@ -70,14 +76,48 @@ def note_input(path: str | os.PathLike[str]) -> None:
         return
     resolved = _resolved(path)
     _inputs[resolved] = os.path.isdir(resolved)
+    # A hard link is another name of the same file: inputs are also known by identity, a
+    # folder's by the files directly in it (a model folder is flat).
+    files = _folder_files(resolved) if _inputs[resolved] else [resolved]
+    for file in files:
+        _note_identity(file)
+
+
+def _note_identity(file: Path) -> None:
+    global _linked_inputs
+    try:
+        info = os.stat(file)
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode):
+        _input_files.setdefault((info.st_dev, info.st_ino), file)
+        _linked_inputs = _linked_inputs or info.st_nlink > 1
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as entries:
+            return [Path(entry.path) for _, entry in zip(range(MAX_FOLDER_FILES), entries)]
+    except OSError:
+        return []
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
 
 
 def track_inputs(on: bool = True) -> None:
     """Start (or stop) recording inputs for a new command, with none recorded yet. The CLI
     turns this on; library calls (load_spec then a write) are not a command's inputs."""
-    global _tracking
+    global _tracking, _linked_inputs
     _tracking = on
     _inputs.clear()
+    _input_files.clear()
+    _linked_inputs = False
 
 
 def check_not_input(target: str | os.PathLike[str]) -> None:
@@ -86,11 +126,32 @@ def check_not_input(target: str | os.PathLike[str]) -> None:
     for source, is_dir in _inputs.items():
         if resolved == source or (is_dir and source in resolved.parents):
             what = "is" if resolved == source else "is inside"
-            raise TfgraphError(f"{printable(str(target))}: {what} the input "
-                               f"{printable(str(source))}; write the output elsewhere")
+            # Two paths in one line: each keeps its end, the line stays under ~300.
+            raise TfgraphError(f"{short_path(target, 110)}: {what} the input "
+                               f"{short_path(source, 110)}; write the output elsewhere")
         if source.parent != source and resolved in source.parents and os.path.isdir(resolved):
-            raise TfgraphError(f"{printable(str(target))}: holds the input "
-                               f"{printable(str(source))}; write the output elsewhere")
+            raise TfgraphError(f"{short_path(target, 110)}: holds the input "
+                               f"{short_path(source, 110)}; write the output elsewhere")
+    _check_not_linked(Path(target), resolved)
+
+
+def _check_not_linked(target: Path, resolved: Path) -> None:
+    """Refuse an output that is a hard link to an input file, or an output folder holding
+    one: the same file under another name."""
+    source = _input_files.get(_identity(resolved) or (-1, -1))
+    if source is not None:
+        raise TfgraphError(f"{short_path(target, 110)}: is the input {short_path(source, 110)} "
+                           "(a hard link to it); write the output elsewhere")
+    if not (_linked_inputs and resolved.is_dir()):
+        return
+    for count, file in enumerate(resolved.rglob("*")):
+        if count >= MAX_FOLDER_FILES:
+            return
+        source = _input_files.get(_identity(file) or (-1, -1))
+        if source is not None:
+            raise TfgraphError(f"{short_path(target, 110)}: holds the input "
+                               f"{short_path(source, 110)} (as {short_path(file.name, 60)}, a "
+                               "hard link); write the output elsewhere")
 
 
 def check_input_file(path: str | os.PathLike[str], what: str = "file") -> Path:
@@ -100,14 +161,14 @@ def check_input_file(path: str | os.PathLike[str], what: str = "file") -> Path:
     try:
         mode = os.stat(file).st_mode
     except FileNotFoundError:
-        raise TfgraphError(f"{printable(str(file))}: no such {what}") from None
+        raise TfgraphError(f"{short_path(file)}: no such {what}") from None
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(file))}: cannot read: "
+        raise TfgraphError(f"{short_path(file)}: cannot read: "
                            f"{exc.strerror or exc}") from None
     if stat.S_ISDIR(mode):
-        raise TfgraphError(f"{printable(str(file))}: is a directory, not a {what}")
+        raise TfgraphError(f"{short_path(file)}: is a directory, not a {what}")
     if not stat.S_ISREG(mode):
-        raise TfgraphError(f"{printable(str(file))}: is {_kind(mode)}, not a regular {what}")
+        raise TfgraphError(f"{short_path(file)}: is {_kind(mode)}, not a regular {what}")
     note_input(file)
     return file
 
@@ -128,13 +189,13 @@ def check_output_node(target: str | os.PathLike[str], directory: bool = False) -
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(target))}: cannot write: "
+        raise TfgraphError(f"{short_path(target)}: cannot write: "
                            f"{exc.strerror or exc}") from None
     if stat.S_ISREG(mode) or (directory and stat.S_ISDIR(mode)):
         return
     if stat.S_ISDIR(mode):
-        raise TfgraphError(f"{printable(str(target))}: is a directory; give a file name")
-    raise TfgraphError(f"{printable(str(target))}: is {_kind(mode)}; tfgraph writes only "
+        raise TfgraphError(f"{short_path(target)}: is a directory; give a file name")
+    raise TfgraphError(f"{short_path(target)}: is {_kind(mode)}; tfgraph writes only "
                        "regular files (give a file name)")
 
 
@@ -162,17 +223,17 @@ def make_parents(target: Path) -> None:
     if not missing:
         return
     if not parent.is_dir():
-        raise TfgraphError(f"{printable(str(target))}: {printable(str(parent))} is not a "
+        raise TfgraphError(f"{short_path(target)}: {short_path(parent)} is not a "
                            "directory")
     try:
         target.parent.mkdir(parents=True)
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(target))}: cannot create directory "
-                           f"{printable(str(target.parent))}: {exc.strerror or exc}") from None
+        raise TfgraphError(f"{short_path(target)}: cannot create directory "
+                           f"{short_path(target.parent)}: {exc.strerror or exc}") from None
     if not _CREATED:
         atexit.register(_remove_created_if_empty)
     _CREATED.extend(reversed(missing))
-    print(f"note: created directory {printable(str(target.parent))}", file=sys.stderr)
+    print(f"note: created directory {short_path(target.parent)}", file=sys.stderr)
 
 
 def _target(path: str | os.PathLike[str], create: bool = False) -> Path:
@@ -181,21 +242,33 @@ def _target(path: str | os.PathLike[str], create: bool = False) -> Path:
     error (a library write: the caller names an existing folder)."""
     target = Path(path)
     if target.is_dir():
-        raise TfgraphError(f"{printable(str(target))}: is a directory; give a file name")
+        raise TfgraphError(f"{short_path(target)}: is a directory; give a file name")
     check_output_node(target)
     check_not_input(target)
     if create:
         make_parents(target)
     elif not target.parent.is_dir():
-        raise TfgraphError(f"{printable(str(target))}: directory "
-                           f"{printable(str(target.parent))} does not exist")
+        raise TfgraphError(f"{short_path(target)}: directory "
+                           f"{short_path(target.parent)} does not exist")
     return target
 
 
-def check_output(path: str | os.PathLike[str]) -> Path:
+def check_output(path: str | os.PathLike[str], create: bool = True) -> Path:
     """Refuse (exit 2) an output path that cannot be written, before any work is done; the
-    commands' ``-o newdir/file`` creates ``newdir`` (said on stderr)."""
-    return _target(path, create=True)
+    commands' ``-o newdir/file`` creates ``newdir`` (said on stderr; ``create=False``: a
+    missing folder is refused instead)."""
+    target = _target(path, create=create)
+    check_writable(target)
+    return target
+
+
+def check_writable(target: str | os.PathLike[str]) -> None:
+    """Refuse (exit 2) an output whose folder this process may not write in (the output is
+    written there first, then renamed over the target)."""
+    folder = Path(target).parent
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise TfgraphError(f"{short_path(target)}: cannot write in {short_path(folder)} "
+                           "(permission denied)")
 
 
 def available_memory() -> int | None:
@@ -224,14 +297,14 @@ def check_capacity(target: str | os.PathLike[str], disk_bytes: int, memory_bytes
     available. Better one clear line now than minutes of work ending in a full disk or the
     out-of-memory killer. Unknown figures (no such directory, no /proc) are not checked."""
     target = Path(target)
-    shown = printable(str(target))
+    shown = short_path(target)
     try:
         free = shutil.disk_usage(target.parent).free
     except OSError:
         free = None
     if free is not None and disk_bytes > free:
         raise TfgraphError(f"{shown}: needs {_gb(disk_bytes)} of disk, only {_gb(free)} free "
-                           f"in {printable(str(target.parent))}")
+                           f"in {short_path(target.parent)}")
     memory = available_memory()
     if memory is not None and memory_bytes > memory:
         raise TfgraphError(f"{shown}: needs {_gb(memory_bytes)} of memory to write, only "
@@ -408,7 +481,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         fd, tmp = _create_temp(target)
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(target))}: cannot write: "
+        raise TfgraphError(f"{short_path(target)}: cannot write: "
                            f"{exc.strerror or exc}") from None
     group = _group
     try:
@@ -486,11 +559,11 @@ def check_side_file(target: str | os.PathLike[str], data: bytes) -> bool:
     except FileNotFoundError:
         return True
     except OSError as exc:
-        raise TfgraphError(f"{printable(str(path))}: cannot read: "
+        raise TfgraphError(f"{short_path(path)}: cannot read: "
                            f"{exc.strerror or exc}") from None
     if existing == data:
         return False
-    raise TfgraphError(f"{printable(str(path))}: exists with other content, and tfgraph "
+    raise TfgraphError(f"{short_path(path)}: exists with other content, and tfgraph "
                        "does not replace files it did not write; remove it or write to "
                        "another directory")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import click
 
@@ -69,3 +70,54 @@ def check_memory(what: str, need_bytes: float) -> None:
             else _gb(need_bytes)
         free = f", only {_gb(available)} available" if available is not None else ""
         raise TfgraphError(f"{what}: needs about {shown} of memory{free}")
+
+
+MAX_LOWERED_LAYERS = 1024
+"""Layers (all stacks together) of a spec that the commands lower to a graph (report, plan,
+draw, compare, build, run, generate). Lowering and the passes take time and memory in
+proportion to the layers (about 3 s and 150 MB per thousand here, more for plan's search):
+a 10,000-layer spec, which the schema allows so that ``validate`` can check it, would run for
+a minute and take gigabytes. The deepest models built have about 130 layers."""
+
+
+def check_layers(spec: Any, where: str) -> None:
+    """Refuse (exit 2) a spec too deep to lower in bounded time and memory."""
+    layers = sum(spec.layer_count(stack) for stack in spec.stacks)
+    if layers > MAX_LOWERED_LAYERS:
+        raise TfgraphError(f"{where}: {layers:,} layers: tfgraph lowers at most "
+                           f"{MAX_LOWERED_LAYERS:,} layers (bounded time and memory; "
+                           "validate checks deeper specs)")
+
+
+def generate_memory(spec: Any, rows: int, prompt_tokens: int, new_tokens: int, beams: int,
+                    cache: bool) -> int:
+    """Bytes that decoding holds at its longest: the KV cache of every decoder layer for
+    rows x beams sequences of prompt + new tokens (a learned position table stops them at
+    max_len), the logits of a step, and without a cache the recomputed attention scores."""
+    from tfgraph.graph.lengths import Lengths
+    from tfgraph.graph.tensor import DTYPE_BYTES
+
+    length = prompt_tokens + new_tokens
+    limit = Lengths.of(spec).hard_limit
+    if limit is not None:
+        length = min(length, limit)
+    sequences = rows * beams
+    att = spec.attention
+    element = DTYPE_BYTES.get(spec.dtype, 4)
+    per_token = 2 * att.kv_heads * att.head_dim * element * spec.layer_count(spec.stacks[-1])
+    cross = prompt_tokens if spec.arch == "encoder-decoder" else 0  # cross-attention keys
+    need = sequences * (length + cross) * per_token
+    need += sequences * max(prompt_tokens, 1) * spec.output_vocab * 4  # prefill logits
+    if not cache:  # each step recomputes the whole prefix: scores of one layer at a time
+        need += sequences * att.heads * length * length * 4
+    return need
+
+
+def check_generate_memory(spec: Any, rows: int, prompt_tokens: int, new_tokens: int,
+                          beams: int, cache: bool) -> None:
+    """Refuse (exit 2) a ``generate`` whose decoding would not fit in memory."""
+    need = generate_memory(spec, rows, prompt_tokens, new_tokens, beams, cache)
+    what = (f"--beams {beams} x --max-new-tokens {new_tokens} ({rows} prompt"
+            f"{'s' if rows > 1 else ''} of up to {prompt_tokens} tokens"
+            f"{'' if cache else ', --no-cache'})")
+    check_memory(what, need)

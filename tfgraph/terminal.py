@@ -38,3 +38,35 @@ def printable(text: str) -> str:
     if text.isprintable():  # the common case: nothing to do
         return text
     return "".join(_escape(ch) if _unsafe(ch) else ch for ch in text)
+
+
+MAX_LINE = 300
+"""Longest error line printed (issue 27): a hostile file's 5 MB tensor name or a deeply nested
+path must not become a screenful. Messages that quote names shorten them themselves; this is
+the safety net for every line the command line prints on stderr."""
+
+_TAIL = 80
+"""Characters kept from the end of a cut line: the end names what is at fault (the file at
+the end of a path, the advice after it), the start says where."""
+
+
+def one_line(text: str, limit: int = MAX_LINE) -> str:
+    """``text`` as at most about ``limit`` characters: its start and its end, with the number
+    of characters left out between them."""
+    if len(text) <= limit:
+        return text
+    room = limit - _TAIL - len(f" ...({len(text):,} characters left out)... ")
+    head = max(room, 0)
+    return (f"{text[:head]} ...({len(text) - head - _TAIL:,} characters left out)... "
+            f"{text[-_TAIL:]}")
+
+
+def short_path(path: object, limit: int = 160) -> str:
+    """A path for an error line: printable, and past ``limit`` characters its leading folders
+    are left out (``.../models/victim/model.onnx``) so that the name at fault stays."""
+    text = printable(str(path))
+    if len(text) <= limit:
+        return text
+    tail = text[-(limit - 4):]
+    cut = tail.find("/")
+    return ".../" + (tail[cut + 1:] if 0 <= cut < len(tail) - 1 else tail)

@@ -23,6 +23,8 @@ from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES
 from tfgraph.graph.ir import Graph
 
 FILES = ("config.json", "model.safetensors")
+KIND = "Hugging Face folder"
+"""What the folder is called in refusals (tfgraph.exporters.files.staged_folder)."""
 
 
 def write_order(tensors: list[HFTensor], params: Sequence[str]) -> list[HFTensor]:
@@ -94,7 +96,7 @@ def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], name
     check_capacity(out_dir, weights_bytes(graph), write_memory_bytes(graph))
     stream = parameter_values(graph, weights, seed)  # checks names and shapes first
     try:
-        with staged_folder(out_dir, FILES + TOKENIZER_FILES, "Hugging Face folder") as stage:
+        with staged_folder(out_dir, FILES + TOKENIZER_FILES, KIND) as stage:
             (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n",
                                                encoding="utf-8")
             values = _hf_values(order, ((p.name, v) for p, v in stream), buffers)

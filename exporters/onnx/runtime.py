@@ -162,6 +162,10 @@ def provider_options(providers: list[str], tf32: bool = True) -> list[dict[str, 
     return [{"use_tf32": "0"} if p == CUDA and not tf32 else {} for p in providers]
 
 
+SESSION_LOG_SEVERITY = 4
+"""onnxruntime's severity levels: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal."""
+
+
 def create_session(model: bytes | str | os.PathLike[str], provider: str = "auto",
                    threads: int | None = None, dtype: str = "float32",
                    optimization: str = "all", tf32: bool = True) -> tuple[Any, str, str]:
@@ -187,6 +191,10 @@ def create_session(model: bytes | str | os.PathLike[str], provider: str = "auto"
     }[optimization]
     if threads:
         options.intra_op_num_threads = threads
+    # onnxruntime logs a failure itself before raising it: a second line on stderr, coloured
+    # with raw escape sequences. The exception says the same and becomes tfgraph's one line
+    # (run_all), so the session logs nothing short of a fatal error.
+    options.log_severity_level = SESSION_LOG_SEVERITY
     source = model if isinstance(model, bytes) else os.fspath(model)
     disabled = list(CPU_DISABLED_OPTIMIZERS) if providers[0] == CPU else []
     try:

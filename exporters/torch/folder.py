@@ -21,6 +21,8 @@ from tfgraph.graph.ir import Graph
 from tfgraph.graph.ir import SPEC_METADATA_KEY
 
 FILES = ("model.py", "weights.safetensors", "spec.yaml")
+KIND = "tfgraph torch folder"
+"""What the folder is called in refusals (tfgraph.exporters.files.staged_folder)."""
 
 def write_torch_folder(graph: Graph, out_dir: Path, weights: Mapping[str, Any] | None,
                        seed: int, extra_files: Sequence[Path] = (),
@@ -49,7 +51,7 @@ def write_torch_folder(graph: Graph, out_dir: Path, weights: Mapping[str, Any] |
     stream = written_values(graph, weights, seed)  # checks names and shapes first
     names = FILES + TOKENIZER_FILES
     try:
-        with staged_folder(out_dir, names, "tfgraph torch folder") as stage:
+        with staged_folder(out_dir, names, KIND) as stage:
             (stage / "model.py").write_text(generate_source(graph), encoding="utf-8")
             write_safetensors(stage / "weights.safetensors", entries,
                               ((p.name, value) for p, value in stream),

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import click
 
+from tfgraph.cli_support import say_done
 from tfgraph.spec.source import load_source
 from tfgraph.errors import TfgraphError
 from tfgraph.limits import SEED
@@ -206,6 +207,35 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+_FOLDER_WRITERS = {"torch": "tfgraph.exporters.torch.folder",
+                   "hf": "tfgraph.exporters.hf.folder"}
+
+
+def _check_output_first(target: str, out: Path, two_models: bool) -> None:
+    """Refuse an output that cannot be written before anything is compiled or read: not a
+    regular file (a folder, for folder targets), an input, a folder tfgraph did not write,
+    an unwritable directory. The writers check again when they write."""
+    from tfgraph.io import check_not_input, check_output, check_output_node, check_writable
+
+    if target in ("svg", "png", "dot") and out.suffix.lower() != f".{target}":
+        # The content follows --to, so "-o x.png --to svg" would write SVG into x.png.
+        raise TfgraphError(f"{out}: --to {target} writes a .{target} file; give -o a .{target} "
+                           "name (tfgraph draw picks the format from the suffix)")
+    if two_models:  # a folder of two models: created by the writer (tfgraph.io.make_parents)
+        check_output_node(out, directory=True)
+        check_not_input(out)
+        return
+    if target not in _FOLDER_WRITERS:
+        check_output(out)
+        return
+    from tfgraph.exporters.files.staged_folder import check_target
+    from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES
+
+    writer = importlib.import_module(_FOLDER_WRITERS[target])
+    check_target(out, writer.FILES + TOKENIZER_FILES, writer.KIND)
+    check_writable(out)
+
+
 @click.command()
 @click.argument("spec", metavar="SPEC|DIR")
 @click.option("--to", "target", required=True, type=click.Choice(list(TARGETS)),
@@ -262,6 +292,16 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     if two_models and genai_provider is not None:
         raise TfgraphError("--genai-provider: an encoder-decoder's KV-cache models come "
                            "without genai_config.json (onnxruntime-genai drives decoders)")
+    if weights is not None:  # an input too: no output may be it (tfgraph.io)
+        from tfgraph.io import check_input_file
+
+        check_input_file(weights, "weights file")
+    out = output if output is not None else how.default(source.spec.name)
+    if two_models:
+        out = output if output is not None else Path("build") / f"{source.spec.name}-kv"
+    if output is None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    _check_output_first(target, out, two_models)
     graph = compile_spec(source.spec, cache=kv_cache and not two_models)
     values: Any = None
     if weights is not None:
@@ -274,19 +314,11 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         from tfgraph.exporters.onnx.model import check_opset
 
         check_opset(opset)
-    out = output if output is not None else how.default(graph.name)
     if two_models:
-        out = output if output is not None else Path("build") / f"{graph.name}-kv"
         written = _write_seq2seq_cache(source, graph, values, out, seed, opset)
-        click.echo(f"wrote {printable(str(written))}{os.sep} (encoder_model.onnx, "
+        say_done(f"wrote {printable(str(written))}{os.sep} (encoder_model.onnx, "
                    f"decoder_model.onnx, KV cache, {time.perf_counter() - start:.2f} s)")
         return
-    if target in ("svg", "png", "dot") and out.suffix.lower() != f".{target}":
-        # The content follows --to, so "-o x.png --to svg" would write SVG into x.png.
-        raise TfgraphError(f"{out}: --to {target} writes a .{target} file; give -o a .{target} "
-                           "name (tfgraph draw picks the format from the suffix)")
-    if output is None:
-        out.parent.mkdir(parents=True, exist_ok=True)
     for note in source.notes:
         click.echo(f"note: {note}", err=True)
     opts = {"weights": values, "seed": 0 if seed is None else seed,
@@ -312,4 +344,4 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
             details.append("tokenizer")
     details.append(f"{time.perf_counter() - start:.2f} s")
     slash = os.sep if written.is_dir() else ""
-    click.echo(f"wrote {printable(str(written))}{slash} ({', '.join(details)})")
+    say_done(f"wrote {printable(str(written))}{slash} ({', '.join(details)})")

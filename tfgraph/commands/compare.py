@@ -16,7 +16,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from tfgraph.cli_support import load_spec_arg
+from tfgraph.cli_support import load_spec_arg, say_done
 from tfgraph.errors import TfgraphError
 from tfgraph.terminal import printable
 
@@ -135,6 +135,14 @@ def _render_stacked(data: dict[str, Any], rows: list[tuple[str, str, list[str]]]
                 console.print(f"      {plain(cell)}")
 
 
+def wrote(line: str, err: bool = False, last: bool = False) -> None:
+    """A ``wrote`` line; the command's last one ends it successfully (say_done)."""
+    if last:
+        say_done(line, err=err)
+    else:
+        click.echo(line, err=err)
+
+
 @click.command()
 @click.argument("specs", nargs=-1, required=True, metavar="SPEC SPEC...")
 @click.option("--seq", "seq_text", default="128,512,2048", show_default=True,
@@ -166,10 +174,12 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
     outputs = [p for p in (plot, output, json_out) if p is not None]
     if len({p.resolve() for p in outputs}) < len(outputs):
         raise TfgraphError("--plot, -o and --json-out name the same file: give each its own")
-    for path in outputs:  # before anything is printed or written
-        check_output(path)
     seqs = parse_seqs(seq_text)
-    parsed = [load_spec_arg(path) for path in specs]
+    parsed = [load_spec_arg(path) for path in specs]  # noted as inputs (tfgraph.io)
+    if page and output is None:
+        output = Path("build") / f"compare.{page}"
+    for path in outputs + ([output] if output is not None and output not in outputs else []):
+        check_output(path)  # before anything is compiled, printed or written
 
     import tfgraph
     from tfgraph.passes.compare import compare as compare_graphs
@@ -181,15 +191,14 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
     if json_out is not None:
         with atomic_write(json_out) as handle:
             handle.write(json.dumps(data, indent=2) + "\n")
-        click.echo(f"wrote {printable(str(json_out))}", err=as_json and output is None)
+        wrote(f"wrote {printable(str(json_out))}", err=as_json and output is None,
+              last=False)  # the table, page or JSON comes after
     if page:
         from tfgraph.exporters.compare.page import write_compare_page
 
-        if output is None:
-            Path("build").mkdir(exist_ok=True)
-            output = Path("build") / f"compare.{page}"
+        assert output is not None  # build/compare.<page> by default, checked above
         written = write_compare_page(graphs, data, output, page)
-        click.echo(f"wrote {', '.join(printable(str(p)) for p in written)}")
+        wrote(f"wrote {', '.join(printable(str(p)) for p in written)}", last=plot is None)
     elif as_json:
         text = json.dumps(data, indent=2) + "\n"
         if output is None:
@@ -197,7 +206,7 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
         else:
             with atomic_write(output) as handle:
                 handle.write(text)
-            click.echo(f"wrote {printable(str(output))}")
+            wrote(f"wrote {printable(str(output))}", last=plot is None)
     else:
         if output is None:
             render_table(data, Console())
@@ -206,9 +215,9 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
             render_table(data, console)
             with atomic_write(output) as handle:
                 handle.write(console.export_text())
-            click.echo(f"wrote {printable(str(output))}")
+            wrote(f"wrote {printable(str(output))}", last=plot is None)
     if plot is not None:
         from tfgraph.exporters.compare.plot import write_compare_plot
 
         write_compare_plot(graphs, data, plot)
-        click.echo(f"wrote {printable(str(plot))}", err=as_json and output is None)
+        wrote(f"wrote {printable(str(plot))}", err=as_json and output is None, last=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tfgraph.cli_support import load_spec_arg
+from tfgraph.cli_support import load_spec_arg, say_done
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.lengths import check_lengths, default_seq
 from tfgraph.terminal import printable
@@ -73,7 +73,11 @@ def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: 
         Path("build").mkdir(exist_ok=True)
         output = Path("build") / f"{parsed.name}-{level}.svg"
     fmt = format_for(output)
+    from tfgraph.io import check_output
+
+    # Before compiling: a regular file, not an input, in an existing writable folder.
+    check_output(output, create=False)
     graph = tfgraph.compile(parsed)
     path = write_diagram(graph, output, fmt, level, unfold=unfold, annotate=what,
                          batch=batch, seq=seq)
-    click.echo(f"wrote {printable(str(path))}")
+    say_done(f"wrote {printable(str(path))}")

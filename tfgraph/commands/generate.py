@@ -18,7 +18,8 @@ from typing import Any
 import click
 
 from tfgraph.errors import TfgraphError
-from tfgraph.limits import MAX_BEAMS, MAX_NEW_TOKENS, SEED, check_threads
+from tfgraph.limits import (MAX_BEAMS, MAX_NEW_TOKENS, SEED, check_generate_memory,
+                            check_threads)
 from tfgraph.terminal import printable
 
 
@@ -148,11 +149,16 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     prompts: list[Any] = [parse_ids(p) for p in prompt_ids] or list(prompt_texts)
     sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
     eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
+    _check_memory_early(source, prompts, max_new_tokens, beams, not no_cache)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,
                     decoder_start_id, not no_cache, compile_step, weights)
     for note in ready.opened.notes:
         click.echo(f"note: {note}", err=True)
     _check_model_bounds(ready, eos_ids, beams)
+    if ready.opened.spec is not None:  # the prompts' tokens are known now (text prompts too)
+        check_generate_memory(ready.opened.spec, len(ready.prompts),
+                              max(len(p) for p in ready.prompts), max_new_tokens, beams,
+                              not no_cache)
     decode = ready.decode if ready.tokenizer is not None else None
     stream = None if as_json else _Stream(len(ready.prompts), decode)
     try:
@@ -179,6 +185,19 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     if result.compile_s is not None:
         click.echo(f"compile   {result.compile_s:.2f} s before decoding (not in the figures "
                    "above)")
+
+
+def _check_memory_early(source: str, prompts: list[Any], max_new_tokens: int, beams: int,
+                        cache: bool) -> None:
+    """Refuse decoding that cannot fit in memory before the model is built (a spec or model
+    folder with --prompt-ids: its KV cache is known from the spec and the counts alone)."""
+    if source.lower().endswith(".onnx") or not prompts or not isinstance(prompts[0], list):
+        return  # checked once the model is open and the prompts are tokens
+    from tfgraph.cli_support import load_spec_arg
+
+    spec = load_spec_arg(source)
+    check_generate_memory(spec, len(prompts), max(len(p) for p in prompts), max_new_tokens,
+                          beams, cache)
 
 
 def _check_model_bounds(ready: Any, eos_ids: tuple[int, ...], beams: int) -> None:

@@ -65,6 +65,7 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
 
         start = 0 if decoder_start_token_id is None else decoder_start_token_id
         opened = stepper_for_module(source, provider, threads, start, cache, compile)
+        _check_decoder_start(start, False, opened)
         eos = _eos_ids(eos_token_id, ())
         return Prepared(opened, [_prompt_ids(p, i, None, opened) for i, p in
                                  enumerate(prompts)], eos, None)
@@ -76,6 +77,7 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
     opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start, cache,
                          compile, None if weights is None else os.fspath(weights))
     try:
+        _check_decoder_start(start, decoder_start_token_id is None, opened)
         tokenizer = _tokenizer(opened.tokenizer)
         ids = [_prompt_ids(p, i, tokenizer, opened) for i, p in enumerate(prompts)]
     except BaseException:
@@ -156,6 +158,18 @@ def warm_up(ready: Prepared, max_new_tokens: int, beams: int = 1) -> float | Non
     if not getattr(stepper, "compiled", False):
         return None
     return float(getattr(stepper, "compile_s"))
+
+
+def _check_decoder_start(start: int, from_folder: bool, opened: Opened) -> None:
+    """An encoder-decoder's first target token must be in its target vocabulary: past it
+    onnxruntime fails in a Gather and torch with an IndexError, deep in the first step."""
+    spec = opened.spec
+    if spec is None or spec.arch != "encoder-decoder" or 0 <= start < spec.output_vocab:
+        return
+    what = "the model folder's decoder_start_token_id" if from_folder \
+        else "--decoder-start-id"
+    raise TfgraphError(f"{what} {start}: past the model's target vocabulary of "
+                       f"{spec.output_vocab} tokens (ids 0 to {spec.output_vocab - 1})")
 
 
 def _tokenizer(path: Path | None) -> Tokenizer | None:

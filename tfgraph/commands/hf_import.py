@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
+from tfgraph.cli_support import say_done
 from tfgraph.hf.config import SpecDraft
 from tfgraph.terminal import printable
 
@@ -36,18 +37,27 @@ def spec_yaml(path: str, name: str | None = None) -> str:
         f"Every field below is read from that config by tfgraph.hf.{_family_module(model_type)};",
         "fields left out keep tfgraph's defaults (README.md, \"Spec reference\"). Parameter",
         "names map to the checkpoint's with tfgraph.hf.name_map(config).",
-        f"Parameters: {_params(draft):,} (as the checkpoint counts them; fixed tables and "
-        "buffers excluded).",
+        _params_line(draft),
     ]
     body = yaml.dump(draft.data, Dumper=Dumper, sort_keys=False, allow_unicode=True,
                      default_flow_style=None, width=100)
     return "".join(f"# {line}\n" for line in header) + body
 
 
-def _params(draft: SpecDraft) -> int:
+def _params_line(draft: SpecDraft) -> str:
+    """The header's parameter count; a spec too deep to lower in bounded time is imported
+    all the same (the spec is the output), its count left out."""
     import tfgraph
+    from tfgraph.limits import MAX_LOWERED_LAYERS
 
-    return int(tfgraph.compile(draft.spec()).report(seq=1)["params"])
+    spec = draft.spec()
+    layers = sum(spec.layer_count(stack) for stack in spec.stacks)
+    if layers > MAX_LOWERED_LAYERS:
+        return (f"Parameters: not counted ({layers:,} layers; tfgraph lowers at most "
+                f"{MAX_LOWERED_LAYERS:,}).")
+    params = int(tfgraph.compile(spec).report(seq=1)["params"])
+    return (f"Parameters: {params:,} (as the checkpoint counts them; fixed tables and "
+            "buffers excluded).")
 
 
 def _family_module(model_type: str) -> str:
@@ -80,7 +90,7 @@ def hf_import(path: str, output: Path | None, name: str | None) -> None:
 
     with atomic_path(output) as tmp:
         tmp.write_text(text, encoding="utf-8")
-    click.echo(f"wrote {printable(str(output))}", err=True)
+    say_done(f"wrote {printable(str(output))}", err=True)
 
 
 hf_import.name = "import"

@@ -43,6 +43,7 @@ class Opened:
     notes: list[str] = field(default_factory=list)
     keep: Any = None  # a temporary folder holding external weights while the session lives
     lengths: Lengths | None = None  # the spec's max_len rule (None: no spec, no max_len)
+    spec: Spec | None = None  # the model's spec, when known (bounds generate's memory)
 
     def close(self) -> None:
         if self.keep is not None:
@@ -133,7 +134,7 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
                                           compile)
         label = f"{graph.name} (built from {source}, torch, {origin})"
         return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"),
-                      built.notes, lengths=Lengths.of(spec))
+                      built.notes, lengths=Lengths.of(spec), spec=spec)
     keep, model_source, model = _onnx_model(graph, weights, seed, opset)
     try:
         stepper, runs_on = _onnx_stepper(model, model_source, source, provider, threads,
@@ -144,7 +145,7 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         raise
     label = f"{graph.name} (built from {source}, opset {opset}, {origin})"
     return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"), built.notes,
-                  keep, Lengths.of(spec))
+                  keep, Lengths.of(spec), spec)
 
 
 def _decoding_graphs(spec: Spec, cache: bool, where: str) -> list[Any]:
@@ -200,7 +201,7 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
                                          device, decoder_start, probs)
         return Opened(stepper, f"{spec.name} (built from {source}, torch, {origin})",
                       f"torch {device} ({why})", tokenizer, spec.vocab_size("source"),
-                      built.notes, lengths=limits)
+                      built.notes, lengths=limits, spec=spec)
     from tfgraph.exporters.onnx import runtime as rt
     from tfgraph.exporters.generation.cached_steppers import onnx_seq2seq
     from tfgraph.exporters.onnx.model import to_onnx
@@ -216,7 +217,7 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
                            probs)
     return Opened(stepper, f"{spec.name} (built from {source}, opset {opset}, {origin})",
                   f"{ran} ({why})", tokenizer, spec.vocab_size("source"), built.notes,
-                  lengths=limits)
+                  lengths=limits, spec=spec)
 
 
 def _from_onnx_file(source: str, backend: str, provider: str, threads: int | None,
@@ -241,7 +242,7 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
             vocab = rt.interface(model, source).vocab
             prompt_vocab = vocab.get("input_ids", vocab.get("src_ids"))
         return Opened(stepper, source, runs_on, tokenizer, prompt_vocab,
-                      lengths=Lengths.of(stored) if stored is not None else None)
+                      lengths=Lengths.of(stored) if stored is not None else None, spec=stored)
     spec = _stored_spec(model, source)
     from tfgraph.exporters import to_torch
     from tfgraph.spec.stored import model_graph
@@ -270,7 +271,7 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     stepper, runs_on = _torch_stepper(module, spec, provider, threads, decoder_start,
                                           compile)
     return Opened(stepper, f"{source} (torch, its weights)", runs_on, tokenizer,
-                  spec.vocab_size("source"), lengths=Lengths.of(spec))
+                  spec.vocab_size("source"), lengths=Lengths.of(spec), spec=spec)
 
 
 def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider: str,
@@ -411,7 +412,7 @@ def stepper_for_module(module: Any, provider: str = "auto", threads: int | None 
         stepper, runs_on = _torch_stepper(target, spec, device, threads, decoder_start,
                                           compile, why)
     return Opened(stepper, f"{module.graph_name} (torch module, its weights)", runs_on, None,
-                  spec.vocab_size("source"), [], keep, limits)
+                  spec.vocab_size("source"), [], keep, limits, spec)
 
 
 def _torch_stepper(module: Any, spec: Spec, provider: str, threads: int | None,

@@ -8,7 +8,7 @@ import click
 
 from tfgraph.cli_support import describe, load_spec_arg
 from tfgraph.errors import SpecError, TfgraphError
-from tfgraph.terminal import printable
+from tfgraph.terminal import one_line, printable
 
 
 @click.command()
@@ -26,14 +26,14 @@ def validate(ctx: click.Context, specs: tuple[str, ...], all_errors: bool) -> No
     failed = False
     for path in specs:
         try:
-            spec = load_spec_arg(path)
+            spec = load_spec_arg(path, lowered=False)  # checks any depth, fast
         except TfgraphError as exc:
             # Reported here, not by tfgraph.cli, so that the remaining files are still checked.
             if ctx.find_root().params.get("debug"):
                 traceback.print_exc()
             shown = exc.problems if all_errors and isinstance(exc, SpecError) else [exc]
             for problem in shown:
-                click.echo(printable(str(problem)), err=True)
+                click.echo(one_line(printable(str(problem))), err=True)
             failed = True
             continue
         click.echo(f"{path}: ok \N{EM DASH} {describe(spec)}")

@@ -241,6 +241,11 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
     forward = set(placement.forward_reduce) if placement else set()
     backward = placement.backward_reduce if placement else {}
     vocab = set(placement.vocab_reduce) if placement else set()
+    # Backward reductions grouped by the op that reads them: looking them up per unit would
+    # scan every reduction of the graph for every unit (quadratic in the layers).
+    backward_by_reader: dict[str, list[str]] = {}
+    for tensor, reader in backward.items():
+        backward_by_reader.setdefault(reader, []).append(tensor)
     out = list(by_key.values())
     counted: dict[tuple[str, str], set[str]] = {(f, r): set() for f in FORMS
                                                  for r in ("none", "selective")}
@@ -281,8 +286,8 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
         unit.flops_split, unit.flops_whole = cost.total(split), cost.total(whole)
         unit.attention_flops = cost.total(attention)
         unit.tp_forward = _bytes(graph, (n for n in unit.ops if n in forward))
-        unit.tp_backward = _bytes(graph, (t for t, reader in backward.items()
-                                          if reader in members))
+        unit.tp_backward = _bytes(graph, (t for n in unit.ops
+                                          for t in backward_by_reader.get(n, ())))
         unit.vocab_reduce = cost.total(
             VOCAB_REDUCE_FLOATS * STATS_BYTES * _rows(graph.node(graph.node(n).inputs[0]))
             for n in unit.ops if n in vocab)
