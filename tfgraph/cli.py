@@ -106,13 +106,14 @@ class _Group(click.Group):
             raise Interrupted(signal.SIGINT) from None
         except OSError as exc:
             # Output that cannot be written (a full disk, stdout on /dev/full, a closed pipe)
-            # is the environment's, not a bug: one line, exit 1, no traceback.
+            # is the user's to fix, not a bug: one line, exit 2 (as an output path that is not
+            # writable, which is refused before any work), no traceback.
             if debug:
                 traceback.print_exc()
             click.echo(one_line(printable(f"tfgraph: {exc.strerror or exc}"
                                           + (f": {exc.filename}" if exc.filename else ""))),
                        err=True)
-            ctx.exit(1)
+            ctx.exit(2)
         except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into exit 1
             if debug:
                 traceback.print_exc()

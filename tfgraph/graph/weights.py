@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tfgraph.terminal import printable
+from tfgraph.terminal import printable, short_path
 
 from tfgraph.graph.ir import Graph
 
@@ -101,7 +101,7 @@ def load_weights(path: str, graph: Graph, check_finite: bool = False
     from tfgraph.io import check_input_file
 
     check_input_file(path, "weights file")  # a FIFO would block the read forever
-    shown = printable(shorten(path))
+    shown = short_path(path, 80)  # the file name stays (its folders go first)
     try:
         _check_dtypes(path, safe_open, shown)
         arrays = _read_safetensors(path, safe_open)
