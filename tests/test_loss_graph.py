@@ -142,3 +142,20 @@ def test_loss_graph_has_no_kv_cache_form() -> None:
     with pytest.raises(TfgraphError, match="KV-cache graph is for inference"):
         tfgraph.compile(small(load_spec(ROOT / "specs" / "tiny-decoder.yaml")), cache=True,
                         loss=True)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-t5", "tiny-moe"])
+def test_a_loss_graph_reports(name: str) -> None:
+    """``tfgraph.compile(spec, loss=True).report(...)`` raised KeyError ('labels' missing from
+    the inference-graph twin its formulas were read in, issue 26); its figures are the
+    inference graph's plus the loss op's, and its formulas verify against them."""
+    spec = ROOT / "specs" / f"{name}.yaml"
+    loss = tfgraph.compile(spec, loss=True).report(batch=2, seq=16)
+    plain = tfgraph.compile(spec).report(batch=2, seq=16)
+    vocab = tfgraph.load_spec(spec).output_vocab
+    tokens = 2 * 16
+    assert loss["flops"]["forward"] - plain["flops"]["forward"] == 5 * tokens * vocab + 2 * tokens
+    assert loss["memory"]["train_activations_peak"] == plain["memory"]["train_activations_peak"]
+    from tfgraph.passes.formulas import spec_formulas
+
+    assert spec_formulas(tfgraph.compile(spec, loss=True)).unverified == []

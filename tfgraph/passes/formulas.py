@@ -108,8 +108,12 @@ def _moe_sizes(spec: Spec, sizes: Sizes, dense_layers: int) -> Sizes:
                    dense_layers=dense_layers)
 
 
-def _twin(spec: Spec, layers: dict[str, int], dense_layers: int = 0) -> Graph:
-    return lower(spec, _moe_sizes(spec, twin_sizes(spec, layers), dense_layers))
+def _twin(spec: Spec, layers: dict[str, int], dense_layers: int = 0,
+          loss: bool = False) -> Graph:
+    """The graph of ``spec`` at symbolic sizes with ``layers`` per stack; ``loss``: its
+    training graph (labels and the token cross-entropy), as the graph reported on is."""
+    return lower(spec, _moe_sizes(spec, twin_sizes(spec, layers), dense_layers), Graph,
+                 loss=loss)
 
 
 def _figures(graph: Graph) -> dict[str, sympy.Expr]:
@@ -234,15 +238,17 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
     spec = graph.spec
     assert spec is not None
     stacks = spec.stacks
-    one = _twin(spec, {s: 1 for s in stacks})
+    loss = graph.info.kind == "loss"  # the twins are lowered as the graph was
+    one = _twin(spec, {s: 1 for s in stacks}, loss=loss)
     base = _figures(one)
     if len(stacks) == 2 and isinstance(spec.layers, StackLayers):
-        per = {L_ENC: _figures(_twin(spec, {"encoder": 2, "decoder": 1})),
-               L_DEC: _figures(_twin(spec, {"encoder": 1, "decoder": 2}))}
+        per = {L_ENC: _figures(_twin(spec, {"encoder": 2, "decoder": 1}, loss=loss)),
+               L_DEC: _figures(_twin(spec, {"encoder": 1, "decoder": 2}, loss=loss))}
     else:
-        per = {L: _figures(_twin(spec, {s: 2 for s in stacks}))}
+        per = {L: _figures(_twin(spec, {s: 2 for s in stacks}, loss=loss))}
     # First layers with a dense feed-forward (one stack): L_dense times (dense - MoE layer)
-    dense = _figures(_twin(spec, {s: 2 for s in stacks}, 1)) if spec.ffn.dense_layers else None
+    dense = _figures(_twin(spec, {s: 2 for s in stacks}, 1, loss=loss)) \
+        if spec.ffn.dense_layers else None
     numeric = _figures(graph)
     values = symbol_values(spec)
     figures: dict[str, sympy.Expr] = {}
@@ -262,7 +268,8 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
             expr = sympy.expand(numeric[key])
         figures[key] = expr
     if spec.ffn.dense_layers:  # the peak's twin needs a dense layer and one with experts
-        return SpecFormulas(figures, values, unverified, _twin(spec, {s: 2 for s in stacks}, 1),
+        return SpecFormulas(figures, values, unverified,
+                            _twin(spec, {s: 2 for s in stacks}, 1, loss=loss),
                             dense_layers=spec.ffn.dense_layers)
     return SpecFormulas(figures, values, unverified, one)
 
