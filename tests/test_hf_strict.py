@@ -70,6 +70,53 @@ def test_a_t5_folder_that_does_not_scale_its_decoder_output_is_refused(tmp_path:
     assert not (tmp_path / "m.onnx").exists()
 
 
+# config.json of published checkpoints written by older transformers (4.x), as on the hub:
+# their legacy keys are known to be inert, so they import (tests/data/hf_configs has more).
+PUBLISHED = {
+    "openai-community/gpt2": {
+        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+        "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
+        "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
+        "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+        "resid_pdrop": 0.1, "summary_activation": None, "summary_first_dropout": 0.1,
+        "summary_proj_to_labels": True, "summary_type": "cls_index", "summary_use_proj": True,
+        "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+        "vocab_size": 50257},
+    "EleutherAI/gpt-j-6b": {
+        "activation_function": "gelu_new", "architectures": ["GPTJForCausalLM"],
+        "attn_pdrop": 0.0, "bos_token_id": 50256, "embd_pdrop": 0.0, "eos_token_id": 50256,
+        "gradient_checkpointing": False, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+        "model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_inner": None, "n_layer": 28,
+        "n_positions": 2048, "resid_pdrop": 0.0, "rotary": True, "rotary_dim": 64,
+        "scale_attn_weights": True, "summary_activation": None, "summary_first_dropout": 0.1,
+        "summary_proj_to_labels": True, "summary_type": "cls_index", "summary_use_proj": True,
+        "tie_word_embeddings": False, "tokenizer_class": "GPT2Tokenizer",
+        "transformers_version": "4.18.0.dev0", "use_cache": True, "vocab_size": 50400},
+    "google-bert/bert-base-uncased": {
+        "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+        "gradient_checkpointing": False, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+        "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+        "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
+        "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
+        "position_embedding_type": "absolute", "transformers_version": "4.6.0.dev0",
+        "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522},
+    "meta-llama/Llama-2-7b-hf": {
+        "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "tie_word_embeddings": False, "torch_dtype": "float16",
+        "transformers_version": "4.31.0.dev0", "use_cache": True, "vocab_size": 32000},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_configs_with_legacy_keys_import(name: str) -> None:
+    spec = spec_from_config(PUBLISHED[name])
+    assert spec.d_model == PUBLISHED[name].get("n_embd", PUBLISHED[name].get("hidden_size"))
+
+
 def test_a_config_relabelled_as_another_family_is_refused() -> None:
     """A Granite config called llama: its multipliers are not Llama's."""
     data = transformers.GraniteConfig(embedding_multiplier=12.0).to_dict()

@@ -54,6 +54,8 @@ LEGACY: dict[str, frozenset[str]] = {
                        "extra_pos_embeddings", "force_bos_token_to_be_generated",
                        "num_hidden_layers"}),
     "t5": frozenset({"n_positions"}),
+    "gpt2": frozenset({"n_ctx"}),  # the context length's old name; n_positions is read
+    "gptj": frozenset({"n_ctx", "rotary", "scale_attn_weights"}),  # always rotary, scaled
     "gemma": frozenset({"hidden_activation"}),  # Gemma reads hidden_act
     "gemma2": frozenset({"hidden_act"}),  # Gemma 2 reads hidden_activation
 }
