@@ -68,6 +68,13 @@ def _hf_values(order: list[HFTensor], stream: Iterator[tuple[str, np.ndarray]],
     yield from buffers.items()
 
 
+def _generation_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """config.json's token ids as generation_config.json holds them (what save_pretrained
+    writes: transformers' GenerationConfig.from_model_config takes the same keys)."""
+    keys = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    return {k: config[k] for k in keys if config.get(k) is not None}
+
+
 def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], names: NameMap,
                     weights: Mapping[str, Any] | None, seed: int,
                     extra_files: Sequence[Path] = (),
@@ -104,6 +111,10 @@ def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], name
                               progress)
             for extra in extra_files:
                 (stage / extra.name).write_bytes(extra.read_bytes())
+            generation = _generation_config(config)
+            if generation and not any(e.name == "generation_config.json" for e in extra_files):
+                (stage / "generation_config.json").write_text(
+                    json.dumps(generation, indent=2) + "\n", encoding="utf-8")
     finally:
         stream.close()
     return out_dir

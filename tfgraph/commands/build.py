@@ -14,6 +14,7 @@ files travel with the artifact.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import time
@@ -60,12 +61,40 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
             from tfgraph.hf.tokenizer import copy_files
 
             copy_files(opts["extra_files"], written.parent)
+        _write_spec_generation_config(opts, written.parent)
         if graph.info.kind == "cached" and graph.info.part is None:  # a decoder's KV-cache
             # model: onnxruntime-genai can drive it
             from tfgraph.exporters.onnx.genai_config import write_genai_config
 
-            write_genai_config(graph, written, opts["source_config"], opts["genai_provider"])
+            write_genai_config(graph, written, opts["source_config"] or _token_config(opts),
+                               opts["genai_provider"])
     return written
+
+
+def _token_config(opts: dict[str, Any]) -> dict[str, Any] | None:
+    """The spec's token ids (``tokens``) under config.json's names, when it has any."""
+    tokens = getattr(opts.get("spec"), "tokens", None)
+    if tokens is None:
+        return None
+    named = {"bos_token_id": tokens.bos, "eos_token_id": tokens.eos,
+             "pad_token_id": tokens.pad, "decoder_start_token_id": tokens.decoder_start}
+    return {k: v for k, v in named.items() if v is not None}
+
+
+def _write_spec_generation_config(opts: dict[str, Any], folder: Path) -> None:
+    """generation_config.json beside a model built from a spec with token ids (a model
+    folder's own copy comes with its tokenizer files): ``tfgraph generate MODEL.onnx`` and
+    transformers read eos and the decoder start there."""
+    from tfgraph.io import atomic_write, check_side_file
+
+    named = _token_config(opts)
+    if not named or any(f.name == "generation_config.json" for f in opts["extra_files"] or ()):
+        return
+    target = folder / "generation_config.json"
+    text = json.dumps(named, indent=2) + "\n"
+    if check_side_file(target, text.encode("utf-8")):
+        with atomic_write(target) as out:
+            out.write(text)
 
 
 def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed: int | None,
@@ -109,6 +138,7 @@ def _write_two_models(source: Any, values: Any, out: Path, seed: int | None,
         from tfgraph.hf.tokenizer import copy_files
 
         copy_files(source.tokenizer, out)
+    _write_spec_generation_config({"spec": source.spec, "extra_files": source.tokenizer}, out)
 
 
 def _write_torch(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:

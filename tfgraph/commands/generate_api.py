@@ -20,7 +20,7 @@ from tfgraph.generation.loop import OnToken
 from tfgraph.generation.loop import generate as run_loop
 from tfgraph.generation.result import Result
 from tfgraph.generation.sampling import Sampler
-from tfgraph.generation.settings import read_settings
+from tfgraph.generation.settings import Settings, read_settings
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -63,14 +63,20 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
             raise TfgraphError(f"--backend {backend}: choose one of onnx, torch")
         from tfgraph.commands.steppers import stepper_for_module
 
-        start = 0 if decoder_start_token_id is None else decoder_start_token_id
+        spec = getattr(getattr(source, "source_graph", None), "spec", None)
+        tokens = getattr(spec, "tokens", None)  # the spec's own ids, when it has them
+        start = decoder_start_token_id
+        if start is None:
+            start = tokens.decoder_start if tokens and tokens.decoder_start is not None else 0
         opened = stepper_for_module(source, provider, threads, start, cache, compile)
         _check_decoder_start(start, False, opened)
-        eos = _eos_ids(eos_token_id, ())
+        eos = _eos_ids(eos_token_id, tokens.eos_ids() if tokens else ())
         return Prepared(opened, [_prompt_ids(p, i, None, opened) for i, p in
                                  enumerate(prompts)], eos, None)
     where = os.fspath(source)
     settings = read_settings(settings_folder(where))
+    if Path(where).suffix.lower() in (".yaml", ".yml") and Path(where).is_file():
+        settings = _spec_settings(where, settings)
     start = settings.decoder_start_token_id if decoder_start_token_id is None \
         else decoder_start_token_id
     eos = _eos_ids(eos_token_id, settings.eos_token_id)
@@ -84,6 +90,18 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
         opened.close()
         raise
     return Prepared(opened, ids, eos, tokenizer)
+
+
+def _spec_settings(path: str, settings: Settings) -> Settings:
+    """A spec's own token ids (``tokens``: eos, decoder_start) as its generation settings."""
+    from tfgraph.spec.loader import load_spec
+
+    tokens = load_spec(path).tokens
+    if tokens is None:
+        return settings
+    start = tokens.decoder_start
+    return Settings(tokens.eos_ids() or settings.eos_token_id,
+                    settings.decoder_start_token_id if start is None else start)
 
 
 def _eos_ids(eos_token_id: int | Iterable[int] | None | Setting,

@@ -72,6 +72,30 @@ def spec_from_config(data: Mapping[str, Any], name: str | None = None,
     return draft_from_config(data, name, source, description).spec()
 
 
+_TOKEN_KEYS = (("bos", "bos_token_id", "source"), ("eos", "eos_token_id", "target"),
+               ("pad", "pad_token_id", "source"),
+               ("decoder_start", "decoder_start_token_id", "target"))
+
+
+def _token_ids(cfg: HFConfig, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The config's special token ids for the spec's ``tokens``: those that are ids inside the
+    vocabulary they index (some published configs name ids past a small vocabulary, or
+    none); decoder_start only for encoder-decoders."""
+    vocab = spec.get("vocab")
+    out: dict[str, Any] = {}
+    for name, key, role in _TOKEN_KEYS:
+        if name == "decoder_start" and spec.get("arch") != "encoder-decoder":
+            continue
+        size = vocab.get(role) if isinstance(vocab, dict) else vocab
+        value = cfg.data.get(key)
+        items = value if isinstance(value, list) and name == "eos" else [value]
+        if not items or not all(isinstance(v, int) and not isinstance(v, bool)
+                                and isinstance(size, int) and 0 <= v < size for v in items):
+            continue
+        out[name] = list(items) if isinstance(value, list) else value
+    return out
+
+
 def draft_from_config(data: Mapping[str, Any], name: str | None = None,
                       source: str = "config.json", description: str | None = None
                       ) -> SpecDraft:
@@ -92,6 +116,9 @@ def draft_from_config(data: Mapping[str, Any], name: str | None = None,
         draft.put("dtype", cfg.expect(key, ("float32", "float16", "bfloat16"), None,
                                       "tfgraph's dtypes are float32, float16 and bfloat16"),
                   key)
+    tokens = _token_ids(cfg, draft.data)
+    if tokens:
+        draft.data["tokens"] = tokens
     if description is None:
         origin = str(data.get("_name_or_path") or "")[:256]
         description = (f"Imported from a Hugging Face config (model_type {cfg.model_type}"

@@ -104,6 +104,14 @@ def family_config(spec: Spec, model_type: str) -> dict[str, Any] | None:
     config |= fields
     config.setdefault("tie_word_embeddings", spec.embedding.tie_output)
     config["dtype"] = spec.dtype
+    # the spec's token ids, each written (None when it has none: the config class's own
+    # defaults may lie outside a small vocabulary and would come back as the spec's)
+    tokens = spec.tokens
+    config["bos_token_id"] = tokens.bos if tokens else None
+    config["eos_token_id"] = tokens.eos if tokens else None
+    config["pad_token_id"] = tokens.pad if tokens else None
+    if spec.arch == "encoder-decoder":
+        config["decoder_start_token_id"] = tokens.decoder_start if tokens else None
     return config
 
 
@@ -161,9 +169,9 @@ def hf_config(spec: Spec) -> HFExport:
     raise TfgraphError(f"{spec.name}: no Hugging Face family expresses this spec ({detail})")
 
 
-# Token ids live in config.json but not in a spec: carried over from the folder a model came
-# from; without one, bos and eos are unknown (None), not the family class's defaults, which
-# may lie outside a small vocabulary.
+# Token ids: the spec's (``tokens``, family_config), else carried over from the folder a
+# model came from; without either, unknown (None), not the family class's defaults, which may
+# lie outside a small vocabulary.
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
               "forced_bos_token_id", "forced_eos_token_id", "sep_token_id")
 

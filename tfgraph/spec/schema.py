@@ -354,6 +354,31 @@ class Head(_Strict):
     _above_zero = field_validator("scale", "softcap")(_positive)
 
 
+TokenId = Annotated[int, Field(strict=True, ge=0, lt=MAX_VOCAB)]
+
+
+class Tokens(_Strict):
+    """Special token ids the model was trained with: ``tfgraph generate`` ends a row at ``eos``
+    and starts an encoder-decoder's target at ``decoder_start`` (unless the model folder or
+    the command line says otherwise), and ``build --to hf`` writes them to config.json and
+    generation_config.json. They do not change the computation."""
+
+    bos: TokenId | None = None
+    """Beginning of sequence."""
+    eos: TokenId | Annotated[list[TokenId], Field(min_length=1, max_length=64)] | None = None
+    """End of sequence: one id or several (Llama 3's instruct models end at two)."""
+    pad: TokenId | None = None
+    """Padding."""
+    decoder_start: TokenId | None = None
+    """First target token of an encoder-decoder (T5: the pad id; BART: eos)."""
+
+    def eos_ids(self) -> tuple[int, ...]:
+        """``eos`` as a tuple (empty when there is none)."""
+        if self.eos is None:
+            return ()
+        return tuple(self.eos) if isinstance(self.eos, list) else (self.eos,)
+
+
 class Spec(_Strict):
     """A Transformer variant. Validated, with every derived default resolved."""
 
@@ -389,6 +414,9 @@ class Spec(_Strict):
     """logits, or probs (softmax over the vocabulary)."""
     dtype: DType = "float32"
     """Parameter and activation dtype."""
+    tokens: Tokens | None = None
+    """Special token ids (bos, eos, pad, decoder_start), for generation and Hugging Face
+    folders; ``tfgraph import`` copies them from config.json."""
 
     _finite = field_validator("dropout", mode="before")(_finite_float)
 
@@ -414,6 +442,9 @@ class Spec(_Strict):
                 f"vocab: {{source, target}} is only for encoder-decoder; {self.arch} has one "
                 "vocabulary, write vocab: N"
             )
+        # --- token ids inside the vocabulary they index
+        if self.tokens is not None:
+            self._check_tokens(self.tokens)
         # --- attention geometry
         if att.head_dim is None:
             if self.d_model % att.heads:
@@ -524,6 +555,31 @@ class Spec(_Strict):
         if isinstance(self.layers, StackLayers):
             return int(getattr(self.layers, stack))
         return int(self.layers)
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        """pydantic's dump, ``tokens`` left out when there are none and its unset ids left
+        out (a spec without token ids dumps as it did before the field existed)."""
+        data = super().model_dump(**kwargs)
+        tokens = data.get("tokens")
+        if tokens is None:
+            data.pop("tokens", None)
+        else:
+            data["tokens"] = {k: v for k, v in tokens.items() if v is not None}
+        return data
+
+    def _check_tokens(self, tokens: Tokens) -> None:
+        """Each id indexes its vocabulary: bos and pad the source's (the input), eos and
+        decoder_start the target's (what is generated); decoder_start only for encoder-decoders."""
+        if tokens.decoder_start is not None and self.arch != "encoder-decoder":
+            raise ValueError(f"tokens.decoder_start: only for encoder-decoder, not {self.arch}")
+        checks = [("bos", tokens.bos, "source"), ("pad", tokens.pad, "source"),
+                  ("decoder_start", tokens.decoder_start, "target")]
+        checks += [("eos", t, "target") for t in tokens.eos_ids()]
+        for name, value, role in checks:
+            vocab = self.vocab_size(role if self.arch == "encoder-decoder" else "source")
+            if value is not None and value >= vocab:
+                raise ValueError(f"tokens.{name}: {value} is not below the vocabulary "
+                                 f"({vocab})")
 
     def vocab_size(self, role: str) -> int:
         """Vocabulary of ``role``: 'source' (encoder input) or 'target' (decoder, output)."""
