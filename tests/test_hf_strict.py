@@ -154,6 +154,7 @@ _MOOT = {
     "qwen2": {"use_sliding_window", "sliding_window", "max_window_layers"},
     "qwen3": {"use_sliding_window", "sliding_window", "max_window_layers"},
     "qwen2_moe": {"sliding_window", "max_window_layers"},
+    "qwen3_moe": {"use_sliding_window", "max_window_layers"},  # modeling reads neither
     "gemma3_text": {"sliding_window_pattern"},
 }
 

@@ -44,6 +44,7 @@ FAMILIES: dict[str, str] = {
     "gemma3_text": "gemma",
     "mixtral": "moe",
     "qwen2_moe": "moe",
+    "qwen3_moe": "moe",
     "phi": "phi",
     "phi3": "phi3",
     "bert": "bert",

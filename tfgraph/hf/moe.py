@@ -7,6 +7,10 @@ chosen ones (transformers' MixtralTopKRouter). Qwen2-MoE: the softmax weights ar
 are unless ``norm_topk_prob``, and every layer adds a shared SwiGLU expert scaled by
 sigmoid(x w) (``shared_expert_gate``); its attention has q/k/v biases and no o bias, as Qwen2.
 
+Qwen3-MoE (Qwen Team 2025): Qwen3's attention (no biases unless ``attention_bias``, an RMS
+norm of each head's queries and keys) with Qwen2-MoE's routing and dense first layers, and no
+shared expert.
+
 transformers 5 stores each layer's experts stacked: ``mlp.experts.gate_up_proj`` [E, 2 * h, d]
 (gate rows first) and ``mlp.experts.down_proj`` [E, d, h]; tfgraph's ``ffn.experts.gate``,
 ``up`` [E, h, d] and ``down`` [E, d, h] are the same tensors, split.
@@ -31,10 +35,13 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
     put_decoder_sizes(draft, cfg)
     layers = cfg.int("num_hidden_layers")
-    qwen = cfg.model_type == "qwen2_moe"
-    if qwen:
+    qwen = cfg.model_type in ("qwen2_moe", "qwen3_moe")
+    if cfg.model_type == "qwen2_moe":
         draft.put("attention.qkv_bias", True)  # modeling_qwen2_moe: q/k/v biases, o none
         draft.put("attention.out_bias", False)
+    elif cfg.model_type == "qwen3_moe":
+        draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
+        draft.put("attention.qk_norm", "head", "model_type")  # q_norm, k_norm per head
     else:
         draft.put("attention.bias", False)
     gated = activation(cfg, "hidden_act", gated=True, default="silu")
@@ -43,15 +50,18 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
     draft.put("ffn.top_k", cfg.int("num_experts_per_tok"), "num_experts_per_tok")
     if qwen:
-        draft.put("ffn.experts", cfg.int("num_experts"), "num_experts")
+        # Qwen3MoeConfig writes num_experts as num_local_experts (its attribute map)
+        key = "num_experts" if "num_experts" in cfg else "num_local_experts"
+        draft.put("ffn.experts", cfg.int(key), key)
         draft.put("ffn.expert_hidden", cfg.int("moe_intermediate_size"), "moe_intermediate_size")
         renorm = cfg.bool("norm_topk_prob", False)
         draft.put("ffn.router", "softmax_topk_renorm" if renorm else "softmax_topk",
                   "norm_topk_prob")
-        draft.put("ffn.shared_experts", 1)
-        draft.put("ffn.shared_hidden", cfg.int("shared_expert_intermediate_size"),
-                  "shared_expert_intermediate_size")
-        draft.put("ffn.shared_gate", True)
+        if cfg.model_type == "qwen2_moe":
+            draft.put("ffn.shared_experts", 1)
+            draft.put("ffn.shared_hidden", cfg.int("shared_expert_intermediate_size"),
+                      "shared_expert_intermediate_size")
+            draft.put("ffn.shared_gate", True)
         if cfg.int("decoder_sparse_step", 1) != 1:
             cfg.refuse("decoder_sparse_step", "tfgraph puts experts in every layer after "
                        "ffn.dense_layers; experts every n-th layer have no spec form")
@@ -66,11 +76,13 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("ffn.router", "softmax_topk_renorm")
     put_rms_rope(draft, cfg, "pre")
     window = cfg.get("sliding_window", None)
-    if qwen and not cfg.bool("use_sliding_window", False):
+    if cfg.model_type == "qwen3_moe":  # modeling reads sliding_window whatever the flag says
+        cfg.moot("use_sliding_window", "max_window_layers")
+    elif qwen and not cfg.bool("use_sliding_window", False):
         window = None
         cfg.moot("max_window_layers")  # transformers reads it only with a sliding window
     if qwen and window:
-        cfg.refuse("use_sliding_window", "Qwen2-MoE's sliding window follows max_window_layers; "
+        cfg.refuse("use_sliding_window", "Qwen-MoE's sliding window follows max_window_layers; "
                    "not imported")
     types = cfg.get("layer_types", None)  # transformers 5 writes one per layer
     if types is not None and set(types) != {"full_attention"}:
@@ -94,11 +106,14 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         out["num_local_experts"] = ffn.experts or 1
         out["sliding_window"] = spec.attention.window
         return out
-    out["qkv_bias"] = True
     out["num_experts"] = ffn.experts or 1
     out["moe_intermediate_size"] = ffn.expert_hidden or ffn.hidden
     out["norm_topk_prob"] = ffn.router == "softmax_topk_renorm"
-    out["shared_expert_intermediate_size"] = ffn.shared_hidden or ffn.hidden
+    if model_type == "qwen3_moe":
+        out["attention_bias"] = spec.attention.bias
+    else:
+        out["qkv_bias"] = True
+        out["shared_expert_intermediate_size"] = ffn.shared_hidden or ffn.hidden
     out["decoder_sparse_step"] = 1
     out["mlp_only_layers"] = list(range(ffn.dense_layers or 0))
     out["use_sliding_window"] = False
@@ -111,7 +126,11 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
     rows += norm_rows("model.norm", "decoder.norm", spec)
     rows += head_rows(spec, "lm_head")
-    dense = [r for r in llama_layer_rows(spec, "model.layers", _NORMS) if ".mlp." not in r.hf]
+    norms = _NORMS
+    if cfg.model_type == "qwen3_moe":
+        norms = norms | {"self_attn.q_norm": "self_attn.q_norm",
+                         "self_attn.k_norm": "self_attn.k_norm"}
+    dense = [r for r in llama_layer_rows(spec, "model.layers", norms) if ".mlp." not in r.hf]
     rows += dense
     if ffn.dense_layers:  # the first layers' dense feed-forward (hf: mlp.{gate,up,down}_proj)
         rows += [r for r in llama_layer_rows(spec, "model.layers", {}) if ".mlp." in r.hf]
