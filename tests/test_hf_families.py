@@ -121,6 +121,12 @@ CASES: dict[str, Case] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         vocab_size=101, max_position_embeddings=64, partial_rotary_factor=0.5,
         hidden_act="gelu_new", **COMMON)),
+    "stablelm": Case("StableLmConfig", "StableLmForCausalLM", dict(
+        {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, layer_norm_eps=1e-5, use_qkv_bias=True, partial_rotary_factor=0.25,
+        use_parallel_residual=False)),
+    "stablelm-parallel": Case("StableLmConfig", "StableLmForCausalLM", dict(
+        {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, layer_norm_eps=1e-5, use_qkv_bias=False, partial_rotary_factor=0.5,
+        use_parallel_residual=True, tie_word_embeddings=True)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

@@ -47,6 +47,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_moe": "moe",
     "phi": "phi",
     "phi3": "phi3",
+    "stablelm": "stablelm",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

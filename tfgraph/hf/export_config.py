@@ -33,7 +33,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "gpt_neox": "GPTNeoXForCausalLM", "gptj": "GPTJForCausalLM", "opt": "OPTForCausalLM",
-    "phi": "PhiForCausalLM", "bert": "BertForMaskedLM",
+    "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM", "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
 }
@@ -44,7 +44,7 @@ ARCHITECTURES: dict[str, str] = {
 PREFERENCE: dict[str, tuple[str, ...]] = {
     "decoder-only": ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma", "gemma2",
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "gpt_neox",
-                     "gptj", "opt", "phi"),
+                     "gptj", "opt", "phi", "stablelm"),
     "encoder-only": ("bert",),
     "encoder-decoder": ("bart", "marian", "t5"),
 }

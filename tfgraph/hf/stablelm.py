@@ -1,0 +1,78 @@
+"""StableLM 2 and StableLM-3B-4E1T (Stability AI 2023-24): a Llama-style decoder with
+LayerNorm (gain and bias), rotary positions on a fraction of each head
+(``partial_rotary_factor``, 0.25), optional q/k/v biases (``use_qkv_bias``) and, with
+``use_parallel_residual``, attention and feed-forward side by side on one shared norm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_decoder_sizes
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import gated_activation
+from tfgraph.hf.export_common import rope_parameters as rope_config
+from tfgraph.hf.names import Rule
+from tfgraph.spec.schema import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    if cfg.bool("qk_layernorm", False):
+        cfg.refuse("qk_layernorm", "StableLM's per-head LayerNorm on q and k (a gain per head) "
+                   "has no spec form")
+    put_decoder_sizes(draft, cfg)
+    draft.put("attention.qkv_bias", cfg.bool("use_qkv_bias", False), "use_qkv_bias")
+    draft.put("attention.out_bias", False)  # modeling_stablelm: o_proj has no bias
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.activation", activation(cfg, "hidden_act", gated=True, default="silu"),
+              "hidden_act")
+    draft.put("ffn.bias", False)
+    draft.put("norm.kind", "layernorm")
+    draft.put("norm.position", "pre")
+    draft.put("norm.eps", cfg.float("layer_norm_eps", 1e-5), "layer_norm_eps")
+    draft.put("norm.final", True)
+    if cfg.bool("use_parallel_residual", False):
+        draft.put("block.residual", "parallel", "use_parallel_residual")
+        draft.put("block.shared_norm", True, "use_parallel_residual")
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
+    return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
+    """The config fields :func:`spec_from_config` reads; None for a spec StableLM cannot
+    hold (no LayerNorm, biases it lacks)."""
+    att = spec.attention
+    if att.out_bias or spec.ffn.bias or spec.norm.kind != "layernorm":
+        return None
+    return {
+        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
+        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
+        "use_qkv_bias": bool(att.qkv_bias), "qk_layernorm": False,
+        "intermediate_size": spec.ffn.hidden, "hidden_act": gated_activation(spec),
+        "layer_norm_eps": spec.norm.eps,
+        "use_parallel_residual": spec.block.residual == "parallel",
+        "rope_parameters": rope_config(spec, partial=True),
+    }
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    src, dst = "model.layers.{i}", "decoder.layers.{i}"
+    att = spec.attention
+    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("model.norm", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    for r in "qkv":
+        rows += linear_rows(f"{src}.self_attn.{r}_proj", f"{dst}.self_attn.{r}",
+                            bool(att.qkv_bias))
+    rows += linear_rows(f"{src}.self_attn.o_proj", f"{dst}.self_attn.o", False)
+    for r in ("gate", "up", "down"):
+        rows += linear_rows(f"{src}.mlp.{r}_proj", f"{dst}.ffn.{r}", False)
+    if spec.block.residual == "parallel":  # one norm feeds both sublayers
+        rows += norm_rows(f"{src}.input_layernorm", f"{dst}.norm", spec)
+    else:
+        rows += norm_rows(f"{src}.input_layernorm", f"{dst}.self_attn_norm", spec)
+        rows += norm_rows(f"{src}.post_attention_layernorm", f"{dst}.ffn_norm", spec)
+    return rows
