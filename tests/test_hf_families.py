@@ -96,6 +96,8 @@ CASES: dict[str, Case] = {
         LLAMA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, norm_topk_prob=False, decoder_sparse_step=1,
         mlp_only_layers=[], use_sliding_window=False), moe=True),
+    "olmoe": Case("OlmoeConfig", "OlmoeForCausalLM", dict(
+        LLAMA, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False), moe=True),
     "qwen3_moe": Case("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         LLAMA, head_dim=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],

@@ -45,6 +45,7 @@ FAMILIES: dict[str, str] = {
     "mixtral": "moe",
     "qwen2_moe": "moe",
     "qwen3_moe": "moe",
+    "olmoe": "moe",
     "phi": "phi",
     "phi3": "phi3",
     "stablelm": "stablelm",

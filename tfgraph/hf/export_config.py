@@ -31,6 +31,7 @@ ARCHITECTURES: dict[str, str] = {
     "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "gpt_neox": "GPTNeoXForCausalLM", "gptj": "GPTJForCausalLM", "opt": "OPTForCausalLM",
     "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM", "bert": "BertForMaskedLM",
@@ -43,8 +44,8 @@ ARCHITECTURES: dict[str, str] = {
 # Phi-3), BART before Marian.
 PREFERENCE: dict[str, tuple[str, ...]] = {
     "decoder-only": ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma", "gemma2",
-                     "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "gpt_neox",
-                     "gptj", "opt", "phi", "stablelm"),
+                     "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
+                     "gpt_neox", "gptj", "opt", "phi", "stablelm"),
     "encoder-only": ("bert",),
     "encoder-decoder": ("bart", "marian", "t5"),
 }

@@ -7,6 +7,9 @@ chosen ones (transformers' MixtralTopKRouter). Qwen2-MoE: the softmax weights ar
 are unless ``norm_topk_prob``, and every layer adds a shared SwiGLU expert scaled by
 sigmoid(x w) (``shared_expert_gate``); its attention has q/k/v biases and no o bias, as Qwen2.
 
+OLMoE (Muennighoff et al. 2024): pre-norm with an RMS norm over all of the queries and of
+the keys (OLMo 2's), routed experts, no shared one; ``clip_qkv`` is refused.
+
 Qwen3-MoE (Qwen Team 2025): Qwen3's attention (no biases unless ``attention_bias``, an RMS
 norm of each head's queries and keys) with Qwen2-MoE's routing and dense first layers, and no
 shared expert.
@@ -42,6 +45,11 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     elif cfg.model_type == "qwen3_moe":
         draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
         draft.put("attention.qk_norm", "head", "model_type")  # q_norm, k_norm per head
+    elif cfg.model_type == "olmoe":
+        draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
+        draft.put("attention.qk_norm", "full", "model_type")  # q_norm, k_norm over d
+        if cfg.get("clip_qkv", None) is not None:
+            cfg.refuse("clip_qkv", "clamping q, k and v has no spec form")
     else:
         draft.put("attention.bias", False)
     gated = activation(cfg, "hidden_act", gated=True, default="silu")
@@ -49,7 +57,12 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("ffn.bias", False)
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
     draft.put("ffn.top_k", cfg.int("num_experts_per_tok"), "num_experts_per_tok")
-    if qwen:
+    if cfg.model_type == "olmoe":  # experts intermediate_size wide, Qwen's routing choice
+        draft.put("ffn.experts", cfg.int("num_experts"), "num_experts")
+        renorm = cfg.bool("norm_topk_prob", False)
+        draft.put("ffn.router", "softmax_topk_renorm" if renorm else "softmax_topk",
+                  "norm_topk_prob")
+    elif qwen:
         # Qwen3MoeConfig writes num_experts as num_local_experts (its attribute map)
         key = "num_experts" if "num_experts" in cfg else "num_local_experts"
         draft.put("ffn.experts", cfg.int(key), key)
@@ -75,7 +88,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("ffn.experts", cfg.int("num_local_experts"), "num_local_experts")
         draft.put("ffn.router", "softmax_topk_renorm")
     put_rms_rope(draft, cfg, "pre")
-    window = cfg.get("sliding_window", None)
+    window = None if cfg.model_type == "olmoe" else cfg.get("sliding_window", None)
     if cfg.model_type == "qwen3_moe":  # modeling reads sliding_window whatever the flag says
         cfg.moot("use_sliding_window", "max_window_layers")
     elif qwen and not cfg.bool("use_sliding_window", False):
@@ -91,7 +104,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     return draft
 
 
-def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     """The config fields :func:`spec_from_config` reads. Mixtral's experts are
     ``intermediate_size`` wide and its router fixed; Qwen2-MoE's dense first layers are
     ``mlp_only_layers`` and its sliding window is never written (not imported)."""
@@ -105,6 +118,13 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     if model_type == "mixtral":
         out["num_local_experts"] = ffn.experts or 1
         out["sliding_window"] = spec.attention.window
+        return out
+    if model_type == "olmoe":
+        if ffn.expert_hidden != ffn.hidden or spec.attention.window is not None:
+            return None  # OLMoE's experts are intermediate_size wide; no window
+        out["num_experts"] = ffn.experts or 1
+        out["norm_topk_prob"] = ffn.router == "softmax_topk_renorm"
+        out["attention_bias"] = spec.attention.bias
         return out
     out["num_experts"] = ffn.experts or 1
     out["moe_intermediate_size"] = ffn.expert_hidden or ffn.hidden
@@ -127,7 +147,7 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     rows += norm_rows("model.norm", "decoder.norm", spec)
     rows += head_rows(spec, "lm_head")
     norms = _NORMS
-    if cfg.model_type == "qwen3_moe":
+    if cfg.model_type in ("qwen3_moe", "olmoe"):
         norms = norms | {"self_attn.q_norm": "self_attn.q_norm",
                          "self_attn.k_norm": "self_attn.k_norm"}
     dense = [r for r in llama_layer_rows(spec, "model.layers", norms) if ".mlp." not in r.hf]
