@@ -129,6 +129,13 @@ CASES: dict[str, Case] = {
     "stablelm-parallel": Case("StableLmConfig", "StableLmForCausalLM", dict(
         {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, layer_norm_eps=1e-5, use_qkv_bias=False, partial_rotary_factor=0.5,
         use_parallel_residual=True, tie_word_embeddings=True)),
+    "starcoder2": Case("Starcoder2Config", "Starcoder2ForCausalLM", dict(
+        {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, norm_epsilon=1e-5,
+        hidden_act="gelu_pytorch_tanh", use_bias=True, sliding_window=None)),
+    "starcoder2-window": Case("Starcoder2Config", "Starcoder2ForCausalLM", dict(
+        {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, norm_epsilon=1e-5,
+        hidden_act="gelu_pytorch_tanh", use_bias=False, sliding_window=7,
+        tie_word_embeddings=False)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

@@ -49,6 +49,7 @@ FAMILIES: dict[str, str] = {
     "phi": "phi",
     "phi3": "phi3",
     "stablelm": "stablelm",
+    "starcoder2": "starcoder2",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

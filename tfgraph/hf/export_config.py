@@ -34,7 +34,8 @@ ARCHITECTURES: dict[str, str] = {
     "olmoe": "OlmoeForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "gpt_neox": "GPTNeoXForCausalLM", "gptj": "GPTJForCausalLM", "opt": "OPTForCausalLM",
-    "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM", "bert": "BertForMaskedLM",
+    "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM", "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
 }
@@ -45,7 +46,7 @@ ARCHITECTURES: dict[str, str] = {
 PREFERENCE: dict[str, tuple[str, ...]] = {
     "decoder-only": ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma", "gemma2",
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
-                     "gpt_neox", "gptj", "opt", "phi", "stablelm"),
+                     "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2"),
     "encoder-only": ("bert",),
     "encoder-decoder": ("bart", "marian", "t5"),
 }
