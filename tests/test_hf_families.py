@@ -136,6 +136,9 @@ CASES: dict[str, Case] = {
         {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, norm_epsilon=1e-5,
         hidden_act="gelu_pytorch_tanh", use_bias=False, sliding_window=7,
         tie_word_embeddings=False)),
+    "nemotron": Case("NemotronConfig", "NemotronForCausalLM", dict(
+        {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, head_dim=16, norm_eps=1e-5,
+        partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

@@ -29,6 +29,9 @@ def _activation(b: Builder, scope: str, x: str, activation: str) -> str:
         return b.add(scope, "Mul", [x, b.add(scope, "Sigmoid", [x])], tag="silu")
     if activation == "relu":
         return b.add(scope, "Relu", [x])
+    if activation == "relu2":
+        relu = b.add(scope, "Relu", [x])
+        return b.add(scope, "Mul", [relu, relu], tag="relu2")
     approximate = "tanh" if activation == "gelu_tanh" else "none"
     if b.opset >= GELU_OPSET:
         return b.add(scope, "Gelu", [x], approximate=approximate)

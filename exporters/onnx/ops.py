@@ -308,6 +308,11 @@ def _silu(b: Builder, n: Node) -> str:
     return b.add(n.name, "Mul", [x, b.add(n.name, "Sigmoid", [x])], n.name)
 
 
+def _relu2(b: Builder, n: Node) -> str:
+    relu = b.add(n.name, "Relu", [n.inputs[0]])
+    return b.add(n.name, "Mul", [relu, relu], n.name)
+
+
 def _simple(op_type: str, **attrs: Any) -> Emitter:
     def emit(b: Builder, n: Node) -> str:
         return b.add(n.name, op_type, list(n.inputs), n.name, **attrs)
@@ -355,6 +360,7 @@ ONNX_OPS: dict[str, Emitter] = {
     "rmsnorm": _rmsnorm,
     "scalenorm": _scalenorm,
     "relu": _simple("Relu"),
+    "relu2": _relu2,
     "gelu": lambda b, n: _gelu_common(b, n, "none"),
     "gelu_tanh": lambda b, n: _gelu_common(b, n, "tanh"),
     "silu": _silu,

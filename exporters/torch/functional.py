@@ -322,6 +322,8 @@ def expert_activation(x: Tensor, activation: str) -> Tensor:
         return F.gelu(x, approximate="tanh")
     if activation == "relu":
         return F.relu(x)
+    if activation == "relu2":
+        return F.relu(x).square()
     raise ValueError(f"unknown expert activation {activation!r}")
 
 

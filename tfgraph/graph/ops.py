@@ -47,6 +47,7 @@ from tfgraph.graph.tensor import DTYPE_BYTES, TensorType
 FLOPS_PER_ELEMENT: dict[str, int] = {
     "add": 1,  # residual add, position add, bias add, scale multiply, gate multiply
     "relu": 1,  # max(x, 0)
+    "relu2": 2,  # max(x, 0) then its square (Nemotron's squared ReLU)
     "gelu": 8,  # x * 0.5 * (1 + erf(x / sqrt 2)): erf as a short polynomial
     "gelu_tanh": 8,  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     "silu": 4,  # x * sigmoid(x): exp, add, divide, multiply
@@ -657,6 +658,15 @@ for _kind, _doc in NORM_DOCS.items():
 register(OpDef("relu", (1, 1), _same, _elementwise("relu"), _save_output, "max(x, 0).",
                category="activation", tp="follows", sequence="elementwise",
                title="ReLU"))
+def _relu2_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    # torch's relu(x).square() keeps relu(x), a buffer of its own the size of x
+    return [(("tmp", "relu"), ins[0].nbytes)]
+
+
+register(OpDef("relu2", (1, 1), _same, _elementwise("relu2"), _relu2_saved,
+               "max(x, 0)^2, squared ReLU (So et al. 2021, Primer; Nemotron).",
+               category="activation", tp="follows", sequence="elementwise",
+               title="squared ReLU"))
 register(OpDef("gelu", (1, 1), _same, _elementwise("gelu"), _save_input(0),
                "x * Phi(x), exact erf form.", category="activation", tp="follows",
                sequence="elementwise", title="GELU", gated_title="GeGLU"))

@@ -50,6 +50,7 @@ FAMILIES: dict[str, str] = {
     "phi3": "phi3",
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
+    "nemotron": "nemotron",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

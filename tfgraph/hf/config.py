@@ -149,7 +149,7 @@ class SpecDraft:
 
 # Hugging Face activation names (transformers.activations.ACT2FN) -> tfgraph's, ungated and
 # gated (the gated form multiplies by an up projection: Shazeer 2020, "GLU variants").
-_PLAIN = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+_PLAIN = {"relu": "relu", "relu2": "relu2", "gelu": "gelu", "gelu_new": "gelu_tanh",
           "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
 _GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "geglu_tanh",
           "gelu_pytorch_tanh": "geglu_tanh"}

@@ -18,7 +18,8 @@ from typing import Any
 from tfgraph.spec.schema import GATED_ACTIVATIONS, Spec
 
 # tfgraph activation -> Hugging Face name (the inverse of tfgraph.hf.config._PLAIN / _GATED)
-_PLAIN = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu"}
+_PLAIN = {"relu": "relu", "relu2": "relu2", "gelu": "gelu", "gelu_tanh": "gelu_new",
+          "silu": "silu"}
 _GATED = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_pytorch_tanh"}
 
 # embedding.rope_scaling field -> Hugging Face rope_parameters key (transformers'

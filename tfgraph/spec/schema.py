@@ -67,7 +67,8 @@ POSITION_KINDS: dict[str, PositionKind] = {
 if set(POSITION_KINDS) != set(get_args(Positions)):
     raise ImportError(f"tfgraph.spec.schema: Positions {get_args(Positions)} and POSITION_KINDS "
                       f"{tuple(POSITION_KINDS)} disagree")
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
+Activation = Literal["relu", "relu2", "gelu", "gelu_tanh", "silu", "swiglu", "geglu",
+                     "geglu_tanh"]
 NormPosition = Literal["post", "pre", "branch", "sandwich"]
 NormKind = Literal["layernorm", "rmsnorm", "scalenorm"]
 Residual = Literal["sequential", "parallel"]
