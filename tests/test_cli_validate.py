@@ -290,7 +290,7 @@ RULES = {
     "literal-activation": (
         BASE + "ffn:\n  activation: swish  # <-\n",
         "ffn.activation",
-        "'relu', 'gelu', 'gelu_tanh', 'silu', 'swiglu', 'geglu' or 'geglu_tanh'",
+        "'relu', 'relu2', 'gelu', 'gelu_tanh', 'silu', 'swiglu', 'geglu' or 'geglu_tanh'",
     ),
     "name-pattern": (
         BASE.replace("name: rules", "name: My Model  # <-"),

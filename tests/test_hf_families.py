@@ -139,6 +139,9 @@ CASES: dict[str, Case] = {
     "nemotron": Case("NemotronConfig", "NemotronForCausalLM", dict(
         {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, head_dim=16, norm_eps=1e-5,
         partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
+    "granite": Case("GraniteConfig", "GraniteForCausalLM", dict(
+        LLAMA, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+        logits_scaling=8.0, attention_bias=True, tie_word_embeddings=True)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

@@ -127,10 +127,10 @@ def test_a_config_relabelled_as_another_family_is_refused() -> None:
 
 def test_an_unknown_family_names_the_closest_one_and_what_it_lacks() -> None:
     with pytest.raises(TfgraphError) as caught:
-        spec_from_config(transformers.GraniteConfig().to_dict())
+        spec_from_config(transformers.GPTBigCodeConfig().to_dict())
     text = str(caught.value)
-    assert "granite" in text and "closest is llama" in text
-    assert "embedding_multiplier" in text and "logits_scaling" in text
+    assert "gpt_bigcode" in text and "closest is gpt2" in text
+    assert "multi_query" in text and "num_key_value_heads" in text
 
 
 def _flip(value: Any) -> Any:

@@ -378,6 +378,9 @@ class _Lowering:
         if spec.embedding.scale:
             x = g.add("scale", [x], name=f"{scope}.scale", scope=scope,
                       factor=_sqrt(self.z.d_model), meta=_role(meta, "scale"))
+        if spec.embedding.multiplier is not None:  # Granite's embedding_multiplier
+            x = g.add("scale", [x], name=f"{scope}.multiplier", scope=scope,
+                      factor=spec.embedding.multiplier, meta=_role(meta, "multiplier"))
         if self.token_type_ids is not None:  # BERT: tokens + segments, then positions
             types = self.param("embed.token_types.weight", ("token_types", "d_model"), "embed",
                                "normal", _role(NodeMeta(part="embed"), "token_types.weight"))
@@ -458,6 +461,9 @@ class _Lowering:
             h = self.norm(h, f"{scope}.out_norm", f"{layer.module}.{sub}_out_norm", scope, wrap,
                           "out_norm")
         h = self.dropout(h, f"{scope}.dropout", scope, wrap)
+        if self.spec.block.residual_scale is not None:  # Granite: x + s * f(x)
+            h = g.add("scale", [h], name=f"{scope}.residual_scale", scope=scope,
+                      factor=self.spec.block.residual_scale, meta=_role(wrap, "residual_scale"))
         if not add:
             return h
         x = g.add("add", [x, h], name=f"{scope}.residual", scope=scope,

@@ -39,6 +39,7 @@ FAMILIES: dict[str, str] = {
     "qwen2": "llama",
     "qwen3": "llama",
     "olmo2": "llama",
+    "granite": "llama",
     "gemma": "gemma",
     "gemma2": "gemma",
     "gemma3_text": "gemma",

@@ -27,6 +27,10 @@ _FAMILY: dict[str, tuple[str, str, dict[str, str]]] = {
                                 "post_attention_layernorm": "ffn_norm"}),
     "qwen2": ("pre", "none", {"input_layernorm": "self_attn_norm",
                               "post_attention_layernorm": "ffn_norm"}),
+    # Granite (IBM 2024): Llama with four multipliers (embedding, residual, attention scale,
+    # logits), read below.
+    "granite": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                                "post_attention_layernorm": "ffn_norm"}),
     "qwen3": ("pre", "head", {"input_layernorm": "self_attn_norm",
                               "post_attention_layernorm": "ffn_norm"}),
     # OLMo 2 normalises each sublayer's output: x + norm(f(x)) (norm.position branch).
@@ -54,10 +58,13 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
     act = activation(cfg, "hidden_act", gated=True, default="silu")
     draft.put("ffn.activation", act, "hidden_act")
-    # Only modeling_llama reads mlp_bias; the relatives' MLPs have no biases.
-    draft.put("ffn.bias", cfg.bool("mlp_bias", False) if kind == "llama" else False,
-              "mlp_bias" if kind == "llama" else None)
+    # Only modeling_llama (and Granite's copy) reads mlp_bias; the relatives' MLPs have none.
+    mlp_bias = kind in ("llama", "granite")
+    draft.put("ffn.bias", cfg.bool("mlp_bias", False) if mlp_bias else False,
+              "mlp_bias" if mlp_bias else None)
     put_rms_rope(draft, cfg, position)
+    if kind == "granite":
+        _put_granite_multipliers(draft, cfg)
     window = cfg.get("sliding_window", None)
     if kind in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
         window = None
@@ -74,6 +81,22 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     return draft
 
 
+def _put_granite_multipliers(draft: SpecDraft, cfg: HFConfig) -> None:
+    """modeling_granite: token embeddings times embedding_multiplier, each sublayer's output
+    times residual_multiplier before its residual add, attention scores times
+    attention_multiplier (instead of head_dim ** -0.5), logits divided by logits_scaling."""
+    embedding = cfg.float("embedding_multiplier", 1.0)
+    if embedding != 1.0:
+        draft.put("embedding.multiplier", embedding, "embedding_multiplier")
+    residual = cfg.float("residual_multiplier", 1.0)
+    if residual != 1.0:
+        draft.put("block.residual_scale", residual, "residual_multiplier")
+    draft.put("attention.scale", cfg.float("attention_multiplier", 1.0), "attention_multiplier")
+    logits = cfg.float("logits_scaling", 1.0)
+    if logits != 1.0:
+        draft.put("head.scale", 1.0 / logits, "logits_scaling")
+
+
 def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     """The config fields :func:`spec_from_config` reads, for ``model_type``. Only Llama's
     modeling reads ``attention_bias`` and ``mlp_bias`` both (Mistral's projections have no
@@ -81,10 +104,17 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     sliding windows: the others' fields are left out, so a spec needing them does not survive
     the round trip."""
     out = decoder_sizes(spec)
-    if model_type in ("llama", "qwen3", "olmo2"):
+    if model_type in ("llama", "qwen3", "olmo2", "granite"):
         out["attention_bias"] = spec.attention.bias
-    if model_type == "llama":
+    if model_type in ("llama", "granite"):
         out["mlp_bias"] = spec.ffn.bias
+    if model_type == "granite":
+        att = spec.attention
+        head_dim = att.head_dim or spec.d_model // att.heads
+        out["embedding_multiplier"] = spec.embedding.multiplier or 1.0
+        out["residual_multiplier"] = spec.block.residual_scale or 1.0
+        out["attention_multiplier"] = att.scale if att.scale is not None else head_dim ** -0.5
+        out["logits_scaling"] = 1.0 / spec.head.scale if spec.head.scale else 1.0
     out["intermediate_size"] = spec.ffn.hidden
     out["hidden_act"] = gated_activation(spec)
     out["rms_norm_eps"] = spec.norm.eps

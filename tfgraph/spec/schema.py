@@ -155,6 +155,9 @@ class Embedding(_Strict):
     Default: 128."""
     scale: Flag = True
     """Multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017 §3.4)."""
+    multiplier: float | None = None
+    """Multiply token embeddings by this constant (Granite's embedding_multiplier, 12), after
+    the sqrt(d_model) of ``scale`` when both are set. Default: none."""
     tie_output: Flag = True
     """The output projection reuses the (target) token table instead of its own weight."""
     share: Flag | None = None
@@ -202,8 +205,9 @@ class Embedding(_Strict):
         if not 0.0 < value <= 1.0:
             raise ValueError("must be in (0, 1] (Pythia: 0.25, Phi-2: 0.4)")
         return value
-    _finite_optional = field_validator("local_rope_theta", mode="before")(
+    _finite_optional = field_validator("local_rope_theta", "multiplier", mode="before")(
         _optional_finite_float)
+    _multiplier_above_zero = field_validator("multiplier")(_positive)
 
     @field_validator("rope_theta", "local_rope_theta")
     @classmethod
@@ -309,6 +313,12 @@ class Block(_Strict):
     """Parallel only: one pre-norm read by both sublayers, x = x + attn(n(x)) + ffn(n(x))
     (GPT-J, Falcon, Phi-2); its gains are ``{stack}.layers.{i}.norm``. Needs norm.position
     pre."""
+    residual_scale: float | None = None
+    """Multiply each sublayer's output by this before it is added to the residual stream,
+    x = x + s * f(x) (Granite's residual_multiplier, 0.22). Default: none (s = 1)."""
+
+    _finite = field_validator("residual_scale", mode="before")(_optional_finite_float)
+    _above_zero = field_validator("residual_scale")(_positive)
 
 
 class Norm(_Strict):
