@@ -1,4 +1,4 @@
-"""Llama and its close relatives: llama, mistral, qwen2, qwen3, olmo2.
+"""Llama and its close relatives: llama, mistral, qwen2, qwen3, olmo2, granite.
 
 All are pre-norm (OLMo 2: branch norm) RMSNorm decoders with rotary positions and a SwiGLU
 feed-forward, and share Hugging Face's ``model.layers.{i}.self_attn.q_proj`` naming. What differs
