@@ -142,6 +142,9 @@ CASES: dict[str, Case] = {
     "granite": Case("GraniteConfig", "GraniteForCausalLM", dict(
         LLAMA, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
         logits_scaling=8.0, attention_bias=True, tie_word_embeddings=True)),
+    "bloom": Case("BloomConfig", "BloomForCausalLM", dict(
+        hidden_size=72, n_layer=2, n_head=6, vocab_size=101, layer_norm_epsilon=1e-5,
+        hidden_dropout=0.0, attention_dropout=0.0, **COMMON)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

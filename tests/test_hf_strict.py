@@ -155,6 +155,7 @@ _MOOT = {
     "qwen3": {"use_sliding_window", "sliding_window", "max_window_layers"},
     "qwen2_moe": {"sliding_window", "max_window_layers"},
     "qwen3_moe": {"use_sliding_window", "max_window_layers"},  # modeling reads neither
+    "bloom": {"slow_but_exact"},  # the same products in another order (pretraining_tp 1)
     "gemma3_text": {"sliding_window_pattern"},
 }
 

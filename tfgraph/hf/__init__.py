@@ -52,6 +52,7 @@ FAMILIES: dict[str, str] = {
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
     "nemotron": "nemotron",
+    "bloom": "bloom",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

@@ -36,7 +36,7 @@ ARCHITECTURES: dict[str, str] = {
     "gpt_neox": "GPTNeoXForCausalLM", "gptj": "GPTJForCausalLM", "opt": "OPTForCausalLM",
     "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM", "nemotron": "NemotronForCausalLM",
-    "granite": "GraniteForCausalLM",
+    "granite": "GraniteForCausalLM", "bloom": "BloomForCausalLM",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -49,7 +49,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "decoder-only": ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma", "gemma2",
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
-                     "granite"),
+                     "granite", "bloom"),
     "encoder-only": ("bert",),
     "encoder-decoder": ("bart", "marian", "t5"),
 }
