@@ -145,6 +145,12 @@ CASES: dict[str, Case] = {
     "bloom": Case("BloomConfig", "BloomForCausalLM", dict(
         hidden_size=72, n_layer=2, n_head=6, vocab_size=101, layer_norm_epsilon=1e-5,
         hidden_dropout=0.0, attention_dropout=0.0, **COMMON)),
+    "gpt_bigcode": Case("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=101, n_positions=64, multi_query=True,
+        activation_function="gelu_pytorch_tanh", **COMMON)),
+    "gpt_bigcode-mha": Case("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=101, n_positions=64, multi_query=False,
+        activation_function="gelu_pytorch_tanh", tie_word_embeddings=False, **COMMON)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

@@ -53,6 +53,7 @@ FAMILIES: dict[str, str] = {
     "starcoder2": "starcoder2",
     "nemotron": "nemotron",
     "bloom": "bloom",
+    "gpt_bigcode": "gpt_bigcode",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

@@ -37,6 +37,7 @@ ARCHITECTURES: dict[str, str] = {
     "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM", "nemotron": "NemotronForCausalLM",
     "granite": "GraniteForCausalLM", "bloom": "BloomForCausalLM",
+    "gpt_bigcode": "GPTBigCodeForCausalLM",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -49,7 +50,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "decoder-only": ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma", "gemma2",
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
-                     "granite", "bloom"),
+                     "granite", "bloom", "gpt_bigcode"),
     "encoder-only": ("bert",),
     "encoder-decoder": ("bart", "marian", "t5"),
 }
