@@ -157,6 +157,9 @@ CASES: dict[str, Case] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         vocab_size=101, max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu",
         pad_token_id=0), kind="masked"),
+    "distilbert": Case("DistilBertConfig", "DistilBertForMaskedLM", dict(
+        dim=64, hidden_dim=128, n_layers=2, n_heads=4, vocab_size=101,
+        max_position_embeddings=64, activation="gelu", pad_token_id=0), kind="masked"),
     "bart": Case("BartConfig", "BartForConditionalGeneration", dict(
         d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=101,

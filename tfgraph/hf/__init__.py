@@ -54,6 +54,7 @@ FAMILIES: dict[str, str] = {
     "nemotron": "nemotron",
     "bloom": "bloom",
     "gpt_bigcode": "gpt_bigcode",
+    "distilbert": "distilbert",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

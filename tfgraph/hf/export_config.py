@@ -37,7 +37,7 @@ ARCHITECTURES: dict[str, str] = {
     "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM", "nemotron": "NemotronForCausalLM",
     "granite": "GraniteForCausalLM", "bloom": "BloomForCausalLM",
-    "gpt_bigcode": "GPTBigCodeForCausalLM",
+    "gpt_bigcode": "GPTBigCodeForCausalLM", "distilbert": "DistilBertForMaskedLM",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -51,7 +51,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
                      "granite", "bloom", "gpt_bigcode"),
-    "encoder-only": ("bert",),
+    "encoder-only": ("bert", "distilbert"),
     "encoder-decoder": ("bart", "marian", "t5"),
 }
 
