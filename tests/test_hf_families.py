@@ -151,6 +151,9 @@ CASES: dict[str, Case] = {
     "gpt_bigcode-mha": Case("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(
         n_embd=64, n_layer=2, n_head=4, vocab_size=101, n_positions=64, multi_query=False,
         activation_function="gelu_pytorch_tanh", tie_word_embeddings=False, **COMMON)),
+    "cohere": Case("CohereConfig", "CohereForCausalLM", dict(
+        {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, layer_norm_eps=1e-5,
+        logit_scale=0.0625, use_qk_norm=False, tie_word_embeddings=True, pad_token_id=None)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

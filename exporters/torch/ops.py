@@ -35,7 +35,8 @@ def _linear(m: nn.Module, a: dict[str, Any], x: Tensor, w: Tensor, b: Tensor | N
     return F.linear(x, w, b)  # (.., out)
 
 
-def _norm_layer(m: nn.Module, a: dict[str, Any], x: Tensor, g: Tensor, b: Tensor) -> Tensor:
+def _norm_layer(m: nn.Module, a: dict[str, Any], x: Tensor, g: Tensor,
+                b: Tensor | None = None) -> Tensor:
     return F.layer_norm(x, (x.shape[-1],), g, b, a["eps"])
 
 

@@ -281,7 +281,7 @@ class _Lowering:
         else:
             ins = [x, self.param(f"{param_prefix}.weight", (width,), scope, gain_init,
                                  _role(meta, f"{role}.weight"))]
-            if kind == "layernorm":
+            if kind == "layernorm" and self.spec.norm.bias:
                 ins.append(self.param(f"{param_prefix}.bias", (width,), scope, "zeros",
                                       _role(meta, f"{role}.bias")))
         grouped = {} if isinstance(groups, int) and groups == 1 else {"heads": groups}

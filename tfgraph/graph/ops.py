@@ -635,7 +635,10 @@ NORM_DOCS = {
 def _norm_flops(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, Any]], Flops]:
     def flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
         offset = ins[1].numel * FLOPS_PER_ELEMENT["add"] if attrs.get("unit_offset") else ZERO
-        return ZERO, FLOPS_PER_ELEMENT[kind] * out.numel + offset
+        # a LayerNorm without its bias (Cohere, MPT: two inputs) skips the bias add
+        no_bias = FLOPS_PER_ELEMENT["add"] * out.numel if kind == "layernorm" \
+            and len(ins) == 2 else ZERO
+        return ZERO, FLOPS_PER_ELEMENT[kind] * out.numel + offset - no_bias
 
     return flops
 

@@ -55,6 +55,7 @@ FAMILIES: dict[str, str] = {
     "bloom": "bloom",
     "gpt_bigcode": "gpt_bigcode",
     "distilbert": "distilbert",
+    "cohere": "cohere",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

@@ -110,8 +110,8 @@ def linear_rows(hf: str, ours: str, bias: bool) -> list[Rule]:
 
 
 def norm_rows(hf: str, ours: str, spec: Spec) -> list[Rule]:
-    """A norm's gain (and bias for LayerNorm)."""
-    return linear_rows(hf, ours, spec.norm.kind == "layernorm")
+    """A norm's gain (and bias for a LayerNorm that has one)."""
+    return linear_rows(hf, ours, spec.norm.kind == "layernorm" and spec.norm.bias)
 
 
 def head_rows(spec: Spec, hf: str, table: str = "embed.tokens.weight") -> list[Rule]:

@@ -336,6 +336,8 @@ class Norm(_Strict):
     unit_offset: Flag = False
     """Gains are stored as offsets from 1: the norm multiplies by (1 + w) and w starts at 0
     (Gemma, Gemma 2 and 3 RMSNorm; also the qk-norm gains)."""
+    bias: Flag = True
+    """layernorm only: false drops the bias, gain alone (Cohere, MPT)."""
 
     _finite = field_validator("eps", mode="before")(_finite_float)
 
@@ -453,6 +455,8 @@ class Spec(_Strict):
                 f"vocab: {{source, target}} is only for encoder-decoder; {self.arch} has one "
                 "vocabulary, write vocab: N"
             )
+        if not self.norm.bias and self.norm.kind != "layernorm":
+            raise ValueError(f"norm.bias: false is for layernorm; {self.norm.kind} has no bias")
         # --- token ids inside the vocabulary they index
         if self.tokens is not None:
             self._check_tokens(self.tokens)

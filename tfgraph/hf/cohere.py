@@ -1,0 +1,77 @@
+"""Cohere Command-R (Cohere 2024): attention and a SwiGLU feed-forward side by side on one
+shared LayerNorm without a bias (``norm.bias: false``), rotary positions on interleaved channel
+pairs (GPT-J's layout), grouped-query attention, the head tied to the token table and the
+logits multiplied by ``logit_scale`` (``head.scale``: the head has no bias). ``use_qk_norm``
+(a LayerNorm gain per head, Command-R+) is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_decoder_sizes
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import gated_activation
+from tfgraph.hf.export_common import rope_parameters as rope_config
+from tfgraph.hf.names import Rule
+from tfgraph.spec.schema import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    if cfg.bool("use_qk_norm", False):
+        cfg.refuse("use_qk_norm", "Cohere's per-head LayerNorm on q and k (a gain per head) "
+                   "has no spec form")
+    put_decoder_sizes(draft, cfg)
+    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
+              "tie_word_embeddings")
+    draft.put("embedding.rotary_layout", "interleaved", "model_type")
+    draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
+    draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
+    draft.put("ffn.activation", activation(cfg, "hidden_act", gated=True, default="silu"),
+              "hidden_act")
+    draft.put("ffn.bias", False)
+    draft.put("norm.kind", "layernorm")
+    draft.put("norm.bias", False, "model_type")  # CohereLayerNorm: a gain, no bias
+    draft.put("norm.position", "pre")
+    draft.put("norm.eps", cfg.float("layer_norm_eps", 1e-5), "layer_norm_eps")
+    draft.put("norm.final", True)
+    draft.put("block.residual", "parallel")
+    draft.put("block.shared_norm", True)
+    scale = cfg.float("logit_scale", 0.0625)
+    if scale != 1.0:
+        draft.put("head.scale", scale, "logit_scale")
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
+    return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
+    """The config fields :func:`spec_from_config` reads; None for a spec Cohere cannot hold."""
+    att = spec.attention
+    if spec.norm.kind != "layernorm" or spec.norm.bias or spec.block.residual != "parallel":
+        return None
+    return {
+        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
+        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
+        "attention_bias": bool(att.qkv_bias), "use_qk_norm": False,
+        "intermediate_size": spec.ffn.hidden, "hidden_act": gated_activation(spec),
+        "layer_norm_eps": spec.norm.eps, "logit_scale": spec.head.scale or 1.0,
+        "rope_parameters": rope_config(spec),
+    }
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    src, dst = "model.layers.{i}", "decoder.layers.{i}"
+    att = spec.attention
+    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("model.norm", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    for r in "qkvo":
+        rows += linear_rows(f"{src}.self_attn.{r}_proj", f"{dst}.self_attn.{r}",
+                            bool(att.qkv_bias))
+    for r in ("gate", "up", "down"):
+        rows += linear_rows(f"{src}.mlp.{r}_proj", f"{dst}.ffn.{r}", False)
+    rows += norm_rows(f"{src}.input_layernorm", f"{dst}.norm", spec)
+    return rows
