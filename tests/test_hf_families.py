@@ -176,6 +176,18 @@ CASES: dict[str, Case] = {
         share_encoder_decoder_embeddings=True, bos_token_id=0, eos_token_id=2,
         pad_token_id=1, decoder_start_token_id=1, forced_eos_token_id=None),
         kind="seq2seq", frozen=("embed_positions.weight",)),
+    "mbart": Case("MBartConfig", "MBartForConditionalGeneration", dict(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=101,
+        max_position_embeddings=64, activation_function="gelu", scale_embedding=True,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1, decoder_start_token_id=2,
+        forced_eos_token_id=None), kind="seq2seq"),
+    "pegasus": Case("PegasusConfig", "PegasusForConditionalGeneration", dict(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=101,
+        max_position_embeddings=64, activation_function="relu", scale_embedding=True,
+        eos_token_id=1, pad_token_id=0, decoder_start_token_id=0,
+        forced_eos_token_id=None), kind="seq2seq", frozen=("embed_positions.weight",)),
     "t5": Case("T5Config", "T5ForConditionalGeneration", dict(
         d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
         vocab_size=101, relative_attention_num_buckets=8, relative_attention_max_distance=20,

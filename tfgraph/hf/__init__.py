@@ -59,6 +59,8 @@ FAMILIES: dict[str, str] = {
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",
+    "mbart": "bart",
+    "pegasus": "bart",
     "t5": "t5",
 }
 

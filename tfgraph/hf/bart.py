@@ -7,7 +7,11 @@ embeddings of each stack (``layernorm_embedding``: ``embedding.norm``), GELU. Ma
 sinusoids with the sines in the first half of the channels and the cosines in the second
 (``embedding.sinusoid_layout: split``), token embeddings scaled by sqrt(d_model), SiLU.
 
-Both store a ``final_logits_bias`` buffer (zeros unless fine-tuned with one: refused then) and
+mBART (Liu et al. 2020) is BART with pre-norm layers and a final LayerNorm after each stack
+(``model.{encoder,decoder}.layer_norm``); Pegasus (Zhang et al. 2020) is Marian's sinusoids
+with the same pre-norm layers and final norms, and no embedding norm.
+
+All store a ``final_logits_bias`` buffer (zeros unless fine-tuned with one: refused then) and
 Marian stores its sinusoid tables as frozen parameters; neither is a tfgraph parameter, so the
 name map checks them on import and rebuilds them on export.
 """
@@ -32,6 +36,8 @@ OFFSET = 2  # BartLearnedPositionalEmbedding.offset
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
     marian = cfg.model_type == "marian"
+    sinusoids = cfg.model_type in ("marian", "pegasus")
+    pre_norm = cfg.model_type in ("mbart", "pegasus")
     for first, second in (("encoder_attention_heads", "decoder_attention_heads"),
                           ("encoder_ffn_dim", "decoder_ffn_dim")):
         if cfg.int(first) != cfg.int(second):
@@ -48,7 +54,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         cfg.refuse("decoder_vocab_size", "differs from vocab_size with shared embeddings")
     draft.put("vocab", vocab if shared else {"source": vocab, "target": target}, "vocab_size")
     draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
-    if marian:
+    if sinusoids:
         draft.put("embedding.positions", "sinusoidal")
         draft.put("embedding.sinusoid_layout", "split", "model_type")
     else:
@@ -63,8 +69,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("ffn.hidden", cfg.int("encoder_ffn_dim"), "encoder_ffn_dim")
     act = activation(cfg, "activation_function", gated=False, default="gelu")
     draft.put("ffn.activation", act, "activation_function")
-    draft.put("norm.position", "post")
-    draft.put("norm.final", False)
+    draft.put("norm.position", "pre" if pre_norm else "post", "model_type")
+    draft.put("norm.final", pre_norm, "model_type")
     draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
     return draft
 
@@ -85,6 +91,8 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         "activation_function": plain_activation(spec),
         "dropout": spec.dropout, "attention_dropout": 0.0, "activation_dropout": 0.0,
     }
+    if model_type in ("mbart", "pegasus") and spec.norm.position != "pre":
+        return None  # their layers are pre-norm
     if model_type == "marian":
         target = spec.vocab_size("target")
         out["decoder_vocab_size"] = target
@@ -106,7 +114,7 @@ def marian_sinusoids(rows: int, d: int) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def _sinusoid_rule(name: str, rows: int, d: int) -> Rule:
+def _sinusoid_rule(name: str, rows: int, d: int, saved: bool) -> Rule:
     table = marian_sinusoids(rows, d)
 
     def check(tensor: Tensor) -> str | None:
@@ -117,8 +125,10 @@ def _sinusoid_rule(name: str, rows: int, d: int) -> Rule:
         return None
 
     make: Callable[[Tensor], Tensor] = lambda example: from_numpy_like(example, table)
-    # Marian's save_pretrained leaves the tables out (_keys_to_ignore_on_save): memory only.
-    return Rule(name, (), "generated", check=check, make=make, layout="memory")
+    # Marian's save_pretrained leaves the tables out (_keys_to_ignore_on_save): memory only;
+    # Pegasus's writes them.
+    return Rule(name, (), "generated", check=check, make=make,
+                layout="both" if saved else "memory")
 
 
 def _layer_rows(spec: Spec, stack: str) -> list[Rule]:
@@ -161,8 +171,11 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
         if emb.positions == "learned":
             rows.append(Rule(name, (f"{stack}.positions.weight",)))
         else:
-            rows.append(_sinusoid_rule(name, spec.max_len, spec.d_model))
+            rows.append(_sinusoid_rule(name, spec.max_len, spec.d_model,
+                                       saved=cfg.model_type == "pegasus"))
         if emb.norm:
             rows += norm_rows(f"model.{stack}.layernorm_embedding", f"{stack}.embed_norm", spec)
+        if spec.norm.final:  # mBART, Pegasus: a LayerNorm after the last layer
+            rows += norm_rows(f"model.{stack}.layer_norm", f"{stack}.norm", spec)
         rows += _layer_rows(spec, stack)
     return rows

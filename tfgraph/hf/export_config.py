@@ -38,7 +38,8 @@ ARCHITECTURES: dict[str, str] = {
     "starcoder2": "Starcoder2ForCausalLM", "nemotron": "NemotronForCausalLM",
     "granite": "GraniteForCausalLM", "bloom": "BloomForCausalLM",
     "gpt_bigcode": "GPTBigCodeForCausalLM", "distilbert": "DistilBertForMaskedLM",
-    "cohere": "CohereForCausalLM",
+    "cohere": "CohereForCausalLM", "mbart": "MBartForConditionalGeneration",
+    "pegasus": "PegasusForConditionalGeneration",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -53,7 +54,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
                      "granite", "bloom", "gpt_bigcode", "cohere"),
     "encoder-only": ("bert", "distilbert"),
-    "encoder-decoder": ("bart", "marian", "t5"),
+    "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }
 
 AUTO_CLASSES: dict[str, str] = {
