@@ -75,7 +75,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     return draft
 
 
-def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     """The config fields :func:`spec_from_config` reads (BART's positions, offset and
     embedding norm and Marian's sinusoids are fixed by the model type). Marian pads with the
     last id of its vocabulary (58100 of 58101), MarianConfig's default kept in range here."""
