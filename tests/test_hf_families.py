@@ -154,6 +154,14 @@ CASES: dict[str, Case] = {
     "cohere": Case("CohereConfig", "CohereForCausalLM", dict(
         {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, layer_norm_eps=1e-5,
         logit_scale=0.0625, use_qk_norm=False, tie_word_embeddings=True, pad_token_id=None)),
+    "falcon": Case("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
+        max_position_embeddings=64, multi_query=True, parallel_attn=True, bias=False,
+        ffn_hidden_size=128, activation="gelu", **COMMON)),
+    "falcon-sequential": Case("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
+        max_position_embeddings=64, multi_query=False, parallel_attn=False, bias=True,
+        ffn_hidden_size=128, activation="gelu", tie_word_embeddings=False, **COMMON)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

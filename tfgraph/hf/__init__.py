@@ -56,6 +56,7 @@ FAMILIES: dict[str, str] = {
     "gpt_bigcode": "gpt_bigcode",
     "distilbert": "distilbert",
     "cohere": "cohere",
+    "falcon": "falcon",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

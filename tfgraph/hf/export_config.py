@@ -39,7 +39,7 @@ ARCHITECTURES: dict[str, str] = {
     "granite": "GraniteForCausalLM", "bloom": "BloomForCausalLM",
     "gpt_bigcode": "GPTBigCodeForCausalLM", "distilbert": "DistilBertForMaskedLM",
     "cohere": "CohereForCausalLM", "mbart": "MBartForConditionalGeneration",
-    "pegasus": "PegasusForConditionalGeneration",
+    "pegasus": "PegasusForConditionalGeneration", "falcon": "FalconForCausalLM",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -52,7 +52,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "decoder-only": ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma", "gemma2",
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
-                     "granite", "bloom", "gpt_bigcode", "cohere"),
+                     "granite", "bloom", "gpt_bigcode", "cohere", "falcon"),
     "encoder-only": ("bert", "distilbert"),
     "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }

@@ -1,0 +1,100 @@
+"""Falcon (TII 2023; Falcon-7B, Falcon-RW): a LayerNorm decoder with rotary positions, the
+exact GELU, ``bias`` on every projection or none, multi-query attention (``multi_query``:
+``query_key_value`` stacks every query head, then one key and one value head) or per-head
+[q, k, v] without it, and attention beside the feed-forward on one shared norm
+(``parallel_attn``) or after it. The new decoder architecture of Falcon-40B/180B (grouped
+key/value heads in ``query_key_value``, two norms per layer) and ALiBi are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_sizes
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.export_common import plain_activation
+from tfgraph.hf.export_common import rope_parameters as rope_config
+from tfgraph.hf.names import Rule
+from tfgraph.spec.schema import Spec
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    if cfg.bool("new_decoder_architecture", False):
+        cfg.refuse("new_decoder_architecture", "Falcon-40B/180B's grouped query_key_value "
+                   "layout is not imported")
+    if cfg.bool("alibi", False):
+        cfg.refuse("alibi", "Falcon's ALiBi variant is not imported (BLOOM's is)")
+    cfg.moot("num_kv_heads")  # read by the new architecture only
+    if cfg.get("num_ln_in_parallel_attn", None) not in (None, 1):
+        cfg.refuse("num_ln_in_parallel_attn", "two norms per layer belong to the new decoder "
+                   "architecture")
+    d = put_sizes(draft, cfg, "decoder-only", True)
+    heads = cfg.int("num_attention_heads")
+    draft.put("attention.heads", heads, "num_attention_heads")
+    draft.put("attention.kv_heads", 1 if cfg.bool("multi_query", True) else heads,
+              "multi_query")
+    bias = cfg.bool("bias", False)
+    draft.put("attention.bias", bias, "bias")
+    draft.put("ffn.hidden", cfg.int("ffn_hidden_size", 4 * d), "ffn_hidden_size")
+    draft.put("ffn.activation", activation(cfg, "activation", gated=False, default="gelu"),
+              "activation")
+    draft.put("ffn.bias", bias, "bias")
+    draft.put("norm.kind", "layernorm")
+    draft.put("norm.position", "pre")
+    draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
+    draft.put("norm.final", True)
+    if cfg.bool("parallel_attn", True):
+        draft.put("block.residual", "parallel", "parallel_attn")
+        draft.put("block.shared_norm", True, "parallel_attn")
+    draft.put("dropout", cfg.float("hidden_dropout", 0.0), "hidden_dropout")
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
+    return draft
+
+
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
+    """The config fields :func:`spec_from_config` reads; None for a spec Falcon cannot hold."""
+    att = spec.attention
+    parallel = spec.block.residual == "parallel"
+    if spec.norm.kind != "layernorm" or att.kv_heads not in (1, att.heads) \
+            or (parallel and not spec.block.shared_norm) \
+            or bool(att.qkv_bias) != spec.ffn.bias:
+        return None
+    return {
+        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
+        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
+        "tie_word_embeddings": spec.embedding.tie_output,
+        "num_attention_heads": att.heads, "multi_query": att.kv_heads == 1 and att.heads > 1,
+        "new_decoder_architecture": False, "alibi": False, "parallel_attn": parallel,
+        "bias": spec.ffn.bias, "ffn_hidden_size": spec.ffn.hidden,
+        "activation": plain_activation(spec), "layer_norm_epsilon": spec.norm.eps,
+        "hidden_dropout": spec.dropout, "attention_dropout": 0.0,
+        "rope_parameters": rope_config(spec),
+    }
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    att, src, dst = spec.attention, "transformer.h.{i}", "decoder.layers.{i}"
+    bias = spec.ffn.bias
+    head_dim = spec.d_model // att.heads
+    rows = [Rule("transformer.word_embeddings.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("transformer.ln_f", "decoder.norm", spec)
+    rows += head_rows(spec, "lm_head")
+    qkv = tuple(f"{dst}.self_attn.{r}" for r in "qkv")
+    for kind in ("weight", "bias") if bias else ("weight",):
+        if att.kv_heads == 1 and att.heads > 1:  # [all q heads | k | v]
+            rows.append(Rule(f"{src}.self_attention.query_key_value.{kind}",
+                             tuple(f"{o}.{kind}" for o in qkv), "split",
+                             (spec.d_model, head_dim, head_dim)))
+        else:  # per head [q, k, v]
+            rows.append(Rule(f"{src}.self_attention.query_key_value.{kind}",
+                             tuple(f"{o}.{kind}" for o in qkv), "heads", (att.heads,)))
+    rows += linear_rows(f"{src}.self_attention.dense", f"{dst}.self_attn.o", bias)
+    rows += linear_rows(f"{src}.mlp.dense_h_to_4h", f"{dst}.ffn.up", bias)
+    rows += linear_rows(f"{src}.mlp.dense_4h_to_h", f"{dst}.ffn.down", bias)
+    if spec.block.residual == "parallel":
+        rows += norm_rows(f"{src}.input_layernorm", f"{dst}.norm", spec)
+    else:
+        rows += norm_rows(f"{src}.input_layernorm", f"{dst}.self_attn_norm", spec)
+        rows += norm_rows(f"{src}.post_attention_layernorm", f"{dst}.ffn_norm", spec)
+    return rows
