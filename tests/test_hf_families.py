@@ -162,6 +162,10 @@ CASES: dict[str, Case] = {
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
         max_position_embeddings=64, multi_query=False, parallel_attn=False, bias=True,
         ffn_hidden_size=128, activation="gelu", tie_word_embeddings=False, **COMMON)),
+    "glm": Case("GlmConfig", "GlmForCausalLM", dict(
+        LLAMA, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=None)),
+    "glm4": Case("Glm4Config", "Glm4ForCausalLM", dict(
+        LLAMA, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=None)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

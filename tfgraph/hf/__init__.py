@@ -57,6 +57,8 @@ FAMILIES: dict[str, str] = {
     "distilbert": "distilbert",
     "cohere": "cohere",
     "falcon": "falcon",
+    "glm": "glm",
+    "glm4": "glm",
     "bert": "bert",
     "bart": "bart",
     "marian": "bart",

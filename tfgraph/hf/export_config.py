@@ -40,6 +40,7 @@ ARCHITECTURES: dict[str, str] = {
     "gpt_bigcode": "GPTBigCodeForCausalLM", "distilbert": "DistilBertForMaskedLM",
     "cohere": "CohereForCausalLM", "mbart": "MBartForConditionalGeneration",
     "pegasus": "PegasusForConditionalGeneration", "falcon": "FalconForCausalLM",
+    "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -52,7 +53,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
     "decoder-only": ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma", "gemma2",
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
-                     "granite", "bloom", "gpt_bigcode", "cohere", "falcon"),
+                     "granite", "bloom", "gpt_bigcode", "cohere", "falcon", "glm", "glm4"),
     "encoder-only": ("bert", "distilbert"),
     "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }
