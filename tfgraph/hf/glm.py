@@ -65,9 +65,10 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
         rows += linear_rows(f"{src}.self_attn.{r}_proj", f"{dst}.self_attn.{r}",
                             bool(att.qkv_bias))
     rows += linear_rows(f"{src}.self_attn.o_proj", f"{dst}.self_attn.o", False)
+    hidden = int(spec.ffn.hidden or 0)  # resolved by the spec
     rows.append(Rule(f"{src}.mlp.gate_up_proj.weight",
                      (f"{dst}.ffn.gate.weight", f"{dst}.ffn.up.weight"), "split",
-                     (spec.ffn.hidden, spec.ffn.hidden)))
+                     (hidden, hidden)))
     rows += linear_rows(f"{src}.mlp.down_proj", f"{dst}.ffn.down", False)
     norms = _SANDWICH if cfg.model_type == "glm4" else _NORMS
     for theirs, ours in norms.items():
