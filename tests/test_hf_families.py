@@ -166,6 +166,15 @@ CASES: dict[str, Case] = {
         LLAMA, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=None)),
     "glm4": Case("Glm4Config", "Glm4ForCausalLM", dict(
         LLAMA, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=None)),
+    "helium": Case("HeliumConfig", "HeliumForCausalLM", dict(
+        LLAMA, head_dim=16, attention_bias=True, mlp_bias=True)),
+    "seed_oss": Case("SeedOssConfig", "SeedOssForCausalLM", dict(
+        LLAMA, head_dim=16, attention_bias=True, attention_out_bias=True, mlp_bias=False)),
+    "ministral": Case("MinistralConfig", "MinistralForCausalLM", dict(
+        LLAMA, num_hidden_layers=3, head_dim=16, sliding_window=7,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    "arcee": Case("ArceeConfig", "ArceeForCausalLM", dict(
+        LLAMA, head_dim=16, hidden_act="relu2", mlp_bias=True)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(

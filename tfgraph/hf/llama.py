@@ -1,4 +1,5 @@
-"""Llama and its close relatives: llama, mistral, qwen2, qwen3, olmo2, granite.
+"""Llama and its close relatives: llama, mistral, qwen2, qwen3, olmo2, granite, helium,
+seed_oss, ministral, arcee.
 
 All are pre-norm (OLMo 2: branch norm) RMSNorm decoders with rotary positions and a SwiGLU
 feed-forward, and share Hugging Face's ``model.layers.{i}.self_attn.q_proj`` naming. What differs
@@ -14,7 +15,8 @@ from typing import Any
 from tfgraph.hf.common import (head_rows, llama_layer_rows, norm_rows, put_decoder_sizes,
                                put_rms_rope, put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
-from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
+from tfgraph.hf.export_common import (decoder_sizes, gated_activation, layer_types,
+                                      plain_activation)
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -27,6 +29,17 @@ _FAMILY: dict[str, tuple[str, str, dict[str, str]]] = {
                                 "post_attention_layernorm": "ffn_norm"}),
     "qwen2": ("pre", "none", {"input_layernorm": "self_attn_norm",
                               "post_attention_layernorm": "ffn_norm"}),
+    # Helium (Kyutai 2025: rotary on interleaved pairs), Seed-OSS (ByteDance 2025: its o_proj bias is attention_out_bias),
+    # Ministral (Mistral AI 2024: sliding windows per layer_types) and Arcee AFM (2025: an
+    # ungated squared-ReLU MLP) are Llama's decoder as well.
+    "helium": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                                "post_attention_layernorm": "ffn_norm"}),
+    "seed_oss": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                                "post_attention_layernorm": "ffn_norm"}),
+    "ministral": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                                "post_attention_layernorm": "ffn_norm"}),
+    "arcee": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                                "post_attention_layernorm": "ffn_norm"}),
     # Granite (IBM 2024): Llama with four multipliers (embedding, residual, attention scale,
     # logits), read below.
     "granite": ("pre", "none", {"input_layernorm": "self_attn_norm",
@@ -51,15 +64,26 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("attention.out_bias", False)
     elif kind == "mistral":  # modeling_mistral: bias=False whatever attention_bias says
         draft.put("attention.bias", False)
+    elif kind == "seed_oss":  # q/k/v biases from attention_bias, o's from attention_out_bias
+        draft.put("attention.qkv_bias", cfg.bool("attention_bias", True), "attention_bias")
+        draft.put("attention.out_bias", cfg.bool("attention_out_bias", False),
+                  "attention_out_bias")
+    elif kind == "ministral":  # modeling_ministral: no attention biases
+        draft.put("attention.bias", False)
+    elif kind == "helium":  # modeling_helium: q/k/v biases from attention_bias, o none
+        draft.put("attention.qkv_bias", cfg.bool("attention_bias", False), "attention_bias")
+        draft.put("attention.out_bias", False)
+        draft.put("embedding.rotary_layout", "interleaved", "model_type")  # GPT-J's pairs
     else:
         draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
     if qk_norm != "none":
         draft.put("attention.qk_norm", qk_norm, "model_type")
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
-    act = activation(cfg, "hidden_act", gated=True, default="silu")
+    gated = kind != "arcee"  # Arcee: down(act(up(x))), squared ReLU by default
+    act = activation(cfg, "hidden_act", gated=gated, default="silu" if gated else "relu2")
     draft.put("ffn.activation", act, "hidden_act")
     # Only modeling_llama (and Granite's copy) reads mlp_bias; the relatives' MLPs have none.
-    mlp_bias = kind in ("llama", "granite")
+    mlp_bias = kind in ("llama", "granite", "helium", "seed_oss", "arcee")
     draft.put("ffn.bias", cfg.bool("mlp_bias", False) if mlp_bias else False,
               "mlp_bias" if mlp_bias else None)
     put_rms_rope(draft, cfg, position)
@@ -75,7 +99,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if kind in ("qwen2", "qwen3") and types is None and window:
         start = cfg.int("max_window_layers", layers)
         types = ["sliding_attention" if i >= start else "full_attention" for i in range(layers)]
-    if kind in ("llama", "olmo2") and types is None:
+    if kind not in ("mistral", "qwen2", "qwen3", "ministral") and types is None:
         window = None  # these families have no sliding window
     put_windows(draft, types, window, layers)
     return draft
@@ -104,10 +128,16 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     sliding windows: the others' fields are left out, so a spec needing them does not survive
     the round trip."""
     out = decoder_sizes(spec)
-    if model_type in ("llama", "qwen3", "olmo2", "granite"):
+    if model_type in ("llama", "qwen3", "olmo2", "granite", "arcee"):
         out["attention_bias"] = spec.attention.bias
-    if model_type in ("llama", "granite"):
+    if model_type == "helium":
+        out["attention_bias"] = bool(spec.attention.qkv_bias)
+    if model_type == "seed_oss":
+        out["attention_bias"] = bool(spec.attention.qkv_bias)
+        out["attention_out_bias"] = bool(spec.attention.out_bias)
+    if model_type in ("llama", "granite", "helium", "seed_oss", "arcee"):
         out["mlp_bias"] = spec.ffn.bias
+
     if model_type == "granite":
         att = spec.attention
         head_dim = att.head_dim or spec.d_model // att.heads
@@ -116,10 +146,15 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         out["attention_multiplier"] = att.scale if att.scale is not None else head_dim ** -0.5
         out["logits_scaling"] = 1.0 / spec.head.scale if spec.head.scale else 1.0
     out["intermediate_size"] = spec.ffn.hidden
-    out["hidden_act"] = gated_activation(spec)
+    out["hidden_act"] = plain_activation(spec, "relu2") if model_type == "arcee" \
+        else gated_activation(spec)
     out["rms_norm_eps"] = spec.norm.eps
     out["rope_parameters"] = rope_config(spec)
     window = spec.attention.window
+    if model_type == "ministral":  # MinistralConfig's head_dim has no default of its own
+        out["head_dim"] = spec.attention.head_dim or spec.d_model // spec.attention.heads
+        out["sliding_window"] = window
+        out["layer_types"] = layer_types(spec)
     if model_type == "mistral":
         out["sliding_window"] = window  # MistralConfig's default is 4096: always written
     elif model_type in ("qwen2", "qwen3"):
@@ -137,5 +172,5 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     if qk_norm != "none":
         norms = norms | {"self_attn.q_norm": "self_attn.q_norm",
                          "self_attn.k_norm": "self_attn.k_norm"}
-    rows += llama_layer_rows(spec, "model.layers", norms)
+    rows += llama_layer_rows(spec, "model.layers", norms, gated=cfg.model_type != "arcee")
     return rows
