@@ -37,7 +37,7 @@ from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map
 
 from conftest import ROOT
-from test_hf_families import CASES, Case, build_reference, inputs
+from test_hf_families import CASES, Case, build_reference, family_seed, inputs
 
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
@@ -65,8 +65,8 @@ def saved(family: str, folder: Path, dtype: torch.dtype = torch.float32
     test_hf_families) saved to ``folder``: sharded (30 KB shards, index file) for every other
     family, one file for the rest, so both checkpoint layouts are read."""
     case = CASES[family]
-    ref: Any = build_reference(case, seed=FAMILIES.index(family) + 1).to(dtype)
-    sharded = FAMILIES.index(family) % 2 == 0
+    ref: Any = build_reference(case, seed=family_seed(family)).to(dtype)
+    sharded = family_seed(family) % 2 == 1
     ref.save_pretrained(folder, max_shard_size="30KB" if sharded else "5GB")
     assert (folder / "model.safetensors.index.json").is_file() == sharded
     return case, ref
@@ -180,6 +180,15 @@ def agree(dtype: torch.dtype, got: Tensor, want: Tensor, scale: float, moe: bool
     return bool(close.float().mean() >= 0.5) if moe else bool(close.all())
 
 
+def error(got: Tensor, want: Tensor, moe: bool) -> float:
+    """How far 16-bit logits are from the float32 ones: the largest difference, or for a
+    mixture of experts the median position's largest (a near-tied router choice flipped by
+    16-bit rounding sends one token, and every later one through attention, elsewhere in any
+    implementation: ``agree``; which random weights have such a near-tie is chance)."""
+    per_position = (got.float() - want.float()).abs().amax(dim=-1)
+    return float(per_position.median() if moe else per_position.max())
+
+
 @pytest.mark.parametrize("family", BF16_FAMILIES)
 def test_bfloat16_folder(family: str, tmp_path: Path) -> None:
     case, _ = saved(family, tmp_path / "hf", torch.bfloat16)
@@ -202,8 +211,7 @@ def test_bfloat16_folder(family: str, tmp_path: Path) -> None:
     got = torch_logits(net, feeds)
     assert got.dtype == torch.bfloat16
     assert agree(torch.bfloat16, got, want16, scale, case.moe), (got.float() - want16).abs()
-    err_ours = (got.float() - want32).abs().max().item()
-    err_theirs = (want16.float() - want32).abs().max().item()
+    err_ours, err_theirs = error(got, want32, case.moe), error(want16, want32, case.moe)
     assert err_ours <= AS_ACCURATE * err_theirs, (err_ours, err_theirs)
     # The bfloat16 values themselves came through unchanged: upcast, the same float32 model.
     same(torch_logits(net.float(), feeds), want32)
