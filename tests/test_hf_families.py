@@ -175,6 +175,10 @@ CASES: dict[str, Case] = {
         layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
     "arcee": Case("ArceeConfig", "ArceeForCausalLM", dict(
         LLAMA, head_dim=16, hidden_act="relu2", mlp_bias=True)),
+    "granitemoe": Case("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(
+        LLAMA, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+        logits_scaling=8.0, tie_word_embeddings=True), moe=True),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(
@@ -227,7 +231,7 @@ _SEED_ORDER = [
     "qwen3_moe", "olmoe", "stablelm", "stablelm-parallel", "starcoder2", "starcoder2-window",
     "nemotron", "granite", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "distilbert", "cohere",
     "mbart", "pegasus", "falcon", "falcon-sequential", "glm", "glm4", "helium", "seed_oss",
-    "ministral", "arcee",
+    "ministral", "arcee", "granitemoe",
 ]
 
 

@@ -51,6 +51,7 @@ FAMILIES: dict[str, str] = {
     "qwen2_moe": "moe",
     "qwen3_moe": "moe",
     "olmoe": "moe",
+    "granitemoe": "moe",
     "phi": "phi",
     "phi3": "phi3",
     "stablelm": "stablelm",

@@ -88,7 +88,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
               "mlp_bias" if mlp_bias else None)
     put_rms_rope(draft, cfg, position)
     if kind == "granite":
-        _put_granite_multipliers(draft, cfg)
+        put_granite_multipliers(draft, cfg)
     window = cfg.get("sliding_window", None)
     if kind in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
         window = None
@@ -105,7 +105,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     return draft
 
 
-def _put_granite_multipliers(draft: SpecDraft, cfg: HFConfig) -> None:
+def put_granite_multipliers(draft: SpecDraft, cfg: HFConfig) -> None:
     """modeling_granite: token embeddings times embedding_multiplier, each sublayer's output
     times residual_multiplier before its residual add, attention scores times
     attention_multiplier (instead of head_dim ** -0.5), logits divided by logits_scaling."""
@@ -119,6 +119,16 @@ def _put_granite_multipliers(draft: SpecDraft, cfg: HFConfig) -> None:
     logits = cfg.float("logits_scaling", 1.0)
     if logits != 1.0:
         draft.put("head.scale", 1.0 / logits, "logits_scaling")
+
+
+def granite_multipliers(spec: Spec) -> dict[str, float]:
+    """The four Granite config fields :func:`put_granite_multipliers` reads, for ``spec``."""
+    att = spec.attention
+    head_dim = att.head_dim or spec.d_model // att.heads
+    return {"embedding_multiplier": spec.embedding.multiplier or 1.0,
+            "residual_multiplier": spec.block.residual_scale or 1.0,
+            "attention_multiplier": att.scale if att.scale is not None else head_dim ** -0.5,
+            "logits_scaling": 1.0 / spec.head.scale if spec.head.scale else 1.0}
 
 
 def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
@@ -139,12 +149,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         out["mlp_bias"] = spec.ffn.bias
 
     if model_type == "granite":
-        att = spec.attention
-        head_dim = att.head_dim or spec.d_model // att.heads
-        out["embedding_multiplier"] = spec.embedding.multiplier or 1.0
-        out["residual_multiplier"] = spec.block.residual_scale or 1.0
-        out["attention_multiplier"] = att.scale if att.scale is not None else head_dim ** -0.5
-        out["logits_scaling"] = 1.0 / spec.head.scale if spec.head.scale else 1.0
+        out.update(granite_multipliers(spec))
     out["intermediate_size"] = spec.ffn.hidden
     out["hidden_act"] = plain_activation(spec, "relu2") if model_type == "arcee" \
         else gated_activation(spec)

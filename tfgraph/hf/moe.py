@@ -7,6 +7,10 @@ chosen ones (transformers' MixtralTopKRouter). Qwen2-MoE: the softmax weights ar
 are unless ``norm_topk_prob``, and every layer adds a shared SwiGLU expert scaled by
 sigmoid(x w) (``shared_expert_gate``); its attention has q/k/v biases and no o bias, as Qwen2.
 
+Granite-MoE (IBM 2024): Granite's four multipliers (tfgraph.hf.llama) with routed experts
+chosen by a softmax over the top-k router logits (``topk_softmax``); on disk its experts are
+``input_linear`` (gate rows, then up) and ``output_linear``, its router ``router.layer``.
+
 OLMoE (Muennighoff et al. 2024): pre-norm with an RMS norm over all of the queries and of
 the keys (OLMo 2's), routed experts, no shared one; ``clip_qkv`` is refused.
 
@@ -28,6 +32,7 @@ from tfgraph.hf.common import (head_rows, llama_layer_rows, norm_rows, put_decod
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import decoder_sizes, gated_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
+from tfgraph.hf.llama import granite_multipliers, put_granite_multipliers
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
 
@@ -45,6 +50,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     elif cfg.model_type == "qwen3_moe":
         draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
         draft.put("attention.qk_norm", "head", "model_type")  # q_norm, k_norm per head
+    elif cfg.model_type == "granitemoe":
+        draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
     elif cfg.model_type == "olmoe":
         draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
         draft.put("attention.qk_norm", "full", "model_type")  # q_norm, k_norm over d
@@ -57,7 +64,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("ffn.bias", False)
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
     draft.put("ffn.top_k", cfg.int("num_experts_per_tok"), "num_experts_per_tok")
-    if cfg.model_type == "olmoe":  # experts intermediate_size wide, Qwen's routing choice
+    if cfg.model_type == "granitemoe":  # softmax over the k largest router logits
+        draft.put("ffn.experts", cfg.int("num_local_experts"), "num_local_experts")
+        draft.put("ffn.router", "topk_softmax")
+    elif cfg.model_type == "olmoe":  # experts intermediate_size wide, Qwen's routing choice
         draft.put("ffn.experts", cfg.int("num_experts"), "num_experts")
         renorm = cfg.bool("norm_topk_prob", False)
         draft.put("ffn.router", "softmax_topk_renorm" if renorm else "softmax_topk",
@@ -88,7 +98,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("ffn.experts", cfg.int("num_local_experts"), "num_local_experts")
         draft.put("ffn.router", "softmax_topk_renorm")
     put_rms_rope(draft, cfg, "pre")
-    window = None if cfg.model_type == "olmoe" else cfg.get("sliding_window", None)
+    if cfg.model_type == "granitemoe":
+        put_granite_multipliers(draft, cfg)
+    window = None if cfg.model_type in ("olmoe", "granitemoe") \
+        else cfg.get("sliding_window", None)
     if cfg.model_type == "qwen3_moe":  # modeling reads sliding_window whatever the flag says
         cfg.moot("use_sliding_window", "max_window_layers")
     elif qwen and not cfg.bool("use_sliding_window", False):
@@ -118,6 +131,13 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     if model_type == "mixtral":
         out["num_local_experts"] = ffn.experts or 1
         out["sliding_window"] = spec.attention.window
+        return out
+    if model_type == "granitemoe":
+        if ffn.router != "topk_softmax" or spec.attention.window is not None:
+            return None
+        out["num_local_experts"] = ffn.experts or 1
+        out["attention_bias"] = spec.attention.bias
+        out.update(granite_multipliers(spec))
         return out
     if model_type == "olmoe":
         if ffn.expert_hidden != ffn.hidden or spec.attention.window is not None:
@@ -156,19 +176,29 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
         rows += [r for r in llama_layer_rows(spec, "model.layers", {}) if ".mlp." in r.hf]
     eh = ffn.expert_hidden
     experts = f"{dst}.ffn.experts"
-    # In memory (transformers 5): the router is mlp.gate and each layer's experts are stacked.
+    # In memory (transformers 5): the router is mlp.gate and each layer's experts are stacked
+    # (Granite-MoE: block_sparse_moe.router and block_sparse_moe.experts).
+    granite = cfg.model_type == "granitemoe"
+    block, router = ("block_sparse_moe", "router") if granite else ("mlp", "gate")
     rows += [
-        Rule(f"{src}.mlp.gate.weight", (f"{dst}.ffn.router.weight",),
-             layout="memory" if cfg.model_type == "mixtral" else "both"),
-        Rule(f"{src}.mlp.experts.gate_up_proj",
+        Rule(f"{src}.{block}.{router}.weight", (f"{dst}.ffn.router.weight",),
+             layout="memory" if cfg.model_type in ("mixtral", "granitemoe") else "both"),
+        Rule(f"{src}.{block}.experts.gate_up_proj",
              (f"{experts}.gate.weight", f"{experts}.up.weight"), "split", (eh, eh), axis=1,
              layout="memory"),
-        Rule(f"{src}.mlp.experts.down_proj", (f"{experts}.down.weight",), layout="memory"),
+        Rule(f"{src}.{block}.experts.down_proj", (f"{experts}.down.weight",), layout="memory"),
     ]
     # On disk (what save_pretrained writes and the hub holds): one matrix per expert, and
     # Mixtral's original module names (transformers.conversion_mapping).
     e = ffn.experts
     assert e is not None
+    if cfg.model_type == "granitemoe":  # stacked on disk too, under their own names
+        moe = f"{src}.block_sparse_moe"
+        return rows + [
+            Rule(f"{moe}.router.layer.weight", (f"{dst}.ffn.router.weight",), layout="disk"),
+            Rule(f"{moe}.input_linear.weight", (f"{experts}.gate.weight", f"{experts}.up.weight"),
+                 "split", (eh, eh), axis=1, layout="disk"),
+            Rule(f"{moe}.output_linear.weight", (f"{experts}.down.weight",), layout="disk")]
     if cfg.model_type == "mixtral":
         moe = f"{src}.block_sparse_moe"
         rows.append(Rule(f"{moe}.gate.weight", (f"{dst}.ffn.router.weight",), layout="disk"))
