@@ -17,7 +17,7 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
             out[f"{prefix}.weight"] = (1,)
             return
         out[f"{prefix}.weight"] = (width,)
-        if norm.kind == "layernorm":
+        if norm.kind == "layernorm" and norm.bias:  # norm.bias: false keeps the gain alone
             out[f"{prefix}.bias"] = (width,)
 
     def linear(prefix: str, d_in: int, d_out: int, bias: bool) -> None:
