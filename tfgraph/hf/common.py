@@ -124,6 +124,14 @@ def head_rows(spec: Spec, hf: str, table: str = "embed.tokens.weight") -> list[R
     return rows
 
 
+def llama_outer_rows(spec: Spec) -> list[Rule]:
+    """The rows around a Llama-style decoder's layers: ``model.embed_tokens``, the final
+    ``model.norm`` and ``lm_head`` (tied or its own)."""
+    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
+    rows += norm_rows("model.norm", "decoder.norm", spec)
+    return rows + head_rows(spec, "lm_head")
+
+
 def llama_layer_rows(spec: Spec, prefix: str, norms: dict[str, str], *, gated: bool = True
                      ) -> list[Rule]:
     """``{prefix}.{i}.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj`` and the given

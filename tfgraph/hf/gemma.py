@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import head_rows, llama_layer_rows, norm_rows, put_decoder_sizes, put_windows
+from tfgraph.hf.common import llama_layer_rows, llama_outer_rows, put_decoder_sizes, put_windows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -151,8 +151,6 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     norms = dict(_NORMS if cfg.model_type == "gemma" else _SANDWICH)
     if cfg.model_type == "gemma3_text":
         norms |= {"self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
-    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
-    rows += norm_rows("model.norm", "decoder.norm", spec)
-    rows += head_rows(spec, "lm_head")
+    rows = llama_outer_rows(spec)
     rows += llama_layer_rows(spec, "model.layers", norms)
     return rows

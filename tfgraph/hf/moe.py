@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import (head_rows, llama_layer_rows, norm_rows, put_decoder_sizes,
+from tfgraph.hf.common import (llama_layer_rows, llama_outer_rows, put_decoder_sizes,
                                put_rms_rope, put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import decoder_sizes, gated_activation
@@ -163,9 +163,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     ffn, src, dst = spec.ffn, "model.layers.{i}", "decoder.layers.{i}"
     assert ffn.expert_hidden is not None
-    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
-    rows += norm_rows("model.norm", "decoder.norm", spec)
-    rows += head_rows(spec, "lm_head")
+    rows = llama_outer_rows(spec)
     norms = _NORMS
     if cfg.model_type in ("qwen3_moe", "olmoe"):
         norms = norms | {"self_attn.q_norm": "self_attn.q_norm",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_decoder_sizes
+from tfgraph.hf.common import linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -55,9 +55,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     src, dst = "model.layers.{i}", "decoder.layers.{i}"
     att = spec.attention
-    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
-    rows += norm_rows("model.norm", "decoder.norm", spec)
-    rows += head_rows(spec, "lm_head")
+    rows = llama_outer_rows(spec)
     for r in "qkvo":
         rows += linear_rows(f"{src}.self_attn.{r}_proj", f"{dst}.self_attn.{r}",
                             bool(att.qkv_bias))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_decoder_sizes, put_windows
+from tfgraph.hf.common import (linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes,
+                               put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import decoder_sizes, gated_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -61,9 +62,7 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     src, dst, att = "model.layers.{i}", "decoder.layers.{i}", spec.attention
     assert att.head_dim is not None and att.kv_heads is not None and spec.ffn.hidden
     q, kv = att.heads * att.head_dim, att.kv_heads * att.head_dim
-    rows = [Rule("model.embed_tokens.weight", ("embed.tokens.weight",))]
-    rows += norm_rows("model.norm", "decoder.norm", spec)
-    rows += head_rows(spec, "lm_head")
+    rows = llama_outer_rows(spec)
     rows.append(Rule(f"{src}.self_attn.qkv_proj.weight",
                      tuple(f"{dst}.self_attn.{r}.weight" for r in "qkv"), "split", (q, kv, kv)))
     rows += linear_rows(f"{src}.self_attn.o_proj", f"{dst}.self_attn.o", False)
