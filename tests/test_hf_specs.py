@@ -27,7 +27,8 @@ _AUTO = {"bert": "AutoModelForMaskedLM", "bart": "AutoModelForSeq2SeqLM",
 def test_the_published_configs_are_there() -> None:
     assert {p.stem for p in CONFIGS} >= {
         "mistral-7b", "qwen2-0.5b", "qwen3-0.6b", "gemma-2b", "gemma-2-2b", "phi-3-mini",
-        "pythia-160m", "olmo-2-1b", "opt-125m", "bart-base", "t5-small", "marian-en-de"}
+        "pythia-160m", "olmo-2-1b", "opt-125m", "bart-base", "t5-small", "marian-en-de",
+        "llama-3.1-8b", "llama-3.1-405b", "qwen2.5-72b"}
     for path in CONFIGS:
         assert "/" in json.loads(path.read_text())["_name_or_path"]  # the hub repo it is from
 
