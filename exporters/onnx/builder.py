@@ -46,6 +46,9 @@ class Builder:
             self.ids_for.setdefault(graph.node(i).type.shape[1], i)
         # A KV-cache graph's attention_mask spans past and present positions (total_len).
         self.ids_for_mask = "attention_mask"
+        # exporters/onnx/fused_attention.FusedPlan when attention is lowered to onnxruntime's
+        # fused kernel (write_onnx(..., fused_attention=True)); None: written out.
+        self.fused: Any = None
 
     # -- naming and node creation
 
@@ -74,6 +77,14 @@ class Builder:
         outs = [f"{name}:{i}" for i in range(count)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
         return outs
+
+    def add_node(self, scope: str, op_type: str, inputs: Iterable[str], outputs: list[str],
+                 tag: str | None = None, domain: str | None = None, **attrs: Any) -> None:
+        """Append one node with the given output names, in ``domain`` (e.g. com.microsoft's
+        contrib ops) when not the standard one."""
+        name = self._unique(f"{scope}/{tag or op_type}")
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name,
+                                           domain=domain, **attrs))
 
     def const(self, scope: str, tag: str, value: Any, dtype: str | None = None) -> str:
         """A ``Constant`` node of ``dtype`` (default: the model's), one per scope and value."""

@@ -26,10 +26,12 @@ PROVIDERS = ("cpu", "cuda")
 
 
 def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None = None,
-                 provider: str = "cpu") -> dict[str, Any]:
+                 provider: str = "cpu", fused_attention: bool = False) -> dict[str, Any]:
     """The config of the KV-cache model of ``graph`` stored as ``model_file``; ``tokens``:
     the source config.json's token ids (bos, eos, pad), when known; ``provider``: the
-    execution provider the generator's session asks for (PROVIDERS)."""
+    execution provider the generator's session asks for (PROVIDERS); ``fused_attention``:
+    the model was written with onnxruntime's fused attention (its inputs may lack
+    position_ids: exporters/onnx/fused_attention.py)."""
     if provider not in PROVIDERS:
         raise TfgraphError(f"genai provider {provider!r}: choose one of {', '.join(PROVIDERS)}")
     info = graph.info
@@ -52,7 +54,13 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
         eos = 0
     context = (info.lengths.max_len if info.lengths else None) or 4096  # the generator's default maximum length
     inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
-    if "position_ids" in graph.inputs:  # ALiBi and T5-style bias models take none
+    dropped: set[str] = set()
+    if fused_attention:
+        from tfgraph.exporters.onnx.fused_attention import plan, refusal
+
+        dropped = plan(graph).dropped_inputs if refusal(graph) is None else set()
+    if "position_ids" in graph.inputs and "position_ids" not in dropped:
+        # ALiBi and T5-style bias models take none, nor a fused model whose kernel rotates
         inputs["position_ids"] = "position_ids"
     inputs["past_key_names"] = "past_key_values.%d.key"
     inputs["past_value_names"] = "past_key_values.%d.value"
@@ -93,12 +101,14 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
 
 
 def write_genai_config(graph: Graph, model_path: Path,
-                       tokens: Mapping[str, Any] | None = None, provider: str = "cpu") -> Path:
+                       tokens: Mapping[str, Any] | None = None, provider: str = "cpu",
+                       fused_attention: bool = False) -> Path:
     """Write genai_config.json next to ``model_path`` (atomically)."""
     from tfgraph.io import atomic_write, check_side_file
 
     target = model_path.parent / FILENAME
-    text = json.dumps(genai_config(graph, model_path.name, tokens, provider), indent=4) + "\n"
+    text = json.dumps(genai_config(graph, model_path.name, tokens, provider, fused_attention),
+                      indent=4) + "\n"
     if check_side_file(target, text.encode("utf-8")):
         with atomic_write(target) as out:
             out.write(text)

@@ -23,12 +23,23 @@ def _value_info(b: Builder, node: Node) -> onnx.ValueInfoProto:
                                          dims(node.type.shape, b.dim_names))
 
 
-def build_structure(graph: Graph, opset: int = MAX_OPSET) -> onnx.ModelProto:
-    """The model without initializer data: nodes, inputs, outputs, value infos, metadata."""
+def build_structure(graph: Graph, opset: int = MAX_OPSET,
+                    fused_attention: bool = False) -> onnx.ModelProto:
+    """The model without initializer data: nodes, inputs, outputs, value infos, metadata.
+    ``fused_attention``: a decoder's KV-cache attention as onnxruntime's GroupQueryAttention
+    where it is exact (exporters/onnx/fused_attention.py), written out otherwise."""
     check_opset(opset)
     b = Builder(graph, opset)
+    if fused_attention:
+        from tfgraph.exporters.onnx import fused_attention as fused
+
+        if fused.refusal(graph) is None:
+            b.fused = fused.plan(graph)
+    absorbed = b.fused.absorbed if b.fused is not None else set()
     value_infos = []
     for node in graph.ops():
+        if node.name in absorbed:  # written by the fused attention node that reads it
+            continue
         out = ONNX_OPS[node.op](b, node)
         if out != node.name:  # an emitter contract, not a user error
             raise AssertionError(f"{node.name}: ONNX emitter for {node.op} wrote {out}")
@@ -36,26 +47,37 @@ def build_structure(graph: Graph, opset: int = MAX_OPSET) -> onnx.ModelProto:
             value_infos.append(_value_info(b, node))
     onnx_graph = helper.make_graph(
         b.nodes, graph.name,
-        inputs=[_value_info(b, graph.node(i)) for i in graph.inputs],
+        inputs=[_value_info(b, graph.node(i)) for i in graph.inputs
+                if b.fused is None or i not in b.fused.dropped_inputs],
         outputs=[_value_info(b, graph.node(o)) for o in graph.outputs],
         value_info=value_infos,
     )
     opsets = [helper.make_opsetid("", opset)]
-    model = helper.make_model(
-        onnx_graph, opset_imports=opsets, producer_name="tfgraph",
-        # The lowest IR version that carries this opset: onnx 1.23 would write IR 14 by
-        # default, which onnxruntime 1.31 rejects ("max supported IR version: 13").
-        ir_version=helper.find_min_ir_version_for(opsets),
-    )
+    # The lowest IR version that carries this opset: onnx 1.23 would write IR 14 by
+    # default, which onnxruntime 1.31 rejects ("max supported IR version: 13").
+    ir_version = helper.find_min_ir_version_for(opsets)
+    if b.fused is not None:  # onnxruntime's contrib ops, version 1 of their domain
+        from tfgraph.exporters.onnx.fused_attention import DOMAIN
+
+        opsets.append(helper.make_opsetid(DOMAIN, 1))
+    model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="tfgraph",
+                              ir_version=ir_version)
     from tfgraph.version import __version__
 
     model.producer_version = __version__
     source = graph.info.source
+    props: dict[str, str] = {}
     if source is not None:
         # Both are protobuf strings (length-delimited UTF-8): any text the spec allows, quotes,
         # newlines, U+2028 and escape characters included, is stored and read back unchanged,
         # with nothing to escape. (Lone surrogates, which UTF-8 cannot encode, are refused
         # when the spec is validated.) Printing them is the reader's job.
         model.doc_string = graph.info.description
-        helper.set_model_props(model, {SPEC_METADATA_KEY: source.json()})
+        props[SPEC_METADATA_KEY] = source.json()
+    if b.fused is not None:  # how a caller must lay out attention_mask (fused_attention.py)
+        from tfgraph.exporters.onnx.fused_attention import PADDING_METADATA_KEY
+
+        props[PADDING_METADATA_KEY] = "right"
+    if props:
+        helper.set_model_props(model, props)
     return model

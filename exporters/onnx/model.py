@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 
 from tfgraph.passes.cost import weights_bytes
+from tfgraph.exporters.onnx.fused_attention import refusal as fused_attention_refusal
 from tfgraph.exporters.onnx.graph import SPEC_METADATA_KEY, build_structure
 from tfgraph.exporters.onnx.ops import (ATTENTION_OPSET, GELU_OPSET, MAX_OPSET, MIN_OPSET,
                                         ONNX_OPS, RMSNORM_OPSET, ROPE_OPSET, check_opset)
@@ -41,8 +42,8 @@ from tfgraph.graph.ir import Graph, Node
 __all__ = [
     "ATTENTION_OPSET", "ELEM_TYPE", "EXTERNAL_DATA_THRESHOLD", "GELU_OPSET", "LOOKAHEAD_BYTES",
     "MAX_OPSET", "MIN_OPSET", "ONNX_OPS", "RMSNORM_OPSET", "ROPE_OPSET", "SPEC_METADATA_KEY",
-    "as_float32", "build_structure", "cast_array", "check_opset", "make_initializer",
-    "numpy_dtype", "parameter_values", "tensor_header", "to_onnx", "weight_source",
+    "as_float32", "build_structure", "cast_array", "check_opset", "fused_attention_refusal",
+    "make_initializer", "numpy_dtype", "parameter_values", "tensor_header", "to_onnx", "weight_source",
     "write_memory_bytes", "write_onnx",
 ]
 
@@ -76,14 +77,18 @@ def written_values(graph: Graph, weights: Mapping[str, Any] | None, seed: int
 
 
 def to_onnx(graph: Graph, weights: Mapping[str, Any] | None = None, seed: int = 0,
-            opset: int = MAX_OPSET) -> onnx.ModelProto:
+            opset: int = MAX_OPSET, fused_attention: bool = False) -> onnx.ModelProto:
     """``graph`` as an ONNX model whose initializers are the parameters.
 
     ``weights``: name -> array (numpy, or a torch state_dict's tensors); default: the shared
     generator ``tfgraph.graph.weights.generate(graph, seed)``, so the same seed gives the torch back
-    end's weights. Raises TfgraphError for weights with wrong names or shapes, or a bad opset.
+    end's weights. ``fused_attention``: a decoder's KV-cache graph with onnxruntime's fused
+    GroupQueryAttention kernel where it is exact for the model (its attention_mask then
+    right-padded: exporters/onnx/fused_attention.py), the written-out attention where it
+    is not (``fused_attention_refusal`` says why). Raises TfgraphError for weights with
+    wrong names or shapes, or a bad opset.
     """
-    model = build_structure(graph, opset)
+    model = build_structure(graph, opset, fused_attention)
     model.graph.initializer.extend(
         make_initializer(p.name, value, p.type.dtype)
         for p, value in parameter_values(graph, weights, seed))
@@ -92,7 +97,8 @@ def to_onnx(graph: Graph, weights: Mapping[str, Any] | None = None, seed: int = 
 
 def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str, Any] | None = None,
                seed: int = 0, opset: int = MAX_OPSET,
-               progress: Callable[[int], None] | None = None) -> Path:
+               progress: Callable[[int], None] | None = None,
+               fused_attention: bool = False) -> Path:
     """Write ``graph`` as an ONNX file atomically (no partial file; an old one survives a failure).
 
     The file is the model :func:`to_onnx` returns for the same arguments, but its weights are
@@ -101,7 +107,7 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
     them in ``<path>.data`` next to the model (protobuf stops at 2 GiB). ``progress`` is called
     with the bytes of each parameter written. Ctrl-C or SIGTERM during the write leave no
     temporary file, and the temporary files of a killed earlier write of ``path`` are removed
-    (``tfgraph.io``).
+    (``tfgraph.io``). ``fused_attention`` as for :func:`to_onnx`.
     """
     from tfgraph.io import check_capacity, remove_stale_temps
 
@@ -110,7 +116,7 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
     for stale in (target, external_data_path(target)):  # before the free disk is measured
         remove_stale_temps(stale)
     check_capacity(target, total, write_memory_bytes(graph))
-    model = build_structure(graph, opset)
+    model = build_structure(graph, opset, fused_attention)
     stream = written_values(graph, weights, seed)
     try:
         return write_model(model, ((p.name, p.type.dtype, value) for p, value in stream),

@@ -240,6 +240,16 @@ def _attention(b: Builder, n: Node) -> str:
     return b.add(n.name, "Reshape", [out, b.ints([0, 0, h * hd])], n.name, tag="merge_heads")
 
 
+def _attention_cached(b: Builder, n: Node) -> str:
+    """A KV-cache graph's attention: onnxruntime's fused GroupQueryAttention when the model
+    is built with it (exporters/onnx/fused_attention.py), else written out (cache.py)."""
+    if b.fused is not None:
+        from tfgraph.exporters.onnx.fused_attention import emit_fused
+
+        return emit_fused(b, n, b.fused)
+    return onnx_cache.attention_cached(b, n)
+
+
 def _softcap(b: Builder, n: Node, x: str, output: str | None, cap: float | None = None) -> str:
     """cap * tanh(x / cap), with cap the node's attrs['cap'] unless given."""
     c = b.const(n.name, "cap", float(n.attrs["cap"] if cap is None else cap))
@@ -355,7 +365,7 @@ ONNX_OPS: dict[str, Emitter] = {
     "linear": _linear,
     "attention": _attention,
     "kv_concat": onnx_cache.kv_concat,
-    "attention_cached": onnx_cache.attention_cached,
+    "attention_cached": _attention_cached,
     "layernorm": _layernorm,
     "rmsnorm": _rmsnorm,
     "scalenorm": _scalenorm,

@@ -56,7 +56,8 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
     with publish_together():
         with _progress(graph, f"writing {out.name}") as advance:
             written = write_onnx(graph, out, weights=opts["weights"], seed=opts["seed"],
-                                 opset=opts["opset"], progress=advance)
+                                 opset=opts["opset"], progress=advance,
+                                 fused_attention=opts["fused_attention"])
         if opts["extra_files"]:  # next to the model, where onnxruntime-genai looks for them
             from tfgraph.hf.tokenizer import copy_files
 
@@ -67,7 +68,7 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
             from tfgraph.exporters.onnx.genai_config import write_genai_config
 
             write_genai_config(graph, written, opts["source_config"] or _token_config(opts),
-                               opts["genai_provider"])
+                               opts["genai_provider"], opts["fused_attention"])
     return written
 
 
@@ -293,9 +294,13 @@ def _check_output_first(target: str, out: Path, two_models: bool) -> None:
 @click.option("--genai-provider", type=click.Choice(["cpu", "cuda"]), default=None,
               help="--kv-cache: the execution provider genai_config.json asks "
                    "onnxruntime-genai for (default cpu); the model itself runs on either.")
+@click.option("--fused-attention", is_flag=True,
+              help="--kv-cache of a decoder: attention as onnxruntime's fused "
+                   "GroupQueryAttention kernel where it is exact for the model (its "
+                   "attention_mask right-padded), written out where it is not.")
 def build(spec: str, target: str, output: Path | None, weights: Path | None, seed: int | None,
           dtype: str | None, check_finite: bool, opset: int | None, kv_cache: bool,
-          genai_provider: str | None) -> None:
+          genai_provider: str | None, fused_attention: bool) -> None:
     """Compile SPEC (or a Hugging Face model folder) and write it as an ONNX model, a PyTorch
     folder, a Hugging Face folder, a diagram or graph JSON."""
     start = time.perf_counter()
@@ -312,6 +317,9 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
                            "gets it from tfgraph.compile(spec, cache=True))")
     if genai_provider is not None and not kv_cache:
         raise TfgraphError("--genai-provider applies to --kv-cache builds (genai_config.json)")
+    if fused_attention and not kv_cache:
+        raise TfgraphError("--fused-attention applies to --kv-cache builds (the full-sequence "
+                           "model already uses ONNX's fused Attention at opset 23)")
     if weights is not None and seed is not None:
         raise TfgraphError("--weights and --seed both choose the weights; give one")
     from tfgraph.compiler import compile as compile_spec
@@ -345,13 +353,26 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
 
         check_opset(opset)
     if two_models:
+        if fused_attention:  # its attention stays written out (exact everywhere)
+            click.echo("note: --fused-attention: onnxruntime's GroupQueryAttention is not "
+                       "exact here (a decoder-only model's KV-cache graph only); the "
+                       "attention is written out", err=True)
         written = _write_seq2seq_cache(source, graph, values, out, seed, opset)
         say_done(f"wrote {printable(str(written))}{os.sep} (encoder_model.onnx, "
                    f"decoder_model.onnx, KV cache, {time.perf_counter() - start:.2f} s)")
         return
+    fused = False
+    if fused_attention:
+        from tfgraph.exporters.onnx.fused_attention import refusal
+
+        why = refusal(graph)
+        fused = why is None
+        if why is not None:  # the written-out attention stays (it is exact everywhere)
+            source.notes.append(f"--fused-attention: onnxruntime's GroupQueryAttention is not "
+                                f"exact here ({why}); the attention is written out")
     for note in source.notes:
         click.echo(f"note: {note}", err=True)
-    opts = {"weights": values, "seed": 0 if seed is None else seed,
+    opts = {"fused_attention": fused, "weights": values, "seed": 0 if seed is None else seed,
             "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
             "source_config": source.config, "spec": source.spec,
             "genai_provider": genai_provider or "cpu"}
@@ -361,7 +382,8 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     params = sum(param_count(p) for p in graph.params())
     details = [_human(_size(written)), f"{params:,} params"]
     if target == "onnx":
-        details.append(f"opset {opts['opset']}" + (", KV cache" if kv_cache else ""))
+        details.append(f"opset {opts['opset']}" + (", KV cache" if kv_cache else "")
+                       + (", fused attention" if fused else ""))
     if how.takes_weights:
         details.append(graph.dtype)
         if weights is not None:

@@ -324,8 +324,18 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                           dtype=dtype)
     vocab = _output_vocab(model) if spec is None else spec.output_vocab
-    stepper = onnx_cached(session, vocab, Lengths.of(spec).hard_limit if spec else None,
-                          output_probs=spec is not None and spec.output == "probs")
+    max_len = Lengths.of(spec).hard_limit if spec else None
+    probs = spec is not None and spec.output == "probs"
+    from tfgraph.exporters.onnx.fused_attention import PADDING_METADATA_KEY
+
+    if {p.key: p.value for p in model.metadata_props}.get(PADDING_METADATA_KEY) == "right":
+        # onnxruntime's fused attention (build --fused-attention): right-padded rows, one
+        # buffer per layer shared by past and present
+        from tfgraph.exporters.generation.fused_stepper import FusedOnnx
+
+        return FusedOnnx(session, vocab, max_len, probs), \
+            f"{ran} ({why}; fused attention, shared cache buffers)"
+    stepper = onnx_cached(session, vocab, max_len, output_probs=probs)
     return stepper, f"{ran} ({why})"
 
 
