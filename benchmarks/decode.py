@@ -12,8 +12,10 @@ Batch 1, one 16-token prompt, 64 new tokens, greedy, EOS ignored. Sides, all in 
   session options and with ``intra_op_num_threads`` = the cores (benchmarks/decode_genai.py,
   a worker in the peer venv of benchmarks/genai_peer.py);
 - tfgraph: ``tfgraph.generate(DIR, backend="onnx")`` and ``backend="torch"`` (KV cache), the
-  onnx one also on one thread, and ``cache=False`` (full recomputation each step);
-- batch 8 (eight 16-token prompts): tfgraph onnx and transformers.
+  onnx one also on one thread, and ``cache=False`` (full recomputation each step); and the
+  ``build --kv-cache --fused-attention`` model of the folder (onnxruntime's
+  GroupQueryAttention, shared past/present buffers: "tfgraph onnx, fused attention");
+- batch 8 (eight 16-token prompts): tfgraph onnx (both builds) and transformers.
 
 Timing: one definition for all (benchmarks/decode_timing.py): decode tokens/s over the
 interval from each row's first token to its last. Rounds alternate the sides' order so
@@ -63,14 +65,15 @@ def eos_ids(folder: Path) -> frozenset[int]:
 def build_models(folder: Path, work: Path, peer: Path | None) -> dict[str, Path]:
     """tfgraph's KV-cache model (with genai_config.json) and, with a peer, the peer builder's
     model: folders that ``og.Model`` loads."""
-    out = {"tfgraph": work / "tfgraph"}
-    out["tfgraph"].mkdir()
-    cmd = [sys.executable, "-m", "tfgraph", "build", str(folder), "--to", "onnx", "--kv-cache",
-           "-o", str(out["tfgraph"] / "model.onnx")]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    print(f"  {done.stdout.strip()}", flush=True)
+    out = {"tfgraph": work / "tfgraph", "tfgraph-fused": work / "tfgraph-fused"}
+    for key, flags in (("tfgraph", []), ("tfgraph-fused", ["--fused-attention"])):
+        out[key].mkdir()
+        cmd = [sys.executable, "-m", "tfgraph", "build", str(folder), "--to", "onnx",
+               "--kv-cache", *flags, "-o", str(out[key] / "model.onnx")]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        print(f"  {done.stdout.strip()}", flush=True)
     if peer is not None:
         out["genai"] = work / "genai"
         log = work / "genai-builder.log"
@@ -155,6 +158,8 @@ def main() -> None:
         models = build_models(folder, Path(tmp), peer)
         hf = HfSide(folder)
         onnx = TfgraphSide(folder, batch, "onnx")
+        # the same weights built with --fused-attention (GroupQueryAttention, shared buffers)
+        fused = TfgraphSide(models["tfgraph-fused"] / "model.onnx", batch, "onnx")
         torch_side = TfgraphSide(folder, batch, "torch")
         report.runs_on.update({
             "transformers generate": f"torch eager, {hf.threads} threads",
@@ -162,6 +167,7 @@ def main() -> None:
             "tfgraph torch": f"{torch_side.runs_on}, {hf.threads} threads"})
         sides: dict[str, tuple[Side, list[list[int]]]] = {
             "transformers generate": (hf.run, one), "tfgraph onnx": (onnx.run, one),
+            "tfgraph onnx, fused attention": (fused.run, one),
             "tfgraph torch": (torch_side.run, one)}
         if peer is not None:
             sides.update(genai_sides(peer, models, Path(tmp), one, workers))
@@ -170,14 +176,16 @@ def main() -> None:
                 "intra-op thread (its process gains one thread when 2 are asked for)")
         sides[f"transformers generate, batch {BATCH}"] = (hf.run, batch)
         sides[f"tfgraph onnx, batch {BATCH}"] = (onnx.run, batch)
+        sides[f"tfgraph onnx, fused attention, batch {BATCH}"] = (fused.run, batch)
         try:
             rounds(sides, repeat, NEW_TOKENS, report, array_bytes)
         finally:
             for worker in workers:
                 worker.close()
         onnx.close()
+        fused.close()
         torch_side.close()
-        del hf, onnx, torch_side, sides
+        del hf, onnx, fused, torch_side, sides
         alone("tfgraph onnx, 1 thread", TfgraphSide(folder, one, "onnx", threads=1), one,
               repeat, NEW_TOKENS, report)
         alone("tfgraph onnx, no cache", TfgraphSide(folder, one, "onnx", cache=False), one,

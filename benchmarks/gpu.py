@@ -15,7 +15,10 @@ a Hugging Face folder (specs/llama.yaml: d 2048, 22 layers, 32/4 heads, SwiGLU 5
 tokens, batch 1 and 8. Sides:
 
 - tfgraph ONNX on CUDA: ``tfgraph.generate(MODEL.onnx, provider="cuda")`` of the float16
-  ``build --kv-cache`` model (I/O binding: the cache stays on the GPU);
+  ``build --kv-cache`` model (I/O binding: the cache stays on the GPU), and of the
+  ``build --kv-cache --fused-attention`` model (onnxruntime's GroupQueryAttention with packed
+  QKV and rotary in the kernel, one past/present buffer per layer bound in place;
+  exporters/onnx/fused_attention.py);
 - tfgraph torch, eager (``backend="torch"``) and compiled (``compile=True``: static cache as
   module buffers, ``torch.compile(mode="reduce-overhead")``, compile time printed apart);
 - transformers ``generate``, eager and ``cache_implementation="static"``;
@@ -31,7 +34,9 @@ step (forward, token cross-entropy, backward; bfloat16, batch 4 x 1024) of tfgra
 against ``LlamaForCausalLM`` (SDPA), and the activation peaks from
 ``torch.cuda.max_memory_allocated`` against ``tfgraph report --fused-attention``, the float16
 numerics (each side's logits against the float32 ones, as a multiple of transformers' own
-float16 error; issue 24 item 4) and ``tfgraph run --check`` on the CUDA provider (item 5).
+float16 error; issue 24 item 4), ``tfgraph run --check`` on the CUDA provider (item 5) and
+the fused-attention model's logits against the written-out model's on the same provider
+(float16 tiny-mistral: a sliding window, a right-padded batch of three, prefill and 16 steps).
 
 Without CUDA it says which parts it skips (the ONNX CUDA side, onnxruntime-genai CUDA, CUDA
 graphs, memory peaks) and runs the rest on the CPU with tiny-llama (``--quick`` implied).
@@ -331,6 +336,49 @@ def cuda_checks(work: Path, cuda: bool, build_only: bool = False) -> list[str]:
     return lines
 
 
+def fused_check(work: Path, cuda: bool) -> list[str]:
+    """The fused-attention model (``build --kv-cache --fused-attention``) against the
+    written-out one on the same provider: float16 tiny-mistral on CUDA (the CUDA kernel has
+    no float32; float32 on the CPU), a right-padded batch of prompts of 3, 9 and 17 tokens
+    (longer than its window of 8), prefill then 16 steps: the largest |difference| of the
+    logits, and whether greedy tokens agree."""
+    import onnxruntime as ort
+
+    from tfgraph.exporters.generation.cached_steppers import onnx_cached
+    from tfgraph.exporters.generation.fused_stepper import FusedOnnx
+    from tfgraph.generation.loop import left_pad
+
+    dtype, provider = ("float16", "cuda") if cuda else ("float32", "cpu")
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else \
+        ["CPUExecutionProvider"]
+    paths = {}
+    for kind, flags in (("written", []), ("fused", ["--fused-attention"])):
+        paths[kind] = work / f"mistral-{kind}" / "model.onnx"
+        if not paths[kind].is_file():
+            paths[kind].parent.mkdir(exist_ok=True)
+            tfgraph_cli("build", str(ROOT / "specs" / "tiny-mistral.yaml"), "--to", "onnx",
+                        "--kv-cache", *flags, "--dtype", dtype, "-o", str(paths[kind]))
+    sessions = {k: ort.InferenceSession(str(p), providers=providers) for k, p in paths.items()}
+    written = onnx_cached(sessions["written"], 256, None)
+    fused = FusedOnnx(sessions["fused"], 256, None)
+    rng = np.random.default_rng(0)
+    ids, lengths = left_pad([rng.integers(3, 256, n) for n in (3, 9, 17)])
+    a, b = written.prefill(ids, lengths), fused.prefill(ids, lengths)
+    worst, same = float(np.abs(a - b).max()), int((a.argmax(-1) == b.argmax(-1)).sum())
+    for _ in range(16):
+        nxt = a.argmax(-1)
+        a, b = written.step(nxt), fused.step(nxt)
+        worst = max(worst, float(np.abs(a - b).max()))
+        same += int((a.argmax(-1) == b.argmax(-1)).sum())
+    tol = 1e-2 if dtype == "float16" else 1e-4
+    line = (f"fused attention vs written out, tiny-mistral {dtype} on {provider} "
+            f"({sessions['fused'].get_providers()[0]}): max |logits difference| "
+            f"{worst:.2e} (tolerance {tol}): {'ok' if worst <= tol else 'FAILED'}; argmax "
+            f"equal {same}/{3 * 17}")
+    say(line)
+    return [line]
+
+
 def median_ms(step: Callable[[], None], cuda: bool, repeat: int) -> float:
     import torch
 
@@ -500,6 +548,12 @@ def main() -> int:
         onnx_path.parent.mkdir(exist_ok=True)
         tfgraph_cli("build", str(folder), "--to", "onnx", "--kv-cache", "--dtype", dtype,
                     "--genai-provider", "cuda" if cuda else "cpu", "-o", str(onnx_path))
+    fused_path = work / "onnx-fused" / "model.onnx"  # onnxruntime's GroupQueryAttention
+    if ("onnx" in parts or "build" in steps) and not fused_path.is_file():
+        fused_path.parent.mkdir(exist_ok=True)
+        tfgraph_cli("build", str(folder), "--to", "onnx", "--kv-cache", "--fused-attention",
+                    "--dtype", dtype, "--genai-provider", "cuda" if cuda else "cpu", "-o",
+                    str(fused_path))
     say(f"built     {folder}{' and ' + str(onnx_path) if 'onnx' in parts else ''} in "
         f"{time.perf_counter() - start:.0f} s")
     if "build" in steps:
@@ -541,6 +595,8 @@ def main() -> int:
         if "onnx" in parts:
             sides.append((f"tfgraph ONNX ({provider})", lambda: tfgraph_side(
                 str(onnx_path), prompts, new, provider=provider)))
+            sides.append((f"tfgraph ONNX fused attention ({provider})", lambda: tfgraph_side(
+                str(fused_path), prompts, new, provider=provider)))
             if genai:
                 sides.append(("onnxruntime-genai (own model, CUDA)",
                               lambda: genai_side(folder, work, prompts, new)))
@@ -567,6 +623,7 @@ def main() -> int:
     del hf
     if "onnx" in parts and "checks" in steps:
         lines += cuda_checks(work, cuda)
+        lines += fused_check(work, cuda)
     if "torch" in parts and "train" in steps:
         lines += training(spec_path, folder, work, cuda, quick)
     lines += [f"skipped: {s}" for s in skipped]
