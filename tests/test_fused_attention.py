@@ -270,3 +270,24 @@ def test_nodes_per_layer() -> None:
     assert "position_ids" not in {i.name for i in fused_model.graph.input}
     domains = {o.domain: o.version for o in fused_model.opset_import}
     assert domains == {"": 23, "com.microsoft": 1}
+
+
+def test_past_and_present_share_one_buffer_written_in_place(built: dict[str, Path]) -> None:
+    """Bound as both the past input and the present output, one buffer is written in place:
+    the kernel writes this call's keys at positions 0..2 of the caller's own array and leaves
+    the rest as it was (unshared, it would zero its present first: gqa_attention_base.h), so
+    nothing of the cache is allocated or copied per step."""
+    s = ort.InferenceSession(str(built["tiny-llama-fused"]), providers=["CPUExecutionProvider"])
+    names = [i.name for i in s.get_inputs() if i.name.startswith("past_key_values.")]
+    host = {n: np.full((1, 2, 8, 16), 7.0, np.float32) for n in names}  # kv 2, hd 16
+    values = {n: ort.OrtValue.ortvalue_from_numpy(h) for n, h in host.items()}
+    binding = s.io_binding()
+    binding.bind_cpu_input("input_ids", np.array([[5, 17, 42]], np.int64))
+    binding.bind_cpu_input("attention_mask", np.ones((1, 3), np.int64))
+    for name, present in zip(names, [o.name for o in s.get_outputs()][1:]):
+        binding.bind_ortvalue_input(name, values[name])
+        binding.bind_ortvalue_output(present, values[name])
+    binding.bind_output("logits", "cpu")
+    s.run_with_iobinding(binding)
+    for h in host.values():
+        assert (h[:, :, :3] != 7.0).all() and (h[:, :, 3:] == 7.0).all()
