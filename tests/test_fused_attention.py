@@ -95,8 +95,13 @@ def test_the_kernel_is_exact_for_these_specs(name: str) -> None:
     assert refusal(tfgraph.compile(load(name), cache=True)) is None
 
 
-@pytest.mark.parametrize("opset", [23, 17])
-@pytest.mark.parametrize("name", EXACT)
+# opset 17 changes the ops around the kernel (decomposed norms, rotary, GELU), not the kernel:
+# three specs cover it (rotary folded, window + soft-cap, rotary kept in front of the kernel).
+CASES = [(name, 23) for name in EXACT] + [(name, 17) for name in
+                                          ("tiny-llama", "tiny-gemma2", "tiny-phi")]
+
+
+@pytest.mark.parametrize(("name", "opset"), CASES)
 def test_fused_logits_equal_torch_and_the_written_out_model(name: str, opset: int) -> None:
     spec = load(name)
     ids = np.random.default_rng(1).integers(0, spec.vocab_size("source"), (1, 20))
