@@ -66,7 +66,8 @@ class Cached:
         self.kv_heads, self.head_dim = layout.kv_heads, layout.head_dim
 
     def empty(self, batch: int) -> dict[str, np.ndarray]:
-        return {n: np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
+        dtype = np.float16 if self.graph.dtype == "float16" else np.float32
+        return {n: np.zeros((batch, self.kv_heads, 0, self.head_dim), dtype)
                 for n in self.past}
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
@@ -114,6 +115,17 @@ def test_fused_logits_equal_torch_and_the_written_out_model(name: str, opset: in
     written = steps(Cached(spec, opset, fused=False), ids, 12)
     torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), **TOL)
     torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(written), **TOL)
+
+
+def test_float16_logits_equal_the_written_out_model() -> None:
+    """The kernel's float16 path (what a GPU runs): within float16's tolerance of the
+    written-out float16 model, prefill and steps."""
+    spec = Spec.model_validate({**load("tiny-llama").model_dump(), "dtype": "float16"})
+    ids = np.random.default_rng(1).integers(0, spec.vocab_size("source"), (1, 20))
+    got = steps(Cached(spec, 23, fused=True), ids, 12).astype(np.float32)
+    want = steps(Cached(spec, 23, fused=False), ids, 12).astype(np.float32)
+    torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), atol=1e-2,
+                               rtol=1e-2)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma2", "tiny-phi"])

@@ -45,7 +45,12 @@ class FusedOnnx:
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
         self.names = [i.name for i in past]
         self.kv_heads, self.head_dim = int(past[0].shape[1]), int(past[0].shape[3])
-        self.np_dtype = np.float16 if past[0].type == "tensor(float16)" else np.float32
+        types = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
+        if past[0].type not in types:  # numpy (and so these buffers) has no bfloat16
+            raise TfgraphError(f"a fused-attention model with a {past[0].type} cache: tfgraph "
+                               "generate allocates float16 or float32 buffers; build it with "
+                               "--dtype float16 or float32")
+        self.np_dtype = types[past[0].type]
         self.with_positions = any(i.name == "position_ids" for i in session.get_inputs())
         outputs = [o.name for o in session.get_outputs()]
         self.logits_name, self.presents = outputs[0], outputs[1:]
