@@ -40,6 +40,10 @@ means for tfgraph's graphs:
   tfgraph's (Gemma 2); ``scale`` is given explicitly.
 - head_dim must be a multiple of 8; causal softmax attention only (no hard attention, no
   additive per-head bias: ALiBi and T5's relative bias keep the written-out form).
+- Packed QKV: ``query`` may be (B, S, (heads + 2 kv_heads) * hd) with ``key``/``value`` left
+  out. Where q, k and v are projections of one input read by nothing else (no qk-norm
+  between, the rotation in the kernel), they become one MatMul over the three weights
+  stacked in the graph (the initializers stay the parameters).
 
 ``present.{i}.key|value`` are the kernel's outputs: (B, kv, max(total, past buffer), hd).
 When the past and present are one buffer (the same OrtValue bound as both), the kernel writes
@@ -68,8 +72,9 @@ class FusedPlan:
     """Which IR nodes one fused kernel per layer absorbs: the ``kv_concat`` whose outputs it
     writes (``present.*``), the ``rope`` it applies itself (``rotary``: attention node ->
     its q and k rope nodes) and the q, k, v projections it takes as one packed QKV
-    (``packed``: attention node -> its q, k, v ``linear`` nodes). ``absorbed`` are emitted by nothing else; ``dropped_inputs``
-    are graph inputs nothing reads any more (``position_ids`` when every rope is folded)."""
+    (``packed``: attention node -> its q, k, v ``linear`` nodes). ``absorbed`` are emitted
+    by nothing else; ``dropped_inputs`` are graph inputs nothing reads any more
+    (``position_ids`` when every rope is folded)."""
 
     rotary: dict[str, tuple[Node, Node]] = field(default_factory=dict)
     packed: dict[str, tuple[Node, Node, Node]] = field(default_factory=dict)
