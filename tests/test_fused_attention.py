@@ -181,9 +181,11 @@ def test_generate_gives_the_tokens_of_recomputation_on_a_padded_batch(
                              eos_token_id=None)
     written = tfgraph.generate(str(built[f"{name}-written"]), PROMPTS, max_new_tokens=24,
                                eos_token_id=None)
-    full = tfgraph.generate(str(ROOT / "specs" / f"{name}.yaml"), PROMPTS, max_new_tokens=24,
-                            eos_token_id=None, cache=False)
-    assert fused.tokens == written.tokens == full.tokens
+    spec = str(ROOT / "specs" / f"{name}.yaml")
+    full = tfgraph.generate(spec, PROMPTS, max_new_tokens=24, eos_token_id=None, cache=False)
+    from_spec = tfgraph.generate(spec, PROMPTS, max_new_tokens=24, eos_token_id=None,
+                                 fused_attention=True)  # built in memory, fused
+    assert fused.tokens == written.tokens == full.tokens == from_spec.tokens
     beams = [tfgraph.generate(str(built[f"{name}-{kind}"]), PROMPTS[:2], max_new_tokens=10,
                               eos_token_id=None, beams=3).tokens
              for kind in ("fused", "written")]
@@ -251,6 +253,15 @@ def test_inexact_specs_keep_the_written_out_attention(name: str) -> None:
     assert not any(n.op_type == OP_TYPE for n in model.graph.node)
     assert PADDING_METADATA_KEY not in {p.key for p in model.metadata_props}
     assert to_onnx(graph, seed=0).graph == model.graph  # the written-out model, unchanged
+
+
+def test_generate_builds_a_spec_fused_and_says_when_it_cannot() -> None:
+    result = run_cli("generate", str(ROOT / "specs" / "tiny-bloom.yaml"), "--fused-attention",
+                     "--prompt-ids", "5,17,42", "--max-new-tokens", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "--fused-attention" in result.stderr and "additive position bias" in result.stderr
+    refused(run_cli("generate", str(ROOT / "specs" / "tiny-llama.yaml"), "--fused-attention",
+                    "--backend", "torch", "--prompt-ids", "5"), "--fused-attention")
 
 
 def test_the_cli_says_when_it_keeps_the_written_out_attention(tmp_path: Path) -> None:

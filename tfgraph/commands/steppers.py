@@ -65,7 +65,7 @@ def settings_folder(source: str) -> Path | None:
 def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
                 threads: int | None = None, weights_seed: int | None = None, opset: int = 23,
                 decoder_start: int = 0, cache: bool = True, compile: bool = False,
-                weights: str | None = None) -> Opened:
+                weights: str | None = None, fused_attention: bool = False) -> Opened:
     """Open ``source`` (a spec, a Hugging Face model folder or a tfgraph .onnx file) on
     ``backend`` and return the stepper that generates with it. A spec gets random weights
     from ``weights_seed`` (default 0), a folder its own weights unless ``weights_seed`` is
@@ -74,7 +74,10 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
     ``compile`` (torch back end, decoders with a cache): a static cache attached to the module
     and the step compiled by torch.compile (exporters/generation/cached_steppers.TorchStatic).
     ``weights``: a ``.safetensors`` file of the spec's (or folder's) parameters, by tfgraph's
-    names (a trained ``state_dict`` saved as is), instead of random or the folder's own."""
+    names (a trained ``state_dict`` saved as is), instead of random or the folder's own.
+    ``fused_attention`` (a decoder's spec or folder on onnxruntime, with the cache): its
+    KV-cache model built with onnxruntime's fused attention where it is exact
+    (exporters/onnx/fused_attention.py; a note says when it is not)."""
     if backend not in BACKENDS:
         raise TfgraphError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if compile and backend != "torch":
@@ -83,6 +86,12 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
         raise TfgraphError("--compile decodes through the static KV cache: not with --no-cache")
     if weights is not None and weights_seed is not None:
         raise TfgraphError("--weights and --weights-seed both choose the weights; give one")
+    if fused_attention and (backend != "onnx" or not cache):
+        raise TfgraphError("--fused-attention builds the ONNX KV-cache model: --backend onnx, "
+                           "not with --no-cache")
+    if fused_attention and Path(source).suffix.lower() == ".onnx":
+        raise TfgraphError("--fused-attention: an .onnx model is already built (build it with "
+                           "--kv-cache --fused-attention)")
     if Path(source).suffix.lower() == ".onnx":
         if weights is not None:
             raise TfgraphError("--weights: an .onnx model carries its own weights (build it "
@@ -90,12 +99,13 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
         return _from_onnx_file(source, backend, provider, threads, decoder_start, cache,
                                compile)
     return _from_spec(source, backend, provider, threads, weights_seed, opset, decoder_start,
-                      cache, compile, weights)
+                      cache, compile, weights, fused_attention)
 
 
 def _from_spec(source: str, backend: str, provider: str, threads: int | None,
                weights_seed: int | None, opset: int, decoder_start: int,
-               cache: bool, compile: bool = False, weights_file: str | None = None) -> Opened:
+               cache: bool, compile: bool = False, weights_file: str | None = None,
+               fused_attention: bool = False) -> Opened:
     from tfgraph.spec.source import load_source
 
     try:
@@ -111,6 +121,10 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
 
         given = load_weights(weights_file, compile_spec(spec))
     if len(graphs) == 2:  # an encoder-decoder's encoder and decoder cache graphs
+        if fused_attention:
+            built.notes.append("--fused-attention: onnxruntime's GroupQueryAttention is not "
+                               "exact here (a decoder-only model's KV-cache graph only); the "
+                               "attention is written out")
         if compile:
             raise TfgraphError("--compile: decoder-only models (an encoder-decoder's static "
                                "cache is not built yet)")
@@ -135,7 +149,16 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         label = f"{graph.name} (built from {source}, torch, {origin})"
         return Opened(stepper, label, runs_on, tokenizer, spec.vocab_size("source"),
                       built.notes, lengths=Lengths.of(spec), spec=spec)
-    keep, model_source, model = _onnx_model(graph, weights, seed, opset)
+    fused = False
+    if fused_attention:
+        from tfgraph.exporters.onnx.fused_attention import refusal
+
+        why = refusal(graph)
+        fused = why is None
+        if why is not None:  # the written-out attention (exact everywhere) stays
+            built.notes.append(f"--fused-attention: onnxruntime's GroupQueryAttention is not "
+                               f"exact here ({why}); the attention is written out")
+    keep, model_source, model = _onnx_model(graph, weights, seed, opset, fused)
     try:
         stepper, runs_on = _onnx_stepper(model, model_source, source, provider, threads,
                                          decoder_start)
@@ -478,21 +501,23 @@ def _torch_device(provider: str) -> tuple[str, str]:
     return "cpu", "auto: torch sees no CUDA device"
 
 
-def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int
-                ) -> tuple[Any, bytes | Path, Any]:
+def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int,
+                fused_attention: bool = False) -> tuple[Any, bytes | Path, Any]:
     """(temporary folder or None, session source, model proto): in memory, or written to a
-    temporary folder when the weights pass protobuf's 2 GiB (as ``tfgraph run`` does)."""
+    temporary folder when the weights pass protobuf's 2 GiB (as ``tfgraph run`` does);
+    ``fused_attention`` as for ``to_onnx``."""
     from tfgraph.passes.cost import weights_bytes
     from tfgraph.exporters.onnx import runtime as rt
     from tfgraph.exporters.onnx.model import EXTERNAL_DATA_THRESHOLD, to_onnx, write_onnx
 
     if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
-        model = to_onnx(graph, weights=weights, seed=seed, opset=opset)
+        model = to_onnx(graph, weights=weights, seed=seed, opset=opset,
+                        fused_attention=fused_attention)
         return None, model.SerializeToString(), model
     keep = tempfile.TemporaryDirectory(prefix="tfgraph-generate-")
     try:
         written = write_onnx(graph, Path(keep.name) / f"{graph.name}.onnx", weights=weights,
-                             seed=seed, opset=opset)
+                             seed=seed, opset=opset, fused_attention=fused_attention)
         return keep, written, rt.load_model(written)
     except BaseException:
         keep.cleanup()
