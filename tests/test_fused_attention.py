@@ -264,6 +264,16 @@ def test_generate_builds_a_spec_fused_and_says_when_it_cannot() -> None:
                     "--backend", "torch", "--prompt-ids", "5"), "--fused-attention")
 
 
+def test_an_attribute_the_lowering_does_not_map_keeps_the_written_out_form() -> None:
+    """A feature added to the attention op later (here a made-up value head size) is not
+    silently dropped by the kernel: the model keeps the written-out attention."""
+    graph = tfgraph.compile(load("tiny-llama"), cache=True)
+    node = next(n for n in graph.ops() if n.op == "attention_cached")
+    node.attrs["v_head_dim"] = 8
+    why = refusal(graph)
+    assert why is not None and "v_head_dim" in why and node.name in why
+
+
 def test_the_cli_says_when_it_keeps_the_written_out_attention(tmp_path: Path) -> None:
     result = run_cli("build", str(ROOT / "specs" / "tiny-bloom.yaml"), "--to", "onnx",
                      "--kv-cache", "--fused-attention", "-o", str(tmp_path / "m.onnx"))

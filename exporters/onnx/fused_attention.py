@@ -82,6 +82,16 @@ class FusedPlan:
     dropped_inputs: set[str] = field(default_factory=set)
 
 
+# The attributes whose meaning the lowering below maps onto the kernel. An attention, rope
+# or kv_concat node carrying any other (a feature added to the graph later: another value
+# head size, attention sinks...) keeps the written-out form until it is mapped here.
+ATTENTION_ATTRS = frozenset({"heads", "kv_heads", "head_dim", "causal", "normalize", "scale",
+                             "softcap", "window", "self_read"})
+ROPE_ATTRS = frozenset({"heads", "head_dim", "theta", "rotary_dim", "interleaved", "scaling",
+                        "inv_freq", "scale"})
+CONCAT_ATTRS = frozenset({"kv_heads", "head_dim"})
+
+
 def refusal(graph: Graph) -> str | None:
     """Why ``GroupQueryAttention`` is not exact for ``graph`` (None: it is, for every
     attention node). One reason for the whole model: its padding convention is the
@@ -94,12 +104,15 @@ def refusal(graph: Graph) -> str | None:
         return "the model has no attention"
     for n in nodes:
         a = n.attrs
+        unknown = sorted(set(a) - ATTENTION_ATTRS)
+        if unknown:
+            return f"{n.name}: attributes {', '.join(unknown)} (not mapped onto the kernel)"
         if len(n.inputs) != 4:
             return f"{n.name}: an additive position bias (ALiBi, T5's relative bias)"
         if a["normalize"] != "softmax":
             return f"{n.name}: {a['normalize']} attention (the kernel is a softmax)"
-        if not a["causal"]:
-            return f"{n.name}: not causal"
+        if not a["causal"] or not a.get("self_read", True):
+            return f"{n.name}: not causal self-attention"
         hd = int(a["head_dim"])
         if hd % 8:
             return f"{n.name}: head_dim {hd} (the kernel needs a multiple of 8)"
@@ -108,7 +121,7 @@ def refusal(graph: Graph) -> str | None:
             return f"{n.name}: window {window} (the kernel's smallest is 2 keys)"
         for operand in n.inputs[1:3]:
             src = graph.node(operand)
-            if src.op != "kv_concat" or len(src.inputs) != 2:
+            if src.op != "kv_concat" or len(src.inputs) != 2 or set(src.attrs) - CONCAT_ATTRS:
                 return f"{n.name}: keys/values not this layer's past + this step's"
     return None
 
@@ -147,6 +160,8 @@ def _foldable(q: Node, k: Node, readers: dict[str, int]) -> bool:
     and k, read through position_ids (a KV-cache graph's), within the kernel's limits, and
     no other reader of the rotated values."""
     if q.op != "rope" or k.op != "rope" or len(q.inputs) != 2 or len(k.inputs) != 2:
+        return False
+    if (set(q.attrs) | set(k.attrs)) - ROPE_ATTRS:  # a rotation the kernel may not know
         return False
     if readers.get(q.name, 0) != 1 or readers.get(k.name, 0) != 1:
         return False
