@@ -329,3 +329,16 @@ def test_past_and_present_share_one_buffer_written_in_place(built: dict[str, Pat
     s.run_with_iobinding(binding)
     for h in host.values():
         assert (h[:, :, :3] != 7.0).all() and (h[:, :, 3:] == 7.0).all()
+
+
+@pytest.mark.parametrize(("name", "positions"), [("tiny-llama", False), ("tiny-phi", True)])
+def test_genai_config_names_the_inputs_the_fused_model_has(name: str, positions: bool) -> None:
+    """position_ids leaves a fused model whose kernel rotates (tiny-llama), not one whose
+    RotaryEmbedding stays in front of the kernel (tiny-phi's partial rotation)."""
+    from tfgraph.exporters.onnx.genai_config import genai_config
+
+    graph = tfgraph.compile(load(name), cache=True)
+    inputs = genai_config(graph, "model.onnx", fused_attention=True)["model"]["decoder"][
+        "inputs"]
+    model_inputs = {i.name for i in to_onnx(graph, seed=0, fused_attention=True).graph.input}
+    assert ("position_ids" in inputs) == positions == ("position_ids" in model_inputs)
