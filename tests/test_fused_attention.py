@@ -301,7 +301,8 @@ def test_nodes_per_layer() -> None:
     written = _per_layer(to_onnx(graph, seed=0), 1)
     fused_model = to_onnx(graph, seed=0, fused_attention=True)
     fused = _per_layer(fused_model, 1)
-    assert sum(written.values()) == 43 and sum(fused.values()) == 19, (written, fused)
+    # 43 written out today (exporters/onnx/cache.py); the fused layer's count is this lowering's
+    assert sum(fused.values()) == 19 and sum(written.values()) > 30, (written, fused)
     assert fused[OP_TYPE] == 1 and fused["MatMul"] == 5  # qkv, o, gate, up, down
     for gone in ("RotaryEmbedding", "Softmax", "Where", "Reshape"):
         assert fused[gone] == 0, fused
