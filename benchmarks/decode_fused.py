@@ -12,7 +12,9 @@ onnxruntime's per-node overhead, so the node count shows) and a 30.7M Llama-styl
 prompts, and batch 1 with a 512-token prompt (attention over a long cache). Greedy, EOS
 ignored. Decode tokens/s: tfgraph's Result (tokens after each row's first over the time after
 the first token); rounds alternate the order of the two builds, medians printed, and the
-tokens of the two builds are compared. Also: the ONNX nodes of one layer, as written and after
+tokens of the two builds are compared. Then the two builds' decode steps taken in turn, one
+step of each alternately (4x the new tokens), median ms per step: background load on a shared
+machine falls on both alike there. Also: the ONNX nodes of one layer, as written and after
 onnxruntime's graph optimizations (what a step launches).
 """
 
@@ -92,6 +94,43 @@ def decode(path: Path, prompts: list[list[int]], new: int, provider: str
     return r.decode_tokens_per_s, r.tokens
 
 
+def interleaved_steps(paths: dict[str, Path], prompts: list[list[int]], steps: int
+                      ) -> dict[str, float]:
+    """Median milliseconds of one decode step of each build, the two builds' steps taken in
+    turn (alternating which goes first), so background load falls on both alike: the
+    steppers tfgraph generate uses (onnx_cached with I/O binding; FusedOnnx), one session
+    each, after the same prefill."""
+    import time
+
+    import onnxruntime as ort
+
+    from tfgraph.exporters.generation.cached_steppers import onnx_cached
+    from tfgraph.exporters.generation.fused_stepper import FusedOnnx
+    from tfgraph.exporters.onnx.runtime import CPU_DISABLED_OPTIMIZERS
+    from tfgraph.generation.loop import left_pad
+
+    def session(path: Path) -> Any:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
+
+    vocab = 1 << 30
+    steppers: dict[str, Any] = {
+        "written": onnx_cached(session(paths["written"]), vocab, None),
+        "fused": FusedOnnx(session(paths["fused"]), vocab, None)}
+    steppers["fused"].prepare(len(prompts), max(len(p) for p in prompts), steps + 1)
+    ids, lengths = left_pad([np.array(p) for p in prompts])
+    nxt = {k: s.prefill(ids, lengths).argmax(-1) for k, s in steppers.items()}
+    times: dict[str, list[float]] = {k: [] for k in steppers}
+    for i in range(steps):
+        for kind in (("written", "fused") if i % 2 == 0 else ("fused", "written")):
+            start = time.perf_counter()
+            nxt[kind] = steppers[kind].step(nxt[kind]).argmax(-1)
+            times[kind].append(time.perf_counter() - start)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -131,6 +170,10 @@ def main() -> int:
                 med = {k: statistics.median(v) for k, v in rates.items()}
                 same = "same tokens" if tokens["written"] == tokens["fused"] else \
                     "TOKENS DIFFER"
+                ms = interleaved_steps(paths, prompts, 2 * args.new_tokens)
+                print(f"  {label}, batch {batch}, prompt {length}, steps taken in turn: "
+                      f"written out {ms['written']:.3f} ms/step, fused {ms['fused']:.3f} "
+                      f"ms/step: {ms['written'] / ms['fused']:.2f}x")
                 print(f"  {label}, batch {batch}, prompt {length}: written out "
                       f"{med['written']:,.1f} tokens/s (rounds "
                       f"{[round(x, 1) for x in rates['written']]}), fused "
