@@ -6,7 +6,8 @@ in row b, to cache positions 0..n_b-1 where n_b is the count of ones in its
 ``attention_mask`` row: rows are RIGHT-padded. The decoding loop hands prompts left-padded
 (tfgraph.generation.backend.Stepper), so this stepper moves each prompt to the front of its
 row, reads each row's logits at its own last prompt token, and from then on feeds one token
-per row, its mask row ones for its n_b tokens (the mask is as wide as the longest row).
+per row, its mask row ones for its n_b tokens (the mask is as wide as the buffers, or with
+``share=False`` as the longest row).
 
 The cache: ``share=True`` (default) allocates, per layer, one key and one value buffer of
 (batch, kv_heads, capacity, head_dim) on the session's device and binds the same OrtValue as
@@ -114,8 +115,10 @@ class FusedOnnx:
             self.cache = dict(zip(self.names, out[1:]))
         return np.asarray(out[0].numpy(), np.float32)
 
-    def _mask(self) -> np.ndarray:
-        width = int(self.counts.max())
+    def _mask(self, width: int | None = None) -> np.ndarray:
+        """Row b: ones for its n_b tokens, then zeros, ``width`` wide (default: the longest
+        row's count)."""
+        width = int(self.counts.max()) if width is None else width
         return (np.arange(width)[None, :] < self.counts[:, None]).astype(np.int64)
 
     # the Stepper calls
@@ -144,7 +147,11 @@ class FusedOnnx:
         if self.share and int(self.counts.max()) > self.capacity:  # double, through the host
             self._buffers(len(self.counts), max(2 * self.capacity, int(self.counts.max())),
                           self._host_cache())
-        logits = self._run(next_ids.astype(np.int64)[:, None], self._mask(),
+        # With shared buffers every step's mask is as wide as the buffers: one token per row,
+        # total_sequence_length = the capacity (the kernel's present length either way), so
+        # every decode step has the same input shapes (what CUDA graph capture needs).
+        logits = self._run(next_ids.astype(np.int64)[:, None],
+                           self._mask(self.capacity if self.share else None),
                            (self.counts - 1)[:, None])
         return last_logits(logits, self.output_probs)
 
