@@ -117,6 +117,25 @@ def test_fused_logits_equal_torch_and_the_written_out_model(name: str, opset: in
     torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(written), **TOL)
 
 
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-decoder"])
+def test_learned_positions_keep_position_ids(name: str) -> None:
+    """No rotary: position_ids stays an input (the learned tables of GPT-2 and OPT, offset 2,
+    read it), the biased q, k, v projections go in packed. head_dim 16 instead of the specs'
+    12, which the kernel refuses."""
+    data = load(name).model_dump()
+    data["d_model"] = 64
+    data["attention"].update(heads=4, head_dim=16)
+    spec = Spec.model_validate(data)
+    fused = Cached(spec, 23, fused=True)
+    assert "position_ids" in fused.inputs
+    assert sum(n.op_type == OP_TYPE for n in fused.model.graph.node) == 2  # both layers
+    ids = np.random.default_rng(1).integers(0, spec.vocab_size("source"), (1, 12))
+    with torch.no_grad():
+        want = to_torch(tfgraph.compile(spec), seed=0)(torch.from_numpy(ids)).numpy()
+    torch.testing.assert_close(torch.from_numpy(steps(fused, ids, 8)), torch.from_numpy(want),
+                               **TOL)
+
+
 def test_float16_logits_equal_the_written_out_model() -> None:
     """The kernel's float16 path (what a GPU runs): within float16's tolerance of the
     written-out float16 model, prefill and steps."""
