@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import tfgraph
 from tfgraph.graph.ops import OPS
-from tfgraph.parallel.units import _kept_as, _resolve, _split, sequence_plan, units
+from tfgraph.parallel.units import _kept_as, _resolve, _split, flops_kind, sequence_plan, units
 
 from conftest import ROOT
 
@@ -77,10 +79,44 @@ def test_under_sp_ids_labels_and_what_reads_the_gathered_sequence_stay_whole() -
     assert kept[f"{ffn}.experts#hidden"] == kept["loss#log_probs"] == "split"
 
 
-def test_under_sp_a_replicated_heads_loss_is_whole_on_every_rank() -> None:
-    """tiny-opt ties its head to the (replicated) token table: the head reads the gathered
-    final norm, so the loss's log-probabilities are whole on every rank; the final norm's
-    input, which the head's all-gather leaves as the rank's rows, is 1/t."""
-    kept = _kept_under_sp(_graph("tiny-opt.yaml"))
-    assert kept["loss#log_probs"] == "replicated"
+def test_under_sp_a_tied_heads_logits_and_loss_are_vocabulary_split() -> None:
+    """tiny-opt ties its head to the token table, which is split by vocabulary like an
+    untied head (Megatron): the head reads the gathered final norm and its logits and the
+    loss's log-probabilities are 1/t per rank, as their FLOPs are (issue 26: the
+    log-probabilities were counted whole in memory while their FLOPs were divided by t); the
+    final norm's input, which the head's all-gather leaves as the rank's rows, is 1/t."""
+    graph = _graph("tiny-opt.yaml")
+    kept = _kept_under_sp(graph)
+    assert kept["loss#log_probs"] == "split"
     assert kept["decoder.norm"] == "whole"
+    placement, sequence = units(graph)[1], sequence_plan(graph)[0]
+    for name in ("logits", "loss"):
+        assert flops_kind(graph, graph.node(name), placement, sequence) == "split"
+
+
+@pytest.mark.parametrize("name", ["tiny-opt.yaml", "tiny-encoder.yaml", "tiny-moe.yaml",
+                                  "tiny-llama.yaml", "tiny-t5.yaml"])
+def test_under_sp_an_ops_flops_are_divided_as_what_it_keeps_of_its_own(name: str) -> None:
+    """Memory and FLOPs follow one rule: an op whose output or own scratch a rank keeps
+    split, as the rank's rows, or whole on every rank (``_kept_as``) does its work the same
+    way (``flops_kind``: 1/t, 1/t under sp, or whole on every rank), scratch that stays whole
+    on every rank by design (``OpDef.whole_scratch``: routed tokens at full width) apart."""
+    graph = _graph(name)
+    placement, sequence = units(graph)[1], sequence_plan(graph)
+    if placement is None or sequence[0] is None:
+        pytest.skip(f"{name}: no tensor/sequence-parallel form")
+    checked = 0
+    for node in graph.ops():
+        entries = OPS[node.op].saved([graph.node(i).type for i in node.inputs], node.type,
+                                     node.attrs)
+        for ref, _ in entries:
+            if ref[0] == "in" or (ref[0] == "tmp" and ref[1] in OPS[node.op].whole_scratch):
+                continue
+            if placement.of[node.name] == "P":  # reduced at once: nobody keeps the partial
+                continue
+            tensor = _resolve(graph, node, ref)
+            assert tensor is not None
+            kept = _kept_as(graph, node, ref, tensor, placement, sequence[0])
+            assert kept == flops_kind(graph, node, placement, sequence[0]), (node.name, ref)
+            checked += 1
+    assert checked > 0

@@ -18,11 +18,20 @@ is all-reduced; token tables and the head split by vocabulary rows):
   ``torch.distributed.tensor.parallel.loss_parallel()`` (Megatron's vocab-parallel
   cross-entropy, Shoeybi et al. 2019 section 3: no rank holds the whole logits; torchtitan's
   default);
+- a tied head (``tie_output``: the head multiplies by the token table) reads the table's
+  vocabulary-split rows that the embedding's ``RowwiseParallel`` made, the very parameter, so
+  the weights stay tied and its two gradients accumulate on one tensor (Megatron keeps one
+  weight for both on a stage). No style can own it: ``ColwiseParallel`` on a second module
+  would register a new parameter (a copy). The head step computes what that style's forward
+  does (``_TiedHead``): its input as a replicated DTensor (its gradient, a partial sum, is
+  all-reduced: Megatron's f), the linear on the split rows (the logits split by vocabulary,
+  ``Shard(-1)``), gathered or, with ``loss_parallel``, left split; the head's bias
+  (head.bias) is cut by vocabulary rows with it (``ShardParameters``);
 - ``experts_colwise`` / ``experts_rowwise`` stacked experts (E, hidden, d) / (E, d, hidden):
   each rank keeps its slice of every expert's hidden units (``ShardParameters``); the experts
   step reads the local slices, its input is copied to the ranks and its output summed over
   them (Megatron's f and g operators, as DTensor redistributions);
-- ``replicate`` (norms, routers, position tables, a tied token table): whole on every rank.
+- ``replicate`` (norms, routers, position tables): whole on every rank.
 
 The parallel styles convert tensors in the hooks of modules that are *called*; a plain
 ``to_torch`` module computes linears with ``F.linear`` on its parameters. ``parallelize``
@@ -140,7 +149,7 @@ def module_tp_plan(module: TorchModel, loss_parallel: bool = False
     parameters that stay whole have no entry."""
     styles: dict[str, ParallelStyle] = {}
     shards = tp_plan(module.source_graph)
-    experts: dict[str, dict[str, int]] = {}
+    experts: dict[str, dict[str, int]] = {}  # and a tied head's bias: (V,) cut by rows
     for name, shard in shards.items():
         path, _, leaf = name.rpartition(".")
         owner = module.get_submodule(path)
@@ -153,7 +162,8 @@ def module_tp_plan(module: TorchModel, loss_parallel: bool = False
         elif shard.style == "vocab" and isinstance(owner, LinearWeights):
             styles[path] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False) \
                 if loss_parallel else ColwiseParallel(output_layouts=Replicate())
-        elif shard.style in ("experts_colwise", "experts_rowwise") and shard.tp_dim is not None:
+        elif shard.style in ("experts_colwise", "experts_rowwise", "vocab") \
+                and shard.tp_dim is not None:  # "vocab": the bias beside a tied head
             experts.setdefault(path, {})[leaf] = shard.tp_dim
         elif shard.style != "replicate" and shard.style != "rowwise":
             raise TfgraphError(f"tensor parallelism of {name} ({shard.style}) is not "
@@ -201,6 +211,27 @@ class _CallOwner:
 
     def __call__(self, module: nn.Module, attrs: dict[str, Any], *inputs: Any) -> Any:
         return self.owner(inputs[0] if isinstance(self.owner, LinearWeights) else inputs[1])
+
+
+class _TiedHead:
+    """The output layer over a vocabulary-split tied token table (module docstring): what
+    ``ColwiseParallel``'s forward computes, on the embedding's own parameter. Input: the
+    hidden states every rank holds (a plain tensor, or with sequence parallelism the
+    all-gathered replicated DTensor). Output: the logits split by vocabulary as a DTensor
+    (``loss_parallel``) or gathered whole."""
+
+    def __init__(self, step: Any, mesh: DeviceMesh, loss_parallel: bool) -> None:
+        self.step, self.mesh, self.loss_parallel = step, mesh, loss_parallel
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor,
+                 *params: Tensor) -> Tensor:
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, self.mesh, [Replicate()], run_check=False)
+        logits: Tensor = self.step(module, attrs, x, *params)  # Shard(-1)
+        if self.loss_parallel:
+            return logits
+        assert isinstance(logits, DTensor)
+        return logits.redistribute(self.mesh, [Replicate()]).to_local()
 
 
 class _ExpertsOverRanks:
@@ -263,15 +294,18 @@ def _local_heads(attrs: dict[str, Any], tp: int) -> dict[str, Any]:
     return {k: v // tp if k in ("heads", "kv_heads") else v for k, v in attrs.items()}
 
 
-def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int) -> None:
-    """Route split linears and token tables through their owners, run experts over the
-    ranks, and give every step one rank's heads (``split``: ids of the modules the plan
-    shards)."""
+def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int,
+                   loss_parallel: bool) -> None:
+    """Route split linears and token tables through their owners, compute a tied head on
+    the split table (``_TiedHead``), run experts over the ranks, and give every step one
+    rank's heads (``split``: ids of the modules the plan shards)."""
     by_slot = {slot: owner for slot, owner, _ in program.params}
     for index, (fn, attrs, args, out, dead, inplace, inplace_args) in \
             enumerate(program.steps):
         owners = [by_slot[a] for a in args if a in by_slot and id(by_slot[a]) in split]
-        if owners and (fn is TORCH_OPS["linear"] or fn is TORCH_OPS["embedding"]):
+        if owners and fn is TORCH_OPS["linear"] and isinstance(owners[0], EmbeddingWeights):
+            fn = _TiedHead(fn, mesh, loss_parallel)
+        elif owners and (fn is TORCH_OPS["linear"] or fn is TORCH_OPS["embedding"]):
             fn = _CallOwner(owners[0])
         elif owners and fn is TORCH_OPS["experts"]:
             fn = _ExpertsOverRanks(fn, mesh)
@@ -304,8 +338,8 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
     all-to-all; the experts' parameters are then held as ``tp_plan``'s ``ep_dim`` says.
     ``loss_parallel`` (tp > 1): a vocabulary-split head returns its logits as a DTensor split
     on the vocabulary (module docstring); the caller computes the cross-entropy and its
-    backward under ``torch.distributed.tensor.parallel.loss_parallel()``. A tied head is
-    replicated and returns plain logits either way.
+    backward under ``torch.distributed.tensor.parallel.loss_parallel()``. A tied head
+    does the same over the token table's split rows (the weights stay tied).
     ``sp`` (tp > 1): sequence parallelism (``torch_sequence_parallel``, Korthikanti et al.
     2022): the residual stream between sublayers is held as each tp rank's sequence rows
     (norms by ``SequenceParallel``, all-gather before the column-parallel projections,
@@ -351,7 +385,7 @@ def _tensor_parallel(module: TorchModel, mesh: DeviceMesh, tp: int,
     split = {id(module.get_submodule(path)) for path in styles}
     parallelize_module(module, mesh, styles)
     for program in [module._program, *(layer._program for layer in module.layers())]:
-        _rewrite_steps(program, split, mesh, tp)
+        _rewrite_steps(program, split, mesh, tp, loss_parallel)
     if sp:
         sequence_parallel(module, sequence, mesh, tp)
 

@@ -5,7 +5,11 @@ indices as ``*``, the way Hugging Face's ``base_model_tp_plan`` is written), ``c
 on the root) written out so that model.py still imports only torch.
 
 The plan is ``tfgraph.parallel.tp_plan``'s, so model.py holds per rank what the planner
-counts. model.py's attention and rotary calls read their head counts from the local widths
+counts, but for a tied token table: model.py's head is an inline ``F.linear`` over the table,
+which cannot read a vocabulary-split DTensor beside a plain input, so model.py keeps a tied
+table (and the head's bias beside it) whole on every rank, as tfgraph did before the planner
+and ``to_torch``'s ``parallelize`` split it by vocabulary (Megatron's layout); train the spec
+through ``parallelize`` for that. model.py's attention and rotary calls read their head counts from the local widths
 (``torch_ops``' templates), so nothing else changes under tensor parallelism. Stacked experts
 are split only by ``to_torch``'s ``parallelize``: model.py's ``check_tp`` refuses tp > 1 for
 them, and for T5's relative position bias and full-width query/key norms, as ``parallelize``
@@ -26,9 +30,14 @@ __all__ = ["parallel_source"]
 def _plan(graph: Graph) -> dict[str, str]:
     """Module path pattern -> "colwise" | "rowwise" | "vocab" | the style model.py refuses."""
     embedded = {n.inputs[0] for n in graph.ops() if n.op == "embedding"}
+    # a tied table (an embedding's table a linear reads) and that head's bias stay whole
+    tied = {name for n in graph.ops() if n.op == "linear" and n.inputs[1] in embedded
+            for name in n.inputs[1:]}
     plan: dict[str, str] = {}
     for name, shard in tp_plan(graph).items():
         path, _, leaf = name.rpartition(".")
+        if name in tied:
+            continue
         pattern = re.sub(r"\.layers\.\d+\.", ".layers.*.", path)
         if shard.style in ("colwise", "vocab") or (shard.style == "rowwise"
                                                    and leaf == "weight"):
@@ -63,9 +72,12 @@ def parallel_source(graph: Graph) -> str:
     """The TP_PLAN, check_tp and parallelize section of model.py for ``graph``."""
     heads = sorted({(k, n.attrs[k]) for n in graph.ops() for k in ("heads", "kv_heads")
                     if k in n.attrs})
+    plan = _plan(graph)
     dims = sorted({(name, shard.tp_dim, graph.node(name).attrs["shape"][shard.tp_dim])
-                   for name, shard in tp_plan(graph).items() if shard.tp_dim is not None})
-    entries = "".join(f'    "{k}": "{v}",\n' for k, v in _plan(graph).items())
+                   for name, shard in tp_plan(graph).items() if shard.tp_dim is not None
+                   and re.sub(r"\.layers\.\d+\.", ".layers.*.", name.rpartition(".")[0])
+                   in plan})
+    entries = "".join(f'    "{k}": "{v}",\n' for k, v in plan.items())
     counts = sorted({count for _, count in heads} | {size for _, _, size in dims})
     refusals = _refusals(graph)
     return f'''# ---- tensor parallelism and FSDP2 (torchrun; tfgraph.parallel.tp_plan) ------------

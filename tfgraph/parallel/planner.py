@@ -56,7 +56,7 @@ LINK_EFFICIENCY = 0.8
 
 _NUMBERS = ("saved_none_split", "saved_none_whole", "saved_none_replicated", "saved_sel_split",
             "saved_sel_whole", "saved_sel_replicated", "inputs", "flops_split", "flops_whole",
-            "attention_flops", "tp", "vocab_reduce", "a2a", "output_grad")
+            "flops_replicated", "attention_flops", "tp", "vocab_reduce", "a2a", "output_grad")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ def _evaluate(unit: Unit, form: str, sizes: dict[sympy.Symbol, int]) -> UnitNumb
         "saved_sel_whole": unit.saved[(form, "selective")][1],
         "saved_sel_replicated": unit.saved[(form, "selective")][2],
         "inputs": unit.inputs, "flops_split": unit.flops_split,
-        "flops_whole": unit.flops_whole, "attention_flops": unit.attention_flops,
+        "flops_whole": unit.flops_whole, "flops_replicated": unit.flops_replicated,
+        "attention_flops": unit.attention_flops,
         "tp": unit.tp_forward + unit.tp_backward, "vocab_reduce": unit.vocab_reduce,
         "a2a": unit.a2a, "output_grad": unit.output_grad,
     }
@@ -96,7 +97,8 @@ def unit_numbers(graph: Graph, micro_batch: int, seq: int, form: str
         out = []
         for unit in units(graph)[0]:
             sig = (tuple(unit.saved[(form, r)] for r in ("none", "selective")), unit.inputs,
-                   unit.flops_split, unit.flops_whole, unit.attention_flops, unit.tp_forward,
+                   unit.flops_split, unit.flops_whole, unit.flops_replicated,
+                   unit.attention_flops, unit.tp_forward,
                    unit.tp_backward, unit.vocab_reduce, unit.a2a, unit.output_grad)
             if sig not in seen:
                 seen[sig] = _evaluate(unit, form, sizes)
@@ -144,9 +146,9 @@ def _signature(graph: Graph, unit: Unit) -> tuple[Any, ...]:
     shapes = tuple(tuple(graph.node(p).attrs["shape"]) for p in unit.params)
     plan = tp_plan(graph)
     exprs = (tuple(sorted(unit.saved.items())), unit.inputs, unit.flops_split,
-             unit.flops_whole, unit.attention_flops, unit.tp_forward, unit.tp_backward,
-             unit.vocab_reduce, unit.a2a, unit.output_grad, unit.output_grad_split,
-             unit.is_layer)
+             unit.flops_whole, unit.flops_replicated, unit.attention_flops, unit.tp_forward,
+             unit.tp_backward, unit.vocab_reduce, unit.a2a, unit.output_grad,
+             unit.output_grad_split, unit.is_layer)
     return shapes, tuple(plan[p] for p in unit.params), exprs
 
 
@@ -222,7 +224,9 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
                           + n["saved_none_replicated"])
             kept = n["inputs"] // sp_div
         saved += kept * in_flight * count
-        forward = n["flops_split"] / t + n["flops_whole"] / sp_div
+        # the rule the saved bytes follow (units.flops_kind): whole work is the rank's rows
+        # under sequence parallelism, replicated work (on the gathered sequence) is not cut
+        forward = n["flops_split"] / t + n["flops_whole"] / sp_div + n["flops_replicated"]
         extra = 0.0
         if layout.recompute == "selective":
             extra = n["attention_flops"] / t
@@ -288,7 +292,8 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
         figures.append(_stage(graph, layout, index, folded[index], numbers, boundary))
     worst = max(figures, key=lambda f: f.total)
     tp_stage = max(figures, key=lambda f: f.comm["tp"]).stage
-    forward = sum(n["flops_split"] + n["flops_whole"] for n in numbers)
+    forward = sum(n["flops_split"] + n["flops_whole"] + n["flops_replicated"]
+                  for n in numbers)
     sequences = layout.global_batch // layout.micro_batch
     model_flops = 3 * forward * sequences
     hardware = sum(f.hardware_flops for f in figures) * layout.tp * layout.dp

@@ -84,24 +84,19 @@ def tp_plan(graph: Graph) -> dict[str, ParamShard]:
 
 
 def _tp_plan(graph: Graph) -> dict[str, ParamShard]:
-    """Every parameter of ``graph`` (by name) with its split. A token table that the output
-    head also reads (tied, ``tie_output``) is replicated: one module cannot be both an
-    embedding split by vocabulary rows and a head split by output rows, so
-    ``parallelize`` keeps the tied table whole on every tensor-parallel rank, and the head's
-    bias (head.bias, when output_bias) with it. A parameter operand an op splits by heads
-    (``OpDef.tp_split_param``) has the ``heads`` style on that dimension."""
-    # tied: a table an embedding gathers from and a linear (the head) multiplies by
-    tables = {n.inputs[0] for n in graph.ops() if n.op == "embedding"}
-    tied = {name for n in graph.ops() if n.op == "linear" and n.inputs[1] in tables
-            for name in n.inputs[1:]}
+    """Every parameter of ``graph`` (by name) with its split. A token table the output head
+    also reads (tied, ``tie_output``) is split by vocabulary rows like an untied one: the
+    same rows serve the lookup (Megatron's VocabParallelEmbedding) and the head's logits
+    (its ColumnParallelLinear over the shared weight; Shoeybi et al. 2019 §3, Narayanan et
+    al. 2021), and the head's bias (head.bias, when output_bias) with them. A parameter
+    operand an op splits by heads (``OpDef.tp_split_param``) has the ``heads`` style on that
+    dimension."""
     by_heads: dict[str, ParamShard] = {}
     for n in graph.ops():
         split = OPS[n.op].tp_split_param
         if split is not None and graph.node(n.inputs[split[0]]).is_param:
             by_heads[n.inputs[split[0]]] = ParamShard("heads", split[1])
-    return {p.name: by_heads[p.name] if p.name in by_heads
-            else ParamShard("replicate", None) if p.name in tied
-            and param_shard(p).style == "vocab" else param_shard(p) for p in graph.params()}
+    return {p.name: by_heads.get(p.name) or param_shard(p) for p in graph.params()}
 
 
 def check_divisible(graph: Graph, tp: int = 1, ep: int = 1) -> None:
@@ -125,8 +120,12 @@ def _check_divisible(graph: Graph, tp: int = 1, ep: int = 1) -> None:
     for name, shard in tp_plan(graph).items():
         shape = graph.node(name).attrs["shape"]
         if tp > 1 and shard.tp_dim is not None and shape[shard.tp_dim] % tp:
+            # Megatron-LM pads the vocabulary to a multiple of 128 x tp instead
+            # (--make-vocab-size-divisible-by); a spec states its padded vocab itself
+            pad = " (pad the vocab to a multiple of the tp degree, as Megatron-LM does)" \
+                if shard.style == "vocab" else ""
             raise TfgraphError(f"--tp {tp} does not divide {name} dimension {shard.tp_dim} "
-                               f"({shape[shard.tp_dim]})")
+                               f"({shape[shard.tp_dim]}){pad}")
         if ep > 1 and shard.ep_dim is not None and shape[shard.ep_dim] % ep:
             raise TfgraphError(f"--ep {ep} does not divide the {shape[shard.ep_dim]} experts "
                                f"of {name}")

@@ -13,8 +13,13 @@ For each unit, from ``tfgraph.passes.cost.op_costs`` and the placement (``tfgrap
   tokens, a replicated head's loss). Which is which under sequence parallelism is the
   module's own rule (``tfgraph.parallel.sequence_plan``). Each tensor once per unit (the
   attention output is also the output projection's input);
-- ``flops``: (split, whole) forward FLOPs and the attention core's (recomputed by selective
-  recompute);
+- ``flops``: (split, whole, replicated) forward FLOPs, by the rule the saved bytes follow
+  (``flops_kind``): split work is 1/t per rank (an op on split data: a split projection, the
+  attention of a rank's heads, the loss over vocabulary-split logits), whole work is done by
+  every rank under tensor parallelism alone and 1/t of it (the rank's rows) under sequence
+  parallelism, replicated work is done whole by every rank under sequence parallelism too
+  (a step reading the all-gathered sequence: a router); and the attention core's (recomputed
+  by selective recompute);
 - communication: bytes of the forward all-reduces (P outputs), the backward all-reduces (R
   tensors entering a split region), the vocabulary reductions and the MoE token exchange.
 
@@ -72,6 +77,9 @@ class Unit:
     what a pipeline stage boundary sends."""
     flops_split: sympy.Expr = ZERO
     flops_whole: sympy.Expr = ZERO
+    flops_replicated: sympy.Expr = ZERO
+    """Forward FLOPs whole on every rank under sequence parallelism too (``flops_kind``);
+    ``flops_whole`` is divided by t under sequence parallelism, this never."""
     attention_flops: sympy.Expr = ZERO
     """Forward FLOPs of the attention cores (split by heads under tensor parallelism)."""
     tp_forward: sympy.Expr = ZERO
@@ -159,6 +167,23 @@ def _kept_as(graph: Graph, node: Node, ref: tuple[Any, ...], tensor: str,
         rows = tensor in sequence.sharded or (
             ref[0] == "in" and sequence.kind.get(node.name) == "elementwise")
     return "whole" if rows else "replicated"
+
+
+def flops_kind(graph: Graph, node: Node, placement: Placement | None,
+               sequence: SequencePlan | None) -> str:
+    """How a rank does ``node``'s work, by the rule its saved output and scratch follow
+    (``_kept_as``): "split" (1/t each: the op works on split data, ``_split`` of its own
+    output or scratch), "whole" (every rank under tensor parallelism alone, the rank's rows
+    under sequence parallelism: a step on rows, ``SequencePlan.sharded``) or "replicated"
+    (whole on every rank under sequence parallelism too: a step on the all-gathered
+    sequence, and what follows it outside the sharded region). Without a sequence plan
+    nothing is replicated."""
+    if placement is not None and (placement.of[node.name] in ("S", "P") or any(
+            placement.of[i] == "S" for i in node.inputs if not graph.node(i).is_param)):
+        return "split"
+    if sequence is None or node.name in sequence.sharded:
+        return "whole"
+    return "replicated"
 
 
 def _saved(graph: Graph, unit_ops: list[Node], placement: Placement | None,
@@ -267,14 +292,12 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
             for recompute in ("none", "selective"):
                 unit.saved[(form, recompute)] = _saved(graph, nodes, placement, sequence, form,
                                                        recompute, counted[(form, recompute)])
-        split: list[sympy.Expr] = []
-        whole: list[sympy.Expr] = []
+        by_kind: dict[str, list[sympy.Expr]] = {"split": [], "whole": [], "replicated": []}
         attention: list[sympy.Expr] = []
         for node in nodes:
             c = costs[node.name]
             flops = c.matmul + c.other
-            is_split = placement is not None and placement.of[node.name] in ("S", "P")
-            (split if is_split else whole).append(flops)
+            by_kind[flops_kind(graph, node, placement, sequence)].append(flops)
             if node.op == "attention":
                 attention.append(flops)
             if node.op == "experts":
@@ -283,7 +306,8 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
             if node.op == "cross_entropy":
                 unit.output_grad += graph.node(node.inputs[0]).type.nbytes
                 unit.output_grad_split = _split(graph, node.inputs[0], placement)
-        unit.flops_split, unit.flops_whole = cost.total(split), cost.total(whole)
+        unit.flops_split, unit.flops_whole, unit.flops_replicated = (
+            cost.total(by_kind[k]) for k in ("split", "whole", "replicated"))
         unit.attention_flops = cost.total(attention)
         unit.tp_forward = _bytes(graph, (n for n in unit.ops if n in forward))
         unit.tp_backward = _bytes(graph, (t for n in unit.ops
