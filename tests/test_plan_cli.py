@@ -59,7 +59,8 @@ def test_json_has_the_design_keys_and_equals_the_planner():
     assert step["comm_bytes"]["ep"] == 0
     assert data["layout"] == {"tp": 2, "pp": 2, "dp": 2, "ep": 1, "zero": 1, "sp": True,
                               "recompute": "selective", "micro_batch": 2, "global_batch": 16,
-                              "seq": 32, "dtype": "bfloat16", "gpus": 8, "microbatches": 4}
+                              "seq": 32, "dtype": "bfloat16", "states": "mixed", "gpus": 8,
+                              "microbatches": 4}
     assert step["bubble"] == pytest.approx((2 - 1) / 4)
     graph = tfgraph.compile(load_spec(DECODER).model_copy(update={"dtype": "bfloat16"}),
                             loss=True)
@@ -80,11 +81,21 @@ def test_defaults_dp_global_batch_seq_and_dtype():
     assert no_max_len["layout"]["seq"] == 2048
 
 
-def test_dtype_sets_the_state_bytes():
-    # mixed precision: 2 (16-bit weights) + 4 (fp32 gradients) + 12 (master + moments)
-    mixed = plan_json(DECODER, "--gpus", 1)["per_rank"]["memory"]
+def test_dtype_and_states_set_the_state_bytes():
+    # mixed precision, --states mixed (the default): 2 (16-bit weights) + 2 (16-bit
+    # gradients) + 12 (fp32 master + moments); --states megatron: fp32 gradients, 2 + 4 + 12
+    data = plan_json(DECODER, "--gpus", 1)
+    mixed = data["per_rank"]["memory"]
+    assert data["model_states"].startswith("--states mixed: 2 weights + 2 gradients + 12 "
+                                           "optimizer")
+    megatron = plan_json(DECODER, "--gpus", 1, "--states", "megatron")["per_rank"]["memory"]
     fp32 = plan_json(DECODER, "--gpus", 1, "--dtype", "float32")["per_rank"]["memory"]
-    assert mixed["gradients"] == 2 * mixed["weights"] == fp32["gradients"] == fp32["weights"]
+    assert mixed["gradients"] == mixed["weights"] == megatron["gradients"] // 2
+    assert megatron["gradients"] == 2 * megatron["weights"] == fp32["gradients"] \
+        == fp32["weights"]
+    assert megatron["optimizer"] == mixed["optimizer"]
+    assert plan_json(DECODER, "--gpus", 1, "--dtype", "float32", "--states", "megatron")[
+        "per_rank"]["memory"] == fp32  # fp32 training: 4 + 4 + 8 under either
     params = fp32["weights"] // 4
     tensors = (mixed["optimizer"] - 12 * params) // 4  # Adam's float32 step per tensor
     assert fp32["optimizer"] == 8 * params + 4 * tensors
@@ -358,3 +369,31 @@ def test_expert_parallel_experts_reduce_over_the_ranks_holding_them(zero: int) -
         got = plan(graph, Layout(ep=ep, **base), gpu())["step"]["comm_bytes"]["dp"]
         want = expected(dense, d) + expected(experts // ep, d // ep)
         assert got == pytest.approx(want, rel=1e-9), (ep, got, want)
+
+
+@pytest.mark.parametrize("states, per_param", [(None, 16), ("mixed", 16), ("megatron", 18)])
+@pytest.mark.parametrize("name", ["tiny-bf16.yaml", "tiny-decoder.yaml"])
+def test_report_and_plan_count_the_same_model_states(states: str | None, per_param: int,
+                                                     name: str, tmp_path: Path) -> None:
+    """One convention for both commands (issue 26): for a 16-bit spec, ``report``'s
+    memory.model_states and a one-GPU ``plan``'s weights + gradients + optimizer are the same
+    bytes per parameter under the same --states (default mixed: 16; megatron: 18), but for
+    Adam's float32 step count per parameter tensor, which the plan counts and the report's
+    contract (weights + gradients + two moments) leaves out; both say which convention."""
+    spec_path = SPECS / name
+    flag = [] if states is None else ["--states", states]
+    spec = load_spec(spec_path).model_copy(update={"dtype": "bfloat16"})
+    bf16 = tmp_path / name  # the spec in bfloat16 (JSON is YAML), as plan compiles it
+    bf16.write_text(json.dumps(spec.model_dump(mode="json", exclude_unset=True)))
+    done = runner().invoke(main, ["report", str(bf16), "--json", *flag],
+                           catch_exceptions=False)
+    assert done.exit_code == 0, done.stderr
+    report = json.loads(done.stdout)
+    planned = plan_json(spec_path, "--gpus", 1, "--dtype", "bfloat16", *flag)
+    memory = planned["per_rank"]["memory"]
+    tensors = len(tfgraph.compile(spec).params())
+    assert report["memory"]["model_states"] == per_param * report["params"]
+    assert memory["weights"] + memory["gradients"] + memory["optimizer"] \
+        == report["memory"]["model_states"] + 4 * tensors
+    assert planned["model_states"].startswith(report["model_states"])
+    assert f"= {per_param} bytes per parameter" in report["model_states"]

@@ -133,7 +133,8 @@ def test_model_states_18_bytes_per_parameter(graph, pp: int) -> None:
     t = 8
     dp = 1024 // (t * pp)
     result = plan(graph, Layout(tp=t, pp=pp, dp=dp, zero=0, micro_batch=1,
-                                global_batch=dp * pp, seq=SEQ), gpu("a100-80gb"))
+                                global_batch=dp * pp, seq=SEQ, states="megatron"),
+                  gpu("a100-80gb"))
     stage = result["stages"][1]
     params, tensors = _middle_stage_params(t, pp)
     megatron = (L // pp) * 12 * H**2 * (1 + 13 / (12 * H)) / t
@@ -149,9 +150,11 @@ def test_model_states_18_bytes_per_parameter(graph, pp: int) -> None:
 def test_distributed_optimizer_6_plus_12_over_d(graph) -> None:
     t, pp, dp = 8, 8, 16
     zero0 = plan(graph, Layout(tp=t, pp=pp, dp=dp, zero=0, micro_batch=1,
-                               global_batch=dp * pp, seq=SEQ), gpu("a100-80gb"))
+                               global_batch=dp * pp, seq=SEQ, states="megatron"),
+                 gpu("a100-80gb"))
     zero1 = plan(graph, Layout(tp=t, pp=pp, dp=dp, zero=1, micro_batch=1,
-                               global_batch=dp * pp, seq=SEQ), gpu("a100-80gb"))
+                               global_batch=dp * pp, seq=SEQ, states="megatron"),
+                 gpu("a100-80gb"))
     params, tensors = _middle_stage_params(t, pp)
     states = zero1["stages"][1]["total"] - zero1["stages"][1]["activations"]
     assert states == 6 * params + 12 * params // dp + 4 * tensors
@@ -171,3 +174,48 @@ def test_single_rank_activations_equal_the_training_walk(name: str) -> None:
     sizes = {SYMBOLS["B"]: 3, SYMBOLS["S"]: 16, SYMBOLS["T"]: 16}
     walk = sum(int(e.xreplace(sizes)) for e in saved_by_layer(g, "none").values())
     assert result["per_rank"]["memory"]["activations"] == walk
+
+
+def test_first_stage_holds_megatrons_18_bytes_per_parameter(graph) -> None:
+    """GPT-3 175B at tp 8 / pp 8 under Megatron's convention (--states megatron): the first
+    stage holds its 12 layers' 1/t share, the tied token table split by vocabulary (V h / t
+    rows, Megatron's VocabParallelEmbedding) and the learned position table (whole), at
+    exactly 18 bytes per parameter (+ Adam's step counts); per the model's P / (t p)
+    parameters a rank, that is 18.6 bytes, where a table copied whole to every
+    tensor-parallel rank made it 1.20 x 18 (issue 26)."""
+    t, pp, dp = 8, 8, 16
+    result = plan(graph, Layout(tp=t, pp=pp, dp=dp, zero=0, micro_batch=1,
+                                global_batch=dp * pp, seq=SEQ, states="megatron"),
+                  gpu("a100-80gb"))
+    first = result["stages"][0]
+    layers, layer_tensors = _middle_stage_params(t, pp)
+    params = layers + V * H // t + SEQ * H
+    states = first["total"] - first["activations"]
+    assert states == 18 * params + 4 * (layer_tensors + 2)
+    total = sum(p.attrs["shape"][0] * (p.attrs["shape"][1] if len(p.attrs["shape"]) > 1
+                                        else 1) for p in graph.params())
+    per_rank = total / (t * pp)
+    assert 18 <= states / per_rank < 18 * 1.04
+
+
+def test_korthikantis_1t_layout_fits_in_80_gb() -> None:
+    """Korthikanti et al. 2022 Table 3, the 1T model they trained on A100 80GB: 128 layers,
+    h 25600, 160 heads, s 2048, tp 8, pp 64, micro-batch 1, global batch 512, sequence
+    parallelism and selective recompute, Megatron's 18 bytes per parameter. With the tied
+    table split by vocabulary (V h / t per rank on the first and the last stage) the most
+    loaded rank, the first stage (64 micro-batches in flight), holds 68.3 GB: it fits, as it
+    did for Megatron (a table copied whole to every rank made it 88.9 GB, issue 26)."""
+    data = tfgraph.load_spec("specs/gpt3-175b.yaml").model_dump(exclude_unset=True)
+    data.update(name="korthikanti-1t", d_model=25600, layers=128, dtype="bfloat16")
+    data["attention"] = {"heads": 160, "bias": True}
+    data["ffn"]["hidden"] = 4 * 25600
+    g = tfgraph.compile(tfgraph.Spec.model_validate(data), loss=True)
+    layout = Layout(tp=8, pp=64, dp=1, sp=True, recompute="selective", micro_batch=1,
+                    global_batch=512, seq=SEQ, states="megatron")
+    result = plan(g, layout, gpu("a100-80gb"))
+    rank = result["per_rank"]
+    assert rank["stage"] == 0 and rank["fits"]
+    assert 60e9 < rank["memory"]["total"] < 70e9
+    h = 25600
+    first_layers = 2 * ((12 * h**2 + 7 * h) // 8 + 6 * h)  # two layers a stage, 1/t + biases
+    assert result["stages"][0]["weights"] == 2 * (first_layers + V * h // 8 + SEQ * h)

@@ -42,8 +42,12 @@ class CompiledGraph(Graph):
     """A graph lowered from a spec, with the cost report as a method."""
 
     def report(self, batch: int = 1, seq: int | None = None, tgt_seq: int | None = None,
-               fused_attention: bool = False) -> dict[str, Any]:
+               fused_attention: bool = False, states: str = "mixed") -> dict[str, Any]:
         """The cost report (same dict as ``tfgraph report --json``); see tfgraph.passes.report.
+
+        ``states``: the model-state convention of 16-bit training, "mixed" (16-bit gradients,
+        16 bytes per parameter) or "megatron" (fp32 gradients, 18), as ``tfgraph plan
+        --states`` (tfgraph.passes.figures.STATES).
 
         ``seq`` defaults to 128, or the spec's max_len when that is smaller (as the command).
         Lengths past the spec's max_len follow tfgraph.graph.lengths: a learned position table
@@ -55,7 +59,7 @@ class CompiledGraph(Graph):
         check_lengths(self.spec, ("seq", seq), ("tgt_seq", tgt_seq if two else None))
         with gc_paused():
             return build_report(self, batch=batch, seq=seq, tgt_seq=tgt_seq,
-                                fused_attention=fused_attention)
+                                fused_attention=fused_attention, states=states)
 
 
 def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001

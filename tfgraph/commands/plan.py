@@ -83,6 +83,11 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
               default="bfloat16", show_default=True,
               help="Training precision: 16-bit mixed precision (fp32 master weights and Adam "
                    "moments) or float32.")
+@click.option("--states", type=click.Choice(["mixed", "megatron"]), default="mixed",
+              show_default=True,
+              help="Model states of 16-bit training: mixed keeps 16-bit gradients (16 bytes "
+                   "per parameter with the fp32 master copy and Adam's moments; ZeRO, "
+                   "tfgraph report's default too), megatron fp32 gradients (18, Megatron-LM).")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused",
               show_default=True,
               help="Attention kernel: fused keeps no score matrix for backward.")
@@ -95,7 +100,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
          tp_text: str | None, pp_text: str | None, dp_text: str | None, ep_text: str | None,
          zero_text: str | None, sp: bool | None, recompute: str | None,
          micro_text: str | None, global_text: str | None, seq_text: str | None, dtype: str,
-         attention: str, do_search: bool, top_text: str | None, as_json: bool) -> None:
+         states: str, attention: str, do_search: bool, top_text: str | None,
+         as_json: bool) -> None:
     """Plan training SPEC|DIR on --gpus GPUs: per-rank memory, step FLOPs, communication,
     pipeline bubble, time and MFU of one layout, or --search for the fastest that fit.
 
@@ -118,7 +124,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
         fixed = [name for name in _LAYOUT_OPTIONS if given[name] is not None]
         if fixed:
             raise TfgraphError(f"--search chooses {', '.join(fixed)} itself; give only --gpus, "
-                               "--gpu/--gpu-memory, --global-batch, --seq, --dtype, --attention")
+                               "--gpu/--gpu-memory, --global-batch, --seq, --dtype, --states, "
+                               "--attention")
         top = _count("--top", top_text, maximum=MAX_TOP) or DEFAULT_TOP
     elif top_text is not None:
         raise TfgraphError("--top: only with --search")
@@ -129,7 +136,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     if do_search:
         from tfgraph.parallel.search import search
 
-        base = Layout(global_batch=global_batch or gpus, seq=seq, dtype=dtype)
+        base = Layout(global_batch=global_batch or gpus, seq=seq, dtype=dtype, states=states)
         results = [{"name": spec.name, **r}
                    for r in search(graph, gpus, base, device, attention, top)]
         if as_json:
@@ -142,7 +149,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
 
     from tfgraph.parallel.planner import plan as plan_layout
 
-    layout = _layout(gpus, given, global_batch, seq, dtype)
+    layout = _layout(gpus, given, global_batch, seq, dtype, states)
     result: dict[str, Any] = {"name": spec.name, **plan_layout(graph, layout, device, attention)}
     if as_json:
         click.echo(json.dumps(result, indent=2))
@@ -152,8 +159,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     render_plan(result, spec, device)
 
 
-def _layout(gpus: int, given: dict[str, Any], global_batch: int | None, seq: int, dtype: str
-            ) -> Layout:
+def _layout(gpus: int, given: dict[str, Any], global_batch: int | None, seq: int, dtype: str,
+            states: str = "mixed") -> Layout:
     """The layout the options name, GPUs = tp x pp x dp checked (the rest: ``layout.check``)."""
     tp = _count("--tp", given["--tp"]) or 1
     pp = _count("--pp", given["--pp"]) or 1
@@ -172,4 +179,4 @@ def _layout(gpus: int, given: dict[str, Any], global_batch: int | None, seq: int
     return Layout(tp=tp, pp=pp, dp=dp, ep=_count("--ep", given["--ep"]) or 1, zero=zero or 0,
                   sp=bool(given["--sp"]), recompute=given["--recompute"] or "none",
                   micro_batch=micro, global_batch=global_batch or dp * micro, seq=seq,
-                  dtype=dtype)
+                  dtype=dtype, states=states)

@@ -93,6 +93,7 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
     console.print(memory)
     verdict = "[green]fits[/green]" if rank["fits"] else "[red]does not fit[/red]"
     console.print(f"{verdict}: {_gb(rank['memory']['total'])} of {_gb(rank['gpu_memory'])}")
+    console.print(plain(f"Model states: {result['model_states']}"))
 
     if len(result["stages"]) > 1:
         stages = Table(title="Per pipeline stage (one rank)", title_justify="left")

@@ -48,9 +48,14 @@ def _positive(option: str, text: str | None) -> int | None:
               help="Target length, encoder-decoder only (default: --seq).")
 @click.option("--fused-attention", is_flag=True,
               help="Activation peak with a fused attention kernel (no score matrix).")
+@click.option("--states", type=click.Choice(["mixed", "megatron"]), default="mixed",
+              show_default=True,
+              help="Model states of a 16-bit spec: mixed keeps 16-bit gradients (16 bytes per "
+                   "parameter with the fp32 master copy and Adam's moments; ZeRO), megatron "
+                   "fp32 gradients (18, Megatron-LM), as tfgraph plan --states.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report dict as JSON.")
 def report(spec_path: str, batch_text: str | None, seq_text: str | None, tgt_text: str | None,
-           fused_attention: bool, as_json: bool) -> None:
+           fused_attention: bool, states: str, as_json: bool) -> None:
     """Report parameters, FLOPs and memory of SPEC at a batch size and sequence length(s).
 
     Exit status 2 for an invalid spec or a bad size.
@@ -69,7 +74,8 @@ def report(spec_path: str, batch_text: str | None, seq_text: str | None, tgt_tex
     import tfgraph
 
     graph = tfgraph.compile(spec)
-    rep = graph.report(batch=batch, seq=seq, tgt_seq=tgt_seq, fused_attention=fused_attention)
+    rep = graph.report(batch=batch, seq=seq, tgt_seq=tgt_seq, fused_attention=fused_attention,
+                       states=states)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
         return
@@ -247,4 +253,5 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
     conv.add_column("convention", overflow="fold")
     for key, text in rep["conventions"].items():
         conv.add_row(key, text)
+    conv.add_row("model states", rep["model_states"])  # the convention this report used
     console.print(conv)

@@ -13,20 +13,35 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from tfgraph.errors import TfgraphError
-from tfgraph.graph.ir import Graph
+from tfgraph.graph.ir import DTYPE_BYTES, Graph
 from tfgraph.graph.lengths import check_lengths
 from tfgraph.parallel.tp_plan import check_divisible
+from tfgraph.passes import figures
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
-# Bytes per parameter of each kind of state, by training precision. Mixed precision is
-# Megatron-LM's: 16-bit weights, fp32 gradients (main_grad) and an fp32 master copy beside
-# Adam's two fp32 moments: 2 + 4 + 12 = 18 bytes (Korthikanti et al. 2022 §4; Narayanan et al.
-# 2021 §3.4). fp32 training keeps 4 + 4 + 8.
+# Bytes per parameter of (weights, gradients, optimizer) by training precision and model-state
+# convention (``--states``, the same in ``tfgraph report``: tfgraph.passes.figures.STATES,
+# whose functions compute them).
+# 16-bit mixed precision keeps 16-bit weights, an fp32 master copy and Adam's two fp32 moments
+# (4 + 8 = 12 optimizer bytes) and either
+# - "mixed" (the default): 16-bit gradients, 2 + 2 + 12 = 16 bytes (Rajbhandari et al. 2020,
+#   ZeRO §3.1: "16 bytes" per parameter; DeepSpeed; what report has always counted), or
+# - "megatron": fp32 gradients (Megatron-LM's main_grad), 2 + 4 + 12 = 18 bytes (Korthikanti
+#   et al. 2022 §4; Narayanan et al. 2021 §3.4).
+# fp32 training keeps 4 + 4 + 8 under either.
 STATE_BYTES: dict[str, tuple[int, int, int]] = {
-    "float32": (4, 4, 8), "bfloat16": (2, 4, 12), "float16": (2, 4, 12),
+    dtype: figures.state_bytes(DTYPE_BYTES[dtype]) for dtype in ("bfloat16", "float16", "float32")
 }
+"""The default ("mixed") convention's bytes by training precision."""
 DTYPES = tuple(STATE_BYTES)
+STATES = figures.STATES
+
+
+def state_bytes(dtype: str, states: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter of ``dtype`` training under the
+    ``states`` convention (see STATES)."""
+    return figures.state_bytes(DTYPE_BYTES[dtype], states)
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,9 @@ class Layout:
     seq: int = 2048
     dtype: str = "bfloat16"
     """Training precision: bfloat16/float16 mixed precision or float32."""
+    states: str = "mixed"
+    """Model-state convention of 16-bit training (``STATES``): "mixed" 16-bit gradients (16
+    bytes per parameter), "megatron" fp32 gradients (18)."""
 
     @property
     def gpus(self) -> int:
@@ -94,6 +112,8 @@ def check(graph: Graph, layout: Layout) -> None:
         raise TfgraphError(f"--recompute must be one of {', '.join(RECOMPUTE)}")
     if layout.dtype not in STATE_BYTES:
         raise TfgraphError(f"--dtype must be one of {', '.join(DTYPES)}")
+    if layout.states not in STATES:
+        raise TfgraphError(f"--states must be one of {', '.join(STATES)}")
     if layout.sp and layout.tp == 1:
         raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs --tp > 1")
     check_lengths(graph.spec, ("--seq", layout.seq))  # README, "Lengths beyond max_len"

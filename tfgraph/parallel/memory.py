@@ -8,10 +8,12 @@ figure given (the most loaded rank). Expert weights split by expert parallelism 
 over d / ep ranks only. Adam keeps a float32 step count per parameter tensor (torch.optim.Adam):
 4 bytes each, counted in ``optimizer``.
 
-Precision (``layout.STATE_BYTES``): mixed precision keeps 16-bit weights, fp32 gradients and
-an fp32 master copy with the two moments (Megatron-LM, 18 bytes per parameter); with ZeRO-3
-(FSDP2 with a 16-bit ``MixedPrecisionPolicy``) the sharded parameter itself is the fp32 master
-(4 + 4 + 8 bytes), the 16-bit copy exists only while a layer runs (``temporary``).
+Precision (``layout.state_bytes``): mixed precision keeps 16-bit weights, 16-bit gradients
+(``--states mixed``, 16 bytes per parameter) or fp32 ones (``--states megatron``, Megatron-LM's
+18) and an fp32 master copy with the two moments; with ZeRO-3 (FSDP2 with a 16-bit
+``MixedPrecisionPolicy``) the sharded parameter itself is the fp32 master and its gradient
+fp32 (4 + 4 + 8 bytes under either convention), the 16-bit copy exists only while a layer
+runs (``temporary``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfgraph.graph.ir import Graph
-from tfgraph.parallel.layout import STATE_BYTES, Layout
+from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.tp_plan import ParamShard, tp_plan
 
 STEP_BYTES = 4  # torch.optim.Adam's float32 step count, one per parameter tensor
@@ -76,7 +78,8 @@ def states(graph: Graph, params: list[str], layout: Layout) -> States:
     """Model-state bytes of the most loaded rank holding ``params`` (memoised per parameters
     and the layout's degrees: a search asks for the same layers many times)."""
     plan = tp_plan(graph)
-    key = (tuple(params), layout.tp, layout.ep, layout.dp, layout.zero, layout.dtype)
+    key = (tuple(params), layout.tp, layout.ep, layout.dp, layout.zero, layout.dtype,
+           layout.states)
     memo: dict[Any, States] = graph.memo("parallel_states", dict)
     if key not in memo:
         memo[key] = _states(graph, params, layout, plan)
@@ -85,7 +88,7 @@ def states(graph: Graph, params: list[str], layout: Layout) -> States:
 
 def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, ParamShard]
             ) -> States:
-    w16, grad_bytes, opt_bytes = STATE_BYTES[layout.dtype]
+    w16, grad_bytes, opt_bytes = state_bytes(layout.dtype, layout.states)
     weights = gradients = optimizer = unsharded = expert_unsharded = 0
     for name in params:
         shard = plan[name]
@@ -98,7 +101,7 @@ def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, Par
             expert_unsharded += full
         if layout.zero >= 3:
             weights += part * FP32  # the fp32 (master) shard is the parameter
-            gradients += part * grad_bytes
+            gradients += part * FP32  # FSDP2: the fp32 sharded parameter's gradient
             optimizer += part * ADAM_MOMENTS + STEP_BYTES
             continue
         weights += full * w16

@@ -40,13 +40,14 @@ from typing import Any
 import sympy
 
 from tfgraph.errors import TfgraphError
-from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu
-from tfgraph.parallel.layout import Layout, check
+from tfgraph.parallel.layout import Layout, check, state_bytes
 from tfgraph.parallel.memory import NONE, States, add, states
 from tfgraph.parallel.tp_plan import tp_plan
 from tfgraph.parallel.units import Unit, sequence_plan, units
+from tfgraph.passes.figures import states_note
 
 COMPUTE_EFFICIENCY = 0.5
 """Share of peak FLOP/s a large training run sustains (Narayanan et al. 2021 report 44-52% of
@@ -253,12 +254,14 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
 
 def _dp_bytes(layout: Layout, s: States, w16: int) -> float:
     """Data-parallel bytes one rank sends per step: the dense parameters over all d ranks, the
-    expert-parallel ones over the d / ep ranks that hold the same experts."""
+    expert-parallel ones over the d / ep ranks that hold the same experts. Gradients are
+    reduced at the bytes they are kept in (``layout.state_bytes``; ZeRO-3's are fp32)."""
     d, m = layout.dp, layout.microbatches
+    grad_bytes = 4 if layout.zero >= 3 else state_bytes(layout.dtype, layout.states)[1]
     total = 0.0
     for elements, ranks in ((s.unsharded - s.expert_unsharded, d),
                             (s.expert_unsharded, d // layout.ep)):
-        grads = elements * 4
+        grads = elements * grad_bytes
         if layout.zero == 0:
             total += _ring(grads, ranks, True)
         elif layout.zero in (1, 2):
@@ -320,8 +323,19 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
                            ("tp", "dp", "pp", "ep")},
             **timing,
         },
+        "model_states": _states_note(layout),
         **plan_formulas(graph, layout, attention, folded, worst.stage, tp_stage),
     }
+
+
+def _states_note(layout: Layout) -> str:
+    """The bytes per parameter the plan's model states count (``tfgraph report``'s
+    convention, figures.STATES), ZeRO-3's fp32 shards apart."""
+    note = states_note(DTYPE_BYTES[layout.dtype], layout.states)
+    if layout.zero >= 3:
+        note += (" With --zero 3 (FSDP2) the sharded parameter is the fp32 master and its "
+                 "gradient fp32: 4 + 4 + 8 = 16, the 16-bit copy temporary.")
+    return note + " Adam's float32 step count adds 4 bytes per parameter tensor."
 
 
 def _link(gpu: Gpu, span: int) -> float:

@@ -23,6 +23,35 @@ from tfgraph.graph.ops import attended_scores
 
 ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
 MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
+FP32_BYTES = 4
+STATES = ("mixed", "megatron")
+"""Conventions for the model states of 16-bit training (``tfgraph report --states``, ``tfgraph
+plan --states``): both keep 16-bit weights, an fp32 master copy and Adam's two fp32 moments;
+"mixed" (the default) keeps 16-bit gradients, 2 + 2 + 4 + 8 = 16 bytes per parameter
+(Rajbhandari et al. 2020, ZeRO §3.1; DeepSpeed), "megatron" fp32 gradients (Megatron-LM's
+main_grad), 2 + 4 + 4 + 8 = 18 (Korthikanti et al. 2022 §4; Narayanan et al. 2021 §3.4).
+float32 training keeps 4 + 4 + 8 = 16 under either."""
+
+
+def state_bytes(dtype_bytes: int, states: str = "mixed") -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter of training at ``dtype_bytes``
+    under the ``states`` convention (``STATES``); optimizer = master copy + two moments."""
+    if states not in STATES:
+        raise ValueError(f"states must be one of {', '.join(STATES)}, got {states!r}")
+    master = MASTER_COPY_BYTES if dtype_bytes < FP32_BYTES else 0
+    gradients = FP32_BYTES if states == "megatron" else dtype_bytes
+    return dtype_bytes, gradients, master + 2 * ADAM_MOMENT_BYTES
+
+
+def states_note(dtype_bytes: int, states: str = "mixed") -> str:
+    """The model-state convention in words, for a report's and a plan's output."""
+    w, g, o = state_bytes(dtype_bytes, states)
+    master = "fp32 master copy 4 + " if o > 2 * ADAM_MOMENT_BYTES else ""
+    other = "megatron" if states == "mixed" else "mixed"
+    return (f"--states {states}: {w} weights + {g} gradients + {o} optimizer ({master}Adam's two "
+            f"fp32 moments {2 * ADAM_MOMENT_BYTES}) = {w + g + o} bytes per parameter; "
+            f"--states {other} keeps {'fp32' if other == 'megatron' else '16-bit'} gradients "
+            "in 16-bit training (mixed: 16, ZeRO's; megatron: 18, Megatron-LM's).")
 
 
 def _causal_discount(graph: Graph) -> sympy.Expr:

@@ -23,9 +23,9 @@ from typing import Any
 import sympy
 
 from tfgraph.passes import cost, effective, exact
-from tfgraph.passes.figures import symbolic
+from tfgraph.passes.figures import FP32_BYTES, state_bytes, states_note, symbolic
 from tfgraph.passes.formulas import spec_formulas
-from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.graph.ops import FLOPS_PER_ELEMENT
 from tfgraph.passes.param_groups import GROUPING, params_by_kind
 from tfgraph.passes.train_walk import loss_graph, train_peak
@@ -70,8 +70,11 @@ CONVENTIONS = {
                                  "float32 log-sum-exp per query row).",
     "memory.kv_cache": "K and V of every decoder attention at kv_heads for the whole sequence: "
                        "self-attention over the target, cross-attention over the source.",
-    "memory.model_states": "Adam: weights + gradients (spec dtype) + two fp32 moments "
-                           "(+ an fp32 master copy for 16-bit dtypes).",
+    "memory.model_states": "Adam: weights + gradients + two fp32 moments (+ an fp32 master "
+                           "copy for 16-bit dtypes); gradients in the spec dtype (states "
+                           "'mixed', the default: 16 bytes per parameter for a 16-bit spec, "
+                           "as tfgraph plan's default) or fp32 (states 'megatron': 18, "
+                           "Megatron-LM's); see model_states below.",
     "memory.train_activations_peak": "one training step of the loss graph (the spec compiled "
                                      "with loss=True: token cross-entropy over the vocabulary "
                                      "in float32; tfgraph.passes.train_walk), no recomputation: the "
@@ -213,9 +216,18 @@ def _components(graph: Graph) -> tuple[dict[str, dict[str, int]], dict[str, dict
     return rows, places
 
 
+def _fp32_gradients(graph: Graph, states: str, params: Any) -> Any:
+    """What ``states`` adds to the figures' model states (16-bit gradients): ``params``
+    (a count or its formula) x the bytes fp32 gradients add ("megatron"), else 0."""
+    dtype_bytes = DTYPE_BYTES[graph.dtype]
+    return (state_bytes(dtype_bytes, states)[1] - dtype_bytes) * params
+
+
 def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
-                 fused_attention: bool = False) -> dict[str, Any]:
-    """The report dict: totals at the given sizes, roll-ups, formulas, conventions."""
+                 fused_attention: bool = False, states: str = "mixed") -> dict[str, Any]:
+    """The report dict: totals at the given sizes, roll-ups, formulas, conventions; model
+    states under the ``states`` convention (tfgraph.passes.figures.STATES)."""
+    state_bytes(FP32_BYTES, states)  # ValueError for an unknown convention
     for what, value in (("batch", batch), ("seq", seq), ("tgt_seq", tgt_seq)):
         if value is None and what == "tgt_seq":
             continue
@@ -233,6 +245,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     work = effective.at_sizes(graph, sizes)
     flops.update(work["flops"])
     memory = {k: _int(v, sizes) for k, v in sym["memory"].items()}
+    memory["model_states"] += _fp32_gradients(graph, states, int(sym["params"]))
     memory["activations_peak"] = peak.bytes
     train_bytes, train_expr, train_at = train_activations(graph, sym, sizes, fused_attention)
     memory["train_activations_peak"] = train_bytes
@@ -261,9 +274,13 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     static_bst, static_named = _static_formulas(graph)
     train_formula = exact.expand(train_expr)
     train_text = exact.text(train_formula)  # printed once: both forms show it
+    states_extra = _fp32_gradients(graph, states, sympy.sympify(sym["params"]))
     bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr),
            "memory.train_activations_peak": train_text,
-           "memory.train_step": _fmt(sym["memory"]["model_states"] + train_formula)}
+           "memory.train_step": _fmt(sym["memory"]["model_states"] + states_extra
+                                     + train_formula)}
+    if states_extra:
+        bst["memory.model_states"] = _fmt(sym["memory"]["model_states"] + states_extra)
     symbols = {"B": int(batch), "S": int(seq)}
     if spec is not None and spec.arch == "encoder-decoder":
         symbols["T"] = int(tgt_seq if tgt_seq else seq)
@@ -271,11 +288,18 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     if named is None:
         formulas = dict(bst)
     else:
+        named_states = named.figures["memory.model_states"] + _fp32_gradients(
+            graph, states, named.figures["params"])
+        if states_extra:  # per layer, as the other formulas are written: L*(...) + ...
+            expanded = exact.expand(named_states)
+            named_states = sympy.collect(expanded, sorted(
+                (s for s in expanded.free_symbols if s.name.startswith("L")), key=str))
         formulas = {**static_named,
                     "memory.activations_peak": exact.text(named.peak(graph, peak, fused_attention)),
                     "memory.train_activations_peak": train_text,
-                    "memory.train_step": exact.text(named.figures["memory.model_states"]
-                                                    + train_formula)}
+                    "memory.train_step": exact.text(named_states + train_formula)}
+        if states_extra:
+            formulas["memory.model_states"] = exact.text(named_states)
         symbols.update(named.used_values())
     formulas = {k: formulas[k] for k in sorted(formulas, key=_FORMULA_ORDER.index)}
     bst = {k: bst[k] for k in formulas}
@@ -300,5 +324,6 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "formulas": formulas,
         "formulas_bst": bst,
         "symbols": symbols,
+        "model_states": states_note(DTYPE_BYTES[graph.dtype], states),
         "conventions": CONVENTIONS,
     }
