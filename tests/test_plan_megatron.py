@@ -219,3 +219,20 @@ def test_korthikantis_1t_layout_fits_in_80_gb() -> None:
     h = 25600
     first_layers = 2 * ((12 * h**2 + 7 * h) // 8 + 6 * h)  # two layers a stage, 1/t + biases
     assert result["stages"][0]["weights"] == 2 * (first_layers + V * h // 8 + SEQ * h)
+
+
+def test_unfused_attention_keeps_2as_over_h_as_the_readme_says(graph) -> None:
+    """README (tfgraph plan, --attention): ``unfused`` keeps the softmax weights, 2as/h of
+    Korthikanti's 5as/h per sbh bytes (no attention dropout: its mask as/h and dropped-out
+    weights 2as/h are not kept). Per layer the score bytes selective recompute drops are
+    exactly 2 a s^2 b (16-bit softmax weights)."""
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "`unfused`: the softmax weights are kept, 2as/h of Korthikanti et al. 2022's " \
+           "5as/h term" in readme
+    for b in (1, 2):
+        scores = _layer(graph, "unfused", "none", 1, False, b) \
+            - _layer(graph, "unfused", "selective", 1, False, b)
+        assert scores == 2 * A * SEQ * SEQ * b  # = (2as/h) x sbh
+        assert scores == 2 * A * SEQ // H * SEQ * b * H
