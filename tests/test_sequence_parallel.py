@@ -5,8 +5,8 @@ activations between sublayers held as each rank's sequence rows, and per rank th
 on 2 and 4 processes exactly once the rotary tables are added, which the plan leaves out).
 
 Specs: tiny-llama (GQA, rotary, RMSNorm, SwiGLU, vocabulary-split table and head), tiny-opt
-(LayerNorm, learned positions with offset 2, a tied and replicated head), tiny-encoder
-(post-norm, biases, tied head with an output bias), tiny-moe (router and routed experts read
+(LayerNorm, learned positions with offset 2, a tied head: table and head split by vocabulary),
+tiny-encoder (post-norm, biases, tied head with an output bias, split by vocabulary too), tiny-moe (router and routed experts read
 the all-gathered stream) and tiny-qwen3 (per-head query/key RMSNorm). Each torchrun launch runs
 several cases (tests/sequence_parallel_worker.py); every rank also computes the one-process
 module, so the module comparisons need no other launch.
@@ -35,8 +35,8 @@ MODULE_SPECS = ("llama", "opt", "encoder", "moe", "qwen3")
 EXAMPLE_SPECS = ("llama", "opt")
 MEASURED_SPECS = {2: ("llama", "opt", "encoder", "moe"), 4: ("llama", "encoder", "moe")}
 """Processes -> specs whose saved activations the example measures (--measure-saved): a
-vocabulary-split head (llama), a tied, replicated head (encoder, post-norm with an output
-bias; opt on 2 processes only: on 4 it would add seconds and nothing the encoder does not
+vocabulary-split head (llama), a tied head over the vocabulary-split table (encoder,
+post-norm with an output bias; opt on 2 processes only: on 4 it would add seconds and nothing the encoder does not
 test), a router and routed experts (moe). EXAMPLE_SPECS are measured in their training runs
 (4 steps on 2 processes), the others in runs of one step."""
 BATCH, SEQ, STEPS = 4, 16, 4
@@ -239,9 +239,10 @@ def _rotary_tables(name: str) -> int:
     the plan counts as the module keeps it (``tfgraph.parallel.sequence_plan``, the rule both
     follow): the stream, the norms' inputs and statistics and the projections' all-gathered
     inputs as the rank's rows; whole on every rank the token ids, the labels, the loss's 0-d
-    total weight, a replicated (tied) head's log-probabilities (tiny-opt, tiny-encoder: the
-    head and the loss run on the gathered sequence) and a router's scores and the routed
-    experts' tokens, outputs and indices (tiny-moe: they read the gathered sequence)."""
+    total weight and a router's scores and the routed experts' tokens, outputs and indices
+    (tiny-moe: they read the gathered sequence). A tied head is split by vocabulary as an
+    untied one (tiny-opt, tiny-encoder): its logits and the loss's log-probabilities are 1/t
+    per rank."""
     spec = tfgraph.load_spec(ROOT / SPECS[name])
     return 2 * SEQ * spec.rotary_dim * 4 if spec.embedding.positions == "rope" else 0
 
@@ -318,11 +319,12 @@ def test_the_plan_of_a_pre_norm_decoder() -> None:
 
 
 def test_the_plan_of_learned_positions_and_a_tied_head() -> None:
-    """tiny-opt: positions are added to the rank's rows; the tied (replicated) head reads the
-    final norm all-gathered."""
+    """tiny-opt: positions are added to the rank's rows; the tied head, split by vocabulary
+    over the table's rows, reads the final norm all-gathered once as a column-parallel
+    projection does."""
     from tfgraph.exporters.torch.sequence_parallel import sequence_parallel_plan
 
     plan = sequence_parallel_plan(tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["opt"])))
     assert plan.kind["decoder.embed.positions"] == "positions"
     assert "decoder.embed.positions" in plan.sharded
-    assert plan.kind["logits"] == "gathered"
+    assert plan.kind["logits"] == "colwise"
