@@ -7,7 +7,8 @@ autograd saves for backward on a rank in the first step (``--measure-saved``) ar
 
 Specs: tiny-llama (dense, GQA: 4 query / 2 key-value heads, SwiGLU), tiny-moe (8 stacked
 experts split on their hidden units) and tiny-encoder (post-norm, no dropout, biases, a tied
-token table, replicated). Each torchrun launch runs several trainings
+token table with the head's bias, both split by vocabulary as Megatron splits them; its
+model.py too). Each torchrun launch runs several trainings
 (tests/distributed_worker.py): a launch costs seconds on two cores.
 """
 
@@ -73,6 +74,10 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
                     "--to", "torch", "-o", str(folder)], check=True, capture_output=True)
     runs["standalone tp"] = [*_args("llama", "tp"), "--spec", str(folder)]
     runs["standalone fsdp"] = [*_args("llama", "fsdp"), "--spec", str(folder)]
+    tied = tmp / "standalone-tied"  # model.py of a tied table (and head bias): tied_head
+    subprocess.run([sys.executable, "-m", "tfgraph", "build", str(ROOT / SPECS["encoder"]),
+                    "--to", "torch", "-o", str(tied)], check=True, capture_output=True)
+    runs["standalone tied tp"] = [*_args("encoder", "tp"), "--spec", str(tied)]
     results = _torchrun(2, list(runs.values()), tmp / "results.json")
     return dict(zip(runs, results))
 
@@ -99,6 +104,19 @@ def test_the_standalone_model_py_trains_under_its_own_plan(
     if strategy == "fsdp":  # model.py's parameters, as tp_plan and FSDP2 split them
         for rank, held in enumerate(two["standalone fsdp"]["per_rank"]):
             assert held["weights"] == _planned("llama", 1, 2, rank)
+
+
+def test_the_standalone_model_py_splits_a_tied_table_by_vocabulary(
+        two: dict[str, dict[str, Any]], single: dict[str, list[float]]) -> None:
+    """model.py of tiny-encoder (a tied table with the head's bias) under tp 2: the table and
+    the bias are split by vocabulary rows (its tied_head reads the embedding's split rows),
+    as tp_plan and ``parallelize`` split them, and it trains to the one-process losses."""
+    result = two["standalone tied tp"]
+    assert _close(result["losses"], single["encoder"]), (result["losses"], single["encoder"])
+    for rank, held in enumerate(result["per_rank"]):
+        assert held["weights"] == held["gradients"] == _planned("encoder", 2, 1, rank)
+    assert tp_plan(tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["encoder"])))[
+        "embed.tokens.weight"].style == "vocab"
 
 
 def test_the_synthetic_data_is_learnable(single: dict[str, list[float]]) -> None:

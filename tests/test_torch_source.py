@@ -212,8 +212,8 @@ def test_layers_share_a_class_and_configuration_is_an_argument() -> None:
     # Only the kernels the graph's ops call are copied in.
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert functions == {"sinusoidal_positions", "attention", "explicit_attention",
-                         "attention_mask", "soft_cap", "dropout", "load", "init_weights",
-                         "check_tp", "parallelize"}  # torch_source_parallel: TP_PLAN's
+                         "attention_mask", "soft_cap", "dropout", "tied_head", "load",
+                         "init_weights", "check_tp", "parallelize"}  # TP_PLAN's; tied head
 
 
 def test_learned_positions_past_max_len_name_it(tmp_path: Path) -> None:

@@ -260,6 +260,24 @@ class _RMSNorm(torch.autograd.Function):
         return grad_x, grad_w, None
 
 
+def tied_head(x: Tensor, table: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Logits of an output layer that shares the token table (``tie_output``): x (.., d) ->
+    (.., V). Under tensor parallelism the table is a DTensor split by vocabulary rows (the
+    embedding's ``RowwiseParallel``, Megatron's VocabParallelEmbedding) and the head reads
+    those rows, so the weights stay tied: x enters as a replicated DTensor (its gradient, a
+    partial sum on each rank, is all-reduced: Megatron's f) and the logits, split by
+    vocabulary, are gathered, as ``ColwiseParallel`` computes an untied head."""
+    if not hasattr(table, "device_mesh"):  # a plain tensor: no tensor parallelism
+        return F.linear(x, table, bias)
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = table.device_mesh
+    split = F.linear(DTensor.from_local(x, mesh, [Replicate()], run_check=False), table, bias)
+    assert isinstance(split, DTensor)  # the logits split by vocabulary, Shard(-1)
+    logits: Tensor = split.redistribute(mesh, [Replicate()]).to_local()
+    return logits
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last axis (Zhang & Sennrich 2019).
 

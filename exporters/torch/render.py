@@ -172,7 +172,11 @@ class InstanceRenderer:
         if leaf is not None and self.v.param_under(self.path, leaf.params[0].name):
             data = [source(v) for v in node.inputs if not self.v.is_param(v)]
             return f"{self.attribute(leaf.owner)}({', '.join(data)})"
-        return template(node).expr([source(v) for v in self.v.operands(node)], self.attr(node))
+        operands = [source(v) for v in self.v.operands(node)]
+        if node.op == "linear" and node.inputs[1] in self.v.tables:
+            # a tied head: F.linear that also reads a vocabulary-split table (parallelize)
+            return f"tied_head({', '.join(operands)})"
+        return template(node).expr(operands, self.attr(node))
 
     def _loop_variable(self, container: str, names: dict[str, str]) -> str:
         """``layer`` for a loop over ``layers`` (the singular), else ``module``."""

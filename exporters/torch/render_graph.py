@@ -72,6 +72,8 @@ class GraphView:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
+        self.tables = {n.inputs[0] for n in graph.ops() if n.op == "embedding"}
+        """Token tables (an embedding's first operand): a linear reading one is a tied head."""
         self.modules = dict(graph.modules)
         if "" not in self.modules:
             self.modules[""] = ModuleInfo("", "Model", f"{graph.name}.")

@@ -5,11 +5,10 @@ indices as ``*``, the way Hugging Face's ``base_model_tp_plan`` is written), ``c
 on the root) written out so that model.py still imports only torch.
 
 The plan is ``tfgraph.parallel.tp_plan``'s, so model.py holds per rank what the planner
-counts, but for a tied token table: model.py's head is an inline ``F.linear`` over the table,
-which cannot read a vocabulary-split DTensor beside a plain input, so model.py keeps a tied
-table (and the head's bias beside it) whole on every rank, as tfgraph did before the planner
-and ``to_torch``'s ``parallelize`` split it by vocabulary (Megatron's layout); train the spec
-through ``parallelize`` for that. model.py's attention and rotary calls read their head counts from the local widths
+counts. A tied token table is split by vocabulary rows for both its readers: the embedding by
+``RowwiseParallel`` (``vocab_embedding``), the head by model.py's ``tied_head`` (the same rows:
+the weights stay tied), and the head's bias beside it by rows too (``vocab_rows``:
+``distribute_tensor``'s ``Shard(0)``). model.py's attention and rotary calls read their head counts from the local widths
 (``torch_ops``' templates), so nothing else changes under tensor parallelism. Stacked experts
 are split only by ``to_torch``'s ``parallelize``: model.py's ``check_tp`` refuses tp > 1 for
 them, and for T5's relative position bias and full-width query/key norms, as ``parallelize``
@@ -30,13 +29,14 @@ __all__ = ["parallel_source"]
 def _plan(graph: Graph) -> dict[str, str]:
     """Module path pattern -> "colwise" | "rowwise" | "vocab" | the style model.py refuses."""
     embedded = {n.inputs[0] for n in graph.ops() if n.op == "embedding"}
-    # a tied table (an embedding's table a linear reads) and that head's bias stay whole
-    tied = {name for n in graph.ops() if n.op == "linear" and n.inputs[1] in embedded
-            for name in n.inputs[1:]}
+    # the bias of a tied head (a linear over a table): its owner holds no linear
+    tied_bias = {n.inputs[2] for n in graph.ops() if n.op == "linear"
+                 and n.inputs[1] in embedded and len(n.inputs) > 2}
     plan: dict[str, str] = {}
     for name, shard in tp_plan(graph).items():
         path, _, leaf = name.rpartition(".")
-        if name in tied:
+        if name in tied_bias:
+            plan[path] = "vocab_rows"
             continue
         pattern = re.sub(r"\.layers\.\d+\.", ".layers.*.", path)
         if shard.style in ("colwise", "vocab") or (shard.style == "rowwise"
@@ -74,16 +74,16 @@ def parallel_source(graph: Graph) -> str:
                     if k in n.attrs})
     plan = _plan(graph)
     dims = sorted({(name, shard.tp_dim, graph.node(name).attrs["shape"][shard.tp_dim])
-                   for name, shard in tp_plan(graph).items() if shard.tp_dim is not None
-                   and re.sub(r"\.layers\.\d+\.", ".layers.*.", name.rpartition(".")[0])
-                   in plan})
+                   for name, shard in tp_plan(graph).items() if shard.tp_dim is not None})
     entries = "".join(f'    "{k}": "{v}",\n' for k, v in plan.items())
     counts = sorted({count for _, count in heads} | {size for _, _, size in dims})
     refusals = _refusals(graph)
     return f'''# ---- tensor parallelism and FSDP2 (torchrun; tfgraph.parallel.tp_plan) ------------
 # Module path -> how its weight is cut across tensor-parallel ranks (Megatron-LM, Shoeybi et
 # al. 2019): colwise by output rows, rowwise by input columns (output all-reduced),
-# vocab_embedding / vocab_head by vocabulary rows. Unlisted parameters are whole on every rank.
+# vocab_embedding / vocab_head by vocabulary rows (a tied head reads its table's rows:
+# tied_head), vocab_rows a tied head's bias by rows. Unlisted parameters are whole on every
+# rank.
 TP_PLAN = {{
 {entries}}}
 # Every head count and split dimension tp must divide (a rank holds whole heads).
@@ -107,7 +107,7 @@ def parallelize(model: nn.Module, mesh: torch.distributed.device_mesh.DeviceMesh
     TP_PLAN's styles over ``mesh["tp"]`` when tp > 1, then FSDP2 ``fully_shard`` of every
     layer and of the root over ``mesh["dp"]``. ``mesh``: dimensions named "dp" and "tp"."""
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -120,7 +120,14 @@ def parallelize(model: nn.Module, mesh: torch.distributed.device_mesh.DeviceMesh
                    "vocab_embedding": lambda: RowwiseParallel(input_layouts=Replicate()),
                    "vocab_head": lambda: ColwiseParallel(output_layouts=Replicate())}}
         parallelize_module(model, mesh["tp"], {{path: styles[style]()
-                                                for path, style in TP_PLAN.items()}})
+                                                for path, style in TP_PLAN.items()
+                                                if style != "vocab_rows"}})
+        for path, style in TP_PLAN.items():
+            if style == "vocab_rows":  # a tied head's bias: its rows, as tied_head's table
+                owner = model.get_submodule(path)
+                for leaf, param in list(owner.named_parameters(recurse=False)):
+                    owner.register_parameter(leaf, nn.Parameter(
+                        distribute_tensor(param, mesh["tp"], [Shard(0)]), param.requires_grad))
     if fsdp:
         for name, module in model.named_modules():
             stack, _, index = name.rpartition(".")
