@@ -14,7 +14,8 @@ and ``torch.distributed.tensor.parallel`` styles):
 
 - the token embedding outputs a sequence shard: a vocabulary-split table by
   ``RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))`` (reduce-scatter); a
-  replicated one (tied to the head) looks up every row, then keeps its rows
+  replicated one (a table the plan does not split: a segment table) looks up every row,
+  then keeps its rows
   (``Replicate -> Shard(1)``, no communication; backward all-gathers the gradient);
 - norms on the stream run on the local rows through their owner module (``NormWeights``) with
   ``SequenceParallel(use_local_output=True)``: their gain and bias become replicated DTensors,
@@ -30,8 +31,8 @@ and ``torch.distributed.tensor.parallel`` styles):
   reduce-scattered once;
 - the projections that close it (o, down) are ``RowwiseParallel(output_layouts=Shard(1))``:
   their partial sums are reduce-scattered to the rank's rows;
-- every other step that reads a sequence shard (a router, a tied head, routed experts, the
-  loss) reads it all-gathered (a plain tensor; its gradient, equal on every rank, is cut back
+- every other step that reads a sequence shard (a router, routed experts, a replicated
+  head) reads it all-gathered (a plain tensor; its gradient, equal on every rank, is cut back
   to the rank's rows), and the model's outputs are all-gathered: the final norm runs on the
   local rows and the head gathers.
 
@@ -41,9 +42,7 @@ readers (Korthikanti et al., section 4.2.2; ``_SavingRows``: saved-tensor hooks 
 readers, which pass what they keep through any hooks active around the module), so a rank
 keeps 1/t of every activation between sublayers: one more all-gather per sublayer in
 backward. Whole on every rank, as without sp: the token ids, the labels and the loss's 0-d
-total weight (the embedding's and the loss's backward read every row); with a replicated
-(tied) head, the loss's log-probabilities (the head reads the all-gathered final norm and
-the loss runs on whole logits); a router's scores and the routed experts' tokens, outputs
+total weight (the embedding's and the loss's backward read every row); a router's scores and the routed experts' tokens, outputs
 and indices (they read the stream all-gathered). What a rank keeps is then ``tfgraph plan
 --sp``'s per-rank activations, which count by the same rule
 (``tfgraph.parallel.sequence_plan``), plus the rotary cos/sin tables (whole, as without sp;

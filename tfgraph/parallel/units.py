@@ -10,7 +10,7 @@ For each unit, from ``tfgraph.passes.cost.op_costs`` and the placement (``tfgrap
   sequence parallelism (the rank's rows); replicated ones are whole on every rank with
   sequence parallelism too: the token ids and labels, and what a step reading the
   all-gathered sequence keeps without a feature split (a router's scores, routed experts'
-  tokens, a replicated head's loss). Which is which under sequence parallelism is the
+  tokens). Which is which under sequence parallelism is the
   module's own rule (``tfgraph.parallel.sequence_plan``). Each tensor once per unit (the
   attention output is also the output projection's input);
 - ``flops``: (split, whole, replicated) forward FLOPs, by the rule the saved bytes follow
