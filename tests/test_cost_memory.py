@@ -157,6 +157,32 @@ def test_sixteen_bit_dtypes_halve_weights_and_add_a_master_copy():
     assert half["model_states"] == 2 * 2 * p + 8 * p + 4 * p
 
 
+@pytest.mark.parametrize("dtype, extra", [("bfloat16", 2), ("float32", 0)])
+def test_megatron_states_keep_fp32_gradients(dtype: str, extra: int):
+    """states="megatron" (tfgraph report --states megatron, as tfgraph plan's): the gradients
+    of a 16-bit spec in fp32, 2 more bytes per parameter (18 in all); float32 unchanged. The
+    formulas (both forms) give the figures back, and the report names its convention."""
+    data = tfgraph.load_spec(SPEC_FILES[0]).model_dump()
+    graph = tfgraph.compile(Spec.model_validate({**data, "dtype": dtype}))
+    mixed, megatron = (graph.report(batch=2, seq=16, states=s) for s in ("mixed", "megatron"))
+    p = mixed["params"]
+    assert mixed == graph.report(batch=2, seq=16)  # the default
+    gained = megatron["memory"]["model_states"] - mixed["memory"]["model_states"]
+    assert gained == extra * p
+    assert megatron["memory"]["train_step"] - mixed["memory"]["train_step"] == extra * p
+    if dtype == "bfloat16":
+        assert megatron["memory"]["model_states"] == 18 * p
+    assert megatron["model_states"].startswith("--states megatron:")
+    assert mixed["model_states"].startswith("--states mixed:")
+    values = {sympy.Symbol(k): v for k, v in megatron["symbols"].items()}
+    for key in ("memory.model_states", "memory.train_step"):
+        named = sympy.sympify(megatron["formulas"][key], locals={k: sympy.Symbol(k) for k in
+                                                                 megatron["symbols"]})
+        assert named.xreplace(values) == megatron["memory"][key.split(".")[1]], key
+    with pytest.raises(ValueError, match="states must be one of mixed, megatron"):
+        graph.report(states="zero")
+
+
 def test_stack_layer_counts_scale_the_kv_cache():
     spec = tfgraph.load_spec(SPEC_FILES[0]).model_dump()
     spec.update(arch="encoder-decoder", layers={"encoder": 1, "decoder": 3})
