@@ -2,7 +2,8 @@
 the JSON file rank 0 writes one result per run to:
 
 - {"spec", "tp", "fsdp", "steps", "batch", "seq", "sp"}: train ``parallelize(..., sp=sp)``
-  (default True) and, on every rank, the whole one-process module from the same weights on
+  (default True; an encoder-decoder reads the ids as source and target) and, on every rank,
+  the whole one-process module from the same weights on
   the same batches (AdamW); the result: the largest difference of their outputs in eval
   mode without autograd (in-place steps), both modules' losses, each parameter's largest
   gradient difference from the one-process one after the first backward, the norm gains'
@@ -67,8 +68,10 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
                         fsdp=case["fsdp"], sp=case.get("sp", True))
     load_full_state_dict(model, "cpu", single.state_dict() if dist.get_rank() == 0 else {})
     ids = _batch(-1, case["batch"], case["seq"], vocab)[:, :-1]
+    streams = len(graph.inputs)  # an encoder-decoder reads the same ids as source and target
     with torch.no_grad():  # the in-place steps inference runs
-        inference = float((model.eval()(ids) - single(ids)).abs().max())
+        inference = float((model.eval()(*[ids] * streams) - single(*[ids] * streams)).abs()
+                          .max())
     model.train()
     single.train()
     shapes: list[list[list[int]]] = []
@@ -83,7 +86,7 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
     for step in range(case["steps"]):
         tokens = _batch(step, case["batch"], case["seq"], vocab)
         for key, module, optimizer in zip(losses, (model, single), optimizers):
-            logits = module(tokens[:, :-1])
+            logits = module(*[tokens[:, :-1]] * streams)
             loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

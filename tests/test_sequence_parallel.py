@@ -6,8 +6,10 @@ on 2 and 4 processes exactly once the rotary tables are added, which the plan le
 
 Specs: tiny-llama (GQA, rotary, RMSNorm, SwiGLU, vocabulary-split table and head), tiny-opt
 (LayerNorm, learned positions with offset 2, a tied head: table and head split by vocabulary),
-tiny-encoder (post-norm, biases, tied head with an output bias, split by vocabulary too), tiny-moe (router and routed experts read
-the all-gathered stream) and tiny-qwen3 (per-head query/key RMSNorm). Each torchrun launch runs
+tiny-encoder (post-norm, biases, tied head with an output bias, split by vocabulary too),
+tiny-moe (router and routed experts read the all-gathered stream), tiny-qwen3 (per-head
+query/key RMSNorm) and, under tensor parallelism alone, tiny-bart (one table for both
+embeddings and the tied head). Each torchrun launch runs
 several cases (tests/sequence_parallel_worker.py); every rank also computes the one-process
 module, so the module comparisons need no other launch.
 """
@@ -24,21 +26,22 @@ from distributed_support import load_example, run_example, torchrun
 
 import tfgraph
 from tfgraph.errors import TfgraphError
+from tfgraph.parallel.tp_plan import tp_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_distributed.py"
 WORKER = ROOT / "tests" / "sequence_parallel_worker.py"
 SPECS = {"llama": "specs/tiny-llama.yaml", "opt": "specs/tiny-opt.yaml",
          "encoder": "specs/tiny-encoder.yaml", "moe": "specs/tiny-moe.yaml",
-         "qwen3": "specs/tiny-qwen3.yaml"}
+         "qwen3": "specs/tiny-qwen3.yaml", "bart": "specs/tiny-bart.yaml"}
 MODULE_SPECS = ("llama", "opt", "encoder", "moe", "qwen3")
 EXAMPLE_SPECS = ("llama", "opt")
 MEASURED_SPECS = {2: ("llama", "opt", "encoder", "moe"), 4: ("llama", "encoder", "moe")}
 """Processes -> specs whose saved activations the example measures (--measure-saved): a
 vocabulary-split head (llama), a tied head over the vocabulary-split table (encoder,
-post-norm with an output bias; opt on 2 processes only: on 4 it would add seconds and nothing the encoder does not
-test), a router and routed experts (moe). EXAMPLE_SPECS are measured in their training runs
-(4 steps on 2 processes), the others in runs of one step."""
+post-norm with an output bias; opt on 2 processes only: on 4 it would add seconds and
+nothing the encoder does not test), a router and routed experts (moe). EXAMPLE_SPECS are
+measured in their training runs (4 steps on 2 processes), the others in runs of one step."""
 BATCH, SEQ, STEPS = 4, 16, 4
 
 
@@ -64,6 +67,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     parallelism alone, a sequence length tp does not divide, and the example's --sp runs."""
     runs: dict[str, dict[str, Any]] = {name: _case(name) for name in MODULE_SPECS}
     runs["qwen3 tp"] = _case("qwen3", sp=False)
+    runs["bart tp"] = _case("bart", sp=False)
     runs["odd length"] = _case("llama", seq=15, steps=1)
     for name in EXAMPLE_SPECS:
         runs[f"example {name}"] = {"example": _example_args(name, "tp", "--sp",
@@ -153,6 +157,22 @@ def test_the_stream_between_sublayers_is_sequence_sharded(two: dict[str, dict[st
     """The first layer receives and returns (batch, seq / tp, d): each rank's rows."""
     d = tfgraph.load_spec(ROOT / SPECS[name]).d_model
     assert two[name]["layer_shapes"] == [[2, SEQ // 2, d], [2, SEQ // 2, d]]
+
+
+def test_an_encoder_decoders_shared_tied_table_is_split_by_vocabulary(
+        two: dict[str, dict[str, Any]]) -> None:
+    """tiny-bart under tensor parallelism alone: one token table read by the encoder's and
+    the decoder's embeddings and by the tied head, split by vocabulary for all three (the
+    head over the embedding's own rows, _TiedHead): the one-process losses, outputs and
+    gradients (the table's summed from its three readers)."""
+    result = two["bart tp"]
+    assert _close(result["losses"]["parallel"], result["losses"]["single"]), result["losses"]
+    assert result["inference_difference"] < 1e-5
+    worst = max(result["grad_differences"].items(), key=lambda kv: kv[1])
+    assert worst[1] < 1e-6, worst
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["bart"]))
+    assert {n.inputs[0] for n in graph.ops() if n.op == "embedding"} == {"embed.tokens.weight"}
+    assert tp_plan(graph)["embed.tokens.weight"].style == "vocab"
 
 
 def test_per_head_norms_get_whole_gradients_under_tensor_parallelism_alone(

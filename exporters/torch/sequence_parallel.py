@@ -36,15 +36,15 @@ and ``torch.distributed.tensor.parallel`` styles):
   to the rank's rows), and the model's outputs are all-gathered: the final norm runs on the
   local rows and the head gathers.
 
-Saved for backward: an all-gathered value that a step saves (a projection's input) is kept
-as the rank's rows and all-gathered again when backward first needs it, once for all its
-readers (Korthikanti et al., section 4.2.2; ``_SavingRows``: saved-tensor hooks around the
-readers, which pass what they keep through any hooks active around the module), so a rank
-keeps 1/t of every activation between sublayers: one more all-gather per sublayer in
-backward. Whole on every rank, as without sp: the token ids, the labels and the loss's 0-d
-total weight (the embedding's and the loss's backward read every row); a router's scores and the routed experts' tokens, outputs
-and indices (they read the stream all-gathered). What a rank keeps is then ``tfgraph plan
---sp``'s per-rank activations, which count by the same rule
+Saved for backward: an all-gathered value that a step saves (a projection's input) is kept as
+the rank's rows and all-gathered again when backward first needs it, once for all its readers
+(Korthikanti et al., section 4.2.2; ``_SavingRows``: saved-tensor hooks around the readers,
+which pass what they keep through any hooks active around the module), so a rank keeps 1/t of
+every activation between sublayers: one more all-gather per sublayer in backward. Whole on
+every rank, as without sp: the token ids, the labels and the loss's 0-d total weight (the
+embedding's and the loss's backward read every row); a router's scores and the routed experts'
+tokens, outputs and indices (they read the stream all-gathered). What a rank keeps is then
+``tfgraph plan --sp``'s per-rank activations, which count by the same rule
 (``tfgraph.parallel.sequence_plan``), plus the rotary cos/sin tables (whole, as without sp;
 not in the plan at all); tests/test_sequence_parallel.py measures it.
 

@@ -6,13 +6,13 @@ on the root) written out so that model.py still imports only torch.
 
 The plan is ``tfgraph.parallel.tp_plan``'s, so model.py holds per rank what the planner
 counts. A tied token table is split by vocabulary rows for both its readers: the embedding by
-``RowwiseParallel`` (``vocab_embedding``), the head by model.py's ``tied_head`` (the same rows:
-the weights stay tied), and the head's bias beside it by rows too (``vocab_rows``:
-``distribute_tensor``'s ``Shard(0)``). model.py's attention and rotary calls read their head counts from the local widths
-(``torch_ops``' templates), so nothing else changes under tensor parallelism. Stacked experts
-are split only by ``to_torch``'s ``parallelize``: model.py's ``check_tp`` refuses tp > 1 for
-them, and for T5's relative position bias and full-width query/key norms, as ``parallelize``
-does.
+``RowwiseParallel`` (``vocab_embedding``), the head by model.py's ``tied_head`` (the same
+rows: the weights stay tied), and the head's bias beside it by rows too (``vocab_rows``:
+``distribute_tensor``'s ``Shard(0)``). model.py's attention and rotary calls read their head
+counts from the local widths (``torch_ops``' templates), so nothing else changes under tensor
+parallelism. Stacked experts are split only by ``to_torch``'s ``parallelize``: model.py's
+``check_tp`` refuses tp > 1 for them, and for T5's relative position bias and full-width
+query/key norms, as ``parallelize`` does.
 """
 
 from __future__ import annotations
