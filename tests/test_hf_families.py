@@ -179,6 +179,9 @@ CASES: dict[str, Case] = {
         LLAMA, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
         embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
         logits_scaling=8.0, tie_word_embeddings=True), moe=True),
+    "mpt": Case("MptConfig", "MptForCausalLM", dict(
+        d_model=72, n_heads=6, n_layers=2, vocab_size=101, max_seq_len=64,
+        attn_config={"clip_qkv": 0.5, "softmax_scale": 0.3}, **COMMON)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(
@@ -231,7 +234,7 @@ _SEED_ORDER = [
     "qwen3_moe", "olmoe", "stablelm", "stablelm-parallel", "starcoder2", "starcoder2-window",
     "nemotron", "granite", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "distilbert", "cohere",
     "mbart", "pegasus", "falcon", "falcon-sequential", "glm", "glm4", "helium", "seed_oss",
-    "ministral", "arcee", "granitemoe",
+    "ministral", "arcee", "granitemoe", "mpt",
 ]
 
 

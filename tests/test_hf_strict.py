@@ -161,6 +161,9 @@ _MOOT = {
                     "scale_attention_softmax_in_fp32"},
     "falcon": {"num_kv_heads"},  # only the new decoder architecture (refused) reads it
     "gemma3_text": {"sliding_window_pattern"},
+    # transformers' MPT has no position table either way (ALiBi), embedding_fraction scales
+    # only the embeddings' gradient, init_device is where the weights start
+    "mpt": {"learned_pos_emb", "embedding_fraction", "init_device"},
 }
 
 
@@ -193,6 +196,29 @@ def test_every_key_is_honoured_or_refused(name: str) -> None:
             continue
         if got == want and key not in _MOOT.get(model_type, ()):
             ignored.append(f"{key}: {json.dumps(value)} -> {json.dumps(new)}")
+    assert not ignored, ignored
+
+
+
+def test_every_mpt_attn_config_key_is_honoured_or_refused() -> None:
+    """MPT keeps its attention settings in a nested attn_config, which the walk above does
+    not flip: each of its non-inert keys set to another value is refused or changes the spec
+    (transformers' MptAttention ignores alibi_bias_max, qk_ln, ...: those are refused)."""
+    kwargs = CASES["mpt"].kwargs
+    base = transformers.MptConfig(**kwargs).to_dict()
+    want = spec_from_config(base).model_dump()
+    ignored = []
+    for key, value in base["attn_config"].items():
+        if _inert(key) or key in ("attn_pdrop", "attn_impl"):  # dropout; the kernel choice
+            continue
+        flipped = base | {"attn_config": base["attn_config"] | {key: _flip(value)}}
+        try:
+            got = spec_from_config(flipped).model_dump()
+        except TfgraphError as exc:
+            assert f"attn_config.{key}" in str(exc)
+            continue
+        if got == want:
+            ignored.append(key)
     assert not ignored, ignored
 
 

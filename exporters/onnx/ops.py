@@ -27,7 +27,7 @@ import numpy as np
 
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.onnx import cache as onnx_cache
-from tfgraph.exporters.onnx.builder import Builder
+from tfgraph.exporters.onnx.builder import Builder, make_initializer
 from tfgraph.exporters.onnx.moe import MOE_EMITTERS
 from tfgraph.exporters.onnx.rope import ROPE_OPSET, emit_rope  # noqa: F401 (re-exported)
 from tfgraph.graph.ir import Node
@@ -258,8 +258,20 @@ def _softcap(b: Builder, n: Node, x: str, output: str | None, cap: float | None 
 
 
 def _layernorm(b: Builder, n: Node) -> str:
-    return b.add(n.name, "LayerNormalization", list(n.inputs), n.name, axis=-1,
+    ins = list(n.inputs)
+    if len(ins) == 1:  # no parameters (OLMo 1): LayerNormalization needs a Scale, ones
+        one = make_initializer("value", np.ones(1, np.float32), b.dtype)
+        width = b.add(n.name, "Shape", [ins[0]], tag="width", start=-1)
+        ins.append(b.add(n.name, "ConstantOfShape", [width], tag="ones", value=one))
+    return b.add(n.name, "LayerNormalization", ins, n.name, axis=-1,
                  epsilon=float(n.attrs["eps"]))
+
+
+def _clip(b: Builder, n: Node) -> str:
+    # Clip's bounds are inputs of the tensor's own type (opset >= 11)
+    bound = float(n.attrs["bound"])
+    lo, hi = (b.const(n.name, tag, v, b.dtype) for tag, v in (("low", -bound), ("high", bound)))
+    return b.add(n.name, "Clip", [n.inputs[0], lo, hi], n.name)
 
 
 def _to_f32(b: Builder, n: Node, x: str) -> str:
@@ -379,6 +391,7 @@ ONNX_OPS: dict[str, Emitter] = {
     "dropout": _simple("Identity"),  # inference: dropout is the identity
     "softmax": _simple("Softmax", axis=-1),
     "softcap": lambda b, n: _softcap(b, n, n.inputs[0], n.name),
+    "clip": _clip,
     "alibi": _alibi,
     "relative_bias": _relative_bias,
 }

@@ -35,7 +35,7 @@ def _linear(m: nn.Module, a: dict[str, Any], x: Tensor, w: Tensor, b: Tensor | N
     return F.linear(x, w, b)  # (.., out)
 
 
-def _norm_layer(m: nn.Module, a: dict[str, Any], x: Tensor, g: Tensor,
+def _norm_layer(m: nn.Module, a: dict[str, Any], x: Tensor, g: Tensor | None = None,
                 b: Tensor | None = None) -> Tensor:
     return F.layer_norm(x, (x.shape[-1],), g, b, a["eps"])
 
@@ -135,6 +135,7 @@ TORCH_OPS: dict[str, Lowering] = {
     "softmax": lambda m, a, x: x.softmax(dim=-1),
     "cross_entropy": lambda m, a, logits, labels: tf.cross_entropy(logits, labels),
     "softcap": lambda m, a, x: tf.soft_cap(x, a["cap"]),
+    "clip": lambda m, a, x: x.clamp(-a["bound"], a["bound"]),
     "alibi": lambda m, a, x, keys=None: _alibi(a, x, keys),
     "relative_bias": lambda m, a, table, x, keys=None: tf.relative_position_bias(
         table, x.shape[1], a["bidirectional"], a["buckets"], a["max_distance"],
@@ -166,9 +167,10 @@ def _per_head(norm: Lowering) -> Lowering:
 
 def _unit_offset(norm: Lowering) -> Lowering:
     """A norm whose node has attrs['unit_offset'] multiplies by (1 + gain) (Gemma)."""
-    def lowering(m: nn.Module, a: dict[str, Any], x: Tensor, gain: Tensor,
-                 *params: Tensor) -> Tensor:
-        return norm(m, a, x, gain + 1 if a.get("unit_offset") else gain, *params)
+    def lowering(m: nn.Module, a: dict[str, Any], x: Tensor, *params: Tensor) -> Tensor:
+        if not a.get("unit_offset"):  # also a norm without parameters (OLMo 1)
+            return norm(m, a, x, *params)
+        return norm(m, a, x, params[0] + 1, *params[1:])
     return lowering
 
 
@@ -266,8 +268,9 @@ def _layer_norm_ctor(p: dict[str, tuple[str, ...]], a: Attr) -> str:
 
 
 def _layer_norm_src(o: Sequence[str], a: Attr) -> str:
+    gain = o[1] if len(o) > 1 else "None"  # none: OLMo 1's norm without parameters
     bias = o[2] if len(o) > 2 else "None"
-    return f"F.layer_norm({o[0]}, ({o[0]}.shape[-1],), {o[1]}, {bias}, {a('eps')})"
+    return f"F.layer_norm({o[0]}, ({o[0]}.shape[-1],), {gain}, {bias}, {a('eps')})"
 
 
 def _present(a: Attr, key: str) -> str | None:
@@ -363,6 +366,7 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
     "cross_entropy": SourceTemplate(lambda o, a: f"cross_entropy({o[0]}, {o[1]})",
                                     dims=lambda d: ()),
     "softcap": SourceTemplate(lambda o, a: f"soft_cap({o[0]}, {a('cap')})"),
+    "clip": SourceTemplate(lambda o, a: f"{o[0]}.clamp(-{a('bound')}, {a('bound')})"),
     "alibi": SourceTemplate(  # _alibi, written out: slope_h * j, the same on every row
         lambda o, a: f"(torch.tensor({a('slopes')}, device={o[0]}.device)[:, None, None] * "
                      f"torch.arange({o[0]}.shape[1], device={o[0]}.device)).to({o[0]}.dtype)"

@@ -275,7 +275,9 @@ class _Lowering:
         kind = self.spec.norm.kind
         offset = self.spec.norm.unit_offset  # Gemma: the gain is 1 + w, w stored from 0
         gain_init = "zeros" if offset else "ones"
-        if kind == "scalenorm":
+        if not self.spec.norm.affine:  # OLMo 1: (x - mean) / sqrt(var + eps), no parameters
+            ins = [x]
+        elif kind == "scalenorm":
             ins = [x, self.param(f"{param_prefix}.weight", ("1",), scope, gain_init,
                                  _role(meta, f"{role}.weight"))]
         else:
@@ -482,8 +484,9 @@ class _Lowering:
             return self.cached_cross_attention(x, scope, meta)
         q, k, v = self.projections(x, kv_source, scope, meta)
         local = rope and self.spec.layer_is_local(meta.layer or 0)  # self-attention only
-        if rope and self.spec.embedding.positions == "rope":
-            q, k = self.rotary(q, k, scope, meta, local)
+        emb = self.spec.embedding
+        if rope and emb.positions == "rope" and (local or emb.rope_global):  # Cohere2: NoPE
+            q, k = self.rotary(q, k, scope, meta, local)  # on global layers
         a = self.attend(q, k, v, scope, meta, causal, rope, self.attention_attrs(local))
         return self.linear(a, scope, "o", "heads*head_dim", "d_model",
                            bool(self.spec.attention.out_bias), meta)  # (B, Tq, d)
@@ -500,6 +503,10 @@ class _Lowering:
                         meta)  # (B, Tk, kv*hd)
         v = self.linear(kv_source, scope, "v", "d_model", "kv_heads*head_dim", qkv_bias,
                         meta)  # (B, Tk, kv*hd)
+        if att.clip_qkv is not None:  # MPT, OLMo 1: clamp before norms and rotary positions
+            q, k, v = (self.g.add("clip", [t], name=f"{scope}.{r}_clip", scope=scope,
+                                  bound=att.clip_qkv, meta=_role(meta, f"{r}_clip"))
+                       for r, t in (("q", q), ("k", k), ("v", v)))
         if att.qk_norm == "full":  # over the whole projection, before rotary positions
             q = self.norm(q, f"{scope}.q_norm", f"{scope}.q_norm", scope, meta, "q_norm",
                           width="heads*head_dim")

@@ -59,6 +59,7 @@ FLOPS_PER_ELEMENT: dict[str, int] = {
     "rope": 3,  # x*cos + rotate_half(x)*sin: two multiplies and one add
     "mask": 1,  # causal mask add per score
     "softcap": 3,  # cap * tanh(x / cap): divide, tanh, multiply (Gemma 2)
+    "clip": 2,  # min(max(x, -c), c): two compares (MPT's and OLMo 1's clip_qkv)
 }
 
 Flops = tuple[sympy.Expr, sympy.Expr]
@@ -625,7 +626,7 @@ def _norm_saved(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, 
 # own with the same gains.
 NORM_DOCS = {
     "layernorm": "(x - mean) / sqrt(var + eps) * gain + bias (Ba et al. 2016). Inputs x, gain"
-                 "[, bias].",
+                 "[, bias]; or x alone, a norm without parameters (OLMo 1).",
     "rmsnorm": "x / sqrt(mean(x^2) + eps) * gain (Zhang & Sennrich 2019). Inputs x, gain.",
     "scalenorm": "g * x / sqrt(sum(x^2) + eps) with one scalar g "
                  "(Nguyen & Salazar 2019). Inputs x, g of shape (1,).",
@@ -635,10 +636,11 @@ NORM_DOCS = {
 def _norm_flops(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, Any]], Flops]:
     def flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
         offset = ins[1].numel * FLOPS_PER_ELEMENT["add"] if attrs.get("unit_offset") else ZERO
-        # a LayerNorm without its bias (Cohere, MPT: two inputs) skips the bias add
-        no_bias = FLOPS_PER_ELEMENT["add"] * out.numel if kind == "layernorm" \
-            and len(ins) == 2 else ZERO
-        return ZERO, FLOPS_PER_ELEMENT[kind] * out.numel + offset - no_bias
+        # a LayerNorm without its bias (Cohere, MPT: two inputs) skips the bias add; one
+        # without parameters (OLMo 1: x alone) skips the gain multiply too
+        skipped = (3 - len(ins)) * FLOPS_PER_ELEMENT["add"] * out.numel \
+            if kind == "layernorm" else ZERO
+        return ZERO, FLOPS_PER_ELEMENT[kind] * out.numel + offset - skipped
 
     return flops
 
@@ -651,7 +653,7 @@ NORM_ATTRS: dict[str, Attr] = {
 }
 
 for _kind, _doc in NORM_DOCS.items():
-    register(OpDef(_kind, (2, 3), _norm_infer, _norm_flops(_kind), _norm_saved(_kind), _doc,
+    register(OpDef(_kind, (1 if _kind == "layernorm" else 2, 3), _norm_infer, _norm_flops(_kind), _norm_saved(_kind), _doc,
                    category="norm", attrs=NORM_ATTRS, sequence="norm",
                    title=NORM_TITLES[_kind]))
 
@@ -722,6 +724,11 @@ register(OpDef("softcap", (1, 1), _same, _elementwise("softcap"), _save_tanh,
                "attrs['cap'] * tanh(x / attrs['cap']): soft-capped logits (Gemma 2).",
                attrs={"cap": Attr(REAL, required=True)}, tp="follows",
                sequence="elementwise"))
+register(OpDef("clip", (1, 1), _same, _elementwise("clip"), _save_input(0),
+               "min(max(x, -attrs['bound']), attrs['bound']): the q, k and v projections "
+               "clamped (MPT's and OLMo 1's clip_qkv). Backward keeps x (torch's clamp).",
+               attrs={"bound": Attr(REAL, required=True, doc="c of the range [-c, c]")},
+               tp="follows", sequence="elementwise"))
 register(OpDef("softmax", (1, 1), _same, _elementwise("softmax"), _save_output,
                "Softmax over the last axis (output: probs).", category="output",
                vocab_reduce="S", sequence="elementwise"))

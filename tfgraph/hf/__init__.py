@@ -62,6 +62,7 @@ FAMILIES: dict[str, str] = {
     "distilbert": "distilbert",
     "cohere": "cohere",
     "falcon": "falcon",
+    "mpt": "mpt",
     "glm": "glm",
     "glm4": "glm",
     "bert": "bert",

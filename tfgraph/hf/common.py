@@ -110,7 +110,9 @@ def linear_rows(hf: str, ours: str, bias: bool) -> list[Rule]:
 
 
 def norm_rows(hf: str, ours: str, spec: Spec) -> list[Rule]:
-    """A norm's gain (and bias for a LayerNorm that has one)."""
+    """A norm's gain (and bias for a LayerNorm that has one); none without parameters."""
+    if not spec.norm.affine:
+        return []
     return linear_rows(hf, ours, spec.norm.kind == "layernorm" and spec.norm.bias)
 
 

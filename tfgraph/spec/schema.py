@@ -196,6 +196,10 @@ class Embedding(_Strict):
     local_rope_theta: float | None = None
     """Rotary base of the local (sliding-window) layers when it differs from rope_theta
     (Gemma 3: 10000 locally, 1000000 globally). Default: rope_theta."""
+    rope_global: Flag = True
+    """Rotary only: false leaves the global (full-attention) layers without positions (NoPE):
+    only the sliding-window layers of attention.window_pattern rotate q and k (Cohere's
+    Command R7B, Cohere2Attention). Without a window every layer is global."""
 
     _finite = field_validator("rope_theta", "rotary_fraction", mode="before")(_finite_float)
 
@@ -252,11 +256,16 @@ class Attention(_Strict):
     """Which layers use the window, as a pattern repeated over the layers from the first:
     [local, global] alternates (Gemma 2), five local then one global is Gemma 3. Default: every
     layer local. Needs window."""
+    clip_qkv: float | None = None
+    """Clamp the q, k and v projections (after their biases) to [-clip_qkv, clip_qkv] before
+    q/k norms and rotary positions (MPT's attn_config.clip_qkv, OLMo 1's clip_qkv: 8).
+    Default: none."""
     normalize: Normalize = "softmax"
     """softmax, or hardmax: the one-hot of the arg-max ("hard attention": each query reads only its highest-scoring key)."""
 
-    _finite = field_validator("scale", "softcap", mode="before")(_optional_finite_float)
-    _above_zero = field_validator("scale", "softcap")(_positive)
+    _finite = field_validator("scale", "softcap", "clip_qkv", mode="before")(
+        _optional_finite_float)
+    _above_zero = field_validator("scale", "softcap", "clip_qkv")(_positive)
 
 
 class FeedForward(_Strict):
@@ -338,6 +347,10 @@ class Norm(_Strict):
     (Gemma, Gemma 2 and 3 RMSNorm; also the qk-norm gains)."""
     bias: Flag = True
     """layernorm only: false drops the bias, gain alone (Cohere, MPT)."""
+    affine: Flag = True
+    """layernorm only: false leaves every norm without parameters, neither gain nor bias
+    ((x - mean) / sqrt(var + eps); OLMo 1's OlmoLayerNorm, PyTorch's elementwise_affine
+    false); then bias is false too."""
 
     _finite = field_validator("eps", mode="before")(_finite_float)
 
@@ -457,6 +470,15 @@ class Spec(_Strict):
             )
         if not self.norm.bias and self.norm.kind != "layernorm":
             raise ValueError(f"norm.bias: false is for layernorm; {self.norm.kind} has no bias")
+        if not self.norm.affine:
+            if self.norm.kind != "layernorm":
+                raise ValueError(f"norm.affine: false is for layernorm, not {self.norm.kind}")
+            if self.norm.unit_offset:
+                raise ValueError("norm.affine: false has no gain for unit_offset to offset; "
+                                 "remove one of them")
+            if self.norm.bias and "bias" in self.norm.model_fields_set:
+                raise ValueError("norm.affine: false has no bias; remove norm.bias: true")
+            self.norm.bias = False
         # --- token ids inside the vocabulary they index
         if self.tokens is not None:
             self._check_tokens(self.tokens)
@@ -493,6 +515,9 @@ class Spec(_Strict):
         if emb.local_rope_theta is not None and (att.window is None or emb.positions != "rope"):
             raise ValueError("embedding.local_rope_theta: the rotary base of sliding-window "
                              "layers needs positions: rope and attention.window")
+        if not emb.rope_global and emb.positions != "rope":
+            raise ValueError("embedding.rope_global: false leaves the global layers without "
+                             "rotary positions; it needs positions: rope")
         derive_rotary(emb, att.head_dim, self.max_len)
         # --- embeddings
         if emb.positions == "relative":  # T5's defaults (Raffel et al. 2020)
