@@ -182,6 +182,9 @@ CASES: dict[str, Case] = {
     "mpt": Case("MptConfig", "MptForCausalLM", dict(
         d_model=72, n_heads=6, n_layers=2, vocab_size=101, max_seq_len=64,
         attn_config={"clip_qkv": 0.5, "softmax_scale": 0.3}, **COMMON)),
+    "olmo": Case("OlmoConfig", "OlmoForCausalLM", dict(
+        {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, clip_qkv=0.5,
+        attention_bias=True, pad_token_id=None)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(
@@ -234,7 +237,7 @@ _SEED_ORDER = [
     "qwen3_moe", "olmoe", "stablelm", "stablelm-parallel", "starcoder2", "starcoder2-window",
     "nemotron", "granite", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "distilbert", "cohere",
     "mbart", "pegasus", "falcon", "falcon-sequential", "glm", "glm4", "helium", "seed_oss",
-    "ministral", "arcee", "granitemoe", "mpt",
+    "ministral", "arcee", "granitemoe", "mpt", "olmo",
 ]
 
 

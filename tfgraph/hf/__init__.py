@@ -38,6 +38,7 @@ FAMILIES: dict[str, str] = {
     "mistral": "llama",
     "qwen2": "llama",
     "qwen3": "llama",
+    "olmo": "llama",
     "olmo2": "llama",
     "granite": "llama",
     "helium": "llama",

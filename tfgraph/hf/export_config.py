@@ -43,7 +43,7 @@ ARCHITECTURES: dict[str, str] = {
     "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "helium": "HeliumForCausalLM",
     "seed_oss": "SeedOssForCausalLM", "ministral": "MinistralForCausalLM",
     "arcee": "ArceeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
-    "mpt": "MptForCausalLM",
+    "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -57,7 +57,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
                      "granite", "bloom", "gpt_bigcode", "cohere", "falcon", "glm", "glm4",
-                     "helium", "seed_oss", "ministral", "arcee", "granitemoe", "mpt"),
+                     "helium", "seed_oss", "ministral", "arcee", "granitemoe", "mpt", "olmo"),
     "encoder-only": ("bert", "distilbert"),
     "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }

@@ -1,7 +1,7 @@
-"""Llama and its close relatives: llama, mistral, qwen2, qwen3, olmo2, granite, helium,
+"""Llama and its close relatives: llama, mistral, qwen2, qwen3, olmo, olmo2, granite, helium,
 seed_oss, ministral, arcee.
 
-All are pre-norm (OLMo 2: branch norm) RMSNorm decoders with rotary positions and a SwiGLU
+All are pre-norm (OLMo 2: branch norm) RMSNorm (OLMo 1: LayerNorm without parameters) decoders with rotary positions and a SwiGLU
 feed-forward, and share Hugging Face's ``model.layers.{i}.self_attn.q_proj`` naming. What differs
 is in ``_FAMILY``: where the attention biases are (Qwen2: q, k, v only, Yang et al. 2024), the
 q/k norms (Qwen3: per head; OLMo 2: over the whole projection, OLMo et al. 2024), and which
@@ -14,7 +14,7 @@ from typing import Any
 
 from tfgraph.hf.common import (llama_layer_rows, llama_outer_rows, put_decoder_sizes,
                                put_rms_rope, put_windows)
-from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import (decoder_sizes, gated_activation, layer_types,
                                       plain_activation)
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -46,6 +46,10 @@ _FAMILY: dict[str, tuple[str, str, dict[str, str]]] = {
                                 "post_attention_layernorm": "ffn_norm"}),
     "qwen3": ("pre", "head", {"input_layernorm": "self_attn_norm",
                               "post_attention_layernorm": "ffn_norm"}),
+    # OLMo 1 (Groeneveld et al. 2024): LayerNorms without parameters (OlmoLayerNorm), read
+    # below, and clip_qkv.
+    "olmo": ("pre", "none", {"input_layernorm": "self_attn_norm",
+                             "post_attention_layernorm": "ffn_norm"}),
     # OLMo 2 normalises each sublayer's output: x + norm(f(x)) (norm.position branch).
     "olmo2": ("branch", "full", {"post_attention_layernorm": "self_attn_norm",
                                  "post_feedforward_layernorm": "ffn_norm"}),
@@ -86,7 +90,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     mlp_bias = kind in ("llama", "granite", "helium", "seed_oss", "arcee")
     draft.put("ffn.bias", cfg.bool("mlp_bias", False) if mlp_bias else False,
               "mlp_bias" if mlp_bias else None)
-    put_rms_rope(draft, cfg, position)
+    if kind == "olmo":
+        put_olmo_norms(draft, cfg)
+    else:
+        put_rms_rope(draft, cfg, position)
     if kind == "granite":
         put_granite_multipliers(draft, cfg)
     window = cfg.get("sliding_window", None)
@@ -103,6 +110,23 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         window = None  # these families have no sliding window
     put_windows(draft, types, window, layers)
     return draft
+
+
+def put_olmo_norms(draft: SpecDraft, cfg: HFConfig) -> None:
+    """modeling_olmo: every norm is OlmoLayerNorm, F.layer_norm with neither weight nor bias
+    and eps fixed at 1e-5; q, k and v clamped to clip_qkv when it is set; rotary positions."""
+    draft.put("norm.position", "pre")
+    draft.put("norm.kind", "layernorm", "model_type")
+    draft.put("norm.affine", False, "model_type")
+    draft.put("norm.eps", 1e-5, "model_type")
+    draft.put("norm.final", True)
+    clip = cfg.get("clip_qkv", None)
+    if clip is not None:
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)):
+            cfg.refuse("clip_qkv", "must be a number")
+        draft.put("attention.clip_qkv", float(clip), "clip_qkv")
+    where, params = rope_parameters(cfg)
+    put_rope(draft, params, where)
 
 
 def put_granite_multipliers(draft: SpecDraft, cfg: HFConfig) -> None:
@@ -131,14 +155,19 @@ def granite_multipliers(spec: Spec) -> dict[str, float]:
             "logits_scaling": 1.0 / spec.head.scale if spec.head.scale else 1.0}
 
 
-def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
+def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     """The config fields :func:`spec_from_config` reads, for ``model_type``. Only Llama's
     modeling reads ``attention_bias`` and ``mlp_bias`` both (Mistral's projections have no
     biases, Qwen3's and OLMo 2's feed-forwards none), and only Mistral, Qwen2 and Qwen3 have
     sliding windows: the others' fields are left out, so a spec needing them does not survive
     the round trip."""
     out = decoder_sizes(spec)
-    if model_type in ("llama", "qwen3", "olmo2", "granite", "arcee"):
+    if model_type == "olmo" and (spec.norm.kind != "layernorm" or spec.norm.affine
+                                 or spec.norm.eps != 1e-5):
+        return None  # OlmoLayerNorm: no parameters, eps 1e-5
+    if model_type != "olmo" and not spec.norm.affine:
+        return None
+    if model_type in ("llama", "qwen3", "olmo2", "granite", "arcee", "olmo"):
         out["attention_bias"] = spec.attention.bias
     if model_type == "helium":
         out["attention_bias"] = bool(spec.attention.qkv_bias)
@@ -153,7 +182,10 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     out["intermediate_size"] = spec.ffn.hidden
     out["hidden_act"] = plain_activation(spec, "relu2") if model_type == "arcee" \
         else gated_activation(spec)
-    out["rms_norm_eps"] = spec.norm.eps
+    if model_type == "olmo":
+        out["clip_qkv"] = spec.attention.clip_qkv
+    else:
+        out["rms_norm_eps"] = spec.norm.eps
     out["rope_parameters"] = rope_config(spec)
     window = spec.attention.window
     if model_type == "ministral":  # MinistralConfig's head_dim has no default of its own
