@@ -185,6 +185,11 @@ CASES: dict[str, Case] = {
     "olmo": Case("OlmoConfig", "OlmoForCausalLM", dict(
         {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, clip_qkv=0.5,
         attention_bias=True, pad_token_id=None)),
+    "cohere2": Case("Cohere2Config", "Cohere2ForCausalLM", dict(
+        {k: v for k, v in LLAMA.items() if k != "rms_norm_eps"}, num_hidden_layers=3,
+        layer_norm_eps=1e-5, logit_scale=0.25, sliding_window=7, attention_bias=True,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        tie_word_embeddings=True, pad_token_id=None)),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(
@@ -237,7 +242,7 @@ _SEED_ORDER = [
     "qwen3_moe", "olmoe", "stablelm", "stablelm-parallel", "starcoder2", "starcoder2-window",
     "nemotron", "granite", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "distilbert", "cohere",
     "mbart", "pegasus", "falcon", "falcon-sequential", "glm", "glm4", "helium", "seed_oss",
-    "ministral", "arcee", "granitemoe", "mpt", "olmo",
+    "ministral", "arcee", "granitemoe", "mpt", "olmo", "cohere2",
 ]
 
 

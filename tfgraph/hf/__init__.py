@@ -62,6 +62,7 @@ FAMILIES: dict[str, str] = {
     "gpt_bigcode": "gpt_bigcode",
     "distilbert": "distilbert",
     "cohere": "cohere",
+    "cohere2": "cohere",
     "falcon": "falcon",
     "mpt": "mpt",
     "glm": "glm",

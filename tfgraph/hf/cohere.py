@@ -2,15 +2,22 @@
 shared LayerNorm without a bias (``norm.bias: false``), rotary positions on interleaved channel
 pairs (GPT-J's layout), grouped-query attention, the head tied to the token table and the
 logits multiplied by ``logit_scale`` (``head.scale``: the head has no bias). ``use_qk_norm``
-(a LayerNorm gain per head, Command-R+) is refused."""
+(a LayerNorm gain per head, Command-R+) is refused.
+
+Cohere2 (Command R7B, Cohere 2024) is the same block with sliding-window attention on the
+layers ``layer_types`` names (older configs: every ``sliding_window_pattern``-th layer is
+global) and rotary positions on the sliding layers only: Cohere2Attention rotates q and k
+``if self.sliding_window is not None``, so its global layers have no positions at all
+(``embedding.rope_global: false``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes
+from tfgraph.hf.common import (linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes,
+                               put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
-from tfgraph.hf.export_common import gated_activation
+from tfgraph.hf.export_common import gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -18,9 +25,15 @@ from tfgraph.spec.schema import Spec
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
-    if cfg.bool("use_qk_norm", False):
+    second = cfg.model_type == "cohere2"
+    if not second and cfg.bool("use_qk_norm", False):
         cfg.refuse("use_qk_norm", "Cohere's per-head LayerNorm on q and k (a gain per head) "
                    "has no spec form")
+    if second:  # Cohere2Config.__post_init__ sets head_dim = hidden_size // heads, always
+        width, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+        if heads and cfg.int("head_dim", width // heads) != width // heads:
+            cfg.refuse("head_dim", f"transformers' Cohere2Config replaces it with hidden_size "
+                       f"/ num_attention_heads = {width // heads}")
     put_decoder_sizes(draft, cfg)
     draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
               "tie_word_embeddings")
@@ -42,14 +55,45 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("head.scale", scale, "logit_scale")
     where, params = rope_parameters(cfg)
     put_rope(draft, params, where)
+    if second:
+        put_cohere2_windows(draft, cfg)
     return draft
+
+
+def put_cohere2_windows(draft: SpecDraft, cfg: HFConfig) -> None:
+    """Cohere2's sliding layers (layer_types, or every sliding_window_pattern-th layer global
+    when a config has no layer_types) and NoPE on the global ones."""
+    layers = cfg.int("num_hidden_layers")
+    types = cfg.get("layer_types", None)
+    if types is None:  # Cohere2Config.__post_init__'s reading of older configs
+        period = cfg.int("sliding_window_pattern", 4)
+        if period < 1:
+            cfg.refuse("sliding_window_pattern", "must be at least 1")
+        types = ["sliding_attention" if (i + 1) % period else "full_attention"
+                 for i in range(layers)]
+    else:  # transformers keeps it then, unread
+        cfg.moot("sliding_window_pattern")
+    put_windows(draft, types, cfg.get("sliding_window", None), layers)
+    draft.put("embedding.rope_global", False, "model_type")
 
 
 def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     """The config fields :func:`spec_from_config` reads; None for a spec Cohere cannot hold."""
     att = spec.attention
-    if spec.norm.kind != "layernorm" or spec.norm.bias or spec.block.residual != "parallel":
+    if spec.norm.kind != "layernorm" or spec.norm.bias or spec.block.residual != "parallel" \
+            or spec.embedding.rope_global == (model_type == "cohere2"):
         return None
+    if model_type == "cohere2":
+        return {
+            "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
+            "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
+            "tie_word_embeddings": spec.embedding.tie_output,
+            "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
+            "attention_bias": bool(att.qkv_bias), "intermediate_size": spec.ffn.hidden,
+            "hidden_act": gated_activation(spec), "layer_norm_eps": spec.norm.eps,
+            "logit_scale": spec.head.scale or 1.0, "rope_parameters": rope_config(spec),
+            "sliding_window": att.window, "layer_types": layer_types(spec),
+        }
     return {
         "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
         "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,

@@ -44,6 +44,7 @@ ARCHITECTURES: dict[str, str] = {
     "seed_oss": "SeedOssForCausalLM", "ministral": "MinistralForCausalLM",
     "arcee": "ArceeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM",
+    "cohere2": "Cohere2ForCausalLM",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -57,7 +58,8 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
                      "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt2",
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
                      "granite", "bloom", "gpt_bigcode", "cohere", "falcon", "glm", "glm4",
-                     "helium", "seed_oss", "ministral", "arcee", "granitemoe", "mpt", "olmo"),
+                     "helium", "seed_oss", "ministral", "arcee", "granitemoe", "mpt", "olmo",
+                     "cohere2"),
     "encoder-only": ("bert", "distilbert"),
     "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }
