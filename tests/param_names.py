@@ -13,6 +13,8 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
 
     def norm_params(prefix: str, width: int = d) -> None:
+        if not norm.affine:  # OLMo 1: a norm without parameters
+            return
         if norm.kind == "scalenorm":
             out[f"{prefix}.weight"] = (1,)
             return

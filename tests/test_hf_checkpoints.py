@@ -255,11 +255,12 @@ def test_float16_as_accurate_as_transformers(family: str, tmp_path: Path) -> Non
 # Every tiny spec some Hugging Face family expresses exactly (tfgraph.hf.export_config); the
 # test below keeps the list honest. tiny-moe's topk_softmax router is Mixtral's
 # softmax-then-renormalise in value, and exports as Mixtral.
-EXPORTABLE = ["tiny-bart", "tiny-bert", "tiny-bf16", "tiny-cohere", "tiny-decoder",
+EXPORTABLE = ["tiny-bart", "tiny-bert", "tiny-bf16", "tiny-cohere", "tiny-cohere2",
+              "tiny-decoder",
               "tiny-falcon", "tiny-fp16", "tiny-gemma",
               "tiny-gemma2", "tiny-gemma3", "tiny-gptj", "tiny-granite", "tiny-llama",
-              "tiny-llama3", "tiny-mistral", "tiny-moe", "tiny-nemotron", "tiny-neox",
-              "tiny-olmo2", "tiny-olmoe",
+              "tiny-llama3", "tiny-mistral", "tiny-moe", "tiny-mpt", "tiny-nemotron", "tiny-neox",
+              "tiny-olmo", "tiny-olmo2", "tiny-olmoe",
               "tiny-opt", "tiny-phi", "tiny-pythia", "tiny-qwen2", "tiny-qwen2-moe",
               "tiny-qwen3", "tiny-t5", "tiny-yarn"]
 

@@ -46,9 +46,9 @@ def expected_width(spec: Spec, name: str) -> int:
     ffn = ".ffn." in name
     if name in ("logits", "probs", "head.uncapped"):
         return spec.output_vocab
-    if role in ("q", "q_norm", "q_rope", "attention"):
+    if role in ("q", "q_clip", "q_norm", "q_rope", "attention"):
         return att.heads * att.head_dim
-    if role in ("k", "v", "k_norm", "k_rope"):
+    if role in ("k", "v", "k_clip", "v_clip", "k_norm", "k_rope"):
         return att.kv_heads * att.head_dim
     if ffn and role in ("router", "route"):  # mixture of experts: one logit per expert
         return spec.ffn.experts
