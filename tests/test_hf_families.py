@@ -162,6 +162,15 @@ CASES: dict[str, Case] = {
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
         max_position_embeddings=64, multi_query=False, parallel_attn=False, bias=True,
         ffn_hidden_size=128, activation="gelu", tie_word_embeddings=False, **COMMON)),
+    "falcon-new": Case("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
+        max_position_embeddings=64, new_decoder_architecture=True, num_kv_heads=1,
+        bias=False, ffn_hidden_size=128, activation="gelu", **COMMON)),
+    "falcon-new-one-norm": Case("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=101,
+        max_position_embeddings=64, new_decoder_architecture=True, num_kv_heads=2,
+        num_ln_in_parallel_attn=1, bias=True, ffn_hidden_size=96, activation="gelu",
+        tie_word_embeddings=False, **COMMON)),
     "glm": Case("GlmConfig", "GlmForCausalLM", dict(
         LLAMA, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=None)),
     "glm4": Case("Glm4Config", "Glm4ForCausalLM", dict(
@@ -242,7 +251,7 @@ _SEED_ORDER = [
     "qwen3_moe", "olmoe", "stablelm", "stablelm-parallel", "starcoder2", "starcoder2-window",
     "nemotron", "granite", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "distilbert", "cohere",
     "mbart", "pegasus", "falcon", "falcon-sequential", "glm", "glm4", "helium", "seed_oss",
-    "ministral", "arcee", "granitemoe", "mpt", "olmo", "cohere2",
+    "ministral", "arcee", "granitemoe", "mpt", "olmo", "cohere2", "falcon-new", "falcon-new-one-norm",
 ]
 
 

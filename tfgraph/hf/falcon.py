@@ -2,8 +2,16 @@
 exact GELU, ``bias`` on every projection or none, multi-query attention (``multi_query``:
 ``query_key_value`` stacks every query head, then one key and one value head) or per-head
 [q, k, v] without it, and attention beside the feed-forward on one shared norm
-(``parallel_attn``) or after it. The new decoder architecture of Falcon-40B/180B (grouped
-key/value heads in ``query_key_value``, two norms per layer) and ALiBi are refused."""
+(``parallel_attn``) or after it. The new decoder architecture of Falcon-40B/180B
+(``new_decoder_architecture``, FalconAttention._split_heads) has ``num_kv_heads`` key/value
+heads, ``query_key_value`` holding per group [its heads/num_kv_heads query heads, its k, its
+v], and attention always beside the feed-forward, each on its own norm (``ln_attn``,
+``ln_mlp``; ``num_ln_in_parallel_attn`` 2, the default) or on one (``input_layernorm``, 1).
+
+Falcon's ALiBi variant (``alibi: true``, Falcon-RW) is refused: transformers computes its bias
+as bfloat16(slope * position) at positions counted from the attention mask, divided by
+sqrt(head_dim), and its eager attention adds it twice (once to the scores, once inside the
+mask) where SDPA adds it once; tfgraph's ALiBi is float32 slope * key index (BLOOM, MPT)."""
 
 from __future__ import annotations
 
@@ -19,20 +27,32 @@ from tfgraph.spec.schema import Spec
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
-    if cfg.bool("new_decoder_architecture", False):
-        cfg.refuse("new_decoder_architecture", "Falcon-40B/180B's grouped query_key_value "
-                   "layout is not imported")
     if cfg.bool("alibi", False):
-        cfg.refuse("alibi", "Falcon's ALiBi variant is not imported (BLOOM's is)")
-    cfg.moot("num_kv_heads")  # read by the new architecture only
-    if cfg.get("num_ln_in_parallel_attn", None) not in (None, 1):
+        cfg.refuse("alibi", "Falcon's ALiBi variant is not imported: transformers rounds its "
+                   "bias to bfloat16 at mask-counted positions and scales it by "
+                   "1/sqrt(head_dim) (eager attention adds it twice), which tfgraph's ALiBi "
+                   "(float32 slope * key index, BLOOM's and MPT's) does not express")
+    new = cfg.bool("new_decoder_architecture", False)
+    lns = cfg.get("num_ln_in_parallel_attn", None)
+    if new:
+        if not cfg.bool("parallel_attn", True):  # FalconDecoderLayer needs ln_attn or it
+            cfg.refuse("parallel_attn", "transformers' new decoder architecture fails without "
+                       "it (its layers read ln_attn / ln_mlp, built only with parallel_attn)")
+        if lns not in (None, 1, 2):
+            cfg.refuse("num_ln_in_parallel_attn", "must be 1 or 2")
+        cfg.moot("multi_query")  # num_kv_heads says it
+    elif lns not in (None, 1):
         cfg.refuse("num_ln_in_parallel_attn", "two norms per layer belong to the new decoder "
                    "architecture")
     d = put_sizes(draft, cfg, "decoder-only", True)
     heads = cfg.int("num_attention_heads")
     draft.put("attention.heads", heads, "num_attention_heads")
-    draft.put("attention.kv_heads", 1 if cfg.bool("multi_query", True) else heads,
-              "multi_query")
+    if new:
+        draft.put("attention.kv_heads", cfg.int("num_kv_heads", heads), "num_kv_heads")
+    else:
+        cfg.moot("num_kv_heads")  # read by the new architecture only
+        draft.put("attention.kv_heads", 1 if cfg.bool("multi_query", True) else heads,
+                  "multi_query")
     bias = cfg.bool("bias", False)
     draft.put("attention.bias", bias, "bias")
     draft.put("ffn.hidden", cfg.int("ffn_hidden_size", 4 * d), "ffn_hidden_size")
@@ -43,7 +63,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.position", "pre")
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
     draft.put("norm.final", True)
-    if cfg.bool("parallel_attn", True):
+    if new:  # attention beside the feed-forward, on ln_attn and ln_mlp or one shared norm
+        draft.put("block.residual", "parallel", "new_decoder_architecture")
+        draft.put("block.shared_norm", lns == 1, "num_ln_in_parallel_attn")
+    elif cfg.bool("parallel_attn", True):
         draft.put("block.residual", "parallel", "parallel_attn")
         draft.put("block.shared_norm", True, "parallel_attn")
     draft.put("dropout", cfg.float("hidden_dropout", 0.0), "hidden_dropout")
@@ -56,16 +79,23 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     """The config fields :func:`spec_from_config` reads; None for a spec Falcon cannot hold."""
     att = spec.attention
     parallel = spec.block.residual == "parallel"
-    if spec.norm.kind != "layernorm" or att.kv_heads not in (1, att.heads) \
-            or (parallel and not spec.block.shared_norm) \
-            or bool(att.qkv_bias) != spec.ffn.bias:
+    # the old layout holds one kv head or all of them, with one norm when parallel; the new
+    # one any grouping, always parallel
+    new = parallel and (att.kv_heads not in (1, att.heads) or not spec.block.shared_norm)
+    if spec.norm.kind != "layernorm" or bool(att.qkv_bias) != spec.ffn.bias \
+            or (not new and att.kv_heads not in (1, att.heads)):
         return None
-    return {
+    layout: dict[str, Any] = {"new_decoder_architecture": new}
+    if new:
+        layout |= {"num_kv_heads": att.kv_heads,
+                   "num_ln_in_parallel_attn": 1 if spec.block.shared_norm else 2}
+    else:
+        layout["multi_query"] = att.kv_heads == 1 and att.heads > 1
+    return layout | {
         "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
         "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
         "tie_word_embeddings": spec.embedding.tie_output,
-        "num_attention_heads": att.heads, "multi_query": att.kv_heads == 1 and att.heads > 1,
-        "new_decoder_architecture": False, "alibi": False, "parallel_attn": parallel,
+        "num_attention_heads": att.heads, "alibi": False, "parallel_attn": parallel,
         "bias": spec.ffn.bias, "ffn_hidden_size": spec.ffn.hidden,
         "activation": plain_activation(spec), "layer_norm_epsilon": spec.norm.eps,
         "hidden_dropout": spec.dropout, "attention_dropout": 0.0,
@@ -81,8 +111,14 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     rows += norm_rows("transformer.ln_f", "decoder.norm", spec)
     rows += head_rows(spec, "lm_head")
     qkv = tuple(f"{dst}.self_attn.{r}" for r in "qkv")
+    new = cfg.bool("new_decoder_architecture", False)
     for kind in ("weight", "bias") if bias else ("weight",):
-        if att.kv_heads == 1 and att.heads > 1:  # [all q heads | k | v]
+        if new:  # per kv group [its q heads, k, v] (FalconAttention._split_heads)
+            group = att.heads // att.kv_heads * head_dim
+            rows.append(Rule(f"{src}.self_attention.query_key_value.{kind}",
+                             tuple(f"{o}.{kind}" for o in qkv), "heads",
+                             (att.kv_heads, group, head_dim, head_dim)))
+        elif att.kv_heads == 1 and att.heads > 1:  # [all q heads | k | v]
             rows.append(Rule(f"{src}.self_attention.query_key_value.{kind}",
                              tuple(f"{o}.{kind}" for o in qkv), "split",
                              (spec.d_model, head_dim, head_dim)))
@@ -92,7 +128,10 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     rows += linear_rows(f"{src}.self_attention.dense", f"{dst}.self_attn.o", bias)
     rows += linear_rows(f"{src}.mlp.dense_h_to_4h", f"{dst}.ffn.up", bias)
     rows += linear_rows(f"{src}.mlp.dense_4h_to_h", f"{dst}.ffn.down", bias)
-    if spec.block.residual == "parallel":
+    if spec.block.residual == "parallel" and not spec.block.shared_norm:  # new architecture
+        rows += norm_rows(f"{src}.ln_attn", f"{dst}.self_attn_norm", spec)
+        rows += norm_rows(f"{src}.ln_mlp", f"{dst}.ffn_norm", spec)
+    elif spec.block.residual == "parallel":
         rows += norm_rows(f"{src}.input_layernorm", f"{dst}.norm", spec)
     else:
         rows += norm_rows(f"{src}.input_layernorm", f"{dst}.self_attn_norm", spec)

@@ -43,7 +43,8 @@ class Rule:
     (transpose, then split: GPT-2's ``c_attn``); ``axis`` says which dimension is split (1
     for transformers' stacked experts, ``gate_up_proj`` of shape [E, 2 * hidden, d]);
     ``heads`` (GPT-NeoX: per head, the rows of each part in turn, ``len(ours)`` parts of
-    ``sizes[0]`` heads); ``alias`` (the same tensor under a second name, e.g. a tied
+    ``sizes[0]`` heads; with more sizes, ``sizes[0]`` groups of ``sizes[1:]`` rows of the
+    parts in turn: Falcon-40B's [q heads of a group, its k, its v] per key/value group); ``alias`` (the same tensor under a second name, e.g. a tied
     ``lm_head.weight``: imported once, written back under both names in a state dict,
     left out of a folder as ``save_pretrained`` leaves it out); ``generated`` (a buffer
     stored as a tensor but fixed by the config, e.g.
@@ -155,11 +156,15 @@ class NameMap:
             return []
         if rule.kind == "heads":
             heads, parts = rule.sizes[0], len(ours)
-            if tensor.shape[0] % (heads * parts):
+            if (tensor.shape[0] != heads * sum(rule.sizes[1:]) if rule.sizes[1:]
+                    else tensor.shape[0] % (heads * parts)):
                 raise NameMapError(f"{name}: {tensor.shape[0]} rows are not {heads} heads of "
                                    f"{parts} parts")
-            per_head = tensor.reshape(heads, parts, -1, *tensor.shape[1:])
-            return [(o, _contiguous(per_head[:, j].reshape(-1, *tensor.shape[1:])))
+            rows = rule.sizes[1:] or (tensor.shape[0] // (heads * parts),) * parts
+            per_head = tensor.reshape(heads, -1, *tensor.shape[1:])
+            starts = [sum(rows[:j]) for j in range(parts)]
+            return [(o, _contiguous(per_head[:, starts[j]:starts[j] + rows[j]]
+                                    .reshape(-1, *tensor.shape[1:])))
                     for j, o in enumerate(ours)]
         source = tensor.T if rule.kind == "split_t" else tensor
         axis = rule.axis
@@ -192,9 +197,13 @@ class NameMap:
             return [(ours[0], (rule.sizes[0], *shape))]
         if rule.kind == "heads":
             rows = shape[0] if shape else 0
-            if not shape or rows % (rule.sizes[0] * len(ours)):
+            if not shape or (rows != rule.sizes[0] * sum(rule.sizes[1:]) if rule.sizes[1:]
+                             else rows % (rule.sizes[0] * len(ours))):
                 raise NameMapError(f"{name}: {rows} rows are not {rule.sizes[0]} heads of "
                                    f"{len(ours)} parts")
+            if rule.sizes[1:]:
+                return [(o, (rule.sizes[0] * n, *shape[1:]))
+                        for o, n in zip(ours, rule.sizes[1:])]
             return [(o, (rows // len(ours), *shape[1:])) for o in ours]
         source = shape[::-1] if rule.kind == "split_t" else shape
         if len(source) <= rule.axis or source[rule.axis] != sum(rule.sizes):
@@ -315,7 +324,7 @@ class HFTensor:
         if kind == "transpose":
             return first[::-1]
         if kind == "heads":
-            return (first[0] * len(self.parts), *first[1:])
+            return (sum(shapes[p][0] for p in self.parts), *first[1:])
         axis = self.rule.axis
         fused = first[:axis] + (sum(shapes[p][axis] for p in self.parts),) + first[axis + 1:]
         return fused[::-1] if kind == "split_t" else fused
@@ -332,7 +341,7 @@ class HFTensor:
         if kind == "heads":
             shape = tensors[0].shape
             per = [t.reshape(self.rule.sizes[0], -1, *shape[1:]) for t in tensors]
-            return _stack(per, 1).reshape(-1, *shape[1:])
+            return _cat(per, 1).reshape(-1, *shape[1:])  # each head's (group's) parts in turn
         fused = _cat(tensors, self.rule.axis)
         return _contiguous(fused.T) if kind == "split_t" else fused
 
