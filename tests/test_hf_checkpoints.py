@@ -260,7 +260,7 @@ EXPORTABLE = ["tiny-bart", "tiny-bert", "tiny-bf16", "tiny-cohere", "tiny-cohere
               "tiny-falcon", "tiny-fp16", "tiny-gemma",
               "tiny-gemma2", "tiny-gemma3", "tiny-gptj", "tiny-granite", "tiny-llama",
               "tiny-llama3", "tiny-mistral", "tiny-moe", "tiny-mpt", "tiny-nemotron", "tiny-neox",
-              "tiny-olmo", "tiny-olmo2", "tiny-olmoe",
+              "tiny-olmo", "tiny-olmo2", "tiny-olmoe", "tiny-phimoe",
               "tiny-opt", "tiny-phi", "tiny-pythia", "tiny-qwen2", "tiny-qwen2-moe",
               "tiny-qwen3", "tiny-t5", "tiny-yarn"]
 

@@ -199,6 +199,10 @@ CASES: dict[str, Case] = {
         layer_norm_eps=1e-5, logit_scale=0.25, sliding_window=7, attention_bias=True,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"],
         tie_word_embeddings=True, pad_token_id=None)),
+    "phimoe": Case("PhimoeConfig", "PhimoeForCausalLM", dict(
+        LLAMA, rms_norm_eps=1e-5, intermediate_size=32, num_local_experts=4,
+        num_experts_per_tok=2, router_jitter_noise=0.3, attention_bias=True,
+        lm_head_bias=True, sliding_window=None), moe=True),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(
         LLAMA, sliding_window=None, pad_token_id=None)),
     "bert": Case("BertConfig", "BertForMaskedLM", dict(
@@ -251,7 +255,7 @@ _SEED_ORDER = [
     "qwen3_moe", "olmoe", "stablelm", "stablelm-parallel", "starcoder2", "starcoder2-window",
     "nemotron", "granite", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "distilbert", "cohere",
     "mbart", "pegasus", "falcon", "falcon-sequential", "glm", "glm4", "helium", "seed_oss",
-    "ministral", "arcee", "granitemoe", "mpt", "olmo", "cohere2", "falcon-new", "falcon-new-one-norm",
+    "ministral", "arcee", "granitemoe", "mpt", "olmo", "cohere2", "falcon-new", "falcon-new-one-norm", "phimoe",
 ]
 
 

@@ -127,10 +127,10 @@ def test_a_config_relabelled_as_another_family_is_refused() -> None:
 
 def test_an_unknown_family_names_the_closest_one_and_what_it_lacks() -> None:
     with pytest.raises(TfgraphError) as caught:
-        spec_from_config(transformers.PhimoeConfig().to_dict())
+        spec_from_config(transformers.JetMoeConfig().to_dict())
     text = str(caught.value)
-    assert "phimoe" in text and "closest is mixtral" in text
-    assert "input_jitter_noise" in text and "lm_head_bias" in text
+    assert "jetmoe" in text and "closest is mixtral" in text
+    assert "activation_function" in text and "kv_channels" in text
 
 
 def _flip(value: Any) -> Any:

@@ -40,7 +40,7 @@ from parity_support import saved_storages
 from test_torch_module import make_ids
 
 SPECS = ["tiny-decoder.yaml", "tiny-marian.yaml", "tiny-llama.yaml", "tiny-moe.yaml",
-         "tiny-t5.yaml", "tiny-bf16.yaml"]
+         "tiny-t5.yaml", "tiny-bf16.yaml", "tiny-mpt.yaml", "tiny-olmo.yaml", "tiny-phimoe.yaml", "tiny-bloom.yaml"]
 SHAPES = [(2, 12, 10), (4, 32, 24)]  # (batch, seq, tgt_seq)
 
 
@@ -58,13 +58,16 @@ def uncounted(spec: Any, batch: int, seq: int, tgt: int) -> int:
     """Bytes torch saves that the op table does not count, term by term:
     - rotary positions: the cos and sin tables, one (S, rotary dims) pair per sequence shared
       by every layer (ops.py, rope: "not counted");
-    - attention run as explicit matmuls (T5's position bias has no fused kernel): the causal
-      mask, a (T, T) bool tensor per decoder self-attention (masked_fill keeps it)."""
+    - attention run as explicit matmuls (T5's position bias and ALiBi have no fused kernel):
+      the causal mask, a (T, T) bool tensor per decoder self-attention (masked_fill keeps
+      it)."""
     extra = 0
     if spec.embedding.positions == "rope":
         extra += 2 * seq * spec.rotary_dim * DTYPE_BYTES[spec.dtype]
     if spec.embedding.positions == "relative":
         extra += spec.layer_count("decoder") * tgt * tgt
+    if spec.embedding.positions == "alibi":  # decoder-only: the sequence is seq long
+        extra += spec.layer_count("decoder") * seq * seq
     return extra
 
 

@@ -54,6 +54,11 @@ def _route(b: Builder, n: Node) -> str:
     k, router = int(n.attrs["top_k"]), n.attrs["router"]
     x = logits if b.dtype == "float32" else b.cast(n.name, logits, "float32", tag="to_float32")
     topk = b.ints([k])
+    if router == "sparsemixer":
+        out = _sparsemixer(b, n, x, float(n.attrs.get("eps", 0.01)))
+        if b.dtype == "float32":
+            return b.add(n.name, "Identity", [out], n.name)
+        return b.add(n.name, "Cast", [out], n.name, to=ELEM_TYPE[b.dtype])
     if router == "topk_softmax":
         top, index = b.add_outputs(n.name, "TopK", [x, topk], 2, axis=-1)  # (B, L, k)
         weights = b.add(n.name, "Softmax", [top], axis=-1)
@@ -69,6 +74,39 @@ def _route(b: Builder, n: Node) -> str:
     if b.dtype == "float32":
         return b.add(n.name, "Identity", [out], n.name)
     return b.add(n.name, "Cast", [out], n.name, to=ELEM_TYPE[b.dtype])
+
+
+def _sparsemixer(b: Builder, n: Node, x: str, eps: float) -> str:
+    """Phi-3.5-MoE's two choices, as torch_functional.sparsemixer: the largest remaining
+    logit (ArgMax: the first of a tie, as torch's max), the softmax over the remaining
+    experts within the threshold, that weight scattered in, the expert then removed."""
+    zero = helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0])
+    weights = b.add(n.name, "ConstantOfShape", [b.add(n.name, "Shape", [x])], tag="zeros",
+                    value=zero)  # (B, L, E)
+    neg_inf = b.const(n.name, "neg_inf", float("-inf"), "float32")
+    bound = b.const(n.name, "two_eps", 2 * eps, "float32")
+    magnitude = b.add(n.name, "Abs", [x], tag="abs")
+    remaining = x
+    for c in (1, 2):
+        index = b.add(n.name, "ArgMax", [remaining], tag=f"index{c}", axis=-1,
+                      keepdims=1)  # (B, L, 1)
+        top = b.add(n.name, "GatherElements", [remaining, index], tag=f"top{c}", axis=-1)
+        factor = b.add(n.name, "Max", [magnitude, top], tag=f"factor{c}")
+        gap = b.add(n.name, "Div", [b.add(n.name, "Sub", [top, x], tag=f"gap{c}"), factor],
+                    tag=f"relative{c}")
+        far = b.add(n.name, "Greater", [gap, bound], tag=f"far{c}")
+        gates = b.add(n.name, "Softmax", [b.add(n.name, "Where", [far, neg_inf, remaining],
+                                                tag=f"masked{c}")], tag=f"gates{c}", axis=-1)
+        weight = b.add(n.name, "GatherElements", [gates, index], tag=f"weight{c}", axis=-1)
+        weights = b.add(n.name, "ScatterElements", [weights, index, weight],
+                        tag=f"scatter{c}", axis=-1)
+        if c == 1:
+            removed = b.add(n.name, "Expand", [neg_inf, b.add(n.name, "Shape", [index],
+                                                              tag="index_shape")],
+                            tag="removed")
+            remaining = b.add(n.name, "ScatterElements", [remaining, index, removed],
+                              tag="remaining", axis=-1)
+    return weights
 
 
 def _experts(b: Builder, n: Node) -> str:

@@ -313,13 +313,16 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
-def route(logits: Tensor, top_k: int, router: str) -> Tensor:
+def route(logits: Tensor, top_k: int, router: str, eps: float | None = None) -> Tensor:
     """Routing weights (B, L, E) from router logits (B, L, E): the k weights at their experts,
     exactly 0 elsewhere, computed in float32 as transformers' MoE routers do. router
     "softmax_topk": softmax over the E experts, the k largest (Qwen2-MoE, OLMoE);
     "softmax_topk_renorm": those divided by their sum (Mixtral, Qwen3-MoE);
-    "topk_softmax": softmax over the k largest logits (Mixtral's reference code)."""
+    "topk_softmax": softmax over the k largest logits (Mixtral's reference code);
+    "sparsemixer": Phi-3.5-MoE's two choices (``sparsemixer``)."""
     x = logits.float()
+    if router == "sparsemixer":
+        return sparsemixer(x, float(eps if eps is not None else 0.01)).to(logits.dtype)
     if router == "topk_softmax":
         top, index = x.topk(top_k, dim=-1)  # (B, L, k)
         weights = top.softmax(dim=-1)
@@ -328,6 +331,24 @@ def route(logits: Tensor, top_k: int, router: str) -> Tensor:
         if router == "softmax_topk_renorm":
             weights = weights / weights.sum(dim=-1, keepdim=True)
     return torch.zeros_like(x).scatter(-1, index, weights).to(logits.dtype)  # (B, L, E)
+
+
+def sparsemixer(x: Tensor, eps: float) -> Tensor:
+    """Phi-3.5-MoE's router at inference (Liu et al. 2024, "GRIN"; transformers'
+    modeling_phimoe.sparsemixer without training): twice, the largest remaining logit m at
+    expert i, weighted by the softmax over the remaining experts e whose logits s_e satisfy
+    (m - s_e) / max(|s_e|, m) <= 2 eps, the others masked out; the second choice's remaining
+    experts are all but the first. The threshold reads the router's logits themselves."""
+    weights = torch.zeros_like(x)
+    remaining = x
+    for _ in range(2):
+        top, index = remaining.max(dim=-1, keepdim=True)  # (.., 1): first index of a tie
+        with torch.no_grad():  # a mask: nothing to differentiate (as transformers)
+            far = (top - x) / x.abs().clamp(min=top) > 2 * eps
+        gates = remaining.masked_fill(far, float("-inf")).softmax(dim=-1)
+        weights = weights.scatter(-1, index, gates.gather(-1, index))
+        remaining = remaining.scatter(-1, index, float("-inf"))
+    return weights
 
 
 def expert_activation(x: Tensor, activation: str) -> Tensor:

@@ -128,7 +128,7 @@ TORCH_OPS: dict[str, Lowering] = {
     "mul": lambda m, a, x, y: x * y,
     "add": lambda m, a, x, y: x + y,
     "dropout": lambda m, a, x: tf.dropout(x, a["p"], m.training),
-    "route": lambda m, a, logits: tf.route(logits, a["top_k"], a["router"]),
+    "route": lambda m, a, logits: tf.route(logits, a["top_k"], a["router"], a.get("eps")),
     "experts": lambda m, a, x, w, *params: tf.experts(x, w, params, a["top_k"],
                                                       a["activation"]),
     "sigmoid_gate": lambda m, a, g, y: g.sigmoid() * y,
@@ -356,7 +356,8 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
     "mul": SourceTemplate(lambda o, a: f"{o[0]} * {o[1]}"),
     "add": SourceTemplate(lambda o, a: f"{o[0]} + {o[1]}"),
     "dropout": SourceTemplate(lambda o, a: f"dropout({o[0]}, {a('p')}, self.training)"),
-    "route": SourceTemplate(lambda o, a: f"route({o[0]}, {a('top_k')}, {a('router')})"),
+    "route": SourceTemplate(lambda o, a: f"route({o[0]}, {a('top_k')}, {a('router')}"
+                                         f"{_optional(a, 'eps')})"),
     "experts": SourceTemplate(
         lambda o, a: f"experts({o[0]}, {o[1]}, ({', '.join(o[2:])},), {a('top_k')}, "
                      f"{a('activation')})"),

@@ -706,8 +706,9 @@ class _Lowering:
         ffn, g, z = self.spec.ffn, self.g, self.z
         logits = self.linear(x, scope, "router", "d_model", "experts", False,
                              meta)  # (B, L, E)
+        eps = {"eps": ffn.router_eps} if ffn.router == "sparsemixer" else {}
         weights = g.add("route", [logits], name=f"{scope}.route", scope=scope, top_k=z.top_k,
-                        router=ffn.router, meta=_role(meta, "route"))  # (B, L, E)
+                        router=ffn.router, meta=_role(meta, "route"), **eps)  # (B, L, E)
         gated = ffn.activation in GATED_ACTIVATIONS
         ins = [x, weights]
         shapes = {"gate": ("experts", "expert_hidden", "d_model"),

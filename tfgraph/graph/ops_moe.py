@@ -18,6 +18,7 @@ import sympy
 
 from tfgraph.graph.ops import (
     FLOPS_PER_ELEMENT,
+    REAL,
     SIZE,
     STATS_BYTES,
     ZERO,
@@ -39,6 +40,8 @@ FLOPS_PER_ELEMENT.update({
     "topk": 1,  # one comparison per candidate while selecting the k largest
     "renorm": 2,  # sum of the k weights, one divide per weight
     "sigmoid": 4,  # exp, add, divide (and the negation folded in)
+    # sparsemixer's candidate test per expert: |s|, max with m, m - s, divide, compare
+    "threshold": 5,
 })
 
 
@@ -50,14 +53,22 @@ def _route_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     experts = logits.shape[-1]
     if sympy.sympify(attrs["top_k"] - experts).is_positive:
         raise ValueError(f"top_k {attrs['top_k']} is more than the {experts} experts")
-    if attrs["router"] not in ("softmax_topk", "softmax_topk_renorm", "topk_softmax"):
+    if attrs["router"] not in ("softmax_topk", "softmax_topk_renorm", "topk_softmax",
+                               "sparsemixer"):
         raise ValueError(f"unknown router {attrs['router']!r}")
+    if attrs["router"] == "sparsemixer" and isinstance(attrs["top_k"], int) \
+            and attrs["top_k"] != 2:  # (a symbol in formula twins: the spec checked it)
+        raise ValueError("the sparsemixer router picks 2 experts")
     return logits
 
 
 def _route_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
     n, experts, k = _rows(out), out.shape[-1], attrs["top_k"]
     select = FLOPS_PER_ELEMENT["topk"] * n * experts
+    if attrs["router"] == "sparsemixer":  # per choice: the max, the threshold, a softmax
+        per = FLOPS_PER_ELEMENT["topk"] + FLOPS_PER_ELEMENT["threshold"] \
+            + FLOPS_PER_ELEMENT["softmax"]
+        return ZERO, 2 * per * n * experts
     if attrs["router"] == "topk_softmax":  # the k largest logits, softmax over them
         return ZERO, select + FLOPS_PER_ELEMENT["softmax"] * n * k
     other = FLOPS_PER_ELEMENT["softmax"] * n * experts + select
@@ -72,6 +83,10 @@ def _route_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) 
     # renormalisation the divide's numerator and denominator.
     n, experts, k = _rows(out), out.shape[-1], attrs["top_k"]
     saved: Saved = [(("tmp", "indices"), n * k * INDEX_BYTES)]
+    if attrs["router"] == "sparsemixer":  # per choice: its index, softmax output, mask
+        return [(("tmp", f"{what}{c}"), size) for c in (1, 2) for what, size in (
+            ("index", n * INDEX_BYTES), ("softmax", n * experts * STATS_BYTES),
+            ("mask", n * experts))]
     if attrs["router"] == "topk_softmax":
         return [*saved, (("tmp", "softmax"), n * k * STATS_BYTES)]
     saved.append((("tmp", "softmax"), n * experts * STATS_BYTES))
@@ -84,12 +99,17 @@ register(OpDef(
     "route", (1, 1), _route_infer, _route_flops, _route_saved,
     "Routing weights from router logits (B, L, E), attrs top_k and router: softmax_topk "
     "(softmax over the E experts, keep the k largest), softmax_topk_renorm (the same divided "
-    "by their sum), topk_softmax (softmax over the k largest logits). Output (B, L, E): the k "
-    "weights at their experts, exactly 0 elsewhere. Computed in float32.",
+    "by their sum), topk_softmax (softmax over the k largest logits), sparsemixer (Phi-3.5-"
+    "MoE at inference, k = 2: each choice the largest remaining logit m, weighted by the "
+    "softmax over the remaining experts e with (m - s_e) / max(|s_e|, m) <= 2 attrs['eps']). "
+    "Output (B, L, E): the k weights at their experts, exactly 0 elsewhere. Computed in "
+    "float32.",
     category="activation",
     attrs={"top_k": Attr(SIZE, required=True),
            "router": Attr(str, required=True,
-                          doc="softmax_topk, softmax_topk_renorm or topk_softmax")},
+                          doc="softmax_topk, softmax_topk_renorm, topk_softmax or "
+                              "sparsemixer"),
+           "eps": Attr(REAL, doc="sparsemixer's threshold epsilon")},
 ))
 
 

@@ -53,6 +53,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_moe": "moe",
     "olmoe": "moe",
     "granitemoe": "moe",
+    "phimoe": "moe",
     "phi": "phi",
     "phi3": "phi3",
     "stablelm": "stablelm",

@@ -44,7 +44,7 @@ ARCHITECTURES: dict[str, str] = {
     "seed_oss": "SeedOssForCausalLM", "ministral": "MinistralForCausalLM",
     "arcee": "ArceeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM",
-    "cohere2": "Cohere2ForCausalLM",
+    "cohere2": "Cohere2ForCausalLM", "phimoe": "PhimoeForCausalLM",
     "bert": "BertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
@@ -59,7 +59,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
                      "granite", "bloom", "gpt_bigcode", "cohere", "falcon", "glm", "glm4",
                      "helium", "seed_oss", "ministral", "arcee", "granitemoe", "mpt", "olmo",
-                     "cohere2"),
+                     "cohere2", "phimoe"),
     "encoder-only": ("bert", "distilbert"),
     "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }

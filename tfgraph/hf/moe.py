@@ -18,6 +18,13 @@ Qwen3-MoE (Qwen Team 2025): Qwen3's attention (no biases unless ``attention_bias
 norm of each head's queries and keys) with Qwen2-MoE's routing and dense first layers, and no
 shared expert.
 
+Phi-3.5-MoE (``phimoe``, Microsoft 2024): LayerNorms with biases, attention biases
+(``attention_bias``), a head bias (``lm_head_bias``), every layer routed to 2 of
+``num_local_experts`` SwiGLU experts by the sparsemixer (``ffn.router: sparsemixer`` with
+``router_eps`` = ``router_jitter_noise``, which at inference is its threshold, not noise);
+``input_jitter_noise`` only perturbs training inputs. On disk its experts are Mixtral's
+``block_sparse_moe.experts.{e}.w1/w3/w2`` and its router ``block_sparse_moe.gate``.
+
 transformers 5 stores each layer's experts stacked: ``mlp.experts.gate_up_proj`` [E, 2 * h, d]
 (gate rows first) and ``mlp.experts.down_proj`` [E, d, h]; tfgraph's ``ffn.experts.gate``,
 ``up`` [E, h, d] and ``down`` [E, d, h] are the same tensors, split.
@@ -29,7 +36,7 @@ from typing import Any
 
 from tfgraph.hf.common import (llama_layer_rows, llama_outer_rows, put_decoder_sizes,
                                put_rms_rope, put_windows)
-from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import decoder_sizes, gated_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.llama import granite_multipliers, put_granite_multipliers
@@ -50,13 +57,14 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     elif cfg.model_type == "qwen3_moe":
         draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
         draft.put("attention.qk_norm", "head", "model_type")  # q_norm, k_norm per head
-    elif cfg.model_type == "granitemoe":
+    elif cfg.model_type in ("granitemoe", "phimoe"):
         draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
     elif cfg.model_type == "olmoe":
         draft.put("attention.bias", cfg.bool("attention_bias", False), "attention_bias")
         draft.put("attention.qk_norm", "full", "model_type")  # q_norm, k_norm over d
         if cfg.get("clip_qkv", None) is not None:
-            cfg.refuse("clip_qkv", "clamping q, k and v has no spec form")
+            cfg.refuse("clip_qkv", "OLMoE clamps q and k after its q/k norms; tfgraph's "
+                       "attention.clip_qkv clamps before them (OLMo 1, MPT)")
     else:
         draft.put("attention.bias", False)
     gated = activation(cfg, "hidden_act", gated=True, default="silu")
@@ -64,7 +72,18 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("ffn.bias", False)
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")
     draft.put("ffn.top_k", cfg.int("num_experts_per_tok"), "num_experts_per_tok")
-    if cfg.model_type == "granitemoe":  # softmax over the k largest router logits
+    if cfg.model_type == "phimoe":  # PhimoeTopKRouter: sparsemixer, always two experts
+        if cfg.int("num_experts_per_tok", 2) != 2:
+            cfg.refuse("num_experts_per_tok", "transformers' sparsemixer routes every token "
+                       "to 2 experts whatever it says")
+        draft.put("ffn.experts", cfg.int("num_local_experts"), "num_local_experts")
+        draft.put("ffn.router", "sparsemixer", "model_type")
+        draft.put("ffn.router_eps", cfg.float("router_jitter_noise", 0.01),
+                  "router_jitter_noise")
+        cfg.moot("input_jitter_noise")  # multiplies the inputs by noise in training only
+        if cfg.bool("lm_head_bias", False):
+            draft.put("embedding.output_bias", True, "lm_head_bias")
+    elif cfg.model_type == "granitemoe":  # softmax over the k largest router logits
         draft.put("ffn.experts", cfg.int("num_local_experts"), "num_local_experts")
         draft.put("ffn.router", "topk_softmax")
     elif cfg.model_type == "olmoe":  # experts intermediate_size wide, Qwen's routing choice
@@ -97,9 +116,18 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     else:
         draft.put("ffn.experts", cfg.int("num_local_experts"), "num_local_experts")
         draft.put("ffn.router", "softmax_topk_renorm")
-    put_rms_rope(draft, cfg, "pre")
+    if cfg.model_type == "phimoe":  # nn.LayerNorm (gain and bias) with rms_norm_eps
+        draft.put("norm.position", "pre")
+        draft.put("norm.kind", "layernorm", "model_type")
+        draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
+        draft.put("norm.final", True)
+        where, params = rope_parameters(cfg)
+        put_rope(draft, params, where)
+    else:
+        put_rms_rope(draft, cfg, "pre")
     if cfg.model_type == "granitemoe":
         put_granite_multipliers(draft, cfg)
+    # (Phi-MoE: every layer slides when sliding_window is set, PhimoeModel's mask)
     window = None if cfg.model_type in ("olmoe", "granitemoe") \
         else cfg.get("sliding_window", None)
     if cfg.model_type == "qwen3_moe":  # modeling reads sliding_window whatever the flag says
@@ -128,6 +156,20 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     out["num_experts_per_tok"] = ffn.top_k or 1
     out["rms_norm_eps"] = spec.norm.eps
     out["rope_parameters"] = rope_config(spec)
+    if (model_type == "phimoe") != (ffn.router == "sparsemixer"):
+        return None
+    if model_type == "phimoe":
+        if spec.norm.kind != "layernorm" or not spec.norm.bias or ffn.dense_layers \
+                or ffn.shared_experts or ffn.expert_hidden != ffn.hidden \
+                or spec.attention.bias != spec.attention.qkv_bias \
+                or spec.attention.out_bias != spec.attention.qkv_bias:
+            return None
+        del out["rms_norm_eps"]
+        return out | {"num_local_experts": ffn.experts or 1, "router_jitter_noise":
+                      ffn.router_eps, "input_jitter_noise": 0.0, "rms_norm_eps": spec.norm.eps,
+                      "attention_bias": bool(spec.attention.qkv_bias),
+                      "lm_head_bias": spec.embedding.output_bias,
+                      "sliding_window": spec.attention.window}
     if model_type == "mixtral":
         out["num_local_experts"] = ffn.experts or 1
         out["sliding_window"] = spec.attention.window
@@ -178,9 +220,14 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     # (Granite-MoE: block_sparse_moe.router and block_sparse_moe.experts).
     granite = cfg.model_type == "granitemoe"
     block, router = ("block_sparse_moe", "router") if granite else ("mlp", "gate")
+    if cfg.model_type == "phimoe":  # PhimoeSparseMoeBlock.router
+        router = "router"
+    if spec.embedding.output_bias and spec.embedding.tie_output:  # a tied head's own bias
+        rows.append(Rule("lm_head.bias", ("head.bias",)))
     rows += [
         Rule(f"{src}.{block}.{router}.weight", (f"{dst}.ffn.router.weight",),
-             layout="memory" if cfg.model_type in ("mixtral", "granitemoe") else "both"),
+             layout="memory" if cfg.model_type in ("mixtral", "granitemoe", "phimoe")
+             else "both"),
         Rule(f"{src}.{block}.experts.gate_up_proj",
              (f"{experts}.gate.weight", f"{experts}.up.weight"), "split", (eh, eh), axis=1,
              layout="memory"),
@@ -197,7 +244,7 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
             Rule(f"{moe}.input_linear.weight", (f"{experts}.gate.weight", f"{experts}.up.weight"),
                  "split", (eh, eh), axis=1, layout="disk"),
             Rule(f"{moe}.output_linear.weight", (f"{experts}.down.weight",), layout="disk")]
-    if cfg.model_type == "mixtral":
+    if cfg.model_type in ("mixtral", "phimoe"):  # transformers.conversion_mapping
         moe = f"{src}.block_sparse_moe"
         rows.append(Rule(f"{moe}.gate.weight", (f"{dst}.ffn.router.weight",), layout="disk"))
         pieces = {"w1": "gate", "w3": "up", "w2": "down"}

@@ -36,7 +36,7 @@ INERT = frozenset({
     "suppress_tokens", "begin_suppress_tokens", "forced_decoder_ids",
     "initializer_range", "initializer_factor", "init_std", "gradient_checkpointing",
     "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
-    "router_z_loss_coef", "classifier_dropout", "summary_type", "summary_use_proj",
+    "router_z_loss_coef", "input_jitter_noise", "classifier_dropout", "summary_type", "summary_use_proj",
     "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
     "encoder_layerdrop", "decoder_layerdrop", "layerdrop",
     # Llama's tensor-parallel split of the projections at pre-training: the same products

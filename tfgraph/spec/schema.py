@@ -75,7 +75,7 @@ Residual = Literal["sequential", "parallel"]
 Normalize = Literal["softmax", "hardmax"]
 QKNorm = Literal["none", "head", "full"]
 WindowKind = Literal["local", "global"]
-Router = Literal["softmax_topk", "softmax_topk_renorm", "topk_softmax"]
+Router = Literal["softmax_topk", "softmax_topk_renorm", "topk_softmax", "sparsemixer"]
 Output = Literal["logits", "probs"]
 DType = Literal["float32", "float16", "bfloat16"]
 
@@ -290,8 +290,15 @@ class FeedForward(_Strict):
     experts, keep the k largest; Qwen2-MoE, OLMoE: norm_topk_prob false), softmax_topk_renorm
     (the same, divided by their sum; Mixtral in transformers, Qwen3-MoE), topk_softmax (the
     k largest logits, softmax over them; Mixtral's reference code; equal to
-    softmax_topk_renorm in exact arithmetic, fewer FLOPs). Default with experts:
-    softmax_topk_renorm."""
+    softmax_topk_renorm in exact arithmetic, fewer FLOPs), sparsemixer (Phi-3.5-MoE, Liu et
+    al. 2024, at inference: top_k 2; the largest logit's expert weighted by a softmax over
+    the experts within router_eps of it, then the largest of the others weighted by a
+    softmax over the others within router_eps of that one; no renormalisation). Default with
+    experts: softmax_topk_renorm."""
+    router_eps: float | None = None
+    """sparsemixer only: expert e stays in a softmax while (m - s_e) / max(|s_e|, m) <= 2 *
+    router_eps, m the logit of the expert being chosen, s_e expert e's (Phi-3.5-MoE's
+    router_jitter_noise, 0.01). Default with sparsemixer: 0.01."""
     expert_hidden: _size(MAX_HIDDEN) | None = None  # type: ignore[valid-type]
     """Inner width of each routed expert (Qwen2-MoE moe_intermediate_size, DeepSeek-V3 2048).
     Default with experts: hidden."""
@@ -308,6 +315,16 @@ class FeedForward(_Strict):
     dense_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] | None = None
     """The first N layers keep a dense feed-forward of width hidden (DeepSeek
     first_k_dense_replace: 3 in V3). One stack only. Default with experts: 0."""
+
+
+    _finite_eps = field_validator("router_eps", mode="before")(_optional_finite_float)
+
+    @field_validator("router_eps")
+    @classmethod
+    def _eps_range(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 <= value < 1.0:
+            raise ValueError("must be in [0, 1) (Phi-3.5-MoE: 0.01)")
+        return value
 
 
 class Block(_Strict):
@@ -647,8 +664,8 @@ class Spec(_Strict):
         return self.vocab_size("target" if self.arch == "encoder-decoder" else "source")
 
 
-MOE_FIELDS = ("top_k", "router", "expert_hidden", "shared_experts", "shared_hidden",
-              "shared_gate", "dense_layers")
+MOE_FIELDS = ("top_k", "router", "router_eps", "expert_hidden", "shared_experts",
+              "shared_hidden", "shared_gate", "dense_layers")
 
 
 def _derive_experts(spec: Spec) -> None:
@@ -670,6 +687,14 @@ def _derive_experts(spec: Spec) -> None:
                          "DeepSeek); set bias: false")
     if ffn.router is None:
         ffn.router = "softmax_topk_renorm"
+    if ffn.router == "sparsemixer":
+        if ffn.top_k != 2:
+            raise ValueError(f"ffn.top_k: the sparsemixer router picks 2 experts, not "
+                             f"{ffn.top_k}; set top_k: 2")
+        if ffn.router_eps is None:
+            ffn.router_eps = 0.01
+    elif ffn.router_eps is not None:
+        raise ValueError("ffn.router_eps: only for router: sparsemixer; remove it")
     if ffn.expert_hidden is None:
         ffn.expert_hidden = ffn.hidden
     if ffn.shared_experts is None:
