@@ -114,10 +114,10 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     new = cfg.bool("new_decoder_architecture", False)
     for kind in ("weight", "bias") if bias else ("weight",):
         if new:  # per kv group [its q heads, k, v] (FalconAttention._split_heads)
-            group = att.heads // att.kv_heads * head_dim
+            kv = int(att.kv_heads or 1)
             rows.append(Rule(f"{src}.self_attention.query_key_value.{kind}",
                              tuple(f"{o}.{kind}" for o in qkv), "heads",
-                             (att.kv_heads, group, head_dim, head_dim)))
+                             (kv, att.heads // kv * head_dim, head_dim, head_dim)))
         elif att.kv_heads == 1 and att.heads > 1:  # [all q heads | k | v]
             rows.append(Rule(f"{src}.self_attention.query_key_value.{kind}",
                              tuple(f"{o}.{kind}" for o in qkv), "split",
