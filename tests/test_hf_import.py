@@ -113,7 +113,7 @@ def test_every_listed_family_has_a_module() -> None:
      "rope_scaling", "longrope"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling", "dynamic"),
     ({"hidden_act": "relu2"}, "hidden_act", "relu2"),
-    ({"model_type": "mpt"}, "model_type", "mpt"),
+    ({"model_type": "jetmoe"}, "model_type", "jetmoe"),
     ({"hidden_size": "64"}, "hidden_size", "64"),
     ({"num_hidden_layers": None}, "num_hidden_layers", "null"),
     ({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32,
