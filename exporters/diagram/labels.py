@@ -160,8 +160,9 @@ def projections_text(graph: Graph, members: list[Node]) -> list[str]:
 
 
 def _projection(graph: Graph, node: Node) -> Node:
-    """The linear behind ``node``, looking through norms (a qk-norm sits between them)."""
-    while node.category == "norm":
+    """The linear behind ``node``, looking through norms (a qk-norm sits between them) and
+    clamps (clip_qkv)."""
+    while node.category == "norm" or node.op == "clip":
         node = graph.node(node.inputs[0])
     return node
 
@@ -221,8 +222,10 @@ def external_text(graph: Graph, members: list[Node]) -> str:
 def attention_text(graph: Graph, members: list[Node]) -> str:
     att = attention_of(members)
     assert att is not None
+    clips = [n.attrs["bound"] for n in members if n.op == "clip"]  # MPT, OLMo 1
     lines = [attention_title(att), heads_text(att), window_pattern_text(graph, att),
              *projections_text(graph, members),
+             f"q, k, v clipped to ±{clips[0]:g}" if clips else "",
              inner_norm_text(graph, members), rope_text(graph, members),
              external_text(graph, members)]
     return "\n".join(line for line in lines if line)
@@ -384,7 +387,11 @@ def positions_text(graph: Graph, stack: Stack) -> str:
         if node.attrs.get("layout") == "split":  # fairseq, Marian
             text += " (sin | cos halves)"
         return text
-    if any(n.category == "position" for n in stack.layer0):
+    rotated = {n.meta.layer for n in graph.ops() if n.op == "rope"
+               and n.meta.stack == stack.name and n.meta.sublayer == "self_attn"}
+    if rotated and len(rotated) < stack.layers:  # Cohere2: none on the global layers
+        return f"rotary positions (in attention) in {len(rotated)} of {stack.layers} layers"
+    if rotated or any(n.category == "position" for n in stack.layer0):
         return "rotary positions (in attention)"
     return "no positions"
 
