@@ -100,6 +100,25 @@ PUBLISHED = {
         "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
         "position_embedding_type": "absolute", "transformers_version": "4.6.0.dev0",
         "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522},
+    "mosaicml/mpt-7b": {
+        "architectures": ["MPTForCausalLM"],
+        "attn_config": {"alibi": True, "alibi_bias_max": 8, "attn_impl": "torch",
+                        "attn_pdrop": 0, "attn_type": "multihead_attention",
+                        "attn_uses_sequence_id": False, "clip_qkv": None, "prefix_lm": False,
+                        "qk_ln": False, "softmax_scale": None},
+        "auto_map": {"AutoConfig": "configuration_mpt.MPTConfig",
+                     "AutoModelForCausalLM": "modeling_mpt.MPTForCausalLM"},
+        "d_model": 4096, "emb_pdrop": 0, "embedding_fraction": 1.0, "expansion_ratio": 4,
+        "init_config": {"emb_init_std": None, "emb_init_uniform_lim": None,
+                        "fan_mode": "fan_in", "init_div_is_residual": True,
+                        "init_gain": 0, "init_nonlinearity": "relu", "init_std": 0.02,
+                        "name": "kaiming_normal_", "verbose": 0},
+        "init_device": "cpu", "learned_pos_emb": True, "logit_scale": None,
+        "max_seq_len": 2048, "model_type": "mpt", "n_heads": 32, "n_layers": 32,
+        "no_bias": True, "norm_type": "low_precision_layernorm", "resid_pdrop": 0,
+        "tokenizer_name": "EleutherAI/gpt-neox-20b", "torch_dtype": "bfloat16",
+        "transformers_version": "4.28.1", "use_cache": False, "verbose": 0,
+        "vocab_size": 50432},
     "meta-llama/Llama-2-7b-hf": {
         "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
         "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
@@ -114,7 +133,8 @@ PUBLISHED = {
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_published_configs_with_legacy_keys_import(name: str) -> None:
     spec = spec_from_config(PUBLISHED[name])
-    assert spec.d_model == PUBLISHED[name].get("n_embd", PUBLISHED[name].get("hidden_size"))
+    data = PUBLISHED[name]
+    assert spec.d_model == data.get("n_embd", data.get("hidden_size", data.get("d_model")))
 
 
 def test_a_config_relabelled_as_another_family_is_refused() -> None:

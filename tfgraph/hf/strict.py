@@ -58,6 +58,9 @@ LEGACY: dict[str, frozenset[str]] = {
     "gptj": frozenset({"n_ctx", "rotary", "scale_attn_weights"}),  # always rotary, scaled
     "gemma": frozenset({"hidden_activation"}),  # Gemma reads hidden_act
     "gemma2": frozenset({"hidden_act"}),  # Gemma 2 reads hidden_activation
+    # MosaicML's hub configs (mpt-7b): its remote-code classes, weight init, the tokenizer's
+    # name and a logging level; transformers' MptConfig has none of them
+    "mpt": frozenset({"auto_map", "init_config", "tokenizer_name", "verbose"}),
 }
 LEGACY["marian"] = LEGACY["bart"]
 
