@@ -38,9 +38,12 @@ TOL = dict(atol=1e-4, rtol=1e-4)
 # What each covers: llama GQA + folded rope + packed QKV; mistral a window; gemma2 soft-cap and
 # local/global layers; qwen2 q/k/v biases (packed with them); qwen3 per-head qk-norm; phi
 # partial rotary (kept in front of the kernel); gptj interleaved; yarn scaled frequencies;
-# neox MHA; falcon MQA.
+# neox MHA; falcon MQA; olmo clip_qkv between the projections and the rotation (no packing);
+# cohere2 rotary on the local layers only (the global ones fused without it); phimoe routed
+# experts and head_dim 8 (rotation kept in front).
 EXACT = ["tiny-llama", "tiny-mistral", "tiny-gemma2", "tiny-qwen2", "tiny-qwen3", "tiny-phi",
-         "tiny-gptj", "tiny-yarn", "tiny-neox", "tiny-falcon"]
+         "tiny-gptj", "tiny-yarn", "tiny-neox", "tiny-falcon", "tiny-olmo", "tiny-cohere2",
+         "tiny-phimoe"]
 
 
 def load(name: str) -> Spec:
@@ -257,7 +260,8 @@ def test_the_cli_generates_from_a_fused_model(built: dict[str, Path]) -> None:
 
 
 # specs the kernel is not exact for, and why (the reason names the node)
-INEXACT = {"tiny-bloom": "additive position bias", "tiny-sandwich": "hardmax",
+INEXACT = {"tiny-bloom": "additive position bias", "tiny-mpt": "additive position bias",
+           "tiny-sandwich": "hardmax",
            "tiny-opt": "head_dim 12", "tiny-seq2seq": "decoder-only"}
 
 
