@@ -212,6 +212,15 @@ CASES: dict[str, Case] = {
     "distilbert": Case("DistilBertConfig", "DistilBertForMaskedLM", dict(
         dim=64, hidden_dim=128, n_layers=2, n_heads=4, vocab_size=101,
         max_position_embeddings=64, activation="gelu", pad_token_id=0), kind="masked"),
+    "roberta": Case("RobertaConfig", "RobertaForMaskedLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=101, max_position_embeddings=66, type_vocab_size=1, hidden_act="gelu",
+        pad_token_id=1, bos_token_id=0, eos_token_id=2), kind="masked"),
+    "xlm-roberta": Case("XLMRobertaConfig", "XLMRobertaForMaskedLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=101, max_position_embeddings=40, type_vocab_size=2, hidden_act="gelu",
+        layer_norm_eps=1e-5, pad_token_id=3, bos_token_id=0, eos_token_id=2),
+        kind="masked"),
     "bart": Case("BartConfig", "BartForConditionalGeneration", dict(
         d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=101,
@@ -256,6 +265,7 @@ _SEED_ORDER = [
     "nemotron", "granite", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "distilbert", "cohere",
     "mbart", "pegasus", "falcon", "falcon-sequential", "glm", "glm4", "helium", "seed_oss",
     "ministral", "arcee", "granitemoe", "mpt", "olmo", "cohere2", "falcon-new", "falcon-new-one-norm", "phimoe",
+    "roberta", "xlm-roberta",
 ]
 
 

@@ -374,8 +374,8 @@ def positions_text(graph: Graph, stack: Stack) -> str:
     """How ``stack`` encodes positions: an embedding op, rotary ops in its layers, or none."""
     for node in stack.embed:
         opdef = OPS.get(node.op)
-        if opdef is None or opdef.category != "position":
-            continue
+        if opdef is None or opdef.category != "position" or opdef.diagram_text is None:
+            continue  # not a position encoding itself (the ids RoBERTa's positions read)
         text = opdef.diagram_text(node.attrs) if opdef.diagram_text is not None else node.op
         if opdef.score_bias:  # T5: a bias on the scores, not an added embedding
             return text
@@ -384,6 +384,8 @@ def positions_text(graph: Graph, stack: Stack) -> str:
             text += f" ({count(rows)} × {cols})"
         if node.attrs.get("offset"):  # OPT, BART: position p reads row p + 2
             text += f", from row {node.attrs['offset']}"
+        if len(node.inputs) > 2 and graph.node(node.inputs[2]).op == "pad_position_ids":
+            text += ", padding skipped"  # RoBERTa: positions count the real tokens
         if node.attrs.get("layout") == "split":  # fairseq, Marian
             text += " (sin | cos halves)"
         return text

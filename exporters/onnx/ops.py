@@ -119,6 +119,19 @@ def _positions_learned(b: Builder, n: Node) -> str:
     return b.add(n.name, "Add", [x, rows], n.name)
 
 
+def _pad_position_ids(b: Builder, n: Node) -> str:
+    # cumsum(ids != pad) * (ids != pad) - 1, as torch_functional.pad_position_ids (RoBERTa)
+    ids = n.inputs[0]  # (B, L) int64
+    pad = b.const(n.name, "pad", np.array(int(n.attrs["pad"]), np.int64), "int64")
+    real = b.add(n.name, "Not", [b.add(n.name, "Equal", [ids, pad])])
+    real = b.cast(n.name, real, "int64")  # (B, L) 1 for real tokens
+    counted = b.add(n.name, "CumSum", [real, b.const(n.name, "axis", np.array(1, np.int64),
+                                                     "int64")])
+    kept = b.add(n.name, "Mul", [counted, real], tag="kept")
+    return b.add(n.name, "Sub", [kept, b.const(n.name, "one", np.array(1, np.int64),
+                                               "int64")], n.name)  # (B, L)
+
+
 def _alibi(b: Builder, n: Node) -> str:
     # slope_h * j for key j, repeated over the L query rows, as torch_ops._alibi.
     x = n.inputs[0]  # (B, L, d)
@@ -373,6 +386,7 @@ ONNX_OPS: dict[str, Emitter] = {
     "scale": _scale,
     "positions_sinusoidal": _positions_sinusoidal,
     "positions_learned": _positions_learned,
+    "pad_position_ids": _pad_position_ids,
     "rope": emit_rope,
     "linear": _linear,
     "attention": _attention,

@@ -392,9 +392,18 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
     return out.reshape(x.shape)
 
 
-def positions_at(table_rows: Tensor, position_ids: Tensor) -> Tensor:
-    """Rows of a (rows, d) position table for each token's position id (B, S) -> (B, S, d)."""
-    return F.embedding(position_ids, table_rows)
+def positions_at(table: Tensor, position_ids: Tensor, offset: int = 0) -> Tensor:
+    """Row offset + id of a (rows, d) position table for each token's position id (B, S) ->
+    (B, S, d); an id of -1 reads row offset - 1 (RoBERTa's padding row)."""
+    return F.embedding(position_ids + offset, table)
+
+
+def pad_position_ids(input_ids: Tensor, pad: int) -> Tensor:
+    """Position ids (B, S) that skip padding (fairseq's make_positions, Hugging Face RoBERTa's
+    create_position_ids_from_input_ids less its offset): a token other than ``pad`` gets
+    the count of such tokens before it, a padding token -1."""
+    real = input_ids.ne(pad).long()
+    return torch.cumsum(real, dim=1) * real - 1
 
 
 def sinusoids_at(position_ids: Tensor, d: int, dtype: torch.dtype,

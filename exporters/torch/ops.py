@@ -50,7 +50,7 @@ def _sinusoids(a: dict[str, Any], x: Tensor, ids: Tensor | None = None) -> Tenso
 def _learned(a: dict[str, Any], x: Tensor, table: Tensor, ids: Tensor | None = None
              ) -> Tensor:
     if ids is not None:  # each token's own position (padding, KV cache)
-        return tf.positions_at(table[a.get("offset", 0):], ids)  # (B, L, d)
+        return tf.positions_at(table, ids, a.get("offset", 0))  # (B, L, d)
     return tf.learned_positions(x, table, a.get("offset", 0))  # (L, d)
 
 
@@ -109,6 +109,7 @@ TORCH_OPS: dict[str, Lowering] = {
     "scale": lambda m, a, x: x * a["factor"],
     "positions_sinusoidal": _positions_sinusoidal,
     "positions_learned": lambda m, a, x, table, ids=None: x + _learned(a, x, table, ids),
+    "pad_position_ids": lambda m, a, ids: tf.pad_position_ids(ids, a["pad"]),  # (B, L)
     "rope": _rope,
     "kv_concat": _kv_concat,
     "attention_cached": lambda m, a, q, k, v, mask, bias=None: tf.cached_attention(
@@ -325,6 +326,14 @@ ROPE_TABLES = SharedInput(
     annotation="tuple[Tensor, Tensor]",
 )
 
+def _learned_src(o: Sequence[str], a: Attr) -> str:
+    """A learned table's rows: 0.. of the sequence, or each token's position id (RoBERTa's
+    padding-aware ids, the third operand)."""
+    if len(o) == 3:
+        return f"{o[0]} + positions_at({o[1]}, {o[2]}{_optional(a, 'offset')})"
+    return f"{o[0]} + learned_positions({o[0]}, {o[1]}{_optional(a, 'offset')})"
+
+
 TORCH_SOURCE: dict[str, SourceTemplate] = {
     "embedding": SourceTemplate(
         lambda o, a: f"F.embedding({o[1]}, {o[0]})",
@@ -335,8 +344,8 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
     "positions_sinusoidal": SourceTemplate(
         lambda o, a: f"{o[0]} + sinusoidal_positions({o[0]}.shape[1], {o[0]}.shape[2], "
                      f"{o[0]}.device, {o[0]}.dtype{_optional(a, 'layout')})"),
-    "positions_learned": SourceTemplate(
-        lambda o, a: f"{o[0]} + learned_positions({o[0]}, {o[1]}{_optional(a, 'offset')})"),
+    "positions_learned": SourceTemplate(_learned_src),
+    "pad_position_ids": SourceTemplate(lambda o, a: f"pad_position_ids({o[0]}, {a('pad')})"),
     "rope": SourceTemplate(_rope_src, shared=ROPE_TABLES),
     "linear": SourceTemplate(
         lambda o, a: f"F.linear({', '.join(o)})",

@@ -401,7 +401,12 @@ class _Lowering:
             rows = "position_rows" if offset else "max_len"
             pos = self.param(f"{stack}.positions.weight", (rows, "d_model"), scope,
                              "normal", _role(meta, "positions.weight"))
-            x = g.add("positions_learned", [x, pos, *self._ids()], name=f"{scope}.positions",
+            ids_at = self._ids()
+            if emb.position_pad_id is not None:  # RoBERTa: positions skip the padding
+                ids_at = [g.add("pad_position_ids", [ids], name=f"{scope}.position_ids",
+                                scope=scope, pad=emb.position_pad_id,
+                                meta=_role(meta, "position_ids"))]  # (B, L) int64
+            x = g.add("positions_learned", [x, pos, *ids_at], name=f"{scope}.positions",
                       scope=scope,
                       meta=_role(meta, "positions"), **({"offset": offset} if offset else {}))
         if emb.norm:  # BERT, BART, BLOOM: a norm on the summed embeddings

@@ -294,6 +294,25 @@ register(OpDef(
 ))
 
 
+def _pad_positions_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    ids = ins[0]
+    if len(ids.shape) != 2 or ids.dtype != "int64":
+        raise ValueError(f"position ids are computed from (B, S) int64 token ids, not {ids}")
+    return ids
+
+
+register(OpDef(
+    "pad_position_ids", (1, 1), _pad_positions_infer, _no_flops, _nothing_saved,
+    "Position ids (B, S) int64 from token ids (B, S) that skip padding (fairseq's "
+    "make_positions, Hugging Face RoBERTa's create_position_ids_from_input_ids): a token "
+    "other than attrs['pad'] gets the count of such tokens before it, a padding token -1 "
+    "(with a learned table's offset it reads row offset - 1, RoBERTa's padding_idx). "
+    "No FLOPs (integer index arithmetic, like the embedding gather).",
+    category="position",
+    attrs={"pad": Attr(int, required=True, doc="the padding token id")},
+))
+
+
 def _rope_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     _check_last(ins[0], attrs["heads"] * attrs["head_dim"], "rope")
     return ins[0]

@@ -69,6 +69,8 @@ FAMILIES: dict[str, str] = {
     "glm": "glm",
     "glm4": "glm",
     "bert": "bert",
+    "roberta": "roberta",
+    "xlm-roberta": "roberta",
     "bart": "bart",
     "marian": "bart",
     "mbart": "bart",

@@ -45,7 +45,8 @@ ARCHITECTURES: dict[str, str] = {
     "arcee": "ArceeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM",
     "cohere2": "Cohere2ForCausalLM", "phimoe": "PhimoeForCausalLM",
-    "bert": "BertForMaskedLM",
+    "bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM",
+    "xlm-roberta": "XLMRobertaForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
 }
@@ -60,7 +61,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
                      "granite", "bloom", "gpt_bigcode", "cohere", "falcon", "glm", "glm4",
                      "helium", "seed_oss", "ministral", "arcee", "granitemoe", "mpt", "olmo",
                      "cohere2", "phimoe"),
-    "encoder-only": ("bert", "distilbert"),
+    "encoder-only": ("bert", "distilbert", "roberta", "xlm-roberta"),
     "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }
 
@@ -79,7 +80,7 @@ _RESOLVED = {"attention": {"bias"}}
 # renormalized (exp(l_i) / sum over the top k of exp(l_j) either way; Mixtral's router).
 _SAME = {"ffn.router": ({"topk_softmax", "softmax_topk_renorm"},)}
 # `tfgraph import` writes "model_type X" into the description
-_IMPORTED = re.compile(r"\bmodel_type ([a-z0-9_]+)")
+_IMPORTED = re.compile(r"\bmodel_type ([a-z0-9_-]+)")  # xlm-roberta has a hyphen
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def candidates(spec: Spec) -> list[str]:
     its description or name) first, so an imported Phi-3 exports as Phi-3 rather than as the
     Llama with the same computation, then the arch's preference order."""
     order = list(PREFERENCE[spec.arch])
-    hints = _IMPORTED.findall(spec.description) + [spec.name.replace("-", "_")]
+    hints = _IMPORTED.findall(spec.description) + [spec.name, spec.name.replace("-", "_")]
     for hint in reversed(hints):
         if hint in order:
             order.remove(hint)
@@ -125,7 +126,8 @@ def family_config(spec: Spec, model_type: str) -> dict[str, Any] | None:
     tokens = spec.tokens
     config["bos_token_id"] = tokens.bos if tokens else None
     config["eos_token_id"] = tokens.eos if tokens else None
-    config["pad_token_id"] = tokens.pad if tokens else None
+    if "pad_token_id" not in fields:  # RoBERTa's positions read it: the family writes it
+        config["pad_token_id"] = tokens.pad if tokens else None
     if spec.arch == "encoder-decoder":
         config["decoder_start_token_id"] = tokens.decoder_start if tokens else None
     return config

@@ -181,6 +181,14 @@ class Embedding(_Strict):
     """Learned positions only: position p reads row p + offset of a table of max_len + offset
     rows (OPT and BART: 2, the rows their padding scheme reserved; the checkpoint keeps them,
     so parameter counts follow it)."""
+    position_pad_id: Annotated[int, Field(strict=True, ge=0, lt=MAX_VOCAB)] | None = None
+    """Learned positions of an encoder-only model only: the positions are counted from the
+    input ids, skipping this token id (the padding id), as fairseq's make_positions and
+    Hugging Face RoBERTa's create_position_ids_from_input_ids do: a token that is not padding
+    reads row offset + (the number of non-padding tokens before it), a padding token reads row
+    offset - 1 (RoBERTa: the padding_idx row, offset = padding_idx + 1), so left padding does
+    not shift the positions of the real tokens. Needs position_offset >= 1. Default: none
+    (token t reads row offset + t)."""
     sinusoid_layout: SinusoidLayout = "interleaved"
     """Sinusoidal positions only: interleaved PE[p, 2i] = sin, PE[p, 2i+1] = cos (Vaswani et
     al. 2017), or split: the sines in the first ceil(d/2) channels, the cosines after them
@@ -554,6 +562,18 @@ class Spec(_Strict):
         if emb.position_offset and emb.positions != "learned":
             raise ValueError("embedding.position_offset: offsets rows of a learned position "
                              "table; set positions: learned or remove it")
+        if emb.position_pad_id is not None:
+            if emb.positions != "learned" or self.arch != "encoder-only":
+                raise ValueError("embedding.position_pad_id: positions counted over the "
+                                 "non-padding input ids are for the learned positions of an "
+                                 "encoder-only model (RoBERTa); remove it")
+            if emb.position_offset < 1:
+                raise ValueError("embedding.position_pad_id: padding tokens read row "
+                                 "position_offset - 1; set position_offset >= 1 (RoBERTa: "
+                                 "padding id + 1)")
+            if emb.position_pad_id >= self.vocab_size("source"):
+                raise ValueError(f"embedding.position_pad_id: {emb.position_pad_id} is not "
+                                 f"below the vocabulary ({self.vocab_size('source')})")
         if emb.sinusoid_layout != "interleaved" and emb.positions != "sinusoidal":
             raise ValueError("embedding.sinusoid_layout: only sinusoidal positions have a "
                              "layout; set positions: sinusoidal or remove it")
