@@ -83,7 +83,8 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
             if spec.block.shared_norm:
                 norm_params(f"{layer}.norm")
             for sub in [*subs, "ffn"] if not spec.block.shared_norm else []:
-                norm_params(f"{layer}.{sub}_norm")
+                if not (norm.skip_first and i == 0 and sub == "self_attn"):  # ModernBERT
+                    norm_params(f"{layer}.{sub}_norm")
                 if norm.position == "sandwich":
                     norm_params(f"{layer}.{sub}_out_norm")
         if norm.final:
@@ -93,6 +94,6 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
     if spec.embedding.output_bias:
         out["head.bias"] = (spec.output_vocab,)
     if spec.head.transform:
-        linear("head.transform", d, d, True)
+        linear("head.transform", d, d, spec.head.transform_bias)
         norm_params("head.transform_norm")
     return out

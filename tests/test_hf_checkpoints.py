@@ -141,12 +141,13 @@ def test_hf_folder_from_a_folder_round_trips(family: str, tmp_path: Path) -> Non
     assert_same_tensors(tmp_path / "out", tmp_path / "hf")
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
-def test_positions_skip_padding_as_in_hugging_face(family: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "modernbert"])
+def test_encoders_on_padded_ids_as_in_hugging_face(family: str, tmp_path: Path) -> None:
     """RoBERTa counts positions over the non-padding ids (embedding.position_pad_id): a row
     padded on the left, one with padding inside and one without give transformers' logits
     (no attention mask: every token attends, only the positions tell the pads apart) through
-    to_torch's interpreter, the standalone model.py and ONNX opsets 23 and 17."""
+    to_torch's interpreter, the standalone model.py and ONNX opsets 23 and 17; ModernBERT's
+    bidirectional windows the same way (its positions ignore padding)."""
     from tfgraph.exporters.onnx.model import to_onnx
 
     case, ref = saved(family, tmp_path / "hf")
@@ -156,12 +157,15 @@ def test_positions_skip_padding_as_in_hugging_face(family: str, tmp_path: Path) 
     ids[0, :4] = pad  # left padding
     ids[1, 2] = ids[1, 5] = ids[1, 6] = pad  # padding inside the row
     expected = hf_logits(ref, {"input_ids": ids})
-    want_rows = ref.roberta.embeddings.create_position_ids_from_input_ids(ids, pad)
-    assert want_rows[0, :4].eq(pad).all() and want_rows[0, 4] == pad + 1  # the rule tested
     cli(tmp_path / "hf", "--to", "torch", "-o", tmp_path / "torch")
     same(torch_logits(load_torch_folder(tmp_path / "torch"), {"input_ids": ids}), expected)
     spec = tfgraph.load_spec(tmp_path / "torch" / "spec.yaml")
-    assert spec.embedding.position_pad_id == pad and spec.embedding.position_offset == pad + 1
+    if family == "modernbert":
+        assert spec.attention.window is not None and spec.attention.window < ids.shape[1]
+    else:
+        rows = ref.roberta.embeddings.create_position_ids_from_input_ids(ids, pad)
+        assert rows[0, :4].eq(pad).all() and rows[0, 4] == pad + 1  # the rule tested
+        assert spec.embedding.position_pad_id == pad and spec.embedding.position_offset == pad + 1
     graph = tfgraph.compile(spec)
     names = name_map(json.loads((tmp_path / "hf" / "config.json").read_text()), spec)
     weights = {k: v.detach() for k, v in names.to_tfgraph(ref.state_dict()).items()}

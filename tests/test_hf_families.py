@@ -221,6 +221,12 @@ CASES: dict[str, Case] = {
         vocab_size=101, max_position_embeddings=40, type_vocab_size=2, hidden_act="gelu",
         layer_norm_eps=1e-5, pad_token_id=3, bos_token_id=0, eos_token_id=2),
         kind="masked"),
+    "modernbert": Case("ModernBertConfig", "ModernBertForMaskedLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        vocab_size=101, max_position_embeddings=64, local_attention=8,
+        global_attn_every_n_layers=2, global_rope_theta=160000.0, local_rope_theta=10000.0,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2),
+        kind="masked"),
     "bart": Case("BartConfig", "BartForConditionalGeneration", dict(
         d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=101,
@@ -266,6 +272,7 @@ _SEED_ORDER = [
     "mbart", "pegasus", "falcon", "falcon-sequential", "glm", "glm4", "helium", "seed_oss",
     "ministral", "arcee", "granitemoe", "mpt", "olmo", "cohere2", "falcon-new", "falcon-new-one-norm", "phimoe",
     "roberta", "xlm-roberta",
+    "modernbert",
 ]
 
 

@@ -186,6 +186,10 @@ _MOOT = {
     # transformers' MPT has no position table either way (ALiBi), embedding_fraction scales
     # only the embeddings' gradient, init_device is where the weights start
     "mpt": {"learned_pos_emb", "embedding_fraction", "init_device"},
+    # ModernBERT's window is local_attention // 2 on each side (9 reads as 8); sparse
+    # prediction needs labels, determinism concerns flash attention, the cutoff initialisation
+    "modernbert": {"local_attention", "sparse_prediction", "sparse_pred_ignore_index",
+                   "deterministic_flash_attn", "initializer_cutoff_factor"},
 }
 
 

@@ -363,3 +363,57 @@ def test_graph_info_of_a_graph_built_by_hand() -> None:
     """No spec, no facts: the defaults say so (no architecture, a full graph, no cache)."""
     info = Graph("hand").info
     assert (info.arch, info.kind, info.cache_parts, info.source) == ("", "full", None, None)
+
+
+# ---- encoder features of RoBERTa and ModernBERT ---------------------------------------------
+
+
+def test_positions_counted_over_non_padding_ids() -> None:
+    """embedding.position_pad_id: the learned positions read ids computed from the input ids
+    (RoBERTa); only for an encoder's learned positions with an offset for the pad row."""
+    g = tfgraph.compile(make(arch="encoder-only", max_len=30, embedding={
+        "positions": "learned", "position_offset": 2, "position_pad_id": 1}))
+    pos = g.node("encoder.embed.positions")
+    ids = g.node(pos.inputs[2])
+    assert ids.op == "pad_position_ids" and ids.attrs["pad"] == 1
+    assert ids.inputs == ("input_ids",) and ids.type.dtype == "int64"
+    assert g.node("encoder.positions.weight").attrs["shape"] == (32, 16)
+    for over, words in (({}, "encoder-only"), ({"arch": "encoder-only", "embedding": {
+            "positions": "learned", "position_pad_id": 1}}, "position_offset >= 1"),
+            ({"arch": "encoder-only", "embedding": {"positions": "learned",
+                                                    "position_offset": 2,
+                                                    "position_pad_id": 23}}, "vocabulary")):
+        data = {"max_len": 30, "embedding": {"positions": "learned", "position_offset": 2,
+                                             "position_pad_id": 1}} | over
+        with pytest.raises(pydantic.ValidationError, match=words):
+            make(**data)
+
+
+def test_encoder_windows_are_bidirectional() -> None:
+    g = tfgraph.compile(make(arch="encoder-only", layers=3, attention={
+        "heads": 4, "window": 5, "window_pattern": ["global", "local"]}))
+    att = [g.node(f"encoder.layers.{i}.self_attn.attention") for i in range(3)]
+    assert [a.attrs["window"] for a in att] == [None, 5, None]
+    assert not any(a.attrs["causal"] for a in att)
+    with pytest.raises(pydantic.ValidationError, match="one-stack"):
+        make(arch="encoder-decoder", attention={"heads": 4, "window": 5})
+
+
+def test_first_attention_pre_norm_skipped_and_head_transform_without_bias() -> None:
+    """norm.skip_first (ModernBERT's layer 0 attn_norm is an identity) and
+    head.transform_bias false (its head.dense)."""
+    g = tfgraph.compile(make(arch="encoder-only", norm={"position": "pre", "skip_first": True},
+                             embedding={"norm": True}, head={"transform": True,
+                                                             "transform_bias": False}))
+    params = {p.name for p in g.params()}
+    assert "encoder.layers.0.self_attn_norm.weight" not in params
+    assert {"encoder.layers.1.self_attn_norm.weight", "encoder.layers.0.ffn_norm.weight",
+            "head.transform.weight"} <= params and "head.transform.bias" not in params
+    assert g.node("encoder.layers.0.self_attn.q").inputs[0] == "encoder.embed.norm"
+    for over in ({"norm": {"position": "post", "skip_first": True}},
+                 {"norm": {"position": "pre", "skip_first": True},
+                  "block": {"residual": "parallel"}}):
+        with pytest.raises(pydantic.ValidationError, match="norm.skip_first"):
+            make(**over)
+    with pytest.raises(pydantic.ValidationError, match="head.transform_bias"):
+        make(head={"transform_bias": False})

@@ -64,3 +64,28 @@ def test_formulas_name_the_window_and_the_layer_kinds() -> None:
     report = tfgraph.compile(load_spec(SPECS / "tiny-gemma2.yaml")).report(batch=BATCH, seq=19)
     kv = report["formulas"]["memory.kv_cache"]
     assert "Min(S, W)" in kv and "L_local" in kv and "L_global" in kv
+
+
+def _read_both_sides(length: int, window: int | None) -> int:
+    """Scores query i reads in a bidirectional window |i - j| < W, by enumeration."""
+    return sum(1 for i in range(length) for j in range(length)
+               if window is None or abs(i - j) < window)
+
+
+@pytest.mark.parametrize("seq", [3, 4, 5, 19])
+def test_encoder_windows_count_both_sides(seq: int) -> None:
+    """An encoder's sliding window (ModernBERT's local layers) reads |i - j| < W: the
+    effective matmul FLOPs leave out the rest, layer by layer (global, local, global)."""
+    spec = Spec.model_validate({
+        "name": "enc", "arch": "encoder-only", "d_model": 16, "layers": 3, "vocab": 23,
+        "dropout": 0.0, "attention": {"heads": 4, "window": 4,
+                                      "window_pattern": ["global", "local"]}})
+    windows = [spec.attention.window if spec.layer_is_local(i) else None for i in range(3)]
+    assert windows == [None, 4, None]
+    report = tfgraph.compile(spec).report(batch=BATCH, seq=seq)
+    masked = sum(seq * seq - _read_both_sides(seq, w) for w in windows)
+    per_score = 2 * 2 * BATCH * 4 * 4  # 2 products, 2 FLOPs, B*h*hd
+    flops = report["flops"]
+    assert flops["matmul"] - flops["causal_effective_matmul"] == per_score * masked
+    assert flops["matmul"] - flops["matmul_effective"] == per_score * masked
+    assert (seq <= spec.attention.window) == (masked == 0)  # the farthest key: seq - 1 < W

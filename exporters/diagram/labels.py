@@ -95,9 +95,10 @@ def window_pattern_text(graph: Graph, att: Node) -> str:
     """What keys the self-attention box of a layer diagram reads across the stack's layers:
     ``sliding window 4096 in every layer (the last 4096 keys)``, or ``sliding window 8 on local
     layers, global on the others`` and ``layers: local ×5, global, repeated`` (the pattern
-    from the first layer; a global layer reads every earlier key). Empty without sliding windows. Read from the attention ops' ``window``
+    from the first layer; a global layer reads every earlier key, an encoder's every key; an
+    encoder's window reads both sides). Empty without sliding windows. Read from the attention ops' ``window``
     attribute, so it is what the graph computes."""
-    if att.attrs.get("kind") != "self" or not att.attrs["causal"]:
+    if att.attrs.get("kind") != "self":
         return ""
     layers = sorted((n.meta.layer, n.attrs.get("window")) for n in graph.ops()
                     if n.op == "attention" and n.meta.stack == att.meta.stack
@@ -107,7 +108,9 @@ def window_pattern_text(graph: Graph, att: Node) -> str:
     if not local:
         return ""
     if len(local) == len(windows) and len(set(local)) == 1:
-        return f"sliding window {local[0]} in every layer (the last {local[0]} keys)"
+        reads = (f"the last {local[0]} keys" if att.attrs["causal"]
+                 else f"keys less than {local[0]} away on both sides")  # an encoder's
+        return f"sliding window {local[0]} in every layer ({reads})"
     pattern = _period(["local" if w is not None else "global" for w in windows])
     return (f"sliding window {local[0]} on local layers, global on the others\n"
             f"layers: {_runs(pattern)}"

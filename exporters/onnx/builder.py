@@ -173,17 +173,21 @@ class Builder:
             self._cache[key] = self.add(scope, "LessOrEqual", [cols, rows])  # (L, L)
         return self._cache[key]
 
-    def window_mask(self, sym: Any, window: int) -> str:
-        """(L, L) bool, True where query i reads key j: j <= i and i - j < window."""
-        key = ("window", sym, window)
+    def window_mask(self, sym: Any, window: int, causal: bool = True) -> str:
+        """(L, L) bool, True where query i reads key j: j <= i and i - j < window; without
+        ``causal`` |i - j| < window on both sides (an encoder's local layers, ModernBERT)."""
+        key = ("window", sym, window, causal)
         if key not in self._cache:
-            scope = f"window_mask.{self.dim_names[sym]}.w{window}"
+            scope = f"window_mask.{self.dim_names[sym]}.w{window}{'' if causal else '.both'}"
             r = self.arange(sym)  # (L,)
             rows = self.add(scope, "Unsqueeze", [r, self.ints([1])], tag="rows")  # (L, 1)
             cols = self.add(scope, "Unsqueeze", [r, self.ints([0])], tag="cols")  # (1, L)
             behind = self.add(scope, "Sub", [rows, cols], tag="distance")  # (L, L) i - j
+            if not causal:
+                behind = self.add(scope, "Abs", [behind], tag="abs_distance")  # |i - j|
             near = self.add(scope, "Less", [behind, self.ints([window])], tag="near")
-            self._cache[key] = self.add(scope, "And", [self.causal_mask(sym), near])
+            self._cache[key] = near if not causal else self.add(
+                scope, "And", [self.causal_mask(sym), near])
         return self._cache[key]
 
     def rope_tables(self, sym: Any, dim: int, theta: float,

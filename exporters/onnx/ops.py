@@ -217,7 +217,8 @@ def _attention(b: Builder, n: Node) -> str:
     h, kv, hd = n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"]
     scale = n.attrs.get("scale") or 1.0 / math.sqrt(hd)
     softcap, window = n.attrs.get("softcap"), n.attrs.get("window")
-    mask = b.window_mask(_seq_sym(b, n), int(window)) if window else None  # (Tq, Tk) bool
+    mask = b.window_mask(_seq_sym(b, n), int(window), bool(n.attrs["causal"])) \
+        if window else None  # (Tq, Tk) bool
     if n.attrs["normalize"] == "softmax" and b.opset >= ATTENTION_OPSET and bias is None:
         # softcap is applied to the scaled scores before the mask (ONNX Attention, opset 23)
         capped: dict[str, Any] = {"softcap": float(softcap)} if softcap else {}
@@ -242,7 +243,7 @@ def _attention(b: Builder, n: Node) -> str:
             n.name, "Shape", [bias], tag="bias_shape", start=1)], tag="bias_heads", axis=0)
         scores = b.add(n.name, "Add", [scores, b.add(n.name, "Reshape", [bias, split],
                                                      tag="split_bias")], tag="biased")
-    if n.attrs["causal"]:
+    if n.attrs["causal"] or mask:  # a causal mask, a window or both
         mask = mask or b.causal_mask(_seq_sym(b, n))  # (Tq, Tk) bool
         neg = b.const(n.name, "neg_inf", -np.inf)
         scores = b.add(n.name, "Where", [mask, scores, neg], tag="causal")

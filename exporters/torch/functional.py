@@ -174,11 +174,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_d
 def attention_mask(tq: int, tk: int, causal: bool, window: int | None,
                    device: torch.device) -> Tensor | None:
     """Which keys each query reads, (Tq, Tk) bool, True = read: key j <= query i when causal,
-    and i - j < window with a sliding window (Mistral, Gemma 2); None when every key is read."""
-    if not causal:
+    and i - j < window with a sliding window (Mistral, Gemma 2); without causality a window
+    reads |i - j| < window on both sides (ModernBERT's local layers); None when every key is
+    read."""
+    if not causal and window is None:
         return None
     i = torch.arange(tq, device=device)[:, None]  # (Tq, 1)
     j = torch.arange(tk, device=device)[None, :]  # (1, Tk)
+    if not causal:
+        return (i - j).abs() < window  # (Tq, Tk)
     read = j <= i
     if window is not None:
         read = read & (i - j < window)

@@ -459,7 +459,8 @@ class _Lowering:
         inner = replace(wrap, module=path)
         norm_name = f"{layer.module}.{sub}_norm"
         h = x if normed is None else normed
-        if where in ("pre", "sandwich") and normed is None:
+        skipped = self.spec.norm.skip_first and sub == "self_attn" and layer.layer == 0
+        if where in ("pre", "sandwich") and normed is None and not skipped:  # ModernBERT skips
             h = self.norm(h, f"{scope}.norm", norm_name, scope, wrap, "norm")
         h = f(h, scope, inner)
         if where == "branch":
@@ -766,7 +767,8 @@ class _Lowering:
         if spec.embedding.output_bias:
             ins.append(self.param("head.bias", (vocab,), "head", "zeros", _role(meta, "bias")))
         if spec.head.transform:  # BERT's masked-LM head: dense, hidden_act, norm
-            x = self.linear(x, "head", "transform", "d_model", "d_model", True, meta)
+            x = self.linear(x, "head", "transform", "d_model", "d_model",
+                            spec.head.transform_bias, meta)
             x = g.add(_inner_activation(spec.ffn.activation), [x], name="head.act",
                       scope="head", meta=_role(meta, "act"))
             ins[0] = self.norm(x, "head.transform_norm", "head.transform_norm", "head", meta,

@@ -500,7 +500,13 @@ def _attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, An
 def attended_scores(tq: Any, tk: Any, causal: bool, window: Any) -> Any:
     """Scores a query row really reads, summed over the Tq rows: every Tq*Tk one without a
     mask; Tq(Tq+1)/2 under the causal mask (Tq = Tk); with a sliding window W query i reads
-    min(i + 1, W) keys, which sums to m(m+1)/2 + (Tq - m) W with m = min(Tq, W)."""
+    min(i + 1, W) keys, which sums to m(m+1)/2 + (Tq - m) W with m = min(Tq, W). A
+    bidirectional window (an encoder's, Tq = Tk = L) reads |i - j| < W: the L diagonal scores
+    and the pairs at distance 1..m on both sides, L + 2 (m L - m(m+1)/2) with
+    m = min(L, W) - 1 (L^2 once W >= L)."""
+    if not causal and window:
+        m = sympy.Min(tq, window) - 1
+        return tq + 2 * (m * tq - m * (m + 1) / 2)
     if not causal:
         return tq * tk
     if not window:

@@ -71,6 +71,7 @@ FAMILIES: dict[str, str] = {
     "bert": "bert",
     "roberta": "roberta",
     "xlm-roberta": "roberta",
+    "modernbert": "modernbert",
     "bart": "bart",
     "marian": "bart",
     "mbart": "bart",

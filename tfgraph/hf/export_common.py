@@ -59,10 +59,10 @@ def rope_parameters(spec: Spec, *, partial: bool = False, scaling: bool = True
     return params
 
 
-def layer_types(spec: Spec) -> list[str]:
-    """transformers' per-layer ``layer_types`` of the decoder (sliding or full attention)."""
+def layer_types(spec: Spec, stack: str = "decoder") -> list[str]:
+    """transformers' per-layer ``layer_types`` of ``stack`` (sliding or full attention)."""
     return ["sliding_attention" if spec.layer_is_local(i) else "full_attention"
-            for i in range(spec.layer_count("decoder"))]
+            for i in range(spec.layer_count(stack))]
 
 
 def decoder_sizes(spec: Spec, *, head_dim: bool = True) -> dict[str, Any]:

@@ -46,7 +46,7 @@ ARCHITECTURES: dict[str, str] = {
     "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM",
     "cohere2": "Cohere2ForCausalLM", "phimoe": "PhimoeForCausalLM",
     "bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM",
-    "xlm-roberta": "XLMRobertaForMaskedLM",
+    "xlm-roberta": "XLMRobertaForMaskedLM", "modernbert": "ModernBertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
     "t5": "T5ForConditionalGeneration",
 }
@@ -61,7 +61,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
                      "granite", "bloom", "gpt_bigcode", "cohere", "falcon", "glm", "glm4",
                      "helium", "seed_oss", "ministral", "arcee", "granitemoe", "mpt", "olmo",
                      "cohere2", "phimoe"),
-    "encoder-only": ("bert", "distilbert", "roberta", "xlm-roberta"),
+    "encoder-only": ("bert", "distilbert", "roberta", "xlm-roberta", "modernbert"),
     "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }
 
@@ -126,7 +126,7 @@ def family_config(spec: Spec, model_type: str) -> dict[str, Any] | None:
     tokens = spec.tokens
     config["bos_token_id"] = tokens.bos if tokens else None
     config["eos_token_id"] = tokens.eos if tokens else None
-    if "pad_token_id" not in fields:  # RoBERTa's positions read it: the family writes it
+    if not getattr(module, "READS_PAD", False):  # RoBERTa's positions read the family's own
         config["pad_token_id"] = tokens.pad if tokens else None
     if spec.arch == "encoder-decoder":
         config["decoder_start_token_id"] = tokens.decoder_start if tokens else None

@@ -17,6 +17,10 @@ from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
 
+READS_PAD = True
+"""config_from_spec writes pad_token_id itself: the positions read it (export_config keeps
+it instead of the spec's tokens.pad, which it equals when set)."""
+
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)

@@ -5,7 +5,8 @@
 ``FlopCounterMode`` sees explicit-matmul attention. A causal query i reads only keys j <= i,
 and a sliding-window one only the last W of them; attention kernels that skip masked tiles
 (FlashAttention, SDPA with ``is_causal``) do that work only. The
-*effective* figures count each causal attention op over the scores its queries really read
+*effective* figures count each causal or windowed attention op (an encoder's bidirectional
+window too) over the scores its queries really read
 (``ops.attended_scores``): both products (QKᵀ and weights·V) and the per-score element-wise
 work (scaling, mask, soft-cap, softmax), which are all proportional to the score count.
 Everything else is the dense figure's.
@@ -31,13 +32,19 @@ ATTENTION_KIND = "attention_scores"  # figures' flops_by_kind key of the attenti
 
 def read_fraction(graph: Graph, node_name: str) -> sympy.Expr | None:
     """Scores read / scores in the matrix of one attention op; None when it reads them all
-    (no causal mask: bidirectional self-attention, cross-attention)."""
+    (no causal mask nor window: bidirectional self-attention, cross-attention)."""
     node = graph.node(node_name)
-    if node.op != "attention" or not node.attrs["causal"]:
+    if node.op != "attention" or not masked(node.attrs):
         return None
     q, k = (graph.node(i).type for i in node.inputs[:2])
     tq, tk = q.shape[1], k.shape[1]
-    return attended_scores(tq, tk, True, node.attrs.get("window")) / (tq * tk)
+    return attended_scores(tq, tk, node.attrs["causal"], node.attrs.get("window")) / (tq * tk)
+
+
+def masked(attrs: dict[str, Any]) -> bool:
+    """An attention op whose queries skip some keys: causal, or a sliding window (a decoder's
+    or an encoder's bidirectional one)."""
+    return bool(attrs["causal"] or attrs.get("window"))
 
 
 def effective(graph: Graph) -> dict[str, Any]:
@@ -53,14 +60,14 @@ def _effective(graph: Graph) -> dict[str, Any]:
     masked_matmul: list[sympy.Expr] = []
     masked_other: list[sympy.Expr] = []
     # The layers repeat a few attention shapes: one sympy product per distinct (cost, window).
-    seen: dict[tuple[int, int, Any], tuple[sympy.Expr, sympy.Expr]] = {}
+    seen: dict[tuple[int, int, bool, Any], tuple[sympy.Expr, sympy.Expr]] = {}
     for c in sym["costs"]:
         if c.op != "attention":
             continue
         node = graph.node(c.node)
-        if not node.attrs["causal"]:
+        if not masked(node.attrs):
             continue
-        key = (id(c.matmul), id(c.other), node.attrs.get("window"))
+        key = (id(c.matmul), id(c.other), node.attrs["causal"], node.attrs.get("window"))
         hit = seen.get(key)
         if hit is None:
             fraction = read_fraction(graph, c.node)

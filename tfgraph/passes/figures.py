@@ -56,19 +56,20 @@ def states_note(dtype_bytes: int, states: str = "mixed") -> str:
 
 def _causal_discount(graph: Graph) -> sympy.Expr:
     """Matmul FLOPs of masked-out scores: 2 products * 2 * B*h*hd per score a query does not
-    read, Tq*(Tq-1)/2 per causal op, more outside a sliding window (``ops.attended_scores``)."""
+    read, Tq*(Tq-1)/2 per causal op, more outside a sliding window, a bidirectional one's
+    too (``ops.attended_scores``)."""
     terms = []
     seen: dict[tuple[Any, ...], sympy.Expr] = {}  # the layers repeat a few attention shapes
     for node in graph.ops():
-        if node.op == "attention" and node.attrs["causal"]:
+        causal, window = node.attrs.get("causal"), node.attrs.get("window")
+        if node.op == "attention" and (causal or window):  # an encoder's window too
             q, k = (graph.node(i).type for i in node.inputs[:2])
             heads, head_dim = node.attrs["heads"], node.attrs["head_dim"]
-            window = node.attrs.get("window")
-            key = (q.shape, k.shape, heads, head_dim, window)
+            key = (q.shape, k.shape, heads, head_dim, causal, window)
             term = seen.get(key)
             if term is None:
                 b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
-                read = attended_scores(tq, tk, True, window)
+                read = attended_scores(tq, tk, bool(causal), window)
                 term = seen[key] = 2 * 2 * b * heads * head_dim * (tq * tk - read)
             terms.append(term)
     return cost.total(terms)

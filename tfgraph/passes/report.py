@@ -39,13 +39,15 @@ CONVENTIONS = {
                    + "; dropout is the identity at inference (0).",
     "flops.backward": "2 x flops.forward (input and weight gradients of every product).",
     "flops.train_step": "flops.forward + flops.backward (optimizer update not counted).",
-    "flops.causal_effective_matmul": "flops.matmul with causal score products counted over "
-                                     "the Tq*(Tq+1)/2 unmasked scores only.",
+    "flops.causal_effective_matmul": "flops.matmul with causal and sliding-window score "
+                                     "products counted over the unmasked scores only "
+                                     "(Tq*(Tq+1)/2 under the causal mask).",
     "flops.forward_effective": "the work the model does, the readable report's headline: "
                                "flops.forward with every causal attention counted over the "
                                "scores its queries read, Tq*(Tq+1)/2 under the causal mask, "
                                "sum of min(i+1, W) over queries i with a sliding window of W "
-                               "keys: both products (QK^T, weights.V) and the per-score "
+                               "keys (an encoder's bidirectional window: the keys with "
+                               "|i - j| < W): both products (QK^T, weights.V) and the per-score "
                                "scaling, mask, soft-cap and softmax. What attention kernels "
                                "that skip masked tiles compute (FlashAttention, SDPA "
                                "is_causal); flops.forward counts the full score matrix.",

@@ -256,9 +256,11 @@ class Attention(_Strict):
     softcap: float | None = None
     """Soft-cap the scores as softcap * tanh(scores / softcap) before the mask (Gemma 2: 50)."""
     window: _size(MAX_LEN) | None = None  # type: ignore[valid-type]
-    """Sliding-window self-attention: query i reads keys i - window < j <= i, so the KV cache
-    of a local layer holds at most window positions (Mistral v0.1 4096, Gemma 2 4096).
-    Decoder-only."""
+    """Sliding-window self-attention. In a decoder (causal) query i reads keys
+    i - window < j <= i, so the KV cache of a local layer holds at most window positions
+    (Mistral v0.1 4096, Gemma 2 4096). In an encoder (bidirectional) query i reads keys
+    |i - j| < window, window - 1 on each side (ModernBERT: local_attention / 2 + 1 = 65).
+    Decoder-only or encoder-only."""
     window_pattern: Annotated[list[WindowKind], Field(min_length=1, max_length=MAX_LAYERS)] \
         | None = None
     """Which layers use the window, as a pattern repeated over the layers from the first:
@@ -376,6 +378,10 @@ class Norm(_Strict):
     """layernorm only: false leaves every norm without parameters, neither gain nor bias
     ((x - mean) / sqrt(var + eps); OLMo 1's OlmoLayerNorm, PyTorch's elementwise_affine
     false); then bias is false too."""
+    skip_first: Flag = False
+    """pre only: the first layer's self-attention reads its input without a pre-norm, so
+    layer 0 has no self_attn_norm (ModernBERT: the embedding norm comes right before it and
+    its layer 0 attn_norm is an identity)."""
 
     _finite = field_validator("eps", mode="before")(_finite_float)
 
@@ -395,6 +401,9 @@ class Head(_Strict):
     linear with bias (``head.transform``), the feed-forward's activation (BERT's hidden_act
     serves both; a gated one's inner activation), then a norm of norm.kind
     (``head.transform_norm``)."""
+    transform_bias: Flag = True
+    """transform only: the head.transform linear has a bias (BERT, RoBERTa); ModernBERT's
+    head.dense has none (classifier_bias false)."""
     scale: float | None = None
     """Multiply the last hidden state by this before the vocabulary projection (T5 with tied
     embeddings: d_model^-0.5). Default: no scaling."""
@@ -534,9 +543,10 @@ class Spec(_Strict):
         if att.window_pattern is not None and att.window is None:
             raise ValueError("attention.window_pattern: says which layers use the sliding "
                              "window; set attention.window too")
-        if att.window is not None and self.arch != "decoder-only":
-            raise ValueError("attention.window: sliding windows are implemented for the causal "
-                             "self-attention of decoder-only models")
+        if att.window is not None and self.arch == "encoder-decoder":
+            raise ValueError("attention.window: sliding windows are implemented for the "
+                             "self-attention of one-stack models (decoder-only: causal, "
+                             "encoder-only: bidirectional)")
         if emb.local_rope_theta is not None and (att.window is None or emb.positions != "rope"):
             raise ValueError("embedding.local_rope_theta: the rotary base of sliding-window "
                              "layers needs positions: rope and attention.window")
@@ -610,6 +620,14 @@ class Spec(_Strict):
                 raise ValueError("block.residual: parallel adds both branches to the layer "
                                  "input; norm.position post normalises that sum instead; use "
                                  "pre, branch or sandwich")
+        if self.norm.skip_first and (self.norm.position != "pre"
+                                     or self.block.residual != "sequential"):
+            raise ValueError("norm.skip_first: leaves out the first layer's self-attention "
+                             "pre-norm; needs norm.position: pre and block.residual: "
+                             "sequential")
+        if not self.head.transform_bias and not self.head.transform:
+            raise ValueError("head.transform_bias: is about the head.transform linear; set "
+                             "head.transform or remove it")
         if self.block.shared_norm and (self.block.residual != "parallel"
                                        or self.norm.position != "pre"):
             raise ValueError("block.shared_norm: one norm shared by both sublayers needs "
