@@ -181,7 +181,7 @@ def attention_mask(tq: int, tk: int, causal: bool, window: int | None,
         return None
     i = torch.arange(tq, device=device)[:, None]  # (Tq, 1)
     j = torch.arange(tk, device=device)[None, :]  # (1, Tk)
-    if not causal:
+    if not causal and window is not None:
         return (i - j).abs() < window  # (Tq, Tk)
     read = j <= i
     if window is not None:
