@@ -137,6 +137,29 @@ def test_published_configs_with_legacy_keys_import(name: str) -> None:
     assert spec.d_model == data.get("n_embd", data.get("hidden_size", data.get("d_model")))
 
 
+def test_modernbert_configs_of_transformers_4_import_as_today() -> None:
+    """ModernBERT folders written by transformers 4.4x carry global_rope_theta,
+    local_rope_theta and global_attn_every_n_layers (5.x folds them into rope_parameters and
+    layer_types) and keys its modeling does not read (layer_norm_eps beside norm_eps,
+    position_embedding_type, reference_compile, repad_logits_with_grad): the same spec."""
+    sizes = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                 num_attention_heads=4, vocab_size=101, local_attention=8, pad_token_id=1,
+                 bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2)
+    today = transformers.ModernBertConfig(**sizes, global_attn_every_n_layers=2,
+                                          global_rope_theta=80000.0).to_dict()
+    old = {k: v for k, v in today.items() if k not in ("layer_types", "rope_parameters")}
+    old |= {"global_attn_every_n_layers": 2, "global_rope_theta": 80000.0,
+            "local_rope_theta": 10000.0, "layer_norm_eps": 1e-5,
+            "position_embedding_type": "absolute", "reference_compile": None,
+            "repad_logits_with_grad": False, "transformers_version": "4.48.0"}
+    want = spec_from_config(today)
+    assert want.attention.window_pattern == ["global", "local"]
+    assert want.embedding.rope_theta == 80000.0 and want.embedding.local_rope_theta == 10000.0
+    assert spec_from_config(old) == want
+    with pytest.raises(TfgraphError, match="global_rope_theta"):
+        spec_from_config(old | {"global_rope_theta": "x"})
+
+
 def test_a_config_relabelled_as_another_family_is_refused() -> None:
     """A Granite config called llama: its multipliers are not Llama's."""
     data = transformers.GraniteConfig(embedding_multiplier=12.0).to_dict()

@@ -90,8 +90,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     # Only ModernBertForMaskedLM's logits are imported: sparse prediction needs labels, and
     # pooling, flash attention's determinism and a compiled forward leave them unchanged.
     cfg.moot("sparse_prediction", "sparse_pred_ignore_index", "classifier_pooling",
-             "deterministic_flash_attn", "initializer_cutoff_factor", "reference_compile",
-             "repad_logits_with_grad")
+             "deterministic_flash_attn", "initializer_cutoff_factor")
     draft.put("dropout", 0.0)
     return draft
 

@@ -63,6 +63,11 @@ LEGACY: dict[str, frozenset[str]] = {
     "mpt": frozenset({"auto_map", "init_config", "tokenizer_name", "verbose"}),
 }
 LEGACY["marian"] = LEGACY["bart"]
+# ModernBERT configs written by transformers 4.4x: modeling_modernbert reads norm_eps, not
+# layer_norm_eps; absolute positions were never read (rotary); compiling the forward and
+# re-padding logits after unpadding change neither the math nor the logits.
+LEGACY["modernbert"] = frozenset({"layer_norm_eps", "position_embedding_type",
+                                  "reference_compile", "repad_logits_with_grad"})
 
 
 def _inert(key: str) -> bool:
