@@ -326,6 +326,7 @@ ROPE_TABLES = SharedInput(
     annotation="tuple[Tensor, Tensor]",
 )
 
+
 def _learned_src(o: Sequence[str], a: Attr) -> str:
     """A learned table's rows: 0.. of the sequence, or each token's position id (RoBERTa's
     padding-aware ids, the third operand)."""

@@ -454,7 +454,8 @@ ATTENTION_ATTRS: dict[str, Attr] = {
     "heads": Attr(SIZE, required=True), "kv_heads": Attr(SIZE, required=True),
     "head_dim": Attr(SIZE, required=True), "causal": Attr(bool, required=True),
     "normalize": Attr(str, required=True, doc="softmax or hardmax"),
-    "window": Attr((*SIZE, type(None)), doc="sliding window: keys a query reads"),
+    "window": Attr((*SIZE, type(None)), doc="sliding window: keys a causal query reads, "
+                                            "or keys nearer than it on both sides"),
     "softcap": Attr(REAL, doc="c of c*tanh(scores/c) (Gemma 2)"),
     "scale": Attr(REAL, doc="the score scale (default 1/sqrt(head_dim))"),
 }
@@ -548,7 +549,8 @@ register(OpDef(
     "Multi-head scaled dot-product attention on projected q (B, Tq, h*hd), k and v "
     "(B, Tk, kv*hd): normalize(softcap(q k^T * scale) + mask) v, with GQA (kv_heads < heads), "
     "scale 1/sqrt(hd) unless attrs['scale'] says otherwise, softcap c*tanh(x/c) when "
-    "attrs['softcap'], mask none, causal, or causal within attrs['window'] keys, normalize "
+    "attrs['softcap'], mask none, causal, or causal within attrs['window'] keys (without "
+    "causal: the keys |i - j| < attrs['window'], an encoder's sliding window), normalize "
     "softmax or hardmax; an optional fourth operand (h, Tq, Tk) is added to the scores "
     "before the mask (T5's position bias). Output (B, Tq, h*hd).",
     _attention_temp,

@@ -22,6 +22,11 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if cfg.bool("is_decoder", False) or cfg.bool("add_cross_attention", False):
         cfg.refuse("is_decoder", "only the BERT encoder (BertForMaskedLM) is imported")
     put_sizes(draft, cfg, "encoder-only", True)
+    if not cfg.bool("tie_word_embeddings", True):
+        # untied, transformers keeps cls.predictions.bias apart from decoder.bias and reads
+        # only the latter: a parameter the computation never uses, which a spec cannot hold
+        cfg.refuse("tie_word_embeddings", "an untied BertLMPredictionHead has an unused "
+                   "cls.predictions.bias besides decoder.bias; only the tied head is imported")
     draft.put("embedding.positions", "learned")
     draft.put("embedding.output_bias", True)  # BertLMPredictionHead.bias
     types = cfg.int("type_vocab_size", 2)
