@@ -118,7 +118,8 @@ def _subprocess() -> tuple[float, float, str]:
 def _layout(r: dict[str, object]) -> str:
     lay = r["layout"]
     assert isinstance(lay, dict)
-    return (f"tp {lay['tp']}, pp {lay['pp']}, dp {lay['dp']}, ZeRO {lay['zero']}, "
+    return (f"tp {lay['tp']}, pp {lay['pp']} (vpp {lay.get('vpp', 1)}), dp {lay['dp']}, "
+            f"ZeRO {lay['zero']}, "
             f"sp {'on' if lay['sp'] else 'off'}, recompute {lay['recompute']}, micro-batch "
             f"{lay['micro_batch']}")
 

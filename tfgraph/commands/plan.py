@@ -7,7 +7,9 @@ the training precision (``--dtype``, default bfloat16 mixed precision). ``--json
 dict (``--search --json``: a list of them, fastest first); the default is a rich rendering
 (``tfgraph.commands.plan_tables``).
 
-Defaults: ``--tp``/``--pp``/``--ep`` 1, ``--dp`` GPUs / (tp x pp), ``--zero`` 0, ``--recompute``
+Defaults: ``--tp``/``--pp``/``--ep``/``--vpp`` 1 (``--pp`` the number of ``--stage-layers``
+counts when only those are given; stages balanced by ``layout.balanced_stages`` otherwise),
+``--dp`` GPUs / (tp x pp), ``--zero`` 0, ``--recompute``
 none, ``--micro-batch`` 1, ``--global-batch`` dp x micro-batch (with ``--search``: the GPU
 count, one sequence per GPU), ``--seq`` the spec's ``max_len`` (the context it is trained at)
 or 2048 for a spec without one (relative or rotary positions with no table), ``--gpu`` h100.
@@ -31,7 +33,7 @@ DEFAULT_SEQ = 2048  # GPT-3's context (Brown et al. 2020), for specs with no max
 DEFAULT_TOP = 10
 # Options that fix a layout; ``--search`` chooses them itself.
 _LAYOUT_OPTIONS = ("--tp", "--pp", "--dp", "--ep", "--zero", "--sp", "--recompute",
-                   "--micro-batch")
+                   "--micro-batch", "--vpp", "--stage-layers")
 
 
 def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None = None
@@ -62,6 +64,11 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
               help="Device memory, e.g. 80GB or 141GiB (overrides --gpu's).")
 @click.option("--tp", "tp_text", metavar="T", help="Tensor-parallel ranks (default 1).")
 @click.option("--pp", "pp_text", metavar="P", help="Pipeline stages (default 1).")
+@click.option("--vpp", "vpp_text", metavar="V",
+              help="Model chunks per pipeline stage: > 1 is interleaved 1F1B (default 1).")
+@click.option("--stage-layers", "stage_text", metavar="N,N,...",
+              help="Layers of each pipeline stage (default: balanced, the first and last "
+                   "stage one fewer when --pp does not divide the layers).")
 @click.option("--dp", "dp_text", metavar="D",
               help="Data-parallel replicas (default GPUs / (tp x pp)).")
 @click.option("--ep", "ep_text", metavar="E",
@@ -97,7 +104,8 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
 @click.option("--json", "as_json", is_flag=True,
               help="Print the plan dict (with --search: a list of them) as JSON.")
 def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | None,
-         tp_text: str | None, pp_text: str | None, dp_text: str | None, ep_text: str | None,
+         tp_text: str | None, pp_text: str | None, vpp_text: str | None,
+         stage_text: str | None, dp_text: str | None, ep_text: str | None,
          zero_text: str | None, sp: bool | None, recompute: str | None,
          micro_text: str | None, global_text: str | None, seq_text: str | None, dtype: str,
          states: str, attention: str, do_search: bool, top_text: str | None,
@@ -117,7 +125,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     seq = _count("--seq", seq_text) or spec.max_len or DEFAULT_SEQ
     check_lengths(spec, ("--seq", seq))  # README, "Lengths beyond max_len"
     global_batch = _count("--global-batch", global_text)
-    given = {"--tp": tp_text, "--pp": pp_text, "--dp": dp_text, "--ep": ep_text,
+    given = {"--tp": tp_text, "--pp": pp_text, "--vpp": vpp_text, "--stage-layers": stage_text,
+             "--dp": dp_text, "--ep": ep_text,
              "--zero": zero_text, "--sp": sp, "--recompute": recompute,
              "--micro-batch": micro_text}
     if do_search:
@@ -163,7 +172,11 @@ def _layout(gpus: int, given: dict[str, Any], global_batch: int | None, seq: int
             states: str = "mixed") -> Layout:
     """The layout the options name, GPUs = tp x pp x dp checked (the rest: ``layout.check``)."""
     tp = _count("--tp", given["--tp"]) or 1
-    pp = _count("--pp", given["--pp"]) or 1
+    stage_layers = _stage_layers(given["--stage-layers"])
+    pp = _count("--pp", given["--pp"]) or (len(stage_layers) if stage_layers else 1)
+    if stage_layers is not None and len(stage_layers) != pp:
+        raise TfgraphError(f"--stage-layers gives {len(stage_layers)} stages, --pp {pp}")
+    vpp = _count("--vpp", given["--vpp"]) or 1
     dp = _count("--dp", given["--dp"])
     if dp is None:
         if gpus % (tp * pp):
@@ -176,7 +189,21 @@ def _layout(gpus: int, given: dict[str, Any], global_batch: int | None, seq: int
     if zero is not None and zero > 3:
         raise TfgraphError(f"--zero: expected 0, 1, 2 or 3, got {zero}")
     micro = _count("--micro-batch", given["--micro-batch"]) or 1
-    return Layout(tp=tp, pp=pp, dp=dp, ep=_count("--ep", given["--ep"]) or 1, zero=zero or 0,
+    return Layout(tp=tp, pp=pp, vpp=vpp, stage_layers=stage_layers, dp=dp, ep=_count("--ep", given["--ep"]) or 1, zero=zero or 0,
                   sp=bool(given["--sp"]), recompute=given["--recompute"] or "none",
                   micro_batch=micro, global_batch=global_batch or dp * micro, seq=seq,
                   dtype=dtype, states=states)
+
+
+def _stage_layers(text: str | None) -> tuple[int, ...] | None:
+    """``--stage-layers 7,8,8,7`` -> (7, 8, 8, 7)."""
+    if text is None:
+        return None
+    counts = []
+    for part in text.split(","):
+        value = _count("--stage-layers", part)
+        assert value is not None
+        counts.append(value)
+    if len(counts) > MAX_GPUS:
+        raise TfgraphError(f"--stage-layers: at most {MAX_GPUS:,} stages")
+    return tuple(counts)

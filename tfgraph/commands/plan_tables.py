@@ -14,7 +14,6 @@ from tfgraph.cli_support import describe
 from tfgraph.commands.compare import plain
 from tfgraph.passes.formulas import pretty
 from tfgraph.parallel.gpus import GB, GIB, Gpu
-from tfgraph.parallel.planner import COMPUTE_EFFICIENCY, LINK_EFFICIENCY
 from tfgraph.spec.schema import Spec
 
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "temporary", "total")
@@ -48,6 +47,10 @@ def layout_line(layout: dict[str, Any]) -> str:
     """``tp 8 x pp 8 x dp 16 = 1024 GPUs, ZeRO 1, sequence parallel, selective recompute``."""
     parts = [f"tp {layout['tp']} x pp {layout['pp']} x dp {layout['dp']} = "
              f"{layout['gpus']} GPUs"]
+    if layout.get("vpp", 1) > 1:
+        parts.append(f"interleaved, {layout['vpp']} chunks per stage")
+    if layout.get("stage_layers"):
+        parts.append(f"stage layers {','.join(map(str, layout['stage_layers']))}")
     if layout["ep"] > 1:
         parts.append(f"ep {layout['ep']}")
     parts.append(f"ZeRO {layout['zero']}")
@@ -60,16 +63,11 @@ def layout_line(layout: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def assumptions(gpu: Gpu, dtype: str) -> str:
-    """The efficiency assumptions the time, MFU and tokens/s rest on."""
-    peak = (f"{gpu.fp32_flops / 1e12:g} TFLOP/s fp32" if dtype == "float32"
-            else f"{gpu.peak_flops / 1e12:g} TFLOP/s 16-bit")
-    return (f"assumes compute at {COMPUTE_EFFICIENCY:.0%} of {gpu.name}'s peak "
-            f"({peak}, planner.COMPUTE_EFFICIENCY), "
-            f"collectives at {LINK_EFFICIENCY:.0%} of the link (planner.LINK_EFFICIENCY: "
-            f"{gpu.intra_node / GB:g} GB/s NVLink inside {gpu.per_node} GPUs, "
-            f"{gpu.inter_node / GB:g} GB/s between nodes); tp, ep and pp traffic not "
-            f"overlapped, dp traffic overlaps the backward pass")
+def assumptions(result: dict[str, Any]) -> str:
+    """The footnote: every assumption the time, MFU and tokens/s rest on (the plan's
+    ``assumptions``, ``tfgraph.parallel.timing``)."""
+    return "time model (tfgraph/parallel/timing.py): " + "; ".join(
+        f"{key}: {text}" for key, text in result["assumptions"].items())
 
 
 def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
@@ -112,7 +110,15 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
     for kind, what in (("tp", "tensor parallel"), ("dp", "data parallel"), ("pp", "pipeline"),
                        ("ep", "expert all-to-all")):
         figures.add_row(f"sent per rank, {what} ({kind})", _gb(step["comm_bytes"][kind]))
-    figures.add_row("pipeline bubble ((p - 1) / m)", f"{step['bubble']:.1%}")
+    figures.add_row("pipeline bubble ((p - 1) / (m v))", f"{step['bubble']:.1%}")
+    parts = step["time_parts"]
+    for key, what in (("forward", "forward"), ("backward", "backward"),
+                      ("recompute", "recompute"), ("grad_accumulation", "gradient accumulation"),
+                      ("tp_exposed", "tensor parallel, exposed"),
+                      ("ep_exposed", "expert all-to-all, exposed"),
+                      ("pp_exposed", "pipeline sends, exposed"), ("bubble", "pipeline bubble"),
+                      ("dp_exposed", "data parallel, exposed"), ("optimizer", "optimizer step")):
+        figures.add_row(f"time: {what}", f"{parts[key]:.3f} s")
     figures.add_row("time", f"{step['time_s']:.3f} s")
     figures.add_row("MFU", f"{step['mfu']:.1%}")
     figures.add_row("tokens/s", f"{step['tokens_per_s']:,.0f}")
@@ -129,7 +135,7 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
         for name, s in result["formula_symbols"].items()))
     for key, note in result["formula_notes"].items():
         console.print(f"{key}: {note}")
-    console.print(assumptions(gpu, result["layout"]["dtype"]))
+    console.print(assumptions(result))
 
 
 def render_search(results: list[dict[str, Any]], spec: Spec, gpu: Gpu,
@@ -142,12 +148,13 @@ def render_search(results: list[dict[str, Any]], spec: Spec, gpu: Gpu,
                   f"{first['global_batch']}, seq {first['seq']}, {first['dtype']}, attention "
                   f"{results[0]['attention']}")
     table = Table(title=f"The {len(results)} fastest layouts that fit", title_justify="left")
-    for col in ("tp", "pp", "dp", "ep", "zero", "sp", "recompute", "micro-batch", "memory",
-                "fits", "time", "MFU", "tokens/s"):
+    for col in ("tp", "pp", "vpp", "dp", "ep", "zero", "sp", "recompute", "micro-batch",
+                "memory", "fits", "time", "MFU", "tokens/s"):
         table.add_column(col, justify="left" if col == "recompute" else "right", no_wrap=True)
     for r in results:
         lay, step = r["layout"], r["step"]
-        table.add_row(str(lay["tp"]), str(lay["pp"]), str(lay["dp"]), str(lay["ep"]),
+        table.add_row(str(lay["tp"]), str(lay["pp"]), str(lay["vpp"]), str(lay["dp"]),
+                      str(lay["ep"]),
                       str(lay["zero"]), "yes" if lay["sp"] else "no", lay["recompute"],
                       str(lay["micro_batch"]), _gb(r["per_rank"]["memory"]["total"]),
                       "yes" if r["per_rank"]["fits"] else "no", f"{step['time_s']:.3f} s",
@@ -155,4 +162,4 @@ def render_search(results: list[dict[str, Any]], spec: Spec, gpu: Gpu,
     console.print(table)
     console.print("memory: the most loaded rank's total (weights, gradients, optimizer, "
                   "activations, temporary)")
-    console.print(assumptions(gpu, first["dtype"]))
+    console.print(assumptions(results[0]))

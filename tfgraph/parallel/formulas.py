@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import sympy
 
 from tfgraph.graph.ir import SYMBOLS, Graph
-from tfgraph.parallel.layout import Layout
+from tfgraph.parallel.layout import Layout, in_flight
 from tfgraph.parallel.units import Unit, units
 
 
@@ -59,7 +59,8 @@ MEANING: dict[str, str] = {
     "B": "micro-batch (sequences)",
     "S": "sequence length (--seq)",
     "t": "tensor-parallel ranks (--tp)",
-    "m": "micro-batches the stage keeps in flight (1F1B: min(pp - stage, n))",
+    "m": "micro-batches the stage keeps in flight (1F1B: min(pp - stage, n); interleaved: "
+         "Megatron-LM's warm-up, layout.in_flight)",
     "n": "micro-batches per data-parallel rank per step (global batch / (dp x B))",
 }
 ROUNDING = ("the planner rounds each unit's bytes per rank to whole bytes (ceil(x / t)); the "
@@ -111,7 +112,8 @@ def plan_formulas(graph: Graph, layout: Layout, attention: str,
     layout.pp)``; ``stage`` the most loaded stage, ``tp_stage`` the one sending most over
     tensor-parallel links (both given by the planner)."""
     table: dict[tuple[Any, ...], tuple[str, str]] = graph.memo("parallel_formulas", dict)
-    key = (layout.pp, stage, tp_stage, attention, layout.recompute, layout.sp)
+    key = (layout.pp, layout.stage_layers, stage, tp_stage, attention, layout.recompute,
+           layout.sp)
     if key not in table:
         table[key] = (
             str(activations_formula(graph, folded[stage], attention, layout.recompute,
@@ -119,7 +121,7 @@ def plan_formulas(graph: Graph, layout: Layout, attention: str,
             str(tp_comm_formula(graph, folded[tp_stage])))
     activations, tp = table[key]
     values = {"B": layout.micro_batch, "S": layout.seq, "t": layout.tp,
-              "m": min(layout.pp - stage, layout.microbatches), "n": layout.microbatches}
+              "m": in_flight(layout, stage), "n": layout.microbatches}
     return {
         "formulas": {"per_rank.memory.activations": activations, "step.comm_bytes.tp": tp},
         "formula_symbols": {

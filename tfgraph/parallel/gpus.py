@@ -1,6 +1,25 @@
 """The accelerators ``tfgraph plan --gpu NAME`` knows: dense 16-bit tensor-core peak, memory,
-memory bandwidth and the links between GPUs. Figures are the vendors' published data-sheet
-values (dense, without sparsity); links are per GPU and per direction.
+memory bandwidth and the links between GPUs, and what share of them real kernels reach (the
+inputs of the step-time model, ``tfgraph.parallel.timing``). Peaks are the vendors' published
+data-sheet values (dense, without sparsity); links are per GPU and per direction.
+
+Achievable rates, each from a published measurement (never fitted to a run the planner is
+checked against, ``benchmarks/plan_published.py``):
+- ``matmul_fraction``: the best share of the 16-bit peak cuBLAS reaches over a sweep of GEMM
+  shapes, "maximum achievable matmul FLOPS" (MAMF; S. Bekman, *Machine Learning Engineering*,
+  compute/accelerator, MAMF table, torch.mm bf16 sweeps): A100 SXM 271.2 of 312 TFLOP/s
+  (0.87), H100 SXM 794.5 of 989 (0.80), MI300X 781.9 of 1307 (0.60). GPUs without a published
+  figure take their generation's (stated per row);
+- ``attention_fraction``: FlashAttention-2's share of peak, forward + backward, head dim 128,
+  long sequences (Dao 2023, "FlashAttention-2", §4.1: up to 225 TFLOP/s on A100, 72%; 335
+  TFLOP/s on H100, 34%, the Hopper kernel being Ampere's);
+- ``memory_fraction``: the share of the data-sheet memory bandwidth a streaming kernel moves:
+  0.9 (device-to-device copies and STREAM triad reach 3.0-3.1 of 3.35 TB/s on an H100 SXM);
+  the H200 uses this repository's own measurement, 3.45-3.51 of 4.8 TB/s (torch ``amax`` over
+  2 GiB, benchmarks/RESULTS.md "On a GPU"): 0.72;
+- ``vector_flops``: non-tensor fp32 FLOP/s (data sheets), the rate of element-wise arithmetic;
+- ``sms``: streaming multiprocessors (compute units), over which a GEMM's output tiles run in
+  waves (``timing.gemm_efficiency``).
 
 ``--gpu-memory 80GB`` alone plans for an unnamed GPU with that memory and the H100's speeds.
 """
@@ -34,24 +53,44 @@ class Gpu:
     inter_node: float
     """Bandwidth per GPU between nodes (InfiniBand / RoCE NIC), bytes/s per direction."""
     per_node: int = 8
+    sms: int = 132
+    """Streaming multiprocessors (AMD: compute units)."""
+    matmul_fraction: float = 0.80
+    """Best share of ``peak_flops`` cuBLAS reaches on large GEMMs (MAMF)."""
+    attention_fraction: float = 0.34
+    """Share of ``peak_flops`` a fused (flash) attention kernel reaches, forward + backward."""
+    memory_fraction: float = 0.9
+    """Share of ``bandwidth`` a streaming (memory-bound) kernel moves."""
+    vector_flops: float = 67e12
+    """Non-tensor fp32 FLOP/s (element-wise arithmetic)."""
 
 
 GPUS: dict[str, Gpu] = {g.name: g for g in (
-    # NVIDIA A100 data sheet (SXM): 312 TFLOPS bf16, 156 TF32; NVLink 3: 600 GB/s total.
-    Gpu("a100-40gb", 312e12, 156e12, 40 * GB, 1.555e12, 300e9, 25e9),
-    Gpu("a100-80gb", 312e12, 156e12, 80 * GB, 2.039e12, 300e9, 25e9),
-    # NVIDIA H100 SXM: 989 TFLOPS bf16 dense, 495 TF32; NVLink 4: 900 GB/s total; 400 Gb/s NIC.
+    # NVIDIA A100 data sheet (SXM): 312 TFLOPS bf16, 156 TF32, 19.5 fp32; NVLink 3: 600 GB/s
+    # total; 108 SMs; one 200 Gb/s HDR NIC per GPU (DGX A100). MAMF 0.87, FA2 0.72.
+    Gpu("a100-40gb", 312e12, 156e12, 40 * GB, 1.555e12, 300e9, 25e9, sms=108,
+        matmul_fraction=0.87, attention_fraction=0.72, vector_flops=19.5e12),
+    Gpu("a100-80gb", 312e12, 156e12, 80 * GB, 2.039e12, 300e9, 25e9, sms=108,
+        matmul_fraction=0.87, attention_fraction=0.72, vector_flops=19.5e12),
+    # NVIDIA H100 SXM: 989 TFLOPS bf16 dense, 495 TF32, 67 fp32; NVLink 4: 900 GB/s total;
+    # 132 SMs; 400 Gb/s NIC per GPU. MAMF 0.80, FA2 0.34.
     Gpu("h100", 989e12, 495e12, 80 * GB, 3.35e12, 450e9, 50e9),
-    # NVIDIA H200 SXM: H100's compute with 141 GB HBM3e at 4.8 TB/s.
-    Gpu("h200", 989e12, 495e12, 141 * GB, 4.8e12, 450e9, 50e9),
-    # NVIDIA B200 (HGX): 2.25 PFLOPS bf16 dense, 1.1 TF32; NVLink 5: 1.8 TB/s total.
-    Gpu("b200", 2250e12, 1100e12, 180 * GB, 8e12, 900e9, 50e9),
-    # NVIDIA V100 SXM2 32 GB: 125 TFLOPS fp16, 15.7 fp32; NVLink 2: 300 GB/s total.
-    Gpu("v100-32gb", 125e12, 15.7e12, 32 * GB, 0.9e12, 150e9, 12.5e9),
-    # NVIDIA L40S: 362 TFLOPS bf16 dense, 183 TF32; PCIe 4.0 x16 only.
-    Gpu("l40s", 362e12, 183e12, 48 * GB, 0.864e12, 32e9, 25e9, per_node=8),
-    # AMD MI300X: 1307 TFLOPS bf16 dense, 654 TF32; Infinity Fabric 896 GB/s total.
-    Gpu("mi300x", 1307e12, 654e12, 192 * GB, 5.3e12, 448e9, 50e9),
+    # NVIDIA H200 SXM: H100's compute with 141 GB HBM3e at 4.8 TB/s (0.72 measured here).
+    Gpu("h200", 989e12, 495e12, 141 * GB, 4.8e12, 450e9, 50e9, memory_fraction=0.72),
+    # NVIDIA B200 (HGX): 2.25 PFLOPS bf16 dense, 1.1 TF32, 80 fp32; NVLink 5: 1.8 TB/s total;
+    # 148 SMs. No published MAMF / FA2 figure: Hopper's shares assumed.
+    Gpu("b200", 2250e12, 1100e12, 180 * GB, 8e12, 900e9, 50e9, sms=148, vector_flops=80e12),
+    # NVIDIA V100 SXM2 32 GB: 125 TFLOPS fp16, 15.7 fp32; NVLink 2: 300 GB/s total; 80 SMs.
+    # No FlashAttention-2 kernel for Volta: attention at the GEMM share; MAMF: Ampere's.
+    Gpu("v100-32gb", 125e12, 15.7e12, 32 * GB, 0.9e12, 150e9, 12.5e9, sms=80,
+        matmul_fraction=0.87, attention_fraction=0.5, vector_flops=15.7e12),
+    # NVIDIA L40S: 362 TFLOPS bf16 dense, 183 TF32, 91.6 fp32; PCIe 4.0 x16 only; 142 SMs.
+    Gpu("l40s", 362e12, 183e12, 48 * GB, 0.864e12, 32e9, 25e9, per_node=8, sms=142,
+        vector_flops=91.6e12),
+    # AMD MI300X: 1307 TFLOPS bf16 dense, 654 TF32, 163.4 fp32; Infinity Fabric 896 GB/s
+    # total; 304 compute units. MAMF 0.60; attention assumed at the same share.
+    Gpu("mi300x", 1307e12, 654e12, 192 * GB, 5.3e12, 448e9, 50e9, sms=304,
+        matmul_fraction=0.60, attention_fraction=0.30, vector_flops=163.4e12),
 )}
 DEFAULT_GPU = "h100"
 

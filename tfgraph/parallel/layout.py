@@ -4,7 +4,12 @@ GPUs = tp x pp x dp. Expert parallelism takes its ranks from the data-parallel o
 Megatron-LM and DeepSpeed-MoE do): ``ep`` divides ``dp``, each expert-parallel group holds every
 expert once. A step takes ``global_batch`` sequences: each data-parallel rank runs
 ``global_batch / (dp * micro_batch)`` micro-batches through the pipeline (1F1B schedule,
-Narayanan et al. 2021 §2.2).
+Narayanan et al. 2021 §2.2; interleaved with ``vpp`` model chunks per stage, §2.2.2).
+
+Pipeline stages need not hold equal layer counts: ``stage_layers`` gives them, else
+``balanced_stages`` splits the layers (equal when pp divides them; otherwise the first stage,
+which also looks up the embeddings, and the last, which also runs the head and the loss, get
+one layer fewer, as Llama 3 405B's 126 layers ran on 16 stages, Dubey et al. 2024 §3.3.2).
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ class Layout:
     """Tensor-parallel ranks (Megatron column/row splits inside each layer)."""
     pp: int = 1
     """Pipeline stages (contiguous layers per stage, 1F1B schedule)."""
+    vpp: int = 1
+    """Model chunks per pipeline stage: > 1 is interleaved 1F1B (Narayanan et al. 2021
+    §2.2.2; every stage's layer count a multiple of it, micro-batches a multiple of pp)."""
+    stage_layers: tuple[int, ...] | None = None
+    """Layers of each pipeline stage (None: ``balanced_stages``)."""
     dp: int = 1
     """Data-parallel replicas."""
     ep: int = 1
@@ -82,7 +92,40 @@ class Layout:
         return self.global_batch // (self.dp * self.micro_batch)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "gpus": self.gpus, "microbatches": self.microbatches}
+        out = {**asdict(self), "gpus": self.gpus, "microbatches": self.microbatches}
+        if self.stage_layers is not None:
+            out["stage_layers"] = list(self.stage_layers)
+        return out
+
+
+def balanced_stages(layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage when none are given: ``layers // pp`` each, the remainder one more on
+    the middle stages first, then on the last, then on the first (the first and last stages
+    also hold the embeddings and the head)."""
+    base, extra = divmod(layers, pp)
+    counts = [base] * pp
+    order = list(range(1, pp - 1)) + ([pp - 1, 0] if pp > 1 else [0])
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def stage_counts(graph: Graph, layout: Layout) -> tuple[int, ...]:
+    """The layout's layers per stage."""
+    if layout.stage_layers is not None:
+        return tuple(layout.stage_layers)
+    return balanced_stages(pipeline_units(graph), layout.pp)
+
+
+def in_flight(layout: Layout, stage: int) -> float:
+    """Micro-batches of its layers a stage keeps for backward at its peak: 1F1B, stage i of p
+    keeps min(p - i, m) (Narayanan et al. 2021 §2.2.1); interleaved with v chunks, Megatron-LM's
+    warm-up of (p - i - 1) x 2 + (v - 1) x p chunk passes plus the one running, each chunk 1/v
+    of the stage's layers: ((p - i - 1) x 2 + (v - 1) x p + 1) / v, at most m."""
+    p, m, v = layout.pp, layout.microbatches, layout.vpp
+    if v == 1:
+        return min(p - stage, m)
+    return min(((p - stage - 1) * 2 + (v - 1) * p + 1) / v, m)
 
 
 def pipeline_units(graph: Graph) -> int:
@@ -118,8 +161,26 @@ def check(graph: Graph, layout: Layout) -> None:
         raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs --tp > 1")
     check_lengths(graph.spec, ("--seq", layout.seq))  # README, "Lengths beyond max_len"
     units = pipeline_units(graph)
-    if units % layout.pp:
-        raise TfgraphError(f"--pp {layout.pp} does not divide the {units} layers")
+    if layout.pp > max(units, 1):
+        raise TfgraphError(f"--pp {layout.pp}: more stages than the {units} layers")
+    if isinstance(layout.vpp, bool) or not isinstance(layout.vpp, int) or layout.vpp < 1:
+        raise TfgraphError(f"--vpp must be a positive integer, got {layout.vpp!r}")
+    if layout.stage_layers is not None:
+        given = tuple(layout.stage_layers)
+        if len(given) != layout.pp or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in given):
+            raise TfgraphError(f"--stage-layers: expected {layout.pp} positive counts (one per "
+                               f"stage), got {','.join(map(str, given))}")
+        if sum(given) != units:
+            raise TfgraphError(f"--stage-layers {','.join(map(str, given))} sum to "
+                               f"{sum(given)}, not the {units} layers")
+    if layout.vpp > 1:
+        if layout.pp == 1:
+            raise TfgraphError("--vpp interleaves pipeline stages: it needs --pp > 1")
+        counts = layout.stage_layers or balanced_stages(units, layout.pp)
+        if any(n % layout.vpp for n in counts):
+            raise TfgraphError(f"--vpp {layout.vpp} does not divide every stage's layers "
+                               f"({','.join(map(str, counts))})")
     if layout.ep > 1:
         if not experts(graph):
             raise TfgraphError("--ep is for mixture-of-experts models: this one has no experts")
@@ -129,6 +190,9 @@ def check(graph: Graph, layout: Layout) -> None:
     if layout.global_batch % (layout.dp * layout.micro_batch):
         raise TfgraphError(f"--global-batch {layout.global_batch} is not a multiple of "
                            f"dp x micro-batch = {layout.dp * layout.micro_batch}")
+    if layout.vpp > 1 and layout.microbatches % layout.pp:
+        raise TfgraphError(f"--vpp: the {layout.microbatches} micro-batches per step are not a "
+                           f"multiple of --pp {layout.pp} (Megatron-LM's interleaved schedule)")
     if layout.sp and layout.seq % layout.tp:
         raise TfgraphError(f"--sp: --tp {layout.tp} does not divide --seq {layout.seq}")
     check_divisible(graph, layout.tp, layout.ep)

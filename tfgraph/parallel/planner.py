@@ -22,11 +22,13 @@ the layout divides them:
   gathered in forward and backward and gradients reduce-scattered, every micro-batch); pp the
   activation and its gradient over each stage boundary; ep the token exchange of every MoE
   layer (dispatch and combine, forward and backward);
-- time: compute at ``COMPUTE_EFFICIENCY`` of the GPU's peak, collectives at
-  ``LINK_EFFICIENCY`` of the link they use (NVLink inside a node of ``per_node`` GPUs, the
-  NIC between nodes); tensor, expert and pipeline traffic is not overlapped, data-parallel
-  traffic overlaps the backward pass (the part longer than it is exposed); the 1F1B bubble
-  adds (p - 1) / m of the pipeline's time. MFU = model FLOPs / (GPUs x peak x time).
+- time: ``tfgraph.parallel.timing`` (each op's time from its FLOPs and bytes at the GPU's
+  achievable rates, the collectives from bytes, links and latency, the overlap rules, the 1F1B
+  or interleaved schedule); every assumption is in the plan's ``assumptions``. MFU = model
+  FLOPs / (GPUs x peak x time).
+
+Stages hold contiguous layers, ``layout.stage_counts`` of them (given, or balanced); a stage
+of i keeps ``layout.in_flight`` micro-batches for backward (interleaved: Megatron-LM's warm-up).
 
 Precondition: the graph lints; ``layout.check`` passes. Postcondition: nothing is cached on
 the graph but its units (memoised); a plain JSON-ready dict is returned.
@@ -34,7 +36,7 @@ the graph but its units (memoised); a plain JSON-ready dict is returned.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sympy
@@ -43,17 +45,12 @@ from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu
-from tfgraph.parallel.layout import Layout, check, state_bytes
+from tfgraph.parallel.layout import Layout, check, in_flight, stage_counts, state_bytes
 from tfgraph.parallel.memory import NONE, States, add, states
+from tfgraph.parallel.timing import ASSUMPTIONS, step_time
 from tfgraph.parallel.tp_plan import tp_plan
 from tfgraph.parallel.units import Unit, sequence_plan, units
 from tfgraph.passes.figures import states_note
-
-COMPUTE_EFFICIENCY = 0.5
-"""Share of peak FLOP/s a large training run sustains (Narayanan et al. 2021 report 44-52% of
-A100 peak for GPT-3-class models on 3072 GPUs)."""
-LINK_EFFICIENCY = 0.8
-"""Share of a link's bandwidth NCCL's ring collectives reach (bus bandwidth)."""
 
 _NUMBERS = ("saved_none_split", "saved_none_whole", "saved_none_replicated", "saved_sel_split",
             "saved_sel_whole", "saved_sel_replicated", "inputs", "flops_split", "flops_whole",
@@ -108,21 +105,23 @@ def unit_numbers(graph: Graph, micro_batch: int, seq: int, form: str
     return table[key]
 
 
-def stages(graph: Graph, pp: int) -> list[list[int]]:
-    """Unit indices of each pipeline stage: layers in contiguous equal groups; the ops outside
-    layers go with the next layer (the embeddings with the first, the decoder's embedding with
-    the first decoder layer) or, after the last layer, with the last stage (memoised)."""
-    table: dict[int, list[list[int]]] = graph.memo("parallel_stage_units", dict)
-    if pp not in table:
-        table[pp] = _stages(graph, pp)
-    return table[pp]
+def stages(graph: Graph, counts: tuple[int, ...]) -> list[list[int]]:
+    """Unit indices of each pipeline stage: layers in contiguous groups of ``counts`` (one per
+    stage); the ops outside layers go with the next layer (the embeddings with the first, the
+    decoder's embedding with the first decoder layer) or, after the last layer, with the last
+    stage (memoised)."""
+    table: dict[tuple[int, ...], list[list[int]]] = graph.memo("parallel_stage_units", dict)
+    if counts not in table:
+        table[counts] = _stages(graph, counts)
+    return table[counts]
 
 
-def _stages(graph: Graph, pp: int) -> list[list[int]]:
+def _stages(graph: Graph, counts: tuple[int, ...]) -> list[list[int]]:
     all_units = units(graph)[0]
+    pp = len(counts)
     layer_ids = [i for i, u in enumerate(all_units) if u.is_layer]
-    per_stage = len(layer_ids) // pp
-    stage_of_layer = {idx: pos // per_stage for pos, idx in enumerate(layer_ids)}
+    owner = [s for s, n in enumerate(counts) for _ in range(n)]
+    stage_of_layer = {idx: owner[pos] for pos, idx in enumerate(layer_ids)}
     out: list[list[int]] = [[] for _ in range(pp)]
     for i, unit in enumerate(all_units):
         if unit.is_layer:
@@ -153,25 +152,25 @@ def _signature(graph: Graph, unit: Unit) -> tuple[Any, ...]:
     return shapes, tuple(plan[p] for p in unit.params), exprs
 
 
-def stage_members(graph: Graph, pp: int) -> list[StageMembers]:
-    """``stages`` with identical units folded (memoised per pipeline degree)."""
-    table: dict[int, list[StageMembers]] = graph.memo("parallel_stages", dict)
-    if pp not in table:
+def stage_members(graph: Graph, counts: tuple[int, ...]) -> list[StageMembers]:
+    """``stages`` with identical units folded (memoised per layer counts)."""
+    table: dict[tuple[int, ...], list[StageMembers]] = graph.memo("parallel_stages", dict)
+    if counts not in table:
         all_units = units(graph)[0]
         sigs: dict[tuple[Any, ...], int] = {}
         rep = [sigs.setdefault(_signature(graph, u), i) for i, u in enumerate(all_units)]
         out = []
-        for members in stages(graph, pp):
-            counts: dict[int, int] = {}
+        for members in stages(graph, counts):
+            tally: dict[int, int] = {}
             seen: set[str] = set()
             shared: list[str] = []
             for i in members:
-                counts[rep[i]] = counts.get(rep[i], 0) + 1
+                tally[rep[i]] = tally.get(rep[i], 0) + 1
                 shared += [p for p in all_units[i].params if p in seen]
                 seen.update(all_units[i].params)
-            out.append(StageMembers(tuple(counts.items()), tuple(shared)))
-        table[pp] = out
-    return table[pp]
+            out.append(StageMembers(tuple(tally.items()), tuple(shared)))
+        table[counts] = out
+    return table[counts]
 
 
 def _ring(nbytes: float, ranks: int, reduce: bool) -> float:
@@ -206,7 +205,6 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
     all_units = units(graph)[0]
     t, p, m = layout.tp, layout.pp, layout.microbatches
     sp_div = t if layout.sp else 1
-    in_flight = min(p - index, m)
     model_states = NONE
     saved = temporary = 0
     flops = 0.0
@@ -224,7 +222,7 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
             rebuilt = max(rebuilt, n["saved_none_split"] // t + n["saved_none_whole"] // sp_div
                           + n["saved_none_replicated"])
             kept = n["inputs"] // sp_div
-        saved += kept * in_flight * count
+        saved += kept * count
         # the rule the saved bytes follow (units.flops_kind): whole work is the rank's rows
         # under sequence parallelism, replicated work (on the gathered sequence) is not cut
         forward = n["flops_split"] / t + n["flops_whole"] / sp_div + n["flops_replicated"]
@@ -247,7 +245,7 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
         largest = sorted(per_unit_params)[-2:]
         temporary += sum(largest) * w16 + largest[-1] * 4
     temporary += rebuilt
-    pp_bytes = 2.0 * boundary * m if p > 1 else 0.0
+    pp_bytes = 2.0 * boundary * m * layout.vpp if p > 1 else 0.0  # staged: vpp 1 here
     comm = {"tp": tp_bytes, "dp": dp_bytes, "pp": pp_bytes, "ep": a2a}
     return StageFigures(index, model_states, saved, temporary, flops, comm)
 
@@ -271,9 +269,32 @@ def _dp_bytes(layout: Layout, s: States, w16: int) -> float:
     return total
 
 
-def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> dict[str, Any]:
-    """The plan of ``layout`` on ``gpu`` (see the module docstring): per-rank memory of the
-    most loaded rank, the step's FLOPs, communication, bubble, time and MFU."""
+_STAGE_MEMO = 50_000
+"""Stage figures a graph keeps memoised (``staged``) before starting afresh."""
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A layout's stages, evaluated: what ``plan`` reports and ``search`` ranks from."""
+
+    numbers: list[UnitNumbers]
+    counts: tuple[int, ...]
+    folded: list[StageMembers]
+    figures: list[StageFigures]
+    boundaries: list[float]
+
+    @property
+    def worst(self) -> StageFigures:
+        return max(self.figures, key=lambda f: f.total)
+
+    def time(self, graph: Graph, layout: Layout, gpu: Gpu, attention: str) -> dict[str, Any]:
+        """``timing.step_time`` of these stages."""
+        return step_time(graph, layout, gpu, attention, self.folded, self.figures,
+                         self.boundaries)
+
+
+def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
+    """Every stage's figures of ``layout`` (refusing what ``plan`` refuses)."""
     check(graph, layout)
     if attention not in ("fused", "unfused"):
         raise TfgraphError(f"attention must be fused or unfused, got {attention!r}")
@@ -283,16 +304,46 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
     if layout.sp and sequence_plan(graph)[0] is None:
         raise TfgraphError(f"--sp: {sequence_plan(graph)[1]}")
     numbers = unit_numbers(graph, layout.micro_batch, layout.seq, attention)
-    groups = stages(graph, layout.pp)
-    folded = stage_members(graph, layout.pp)
+    counts = stage_counts(graph, layout)
+    groups = stages(graph, counts)
+    folded = stage_members(graph, counts)
     sp_div = layout.tp if layout.sp else 1
     figures = []
+    boundaries = []
+    # stages with the same units and boundary have the same figures but for the micro-batches
+    # they keep in flight: evaluated once (a deep pipeline's middle stages), and once for the
+    # interleaving degrees of a layout (vpp only multiplies the pipeline sends; a search tries
+    # several: memoised on the graph, bounded)
+    alike: dict[tuple[Layout, StageMembers, int], StageFigures] = graph.memo(
+        "parallel_stage_figures", dict)
+    if len(alike) > _STAGE_MEMO:
+        alike.clear()
+    plain = replace(layout, vpp=1)
     for index in range(layout.pp):
         # what crosses into the next stage: the next stage's first unit's inputs
         boundary = 0
         if index + 1 < layout.pp:
             boundary = numbers[groups[index + 1][0]]["inputs"] // sp_div
-        figures.append(_stage(graph, layout, index, folded[index], numbers, boundary))
+        boundaries.append(float(boundary))
+        key = (plain, folded[index], boundary)
+        if key not in alike:
+            alike[key] = _stage(graph, plain, index, folded[index], numbers, boundary)
+        one = alike[key]  # activations of one micro-batch in flight, plain 1F1B's sends
+        comm = one.comm if layout.vpp == 1 else {**one.comm, "pp": one.comm["pp"] * layout.vpp}
+        figures.append(StageFigures(index, one.states,
+                                    int(one.activations * in_flight(layout, index)),
+                                    one.temporary, one.hardware_flops, comm))
+    return Staged(numbers, counts, folded, figures, boundaries)
+
+
+def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
+         evaluated: Staged | None = None) -> dict[str, Any]:
+    """The plan of ``layout`` on ``gpu`` (see the module docstring): per-rank memory of the
+    most loaded rank, the step's FLOPs, communication, bubble, time and MFU. ``evaluated``:
+    ``staged(graph, layout, attention)`` when the caller has it already."""
+    found = evaluated or staged(graph, layout, attention)
+    numbers, counts, folded = found.numbers, found.counts, found.folded
+    figures = found.figures
     worst = max(figures, key=lambda f: f.total)
     tp_stage = max(figures, key=lambda f: f.comm["tp"]).stage
     forward = sum(n["flops_split"] + n["flops_whole"] + n["flops_replicated"]
@@ -300,7 +351,11 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
     sequences = layout.global_batch // layout.micro_batch
     model_flops = 3 * forward * sequences
     hardware = sum(f.hardware_flops for f in figures) * layout.tp * layout.dp
-    timing = _timing(layout, gpu, figures, model_flops)
+    timing = found.time(graph, layout, gpu, attention)
+    peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
+    time_s = timing["time_s"]
+    timing["mfu"] = model_flops / (layout.gpus * peak * time_s) if time_s > 0 else 0.0
+    timing["tokens_per_s"] = layout.global_batch * layout.seq / time_s if time_s > 0 else 0.0
     mem = worst.states
     return {
         "layout": layout.as_dict(),
@@ -314,8 +369,9 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
             "fits": worst.total <= gpu.memory,
             "gpu_memory": gpu.memory,
         },
-        "stages": [{"stage": f.stage, "total": f.total, "activations": f.activations,
-                    "weights": f.states.weights} for f in figures],
+        "stages": [{"stage": f.stage, "layers": n, "total": f.total,
+                    "activations": f.activations, "weights": f.states.weights}
+                   for f, n in zip(figures, counts)],
         "step": {
             "flops": model_flops,
             "hardware_flops": hardware,
@@ -324,6 +380,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused") -> di
             **timing,
         },
         "model_states": _states_note(layout),
+        "assumptions": {"gpu": _gpu_assumptions(gpu, layout.dtype), **ASSUMPTIONS},
         **plan_formulas(graph, layout, attention, folded, worst.stage, tp_stage),
     }
 
@@ -338,28 +395,13 @@ def _states_note(layout: Layout) -> str:
     return note + " Adam's float32 step count adds 4 bytes per parameter tensor."
 
 
-def _link(gpu: Gpu, span: int) -> float:
-    """Bandwidth of a group spanning ``span`` consecutive ranks (inside a node or not)."""
-    return (gpu.intra_node if span <= gpu.per_node else gpu.inter_node) * LINK_EFFICIENCY
-
-
-def _timing(layout: Layout, gpu: Gpu, figures: list[StageFigures], model_flops: float
-            ) -> dict[str, float]:
-    peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
-    t, p, m = layout.tp, layout.pp, layout.microbatches
-    slowest = 0.0
-    exposed_dp = 0.0
-    for f in figures:
-        compute = f.hardware_flops / (peak * COMPUTE_EFFICIENCY)
-        comm = (f.comm["tp"] / _link(gpu, t) + f.comm["ep"] / _link(gpu, t * layout.ep)
-                + f.comm["pp"] / _link(gpu, t * p))
-        slowest = max(slowest, compute + comm)
-        backward = compute * 2 / 3
-        dp_time = f.comm["dp"] / _link(gpu, layout.gpus) if layout.dp > 1 else 0.0
-        exposed_dp = max(exposed_dp, dp_time - backward)
-    bubble = (p - 1) / m
-    time_s = slowest * (1 + bubble) + max(0.0, exposed_dp)
-    mfu = model_flops / (layout.gpus * peak * time_s) if time_s > 0 else 0.0
-    tokens = layout.global_batch * layout.seq
-    return {"bubble": bubble, "time_s": time_s, "mfu": mfu,
-            "tokens_per_s": tokens / time_s if time_s > 0 else 0.0}
+def _gpu_assumptions(gpu: Gpu, dtype: str) -> str:
+    """The GPU's rates the time rests on (``tfgraph.parallel.gpus``, each cited there)."""
+    peak = gpu.fp32_flops if dtype == "float32" else gpu.peak_flops
+    kind = "fp32/TF32" if dtype == "float32" else "16-bit"
+    return (f"{gpu.name}: peak {peak / 1e12:g} TFLOP/s ({kind}), "
+            f"GEMMs up to {gpu.matmul_fraction:.0%} of it (MAMF) on {gpu.sms} SMs, fused "
+            f"attention {gpu.attention_fraction:.0%}, memory {gpu.bandwidth / 1e12:g} TB/s at "
+            f"{gpu.memory_fraction:.0%}, element-wise {gpu.vector_flops / 1e12:g} TFLOP/s, "
+            f"NVLink {gpu.intra_node / 1e9:g} GB/s inside {gpu.per_node} GPUs, "
+            f"{gpu.inter_node / 1e9:g} GB/s per GPU between nodes")

@@ -1,0 +1,275 @@
+"""``tfgraph plan``'s step time against published training runs (issue 26 item 4).
+
+    python benchmarks/plan_published.py [--no-search]
+
+For each run: the planner's predicted per-GPU throughput over the achieved one, counted the way
+the paper counts it. Both use the paper's own FLOP formula, so the ratio is achieved step time
+/ predicted step time; nothing is fitted per run (the GPU's rates are the cited table of
+``tfgraph/parallel/gpus.py``, the rules ``tfgraph/parallel/timing.py``):
+
+- Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM"), Table 1, every row: GPT models of 1.7B-1T parameters on A100 80GB (Selene),
+  sequence 2048, vocabulary 51200, fp16, full activation recomputation, Megatron's unfused
+  attention. Layouts, micro-batch and interleaving from the paper's own scripts
+  (Megatron-LM ``examples/sc21/run_table_1.sh``: MBS, GBS, TP, PP,
+  ``--num-layers-per-virtual-pipeline-stage``). Achieved: teraFLOP/s per GPU with their
+  formula 96 B s l h^2 (1 + s / (6h) + V / (16 l h)), which counts the recomputed forward.
+- Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+  Tables 3 and 5: 22B, 175B, 530B, 1T with sequence parallelism and selective recomputation on
+  A100 80GB; achieved MFU with 72 B s l h^2 (1 + s / (6h) + V / (12 l h)) (their HFU beside
+  it). Micro-batch 1, plain 1F1B (the paper names neither; assumed).
+- The H100 measurement of issue 26: TinyLlama-1.1B sizes (``specs/llama.yaml``), bfloat16,
+  batch 4 x 1024, forward + token cross-entropy + backward on one H100: 66.7 ms (tfgraph's
+  torch module, SDPA attention). Predicted: the plan's forward + backward time (the
+  measurement has no optimizer step).
+
+The graph of GPT-3's block in tfgraph has no dropout on the attention weights (the spec
+language has none); Megatron-LM's runs had it (Korthikanti's 5as/h term). The column "+attn
+dropout" adds its traffic by the planner's own rule for memory-bound ops, not part of the plan:
+per layer and micro-batch a rank's score tensor E = b (a / t) s^2 elements, 5E bytes forward
+(read 2E, write 2E, a 1-byte mask E), 5E backward (read the gradient and the mask, write the
+gradient) and 5E again for the recomputed forward (full recomputation, and Korthikanti's
+selective recomputation, which reruns the attention core), at ``memory_fraction`` of the
+A100's bandwidth; that is added to the slowest stage's micro-batch slot.
+
+Then ``--search`` over each Table 1 / Korthikanti run's GPUs and batch: whether the published
+layout, or one within 5% of its predicted time, is among the 5 fastest that fit. And the time
+of ``plan --search`` for GPT-3 175B on 1,024 GPUs in-process (goal < 2 s; benchmarks/
+plan_search.py times the command itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import tfgraph  # noqa: E402
+from tfgraph.parallel.gpus import gpu  # noqa: E402
+from tfgraph.parallel.layout import Layout  # noqa: E402
+from tfgraph.parallel.planner import plan  # noqa: E402
+from tfgraph.parallel.search import search  # noqa: E402
+
+SEQ, VOCAB = 2048, 51200
+A100 = gpu("a100-80gb")
+A100_PEAK = 312e12
+GOAL = 0.15
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    hidden: int
+    heads: int
+    layers: int
+    tp: int
+    pp: int
+    gpus: int
+    micro_batch: int
+    global_batch: int
+    vpp: int
+    achieved: float
+    """Narayanan: TFLOP/s per GPU; Korthikanti: MFU."""
+    source: str
+
+
+# Narayanan et al. 2021 Table 1 (achieved teraFLOP/s per GPU) with run_table_1.sh's settings;
+# vpp = layers / (pp x num-layers-per-virtual-pipeline-stage).
+NARAYANAN = [
+    Run("1.7B", 2304, 24, 24, 1, 1, 32, 16, 512, 1, 137, "N21"),
+    Run("3.6B", 3072, 32, 30, 2, 1, 64, 16, 512, 1, 138, "N21"),
+    Run("7.5B", 4096, 32, 36, 4, 1, 128, 16, 512, 1, 142, "N21"),
+    Run("18.4B", 6144, 48, 40, 8, 1, 256, 8, 1024, 1, 135, "N21"),
+    Run("39.1B", 8192, 64, 48, 8, 2, 512, 4, 1536, 1, 138, "N21"),
+    Run("76.1B", 10240, 80, 60, 8, 4, 1024, 2, 1792, 3, 140, "N21"),
+    Run("145.6B", 12288, 96, 80, 8, 8, 1536, 2, 2304, 2, 148, "N21"),
+    Run("310.1B", 16384, 128, 96, 8, 16, 1920, 1, 2160, 2, 155, "N21"),
+    Run("529.6B", 20480, 128, 105, 8, 35, 2520, 1, 2520, 3, 163, "N21"),
+    Run("1008.0B", 25600, 160, 128, 8, 64, 3072, 1, 3072, 1, 163, "N21"),
+]
+# Korthikanti et al. 2022 Table 3 (layouts, batch) and Table 5 (MFU; HFU in the comment).
+KORTHIKANTI = [
+    Run("22B", 6144, 64, 48, 8, 1, 8, 1, 4, 1, 0.415, "K22"),  # HFU 0.437
+    Run("175B", 12288, 96, 96, 8, 8, 64, 1, 64, 1, 0.514, "K22"),  # HFU 0.528
+    Run("530B", 20480, 128, 105, 8, 35, 280, 1, 280, 1, 0.560, "K22"),  # HFU 0.570
+    Run("1T", 25600, 160, 128, 8, 64, 512, 1, 512, 1, 0.563, "K22"),  # HFU 0.570
+]
+H100_MS = 66.7  # issue 26: TinyLlama-1.1B sizes, bf16, batch 4 x 1024, fwd + loss + bwd
+
+
+def narayanan_flops(run: Run) -> float:
+    b, s, l, h = run.global_batch, SEQ, run.layers, run.hidden
+    return 96 * b * s * l * h * h * (1 + s / (6 * h) + VOCAB / (16 * l * h))
+
+
+def korthikanti_flops(run: Run) -> float:
+    b, s, l, h = run.global_batch, SEQ, run.layers, run.hidden
+    return 72 * b * s * l * h * h * (1 + s / (6 * h) + VOCAB / (12 * l * h))
+
+
+def graph_of(run: Run, dtype: str) -> Any:
+    """The run's GPT (GPT-3's block, Megatron's padded vocabulary) as a training graph."""
+    base = tfgraph.load_spec(ROOT / "specs" / "gpt3-175b.yaml")
+    spec = base.model_copy(update={
+        "name": f"gpt-{run.name}", "d_model": run.hidden, "layers": run.layers,
+        "dtype": dtype,
+        "attention": base.attention.model_copy(update={"heads": run.heads,
+                                                        "kv_heads": run.heads,
+                                                        "head_dim": run.hidden // run.heads}),
+        "ffn": base.ffn.model_copy(update={"hidden": 4 * run.hidden}),
+    })
+    return tfgraph.compile(spec, loss=True)
+
+
+# Megatron-LM keeps fp32 gradients (main_grad) beside 16-bit weights: the runs use the
+# planner's Megatron convention (--states megatron, 18 bytes per parameter).
+
+
+def layout_of(run: Run) -> Layout:
+    k22 = run.source == "K22"
+    return Layout(tp=run.tp, pp=run.pp, dp=run.gpus // (run.tp * run.pp), vpp=run.vpp,
+                  sp=k22, recompute="selective" if k22 else "full",
+                  micro_batch=run.micro_batch, global_batch=run.global_batch, seq=SEQ,
+                  dtype="bfloat16" if k22 else "float16", states="megatron")
+
+
+def attention_dropout_s(run: Run, result: dict[str, Any]) -> float:
+    """Seconds of Megatron's attention-dropout traffic the graph does not have (module
+    docstring), over the step: the slowest stage's layers x micro-batches x (m + p - 1) / v
+    slots."""
+    lay = result["layout"]
+    scores = lay["micro_batch"] * (run.heads / run.tp) * SEQ * SEQ
+    per_layer = 15 * scores / (A100.bandwidth * A100.memory_fraction)
+    stage = result["step"]["time_parts"]["slowest_stage"]
+    layers = result["stages"][stage]["layers"]
+    slots = lay["microbatches"] + (lay["pp"] - 1) / lay["vpp"]
+    return per_layer * layers * slots
+
+
+def predicted(run: Run) -> tuple[float, float, dict[str, Any]]:
+    """(achieved step time, predicted step time, the plan) of a published run."""
+    graph = graph_of(run, layout_of(run).dtype)
+    result = plan(graph, layout_of(run), A100, attention="unfused")
+    if run.source == "N21":
+        real = narayanan_flops(run) / (run.gpus * run.achieved * 1e12)
+    else:
+        real = korthikanti_flops(run) / (run.gpus * A100_PEAK * run.achieved)
+    return real, result["step"]["time_s"], result
+
+
+def _features(run: Run) -> Any:
+    """The layouts the run's software offered: Narayanan 2021's Megatron-LM, full
+    recomputation, no sequence parallelism, no ZeRO; Korthikanti 2022's, sequence parallelism
+    with selective recomputation, no ZeRO."""
+    k22 = run.source == "K22"
+    return lambda lay: lay.zero == 0 and lay.sp == k22 and lay.recompute == (
+        "selective" if k22 else "full")
+
+
+def search_check(run: Run, mine: float) -> str:
+    """Where the published layout's predicted time stands in ``--search``'s top 5: over every
+    layout, and over the layouts the paper's software offered (``_features``)."""
+    graph = graph_of(run, layout_of(run).dtype)
+    base = Layout(global_batch=run.global_batch, seq=SEQ, dtype=layout_of(run).dtype)
+    lay = layout_of(run)
+    parts = []
+    verdicts = []
+    for label, keep in (("every layout", None), ("the paper's features", _features(run))):
+        try:
+            top = search(graph, run.gpus, base, A100, "unfused", 5, keep)
+        except Exception as e:  # nothing fits in the memory model: say so
+            parts.append(f"{label}: refused ({e})")
+            verdicts.append(False)
+            continue
+        times = [r["step"]["time_s"] for r in top]
+        same = [i + 1 for i, r in enumerate(top) if
+                (r["layout"]["tp"], r["layout"]["pp"], r["layout"]["micro_batch"]) ==
+                (lay.tp, lay.pp, lay.micro_batch)]
+        near = [i + 1 for i, x in enumerate(times) if abs(x - mine) <= 0.05 * mine]
+        best = top[0]["layout"]
+        ok = bool(same or near)
+        verdicts.append(ok)
+        parts.append(
+            f"{label}: {'yes' if ok else 'NO'} (published {mine:.2f} s; top 5 "
+            f"{', '.join(f'{x:.2f}' for x in times)} s; its tp/pp/mb at {same or '-'}, within "
+            f"5% at {near or '-'}; fastest tp {best['tp']} pp {best['pp']} mb "
+            f"{best['micro_batch']} {best['recompute']}{' sp' if best['sp'] else ''} "
+            f"ZeRO {best['zero']})")
+    return "; ".join(parts)
+
+
+def h100_row() -> tuple[float, float]:
+    spec = tfgraph.load_spec(ROOT / "specs" / "llama.yaml").model_copy(
+        update={"dtype": "bfloat16"})
+    graph = tfgraph.compile(spec, loss=True)
+    result = plan(graph, Layout(micro_batch=4, global_batch=4, seq=1024), gpu("h100"))
+    parts = result["step"]["time_parts"]
+    return H100_MS / 1e3, parts["forward"] + parts["backward"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-search", action="store_true", help="skip the --search checks")
+    args = parser.parse_args()
+    rows: list[tuple[str, float, float, str]] = []
+    print(f"{'run':<22} {'layout':<34} {'achieved':>10} {'predicted':>10} {'ratio':>6} "
+          f"{'+attn dropout':>13}  time parts (s)")
+    extra: list[float] = []
+    for run in NARAYANAN + KORTHIKANTI:
+        real, mine, result = predicted(run)
+        ratio = real / mine
+        lay = result["layout"]
+        unit = "TFLOP/s" if run.source == "N21" else "MFU"
+        achieved = run.achieved
+        pred = achieved * ratio
+        parts = result["step"]["time_parts"]
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in parts.items()
+                          if k != "slowest_stage" and v > 0.005 * mine)
+        layout_text = (f"t{lay['tp']} p{lay['pp']} d{lay['dp']} v{lay['vpp']} "
+                       f"mb{lay['micro_batch']} m{lay['microbatches']}")
+        fmt = "{:.1f}" if unit == "TFLOP/s" else "{:.3f}"
+        dropout = real / (mine + attention_dropout_s(run, result))
+        extra.append(dropout)
+        print(f"{run.source + ' ' + run.name:<22} {layout_text:<34} "
+              f"{fmt.format(achieved):>10} {fmt.format(pred):>10} {ratio:6.3f} "
+              f"{dropout:13.3f}  {shown}"
+              f"{'' if result['per_rank']['fits'] else '  (plan: does not fit)'}")
+        rows.append((f"{run.source} {run.name}", real, mine, unit))
+    real, mine = h100_row()
+    ratio = real / mine
+    print(f"{'H100 TinyLlama-1.1B':<22} {'1 GPU, batch 4 x 1024, bf16':<34} "
+          f"{real * 1e3:>8.1f}ms {mine * 1e3:>8.1f}ms {ratio:6.3f}  forward + backward")
+    rows.append(("H100 TinyLlama-1.1B", real, mine, "ms"))
+    ratios = [r / m for _, r, m, _ in rows]
+    worst = max(rows, key=lambda r: abs(r[1] / r[2] - 1))
+    inside = sum(abs(x - 1) <= GOAL for x in ratios)
+    print(f"predicted / achieved throughput: {min(ratios):.3f} to {max(ratios):.3f}; worst "
+          f"{worst[0]} {worst[1] / worst[2]:.3f}; {inside} of {len(ratios)} rows within "
+          f"+-{GOAL:.0%}")
+    print(f"with Megatron's attention dropout added (published runs only): {min(extra):.3f} to "
+          f"{max(extra):.3f}; {sum(abs(x - 1) <= GOAL for x in extra)} of {len(extra)} within "
+          f"+-{GOAL:.0%}")
+    if not args.no_search:
+        print("--search: is the published layout (or one within 5% of its predicted time) in "
+              "the top 5?")
+        for run in NARAYANAN + KORTHIKANTI:
+            _, mine, _ = predicted(run)
+            print(f"  {run.source} {run.name}: {search_check(run, mine)}")
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / "gpt3-175b.yaml").model_copy(
+        update={"dtype": "bfloat16"}), loss=True)
+    t0, c0 = time.perf_counter(), time.process_time()
+    search(graph, 1024, Layout(global_batch=1536, seq=2048), gpu("h100"), "fused", 10)
+    print(f"plan --search, GPT-3 175B on 1,024 H100s (in-process, graph compiled): "
+          f"{time.perf_counter() - t0:.2f} s wall, {time.process_time() - c0:.2f} s CPU "
+          f"(goal < 2 s; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())})")
+
+
+if __name__ == "__main__":
+    main()

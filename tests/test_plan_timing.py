@@ -1,0 +1,255 @@
+"""The planner's step-time model (tfgraph/parallel/timing.py, issue 26 item 1): its pieces one by
+one (GEMM efficiency, the roofline, ring collectives, the data-parallel overlap rule, the 1F1B
+and interleaved bubbles), then through ``tfgraph plan``: --vpp, unequal stages, Llama 3 405B at
+pipeline 16, a search whose layouts differ in time, the assumptions in --json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from test_cli_validate import runner  # stderr kept apart from stdout on every click
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.parallel import timing
+from tfgraph.parallel.gpus import gpu
+from tfgraph.parallel.layout import Layout, balanced_stages, in_flight
+from tfgraph.parallel.memory import States
+from tfgraph.parallel.planner import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+DECODER = ROOT / "specs" / "tiny-decoder.yaml"
+H100 = gpu("h100")
+A100 = gpu("a100-80gb")
+
+
+def cli(*args: object):
+    return runner().invoke(main, ["plan", *map(str, args)], catch_exceptions=False)
+
+
+def plan_json(*args: object):
+    result = cli(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# ---- the pieces ------------------------------------------------------------------------------
+
+def test_gemm_time_grows_with_every_dimension_and_never_beats_the_achievable_peak() -> None:
+    base = timing.gemm_time(4096, 4096, 4096, H100, H100.peak_flops, 2)
+    for m, n, k in ((8192, 4096, 4096), (4096, 8192, 4096), (4096, 4096, 8192)):
+        assert timing.gemm_time(m, n, k, H100, H100.peak_flops, 2) > base
+    flops = 2 * 4096**3
+    assert base >= flops / (H100.peak_flops * H100.matmul_fraction)
+    # a large GEMM runs close to the achievable peak (tiles fill whole waves)
+    assert flops / base > 0.95 * H100.peak_flops * H100.matmul_fraction
+    # a sliver of a GEMM (few output tiles) wastes most of the SMs
+    assert timing.gemm_efficiency(128, 128, H100) == pytest.approx(1 / H100.sms)
+
+
+def test_wave_quantization_one_tile_more_than_the_sms_costs_a_wave() -> None:
+    t = timing.TILE
+    full = timing.gemm_efficiency(t * H100.sms, t, H100)
+    assert full == pytest.approx(1.0)
+    over = timing.gemm_efficiency(t * (H100.sms + 1), t, H100)
+    assert over == pytest.approx((H100.sms + 1) / (2 * H100.sms))
+    # a partial tile is paid whole
+    assert timing.gemm_efficiency(t * H100.sms - 64, t, H100) < 1.0
+
+
+def test_roofline_takes_the_longer_of_arithmetic_and_traffic() -> None:
+    # compute-bound: 1e12 FLOPs at 1e15/s = 1 ms against 1e6 bytes at 1e12/s = 1 us
+    assert timing.roofline(1e12, 1e6, 1e15, 1e12) == pytest.approx(1e-3)
+    # memory-bound: 1e6 FLOPs (1 ns) against 1e9 bytes at 1e12/s = 1 ms
+    assert timing.roofline(1e6, 1e9, 1e15, 1e12) == pytest.approx(1e-3)
+    # a GEMM with K = 1 is an outer product: bound by writing its output
+    m = n = 8192
+    got = timing.gemm_time(m, n, 1, H100, H100.peak_flops, 2)
+    assert got == pytest.approx((m + n + m * n) * 2 / (H100.bandwidth * H100.memory_fraction))
+
+
+def test_ring_collectives() -> None:
+    n, bw, lat = 8, 100e9, 2e-6
+    nbytes = 1e9
+    assert timing.ring_time(nbytes, 1, True, bw, lat) == 0.0
+    all_reduce = timing.ring_time(nbytes, n, True, bw, lat)
+    assert all_reduce == pytest.approx(2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat)
+    gather = timing.ring_time(nbytes, n, False, bw, lat)
+    assert gather == pytest.approx((n - 1) / n * nbytes / bw + (n - 1) * lat)
+    assert all_reduce == pytest.approx(2 * gather)
+    # inside a node NVLink, across nodes the NIC
+    assert timing.link(H100, 8)[0] == H100.intra_node * timing.LINK_EFFICIENCY
+    assert timing.link(H100, 16)[0] == H100.inter_node * timing.LINK_EFFICIENCY
+
+
+def test_data_parallel_reduction_hides_under_the_last_backward_but_the_last_bucket() -> None:
+    layout = Layout(dp=8, global_batch=8)
+    elements = 400_000_000  # 10 buckets of 40M
+    s = States(0, 0, 0, elements)
+    bw, lat = timing.link(H100, 8)
+    reduce = timing.ring_time(elements * float(timing.grad_bytes(layout)), 8, True, bw, lat)
+    long_backward = {"forward": 1.0, "backward": 10 * reduce, "recompute": 0.0}
+    exposed = timing._dp_exposed(layout, H100, s, long_backward, 1, 2)
+    assert exposed == pytest.approx(reduce / 10)  # the last bucket only
+    short = {"forward": 1.0, "backward": reduce / 2, "recompute": 0.0}
+    assert timing._dp_exposed(layout, H100, s, short, 1, 2) == pytest.approx(reduce / 2)
+    assert timing._dp_exposed(Layout(), H100, s, short, 1, 2) == 0.0  # no data parallelism
+
+
+def test_bubble_formulas() -> None:
+    assert timing.bubble(8, 64, 1) == pytest.approx(7 / 64)  # 1F1B, Narayanan §2.2.1
+    assert timing.bubble(8, 64, 2) == pytest.approx(7 / 128)  # interleaved, §2.2.2
+    assert timing.bubble(1, 4, 1) == 0.0
+
+
+def test_balanced_stages_and_in_flight() -> None:
+    assert balanced_stages(126, 16) == (7,) + (8,) * 14 + (7,)  # Llama 3 405B
+    assert balanced_stages(96, 8) == (12,) * 8
+    assert sum(balanced_stages(10, 4)) == 10 and balanced_stages(10, 4) == (2, 3, 3, 2)
+    layout = Layout(pp=4, dp=1, global_batch=16)
+    assert [in_flight(layout, i) for i in range(4)] == [4, 3, 2, 1]
+    # interleaved: Megatron-LM's warm-up, (p - i - 1) 2 + (v - 1) p + 1 chunks of 1/v of a stage
+    v2 = Layout(pp=4, dp=1, vpp=2, global_batch=16)
+    assert in_flight(v2, 0) == pytest.approx((3 * 2 + 4 + 1) / 2)
+
+
+# ---- through the planner ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpt() -> tfgraph.compiler.CompiledGraph:
+    spec = tfgraph.load_spec(ROOT / "specs" / "gpt3-175b.yaml").model_copy(
+        update={"dtype": "bfloat16", "layers": 16})
+    return tfgraph.compile(spec, loss=True)
+
+
+def test_plan_time_parts_add_up_and_assumptions_are_stated(gpt) -> None:
+    result = plan(gpt, Layout(tp=8, pp=4, dp=4, global_batch=64, seq=2048), H100)
+    step = result["step"]
+    parts = dict(step["time_parts"])
+    parts.pop("slowest_stage")
+    assert sum(parts.values()) == pytest.approx(step["time_s"])
+    assert step["bubble"] == pytest.approx(3 / 16)
+    assert parts["bubble"] > 0 and parts["tp_exposed"] > 0 and parts["pp_exposed"] > 0
+    assert set(result["assumptions"]) == {"gpu", *timing.ASSUMPTIONS}
+    assert "h100" in result["assumptions"]["gpu"]
+    # MFU is model FLOPs over the GPUs' peak for that time
+    assert step["mfu"] == pytest.approx(step["flops"] / (128 * H100.peak_flops * step["time_s"]))
+
+
+def test_interleaving_shrinks_the_bubble_and_sends_more(gpt) -> None:
+    one = plan(gpt, Layout(tp=8, pp=4, dp=1, global_batch=16, seq=2048), H100)
+    two = plan(gpt, Layout(tp=8, pp=4, dp=1, vpp=2, global_batch=16, seq=2048), H100)
+    assert two["step"]["bubble"] == pytest.approx(one["step"]["bubble"] / 2)
+    assert two["step"]["comm_bytes"]["pp"] == 2 * one["step"]["comm_bytes"]["pp"]
+    assert two["step"]["time_parts"]["pp_exposed"] == pytest.approx(
+        2 * one["step"]["time_parts"]["pp_exposed"])
+    # Megatron-LM's interleaved warm-up keeps more micro-batches in flight on stage 0
+    assert two["per_rank"]["memory"]["activations"] > one["per_rank"]["memory"]["activations"]
+
+
+def test_compute_follows_the_splits(gpt) -> None:
+    """Tensor parallelism divides the GEMMs; selective and full recompute cost what they rerun."""
+    kw = dict(global_batch=8, seq=2048)
+    t1 = plan(gpt, Layout(**kw, dp=1), A100)["step"]["time_parts"]
+    t8 = plan(gpt, Layout(**kw, tp=8, dp=1), A100)["step"]["time_parts"]
+    assert t8["forward"] < t1["forward"] / 4 and t8["backward"] < t1["backward"] / 4
+    sel = plan(gpt, Layout(**kw, tp=8, dp=1, recompute="selective"), A100)["step"]["time_parts"]
+    full = plan(gpt, Layout(**kw, tp=8, dp=1, recompute="full"), A100)["step"]["time_parts"]
+    assert 0 < sel["recompute"] < full["recompute"] < t8["forward"] * 1.001
+    assert full["tp_exposed"] > t8["tp_exposed"]  # the forward all-reduces run again
+    # unfused attention moves the score matrix: slower than the fused kernel
+    unfused = plan(gpt, Layout(**kw, tp=8, dp=1), A100, attention="unfused")
+    assert unfused["step"]["time_s"] > plan(gpt, Layout(**kw, tp=8, dp=1), A100)["step"][
+        "time_s"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", 2, "--vpp", 2], "--vpp interleaves pipeline stages: it needs --pp > 1"),
+    (["--gpus", 2, "--pp", 2, "--vpp", 2], "--vpp 2 does not divide every stage's layers"),
+    (["--gpus", 2, "--pp", 2, "--stage-layers", "1,2"], "sum to 3, not the 2 layers"),
+    (["--gpus", 2, "--pp", 2, "--stage-layers", "2"], "--stage-layers gives 1 stages, --pp 2"),
+    (["--gpus", 2, "--pp", 2, "--stage-layers", "1,0"], "--stage-layers: expected a positive"),
+    (["--gpus", 3, "--pp", 3], "--pp 3: more stages than the 2 layers"),
+    (["--gpus", 4, "--search", "--vpp", 2], "--search chooses --vpp itself"),
+])
+def test_pipeline_options_refused_in_one_line(args, message) -> None:
+    result = cli(DECODER, *args)
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+
+
+def test_vpp_needs_micro_batches_a_multiple_of_pp(tmp_path: Path) -> None:
+    spec = tfgraph.load_spec(DECODER).model_copy(update={"layers": 4})
+    path = tmp_path / "four.yaml"
+    path.write_text(json.dumps(spec.model_dump(mode="json")))
+    bad = cli(path, "--gpus", 2, "--pp", 2, "--vpp", 2, "--global-batch", 3)
+    assert bad.exit_code == 2 and "not a multiple of --pp 2" in bad.stderr
+    good = plan_json(path, "--gpus", 2, "--pp", 2, "--vpp", 2, "--global-batch", 4)
+    assert good["layout"]["vpp"] == 2 and good["step"]["bubble"] == pytest.approx(1 / 8)
+
+
+def test_unequal_stages_given_and_balanced(tmp_path: Path) -> None:
+    spec = tfgraph.load_spec(DECODER).model_copy(update={"layers": 5})
+    path = tmp_path / "five.yaml"
+    path.write_text(json.dumps(spec.model_dump(mode="json")))
+    balanced = plan_json(path, "--gpus", 2, "--pp", 2, "--global-batch", 4)
+    assert [s["layers"] for s in balanced["stages"]] == [2, 3]
+    given = plan_json(path, "--gpus", 2, "--stage-layers", "4,1", "--global-batch", 4)
+    assert given["layout"]["pp"] == 2 and given["layout"]["stage_layers"] == [4, 1]
+    assert [s["layers"] for s in given["stages"]] == [4, 1]
+    # the heavier first stage holds more and sets the pace
+    assert given["stages"][0]["weights"] > balanced["stages"][0]["weights"]
+    assert given["step"]["time_parts"]["slowest_stage"] == 0
+    assert given["step"]["time_s"] > balanced["step"]["time_s"]
+
+
+def test_llama3_405b_at_pipeline_16_is_accepted() -> None:
+    """Dubey et al. 2024 §3.3: Llama 3 405B's 126 layers on 16 stages (tp 8), the first and
+    last one layer short."""
+    data = plan_json(ROOT / "specs" / "llama-3.1-405b.yaml", "--gpus", 128, "--tp", 8, "--pp",
+                     16, "--global-batch", 16, "--seq", 8192, "--sp", "--recompute", "full")
+    assert [s["layers"] for s in data["stages"]] == [7] + [8] * 14 + [7]
+    assert data["step"]["time_s"] > 0 and data["step"]["bubble"] == pytest.approx(15 / 16)
+    # 7 and 8 layers have no common chunk count: interleaving is refused in one line
+    bad = cli(ROOT / "specs" / "llama-3.1-405b.yaml", "--gpus", 128, "--tp", 8, "--pp", 16,
+              "--vpp", 2, "--global-batch", 16, "--seq", 8192)
+    assert bad.exit_code == 2 and "--vpp 2 does not divide every stage's layers" in bad.stderr
+
+
+def test_search_layouts_differ_in_time() -> None:
+    """Issue 26: a 7B spec over 64 GPUs used to rank six layouts at one identical time."""
+    ranked = plan_json(ROOT / "specs" / "mistral-7b.yaml", "--gpus", 64, "--search", "--top", 6,
+                       "--seq", 4096, "--global-batch", 256)
+    times = [r["step"]["time_s"] for r in ranked]
+    assert times == sorted(times)
+    shapes = {(r["layout"]["tp"], r["layout"]["pp"], r["layout"]["micro_batch"],
+               r["layout"]["recompute"]): r["step"]["time_s"] for r in ranked}
+    assert len(set(shapes.values())) == len(shapes)  # different work, different time
+    assert all(math.isfinite(t) and t > 0 for t in times)
+
+
+def test_interleaved_activations_formula_gives_the_plans_number(gpt) -> None:
+    """The formulas' m is the interleaved warm-up's micro-batches in flight (fractional)."""
+    import sympy
+
+    result = plan(gpt, Layout(tp=8, pp=4, dp=1, vpp=2, global_batch=16, seq=2048), H100)
+    values = {k: v["value"] for k, v in result["formula_symbols"].items()}
+    assert values["m"] == pytest.approx((3 * 2 + 4 + 1) / 2)
+    names = {k: sympy.Symbol(k) for k in values}
+    formula = sympy.sympify(result["formulas"]["per_rank.memory.activations"], locals=names)
+    got = float(formula.subs({names[k]: v for k, v in values.items()}))
+    assert got == pytest.approx(result["per_rank"]["memory"]["activations"], abs=8 * 16)
+
+
+def test_search_tries_interleaving_where_megatron_allows_it() -> None:
+    from tfgraph.parallel.search import _chunks
+
+    assert _chunks(96, 8, 16) == [1, 2, 4]  # 12 layers per stage, 16 micro-batches
+    assert _chunks(96, 8, 12) == [1]  # micro-batches not a multiple of pp
+    assert _chunks(126, 16, 32) == [1]  # unequal stages (7 and 8 layers)
+    assert _chunks(24, 8, 8) == [1]  # 3 layers per stage
+    assert _chunks(96, 1, 16) == [1]  # no pipeline

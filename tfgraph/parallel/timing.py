@@ -1,0 +1,556 @@
+"""Step time of a layout from the graph: each op's time on one rank, then the pipeline schedule,
+the collectives and what overlaps what (``tfgraph plan``'s ``step.time_s``).
+
+Compute, per op of the lowered training graph (forward, backward, what recompute runs again),
+split as tensor and sequence parallelism split it (``tfgraph.parallel.placement``,
+``sequence_plan``): time = max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth), the
+roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
+- a projection (``linear``) is a GEMM of M tokens x N outputs x K inputs (a column-parallel one
+  N / t, a row-parallel one K / t); backward is two GEMMs, the input's gradient (M x K, inner N)
+  and the weight's (N x K, inner M). Its rate is ``matmul_fraction`` x peak x the share of the
+  GPU its output tiles keep busy: ``gemm_efficiency``, tiles of TILE x TILE run in waves over
+  the SMs, the last wave partly idle (wave and tile quantization, NVIDIA's "Matrix
+  Multiplication Background User's Guide");
+- fused attention (FlashAttention) runs the scores its causal mask keeps
+  (``passes.effective.read_fraction``) at ``attention_fraction`` x peak; its backward does 2.5x
+  the forward's FLOPs (five GEMMs against two, Dao 2023 §3.1.2); ``--attention unfused`` runs
+  the two batched GEMMs (QK^T over the head dimension, then the weights times V) over the whole
+  score matrix and moves the score tensor through the softmax (read + write forward; read the
+  weights and their gradient, write the scores' gradient backward), as Megatron-LM's
+  ``FusedScaleMaskSoftmax`` does;
+- routed experts: the GEMMs of each expert on its share of the routed tokens (M = tokens x
+  top-k / experts, N = hidden / t, K = d);
+- every other op is memory-bound: it reads its operands (parameters too) and writes its output
+  (backward: reads the output's gradient and the operands, writes the operands' gradients:
+  twice the bytes), its arithmetic at ``vector_flops``.
+Under full recompute a layer's forward runs again before its backward; selective recompute
+reruns the attention cores (Korthikanti et al. 2022 §5).
+
+Communication, from bytes, link bandwidth and latency: a ring all-reduce of n bytes over k
+ranks takes 2 (k - 1) / k x n / bandwidth + 2 (k - 1) latency steps; a reduce-scatter or an
+all-gather half of that (Patarasuk & Yuan 2009; NCCL's ring). Bandwidth is
+``LINK_EFFICIENCY`` of NVLink inside a node of ``per_node`` GPUs, of the GPU's NIC between
+nodes; ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group of
+span ranks stays in a node when span <= per_node. Overlap rules:
+- tensor-parallel collectives (and the vocabulary reductions, and the MoE all-to-all) are
+  exposed: they sit between the GEMMs that need them (Megatron-LM without its TP-comm overlap);
+  full recompute repeats the forward ones;
+- data parallel, ZeRO 0-2: the gradients' all-reduce (reduce-scatter) runs under the backward
+  pass of the last micro-batch, bucket by bucket; what exceeds that backward, and at least the
+  last bucket (``BUCKET_ELEMENTS``), is exposed (PyTorch DDP / Megatron-LM
+  ``overlap_grad_reduce``: earlier micro-batches only accumulate). ZeRO 1-2 gather the updated
+  16-bit weights under the next step's first forward (``overlap_param_gather``), the first
+  bucket exposed;
+- ZeRO 3 (FSDP): every micro-batch gathers each layer's weights in forward and backward and
+  reduce-scatters its gradients, prefetched under the previous layer's compute (FSDP's
+  forward/backward prefetch): exposed is what exceeds the compute, plus the first layer's
+  gather;
+- pipeline: 1F1B (Narayanan et al. 2021 §2.2.1): the step is (m + p - 1) slots of the slowest
+  stage's forward + backward of one micro-batch, a bubble of (p - 1) / m; interleaved 1F1B with
+  v model chunks per stage (``--vpp``, §2.2.2): (p - 1) / (m v), each micro-batch crossing v
+  times as many boundaries. Point-to-point sends are exposed, two per boundary crossing
+  (activation forward, gradient backward); between nodes each of the t ranks sends 1/t of the
+  boundary over its own NIC and the stage all-gathers it over NVLink (the scatter-gather of
+  §4.1), with sequence parallelism each rank's rows already are that 1/t;
+- gradient accumulation: every micro-batch's weight gradients (16-bit, as the GEMMs write them)
+  are added into the rank's gradient buffer (Megatron-LM's ``main_grad``, PyTorch's ``.grad``):
+  a memory-bound pass reading them and the buffer and writing the buffer;
+- the optimizer step reads the rank's weights, gradients and optimizer states and writes the
+  weights and optimizer states, memory-bound, after everything else.
+
+Precondition: ``layout.check`` passed; ``figures`` are the planner's stages. Postcondition: the
+graph keeps memoised per-unit work lists and their times; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import sympy
+
+from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.parallel.gpus import Gpu
+from tfgraph.parallel.layout import Layout, state_bytes
+from tfgraph.parallel.memory import States
+from tfgraph.parallel.units import sequence_plan, units
+from tfgraph.parallel.sequence_plan import ROWS_KINDS
+from tfgraph.passes import cost
+from tfgraph.passes.effective import read_fraction
+from tfgraph.graph.ops import OPS
+
+TILE = 128
+"""Output tile edge of a cuBLAS tensor-core GEMM (128 x 128 is the NVIDIA guide's example
+tile; Hopper's larger ones only coarsen the quantization)."""
+PIPELINE_K = 128
+"""Inner-dimension length a tile's software pipeline spends filling and draining: a
+multistage tensor-core GEMM loads ``stages`` slices of ``BK`` of K before its first MMA and
+writes its tile after the last (CUTLASS's Ampere GEMMs: 4 stages x BK 32). A GEMM over K runs
+at K / (K + PIPELINE_K) of its steady rate: 0.43 at an attention head's K = 96, 0.95 at a
+hidden size of 2304."""
+LINK_EFFICIENCY = 0.8
+"""Share of a link's bandwidth NCCL's ring collectives reach (bus bandwidth of nccl-tests'
+all_reduce_perf on DGX A100 / H100: about 230 of 300 and 370 of 450 GB/s over NVLink)."""
+NVLINK_LATENCY = 1e-6
+"""Seconds per ring step inside a node (NCCL's tuning model, Simple protocol over NVLink)."""
+NET_LATENCY = 5e-6
+"""Seconds per ring step between nodes (InfiniBand / RoCE, NCCL's tuning model)."""
+BUCKET_ELEMENTS = 40_000_000
+"""Gradient elements per data-parallel bucket (Megatron-LM's default bucket size)."""
+MAMF_K = 8192
+"""K of the large GEMMs the MAMF figures come from (their sweeps peak at K of several
+thousand)."""
+ATTENTION_BACKWARD = 2.5
+"""FlashAttention's backward FLOPs over its forward's (Dao 2023 §3.1.2: five GEMMs to two)."""
+
+ASSUMPTIONS: dict[str, str] = {
+    "compute": "per op max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth); GEMMs at "
+               "the GPU's MAMF share of peak x wave/tile efficiency (128 x 128 tiles over the "
+               "SMs) x K / (K + 128) pipeline fill, backward = 2 GEMMs (input and weight gradients); fused attention at the "
+               "FlashAttention-2 share of peak over the scores the causal mask keeps, backward "
+               "2.5x its FLOPs; unfused attention as two batched GEMMs + the softmax's score "
+               "traffic; other ops memory-bound (backward moves twice the bytes)",
+    "recompute": "full: each layer's forward again before its backward (and its forward "
+                 "tensor-parallel all-reduces); selective: the attention cores' forward",
+    "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
+                   "and reduce-scatter (n-1)/n; links at 80% (NCCL bus bandwidth): NVLink "
+                   "inside a node, the GPU's NIC between nodes; latency 1 us (NVLink), 5 us "
+                   "(network) per ring step; rank order tensor, data, pipeline",
+    "tensor_parallel": "all-reduces (reduce-scatter + all-gather with --sp), vocabulary "
+                       "reductions and expert all-to-all exposed (not overlapped)",
+    "data_parallel": "ZeRO 0-2: gradient all-reduce / reduce-scatter under the last "
+                     "micro-batch's backward, the excess and at least the last 40M-element "
+                     "bucket exposed; ZeRO 1-2 weight all-gather under the next step's first "
+                     "forward, the first bucket exposed; ZeRO 3: gathers and reduce-scatters "
+                     "every micro-batch prefetched under compute, the excess and the first "
+                     "layer's gather exposed",
+    "pipeline": "1F1B: (m + p - 1) slots of the slowest stage, bubble (p - 1)/m; interleaved "
+                "(--vpp v): bubble (p - 1)/(m v); point-to-point sends exposed, 2 per "
+                "boundary crossing (v crossings per stage interleaved), scatter-gather "
+                "between nodes",
+    "grad_accumulation": "each micro-batch's 16-bit weight gradients added into the rank's "
+                         "gradient buffer: read both, write the buffer, memory-bound",
+    "optimizer": "Adam step memory-bound: reads weights, gradients and optimizer states, "
+                 "writes weights and optimizer states",
+}
+
+
+class StageFigures(Protocol):
+    """The planner's per-stage figures this module reads (``planner.StageFigures``)."""
+
+    @property
+    def states(self) -> States: ...
+
+    @property
+    def comm(self) -> dict[str, float]: ...
+
+
+class StageMembers(Protocol):
+    @property
+    def groups(self) -> tuple[tuple[int, int], ...]: ...
+
+
+# ---- rates -----------------------------------------------------------------------------------
+
+def roofline(flops: float, nbytes: float, flop_rate: float, byte_rate: float) -> float:
+    """Seconds of a kernel: the longer of its arithmetic and its memory traffic."""
+    return max(flops / flop_rate, nbytes / byte_rate)
+
+
+def gemm_efficiency(m: float, n: float, gpu: Gpu, batch: float = 1) -> float:
+    """Share of the SMs' tile slots a GEMM's (batch x) M x N output fills: ceil-rounded tiles of
+    TILE x TILE run in waves of ``gpu.sms``; the partial tiles and the last wave's idle SMs are
+    lost (wave and tile quantization)."""
+    tiles = math.ceil(m / TILE) * math.ceil(n / TILE) * batch
+    waves = math.ceil(tiles / gpu.sms)
+    return (m * n * batch) / (waves * gpu.sms * TILE * TILE)
+
+
+def k_efficiency(k: float) -> float:
+    """Share of a tile's time spent on its K loop rather than filling and draining the
+    pipeline: K / (K + PIPELINE_K)."""
+    return k / (k + PIPELINE_K)
+
+
+def gemm_time(m: float, n: float, k: float, gpu: Gpu, peak: float, elem: int,
+              batch: float = 1) -> float:
+    """Seconds of a (batched) GEMM C[M, N] = A[M, K] B[K, N] in elements of ``elem`` bytes.
+    ``matmul_fraction`` is measured on large-K GEMMs (K >= 4096, k_efficiency >= 0.97): the
+    fill and drain it already holds is not counted twice."""
+    if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
+        return 0.0
+    rate = (peak * gpu.matmul_fraction * gemm_efficiency(m, n, gpu, batch)
+            * min(1.0, k_efficiency(k) / k_efficiency(MAMF_K)))
+    nbytes = (m * k + k * n + m * n) * batch * elem
+    return roofline(2 * m * n * k * batch, nbytes, rate, gpu.bandwidth * gpu.memory_fraction)
+
+
+def ring_time(nbytes: float, ranks: int, reduce: bool, bandwidth: float, latency: float
+              ) -> float:
+    """Seconds of a ring all-reduce (``reduce``) or all-gather / reduce-scatter of ``nbytes``
+    (the whole tensor) over ``ranks``."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    factor = 2.0 if reduce else 1.0
+    return factor * ((ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * latency)
+
+
+def link(gpu: Gpu, span: int) -> tuple[float, float]:
+    """(bandwidth, latency per ring step) of a group of ``span`` consecutive ranks."""
+    if span <= gpu.per_node:
+        return gpu.intra_node * LINK_EFFICIENCY, NVLINK_LATENCY
+    return gpu.inter_node * LINK_EFFICIENCY, NET_LATENCY
+
+
+def bubble(pp: int, microbatches: int, vpp: int) -> float:
+    """Pipeline bubble over the ideal time: (p - 1) / (m v) (v = 1: plain 1F1B)."""
+    return (pp - 1) / (microbatches * vpp)
+
+
+# ---- per-op work -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Work:
+    """One op's forward work, sympy expressions in B, S, T (evaluated per micro-batch size).
+
+    ``kind``: "gemm" (dims M, N, K; ``split`` "N", "K" or "" for what tensor parallelism
+    divides), "attention" (fused: ``flops`` the scores kept; unfused: two batched GEMMs over
+    ``dims`` (batch x heads, Sq, Sk) with ``extra`` the head dim and ``nbytes`` one score
+    tensor), "experts" (dims tokens x top-k / experts, hidden, d; ``extra`` the experts),
+    "memory" (``split`` "t" by features, "rows" by the sequence under --sp, "" whole)."""
+
+    kind: str
+    flops: sympy.Expr
+    nbytes: sympy.Expr
+    dims: tuple[sympy.Expr, ...] = ()
+    split: str = ""
+    extra: sympy.Expr = sympy.Integer(0)
+    dense_flops: sympy.Expr = sympy.Integer(0)
+
+
+def _prod(shape: Sequence[Any]) -> sympy.Expr:
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+def unit_work(graph: Graph) -> list[list[Work]]:
+    """Every unit's ops as ``Work`` (memoised)."""
+    return graph.memo("parallel_work", lambda: _unit_work(graph))
+
+
+def _alike(graph: Graph) -> list[int]:
+    """For each unit, the first unit with the same work (identical layers are timed once;
+    memoised)."""
+    def make() -> list[int]:
+        first: dict[tuple[Work, ...], int] = {}
+        return [first.setdefault(tuple(items), i) for i, items in enumerate(unit_work(graph))]
+    found: list[int] = graph.memo("parallel_work_alike", make)
+    return found
+
+
+def _unit_work(graph: Graph) -> list[list[Work]]:
+    all_units, placement, _ = units(graph)
+    sequence = sequence_plan(graph)[0]
+    costs = {c.node: c for c in cost.op_costs(graph)}
+    out = []
+    for unit in all_units:
+        items = []
+        for name in unit.ops:
+            node = graph.node(name)
+            c = costs[name]
+            flops = sympy.sympify(c.matmul + c.other)
+            where = placement.of[name] if placement is not None else "R"
+            operands = [graph.node(i) for i in node.inputs]
+            moved = cost.total([o.type.nbytes for o in operands] + [node.type.nbytes])
+            if node.op == "linear":
+                x, w = operands[0].type, operands[1].attrs["shape"]
+                dims = (_prod(x.shape[:-1]), sympy.Integer(w[0]), sympy.Integer(w[1]))
+                split = {"S": "N", "P": "K"}.get(where, "")
+                items.append(Work("gemm", flops, moved, dims, split))
+            elif node.op == "attention":
+                q, k = operands[0].type, operands[1].type
+                heads, head_dim = node.attrs["heads"], node.attrs["head_dim"]
+                kept = read_fraction(graph, name)
+                fused_flops = flops * kept if kept is not None else flops
+                scores = cost.total([OPS[node.op].temp([o.type for o in operands], node.type,
+                                                       node.attrs)])
+                dims = (_prod(q.shape[:-2]) * heads if len(q.shape) > 3
+                        else q.shape[0] * heads, q.shape[1], k.shape[1])
+                items.append(Work("attention", fused_flops, scores, tuple(
+                    sympy.sympify(d) for d in dims), "t" if where == "S" else "",
+                    sympy.Integer(head_dim), flops))
+            elif node.op == "experts":
+                experts, hidden, d = operands[-2].attrs["shape"]
+                tokens = _prod(operands[0].type.shape[:-1]) * node.attrs["top_k"]
+                items.append(Work("experts", flops, moved, (tokens / experts,
+                                  sympy.Integer(hidden), sympy.Integer(d)),
+                                  "N" if where in ("S", "P") else "", sympy.Integer(experts)))
+            else:
+                if where == "S":
+                    split = "t"
+                elif sequence is not None and sequence.kind.get(name) in ROWS_KINDS:
+                    split = "rows"
+                else:
+                    split = ""
+                items.append(Work("memory", flops, moved, (), split))
+        out.append(items)
+    return out
+
+
+@dataclass(frozen=True)
+class UnitTime:
+    """Seconds one micro-batch spends in a unit on one rank."""
+
+    forward: float
+    backward: float
+    attention_forward: float
+    """The attention cores' forward (what selective recompute runs again)."""
+
+
+def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str) -> list[UnitTime]:
+    """Every unit's times at the layout's micro-batch, length and splits (memoised per what
+    they depend on: a search asks for the same few combinations many times)."""
+    table: dict[tuple[Any, ...], list[UnitTime]] = graph.memo("parallel_unit_times", dict)
+    key = (layout.micro_batch, layout.seq, layout.tp, layout.sp, attention, gpu, layout.dtype)
+    if key not in table:
+        sizes = {SYMBOLS["B"]: layout.micro_batch, SYMBOLS["S"]: layout.seq,
+                 SYMBOLS["T"]: layout.seq}
+        peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
+        elem = 4 if layout.dtype == "float32" else 2
+        work = unit_work(graph)
+        seen: dict[int, UnitTime] = {}
+        out = []
+        for rep in _alike(graph):
+            if rep not in seen:
+                seen[rep] = _unit_time(work[rep], sizes, layout, gpu, peak, elem, attention)
+            out.append(seen[rep])
+        table[key] = out
+    return table[key]
+
+
+def _num(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> float:
+    return float(sympy.sympify(expr).xreplace(sizes))
+
+
+def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout, gpu: Gpu,
+               peak: float, elem: int, attention: str) -> UnitTime:
+    t = layout.tp
+    bandwidth = gpu.bandwidth * gpu.memory_fraction
+    forward = backward = attn = 0.0
+    for w in items:
+        if w.kind == "gemm":
+            m, n, k = (_num(d, sizes) for d in w.dims)
+            n, k = (n / t, k) if w.split == "N" else (n, k / t) if w.split == "K" else (n, k)
+            forward += gemm_time(m, n, k, gpu, peak, elem)
+            backward += gemm_time(m, k, n, gpu, peak, elem) + gemm_time(n, k, m, gpu, peak,
+                                                                         elem)
+        elif w.kind == "attention":
+            div = t if w.split == "t" else 1
+            batch, sq, sk = (_num(d, sizes) for d in w.dims)
+            batch /= div
+            if attention == "fused":
+                work = _num(w.flops, sizes) / div
+                eff = gemm_efficiency(sq, batch * TILE, gpu)  # query tiles x (batch, head)
+                fwd = work / (peak * gpu.attention_fraction * eff)
+                bwd = ATTENTION_BACKWARD * fwd
+            else:
+                hd = _num(w.extra, sizes)
+                scores = _num(w.nbytes, sizes) / div
+                qk = gemm_time(sq, sk, hd, gpu, peak, elem, batch)
+                pv = gemm_time(sq, hd, sk, gpu, peak, elem, batch)
+                fwd = qk + pv + 2 * scores / bandwidth
+                bwd = 2 * (qk + pv) + 3 * scores / bandwidth
+            forward += fwd
+            backward += bwd
+            attn += fwd
+        elif w.kind == "experts":
+            m, n, k = (_num(d, sizes) for d in w.dims)
+            experts = _num(w.extra, sizes)
+            n = n / t if w.split == "N" else n
+            per = _num(w.flops, sizes) / t if w.split == "N" else _num(w.flops, sizes)
+            eff = gemm_efficiency(m, n, gpu, experts)
+            fwd = per / (peak * gpu.matmul_fraction * eff) if per else 0.0
+            forward += fwd
+            backward += 2 * fwd
+        else:
+            div = t if w.split == "t" or (w.split == "rows" and layout.sp) else 1
+            flops, nbytes = _num(w.flops, sizes) / div, _num(w.nbytes, sizes) / div
+            fwd = roofline(flops, nbytes, gpu.vector_flops, bandwidth)
+            forward += fwd
+            backward += 2 * fwd
+    return UnitTime(forward, backward, attn)
+
+
+# ---- the step --------------------------------------------------------------------------------
+
+def _unit_comm(graph: Graph, layout: Layout) -> list[tuple[float, float, float, float]]:
+    """Per unit, bytes of one micro-batch: (forward all-reduces, backward all-reduces,
+    vocabulary reductions, tokens one MoE exchange moves), whole tensors."""
+    table: dict[tuple[int, int], list[tuple[float, float, float, float]]] = graph.memo(
+        "parallel_unit_comm", dict)
+    key = (layout.micro_batch, layout.seq)
+    if key not in table:
+        sizes = {SYMBOLS["B"]: layout.micro_batch, SYMBOLS["S"]: layout.seq,
+                 SYMBOLS["T"]: layout.seq}
+        table[key] = [(_num(u.tp_forward, sizes), _num(u.tp_backward, sizes),
+                       _num(u.vocab_reduce, sizes), _num(u.a2a, sizes))
+                      for u in units(graph)[0]]
+    return table[key]
+
+
+def _collectives(graph: Graph, layout: Layout) -> list[tuple[int, int, int]]:
+    """Per unit, how many (forward, backward, vocabulary) collectives one micro-batch runs
+    (for their latency)."""
+    def make() -> list[tuple[int, int, int]]:
+        _, placement, _ = units(graph)
+        if placement is None:
+            return [(0, 0, 0) for _ in units(graph)[0]]
+        forward = set(placement.forward_reduce)
+        readers = set(placement.backward_reduce.values())
+        vocab = set(placement.vocab_reduce)
+        return [(sum(n in forward for n in u.ops), sum(n in readers for n in u.ops),
+                 sum(n in vocab for n in u.ops)) for u in units(graph)[0]]
+    found: list[tuple[int, int, int]] = graph.memo("parallel_collectives", make)
+    return found
+
+
+def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
+              members: Sequence[StageMembers], figures: Sequence[StageFigures],
+              boundaries: Sequence[float]) -> dict[str, Any]:
+    """The step's time on the slowest stage and its parts (see the module docstring).
+
+    ``members``: the stages' folded units; ``figures``: their planner figures (states);
+    ``boundaries``: bytes one rank holds of what crosses from each stage into the next."""
+    all_units = units(graph)[0]
+    times = unit_times(graph, layout, gpu, attention)
+    comm = _unit_comm(graph, layout)
+    counts = _collectives(graph, layout)
+    t, p, d, m, v = layout.tp, layout.pp, layout.dp, layout.microbatches, layout.vpp
+    tp_bw, tp_lat = link(gpu, t)
+    ep_bw, ep_lat = link(gpu, t * layout.ep)
+    elem = 4 if layout.dtype == "float32" else 2
+    mem_bw = gpu.bandwidth * gpu.memory_fraction
+    slots = []
+    # a deep pipeline's middle stages are alike: their slot is worked out once
+    seen: dict[tuple[StageMembers, float, States], dict[str, float]] = {}
+    for s, group in enumerate(members):
+        # a stage receives its input and sends its output: the larger boundary is its share
+        edge = max([boundaries[j] for j in (s - 1, s) if 0 <= j < len(boundaries)],
+                   default=0.0)
+        held = figures[s].states
+        key = (group, edge, held)
+        if key in seen:
+            slots.append(seen[key])
+            continue
+        fwd = bwd = rec = tp_time = ep_time = 0.0
+        for i, count in group.groups:
+            ut, (f_b, b_b, voc, a2a), (nf, nb, nv) = times[i], comm[i], counts[i]
+            fwd += ut.forward * count
+            bwd += ut.backward * count
+            full = layout.recompute == "full" and all_units[i].is_layer
+            if full:
+                rec += ut.forward * count
+            elif layout.recompute == "selective":
+                rec += ut.attention_forward * count
+            # a forward all-reduce of n bytes per P node, a backward one per reader
+            per_f = f_b / nf if nf else 0.0
+            per_b = b_b / nb if nb else 0.0
+            tp_mb = (nf * ring_time(per_f, t, True, tp_bw, tp_lat)
+                     + nb * ring_time(per_b, t, True, tp_bw, tp_lat)
+                     + nv * ring_time(voc / nv if nv else 0.0, t, True, tp_bw, tp_lat))
+            if full:
+                tp_mb += nf * ring_time(per_f, t, True, tp_bw, tp_lat)
+            tp_time += tp_mb * count
+            ep_time += 4 * ring_time(a2a, layout.ep, False, ep_bw, ep_lat) * count
+        crossings = 2 * v if p > 1 else 0
+        pp_time = crossings * _p2p(edge, layout, gpu)
+        accumulate = (held.unsharded * elem + 2 * held.gradients) / mem_bw
+        seen[key] = {"forward": fwd, "backward": bwd, "recompute": rec, "tp": tp_time,
+                     "ep": ep_time, "pp": pp_time, "accumulate": accumulate}
+        slots.append(seen[key])
+    slot = [x["forward"] + x["backward"] + x["recompute"] + x["tp"] + x["ep"] + x["pp"]
+            + x["accumulate"] for x in slots]
+    slowest = max(range(len(slot)), key=lambda i: slot[i])
+    pipe = slot[slowest] * (m + (p - 1) / v)
+    exposed: dict[tuple[States, int], float] = {}
+    for s in range(len(members)):
+        key_dp = (figures[s].states, id(slots[s]))
+        if key_dp not in exposed:
+            exposed[key_dp] = _dp_exposed(layout, gpu, figures[s].states, slots[s],
+                                          sum(c for _, c in members[s].groups), elem)
+    dp_exposed = max(exposed.values())
+    optimizer = max(_optimizer_time(f.states, mem_bw) for f in figures)
+    total = pipe + dp_exposed + optimizer
+    x = slots[slowest]
+    return {
+        "time_s": total,
+        "bubble": bubble(p, m, v),
+        "time_parts": {
+            "forward": x["forward"] * m, "backward": x["backward"] * m,
+            "grad_accumulation": x["accumulate"] * m,
+            "recompute": x["recompute"] * m, "tp_exposed": x["tp"] * m,
+            "ep_exposed": x["ep"] * m, "pp_exposed": x["pp"] * m,
+            "bubble": slot[slowest] * (p - 1) / v, "dp_exposed": dp_exposed,
+            "optimizer": optimizer, "slowest_stage": slowest,
+        },
+    }
+
+
+def _p2p(nbytes: float, layout: Layout, gpu: Gpu) -> float:
+    """Seconds to send a stage boundary (``nbytes`` held by each rank) to the next stage."""
+    if nbytes <= 0:
+        return 0.0
+    t = layout.tp
+    span = t * layout.dp * layout.pp
+    if span <= gpu.per_node:  # the whole pipeline in one node: NVLink
+        return nbytes / (gpu.intra_node * LINK_EFFICIENCY) + NVLINK_LATENCY
+    if layout.sp or t == 1:  # each rank's rows are its 1/t already
+        return nbytes / (gpu.inter_node * LINK_EFFICIENCY) + NET_LATENCY
+    bw, lat = link(gpu, t)
+    return (nbytes / t / (gpu.inter_node * LINK_EFFICIENCY) + NET_LATENCY
+            + ring_time(nbytes, t, False, bw, lat))
+
+
+def grad_bytes(layout: Layout) -> int:
+    """Bytes per gradient element the data-parallel reduction moves: the gradients as they are
+    kept (``layout.state_bytes`` of the --states convention; ZeRO-3's fp32 shards), the bytes
+    ``planner._dp_bytes`` counts."""
+    return 4 if layout.zero >= 3 else state_bytes(layout.dtype, layout.states)[1]
+
+
+def _dp_exposed(layout: Layout, gpu: Gpu, s: States, slot: dict[str, float], layers: int,
+                elem: int) -> float:
+    """Seconds of data-parallel traffic the stage cannot hide (the overlap rules)."""
+    d = layout.dp
+    if d <= 1:
+        return 0.0
+    bw, lat = link(gpu, layout.tp * d)
+    exposed = 0.0
+    for elements, ranks in ((s.unsharded - s.expert_unsharded, d),
+                            (s.expert_unsharded, d // layout.ep)):
+        if elements <= 0 or ranks <= 1:
+            continue
+        grads = elements * float(grad_bytes(layout))
+        last = min(1.0, BUCKET_ELEMENTS / elements)
+        if layout.zero == 0:
+            reduce = ring_time(grads, ranks, True, bw, lat)
+            exposed += max(reduce * last, reduce - slot["backward"] - slot["recompute"])
+        elif layout.zero in (1, 2):
+            reduce = ring_time(grads, ranks, False, bw, lat)
+            gather = ring_time(elements * elem, ranks, False, bw, lat)
+            exposed += max(reduce * last, reduce - slot["backward"] - slot["recompute"])
+            exposed += max(gather * last, gather - slot["forward"])
+        else:
+            per_mb = (2 * ring_time(elements * elem, ranks, False, bw, lat)
+                      + ring_time(grads, ranks, False, bw, lat))
+            compute = slot["forward"] + slot["backward"] + slot["recompute"]
+            first = ring_time(elements * elem, ranks, False, bw, lat) / max(layers, 1)
+            exposed += layout.microbatches * (max(0.0, per_mb - compute) + first)
+    return exposed
+
+
+def _optimizer_time(s: States, bandwidth: float) -> float:
+    """Seconds of the Adam step: read weights, gradients, optimizer states; write weights and
+    optimizer states."""
+    return (2 * s.weights + s.gradients + 2 * s.optimizer) / bandwidth
