@@ -10,7 +10,9 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
   and the weight's (N x K, inner M). Its rate is ``matmul_fraction`` x peak x the share of the
   GPU its output tiles keep busy: ``gemm_efficiency``, tiles of TILE x TILE run in waves over
   the SMs, the last wave partly idle (wave and tile quantization, NVIDIA's "Matrix
-  Multiplication Background User's Guide");
+  Multiplication Background User's Guide"), x the share of a tile's time its K loop runs
+  rather than filling and draining its pipeline (``k_efficiency``, relative to the large K the
+  MAMF figures were measured at);
 - fused attention (FlashAttention) runs the scores its causal mask keeps
   (``passes.effective.read_fraction``) at ``attention_fraction`` x peak; its backward does 2.5x
   the forward's FLOPs (five GEMMs against two, Dao 2023 §3.1.2); ``--attention unfused`` runs
