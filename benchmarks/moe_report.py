@@ -1,5 +1,5 @@
-"""Compile + report time of the DeepSeek-V3-sized mixture of experts (specs/deepseek-v3-moe.yaml,
-670B parameters, 256 routed experts + 1 shared, top-8, 3 dense layers) at 16, 61 and 244 layers.
+"""Compile + report time of DeepSeek-V3 (specs/deepseek-v3.yaml, 671B parameters, multi-head
+latent attention, 256 routed experts + 1 shared, top-8, 3 dense layers) at 16, 61 and 244 layers.
 
     python benchmarks/moe_report.py [--repeats 3]
 
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = ROOT / "specs" / "deepseek-v3-moe.yaml"
+SPEC = ROOT / "specs" / "deepseek-v3.yaml"
 LAYERS = (16, 61, 244)
 BATCH, SEQ = 1, 4096
 GOAL_LAYERS, GOAL_SECONDS = 61, 1.0

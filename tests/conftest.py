@@ -25,6 +25,12 @@ def small(spec: Spec, d_model: int = 32, vocab: int = 61, max_layers: int = 2) -
     att.update(heads=heads, kv_heads=max(1, heads // min(group, heads)), head_dim=d_model // heads)
     if spec.attention.head_dim != spec.d_model // spec.attention.heads:
         att["head_dim"] = d_model // heads + 4  # keep "head_dim is not d_model / heads"
+    if att.get("latent") is not None:  # latent attention: small latents, same knobs
+        lat = att["latent"]
+        att["kv_heads"] = heads  # latent attention expands per query head
+        lat.update(kv_rank=16, rope_dim=4, v_head_dim=att["head_dim"] - 2,
+                   q_rank=24 if lat["q_rank"] is not None else None)
+        att["scale"] = None if att["scale"] is None else att["head_dim"] ** -0.5
     data["d_model"] = d_model
     data["ffn"]["hidden"] = 2 * d_model + 8
     if isinstance(spec.layers, StackLayers):
@@ -47,6 +53,9 @@ def small(spec: Spec, d_model: int = 32, vocab: int = 61, max_layers: int = 2) -
             ffn["shared_hidden"] = ffn["shared_experts"] * ffn["expert_hidden"] + (
                 8 if spec.ffn.shared_hidden != spec.ffn.shared_experts * spec.ffn.expert_hidden
                 else 0)  # keep "shared_hidden is not shared_experts * expert_hidden"
+        if ffn.get("router_groups", 1) > 1:  # DeepSeek: 4 groups of 2, the best 2 of them
+            ffn.update(experts=8, router_groups=4, router_top_groups=2,
+                       top_k=min(ffn["top_k"], 4))
         layers = data["layers"] if isinstance(data["layers"], int) else 2
         ffn["dense_layers"] = min(ffn["dense_layers"], layers - 1)
     emb, hd = data["embedding"], att["head_dim"]

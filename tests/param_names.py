@@ -47,7 +47,22 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
             subs = ["self_attn"]
             if spec.arch == "encoder-decoder" and stack == "decoder":
                 subs.append("cross_attn")
-            for sub in subs:
+            lat = att.latent
+            if lat is not None:  # latent attention (decoder-only: self_attn alone)
+                sub, hd, vd = "self_attn", att.head_dim, lat.v_head_dim
+                if lat.q_rank is not None:
+                    out[f"{layer}.{sub}.q_a.weight"] = (lat.q_rank, d)
+                    norm_params(f"{layer}.{sub}.q_a_norm", lat.q_rank)
+                    out[f"{layer}.{sub}.q_b.weight"] = (att.heads * hd, lat.q_rank)
+                else:
+                    out[f"{layer}.{sub}.q.weight"] = (att.heads * hd, d)
+                out[f"{layer}.{sub}.kv_a.weight"] = (lat.kv_rank + lat.rope_dim, d)
+                norm_params(f"{layer}.{sub}.kv_a_norm", lat.kv_rank)
+                out[f"{layer}.{sub}.kv_b.weight"] = (
+                    att.heads * (hd - lat.rope_dim + vd), lat.kv_rank)
+                linear(f"{layer}.{sub}.o", att.heads * vd, d,
+                       att.bias if att.out_bias is None else att.out_bias)
+            for sub in subs if lat is None else []:
                 hq, hkv = att.heads * att.head_dim, att.kv_heads * att.head_dim
                 qkv_bias = att.bias if att.qkv_bias is None else att.qkv_bias
                 out_bias = att.bias if att.out_bias is None else att.out_bias
@@ -66,6 +81,8 @@ def expected_params(spec: Spec) -> dict[str, tuple[int, ...]]:
                 # mixture of experts: router, stacked routed experts, shared experts
                 e, h = ffn.experts, ffn.expert_hidden
                 out[f"{layer}.ffn.router.weight"] = (e, d)
+                if str(ffn.router).startswith("sigmoid"):  # DeepSeek-V3's selection bias
+                    out[f"{layer}.ffn.router.correction_bias"] = (e,)
                 for role in ("gate", "up") if gated else ("up",):
                     out[f"{layer}.ffn.experts.{role}.weight"] = (e, h, d)
                 out[f"{layer}.ffn.experts.down.weight"] = (e, d, h)

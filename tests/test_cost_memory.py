@@ -26,6 +26,8 @@ def test_weights_kv_cache_and_train_step_closed_forms(path):
     assert mem["weights"] == params * nbytes
 
     per_token = 2 * att.kv_heads * att.head_dim * nbytes  # K and V of one position, one layer
+    if att.latent is not None:  # latent attention caches its latent and its rotary key
+        per_token = (att.latent.kv_rank + att.latent.rope_dim) * nbytes
     if spec.arch == "decoder-only":  # a sliding-window layer keeps its last W positions
         kv = sum(3 * (min(20, att.window) if spec.layer_is_local(i) and att.window else 20)
                  * per_token for i in range(spec.layer_count("decoder")))

@@ -378,7 +378,8 @@ def hf_generate(ref: Any, prompt: list[int], seq2seq: bool, steps: int, eos: int
     return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2", "t5", "bart", "mistral-window"])
+@pytest.fixture(scope="module", params=["llama", "gpt2", "t5", "bart", "mistral-window",
+                                        "deepseek_v3", "deepseek_v2"])
 def hf_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
               ) -> tuple[Path, Any, bool, int]:
     """A tiny Hugging Face model saved with save_pretrained, its EOS set to a token its

@@ -292,11 +292,11 @@ def test_float16_as_accurate_as_transformers(family: str, tmp_path: Path) -> Non
 # test below keeps the list honest. tiny-moe's topk_softmax router is Mixtral's
 # softmax-then-renormalise in value, and exports as Mixtral.
 EXPORTABLE = ["tiny-bart", "tiny-bert", "tiny-bf16", "tiny-cohere", "tiny-cohere2",
-              "tiny-decoder",
+              "tiny-decoder", "tiny-deepseek-v3",
               "tiny-falcon", "tiny-fp16", "tiny-gemma",
               "tiny-gemma2", "tiny-gemma3", "tiny-gptj", "tiny-granite", "tiny-llama",
               "tiny-llama3", "tiny-mistral", "tiny-moe", "tiny-mpt", "tiny-nemotron", "tiny-neox",
-              "tiny-olmo", "tiny-olmo2", "tiny-olmoe", "tiny-phimoe",
+              "tiny-mla", "tiny-olmo", "tiny-olmo2", "tiny-olmoe", "tiny-phimoe",
               "tiny-opt", "tiny-phi", "tiny-pythia", "tiny-qwen2", "tiny-qwen2-moe",
               "tiny-qwen3", "tiny-t5", "tiny-yarn"]
 

@@ -47,6 +47,14 @@ LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atte
              rms_norm_eps=1e-6, **COMMON)
 
 
+# DeepSeek: multi-head latent attention (head_dim 16 + 8 rotary, values 12), 8 experts of 16
+# in 4 groups with one shared, one dense first layer
+DEEPSEEK = dict(LLAMA, num_key_value_heads=4, num_hidden_layers=3, kv_lora_rank=32,
+                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
+                num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
+                first_k_dense_replace=1)
+
+
 @dataclass
 class Case:
     config: str
@@ -56,6 +64,9 @@ class Case:
     frozen: tuple[str, ...] = ()  # parameter name suffixes that are fixed tables, not weights
     moe: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # checkpoint tensors transformers keeps as buffers (DeepSeek-V3's e_score_correction_bias):
+    # tfgraph parameters, randomised here like the weights
+    buffers: tuple[str, ...] = ()
 
 
 CASES: dict[str, Case] = {
@@ -102,6 +113,16 @@ CASES: dict[str, Case] = {
         LLAMA, head_dim=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
         use_sliding_window=False), moe=True),
+    "deepseek_v3": Case("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        DEEPSEEK, q_lora_rank=48, n_group=4, topk_group=2, norm_topk_prob=True,
+        routed_scaling_factor=2.5, rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
+        moe=True, buffers=("e_score_correction_bias",)),
+    "deepseek_v2": Case("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        DEEPSEEK, q_lora_rank=None, topk_method="group_limited_greedy", n_group=4,
+        topk_group=2, routed_scaling_factor=1.5), moe=True),
     "qwen3": Case("Qwen3Config", "Qwen3ForCausalLM", dict(
         LLAMA, head_dim=24, tie_word_embeddings=True, use_sliding_window=False)),
     "olmo2": Case("Olmo2Config", "Olmo2ForCausalLM", dict(LLAMA, tie_word_embeddings=False)),
@@ -273,6 +294,7 @@ _SEED_ORDER = [
     "ministral", "arcee", "granitemoe", "mpt", "olmo", "cohere2", "falcon-new", "falcon-new-one-norm", "phimoe",
     "roberta", "xlm-roberta",
     "modernbert",
+    "deepseek_v3", "deepseek_v2",
 ]
 
 
@@ -292,6 +314,10 @@ def build_reference(case: Case, seed: int) -> nn.Module:
         for n, p in model.named_parameters():
             if n in fixed:
                 p.copy_(fixed[n])
+        gen = torch.Generator().manual_seed(seed)
+        for n, b in model.named_buffers():  # checkpoint buffers: random, so they count
+            if case.buffers and n.endswith(case.buffers):
+                b.copy_(torch.randn(b.shape, generator=gen) * 0.1)
     return model
 
 
@@ -336,8 +362,10 @@ def test_family_matches_hugging_face(family: str, tmp_path: Path) -> None:
     graph = tfgraph.compile(spec)
     kwargs, feeds = inputs(spec, case.kind)
 
-    # parameters: the checkpoint's trainable tensors
-    assert graph.report()["params"] == trainable(ref, case.frozen)
+    # parameters: the checkpoint's trainable tensors (and the buffers it stores as weights)
+    buffers = sum(b.numel() for n, b in ref.named_buffers()
+                  if case.buffers and n.endswith(case.buffers))
+    assert graph.report()["params"] == trainable(ref, case.frozen) + buffers
 
     # matmul FLOPs against FlopCounterMode (eager attention)
     with FlopCounterMode(display=False) as counter, torch.no_grad():

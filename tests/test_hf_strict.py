@@ -213,6 +213,9 @@ _MOOT = {
     # prediction needs labels, determinism concerns flash attention, the cutoff initialisation
     "modernbert": {"local_attention", "sparse_prediction", "sparse_pred_ignore_index",
                    "deterministic_flash_attn", "initializer_cutoff_factor"},
+    "deepseek_v2": {"norm_topk_prob"},  # DeepseekV2TopkRouter never reads it
+    # multi-token prediction modules: DeepseekV3ForCausalLM builds none (they are not loaded)
+    "deepseek_v3": {"num_nextn_predict_layers"},
 }
 
 

@@ -53,13 +53,14 @@ class OnnxCached:
                                             providers=["CPUExecutionProvider"])
         self.past = [i.name for i in self.session.get_inputs()
                      if i.name.startswith("past_key_values")]
-        shape = graph.node(self.past[0]).type.shape
-        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        # (kv_heads, width) per past input: latent attention's keys and values differ
+        self.dims = {n: (int(graph.node(n).type.shape[1]), int(graph.node(n).type.shape[3]))
+                     for n in self.past}
         self.with_positions = "position_ids" in graph.inputs
 
     def empty(self, batch: int) -> dict[str, np.ndarray]:
-        return {n: np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
-                for n in self.past}
+        return {n: np.zeros((batch, heads, 0, width), np.float32)
+                for n, (heads, width) in self.dims.items()}
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]
                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:

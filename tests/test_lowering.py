@@ -46,6 +46,17 @@ def expected_width(spec: Spec, name: str) -> int:
     ffn = ".ffn." in name
     if name in ("logits", "probs", "head.uncapped"):
         return spec.output_vocab
+    lat = att.latent
+    if lat is not None and ".self_attn." in name:  # latent attention's own widths
+        h, hd, rd, vd = att.heads, att.head_dim, lat.rope_dim, lat.v_head_dim
+        widths = {"q_a": lat.q_rank, "q_a_norm": lat.q_rank, "q_b": h * hd, "q": h * hd,
+                  "q_nope": h * (hd - rd), "q_rot": h * rd, "q_rope": h * rd,
+                  "q_heads": h * hd, "kv_a": lat.kv_rank + rd, "latent": lat.kv_rank,
+                  "kv_a_norm": lat.kv_rank, "k_rot": rd, "k_rope": rd,
+                  "kv_b": h * (hd - rd + vd), "k_nope": h * (hd - rd), "v_heads": h * vd,
+                  "k_heads": h * hd, "attention": h * vd}
+        if role in widths:
+            return widths[role]
     if role in ("q", "q_clip", "q_norm", "q_rope", "attention"):
         return att.heads * att.head_dim
     if role in ("k", "v", "k_clip", "v_clip", "k_norm", "k_rope"):

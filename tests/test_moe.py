@@ -221,16 +221,55 @@ def test_mixtral_and_mistral_match_the_reference_parameter_counts() -> None:
     assert f"{rep['params_active']:,}" in (ROOT / "specs" / "mixtral-8x7b.yaml").read_text()
 
 
-def test_deepseek_v3_sized_spec_is_near_671b_total_and_37b_active() -> None:
-    spec = tfgraph.load_spec(ROOT / "specs" / "deepseek-v3-moe.yaml")
-    ffn = spec.ffn
-    assert (spec.layers, spec.d_model, spec.vocab) == (61, 7168, 129280)
-    assert (ffn.experts, ffn.expert_hidden, ffn.shared_experts, ffn.top_k) == (256, 2048, 1, 8)
-    assert (ffn.dense_layers, ffn.hidden) == (3, 18432)
+# deepseek-ai/DeepSeek-V3's config.json, the fields DeepseekV3Config reads (its
+# quantization_config, fp8 weight blocks, is left out: transformers dequantises them).
+DEEPSEEK_V3 = dict(
+    vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+    num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536,
+    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4,
+    routed_scaling_factor=2.5, first_k_dense_replace=3, norm_topk_prob=True,
+    max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    bos_token_id=0, eos_token_id=1, hidden_act="silu", attention_bias=False,
+    rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    rope_theta=10000, torch_dtype="bfloat16")
+
+
+def test_deepseek_v3_spec_is_the_hugging_face_model_on_meta() -> None:
+    """specs/deepseek-v3.yaml: transformers' DeepseekV3ForCausalLM built on the meta device
+    from DeepSeek-V3's config has its parameters, plus the 58 x 256 e_score_correction_bias
+    values it keeps as buffers (tensors of the checkpoint, tfgraph parameters); importing the
+    same config gives the same spec; the counts written in the file are the report's."""
+    import json
+
+    from tfgraph.hf import spec_from_config
+
+    config = transformers.DeepseekV3Config(**DEEPSEEK_V3)
+    with torch.device("meta"):
+        model = transformers.DeepseekV3ForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    buffers = sum(b.numel() for n, b in model.named_buffers()
+                  if n.endswith("e_score_correction_bias"))
+    assert buffers == 58 * 256
+    path = ROOT / "specs" / "deepseek-v3.yaml"
+    spec = tfgraph.load_spec(path)
     rep = tfgraph.compile(spec).report()
-    assert 665e9 < rep["params"] < 677e9 and 35e9 < rep["params_active"] < 39e9
-    text = (ROOT / "specs" / "deepseek-v3-moe.yaml").read_text()
-    assert f"{rep['params']:,}" in text and f"{rep['params_active']:,}" in text
+    assert rep["params"] == params + buffers
+    imported = spec_from_config(json.loads(config.to_json_string()), name="deepseek-v3")
+    same = {"description": ""}
+    assert imported.model_copy(update=same) == spec.model_copy(update=same)
+    text = path.read_text()
+    for count in (rep["params"], params, rep["params_active"]):
+        assert f"{count:,}" in text
+    assert 670e9 < rep["params"] < 672e9 and 37e9 < rep["params_active"] < 38e9
+
+
+def test_deepseek_v3_kv_cache_is_its_latent_and_rotary_key() -> None:
+    """MLA's cache: kv_lora_rank + qk_rope_head_dim values per token and layer (512 + 64),
+    not 2 * heads * head_dim (transformers' DeepseekV3Attention caches the same two)."""
+    rep = tfgraph.compile(ROOT / "specs" / "deepseek-v3.yaml").report(batch=1, seq=4096)
+    assert rep["memory"]["kv_cache"] == 61 * 4096 * (512 + 64) * 2  # bfloat16
 
 
 def test_compare_shows_total_and_active_side_by_side() -> None:

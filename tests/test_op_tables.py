@@ -28,7 +28,8 @@ import tfgraph
 from tfgraph.graph.ir import Graph, LoweringError
 from tfgraph.graph.ops import OPS, Attr, OpDef, SequenceRule, TpRule
 
-OP_MODULES = ("tfgraph.graph.ops", "tfgraph.graph.ops_loss", "tfgraph.graph.ops_moe")
+OP_MODULES = ("tfgraph.graph.ops", "tfgraph.graph.ops_loss", "tfgraph.graph.ops_moe",
+              "tfgraph.graph.ops_latent")
 """Where op facts live (``OPS``, ``NORM_DOCS``, ``NORM_TITLES``, ... are allowed here)."""
 
 # A back end's own row per op: "module.NAME" -> ops it need not cover, with why.

@@ -185,6 +185,9 @@ def test_one_optimizer_step_lowers_the_loss(small_spec: Spec) -> None:
     expected = {n for n, _ in module.named_parameters()}
     if small_spec.attention.normalize == "hardmax":
         expected = {n for n in expected if not (".q." in n or ".k." in n)}
+    # A sigmoid router's correction bias moves only the choice of experts (a top-k), which
+    # has no gradient: DeepSeek-V3 adjusts it by its load-balancing rule, not by backprop.
+    expected = {n for n in expected if not n.endswith(".router.correction_bias")}
     assert expected <= grads, sorted(expected - grads)
     opt.step()
     module.eval()

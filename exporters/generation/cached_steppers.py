@@ -28,15 +28,16 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
     ``session.run`` with numpy arrays (the path before; kept for comparison)."""
     past_inputs = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
     names = [i.name for i in past_inputs]
-    kv_heads, head_dim = int(past_inputs[0].shape[1]), int(past_inputs[0].shape[3])
+    # (kv_heads, width) of each past input: a latent-attention cache's keys and values differ
+    dims = {i.name: (int(i.shape[1]), int(i.shape[3])) for i in past_inputs}
     np_dtype = np.float16 if past_inputs[0].type == "tensor(float16)" else np.float32
     with_positions = any(i.name == "position_ids" for i in session.get_inputs())
     if bind:
-        return _bound_cached(session, names, kv_heads, head_dim, np_dtype, with_positions,
+        return _bound_cached(session, names, dims, np_dtype, with_positions,
                              vocab, max_len, output_probs)
 
     def empty(batch: int) -> dict[str, np.ndarray]:
-        return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
+        return {n: np.zeros((batch, dims[n][0], 0, dims[n][1]), np_dtype) for n in names}
 
     def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
             past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -57,16 +58,17 @@ def session_device(session: Any) -> str:
     return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
 
 
-def _bound_cached(session: Any, names: list[str], kv_heads: int, head_dim: int,
+def _bound_cached(session: Any, names: list[str], dims: dict[str, tuple[int, int]],
                   np_dtype: Any, with_positions: bool, vocab: int, max_len: int | None,
                   output_probs: bool) -> Cached:
-    """onnx_cached's I/O-bound path: past/present as device OrtValues."""
+    """onnx_cached's I/O-bound path: past/present as device OrtValues; ``dims`` the
+    (kv_heads, width) of each past input."""
     device = session_device(session)
     outputs = [o.name for o in session.get_outputs()]
     presents = outputs[1:]
 
     def empty(batch: int) -> dict[str, Any]:  # host arrays, copied in by the binding
-        return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}
+        return {n: np.zeros((batch, dims[n][0], 0, dims[n][1]), np_dtype) for n in names}
 
     def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
             past: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
@@ -108,9 +110,10 @@ def torch_cached(module: Any, vocab: int, max_len: int | None, device: str,
     module = module.to(device)
 
     def empty(batch: int) -> tuple[tuple[Any, Any], ...]:
-        none = torch.zeros((batch, module.kv_heads, 0, module.head_dim), dtype=module.dtype,
-                           device=device)
-        return tuple((none, none) for _ in range(module.cache_layers))
+        key, value = (torch.zeros((batch, module.kv_heads, 0, width), dtype=module.dtype,
+                                  device=device)
+                      for width in (module.head_dim, module.value_dim))
+        return tuple((key, value) for _ in range(module.cache_layers))
 
     def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
             past: Any) -> tuple[np.ndarray, Any]:

@@ -79,6 +79,7 @@ def attention_cached(b: Builder, n: Node) -> str:
     q, k, v, mask = n.inputs[:4]  # (B, S, h*hd), (B, kv, T, hd) x2, (B, T) int64
     bias = n.inputs[4] if len(n.inputs) == 5 else None  # (h, S, T): T5's position bias
     h, kv, hd = int(n.attrs["heads"]), int(n.attrs["kv_heads"]), int(n.attrs["head_dim"])
+    vd = int(n.attrs.get("v_head_dim", hd))  # latent attention's value heads are narrower
     g = h // kv
     scale = n.attrs.get("scale") or 1.0 / math.sqrt(hd)
     # Query heads grouped under their kv head (head j reads kv head j // g): a size-1 group
@@ -105,6 +106,6 @@ def attention_cached(b: Builder, n: Node) -> str:
                    tag="masked")
     normalize = "Hardmax" if n.attrs["normalize"] == "hardmax" else "Softmax"
     weights = b.add(n.name, normalize, [scores], axis=-1)  # (B, kv, g, S, T)
-    out = b.add(n.name, "MatMul", [weights, v5], tag="context")  # (B, kv, g, S, hd)
-    out = b.add(n.name, "Transpose", [out], tag="merge", perm=[0, 3, 1, 2, 4])  # (B,S,kv,g,hd)
-    return b.add(n.name, "Reshape", [out, b.ints([0, 0, h * hd])], n.name, tag="merge_heads")
+    out = b.add(n.name, "MatMul", [weights, v5], tag="context")  # (B, kv, g, S, vd)
+    out = b.add(n.name, "Transpose", [out], tag="merge", perm=[0, 3, 1, 2, 4])  # (B,S,kv,g,vd)
+    return b.add(n.name, "Reshape", [out, b.ints([0, 0, h * vd])], n.name, tag="merge_heads")

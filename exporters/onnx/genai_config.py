@@ -40,6 +40,9 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
                            "(build --kv-cache)")
     layout = info.cache  # the keys/values per layer the generator allocates
     assert layout is not None
+    if layout.v_dim != layout.head_dim:
+        raise TfgraphError(f"{graph.name}: its KV cache keeps keys and values of different "
+                           "widths (latent attention), which genai_config.json cannot describe")
     tokens = tokens or {}
 
     def token(key: str, default: int) -> Any:  # the config's id, else default (genai wants one)

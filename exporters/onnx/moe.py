@@ -49,10 +49,14 @@ def _activation(b: Builder, scope: str, x: str, activation: str) -> str:
     return b.add(scope, "Mul", [y, b.const(scope, "half", 0.5)], tag="half")
 
 
+def _f32(b: Builder, n: Node, x: str, tag: str) -> str:
+    return x if b.dtype == "float32" else b.cast(n.name, x, "float32", tag=tag)
+
+
 def _route(b: Builder, n: Node) -> str:
     logits = n.inputs[0]  # (B, L, E)
     k, router = int(n.attrs["top_k"]), n.attrs["router"]
-    x = logits if b.dtype == "float32" else b.cast(n.name, logits, "float32", tag="to_float32")
+    x = _f32(b, n, logits, "to_float32")
     topk = b.ints([k])
     if router == "sparsemixer":
         out = _sparsemixer(b, n, x, float(n.attrs.get("eps", 0.01)))
@@ -63,11 +67,28 @@ def _route(b: Builder, n: Node) -> str:
         top, index = b.add_outputs(n.name, "TopK", [x, topk], 2, axis=-1)  # (B, L, k)
         weights = b.add(n.name, "Softmax", [top], axis=-1)
     else:
-        probs = b.add(n.name, "Softmax", [x], axis=-1)  # (B, L, E)
-        weights, index = b.add_outputs(n.name, "TopK", [probs, topk], 2, axis=-1)
-        if router == "softmax_topk_renorm":
+        sigmoid = router.startswith("sigmoid")
+        scores = b.add(n.name, "Sigmoid", [x]) if sigmoid \
+            else b.add(n.name, "Softmax", [x], axis=-1)  # (B, L, E)
+        choice = scores
+        if sigmoid:  # DeepSeek-V3: the correction bias moves the choice, not the weights
+            choice = b.add(n.name, "Add", [scores, _f32(b, n, n.inputs[1], "bias_f32")],
+                           tag="corrected")
+        groups = int(n.attrs.get("groups", 1))
+        if groups > 1:
+            choice = _group_limit(b, n, choice, groups, int(n.attrs["top_groups"]), sigmoid)
+        index = b.add_outputs(n.name, "TopK", [choice, topk], 2, tag="choose", axis=-1)[1]
+        weights = b.add(n.name, "GatherElements", [scores, index], tag="weights", axis=-1)
+        if router.endswith("_renorm"):
             total = b.reduce(n.name, "ReduceSum", weights, [-1])
+            if sigmoid:  # DeepSeek-V3 adds 1e-20 to the sum
+                total = b.add(n.name, "Add", [total, b.const(n.name, "tiny", 1e-20, "float32")],
+                              tag="sum_eps")
             weights = b.add(n.name, "Div", [weights, total], tag="renorm")
+    scale = float(n.attrs.get("scale", 1.0))
+    if scale != 1.0:  # routed_scaling_factor
+        weights = b.add(n.name, "Mul", [weights, b.const(n.name, "scale", scale, "float32")],
+                        tag="scaled")
     zero = helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0])
     zeros = b.add(n.name, "ConstantOfShape", [b.add(n.name, "Shape", [x])], value=zero)
     out = b.add(n.name, "ScatterElements", [zeros, index, weights], axis=-1)  # (B, L, E)
@@ -107,6 +128,39 @@ def _sparsemixer(b: Builder, n: Node, x: str, eps: float) -> str:
             remaining = b.add(n.name, "ScatterElements", [remaining, index, removed],
                               tag="remaining", axis=-1)
     return weights
+
+
+def _group_limit(b: Builder, n: Node, choice: str, groups: int, top_groups: int,
+                 sigmoid: bool) -> str:
+    """``choice`` (B, L, E) with the experts outside the top_groups best of ``groups`` equal
+    groups left out: -inf (sigmoid, DeepSeek-V3: a group scores its two best) or 0 (softmax,
+    DeepSeek-V2: a group scores its best)."""
+    per_group = b.add(n.name, "Reshape", [choice, b.ints([0, 0, groups, -1])], tag="groups")
+    if sigmoid:
+        best = b.add_outputs(n.name, "TopK", [per_group, b.ints([2])], 2, tag="best_two",
+                             axis=-1)[0]
+        group_score = b.add(n.name, "ReduceSum", [best, b.ints([-1])], tag="group_score",
+                            keepdims=0)
+    else:
+        group_score = b.add(n.name, "ReduceMax", [per_group], tag="group_score", axes=[-1],
+                            keepdims=0) if b.opset < 18 else b.add(
+            n.name, "ReduceMax", [per_group, b.ints([-1])], tag="group_score", keepdims=0)
+    kept = b.add_outputs(n.name, "TopK", [group_score, b.ints([top_groups])], 2,
+                         tag="top_groups", axis=-1)[1]  # (B, L, top_groups)
+    zero = helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0])
+    none = b.add(n.name, "ConstantOfShape", [b.add(n.name, "Shape", [group_score],
+                                                   tag="group_shape")], tag="no_group",
+                 value=zero)
+    ones = b.add(n.name, "Expand", [b.const(n.name, "one", 1.0, "float32"),
+                                    b.add(n.name, "Shape", [kept], tag="kept_shape")],
+                 tag="ones")
+    keep = b.add(n.name, "ScatterElements", [none, kept, ones], tag="keep", axis=-1)
+    keep = b.add(n.name, "Cast", [b.add(n.name, "Unsqueeze", [keep, b.ints([-1])],
+                                        tag="keep_e")], tag="keep_bool",
+                 to=TensorProto.BOOL)  # (B, L, G, 1)
+    fill = b.const(n.name, "left_out", float("-inf") if sigmoid else 0.0, "float32")
+    limited = b.add(n.name, "Where", [keep, per_group, fill], tag="limited")
+    return b.add(n.name, "Reshape", [limited, b.ints([0, 0, -1])], tag="limited_experts")
 
 
 def _experts(b: Builder, n: Node) -> str:

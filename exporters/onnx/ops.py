@@ -215,6 +215,7 @@ def _attention(b: Builder, n: Node) -> str:
     q, k, v = n.inputs[:3]  # (B, Tq, h*hd), (B, Tk, kv*hd), (B, Tk, kv*hd)
     bias = n.inputs[3] if len(n.inputs) == 4 else None  # (h, Tq, Tk): T5's position bias
     h, kv, hd = n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"]
+    vd = n.attrs.get("v_head_dim", hd)  # latent attention's value heads are narrower
     scale = n.attrs.get("scale") or 1.0 / math.sqrt(hd)
     softcap, window = n.attrs.get("softcap"), n.attrs.get("window")
     mask = b.window_mask(_seq_sym(b, n), int(window), bool(n.attrs["causal"])) \
@@ -232,7 +233,7 @@ def _attention(b: Builder, n: Node) -> str:
     q5 = b.add(n.name, "Transpose", [q5], tag="q_heads", perm=[0, 2, 3, 1, 4])  # (B,kv,g,Tq,hd)
     k5 = b.add(n.name, "Reshape", [k, b.ints([0, 0, kv, 1, hd])], tag="split_k")
     kt = b.add(n.name, "Transpose", [k5], tag="k_heads_t", perm=[0, 2, 3, 4, 1])  # (B,kv,1,hd,Tk)
-    v5 = b.add(n.name, "Reshape", [v, b.ints([0, 0, kv, 1, hd])], tag="split_v")
+    v5 = b.add(n.name, "Reshape", [v, b.ints([0, 0, kv, 1, vd])], tag="split_v")
     v5 = b.add(n.name, "Transpose", [v5], tag="v_heads", perm=[0, 2, 3, 1, 4])  # (B,kv,1,Tk,hd)
     scores = b.add(n.name, "MatMul", [q5, kt], tag="scores")  # (B, kv, g, Tq, Tk)
     scores = b.add(n.name, "Mul", [scores, b.const(n.name, "scale", scale)], tag="scaled")
@@ -249,9 +250,42 @@ def _attention(b: Builder, n: Node) -> str:
         scores = b.add(n.name, "Where", [mask, scores, neg], tag="causal")
     normalize = "Hardmax" if n.attrs["normalize"] == "hardmax" else "Softmax"
     weights = b.add(n.name, normalize, [scores], axis=-1)  # (B, kv, g, Tq, Tk)
-    out = b.add(n.name, "MatMul", [weights, v5], tag="context")  # (B, kv, g, Tq, hd)
-    out = b.add(n.name, "Transpose", [out], tag="merge", perm=[0, 3, 1, 2, 4])  # (B,Tq,kv,g,hd)
-    return b.add(n.name, "Reshape", [out, b.ints([0, 0, h * hd])], n.name, tag="merge_heads")
+    out = b.add(n.name, "MatMul", [weights, v5], tag="context")  # (B, kv, g, Tq, vd)
+    out = b.add(n.name, "Transpose", [out], tag="merge", perm=[0, 3, 1, 2, 4])  # (B,Tq,kv,g,vd)
+    return b.add(n.name, "Reshape", [out, b.ints([0, 0, h * vd])], n.name, tag="merge_heads")
+
+
+def _head_slice(b: Builder, n: Node) -> str:
+    """Channels start .. start + take of each group: (.., g*w) -> (.., g*take)."""
+    a = n.attrs
+    groups, start, take = int(a["groups"]), int(a["start"]), int(a["take"])
+    x = n.inputs[0]
+    if groups == 1:
+        return b.add(n.name, "Slice", [x, b.ints([start]), b.ints([start + take]),
+                                       b.ints([-1])], n.name)
+    split = b.add(n.name, "Reshape", [x, b.ints([0, 0, groups, int(a["width"])])],
+                  tag="split_heads")
+    part = b.add(n.name, "Slice", [split, b.ints([start]), b.ints([start + take]),
+                                   b.ints([3])], tag="channels")
+    return b.add(n.name, "Reshape", [part, b.ints([0, 0, groups * take])], n.name,
+                 tag="merge_heads")
+
+
+def _head_concat(b: Builder, n: Node) -> str:
+    """Per head a's channels then b's; a shared b (.., wb) is repeated for every head."""
+    a_, b_ = n.inputs
+    h, wa, wb = int(n.attrs["heads"]), int(n.attrs["a_width"]), int(n.attrs["b_width"])
+    a4 = b.add(n.name, "Reshape", [a_, b.ints([0, 0, h, wa])], tag="split_a")
+    if n.attrs.get("shared", False):
+        b4 = b.add(n.name, "Unsqueeze", [b_, b.ints([2])], tag="shared_b")  # (B, L, 1, wb)
+        shape = b.add(n.name, "Concat", [b.add(n.name, "Shape", [a4], tag="a_shape", end=3),
+                                         b.ints([wb])], tag="b_shape", axis=0)
+        b4 = b.add(n.name, "Expand", [b4, shape], tag="every_head")  # (B, L, h, wb)
+    else:
+        b4 = b.add(n.name, "Reshape", [b_, b.ints([0, 0, h, wb])], tag="split_b")
+    both = b.add(n.name, "Concat", [a4, b4], tag="per_head", axis=3)  # (B, L, h, wa + wb)
+    return b.add(n.name, "Reshape", [both, b.ints([0, 0, h * (wa + wb)])], n.name,
+                 tag="merge_heads")
 
 
 def _attention_cached(b: Builder, n: Node) -> str:
@@ -392,6 +426,9 @@ ONNX_OPS: dict[str, Emitter] = {
     "linear": _linear,
     "attention": _attention,
     "kv_concat": onnx_cache.kv_concat,
+    "head_slice": _head_slice,
+    "head_concat": _head_concat,
+    "cache_rows": lambda b, n: b.add(n.name, "Squeeze", [n.inputs[0], b.ints([1])], n.name),
     "attention_cached": _attention_cached,
     "layernorm": _layernorm,
     "rmsnorm": _rmsnorm,

@@ -149,7 +149,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_d
               causal: bool, normalize: str, impl: str = "sdpa", scale: float | None = None,
               softcap: float | None = None, window: int | None = None,
               bias: Tensor | None = None) -> Tensor:
-    """Multi-head attention on projected q (B, Tq, h*hd), k and v (B, Tk, kv*hd) -> (B, Tq, h*hd).
+    """Multi-head attention on projected q (B, Tq, h*hd), k (B, Tk, kv*hd) and v
+    (B, Tk, kv*vd) -> (B, Tq, h*vd); vd = hd but in latent attention.
 
     softmax with impl "sdpa": the fused kernel (flash on CPU and GPU: keeps only q, k, v, the
     output and a log-sum-exp per row for backward; grouped k/v without copies), with a
@@ -159,13 +160,20 @@ def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_d
     """
     q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, Tq, hd)
     k = k.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
-    v = v.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
-    if normalize == "softmax" and impl == "sdpa" and softcap is None and bias is None:
+    v = v.unflatten(-1, (kv_heads, -1)).transpose(1, 2)  # (B, kv, Tk, vd)
+    narrow = head_dim - v.shape[-1]  # latent attention: values narrower than q and k
+    if normalize == "softmax" and impl == "sdpa" and softcap is None and bias is None \
+            and narrow >= 0:
         mask = None if window is None else attention_mask(q.shape[2], k.shape[2], causal,
                                                           window, q.device)
+        if narrow:  # the fused kernels take one head width: v padded with zeros, the
+            # output's padding dropped (as transformers' DeepSeek flash-attention path does)
+            v = F.pad(v, (0, narrow))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                            is_causal=causal and mask is None, scale=scale,
                                            enable_gqa=kv_heads != heads)  # (B, h, Tq, hd)
+        if narrow:
+            y = y[..., :head_dim - narrow]  # (B, h, Tq, vd)
     else:
         y = explicit_attention(q, k, v, causal, normalize, scale, softcap, window, bias)
     return y.transpose(1, 2).flatten(2)  # (B, Tq, h*hd)
@@ -228,8 +236,8 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize:
     else:
         first_max = scores.argmax(dim=-1, keepdim=True)  # (B, kv, g, Tq, 1)
         weights = torch.zeros_like(scores).scatter_(-1, first_max, 1.0)
-    y = weights.flatten(2, 3) @ v  # (B, kv, g*Tq, hd)
-    return y.reshape(batch, heads, tq, hd)  # (B, h, Tq, hd)
+    y = weights.flatten(2, 3) @ v  # (B, kv, g*Tq, vd)
+    return y.reshape(batch, heads, tq, v.shape[-1])  # (B, h, Tq, vd)
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -317,13 +325,20 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
-def route(logits: Tensor, top_k: int, router: str, eps: float | None = None) -> Tensor:
+def route(logits: Tensor, top_k: int, router: str, bias: Tensor | None = None,
+          groups: int = 1, top_groups: int = 1, scale: float = 1.0,
+          eps: float | None = None) -> Tensor:
     """Routing weights (B, L, E) from router logits (B, L, E): the k weights at their experts,
     exactly 0 elsewhere, computed in float32 as transformers' MoE routers do. router
     "softmax_topk": softmax over the E experts, the k largest (Qwen2-MoE, OLMoE);
     "softmax_topk_renorm": those divided by their sum (Mixtral, Qwen3-MoE);
     "topk_softmax": softmax over the k largest logits (Mixtral's reference code);
-    "sparsemixer": Phi-3.5-MoE's two choices (``sparsemixer``)."""
+    "sparsemixer": Phi-3.5-MoE's two choices (``sparsemixer``, threshold ``eps``);
+    "sigmoid_topk(_renorm)": sigmoid scores, the k largest of score + ``bias`` chosen,
+    weighted by their score (divided by their sum + 1e-20) (DeepSeek-V3). ``groups`` > 1:
+    only experts of the ``top_groups`` best of that many equal groups may be chosen, a group
+    scored by its best score (softmax; DeepSeek-V2) or its two best corrected scores summed
+    (sigmoid; DeepSeek-V3). ``scale`` multiplies the weights (routed_scaling_factor)."""
     x = logits.float()
     if router == "sparsemixer":
         return sparsemixer(x, float(eps if eps is not None else 0.01)).to(logits.dtype)
@@ -331,9 +346,25 @@ def route(logits: Tensor, top_k: int, router: str, eps: float | None = None) -> 
         top, index = x.topk(top_k, dim=-1)  # (B, L, k)
         weights = top.softmax(dim=-1)
     else:
-        weights, index = x.softmax(dim=-1).topk(top_k, dim=-1)  # (B, L, k)
-        if router == "softmax_topk_renorm":
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        sigmoid = router.startswith("sigmoid")
+        scores = x.sigmoid() if sigmoid else x.softmax(dim=-1)  # (B, L, E)
+        choice = scores + bias.float() if bias is not None else scores
+        if groups > 1:
+            per_group = choice.unflatten(-1, (groups, -1))  # (B, L, G, E/G)
+            group_score = per_group.topk(2, dim=-1)[0].sum(-1) if sigmoid \
+                else per_group.amax(dim=-1)  # (B, L, G)
+            kept = group_score.topk(top_groups, dim=-1)[1]  # (B, L, top_groups)
+            keep = torch.zeros_like(group_score).scatter(-1, kept, 1.0).bool()
+            # DeepSeek-V3 leaves the other groups out with -inf, V2 with a score of 0
+            fill = float("-inf") if sigmoid else 0.0
+            choice = per_group.masked_fill(~keep[..., None], fill).flatten(-2)
+        index = choice.topk(top_k, dim=-1)[1]  # (B, L, k)
+        weights = scores.gather(-1, index)
+        if router.endswith("_renorm"):
+            denominator = weights.sum(dim=-1, keepdim=True)
+            weights = weights / (denominator + 1e-20 if sigmoid else denominator)
+    if scale != 1.0:
+        weights = weights * scale
     return torch.zeros_like(x).scatter(-1, index, weights).to(logits.dtype)  # (B, L, E)
 
 
@@ -353,6 +384,21 @@ def sparsemixer(x: Tensor, eps: float) -> Tensor:
         weights = weights.scatter(-1, index, gates.gather(-1, index))
         remaining = remaining.scatter(-1, index, float("-inf"))
     return weights
+
+
+def head_slice(x: Tensor, groups: int, start: int, take: int) -> Tensor:
+    """Channels start .. start + take of each of ``groups`` equal slices of the last axis:
+    (.., groups*w) -> (.., groups*take) (latent attention's parts), a buffer of its own (a
+    view would keep all of x alive, which the memory plan does not count)."""
+    return x.unflatten(-1, (groups, -1))[..., start:start + take].flatten(-2).contiguous()
+
+
+def head_concat(a: Tensor, b: Tensor, heads: int, shared: bool = False) -> Tensor:
+    """Per head, a's channels then b's: (.., h*wa), (.., h*wb) -> (.., h*(wa + wb)); with
+    ``shared`` b (.., wb) is one head every head repeats (the decoupled rotary key)."""
+    a = a.unflatten(-1, (heads, -1))  # (.., h, wa)
+    b = b.unsqueeze(-2).expand(*a.shape[:-1], -1) if shared else b.unflatten(-1, (heads, -1))
+    return torch.cat((a, b), dim=-1).flatten(-2)  # (.., h*(wa + wb))
 
 
 def expert_activation(x: Tensor, activation: str) -> Tensor:
@@ -471,5 +517,5 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
     else:
         first_max = scores.argmax(dim=-1, keepdim=True)
         weights = torch.zeros_like(scores).scatter_(-1, first_max, 1.0)
-    y = (weights.flatten(2, 3) @ v).reshape(batch, heads, s, head_dim)  # (B, h, S, hd)
+    y = (weights.flatten(2, 3) @ v).reshape(batch, heads, s, v.shape[-1])  # (B, h, S, vd)
     return y.transpose(1, 2).flatten(2)  # (B, S, h*hd)

@@ -359,8 +359,9 @@ def _cache_defaults(input_ids: Tensor, layout: CacheLayout, dtype: torch.dtype,
     token real, positions counted from the mask."""
     batch, length = input_ids.shape
     if past_key_values is None:
-        empty = input_ids.new_zeros((batch, layout.kv_heads, 0, layout.head_dim), dtype=dtype)
-        past_key_values = [(empty, empty)] * layout.layers
+        key, value = (input_ids.new_zeros((batch, layout.kv_heads, 0, width), dtype=dtype)
+                      for width in (layout.head_dim, layout.v_dim))
+        past_key_values = [(key, value)] * layout.layers
     past = past_key_values[0][0].shape[2] if past_key_values else 0
     if attention_mask is None:
         attention_mask = input_ids.new_ones((batch, past + length))
@@ -441,6 +442,7 @@ class _CachedModel(TorchModel):
         # what the cached steppers read (tfgraph.exporters.generation.cached_steppers)
         self.cache_layers, self.kv_heads, self.head_dim = (
             self.layout.layers, self.layout.kv_heads, self.layout.head_dim)
+        self.value_dim = self.layout.v_dim  # latent attention: the rotary key's width
         self.dtype = TORCH_DTYPES[graph.dtype]
 
 
@@ -525,9 +527,10 @@ class DecoderModel(_CachedModel):
         if dtype is None:
             dtype = first.dtype if first is not None and first.is_floating_point() \
                 else self.dtype
-        shape = (batch, self.layout.kv_heads, length, self.layout.head_dim)
-        return StaticCache([(torch.zeros(shape, dtype=dtype, device=device),
-                             torch.zeros(shape, dtype=dtype, device=device))
+        key, value = ((batch, self.layout.kv_heads, length, width)
+                      for width in (self.layout.head_dim, self.layout.v_dim))
+        return StaticCache([(torch.zeros(key, dtype=dtype, device=device),
+                             torch.zeros(value, dtype=dtype, device=device))
                             for _ in range(self.layout.layers)])
 
     def setup_cache(self, batch: int, length: int, device: str | torch.device | None = None,

@@ -129,7 +129,12 @@ TORCH_OPS: dict[str, Lowering] = {
     "mul": lambda m, a, x, y: x * y,
     "add": lambda m, a, x, y: x + y,
     "dropout": lambda m, a, x: tf.dropout(x, a["p"], m.training),
-    "route": lambda m, a, logits: tf.route(logits, a["top_k"], a["router"], a.get("eps")),
+    "route": lambda m, a, logits, bias=None: tf.route(
+        logits, a["top_k"], a["router"], bias, a.get("groups", 1), a.get("top_groups", 1),
+        a.get("scale", 1.0), a.get("eps")),
+    "head_slice": lambda m, a, x: tf.head_slice(x, a["groups"], a["start"], a["take"]),
+    "head_concat": lambda m, a, x, y: tf.head_concat(x, y, a["heads"], a.get("shared", False)),
+    "cache_rows": lambda m, a, x: x.squeeze(1),
     "experts": lambda m, a, x, w, *params: tf.experts(x, w, params, a["top_k"],
                                                       a["activation"]),
     "sigmoid_gate": lambda m, a, g, y: g.sigmoid() * y,
@@ -295,6 +300,13 @@ def _attention_src(o: Sequence[str], a: Attr) -> str:
             f"normalize={a('normalize')}, impl=ATTENTION_IMPL{extra})")
 
 
+def _route_src(o: Sequence[str], a: Attr) -> str:
+    extra = f", {o[1]}" if len(o) > 1 else ""  # the sigmoid routers' correction bias
+    extra += "".join(f", {key}={value}" for key in ("groups", "top_groups", "scale", "eps")
+                     if (value := _present(a, key)) is not None)
+    return f"route({o[0]}, {a('top_k')}, {a('router')}{extra})"
+
+
 def _optional(a: Attr, key: str) -> str:
     """``, value`` for an attribute lowering sets only off its default (a position offset, a
     sinusoid layout), else nothing: the argument's default in torch_functional applies."""
@@ -366,8 +378,15 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
     "mul": SourceTemplate(lambda o, a: f"{o[0]} * {o[1]}"),
     "add": SourceTemplate(lambda o, a: f"{o[0]} + {o[1]}"),
     "dropout": SourceTemplate(lambda o, a: f"dropout({o[0]}, {a('p')}, self.training)"),
-    "route": SourceTemplate(lambda o, a: f"route({o[0]}, {a('top_k')}, {a('router')}"
-                                         f"{_optional(a, 'eps')})"),
+    "route": SourceTemplate(_route_src),
+    "cache_rows": SourceTemplate(lambda o, a: f"{o[0]}.squeeze(1)"),  # (cached graphs only)
+    # (shape comments: the output's own sizes, where the first operand's axes disagree)
+    "head_slice": SourceTemplate(
+        lambda o, a: f"head_slice({o[0]}, {a('groups')}, {a('start')}, {a('take')})"),
+    "head_concat": SourceTemplate(
+        lambda o, a: f"head_concat({o[0]}, {o[1]}, {a('heads')}"
+                     + "".join(f", shared={v}" for v in [_present(a, "shared")] if v)
+                     + ")"),
     "experts": SourceTemplate(
         lambda o, a: f"experts({o[0]}, {o[1]}, ({', '.join(o[2:])},), {a('top_k')}, "
                      f"{a('activation')})"),

@@ -25,6 +25,7 @@ import networkx as nx
 import sympy
 
 import tfgraph.graph.ops_loss  # noqa: F401 (registers the training loss op into OPS)
+import tfgraph.graph.ops_latent  # noqa: F401 (registers the latent-attention ops into OPS)
 import tfgraph.graph.ops_moe  # noqa: F401 (registers the mixture-of-experts ops into OPS)
 from tfgraph.graph.lengths import DEFAULT_SEQ, Lengths
 from tfgraph.graph.ops import OPS
@@ -176,11 +177,20 @@ class SpecText:
 @dataclass(frozen=True)
 class CacheLayout:
     """The keys/values of a KV-cache graph: ``layers`` (key, value) pairs of its own (the
-    decoder's self-attention), each (B, kv_heads, length, head_dim) at the graph's dtype."""
+    decoder's self-attention), keys (B, kv_heads, length, head_dim) and values
+    (B, kv_heads, length, value_dim or head_dim) at the graph's dtype. Latent attention
+    caches its latent as the key and its rotary key as the value (kv_heads 1)."""
 
     layers: int
     kv_heads: int
     head_dim: int
+    value_dim: int = 0
+    """Width of a cached value when it differs from head_dim (0: head_dim)."""
+
+    @property
+    def v_dim(self) -> int:
+        """Width of a cached value."""
+        return self.value_dim or self.head_dim
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,14 @@ class Sizes:
     rotary_dim: Size | None = None
     """Channels of a head that rotary positions rotate, when fewer than head_dim
     (embedding.rotary_fraction); None: whole heads."""
+    kv_rank: Size | None = None
+    """Latent attention (attention.latent): width of the key/value latent (None: none)."""
+    q_rank: Size | None = None
+    """Latent attention: width of the query latent (None: queries projected from x)."""
+    rope_dim: Size | None = None
+    """Latent attention: rotary channels of a query head and of the shared rotary key."""
+    v_head_dim: Size | None = None
+    """Latent attention: width of a value head."""
 
     @classmethod
     def of(cls, spec: Spec) -> Sizes:
@@ -102,7 +110,8 @@ class Sizes:
             expert_hidden=spec.ffn.expert_hidden, shared_hidden=spec.ffn.shared_hidden,
             dense_layers=spec.ffn.dense_layers or 0,
             rotary_dim=spec.rotary_dim if spec.embedding.positions == "rope"
-            and spec.rotary_dim != att.head_dim else None)
+            and spec.rotary_dim != att.head_dim and att.latent is None else None,
+            **_latent_sizes(spec))
 
     def named(self, spec: Spec) -> dict[str, Size]:
         """The sizes by the names parameters' ``dims`` use (``graph.sizes``)."""
@@ -120,11 +129,27 @@ class Sizes:
             out["window"] = self.window
         if spec.embedding.relative_buckets:  # rows of T5's bias table (a count)
             out["relative_buckets"] = spec.embedding.relative_buckets
+        if self.kv_rank is not None:  # latent attention (README, attention.latent)
+            out.update(kv_rank=self.kv_rank, qk_rope=self.rope_dim,
+                       qk_nope=self.head_dim - self.rope_dim, v_head_dim=self.v_head_dim,
+                       kv_a_width=self.kv_rank + self.rope_dim,
+                       kv_b_width=self.head_dim - self.rope_dim + self.v_head_dim)
+            if self.q_rank is not None:
+                out["q_rank"] = self.q_rank
         if self.experts is not None:  # mixture of experts (README, ffn.experts)
             out.update(experts=self.experts, expert_hidden=self.expert_hidden)
             if self.shared_hidden is not None:
                 out["shared_hidden"] = self.shared_hidden
         return out
+
+
+def _latent_sizes(spec: Spec) -> dict[str, Size]:
+    """The sizes of attention.latent (none without it)."""
+    lat = spec.attention.latent
+    if lat is None:
+        return {}
+    return dict(kv_rank=lat.kv_rank, q_rank=lat.q_rank, rope_dim=lat.rope_dim,
+                v_head_dim=lat.v_head_dim)
 
 
 def _vocab_names(spec: Spec) -> dict[str, str]:
@@ -488,6 +513,8 @@ class _Lowering:
         projection."""
         if isinstance(kv_source, CrossCache):  # the decoder part's cross-attention
             return self.cached_cross_attention(x, scope, meta)
+        if self.spec.attention.latent is not None:  # decoder-only self-attention
+            return self.latent_attention(x, scope, meta, causal)
         q, k, v = self.projections(x, kv_source, scope, meta)
         local = rope and self.spec.layer_is_local(meta.layer or 0)  # self-attention only
         emb = self.spec.embedding
@@ -524,6 +551,94 @@ class _Lowering:
             k = self.norm(k, f"{scope}.k_norm", f"{scope}.k_norm", scope, meta, "k_norm",
                           width="head_dim", groups=z.kv_heads)
         return q, k, v
+
+    def latent_attention(self, x: str, scope: str, meta: NodeMeta, causal: bool) -> str:
+        """Multi-head latent attention (attention.latent; DeepSeek-V2 §2.1, transformers'
+        DeepseekV3Attention): queries from x or through their latent (q_a, q_a_norm, q_b),
+        kv_a's output split into the latent (normalised by kv_a_norm) and the shared rotary
+        key; kv_b expands the latent into each head's key and value channels; each head's key
+        is its own channels then the rotary key. A KV-cache graph caches the latent
+        (``past_key_values.{i}.key``, (B, 1, P, kv_rank)) and the rotary key (``.value``,
+        (B, 1, P, rope_dim)), as transformers does, and expands every position again."""
+        g, z, att = self.g, self.z, self.spec.attention
+        h, hd, rd, vd, rkv = z.heads, z.head_dim, z.rope_dim, z.v_head_dim, z.kv_rank
+        assert rd is not None and vd is not None and rkv is not None  # Sizes.of(latent spec)
+        nope = hd - rd
+        if z.q_rank is not None:
+            q = self.linear(x, scope, "q_a", "d_model", "q_rank", False, meta)  # (B, S, rq)
+            q = self.norm(q, f"{scope}.q_a_norm", f"{scope}.q_a_norm", scope, meta,
+                          "q_a_norm", width="q_rank")
+            q = self.linear(q, scope, "q_b", "q_rank", "heads*head_dim", False, meta)
+        else:
+            q = self.linear(x, scope, "q", "d_model", "heads*head_dim", False, meta)
+        q_nope = self.slice(q, scope, meta, "q_nope", h, hd, 0, nope)  # (B, S, h*nope)
+        q_rot = self.slice(q, scope, meta, "q_rot", h, hd, nope, rd)  # (B, S, h*rd)
+        kv_a = self.linear(x, scope, "kv_a", "d_model", "kv_a_width", False,
+                           meta)  # (B, S, rkv + rd)
+        latent = self.slice(kv_a, scope, meta, "latent", 1, rkv + rd, 0, rkv)
+        latent = self.norm(latent, f"{scope}.kv_a_norm", f"{scope}.kv_a_norm", scope, meta,
+                           "kv_a_norm", width="kv_rank")  # (B, S, rkv)
+        k_rot = self.slice(kv_a, scope, meta, "k_rot", 1, rkv + rd, rkv, rd)
+        rot = rotary_attrs(self.spec, self.spec.embedding.rope_theta, None)
+        q_rot = g.add("rope", [q_rot, *self._ids()], name=f"{scope}.q_rope", scope=scope,
+                      heads=h, head_dim=rd, theta=self.spec.embedding.rope_theta,
+                      meta=_role(meta, "q_rope"), **rot)
+        k_rot = g.add("rope", [k_rot, *self._ids()], name=f"{scope}.k_rope", scope=scope,
+                      heads=1, head_dim=rd, theta=self.spec.embedding.rope_theta,
+                      meta=_role(meta, "k_rope"), **rot)  # (B, S, rd)
+        q = g.add("head_concat", [q_nope, q_rot], name=f"{scope}.q_heads", scope=scope,
+                  heads=h, a_width=nope, b_width=rd, meta=_role(meta, "q_heads"))
+        if self.cache is not None:  # the cached latent and rotary key, every position
+            latent, k_rot = self.latent_cache(latent, k_rot, scope, meta)  # (B, P+S, ..)
+        kv = self.linear(latent, scope, "kv_b", "kv_rank", "heads*kv_b_width", False,
+                         meta)  # (B, T, h*(nope + vd))
+        k_nope = self.slice(kv, scope, meta, "k_nope", h, nope + vd, 0, nope)
+        v = self.slice(kv, scope, meta, "v_heads", h, nope + vd, nope, vd)  # (B, T, h*vd)
+        k = g.add("head_concat", [k_nope, k_rot], name=f"{scope}.k_heads", scope=scope,
+                  heads=h, a_width=nope, b_width=rd, shared=True,
+                  meta=_role(meta, "k_heads"))  # (B, T, h*hd)
+        extra = self.attention_attrs(local=False)
+        extra.update(v_head_dim=vd, latent=rkv + rd)
+        if self.cache is not None:
+            assert self.cache.mask is not None
+            k, v = (g.add("kv_concat", [t], name=f"{scope}.{part}_expanded", scope=scope,
+                          kv_heads=h, head_dim=width, meta=_role(meta, f"{part}_expanded"))
+                    for t, part, width in ((k, "key", hd), (v, "value", vd)))
+            a = g.add("attention_cached", [q, k, v, self.cache.mask],
+                      name=f"{scope}.attention", scope=scope, heads=h, kv_heads=h, head_dim=hd,
+                      causal=causal, normalize=att.normalize, meta=_role(meta, "attention"),
+                      **extra)  # (B, S, h*vd)
+        else:
+            a = g.add("attention", [q, k, v], name=f"{scope}.attention", scope=scope,
+                      heads=h, kv_heads=h, head_dim=hd, causal=causal,
+                      normalize=att.normalize, kind="self", meta=_role(meta, "attention"),
+                      **extra)  # (B, S, h*vd)
+        return self.linear(a, scope, "o", "heads*v_head_dim", "d_model", bool(att.out_bias),
+                           meta)  # (B, S, d)
+
+    def slice(self, x: str, scope: str, meta: NodeMeta, role: str, groups: Size, width: Size,
+              start: Size, take: Size) -> str:
+        """Channels start .. start + take of each of ``groups`` slices of ``width``."""
+        return self.g.add("head_slice", [x], name=f"{scope}.{role}", scope=scope,
+                          groups=groups, width=width, start=start, take=take,
+                          meta=_role(meta, role))
+
+    def latent_cache(self, latent: str, k_rot: str, scope: str, meta: NodeMeta
+                     ) -> tuple[str, str]:
+        """The present latent and rotary key of a KV-cache graph: the layer's past ones
+        (``past_key_values.{i}.key`` (B, 1, P, kv_rank) and ``.value`` (B, 1, P, rope_dim))
+        followed by this step's, as rows (B, P+S, ..)."""
+        g, z, i, cache = self.g, self.z, meta.layer or 0, self.cache
+        assert cache is not None
+        rows = []
+        for part, new, width in (("key", latent, z.kv_rank), ("value", k_rot, z.rope_dim)):
+            past = g.input(f"past_key_values.{i}.{part}", (B, 1, P, width), dtype=self.dtype)
+            present = g.add("kv_concat", [past, new], name=f"present.{i}.{part}", scope=scope,
+                            kv_heads=1, head_dim=width, meta=_role(meta, f"present_{part}"))
+            cache.presents.append(present)  # (B, 1, P+S, width)
+            rows.append(g.add("cache_rows", [present], name=f"{scope}.{part}_rows", scope=scope,
+                              meta=_role(meta, f"{part}_rows")))  # (B, P+S, width)
+        return rows[0], rows[1]
 
     def rotary(self, q: str, k: str, scope: str, meta: NodeMeta, local: bool
                ) -> tuple[str, str]:
@@ -712,9 +827,19 @@ class _Lowering:
         ffn, g, z = self.spec.ffn, self.g, self.z
         logits = self.linear(x, scope, "router", "d_model", "experts", False,
                              meta)  # (B, L, E)
-        eps = {"eps": ffn.router_eps} if ffn.router == "sparsemixer" else {}
-        weights = g.add("route", [logits], name=f"{scope}.route", scope=scope, top_k=z.top_k,
-                        router=ffn.router, meta=_role(meta, "route"), **eps)  # (B, L, E)
+        ins = [logits]
+        if str(ffn.router).startswith("sigmoid"):  # DeepSeek-V3's e_score_correction_bias
+            ins.append(self.param(f"{scope}.router.correction_bias", ("experts",), scope,
+                                  "zeros", _role(meta, "router.correction_bias")))
+        grouping: dict[str, Any] = {}  # absent when routing is not group-limited or scaled
+        if ffn.router == "sparsemixer":
+            grouping["eps"] = ffn.router_eps
+        if ffn.router_groups and ffn.router_groups > 1:
+            grouping.update(groups=ffn.router_groups, top_groups=ffn.router_top_groups)
+        if ffn.router_scale is not None and ffn.router_scale != 1.0:
+            grouping["scale"] = ffn.router_scale
+        weights = g.add("route", ins, name=f"{scope}.route", scope=scope, top_k=z.top_k,
+                        router=ffn.router, meta=_role(meta, "route"), **grouping)  # (B, L, E)
         gated = ffn.activation in GATED_ACTIVATIONS
         ins = [x, weights]
         shapes = {"gate": ("experts", "expert_hidden", "d_model"),
@@ -852,6 +977,10 @@ def graph_info(spec: Spec, sizes: Sizes, graph_type: type[Graph], cache: bool = 
     if spec.arch != "encoder-only" and all(isinstance(n, int) for n in
                                            (sizes.kv_heads, sizes.head_dim)):
         layout = CacheLayout(sizes.layers["decoder"], int(sizes.kv_heads), int(sizes.head_dim))
+        if sizes.kv_rank is not None and sizes.rope_dim is not None:  # latent attention:
+            # the latent and the rotary key
+            layout = CacheLayout(sizes.layers["decoder"], 1, int(sizes.kv_rank),
+                                 int(sizes.rope_dim))
     return GraphInfo(
         arch=spec.arch, kind="loss" if loss else "cached" if cache else "full",
         part=part if cache else None, description=spec.description,

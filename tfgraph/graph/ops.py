@@ -458,8 +458,16 @@ ATTENTION_ATTRS: dict[str, Attr] = {
                                             "or keys nearer than it on both sides"),
     "softcap": Attr(REAL, doc="c of c*tanh(scores/c) (Gemma 2)"),
     "scale": Attr(REAL, doc="the score scale (default 1/sqrt(head_dim))"),
+    "v_head_dim": Attr(SIZE, doc="width of a value head (default head_dim; latent attention)"),
+    "latent": Attr(SIZE, doc="latent attention: the values per token its KV cache keeps "
+                             "(kv_rank + rope_dim) instead of k and v"),
 }
 """Attributes of both attention ops."""
+
+
+def v_width(attrs: dict[str, Any]) -> Any:
+    """Width of one value head of an attention node (head_dim unless v_head_dim)."""
+    return attrs.get("v_head_dim", attrs["head_dim"])
 
 
 def _attention_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -469,12 +477,12 @@ def _attention_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType
     h, kvh, hd = attrs["heads"], attrs["kv_heads"], attrs["head_dim"]
     _check_last(q, h * hd, "attention q")
     _check_last(k, kvh * hd, "attention k")
-    _check_last(v, kvh * hd, "attention v")
+    _check_last(v, kvh * v_width(attrs), "attention v")
     if k.shape[:-1] != v.shape[:-1] or q.shape[0] != k.shape[0]:
         raise ValueError(f"k {k} and v {v} must share batch and length with each other and q {q}")
     if sympy.sympify(h % kvh).is_nonzero:  # symbolic heads (tfgraph.passes.formulas) pass unproven
         raise ValueError(f"heads {h} is not a multiple of kv_heads {kvh}")
-    return q
+    return TensorType((*q.shape[:-1], h * v_width(attrs)), q.dtype)
 
 
 def _scores(ins: list[TensorType], attrs: dict[str, Any]) -> sympy.Expr:
@@ -486,7 +494,7 @@ def _attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, An
     # Dense over the whole score matrix, causal or not (README, `tfgraph report`). QK^T and A·V are each
     # 2 * B*h*Tq*Tk*hd (O(N M d_q + N M d_v) for N queries and M keys); GQA shares K/V but not this work.
     scores = _scores(ins, attrs)
-    matmul = 2 * 2 * scores * attrs["head_dim"]
+    matmul = 2 * scores * (attrs["head_dim"] + v_width(attrs))
     per_score = FLOPS_PER_ELEMENT["add"]  # the 1/sqrt(hd) scaling
     per_score += FLOPS_PER_ELEMENT[attrs["normalize"]]
     if attrs["causal"] or attrs.get("window"):
@@ -534,6 +542,12 @@ def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, An
                 (("tmp", "tanh"), score_bytes), (("tmp", "weights"), score_bytes)]
     # A fused kernel (SDPA) keeps q, k, v, its output and a float32 log-sum-exp per query row.
     lse = q.shape[0] * attrs["heads"] * q.shape[1] * STATS_BYTES
+    vd, hd = v_width(attrs), attrs["head_dim"]
+    if vd != hd:  # latent attention: v zero-padded to head_dim for the fused kernel, which
+        # keeps the padded v and its padded output (torch_functional.attention)
+        return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes),
+                (("tmp", "v_padded"), ins[2].nbytes / vd * hd),
+                (("tmp", "out_padded"), out.nbytes / vd * hd), (("tmp", "logsumexp"), lse)]
     return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
             (("out",), out.nbytes), (("tmp", "logsumexp"), lse)]
 
@@ -552,7 +566,8 @@ register(OpDef(
     "attrs['softcap'], mask none, causal, or causal within attrs['window'] keys (without "
     "causal: the keys |i - j| < attrs['window'], an encoder's sliding window), normalize "
     "softmax or hardmax; an optional fourth operand (h, Tq, Tk) is added to the scores "
-    "before the mask (T5's position bias). Output (B, Tq, h*hd).",
+    "before the mask (T5's position bias). Output (B, Tq, h*vd): v's heads may be narrower "
+    "than q's and k's, vd = attrs['v_head_dim'] (latent attention; default hd).",
     _attention_temp,
     category="attention", tp="follows", score_sized=("weights", "tanh"),
     attrs={
@@ -589,13 +604,14 @@ register(OpDef(
 
 def _cached_attention_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     q, k, v, mask = ins[:4]
-    h, kvh, hd = attrs["heads"], attrs["kv_heads"], attrs["head_dim"]
+    h, kvh, hd, vd = attrs["heads"], attrs["kv_heads"], attrs["head_dim"], v_width(attrs)
     _check_last(q, h * hd, "attention q")
-    if k.shape != v.shape or len(k.shape) != 4 or k.shape[1] != kvh or k.shape[3] != hd:
-        raise ValueError(f"k {k} and v {v} must both be (B, {kvh}, T, {hd})")
+    if k.shape[:3] != v.shape[:3] or len(k.shape) != 4 or k.shape[1] != kvh \
+            or k.shape[3] != hd or v.shape[3] != vd:
+        raise ValueError(f"k {k} and v {v} must be (B, {kvh}, T, {hd}) and (B, {kvh}, T, {vd})")
     if mask.shape != (q.shape[0], k.shape[2]):
         raise ValueError(f"attention mask {mask} is not (B, T) for keys {k}")
-    return q
+    return TensorType((*q.shape[:-1], h * vd), q.dtype)
 
 
 def _cached_attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]
@@ -605,7 +621,7 @@ def _cached_attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[
     per_score = (FLOPS_PER_ELEMENT["add"] + FLOPS_PER_ELEMENT[attrs["normalize"]]
                  + FLOPS_PER_ELEMENT["mask"] + (FLOPS_PER_ELEMENT["softcap"]
                                                 if attrs.get("softcap") else 0))
-    return 2 * 2 * scores * attrs["head_dim"], per_score * scores
+    return 2 * scores * (attrs["head_dim"] + v_width(attrs)), per_score * scores
 
 
 register(OpDef(
@@ -618,7 +634,7 @@ register(OpDef(
     "stays finite, except with attrs['self_read'] false (cross-attention: the keys are "
     "another sequence's). scale, softcap, normalize and GQA as in attention; an optional "
     "fifth operand (h, S, T) is added to the scores before the mask (T5's position bias). "
-    "Output (B, S, h*hd).",
+    "Output (B, S, h*vd), vd = attrs['v_head_dim'] or hd (values of width vd: (B, kv, T, vd)).",
     category="attention",
     attrs={**ATTENTION_ATTRS,
            "self_read": Attr(bool, default=True, doc="a query reads its own key always")},

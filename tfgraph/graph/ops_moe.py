@@ -48,14 +48,24 @@ FLOPS_PER_ELEMENT.update({
 # ---- route: router logits -> routing weights ---------------------------------------------------
 
 
+ROUTERS = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sparsemixer",
+           "sigmoid_topk", "sigmoid_topk_renorm")
+"""The routers (``ffn.router``): how logits become the k routing weights."""
+
+
 def _route_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     logits = ins[0]
     experts = logits.shape[-1]
     if sympy.sympify(attrs["top_k"] - experts).is_positive:
         raise ValueError(f"top_k {attrs['top_k']} is more than the {experts} experts")
-    if attrs["router"] not in ("softmax_topk", "softmax_topk_renorm", "topk_softmax",
-                               "sparsemixer"):
+    if attrs["router"] not in ROUTERS:
         raise ValueError(f"unknown router {attrs['router']!r}")
+    sigmoid = attrs["router"].startswith("sigmoid")
+    if sigmoid != (len(ins) == 2):
+        raise ValueError("a sigmoid router takes its correction bias (E,) as a second operand; "
+                         "the others none")
+    if sigmoid and ins[1].shape != (experts,):
+        raise ValueError(f"correction bias {ins[1]} is not ({experts},)")
     if attrs["router"] == "sparsemixer" and isinstance(attrs["top_k"], int) \
             and attrs["top_k"] != 2:  # (a symbol in formula twins: the spec checked it)
         raise ValueError("the sparsemixer router picks 2 experts")
@@ -69,10 +79,20 @@ def _route_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) 
         per = FLOPS_PER_ELEMENT["topk"] + FLOPS_PER_ELEMENT["threshold"] \
             + FLOPS_PER_ELEMENT["softmax"]
         return ZERO, 2 * per * n * experts
+    scale = FLOPS_PER_ELEMENT["add"] * n * k if attrs.get("scale", 1.0) != 1.0 else ZERO
     if attrs["router"] == "topk_softmax":  # the k largest logits, softmax over them
-        return ZERO, select + FLOPS_PER_ELEMENT["softmax"] * n * k
-    other = FLOPS_PER_ELEMENT["softmax"] * n * experts + select
-    if attrs["router"] == "softmax_topk_renorm":
+        return ZERO, select + FLOPS_PER_ELEMENT["softmax"] * n * k + scale
+    if attrs["router"].startswith("sigmoid"):  # scores, plus the bias for the choice
+        other = (FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["add"]) * n * experts
+    else:
+        other = FLOPS_PER_ELEMENT["softmax"] * n * experts
+    other += select + scale
+    groups = attrs.get("groups", 1)
+    if groups != 1:  # each group's score (a top-2 or max pass over its experts, the top-2
+        # sum), the choice of the groups (a pass over them) and the mask of the rest
+        other += (FLOPS_PER_ELEMENT["topk"] + FLOPS_PER_ELEMENT["add"]) * n * experts
+        other += (FLOPS_PER_ELEMENT["topk"] + FLOPS_PER_ELEMENT["add"]) * n * groups
+    if attrs["router"].endswith("_renorm"):
         other += FLOPS_PER_ELEMENT["renorm"] * n * k
     return ZERO, other
 
@@ -89,26 +109,43 @@ def _route_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) 
             ("mask", n * experts))]
     if attrs["router"] == "topk_softmax":
         return [*saved, (("tmp", "softmax"), n * k * STATS_BYTES)]
-    saved.append((("tmp", "softmax"), n * experts * STATS_BYTES))
-    if attrs["router"] == "softmax_topk_renorm":
+    saved.append((("tmp", "softmax"), n * experts * STATS_BYTES))  # (or the sigmoid's)
+    groups = attrs.get("groups", 1)
+    if groups != 1:  # group-limited routing: the groups' scores' indices or maxima, the
+        # chosen groups' indices and the mask of the others (one byte per group)
+        if attrs["router"].startswith("sigmoid"):
+            saved.append((("tmp", "group_best_two"), n * groups * 2 * INDEX_BYTES))
+        else:
+            saved.append((("tmp", "group_max"), n * groups * STATS_BYTES))
+        saved += [(("tmp", "top_groups"), n * attrs["top_groups"] * INDEX_BYTES),
+                  (("tmp", "group_mask"), n * groups * DTYPE_BYTES["bool"])]
+    if attrs["router"].endswith("_renorm"):
         saved += [(("tmp", "top_k"), n * k * STATS_BYTES), (("tmp", "sum"), n * STATS_BYTES)]
     return saved
 
 
 register(OpDef(
-    "route", (1, 1), _route_infer, _route_flops, _route_saved,
+    "route", (1, 2), _route_infer, _route_flops, _route_saved,
     "Routing weights from router logits (B, L, E), attrs top_k and router: softmax_topk "
     "(softmax over the E experts, keep the k largest), softmax_topk_renorm (the same divided "
     "by their sum), topk_softmax (softmax over the k largest logits), sparsemixer (Phi-3.5-"
     "MoE at inference, k = 2: each choice the largest remaining logit m, weighted by the "
-    "softmax over the remaining experts e with (m - s_e) / max(|s_e|, m) <= 2 attrs['eps']). "
-    "Output (B, L, E): the k weights at their experts, exactly 0 elsewhere. Computed in "
-    "float32.",
+    "softmax over the remaining experts e with (m - s_e) / max(|s_e|, m) <= 2 attrs['eps']), "
+    "sigmoid_topk (sigmoid "
+    "scores; the k largest of score + the second operand, a correction bias (E,), chosen, "
+    "weighted by their score: DeepSeek-V3) and sigmoid_topk_renorm (those divided by their "
+    "sum + 1e-20). With attrs groups > 1 (DeepSeek's group-limited routing) the experts are "
+    "that many equal groups and only those of the top_groups best groups may be chosen; a "
+    "group scores its best expert (softmax routers; DeepSeek-V2) or the sum of its two best "
+    "bias-corrected scores (sigmoid; DeepSeek-V3). attrs scale multiplies the weights "
+    "(routed_scaling_factor). Output (B, L, E): the k weights at their experts, exactly 0 "
+    "elsewhere. Computed in float32.",
     category="activation",
     attrs={"top_k": Attr(SIZE, required=True),
-           "router": Attr(str, required=True,
-                          doc="softmax_topk, softmax_topk_renorm, topk_softmax or "
-                              "sparsemixer"),
+           "router": Attr(str, required=True, doc=", ".join(ROUTERS)),
+           "groups": Attr(int, default=1, doc="expert groups (DeepSeek n_group)"),
+           "top_groups": Attr(int, default=1, doc="groups a token may choose from"),
+           "scale": Attr((int, float), default=1.0, doc="multiplies the routing weights"),
            "eps": Attr(REAL, doc="sparsemixer's threshold epsilon")},
 ))
 

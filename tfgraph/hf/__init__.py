@@ -54,6 +54,8 @@ FAMILIES: dict[str, str] = {
     "olmoe": "moe",
     "granitemoe": "moe",
     "phimoe": "moe",
+    "deepseek_v2": "deepseek",
+    "deepseek_v3": "deepseek",
     "phi": "phi",
     "phi3": "phi3",
     "stablelm": "stablelm",

@@ -45,6 +45,7 @@ ARCHITECTURES: dict[str, str] = {
     "arcee": "ArceeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM",
     "cohere2": "Cohere2ForCausalLM", "phimoe": "PhimoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
     "bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM",
     "xlm-roberta": "XLMRobertaForMaskedLM", "modernbert": "ModernBertForMaskedLM",
     "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
@@ -60,7 +61,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
                      "gpt_neox", "gptj", "opt", "phi", "stablelm", "starcoder2", "nemotron",
                      "granite", "bloom", "gpt_bigcode", "cohere", "falcon", "glm", "glm4",
                      "helium", "seed_oss", "ministral", "arcee", "granitemoe", "mpt", "olmo",
-                     "cohere2", "phimoe"),
+                     "cohere2", "phimoe", "deepseek_v3", "deepseek_v2"),
     "encoder-only": ("bert", "distilbert", "roberta", "xlm-roberta", "modernbert"),
     "encoder-decoder": ("bart", "marian", "t5", "mbart", "pegasus"),
 }

@@ -61,6 +61,10 @@ LEGACY: dict[str, frozenset[str]] = {
     # MosaicML's hub configs (mpt-7b): its remote-code classes, weight init, the tokenizer's
     # name and a logging level; transformers' MptConfig has none of them
     "mpt": frozenset({"auto_map", "init_config", "tokenizer_name", "verbose"}),
+    # DeepSeek's own modeling code (the hub's configs): expert-parallel size and the training
+    # losses' settings
+    "deepseek_v2": frozenset({"ep_size", "aux_loss_alpha", "seq_aux"}),
+    "deepseek_v3": frozenset({"ep_size", "aux_loss_alpha", "seq_aux"}),
 }
 LEGACY["marian"] = LEGACY["bart"]
 # ModernBERT configs written by transformers 4.4x: modeling_modernbert reads norm_eps, not

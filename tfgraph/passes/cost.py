@@ -171,7 +171,8 @@ def saved_for_backward(costs: list[OpCost]) -> sympy.Expr:
 def kv_cache(graph: Graph) -> sympy.Expr:
     """K and V of every decoder attention for the whole sequence, at kv_heads (README.md, `tfgraph report`):
     self-attention caches 2*B*T*kv*hd, cross-attention 2*B*S*kv*hd per layer; a sliding-window
-    layer only its last min(T, W) positions."""
+    layer only its last min(T, W) positions; latent attention B*T*(kv_rank + rope_dim), its
+    latent and its rotary key."""
     terms = []
     for node in graph.ops():
         if node.op == "attention" and node.meta.stack == "decoder":
@@ -179,6 +180,10 @@ def kv_cache(graph: Graph) -> sympy.Expr:
             kept = 1  # a sliding window keeps only its last W positions (attention.window)
             if node.attrs.get("window"):
                 kept = sympy.Min(k.shape[1], node.attrs["window"]) / k.shape[1]
+            if node.attrs.get("latent") is not None:  # latent attention: the latent and the
+                # rotary key, kv_rank + rope_dim values per token (transformers' DeepSeek too)
+                terms.append(k.nbytes / k.shape[-1] * node.attrs["latent"])
+                continue
             terms += [k.nbytes * kept, v.nbytes * kept]
     return total(terms)
 

@@ -19,7 +19,7 @@ import sympy
 
 from tfgraph.passes import cost, exact
 from tfgraph.graph.ir import DTYPE_BYTES, Graph
-from tfgraph.graph.ops import attended_scores
+from tfgraph.graph.ops import attended_scores, v_width
 
 ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
 MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
@@ -65,12 +65,15 @@ def _causal_discount(graph: Graph) -> sympy.Expr:
         if node.op == "attention" and (causal or window):  # an encoder's window too
             q, k = (graph.node(i).type for i in node.inputs[:2])
             heads, head_dim = node.attrs["heads"], node.attrs["head_dim"]
-            key = (q.shape, k.shape, heads, head_dim, causal, window)
+            key = (q.shape, k.shape, heads, head_dim, v_width(node.attrs), causal, window)
             term = seen.get(key)
             if term is None:
                 b, tq, tk = q.shape[0], q.shape[1], k.shape[1]
                 read = attended_scores(tq, tk, bool(causal), window)
-                term = seen[key] = 2 * 2 * b * heads * head_dim * (tq * tk - read)
+                # QK^T over head_dim, weights.V over the value width (latent attention's
+                # v_head_dim)
+                widths = head_dim + v_width(node.attrs)
+                term = seen[key] = 2 * b * heads * widths * (tq * tk - read)
             terms.append(term)
     return cost.total(terms)
 

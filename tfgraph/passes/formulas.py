@@ -19,6 +19,7 @@ grouping, d_ff = 4·d when the feed-forward is 4 times wider.
 from __future__ import annotations
 
 import re
+from typing import Any
 from dataclasses import dataclass, field, replace
 
 import sympy
@@ -44,6 +45,8 @@ E, K, D_E, E_SH, D_SH = _sym("E"), _sym("k"), _sym("d_e"), _sym("E_sh"), _sym("d
 L_DENSE = _sym("L_dense")
 # Sliding windows (README, attention.window): the window, and the layers of each kind
 W, L_LOCAL, L_GLOBAL = _sym("W"), _sym("L_local"), _sym("L_global")
+# Latent attention (README, attention.latent): the latents, the rotary and the value heads
+R_KV, R_Q, D_R, D_V = _sym("r_kv"), _sym("r_q"), _sym("d_r"), _sym("d_v")
 
 MEANING: dict[str, str] = {
     "B": "batch", "S": "sequence length (source for encoder-decoder)", "T": "target length",
@@ -56,6 +59,10 @@ MEANING: dict[str, str] = {
     "d_e": "ffn.expert_hidden", "E_sh": "ffn.shared_experts", "d_sh": "ffn.shared_hidden",
     "L_dense": "leading dense layers (ffn.dense_layers)",
     "W": "keys a sliding-window query reads (attention.window)",
+    "r_kv": "key/value latent (attention.latent.kv_rank)",
+    "r_q": "query latent (attention.latent.q_rank)",
+    "d_r": "rotary channels of a head (attention.latent.rope_dim)",
+    "d_v": "value head width (attention.latent.v_head_dim)",
     "L_local": "sliding-window layers", "L_global": "global-attention layers",
 }
 
@@ -89,7 +96,16 @@ def twin_sizes(spec: Spec, layers: dict[str, int]) -> Sizes:
         max_len=MAX_LEN if spec.embedding.positions == "learned" else None,
         layers=dict(layers), window=W if att.window is not None else None,
         rotary_dim=sympy.Rational(spec.rotary_dim, att.head_dim) * head_dim if partial
-        else None)
+        else None, **_latent_symbols(spec))
+
+
+def _latent_symbols(spec: Spec) -> dict[str, Any]:
+    """The sizes of attention.latent as symbols (none without it)."""
+    lat = spec.attention.latent
+    if lat is None:
+        return {}
+    return dict(kv_rank=R_KV, q_rank=R_Q if lat.q_rank is not None else None, rope_dim=D_R,
+                v_head_dim=D_V)
 
 
 def _moe_sizes(spec: Spec, sizes: Sizes, dense_layers: int) -> Sizes:
@@ -180,6 +196,10 @@ def symbol_values(spec: Spec) -> dict[sympy.Symbol, int]:
         if _mixed_windows(spec):
             local = sum(spec.layer_is_local(i) for i in range(spec.layer_count("decoder")))
             values.update({L_LOCAL: local, L_GLOBAL: spec.layer_count("decoder") - local})
+    lat = att.latent
+    if lat is not None:
+        values.update({R_KV: lat.kv_rank, R_Q: int(lat.q_rank or 0), D_R: lat.rope_dim,
+                       D_V: int(lat.v_head_dim or 0)})
     ffn = spec.ffn
     if ffn.experts is not None:
         values.update({E: ffn.experts, K: int(ffn.top_k or 0), D_E: int(ffn.expert_hidden or 0),
@@ -296,5 +316,5 @@ def pretty(expr: sympy.Expr | str) -> str:
 def size_symbols() -> dict[str, sympy.Symbol]:
     """All symbols a formula may contain, by name (B, S, T and the spec's sizes)."""
     names = [L, L_ENC, L_DEC, D, H, KV, HD, D_FF, V, V_SRC, V_TGT, MAX_LEN, E, K, D_E, E_SH,
-             D_SH, L_DENSE, W, L_LOCAL, L_GLOBAL]
+             D_SH, L_DENSE, W, L_LOCAL, L_GLOBAL, R_KV, R_Q, D_R, D_V]
     return {**SYMBOLS, **{str(s): s for s in names}}

@@ -71,7 +71,9 @@ CONVENTIONS = {
                                  "attention as a fused kernel keeping q, k, v, output and a "
                                  "float32 log-sum-exp per query row).",
     "memory.kv_cache": "K and V of every decoder attention at kv_heads for the whole sequence: "
-                       "self-attention over the target, cross-attention over the source.",
+                       "self-attention over the target, cross-attention over the source; "
+                       "latent attention keeps its latent and rotary key (kv_rank + rope_dim "
+                       "per token).",
     "memory.model_states": "Adam: weights + gradients + two fp32 moments (+ an fp32 master "
                            "copy for 16-bit dtypes); gradients in the spec dtype (states "
                            "'mixed', the default: 16 bytes per parameter for a 16-bit spec, "

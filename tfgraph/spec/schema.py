@@ -75,7 +75,8 @@ Residual = Literal["sequential", "parallel"]
 Normalize = Literal["softmax", "hardmax"]
 QKNorm = Literal["none", "head", "full"]
 WindowKind = Literal["local", "global"]
-Router = Literal["softmax_topk", "softmax_topk_renorm", "topk_softmax", "sparsemixer"]
+Router = Literal["softmax_topk", "softmax_topk_renorm", "topk_softmax", "sparsemixer",
+                 "sigmoid_topk", "sigmoid_topk_renorm"]
 Output = Literal["logits", "probs"]
 DType = Literal["float32", "float16", "bfloat16"]
 
@@ -229,6 +230,30 @@ class Embedding(_Strict):
         return value
 
 
+class LatentAttention(_Strict):
+    """Multi-head latent attention (MLA; DeepSeek-V2, arXiv:2405.04434 §2.1; DeepSeek-V3).
+
+    Keys and values come from one low-rank latent c = norm(x W_kv_a)[:kv_rank] (the
+    ``kv_a_norm``), expanded per head by ``kv_b`` into head_dim - rope_dim key channels and
+    v_head_dim value channels; the queries from x (``q``) or through their own low-rank latent
+    (``q_a``, ``q_a_norm``, ``q_b``). Each head's last rope_dim query channels and one rotary
+    key of rope_dim channels (the rest of ``kv_a``'s output, shared by every head: the
+    decoupled rotary key) carry the rotary positions; the other channels carry none. The KV
+    cache holds the latent and the rotary key, kv_rank + rope_dim values per token and layer
+    (README, "KV cache")."""
+
+    kv_rank: _size(MAX_D_MODEL)  # type: ignore[valid-type]
+    """Width of the key/value latent (DeepSeek-V3 kv_lora_rank: 512)."""
+    q_rank: _size(MAX_D_MODEL) | None = None  # type: ignore[valid-type]
+    """Width of the query latent (DeepSeek-V3 q_lora_rank: 1536). Default: none, the queries
+    are one projection of x (DeepSeek-V2-Lite)."""
+    rope_dim: _size(MAX_D_MODEL)  # type: ignore[valid-type]
+    """Rotary channels of each query head and of the shared rotary key (qk_rope_head_dim: 64);
+    attention.head_dim is qk_nope_head_dim + rope_dim (192)."""
+    v_head_dim: _size(MAX_D_MODEL) | None = None  # type: ignore[valid-type]
+    """Width of one value head (DeepSeek-V3: 128). Default: head_dim - rope_dim."""
+
+
 class Attention(_Strict):
     """Multi-head attention: heads, grouped key/value heads, projections, normalisation."""
 
@@ -270,6 +295,11 @@ class Attention(_Strict):
     """Clamp the q, k and v projections (after their biases) to [-clip_qkv, clip_qkv] before
     q/k norms and rotary positions (MPT's attn_config.clip_qkv, OLMo 1's clip_qkv: 8).
     Default: none."""
+    latent: LatentAttention | None = None
+    """Multi-head latent attention (DeepSeek-V2 and V3) instead of q, k and v projections
+    of x; needs rotary positions (embedding.rotary_fraction 1: the rotary part is
+    latent.rope_dim), kv_heads = heads, no q/k/v biases, no qk_norm and no window; decoder-only.
+    Default: none."""
     normalize: Normalize = "softmax"
     """softmax, or hardmax: the one-hot of the arg-max ("hard attention": each query reads only its highest-scoring key)."""
 
@@ -303,12 +333,28 @@ class FeedForward(_Strict):
     softmax_topk_renorm in exact arithmetic, fewer FLOPs), sparsemixer (Phi-3.5-MoE, Liu et
     al. 2024, at inference: top_k 2; the largest logit's expert weighted by a softmax over
     the experts within router_eps of it, then the largest of the others weighted by a
-    softmax over the others within router_eps of that one; no renormalisation). Default with
-    experts: softmax_topk_renorm."""
+    softmax over the others within router_eps of that one; no renormalisation),
+    sigmoid_topk (per-expert sigmoid scores; the k experts are chosen by score + a per-expert
+    correction bias, ``ffn.router.correction_bias``, and weighted by their score alone: DeepSeek-V3's
+    auxiliary-loss-free balancing, arXiv:2412.19437 §2.1.2) and sigmoid_topk_renorm (the same,
+    divided by their sum + 1e-20; DeepSeek-V3's norm_topk_prob). Default with experts:
+    softmax_topk_renorm."""
     router_eps: float | None = None
     """sparsemixer only: expert e stays in a softmax while (m - s_e) / max(|s_e|, m) <= 2 *
     router_eps, m the logit of the expert being chosen, s_e expert e's (Phi-3.5-MoE's
     router_jitter_noise, 0.01). Default with sparsemixer: 0.01."""
+    router_groups: _size(MAX_EXPERTS) | None = None  # type: ignore[valid-type]
+    """Group-limited routing (DeepSeek n_group): the experts are this many equal groups,
+    each token may choose only from the router_top_groups best groups. A group's score is its
+    largest expert score under the softmax routers (DeepSeek-V2 group_limited_greedy) and the
+    sum of its two largest bias-corrected scores under the sigmoid ones (DeepSeek-V3).
+    Default with experts: 1 (no groups)."""
+    router_top_groups: _size(MAX_EXPERTS) | None = None  # type: ignore[valid-type]
+    """Groups a token may choose its experts from (DeepSeek topk_group: 4 of 8 in V3).
+    Default: router_groups."""
+    router_scale: float | None = None
+    """Multiply the routing weights by this (DeepSeek routed_scaling_factor: 2.5 in V3).
+    Default with experts: 1."""
     expert_hidden: _size(MAX_HIDDEN) | None = None  # type: ignore[valid-type]
     """Inner width of each routed expert (Qwen2-MoE moe_intermediate_size, DeepSeek-V3 2048).
     Default with experts: hidden."""
@@ -325,6 +371,9 @@ class FeedForward(_Strict):
     dense_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] | None = None
     """The first N layers keep a dense feed-forward of width hidden (DeepSeek
     first_k_dense_replace: 3 in V3). One stack only. Default with experts: 0."""
+
+    _finite = field_validator("router_scale", mode="before")(_optional_finite_float)
+    _scale_above_zero = field_validator("router_scale")(_positive)
 
 
     _finite_eps = field_validator("router_eps", mode="before")(_optional_finite_float)
@@ -553,7 +602,10 @@ class Spec(_Strict):
         if not emb.rope_global and emb.positions != "rope":
             raise ValueError("embedding.rope_global: false leaves the global layers without "
                              "rotary positions; it needs positions: rope")
-        derive_rotary(emb, att.head_dim, self.max_len)
+        if att.latent is not None:
+            _derive_latent(self)
+        derive_rotary(emb, att.head_dim if att.latent is None else att.latent.rope_dim,
+                      self.max_len)
         # --- embeddings
         if emb.positions == "relative":  # T5's defaults (Raffel et al. 2020)
             emb.relative_buckets = emb.relative_buckets or 32
@@ -692,8 +744,11 @@ class Spec(_Strict):
 
     @property
     def rotary_dim(self) -> int:
-        """Channels of each head that rotary positions rotate (embedding.rotary_fraction)."""
+        """Channels of each head that rotary positions rotate (embedding.rotary_fraction;
+        latent attention: latent.rope_dim)."""
         assert self.attention.head_dim is not None
+        if self.attention.latent is not None:
+            return self.attention.latent.rope_dim
         return rotary_dim(self.attention.head_dim, self.embedding.rotary_fraction)
 
     @property
@@ -703,7 +758,8 @@ class Spec(_Strict):
 
 
 MOE_FIELDS = ("top_k", "router", "router_eps", "expert_hidden", "shared_experts",
-              "shared_hidden", "shared_gate", "dense_layers")
+              "shared_hidden", "shared_gate", "dense_layers", "router_groups",
+              "router_top_groups", "router_scale")
 
 
 def _derive_experts(spec: Spec) -> None:
@@ -747,6 +803,7 @@ def _derive_experts(spec: Spec) -> None:
         ffn.shared_gate = False
     if ffn.dense_layers is None:
         ffn.dense_layers = 0
+    _derive_groups(ffn)
     if ffn.dense_layers:
         if len(spec.stacks) > 1:
             raise ValueError("ffn.dense_layers: dense first layers need one stack; "
@@ -754,3 +811,64 @@ def _derive_experts(spec: Spec) -> None:
         if ffn.dense_layers >= spec.layer_count(spec.stacks[0]):
             raise ValueError(f"ffn.dense_layers: {ffn.dense_layers} leaves no layer with "
                              f"experts out of {spec.layer_count(spec.stacks[0])}; choose fewer")
+
+
+def _derive_groups(ffn: FeedForward) -> None:
+    """Rules and defaults of group-limited routing and the routing scale (DeepSeek)."""
+    if ffn.router_scale is None:
+        ffn.router_scale = 1.0
+    if ffn.router_groups is None:
+        if ffn.router_top_groups is not None:
+            raise ValueError("ffn.router_top_groups: needs ffn.router_groups")
+        ffn.router_groups = 1
+    experts, groups = int(ffn.experts or 0), ffn.router_groups
+    if experts % groups:
+        raise ValueError(f"ffn.router_groups: {experts} experts do not split into {groups} "
+                         "equal groups")
+    if ffn.router_top_groups is None:
+        ffn.router_top_groups = groups
+    if ffn.router_top_groups > groups:
+        raise ValueError(f"ffn.router_top_groups: {ffn.router_top_groups} is more than the "
+                         f"{groups} groups")
+    if ffn.top_k and ffn.top_k > ffn.router_top_groups * (experts // groups):
+        raise ValueError(f"ffn.top_k: {ffn.top_k} experts do not fit in "
+                         f"{ffn.router_top_groups} groups of {experts // groups}")
+    sigmoid = str(ffn.router).startswith("sigmoid")
+    if groups > 1 and sigmoid and experts // groups < 2:
+        raise ValueError("ffn.router_groups: a sigmoid router scores a group by its two best "
+                         "experts; use groups of at least 2")
+    if groups > 1 and ffn.router in ("topk_softmax", "sparsemixer"):
+        raise ValueError("ffn.router_groups: group-limited routing is for the softmax_topk "
+                         "and sigmoid routers")
+    if ffn.router == "sparsemixer" and ffn.router_scale != 1.0:
+        raise ValueError("ffn.router_scale: the sparsemixer router's weights are not scaled")
+
+
+def _derive_latent(spec: Spec) -> None:
+    """Rules and defaults of multi-head latent attention (attention.latent)."""
+    att, emb = spec.attention, spec.embedding
+    assert att.latent is not None and att.head_dim is not None
+    att.latent = lat = att.latent.model_copy()
+    if spec.arch != "decoder-only":
+        raise ValueError("attention.latent: multi-head latent attention is implemented for "
+                         "decoder-only models")
+    if emb.positions != "rope" or emb.rotary_fraction != 1.0:
+        raise ValueError("attention.latent: needs embedding.positions rope with "
+                         "rotary_fraction 1 (latent.rope_dim says which channels rotate)")
+    if lat.rope_dim % 2 or lat.rope_dim >= att.head_dim:
+        raise ValueError(f"attention.latent.rope_dim: {lat.rope_dim} must be even and below "
+                         f"head_dim {att.head_dim} (head_dim = qk_nope_head_dim + rope_dim)")
+    if att.kv_heads != att.heads:
+        raise ValueError("attention.kv_heads: latent attention expands its keys and values "
+                         "per query head; set kv_heads = heads")
+    if att.qkv_bias:
+        raise ValueError("attention.qkv_bias: latent attention's projections have no biases "
+                         "here; set attention.bias (or qkv_bias) false")
+    if att.qk_norm != "none" or att.window is not None:
+        name = "qk_norm" if att.qk_norm != "none" else "window"
+        raise ValueError(f"attention.{name}: not combined with latent attention")
+    if spec.block.residual != "sequential":
+        raise ValueError("block.residual: latent attention is implemented with sequential "
+                         "residuals")
+    if lat.v_head_dim is None:
+        lat.v_head_dim = att.head_dim - lat.rope_dim
