@@ -157,7 +157,11 @@ def test_layer_edges_follow_norm_placement(spec_path: Path) -> None:
             continue
         for sub in subs:
             x_in = x
-            for edge in _chain(stack, sub, position, x):
+            chain = _chain(stack, sub, position, x)
+            if sub == "self_attn" and spec.norm.skip_first:  # layer 0 (drawn) has no pre-norm
+                chain = [(x, f"{stack}.{sub}.fn"), (f"{stack}.{sub}.fn", f"{stack}.{sub}.add")]
+                assert (x, f"{stack}.{sub}.norm") not in pairs
+            for edge in chain:
                 assert edge in pairs, f"{spec.name}: missing {edge} for {position} norm"
             # the residual edge: the sublayer's input straight into its add, drawn as such
             residual = [attrs for a, b, attrs in edges if (a, b) == (x, f"{stack}.{sub}.add")]

@@ -298,7 +298,7 @@ EXPORTABLE = ["tiny-bart", "tiny-bert", "tiny-bf16", "tiny-cohere", "tiny-cohere
               "tiny-llama3", "tiny-mistral", "tiny-moe", "tiny-mpt", "tiny-nemotron", "tiny-neox",
               "tiny-mla", "tiny-olmo", "tiny-olmo2", "tiny-olmoe", "tiny-phimoe",
               "tiny-opt", "tiny-phi", "tiny-pythia", "tiny-qwen2", "tiny-qwen2-moe",
-              "tiny-qwen3", "tiny-t5", "tiny-yarn"]
+              "tiny-qwen3", "tiny-t5", "tiny-yarn", "tiny-roberta", "tiny-modernbert"]
 
 
 def test_exportable_is_every_tiny_spec_a_family_expresses() -> None:
