@@ -28,7 +28,7 @@ from test_hf_families import CASES, build_reference, family_seed, import_spec
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
 TOL = dict(atol=1e-4, rtol=1e-4)
-FAMILIES = ["mpt", "olmo", "cohere2", "falcon-new", "phimoe"]
+FAMILIES = ["mpt", "olmo", "cohere2", "falcon-new", "phimoe", "falcon-alibi", "falcon-alibi-12"]
 
 
 def padded(vocab: int) -> tuple[Tensor, Tensor]:

@@ -77,7 +77,7 @@ def _build_read_mask(b: Builder, scope: str, n: Node, mask: str) -> str:
 
 def attention_cached(b: Builder, n: Node) -> str:
     q, k, v, mask = n.inputs[:4]  # (B, S, h*hd), (B, kv, T, hd) x2, (B, T) int64
-    bias = n.inputs[4] if len(n.inputs) == 5 else None  # (h, S, T): T5's position bias
+    bias = n.inputs[4] if len(n.inputs) == 5 else None  # (h, S, T) or (B, h, S, T)
     h, kv, hd = int(n.attrs["heads"]), int(n.attrs["kv_heads"]), int(n.attrs["head_dim"])
     vd = int(n.attrs.get("v_head_dim", hd))  # latent attention's value heads are narrower
     g = h // kv
@@ -96,9 +96,12 @@ def attention_cached(b: Builder, n: Node) -> str:
         c = b.const(n.name, "cap", float(softcap))
         scores = b.add(n.name, "Mul", [b.add(n.name, "Tanh", [b.add(
             n.name, "Div", [scores, c], tag="over_cap")]), c], tag="capped")
-    if bias is not None:  # (h, S, T) -> (kv, g, S, T), added before the mask
-        split = b.add(n.name, "Concat", [b.ints([kv, g]), b.add(
-            n.name, "Shape", [bias], tag="bias_shape", start=1)], tag="bias_heads", axis=0)
+    if bias is not None:  # (h, S, T) -> (kv, g, S, T), added before the mask; a per-row
+        # (B, h, S, T) (Falcon's rounded ALiBi) -> (B, kv, g, S, T): its leading axes kept
+        split = b.add(n.name, "Concat", [
+            b.add(n.name, "Shape", [bias], tag="bias_rows", end=-3), b.ints([kv, g]),
+            b.add(n.name, "Shape", [bias], tag="bias_shape", start=-2)], tag="bias_heads",
+            axis=0)
         scores = b.add(n.name, "Add", [scores, b.add(n.name, "Reshape", [bias, split],
                                                      tag="split_bias")], tag="biased")
     read = _read_mask(b, n, mask)

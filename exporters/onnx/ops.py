@@ -136,6 +136,8 @@ def _alibi(b: Builder, n: Node) -> str:
     # slope_h * j for key j, repeated over the L query rows, as torch_ops._alibi.
     x = n.inputs[0]  # (B, L, d)
     keys = n.inputs[1] if len(n.inputs) == 2 else x  # KV cache: the (B, T) mask's T
+    if n.attrs.get("bfloat16"):
+        return _alibi_bfloat16(b, n)
     t = b.add(n.name, "Squeeze", [b.add(n.name, "Shape", [keys], tag="keys", start=1, end=2),
                                   b.ints([0])], tag="T")
     zero, one = (b.const(n.name, tag, np.array(v, np.int64), "int64")
@@ -147,10 +149,66 @@ def _alibi(b: Builder, n: Node) -> str:
                  tag="sloped")  # (h, 1, T)
     if b.dtype != "float32":
         bias = b.cast(n.name, bias, b.dtype)
+    bias = _alibi_scaled(b, n, bias)
     length = b.add(n.name, "Shape", [x], tag="length", start=1, end=2)  # [L]
     shape = b.add(n.name, "Concat", [b.ints([len(n.attrs["slopes"])]), length,
                                      b.ints([1])], tag="rows", axis=0)  # [h, L, 1]
     return b.add(n.name, "Expand", [bias, shape], n.name)  # (h, L, T)
+
+
+def _alibi_scaled(b: Builder, n: Node, bias: str) -> str:
+    """Divided by sqrt(head_dim) when attrs['scaled'] (Falcon-RW), as torch_ops._alibi."""
+    if not n.attrs.get("scaled"):
+        return bias
+    root = b.const(n.name, "sqrt_head_dim", math.sqrt(int(n.attrs["head_dim"])))
+    return b.add(n.name, "Div", [bias, root], tag="scaled")
+
+
+def _bfloat16_rounded(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (to nearest, ties to even, as torch's .bfloat16()),
+    kept as float32: the top 16 bits after adding half a unit of the 17th (finite values)."""
+    bits = x.astype(np.float32).view(np.uint32)
+    bits = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (bits & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def _alibi_bfloat16(b: Builder, n: Node) -> str:
+    # Falcon's bias, as torch_functional.alibi_bfloat16: bfloat16(bfloat16(slope_h) * p_j)
+    # with p_j counted over the row's real tokens ((B, T) mask cumsum - 1, 0 on padding) in
+    # a KV-cache graph, 0..L-1 otherwise. The slopes are rounded here (round to nearest even,
+    # as torch's .bfloat16()); the product of a bfloat16 slope and an integer below 2^16 is
+    # exact in float32, so one Cast to bfloat16 and back rounds it as torch's bfloat16 multiply.
+    x = n.inputs[0]  # (B, L, d)
+    rounded = _bfloat16_rounded(np.array(n.attrs["slopes"], np.float32))
+    slopes = b.const(n.name, "slopes", rounded[None, :, None], "float32")  # (1, h, 1)
+    one = b.const(n.name, "one", np.array(1, np.int64), "int64")
+    if len(n.inputs) == 2:  # per row: (B, T) mask
+        real = b.cast(n.name, n.inputs[1], "int64", tag="real")
+        counted = b.add(n.name, "CumSum", [real, b.const(n.name, "axis", np.array(
+            1, np.int64), "int64")], tag="counted")
+        pos = b.add(n.name, "Mul", [b.add(n.name, "Sub", [counted, one], tag="from_zero"),
+                                    real], tag="positions")  # (B, T)
+    else:  # every row 0..L-1
+        length = b.add(n.name, "Squeeze", [b.add(n.name, "Shape", [x], tag="keys", start=1,
+                                                 end=2), b.ints([0])], tag="T")
+        zero = b.const(n.name, "zero", np.array(0, np.int64), "int64")
+        pos = b.add(n.name, "Unsqueeze", [b.add(n.name, "Range", [zero, length, one],
+                                                tag="key_pos"), b.ints([0])], tag="positions")
+    pos = b.add(n.name, "Unsqueeze", [b.cast(n.name, pos, "float32", tag="positions_f"),
+                                      b.ints([1])], tag="head_axis")  # (B|1, 1, T)
+    bias = b.add(n.name, "Mul", [slopes, pos], tag="sloped")  # (B|1, h, T), exact
+    bias = b.cast(n.name, b.cast(n.name, bias, "bfloat16", tag="to_bfloat16"), b.dtype,
+                  tag="from_bfloat16")
+    bias = _alibi_scaled(b, n, b.add(n.name, "Unsqueeze", [bias, b.ints([2])],
+                                     tag="row_axis"))  # (B|1, h, 1, T)
+    length = b.add(n.name, "Shape", [x], tag="length", start=1, end=2)  # [L]
+    if len(n.inputs) == 2:
+        shape = b.add(n.name, "Concat", [b.ints([1, 1]), length, b.ints([1])], tag="rows",
+                      axis=0)  # [1, 1, L, 1]
+        return b.add(n.name, "Expand", [bias, shape], n.name)  # (B, h, L, T)
+    shape = b.add(n.name, "Concat", [b.ints([1]), length, b.ints([1])], tag="rows", axis=0)
+    squeezed = b.add(n.name, "Squeeze", [bias, b.ints([0])], tag="one_row")  # (h, 1, T)
+    return b.add(n.name, "Expand", [squeezed, shape], n.name)  # (h, L, T)
 
 
 def _relative_bias(b: Builder, n: Node) -> str:

@@ -51,6 +51,28 @@ def learned_positions(x: Tensor, table: Tensor, offset: int = 0) -> Tensor:
     return table[offset:offset + length]  # (L, d)
 
 
+def alibi_bfloat16(slopes: Tensor, x: Tensor, mask: Tensor | None,
+                   head_dim: int | None) -> Tensor:
+    """Falcon's ALiBi (transformers' falcon build_alibi_tensor, FalconModel.forward):
+    bfloat16(bfloat16(slope_h) * p_j), p_j key j's position counted over its row's real tokens
+    (mask cumsum - 1, 0 on padding), cast to x's dtype and divided by sqrt(head_dim) when
+    given. Rounding makes the bias depend on the positions themselves, not only on their
+    differences, so a left-padded row needs its own: (B, h, L, T) with a (B, T) mask; without
+    one every row counts 0..L-1 and one (h, L, L) serves all."""
+    length = x.shape[1]
+    if mask is None:
+        pos = torch.arange(length, device=x.device)[None, :]  # (1, L)
+    else:
+        real = mask.long()  # an integer position: bfloat16 * int64 stays bfloat16
+        pos = (real.cumsum(-1) - 1) * real  # (B, T)
+    bias = (slopes.bfloat16()[None, :, None] * pos[:, None, :]).to(x.dtype)  # (B|1, h, T)
+    if head_dim is not None:
+        bias = bias / math.sqrt(head_dim)
+    if mask is None:
+        return bias[0, :, None, :].expand(-1, length, -1)  # (h, L, L)
+    return bias[:, :, None, :].expand(-1, -1, length, -1)  # (B, h, L, T)
+
+
 def relative_position_bias(table: Tensor, length: int, bidirectional: bool, buckets: int,
                            max_distance: int, keys: int | None = None) -> Tensor:
     """T5's position bias (Raffel et al. 2020): table[bucket(j - i)], (heads, L, L); with
@@ -227,7 +249,7 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize:
     if softcap is not None:
         scores = soft_cap(scores, softcap)
     if bias is not None:
-        scores = scores + bias.unflatten(0, (kv_heads, -1))  # (kv, g, Tq, Tk) broadcast
+        scores = scores + bias.unflatten(-3, (kv_heads, -1))  # (kv, g, Tq, Tk) broadcast
     read = attention_mask(tq, tk, causal, window, q.device)  # (Tq, Tk) or None
     if read is not None:
         scores = scores.masked_fill(~read, float("-inf"))
@@ -509,8 +531,8 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
     scores = scores * (1.0 / math.sqrt(head_dim) if scale is None else scale)
     if softcap is not None:
         scores = soft_cap(scores, softcap)
-    if bias is not None:  # (h, S, T) -> (kv, g, S, T), before the mask
-        scores = scores + bias.unflatten(0, (kv_heads, -1))
+    if bias is not None:  # (h, S, T) -> (kv, g, S, T), before the mask; (B, h, S, T) per row
+        scores = scores + bias.unflatten(-3, (kv_heads, -1))
     scores = scores.masked_fill(~read[:, None, None], float("-inf"))
     if normalize == "softmax":
         weights = scores.softmax(dim=-1)

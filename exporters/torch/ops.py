@@ -10,6 +10,7 @@ Tests assert every op has a row in both.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,8 +153,13 @@ def _alibi(a: dict[str, Any], x: Tensor, keys: Tensor | None = None) -> Tensor:
     # TORCH_SOURCE's "alibi" template writes the same expression into model.py
     t = x.shape[1] if keys is None else keys.shape[1]  # (B, L, d); keys: a (B, T) mask
     slopes = torch.tensor(a["slopes"], device=x.device)  # (h,) float32
+    if a.get("bfloat16"):
+        return tf.alibi_bfloat16(slopes, x, keys, a.get("head_dim") if a.get("scaled") else None)
     j = torch.arange(t, device=x.device)  # (T,) key positions
-    return (slopes[:, None, None] * j).to(x.dtype).expand(-1, x.shape[1], -1)  # (h, L, T)
+    bias = (slopes[:, None, None] * j).to(x.dtype)
+    if a.get("scaled"):  # Falcon-RW: with the scores' 1/sqrt(head_dim)
+        bias = bias / math.sqrt(a["head_dim"])
+    return bias.expand(-1, x.shape[1], -1)  # (h, L, T)
 
 
 NORM_OPS = tuple(op for op, d in OPS.items() if d.category == "norm")  # OpDef.category
@@ -287,6 +293,22 @@ def _present(a: Attr, key: str) -> str | None:
         return None
 
 
+def alibi_source(o: Sequence[str], a: Attr) -> str:
+    """_alibi written out for a full-sequence graph (no mask: positions 0..L-1 on every row):
+    slope_h * j the same on every row, or Falcon's bfloat16 form; divided by sqrt(head_dim)
+    when scaled."""
+    x = o[0]
+    slopes = f"torch.tensor({a('slopes')}, device={x}.device)"
+    j = f"torch.arange({x}.shape[1], device={x}.device)"
+    if _present(a, "bfloat16") == "True":
+        scaled = a("head_dim") if _present(a, "scaled") == "True" else "None"
+        return f"alibi_bfloat16({slopes}, {x}, None, {scaled})"
+    bias = f"({slopes}[:, None, None] * {j}).to({x}.dtype)"
+    if _present(a, "scaled") == "True":
+        bias = f"({bias} / math.sqrt({a('head_dim')}))"
+    return f"{bias}.expand(-1, {x}.shape[1], -1)"
+
+
 def _attention_src(o: Sequence[str], a: Attr) -> str:
     extra = "".join(f", {key}={value}" for key in ("scale", "softcap", "window")
                     if (value := _present(a, key)) is not None)
@@ -397,10 +419,7 @@ TORCH_SOURCE: dict[str, SourceTemplate] = {
                                     dims=lambda d: ()),
     "softcap": SourceTemplate(lambda o, a: f"soft_cap({o[0]}, {a('cap')})"),
     "clip": SourceTemplate(lambda o, a: f"{o[0]}.clamp(-{a('bound')}, {a('bound')})"),
-    "alibi": SourceTemplate(  # _alibi, written out: slope_h * j, the same on every row
-        lambda o, a: f"(torch.tensor({a('slopes')}, device={o[0]}.device)[:, None, None] * "
-                     f"torch.arange({o[0]}.shape[1], device={o[0]}.device)).to({o[0]}.dtype)"
-                     f".expand(-1, {o[0]}.shape[1], -1)"),
+    "alibi": SourceTemplate(alibi_source),
     "relative_bias": SourceTemplate(
         lambda o, a: f"relative_position_bias({o[0]}, {o[1]}.shape[1], {a('bidirectional')}, "
                      f"{a('buckets')}, {a('max_distance')})",

@@ -383,10 +383,15 @@ class _Lowering:
         meta = NodeMeta(part="embed", stack=stack, module=stack)
         if emb.positions == "alibi":  # BLOOM, MPT: fixed slopes, no table
             heads = self.z.heads
-            slopes = {"slopes": alibi_slopes(heads)} if isinstance(heads, int) else {}
-            keys = self._mask()  # KV cache: (h, L, P+L)
+            extra: dict[str, Any] = {"slopes": alibi_slopes(heads)} \
+                if isinstance(heads, int) else {}
+            if emb.alibi_scaled:  # Falcon-RW: the bias divided by sqrt(head_dim) as well
+                extra |= {"scaled": True, "head_dim": self.z.head_dim}
+            if emb.alibi_bfloat16:  # Falcon's build_alibi_tensor rounds to bfloat16
+                extra["bfloat16"] = True
+            keys = self._mask()  # KV cache: (h, L, P+L); per row (B, h, L, P+L) rounded
             return self.g.add("alibi", [x, *keys], name=f"{stack}.alibi", scope=stack,
-                              heads=heads, meta=_role(meta, "alibi"), **slopes)  # (h, L, L)
+                              heads=heads, meta=_role(meta, "alibi"), **extra)  # (h, L, L)
         if emb.positions != "relative":
             return None
         table = self.param(f"{stack}.relative_bias.weight", ("relative_buckets", "heads"),

@@ -395,13 +395,21 @@ def _alibi_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     x = ins[0]
     if len(x.shape) != 3:
         raise ValueError("alibi reads the length of a (B, L, d) input")
+    if attrs.get("scaled") and "head_dim" not in attrs:
+        raise ValueError("alibi: scaled needs head_dim")
     keys = ins[1].shape[1] if len(ins) == 2 else x.shape[1]  # a KV-cache graph's (B, T) mask
+    if len(ins) == 2 and attrs.get("bfloat16"):  # rounded: each row its own positions
+        return TensorType((ins[1].shape[0], attrs["heads"], x.shape[1], keys), x.dtype)
     return TensorType((attrs["heads"], x.shape[1], keys), x.dtype)
 
 
 def _alibi_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
-    # slope * position once per head and key; the rows repeat it (a broadcast, no work)
-    return ZERO, FLOPS_PER_ELEMENT["add"] * out.shape[0] * out.shape[2]
+    # slope * position once per head and key (per row of the batch when the positions are
+    # each row's own), one more for the division by sqrt(head_dim) when scaled; the query
+    # rows repeat it (a broadcast, no work)
+    per_key = FLOPS_PER_ELEMENT["add"] * (2 if attrs.get("scaled") else 1)
+    rows = out.shape[0] if len(out.shape) == 4 else 1
+    return ZERO, per_key * rows * out.shape[-3] * out.shape[-1]
 
 
 register(OpDef(
@@ -411,16 +419,27 @@ register(OpDef(
     "-slope_h * (i - j) up to a per-row constant, which softmax ignores (BLOOM adds exactly "
     "this). attrs['slopes'] are alibi_slopes(heads) (absent in symbolic twins). With a "
     "second operand, an attention mask (B, T) of a KV-cache graph, the keys are its T "
-    "positions: (heads, L, T). No parameters, nothing saved; h*T multiplies.",
+    "positions: (heads, L, T). attrs['scaled']: divided by sqrt(attrs['head_dim']), the "
+    "scores' own scale (Falcon-RW). attrs['bfloat16']: Falcon's build_alibi_tensor, "
+    "bfloat16(bfloat16(slope_h) * p_j) with p_j key j's position counted over the real "
+    "tokens of its row (mask cumsum - 1, 0 on padding); rounding breaks the per-row "
+    "constant, so with a mask operand the bias is per row, (B, heads, L, T). No "
+    "parameters, nothing saved; h*T multiplies (B*h*T per row), doubled when scaled.",
     category="position",
     attrs={"heads": Attr(SIZE, required=True),
-           "slopes": Attr(tuple, doc="alibi_slopes(heads); absent in symbolic twins")},
+           "slopes": Attr(tuple, doc="alibi_slopes(heads); absent in symbolic twins"),
+           "scaled": Attr(bool, default=False, doc="divided by sqrt(head_dim) (Falcon-RW)"),
+           "head_dim": Attr(SIZE, doc="the divisor's head_dim, with scaled"),
+           "bfloat16": Attr(bool, default=False,
+                            doc="slopes and products rounded to bfloat16 (Falcon)")},
     # a rank's heads would need their own slopes (an offset into the global heads)
     tp="refused", tp_refused="ALiBi position bias",
     shape_only=(0, 1), score_bias=True,
     diagram_text=lambda attrs: (
-        f"ALiBi (linear bias slope · key position, {attrs['heads']} slopes, "
-        "on the self-attention scores)"),
+        f"ALiBi (linear bias slope · key position, {attrs['heads']} slopes"
+        + (", bfloat16, per-row positions" if attrs.get("bfloat16") else "")
+        + (", ÷ √head_dim" if attrs.get("scaled") else "")
+        + ", on the self-attention scores)"),
 ))
 
 # ---- linear algebra -----------------------------------------------------------------------

@@ -46,7 +46,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
 
 def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     """The config fields :func:`spec_from_config` reads; None for a spec without ALiBi."""
-    if spec.embedding.positions != "alibi":
+    emb = spec.embedding
+    if emb.positions != "alibi" or emb.alibi_scaled or emb.alibi_bfloat16:  # Falcon-RW's
         return None
     return {
         "hidden_size": spec.d_model, "n_layer": spec.layer_count("decoder"),

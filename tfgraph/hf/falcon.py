@@ -8,10 +8,16 @@ heads, ``query_key_value`` holding per group [its heads/num_kv_heads query heads
 v], and attention always beside the feed-forward, each on its own norm (``ln_attn``,
 ``ln_mlp``; ``num_ln_in_parallel_attn`` 2, the default) or on one (``input_layernorm``, 1).
 
-Falcon's ALiBi variant (``alibi: true``, Falcon-RW) is refused: transformers computes its bias
-as bfloat16(slope * position) at positions counted from the attention mask, divided by
-sqrt(head_dim), and its eager attention adds it twice (once to the scores, once inside the
-mask) where SDPA adds it once; tfgraph's ALiBi is float32 slope * key index (BLOOM, MPT)."""
+Falcon's ALiBi variant (``alibi: true``, Falcon-RW-1B/7B) has no rotary positions (the
+rotary settings are moot) but ALiBi as transformers' build_alibi_tensor computes it: BLOOM's
+slopes rounded to bfloat16, times each key's position counted over its row's real tokens
+(attention mask cumsum - 1), the product rounded to bfloat16 (``embedding.alibi_bfloat16``),
+and divided by sqrt(head_dim) like the scores (``embedding.alibi_scaled``): softmax((q.k +
+alibi) / sqrt(head_dim)), as TII's Falcon-RW code ((scores + alibi) * inv_norm_factor) and
+transformers' SDPA attention (the default; the bias folded into the mask) compute it.
+transformers' eager attention adds the bias a second time, to the unscaled scores
+(FalconAttention.forward and FalconModel.forward both add it): that path is not the model
+and is not matched."""
 
 from __future__ import annotations
 
@@ -27,11 +33,6 @@ from tfgraph.spec.schema import Spec
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
-    if cfg.bool("alibi", False):
-        cfg.refuse("alibi", "Falcon's ALiBi variant is not imported: transformers rounds its "
-                   "bias to bfloat16 at mask-counted positions and scales it by "
-                   "1/sqrt(head_dim) (eager attention adds it twice), which tfgraph's ALiBi "
-                   "(float32 slope * key index, BLOOM's and MPT's) does not express")
     new = cfg.bool("new_decoder_architecture", False)
     lns = cfg.get("num_ln_in_parallel_attn", None)
     if new:
@@ -70,6 +71,12 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("block.residual", "parallel", "parallel_attn")
         draft.put("block.shared_norm", True, "parallel_attn")
     draft.put("dropout", cfg.float("hidden_dropout", 0.0), "hidden_dropout")
+    if cfg.bool("alibi", False):  # Falcon-RW: no rotary (FalconAttention skips it)
+        draft.put("embedding.positions", "alibi", "alibi")
+        draft.put("embedding.alibi_scaled", True, "alibi")
+        draft.put("embedding.alibi_bfloat16", True, "alibi")
+        cfg.moot("rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor")
+        return draft
     where, params = rope_parameters(cfg)
     put_rope(draft, params, where)
     return draft
@@ -82,9 +89,13 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     # the old layout holds one kv head or all of them, with one norm when parallel; the new
     # one any grouping, always parallel
     new = parallel and (att.kv_heads not in (1, att.heads) or not spec.block.shared_norm)
+    emb = spec.embedding
+    alibi = emb.positions == "alibi"
     if spec.norm.kind != "layernorm" or bool(att.qkv_bias) != spec.ffn.bias \
-            or (not new and att.kv_heads not in (1, att.heads)):
-        return None
+            or (not new and att.kv_heads not in (1, att.heads)) \
+            or (alibi and not (emb.alibi_scaled and emb.alibi_bfloat16)) \
+            or (not alibi and emb.positions != "rope"):
+        return None  # Falcon's ALiBi is rounded and scaled; BLOOM's or MPT's is not
     layout: dict[str, Any] = {"new_decoder_architecture": new}
     if new:
         layout |= {"num_kv_heads": att.kv_heads,
@@ -95,12 +106,11 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
         "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
         "tie_word_embeddings": spec.embedding.tie_output,
-        "num_attention_heads": att.heads, "alibi": False, "parallel_attn": parallel,
+        "num_attention_heads": att.heads, "alibi": alibi, "parallel_attn": parallel,
         "bias": spec.ffn.bias, "ffn_hidden_size": spec.ffn.hidden,
         "activation": plain_activation(spec), "layer_norm_epsilon": spec.norm.eps,
         "hidden_dropout": spec.dropout, "attention_dropout": 0.0,
-        "rope_parameters": rope_config(spec),
-    }
+    } | ({} if alibi else {"rope_parameters": rope_config(spec)})
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:

@@ -109,7 +109,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
 
 def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     """The config fields :func:`spec_from_config` reads; None for a spec MPT cannot hold."""
-    if spec.embedding.positions != "alibi" or spec.norm.bias or spec.norm.kind != "layernorm":
+    emb = spec.embedding
+    if emb.positions != "alibi" or emb.alibi_scaled or emb.alibi_bfloat16 \
+            or spec.norm.bias or spec.norm.kind != "layernorm":
         return None
     attn: dict[str, Any] = {"alibi": True, "alibi_bias_max": 8, "attn_pdrop": 0,
                             "clip_qkv": spec.attention.clip_qkv,

@@ -154,6 +154,17 @@ class Embedding(_Strict):
     relative_max_distance: _size(MAX_LEN) | None = None  # type: ignore[valid-type]
     """positions relative: distances from this on share the last bucket (T5: 128).
     Default: 128."""
+    alibi_scaled: Flag = False
+    """positions alibi: the bias is divided by sqrt(head_dim) with the scores, softmax((q.k +
+    bias) / sqrt(head_dim)) (Falcon-RW: TII's ``(scores + alibi) * inv_norm_factor``, and
+    transformers' FalconModel folding ``alibi / sqrt(head_dim)`` into the SDPA mask); BLOOM and
+    MPT add it unscaled."""
+    alibi_bfloat16: Flag = False
+    """positions alibi: the bias is computed in bfloat16, as Falcon's build_alibi_tensor does:
+    the slopes rounded to bfloat16, slope * position rounded again, then cast back. A rounded
+    bias no longer changes by a constant per query row when every position shifts, so
+    positions count each row's real tokens from 0 (the attention mask's cumsum - 1, as
+    transformers does): a KV-cache graph's bias is per row, (B, heads, S, T)."""
     scale: Flag = True
     """Multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017 §3.4)."""
     multiplier: float | None = None
@@ -616,6 +627,9 @@ class Spec(_Strict):
         elif emb.relative_buckets is not None or emb.relative_max_distance is not None:
             raise ValueError("embedding.relative_buckets: relative_buckets and "
                              "relative_max_distance are for positions: relative")
+        if (emb.alibi_scaled or emb.alibi_bfloat16) and emb.positions != "alibi":
+            raise ValueError("embedding.alibi_scaled: alibi_scaled and alibi_bfloat16 are for "
+                             "positions: alibi")
         if emb.positions == "alibi" and self.arch != "decoder-only":
             raise ValueError("embedding.positions: alibi biases causal self-attention "
                              "(BLOOM, MPT): decoder-only models only")
