@@ -10,6 +10,8 @@ attention mask, and greedy decoding through the cache equals transformers' ``gen
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from torch import Tensor
 
 import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
+from tfgraph.exporters.torch.folder import write_torch_folder
 from tfgraph.exporters.torch.source import generate_source
 from tfgraph.graph.ops import alibi_slopes
 from tfgraph.spec.schema import Spec
@@ -194,3 +197,156 @@ def test_every_pass_knows_alibi_from_its_op_definition(tmp_path: Path) -> None:
     dot = cli("draw", spec_path, "--level", "model", "-o", str(tmp_path / "m.dot"))
     assert dot.returncode == 0
     assert "ALiBi (linear bias" in (tmp_path / "m.dot").read_text()
+
+
+# ---- Falcon-RW's ALiBi: divided by sqrt(head_dim), rounded to bfloat16 per row -------------
+
+
+def falcon_spec(heads: int, scaled: bool = True, rounded: bool = True) -> Spec:
+    """bloom_spec with Falcon-RW's options (embedding.alibi_scaled, alibi_bfloat16)."""
+    spec = bloom_spec(heads).model_dump()
+    spec["embedding"] |= {"alibi_scaled": scaled, "alibi_bfloat16": rounded}
+    return tfgraph.Spec.model_validate(spec)
+
+
+@pytest.mark.parametrize("heads", [12, 16, 32])
+def test_falcons_bias_is_build_alibi_tensor_bit_for_bit(heads: int) -> None:
+    """torch_functional.alibi_bias on a left-padded mask against transformers' falcon
+    build_alibi_tensor (then / sqrt(head_dim), as FalconModel.forward): the same floats, and
+    not BLOOM's float32 bias at key indices (which a padded row's shift would make differ)."""
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    from tfgraph.exporters.torch.functional import alibi_bias
+
+    _, mask = padded(bloom_spec(4))
+    mask = torch.cat([mask, torch.ones((3, 40), dtype=torch.long)], 1)  # positions to 50
+    x = torch.zeros((3, mask.shape[1], 8))
+    slopes = torch.tensor(alibi_slopes(heads))
+    theirs = build_alibi_tensor(mask, heads, torch.float32).view(3, heads, 1, -1) / math.sqrt(8)
+    ours = alibi_bias(slopes, x, mask, True, 8)
+    assert ours.shape == (3, heads, mask.shape[1], mask.shape[1])
+    assert torch.equal(ours, theirs.expand_as(ours))
+    plain = alibi_bias(slopes, x, None, False, 8)[:, -1]  # slope * key index, float32
+    shifted = plain[None] - plain[None, :, -1:] + theirs[:, :, 0, -1:]  # a per-row constant
+    real = mask[:, None].bool().expand(-1, heads, -1)
+    assert not torch.equal(shifted[real], theirs[:, :, 0][real])  # rounding shows
+
+
+@pytest.mark.parametrize("scaled,rounded", [(True, True), (True, False), (False, True)])
+def test_falcons_options_agree_in_every_back_end(scaled: bool, rounded: bool,
+                                                 tmp_path: Path) -> None:
+    """to_torch, the generated model.py and ONNX opsets 23 and 17 give the same logits; the
+    KV-cache graph gives the full graph's logits on an unpadded batch (one prefill, then one
+    token at a time) and, left-padded, torch and ONNX agree on every real position."""
+    spec = falcon_spec(12, scaled, rounded)
+    graph = tfgraph.compile(spec)
+    node = next(n for n in graph.ops() if n.op == "alibi")
+    assert node.attrs.get("scaled", False) == scaled
+    assert node.attrs.get("bfloat16", False) == rounded
+    model = to_torch(graph, seed=5).eval()
+    weights = {k: v.detach() for k, v in model.state_dict().items()}
+    ids = torch.randint(1, 128, (2, 13), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids)
+    write_torch_folder(graph, tmp_path / "torch", weights, seed=0)
+    loader = importlib.util.spec_from_file_location(f"falcon_{scaled}_{rounded}",
+                                                    tmp_path / "torch" / "model.py")
+    assert loader is not None and loader.loader is not None
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    net = module.load(str(tmp_path / "torch")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), want, **TOL)
+    for opset in (23, 17):
+        session = ort.InferenceSession(to_onnx(graph, weights=weights, opset=opset)
+                                       .SerializeToString(), providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(session.run(None, {"input_ids": ids.numpy()})[0],
+                                   want.numpy(), **TOL)
+    cached = to_torch(tfgraph.compile(spec, cache=True), weights=weights).eval()
+    with torch.no_grad():
+        mask = torch.ones((2, 8), dtype=torch.long)
+        logits, past = cached(ids[:, :8], attention_mask=mask, use_cache=True)
+        steps = [logits]
+        for t in range(8, 13):
+            mask = torch.cat([mask, torch.ones((2, 1), dtype=torch.long)], 1)
+            logits, past = cached(ids[:, t:t + 1], attention_mask=mask, past_key_values=past,
+                                  use_cache=True)
+            steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
+    ids, mask = padded(spec)
+    cache_graph = tfgraph.compile(spec, cache=True)
+    with torch.no_grad():
+        ours = cached(ids, attention_mask=mask)
+    real = mask.bool()
+    for opset in (23, 17):
+        session = ort.InferenceSession(to_onnx(cache_graph, weights=weights, opset=opset)
+                                       .SerializeToString(), providers=["CPUExecutionProvider"])
+        past = {i.name: np.zeros((3, spec.attention.kv_heads, 0, spec.attention.head_dim),
+                                 np.float32)
+                for i in session.get_inputs() if i.name.startswith("past_key_values")}
+        got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+                                 **past})[0]
+        np.testing.assert_allclose(got[real.numpy()], ours[real].numpy(), **TOL)
+
+
+def test_falcons_bias_is_per_row_only_where_rounded_and_counted() -> None:
+    """A KV-cache graph's rounded bias is (B, h, S, T), BLOOM's stays (h, S, T); FLOPs: one
+    multiply per head and key (per row when per row), one more when divided by sqrt(hd)."""
+    bloom = tfgraph.compile(bloom_spec(4), cache=True)
+    falcon = tfgraph.compile(falcon_spec(4), cache=True)
+    (b,) = [n for n in bloom.ops() if n.op == "alibi"]
+    (f,) = [n for n in falcon.ops() if n.op == "alibi"]
+    assert "bfloat16" not in b.attrs and "scaled" not in b.attrs  # BLOOM's graph unchanged
+    assert len(b.type.shape) == 3 and len(f.type.shape) == 4
+    heads, seq, layers = 4, 32, 2
+    plain = tfgraph.compile(tfgraph.Spec.model_validate(
+        {**bloom_spec(4).model_dump(), "embedding": {**bloom_spec(4).embedding.model_dump(),
+                                                     "positions": "none"}})).report(seq=seq)
+    scaled = tfgraph.compile(falcon_spec(4)).report(seq=seq)
+    assert scaled["flops"]["matmul"] == plain["flops"]["matmul"]
+    assert scaled["flops"]["other"] - plain["flops"]["other"] == \
+        2 * heads * seq + layers * heads * seq * seq
+    with pytest.raises(ValueError, match="alibi_scaled"):
+        tfgraph.Spec.model_validate({**bloom_spec(4).model_dump(), "embedding": {
+            **bloom_spec(4).embedding.model_dump(), "positions": "none", "alibi_scaled": True}})
+
+
+def test_fused_attention_keeps_the_written_out_form_for_falcons_alibi() -> None:
+    from tfgraph.exporters.onnx.fused_attention import OP_TYPE, refusal
+
+    graph = tfgraph.compile(falcon_spec(4), cache=True)
+    why = refusal(graph)
+    assert why is not None and "additive position bias" in why
+    model = to_onnx(graph, seed=0, fused_attention=True)
+    assert not any(n.op_type == OP_TYPE for n in model.graph.node)
+
+
+def test_tfgraph_generate_on_a_falcon_rw_folder_equals_transformers(tmp_path: Path) -> None:
+    """``tfgraph generate DIR`` (ONNX and torch back ends) on prompts of different lengths,
+    left-padded, gives transformers' greedy tokens (SDPA: the attention Falcon-RW defines)."""
+    import json
+
+    config = transformers.FalconConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=16, vocab_size=101,
+        alibi=True, multi_query=False, parallel_attn=False, bias=True, ffn_hidden_size=128,
+        bos_token_id=0, eos_token_id=0)
+    ref = transformers.FalconForCausalLM._from_config(config, attn_implementation="sdpa")
+    randomize(ref.eval(), 7)
+    ref.save_pretrained(tmp_path / "rw")
+    prompts = [[5, 17, 42, 8, 9, 33, 61, 2, 90], [3, 9], [11, 12, 13, 14, 15]]
+    ids = torch.zeros((3, 9), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, 9 - len(p):] = torch.tensor(p)
+        mask[row, 9 - len(p):] = 1
+    with torch.no_grad():
+        want = ref.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                            eos_token_id=-1, pad_token_id=0)[:, 9:].tolist()
+    for backend in ("onnx", "torch"):
+        result = subprocess.run(
+            [sys.executable, "-m", "tfgraph", "generate", str(tmp_path / "rw"), "--backend",
+             backend, "--max-new-tokens", "8", "--ignore-eos", "--json",
+             *[a for p in prompts for a in ("--prompt-ids", ",".join(map(str, p)))]],
+            capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["tokens"] == want, backend

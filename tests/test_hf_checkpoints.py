@@ -133,7 +133,7 @@ def test_hf_folder_from_a_folder_round_trips(family: str, tmp_path: Path) -> Non
     case, ref = saved(family, tmp_path / "hf")
     cli(tmp_path / "hf", "--to", "hf", "-o", tmp_path / "out")
     auto = getattr(transformers, AUTO[case.kind])
-    back = auto.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    back = auto.from_pretrained(tmp_path / "out", attn_implementation=case.attn).eval()
     assert type(back) is type(ref)
     kwargs, _ = inputs(tfgraph.load_spec(tmp_path / "hf"), case.kind)
     same(hf_logits(back, kwargs), hf_logits(ref, kwargs))

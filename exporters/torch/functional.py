@@ -51,25 +51,29 @@ def learned_positions(x: Tensor, table: Tensor, offset: int = 0) -> Tensor:
     return table[offset:offset + length]  # (L, d)
 
 
-def alibi_bfloat16(slopes: Tensor, x: Tensor, mask: Tensor | None,
-                   head_dim: int | None) -> Tensor:
-    """Falcon's ALiBi (transformers' falcon build_alibi_tensor, FalconModel.forward):
-    bfloat16(bfloat16(slope_h) * p_j), p_j key j's position counted over its row's real tokens
-    (mask cumsum - 1, 0 on padding), cast to x's dtype and divided by sqrt(head_dim) when
-    given. Rounding makes the bias depend on the positions themselves, not only on their
-    differences, so a left-padded row needs its own: (B, h, L, T) with a (B, T) mask; without
-    one every row counts 0..L-1 and one (h, L, L) serves all."""
+def alibi_bias(slopes: Tensor, x: Tensor, mask: Tensor | None, bfloat16: bool,
+               head_dim: int | None) -> Tensor:
+    """ALiBi with the options BLOOM's plain form lacks: divided by sqrt(head_dim) when given
+    (Falcon-RW: the scores' own scale), and with ``bfloat16`` Falcon's rounding
+    (transformers' falcon build_alibi_tensor, FalconModel.forward):
+    bfloat16(bfloat16(slope_h) * p_j), p_j key j's position counted over its row's real
+    tokens (mask cumsum - 1, 0 on padding), cast to x's dtype. Rounding makes the bias depend
+    on the positions themselves, not only on their differences, so a left-padded row needs
+    its own: (B, h, L, T) with a (B, T) mask; without one every row counts 0..L-1 and one
+    (h, L, L) serves all (also without ``bfloat16``: slope_h * j, (h, L, T))."""
     length = x.shape[1]
-    if mask is None:
-        pos = torch.arange(length, device=x.device)[None, :]  # (1, L)
+    if not bfloat16 or mask is None:
+        keys = length if mask is None else mask.shape[1]
+        pos = torch.arange(keys, device=x.device)[None, :]  # (1, T)
     else:
         real = mask.long()  # an integer position: bfloat16 * int64 stays bfloat16
         pos = (real.cumsum(-1) - 1) * real  # (B, T)
-    bias = (slopes.bfloat16()[None, :, None] * pos[:, None, :]).to(x.dtype)  # (B|1, h, T)
+    rate = slopes.bfloat16() if bfloat16 else slopes
+    bias = (rate[None, :, None] * pos[:, None, :]).to(x.dtype)  # (B|1, h, T)
     if head_dim is not None:
         bias = bias / math.sqrt(head_dim)
-    if mask is None:
-        return bias[0, :, None, :].expand(-1, length, -1)  # (h, L, L)
+    if pos.shape[0] == 1:
+        return bias[0, :, None, :].expand(-1, length, -1)  # (h, L, T)
     return bias[:, :, None, :].expand(-1, -1, length, -1)  # (B, h, L, T)
 
 

@@ -10,7 +10,6 @@ Tests assert every op has a row in both.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -153,13 +152,11 @@ def _alibi(a: dict[str, Any], x: Tensor, keys: Tensor | None = None) -> Tensor:
     # TORCH_SOURCE's "alibi" template writes the same expression into model.py
     t = x.shape[1] if keys is None else keys.shape[1]  # (B, L, d); keys: a (B, T) mask
     slopes = torch.tensor(a["slopes"], device=x.device)  # (h,) float32
-    if a.get("bfloat16"):
-        return tf.alibi_bfloat16(slopes, x, keys, a.get("head_dim") if a.get("scaled") else None)
+    if a.get("bfloat16") or a.get("scaled"):  # Falcon-RW's
+        return tf.alibi_bias(slopes, x, keys, bool(a.get("bfloat16")),
+                             a["head_dim"] if a.get("scaled") else None)
     j = torch.arange(t, device=x.device)  # (T,) key positions
-    bias = (slopes[:, None, None] * j).to(x.dtype)
-    if a.get("scaled"):  # Falcon-RW: with the scores' 1/sqrt(head_dim)
-        bias = bias / math.sqrt(a["head_dim"])
-    return bias.expand(-1, x.shape[1], -1)  # (h, L, T)
+    return (slopes[:, None, None] * j).to(x.dtype).expand(-1, x.shape[1], -1)  # (h, L, T)
 
 
 NORM_OPS = tuple(op for op, d in OPS.items() if d.category == "norm")  # OpDef.category
@@ -295,18 +292,16 @@ def _present(a: Attr, key: str) -> str | None:
 
 def alibi_source(o: Sequence[str], a: Attr) -> str:
     """_alibi written out for a full-sequence graph (no mask: positions 0..L-1 on every row):
-    slope_h * j the same on every row, or Falcon's bfloat16 form; divided by sqrt(head_dim)
-    when scaled."""
+    BLOOM's slope_h * j the same on every row, or with Falcon-RW's options (attributes a
+    lowering sets only when true) alibi_bias."""
     x = o[0]
     slopes = f"torch.tensor({a('slopes')}, device={x}.device)"
-    j = f"torch.arange({x}.shape[1], device={x}.device)"
-    if _present(a, "bfloat16") == "True":
-        scaled = a("head_dim") if _present(a, "scaled") == "True" else "None"
-        return f"alibi_bfloat16({slopes}, {x}, None, {scaled})"
-    bias = f"({slopes}[:, None, None] * {j}).to({x}.dtype)"
-    if _present(a, "scaled") == "True":
-        bias = f"({bias} / math.sqrt({a('head_dim')}))"
-    return f"{bias}.expand(-1, {x}.shape[1], -1)"
+    rounded, scaled = _present(a, "bfloat16"), _present(a, "scaled")
+    if rounded is None and scaled is None:
+        return (f"({slopes}[:, None, None] * torch.arange({x}.shape[1], device={x}.device))"
+                f".to({x}.dtype).expand(-1, {x}.shape[1], -1)")
+    head_dim = "None" if scaled is None else f"({a('head_dim')} if {scaled} else None)"
+    return f"alibi_bias({slopes}, {x}, None, {rounded or False}, {head_dim})"
 
 
 def _attention_src(o: Sequence[str], a: Attr) -> str:
