@@ -515,6 +515,7 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
     (B, kv, T, hd): key j is read by query i (at position P + i, P = T - S) when
     mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window; a query always
     reads its own key (``self_read``; not in cross-attention), so padding rows stay finite.
+    ``bias`` (h, S, T), or (B, h, S, T) per row, is added to the scores before the mask.
     ``positions`` (S,): the queries' positions in a static cache's buffer (kv_write), which
     are not its last S. -> (B, S, h*hd)."""
     batch, s, t = q.shape[0], q.shape[1], k.shape[2]

@@ -652,7 +652,8 @@ register(OpDef(
     "attrs['window'] keys when set); a query reads its own key always, so a padding row "
     "stays finite, except with attrs['self_read'] false (cross-attention: the keys are "
     "another sequence's). scale, softcap, normalize and GQA as in attention; an optional "
-    "fifth operand (h, S, T) is added to the scores before the mask (T5's position bias). "
+    "fifth operand (h, S, T) is added to the scores before the mask (T5's position bias, "
+    "ALiBi), or (B, h, S, T) when it is per row (Falcon's rounded ALiBi). "
     "Output (B, S, h*vd), vd = attrs['v_head_dim'] or hd (values of width vd: (B, kv, T, vd)).",
     category="attention",
     attrs={**ATTENTION_ATTRS,
