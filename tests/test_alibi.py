@@ -350,3 +350,24 @@ def test_tfgraph_generate_on_a_falcon_rw_folder_equals_transformers(tmp_path: Pa
             capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["tokens"] == want, backend
+
+
+def test_falcon_rw_decoding_equals_full_recomputation() -> None:
+    """specs/tiny-falcon-rw.yaml on left-padded prompts of three lengths: the KV cache (torch
+    and ONNX) and the static cache's stepper give the tokens of full recomputation."""
+    from tfgraph.exporters.generation.cached_steppers import TorchStatic
+    from tfgraph.generation.loop import generate as run_loop
+    from tfgraph.generation.sampling import Sampler
+
+    path = str(Path(__file__).resolve().parent.parent / "specs" / "tiny-falcon-rw.yaml")
+    prompts = [[5, 17, 42], [7, 8], [3, 1, 4, 1, 5, 9, 2]]
+    want = tfgraph.generate(path, prompts, max_new_tokens=10, backend="torch", cache=False,
+                            eos_token_id=None).tokens
+    for backend in ("torch", "onnx"):
+        assert tfgraph.generate(path, prompts, max_new_tokens=10, backend=backend,
+                                eos_token_id=None).tokens == want, backend
+    spec = tfgraph.load_spec(path)
+    stepper = TorchStatic(to_torch(tfgraph.compile(spec, cache=True), seed=0),
+                          spec.output_vocab, None, "cpu")
+    stepper.prepare(len(prompts), 7, 10)
+    assert run_loop(stepper, prompts, 10, Sampler(None, None, None, None), 1, ()).tokens == want
