@@ -381,7 +381,7 @@ class _Lowering:
         encoder; or ALiBi's slope_h * j."""
         emb = self.spec.embedding
         meta = NodeMeta(part="embed", stack=stack, module=stack)
-        if emb.positions == "alibi":  # BLOOM, MPT: fixed slopes, no table
+        if emb.positions == "alibi":  # BLOOM, MPT, Falcon-RW: fixed slopes, no table
             heads = self.z.heads
             extra: dict[str, Any] = {"slopes": alibi_slopes(heads)} \
                 if isinstance(heads, int) else {}
