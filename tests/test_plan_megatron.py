@@ -16,9 +16,10 @@ parallel size t, in 16-bit activations:
 
 tfgraph's figures come from its graph (tfgraph.parallel). Where the graph counts differently,
 each test states the difference term by term:
-- the spec has no attention dropout (GPT-3's graph in tfgraph drops out after the projections
-  only): the score tensors kept are the softmax weights, 2as^2b, not 5as^2b (Megatron adds the
-  dropout mask as^2b and the dropped-out weights 2as^2b);
+- attention dropout is opt-in (``attention.dropout``, Megatron-LM's ``--attention-dropout``
+  0.1): with it, unfused attention keeps Korthikanti's 5as^2b of scores (the softmax weights
+  2as^2b, the dropout mask as^2b, the dropped-out weights 2as^2b); specs/gpt3-175b.yaml has
+  none, and keeps the softmax weights only, 2as^2b;
 - each LayerNorm keeps its float32 mean and rstd per token: 2 x 8sb per layer;
 - the biases of the closing projections (o, down) and the two LayerNorms are replicated, not
   split: 6h parameters per layer on every tensor-parallel rank, where Megatron's count
@@ -50,6 +51,15 @@ def graph() -> tfgraph.compiler.CompiledGraph:
     return tfgraph.compile(spec, loss=True)
 
 
+@pytest.fixture(scope="module")
+def dropout_graph() -> tfgraph.compiler.CompiledGraph:
+    """GPT-3 175B with Megatron-LM's attention dropout (``--attention-dropout`` 0.1)."""
+    data = tfgraph.load_spec("specs/gpt3-175b.yaml").model_dump(exclude_unset=True)
+    data["attention"]["dropout"] = 0.1
+    data["dtype"] = "bfloat16"
+    return tfgraph.compile(tfgraph.Spec.model_validate(data), loss=True)
+
+
 def _layer(graph, form: str, recompute: str, t: int, sp: bool, b: int = 1) -> int:
     """Per-rank saved bytes of one layer, as the planner divides them."""
     n = unit_numbers(graph, b, SEQ, form)[1]  # unit 0: the embeddings; unit 1: layer 0
@@ -73,8 +83,8 @@ def test_parameters_match_narayanan(graph) -> None:
 def test_activations_per_layer(graph, b: int) -> None:
     s, h, a, t = SEQ, H, A, 8
     sbh, scores = s * b * h, a * s * s * b
-    # no parallelism: Megatron sbh(34 + 5as/h); the graph keeps 2as^2b of scores and the norms'
-    # statistics
+    # no parallelism: Megatron sbh(34 + 5as/h); without attention dropout the graph keeps
+    # 2as^2b of scores (no mask, no dropped-out weights) and the norms' statistics
     assert _layer(graph, "unfused", "none", 1, False, b) == 34 * sbh + 5 * scores \
         - 3 * scores + NORM_STATS * s * b
     # tensor parallel: sbh(10 + 24/t + 5as/(ht)); statistics stay whole
@@ -88,6 +98,32 @@ def test_activations_per_layer(graph, b: int) -> None:
         + NORM_STATS * s * b // t
     # fused attention keeps no scores either, plus a float32 log-sum-exp per head and token
     assert _layer(graph, "fused", "none", t, True, b) == 34 * sbh // t \
+        + (NORM_STATS * s * b + 4 * a * s * b) // t
+
+
+@pytest.mark.parametrize("b", [1, 4])
+def test_activations_per_layer_with_attention_dropout(dropout_graph, b: int) -> None:
+    """With attention dropout (as Megatron's GPT runs had) the closed forms hold term by
+    term: 5as/h per sbh bytes of scores, Korthikanti et al. 2022 §4.1 (the norms' float32
+    statistics beside them, as above); fused attention keeps no mask (FlashAttention
+    regenerates it), so dropout changes nothing there."""
+    s, h, a, t = SEQ, H, A, 8
+    sbh, scores = s * b * h, a * s * s * b
+    g = dropout_graph
+    # no parallelism: sbh(34 + 5as/h)
+    assert _layer(g, "unfused", "none", 1, False, b) == 34 * sbh + 5 * scores \
+        + NORM_STATS * s * b
+    # tensor parallel: sbh(10 + 24/t + 5as/(ht))
+    assert _layer(g, "unfused", "none", t, False, b) == 10 * sbh + 24 * sbh // t \
+        + 5 * scores // t + NORM_STATS * s * b
+    # + sequence parallel: sbh(34/t + 5as/(ht))
+    assert _layer(g, "unfused", "none", t, True, b) == 34 * sbh // t + 5 * scores // t \
+        + NORM_STATS * s * b // t
+    # + selective recompute: 34 sbh / t (the mask and both weight tensors are rebuilt)
+    assert _layer(g, "unfused", "selective", t, True, b) == 34 * sbh // t \
+        + NORM_STATS * s * b // t
+    # fused: what it keeps without dropout
+    assert _layer(g, "fused", "none", t, True, b) == 34 * sbh // t \
         + (NORM_STATS * s * b + 4 * a * s * b) // t
 
 
@@ -221,21 +257,23 @@ def test_korthikantis_1t_layout_fits_in_80_gb() -> None:
     assert result["stages"][0]["weights"] == 2 * (first_layers + V * h // 8 + SEQ * h)
 
 
-def test_unfused_attention_keeps_2as_over_h_as_the_readme_says(graph) -> None:
-    """README (tfgraph plan, --attention): ``unfused`` keeps the softmax weights, 2as/h of
-    Korthikanti's 5as/h per sbh bytes (no attention dropout: its mask as/h and dropped-out
-    weights 2as/h are not kept). Per layer the score bytes selective recompute drops are
-    exactly 2 a s^2 b (16-bit softmax weights)."""
+def test_unfused_attention_keeps_what_the_readme_says(graph, dropout_graph) -> None:
+    """README (tfgraph plan, --attention): ``unfused`` keeps the softmax weights, 2as/h per
+    sbh bytes, and with attention dropout also its mask (as/h) and the dropped-out weights
+    (2as/h): Korthikanti's 5as/h. Per layer the score bytes selective recompute drops are
+    exactly 2 a s^2 b without attention dropout and 5 a s^2 b with it (16 bits)."""
     from pathlib import Path
 
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
-    assert "`unfused`: the softmax weights are kept, 2as/h of Korthikanti et al. 2022's " \
-           "5as/h term" in readme
-    for b in (1, 2):
-        scores = _layer(graph, "unfused", "none", 1, False, b) \
-            - _layer(graph, "unfused", "selective", 1, False, b)
-        assert scores == 2 * A * SEQ * SEQ * b  # = (2as/h) x sbh
-        assert scores == 2 * A * SEQ // H * SEQ * b * H
+    assert "`unfused`: the softmax weights are kept, 2as/h per sbh bytes; with " \
+           "`attention.dropout` > 0 also its one-byte mask (as/h) and the dropped-out " \
+           "weights (2as/h): Korthikanti et al. 2022's 5as/h term" in readme
+    for g, kept in ((graph, 2), (dropout_graph, 5)):
+        for b in (1, 2):
+            scores = _layer(g, "unfused", "none", 1, False, b) \
+                - _layer(g, "unfused", "selective", 1, False, b)
+            assert scores == kept * A * SEQ * SEQ * b  # = (kept as/h) x sbh
+            assert scores == kept * A * SEQ // H * SEQ * b * H
 
 
 def test_narayanans_18b_hardware_flops() -> None:

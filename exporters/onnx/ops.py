@@ -276,6 +276,8 @@ def _attention(b: Builder, n: Node) -> str:
     vd = n.attrs.get("v_head_dim", hd)  # latent attention's value heads are narrower
     scale = n.attrs.get("scale") or 1.0 / math.sqrt(hd)
     softcap, window = n.attrs.get("softcap"), n.attrs.get("window")
+    # attrs['dropout'] (attention.dropout) is not read: the ONNX model is for inference,
+    # where dropout is the identity (as the "dropout" op's Identity below)
     mask = b.window_mask(_seq_sym(b, n), int(window), bool(n.attrs["causal"])) \
         if window else None  # (Tq, Tk) bool
     if n.attrs["normalize"] == "softmax" and b.opset >= ATTENTION_OPSET and bias is None:

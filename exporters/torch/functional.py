@@ -174,9 +174,14 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int,
 def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_dim: int,
               causal: bool, normalize: str, impl: str = "sdpa", scale: float | None = None,
               softcap: float | None = None, window: int | None = None,
-              bias: Tensor | None = None) -> Tensor:
+              bias: Tensor | None = None, dropout: float = 0.0,
+              training: bool = False) -> Tensor:
     """Multi-head attention on projected q (B, Tq, h*hd), k (B, Tk, kv*hd) and v
     (B, Tk, kv*vd) -> (B, Tq, h*vd); vd = hd but in latent attention.
+
+    ``dropout`` p drops attention weights (after normalize, before v) when ``training``
+    (attention.dropout): SDPA's ``dropout_p`` (CUDA), or native dropout on the explicit
+    weights (CPU, impl "math" and the other explicit forms).
 
     softmax with impl "sdpa": the fused kernel (flash on CPU and GPU: keeps only q, k, v, the
     output and a log-sum-exp per row for backward; grouped k/v without copies), with a
@@ -188,20 +193,27 @@ def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, kv_heads: int, head_d
     k = k.unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)  # (B, kv, Tk, hd)
     v = v.unflatten(-1, (kv_heads, -1)).transpose(1, 2)  # (B, kv, Tk, vd)
     narrow = head_dim - v.shape[-1]  # latent attention: values narrower than q and k
+    p = dropout if training else 0.0
+    # CPU has no fused kernel with dropout (SDPA falls back to its math path, which keeps a
+    # float mask): there the explicit form runs, keeping what the plan's unfused attention
+    # counts (the weights, a one-byte mask, the dropped-out weights). On CUDA the flash
+    # kernel drops out inside and keeps no mask (Dao et al. 2022 §3.1).
+    fused_dropout = p == 0.0 or q.device.type != "cpu"
     if normalize == "softmax" and impl == "sdpa" and softcap is None and bias is None \
-            and narrow >= 0:
+            and narrow >= 0 and fused_dropout:
         mask = None if window is None else attention_mask(q.shape[2], k.shape[2], causal,
                                                           window, q.device)
         if narrow:  # the fused kernels take one head width: v padded with zeros, the
             # output's padding dropped (as transformers' DeepSeek flash-attention path does)
             v = F.pad(v, (0, narrow))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           dropout_p=p,
                                            is_causal=causal and mask is None, scale=scale,
                                            enable_gqa=kv_heads != heads)  # (B, h, Tq, hd)
         if narrow:
             y = y[..., :head_dim - narrow]  # (B, h, Tq, vd)
     else:
-        y = explicit_attention(q, k, v, causal, normalize, scale, softcap, window, bias)
+        y = explicit_attention(q, k, v, causal, normalize, scale, softcap, window, bias, p)
     return y.transpose(1, 2).flatten(2)  # (B, Tq, h*hd)
 
 
@@ -230,9 +242,11 @@ def soft_cap(x: Tensor, cap: float) -> Tensor:
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize: str,
                        scale: float | None = None, softcap: float | None = None,
-                       window: int | None = None, bias: Tensor | None = None) -> Tensor:
+                       window: int | None = None, bias: Tensor | None = None,
+                       dropout_p: float = 0.0) -> Tensor:
     """normalize(softcap(q k^T * scale) + bias + mask) v with q (B, h, Tq, hd), k and v
-    (B, kv, Tk, hd), bias (h, Tq, Tk).
+    (B, kv, Tk, hd), bias (h, Tq, Tk); with ``dropout_p`` > 0 the weights are dropped out
+    (inverted dropout, torch.native_dropout's one-byte mask) before they weight v.
 
     scale defaults to 1/sqrt(hd); softcap c gives c * tanh(scores / c) (Gemma 2); bias is T5's
     position bias.
@@ -262,6 +276,8 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, normalize:
     else:
         first_max = scores.argmax(dim=-1, keepdim=True)  # (B, kv, g, Tq, 1)
         weights = torch.zeros_like(scores).scatter_(-1, first_max, 1.0)
+    if dropout_p > 0.0:
+        weights = torch.native_dropout(weights, dropout_p, True)[0]
     y = weights.flatten(2, 3) @ v  # (B, kv, g*Tq, vd)
     return y.reshape(batch, heads, tq, v.shape[-1])  # (B, h, Tq, vd)
 

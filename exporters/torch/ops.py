@@ -101,7 +101,8 @@ def _attention(m: nn.Module, a: dict[str, Any], q: Tensor, k: Tensor, v: Tensor,
     impl = getattr(m, "attention_impl", "sdpa")
     return tf.attention(q, k, v, a["heads"], a["kv_heads"], a["head_dim"], a["causal"],
                         a["normalize"], impl, scale=a.get("scale"), softcap=a.get("softcap"),
-                        window=a.get("window"), bias=bias)
+                        window=a.get("window"), bias=bias, dropout=a.get("dropout", 0.0),
+                        training=m.training)
 
 
 TORCH_OPS: dict[str, Lowering] = {
@@ -309,6 +310,8 @@ def _attention_src(o: Sequence[str], a: Attr) -> str:
                     if (value := _present(a, key)) is not None)
     if len(o) > 3:
         extra += f", bias={o[3]}"  # T5's position bias
+    if (p := _present(a, "dropout")) is not None:  # attention.dropout, training only
+        extra += f", dropout={p}, training=self.training"
     # Head counts from q's and k's widths: under tensor parallelism a rank holds heads / tp
     # of them (model.py's parallelize), so the spec's HEADS would be wrong there.
     hd = a("head_dim")

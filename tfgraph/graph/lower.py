@@ -687,7 +687,14 @@ class _Lowering:
                           scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
                           causal=causal, normalize=self.spec.attention.normalize,
                           kind="self" if self_attn else "cross", meta=_role(meta, "attention"),
-                          **extra)  # (B, Tq, h*hd)
+                          **extra, **self.attention_dropout())  # (B, Tq, h*hd)
+
+    def attention_dropout(self) -> dict[str, Any]:
+        """``dropout`` p of the attention op when attention.dropout > 0 (only then, so graphs
+        without it stay as they were). Only on the full-sequence op: a KV-cache graph is for
+        inference, where dropout is the identity."""
+        p = self.spec.attention.dropout
+        return {"dropout": p} if p > 0 else {}
 
     # ---- KV cache (README, "KV cache"): every consultation of ``self.cache`` ----------------
 

@@ -543,22 +543,37 @@ def attended_scores(tq: Any, tk: Any, causal: bool, window: Any) -> Any:
     return m * (m + 1) / 2 + (tq - m) * window
 
 
+def attention_dropout_saved(ins: list[TensorType], attrs: dict[str, Any]) -> Saved:
+    """What dropout on explicit (materialised) attention weights adds for backward: a
+    one-byte mask per score (torch.native_dropout's bool mask) and the dropped-out weights
+    (A·V's backward reads them): Korthikanti et al. 2022 §4.1's as^2b and 2as^2b in 16 bits.
+    Nothing without attrs['dropout']; a fused kernel keeps neither (FlashAttention
+    regenerates the mask from the RNG state, Dao et al. 2022 §3.1)."""
+    if not attrs.get("dropout"):
+        return []
+    scores = _scores(ins, attrs)
+    return [(("tmp", "mask"), scores * DTYPE_BYTES["bool"]),
+            (("tmp", "dropped"), scores * DTYPE_BYTES[ins[0].dtype])]
+
+
 def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
     q = ins[0]
     score_bytes = _scores(ins, attrs) * DTYPE_BYTES[q.dtype]
+    dropped = attention_dropout_saved(ins, attrs)
     if attrs["normalize"] == "hardmax":
-        # arg-max has no gradient: only the one-hot weights are kept, for the A·V product.
-        return [(("tmp", "weights"), score_bytes)]
+        # arg-max has no gradient: only the one-hot weights are kept, for the A·V product
+        # (with dropout: the dropped-out weights A·V read, and dropout's mask, instead).
+        return dropped or [(("tmp", "weights"), score_bytes)]
     if len(ins) == 4 and not attrs.get("softcap"):
         # A learned bias on the scores has no fused kernel either: explicit matmuls keep
         # q, k, v and the softmax weights (the bias add keeps nothing).
         return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
-                (("tmp", "weights"), score_bytes)]
+                (("tmp", "weights"), score_bytes), *dropped]
     if attrs.get("softcap"):
         # No fused kernel soft-caps: explicit matmuls keep q, k, v, tanh's output (its
         # backward) and the softmax weights (for A·V's backward), two score matrices.
         return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
-                (("tmp", "tanh"), score_bytes), (("tmp", "weights"), score_bytes)]
+                (("tmp", "tanh"), score_bytes), (("tmp", "weights"), score_bytes), *dropped]
     # A fused kernel (SDPA) keeps q, k, v, its output and a float32 log-sum-exp per query row.
     lse = q.shape[0] * attrs["heads"] * q.shape[1] * STATS_BYTES
     vd, hd = v_width(attrs), attrs["head_dim"]
@@ -585,13 +600,17 @@ register(OpDef(
     "attrs['softcap'], mask none, causal, or causal within attrs['window'] keys (without "
     "causal: the keys |i - j| < attrs['window'], an encoder's sliding window), normalize "
     "softmax or hardmax; an optional fourth operand (h, Tq, Tk) is added to the scores "
-    "before the mask (T5's position bias). Output (B, Tq, h*vd): v's heads may be narrower "
-    "than q's and k's, vd = attrs['v_head_dim'] (latent attention; default hd).",
+    "before the mask (T5's position bias); in training, dropout with attrs['dropout'] on "
+    "the normalized weights (the identity at inference). Output (B, Tq, h*vd): v's heads "
+    "may be narrower than q's and k's, vd = attrs['v_head_dim'] (latent attention; default "
+    "hd).",
     _attention_temp,
-    category="attention", tp="follows", score_sized=("weights", "tanh"),
+    category="attention", tp="follows", score_sized=("weights", "tanh", "mask", "dropped"),
     attrs={
         **ATTENTION_ATTRS,
         "kind": Attr(str, required=True, doc="self or cross"),
+        "dropout": Attr(REAL, default=0.0, doc="dropout p on the attention weights in "
+                                               "training (attention.dropout); absent: none"),
     },
 ))
 

@@ -19,7 +19,11 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
   the two batched GEMMs (QK^T over the head dimension, then the weights times V) over the whole
   score matrix and moves the score tensor through the softmax (read + write forward; read the
   weights and their gradient, write the scores' gradient backward), as Megatron-LM's
-  ``FusedScaleMaskSoftmax`` does;
+  ``FusedScaleMaskSoftmax`` does; with attention dropout (``attention.dropout``) one more
+  memory-bound pass each way (forward: read the weights, write the dropped-out ones and a
+  one-byte mask; backward: read the gradient and the mask, write the gradient). Fused
+  attention draws its dropout mask inside the kernel (Dao et al. 2022 §3.1): no traffic;
+  the random numbers are not charged;
 - routed experts: the GEMMs of each expert on its share of the routed tokens (M = tokens x
   top-k / experts, N = hidden / t, K = d);
 - every other op is memory-bound: it reads its operands (parameters too) and writes its output
@@ -81,7 +85,7 @@ from tfgraph.parallel.units import sequence_plan, units
 from tfgraph.parallel.sequence_plan import ROWS_KINDS
 from tfgraph.passes import cost
 from tfgraph.passes.effective import read_fraction
-from tfgraph.graph.ops import OPS
+from tfgraph.graph.ops import OPS, attention_dropout_saved
 
 TILE = 128
 """Output tile edge of a cuBLAS tensor-core GEMM (128 x 128 is the NVIDIA guide's example
@@ -113,7 +117,7 @@ ASSUMPTIONS: dict[str, str] = {
                "SMs) x K / (K + 128) pipeline fill, backward = 2 GEMMs (input and weight gradients); fused attention at the "
                "FlashAttention-2 share of peak over the scores the causal mask keeps, backward "
                "2.5x its FLOPs; unfused attention as two batched GEMMs + the softmax's score "
-               "traffic; other ops memory-bound (backward moves twice the bytes)",
+               "traffic (+ attention dropout's: weights, dropped weights and 1-byte mask); other ops memory-bound (backward moves twice the bytes)",
     "recompute": "full: each layer's forward again before its backward (and its forward "
                  "tensor-parallel all-reduces); selective: the attention cores' forward",
     "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
@@ -230,6 +234,9 @@ class Work:
     split: str = ""
     extra: sympy.Expr = sympy.Integer(0)
     dense_flops: sympy.Expr = sympy.Integer(0)
+    mask: sympy.Expr = sympy.Integer(0)
+    """Attention with dropout on its weights: bytes of its one-byte mask per score (0 without
+    attention dropout)."""
 
 
 def _prod(shape: Sequence[Any]) -> sympy.Expr:
@@ -279,9 +286,11 @@ def _unit_work(graph: Graph) -> list[list[Work]]:
                                                        node.attrs)])
                 dims = (_prod(q.shape[:-2]) * heads if len(q.shape) > 3
                         else q.shape[0] * heads, q.shape[1], k.shape[1])
+                mask = cost.total([b for ref, b in attention_dropout_saved(
+                    [o.type for o in operands], node.attrs) if ref == ("tmp", "mask")])
                 items.append(Work("attention", fused_flops, scores, tuple(
                     sympy.sympify(d) for d in dims), "t" if where == "S" else "",
-                    sympy.Integer(head_dim), flops))
+                    sympy.Integer(head_dim), flops, mask))
             elif node.op == "experts":
                 experts, hidden, d = operands[-2].attrs["shape"]
                 tokens = _prod(operands[0].type.shape[:-1]) * node.attrs["top_k"]
@@ -363,6 +372,12 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
                 pv = gemm_time(sq, hd, sk, gpu, peak, elem, batch)
                 fwd = qk + pv + 2 * scores / bandwidth
                 bwd = 2 * (qk + pv) + 3 * scores / bandwidth
+                if w.mask != 0:  # attention dropout, one more pass over the weights:
+                    # forward reads them and writes the dropped-out ones and the mask,
+                    # backward reads the gradient and the mask and writes the gradient
+                    drop = (2 * scores + _num(w.mask, sizes) / div) / bandwidth
+                    fwd += drop
+                    bwd += drop
             forward += fwd
             backward += bwd
             attn += fwd

@@ -40,7 +40,7 @@ import sympy
 from tfgraph.passes import cost
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, Graph, Node
-from tfgraph.graph.ops import OPS
+from tfgraph.graph.ops import OPS, attention_dropout_saved
 from tfgraph.parallel.placement import Placement, place
 from tfgraph.parallel.sequence_plan import SequencePlan, sequence_parallel_plan
 
@@ -102,8 +102,10 @@ def _attention_saved(graph: Graph, node: Node, form: str, recompute: str
                      ) -> list[tuple[tuple[str, str], sympy.Expr]]:
     """What the attention op keeps: the op table's entries (a fused kernel: q, k, v, output,
     log-sum-exp; or the explicit form where no kernel exists); ``unfused`` softmax keeps q, k,
-    v and the softmax weights (Korthikanti et al. 2022 §4.1: QK^T inputs, softmax output, V);
-    selective recompute drops score-sized tensors (recomputed from q, k, v)."""
+    v and the softmax weights (Korthikanti et al. 2022 §4.1: QK^T inputs, softmax output, V),
+    and with attention dropout its one-byte mask and the dropped-out weights (their as^2b
+    and 2as^2b: 5as^2b of scores in all); selective recompute drops the score-sized tensors
+    (``OpDef.score_sized``, recomputed from q, k, v)."""
     opdef = OPS[node.op]
     ins = [graph.node(i).type for i in node.inputs]
     entries = opdef.saved(ins, node.type, node.attrs)
@@ -113,10 +115,11 @@ def _attention_saved(graph: Graph, node: Node, form: str, recompute: str
              and node.attrs.get("normalize") == "softmax")
     if fused and form == "unfused":
         entries = [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes),
-                   (("in", 2), ins[2].nbytes), (("tmp", "weights"), scores)]
+                   (("in", 2), ins[2].nbytes), (("tmp", "weights"), scores),
+                   *attention_dropout_saved(ins, node.attrs)]
     if recompute == "selective":
-        entries = [(ref, b) for ref, b in entries if ref[0] != "tmp" or sympy.expand(
-            b - scores) != 0]
+        entries = [(ref, b) for ref, b in entries
+                   if ref[0] != "tmp" or ref[1] not in opdef.score_sized]
     return entries
 
 

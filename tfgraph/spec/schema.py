@@ -314,9 +314,15 @@ class Attention(_Strict):
     Default: none."""
     normalize: Normalize = "softmax"
     """softmax, or hardmax: the one-hot of the arg-max ("hard attention": each query reads only its highest-scoring key)."""
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    """Dropout probability on the attention weights (after the softmax, before they weight
+    v), training only: the identity at inference, as the spec's ``dropout``. Megatron-LM's
+    GPT runs used 0.1 (its ``--attention-dropout`` default; Korthikanti et al. 2022 count
+    its mask and output in the 5as/h term). Default 0: none."""
 
     _finite = field_validator("scale", "softcap", "clip_qkv", mode="before")(
         _optional_finite_float)
+    _finite_dropout = field_validator("dropout", mode="before")(_finite_float)
     _above_zero = field_validator("scale", "softcap", "clip_qkv")(_positive)
 
 
