@@ -726,8 +726,12 @@ class Spec(_Strict):
 
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         """pydantic's dump, ``tokens`` left out when there are none and its unset ids left
-        out (a spec without token ids dumps as it did before the field existed)."""
+        out (a spec without token ids dumps as it did before the field existed), and
+        ``attention.dropout`` left out at 0 (likewise: specs without it dump unchanged)."""
         data = super().model_dump(**kwargs)
+        att = data.get("attention")
+        if isinstance(att, dict) and att.get("dropout") == 0:
+            att.pop("dropout")
         tokens = data.get("tokens")
         if tokens is None:
             data.pop("tokens", None)
