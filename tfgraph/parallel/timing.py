@@ -117,7 +117,8 @@ ASSUMPTIONS: dict[str, str] = {
                "SMs) x K / (K + 128) pipeline fill, backward = 2 GEMMs (input and weight gradients); fused attention at the "
                "FlashAttention-2 share of peak over the scores the causal mask keeps, backward "
                "2.5x its FLOPs; unfused attention as two batched GEMMs + the softmax's score "
-               "traffic (+ attention dropout's: weights, dropped weights and 1-byte mask); other ops memory-bound (backward moves twice the bytes)",
+               "traffic (+ attention dropout's: weights, dropped weights and 1-byte mask); "
+               "other ops memory-bound (backward moves twice the bytes)",
     "recompute": "full: each layer's forward again before its backward (and its forward "
                  "tensor-parallel all-reduces); selective: the attention cores' forward",
     "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
