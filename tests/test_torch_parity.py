@@ -166,11 +166,12 @@ def test_nn_transformer_encoder() -> None:
 # ---- Hugging Face GPT-2 and Llama -----------------------------------------------------------
 
 
-def test_hf_gpt2() -> None:
+def _gpt2(attn_pdrop: float) -> tuple[nn.Module, dict[str, Tensor], Spec]:
+    """A random Hugging Face GPT-2 (eval mode), its weights in tfgraph's names and the spec."""
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(
         n_embd=D, n_layer=LAYERS, n_head=HEADS, vocab_size=VOCAB, n_positions=64,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=attn_pdrop, layer_norm_epsilon=1e-5,
         activation_function="gelu_new", bos_token_id=0, eos_token_id=0,
     )
     ref = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
@@ -198,15 +199,35 @@ def test_hf_gpt2() -> None:
         "name": "hf-gpt2", "arch": "decoder-only", "d_model": D, "layers": LAYERS,
         "vocab": VOCAB, "max_len": 64,
         "embedding": {"positions": "learned", "scale": False, "tie_output": True},
-        "attention": {"heads": HEADS},
+        "attention": {"heads": HEADS, "dropout": attn_pdrop},
         "ffn": {"hidden": 4 * D, "activation": "gelu_tanh"},
         "norm": {"position": "pre", "eps": 1e-5, "final": True},
         "dropout": 0.1,
     })
+    return ref, weights, spec
+
+
+def test_hf_gpt2() -> None:
+    ref, weights, spec = _gpt2(0.0)
     ours = to_torch(tfgraph.compile(spec), weights=weights)
     ids = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         check(ours(ids), ref(ids).logits)
+
+
+def test_hf_gpt2_attention_dropout() -> None:
+    """attention.dropout 0.1 against GPT-2 with attn_pdrop 0.1: eval-mode logits through
+    to_torch and ONNX equal the reference's (dropout is the identity at inference); in
+    train() both drop attention weights, so their outputs leave the eval ones."""
+    ref, weights, spec = _gpt2(0.1)
+    ids, expected = check_against(spec, ref, weights)
+    spec = spec.model_copy(update={"dropout": 0.0})  # only the attention weights drop out
+    ours = to_torch(tfgraph.compile(spec), weights=weights)
+    with torch.no_grad():
+        for net in (ours.train(), ref.train()):
+            torch.manual_seed(0)
+            out = net(ids)
+            assert (getattr(out, "logits", out) - expected).abs().max().item() > 100 * ATOL
 
 
 def test_hf_llama() -> None:
