@@ -69,7 +69,10 @@ CONVENTIONS = {
                                  "(each counted once; parameters excluded; dropout masks at 1 "
                                  "byte per element; norm statistics in float32; softmax "
                                  "attention as a fused kernel keeping q, k, v, output and a "
-                                 "float32 log-sum-exp per query row).",
+                                 "float32 log-sum-exp per query row; attention.dropout adds "
+                                 "no mask there, the kernel draws it again in backward; "
+                                 "materialised attention keeps its 1-byte mask and the "
+                                 "dropped-out weights: tfgraph plan --attention unfused).",
     "memory.kv_cache": "K and V of every decoder attention at kv_heads for the whole sequence: "
                        "self-attention over the target, cross-attention over the source; "
                        "latent attention keeps its latent and rotary key (kv_rank + rope_dim "
