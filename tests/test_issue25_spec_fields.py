@@ -96,6 +96,6 @@ def test_sparsemixer_equals_transformers_on_random_and_tied_logits() -> None:
     for eps in (0.0, 0.01, 0.3):
         weights, chosen = sparsemixer(logits, jitter_eps=eps, training=False)
         want = torch.zeros_like(logits).scatter(-1, chosen, weights)
-        got = tf.route(logits, 2, "sparsemixer", eps)
+        got = tf.route(logits, 2, "sparsemixer", eps=eps)
         torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert transformers is not None

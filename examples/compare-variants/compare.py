@@ -62,7 +62,8 @@ VARIANTS = [
     ("mqa.yaml", "MHA vs MQA (1 kv head)", {"attention.kv_heads"}),
     ("moe.yaml", "dense vs MoE (8 experts, top-2)",
      {"ffn.experts", "ffn.top_k", "ffn.router", "ffn.expert_hidden", "ffn.shared_experts",
-      "ffn.shared_gate", "ffn.dense_layers"}),  # the router fields appear with experts
+      "ffn.shared_gate", "ffn.dense_layers", "ffn.router_groups", "ffn.router_top_groups",
+      "ffn.router_scale"}),  # the router fields appear with experts
     ("window.yaml", "full vs sliding window (256)", {"attention.window"}),
 ]
 REPORT_SEQS = [128, 512, 2048, 8192]  # lengths of the compare table (figures, not timings)
