@@ -63,8 +63,10 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     return out
 
 
-def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
-    src, dst, e = "bert.encoder.layer.{i}", "encoder.layers.{i}", "bert.embeddings"
+def encoder_rows(spec: Spec, model: str) -> list[Rule]:
+    """The embeddings and layers of BERT's encoder under ``model`` ("bert"; RoBERTa's
+    "roberta" has the same modules)."""
+    src, dst, e = f"{model}.encoder.layer.{{i}}", "encoder.layers.{i}", f"{model}.embeddings"
     rows = [Rule(f"{e}.word_embeddings.weight", ("embed.tokens.weight",)),
             Rule(f"{e}.position_embeddings.weight", ("encoder.positions.weight",))]
     if spec.embedding.token_types:
@@ -77,6 +79,11 @@ def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
     rows += linear_rows(f"{src}.intermediate.dense", f"{dst}.ffn.up", True)
     rows += linear_rows(f"{src}.output.dense", f"{dst}.ffn.down", True)
     rows += norm_rows(f"{src}.output.LayerNorm", f"{dst}.ffn_norm", spec)
+    return rows
+
+
+def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
+    rows = encoder_rows(spec, "bert")
     p = "cls.predictions"
     rows += linear_rows(f"{p}.transform.dense", "head.transform", True)
     rows += norm_rows(f"{p}.transform.LayerNorm", "head.transform_norm", spec)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfgraph.hf.bert import encoder_rows
 from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.names import Rule
@@ -96,19 +97,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
-    src, dst, e = "roberta.encoder.layer.{i}", "encoder.layers.{i}", "roberta.embeddings"
-    rows = [Rule(f"{e}.word_embeddings.weight", ("embed.tokens.weight",)),
-            Rule(f"{e}.position_embeddings.weight", ("encoder.positions.weight",))]
-    if spec.embedding.token_types:
-        rows.append(Rule(f"{e}.token_type_embeddings.weight", ("embed.token_types.weight",)))
-    rows += norm_rows(f"{e}.LayerNorm", "encoder.embed_norm", spec)
-    for r, theirs in (("q", "self.query"), ("k", "self.key"), ("v", "self.value"),
-                      ("o", "output.dense")):
-        rows += linear_rows(f"{src}.attention.{theirs}", f"{dst}.self_attn.{r}", True)
-    rows += norm_rows(f"{src}.attention.output.LayerNorm", f"{dst}.self_attn_norm", spec)
-    rows += linear_rows(f"{src}.intermediate.dense", f"{dst}.ffn.up", True)
-    rows += linear_rows(f"{src}.output.dense", f"{dst}.ffn.down", True)
-    rows += norm_rows(f"{src}.output.LayerNorm", f"{dst}.ffn_norm", spec)
+    rows = encoder_rows(spec, "roberta")
     rows += linear_rows("lm_head.dense", "head.transform", True)
     rows += norm_rows("lm_head.layer_norm", "head.transform_norm", spec)
     table = "embed.tokens.weight" if spec.embedding.tie_output else "head.weight"
