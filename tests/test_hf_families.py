@@ -8,8 +8,8 @@ with the CLI (``tfgraph import DIR -o SPEC.yaml``), and then:
   Marian stores as parameters, excluded);
 - ``flops.matmul`` equals ``FlopCounterMode`` on the model run with eager attention (routed MoE
   experts added by hand: FlopCounterMode does not see them in transformers' MoE blocks);
-- logits agree within 1e-4 (float32) through ``to_torch`` and through the ONNX model in
-  onnxruntime, with the Hugging Face weights mapped by ``tfgraph.hf.name_map``;
+- logits agree within 1e-4 (float32) through ``to_torch`` and through the ONNX model (opsets
+  23 and 17) in onnxruntime, with the Hugging Face weights mapped by ``tfgraph.hf.name_map``;
 - the reverse map gives back the Hugging Face state dict exactly (every key, every value).
 
 A family whose spec features tfgraph lacks fails here at the import step, with the exit-2
@@ -418,14 +418,17 @@ def test_family_matches_hugging_face(family: str, tmp_path: Path) -> None:
         check(ours(*feeds.values()), expected)
     from tfgraph.exporters.onnx.model import to_onnx
 
-    model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()})
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    onnx_feeds = {k: v.numpy() for k, v in feeds.items()}
-    for given in session.get_inputs():  # BERT's segment ids: all zeros, as in transformers
-        if given.name == "token_type_ids":
-            onnx_feeds["token_type_ids"] = torch.zeros_like(feeds["input_ids"]).numpy()
-    got = session.run(None, onnx_feeds)[0]
-    check(torch.from_numpy(got), expected)
+    for opset in (23, 17):  # the newest ONNX opset and the oldest tfgraph writes
+        model = to_onnx(graph, weights={k: v.detach() for k, v in weights.items()},
+                        opset=opset)
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        onnx_feeds = {k: v.numpy() for k, v in feeds.items()}
+        for given in session.get_inputs():  # BERT's segment ids: all zeros, as transformers
+            if given.name == "token_type_ids":
+                onnx_feeds["token_type_ids"] = torch.zeros_like(feeds["input_ids"]).numpy()
+        got = session.run(None, onnx_feeds)[0]
+        check(torch.from_numpy(got), expected)
 
     # the reverse map gives the Hugging Face state dict back exactly
     back = names.from_tfgraph(weights)
