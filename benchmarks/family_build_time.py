@@ -40,10 +40,13 @@ def save_folder(name: str, out: Path) -> None:
 def build_seconds(folder: Path, repeat: int) -> float:
     times = []
     for i in range(repeat):
+        # each build its own folder: build also writes generation_config.json beside the model
+        out = folder.parent / f"{folder.name}-out{i}" / "model.onnx"
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tfgraph", "build", str(folder), "--to", "onnx",
-                        "-o", str(folder.parent / f"{folder.name}-{i}.onnx")],
-                       check=True, capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "tfgraph", "build", str(folder), "--to",
+                               "onnx", "-o", str(out)], capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{folder.name}: exit {done.returncode}: {done.stderr.strip()}")
         times.append(time.perf_counter() - start)
     return min(times)
 
@@ -68,7 +71,7 @@ def main() -> None:
             print(f"{name:24s} {seconds:6.2f} s  (load {rows[-1][2]:.1f})", flush=True)
     worst = max(rows, key=lambda r: r[1])
     over = [n for n, s, _ in rows if s >= GOAL_S]
-    print(f"{len(rows)} families; slowest {worst[0]} {worst[1]:.2f} s; "
+    print(f"{len(rows)} cases; slowest {worst[0]} {worst[1]:.2f} s; "
           f"goal < {GOAL_S:.0f} s per folder: {'met' if not over else 'NOT met: ' + ', '.join(over)}")
 
 
