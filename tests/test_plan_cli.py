@@ -59,8 +59,8 @@ def test_json_has_the_design_keys_and_equals_the_planner():
     assert step["comm_bytes"]["ep"] == 0
     assert data["layout"] == {"tp": 2, "pp": 2, "dp": 2, "ep": 1, "zero": 1, "sp": True,
                               "recompute": "selective", "micro_batch": 2, "global_batch": 16,
-                              "seq": 32, "dtype": "bfloat16", "states": "mixed", "gpus": 8,
-                              "microbatches": 4, "vpp": 1, "stage_layers": None}
+                              "seq": 32, "dtype": "bfloat16", "states": "mixed",
+                              "grad_reduce": "overlap", "gpus": 8, "microbatches": 4, "vpp": 1, "stage_layers": None}
     assert step["bubble"] == pytest.approx((2 - 1) / 4)
     graph = tfgraph.compile(load_spec(DECODER).model_copy(update={"dtype": "bfloat16"}),
                             loss=True)

@@ -100,6 +100,39 @@ def test_data_parallel_reduction_hides_under_the_last_backward_but_the_last_buck
     assert timing._dp_exposed(Layout(), H100, s, short, 1, 2) == 0.0  # no data parallelism
 
 
+def test_gradient_reduction_after_the_backward_is_all_exposed() -> None:
+    """--grad-reduce after (Megatron-LM's local DDP of 2021-2023): the whole all-reduce (ZeRO 1-2:
+    reduce-scatter) waits for the backward, however long the backward is."""
+    elements = 400_000_000
+    s = States(0, 0, 0, elements)
+    bw, lat = timing.link(H100, 8)
+    long_backward = {"forward": 1.0, "backward": 1e3, "recompute": 0.0}
+    for zero, all_reduce in ((0, True), (1, False), (2, False)):
+        overlap = Layout(dp=8, global_batch=8, zero=zero)
+        after = Layout(dp=8, global_batch=8, zero=zero, grad_reduce="after")
+        grads = elements * float(timing.grad_bytes(after))
+        reduce = timing.ring_time(grads, 8, all_reduce, bw, lat)
+        hidden = timing._dp_exposed(overlap, H100, s, long_backward, 1, 2)
+        exposed = timing._dp_exposed(after, H100, s, long_backward, 1, 2)
+        assert exposed == pytest.approx(hidden - reduce / 10 + reduce)  # last bucket -> all
+    assert timing._dp_exposed(Layout(grad_reduce="after"), H100, s, long_backward, 1, 2) == 0.0
+
+
+def test_grad_reduce_through_the_cli(tmp_path: Path) -> None:
+    # more gradient than one 40M-element bucket per rank, so overlapping hides some of it
+    args = (ROOT / "specs" / "gpt3-175b.yaml", "--gpus", 64, "--tp", 8, "--pp", 2, "--dp", 4,
+            "--global-batch", 32, "--seq", 2048)
+    overlap, after = plan_json(*args), plan_json(*args, "--grad-reduce", "after")
+    assert overlap["layout"]["grad_reduce"] == "overlap"
+    assert after["layout"]["grad_reduce"] == "after"
+    assert after["step"]["time_parts"]["dp_exposed"] > overlap["step"]["time_parts"]["dp_exposed"]
+    assert "--grad-reduce after" in after["assumptions"]["data_parallel"]
+    assert "--grad-reduce" not in overlap["assumptions"]["data_parallel"]
+    refused = cli(*args, "--zero", 3, "--grad-reduce", "after")
+    assert refused.exit_code == 2 and "ZeRO 3" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
 def test_bubble_formulas() -> None:
     assert timing.bubble(8, 64, 1) == pytest.approx(7 / 64)  # 1F1B, Narayanan §2.2.1
     assert timing.bubble(8, 64, 2) == pytest.approx(7 / 128)  # interleaved, §2.2.2

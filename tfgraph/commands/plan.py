@@ -19,6 +19,7 @@ Every bad value is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -27,7 +28,7 @@ from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
 from tfgraph.limits import MAX_BATCH, MAX_GPUS, MAX_TOP
 from tfgraph.graph.lengths import check_lengths
-from tfgraph.parallel.layout import Layout
+from tfgraph.parallel.layout import GradReduce, Layout
 
 DEFAULT_SEQ = 2048  # GPT-3's context (Brown et al. 2020), for specs with no max_len
 DEFAULT_TOP = 10
@@ -95,6 +96,11 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
               help="Model states of 16-bit training: mixed keeps 16-bit gradients (16 bytes "
                    "per parameter with the fp32 master copy and Adam's moments; ZeRO, "
                    "tfgraph report's default too), megatron fp32 gradients (18, Megatron-LM).")
+@click.option("--grad-reduce", type=click.Choice(["overlap", "after"]), default="overlap",
+              show_default=True,
+              help="Data-parallel gradient reduction (ZeRO 0-2): overlap hides it bucket by "
+                   "bucket under the backward (PyTorch DDP); after runs it once the backward "
+                   "is done (Megatron-LM's --DDP-impl local, its default until 2023).")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused",
               show_default=True,
               help="Attention kernel: fused keeps no score matrix for backward.")
@@ -108,8 +114,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
          stage_text: str | None, dp_text: str | None, ep_text: str | None,
          zero_text: str | None, sp: bool | None, recompute: str | None,
          micro_text: str | None, global_text: str | None, seq_text: str | None, dtype: str,
-         states: str, attention: str, do_search: bool, top_text: str | None,
-         as_json: bool) -> None:
+         states: str, grad_reduce: GradReduce, attention: str, do_search: bool,
+         top_text: str | None, as_json: bool) -> None:
     """Plan training SPEC|DIR on --gpus GPUs: per-rank memory, step FLOPs, communication,
     pipeline bubble, time and MFU of one layout, or --search for the fastest that fit.
 
@@ -134,7 +140,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
         if fixed:
             raise TfgraphError(f"--search chooses {', '.join(fixed)} itself; give only --gpus, "
                                "--gpu/--gpu-memory, --global-batch, --seq, --dtype, --states, "
-                               "--attention")
+                               "--grad-reduce, --attention")
         top = _count("--top", top_text, maximum=MAX_TOP) or DEFAULT_TOP
     elif top_text is not None:
         raise TfgraphError("--top: only with --search")
@@ -145,7 +151,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     if do_search:
         from tfgraph.parallel.search import search
 
-        base = Layout(global_batch=global_batch or gpus, seq=seq, dtype=dtype, states=states)
+        base = Layout(global_batch=global_batch or gpus, seq=seq, dtype=dtype, states=states,
+                      grad_reduce=grad_reduce)
         results = [{"name": spec.name, **r}
                    for r in search(graph, gpus, base, device, attention, top)]
         if as_json:
@@ -158,7 +165,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
 
     from tfgraph.parallel.planner import plan as plan_layout
 
-    layout = _layout(gpus, given, global_batch, seq, dtype, states)
+    layout = replace(_layout(gpus, given, global_batch, seq, dtype, states),
+                     grad_reduce=grad_reduce)
     result: dict[str, Any] = {"name": spec.name, **plan_layout(graph, layout, device, attention)}
     if as_json:
         click.echo(json.dumps(result, indent=2))

@@ -25,6 +25,8 @@ from tfgraph.passes import figures
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
+GradReduce = Literal["overlap", "after"]
+GRAD_REDUCE: tuple[GradReduce, ...] = ("overlap", "after")
 # Bytes per parameter of (weights, gradients, optimizer) by training precision and model-state
 # convention (``--states``, the same in ``tfgraph report``: tfgraph.passes.figures.STATES,
 # whose functions compute them).
@@ -81,6 +83,12 @@ class Layout:
     states: str = "mixed"
     """Model-state convention of 16-bit training (``STATES``): "mixed" 16-bit gradients (16
     bytes per parameter), "megatron" fp32 gradients (18)."""
+    grad_reduce: GradReduce = "overlap"
+    """When ZeRO 0-2 reduce the gradients over the data-parallel ranks: "overlap" bucket by
+    bucket under the last micro-batch's backward (PyTorch DDP, Megatron-LM's
+    ``overlap_grad_reduce``), "after" in one pass once the backward has finished (Megatron-LM's
+    ``--DDP-impl local``, its default until 2023: ``train_step`` calls
+    ``allreduce_gradients`` after ``forward_backward_func``), all of it exposed."""
 
     @property
     def gpus(self) -> int:
@@ -157,6 +165,11 @@ def check(graph: Graph, layout: Layout) -> None:
         raise TfgraphError(f"--dtype must be one of {', '.join(DTYPES)}")
     if layout.states not in STATES:
         raise TfgraphError(f"--states must be one of {', '.join(STATES)}")
+    if layout.grad_reduce not in GRAD_REDUCE:
+        raise TfgraphError(f"--grad-reduce must be one of {', '.join(GRAD_REDUCE)}")
+    if layout.grad_reduce == "after" and layout.zero == 3:
+        raise TfgraphError("--grad-reduce after: ZeRO 3 (FSDP) reduce-scatters each layer's "
+                           "gradients during the backward; use --zero 0, 1 or 2")
     if layout.sp and layout.tp == 1:
         raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs --tp > 1")
     check_lengths(graph.spec, ("--seq", layout.seq))  # README, "Lengths beyond max_len"

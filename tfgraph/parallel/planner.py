@@ -47,7 +47,7 @@ from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, check, in_flight, stage_counts, state_bytes
 from tfgraph.parallel.memory import NONE, States, add, states
-from tfgraph.parallel.timing import ASSUMPTIONS, step_time
+from tfgraph.parallel.timing import assumptions, step_time
 from tfgraph.parallel.tp_plan import tp_plan
 from tfgraph.parallel.units import Unit, sequence_plan, units
 from tfgraph.passes.figures import states_note
@@ -380,7 +380,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
             **timing,
         },
         "model_states": _states_note(layout),
-        "assumptions": {"gpu": _gpu_assumptions(gpu, layout.dtype), **ASSUMPTIONS},
+        "assumptions": {"gpu": _gpu_assumptions(gpu, layout.dtype), **assumptions(layout)},
         **plan_formulas(graph, layout, attention, folded, worst.stage, tp_stage),
     }
 

@@ -144,6 +144,19 @@ ASSUMPTIONS: dict[str, str] = {
 }
 
 
+GRAD_REDUCE_AFTER = ("ZeRO 0-2 with --grad-reduce after (Megatron-LM's local DDP): the whole "
+                     "gradient all-reduce / reduce-scatter after the last backward, exposed; "
+                     "ZeRO 1-2 weight all-gather under the next step's first forward, the first "
+                     "bucket exposed")
+
+
+def assumptions(layout: Layout) -> dict[str, str]:
+    """The rules the step time of ``layout`` follows (its gradient reduction's among them)."""
+    if layout.grad_reduce == "after":
+        return {**ASSUMPTIONS, "data_parallel": GRAD_REDUCE_AFTER}
+    return dict(ASSUMPTIONS)
+
+
 class StageFigures(Protocol):
     """The planner's per-stage figures this module reads (``planner.StageFigures``)."""
 
@@ -551,13 +564,17 @@ def _dp_exposed(layout: Layout, gpu: Gpu, s: States, slot: dict[str, float], lay
             continue
         grads = elements * float(grad_bytes(layout))
         last = min(1.0, BUCKET_ELEMENTS / elements)
+        # the gradients' reduction: all of it after the backward, or what the backward hides
+        hidden = 0.0 if layout.grad_reduce == "after" else 1.0
         if layout.zero == 0:
             reduce = ring_time(grads, ranks, True, bw, lat)
-            exposed += max(reduce * last, reduce - slot["backward"] - slot["recompute"])
+            exposed += max(reduce * (last if hidden else 1.0),
+                           reduce - hidden * (slot["backward"] + slot["recompute"]))
         elif layout.zero in (1, 2):
             reduce = ring_time(grads, ranks, False, bw, lat)
             gather = ring_time(elements * elem, ranks, False, bw, lat)
-            exposed += max(reduce * last, reduce - slot["backward"] - slot["recompute"])
+            exposed += max(reduce * (last if hidden else 1.0),
+                           reduce - hidden * (slot["backward"] + slot["recompute"]))
             exposed += max(gather * last, gather - slot["forward"])
         else:
             per_mb = (2 * ring_time(elements * elem, ranks, False, bw, lat)
