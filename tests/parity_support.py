@@ -138,3 +138,17 @@ def saved_storages(module: nn.Module) -> Iterator[dict[int, int]]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield seen
+
+
+def greedy_with_cache(model: nn.Module, ids: Tensor, mask: Tensor, new: int) -> Tensor:
+    """``new`` greedy tokens (B, new) from a tfgraph module through its KV cache, the mask
+    growing by one column a step (the caller's padded batch, as transformers' generate)."""
+    with torch.no_grad():
+        logits, past = model(ids, attention_mask=mask, use_cache=True)
+        tokens = []
+        for _ in range(new):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(nxt)
+            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+            logits, past = model(nxt, attention_mask=mask, past_key_values=past, use_cache=True)
+    return torch.cat(tokens, 1)

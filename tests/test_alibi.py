@@ -28,7 +28,7 @@ from tfgraph.exporters.torch.source import generate_source
 from tfgraph.graph.ops import alibi_slopes
 from tfgraph.spec.schema import Spec
 
-from parity_support import check_against, randomize, split_neox_qkv
+from parity_support import check_against, greedy_with_cache, randomize, split_neox_qkv
 
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
@@ -146,14 +146,7 @@ def test_greedy_generation_through_the_cache_equals_bloom_generate() -> None:
     with torch.no_grad():
         want = ref.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
                             min_new_tokens=new, pad_token_id=0)[:, ids.shape[1]:]
-        logits, past = model(ids, attention_mask=mask, use_cache=True)
-        tokens = []
-        for _ in range(new):
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
-            tokens.append(nxt)
-            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
-            logits, past = model(nxt, attention_mask=mask, past_key_values=past, use_cache=True)
-    assert torch.cat(tokens, 1).tolist() == want.tolist()
+    assert greedy_with_cache(model, ids, mask, new).tolist() == want.tolist()
 
 
 def test_alibi_is_for_decoders_and_costs_no_parameters() -> None:

@@ -23,6 +23,7 @@ import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
 from tfgraph.hf import name_map
 
+from parity_support import greedy_with_cache
 from test_hf_families import CASES, build_reference, family_seed, import_spec
 
 transformers = pytest.importorskip("transformers")
@@ -63,14 +64,7 @@ def test_greedy_tokens_on_a_padded_batch_equal_transformers(family: str, tmp_pat
         # eos -1: no token ends a row early or is suppressed before max_new_tokens
         want = ref.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
                             eos_token_id=-1, pad_token_id=0)[:, ids.shape[1]:]
-        logits, past = model(ids, attention_mask=mask, use_cache=True)
-        tokens = []
-        for _ in range(new):
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
-            tokens.append(nxt)
-            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
-            logits, past = model(nxt, attention_mask=mask, past_key_values=past, use_cache=True)
-    assert torch.cat(tokens, 1).tolist() == want.tolist()
+    assert greedy_with_cache(model, ids, mask, new).tolist() == want.tolist()
 
 
 @pytest.mark.parametrize("opset", [23, 17])

@@ -14,13 +14,19 @@ from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
 
 
-def spec_from_config(cfg: HFConfig) -> SpecDraft:
-    draft = SpecDraft(cfg)
+def refuse_non_encoder(cfg: HFConfig, family: str, model: str) -> None:
+    """BERT's and RoBERTa's configs can also describe relative positions or a decoder with
+    cross-attention; tfgraph imports the absolute-position masked-LM encoder only."""
     if cfg.get("position_embedding_type", "absolute") != "absolute":
-        cfg.refuse("position_embedding_type", "tfgraph's BERT positions are the absolute "
+        cfg.refuse("position_embedding_type", f"tfgraph's {family} positions are the absolute "
                    "learned table")
     if cfg.bool("is_decoder", False) or cfg.bool("add_cross_attention", False):
-        cfg.refuse("is_decoder", "only the BERT encoder (BertForMaskedLM) is imported")
+        cfg.refuse("is_decoder", f"only the {family} encoder ({model}) is imported")
+
+
+def spec_from_config(cfg: HFConfig) -> SpecDraft:
+    draft = SpecDraft(cfg)
+    refuse_non_encoder(cfg, "BERT", "BertForMaskedLM")
     put_sizes(draft, cfg, "encoder-only", True)
     if not cfg.bool("tie_word_embeddings", True):
         # untied, transformers keeps cls.predictions.bias apart from decoder.bias and reads

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import (linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes,
+from tfgraph.hf.common import (llama_layer_rows, llama_outer_rows, put_decoder_sizes,
                                put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import gated_activation, layer_types
@@ -107,13 +107,6 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
-    src, dst = "model.layers.{i}", "decoder.layers.{i}"
-    att = spec.attention
-    rows = llama_outer_rows(spec)
-    for r in "qkvo":
-        rows += linear_rows(f"{src}.self_attn.{r}_proj", f"{dst}.self_attn.{r}",
-                            bool(att.qkv_bias))
-    for r in ("gate", "up", "down"):
-        rows += linear_rows(f"{src}.mlp.{r}_proj", f"{dst}.ffn.{r}", False)
-    rows += norm_rows(f"{src}.input_layernorm", f"{dst}.norm", spec)
-    return rows
+    # attention_bias covers q, k, v and o alike; one LayerNorm feeds both sublayers
+    return llama_outer_rows(spec) + llama_layer_rows(spec, "model.layers",
+                                                     {"input_layernorm": "norm"})

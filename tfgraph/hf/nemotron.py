@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes
+from tfgraph.hf.common import llama_layer_rows, llama_outer_rows, put_decoder_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -53,14 +53,6 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
-    src, dst = "model.layers.{i}", "decoder.layers.{i}"
-    att = spec.attention
-    rows = llama_outer_rows(spec)
-    for r in "qkvo":
-        rows += linear_rows(f"{src}.self_attn.{r}_proj", f"{dst}.self_attn.{r}",
-                            bool(att.qkv_bias))
-    rows += linear_rows(f"{src}.mlp.up_proj", f"{dst}.ffn.up", spec.ffn.bias)
-    rows += linear_rows(f"{src}.mlp.down_proj", f"{dst}.ffn.down", spec.ffn.bias)
-    rows += norm_rows(f"{src}.input_layernorm", f"{dst}.self_attn_norm", spec)
-    rows += norm_rows(f"{src}.post_attention_layernorm", f"{dst}.ffn_norm", spec)
-    return rows
+    # attention_bias covers q, k, v and o alike; an ungated MLP (up, relu2, down)
+    norms = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"}
+    return llama_outer_rows(spec) + llama_layer_rows(spec, "model.layers", norms, gated=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.bert import encoder_rows
+from tfgraph.hf.bert import encoder_rows, refuse_non_encoder
 from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.names import Rule
@@ -25,11 +25,7 @@ it instead of the spec's tokens.pad, which it equals when set)."""
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
-        cfg.refuse("position_embedding_type", "tfgraph's RoBERTa positions are the absolute "
-                   "learned table")
-    if cfg.bool("is_decoder", False) or cfg.bool("add_cross_attention", False):
-        cfg.refuse("is_decoder", "only the RoBERTa encoder (RobertaForMaskedLM) is imported")
+    refuse_non_encoder(cfg, "RoBERTa", "RobertaForMaskedLM")
     put_sizes(draft, cfg, "encoder-only", True)
     if not cfg.bool("tie_word_embeddings", True):
         # untied, transformers keeps lm_head.bias apart from lm_head.decoder.bias and reads

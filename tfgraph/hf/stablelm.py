@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes
+from tfgraph.hf.common import llama_layer_rows, llama_outer_rows, put_decoder_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import gated_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -59,18 +59,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
 
 
 def name_rules(spec: Spec, cfg: HFConfig) -> list[Rule]:
-    src, dst = "model.layers.{i}", "decoder.layers.{i}"
-    att = spec.attention
-    rows = llama_outer_rows(spec)
-    for r in "qkv":
-        rows += linear_rows(f"{src}.self_attn.{r}_proj", f"{dst}.self_attn.{r}",
-                            bool(att.qkv_bias))
-    rows += linear_rows(f"{src}.self_attn.o_proj", f"{dst}.self_attn.o", False)
-    for r in ("gate", "up", "down"):
-        rows += linear_rows(f"{src}.mlp.{r}_proj", f"{dst}.ffn.{r}", False)
-    if spec.block.residual == "parallel":  # one norm feeds both sublayers
-        rows += norm_rows(f"{src}.input_layernorm", f"{dst}.norm", spec)
-    else:
-        rows += norm_rows(f"{src}.input_layernorm", f"{dst}.self_attn_norm", spec)
-        rows += norm_rows(f"{src}.post_attention_layernorm", f"{dst}.ffn_norm", spec)
-    return rows
+    # o_proj and the MLP have no biases (config_from_spec refuses specs with them)
+    norms = ({"input_layernorm": "norm"} if spec.block.residual == "parallel"  # one for both
+             else {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"})
+    return llama_outer_rows(spec) + llama_layer_rows(spec, "model.layers", norms)
