@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tfgraph.errors import TfgraphError
-from tfgraph.exporters.onnx.runtime import run_all
+from tfgraph.exporters.onnx.runtime import run_all, run_bound
 from tfgraph.generation.cached import Cached, CachedSeq2Seq
 
 
@@ -85,12 +84,7 @@ def _bound_cached(session: Any, names: list[str], dims: dict[str, tuple[int, int
         binding.bind_output(outputs[0], "cpu")  # the logits: what the sampler reads
         for name in presents:
             binding.bind_output(name, device)  # onnxruntime allocates them there
-        try:
-            session.run_with_iobinding(binding)
-        except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary
-            text = " ".join(str(err).split())
-            raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
-        out = binding.get_outputs()
+        out = run_bound(session, binding)
         logits = np.asarray(out[0].numpy(), np.float32)
         return logits, dict(zip(names, out[1:]))
 

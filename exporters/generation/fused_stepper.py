@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.exporters.onnx.runtime import run_bound
 from tfgraph.generation.cached import last_logits
 
 
@@ -105,12 +106,7 @@ class FusedOnnx:
                 binding.bind_ortvalue_output(present, self.cache[past])
             else:
                 binding.bind_output(present, self.device)
-        try:
-            session.run_with_iobinding(binding)
-        except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary
-            text = " ".join(str(err).split())
-            raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
-        out = binding.get_outputs()
+        out = run_bound(session, binding)
         if not self.share:
             self.cache = dict(zip(self.names, out[1:]))
         return np.asarray(out[0].numpy(), np.float32)

@@ -231,9 +231,24 @@ def run_all(session: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
     try:
         out: list[Any] = session.run(None, feeds)
     except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
-        text = " ".join(str(err).split())
-        raise TfgraphError(f"onnxruntime failed to run the model: {text[:400]}") from None
+        raise _failed(err) from None
     return out
+
+
+def run_bound(session: Any, binding: Any) -> list[Any]:
+    """One forward pass through an I/O binding, its outputs as OrtValues."""
+    try:
+        session.run_with_iobinding(binding)
+    except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
+        raise _failed(err) from None
+    out: list[Any] = binding.get_outputs()
+    return out
+
+
+def _failed(err: Exception) -> TfgraphError:
+    """A runtime failure (e.g. ids out of range) as one line."""
+    text = " ".join(str(err).split())
+    return TfgraphError(f"onnxruntime failed to run the model: {text[:400]}")
 
 
 @dataclass
