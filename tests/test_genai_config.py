@@ -23,11 +23,12 @@ SPEC = ROOT / "specs" / "tiny-llama.yaml"
 PROMPT = [5, 17, 42, 7]
 
 
-def build(tmp_path: Path) -> Path:
+def build(tmp_path: Path, fused: bool = False) -> Path:
     out = tmp_path / "model" / "model.onnx"
     out.parent.mkdir()
     result = CliRunner().invoke(main, ["build", str(SPEC), "--to", "onnx", "--kv-cache",
-                                       "-o", str(out), "--seed", "2"])
+                                       "-o", str(out), "--seed", "2"]
+                                + (["--fused-attention"] if fused else []))
     assert result.exit_code == 0, result.output
     return out
 
@@ -55,27 +56,47 @@ def test_the_config_names_the_models_interface(tmp_path: Path) -> None:
     assert config["search"]["past_present_share_buffer"] is False  # the cache is concatenated
 
 
+def test_a_fused_models_config_shares_its_cache_buffers(tmp_path: Path) -> None:
+    """Issue 24 item 2: the fused model's kernel writes into the buffer bound as its past, so
+    onnxruntime-genai allocates one buffer per layer (its own GQA models' setting); where the
+    fused kernel is refused (ALiBi) the written-out model's cache still grows."""
+    config = json.loads((build(tmp_path, fused=True).parent / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+    out = tmp_path / "alibi" / "model.onnx"
+    result = CliRunner().invoke(main, ["build", str(ROOT / "specs" / "tiny-bloom.yaml"),
+                                       "--to", "onnx", "--kv-cache", "--fused-attention",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    alibi = json.loads((out.parent / "genai_config.json").read_text())
+    assert alibi["search"]["past_present_share_buffer"] is False
+
+
 OG_SCRIPT = """
 import json, sys
 import numpy as np
 import onnxruntime_genai as og
-folder, prompt, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+folder, rows, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+width = max(map(len, rows))
 model = og.Model(folder)
 params = og.GeneratorParams(model)
-params.set_search_options(max_length=len(prompt) + new, do_sample=False)
+params.set_search_options(max_length=width + new, min_length=width + new, do_sample=False,
+                          batch_size=len(rows))
 generator = og.Generator(model, params)
-generator.append_tokens(np.array([prompt], dtype=np.int32))
-out = []
+# its batches of uneven prompts: each row's tokens first, then the pad id (0 here)
+generator.append_tokens(np.array([r + [0] * (width - len(r)) for r in rows], dtype=np.int32))
+out = [[] for _ in rows]
 while not generator.is_done():
     generator.generate_next_token()
-    out.append(int(generator.get_next_tokens()[0]))
+    for row, token in zip(out, generator.get_next_tokens()):
+        row.append(int(token))
 print(json.dumps(out))
 """
 
 
 def genai_python() -> str | None:
-    """A Python that has onnxruntime-genai: this one, or $TFGRAPH_GENAI_PYTHON (the venv
-    benchmarks/hf_build.py makes: benchmarks/.cache/genai-venv/bin/python)."""
+    """A Python that has onnxruntime-genai: this one, or $TFGRAPH_GENAI_PYTHON (CI's
+    .venv-genai/bin/python, made by .ci/run; or the venv benchmarks/hf_build.py makes,
+    benchmarks/.cache/genai-venv/bin/python)."""
     import importlib.util
     import os
     import sys
@@ -85,19 +106,26 @@ def genai_python() -> str | None:
     return os.environ.get("TFGRAPH_GENAI_PYTHON")
 
 
-def test_onnxruntime_genai_generates_tfgraphs_tokens(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rows", [[PROMPT], [PROMPT, [9, 8, 7, 6, 5, 4, 3]]],
+                         ids=["one-prompt", "uneven-batch"])
+@pytest.mark.parametrize("fused", [False, True], ids=["written-out", "fused"])
+def test_onnxruntime_genai_generates_tfgraphs_tokens(tmp_path: Path, fused: bool,
+                                                     rows: list[list[int]]) -> None:
+    """Written out (cache concatenated) and fused (one shared buffer per layer, written in
+    place by GroupQueryAttention): the generator's tokens are ``tfgraph generate``'s, for one
+    prompt and for a batch of prompts of different lengths."""
     import subprocess
 
     python = genai_python()
     if python is None:
         pytest.skip("onnxruntime-genai is not installed (set TFGRAPH_GENAI_PYTHON to a Python "
                     "that has it)")
-    out = build(tmp_path)
+    out = build(tmp_path, fused)
+    prompts = [a for row in rows for a in ("--prompt-ids", ",".join(map(str, row)))]
     want = json.loads(CliRunner().invoke(main, [
-        "generate", str(SPEC), "--weights-seed", "2", "--prompt-ids",
-        ",".join(map(str, PROMPT)), "--max-new-tokens", "20", "--ignore-eos", "--json",
-    ]).stdout)["tokens"][0]
-    ran = subprocess.run([python, "-c", OG_SCRIPT, str(out.parent), json.dumps(PROMPT), "20"],
+        "generate", str(SPEC), "--weights-seed", "2", *prompts, "--max-new-tokens", "20",
+        "--ignore-eos", "--json"]).stdout)["tokens"]
+    ran = subprocess.run([python, "-c", OG_SCRIPT, str(out.parent), json.dumps(rows), "20"],
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert json.loads(ran.stdout.strip().splitlines()[-1]) == want

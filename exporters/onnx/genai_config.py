@@ -4,9 +4,15 @@ KV-cache ONNX model (README, "KV cache").
 The model already has the interface onnxruntime-genai's decoder expects (``input_ids``,
 ``attention_mask``, ``position_ids``, ``past_key_values.%d.key|value`` in; ``logits``,
 ``present.%d.key|value`` out); the config names them, gives the sizes the generator allocates
-its cache with, and the token ids and search defaults. Its cache grows by concatenation, so
-``past_present_share_buffer`` is off (that mode needs a fixed-size buffer the model writes
-into). The field names are those onnxruntime-genai's own model builder writes (0.18).
+its cache with, and the token ids and search defaults. The written-out model's cache grows by
+concatenation, so ``past_present_share_buffer`` is off (that mode needs a fixed-size buffer
+the model writes into). The field names are those onnxruntime-genai's own model builder writes (0.18).
+
+A model built with onnxruntime's fused attention (``--fused-attention``) takes one fixed-size
+key/value buffer per layer as both its past input and its present output, written in place by
+its ``GroupQueryAttention`` kernel: its config turns ``past_present_share_buffer`` on, as
+onnxruntime-genai's own builder does for its GQA models, so the generator allocates the cache
+once (at ``max_length``) and copies nothing of it between steps.
 """
 
 from __future__ import annotations
@@ -58,10 +64,12 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
     context = (info.lengths.max_len if info.lengths else None) or 4096  # the generator's default maximum length
     inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
     dropped: set[str] = set()
+    shared = False  # the written-out model's cache grows by concatenation
     if fused_attention:
         from tfgraph.exporters.onnx.fused_attention import plan, refusal
 
-        dropped = plan(graph).dropped_inputs if refusal(graph) is None else set()
+        shared = refusal(graph) is None  # the kernel writes into the buffer it was given
+        dropped = plan(graph).dropped_inputs if shared else set()
     if "position_ids" in graph.inputs and "position_ids" not in dropped:
         # ALiBi and T5-style bias models take none, nor a fused model whose kernel rotates
         inputs["position_ids"] = "position_ids"
@@ -97,7 +105,7 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
             "length_penalty": 1.0, "max_length": context,
             "min_length": context if no_eos else 0,
             "no_repeat_ngram_size": 0, "num_beams": 1, "num_return_sequences": 1,
-            "past_present_share_buffer": False, "repetition_penalty": 1.0,
+            "past_present_share_buffer": shared, "repetition_penalty": 1.0,
             "temperature": 1.0, "top_k": 1, "top_p": 1.0,
         },
     }
