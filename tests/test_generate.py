@@ -620,3 +620,20 @@ def test_encoder_decoder_kv_cache_files_generate(tmp_path: Path) -> None:
     (out / "encoder_model.onnx").unlink()
     alone = cli(out / "decoder_model.onnx", "--prompt-ids", "1")
     assert alone.exit_code == 2 and "no encoder_model.onnx beside" in alone.stderr
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["written-out", "fused"])
+def test_a_bfloat16_cache_model_on_the_cpu_is_one_clear_line(tmp_path: Path,
+                                                              fused: bool) -> None:
+    """onnxruntime's CPU provider has no bfloat16 kernels: generate on a bfloat16 KV-cache
+    model says so and what to do (exit 2), as ``run`` does, not onnxruntime's load error."""
+    out = tmp_path / "model.onnx"
+    built = CliRunner().invoke(main, [
+        "build", str(ROOT / "specs" / "tiny-bf16.yaml"), "--to", "onnx", "--kv-cache", "-o",
+        str(out), *(["--fused-attention"] if fused else [])])
+    assert built.exit_code == 0, built.output
+    result = cli(out, "--prompt-ids", "1,2,3", "--max-new-tokens", "2",
+                 "--provider", "cpu")
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert "no bfloat16 kernels" in line and "float16 or float32" in line

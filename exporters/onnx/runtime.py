@@ -119,6 +119,11 @@ def load_model(path: str | os.PathLike[str]) -> Any:
     return model
 
 
+def elem_name(elem_type: int) -> str:
+    """The dtype name of an ONNX element type ("unknown" for types tfgraph does not write)."""
+    return _ELEM_NAMES.get(elem_type, "unknown")
+
+
 def interface(model: Any, where: str) -> Interface:
     """Check ``model`` has tfgraph's inputs and output (README.md, `tfgraph build`: the ONNX model); TfgraphError otherwise."""
     inputs = tuple(i.name for i in model.graph.input
@@ -139,7 +144,7 @@ def interface(model: Any, where: str) -> Interface:
     if len(outputs) != 1 or outputs[0].name not in OUTPUT_NAMES:
         raise TfgraphError(f"{where}: not a tfgraph model: outputs "
                            f"{[o.name for o in outputs]}, expected logits or probs")
-    dtype = _ELEM_NAMES.get(outputs[0].type.tensor_type.elem_type, "unknown")
+    dtype = elem_name(outputs[0].type.tensor_type.elem_type)
     # Each ids input feeds a Gather whose table's first dim is its vocabulary.
     shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
     vocab = {name: 1 for name in inputs}

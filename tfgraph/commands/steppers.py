@@ -343,7 +343,7 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     from tfgraph.exporters.onnx.model import SPEC_METADATA_KEY
 
     spec = _stored_spec(model, where) if SPEC_METADATA_KEY in props else None
-    dtype = "float16" if model.graph.output[0].type.tensor_type.elem_type == 10 else "float32"
+    dtype = rt.elem_name(model.graph.output[0].type.tensor_type.elem_type)
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                           dtype=dtype)
     vocab = _output_vocab(model) if spec is None else spec.output_vocab
