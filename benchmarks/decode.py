@@ -8,7 +8,8 @@ Batch 1, one 16-token prompt, 64 new tokens, greedy, EOS ignored. Sides, all in 
 
 - transformers ``model.generate`` (torch eager, its KV cache; benchmarks/decode_sides.py);
 - onnxruntime-genai 0.18 ``og.Generator`` on its own builder's model and on tfgraph's
-  ``build --kv-cache`` model (its genai_config.json), each at onnxruntime-genai's default
+  ``build --kv-cache`` models, written out and fused (their genai_config.json; the fused
+  one's shares past/present buffers), each at onnxruntime-genai's default
   session options and with ``intra_op_num_threads`` = the cores (benchmarks/decode_genai.py,
   a worker in the peer venv of benchmarks/genai_peer.py);
 - tfgraph: ``tfgraph.generate(DIR, backend="onnx")`` and ``backend="torch"`` (KV cache), the
@@ -88,10 +89,11 @@ def build_models(folder: Path, work: Path, peer: Path | None) -> dict[str, Path]
 
 def genai_sides(peer: Path, models: dict[str, Path], work: Path, prompts: list[list[int]],
                 workers: list[GenaiWorker]) -> dict[str, tuple[Side, list[list[int]]]]:
-    """onnxruntime-genai on its builder's model and on tfgraph's, at its default session
-    options and on every core; the workers started are appended to ``workers``."""
+    """onnxruntime-genai on its builder's model and on tfgraph's two builds, at its default
+    session options and on every core; the workers started are appended to ``workers``."""
     sides: dict[str, tuple[Side, list[list[int]]]] = {}
-    for model, name in (("genai", "own model"), ("tfgraph", "tfgraph's model")):
+    for model, name in (("genai", "own model"), ("tfgraph", "tfgraph's model"),
+                        ("tfgraph-fused", "tfgraph's fused model")):
         for threads in (None, os.cpu_count() or 1):
             label = f"onnxruntime-genai, {name}, " + (
                 f"{threads} threads" if threads else "default threads")

@@ -126,6 +126,12 @@ class Report:
                 goal = (f"; goal >= {GENAI_GOAL:g}x: {met(r >= GENAI_GOAL)}"
                         if "own model" in label else "")
                 lines.append(f"        = {r:.2f}x {label} (best runs {b:.2f}x{goal})")
+        fused = f"{ONNX}, fused attention"
+        for label in self.runs:  # issue 24 item 2: its generator on tfgraph's fused model
+            if label.startswith("onnxruntime-genai, tfgraph's fused model") and fused in self.runs:
+                r, b = self.versus(label, fused)
+                lines.append(f"{label}: {r:.2f}x tfgraph generate on the same model (best runs "
+                             f"{b:.2f}x)")
         lines += self._floor(onnx)
         b8 = f"{ONNX}, batch {self.batch}"
         if b8 in self.runs and f"{REFERENCE}, batch {self.batch}" in self.runs:

@@ -428,6 +428,18 @@ def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool)
     lines.append(f"training step ({str(dtype)[6:]}, batch {batch} x {seq}, forward + token "
                  f"cross-entropy + backward): tfgraph {t_ours:.1f} ms, transformers (SDPA) "
                  f"{t_hf:.1f} ms: {t_hf / t_ours:.2f}x")
+    # The same step compiled (inductor fuses the element-wise kernels the eager module runs one
+    # by one): the step `tfgraph plan` times, one kernel per graph op (issue 26's H100 row).
+    compiled = torch.compile(ours)
+    start = time.perf_counter()
+    step(compiled, False)()  # compiles forward and backward
+    if cuda:
+        torch.cuda.synchronize()
+    t_compile = time.perf_counter() - start
+    t_compiled = median_ms(step(compiled, False), cuda, repeat)
+    lines.append(f"training step compiled (torch.compile, default mode): tfgraph {t_compiled:.1f}"
+                 f" ms ({t_ours / t_compiled:.2f}x eager; compile {t_compile:.1f} s); against "
+                 "`tfgraph plan --gpus 1` see benchmarks/plan_published.py")
     if not cuda:
         lines.append("activation peaks: skipped (torch.cuda.max_memory_allocated needs CUDA)")
         return lines
