@@ -71,13 +71,13 @@ graph keeps memoised per-unit work lists and their times; nothing else changes.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import sympy
 
-from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.graph.ir import SYMBOLS, Graph, Node
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.memory import States
@@ -272,6 +272,68 @@ def _alike(graph: Graph) -> list[int]:
     return found
 
 
+@dataclass(frozen=True)
+class OpSite:
+    """What a work builder reads of one op: the node, its operands, its FLOPs, the bytes of
+    its operands and output, its tensor-parallel placement (``placement``: "S" split by
+    features, "P" partial sums, "R" whole) and whether sequence parallelism splits it by
+    rows."""
+
+    graph: Graph
+    node: Node
+    operands: list[Node]
+    flops: sympy.Expr
+    moved: sympy.Expr
+    where: str
+    rows: bool
+
+
+def _gemm_work(op: OpSite) -> Work:
+    """A projection: M tokens x N outputs x K inputs; column-parallel splits N, row-parallel
+    K."""
+    x, w = op.operands[0].type, op.operands[1].attrs["shape"]
+    dims = (_prod(x.shape[:-1]), sympy.Integer(w[0]), sympy.Integer(w[1]))
+    return Work("gemm", op.flops, op.moved, dims, {"S": "N", "P": "K"}.get(op.where, ""))
+
+
+def _attention_work(op: OpSite) -> Work:
+    """An attention core: the scores its mask keeps (fused), its two batched GEMMs and score
+    tensor (unfused), its dropout mask."""
+    node, types = op.node, [o.type for o in op.operands]
+    q, k = types[0], types[1]
+    heads, head_dim = node.attrs["heads"], node.attrs["head_dim"]
+    kept = read_fraction(op.graph, node.name)
+    fused_flops = op.flops * kept if kept is not None else op.flops
+    scores = cost.total([OPS[node.op].temp(types, node.type, node.attrs)])
+    dims = (_prod(q.shape[:-2]) * heads if len(q.shape) > 3 else q.shape[0] * heads,
+            q.shape[1], k.shape[1])
+    mask = cost.total([b for ref, b in attention_dropout_saved(types, node.attrs)
+                       if ref == ("tmp", "mask")])
+    return Work("attention", fused_flops, scores, tuple(sympy.sympify(d) for d in dims),
+                "t" if op.where == "S" else "", sympy.Integer(head_dim), op.flops, mask)
+
+
+def _experts_work(op: OpSite) -> Work:
+    """Routed experts: each expert's GEMMs over its share of the routed tokens."""
+    experts, hidden, d = op.operands[-2].attrs["shape"]
+    tokens = _prod(op.operands[0].type.shape[:-1]) * op.node.attrs["top_k"]
+    return Work("experts", op.flops, op.moved, (tokens / experts, sympy.Integer(hidden),
+                                                sympy.Integer(d)),
+                "N" if op.where in ("S", "P") else "", sympy.Integer(experts))
+
+
+def _memory_work(op: OpSite) -> Work:
+    """Any other op: memory-bound, split by features (tensor-parallel) or rows (--sp)."""
+    split = "t" if op.where == "S" else "rows" if op.rows else ""
+    return Work("memory", op.flops, op.moved, (), split)
+
+
+WORK: dict[str, Callable[[OpSite], Work]] = {
+    "linear": _gemm_work, "attention": _attention_work, "experts": _experts_work}
+"""The planner's table per op (tinygrad's op tables): how an op's time is modelled; ops
+without a row are memory-bound (``_memory_work``)."""
+
+
 def _unit_work(graph: Graph) -> list[list[Work]]:
     all_units, placement, _ = units(graph)
     sequence = sequence_plan(graph)[0]
@@ -282,43 +344,12 @@ def _unit_work(graph: Graph) -> list[list[Work]]:
         for name in unit.ops:
             node = graph.node(name)
             c = costs[name]
-            flops = sympy.sympify(c.matmul + c.other)
-            where = placement.of[name] if placement is not None else "R"
             operands = [graph.node(i) for i in node.inputs]
-            moved = cost.total([o.type.nbytes for o in operands] + [node.type.nbytes])
-            if node.op == "linear":
-                x, w = operands[0].type, operands[1].attrs["shape"]
-                dims = (_prod(x.shape[:-1]), sympy.Integer(w[0]), sympy.Integer(w[1]))
-                split = {"S": "N", "P": "K"}.get(where, "")
-                items.append(Work("gemm", flops, moved, dims, split))
-            elif node.op == "attention":
-                q, k = operands[0].type, operands[1].type
-                heads, head_dim = node.attrs["heads"], node.attrs["head_dim"]
-                kept = read_fraction(graph, name)
-                fused_flops = flops * kept if kept is not None else flops
-                scores = cost.total([OPS[node.op].temp([o.type for o in operands], node.type,
-                                                       node.attrs)])
-                dims = (_prod(q.shape[:-2]) * heads if len(q.shape) > 3
-                        else q.shape[0] * heads, q.shape[1], k.shape[1])
-                mask = cost.total([b for ref, b in attention_dropout_saved(
-                    [o.type for o in operands], node.attrs) if ref == ("tmp", "mask")])
-                items.append(Work("attention", fused_flops, scores, tuple(
-                    sympy.sympify(d) for d in dims), "t" if where == "S" else "",
-                    sympy.Integer(head_dim), flops, mask))
-            elif node.op == "experts":
-                experts, hidden, d = operands[-2].attrs["shape"]
-                tokens = _prod(operands[0].type.shape[:-1]) * node.attrs["top_k"]
-                items.append(Work("experts", flops, moved, (tokens / experts,
-                                  sympy.Integer(hidden), sympy.Integer(d)),
-                                  "N" if where in ("S", "P") else "", sympy.Integer(experts)))
-            else:
-                if where == "S":
-                    split = "t"
-                elif sequence is not None and sequence.kind.get(name) in ROWS_KINDS:
-                    split = "rows"
-                else:
-                    split = ""
-                items.append(Work("memory", flops, moved, (), split))
+            site = OpSite(graph, node, operands, sympy.sympify(c.matmul + c.other),
+                          cost.total([o.type.nbytes for o in operands] + [node.type.nbytes]),
+                          placement.of[name] if placement is not None else "R",
+                          sequence is not None and sequence.kind.get(name) in ROWS_KINDS)
+            items.append(WORK.get(node.op, _memory_work)(site))
         out.append(items)
     return out
 
