@@ -462,3 +462,21 @@ def test_labels_come_from_node_attributes() -> None:
     assert "4 heads × 16, 2 kv heads (GQA)" in diagram_source(graph, "layer")
     att.attrs.update(kv_heads=1)
     assert "4 heads × 16, 1 kv head (MQA)" in diagram_source(graph, "layer")
+
+
+def test_boxes_read_the_diagram_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an op adds to a drawing is its row in DIAGRAM_OPS (the drawing code names no op):
+    changing the row changes the drawing."""
+    import dataclasses
+
+    from tfgraph.exporters.diagram.ops import DIAGRAM_OPS
+
+    graph = compiled("tiny-llama.yaml")
+    assert "Feed-forward\\ngated SwiGLU, 64 → 96 → 64" in diagram_source(graph, "layer")
+    assert "rope θ=" in diagram_source(graph, "op")
+    monkeypatch.setitem(DIAGRAM_OPS, "mul", dataclasses.replace(DIAGRAM_OPS["mul"], gates=False))
+    monkeypatch.setitem(DIAGRAM_OPS, "rope", dataclasses.replace(
+        DIAGRAM_OPS["rope"], text=lambda g, node: f"turns {node.attrs['heads']} heads"))
+    assert "Feed-forward\\nSiLU, 64 → 96 → 64" in diagram_source(graph, "layer")
+    op_level = diagram_source(graph, "op")
+    assert "turns 4 heads" in op_level and "rope θ=" not in op_level

@@ -1,16 +1,15 @@
 """Words for diagram boxes, read from the graph: ops, their attributes and categories, the
-shapes of parameters, and node metadata.
+shapes of parameters, and node metadata. What an op adds to a box comes from its row in the
+diagram table (``ops.row``).
 
 Every function takes the nodes it describes and returns plain text (lines joined by "\\n");
 ``diagram_style`` escapes it for DOT. Names that come from users (a graph's name, the node
-names of a hand-built graph) are made one printable line here (``name``).
+names of a hand-built graph) are made one printable line (``words.name``).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
+from tfgraph.exporters.diagram.ops import DIAGRAM_OPS, row
 from tfgraph.exporters.diagram.structure import (
     Stack,
     box_id,
@@ -23,17 +22,18 @@ from tfgraph.exporters.diagram.structure import (
     users_in,
 )
 from tfgraph.exporters.diagram.style import count, gated_title, op_title
+from tfgraph.exporters.diagram.words import (
+    attention_kind,
+    attention_title,
+    linear_text,
+    name,
+    roles,
+)
 from tfgraph.graph.ir import Graph, Node
 from tfgraph.graph.ops import OPS
-from tfgraph.terminal import printable
 
 SUBLAYER_WORDS = {"self_attn": "self-attention", "cross_attn": "cross-attention",
                   "ffn": "feed-forward"}
-
-
-def name(text: str) -> str:
-    """A user-supplied name as one printable line (control characters shown as escapes)."""
-    return printable(text)
 
 
 # ---- attention ------------------------------------------------------------------------------
@@ -60,7 +60,7 @@ def heads_text(att: Node) -> str:
 def window_text(graph: Graph, stack: Stack) -> str:
     """``sliding window 8: 1 local, 1 global layer`` for a stack with sliding windows."""
     windows = [n.attrs.get("window") for n in graph.ops()
-               if n.op == "attention" and n.meta.stack == stack.name
+               if n.category == "attention" and n.meta.stack == stack.name
                and n.attrs.get("kind") == "self"]
     local = [w for w in windows if w is not None]
     if not local:
@@ -101,7 +101,7 @@ def window_pattern_text(graph: Graph, att: Node) -> str:
     if att.attrs.get("kind") != "self":
         return ""
     layers = sorted((n.meta.layer, n.attrs.get("window")) for n in graph.ops()
-                    if n.op == "attention" and n.meta.stack == att.meta.stack
+                    if n.category == "attention" and n.meta.stack == att.meta.stack
                     and n.attrs.get("kind") == "self" and n.meta.layer is not None)
     windows = [w for _, w in layers]
     local = [w for w in windows if w is not None]
@@ -115,20 +115,6 @@ def window_pattern_text(graph: Graph, att: Node) -> str:
     return (f"sliding window {local[0]} on local layers, global on the others\n"
             f"layers: {_runs(pattern)}"
             + (", repeated" if len(pattern) < len(windows) else ""))
-
-
-def attention_title(node: Node) -> str:
-    """'Masked self-attention', 'Self-attention' or 'Cross-attention' for an attention op."""
-    if node.attrs["kind"] == "cross":
-        return "Cross-attention"
-    return "Masked self-attention" if node.attrs["causal"] else "Self-attention"
-
-
-def attention_kind(node: Node) -> str:
-    """Palette kind of an attention op."""
-    if node.attrs["kind"] == "cross":
-        return "cross_attention"
-    return "masked_attention" if node.attrs["causal"] else "self_attention"
 
 
 # ---- sublayer functions ---------------------------------------------------------------------
@@ -149,57 +135,13 @@ def sublayer_title(members: list[Node], sublayer: str) -> str:
     return SUBLAYER_WORDS.get(sublayer, sublayer).capitalize()
 
 
-def _roles(nodes: list[Node]) -> list[str]:
-    return [name(n.meta.role or n.name) for n in nodes]
-
-
 def projections_text(graph: Graph, members: list[Node]) -> list[str]:
     """The linears grouped by size: ``q, k, v, o: linear 512 → 512`` when all agree, else
     e.g. ``q, o: linear 2,048 → 2,048`` and ``k, v: linear 2,048 → 256`` (GQA)."""
     sizes: dict[str, list[str]] = {}
     for node in (n for n in members if n.category == "linear"):
-        sizes.setdefault(linear_text(graph, node), []).extend(_roles([node]))
+        sizes.setdefault(linear_text(graph, node), []).extend(roles([node]))
     return [f"{', '.join(roles)}: linear {text}" for text, roles in sizes.items()]
-
-
-def _projection(graph: Graph, node: Node) -> Node:
-    """The linear behind ``node``, looking through norms (a qk-norm sits between them) and
-    clamps (clip_qkv)."""
-    while node.category == "norm" or node.op == "clip":
-        node = graph.node(node.inputs[0])
-    return node
-
-
-def rope_text(graph: Graph, members: list[Node]) -> str:
-    """``rotary positions on q, k`` from the rotary ops and the projections they read."""
-    ropes = [n for n in members if n.op == "rope"]
-    read = [_projection(graph, graph.node(n.inputs[0])) for n in ropes]
-    if not read:
-        return ""
-    detail = rope_detail(ropes[0].attrs)
-    return f"rotary positions on {', '.join(_roles(read))}" + (f"\n({detail})" if detail else "")
-
-
-def rope_detail(a: dict[str, Any]) -> str:
-    """What a rope node does beyond whole-head, rotate-half, unscaled rotation: ``4 of 16
-    channels, interleaved, yarn scaling``; empty when nothing."""
-    parts = []
-    if "rotary_dim" in a:
-        parts.append(f"{a['rotary_dim']} of {a['head_dim']} channels")
-    if a.get("interleaved"):
-        parts.append("interleaved pairs")
-    if "scaling" in a:
-        parts.append(f"{a['scaling']} scaling")
-    return ", ".join(parts)
-
-
-def inner_norm_text(graph: Graph, members: list[Node]) -> str:
-    """``RMSNorm on q, k`` for norms inside a sublayer's function (qk-norm)."""
-    norms = [n for n in members if n.category == "norm"]
-    if not norms:
-        return ""
-    kinds = " / ".join(dict.fromkeys(op_title(n.op) for n in norms))
-    return f"{kinds} on {', '.join(_roles([graph.node(n.inputs[0]) for n in norms]))}"
 
 
 def _from_other_stack(graph: Graph, node: Node) -> Node | None:
@@ -218,18 +160,30 @@ def external_text(graph: Graph, members: list[Node]) -> str:
         return ""
     source = _from_other_stack(graph, readers[0])
     assert source is not None
-    roles = ", ".join(r.upper() for r in _roles(readers))
-    return f"{roles} from the {source.meta.stack} output"
+    who = ", ".join(r.upper() for r in roles(readers))
+    return f"{who} from the {source.meta.stack} output"
+
+
+def op_lines(graph: Graph, members: list[Node]) -> list[str]:
+    """The lines the ops of a box add to its label (their rows' ``box_line``: clipping,
+    qk-norm, rotary positions), one per op, in the order the graph computes them."""
+    by_op: dict[str, list[Node]] = {}
+    for node in members:
+        if row(node).box_line is not None:
+            by_op.setdefault(node.op, []).append(node)
+    out = []
+    for op, nodes in by_op.items():
+        line = DIAGRAM_OPS[op].box_line
+        assert line is not None
+        out.append(line(graph, nodes))
+    return out
 
 
 def attention_text(graph: Graph, members: list[Node]) -> str:
     att = attention_of(members)
     assert att is not None
-    clips = [n.attrs["bound"] for n in members if n.op == "clip"]  # MPT, OLMo 1
     lines = [attention_title(att), heads_text(att), window_pattern_text(graph, att),
-             *projections_text(graph, members),
-             f"q, k, v clipped to ±{clips[0]:g}" if clips else "",
-             inner_norm_text(graph, members), rope_text(graph, members),
+             *projections_text(graph, members), *op_lines(graph, members),
              external_text(graph, members)]
     return "\n".join(line for line in lines if line)
 
@@ -237,14 +191,15 @@ def attention_text(graph: Graph, members: list[Node]) -> str:
 def ffn_text(graph: Graph, members: list[Node]) -> str:
     """``ReLU, 512 → 2048 → 512`` or ``gated SwiGLU, 2048 → 5632 → 2048``: the activation
     op, whether an element-wise product gates it, and the widths of the first and last linear."""
-    if any(n.op == "experts" for n in members):  # a mixture of experts
-        return experts_text(graph, members)
+    experts = experts_of(members)
+    if experts is not None:  # a mixture of experts
+        return experts_text(graph, experts)
     acts = [n for n in members if n.category == "activation"]
     linears = [n for n in members if n.category == "linear"]
     if not acts or not linears:
         return ", ".join(dict.fromkeys(n.op for n in members))
     act = acts[0].op
-    gated = any(n.op == "mul" for n in members)
+    gated = any(row(n).gates for n in members)
     word = f"gated {gated_title(act) or op_title(act)}" if gated else op_title(act)
     first, last = (graph.node(linears[i].inputs[1]).attrs["shape"] for i in (0, -1))
     return f"{word}, {first[1]} → {first[0]} → {last[0]}"
@@ -260,9 +215,13 @@ def _expert_word(experts: Node) -> str:
         else op_title(act)
 
 
-def experts_text(graph: Graph, members: list[Node]) -> str:
+def experts_of(members: list[Node]) -> Node | None:
+    """The op that makes a feed-forward a mixture of experts (its row's ``moe``), if any."""
+    return next((n for n in members if row(n).moe), None)
+
+
+def experts_text(graph: Graph, experts: Node) -> str:
     """``experts ×8, top-2: gated SwiGLU, 32 → 48 → 32`` (``×E, top-k``)."""
-    experts = next(n for n in members if n.op == "experts")
     count, hidden, d = graph.node(experts.inputs[-2]).attrs["shape"]  # up: (E, H, d)
     return (f"experts ×{count}, top-{experts.attrs['top_k']}: {_expert_word(experts)}, "
             f"{d} → {hidden} → {d}")
@@ -271,17 +230,18 @@ def experts_text(graph: Graph, members: list[Node]) -> str:
 def moe_text(graph: Graph, members: list[Node]) -> str:
     """``Mixture of experts`` with the router, ``experts ×8, top-2: gated SwiGLU, 32 → 48 →
     32`` and the shared experts, from a mixture-of-experts feed-forward's nodes."""
-    experts = next(n for n in members if n.op == "experts")
-    route = next(n for n in members if n.op == "route")
+    experts = experts_of(members)
+    assert experts is not None
+    route = graph.node(experts.inputs[1])  # the routing weights the experts read
     count, _, d = graph.node(experts.inputs[-2]).attrs["shape"]  # up: (E, H, d)
     word = _expert_word(experts)
     lines = ["Mixture of experts",
              f"router: linear {d} → {count}, {ROUTER_WORDS.get(route.attrs['router'], '')}",
-             experts_text(graph, members)]
+             experts_text(graph, experts)]
     shared = [n for n in members if n.category == "linear" and n.meta.role.startswith("shared.")]
     if shared:
         width = graph.node(shared[0].inputs[1]).attrs["shape"][0]
-        gate = ", sigmoid gate" if any(n.op == "sigmoid_gate" for n in members) else ""
+        gate = "".join(dict.fromkeys(row(n).shared_note for n in members))
         lines.append(f"shared experts: {word}, {d} → {width} → {d}{gate}")
     return "\n".join(lines)
 
@@ -290,7 +250,7 @@ def _dense_then_moe(graph: Graph, members: list[Node]) -> str:
     """For a dense feed-forward in a stack whose later layers have experts (ffn.dense_layers):
     ``layers 0–2: gated SwiGLU, ...`` then ``layers 3–: Mixture of experts ...``; else ''."""
     first = members[0].meta
-    later = [n for n in graph.ops() if n.op == "experts" and n.meta.stack == first.stack]
+    later = [n for n in graph.ops() if row(n).moe and n.meta.stack == first.stack]
     if not later or first.layer is None:
         return ""
     meta = later[0].meta
@@ -306,7 +266,7 @@ def fn_text(graph: Graph, members: list[Node]) -> str:
     """Label of a folded sublayer function (without annotations)."""
     if attention_of(members) is not None:
         return attention_text(graph, members)
-    if any(n.op == "experts" for n in members):
+    if experts_of(members) is not None:
         return moe_text(graph, members)
     if mixed := _dense_then_moe(graph, members):
         return mixed
@@ -365,14 +325,6 @@ def stack_text(graph: Graph, stack: Stack) -> str:
 # ---- embeddings, tables, head ------------------------------------------------------------
 
 
-def scale_text(factor: float) -> str:
-    """``√512`` when the factor is the root of an integer (sqrt(d_model)), else the number."""
-    square = round(float(factor) ** 2)
-    if square > 0 and math.isclose(math.sqrt(square), float(factor), rel_tol=1e-9):
-        return f"√{square}"
-    return f"{float(factor):.4g}"
-
-
 def positions_text(graph: Graph, stack: Stack) -> str:
     """How ``stack`` encodes positions: an embedding op, rotary ops in its layers, or none."""
     for node in stack.embed:
@@ -387,12 +339,14 @@ def positions_text(graph: Graph, stack: Stack) -> str:
             text += f" ({count(rows)} × {cols})"
         if node.attrs.get("offset"):  # OPT, BART: position p reads row p + 2
             text += f", from row {node.attrs['offset']}"
-        if len(node.inputs) > 2 and graph.node(node.inputs[2]).op == "pad_position_ids":
-            text += ", padding skipped"  # RoBERTa: positions count the real tokens
+        if len(node.inputs) > 2:  # the ids it reads: RoBERTa's count the real tokens
+            ids = DIAGRAM_OPS.get(graph.node(node.inputs[2]).op)
+            text += ids.ids_note if ids is not None else ""
         if node.attrs.get("layout") == "split":  # fairseq, Marian
             text += " (sin | cos halves)"
         return text
-    rotated = {n.meta.layer for n in graph.ops() if n.op == "rope"
+    # a position op in a layer rotates q and k (rope)
+    rotated = {n.meta.layer for n in graph.ops() if n.category == "position"
                and n.meta.stack == stack.name and n.meta.sublayer == "self_attn"}
     if rotated and len(rotated) < stack.layers:  # Cohere2: none on the global layers
         return f"rotary positions (in attention) in {len(rotated)} of {stack.layers} layers"
@@ -405,8 +359,8 @@ def embed_text(graph: Graph, stack: Stack) -> str:
     """Token gather, scaling and positions of ``stack``'s embedding, from its ops."""
     several = len(stacks(graph)) > 1
     lines = [f"{stack.name.capitalize()} embedding" if several else "Embedding"]
-    scale = next((n for n in stack.embed if n.op == "scale"), None)
-    lines.append(f"tokens × {scale_text(scale.attrs['factor'])}" if scale else "tokens")
+    lines.append(next((line(n) for n in stack.embed
+                       if (line := row(n).token_line) is not None), "tokens"))
     for node in stack.embed[1:]:
         if node.category == "embedding":  # another gathered table: BERT's segments
             rows, _ = graph.node(node.inputs[0]).attrs["shape"]
@@ -433,24 +387,6 @@ def table_text(graph: Graph, table: Node) -> str:
     return "\n".join(lines)
 
 
-def dropout_text(node: Node) -> str:
-    return f"dropout {node.attrs['p']:g}"
-
-
-def linear_text(graph: Graph, node: Node) -> str:
-    """``512 → 2048 + bias`` from the weight's [out, in] shape."""
-    w = graph.node(node.inputs[1]).attrs["shape"]
-    text = f"{count(w[1])} → {count(w[0])}"
-    if len(node.inputs) == 3:
-        text += " + bias"
-    return text
-
-
-def is_tied(graph: Graph, linear: Node) -> bool:
-    """The linear's weight belongs to another part (the head reading a token table)."""
-    return graph.node(linear.inputs[1]).meta.part != linear.meta.part
-
-
 def cross_text(graph: Graph, src: Node, stack: Stack) -> str:
     """Edge label of another stack's output read by ``stack``'s layers: ``cross-attention K,
     V`` and whether every layer reads it."""
@@ -459,7 +395,7 @@ def cross_text(graph: Graph, src: Node, stack: Stack) -> str:
     box = box_id(layer0[0]) if layer0 else None
     title = sublayer_title(boxes(stack)[box], layer0[0].meta.sublayer or "").lower() \
         if box is not None else ""
-    what = " ".join(w for w in (title, ", ".join(r.upper() for r in _roles(layer0))) if w)
+    what = " ".join(w for w in (title, ", ".join(r.upper() for r in roles(layer0))) if w)
     layers = {u.meta.layer for u in readers}
     into = f"into every {stack.name} layer (× {stack.layers})" if len(layers) == stack.layers \
         else f"into {len(layers)} of {stack.layers} {stack.name} layers"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import graphviz
 
-from tfgraph.exporters.diagram.labels import dropout_text, fn_kind, fn_text, name
+from tfgraph.exporters.diagram.labels import fn_kind, fn_text
 from tfgraph.exporters.diagram.model import (
     draw_head,
     draw_inputs_and_embeddings,
@@ -43,6 +43,7 @@ from tfgraph.exporters.diagram.style import (
     new_digraph,
     op_title,
 )
+from tfgraph.exporters.diagram.words import dropout_text, name
 from tfgraph.graph.ir import Graph, Node
 
 RESIDUAL_STYLE = {"style": "dashed,bold", "color": "#777777", "fontcolor": "#555555"}

@@ -12,16 +12,8 @@ from __future__ import annotations
 
 import graphviz
 
-from tfgraph.exporters.diagram.labels import (
-    cross_text,
-    dropout_text,
-    embed_text,
-    is_tied,
-    linear_text,
-    name,
-    stack_text,
-    table_text,
-)
+from tfgraph.exporters.diagram.labels import cross_text, embed_text, stack_text, table_text
+from tfgraph.exporters.diagram.ops import row
 from tfgraph.exporters.diagram.structure import Stack, arch_text, stack_named
 from tfgraph.exporters.diagram.style import (
     Annotator,
@@ -32,6 +24,7 @@ from tfgraph.exporters.diagram.style import (
     op_title,
     shape_text,
 )
+from tfgraph.exporters.diagram.words import dropout_text, is_tied, linear_text, name
 from tfgraph.graph.ir import Graph, Node
 
 CROSS_STYLE = {"color": "#2e8b57", "penwidth": "2", "fontcolor": "#2e8b57"}
@@ -68,18 +61,24 @@ def projection(graph: Graph) -> Node:
     return [n for n in head_ops(graph) if n.category == "linear"][-1]
 
 
+def _own_lines(nodes: list[Node]) -> list[str]:
+    """The head's ops that have a line of their own (their row's ``head_line``)."""
+    return [line(n) for n in nodes if (line := row(n).head_line) is not None]
+
+
 def head_text(graph: Graph, head: Node, ann: Annotator) -> str:
+    """The transform before the vocabulary projection (BERT's), the ops with lines of their
+    own before it (T5's scaling) and after it (Gemma 2's logit cap), and its weight."""
     ops = head_ops(graph)
     proj = projection(graph)
     tied = "tied to the token table" if is_tied(graph, proj) else "own weight (untied)"
-    before = [n for n in ops[:ops.index(proj)]]
-    scaled = [f"× {n.attrs['factor']:.4g}" for n in before if n.op == "scale"]  # T5
+    before, after = ops[:ops.index(proj)], ops[ops.index(proj) + 1:]
     words = [f"linear {linear_text(graph, n)}" if n.category == "linear"
-             else op_title(n.op) for n in before if n.op != "scale"]
+             else op_title(n.op) for n in before if row(n).head_line is None]
     transform = f"transform: {', '.join(words)}" if words else ""
-    capped = [f"logits capped at ±{n.attrs['cap']:g}" for n in ops if n.op == "softcap"]
-    return join_lines("Output head", transform, *scaled, f"linear {linear_text(graph, proj)}",
-                      tied, *capped, ann.text([n.name for n in ops]))
+    return join_lines("Output head", transform, *_own_lines(before),
+                      f"linear {linear_text(graph, proj)}", tied, *_own_lines(after),
+                      ann.text([n.name for n in ops]))
 
 
 def embed_edge_label(node: Node) -> str:

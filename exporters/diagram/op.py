@@ -15,19 +15,11 @@ from typing import Any
 
 import graphviz
 
-from tfgraph.exporters.diagram.labels import (
-    rope_detail,
-    attention_kind,
-    dropout_text,
-    is_tied,
-    linear_text,
-    name,
-)
+from tfgraph.exporters.diagram.ops import row
 from tfgraph.exporters.diagram.structure import stacks
 from tfgraph.exporters.diagram.style import (
     Annotator,
     KindTracker,
-    count,
     dot_id,
     dot_label,
     edge,
@@ -35,31 +27,22 @@ from tfgraph.exporters.diagram.style import (
     new_digraph,
     shape_text,
 )
+from tfgraph.exporters.diagram.words import name
 from tfgraph.graph.ir import Graph, Node
 
 RESIDUAL_STYLE = {"style": "dashed,bold", "color": "#777777"}
-# Palette kind by op category; element-wise ops and positions are told apart below.
-CATEGORY_KINDS = {"embedding": "embedding", "norm": "norm", "activation": "activation",
-                  "dropout": "dropout", "output": "head", "linear": "linear"}
+# The parts that colour their ops, but for those whose row ``keeps_kind``.
+PART_KINDS = {"embed": "embedding", "head": "head"}
 
 
 def op_kind(node: Node) -> str:
-    """Palette kind of an op, from its category and where it sits."""
+    """Palette kind of a node: a graph input's, else its op's row's, or its part's."""
     if node.op == "input":
         return "io"
-    if node.category == "attention":
-        return attention_kind(node)
-    if node.category == "dropout":
-        return "dropout"
-    if node.meta.part == "embed":
-        return "embedding"
-    if node.meta.part == "head":
-        return "head"
-    if node.category == "position":
-        return "rope"  # positions inside a layer rotate q and k
-    if node.category == "elementwise":
-        return "add" if node.op == "add" else "activation"  # a residual add, or the gate
-    return CATEGORY_KINDS.get(node.category, "linear")
+    op = row(node)
+    if not op.keeps_kind and node.meta.part in PART_KINDS:
+        return PART_KINDS[node.meta.part]
+    return op.palette(node)
 
 
 def layer0_twin(graph: Graph, node: Node) -> Node:
@@ -75,40 +58,12 @@ def _short(node: Node) -> str:
 
 
 def op_text(graph: Graph, node: Node) -> str:
-    """What the op does, in a few words, with the sizes of its parameters."""
-    a = node.attrs
-    if node.op == "linear":
-        weight = graph.node(node.inputs[1])
-        tied = f"\nweight {name(weight.name)} (tied)" if is_tied(graph, node) else ""
-        return f"linear {linear_text(graph, node)}{tied}"
-    if node.op == "attention":
-        heads = f"{a['heads']}×{a['head_dim']}"
-        if a["kv_heads"] != a["heads"]:
-            heads += f", kv {a['kv_heads']}"
-        # the keys each query reads: the work the op does (README, flops.forward_effective)
-        window = f"window {a['window']}" if a.get("window") else ""
-        flags = [a["kind"], "causal" if a["causal"] else "", window, a["normalize"]]
-        return f"attention {heads}\n" + ", ".join(f for f in flags if f)
-    if node.op == "embedding":
-        rows, cols = graph.node(node.inputs[0]).attrs["shape"]
-        return f"gather {count(rows)} × {count(cols)}"
-    if node.op == "scale":
-        return f"× {a['factor']:.4g}"
-    if node.op == "positions_sinusoidal":
-        return "+ sinusoidal positions"
-    if node.op == "positions_learned":
-        rows, cols = graph.node(node.inputs[1]).attrs["shape"]
-        return f"+ learned positions {count(rows)} × {cols}"
-    if node.op == "rope":
-        detail = rope_detail(a)
-        return f"rope θ={a['theta']:g}" + (f"\n{detail}" if detail else "")
-    if node.op == "dropout":
-        return dropout_text(node)
-    if node.op == "mul":
-        return "mul (gate)"
+    """What the node does, in a few words, with the sizes of its parameters (its op's row's
+    ``text``, else the op's name); a graph input's shape."""
     if node.op == "input":
         return shape_text(node.type.shape)
-    return node.op
+    text = row(node).text
+    return text(graph, node) if text is not None else node.op
 
 
 class _Cluster:
@@ -202,11 +157,12 @@ def build_op(graph: Graph, ann: Annotator, unfold: bool = False) -> graphviz.Dig
             assert isinstance(item, Node)
             short = _short(item)
             folded = stands_for.get(item.name, [item.name])
-            note = "" if item.op == "input" else ann.text(
-                folded, prefix=f"all {len(folded)}: " if len(folded) > 1 else "")
             extra = {"peripheries": "2"} if item.name in graph.outputs else {}
-            if item.op == "input":
+            note = ""
+            if item.op == "input":  # data, not work: no annotation
                 extra.update(shape="ellipse", style="filled")
+            else:
+                note = ann.text(folded, prefix=f"all {len(folded)}: " if len(folded) > 1 else "")
             what = op_text(graph, item)
             if what.startswith(short):  # "dropout 0.1", not "dropout / dropout 0.1"
                 short = ""

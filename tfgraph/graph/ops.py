@@ -24,7 +24,8 @@ Each ``OpDef`` gives
 - ``score_bias``, ``diagram_text``, ``title`` and ``gated_title``: how diagrams describe it.
 
 Every fact about an op lives here, in its ``OpDef``; a back end keeps only its own row per op
-(``TORCH_OPS``, ``TORCH_INPLACE``, ``TORCH_SOURCE``, ``ONNX_OPS``). ``tests/test_op_tables.py``
+(``TORCH_OPS``, ``TORCH_INPLACE``, ``TORCH_SOURCE``, ``ONNX_OPS``, ``DIAGRAM_OPS``).
+``tests/test_op_tables.py``
 asserts both: each back-end table covers every op, and no other op-keyed table exists.
 
 Back ends register a lowering per op name (``exporters``); a test asserts none is missing.
