@@ -141,7 +141,7 @@ def projections_text(graph: Graph, members: list[Node]) -> list[str]:
     sizes: dict[str, list[str]] = {}
     for node in (n for n in members if n.category == "linear"):
         sizes.setdefault(linear_text(graph, node), []).extend(roles([node]))
-    return [f"{', '.join(roles)}: linear {text}" for text, roles in sizes.items()]
+    return [f"{', '.join(names)}: linear {text}" for text, names in sizes.items()]
 
 
 def _from_other_stack(graph: Graph, node: Node) -> Node | None:
@@ -169,14 +169,9 @@ def op_lines(graph: Graph, members: list[Node]) -> list[str]:
     qk-norm, rotary positions), one per op, in the order the graph computes them."""
     by_op: dict[str, list[Node]] = {}
     for node in members:
-        if row(node).box_line is not None:
-            by_op.setdefault(node.op, []).append(node)
-    out = []
-    for op, nodes in by_op.items():
-        line = DIAGRAM_OPS[op].box_line
-        assert line is not None
-        out.append(line(graph, nodes))
-    return out
+        by_op.setdefault(node.op, []).append(node)
+    return [line(graph, nodes) for op, nodes in by_op.items()
+            if (line := DIAGRAM_OPS[op].box_line) is not None]
 
 
 def attention_text(graph: Graph, members: list[Node]) -> str:
