@@ -47,6 +47,8 @@ PARTIAL_TABLES: dict[str, str] = {
     "tfgraph.exporters.torch.ops.TORCH_INPLACE": "the in-place forms of the ops that have one",
     "tfgraph.exporters.onnx.moe.MOE_EMITTERS": "ONNX_OPS' mixture-of-experts rows "
                                                "(merged into it)",
+    "tfgraph.parallel.timing.WORK": "the planner's time model of the ops that are not "
+                                    "memory-bound (GEMMs, attention cores, experts)",
 }
 DERIVED: dict[str, Callable[[OpDef], bool]] = {
     # collections of op names computed from OpDef (checked equal to what OpDef says)
@@ -119,6 +121,12 @@ def test_registered_tables_exist() -> None:
     found = {w for wheres in op_keyed_tables(min_keys=1) for w in wheres}
     for where in (*FULL_TABLES, *PARTIAL_TABLES, *DERIVED, *NOT_OP_KEYED):
         assert where in found, f"{where} is registered but is no op-keyed dict"
+
+
+def test_partial_tables_have_rows_only_for_ops() -> None:
+    """A misspelt row of a partial table would leave its op on the table's default."""
+    for where in PARTIAL_TABLES:
+        assert set(_table(where)) <= set(OPS), where
 
 
 def test_derived_collections_are_what_opdef_says() -> None:

@@ -287,11 +287,3 @@ def test_search_tries_interleaving_where_megatron_allows_it() -> None:
     assert _chunks(24, 8, 8) == [1]  # 3 layers per stage
     assert _chunks(96, 1, 16) == [1]  # no pipeline
 
-
-def test_the_planners_op_table_names_real_ops() -> None:
-    """timing.WORK's rows are ops of the op table (a misspelt row would silently time that
-    op as memory-bound)."""
-    from tfgraph.graph.ops import OPS
-    from tfgraph.parallel.timing import WORK
-
-    assert set(WORK) <= set(OPS) and {"linear", "attention", "experts"} <= set(WORK)
