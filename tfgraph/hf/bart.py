@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tfgraph.hf.common import linear_rows, norm_rows
-from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_attention_dropout
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule, Tensor, all_zero, from_numpy_like, zeros_like_lib
 from tfgraph.spec.schema import Spec
@@ -72,6 +72,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.position", "pre" if pre_norm else "post", "model_type")
     draft.put("norm.final", pre_norm, "model_type")
     draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
+    # dropout on the attention weights, self- and cross-attention alike (modeling_bart,
+    # modeling_marian, modeling_mbart, modeling_pegasus: the attention interface's dropout)
+    put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
     return draft
 
 
@@ -89,7 +92,8 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "scale_embedding": spec.embedding.scale,
         "tie_word_embeddings": spec.embedding.tie_output,
         "activation_function": plain_activation(spec),
-        "dropout": spec.dropout, "attention_dropout": 0.0, "activation_dropout": 0.0,
+        "dropout": spec.dropout, "attention_dropout": spec.attention.dropout,
+        "activation_dropout": 0.0,
     }
     if model_type in ("mbart", "pegasus") and spec.norm.position != "pre":
         return None  # their layers are pre-norm

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
-from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_attention_dropout
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -48,6 +48,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.final", False)
     draft.put("head.transform", True)
     draft.put("dropout", cfg.float("hidden_dropout_prob", 0.1), "hidden_dropout_prob")
+    # dropout on the attention weights (modeling_bert: the attention interface's dropout)
+    put_attention_dropout(draft, cfg, "attention_probs_dropout_prob", 0.1)
     return draft
 
 
@@ -62,7 +64,8 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         "add_cross_attention": False, "tie_word_embeddings": spec.embedding.tie_output,
         "num_attention_heads": spec.attention.heads, "intermediate_size": spec.ffn.hidden,
         "hidden_act": plain_activation(spec), "layer_norm_eps": spec.norm.eps,
-        "hidden_dropout_prob": spec.dropout, "attention_probs_dropout_prob": 0.0,
+        "hidden_dropout_prob": spec.dropout,
+        "attention_probs_dropout_prob": spec.attention.dropout,
     }
     if spec.embedding.token_types:
         out["type_vocab_size"] = spec.embedding.token_types

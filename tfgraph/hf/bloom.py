@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows
-from tfgraph.hf.config import HFConfig, SpecDraft
+from tfgraph.hf.config import HFConfig, SpecDraft, put_attention_dropout
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
 
@@ -41,6 +41,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
     draft.put("norm.final", True)
     draft.put("dropout", cfg.float("hidden_dropout", 0.0), "hidden_dropout")
+    # dropout on the attention weights (modeling_bloom: BloomAttention drops attention_probs)
+    put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
     return draft
 
 
@@ -54,7 +56,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "n_head": spec.attention.heads, "vocab_size": spec.output_vocab,
         "layer_norm_epsilon": spec.norm.eps, "tie_word_embeddings": spec.embedding.tie_output,
         "apply_residual_connection_post_layernorm": False, "hidden_dropout": spec.dropout,
-        "attention_dropout": 0.0,
+        "attention_dropout": spec.attention.dropout,
     }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.config import HFConfig, SpecDraft, put_rope, rope_parameters
+from tfgraph.hf.config import (HFConfig, SpecDraft, put_attention_dropout, put_rope,
+                               rope_parameters)
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
 
@@ -77,7 +78,10 @@ def put_rms_rope(draft: SpecDraft, cfg: HFConfig, position: str) -> None:
 def put_decoder_sizes(draft: SpecDraft, cfg: HFConfig, head_dim_field: str = "head_dim"
                       ) -> None:
     """arch, d_model, layers, vocab, max_len, heads, kv_heads, head_dim of a Llama-style
-    decoder (field names of LlamaConfig and its descendants)."""
+    decoder (field names of LlamaConfig and its descendants) and its attention_dropout, on
+    the attention weights in every family that calls this (each modeling file's
+    ``dropout=0.0 if not self.training else self.attention_dropout`` to the attention
+    interface)."""
     draft.put("arch", "decoder-only")
     d = cfg.int("hidden_size")
     heads = cfg.int("num_attention_heads")
@@ -95,6 +99,9 @@ def put_decoder_sizes(draft: SpecDraft, cfg: HFConfig, head_dim_field: str = "he
     draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", False),
               "tie_word_embeddings")
     draft.put("dropout", 0.0)
+    # SeedOssConfig's attention_dropout defaults to 0.1, every other family's to 0.0
+    put_attention_dropout(draft, cfg, "attention_dropout",
+                          0.1 if cfg.model_type == "seed_oss" else 0.0)
 
 
 def layers_of(spec: Spec, stack: str = "decoder") -> int:

@@ -236,3 +236,14 @@ def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
         fraction = float(params.get("partial_rotary_factor", 1.0))
     if fraction != 1.0:
         draft.put("embedding.rotary_fraction", fraction, where, shown)
+
+
+def put_attention_dropout(draft: SpecDraft, cfg: HFConfig, key: str, default: float) -> None:
+    """``attention.dropout`` from the config's dropout on the attention weights: transformers
+    applies it after the softmax and before the product with the values, in training only
+    (``eager_attention_forward``'s ``nn.functional.dropout(attn_weights, p=dropout,
+    training=module.training)``, SDPA's ``dropout_p``), as tfgraph does. ``default``: the
+    config class's. Left out at 0, so specs of checkpoints without it read as before."""
+    p = cfg.float(key, default)
+    if p:
+        draft.put("attention.dropout", p, key)

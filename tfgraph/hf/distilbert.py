@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import linear_rows, norm_rows
-from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_attention_dropout
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -43,6 +43,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.final", False)
     draft.put("head.transform", True)
     draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
+    # dropout on the attention weights (modeling_distilbert: the attention interface's dropout)
+    put_attention_dropout(draft, cfg, "attention_dropout", 0.1)
     return draft
 
 
@@ -57,7 +59,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "sinusoidal_pos_embds": False, "tie_word_embeddings": spec.embedding.tie_output,
         "n_heads": spec.attention.heads, "hidden_dim": spec.ffn.hidden,
         "activation": plain_activation(spec), "dropout": spec.dropout,
-        "attention_dropout": 0.0,
+        "attention_dropout": spec.attention.dropout,
     }
 
 

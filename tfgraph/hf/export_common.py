@@ -67,7 +67,8 @@ def layer_types(spec: Spec, stack: str = "decoder") -> list[str]:
 
 def decoder_sizes(spec: Spec, *, head_dim: bool = True) -> dict[str, Any]:
     """The inverse of :func:`tfgraph.hf.common.put_decoder_sizes`: LlamaConfig's size fields
-    (``head_dim`` only for families whose attention reads it) and the output tying."""
+    (``head_dim`` only for families whose attention reads it), the output tying and the
+    attention weights' dropout."""
     att = spec.attention
     out: dict[str, Any] = {
         "hidden_size": spec.d_model,
@@ -81,5 +82,6 @@ def decoder_sizes(spec: Spec, *, head_dim: bool = True) -> dict[str, Any]:
     if spec.max_len is not None:
         out["max_position_embeddings"] = spec.max_len
     out["tie_word_embeddings"] = spec.embedding.tie_output
+    out["attention_dropout"] = att.dropout  # written: Seed-OSS's default is 0.1
     return out
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_sizes
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_attention_dropout, put_rope,
+                               rope_parameters)
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
@@ -76,7 +77,13 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("embedding.alibi_scaled", True, "alibi")
         draft.put("embedding.alibi_bfloat16", True, "alibi")
         cfg.moot("rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor")
+        # with ALiBi FalconAttention drops out the attention weights (attention_probs in
+        # eager, SDPA's dropout_p)
+        put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
         return draft
+    # Rotary Falcon: transformers' eager and SDPA paths pass no dropout to the attention
+    # weights whatever attention_dropout says (modeling_falcon: dropout_p=0.0, "It is unclear
+    # why dropout is not applied here"); only its flash-attention path does. Left inert.
     where, params = rope_parameters(cfg)
     put_rope(draft, params, where)
     return draft
@@ -109,7 +116,10 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "num_attention_heads": att.heads, "alibi": alibi, "parallel_attn": parallel,
         "bias": spec.ffn.bias, "ffn_hidden_size": spec.ffn.hidden,
         "activation": plain_activation(spec), "layer_norm_epsilon": spec.norm.eps,
-        "hidden_dropout": spec.dropout, "attention_dropout": 0.0,
+        "hidden_dropout": spec.dropout,
+        # read back only with ALiBi (spec_from_config): a rotary spec with attention.dropout
+        # does not survive the round trip, so another family takes it
+        "attention_dropout": att.dropout if alibi else 0.0,
     } | ({} if alibi else {"rope_parameters": rope_config(spec)})
 
 

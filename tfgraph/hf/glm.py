@@ -48,6 +48,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
         "tie_word_embeddings": spec.embedding.tie_output,
         "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
+        "attention_dropout": att.dropout,
         "head_dim": att.head_dim or spec.d_model // att.heads,
         "attention_bias": bool(att.qkv_bias), "intermediate_size": spec.ffn.hidden,
         "hidden_act": gated_activation(spec), "rms_norm_eps": spec.norm.eps,

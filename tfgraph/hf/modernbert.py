@@ -92,6 +92,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     cfg.moot("sparse_prediction", "sparse_pred_ignore_index", "classifier_pooling",
              "deterministic_flash_attn", "initializer_cutoff_factor")
     draft.put("dropout", 0.0)
+    # attention_dropout stays inert: ModernBertAttention applies it to the attention weights
+    # and again to Wo's output (out_drop), one rate in two places that attention.dropout and
+    # the spec's dropout (also after the feed-forward, where ModernBERT has mlp_dropout)
+    # cannot say together.
     return draft
 
 

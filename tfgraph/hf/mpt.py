@@ -104,6 +104,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
     draft.put("norm.final", True)
     draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
+    # attn_config.attn_pdrop is not attention.dropout: modeling_mpt applies it to the
+    # attention weights and also to both sublayers' outputs before their residual adds
+    # (MptBlock.resid_attn_dropout, MptMLP.hidden_dropout), one rate for both; inert here.
     return draft
 
 

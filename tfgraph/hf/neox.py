@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_sizes
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_attention_dropout, put_rope,
+                               rope_parameters)
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
@@ -31,6 +32,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if cfg.bool("use_parallel_residual", True):
         draft.put("block.residual", "parallel", "use_parallel_residual")
     draft.put("dropout", cfg.float("hidden_dropout", 0.0), "hidden_dropout")
+    # dropout on the attention weights (modeling_gpt_neox: the attention interface's dropout)
+    put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
     if "rope_parameters" in cfg:
         where, params = rope_parameters(cfg)
     else:  # hub configs of Pythia: rotary_pct, rotary_emb_base, rope_scaling
@@ -53,7 +56,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         "intermediate_size": spec.ffn.hidden, "hidden_act": plain_activation(spec),
         "layer_norm_eps": spec.norm.eps,
         "use_parallel_residual": spec.block.residual == "parallel",
-        "hidden_dropout": spec.dropout, "attention_dropout": 0.0,
+        "hidden_dropout": spec.dropout, "attention_dropout": spec.attention.dropout,
         "rope_parameters": rope_config(spec, partial=True),
     }
 

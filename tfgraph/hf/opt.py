@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_sizes
-from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_attention_dropout
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -42,6 +42,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.position", "pre" if pre else "post", "do_layer_norm_before")
     draft.put("norm.final", pre, "do_layer_norm_before")
     draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
+    # dropout on the attention weights (modeling_opt: the attention interface's dropout)
+    put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
     return draft
 
 
@@ -57,7 +59,8 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         "num_attention_heads": spec.attention.heads, "enable_bias": spec.attention.bias,
         "ffn_dim": spec.ffn.hidden, "activation_function": plain_activation(spec, "relu"),
         "do_layer_norm_before": spec.norm.position != "post",
-        "dropout": spec.dropout, "attention_dropout": 0.0, "activation_dropout": 0.0,
+        "dropout": spec.dropout, "attention_dropout": spec.attention.dropout,
+        "activation_dropout": 0.0,
     }
 
 

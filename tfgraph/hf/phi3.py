@@ -50,7 +50,6 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     out["rms_norm_eps"] = spec.norm.eps
     out["resid_pdrop"] = spec.dropout
     out["embd_pdrop"] = spec.dropout
-    out["attention_dropout"] = 0.0
     out["rope_parameters"] = rope_config(spec, partial=True, scaling=False)
     out["sliding_window"] = spec.attention.window
     if spec.output_vocab <= 32000:

@@ -14,7 +14,7 @@ from typing import Any
 
 from tfgraph.hf.bert import encoder_rows, refuse_non_encoder
 from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
-from tfgraph.hf.config import HFConfig, SpecDraft, activation
+from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_attention_dropout
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
 
@@ -62,6 +62,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.final", False)
     draft.put("head.transform", True)
     draft.put("dropout", cfg.float("hidden_dropout_prob", 0.1), "hidden_dropout_prob")
+    # dropout on the attention weights (modeling_roberta: the attention interface's dropout)
+    put_attention_dropout(draft, cfg, "attention_probs_dropout_prob", 0.1)
     return draft
 
 
@@ -86,7 +88,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "num_attention_heads": spec.attention.heads, "intermediate_size": spec.ffn.hidden,
         "hidden_act": "gelu",  # another ffn.activation comes back different: rejected
         "layer_norm_eps": spec.norm.eps, "hidden_dropout_prob": spec.dropout,
-        "attention_probs_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": spec.attention.dropout,
         "type_vocab_size": emb.token_types,
     }
     return out

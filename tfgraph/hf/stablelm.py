@@ -50,6 +50,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
         "tie_word_embeddings": spec.embedding.tie_output,
         "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
+        "attention_dropout": att.dropout,
         "use_qkv_bias": bool(att.qkv_bias), "qk_layernorm": False,
         "intermediate_size": spec.ffn.hidden, "hidden_act": gated_activation(spec),
         "layer_norm_eps": spec.norm.eps,

@@ -49,6 +49,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
         "tie_word_embeddings": spec.embedding.tie_output,
         "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
+        "attention_dropout": att.dropout,
         "use_bias": ffn.bias, "intermediate_size": ffn.hidden,
         "hidden_act": plain_activation(spec, "gelu_pytorch_tanh"),
         "norm_epsilon": spec.norm.eps, "sliding_window": att.window,

@@ -62,6 +62,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if tied:  # T5ForConditionalGeneration: sequence_output * model_dim**-0.5 when tied
         draft.put("head.scale", d ** -0.5, "tie_word_embeddings")
     draft.put("dropout", cfg.float("dropout_rate", 0.1), "dropout_rate")
+    # modeling_t5 also drops out the attention weights at dropout_rate (T5Attention's
+    # dropout): one rate for both places, where the spec has two. attention.dropout is not
+    # read from it (the spec under-states T5's training-time dropout; inference is the same).
     return draft
 
 

@@ -1,0 +1,125 @@
+"""attention.dropout through the Hugging Face round trip (`tfgraph import`, `build --to hf`).
+
+transformers drops out the attention weights after the softmax, in training only
+(``eager_attention_forward``: ``nn.functional.dropout(attn_weights, p=dropout,
+training=module.training)``; SDPA's ``dropout_p``), where tfgraph's ``attention.dropout`` does.
+For families with different keys (GPT-2's ``attn_pdrop``, BERT's
+``attention_probs_dropout_prob``, GPT-NeoX's and the Llama-style families' ``attention_dropout``,
+BART's in self- and cross-attention, Falcon's with ALiBi only, Seed-OSS's whose class default is
+0.1): a config with 0.1 imports as ``attention.dropout: 0.1`` and a spec file with it goes back
+to that key in config.json; without it the spec has no ``attention.dropout`` and ``--to hf``
+writes 0. The semantics: eval-mode logits equal transformers' (1e-4), and in train() tfgraph's
+module with only attention dropout leaves its eval output (the dropout is applied).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.errors import TfgraphError
+from tfgraph.exporters import to_torch
+from tfgraph.hf import name_map, spec_from_config
+
+from parity_support import check
+from test_hf_families import CASES, build_reference, family_seed, import_spec, inputs
+
+transformers = pytest.importorskip("transformers")
+
+# case of test_hf_families -> the config key of its attention-weight dropout
+KEYS = {"gpt2": "attn_pdrop", "llama": "attention_dropout",
+        "bert": "attention_probs_dropout_prob", "gpt_neox": "attention_dropout",
+        "bart": "attention_dropout", "falcon-alibi": "attention_dropout",
+        "seed_oss": "attention_dropout"}
+
+
+def _config(name: str, p: float) -> Any:
+    case = CASES[name]
+    return getattr(transformers, case.config)(**(case.kwargs | {KEYS[name]: p}))
+
+
+def _to_hf(spec_file: Path, out: Path) -> dict[str, Any]:
+    """``tfgraph build SPEC --to hf --seed 0``: the config.json it writes."""
+    result = CliRunner().invoke(main, ["build", str(spec_file), "--to", "hf", "--seed", "0",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    config: dict[str, Any] = json.loads((out / "config.json").read_text())
+    return config
+
+
+@pytest.mark.parametrize("p", [0.1, 0.0])
+@pytest.mark.parametrize("name", sorted(KEYS))
+def test_import_reads_it_and_to_hf_writes_it_back(name: str, p: float, tmp_path: Path) -> None:
+    config = _config(name, p)
+    config.save_pretrained(tmp_path / "hf")
+    spec = import_spec(tmp_path / "hf", tmp_path / "spec.yaml")
+    assert spec.attention.dropout == p
+    # a spec without it is written as before (the field left out at 0)
+    written = yaml.safe_load((tmp_path / "spec.yaml").read_text())
+    assert written["attention"].get("dropout") == (p or None)
+    back = _to_hf(tmp_path / "spec.yaml", tmp_path / "out")
+    assert back["model_type"] == config.model_type
+    assert back[KEYS[name]] == p
+    # transformers reads the value back into the same attribute
+    loaded = transformers.AutoConfig.from_pretrained(tmp_path / "out")
+    assert getattr(loaded, KEYS[name]) == p
+
+
+@pytest.mark.parametrize("name", sorted(KEYS))
+def test_eval_logits_match_and_train_drops_attention_weights(name: str,
+                                                             tmp_path: Path) -> None:
+    case = CASES[name]
+    config = _config(name, 0.1)
+    ref = getattr(transformers, case.model)._from_config(
+        config, attn_implementation=case.attn).eval()
+    ref.load_state_dict(build_reference(case, family_seed(name)).state_dict())
+    ref.config.save_pretrained(tmp_path / "hf")
+    spec = import_spec(tmp_path / "hf", tmp_path / "spec.yaml")
+    assert spec.attention.dropout == 0.1
+    kwargs, feeds = inputs(spec, case.kind)
+    data = json.loads((tmp_path / "hf" / "config.json").read_text())
+    weights = name_map(data, spec).to_tfgraph(ref.state_dict())
+    ours = to_torch(tfgraph.compile(spec), weights=weights)
+    with torch.no_grad():
+        expected = ref(**kwargs).logits
+        check(ours.eval()(*feeds.values()), expected)  # dropout is the identity at inference
+    # attention dropout alone (the residual dropout off): train() changes the output
+    only = to_torch(tfgraph.compile(spec.model_copy(update={"dropout": 0.0})), weights=weights)
+    with torch.no_grad():
+        evaluated = only.eval()(*feeds.values())
+        check(evaluated, expected)
+        torch.manual_seed(0)
+        trained = only.train()(*feeds.values())
+    assert (trained - evaluated).abs().max().item() > 100 * 1e-4
+
+
+def test_rotary_falcon_attention_dropout_stays_inert() -> None:
+    """transformers' rotary Falcon passes no dropout to the attention weights in its eager
+    and SDPA paths: the key imports as nothing, and the model in train() with its residual
+    dropout off gives its eval logits."""
+    case = CASES["falcon"]
+    config = transformers.FalconConfig(**(case.kwargs | {"attention_dropout": 0.5,
+                                                         "hidden_dropout": 0.0}))
+    assert spec_from_config(config.to_dict()).attention.dropout == 0.0
+    for impl in ("eager", "sdpa"):
+        ref = transformers.FalconForCausalLM._from_config(config, attn_implementation=impl)
+        ids = torch.randint(2, 101, (2, 9), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            torch.testing.assert_close(ref.train()(ids).logits, ref.eval()(ids).logits,
+                                       rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("name", "value"), [("gpt2", 1.0), ("bert", -0.1), ("llama", "0.1")])
+def test_a_bad_rate_is_refused_naming_the_key(name: str, value: Any) -> None:
+    data = CASES[name]
+    config = getattr(transformers, data.config)(**data.kwargs).to_dict() | {KEYS[name]: value}
+    with pytest.raises(TfgraphError, match=KEYS[name]):
+        spec_from_config(config)
