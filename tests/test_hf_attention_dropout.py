@@ -9,7 +9,10 @@ BART's in self- and cross-attention, Falcon's with ALiBi only, Seed-OSS's whose 
 0.1): a config with 0.1 imports as ``attention.dropout: 0.1`` and a spec file with it goes back
 to that key in config.json; without it the spec has no ``attention.dropout`` and ``--to hf``
 writes 0. The semantics: eval-mode logits equal transformers' (1e-4), and in train() tfgraph's
-module with only attention dropout leaves its eval output (the dropout is applied).
+module with only attention dropout leaves its eval output (the dropout is applied). Every
+other case of test_hf_families is checked in process (import, hf_config) with its own key, or,
+for T5, MPT, ModernBERT and rotary Falcon, whose key means more or that transformers' eager and
+SDPA attention do not apply, as changing nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from tfgraph.cli import main
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map, spec_from_config
+from tfgraph.hf.export_config import hf_config
 
 from parity_support import check
 from test_hf_families import CASES, build_reference, family_seed, import_spec, inputs
@@ -123,3 +127,42 @@ def test_a_bad_rate_is_refused_naming_the_key(name: str, value: Any) -> None:
     config = getattr(transformers, data.config)(**data.kwargs).to_dict() | {KEYS[name]: value}
     with pytest.raises(TfgraphError, match=KEYS[name]):
         spec_from_config(config)
+
+
+# model_type -> its attention-weight dropout key where it is attention.dropout (the rest:
+# "attention_dropout"); None where it stays inert (tfgraph/hf/t5.py, mpt.py, modernbert.py,
+# falcon.py say why)
+_OTHER_KEYS: dict[str, str | None] = {
+    "gpt2": "attn_pdrop", "gptj": "attn_pdrop", "gpt_bigcode": "attn_pdrop",
+    "bert": "attention_probs_dropout_prob", "roberta": "attention_probs_dropout_prob",
+    "xlm-roberta": "attention_probs_dropout_prob", "t5": None, "mpt": None,
+    "modernbert": None}
+_INERT_KEYS = {"t5": "dropout_rate", "mpt": "attn_config", "modernbert": "attention_dropout",
+               "falcon": "attention_dropout"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_family_reads_and_writes_it_or_leaves_it_inert(name: str) -> None:
+    """Every case of test_hf_families, in process: its key at 0.2 imports as
+    attention.dropout 0.2 and hf_config writes 0.2 back under it, 0 writes 0; or, for the
+    families where it means more than attention.dropout, nothing changes in the spec."""
+    case = CASES[name]
+    cls = getattr(transformers, case.config)
+    model_type = cls().model_type
+    alibi = bool(case.kwargs.get("alibi"))
+    key = None if model_type == "falcon" and not alibi \
+        else _OTHER_KEYS.get(model_type, "attention_dropout")
+    if key is None:
+        data = cls(**case.kwargs).to_dict()
+        inert = _INERT_KEYS[model_type]
+        if inert == "attn_config":  # MptAttentionConfig types attn_pdrop as an int
+            data["attn_config"] = data["attn_config"] | {"attn_pdrop": 0.2}
+        else:
+            data[inert] = 0.2
+        assert spec_from_config(data).attention.dropout == 0.0
+        return
+    for p in (0.2, 0.0):
+        spec = spec_from_config(cls(**(case.kwargs | {key: p})).to_dict())
+        assert spec.attention.dropout == p
+        export = hf_config(spec)
+        assert export.model_type == model_type and export.config[key] == p
