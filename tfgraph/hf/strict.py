@@ -76,9 +76,9 @@ LEGACY["modernbert"] = frozenset({"layer_norm_eps", "position_embedding_type",
 
 def _inert(key: str) -> bool:
     """Dropout rates: the forward of a trained model for inference ignores them. Those a
-    family reads into the spec (the residual ``dropout``, ``attention.dropout``) are in
-    ``HFConfig.read`` and never reach this test in check_unread; the rest are training
-    settings the spec does not carry (``tfgraph.hf.config.put_attention_dropout``)."""
+    family reads into the spec (its residual ``dropout``, ``attention.dropout``) are in
+    ``HFConfig.read`` before check_unread asks; the rest are training settings the spec
+    does not carry."""
     return key in INERT or "dropout" in key or key.endswith("_pdrop") or key.startswith("_")
 
 
