@@ -135,6 +135,19 @@ def test_rotary_falcon_attention_dropout_stays_inert() -> None:
                                        rtol=0, atol=0)
 
 
+def test_mpt_imports_no_residual_dropout_its_model_never_applies() -> None:
+    """modeling_mpt reads resid_pdrop and emb_pdrop nowhere: a config with them set imports
+    with the spec's dropout 0 (the spec's would drop the embeddings and both sublayers)."""
+    case = CASES["mpt"]
+    config = transformers.MptConfig(**(case.kwargs | {"resid_pdrop": 0.3, "emb_pdrop": 0.3}))
+    assert spec_from_config(config.to_dict()).dropout == 0.0
+    ref = transformers.MptForCausalLM._from_config(config)
+    ids = torch.randint(2, 101, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # and indeed: train() gives eval's logits
+        torch.testing.assert_close(ref.train()(ids).logits, ref.eval()(ids).logits,
+                                   rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("name", "value"), [("gpt2", 1.0), ("bert", -0.1), ("llama", "0.1")])
 def test_a_bad_rate_is_refused_naming_the_key(name: str, value: Any) -> None:
     data = CASES[name]

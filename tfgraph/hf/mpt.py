@@ -103,7 +103,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.position", "pre")
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
     draft.put("norm.final", True)
-    draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
+    # modeling_mpt never reads resid_pdrop (nor emb_pdrop): no dropout after the embeddings,
+    # and its sublayers' output dropout is attn_pdrop's (below), so the spec's is 0.
+    cfg.moot("resid_pdrop", "emb_pdrop")
+    draft.put("dropout", 0.0)
     # attn_config.attn_pdrop is not attention.dropout: modeling_mpt applies it to the
     # attention weights and also to both sublayers' outputs before their residual adds
     # (MptBlock.resid_attn_dropout, MptMLP.hidden_dropout), one rate for both; inert here.
@@ -124,6 +127,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "n_heads": spec.attention.heads, "vocab_size": spec.output_vocab,
         "max_seq_len": spec.max_len, "expansion_ratio": 4, "no_bias": True,
         "layer_norm_epsilon": spec.norm.eps, "tie_word_embeddings": spec.embedding.tie_output,
+        # resid_pdrop: the spec's, though modeling_mpt reads it nowhere (see above)
         "attn_config": attn, "resid_pdrop": spec.dropout, "emb_pdrop": 0,
         "logit_scale": None,
     }
