@@ -293,3 +293,20 @@ def test_narayanans_18b_hardware_flops() -> None:
                             seq=SEQ), gpu("a100-80gb"))
     eq3 = 96 * batch * SEQ * layers * h**2 * (1 + SEQ / (6 * h) + V / (16 * layers * h))
     assert 1 <= result["step"]["hardware_flops"] / eq3 < 1.005
+
+
+def test_one_graph_planned_fused_then_unfused_keeps_each_forms_bytes() -> None:
+    """The stage figures memoised on a graph are per attention form: planning fused and then
+    unfused on the same graph (tfgraph.parallel.planner.plan from Python) gave the fused bytes
+    twice. Unfused with attention dropout keeps 5as/h x sbh more per layer than fused, less the
+    fused form's float32 log-sum-exp (4 bytes per head and token)."""
+    data = tfgraph.load_spec("specs/gpt3-175b.yaml").model_dump(exclude_unset=True)
+    data["attention"]["dropout"] = 0.1
+    data["dtype"] = "bfloat16"
+    graph = tfgraph.compile(tfgraph.Spec.model_validate(data), loss=True)
+    layout = Layout(tp=8, pp=8, dp=16, sp=True, global_batch=1536, seq=SEQ)
+    fused = plan(graph, layout, gpu("h100"), "fused")["per_rank"]["memory"]["activations"]
+    unfused = plan(graph, layout, gpu("h100"), "unfused")["per_rank"]["memory"]["activations"]
+    t, layers, in_flight = 8, L // 8, 8  # stage 0: 12 layers, 8 micro-batches in flight
+    per_layer = (5 * A * SEQ * SEQ - 4 * A * SEQ) // t
+    assert unfused - fused == per_layer * layers * in_flight

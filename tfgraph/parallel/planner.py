@@ -313,8 +313,9 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
     # stages with the same units and boundary have the same figures but for the micro-batches
     # they keep in flight: evaluated once (a deep pipeline's middle stages), and once for the
     # interleaving degrees of a layout (vpp only multiplies the pipeline sends; a search tries
-    # several: memoised on the graph, bounded)
-    alike: dict[tuple[Layout, StageMembers, int], StageFigures] = graph.memo(
+    # several: memoised on the graph, bounded; keyed by the attention form too, whose saved
+    # bytes differ: fused then unfused on one graph must not share a stage)
+    alike: dict[tuple[Layout, str, StageMembers, int], StageFigures] = graph.memo(
         "parallel_stage_figures", dict)
     if len(alike) > _STAGE_MEMO:
         alike.clear()
@@ -325,7 +326,7 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
         if index + 1 < layout.pp:
             boundary = numbers[groups[index + 1][0]]["inputs"] // sp_div
         boundaries.append(float(boundary))
-        key = (plain, folded[index], boundary)
+        key = (plain, attention, folded[index], boundary)
         if key not in alike:
             alike[key] = _stage(graph, plain, index, folded[index], numbers, boundary)
         one = alike[key]  # activations of one micro-batch in flight, plain 1F1B's sends
