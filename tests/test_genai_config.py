@@ -1,9 +1,9 @@
 """genai_config.json next to a KV-cache ONNX model: onnxruntime-genai can drive it.
 
 The config's names must be the model's inputs and outputs, its sizes those of the cache the
-model takes; when onnxruntime-genai is installed (it is not in CI: it pulls its own
-onnxruntime; benchmarks/decode.py installs it in a venv of its own), ``og.Generator`` must
-produce the tokens ``tfgraph generate`` does.
+model takes; when onnxruntime-genai is installed (it pulls its own onnxruntime, so .ci/run
+installs it in a venv of its own, .venv-genai, named by $TFGRAPH_GENAI_PYTHON),
+``og.Generator`` must produce the tokens ``tfgraph generate`` does.
 """
 
 from __future__ import annotations

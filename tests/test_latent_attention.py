@@ -155,6 +155,33 @@ def test_genai_config_is_refused_for_a_latent_cache() -> None:
         genai_config(graph, "model.onnx")
 
 
+def test_build_kv_cache_writes_a_latent_model_without_genai_config(tmp_path) -> None:
+    """README (KV cache, attention.latent): ``build --kv-cache`` writes the model and leaves
+    out only genai_config.json (a note says why; it refused the whole build before), and
+    ``tfgraph generate MODEL.onnx`` gives the tokens of the spec built in memory;
+    ``--genai-provider`` asks for the file, so it is refused."""
+    import json
+
+    from cli_support import refused, tfgraph as run_cli
+    from conftest import ROOT
+
+    spec = str(ROOT / "specs" / "tiny-mla.yaml")
+    out = tmp_path / "model.onnx"
+    built = run_cli("build", spec, "--to", "onnx", "--kv-cache", "-o", str(out))
+    assert built.returncode == 0, built.stderr
+    assert "no genai_config.json" in built.stderr and "different widths" in built.stderr
+    assert out.is_file() and not (tmp_path / "genai_config.json").exists()
+    prompt = ("--prompt-ids", "5,17,42", "--prompt-ids", "9,8", "--max-new-tokens", "6",
+              "--json")
+    tokens = [json.loads(r.stdout)["tokens"]
+              for r in (run_cli("generate", str(out), *prompt),
+                        run_cli("generate", spec, *prompt))]
+    assert tokens[0] == tokens[1] and len(tokens[0][0]) == 6
+    refused(run_cli("build", spec, "--to", "onnx", "--kv-cache", "--genai-provider", "cuda",
+                    "-o", str(tmp_path / "cuda.onnx")), "--genai-provider", "different widths")
+    assert not (tmp_path / "cuda.onnx").exists()
+
+
 def test_the_hub_configs_keys_from_deepseeks_own_code() -> None:
     """The hub's config.json files were written for DeepSeek's trust_remote_code modeling:
     scoring_func, topk_method and moe_layer_freq must say what transformers computes (else

@@ -31,6 +31,22 @@ FILENAME = "genai_config.json"
 PROVIDERS = ("cpu", "cuda")
 
 
+def refusal(graph: Graph) -> str | None:
+    """Why ``graph``'s KV-cache model has no genai_config.json (None: it can have one). Its
+    cache sizes are one ``head_size`` for keys and values: latent attention (DeepSeek) keeps
+    keys and values of different widths, which the config cannot describe; ``tfgraph build``
+    then writes the model without the file (a note says why)."""
+    info = graph.info
+    if info.kind != "cached" or info.part is not None:
+        return "genai_config.json describes a KV-cache model (build --kv-cache)"
+    layout = info.cache
+    assert layout is not None
+    if layout.v_dim != layout.head_dim:
+        return ("its KV cache keeps keys and values of different widths (latent attention), "
+                "which genai_config.json cannot describe")
+    return None
+
+
 def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None = None,
                  provider: str = "cpu", fused_attention: bool = False) -> dict[str, Any]:
     """The config of the KV-cache model of ``graph`` stored as ``model_file``; ``tokens``:
@@ -40,15 +56,12 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
     position_ids: exporters/onnx/fused_attention.py)."""
     if provider not in PROVIDERS:
         raise TfgraphError(f"genai provider {provider!r}: choose one of {', '.join(PROVIDERS)}")
+    why = refusal(graph)
+    if why is not None:
+        raise TfgraphError(f"{graph.name}: {why}")
     info = graph.info
-    if info.kind != "cached" or info.part is not None:
-        raise TfgraphError(f"{graph.name}: genai_config.json describes a KV-cache model "
-                           "(build --kv-cache)")
     layout = info.cache  # the keys/values per layer the generator allocates
     assert layout is not None
-    if layout.v_dim != layout.head_dim:
-        raise TfgraphError(f"{graph.name}: its KV cache keeps keys and values of different "
-                           "widths (latent attention), which genai_config.json cannot describe")
     tokens = tokens or {}
 
     def token(key: str, default: int) -> Any:  # the config's id, else default (genai wants one)
@@ -66,9 +79,9 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
     dropped: set[str] = set()
     shared = False  # the written-out model's cache grows by concatenation
     if fused_attention:
-        from tfgraph.exporters.onnx.fused_attention import plan, refusal
+        from tfgraph.exporters.onnx.fused_attention import plan, refusal as fused_refusal
 
-        shared = refusal(graph) is None  # the kernel writes into the buffer it was given
+        shared = fused_refusal(graph) is None  # the kernel writes into the buffer it was given
         dropped = plan(graph).dropped_inputs if shared else set()
     if "position_ids" in graph.inputs and "position_ids" not in dropped:
         # ALiBi and T5-style bias models take none, nor a fused model whose kernel rotates

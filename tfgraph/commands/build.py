@@ -63,8 +63,8 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
 
             copy_files(opts["extra_files"], written.parent)
         _write_spec_generation_config(opts, written.parent)
-        if graph.info.kind == "cached" and graph.info.part is None:  # a decoder's KV-cache
-            # model: onnxruntime-genai can drive it
+        if opts["genai_config"]:  # a decoder's KV-cache model: onnxruntime-genai can
+            # drive it
             from tfgraph.exporters.onnx.genai_config import write_genai_config
 
             write_genai_config(graph, written, opts["source_config"] or _token_config(opts),
@@ -370,9 +370,20 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         if why is not None:  # the written-out attention stays (it is exact everywhere)
             source.notes.append(f"--fused-attention: onnxruntime's GroupQueryAttention is not "
                                 f"exact here ({why}); the attention is written out")
+    genai = target == "onnx" and graph.info.kind == "cached" and graph.info.part is None
+    if genai:
+        from tfgraph.exporters.onnx.genai_config import refusal as genai_refusal
+
+        why = genai_refusal(graph)
+        if why is not None:  # the model is written; onnxruntime-genai cannot drive it
+            if genai_provider is not None:
+                raise TfgraphError(f"--genai-provider: {graph.name}: {why}")
+            source.notes.append(f"no genai_config.json: {why}")
+            genai = False
     for note in source.notes:
         click.echo(f"note: {note}", err=True)
-    opts = {"fused_attention": fused, "weights": values, "seed": 0 if seed is None else seed,
+    opts = {"fused_attention": fused, "genai_config": genai, "weights": values,
+            "seed": 0 if seed is None else seed,
             "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
             "source_config": source.config, "spec": source.spec,
             "genai_provider": genai_provider or "cpu"}
