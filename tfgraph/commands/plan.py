@@ -68,8 +68,8 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
 @click.option("--vpp", "vpp_text", metavar="V",
               help="Model chunks per pipeline stage: > 1 is interleaved 1F1B (default 1).")
 @click.option("--stage-layers", "stage_text", metavar="N,N,...",
-              help="Layers of each pipeline stage (default: balanced, the first and last "
-                   "stage one fewer when --pp does not divide the layers).")
+              help="Layers of each pipeline stage (default: balanced, the remainder one "
+                   "more on the middle stages first: the first and last are left short).")
 @click.option("--dp", "dp_text", metavar="D",
               help="Data-parallel replicas (default GPUs / (tp x pp)).")
 @click.option("--ep", "ep_text", metavar="E",
