@@ -192,6 +192,22 @@ def test_opdef_fields_filled() -> None:
             # and tensor parallelism must say how it splits or that it is refused
             assert op.shape_only, name
             assert op.tp == "split_param" or op.tp_refused, name
+        if op.score_flops or op.score_temp or op.kv_cached or op.unfused_saved:
+            # an attention core: q, k, v operands, heads and the causal / window mask
+            assert op.category == "attention" and lo >= 3, name
+            assert {"heads", "head_dim", "causal", "window"} <= set(op.attrs), name
+        if op.unfused_saved is not None:
+            assert op.score_sized, f"{name}: its explicit form keeps score-sized buffers"
+        if op.routed:
+            # x, routing weights, stacked weights; the all-experts FLOPs of the dense form;
+            # split on the hidden units under tensor parallelism
+            assert lo >= 3 and "top_k" in op.attrs, name
+            assert op.dense_flops is not None and op.tp == "project_hidden", name
+        if op.loss:
+            # a scalar from vocabulary logits: reduced across vocabulary-split ranks to a
+            # whole value, and its backward's scratch stated
+            assert op.category == "output" and op.vocab_reduce == "R", name
+            assert op.backward_temp is not None, name
         for key, attr in op.attrs.items():
             assert isinstance(attr, Attr), (name, key)
             assert not (attr.required and attr.default is not None), (name, key)
@@ -278,3 +294,101 @@ def test_a_new_score_bias_op_needs_only_its_opdef(monkeypatch: pytest.MonkeyPatc
                                            "supported"):
         _check_tensor_parallel(g, tp_plan(g), 2)
     test_opdef_fields_filled()
+
+
+# ---- passes and back ends read OpDef, not op names ------------------------------------------
+
+
+def test_new_attention_moe_and_loss_ops_need_only_their_opdefs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops registered under new names, with the OpDef fields of attention, routed experts and
+    the loss, are found by the figures, the training walk and the planner's units: no pass
+    names them."""
+    import dataclasses
+
+    from tfgraph.parallel.units import units
+    from tfgraph.passes import cost, effective, figures, train_walk
+
+    for op in ("attention", "experts", "cross_entropy"):
+        monkeypatch.setitem(OPS, f"new_{op}", dataclasses.replace(OPS[op], name=f"new_{op}"))
+    g = Graph("t")
+    x = g.input("x", (2, 16, 8), "float32")  # 8 heads of 16 x 16 scores: the peak
+    att = g.add("new_attention", [x, x, x], name="att", scope="s", heads=8, kv_heads=8,
+                head_dim=1, causal=True, normalize="softmax", kind="self")
+    route = g.input("route", (2, 16, 2), "float32")
+    up = g.param("up", (2, 6, 8), "s", "normal", "float32")
+    down = g.param("down", (2, 8, 6), "s", "normal", "float32")
+    moe = g.add("new_experts", [att, route, up, down], name="moe", scope="s", top_k=1,
+                activation="relu", gated=False)
+    head = g.param("head", (5, 8), "s", "normal", "float32")
+    logits = g.add("linear", [moe, head], name="logits", scope="s")
+    labels = g.input("labels", (2, 16))
+    g.set_output(g.add("new_cross_entropy", [logits, labels], name="loss", scope="s"))
+    g.lint()
+
+    assert train_walk.loss_node(g).name == "loss"
+    assert train_walk.loss_graph(g) is g
+    assert [n.name for n in cost.routed_experts(g)] == ["moe"]
+    assert cost.inactive_params(g) == 2 * 6 * 8  # one of the two experts' up and down
+    sym = figures.symbolic(g)
+    assert "attention_scores" in sym["flops_by_kind"] and "params_active" in sym
+    assert effective.read_fraction(g, "att") is not None
+    assert sym["flops"]["causal_effective_matmul"] != sym["flops"]["matmul"]
+    # the score matrix: scratch unless fused, and again in the scores' backward
+    plain, fused = (train_walk.train_peak(g, {}, fused_attention=f) for f in (False, True))
+    assert plain.bytes > fused.bytes
+    built, _, _ = units(g)
+    assert sum(u.attention_flops != 0 for u in built) == 1
+    assert sum(u.a2a != 0 for u in built) == 1
+    assert sum(u.output_grad != 0 for u in built) == 1
+
+
+OP_NAME_TESTS: dict[str, str] = {
+    # modules that may compare a node's op with an op's name: a back end's own lowering of
+    # particular ops, with why
+    "exporters/onnx/fused_attention.py": "matches the subgraph attention_cached(rope(linear), "
+                                         "kv_concat(...)) it rewrites into one ONNX Attention",
+    "exporters/torch/module.py": "rope's torch kernel takes the model's shared cos/sin "
+                                 "tables as an extra operand (rope_tables_step)",
+    "exporters/torch/sequence_parallel.py": "the torch functions a rank's learned or "
+                                            "sinusoidal position rows come from",
+}
+
+
+def op_name_tests() -> list[str]:
+    """"path:line" of each comparison of a node's ``.op`` with a registered op's name (==,
+    !=, in, not in a literal) outside the op modules and ``OP_NAME_TESTS``; comparisons with
+    "param" and "input" (graph structure: no OpDef) are not op facts."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for path in sorted([*root.glob("tfgraph/**/*.py"), *root.glob("exporters/**/*.py")]):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("tfgraph/graph/ops") or rel in OP_NAME_TESTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            if not any(isinstance(e, ast.Attribute) and e.attr == "op" for e in sides):
+                continue
+            names = {c.value for e in sides for c in ast.walk(e)
+                     if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            if names & set(OPS):
+                found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_no_op_name_tests_outside_op_modules() -> None:
+    assert op_name_tests() == [], (
+        "a pass or back end tests op names: state the fact as an OpDef field (ops.py) and "
+        "read it, or register a back end's own lowering in OP_NAME_TESTS")
+
+
+def test_op_name_checker_reports_an_unregistered_module(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    monkeypatch.delitem(OP_NAME_TESTS, "exporters/torch/sequence_parallel.py")
+    found = op_name_tests()
+    assert len(found) == 1 and found[0].startswith("exporters/torch/sequence_parallel.py:")

@@ -19,6 +19,7 @@ from onnx import helper
 
 from tfgraph.exporters.onnx.tensors import ELEM_TYPE, make_initializer
 from tfgraph.graph.ir import B, S, T, Graph
+from tfgraph.graph.ops import OPS
 from tfgraph.graph.tensor import P
 
 
@@ -32,7 +33,7 @@ class Builder:
         # The model's dtype is that of its output (logits or probs), as lowering typed it;
         # a loss graph's (a float32 loss) is its logits'.
         out = graph.node(graph.outputs[0])
-        if out.op == "cross_entropy":
+        if OPS[out.op].loss:
             out = graph.node(out.inputs[0])
         self.dtype: str = out.type.dtype
         self.nodes: list[onnx.NodeProto] = []

@@ -37,7 +37,6 @@ from torch import Tensor, nn
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.torch.ops import (
     ATTENTION_IMPLS,
-    NORM_OPS,
     TORCH_INPLACE,
     TORCH_OPS,
     Lowering,
@@ -46,6 +45,7 @@ from tfgraph.exporters.torch.ops import (
     rope_tables_step,
 )
 from tfgraph.graph.ir import CacheLayout, Graph, Node
+from tfgraph.graph.ops import OPS
 from tfgraph.passes.liveness import Plan, layer_region, plan
 from tfgraph.graph.weights import check_weights, generate, weight_shapes
 
@@ -143,12 +143,12 @@ def _owner_classes(graph: Graph) -> dict[str, type[nn.Module]]:
     gain and bias owner a ``NormWeights``."""
     owners: dict[str, type[nn.Module]] = {}
     for n in graph.ops():
-        if n.op == "embedding":
+        if OPS[n.op].tp == "gather":  # a token table, operand 0 (TpRule)
             owners[n.inputs[0].rpartition(".")[0]] = EmbeddingWeights
     for n in graph.ops():
-        if n.op == "linear":
+        if OPS[n.op].tp == "project":  # a linear map by its weight, operand 1 (TpRule)
             owners.setdefault(n.inputs[1].rpartition(".")[0], LinearWeights)
-        elif n.op in NORM_OPS and len(n.inputs) > 1:
+        elif n.category == "norm" and len(n.inputs) > 1:
             owners.setdefault(n.inputs[1].rpartition(".")[0], NormWeights)
     return owners
 
@@ -156,7 +156,7 @@ def _owner_classes(graph: Graph) -> dict[str, type[nn.Module]]:
 def _bind_norms(model: nn.Module, graph: Graph) -> None:
     """Give every ``NormWeights`` owner its norm node's lowering and attributes."""
     for n in graph.ops():
-        if n.op in NORM_OPS and len(n.inputs) > 1:
+        if n.category == "norm" and len(n.inputs) > 1:
             owner = model.get_submodule(n.inputs[1].rpartition(".")[0])
             if isinstance(owner, NormWeights):
                 owner.bind(TORCH_OPS[n.op], n.attrs,

@@ -105,7 +105,7 @@ from tfgraph.exporters.torch.sequence_parallel import (
 )
 from tfgraph.graph.ir import Graph
 from tfgraph.graph.ops import OPS
-from tfgraph.parallel.tp_plan import ParamShard, check_divisible, tp_plan
+from tfgraph.parallel.tp_plan import ParamShard, check_divisible, colwise_projection, tp_plan
 
 __all__ = ["ShardParameters", "device_mesh", "load_full_state_dict", "module_tp_plan",
            "parallelize"]
@@ -178,8 +178,7 @@ def _check_tensor_parallel(graph: Graph, shards: Mapping[str, ParamShard], tp: i
     for node in graph.ops():
         opdef = OPS[node.op]
         if opdef.category == "norm" and "heads" not in node.attrs:
-            source = graph.node(node.inputs[0])
-            if source.op == "linear" and shards[source.inputs[1]].style == "colwise":
+            if colwise_projection(graph, node.inputs[0], shards):
                 raise TfgraphError(f"{node.name}: a norm over a whole split projection "
                                    "(full-width query/key norm) needs statistics across "
                                    "tensor-parallel ranks; not supported")

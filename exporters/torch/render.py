@@ -32,6 +32,7 @@ from tfgraph.exporters.torch.render_spelling import (
     variant,
 )
 from tfgraph.graph.ir import ModuleInfo, Node
+from tfgraph.graph.ops import OPS
 
 __all__ = ["SLOT", "ChildClass", "Instance", "InstanceRenderer", "Slot"]
 
@@ -173,7 +174,7 @@ class InstanceRenderer:
             data = [source(v) for v in node.inputs if not self.v.is_param(v)]
             return f"{self.attribute(leaf.owner)}({', '.join(data)})"
         operands = [source(v) for v in self.v.operands(node)]
-        if node.op == "linear" and node.inputs[1] in self.v.tables:
+        if OPS[node.op].tp == "project" and node.inputs[1] in self.v.tables:
             # a tied head: F.linear that also reads a vocabulary-split table (parallelize)
             return f"tied_head({', '.join(operands)})"
         return template(node).expr(operands, self.attr(node))

@@ -23,6 +23,7 @@ from typing import Any
 from tfgraph.exporters.torch.ops import ModuleForm, SharedInput
 from tfgraph.exporters.torch.render_spelling import Constants, check_names, template, value_axes
 from tfgraph.graph.ir import Graph, ModuleInfo, Node
+from tfgraph.graph.ops import OPS
 from tfgraph.passes.liveness import layer_region, plan
 
 
@@ -72,7 +73,8 @@ class GraphView:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.tables = {n.inputs[0] for n in graph.ops() if n.op == "embedding"}
+        # token tables: operand 0 of a vocabulary gather (OpDef.tp, TpRule)
+        self.tables = {n.inputs[0] for n in graph.ops() if OPS[n.op].tp == "gather"}
         """Token tables (an embedding's first operand): a linear reading one is a tied head."""
         self.modules = dict(graph.modules)
         if "" not in self.modules:

@@ -23,7 +23,7 @@ from torch import nn
 
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.torch import functional as torch_functional
-from tfgraph.exporters.torch.ops import (NORM_OPS, TORCH_SOURCE, SourceTemplate, per_head_source,
+from tfgraph.exporters.torch.ops import (TORCH_SOURCE, SourceTemplate, per_head_source,
                                         unit_offset_source)
 from tfgraph.graph.ir import Graph, ModuleInfo, Node
 from tfgraph.graph.weights import INIT_STD
@@ -46,9 +46,9 @@ def template(node: Node) -> SourceTemplate:
     if node.op not in TORCH_SOURCE:
         raise TfgraphError(f"{node.name}: op {node.op!r} has no model.py source template")
     base = TORCH_SOURCE[node.op]
-    if node.op in NORM_OPS and node.attrs.get("unit_offset"):
+    if node.category == "norm" and node.attrs.get("unit_offset"):
         base = unit_offset_source(base)
-    if node.op in NORM_OPS and "heads" in node.attrs:
+    if node.category == "norm" and "heads" in node.attrs:
         return per_head_source(base)
     return base
 

@@ -21,16 +21,18 @@ import re
 
 from tfgraph.graph.ir import Graph
 from tfgraph.graph.ops import OPS
-from tfgraph.parallel.tp_plan import tp_plan
+from tfgraph.parallel.tp_plan import colwise_projection, tp_plan
 
 __all__ = ["parallel_source"]
 
 
 def _plan(graph: Graph) -> dict[str, str]:
     """Module path pattern -> "colwise" | "rowwise" | "vocab" | the style model.py refuses."""
-    embedded = {n.inputs[0] for n in graph.ops() if n.op == "embedding"}
+    # token tables (operand 0 of a gather) and linear maps' weights and biases (operands 1
+    # and 2 of a projection): OpDef.tp, TpRule
+    embedded = {n.inputs[0] for n in graph.ops() if OPS[n.op].tp == "gather"}
     # the bias of a tied head (a linear over a table): its owner holds no linear
-    tied_bias = {n.inputs[2] for n in graph.ops() if n.op == "linear"
+    tied_bias = {n.inputs[2] for n in graph.ops() if OPS[n.op].tp == "project"
                  and n.inputs[1] in embedded and len(n.inputs) > 2}
     plan: dict[str, str] = {}
     for name, shard in tp_plan(graph).items():
@@ -61,8 +63,7 @@ def _refusals(graph: Graph) -> list[str]:
         if opdef.tp_refused is not None:
             why.append(f"{opdef.tp_refused} is not split")
         if opdef.category == "norm" and "heads" not in node.attrs:
-            source = graph.node(node.inputs[0])
-            if source.op == "linear" and shards[source.inputs[1]].style == "colwise":
+            if colwise_projection(graph, node.inputs[0], shards):
                 why.append("a norm over a whole split projection needs statistics across "
                            "ranks")
     return sorted(set(why))

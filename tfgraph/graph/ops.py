@@ -20,7 +20,10 @@ Each ``OpDef`` gives
   ``Graph.add`` refuses an undeclared, mistyped or missing required one;
 - how it runs under tensor and sequence parallelism (``tp``, ``tp_split_param``,
   ``vocab_reduce``, ``tp_refused``, ``tp_refused_source``, ``whole_scratch``, ``sequence``);
-- what a training step does with it (``shape_only`` operands, ``score_sized`` saved buffers);
+- what a training step does with it (``shape_only`` operands, ``score_sized`` saved buffers,
+  ``unfused_saved``, ``backward_temp``, ``loss``);
+- what the accounting passes need to know of it (``score_temp``, ``score_flops``,
+  ``kv_cached``, ``routed``);
 - ``score_bias``, ``diagram_text``, ``title`` and ``gated_title``: how diagrams describe it.
 
 Every fact about an op lives here, in its ``OpDef``; a back end keeps only its own row per op
@@ -81,11 +84,13 @@ TpRule = Literal["follows", "whole", "project", "project_hidden", "gather", "spl
 - ``follows``: split like its split operands (per head or per element); whole when they are;
 - ``whole``: whole operands only (a split one is refused: a whole-width norm, routing, ...),
   unless the node normalises per head (attrs ``heads``), which follows;
-- ``project``: a linear map by its weight's split: whole input and colwise weight -> split,
-  split input and rowwise weight -> partial sums, replicated weight -> whole;
+- ``project``: a linear map x W^T (+ b) by its weight (operand 1, [out, in]; bias operand 2),
+  placed by the weight's split: whole input and colwise weight -> split, split input and
+  rowwise weight -> partial sums, replicated weight -> whole (back ends find a linear map's
+  weight, and a sequence shard's projections, by this rule);
 - ``project_hidden``: split on its hidden units (stacked experts): partial sums;
-- ``gather``: a lookup in a vocabulary-split table: partial sums (Megatron's
-  VocabParallelEmbedding);
+- ``gather``: a lookup in a token table (operand 0, (V, d)), vocabulary-split: partial sums
+  (Megatron's VocabParallelEmbedding; back ends find token tables by this rule);
 - ``split_param``: computed from a parameter split by heads (``tp_split_param``): split;
 - ``refused``: no tensor-parallel form: the plan refuses the layout, naming the op and its
   ``tp_refused`` words (as ``parallelize`` and model.py do).
@@ -163,6 +168,35 @@ class OpDef:
     score_sized: tuple[str, ...] = ()
     """Labels of its saved buffers that hold one value per attention score: what selective
     recomputation drops and rebuilds in backward (``tfgraph.passes.train_walk``)."""
+    unfused_saved: Callable[[list[TensorType], TensorType, dict[str, Any]], Saved] | None = None
+    """What it keeps for backward computed by explicit matmuls, where ``saved`` is what a
+    fused kernel keeps: the planner's ``unfused`` form (``tfgraph.parallel.units``)."""
+    backward_temp: Callable[[list[TensorType]], sympy.Expr] | None = None
+    """Bytes its backward holds besides its saved tensors and its operands' gradients, from
+    its operands' types (``tfgraph.passes.train_walk``)."""
+    loss: bool = False
+    """It is the training loss: the scalar the backward starts from
+    (``train_walk.loss_node``); the gradient of its first operand (the logits) is what the
+    planner holds as the step's output gradient (``tfgraph.parallel.units``)."""
+    score_temp: bool = False
+    """Its ``temp`` is the materialised attention score matrix: a fused kernel (the
+    ``fused_attention`` option of reports) streams it, holding no scratch, and backward
+    holds it again for the scores' gradient (``tfgraph.passes.cost``,
+    ``tfgraph.passes.train_walk``)."""
+    score_flops: bool = False
+    """Its FLOPs are per attention score of q (operand 0, (B, Tq, ..)) against k (operand 1,
+    (B, Tk, ..)) under attrs causal and window (``attended_scores``): reports count them as
+    ``attention_scores`` work, and the effective figures leave out the scores a query does
+    not read (``tfgraph.passes.figures``, ``tfgraph.passes.effective``)."""
+    kv_cached: bool = False
+    """In a decoder its k and v operands (1, 2) are what a KV cache keeps for decoding: the
+    last attrs['window'] positions with a sliding window, attrs['latent'] values per token
+    with latent attention (``tfgraph.passes.cost.kv_cache``)."""
+    routed: bool = False
+    """Mixture of experts: x (operand 0), routing weights (.., E) (operand 1) and
+    expert-stacked weights (E, ..) (operands 2..), each token through attrs['top_k'] of the
+    E experts (``cost.inactive_params``; expert parallelism's all-to-all of the routed
+    tokens and its expert count, ``tfgraph.parallel``)."""
     score_bias: bool = False
     """Its output is a per-head bias on the attention scores (heads, Tq, Tk), not an embedding
     added to the residual stream (diagrams describe it so)."""
@@ -587,6 +621,19 @@ def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, An
             (("out",), out.nbytes), (("tmp", "logsumexp"), lse)]
 
 
+def _attention_unfused_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]
+                             ) -> Saved:
+    """Explicit-matmul softmax attention keeps q, k, v and the softmax weights (Korthikanti
+    et al. 2022 §4.1: QK^T's inputs, softmax's output, V), with dropout its mask and the
+    dropped-out weights too (their as^2b and 2as^2b: 5as^2b of scores in all); where
+    ``saved`` is explicit already (a score bias, softcap, hardmax) it is that."""
+    if len(ins) != 3 or attrs.get("softcap") or attrs.get("normalize") != "softmax":
+        return _attention_saved(ins, out, attrs)
+    return [(("in", 0), ins[0].nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
+            (("tmp", "weights"), _attention_temp(ins, out, attrs)),
+            *attention_dropout_saved(ins, attrs)]
+
+
 def _attention_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> sympy.Expr:
     # Materialised attention holds one B*h*Tq*Tk score matrix (space O(N M)); a fused
     # kernel streams it (report option fused_attention), which the cost pass handles.
@@ -607,6 +654,7 @@ register(OpDef(
     "hd).",
     _attention_temp,
     category="attention", tp="follows", score_sized=("weights", "tanh", "mask", "dropped"),
+    unfused_saved=_attention_unfused_saved, score_temp=True, score_flops=True, kv_cached=True,
     attrs={
         **ATTENTION_ATTRS,
         "kind": Attr(str, required=True, doc="self or cross"),

@@ -16,8 +16,9 @@ is scratch of the forward, kept by nothing.
 
 Backward (``tfgraph.passes.train_walk``): ``nll_loss``'s backward writes the gradient of the
 log-probabilities (B*L*V float32, zero but at the labels), then ``log_softmax``'s backward the
-gradient of the logits; ``BACKWARD_TEMP`` states the first (and, with 16-bit logits, the
-float32 gradient before the cast back), the logits' gradient itself is an input gradient.
+gradient of the logits; ``backward_temp`` (the op's ``OpDef.backward_temp``) states the first
+(and, with 16-bit logits, the float32 gradient before the cast back), the logits' gradient
+itself is an input gradient.
 """
 
 from __future__ import annotations
@@ -100,4 +101,5 @@ register(OpDef(
     "logits are upcast). The training loss (tfgraph.compile(spec, loss=True)).",
     _cross_entropy_temp,
     category="output", vocab_reduce="R", whole_scratch=("total_weight",),
+    loss=True, backward_temp=backward_temp,
 ))

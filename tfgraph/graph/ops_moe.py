@@ -235,7 +235,7 @@ register(OpDef(
     dense_flops=_experts_dense_flops,
     attrs={"top_k": Attr(SIZE, required=True), "activation": Attr(str, required=True),
            "gated": Attr(bool, required=True)},
-    tp="project_hidden", whole_scratch=("tokens", "expert_out", "indices"),
+    tp="project_hidden", whole_scratch=("tokens", "expert_out", "indices"), routed=True,
     tp_refused_source="stacked experts are split by tfgraph.exporters.parallelize only",
 ))
 

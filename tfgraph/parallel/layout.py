@@ -20,6 +20,7 @@ from typing import Any, Literal
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, Graph
 from tfgraph.graph.lengths import check_lengths
+from tfgraph.graph.ops import OPS
 from tfgraph.parallel.tp_plan import check_divisible
 from tfgraph.passes import figures
 
@@ -145,7 +146,7 @@ def pipeline_units(graph: Graph) -> int:
 def experts(graph: Graph) -> int:
     """Routed experts per MoE layer (0 for a dense model)."""
     return graph.memo("experts", lambda: max(
-        (graph.node(n.inputs[2]).attrs["shape"][0] for n in graph.ops() if n.op == "experts"),
+        (graph.node(n.inputs[2]).attrs["shape"][0] for n in graph.ops() if OPS[n.op].routed),
         default=0))
 
 

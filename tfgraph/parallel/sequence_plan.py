@@ -81,9 +81,10 @@ def sequence_parallel_plan(graph: Graph) -> SequencePlan:
         values = [i for i in node.inputs if not graph.node(i).is_param]
         styles = {shards[p].style for p in params}
         on_shards = [v for v in values if v in sharded]
-        if node.op == "embedding":
+        rule = OPS[node.op].tp  # embeddings and linear maps go by their parameters' splits
+        if rule == "gather":
             kind[node.name] = "embedding"
-        elif node.op == "linear" and "rowwise" in styles:
+        elif rule == "project" and "rowwise" in styles:
             if on_shards:
                 raise TfgraphError(f"{node.name}: a row-parallel projection reads a sequence "
                                    "shard; sequence parallelism cannot split it")
@@ -100,7 +101,7 @@ def sequence_parallel_plan(graph: Graph) -> SequencePlan:
         elif OPS[node.op].sequence == "elementwise" and not params \
                 and all(_along_sequence(graph, v, on_shards[0]) for v in values):
             kind[node.name] = "elementwise"
-        elif node.op == "linear" and styles & {"colwise", "vocab"}:
+        elif rule == "project" and styles & {"colwise", "vocab"}:
             kind[node.name] = "colwise"
         else:
             kind[node.name] = "gathered"

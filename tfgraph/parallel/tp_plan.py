@@ -15,6 +15,7 @@ plans key on parameter names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -135,3 +136,13 @@ def _check_divisible(graph: Graph, tp: int = 1, ep: int = 1) -> None:
                 if key in node.attrs and node.attrs[key] % tp:
                     raise TfgraphError(f"--tp {tp} does not divide the {node.attrs[key]} "
                                        f"{key.replace('_', ' ')} of {node.name}")
+
+
+def colwise_projection(graph: Graph, name: str, shards: Mapping[str, ParamShard]) -> bool:
+    """Whether value ``name`` is the output of a linear map (``OpDef.tp`` ``project``: its
+    weight is operand 1) whose weight is split column-wise, so each rank holds a slice of
+    its width (a norm over the whole of it would need statistics across ranks)."""
+    node = graph.node(name)
+    opdef = OPS.get(node.op)  # None for a graph input
+    return (opdef is not None and opdef.tp == "project"
+            and shards[node.inputs[1]].style == "colwise")

@@ -40,7 +40,7 @@ import sympy
 from tfgraph.passes import cost
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, Graph, Node
-from tfgraph.graph.ops import OPS, attention_dropout_saved
+from tfgraph.graph.ops import OPS
 from tfgraph.parallel.placement import Placement, place
 from tfgraph.parallel.sequence_plan import SequencePlan, sequence_parallel_plan
 
@@ -98,26 +98,18 @@ class Unit:
         return self.key[0] != "outside"
 
 
-def _attention_saved(graph: Graph, node: Node, form: str, recompute: str
-                     ) -> list[tuple[tuple[str, str], sympy.Expr]]:
-    """What the attention op keeps: the op table's entries (a fused kernel: q, k, v, output,
-    log-sum-exp; or the explicit form where no kernel exists); ``unfused`` softmax keeps q, k,
-    v and the softmax weights (Korthikanti et al. 2022 §4.1: QK^T inputs, softmax output, V),
-    and with attention dropout its one-byte mask and the dropped-out weights (their as^2b
-    and 2as^2b: 5as^2b of scores in all); selective recompute drops the score-sized tensors
-    (``OpDef.score_sized``, recomputed from q, k, v)."""
+def _saved_entries(graph: Graph, node: Node, form: str, recompute: str
+                   ) -> list[tuple[tuple[str, str], sympy.Expr]]:
+    """What an op keeps: the op table's entries (for attention a fused kernel's: q, k, v,
+    output, log-sum-exp; or the explicit form where no kernel exists); in the ``unfused``
+    form an op's ``OpDef.unfused_saved`` (explicit softmax attention: Korthikanti et al.
+    2022 §4.1); selective recompute drops the score-sized tensors (``OpDef.score_sized``,
+    recomputed from q, k, v)."""
     opdef = OPS[node.op]
     ins = [graph.node(i).type for i in node.inputs]
-    entries = opdef.saved(ins, node.type, node.attrs)
-    q = ins[0]
-    scores = cost.total([opdef.temp(ins, node.type, node.attrs)])
-    fused = (len(ins) == 3 and not node.attrs.get("softcap")
-             and node.attrs.get("normalize") == "softmax")
-    if fused and form == "unfused":
-        entries = [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes),
-                   (("in", 2), ins[2].nbytes), (("tmp", "weights"), scores),
-                   *attention_dropout_saved(ins, node.attrs)]
-    if recompute == "selective":
+    keep = opdef.unfused_saved if form == "unfused" and opdef.unfused_saved else opdef.saved
+    entries = keep(ins, node.type, node.attrs)
+    if recompute == "selective" and opdef.score_sized:
         entries = [(ref, b) for ref, b in entries
                    if ref[0] != "tmp" or ref[1] not in opdef.score_sized]
     return entries
@@ -197,13 +189,7 @@ def _saved(graph: Graph, unit_ops: list[Node], placement: Placement | None,
     again."""
     kept: dict[str, tuple[sympy.Expr, str]] = {}
     for node in unit_ops:
-        opdef = OPS[node.op]
-        if node.op == "attention":
-            entries = _attention_saved(graph, node, form, recompute)
-        else:
-            entries = opdef.saved([graph.node(i).type for i in node.inputs], node.type,
-                                  node.attrs)
-        for ref, nbytes in entries:
+        for ref, nbytes in _saved_entries(graph, node, form, recompute):
             tensor = _resolve(graph, node, ref)
             if tensor is not None and tensor not in counted and tensor not in kept:
                 kept[tensor] = (nbytes, _kept_as(graph, node, ref, tensor, placement,
@@ -301,12 +287,13 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
             c = costs[node.name]
             flops = c.matmul + c.other
             by_kind[flops_kind(graph, node, placement, sequence)].append(flops)
-            if node.op == "attention":
+            opdef = OPS[node.op]
+            if opdef.score_sized:  # what selective recomputation runs again
                 attention.append(flops)
-            if node.op == "experts":
+            if opdef.routed:  # expert parallelism sends each token to its top k
                 x = graph.node(node.inputs[0]).type
                 unit.a2a += x.nbytes * node.attrs["top_k"]
-            if node.op == "cross_entropy":
+            if opdef.loss:
                 unit.output_grad += graph.node(node.inputs[0]).type.nbytes
                 unit.output_grad_split = _split(graph, node.inputs[0], placement)
         unit.flops_split, unit.flops_whole, unit.flops_replicated = (

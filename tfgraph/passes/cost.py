@@ -144,8 +144,8 @@ def params_by_component(graph: Graph) -> dict[str, int]:
 
 
 def routed_experts(graph: Graph) -> list[Node]:
-    """The mixture-of-experts nodes (op ``experts``; README, ``ffn.experts``)."""
-    return [n for n in graph.ops() if n.op == "experts"]
+    """The mixture-of-experts nodes (``OpDef.routed``: ``experts``; README, ``ffn.experts``)."""
+    return [n for n in graph.ops() if OPS[n.op].routed]
 
 
 def inactive_params(graph: Graph) -> sympy.Expr:
@@ -175,7 +175,7 @@ def kv_cache(graph: Graph) -> sympy.Expr:
     latent and its rotary key."""
     terms = []
     for node in graph.ops():
-        if node.op == "attention" and node.meta.stack == "decoder":
+        if OPS[node.op].kv_cached and node.meta.stack == "decoder":
             k, v = (graph.node(i).type for i in node.inputs[1:3])
             kept = 1  # a sliding window keeps only its last W positions (attention.window)
             if node.attrs.get("window"):
@@ -231,9 +231,9 @@ def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol,
     The walk of ``liveness.Interpreter`` with each buffer's bytes as its value, written out
     with a running total: this runs once per report over every node."""
     bytes_of = evaluator(sizes)
-    # a fused kernel streams attention's scores; other scratch (a loss graph's float32 copy
-    # of 16-bit logits) stays
-    temp = {c.node: (ZERO if fused_attention and c.op == "attention" else c.temp)
+    # a fused kernel streams attention's scores (``OpDef.score_temp``); other scratch (a loss
+    # graph's float32 copy of 16-bit logits) stays
+    temp = {c.node: (ZERO if fused_attention and OPS[c.op].score_temp else c.temp)
             for c in costs}
     aliasing = {op for op, d in OPS.items() if d.aliases_input}
     env = {name: bytes_of(graph.node(name).type.nbytes) for name in graph.inputs}

@@ -23,7 +23,7 @@ from typing import Any
 import sympy
 
 from tfgraph.graph.ir import Graph
-from tfgraph.graph.ops import attended_scores
+from tfgraph.graph.ops import OPS, attended_scores
 from tfgraph.passes import cost, exact
 from tfgraph.passes.figures import symbolic
 
@@ -34,7 +34,7 @@ def read_fraction(graph: Graph, node_name: str) -> sympy.Expr | None:
     """Scores read / scores in the matrix of one attention op; None when it reads them all
     (no causal mask nor window: bidirectional self-attention, cross-attention)."""
     node = graph.node(node_name)
-    if node.op != "attention" or not masked(node.attrs):
+    if not OPS[node.op].score_flops or not masked(node.attrs):
         return None
     q, k = (graph.node(i).type for i in node.inputs[:2])
     tq, tk = q.shape[1], k.shape[1]
@@ -62,7 +62,7 @@ def _effective(graph: Graph) -> dict[str, Any]:
     # The layers repeat a few attention shapes: one sympy product per distinct (cost, window).
     seen: dict[tuple[int, int, bool, Any], tuple[sympy.Expr, sympy.Expr]] = {}
     for c in sym["costs"]:
-        if c.op != "attention":
+        if not OPS[c.op].score_flops:
             continue
         node = graph.node(c.node)
         if not masked(node.attrs):

@@ -19,7 +19,7 @@ import sympy
 
 from tfgraph.passes import cost, exact
 from tfgraph.graph.ir import DTYPE_BYTES, Graph
-from tfgraph.graph.ops import attended_scores, v_width
+from tfgraph.graph.ops import OPS, attended_scores, v_width
 
 ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
 MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
@@ -62,7 +62,7 @@ def _causal_discount(graph: Graph) -> sympy.Expr:
     seen: dict[tuple[Any, ...], sympy.Expr] = {}  # the layers repeat a few attention shapes
     for node in graph.ops():
         causal, window = node.attrs.get("causal"), node.attrs.get("window")
-        if node.op == "attention" and (causal or window):  # an encoder's window too
+        if OPS[node.op].score_flops and (causal or window):  # an encoder's window too
             q, k = (graph.node(i).type for i in node.inputs[:2])
             heads, head_dim = node.attrs["heads"], node.attrs["head_dim"]
             key = (q.shape, k.shape, heads, head_dim, v_width(node.attrs), causal, window)
@@ -96,7 +96,7 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
     by_kind: dict[str, list[sympy.Expr]] = {}
     sums: dict[tuple[int, int], tuple[sympy.Expr, sympy.Expr, sympy.Expr]] = {}
     for c in costs:
-        kind = "attention_scores" if c.op == "attention" else c.kind
+        kind = "attention_scores" if OPS[c.op].score_flops else c.kind
         # the layers share their cost expressions (cost.op_costs' memo): one sympy add each
         hit = sums.get((id(c.matmul), id(c.other)))
         if hit is None or hit[0] is not c.matmul or hit[1] is not c.other:

@@ -18,9 +18,9 @@ backward (the last consumer in forward order) to its producer's backward; a tens
 twice (the residual stream) has its gradient accumulated: the second consumer's backward holds
 its new gradient next to the accumulated one. The loss's backward writes the logits' gradient
 (B, L, V at the logits' dtype) while the float32 log-probabilities and their gradient are live
-(``ops_loss.backward_temp``). Parameters receive no activation gradient; integer ids and the
-operands an op reads only for their shape (``OpDef.shape_only``: ``relative_bias``' input) none
-either.
+(``OpDef.backward_temp``: ``ops_loss.backward_temp``). Parameters receive no activation
+gradient; integer ids and the operands an op reads only for their shape (``OpDef.shape_only``:
+``relative_bias``' input) none either.
 
 Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models"):
@@ -35,7 +35,7 @@ Models"):
   its forward runs again (phase ``recompute``), its saved tensors are rebuilt and freed by its
   backward, so one layer's worth is live at a time. Ops outside layers keep their own.
 
-Precondition: the graph lints and ends with a ``cross_entropy`` node (a loss graph).
+Precondition: the graph lints and ends with its loss (an ``OpDef.loss`` op: ``cross_entropy``).
 Postcondition: nothing in the graph changes.
 """
 
@@ -48,7 +48,6 @@ from typing import Any
 import sympy
 
 from tfgraph.passes import cost
-from tfgraph.graph import ops_loss
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import Graph, Node
 from tfgraph.graph.lower import lower, with_loss
@@ -106,7 +105,7 @@ def check_recompute(recompute: str) -> None:
 def loss_graph(graph: Graph) -> Graph | None:
     """The loss graph of ``graph``: itself when it has a loss node, else its spec lowered with
     ``loss=True`` (memoised on ``graph``); None for a graph without a spec (built by hand)."""
-    if any(n.op == "cross_entropy" for n in graph.ops()):
+    if any(OPS[n.op].loss for n in graph.ops()):
         return graph
     spec = graph.spec
     if spec is None:
@@ -123,9 +122,9 @@ def loss_graph(graph: Graph) -> Graph | None:
 
 
 def loss_node(graph: Graph) -> Node:
-    """The graph's cross-entropy node; TfgraphError when it has none."""
+    """The graph's loss node (``OpDef.loss``: cross-entropy); TfgraphError when it has none."""
     for node in graph.ops():
-        if node.op == "cross_entropy":
+        if OPS[node.op].loss:
             return node
     raise TfgraphError(f"{graph.name}: no loss node; compile it with loss=True")
 
@@ -290,8 +289,8 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
         released.setdefault(op, []).append(tensor)
 
     def scratch(node: Node) -> sympy.Expr:
-        if node.op == "attention" and fused_attention:
-            return ZERO
+        if fused_attention and OPS[node.op].score_temp:
+            return ZERO  # a fused kernel streams the scores
         return costs[node.name].temp
 
     for name in graph.inputs:
@@ -316,9 +315,10 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
                                     keep_outputs=False)
         extra: list[tuple[str, sympy.Expr]] = []
         back = ZERO
-        if node.op == "cross_entropy":
-            back = ops_loss.backward_temp([graph.node(i).type for i in node.inputs])
-        elif node.op == "attention":
+        opdef = OPS[node.op]
+        if opdef.backward_temp is not None:
+            back = opdef.backward_temp([graph.node(i).type for i in node.inputs])
+        elif opdef.score_temp:  # the scores' gradient: a score matrix again
             back = scratch(node)
             dropped = saves.dropped.get(name)
             if dropped is not None:
