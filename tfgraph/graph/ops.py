@@ -167,7 +167,9 @@ class OpDef:
     (``tfgraph.passes.train_walk``)."""
     score_sized: tuple[str, ...] = ()
     """Labels of its saved buffers that hold one value per attention score: what selective
-    recomputation drops and rebuilds in backward (``tfgraph.passes.train_walk``)."""
+    recomputation drops and rebuilds in backward by running the op again
+    (``tfgraph.passes.train_walk``; the planner counts its FLOPs again,
+    ``tfgraph.parallel.units``)."""
     unfused_saved: Callable[[list[TensorType], TensorType, dict[str, Any]], Saved] | None = None
     """What it keeps for backward computed by explicit matmuls, where ``saved`` is what a
     fused kernel keeps: the planner's ``unfused`` form (``tfgraph.parallel.units``)."""

@@ -81,7 +81,8 @@ class Unit:
     """Forward FLOPs whole on every rank under sequence parallelism too (``flops_kind``);
     ``flops_whole`` is divided by t under sequence parallelism, this never."""
     attention_flops: sympy.Expr = ZERO
-    """Forward FLOPs of the attention cores (split by heads under tensor parallelism)."""
+    """Forward FLOPs of the attention cores (``OpDef.score_sized``: what selective recompute
+    runs again; split by heads under tensor parallelism)."""
     tp_forward: sympy.Expr = ZERO
     tp_backward: sympy.Expr = ZERO
     vocab_reduce: sympy.Expr = ZERO
