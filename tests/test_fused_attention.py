@@ -368,3 +368,101 @@ def test_genai_config_names_the_inputs_the_fused_model_has(name: str, positions:
         "inputs"]
     model_inputs = {i.name for i in to_onnx(graph, seed=0, fused_attention=True).graph.input}
     assert ("position_ids" in inputs) == positions == ("position_ids" in model_inputs)
+
+
+# ---- hand-made and corrupted KV-cache models (exporters/generation/cache_interface.py) ----------
+
+
+def _past(model: Any) -> list[Any]:
+    return [i for i in model.graph.input if i.name.startswith("past_key_values.")]
+
+
+def _set_padding(model: Any, value: str | None) -> None:
+    props = [p for p in model.metadata_props if p.key != PADDING_METADATA_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    if value is not None:
+        model.metadata_props.add(key=PADDING_METADATA_KEY, value=value)
+
+
+def _keep_outputs(model: Any, keep: Any) -> None:
+    outputs = [o for o in model.graph.output]
+    del model.graph.output[:]
+    model.graph.output.extend(keep(outputs))
+
+
+def _dim(axis: int, value: int | str) -> Any:
+    def edit(model: Any) -> None:
+        for i in _past(model):
+            d = i.type.tensor_type.shape.dim[axis]
+            if isinstance(value, str):
+                d.dim_param = value
+            else:
+                d.dim_value = value
+    return edit
+
+
+# (which model, the edit, words of the refusal); each ran before: a ValueError or IndexError
+# (symbolic or missing sizes), a MemoryError (a head_dim of 2**40), or wrong tokens with exit 0
+# (a missing present left a shared buffer unwritten; a wrong padding label decoded with the
+# other model's mask), or onnxruntime's Concat error (a written-out model labelled right)
+CORRUPT: dict[str, tuple[str, Any, tuple[str, ...]]] = {
+    "symbolic kv_heads": ("fused", _dim(1, "heads"), ("kv_heads", "'heads'", "fixed size")),
+    "no shape": ("fused", lambda m: [i.type.tensor_type.ClearField("shape") for i in _past(m)],
+                 ("past_key_values.0.key has no dimensions",)),
+    "rank 3": ("fused", lambda m: [i.type.tensor_type.shape.dim.pop() for i in _past(m)],
+               ("has 3 dimensions, expected 4",)),
+    "head_dim 2**40": ("fused", _dim(3, 2**40), ("width", "1099511627776", "262,144")),
+    "kv_heads 0": ("fused", _dim(1, 0), ("kv_heads", "is 0")),
+    "no presents": ("fused", lambda m: _keep_outputs(m, lambda o: o[:1]),
+                    ("outputs logits:", "present")),
+    "a present missing": ("fused", lambda m: _keep_outputs(m, lambda o: o[:1] + o[2:]),
+                          ("outputs logits, present.0.value",)),
+    "presents first": ("fused", lambda m: _keep_outputs(m, lambda o: o[1:] + o[:1]),
+                       ("outputs present.0.key",)),
+    "padding left": ("fused", lambda m: _set_padding(m, "left"),
+                     (PADDING_METADATA_KEY, "'left'", "expected right")),
+    "padding unsaid": ("fused", lambda m: _set_padding(m, None),
+                       ("runs onnxruntime's GroupQueryAttention", "does not say")),
+    "written out, labelled right": ("written", lambda m: _set_padding(m, "right"),
+                                    ("does not run onnxruntime's GroupQueryAttention",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_generate_refuses_a_corrupted_kv_cache_model(built: dict[str, Path], tmp_path: Path,
+                                                     case: str) -> None:
+    import onnx
+    from test_cli_validate import runner
+
+    from tfgraph.cli import main
+
+    kind, edit, words = CORRUPT[case]
+    model = onnx.load(str(built[f"tiny-llama-{kind}"]))
+    edit(model)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    result = runner().invoke(main, ["generate", str(path), "--prompt-ids", "5,17,42",
+                                    "--prompt-ids", "1,2", "--max-new-tokens", "4", "--json"])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout == "" and lines[0].startswith(f"{path}: "), lines[0]
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_the_fused_stepper_refuses_buffers_past_the_memory(built: dict[str, Path],
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The buffers are sized by the model and the request: refused before any allocation
+    when they cannot fit (was: a MemoryError part-way through)."""
+    from tfgraph import io
+    from tfgraph.errors import TfgraphError
+
+    stepper = _stepper(built["tiny-llama-fused"], True)
+    stepper.prepare(2, 3, 10**6)  # 2 x 4 buffers x 2 kv heads x 10**6 x 16 x 4 bytes = 2 GB
+    monkeypatch.setattr(io, "available_memory", lambda: 10**9)  # 1 GB
+    with pytest.raises(TfgraphError, match="fused-attention KV cache of 2 rows"):
+        stepper.prefill(np.array([[5, 17, 42], [0, 1, 2]]), np.array([3, 2]))
+    assert stepper.cache == {}

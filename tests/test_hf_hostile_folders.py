@@ -481,3 +481,108 @@ def test_bf16_builds_as_float32_for_onnxruntime(pristine: dict[str, Path],
     assert result.stderr == "" and "bfloat16" in result.stdout
     params = [i for i in onnx.load(str(out)).graph.initializer if len(i.dims) == 2]
     assert params and {i.data_type for i in params} == {TensorProto.BFLOAT16}
+
+
+# ---- tfgraph import of the newest families: values of the wrong type or size --------------------
+
+
+def family_folder(tmp_path: Path, model_type: str, **changes: Any) -> Path:
+    """A folder holding only the config.json of ``model_type``'s config class (its defaults:
+    the full-size model), with ``changes``; a key changed to None is dropped."""
+    transformers = pytest.importorskip("transformers")
+    extra = {"new_decoder_architecture": True, "num_kv_heads": 2} \
+        if model_type == "falcon" else {}
+    config = transformers.AutoConfig.for_model(model_type, **extra).to_dict()
+    config["model_type"] = model_type
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    folder = tmp_path / model_type
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def import_refused(folder: Path, *words: str) -> str:
+    """``tfgraph import DIR -o SPEC``: exit 2, one line naming ``words``, no spec written."""
+    out = folder.parent / "imported.yaml"
+    result = run("import", str(folder), "-o", str(out))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert not out.exists() and sorted(p.name for p in folder.parent.iterdir()) == [
+        folder.name]
+    return lines[0]
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "olmo", "cohere2", "phimoe", "roberta",
+                                        "xlm-roberta", "modernbert"])
+@pytest.mark.parametrize("value", [{"name": "silu"}, ["gelu"]])
+def test_an_activation_that_is_not_a_name(tmp_path: Path, model_type: str, value: Any) -> None:
+    """A mapping or list where the activation's name goes (was: TypeError, unhashable)."""
+    field = "hidden_activation" if model_type == "modernbert" else "hidden_act"
+    import_refused(family_folder(tmp_path, model_type, **{field: value}), f"{field} = ",
+                   "activation")
+
+
+def test_falcons_activation_that_is_not_a_name(tmp_path: Path) -> None:
+    import_refused(family_folder(tmp_path, "falcon", activation=["gelu"]), "activation = ")
+
+
+@pytest.mark.parametrize(("model_type", "changes"), [
+    ("olmo", {}), ("phimoe", {}),
+    # no layer_types: the config class's rule per layer (each made a list of 10**12 first)
+    ("cohere2", {"layer_types": None}), ("modernbert", {"layer_types": None}),
+    ("qwen2", {"layer_types": None, "use_sliding_window": True, "sliding_window": 64}),
+    ("gemma2", {"layer_types": None}),
+])
+def test_a_trillion_layers_is_refused_before_any_list_of_layers(
+        tmp_path: Path, model_type: str, changes: dict[str, Any]) -> None:
+    """(was: MemoryError, or minutes building one entry per layer)"""
+    folder = family_folder(tmp_path, model_type, num_hidden_layers=10**12, **changes)
+    import_refused(folder, f"num_hidden_layers = {10**12}")
+
+
+@pytest.mark.parametrize(("model_type", "changes", "words"), [
+    # int() took "8" and 8.5 as a window width, and a string/mapping raised
+    ("cohere2", {"sliding_window": "8"}, ("sliding_window = '8'", "integer")),
+    ("cohere2", {"sliding_window": 8.5}, ("sliding_window = 8.5", "integer")),
+    ("phimoe", {"sliding_window": {"size": 8}}, ("sliding_window = ", "integer")),
+    ("cohere2", {"layer_types": 5}, ("layer_types = 5",)),
+    ("cohere2", {"layer_types": [["full_attention"]] * 4, "num_hidden_layers": 4},
+     ("layer_types = ",)),
+    ("modernbert", {"layer_types": 5}, ("layer_types = 5",)),
+    ("modernbert", {"rope_parameters": {"full_attention": 5}},
+     ("rope_parameters = ", "full_attention must be a mapping")),
+    ("modernbert", {"rope_parameters": {"sliding_attention": "x"}},
+     ("rope_parameters = ", "sliding_attention must be a mapping")),
+])
+def test_window_settings_of_the_wrong_type(tmp_path: Path, model_type: str,
+                                           changes: dict[str, Any], words: tuple[str, ...]
+                                           ) -> None:
+    import_refused(family_folder(tmp_path, model_type, **changes), *words)
+
+
+@pytest.mark.parametrize(("model_type", "field", "value"), [
+    ("deepseek_v2", "kv_lora_rank", "512"), ("deepseek_v3", "v_head_dim", -64),
+    ("deepseek_v3", "q_lora_rank", 10**12), ("deepseek_v3", "n_routed_experts", {"n": 8}),
+    ("falcon", "num_kv_heads", 2.5), ("mpt", "n_layers", 10**12),
+    ("mpt", "attn_config", {"clip_qkv": "8"}),  # named attn_config.clip_qkv
+    ("olmo", "clip_qkv", -1.0),
+    ("cohere2", "logit_scale", "x"), ("phimoe", "num_local_experts", 0),
+    ("roberta", "max_position_embeddings", True), ("xlm-roberta", "vocab_size", 10**12),
+    ("modernbert", "local_attention", [128]),
+])
+def test_sizes_of_the_wrong_type_name_the_field(tmp_path: Path, model_type: str, field: str,
+                                                value: Any) -> None:
+    """One line naming the field (a DeepSeek latent size was blamed on kv_lora_rank, the
+    whole attention.latent's origin; the others behaved already and are kept so)."""
+    changes = {field: value}
+    if model_type == "deepseek_v2":
+        changes["num_experts_per_tok"] = 6  # its config class leaves it unset
+    line = import_refused(family_folder(tmp_path, model_type, **changes), f"{field}")
+    assert line.split(": ", 1)[1].startswith(field), line  # that field, not its neighbour's

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.exporters.generation.cache_interface import present_name
 from tfgraph.exporters.onnx.runtime import run_bound
 from tfgraph.generation.cached import last_logits
 
@@ -44,9 +45,12 @@ class FusedOnnx:
 
         self.session, self.vocab, self.max_len = session, vocab, max_len
         self.output_probs, self.share = output_probs, share
+        # (tfgraph.commands.steppers checks the model's inputs and outputs first:
+        # exporters/generation/cache_interface.py)
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
         self.names = [i.name for i in past]
-        self.kv_heads, self.head_dim = int(past[0].shape[1]), int(past[0].shape[3])
+        # (kv_heads, head_dim) of each layer's key and value buffers
+        self.dims = {i.name: (int(i.shape[1]), int(i.shape[3])) for i in past}
         types = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
         if past[0].type not in types:  # numpy (and so these buffers) has no bfloat16
             raise TfgraphError(f"a fused-attention model with a {past[0].type} cache: tfgraph "
@@ -54,8 +58,8 @@ class FusedOnnx:
                                "--dtype float16 or float32")
         self.np_dtype = types[past[0].type]
         self.with_positions = any(i.name == "position_ids" for i in session.get_inputs())
-        outputs = [o.name for o in session.get_outputs()]
-        self.logits_name, self.presents = outputs[0], outputs[1:]
+        self.logits_name = session.get_outputs()[0].name
+        self.presents = [present_name(n) for n in self.names]
         self.device = session_device(session)
         self.new_tokens = 256  # positions reserved past the prompt until prepare says
         self.capacity = 0  # positions each buffer holds (share=True)
@@ -73,10 +77,18 @@ class FusedOnnx:
         into their first positions."""
         import onnxruntime as ort
 
+        from tfgraph.limits import check_memory
+
+        # the host copy and the device buffer of every layer (a model's sizes are its own:
+        # refused here rather than by a MemoryError part-way through the allocations)
+        per_row = sum(kv * hd for kv, hd in self.dims.values()) * capacity
+        check_memory(f"the fused-attention KV cache of {rows} rows x {capacity} positions",
+                     2 * rows * per_row * np.dtype(self.np_dtype).itemsize)
         self.capacity = capacity
         cache = {}
         for name in self.names:
-            host = np.zeros((rows, self.kv_heads, capacity, self.head_dim), self.np_dtype)
+            kv_heads, head_dim = self.dims[name]
+            host = np.zeros((rows, kv_heads, capacity, head_dim), self.np_dtype)
             if keep is not None:
                 old = keep[name]
                 host[:, :, :old.shape[2]] = old[:, :, :capacity]
@@ -132,8 +144,8 @@ class FusedOnnx:
                 capacity = min(capacity, max(self.max_len, width + 1))
             self._buffers(rows, capacity)
         else:
-            self.cache = {n: np.zeros((rows, self.kv_heads, 0, self.head_dim), self.np_dtype)
-                          for n in self.names}
+            self.cache = {n: np.zeros((rows, self.dims[n][0], 0, self.dims[n][1]),
+                                      self.np_dtype) for n in self.names}
         logits = self._run(right, self._mask(), positions)  # (B, W, V)
         last = logits[np.arange(rows), lengths - 1][:, None]  # each row's last prompt token
         return last_logits(last, self.output_probs)

@@ -339,6 +339,9 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
         raise TfgraphError(f"{where}: not a KV-cache model tfgraph drives (needs input_ids, "
                            "attention_mask, past_key_values.{i}.key|value and, unless its "
                            "positions are relative, position_ids)")
+    from tfgraph.exporters.generation.cache_interface import check_cache_interface
+
+    fused = check_cache_interface(model, where)  # before any buffer is sized from it
     props = {p.key for p in model.metadata_props}
     from tfgraph.exporters.onnx.model import SPEC_METADATA_KEY
 
@@ -349,9 +352,7 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     vocab = _output_vocab(model) if spec is None else spec.output_vocab
     max_len = Lengths.of(spec).hard_limit if spec else None
     probs = spec is not None and spec.output == "probs"
-    from tfgraph.exporters.onnx.fused_attention import PADDING_METADATA_KEY
-
-    if {p.key: p.value for p in model.metadata_props}.get(PADDING_METADATA_KEY) == "right":
+    if fused:
         # onnxruntime's fused attention (build --fused-attention): right-padded rows, one
         # buffer per layer shared by past and present
         from tfgraph.exporters.generation.fused_stepper import FusedOnnx

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import (llama_layer_rows, llama_outer_rows, put_decoder_sizes,
-                               put_windows)
+from tfgraph.hf.common import (layer_kinds, llama_layer_rows, llama_outer_rows,
+                               put_decoder_sizes, put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -69,8 +69,8 @@ def put_cohere2_windows(draft: SpecDraft, cfg: HFConfig) -> None:
         period = cfg.int("sliding_window_pattern", 4)
         if period < 1:
             cfg.refuse("sliding_window_pattern", "must be at least 1")
-        types = ["sliding_attention" if (i + 1) % period else "full_attention"
-                 for i in range(layers)]
+        types = layer_kinds(layers, lambda i: "sliding_attention" if (i + 1) % period
+                            else "full_attention")
     else:  # transformers keeps it then, unread
         cfg.moot("sliding_window_pattern")
     put_windows(draft, types, cfg.get("sliding_window", None), layers)

@@ -3,14 +3,25 @@ sliding-window layer patterns, and the rows of a Llama-style name table."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tfgraph.hf.config import (HFConfig, SpecDraft, put_attention_dropout, put_rope,
                                rope_parameters)
 from tfgraph.hf.names import Rule
-from tfgraph.spec.schema import Spec
+from tfgraph.spec.schema import MAX_LAYERS, Spec
 
 _WINDOW_KINDS = {"sliding_attention": "local", "full_attention": "global"}
+
+
+def layer_kinds(layers: int, kind: Callable[[int], str]) -> list[str] | None:
+    """``layer_types`` of a config that has none, by its config class's rule for layer i
+    (``kind``); None past the spec language's MAX_LAYERS (or below 1), which the spec then
+    refuses naming the config's layer count, rather than first building a list of 10**12
+    entries."""
+    if not 1 <= layers <= MAX_LAYERS:
+        return None
+    return [kind(i) for i in range(layers)]
 
 
 def put_windows(draft: SpecDraft, layer_types: list[Any] | None, window: int | None,
@@ -22,11 +33,14 @@ def put_windows(draft: SpecDraft, layer_types: list[Any] | None, window: int | N
     layers, e.g. Gemma 2's [local, global], Gemma 3's five local then one global; Qwen2's
     full-then-sliding layers are one period as long as the model)."""
     cfg = draft.config
-    if layers < 1:  # the spec refuses it, naming the config's layer count
-        return
+    if not 1 <= layers <= MAX_LAYERS:  # the spec refuses it, naming the config's layer
+        return  # count (and 10**12 layers would be a list of 10**12 here first)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+        cfg.refuse(window_field, "must be an integer")  # (int() would take "8" or 8.5)
     if layer_types is None:
         layer_types = ["sliding_attention" if window else "full_attention"] * layers
-    if len(layer_types) != layers or any(t not in _WINDOW_KINDS for t in layer_types):
+    if not isinstance(layer_types, list) or len(layer_types) != layers or any(
+            not isinstance(t, str) or t not in _WINDOW_KINDS for t in layer_types):
         cfg.refuse(types_field, f"must list {layers} layers of "
                    f"{' or '.join(_WINDOW_KINDS)}", layer_types)
     if all(t == "full_attention" for t in layer_types):

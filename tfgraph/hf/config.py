@@ -131,7 +131,9 @@ class SpecDraft:
             if path and not message.startswith(path):
                 message = f"{path}: {message}"
             lacking = error["type"] in ("extra_forbidden", "literal_error")
-            for known, (field, value) in sorted(self.origin.items(), key=lambda kv: -len(kv[0])):
+            # the field the error names, else the deepest field under or above it
+            for known, (field, value) in sorted(self.origin.items(),
+                                                key=lambda kv: (kv[0] != path, -len(kv[0]))):
                 if path and (path == known or path.startswith(known + ".")
                              or known.startswith(path + ".")):
                     if lacking:
@@ -159,7 +161,7 @@ def activation(cfg: HFConfig, key: str, gated: bool, default: Any = _MISSING) ->
     """``ffn.activation`` for the config's activation field ``key``."""
     table = _GATED if gated else _PLAIN
     name = cfg.get(key, default)
-    if name not in table:
+    if not isinstance(name, str) or name not in table:  # (a list or mapping is unhashable)
         cfg.refuse(key, f"tfgraph has no {'gated ' if gated else ''}activation of this name "
                    f"(supported: {', '.join(sorted(table))})")
     return table[name]

@@ -67,12 +67,12 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         cfg.refuse("attention_bias", "biases on latent attention's projections are not "
                    "imported")
     draft.put("attention.bias", False)
-    latent: dict[str, Any] = {"kv_rank": cfg.int("kv_lora_rank"), "rope_dim": rope,
-                              "v_head_dim": cfg.int("v_head_dim")}
-    q_rank = cfg.get("q_lora_rank", None)
-    if q_rank is not None:
-        latent["q_rank"] = cfg.int("q_lora_rank")
-    draft.put("attention.latent", latent, "kv_lora_rank")
+    # field by field, so that a size the spec refuses names its own config field
+    draft.put("attention.latent.kv_rank", cfg.int("kv_lora_rank"), "kv_lora_rank")
+    draft.put("attention.latent.rope_dim", rope, "qk_rope_head_dim")
+    draft.put("attention.latent.v_head_dim", cfg.int("v_head_dim"), "v_head_dim")
+    if cfg.get("q_lora_rank", None) is not None:
+        draft.put("attention.latent.q_rank", cfg.int("q_lora_rank"), "q_lora_rank")
     where, params = rope_parameters(cfg)
     scale = softmax_scale(qk, params)
     if scale != qk ** -0.5:  # yarn's mscale_all_dim^2 (the default is qk_head_dim^-0.5)

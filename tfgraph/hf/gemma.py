@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import llama_layer_rows, llama_outer_rows, put_decoder_sizes, put_windows
+from tfgraph.hf.common import (layer_kinds, llama_layer_rows, llama_outer_rows,
+                               put_decoder_sizes, put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -88,8 +89,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         cfg.moot("sliding_window_pattern")
     if types is None:  # Gemma2Config / Gemma3TextConfig defaults
         period = 2 if kind == "gemma2" else cfg.int("sliding_window_pattern", 6)
-        types = ["sliding_attention" if (i + 1) % period else "full_attention"
-                 for i in range(layers)]
+        types = layer_kinds(layers, lambda i: "sliding_attention" if (i + 1) % period
+                            else "full_attention")
     put_windows(draft, types, cfg.get("sliding_window", None), layers)
     if kind == "gemma2":
         where, params = rope_parameters(cfg)

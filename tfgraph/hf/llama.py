@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import (llama_layer_rows, llama_outer_rows, put_decoder_sizes,
-                               put_rms_rope, put_windows)
+from tfgraph.hf.common import (layer_kinds, llama_layer_rows, llama_outer_rows,
+                               put_decoder_sizes, put_rms_rope, put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
 from tfgraph.hf.export_common import (decoder_sizes, gated_activation, layer_types,
                                       plain_activation)
@@ -105,7 +105,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         cfg.moot("max_window_layers")
     if kind in ("qwen2", "qwen3") and types is None and window:
         start = cfg.int("max_window_layers", layers)
-        types = ["sliding_attention" if i >= start else "full_attention" for i in range(layers)]
+        types = layer_kinds(layers, lambda i: "sliding_attention" if i >= start
+                            else "full_attention")
     if kind not in ("mistral", "qwen2", "qwen3", "ministral") and types is None:
         window = None  # these families have no sliding window
     put_windows(draft, types, window, layers)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfgraph.hf.common import linear_rows, norm_rows, put_sizes, put_windows
+from tfgraph.hf.common import layer_kinds, linear_rows, norm_rows, put_sizes, put_windows
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import gated_activation, layer_types
 from tfgraph.hf.names import Rule
@@ -37,7 +37,10 @@ def _thetas(cfg: HFConfig) -> tuple[float, float]:
                    "type (full_attention, sliding_attention)")
     thetas = []
     for kind, default in (("full_attention", _GLOBAL), ("sliding_attention", _LOCAL)):
-        one = params.get(kind) or {}
+        one = params.get(kind)
+        one = {} if one is None else one
+        if not isinstance(one, dict):
+            cfg.refuse("rope_parameters", f"{kind} must be a mapping", params)
         if one.get("rope_type", "default") != "default" or set(one) - {"rope_type",
                                                                           "rope_theta"}:
             cfg.refuse("rope_parameters", "tfgraph imports ModernBERT's unscaled rotary "
@@ -74,10 +77,11 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     types = cfg.get("layer_types", None)
     if types is None:  # ModernBertConfig.__post_init__
         every = cfg.int("global_attn_every_n_layers", 3)
-        types = ["sliding_attention" if i % every else "full_attention" for i in range(layers)]
+        types = layer_kinds(layers, lambda i: "sliding_attention" if i % every
+                            else "full_attention")
     else:
         cfg.moot("global_attn_every_n_layers")  # what it made
-    put_windows(draft, list(types), half + 1, layers, "local_attention")
+    put_windows(draft, types, half + 1, layers, "local_attention")
     if "window" in draft.data.get("attention", {}) and local_theta != global_theta:
         draft.put("embedding.local_rope_theta", local_theta, "rope_parameters")
     draft.put("head.transform", True)  # head.dense, act, head.norm

@@ -104,14 +104,14 @@ def parse_memory(text: str) -> int:
     if not m:
         raise TfgraphError(f"--gpu-memory {text!r}: expected a size such as 80GB or 141GiB")
     value = float(m.group(1)) * _UNITS[(m.group(2) or "GB").upper()]
-    if not 0 < value < 10**15:
+    if not 1 <= value < 10**15:  # (under a byte would plan for a GPU of 0 bytes)
         raise TfgraphError(f"--gpu-memory {text!r}: not a plausible device memory")
     return int(value)
 
 
 def gpu(name: str | None = None, memory: str | None = None) -> Gpu:
     """The named GPU (default h100), with ``memory`` overriding its memory when given."""
-    key = (name or DEFAULT_GPU).lower()
+    key = (DEFAULT_GPU if name is None else name).lower()  # --gpu '' is no GPU's name
     if key not in GPUS:
         raise TfgraphError(f"--gpu {name!r}: expected one of {', '.join(GPUS)}")
     chosen = GPUS[key]
