@@ -560,8 +560,15 @@ def test_a_trillion_layers_is_refused_before_any_list_of_layers(
      ("rope_parameters = ", "full_attention must be a mapping")),
     ("modernbert", {"rope_parameters": {"sliding_attention": "x"}},
      ("rope_parameters = ", "sliding_attention must be a mapping")),
+    ("gemma3_text", {"rope_parameters": {"full_attention": {"rope_type": "default"},
+                                         "sliding_attention": 5}},
+     ("rope_parameters = ", "sliding_attention must be a mapping")),
+    ("gemma3_text", {"rope_parameters": {"full_attention": "x"}},
+     ("rope_parameters = ", "full_attention must be a mapping")),
+    ("phi3", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": "x"}},
+     ("rope_parameters = ", "partial_rotary_factor must be a number")),
 ])
-def test_window_settings_of_the_wrong_type(tmp_path: Path, model_type: str,
+def test_window_and_rotary_settings_of_the_wrong_type(tmp_path: Path, model_type: str,
                                            changes: dict[str, Any], words: tuple[str, ...]
                                            ) -> None:
     import_refused(family_folder(tmp_path, model_type, **changes), *words)

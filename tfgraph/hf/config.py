@@ -235,7 +235,10 @@ def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
                        f"{', '.join(sorted(unknown))}", shown)
         draft.put("embedding.rope_scaling", scaling, where, shown)
     if fraction is None:
-        fraction = float(params.get("partial_rotary_factor", 1.0))
+        fraction = params.get("partial_rotary_factor", 1.0)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            cfg.refuse(where, "partial_rotary_factor must be a number", shown)
+        fraction = float(fraction)
     if fraction != 1.0:
         draft.put("embedding.rotary_fraction", fraction, where, shown)
 

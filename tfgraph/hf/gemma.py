@@ -41,11 +41,18 @@ def _gemma3_rope(cfg: HFConfig) -> tuple[str, dict[str, Any], float]:
     params = cfg.get("rope_parameters", None)
     if isinstance(params, dict) and "full_attention" in params:
         full, local = params["full_attention"], params.get("sliding_attention", {})
+        for kind, one in (("full_attention", full), ("sliding_attention", local)):
+            if not isinstance(one, dict):
+                cfg.refuse("rope_parameters", f"{kind} must be a mapping", params)
+        theta = local.get("rope_theta", 10000.0)
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+            cfg.refuse("rope_parameters", "sliding_attention's rope_theta must be a number",
+                       params)
         if local.get("rope_type", "default") != "default":
             cfg.refuse("rope_parameters", "tfgraph scales the rotary frequencies of every "
                        "layer alike; scaling only the sliding-window layers has no spec form",
                        params)
-        return "rope_parameters", dict(full), float(local.get("rope_theta", 10000.0))
+        return "rope_parameters", dict(full), float(theta)
     where, full = rope_parameters(cfg, default_theta=1000000.0)
     return where, full, cfg.float("rope_local_base_freq", 10000.0)
 
