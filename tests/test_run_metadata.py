@@ -80,6 +80,23 @@ def test_a_10000_layer_spec_in_a_tiny_model_is_refused_before_compiling(
         assert "metadata has 10000 decoder layers, its weights 2" in line
 
 
+@pytest.mark.parametrize("cache", [False, True])
+def test_generate_on_onnxruntime_refuses_a_vocabulary_the_logits_lack(tmp_path: Path,
+                                                                       cache: bool) -> None:
+    """The onnx back end reads only the vocabulary and lengths from the metadata; one that
+    disagrees with the logits' own size is refused when the model is opened (was: a
+    ValueError from the sampler's indexing, or the loop's mismatch after the prefill)."""
+    model = to_onnx(tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / "tiny-llama.yaml"),
+                                    cache=cache))
+    path = tampered(model, tmp_path / "m.onnx",
+                    with_spec(lambda spec: spec.update(vocab=1 << 24)))
+    result = cli("generate", str(path), "--prompt-ids", "1,2", "--max-new-tokens", "2")
+    assert result.exit_code == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line == (f"{path}: the spec in its metadata has a vocabulary of 16,777,216, its "
+                    "logits 256; the metadata does not describe this model"), line
+
+
 def test_a_disagreeing_width_is_summarised(tiny_model: onnx.ModelProto, tmp_path: Path) -> None:
     def wider(spec: dict) -> None:
         spec["d_model"] *= 2

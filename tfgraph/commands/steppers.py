@@ -317,7 +317,7 @@ def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider
         raise TfgraphError(f"{where}: takes token_type_ids (an encoder): nothing to generate")
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                           dtype=iface.dtype)
-    vocab = _output_vocab(model) if spec is None else spec.output_vocab
+    vocab = _vocab(model, spec, where)
     max_len = Lengths.of(spec).hard_limit if spec is not None else None
     stepper = RecomputeOnnx(session, iface.inputs, vocab, max_len, decoder_start,
                             output_probs=iface.output == "probs")
@@ -349,7 +349,7 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     dtype = rt.elem_name(model.graph.output[0].type.tensor_type.elem_type)
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                           dtype=dtype)
-    vocab = _output_vocab(model) if spec is None else spec.output_vocab
+    vocab = _vocab(model, spec, where)
     max_len = Lengths.of(spec).hard_limit if spec else None
     probs = spec is not None and spec.output == "probs"
     if fused:
@@ -547,6 +547,21 @@ def _initializers(path: Path, graph: Graph) -> dict[str, Any]:
     names = {p.name for p in graph.params()}
     return {t.name: numpy_helper.to_array(t).astype(np.float32)
             for t in model.graph.initializer if t.name in names}
+
+
+def _vocab(model: Any, spec: Spec | None, where: str) -> int:
+    """The vocabulary a model's logits cover: its stored spec's, which must then be the
+    logits' own size when the model fixes it (metadata saying otherwise would index past the
+    logits the sampler is given), else that size."""
+    if spec is None:
+        return _output_vocab(model)
+    dims = model.graph.output[0].type.tensor_type.shape.dim
+    fixed = int(dims[-1].dim_value) if dims and dims[-1].dim_value > 0 else None
+    if fixed is not None and fixed != spec.output_vocab:
+        raise TfgraphError(f"{where}: the spec in its metadata has a vocabulary of "
+                           f"{spec.output_vocab:,}, its logits {fixed:,}; the metadata does "
+                           "not describe this model")
+    return spec.output_vocab
 
 
 def _output_vocab(model: Any) -> int:
