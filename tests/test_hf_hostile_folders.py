@@ -567,6 +567,12 @@ def test_a_trillion_layers_is_refused_before_any_list_of_layers(
      ("rope_parameters = ", "full_attention must be a mapping")),
     ("phi3", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": "x"}},
      ("rope_parameters = ", "partial_rotary_factor must be a number")),
+    # DeepSeek's softmax scale reads the yarn factor before the spec checks it (was float('x'))
+    ("deepseek_v3", {"rope_parameters": {"rope_type": "yarn", "factor": "x", "rope_theta": 1e4,
+                                         "mscale_all_dim": 1.0}},
+     ("rope_parameters = ", "factor must be a finite number")),
+    ("deepseek_v3", {"rope_parameters": {"rope_type": "yarn", "mscale_all_dim": 1.0}},
+     ("rope_parameters = ", "factor must be a finite number")),
 ])
 def test_window_and_rotary_settings_of_the_wrong_type(tmp_path: Path, model_type: str,
                                            changes: dict[str, Any], words: tuple[str, ...]

@@ -74,6 +74,14 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if cfg.get("q_lora_rank", None) is not None:
         draft.put("attention.latent.q_rank", cfg.int("q_lora_rank"), "q_lora_rank")
     where, params = rope_parameters(cfg)
+    if params.get("rope_type", "default") != "default" and params.get("mscale_all_dim"):
+        for key in ("factor", "mscale_all_dim"):  # read as numbers by softmax_scale now,
+            # before the spec checks the rotary scaling
+            value = params.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                cfg.refuse(where, f"{key} must be a finite number (mscale_all_dim scales "
+                           "the softmax by the yarn factor)", cfg.data.get(where, params))
     scale = softmax_scale(qk, params)
     if scale != qk ** -0.5:  # yarn's mscale_all_dim^2 (the default is qk_head_dim^-0.5)
         draft.put("attention.scale", scale, "rope_parameters")
