@@ -41,6 +41,14 @@ def test_a_failing_command_removes_the_folders_it_created(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert list(tmp_path.iterdir()) == []
 
+    # refused after the folder was made: still one line, the folder's note being said only
+    # once a command succeeds (it was said first, a second line)
+    result = cli("build", str(ROOT / "specs" / "tiny-bert.yaml"), "--to", "onnx", "--kv-cache",
+                 "-o", str(out))
+    assert result.returncode == 2
+    assert result.stderr == "tiny-bert: an encoder-only model has no KV-cache graph\n"
+    assert list(tmp_path.iterdir()) == []
+
 
 def test_a_file_in_the_way_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("mine")

@@ -65,6 +65,10 @@ def say_done(line: str, err: bool = False) -> None:
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 signal.signal(sig, _ignore)
         _finished = True
+    from tfgraph.io import take_notes
+
+    for note in take_notes():  # the folders made for the outputs, which now stay
+        click.echo(note, err=True)
     click.echo(line, err=err)
 
 
@@ -77,6 +81,9 @@ def start_command() -> None:
     """A new command runs in this process (the CLI called in-process again, by tests)."""
     global _finished
     _finished = False
+    from tfgraph.io import take_notes
+
+    take_notes()  # a failed command's notes are not the next one's
 
 
 def is_the_program() -> bool:

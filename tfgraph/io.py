@@ -31,7 +31,6 @@ import secrets
 import shutil
 import signal
 import stat
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -233,7 +232,20 @@ def make_parents(target: Path) -> None:
     if not _CREATED:
         atexit.register(_remove_created_if_empty)
     _CREATED.extend(reversed(missing))
-    print(f"note: created directory {short_path(target.parent)}", file=sys.stderr)
+    # said when the command succeeds (tfgraph.cli_support.say_done): a refusal after this
+    # stays one line, and the folder goes again at exit
+    _NOTES.append(f"note: created directory {short_path(target.parent)}")
+
+
+_NOTES: list[str] = []
+"""Notes about folders made for outputs, printed once the command has succeeded."""
+
+
+def take_notes() -> list[str]:
+    """The notes of folders made since the last call (``make_parents``), once."""
+    notes = list(_NOTES)
+    _NOTES.clear()
+    return notes
 
 
 def _target(path: str | os.PathLike[str], create: bool = False) -> Path:
