@@ -22,7 +22,7 @@ from typing import Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.onnx.fused_attention import OP_TYPE, PADDING_METADATA_KEY
-from tfgraph.spec.schema import MAX_D_MODEL, MAX_HEADS
+from tfgraph.graph.bounds import MAX_D_MODEL, MAX_HEADS
 
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)")
 _DIMS = "(batch, kv_heads, past_len, width)"

@@ -19,17 +19,9 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tfgraph.graph.bounds import (  # noqa: F401  (README "Limits"; re-exported)
+    MAX_D_MODEL, MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_LEN, MAX_VOCAB)
 from tfgraph.spec.rope import RopeScaling, RotaryLayout, derive_rotary, rotary_dim
-
-# Documented upper bounds (README "Limits"): far above any published model, low enough that a
-# typo such as 5120000 for 5120 is caught and symbolic accounting never meets absurd numbers.
-MAX_D_MODEL = 1 << 18  # 262,144
-MAX_LAYERS = 10_000
-MAX_VOCAB = 1 << 24  # 16,777,216
-MAX_HEADS = 4_096
-MAX_HIDDEN = 1 << 21  # 2,097,152
-MAX_LEN = 1 << 24
-MAX_EXPERTS = 1 << 16  # 65,536; DeepSeek-V3 has 256 routed experts
 
 Arch = Literal["encoder-only", "decoder-only", "encoder-decoder"]
 Positions = Literal["sinusoidal", "learned", "rope", "relative", "alibi", "none"]
