@@ -105,7 +105,13 @@ from tfgraph.exporters.torch.sequence_parallel import (
 )
 from tfgraph.graph.ir import Graph
 from tfgraph.graph.ops import OPS
-from tfgraph.parallel.tp_plan import ParamShard, check_divisible, colwise_projection, tp_plan
+from tfgraph.parallel.tp_plan import (
+    ParamShard,
+    check_divisible,
+    colwise_projection,
+    tp_plan,
+    whole_on_every_rank,
+)
 
 __all__ = ["ShardParameters", "device_mesh", "load_full_state_dict", "module_tp_plan",
            "parallelize"]
@@ -288,19 +294,40 @@ def _keep_gradients_split(module: nn.Module) -> None:
     module.register_forward_pre_hook(register)
 
 
+class _SharedHeadOnRanks:
+    """Latent attention's key assembly on this rank's heads: the shared rotary key (operand
+    b, whole on every rank) is copied to the ranks (Megatron's f), so that its gradient,
+    the sum over this rank's heads only, is summed over the ranks in backward."""
+
+    def __init__(self, step: Any, mesh: DeviceMesh) -> None:
+        self.step, self.mesh = step, mesh
+
+    def __call__(self, module: nn.Module, attrs: dict[str, Any], a: Tensor,
+                 b: Tensor) -> Tensor:
+        out: Tensor = self.step(module, attrs, a, _copy_to_ranks(b, self.mesh))
+        return out
+
+
 def _local_heads(attrs: dict[str, Any], tp: int) -> dict[str, Any]:
-    """A step's attributes with one rank's heads (whole heads per rank: check_divisible)."""
-    return {k: v // tp if k in ("heads", "kv_heads") else v for k, v in attrs.items()}
+    """A step's attributes with one rank's heads (whole heads per rank: check_divisible);
+    a per-head slice's ``groups`` (latent attention's slices of head-split tensors) too."""
+    keys = ("heads", "kv_heads", "groups")
+    return {k: v // tp if k in keys else v for k, v in attrs.items()}
 
 
 def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int,
-                   loss_parallel: bool) -> None:
+                   loss_parallel: bool, whole: frozenset[str]) -> None:
     """Route split linears and token tables through their owners, compute a tied head on
     the split table (``_TiedHead``), run experts over the ranks, and give every step one
-    rank's heads (``split``: ids of the modules the plan shards)."""
+    rank's heads (``split``: ids of the modules the plan shards), but the steps the
+    placement leaves whole on every rank (``whole``: latent attention's down-projection
+    side, its one shared rotary-key head)."""
     by_slot = {slot: owner for slot, owner, _ in program.params}
+    named = {slot: name for name, slot in program.slots.items()}
     for index, (fn, attrs, args, out, dead, inplace, inplace_args) in \
             enumerate(program.steps):
+        if named.get(out) in whole:
+            continue  # replicated: the whole computation on every rank
         owners = [by_slot[a] for a in args if a in by_slot and id(by_slot[a]) in split]
         if owners and fn is TORCH_OPS["linear"] and isinstance(owners[0], EmbeddingWeights):
             fn = _TiedHead(fn, mesh, loss_parallel)
@@ -310,7 +337,9 @@ def _rewrite_steps(program: _Program, split: set[int], mesh: DeviceMesh, tp: int
             fn = _ExpertsOverRanks(fn, mesh)
         elif "heads" in attrs and any(fn is TORCH_OPS[op] for op in NORM_OPS):
             fn = _NormOfLocalHeads(fn, mesh)
-        if "heads" in attrs or "kv_heads" in attrs:
+        elif fn is TORCH_OPS["head_concat"] and attrs.get("shared", False):
+            fn = _SharedHeadOnRanks(fn, mesh)
+        if "heads" in attrs or "kv_heads" in attrs or fn is TORCH_OPS["head_slice"]:
             attrs = _local_heads(attrs, tp)
         program.steps[index] = (fn, attrs, args, out, dead, inplace, inplace_args)
 
@@ -382,9 +411,10 @@ def _tensor_parallel(module: TorchModel, mesh: DeviceMesh, tp: int,
         sequence = sequence_parallel_plan(graph)
         styles = sequence_parallel_styles(module, styles, sequence)
     split = {id(module.get_submodule(path)) for path in styles}
+    whole = whole_on_every_rank(graph)
     parallelize_module(module, mesh, styles)
     for program in [module._program, *(layer._program for layer in module.layers())]:
-        _rewrite_steps(program, split, mesh, tp, loss_parallel)
+        _rewrite_steps(program, split, mesh, tp, loss_parallel, whole)
     if sp:
         sequence_parallel(module, sequence, mesh, tp)
 

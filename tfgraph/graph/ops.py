@@ -78,7 +78,7 @@ CATEGORIES = ("embedding", "position", "linear", "attention", "norm", "activatio
 
 
 TpRule = Literal["follows", "whole", "project", "project_hidden", "gather", "split_param",
-                 "refused"]
+                 "per_head", "refused"]
 """How an op's output is placed under tensor parallelism (``tfgraph.parallel.placement``):
 
 - ``follows``: split like its split operands (per head or per element); whole when they are;
@@ -92,6 +92,11 @@ TpRule = Literal["follows", "whole", "project", "project_hidden", "gather", "spl
 - ``gather``: a lookup in a token table (operand 0, (V, d)), vocabulary-split: partial sums
   (Megatron's VocabParallelEmbedding; back ends find token tables by this rule);
 - ``split_param``: computed from a parameter split by heads (``tp_split_param``): split;
+- ``per_head``: a copy per head (latent attention's channel slices and key assembly,
+  attrs ``groups`` or ``heads``): split when its operand is split by heads (each rank's
+  heads), whole when it is whole; a ``shared`` operand (one head every head repeats: the
+  rotary key) is whole on every rank beside split heads; a one-group slice of a split tensor
+  is refused;
 - ``refused``: no tensor-parallel form: the plan refuses the layout, naming the op and its
   ``tp_refused`` words (as ``parallelize`` and model.py do).
 """

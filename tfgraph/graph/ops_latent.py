@@ -6,6 +6,12 @@ and the rows of a KV-cache graph's cached latent.
 Registered into ``tfgraph.graph.ops.OPS`` when ``tfgraph.graph.ir`` imports this module. None
 of them computes anything (copies and views): no FLOPs. Shapes: the last axis is ``groups``
 slices of equal width (one per head, or one for the whole vector).
+
+Under tensor parallelism (``TpRule`` ``per_head``; Megatron-LM's MultiLatentAttention and
+DeepSeek-V3's inference code) the down-projections (q_a, kv_a: the latents and the shared
+rotary key) are whole on every rank, the up-projections (q_b, kv_b) split by heads, so a slice
+of a head-split tensor is each rank's heads' slices and the key assembly appends the whole
+rotary key to each of the rank's heads.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ register(OpDef(
     "no FLOPs.",
     attrs={"groups": Attr(SIZE, required=True), "width": Attr(SIZE, required=True),
            "start": Attr(SIZE, required=True), "take": Attr(SIZE, required=True)},
-    tp="refused", tp_refused="latent attention's channel slices",
+    tp="per_head", tp_refused_source="latent attention's replicated down-projections are "
+    "split by tfgraph.exporters.parallelize only",
 ))
 
 
@@ -64,7 +71,8 @@ register(OpDef(
     attrs={"heads": Attr(SIZE, required=True), "a_width": Attr(SIZE, required=True),
            "b_width": Attr(SIZE, required=True),
            "shared": Attr(bool, default=False, doc="b is one head shared by every head")},
-    tp="refused", tp_refused="latent attention's key assembly",
+    tp="per_head", tp_refused_source="latent attention's replicated down-projections are "
+    "split by tfgraph.exporters.parallelize only",
 ))
 
 

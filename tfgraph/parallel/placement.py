@@ -12,6 +12,8 @@ Rules (inputs: the activation operands, parameters by their split):
 - embedding from a vocabulary-split table -> P (each rank looks up the ids it holds; Megatron's
   VocabParallelEmbedding); relative-bias table split by heads -> S;
 - experts with hidden-split stacks on R tokens -> P;
+- a per-head copy (``per_head``: latent attention's slices and key assembly) -> S on S
+  operands, R on R ones; a ``shared`` operand (the rotary key) is R beside S heads;
 - an op whose activation operands are all S (rope, attention, element-wise, a per-head norm:
   attrs ``heads``) -> S; all R -> R;
 - anything else (a whole-width norm of a split tensor, R mixed with S) is refused, naming the
@@ -85,6 +87,8 @@ def _place(graph: Graph, node: Node, of: dict[str, str]) -> str:
         return P if split_param else R
     if opdef.tp == "split_param":
         return S if split_param else R
+    if opdef.tp == "per_head":
+        return _per_head(node, acts)
     placed = set(acts)
     if opdef.vocab_reduce is not None and placed == {S}:
         return opdef.vocab_reduce
@@ -96,6 +100,24 @@ def _place(graph: Graph, node: Node, of: dict[str, str]) -> str:
         raise _refuse(node, "normalises the whole width of a split tensor (a gather per "
                             "token that the plan does not model)")
     raise _refuse(node, f"mixes split and whole operands ({', '.join(sorted(placed))})")
+
+
+def _per_head(node: Node, acts: list[str]) -> str:
+    """A latent-attention copy (``TpRule`` ``per_head``): on the rank's heads when its head
+    operand is split; the shared rotary key (head_concat's ``shared`` operand, one head every
+    head repeats) whole on every rank, appended to each of the rank's heads."""
+    heads = acts[:1] if node.attrs.get("shared", False) else acts
+    if len(acts) == 2 and node.attrs.get("shared", False) and acts[1] != R:
+        raise _refuse(node, "repeats a split shared head (the shared operand is whole on "
+                            "every rank)")
+    placed = set(heads)
+    if placed == {R}:
+        return R
+    if placed != {S}:
+        raise _refuse(node, f"mixes split and whole heads ({', '.join(sorted(placed))})")
+    if node.attrs.get("groups", node.attrs.get("heads", 1)) == 1:
+        raise _refuse(node, "takes channels of one group across a split tensor")
+    return S
 
 
 def place(graph: Graph) -> Placement:

@@ -30,6 +30,10 @@ Style = Literal["colwise", "rowwise", "vocab", "heads", "experts_colwise", "expe
 _LAYER_STYLES: dict[str, Style] = {
     "q": "colwise", "k": "colwise", "v": "colwise", "up": "colwise", "gate": "colwise",
     "shared.up": "colwise", "shared.gate": "colwise",
+    # latent attention's up-projections (per head); its down-projections q_a and kv_a (the
+    # latents and the shared rotary key) stay whole on every rank, as in Megatron-LM's
+    # MultiLatentAttention and DeepSeek-V3's inference code (ColumnParallelLinear q_b / kv_b)
+    "q_b": "colwise", "kv_b": "colwise",
     "o": "rowwise", "down": "rowwise", "shared.down": "rowwise",
     "experts.up": "experts_colwise", "experts.gate": "experts_colwise",
     "experts.down": "experts_rowwise",
@@ -131,11 +135,29 @@ def _check_divisible(graph: Graph, tp: int = 1, ep: int = 1) -> None:
             raise TfgraphError(f"--ep {ep} does not divide the {shape[shard.ep_dim]} experts "
                                f"of {name}")
     if tp > 1:
+        whole = whole_on_every_rank(graph)
         for node in graph.ops():
+            if node.name in whole:
+                continue
             for key in ("heads", "kv_heads"):
                 if key in node.attrs and node.attrs[key] % tp:
                     raise TfgraphError(f"--tp {tp} does not divide the {node.attrs[key]} "
                                        f"{key.replace('_', ' ')} of {node.name}")
+
+
+def whole_on_every_rank(graph: Graph) -> frozenset[str]:
+    """Op nodes tensor parallelism leaves whole on every rank (placement R): their heads
+    are not split, so the degree need not divide them (latent attention's shared rotary
+    key, one head; ``parallelize`` runs them unsplit). Empty where the graph cannot be
+    placed: every node's heads are then checked, and the placement's own refusal comes
+    after."""
+    from tfgraph.parallel.placement import R, place  # placement imports this module
+
+    try:
+        placement = place(graph)
+    except TfgraphError:
+        return frozenset()
+    return frozenset(n.name for n in graph.ops() if placement.of[n.name] == R)
 
 
 def colwise_projection(graph: Graph, name: str, shards: Mapping[str, ParamShard]) -> bool:

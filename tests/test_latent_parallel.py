@@ -1,0 +1,154 @@
+"""Latent attention (``attention.latent``) under tensor parallelism, as Megatron-LM's
+MultiLatentAttention and DeepSeek-V3's inference code run it: the down-projections (q_a, kv_a:
+the latents and the one shared rotary key) whole on every rank, the up-projections (q_b, kv_b)
+split by heads, the attention on each rank's heads, the output projection row-parallel.
+
+The plan (weights per rank = replicated + split / t, exactly; which ops run whole on every
+rank and where the all-reduces are), ``parallelize`` under torchrun with 2 CPU processes
+(tests/latent_parallel_worker.py: logits and every gradient against the one-process module,
+with and without sequence parallelism, and the bytes each rank holds against the plan's), and
+DeepSeek-V3's layouts on 1,024 GPUs. The tiny specs' vocabularies (97, 101) are padded to a
+multiple of tp, as Megatron-LM pads (--make-vocab-size-divisible-by).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from distributed_support import torchrun
+from test_cli_validate import runner  # stderr kept apart from stdout
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.errors import TfgraphError
+from tfgraph.parallel.gpus import gpu
+from tfgraph.parallel.layout import Layout
+from tfgraph.parallel.placement import place
+from tfgraph.parallel.planner import plan
+from tfgraph.parallel.units import flops_kind
+from tfgraph.spec.schema import Spec
+
+from conftest import ROOT
+
+WORKER = ROOT / "tests" / "latent_parallel_worker.py"
+PADDED = {"specs/tiny-mla.yaml": 98, "specs/tiny-deepseek-v3.yaml": 102}
+
+
+def _graph(spec: Spec) -> Any:
+    return tfgraph.compile(spec.model_copy(update={"dtype": "float32"}), loss=True)
+
+
+def _weights(spec: Spec, tp: int) -> int:
+    layout = Layout(tp=tp, dp=1, dtype="float32", seq=12, micro_batch=2, global_batch=2)
+    memory: dict[str, int] = plan(_graph(spec), layout, gpu("h100"))["per_rank"]["memory"]
+    return memory["weights"]
+
+
+def _dense_mla() -> Spec:
+    """tiny-mla with a dense SwiGLU (every parameter's split is then counted by hand below)
+    and its vocabulary padded to 98."""
+    data = yaml.safe_load((ROOT / "specs" / "tiny-mla.yaml").read_text())
+    data["vocab"] = 98
+    data["ffn"] = {"hidden": 64, "activation": "swiglu", "bias": False}
+    return Spec.model_validate(data)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_weights_per_rank_are_the_replicated_ones_and_a_share_of_the_split(tp: int) -> None:
+    # tiny-mla: d 48, 4 heads of 16 (4 rotary + 12 position-free channels), values 12, key/
+    # value latent 24, queries from x (no q latent), SwiGLU hidden 64, untied head, vocab 98
+    d, layers, vocab, heads, nope, rope, value, rank, hidden = 48, 2, 98, 4, 12, 4, 12, 24, 64
+    replicated = d + layers * (2 * d  # final norm; each layer's two norms
+                               + (rank + rope) * d  # kv_a: the latent and the rotary key
+                               + rank)  # kv_a_norm
+    split = 2 * vocab * d + layers * (heads * (nope + rope) * d  # q, by heads
+                                      + heads * (nope + value) * rank  # kv_b, by heads
+                                      + d * heads * value  # o, by its input heads
+                                      + 3 * hidden * d)  # up, gate, down
+    assert _weights(_dense_mla(), tp) == 4 * (replicated + split // tp)
+
+
+def test_the_down_projections_run_whole_on_every_rank_and_the_heads_split() -> None:
+    spec = tfgraph.load_spec(ROOT / "specs" / "tiny-deepseek-v3.yaml").model_copy(
+        update={"vocab": 102})
+    graph = _graph(spec)
+    placement = place(graph)
+    at = "decoder.layers.0.self_attn."
+    kinds = {role: flops_kind(graph, graph.node(at + role), placement, None)
+             for role in ("q_a", "q_a_norm", "q_b", "kv_a", "kv_a_norm", "k_rot", "k_rope",
+                          "kv_b", "k_heads", "q_rope", "attention", "o")}
+    assert kinds == {"q_a": "whole", "q_a_norm": "whole", "kv_a": "whole",
+                     "kv_a_norm": "whole", "k_rot": "whole", "k_rope": "whole",
+                     "q_b": "split", "kv_b": "split", "k_heads": "split", "q_rope": "split",
+                     "attention": "split", "o": "split"}
+    # one forward all-reduce after the row-parallel o; in backward the gradients of the
+    # whole tensors that enter the split heads (Megatron's f of each ColumnParallelLinear,
+    # and the shared rotary key every rank's heads read)
+    assert [n for n in placement.forward_reduce if n.startswith(at)] == [at + "o"]
+    assert {t for t in placement.backward_reduce if t.startswith(at)} == {
+        at + "q_a_norm", at + "kv_a_norm", at + "k_rope"}
+
+
+def test_a_degree_that_does_not_divide_the_heads_is_refused() -> None:
+    spec = _dense_mla()
+    with pytest.raises(TfgraphError, match="--tp 8 does not divide"):
+        plan(_graph(spec), Layout(tp=8, dp=1, dtype="float32", seq=12), gpu("h100"))
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """One launch of 2 processes: each tiny latent spec at tp 2, without and with --sp."""
+    runs = {f"{spec} sp={sp}": {"spec": spec, "vocab": vocab, "tp": 2, "sp": sp}
+            for spec, vocab in PADDED.items() for sp in (False, True)}
+    out = tmp_path_factory.mktemp("latent-tp") / "results.json"
+    torchrun(2, WORKER, list(runs.values()), out, timeout=300)
+    results: list[dict[str, Any]] = json.loads(out.read_text())
+    return dict(zip(runs, results))
+
+
+@pytest.mark.parametrize("spec", list(PADDED))
+@pytest.mark.parametrize("sp", [False, True])
+def test_two_ranks_give_the_one_process_logits_and_gradients(
+        two: dict[str, dict[str, Any]], spec: str, sp: bool) -> None:
+    result = two[f"{spec} sp={sp}"]
+    assert "error" not in result, result
+    assert result["logits_difference"] < 1e-4
+    # the replicated down-projections' gradients too: the rotary key's gradient, summed
+    # over each rank's heads, is all-reduced
+    assert max(result["grad_differences"].values()) < 1e-4, result["grad_differences"]
+
+
+@pytest.mark.parametrize("spec", list(PADDED))
+def test_each_rank_holds_the_bytes_the_plan_states(two: dict[str, dict[str, Any]],
+                                                   spec: str) -> None:
+    padded = tfgraph.load_spec(ROOT / spec).model_copy(update={"vocab": PADDED[spec]})
+    result = two[f"{spec} sp=False"]
+    assert result["single_bytes"] == _weights(padded, 1)
+    assert result["bytes"] == _weights(padded, 2) < result["single_bytes"]
+
+
+def _cli_plan(*args: str) -> dict[str, Any]:
+    result = runner().invoke(main, ["plan", str(ROOT / "specs" / "deepseek-v3.yaml"),
+                                    "--seq", "4096", "--zero", "1", "--global-batch", "64",
+                                    "--json", *args],
+                             catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_deepseek_v3_plans_with_and_without_tensor_parallelism() -> None:
+    # DeepSeek-V3 was trained with pp 16, ep 64 and no tensor parallelism (arXiv:2412.19437
+    # §3.2); with tp 8 the attention's up-projections are split 8 ways, its down-projections
+    # and the experts' router are not
+    trained = _cli_plan("--gpus", "1024", "--pp", "16", "--ep", "64")
+    split = _cli_plan("--gpus", "1024", "--tp", "8", "--pp", "16", "--ep", "8")
+    split_sp = _cli_plan("--gpus", "1024", "--tp", "8", "--pp", "16", "--ep", "8", "--sp")
+    assert trained["per_rank"]["fits"] and split["per_rank"]["fits"]
+    assert trained["step"]["comm_bytes"]["tp"] == 0 < split["step"]["comm_bytes"]["tp"]
+    assert split["step"]["flops"] == trained["step"]["flops"] == split_sp["step"]["flops"]
+    assert split_sp["per_rank"]["memory"]["activations"] \
+        < split["per_rank"]["memory"]["activations"]
