@@ -31,7 +31,13 @@ is all-reduced; token tables and the head split by vocabulary rows):
   each rank keeps its slice of every expert's hidden units (``ShardParameters``); the experts
   step reads the local slices, its input is copied to the ranks and its output summed over
   them (Megatron's f and g operators, as DTensor redistributions);
-- ``replicate`` (norms, routers, position tables): whole on every rank.
+- ``replicate`` (norms, routers, position tables): whole on every rank;
+- latent attention (Megatron-LM's MultiLatentAttention, DeepSeek-V3's inference code): its
+  up-projections q_b / q and kv_b ``colwise``, o ``rowwise``, its down-projections q_a, kv_a
+  and their norms replicated; the steps the placement (``tfgraph.parallel.placement``) keeps
+  whole on every rank run unchanged, the per-head slices take the rank's heads, and the
+  shared rotary key is copied to the ranks before each rank's heads repeat it
+  (``_SharedHeadOnRanks``: its gradient, each rank's heads' share, is all-reduced).
 
 The parallel styles convert tensors in the hooks of modules that are *called*; a plain
 ``to_torch`` module computes linears with ``F.linear`` on its parameters. ``parallelize``

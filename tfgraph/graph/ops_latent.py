@@ -45,8 +45,8 @@ register(OpDef(
     "no FLOPs.",
     attrs={"groups": Attr(SIZE, required=True), "width": Attr(SIZE, required=True),
            "start": Attr(SIZE, required=True), "take": Attr(SIZE, required=True)},
-    tp="per_head", tp_refused_source="latent attention's replicated down-projections are "
-    "split by tfgraph.exporters.parallelize only",
+    tp="per_head", tp_refused_source="latent attention (down-projections whole on every "
+    "rank, up-projections split by heads) runs under tfgraph.exporters.parallelize only",
 ))
 
 
@@ -71,8 +71,8 @@ register(OpDef(
     attrs={"heads": Attr(SIZE, required=True), "a_width": Attr(SIZE, required=True),
            "b_width": Attr(SIZE, required=True),
            "shared": Attr(bool, default=False, doc="b is one head shared by every head")},
-    tp="per_head", tp_refused_source="latent attention's replicated down-projections are "
-    "split by tfgraph.exporters.parallelize only",
+    tp="per_head", tp_refused_source="latent attention (down-projections whole on every "
+    "rank, up-projections split by heads) runs under tfgraph.exporters.parallelize only",
 ))
 
 
