@@ -4,7 +4,9 @@ spec (its vocabulary padded to ``vocab``, a multiple of tp, as Megatron-LM pads 
 ``to_torch`` module tensor-parallelized by ``parallelize`` (no FSDP; ``sp``: with sequence parallelism) and, on every rank, the
 whole one-process module from the same weights. Result: the largest difference of their
 logits, each parameter's largest gradient difference after one backward of the same loss,
-and the bytes of the parameters this rank holds (DTensor local shards)."""
+and the bytes of the parameters this rank holds (DTensor local shards); or {"example":
+[...]}: examples/train_distributed.py with those arguments (--measure-saved: what autograd
+saves on each rank), its result."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 import tfgraph
-from distributed_support import run_jobs
+from distributed_support import load_example, run_jobs
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,5 +60,16 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             "bytes": _local_bytes(model), "single_bytes": _local_bytes(single)}
 
 
+def main() -> None:
+    example = load_example()
+
+    def one(case: dict[str, Any]) -> Any:
+        if "example" in case:
+            return example.train(example.parse_args(case["example"]))
+        return run(case)
+
+    run_jobs(one)
+
+
 if __name__ == "__main__":
-    run_jobs(run)
+    main()
