@@ -150,14 +150,18 @@ def whole_on_every_rank(graph: Graph) -> frozenset[str]:
     are not split, so the degree need not divide them (latent attention's shared rotary
     key, one head; ``parallelize`` runs them unsplit). Empty where the graph cannot be
     placed: every node's heads are then checked, and the placement's own refusal comes
-    after."""
+    after. Memoised on the graph."""
     from tfgraph.parallel.placement import R, place  # placement imports this module
 
-    try:
-        placement = place(graph)
-    except TfgraphError:
-        return frozenset()
-    return frozenset(n.name for n in graph.ops() if placement.of[n.name] == R)
+    def make() -> frozenset[str]:
+        try:
+            placement = place(graph)
+        except TfgraphError:
+            return frozenset()
+        return frozenset(n.name for n in graph.ops() if placement.of[n.name] == R)
+
+    whole: frozenset[str] = graph.memo("tp_whole", make)
+    return whole
 
 
 def colwise_projection(graph: Graph, name: str, shards: Mapping[str, ParamShard]) -> bool:
