@@ -50,6 +50,20 @@ def run_jobs(run_one: Callable[[Any], Any]) -> None:
     dist.destroy_process_group()
 
 
+def run_cases_or_examples(run_case: Callable[[Any], Any]) -> None:
+    """A worker's main (``run_jobs``): a job ``{"example": [...]}`` runs
+    examples/train_distributed.py's ``train`` with those arguments (its result), any other
+    job ``run_case``."""
+    example = load_example()
+
+    def one(job: Any) -> Any:
+        if "example" in job:
+            return example.train(example.parse_args(job["example"]))
+        return run_case(job)
+
+    run_jobs(one)
+
+
 def run_example(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """examples/train_distributed.py as a plain process (no torchrun)."""
     return subprocess.run([sys.executable, str(EXAMPLE), *argv], cwd=ROOT, capture_output=True,

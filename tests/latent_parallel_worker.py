@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 import tfgraph
-from distributed_support import load_example, run_jobs
+from distributed_support import run_cases_or_examples
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,14 +61,7 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    example = load_example()
-
-    def one(case: dict[str, Any]) -> Any:
-        if "example" in case:
-            return example.train(example.parse_args(case["example"]))
-        return run(case)
-
-    run_jobs(one)
+    run_cases_or_examples(run)
 
 
 if __name__ == "__main__":
