@@ -139,7 +139,7 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
         return module, module.load(str(folder)).state_dict()
     import tfgraph
     from tfgraph.spec.source import load_source
-    from tfgraph.parallel.tp_plan import check_divisible
+    from tfgraph.parallel.divisible import check_divisible
 
     source = load_source(args.spec, "torch", None, None, None)
     graph = tfgraph.compile(source.spec)

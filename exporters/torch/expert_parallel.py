@@ -53,7 +53,7 @@ from tfgraph.errors import TfgraphError
 from tfgraph.exporters.torch.functional import expert_activation
 from tfgraph.exporters.torch.module import LayerModule, TorchModel, _Program
 from tfgraph.exporters.torch.ops import TORCH_OPS
-from tfgraph.parallel.tp_plan import check_divisible
+from tfgraph.parallel.divisible import check_divisible
 
 __all__ = ["ExpertParallel", "GroupedExperts", "all_to_all_bytes", "expert_parallel",
            "experts_mesh", "shard_experts"]

@@ -111,13 +111,8 @@ from tfgraph.exporters.torch.sequence_parallel import (
 )
 from tfgraph.graph.ir import Graph
 from tfgraph.graph.ops import OPS
-from tfgraph.parallel.tp_plan import (
-    ParamShard,
-    check_divisible,
-    colwise_projection,
-    tp_plan,
-    whole_on_every_rank,
-)
+from tfgraph.parallel.divisible import check_divisible, whole_on_every_rank
+from tfgraph.parallel.tp_plan import ParamShard, colwise_projection, tp_plan
 
 __all__ = ["ShardParameters", "device_mesh", "load_full_state_dict", "module_tp_plan",
            "parallelize"]

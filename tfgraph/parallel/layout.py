@@ -21,7 +21,7 @@ from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, Graph
 from tfgraph.graph.lengths import check_lengths
 from tfgraph.graph.ops import OPS
-from tfgraph.parallel.tp_plan import check_divisible
+from tfgraph.parallel.divisible import check_divisible
 from tfgraph.passes import figures
 
 Recompute = Literal["none", "selective", "full"]

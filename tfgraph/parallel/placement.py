@@ -23,7 +23,7 @@ The backward pass mirrors the forward (Megatron's f / g operators): where an R t
 split region (read by an op that makes S or P from it), its gradient is a partial sum and is
 all-reduced once. ``Placement.forward_reduce`` and ``backward_reduce`` list those tensors.
 
-Precondition: the graph lints; ``tp_plan.check_divisible`` passed. Postcondition: the graph is
+Precondition: the graph lints; ``divisible.check_divisible`` passed. Postcondition: the graph is
 unchanged; a ``Placement`` is returned.
 """
 
