@@ -4,7 +4,7 @@ spec (its vocabulary padded to ``vocab``, a multiple of tp, as Megatron-LM pads 
 ``to_torch`` module tensor-parallelized by ``parallelize`` (no FSDP; ``sp``: with sequence parallelism) and, on every rank, the
 whole one-process module from the same weights. Result: the largest difference of their
 logits, each parameter's largest gradient difference after one backward of the same loss,
-and the bytes of the parameters this rank holds (DTensor local shards); or {"example":
+and the bytes of the parameters and gradients this rank holds (DTensor local shards); or {"example":
 [...]}: examples/train_distributed.py with those arguments (--measure-saved: what autograd
 saves on each rank), its result."""
 
@@ -34,6 +34,12 @@ def _local_bytes(module: nn.Module) -> int:
                for p in module.parameters())
 
 
+def _grad_bytes(module: nn.Module) -> int:
+    """Bytes of the gradients this rank holds (a parameter no gradient reaches has none)."""
+    return sum((p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).nbytes
+               for p in module.parameters() if p.grad is not None)
+
+
 def run(case: dict[str, Any]) -> dict[str, Any]:
     spec = tfgraph.load_spec(ROOT / case["spec"]).model_copy(update={"vocab": case["vocab"]})
     graph = tfgraph.compile(spec)
@@ -57,7 +63,8 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             if got is None or want is None else float(
             (_whole(got) - want).abs().max())
     return {"logits_difference": logits, "grad_differences": grads,
-            "bytes": _local_bytes(model), "single_bytes": _local_bytes(single)}
+            "bytes": _local_bytes(model), "single_bytes": _local_bytes(single),
+            "grad_bytes": _grad_bytes(model), "single_grad_bytes": _grad_bytes(single)}
 
 
 def main() -> None:

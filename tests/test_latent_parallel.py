@@ -6,9 +6,9 @@ split by heads, the attention on each rank's heads, the output projection row-pa
 The plan (weights per rank = replicated + split / t, exactly; which ops run whole on every
 rank and where the all-reduces are), ``parallelize`` under torchrun with 2 CPU processes
 (tests/latent_parallel_worker.py: logits and every gradient against the one-process module,
-with and without sequence parallelism, and the bytes each rank holds against the plan's), and
-DeepSeek-V3's layouts on 1,024 GPUs. The tiny specs' vocabularies (97, 101) are padded to a
-multiple of tp, as Megatron-LM pads (--make-vocab-size-divisible-by).
+with and without sequence parallelism, and the weight and gradient bytes each rank holds
+against the plan's), and DeepSeek-V3's layouts on 1,024 GPUs. The tiny specs' vocabularies
+(97, 101) are padded to a multiple of tp, as Megatron-LM pads (--make-vocab-size-divisible-by).
 """
 
 from __future__ import annotations
@@ -47,10 +47,14 @@ def _graph(spec: Spec) -> Any:
     return tfgraph.compile(spec.model_copy(update={"dtype": "float32"}), loss=True)
 
 
-def _weights(spec: Spec, tp: int) -> int:
+def _memory(spec: Spec, tp: int) -> dict[str, int]:
     layout = Layout(tp=tp, dp=1, dtype="float32", seq=12, micro_batch=2, global_batch=2)
     memory: dict[str, int] = plan(_graph(spec), layout, gpu("h100"))["per_rank"]["memory"]
-    return memory["weights"]
+    return memory
+
+
+def _weights(spec: Spec, tp: int) -> int:
+    return _memory(spec, tp)["weights"]
 
 
 def _dense_mla() -> Spec:
@@ -154,6 +158,9 @@ def test_each_rank_holds_the_bytes_the_plan_states(two: dict[str, dict[str, Any]
     result = two[f"{spec} sp=False"]
     assert result["single_bytes"] == _weights(_padded(spec), 1)
     assert result["bytes"] == _weights(_padded(spec), 2) < result["single_bytes"]
+    # gradients too: DeepSeek-V3's router correction bias gets none (OpDef.no_grad)
+    assert result["single_grad_bytes"] == _memory(_padded(spec), 1)["gradients"]
+    assert result["grad_bytes"] == _memory(_padded(spec), 2)["gradients"]
 
 
 @pytest.mark.parametrize("sp", [False, True])

@@ -180,6 +180,7 @@ def test_opdef_fields_filled() -> None:
         if op.tp_split_param is not None:
             assert op.tp_split_param[0] < hi, name
         assert all(i < hi for i in op.shape_only), name
+        assert all(i < hi for i in op.no_grad), name
         assert op.vocab_reduce in (None, "R", "S"), name
         if op.category in ("norm", "activation") and name != "route":
             assert op.title, f"{name}: diagrams need its title"

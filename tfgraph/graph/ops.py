@@ -20,7 +20,8 @@ Each ``OpDef`` gives
   ``Graph.add`` refuses an undeclared, mistyped or missing required one;
 - how it runs under tensor and sequence parallelism (``tp``, ``tp_split_param``,
   ``vocab_reduce``, ``tp_refused``, ``tp_refused_source``, ``whole_scratch``, ``sequence``);
-- what a training step does with it (``shape_only`` operands, ``score_sized`` saved buffers,
+- what a training step does with it (``shape_only`` and ``no_grad``
+  operands, ``score_sized`` saved buffers,
   ``unfused_saved``, ``backward_temp``, ``loss``);
 - what the accounting passes need to know of it (``score_temp``, ``score_flops``,
   ``kv_cached``, ``routed``);
@@ -170,6 +171,11 @@ class OpDef:
     shape_only: tuple[int, ...] = ()
     """Operands the op reads only for their shape: no gradient flows back to them
     (``tfgraph.passes.train_walk``)."""
+    no_grad: tuple[int, ...] = ()
+    """Operands the op reads for a choice, not a differentiable value: no gradient flows back
+    to them (the correction bias of ``route`` only shifts which experts top-k selects). A
+    parameter every consumer reads only here or as ``shape_only`` keeps no gradient and no
+    optimizer state (``tfgraph.passes.cost.frozen_params``)."""
     score_sized: tuple[str, ...] = ()
     """Labels of its saved buffers that hold one value per attention score: what selective
     recomputation drops and rebuilds in backward by running the op again

@@ -141,6 +141,9 @@ register(OpDef(
     "(routed_scaling_factor). Output (B, L, E): the k weights at their experts, exactly 0 "
     "elsewhere. Computed in float32.",
     category="activation",
+    # the correction bias only shifts which experts top-k picks: the indices carry no gradient
+    # (DeepSeek-V3 §2.1.2 adjusts it outside backprop; HF keeps it as a buffer)
+    no_grad=(1,),
     attrs={"top_k": Attr(SIZE, required=True),
            "router": Attr(str, required=True, doc=", ".join(ROUTERS)),
            "groups": Attr(int, default=1, doc="expert groups (DeepSeek n_group)"),

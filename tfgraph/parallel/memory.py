@@ -6,7 +6,8 @@ Sharding over d data-parallel ranks cuts each parameter's first dimension into c
 ceil(rows / d) (``torch.chunk``, FSDP2's rule): the first rank holds the largest chunk, the
 figure given (the most loaded rank). Expert weights split by expert parallelism are replicated
 over d / ep ranks only. Adam keeps a float32 step count per parameter tensor (torch.optim.Adam):
-4 bytes each, counted in ``optimizer``.
+4 bytes each, counted in ``optimizer``. A parameter no gradient reaches
+(``tfgraph.passes.cost.frozen_params``: DeepSeek-V3's router correction bias) has weights only.
 
 Precision (``layout.state_bytes``): mixed precision keeps 16-bit weights, 16-bit gradients
 (``--states mixed``, 16 bytes per parameter) or fp32 ones (``--states megatron``, Megatron-LM's
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfgraph.graph.ir import Graph
+from tfgraph.passes.cost import frozen_params
 from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.tp_plan import ParamShard, tp_plan
 
@@ -43,6 +45,9 @@ class States:
     expert_unsharded: int = 0
     """The part of ``unsharded`` in experts split by expert parallelism: their data-parallel
     group is the d / ep ranks holding the same experts, not all d."""
+    frozen_unsharded: int = 0
+    """The part of ``unsharded`` no gradient reaches (``frozen_params``): gathered under
+    ZeRO-3 as the others are, never reduced."""
 
 
 def local_shape(shape: tuple[int, ...], shard: ParamShard, tp: int, ep: int) -> list[int]:
@@ -68,7 +73,8 @@ def add(a: States, b: States, sign: int = 1) -> States:
     """The states of two disjoint sets of parameters together (``sign`` -1: without b's)."""
     return States(a.weights + sign * b.weights, a.gradients + sign * b.gradients,
                   a.optimizer + sign * b.optimizer, a.unsharded + sign * b.unsharded,
-                  a.expert_unsharded + sign * b.expert_unsharded)
+                  a.expert_unsharded + sign * b.expert_unsharded,
+                  a.frozen_unsharded + sign * b.frozen_unsharded)
 
 
 NONE = States(0, 0, 0, 0)
@@ -89,7 +95,9 @@ def states(graph: Graph, params: list[str], layout: Layout) -> States:
 def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, ParamShard]
             ) -> States:
     w16, grad_bytes, opt_bytes = state_bytes(layout.dtype, layout.states)
-    weights = gradients = optimizer = unsharded = expert_unsharded = 0
+    weights = gradients = optimizer = unsharded = expert_unsharded = frozen_unsharded = 0
+    # no gradient reaches these: torch leaves their .grad None and Adam keeps no state
+    frozen = graph.memo("frozen_names", lambda: frozenset(p.name for p in frozen_params(graph)))
     for name in params:
         shard = plan[name]
         shape = local_shape(tuple(graph.node(name).attrs["shape"]), shard, layout.tp, layout.ep)
@@ -99,6 +107,11 @@ def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, Par
         unsharded += full
         if shard.ep_dim is not None and layout.ep > 1:
             expert_unsharded += full
+        if name in frozen:
+            assert shard.ep_dim is None, name  # planner._dp_bytes counts it with dense ones
+            weights += part * FP32 if layout.zero >= 3 else full * w16
+            frozen_unsharded += full
+            continue
         if layout.zero >= 3:
             weights += part * FP32  # the fp32 (master) shard is the parameter
             gradients += part * FP32  # FSDP2: the fp32 sharded parameter's gradient
@@ -107,4 +120,4 @@ def _states(graph: Graph, params: list[str], layout: Layout, plan: dict[str, Par
         weights += full * w16
         gradients += (part if layout.zero >= 2 else full) * grad_bytes
         optimizer += (part if layout.zero >= 1 else full) * opt_bytes + STEP_BYTES
-    return States(weights, gradients, optimizer, unsharded, expert_unsharded)
+    return States(weights, gradients, optimizer, unsharded, expert_unsharded, frozen_unsharded)

@@ -197,7 +197,7 @@ class StageFigures:
 
 def _times(a: States, k: int) -> States:
     return States(a.weights * k, a.gradients * k, a.optimizer * k, a.unsharded * k,
-                  a.expert_unsharded * k)
+                  a.expert_unsharded * k, a.frozen_unsharded * k)
 
 
 def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
@@ -257,13 +257,16 @@ def _dp_bytes(layout: Layout, s: States, w16: int) -> float:
     d, m = layout.dp, layout.microbatches
     grad_bytes = 4 if layout.zero >= 3 else state_bytes(layout.dtype, layout.states)[1]
     total = 0.0
-    for elements, ranks in ((s.unsharded - s.expert_unsharded, d),
-                            (s.expert_unsharded, d // layout.ep)):
-        grads = elements * grad_bytes
+    # a parameter no gradient reaches (memory.frozen_params; not split by experts) is neither
+    # reduced nor, left unchanged by the optimizer, gathered after it; ZeRO-3 gathers it to run
+    frozen = s.frozen_unsharded
+    for elements, ranks, fixed in ((s.unsharded - s.expert_unsharded, d, frozen),
+                                   (s.expert_unsharded, d // layout.ep, 0)):
+        grads = (elements - fixed) * grad_bytes
         if layout.zero == 0:
             total += _ring(grads, ranks, True)
         elif layout.zero in (1, 2):
-            total += _ring(grads, ranks, False) + _ring(elements * w16, ranks, False)
+            total += _ring(grads, ranks, False) + _ring((elements - fixed) * w16, ranks, False)
         else:
             total += m * (2 * _ring(elements * w16, ranks, False) + _ring(grads, ranks, False))
     return total

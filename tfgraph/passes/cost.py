@@ -143,6 +143,26 @@ def params_by_component(graph: Graph) -> dict[str, int]:
     return dict(graph.memo("params_by_component", compute))
 
 
+def frozen_params(graph: Graph) -> list[Node]:
+    """Parameters no gradient reaches: every consumer reads them only as an ``OpDef.no_grad``
+    or ``shape_only`` operand (DeepSeek-V3's router correction bias). torch gives them no
+    ``.grad`` and Adam keeps no state for them; they are still parameters (``params``)."""
+
+    def compute() -> list[Node]:
+        # candidates: parameters some op reads without a gradient (few ops ever do)
+        seen: dict[str, Node] = {}
+        for node in graph.ops():
+            opdef = OPS[node.op]
+            for k in (*opdef.no_grad, *opdef.shape_only):
+                if k < len(node.inputs) and graph.node(node.inputs[k]).is_param:
+                    seen.setdefault(node.inputs[k], graph.node(node.inputs[k]))
+        return [p for p in seen.values()
+                if all(k in OPS[user.op].no_grad or k in OPS[user.op].shape_only
+                       for user, k in graph.users(p.name))]
+
+    return list(graph.memo("frozen_params", compute))
+
+
 def routed_experts(graph: Graph) -> list[Node]:
     """The mixture-of-experts nodes (``OpDef.routed``: ``experts``; README, ``ffn.experts``)."""
     return [n for n in graph.ops() if OPS[n.op].routed]

@@ -92,7 +92,13 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
     saved = cost.saved_for_backward(costs)
     dtype_bytes = DTYPE_BYTES[graph.dtype]
     weights = cost.weights_bytes(graph)
-    master = MASTER_COPY_BYTES * params if dtype_bytes < 4 else 0
+    # gradients, Adam's moments and the master copy exist only for the parameters a gradient
+    # reaches (cost.frozen_params: torch leaves the others' .grad None, Adam skips them)
+    frozen = cost.frozen_params(graph)
+    trained = params - cost.sum_terms([cost.param_count(p) for p in frozen]) if frozen else params
+    grads = weights - cost.sum_terms([cost.param_count(p) * DTYPE_BYTES[p.type.dtype]
+                                      for p in frozen]) if frozen else weights
+    master = MASTER_COPY_BYTES * trained if dtype_bytes < 4 else 0
     by_kind: dict[str, list[sympy.Expr]] = {}
     sums: dict[tuple[int, int], tuple[sympy.Expr, sympy.Expr, sympy.Expr]] = {}
     for c in costs:
@@ -114,12 +120,15 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
             "weights": sympy.sympify(weights),
             "saved_for_backward": saved,
             "kv_cache": cost.kv_cache(graph),
-            # weights + gradients (spec dtype) + two fp32 Adam moments (+ fp32 master)
-            "model_states": sympy.sympify(2 * weights + 2 * ADAM_MOMENT_BYTES * params
+            # weights + gradients (spec dtype) + two fp32 Adam moments (+ fp32 master), the
+            # last three of trained parameters only
+            "model_states": sympy.sympify(weights + grads + 2 * ADAM_MOMENT_BYTES * trained
                                           + master),
         },
         "flops_by_kind": {k: cost.total(v) for k, v in by_kind.items()},
     }
+    if frozen:  # the parameters gradients are kept for (tfgraph.passes.report's --states)
+        out["params_trained"] = trained
     if cost.routed_experts(graph):
         _add_expert_figures(graph, costs, out)
     return out

@@ -71,6 +71,7 @@ FIGURES = ("params", "flops.forward", "flops.matmul", "flops.other", "flops.back
            "flops.train_step", "flops.causal_effective_matmul", "flops.forward_effective",
            "flops.other_effective", "memory.weights", "memory.saved_for_backward",
            "memory.kv_cache", "memory.model_states")
+TRAINED = "params_trained"  # only where some parameter gets no gradient (figures.symbolic)
 # (flops.backward_effective and train_step_effective, 2x and 3x forward_effective, and
 # matmul_effective, causal_effective_matmul, are written from those by tfgraph.passes.report)
 # ... and those of a mixture of experts (tfgraph.passes.figures: present only when it has experts)
@@ -135,6 +136,8 @@ def _twin(spec: Spec, layers: dict[str, int], dense_layers: int = 0,
 def _figures(graph: Graph) -> dict[str, sympy.Expr]:
     sym = symbolic(graph)
     out = {"params": sympy.sympify(sym["params"])}
+    if "params_trained" in sym:
+        out["params_trained"] = sympy.sympify(sym["params_trained"])
     if "params_active" in sym:
         out["params_active"] = sympy.sympify(sym["params_active"])
     out.update({f"flops.{k}": v for k, v in sym["flops"].items()})
@@ -219,6 +222,9 @@ class SpecFormulas:
     _temps: dict[str, sympy.Expr] = field(default_factory=dict)
     dense_layers: int = 0
     """ffn.dense_layers: one_layer then has two layers, a dense one (0) and one with experts."""
+    trained: sympy.Expr | None = None
+    """The parameters a gradient reaches, where some get none (``cost.frozen_params``): what
+    gradient bytes scale with; not a published figure."""
 
     def peak(self, graph: Graph, peak: Peak, fused_attention: bool) -> sympy.Expr:
         """The activation peak's live set, read in the one-layer twin (a buffer of layer i has
@@ -273,7 +279,7 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
     values = symbol_values(spec)
     figures: dict[str, sympy.Expr] = {}
     unverified = []
-    for key in (k for k in (*FIGURES, *MOE_FIGURES) if k in numeric):
+    for key in (k for k in (*FIGURES, *MOE_FIGURES, TRAINED) if k in numeric):
         layer_terms = {sym: exact.expand(two[key], base[key]) for sym, two in per.items()}
         rest = exact.expand(base[key], sympy.Add(*layer_terms.values()))
         expr = sympy.Add(*(sym * term for sym, term in layer_terms.items()), rest)
@@ -287,11 +293,12 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
             unverified.append(key)
             expr = sympy.expand(numeric[key])
         figures[key] = expr
+    trained = figures.pop(TRAINED, None)
     if spec.ffn.dense_layers:  # the peak's twin needs a dense layer and one with experts
         return SpecFormulas(figures, values, unverified,
                             _twin(spec, {s: 2 for s in stacks}, 1, loss=loss),
-                            dense_layers=spec.ffn.dense_layers)
-    return SpecFormulas(figures, values, unverified, one)
+                            dense_layers=spec.ffn.dense_layers, trained=trained)
+    return SpecFormulas(figures, values, unverified, one, trained=trained)
 
 
 def _verified(expr: sympy.Expr, values: dict[sympy.Symbol, int], numeric: sympy.Expr) -> bool:

@@ -252,7 +252,8 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     work = effective.at_sizes(graph, sizes)
     flops.update(work["flops"])
     memory = {k: _int(v, sizes) for k, v in sym["memory"].items()}
-    memory["model_states"] += _fp32_gradients(graph, states, int(sym["params"]))
+    trained = sym.get("params_trained", sym["params"])  # gradients are kept for these
+    memory["model_states"] += _fp32_gradients(graph, states, int(trained))
     memory["activations_peak"] = peak.bytes
     train_bytes, train_expr, train_at = train_activations(graph, sym, sizes, fused_attention)
     memory["train_activations_peak"] = train_bytes
@@ -281,7 +282,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     static_bst, static_named = _static_formulas(graph)
     train_formula = exact.expand(train_expr)
     train_text = exact.text(train_formula)  # printed once: both forms show it
-    states_extra = _fp32_gradients(graph, states, sympy.sympify(sym["params"]))
+    states_extra = _fp32_gradients(graph, states, sympy.sympify(trained))
     bst = {**static_bst, "memory.activations_peak": _fmt(peak.expr),
            "memory.train_activations_peak": train_text,
            "memory.train_step": _fmt(sym["memory"]["model_states"] + states_extra
@@ -296,7 +297,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         formulas = dict(bst)
     else:
         named_states = named.figures["memory.model_states"] + _fp32_gradients(
-            graph, states, named.figures["params"])
+            graph, states, named.figures["params"] if named.trained is None else named.trained)
         if states_extra:  # per layer, as the other formulas are written: L*(...) + ...
             expanded = exact.expand(named_states)
             named_states = sympy.collect(expanded, sorted(

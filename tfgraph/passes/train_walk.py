@@ -19,8 +19,8 @@ twice (the residual stream) has its gradient accumulated: the second consumer's 
 its new gradient next to the accumulated one. The loss's backward writes the logits' gradient
 (B, L, V at the logits' dtype) while the float32 log-probabilities and their gradient are live
 (``OpDef.backward_temp``: ``ops_loss.backward_temp``). Parameters receive no activation
-gradient; integer ids and the operands an op reads only for their shape (``OpDef.shape_only``:
-``relative_bias``' input) none either.
+gradient; integer ids, the operands an op reads only for their shape (``OpDef.shape_only``:
+``relative_bias``' input) and those it reads for a choice (``OpDef.no_grad``) none either.
 
 Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models"):
@@ -200,7 +200,7 @@ def _region_inputs(graph: Graph, walk: Plan, key: Region) -> list[str]:
 
 def _grad_inputs(graph: Graph, node: Node) -> list[str]:
     """The operands ``node``'s backward writes a gradient for: floating activations."""
-    skip = OPS[node.op].shape_only
+    skip = OPS[node.op].shape_only + OPS[node.op].no_grad
     out = []
     for k, i in enumerate(node.inputs):
         src = graph.node(i)
