@@ -17,7 +17,7 @@ from typing import Any
 from tfgraph.hf.common import (layer_kinds, llama_layer_rows, llama_outer_rows,
                                put_decoder_sizes, put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
-from tfgraph.hf.export_common import gated_activation, layer_types
+from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -85,22 +85,14 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         return None
     if model_type == "cohere2":
         return {
-            "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
-            "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
-            "tie_word_embeddings": spec.embedding.tie_output,
-            "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
-            "attention_dropout": att.dropout,
+            **decoder_sizes(spec, head_dim=False),
             "attention_bias": bool(att.qkv_bias), "intermediate_size": spec.ffn.hidden,
             "hidden_act": gated_activation(spec), "layer_norm_eps": spec.norm.eps,
             "logit_scale": spec.head.scale or 1.0, "rope_parameters": rope_config(spec),
             "sliding_window": att.window, "layer_types": layer_types(spec),
         }
     return {
-        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
-        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
-        "tie_word_embeddings": spec.embedding.tie_output,
-        "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
-        "attention_dropout": att.dropout,
+        **decoder_sizes(spec, head_dim=False),
         "attention_bias": bool(att.qkv_bias), "use_qk_norm": False,
         "intermediate_size": spec.ffn.hidden, "hidden_act": gated_activation(spec),
         "layer_norm_eps": spec.norm.eps, "logit_scale": spec.head.scale or 1.0,

@@ -9,7 +9,7 @@ from typing import Any
 
 from tfgraph.hf.common import llama_layer_rows, llama_outer_rows, put_decoder_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
-from tfgraph.hf.export_common import plain_activation
+from tfgraph.hf.export_common import decoder_sizes, plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -41,12 +41,8 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
             or bool(att.qkv_bias) != bool(att.out_bias) or att.window is not None:
         return None
     return {
-        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
-        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
-        "tie_word_embeddings": spec.embedding.tie_output,
-        "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
-        "attention_dropout": att.dropout,
-        "head_dim": att.head_dim, "attention_bias": bool(att.qkv_bias),
+        **decoder_sizes(spec),
+        "attention_bias": bool(att.qkv_bias),
         "mlp_bias": ffn.bias, "intermediate_size": ffn.hidden,
         "hidden_act": plain_activation(spec, "relu2"), "norm_eps": spec.norm.eps,
         "rope_parameters": rope_config(spec, partial=True),

@@ -9,7 +9,7 @@ from typing import Any
 
 from tfgraph.hf.common import llama_layer_rows, llama_outer_rows, put_decoder_sizes
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
-from tfgraph.hf.export_common import gated_activation
+from tfgraph.hf.export_common import decoder_sizes, gated_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -46,11 +46,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     if att.out_bias or spec.ffn.bias or spec.norm.kind != "layernorm":
         return None
     return {
-        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
-        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
-        "tie_word_embeddings": spec.embedding.tie_output,
-        "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
-        "attention_dropout": att.dropout,
+        **decoder_sizes(spec, head_dim=False),
         "use_qkv_bias": bool(att.qkv_bias), "qk_layernorm": False,
         "intermediate_size": spec.ffn.hidden, "hidden_act": gated_activation(spec),
         "layer_norm_eps": spec.norm.eps,

@@ -9,7 +9,7 @@ from typing import Any
 from tfgraph.hf.common import (linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes,
                                put_windows)
 from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
-from tfgraph.hf.export_common import plain_activation
+from tfgraph.hf.export_common import decoder_sizes, plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -45,11 +45,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
             or bool(att.qkv_bias) != ffn.bias or att.window_pattern is not None:
         return None
     return {
-        "hidden_size": spec.d_model, "num_hidden_layers": spec.layer_count("decoder"),
-        "vocab_size": spec.output_vocab, "max_position_embeddings": spec.max_len,
-        "tie_word_embeddings": spec.embedding.tie_output,
-        "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
-        "attention_dropout": att.dropout,
+        **decoder_sizes(spec, head_dim=False),
         "use_bias": ffn.bias, "intermediate_size": ffn.hidden,
         "hidden_act": plain_activation(spec, "gelu_pytorch_tanh"),
         "norm_epsilon": spec.norm.eps, "sliding_window": att.window,
