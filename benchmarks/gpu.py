@@ -18,7 +18,8 @@ tokens, batch 1 and 8. Sides:
   ``build --kv-cache`` model (I/O binding: the cache stays on the GPU), and of the
   ``build --kv-cache --fused-attention`` model (onnxruntime's GroupQueryAttention with packed
   QKV and rotary in the kernel, one past/present buffer per layer bound in place;
-  exporters/onnx/fused_attention.py);
+  exporters/onnx/fused_attention.py), and the same with its decode step captured as a CUDA
+  graph (``cuda_graph=True``, onnxruntime's ``enable_cuda_graph``; capture time apart);
 - tfgraph torch, eager (``backend="torch"``) and compiled (``compile=True``: static cache as
   module buffers, ``torch.compile(mode="reduce-overhead")``, compile time printed apart);
 - transformers ``generate``, eager and ``cache_implementation="static"``;
@@ -137,7 +138,7 @@ def device_bandwidth(cuda: bool) -> tuple[float, str]:
 def tfgraph_side(source: str, prompts: list[list[int]], new: int, **kw: Any) -> Row:
     import tfgraph
 
-    if not kw.get("compile"):  # a warm-up (a compiled side compiles before its clock starts)
+    if not kw.get("compile"):  # a warm-up (a compiled or captured side does its own first)
         tfgraph.generate(source, prompts, max_new_tokens=4, eos_token_id=None, **kw)
     r = tfgraph.generate(source, prompts, max_new_tokens=new, eos_token_id=None, **kw)
     note = f"compile {r.compile_s:.1f} s apart" if r.compile_s is not None else ""
@@ -202,7 +203,6 @@ def write_word_tokenizer(folder: Path) -> None:
 
 
 def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> Row:
-    import onnxruntime_genai as og
 
     out = work / "genai"
     if not out.exists():
@@ -213,7 +213,15 @@ def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> 
         if done.returncode:
             return Row("", len(prompts), None, None,
                        f"its builder failed: {done.stderr.strip()[-200:]}")
-    model = og.Model(str(out))
+    return genai_run(out, prompts, new)
+
+
+def genai_run(model_dir: Path, prompts: list[list[int]], new: int) -> Row:
+    """onnxruntime-genai's generator on the model in ``model_dir`` (its genai_config.json):
+    greedy, ``new`` tokens per row, timed after each row's first (one warm-up of 4)."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
 
     def run(n: int) -> tuple[float, list[list[int]]]:
         params = og.GeneratorParams(model)
@@ -609,11 +617,16 @@ def main() -> int:
                 str(onnx_path), prompts, new, provider=provider)))
             sides.append((f"tfgraph ONNX fused attention ({provider})", lambda: tfgraph_side(
                 str(fused_path), prompts, new, provider=provider)))
+            if cuda:  # the same model, its decode step captured once and replayed
+                sides.append(("tfgraph ONNX fused attention + CUDA graph", lambda: tfgraph_side(
+                    str(fused_path), prompts, new, provider=provider, cuda_graph=True)))
             if genai:
                 sides.append(("onnxruntime-genai (own model, CUDA)",
                               lambda: genai_side(folder, work, prompts, new)))
                 sides.append(("onnxruntime-genai on tfgraph's model (CUDA)",
                               lambda: genai_run(onnx_path.parent, prompts, new)))
+                sides.append(("onnxruntime-genai on tfgraph's fused model (CUDA)",
+                              lambda: genai_run(fused_path.parent, prompts, new)))
         for name, run in sides:
             try:
                 row = run()

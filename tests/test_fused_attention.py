@@ -466,3 +466,77 @@ def test_the_fused_stepper_refuses_buffers_past_the_memory(built: dict[str, Path
     with pytest.raises(TfgraphError, match="fused-attention KV cache of 2 rows"):
         stepper.prefill(np.array([[5, 17, 42], [0, 1, 2]]), np.array([3, 2]))
     assert stepper.cache == {}
+
+
+def test_decode_steps_run_through_fixed_device_values(built: dict[str, Path]) -> None:
+    """Decode steps with shared buffers bind one set of ids/mask/positions/logits values once
+    and refill them in place: same addresses every step (what CUDA graph capture replays),
+    new ones (and a new graph id) only when the buffers are allocated again."""
+    from tfgraph.generation.loop import left_pad
+
+    stepper = _stepper(built["tiny-llama-fused"], True)
+    stepper.prepare(3, 17, 4)
+    ids, lengths = left_pad([np.array(p) for p in PROMPTS])
+    stepper.prefill(ids, lengths)
+    graph_id, binding = stepper.graph_id, stepper.fixed_binding
+    addresses = {n: v.data_ptr() for n, v in stepper.fixed.items()}
+    for _ in range(3):
+        stepper.step(np.array([1, 2, 3]))
+        assert stepper.fixed_binding is binding and stepper.graph_id == graph_id
+        assert {n: v.data_ptr() for n, v in stepper.fixed.items()} == addresses
+    for _ in range(3):  # past the 17 + 4 positions: the buffers double, a new graph id
+        stepper.step(np.array([1, 2, 3]))
+    assert stepper.graph_id == graph_id + 1 and stepper.fixed_binding is not binding
+
+
+def test_the_capture_path_gives_the_tokens_of_the_plain_stepper(built: dict[str, Path]
+                                                                ) -> None:
+    """The CUDA-graph path on the CPU provider (which ignores the graph ids): buffers
+    allocated and warmed by decode steps on zeros before the prefill, which then keeps them;
+    every step tagged with its graph id. Its logits equal a fresh stepper's, also through
+    growth and rows leaving the batch."""
+    from tfgraph.exporters.generation.fused_stepper import CAPTURE_STEPS, FusedOnnx
+    from tfgraph.generation.loop import left_pad
+
+    path = built["tiny-mistral-fused"]  # a sliding window too
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    graphs = FusedOnnx(s, 256, None, cuda_graph=True)
+    plain = _stepper(path, True)
+    ids, lengths = left_pad([np.array(p) for p in PROMPTS])
+    for stepper in (graphs, plain):
+        stepper.prepare(3, ids.shape[1], 8)
+    assert graphs.compiled and not plain.compiled and graphs.compile_s > 0
+    buffers = dict(graphs.cache)
+    assert graphs.counts.tolist() == [CAPTURE_STEPS] * 3  # the warm-up steps ran
+    a, b = graphs.prefill(ids, lengths), plain.prefill(ids, lengths)
+    assert graphs.cache == buffers and graphs.graph_id == 1  # kept: the graph stays valid
+    torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), **TOL)
+    rng = np.random.default_rng(5)
+    for t in range(14):
+        if t == 4:
+            for stepper in (graphs, plain):
+                stepper.reorder(np.array([2, 0, 0]))
+        nxt = rng.integers(0, 256, 3)
+        a, b = graphs.step(nxt), plain.step(nxt)
+        torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), **TOL)
+    assert graphs.graph_id > 1  # reorder and growth allocated again
+    options = graphs._run_options(graphs.graph_id)
+    assert options.get_run_config_entry("gpu_graph_id") == str(graphs.graph_id)
+    assert plain._run_options(1) is None
+
+
+@pytest.mark.parametrize(("kind", "flags", "words"), [
+    ("fused", [], ["CUDA provider only"]),
+    ("written", [], ["fused-attention KV-cache model only"]),
+    ("fused", ["--backend", "torch"], ["--backend onnx", "--compile"]),
+    ("fused", ["--no-cache"], ["not with --no-cache"]),
+])
+def test_cuda_graph_is_refused_where_onnxruntime_cannot_capture(
+        built: dict[str, Path], kind: str, flags: list[str], words: list[str]) -> None:
+    """--cuda-graph without a GPU, on the written-out model (its cache grows every step) or off
+    onnxruntime: one line, exit 2."""
+    result = run_cli("generate", str(built[f"tiny-llama-{kind}"]), "--prompt-ids", "5,17,42",
+                     "--max-new-tokens", "4", "--cuda-graph", "--provider", "cpu", *flags)
+    line = refused(result)
+    for word in words:
+        assert word in line, (word, line)

@@ -19,10 +19,21 @@ the mask go in and the logits come back. The capacity is the prompt width plus t
 ``share=False``: each step's present (one position longer) is bound as the next step's past,
 as the written-out model is driven (exporters/generation/cached_steppers.onnx_cached).
 Rows that leave the batch (``reorder``) go through the host once.
+
+Decode steps with shared buffers run through fixed inputs and outputs: the ids, mask and
+positions of one step and its logits are OrtValues allocated on the session's device with the
+buffers, bound once, and refilled in place every step (``OrtValue.update_inplace``); only the
+logits are copied to the host. Every decode step so has the same shapes and the same device
+addresses, which is what onnxruntime's CUDA graph capture needs (``cuda_graph=True``: the
+session was made with the CUDA provider's ``enable_cuda_graph``): the prefill runs uncaptured
+(run option ``gpu_graph_id`` -1), the decode steps under one graph id per set of buffers
+(onnxruntime captures a graph per id on its second run and replays it after), a new id
+whenever the buffers are allocated again. The CPU provider runs the same path, uncaptured.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -32,6 +43,10 @@ from tfgraph.exporters.generation.cache_interface import present_name
 from tfgraph.exporters.onnx.runtime import run_bound
 from tfgraph.generation.cached import last_logits
 
+CAPTURE_STEPS = 3
+"""Decode steps run before decoding with CUDA graphs: onnxruntime's CUDA provider runs a graph
+id once uncaptured (its allocations), captures it on the next run and replays it after."""
+
 
 class FusedOnnx:
     """A :class:`~tfgraph.generation.backend.Stepper` over an onnxruntime session of a fused
@@ -40,11 +55,15 @@ class FusedOnnx:
     encoder_decoder = False
 
     def __init__(self, session: Any, vocab: int, max_len: int | None,
-                 output_probs: bool = False, share: bool = True) -> None:
+                 output_probs: bool = False, share: bool = True,
+                 cuda_graph: bool = False) -> None:
         from tfgraph.exporters.generation.cached_steppers import session_device
 
         self.session, self.vocab, self.max_len = session, vocab, max_len
         self.output_probs, self.share = output_probs, share
+        if cuda_graph and not share:
+            raise TfgraphError("CUDA graphs need the shared cache buffers (fixed addresses)")
+        self.cuda_graph = cuda_graph
         # (tfgraph.commands.steppers checks the model's inputs and outputs first:
         # exporters/generation/cache_interface.py)
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
@@ -59,17 +78,51 @@ class FusedOnnx:
         self.np_dtype = types[past[0].type]
         self.with_positions = any(i.name == "position_ids" for i in session.get_inputs())
         self.logits_name = session.get_outputs()[0].name
+        self.logits_dtype = types.get(session.get_outputs()[0].type, np.float32)
         self.presents = [present_name(n) for n in self.names]
         self.device = session_device(session)
         self.new_tokens = 256  # positions reserved past the prompt until prepare says
-        self.capacity = 0  # positions each buffer holds (share=True)
+        self.rows, self.capacity = 0, 0  # rows and positions of the buffers (share=True)
         self.counts = np.zeros(0, np.int64)  # (B,) n_b: tokens in each row's cache
         self.cache: dict[str, Any] = {}  # past name -> OrtValue (or a host array)
+        self.graph_id = 0  # onnxruntime's gpu_graph_id of the current buffers (from 1)
+        self.fixed: dict[str, Any] = {}  # a decode step's inputs and logits, on the device
+        self.fixed_binding: Any = None  # the I/O binding of every decode step
+        self.compile_s = 0.0  # seconds prepare spent capturing the decode step
+
+    @property
+    def compiled(self) -> bool:
+        """Whether :meth:`prepare` captured the decode step (``compile_s`` says how long)."""
+        return self.cuda_graph
 
     # sizing
     def prepare(self, batch: int, width: int, new_tokens: int) -> None:
-        """Expect prompts up to ``width`` tokens and ``new_tokens`` more: the buffers' size."""
+        """Expect prompts up to ``width`` tokens and ``new_tokens`` more: the buffers' size.
+        With CUDA graphs, the buffers for ``batch`` rows are allocated here and the decode
+        step captured on them (a few steps on zeros, timed as ``compile_s``), so the
+        decoding that follows replays it; a prefill of that many rows keeps these buffers."""
         self.new_tokens = max(1, int(new_tokens))
+        if self.cuda_graph:
+            self.capture(batch, width)
+
+    def capture(self, batch: int, width: int) -> None:
+        """Allocate the buffers for ``batch`` rows and prompts up to ``width`` tokens and run
+        :data:`CAPTURE_STEPS` decode steps on zeros through them: with CUDA graphs, the
+        capture (without, the same runs, uncaptured)."""
+        start = time.perf_counter()
+        self._buffers(batch, self._capacity(width))
+        self.counts = np.zeros(batch, np.int64)
+        for _ in range(CAPTURE_STEPS):
+            self.step(np.zeros(batch, np.int64))
+        self.compile_s = time.perf_counter() - start
+
+    def _capacity(self, width: int) -> int:
+        """Positions per buffer for prompts ``width`` wide: room for the new tokens, within
+        the model's own limit."""
+        capacity = width + self.new_tokens
+        if self.max_len is not None:
+            capacity = min(capacity, max(self.max_len, width + 1))
+        return capacity
 
     def _buffers(self, rows: int, capacity: int, keep: dict[str, np.ndarray] | None = None
                  ) -> None:
@@ -84,7 +137,7 @@ class FusedOnnx:
         per_row = sum(kv * hd for kv, hd in self.dims.values()) * capacity
         check_memory(f"the fused-attention KV cache of {rows} rows x {capacity} positions",
                      2 * rows * per_row * np.dtype(self.np_dtype).itemsize)
-        self.capacity = capacity
+        self.rows, self.capacity = rows, capacity
         cache = {}
         for name in self.names:
             kv_heads, head_dim = self.dims[name]
@@ -94,6 +147,47 @@ class FusedOnnx:
                 host[:, :, :old.shape[2]] = old[:, :, :capacity]
             cache[name] = ort.OrtValue.ortvalue_from_numpy(host, self.device, 0)
         self.cache = cache
+        self._fix_step_io(rows)
+
+    def _fix_step_io(self, rows: int) -> None:
+        """A decode step's inputs and logits as device OrtValues of fixed shape, bound once
+        with the buffers (the module docstring): (rows, 1) ids and positions, a (rows,
+        capacity) mask, (rows, 1, vocab) logits; a new graph id for the new addresses."""
+        import onnxruntime as ort
+
+        def value(shape: tuple[int, ...], dtype: Any) -> Any:
+            return ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device, 0)
+
+        fixed = {"input_ids": value((rows, 1), np.int64),
+                 "attention_mask": value((rows, self.capacity), np.int64)}
+        if self.with_positions:
+            fixed["position_ids"] = value((rows, 1), np.int64)
+        logits = value((rows, 1, self.vocab), self.logits_dtype)
+        binding = self.session.io_binding()
+        for name, v in fixed.items():
+            binding.bind_ortvalue_input(name, v)
+        for past, present in zip(self.names, self.presents):
+            binding.bind_ortvalue_input(past, self.cache[past])
+            binding.bind_ortvalue_output(present, self.cache[past])
+        binding.bind_ortvalue_output(self.logits_name, logits)
+        self.fixed, self.fixed_binding = {**fixed, self.logits_name: logits}, binding
+        self.graph_id += 1
+
+    def _run_options(self, graph_id: int) -> Any:
+        """Run options naming the CUDA graph of this run (-1: none), or None without graphs."""
+        if not self.cuda_graph:
+            return None
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        return options
+
+    def _shape(self) -> tuple[int, int] | None:
+        """(rows, capacity) of the current device buffers (None: none yet)."""
+        if not self.share or not self.cache:
+            return None
+        return self.rows, self.capacity
 
     def _host_cache(self) -> dict[str, np.ndarray]:
         return {n: (v if isinstance(v, np.ndarray) else v.numpy()) for n, v in self.cache.items()}
@@ -118,7 +212,7 @@ class FusedOnnx:
                 binding.bind_ortvalue_output(present, self.cache[past])
             else:
                 binding.bind_output(present, self.device)
-        out = run_bound(session, binding)
+        out = run_bound(session, binding, self._run_options(-1))  # never captured
         if not self.share:
             self.cache = dict(zip(self.names, out[1:]))
         return np.asarray(out[0].numpy(), np.float32)
@@ -139,10 +233,9 @@ class FusedOnnx:
         self.counts = lengths.copy()
         positions = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width))
         if self.share:
-            capacity = width + self.new_tokens
-            if self.max_len is not None:
-                capacity = min(capacity, max(self.max_len, width + 1))
-            self._buffers(rows, capacity)
+            capacity = self._capacity(width)
+            if (rows, capacity) != self._shape():  # else the buffers (and a captured graph)
+                self._buffers(rows, capacity)  # stay: the prefill writes from position 0
         else:
             self.cache = {n: np.zeros((rows, self.dims[n][0], 0, self.dims[n][1]),
                                       self.np_dtype) for n in self.names}
@@ -155,12 +248,19 @@ class FusedOnnx:
         if self.share and int(self.counts.max()) > self.capacity:  # double, through the host
             self._buffers(len(self.counts), max(2 * self.capacity, int(self.counts.max())),
                           self._host_cache())
+        ids, positions = next_ids.astype(np.int64)[:, None], (self.counts - 1)[:, None]
+        if not self.share:
+            return last_logits(self._run(ids, self._mask(), positions), self.output_probs)
         # With shared buffers every step's mask is as wide as the buffers: one token per row,
         # total_sequence_length = the capacity (the kernel's present length either way), so
-        # every decode step has the same input shapes (what CUDA graph capture needs).
-        logits = self._run(next_ids.astype(np.int64)[:, None],
-                           self._mask(self.capacity if self.share else None),
-                           (self.counts - 1)[:, None])
+        # every decode step has the same shapes, through the same fixed device values.
+        fixed = self.fixed
+        fixed["input_ids"].update_inplace(np.ascontiguousarray(ids))
+        fixed["attention_mask"].update_inplace(self._mask(self.capacity))
+        if self.with_positions:
+            fixed["position_ids"].update_inplace(np.ascontiguousarray(positions))
+        run_bound(self.session, self.fixed_binding, self._run_options(self.graph_id))
+        logits = np.asarray(fixed[self.logits_name].numpy(), np.float32)
         return last_logits(logits, self.output_probs)
 
     def reorder(self, rows: np.ndarray) -> None:

@@ -158,13 +158,19 @@ def interface(model: Any, where: str) -> Interface:
     return Interface(inputs, outputs[0].name, vocab, dtype, props.get(SPEC_METADATA_KEY))
 
 
-def provider_options(providers: list[str], tf32: bool = True) -> list[dict[str, str]]:
+def provider_options(providers: list[str], tf32: bool = True,
+                     cuda_graph: bool = False) -> list[dict[str, str]]:
     """Each provider's options for an InferenceSession, in the order of ``providers``.
     ``tf32=False`` switches TF32 off in the CUDA provider (``use_tf32=0``): its float32
     MatMul/Gemm then multiply in float32, as a float32 reference does (``run --check``); by
     default the CUDA provider multiplies float32 in TF32 (10-bit mantissas) on Ampere and
-    later cards. Other providers take none."""
-    return [{"use_tf32": "0"} if p == CUDA and not tf32 else {} for p in providers]
+    later cards. ``cuda_graph``: the CUDA provider may capture runs as CUDA graphs
+    (``enable_cuda_graph``; the runs choose with the ``gpu_graph_id`` run option). Other
+    providers take none."""
+    cuda = {"use_tf32": "0"} if not tf32 else {}
+    if cuda_graph:
+        cuda["enable_cuda_graph"] = "1"
+    return [dict(cuda) if p == CUDA else {} for p in providers]
 
 
 SESSION_LOG_SEVERITY = 4
@@ -173,16 +179,21 @@ SESSION_LOG_SEVERITY = 4
 
 def create_session(model: bytes | str | os.PathLike[str], provider: str = "auto",
                    threads: int | None = None, dtype: str = "float32",
-                   optimization: str = "all", tf32: bool = True) -> tuple[Any, str, str]:
+                   optimization: str = "all", tf32: bool = True,
+                   cuda_graph: bool = False) -> tuple[Any, str, str]:
     """An InferenceSession on the chosen provider: (session, provider that ran, why).
 
     ``threads`` sets intra-op threads (default: onnxruntime's, one per physical core).
     ``tf32``: whether the CUDA provider may compute float32 matmuls in TF32
-    (:func:`provider_options`). Raises TfgraphError when the runtime cannot load or run the
+    (:func:`provider_options`). ``cuda_graph``: a session whose runs may be captured as CUDA
+    graphs (CUDA provider only). Raises TfgraphError when the runtime cannot load or run the
     model here.
     """
     ort = _ort()
     providers, why = choose_providers(provider)
+    if cuda_graph and providers[0] != CUDA:
+        raise TfgraphError(f"--cuda-graph: onnxruntime captures CUDA graphs on the CUDA "
+                           f"provider only; here the CPU runs the model ({why})")
     if dtype == "bfloat16" and providers[0] == CPU:
         raise TfgraphError("a bfloat16 model: onnxruntime's CPU provider has no bfloat16 "
                            "kernels; run it on a GPU (--provider cuda) or build the spec with "
@@ -204,7 +215,8 @@ def create_session(model: bytes | str | os.PathLike[str], provider: str = "auto"
     disabled = list(CPU_DISABLED_OPTIMIZERS) if providers[0] == CPU else []
     try:
         session = ort.InferenceSession(source, options, providers=providers,
-                                       provider_options=provider_options(providers, tf32),
+                                       provider_options=provider_options(
+                                           providers, tf32, cuda_graph),
                                        disabled_optimizers=disabled)
     except Exception as err:  # onnxruntime raises its own exception types for bad models
         text = " ".join(str(err).split())
@@ -212,6 +224,8 @@ def create_session(model: bytes | str | os.PathLike[str], provider: str = "auto"
     ran = session.get_providers()[0]
     if ran != providers[0]:  # asked for CUDA, got the CPU: say so rather than pretend
         why = f"{providers[0]} was requested but onnxruntime gave {ran}"
+        if cuda_graph:
+            raise TfgraphError(f"--cuda-graph: {why}")
     return session, ran, why
 
 
@@ -240,10 +254,11 @@ def run_all(session: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
     return out
 
 
-def run_bound(session: Any, binding: Any) -> list[Any]:
-    """One forward pass through an I/O binding, its outputs as OrtValues."""
+def run_bound(session: Any, binding: Any, options: Any = None) -> list[Any]:
+    """One forward pass through an I/O binding (``options``: onnxruntime RunOptions), its
+    outputs as OrtValues."""
     try:
-        session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding, options)
     except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
         raise _failed(err) from None
     out: list[Any] = binding.get_outputs()

@@ -130,6 +130,10 @@ class _Stream:
               help="A decoder's SPEC or DIR on onnxruntime: build its KV-cache model with "
                    "onnxruntime's fused GroupQueryAttention where it is exact (as build "
                    "--kv-cache --fused-attention).")
+@click.option("--cuda-graph", is_flag=True,
+              help="A fused-attention KV-cache model on the CUDA provider: onnxruntime "
+                   "captures the decode step as a CUDA graph before decoding (reported "
+                   "apart) and replays it each step.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, ...],
              max_new_tokens: int, temperature: float | None, top_k: int | None,
@@ -137,7 +141,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
              backend: str, provider: str, threads: int | None, eos_ids: tuple[int, ...],
              ignore_eos: bool, decoder_start_id: int | None, weights_seed: int | None,
              weights: Path | None, opset: int, no_cache: bool, compile_step: bool,
-             fused_attention: bool, as_json: bool) -> None:
+             fused_attention: bool, cuda_graph: bool, as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
     from tfgraph.commands.generate_api import FROM_MODEL, prepare, warm_up
     from tfgraph.generation.loop import generate as run_loop
@@ -155,7 +159,8 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
     _check_memory_early(source, prompts, max_new_tokens, beams, not no_cache)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,
-                    decoder_start_id, not no_cache, compile_step, weights, fused_attention)
+                    decoder_start_id, not no_cache, compile_step, weights, fused_attention,
+                    cuda_graph)
     for note in ready.opened.notes:
         click.echo(f"note: {note}", err=True)
     _check_model_bounds(ready, eos_ids, beams)

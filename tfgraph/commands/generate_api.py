@@ -51,7 +51,7 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
             eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
             decoder_start_token_id: int | None = None, cache: bool = True,
             compile: bool = False, weights: str | os.PathLike[str] | None = None,
-            fused_attention: bool = False) -> Prepared:
+            fused_attention: bool = False, cuda_graph: bool = False) -> Prepared:
     """Open ``source`` and check ``prompts`` (id lists, or text for the model's tokenizer).
     ``source``: a spec, model folder or .onnx path, or a module from ``to_torch``."""
     if not prompts:
@@ -60,8 +60,9 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
         if weights is not None or weights_seed is not None:
             raise TfgraphError("a module generates with its own weights: no --weights or "
                                "--weights-seed")
-        if fused_attention:
-            raise TfgraphError("fused_attention builds an ONNX model: not for a torch module")
+        if fused_attention or cuda_graph:
+            raise TfgraphError(f"{'fused_attention' if fused_attention else 'cuda_graph'} "
+                               "is for an ONNX model: not for a torch module")
         if backend != "torch" and backend != "onnx":
             raise TfgraphError(f"--backend {backend}: choose one of onnx, torch")
         from tfgraph.commands.steppers import stepper_for_module
@@ -85,7 +86,7 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
     eos = _eos_ids(eos_token_id, settings.eos_token_id)
     opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start, cache,
                          compile, None if weights is None else os.fspath(weights),
-                         fused_attention)
+                         fused_attention, cuda_graph)
     try:
         _check_decoder_start(start, decoder_start_token_id is None, opened)
         tokenizer = _tokenizer(opened.tokenizer)
@@ -133,7 +134,7 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
              decoder_start_token_id: int | None = None,
              on_token: OnToken | None = None, cache: bool = True,
              compile: bool = False, weights: str | os.PathLike[str] | None = None,
-             fused_attention: bool = False) -> Result:
+             fused_attention: bool = False, cuda_graph: bool = False) -> Result:
     """Generate from ``source`` (a spec, model folder or .onnx file, or a torch module from
     ``to_torch``: its own weights, on its own device, in eval mode while it generates) for
     each prompt. ``weights``: a .safetensors file of the spec's parameters (tfgraph's names,
@@ -149,7 +150,9 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     graphs on CUDA); the compilation runs before the clock starts and is reported apart as
     ``result.compile_s``. ``fused_attention`` (a decoder's spec or folder, backend "onnx"):
     its KV-cache model built with onnxruntime's fused attention where it is exact (README,
-    "Fused attention"). Past the spec's max_len (README, "Lengths beyond
+    "Fused attention"). ``cuda_graph`` (such a fused model on the CUDA provider, backend
+    "onnx"): onnxruntime captures the decode step as a CUDA graph before the clock starts
+    (``result.compile_s``) and replays it every step. Past the spec's max_len (README, "Lengths beyond
     max_len"): a learned position table stops each row at max_len, other positions go on
     with a BeyondMaxLenWarning. The result
     holds the generated ids per prompt (prompt excluded), their text when a tokenizer is known,
@@ -158,7 +161,7 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     sampler = Sampler(temperature, top_k, top_p, seed)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
                     eos_token_id, decoder_start_token_id, cache, compile, weights,
-                    fused_attention)
+                    fused_attention, cuda_graph)
     try:
         compile_s = warm_up(ready, max_new_tokens, beams)
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from tfgraph.graph.ir import Graph
 
 BACKENDS = ("onnx", "torch")
+CUDA_GRAPH_MODELS = ("onnxruntime captures the decode step of a decoder's fused-attention "
+                     "KV-cache model only (fixed shapes and buffers): build it with --kv-cache "
+                     "--fused-attention, or give a spec or folder with --fused-attention")
 CACHE_INPUT_PREFIXES = ("attention_mask", "past_key_values.", "position_ids")
 
 
@@ -65,7 +68,8 @@ def settings_folder(source: str) -> Path | None:
 def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
                 threads: int | None = None, weights_seed: int | None = None, opset: int = 23,
                 decoder_start: int = 0, cache: bool = True, compile: bool = False,
-                weights: str | None = None, fused_attention: bool = False) -> Opened:
+                weights: str | None = None, fused_attention: bool = False,
+                cuda_graph: bool = False) -> Opened:
     """Open ``source`` (a spec, a Hugging Face model folder or a tfgraph .onnx file) on
     ``backend`` and return the stepper that generates with it. A spec gets random weights
     from ``weights_seed`` (default 0), a folder its own weights unless ``weights_seed`` is
@@ -77,7 +81,9 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
     names (a trained ``state_dict`` saved as is), instead of random or the folder's own.
     ``fused_attention`` (a decoder's spec or folder on onnxruntime, with the cache): its
     KV-cache model built with onnxruntime's fused attention where it is exact
-    (exporters/onnx/fused_attention.py; a note says when it is not)."""
+    (exporters/onnx/fused_attention.py; a note says when it is not). ``cuda_graph`` (such a
+    fused model on onnxruntime's CUDA provider): its decode steps captured as a CUDA graph and
+    replayed (exporters/generation/fused_stepper.py)."""
     if backend not in BACKENDS:
         raise TfgraphError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if compile and backend != "torch":
@@ -89,6 +95,9 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
     if fused_attention and (backend != "onnx" or not cache):
         raise TfgraphError("--fused-attention builds the ONNX KV-cache model: --backend onnx, "
                            "not with --no-cache")
+    if cuda_graph and (backend != "onnx" or not cache):
+        raise TfgraphError("--cuda-graph is onnxruntime's capture of the KV-cache decode step: "
+                           "--backend onnx, not with --no-cache (--backend torch: --compile)")
     if fused_attention and Path(source).suffix.lower() == ".onnx":
         raise TfgraphError("--fused-attention: an .onnx model is already built (build it with "
                            "--kv-cache --fused-attention)")
@@ -97,15 +106,15 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
             raise TfgraphError("--weights: an .onnx model carries its own weights (build it "
                                "with --weights)")
         return _from_onnx_file(source, backend, provider, threads, decoder_start, cache,
-                               compile)
+                               compile, cuda_graph)
     return _from_spec(source, backend, provider, threads, weights_seed, opset, decoder_start,
-                      cache, compile, weights, fused_attention)
+                      cache, compile, weights, fused_attention, cuda_graph)
 
 
 def _from_spec(source: str, backend: str, provider: str, threads: int | None,
                weights_seed: int | None, opset: int, decoder_start: int,
                cache: bool, compile: bool = False, weights_file: str | None = None,
-               fused_attention: bool = False) -> Opened:
+               fused_attention: bool = False, cuda_graph: bool = False) -> Opened:
     from tfgraph.spec.source import load_source
 
     try:
@@ -128,6 +137,8 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
         if compile:
             raise TfgraphError("--compile: decoder-only models (an encoder-decoder's static "
                                "cache is not built yet)")
+        if cuda_graph:
+            raise TfgraphError(f"--cuda-graph: {CUDA_GRAPH_MODELS}")
         return _cached_seq2seq(built, graphs, source, backend, provider, threads,
                                weights_seed, opset, decoder_start, given, weights_file)
     graph = graphs[0]
@@ -161,7 +172,7 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
     keep, model_source, model = _onnx_model(graph, weights, seed, opset, fused)
     try:
         stepper, runs_on = _onnx_stepper(model, model_source, source, provider, threads,
-                                         decoder_start)
+                                         decoder_start, cuda_graph)
     except BaseException:
         if keep is not None:
             keep.cleanup()
@@ -244,7 +255,8 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
 
 
 def _from_onnx_file(source: str, backend: str, provider: str, threads: int | None,
-                    decoder_start: int, cache: bool, compile: bool = False) -> Opened:
+                    decoder_start: int, cache: bool, compile: bool = False,
+                    cuda_graph: bool = False) -> Opened:
     from tfgraph.exporters.onnx import runtime as rt
 
     model = rt.load_model(source)
@@ -252,7 +264,7 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     tokenizer = beside if beside.is_file() else None
     if backend == "onnx":
         stepper, runs_on = _onnx_stepper(model, Path(source), source, provider, threads,
-                                         decoder_start)
+                                         decoder_start, cuda_graph)
         names = {i.name for i in model.graph.input}
         from tfgraph.exporters.onnx.model import SPEC_METADATA_KEY
 
@@ -298,7 +310,8 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
 
 
 def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider: str,
-                  threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
+                  threads: int | None, decoder_start: int, cuda_graph: bool = False
+                  ) -> tuple[Stepper, str]:
     """The stepper for an ONNX model: full recompute for today's interface, a cached stepper
     for the KV-cache interface."""
     from tfgraph.exporters.onnx import runtime as rt
@@ -308,7 +321,9 @@ def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider
     inputs = tuple(i.name for i in model.graph.input if i.name not in initializers)
     if any(name.startswith(CACHE_INPUT_PREFIXES) for name in inputs):
         return _cached_onnx_stepper(model, session_source, where, provider, threads,
-                                    decoder_start)
+                                    decoder_start, cuda_graph)
+    if cuda_graph:
+        raise TfgraphError(f"--cuda-graph: {CUDA_GRAPH_MODELS}")
     iface = rt.interface(model, where)
     spec = _stored_spec(model, where) if iface.spec_json is not None else None
     if spec is not None:
@@ -325,7 +340,8 @@ def _onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider
 
 
 def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, provider: str,
-                         threads: int | None, decoder_start: int) -> tuple[Stepper, str]:
+                         threads: int | None, decoder_start: int, cuda_graph: bool = False
+                         ) -> tuple[Stepper, str]:
     """The stepper of a KV-cache ONNX model (README, "KV cache"): the past keys/values each step
     returns are fed back at the next (tfgraph.generation.cached)."""
     from tfgraph.exporters.onnx import runtime as rt
@@ -333,6 +349,8 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
 
     names = [i.name for i in model.graph.input]
     if "encoder_attention_mask" in names:  # an encoder-decoder's decoder_model.onnx
+        if cuda_graph:
+            raise TfgraphError(f"--cuda-graph: {CUDA_GRAPH_MODELS}")
         return _seq2seq_files(model, session_source, where, provider, threads, decoder_start)
     missing = [n for n in ("input_ids", "attention_mask") if n not in names]
     if missing or not any(n.startswith("past_key_values.") for n in names):
@@ -342,13 +360,15 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     from tfgraph.exporters.generation.cache_interface import check_cache_interface
 
     fused = check_cache_interface(model, where)  # before any buffer is sized from it
+    if cuda_graph and not fused:
+        raise TfgraphError(f"--cuda-graph: {CUDA_GRAPH_MODELS}")
     props = {p.key for p in model.metadata_props}
     from tfgraph.exporters.onnx.model import SPEC_METADATA_KEY
 
     spec = _stored_spec(model, where) if SPEC_METADATA_KEY in props else None
     dtype = rt.elem_name(model.graph.output[0].type.tensor_type.elem_type)
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
-                                          dtype=dtype)
+                                          dtype=dtype, cuda_graph=cuda_graph)
     vocab = _vocab(model, spec, where)
     max_len = Lengths.of(spec).hard_limit if spec else None
     probs = spec is not None and spec.output == "probs"
@@ -357,8 +377,9 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
         # buffer per layer shared by past and present
         from tfgraph.exporters.generation.fused_stepper import FusedOnnx
 
-        return FusedOnnx(session, vocab, max_len, probs), \
-            f"{ran} ({why}; fused attention, shared cache buffers)"
+        graphs = "; decode steps as a CUDA graph" if cuda_graph else ""
+        return FusedOnnx(session, vocab, max_len, probs, cuda_graph=cuda_graph), \
+            f"{ran} ({why}; fused attention, shared cache buffers{graphs})"
     stepper = onnx_cached(session, vocab, max_len, output_probs=probs)
     return stepper, f"{ran} ({why})"
 
