@@ -67,7 +67,7 @@ PROMPT_LEN = 16
 
 
 PARTS = ("all", "torch", "onnx")
-STEPS = ("decode", "numerics", "train", "checks")
+STEPS = ("decode", "numerics", "train", "plan", "checks")
 LOG: Path | None = None  # --log: every line also appended here as it comes
 
 
@@ -403,8 +403,10 @@ def median_ms(step: Callable[[], None], cuda: bool, repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool) -> list[str]:
-    """tfgraph's module against LlamaForCausalLM: training step time and activation peaks."""
+def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool,
+             timed: dict[str, float]) -> list[str]:
+    """tfgraph's module against LlamaForCausalLM: training step time and activation peaks.
+    ``timed`` gets tfgraph's eager and compiled step times (ms, keys "eager", "compiled")."""
     import torch
     import torch.nn.functional as F
     import transformers
@@ -414,7 +416,7 @@ def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool)
 
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
-    batch, seq = (4, 1024) if not quick else (2, 32)
+    batch, seq = train_shape(quick)
     spec = tfgraph.load_spec(spec_path)
     ids = torch.randint(3, spec.vocab_size("source"), (batch, seq), device=device)
     ours = to_torch(tfgraph.compile(spec), seed=0).to(device=device, dtype=dtype).train()
@@ -445,15 +447,126 @@ def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool)
         torch.cuda.synchronize()
     t_compile = time.perf_counter() - start
     t_compiled = median_ms(step(compiled, False), cuda, repeat)
+    timed.update(eager=t_ours, compiled=t_compiled)
     lines.append(f"training step compiled (torch.compile, default mode): tfgraph {t_compiled:.1f}"
                  f" ms ({t_ours / t_compiled:.2f}x eager; compile {t_compile:.1f} s); against "
-                 "`tfgraph plan --gpus 1` see benchmarks/plan_published.py")
+                 "`tfgraph plan --gpus 1`: --steps plan")
     if not cuda:
         lines.append("activation peaks: skipped (torch.cuda.max_memory_allocated needs CUDA)")
         return lines
     del hf
     torch.cuda.empty_cache()
     lines += activation_peaks(spec, ours, ids, work)
+    return lines
+
+
+def train_shape(quick: bool) -> tuple[int, int]:
+    """(batch, seq) of the training steps: gpu.py's own and examples/train_distributed.py's."""
+    return (4, 1024) if not quick else (2, 32)
+
+
+def distributed_step(spec_path: Path, work: Path, cuda: bool, quick: bool
+                     ) -> tuple[dict[str, Any] | None, str]:
+    """examples/train_distributed.py under torchrun on one process (one GPU: NCCL; the CPU:
+    gloo): FSDP2 (``--strategy fsdp``, ZeRO 3 over one rank) with bfloat16 compute and float32
+    master weights (``--param-dtype bfloat16``), AdamW, the training steps' batch and length;
+    a few steps, the first 3 (CPU 2) left out of the median as warm-up. (Its result JSON or
+    None, a line saying what ran.)"""
+    import torch
+
+    batch, seq = train_shape(quick)
+    steps, warmup = (8, 3) if cuda else (5, 2)
+    out = work / "train_distributed.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "1", str(ROOT / "examples" / "train_distributed.py"), "--spec", str(spec_path),
+           "--strategy", "fsdp", "--param-dtype", "bfloat16", "--batch", str(batch), "--seq",
+           str(seq), "--steps", str(steps), "--warmup", str(warmup), "--timeout", "300",
+           "--json-out", str(out)]
+    env = dict(os.environ)
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # --cpu on a CUDA machine: the example's CPU path
+    else:
+        torch.cuda.empty_cache()  # this process's cached blocks, for the example's process
+    what = (f"examples/train_distributed.py, torchrun 1 process, FSDP2 bf16 params / fp32 "
+            f"master, AdamW, batch {batch} x {seq}, {steps} steps ({warmup} warm-up)")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=420)
+    except subprocess.TimeoutExpired:
+        return None, f"{what}: failed: no result in 420 s"
+    if done.returncode or not out.is_file():
+        tail = " ".join((done.stderr or done.stdout).split())[-300:]
+        return None, f"{what}: failed (exit {done.returncode}): {tail}"
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result, what
+
+
+def _ms(value: float) -> str:
+    """Milliseconds to print: one decimal, or three significant digits below 1 ms (the tiny
+    spec's predictions in a CPU smoke run)."""
+    return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
+
+
+def plan_lines(spec_path: Path, work: Path, card: str, cuda: bool, quick: bool,
+               timed: dict[str, float], plan_out: Path) -> list[str]:
+    """Each measured training step beside ``tfgraph plan``'s prediction for the same layout
+    on the card's row of the GPU table (benchmarks/plan_step.py, shared with
+    plan_published.py): gpu.py's eager and compiled steps (``timed``; forward + loss +
+    backward: the plan's forward + backward) and examples/train_distributed.py's FSDP2 step
+    (with AdamW: the plan's whole step, ZeRO 3). Writes the rows to ``plan_out`` for
+    ``plan_published.py --measured``. On the CPU a smoke run: the rows are predicted for
+    the H100 and marked as no measurement (no GPU row)."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from plan_step import Measured, Step, gpu_for_card, predicted_by_cli, predicted_s, \
+        write_measured
+
+    batch, seq = train_shape(quick)
+    spec_rel = str(spec_path.relative_to(ROOT))
+    row_gpu = gpu_for_card(card) if cuda else None
+    rates = row_gpu or "h100"
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    short = (row_gpu or "cpu").upper()
+    name = spec_path.stem
+    source = f"benchmarks/gpu.py --steps plan, torch {torch.__version__}"
+    rows: list[Measured] = []
+    own = Step(spec_rel, batch, seq, "bfloat16" if cuda else "float32")
+    for key, note in (("eager", "eager module"), ("compiled", "torch.compile")):
+        if key in timed:
+            rows.append(Measured(f"{short} {name} {key}", own, timed[key], note, card,
+                                 row_gpu, date, source))
+    result, what = distributed_step(spec_path, work, cuda, quick)
+    say(what if result is None else f"{what}: done, losses {result['losses'][0]:.3f} -> "
+        f"{result['losses'][-1]:.3f}")
+    lines = [] if result is not None else [what]
+    fsdp = Step(spec_rel, batch, seq, "bfloat16", zero=3, optimizer=True)
+    if result is not None and result["median_step_s"] is not None:
+        rows.append(Measured(f"{short} {name} FSDP2", fsdp, result["median_step_s"] * 1e3,
+                             "train_distributed.py FSDP2, AdamW", card, row_gpu, date, source))
+    if cuda and row_gpu is None:
+        lines.append(f"plan vs measured: no --gpu row for {card!r} in tfgraph/parallel/gpus.py:"
+                     " no prediction (rows written with gpu null)")
+    else:
+        head = (f"plan vs measured on {card} (--gpu {rates}, {date}):" if cuda else
+                "plan vs measured: CPU SMOKE, NOT A MEASUREMENT: steps timed on the CPU, "
+                f"predicted for --gpu {rates}; the ratios mean nothing:")
+        lines.append(head)
+        for row in rows:
+            mine = predicted_s(row.step, rates) * 1e3
+            lines.append(f"  {row.label} ({row.note}; {row.layout_text()}): measured "
+                         f"{_ms(row.measured_ms)} ms, predicted {_ms(mine)} ms "
+                         f"({row.step.what()}): measured/predicted {row.measured_ms / mine:.3f}")
+        cli = predicted_by_cli(fsdp, rates) * 1e3
+        lines.append(f"  `tfgraph plan {' '.join(fsdp.cli_args(rates))} --json` step.time_s: "
+                     f"{_ms(cli)} ms (the FSDP2 row's prediction: "
+                     f"{'same' if abs(cli - predicted_s(fsdp, rates) * 1e3) < 1e-6 else 'DIFFERS'})")
+    write_measured(plan_out, rows)
+    lines.append(f"  rows written to {plan_out}: python benchmarks/plan_published.py "
+                 f"--measured {plan_out}" + ("" if row_gpu else " (leaves out these, no GPU row)"))
+    for line in lines:
+        say(line)
     return lines
 
 
@@ -521,10 +634,16 @@ def main() -> int:
                              "(default: a new temporary folder)")
     parser.add_argument("--log", type=Path, default=None,
                         help="also append every printed line to this file as it comes")
+    parser.add_argument("--plan-out", type=Path, default=None, metavar="FILE",
+                        help="--steps plan writes its measured rows here (default: "
+                             "plan_measured.json in --work), the input of "
+                             "plan_published.py --measured")
     parser.add_argument("--steps", default=",".join(STEPS),
-                        help="which of decode, numerics, train, checks to run (default: all; "
-                             "train is in the torch part, checks in the onnx part); --steps "
-                             "build only builds the models into --work")
+                        help="which of decode, numerics, train, plan, checks to run (default: "
+                             "all; train and plan are in the torch part, checks in the onnx "
+                             "part; plan times examples/train_distributed.py and sets every "
+                             "measured training step beside tfgraph plan's prediction); "
+                             "--steps build only builds the models into --work")
     args = parser.parse_args()
     steps = set(args.steps.split(","))
     if not steps <= {*STEPS, "build"}:
@@ -654,8 +773,12 @@ def main() -> int:
             lines.append(f"fused attention vs written out: failed: {type(err).__name__}: "
                          f"{str(err).splitlines()[0][:300] if str(err) else ''}")
             say(lines[-1])
+    timed: dict[str, float] = {}
     if "torch" in parts and "train" in steps:
-        lines += training(spec_path, folder, work, cuda, quick)
+        lines += training(spec_path, folder, work, cuda, quick, timed)
+    if "torch" in parts and "plan" in steps:
+        lines += plan_lines(spec_path, work, card, cuda, quick, timed,
+                            args.plan_out or work / "plan_measured.json")
     lines += [f"skipped: {s}" for s in skipped]
     say(f"\n--- for benchmarks/RESULTS.md ({time.perf_counter() - start:.0f} s in all) ---")
     for line in lines:

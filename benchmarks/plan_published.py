@@ -1,6 +1,6 @@
 """``tfgraph plan``'s step time against published training runs (issue 26 item 4).
 
-    python benchmarks/plan_published.py [--no-search]
+    python benchmarks/plan_published.py [--no-search] [--measured FILE ...]
 
 For each run: the planner's predicted per-GPU throughput over the achieved one, counted the way
 the paper counts it. Both use the paper's own FLOP formula, so the ratio is achieved step time
@@ -24,7 +24,11 @@ the paper counts it. Both use the paper's own FLOP formula, so the ratio is achi
   machines (61.0 and 69.9 ms, benchmarks/RESULTS.md "On a GPU"). Predicted: the plan's
   forward + backward time (the measurements have no optimizer step). The plan times one
   kernel per graph op at the fused rates; the measured module ran eagerly, so these rows
-  also measure what eager execution costs beyond that.
+  also measure what eager execution costs beyond that. ``--measured FILE`` adds the rows
+  ``benchmarks/gpu.py --steps plan`` writes on a GPU (card, date and source in each): the same
+  eager step, the step under ``torch.compile``, and examples/train_distributed.py's FSDP2 step
+  with AdamW on one GPU (predicted: the plan's whole step at ZeRO 3), each predicted by
+  ``benchmarks/plan_step.py`` for the layout it ran.
 
 Every published run's spec carries attention dropout 0.1 (``attention.dropout``), as Megatron-LM
 ran them (its ``--attention-dropout`` default, 0.1; Korthikanti's 5as/h term counts its mask
@@ -59,12 +63,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # plan_step, shared with gpu.py
 
 import tfgraph  # noqa: E402
 from tfgraph.parallel.gpus import gpu  # noqa: E402
 from tfgraph.parallel.layout import Layout  # noqa: E402
 from tfgraph.parallel.planner import plan  # noqa: E402
 from tfgraph.parallel.search import search  # noqa: E402
+
+from plan_step import Measured, Step, predicted_s, read_measured  # noqa: E402
 
 SEQ, VOCAB = 2048, 51200
 A100 = gpu("a100-80gb")
@@ -112,12 +119,16 @@ KORTHIKANTI = [
 ]
 # Measured single-GPU steps: TinyLlama-1.1B sizes, bf16, batch 4 x 1024, forward + token
 # cross-entropy + backward of tfgraph's torch module run eagerly (no torch.compile), SDPA
-# attention: (label, GPU, milliseconds).
+# attention. More rows (benchmarks/gpu.py --steps plan writes them, with the compiled step and
+# examples/train_distributed.py's FSDP2 step) come in with --measured FILE.
+TINYLLAMA_STEP = Step("specs/llama.yaml", batch=4, seq=1024, dtype="bfloat16")
 MEASURED = [
-    ("H100 TinyLlama-1.1B", "h100", 66.7),  # issue 26's measurement
-    # this repository's benchmarks/gpu.py on two H200 machines (RESULTS.md, "On a GPU")
-    ("H200 TinyLlama-1.1B", "h200", 61.0),
-    ("H200 TinyLlama-1.1B #2", "h200", 69.9),
+    Measured("H100 TinyLlama-1.1B", TINYLLAMA_STEP, 66.7, "eager module", "NVIDIA H100",
+             "h100", "2026-11", "issue 26's measurement"),
+    Measured("H200 TinyLlama-1.1B", TINYLLAMA_STEP, 61.0, "eager module", "NVIDIA H200",
+             "h200", "2026-11-26", "benchmarks/gpu.py (RESULTS.md, \"On a GPU\")"),
+    Measured("H200 TinyLlama-1.1B #2", TINYLLAMA_STEP, 69.9, "eager module", "NVIDIA H200",
+             "h200", "2026-11-26", "benchmarks/gpu.py on a second machine (RESULTS.md)"),
 ]
 
 
@@ -218,20 +229,26 @@ def search_check(run: Run, mine: float) -> str:
     return "; ".join(parts)
 
 
-def measured_step(gpu_name: str) -> float:
-    """The plan's forward + backward seconds of the measured single-GPU step (the measurement
-    has no optimizer step)."""
-    spec = tfgraph.load_spec(ROOT / "specs" / "llama.yaml").model_copy(
-        update={"dtype": "bfloat16"})
-    graph = tfgraph.compile(spec, loss=True)
-    result = plan(graph, Layout(micro_batch=4, global_batch=4, seq=1024), gpu(gpu_name))
-    parts = result["step"]["time_parts"]
-    return float(parts["forward"] + parts["backward"])
+def measured_rows(files: list[Path]) -> list[Measured]:
+    """MEASURED and the rows of each ``--measured`` file (benchmarks/gpu.py --steps plan's
+    JSON); a file's CPU smoke rows (no GPU table row) are named on stderr and left out."""
+    rows = list(MEASURED)
+    for path in files:
+        for row in read_measured(path):
+            if row.gpu is None:
+                print(f"{path}: {row.label!r} left out: ran on {row.card}, which has no "
+                      "--gpu row (a CPU smoke run is not a measurement)", file=sys.stderr)
+            else:
+                rows.append(row)
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-search", action="store_true", help="skip the --search checks")
+    parser.add_argument("--measured", type=Path, action="append", default=[], metavar="FILE",
+                        help="also the measured steps of this JSON (benchmarks/gpu.py "
+                             "--steps plan writes it); repeatable")
     args = parser.parse_args()
     rows: list[tuple[str, float, float, str]] = []
     print(f"{'run':<22} {'layout':<34} {'achieved':>10} {'predicted':>10} {'ratio':>6}  "
@@ -253,12 +270,14 @@ def main() -> None:
               f"{fmt.format(achieved):>10} {fmt.format(pred):>10} {ratio:6.3f}  {shown}"
               f"{'' if result['per_rank']['fits'] else '  (plan: does not fit)'}")
         rows.append((f"{run.source} {run.name}", real, mine, unit))
-    for label, gpu_name, ms in MEASURED:
-        real, mine = ms / 1e3, measured_step(gpu_name)
-        print(f"{label:<22} {'1 GPU, batch 4 x 1024, bf16':<34} "
-              f"{real * 1e3:>8.1f}ms {mine * 1e3:>8.1f}ms {real / mine:6.3f}  forward + backward "
-              "(eager module)")
-        rows.append((label, real, mine, "ms"))
+    for row in measured_rows(args.measured):
+        assert row.gpu is not None  # measured_rows keeps rows with a GPU table row only
+        real, mine = row.measured_ms / 1e3, predicted_s(row.step, row.gpu)
+        where = "" if row in MEASURED else f"; {row.card}, {row.date}"
+        print(f"{row.label:<22} {row.layout_text():<34} "
+              f"{real * 1e3:>8.1f}ms {mine * 1e3:>8.1f}ms {real / mine:6.3f}  "
+              f"{row.step.what()} ({row.note}{where})")
+        rows.append((row.label, real, mine, "ms"))
     ratios = [r / m for _, r, m, _ in rows]
     worst = max(rows, key=lambda r: abs(r[1] / r[2] - 1))
     inside = sum(abs(x - 1) <= GOAL for x in ratios)

@@ -30,7 +30,10 @@ learnable and the loss falls. Loss: mean next-token cross-entropy; AdamW.
 Per rank the script measures what it holds after the last step, from the tensors themselves
 (``to_local()`` of DTensors): parameter, gradient and optimizer-state bytes (Adam's moments;
 its 0-d step counters apart), printed and, with ``--json-out``, written as JSON for a
-comparison with ``tfgraph plan``. ``--save DIR`` writes a sharded checkpoint (model and
+comparison with ``tfgraph plan``, and each step's wall time (the device synchronised at its
+end): rank 0 prints their median, the first ``--warmup`` steps (default 2) left out.
+``--param-dtype bfloat16`` (FSDP2 strategies) computes in 16 bits with float32 master
+weights and gradient reduction (FSDP2's ``MixedPrecisionPolicy``). ``--save DIR`` writes a sharded checkpoint (model and
 optimizer, ``torch.distributed.checkpoint``) after the last step; ``--resume DIR`` loads one
 and continues from the step it was saved at. ``--measure-saved`` adds, per rank, the bytes
 autograd saves for backward in the first step's forward and loss (``saved_for_backward``: the
@@ -46,6 +49,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -97,6 +101,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--measure-saved", action="store_true",
                    help="also the bytes autograd saves for backward in the first step's "
                         "forward and loss, per rank (saved_activations)")
+    p.add_argument("--param-dtype", choices=("bfloat16", "float16"), default=None,
+                   help="FSDP2 mixed precision (fsdp, fsdp+tp): each layer computes with its "
+                        "parameters gathered in this dtype, gradients reduced in float32; "
+                        "the sharded parameters, their gradients and Adam's moments stay "
+                        "float32 (the ZeRO-3 layout tfgraph plan --dtype bfloat16 --zero 3 "
+                        "counts)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="first steps left out of the median step time printed at the end "
+                        "(default 2)")
     p.add_argument("--quick", action="store_true", help="3 steps, batch 4, seq 16 (CI)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="the process group's start and every collective fail after this "
@@ -183,12 +196,24 @@ def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.devi
         full = weights if dist.get_rank() == 0 else {}
     else:
         model = parallelize(to_torch(graph, device="meta"), mesh, tp=tp, fsdp=fsdp,
-                            ep=args.ep, loss_parallel=tp > 1, sp=args.sp)
+                            ep=args.ep, loss_parallel=tp > 1, sp=args.sp,
+                            mp_policy=mixed_precision(args.param_dtype))
         full = to_torch(graph, seed=args.seed, weights=weights).state_dict() \
             if dist.get_rank() == 0 else {}
     load_full_state_dict(model, device, full)
     model.train()
     return model, mesh["dp"].size(), mesh["dp"].get_local_rank()
+
+
+def mixed_precision(param_dtype: str | None) -> Any:
+    """FSDP2's policy for ``--param-dtype``: parameters gathered in that dtype for compute,
+    gradients reduced in float32 (the sharded float32 parameters are the master weights)."""
+    if param_dtype is None:
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype),
+                                reduce_dtype=torch.float32)
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -299,6 +324,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.strategy in ("tp", "fsdp+tp") and world % args.tp:
         raise TfgraphError(f"--tp {args.tp} does not divide the {world} processes "
                            "(torchrun --nproc_per_node)")
+    if args.param_dtype is not None and (args.strategy not in ("fsdp", "fsdp+tp")
+                                         or hasattr(graph, "TP_PLAN")):
+        raise TfgraphError("--param-dtype is FSDP2's mixed precision: it needs --strategy "
+                           "fsdp or fsdp+tp and a spec (not a standalone model.py)")
+    if args.warmup < 0:
+        raise TfgraphError(f"--warmup must be 0 or more, got {args.warmup}")
     if args.ep > 1 and args.strategy != "fsdp":
         raise TfgraphError(f"--ep {args.ep} runs under --strategy fsdp (expert parallelism "
                            "over the FSDP2 data-parallel ranks)")
@@ -327,8 +358,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     rows = args.batch // dp_size
     losses: list[float] = []
     saved: dict[int, int] = {}
+    step_seconds: list[float] = []  # each step's wall time, the device synchronised
     t0 = time.perf_counter()
     for step in range(start, args.steps):
+        begun = time.perf_counter()
         tokens = global_batch(step, args, vocab)[dp_rank * rows:(dp_rank + 1) * rows]
         # this rank's inputs and labels as tensors of their own, as a data loader gives them
         # (views would keep the whole global batch alive: the embedding saves its ids)
@@ -352,9 +385,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             dist.all_reduce(shown)  # every rank; tensor-parallel ranks hold the same loss
             shown /= dist.get_world_size()
         losses.append(shown.item())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # .item() waited for the loss; the rest too
+        step_seconds.append(time.perf_counter() - begun)
         if rank == 0:
             print(f"step {step} loss {losses[-1]:.6f}", flush=True)
     seconds = time.perf_counter() - t0
+    timed = step_seconds[args.warmup:]
+    median_step = statistics.median(timed) if timed else None
     if args.save:
         save_checkpoint(args.save, model, optimizer, args.steps)
     mine = measured_bytes(model, optimizer)
@@ -371,8 +409,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         dist.all_gather_object(per_rank, mine)
     result = {"strategy": args.strategy, "tp": args.tp, "sp": args.sp, "world": len(per_rank),
               "start_step": start, "losses": losses, "per_rank": per_rank,
-              "seconds": seconds}
+              "seconds": seconds, "step_seconds": step_seconds, "warmup": args.warmup,
+              "median_step_s": median_step, "param_dtype": args.param_dtype}
     if rank == 0:
+        if median_step is None:
+            print(f"step time: none measured ({len(step_seconds)} steps, --warmup "
+                  f"{args.warmup})")
+        else:  # rank 0's clock; every rank waits on the same collectives each step
+            print(f"step time: median {median_step * 1e3:.2f} ms over {len(timed)} steps "
+                  f"(the first {min(args.warmup, len(step_seconds))} left out as warm-up)")
         for r, b in enumerate(per_rank):
             print(f"rank {r}: " + ", ".join(f"{k} {v:,} B" for k, v in b.items()))
         if args.json_out:

@@ -220,6 +220,9 @@ def test_a_group_outside_torchrun_takes_a_free_port(monkeypatch: pytest.MonkeyPa
     (["--spec", "specs/tiny-falcon.yaml", "--strategy", "tp", "--tp", "2"],
      "--tp 2 does not divide the 1 heads"),
     (["--spec", "specs/tiny-llama.yaml", "--strategy", "tp", "--tp", "3"], "--tp 3"),
+    (["--spec", "specs/tiny-llama.yaml", "--strategy", "ddp", "--param-dtype", "bfloat16"],
+     "--param-dtype is FSDP2's mixed precision"),
+    (["--spec", "specs/tiny-llama.yaml", "--warmup", "-1"], "--warmup must be 0 or more"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
     done = run_example(argv)
@@ -288,3 +291,26 @@ def test_the_planner_predicts_the_measured_bytes(two: dict[str, dict[str, Any]],
     assert memory["gradients"] == max(r["gradients"] for r in per_rank)
     assert memory["optimizer"] == max(r["optimizer"] + r["optimizer_step_counters"]
                                       for r in per_rank)
+
+
+def test_fsdp_mixed_precision_and_the_median_step_time(
+        tmp_path: Path, single: dict[str, list[float]]) -> None:
+    """``--param-dtype bfloat16`` (FSDP2's MixedPrecisionPolicy; a group of one process):
+    the same model in 16-bit compute (losses within bfloat16's precision of the float32 run's,
+    not equal to them), the sharded parameters still the float32 masters; each step's time
+    recorded and rank 0 printing the median of those after ``--warmup``."""
+    import statistics
+
+    out = tmp_path / "result.json"
+    done = run_example([*_args("llama", "fsdp"), "--param-dtype", "bfloat16", "--warmup", "1",
+                        "--json-out", str(out)])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    got, want = result["losses"], single["llama"]
+    assert got != want and all(math.isclose(a, b, rel_tol=2e-2) for a, b in zip(got, want))
+    assert result["per_rank"][0]["weights"] == _planned("llama", 1, 1, 0)  # float32 masters
+    times = result["step_seconds"]
+    assert len(times) == STEPS and all(t > 0 for t in times)
+    assert result["median_step_s"] == statistics.median(times[1:])
+    assert f"step time: median {result['median_step_s'] * 1e3:.2f} ms over {STEPS - 1} steps " \
+           "(the first 1 left out as warm-up)" in done.stdout
