@@ -6,6 +6,10 @@
     python benchmarks/gpu.py --part torch --batches 1 --steps decode --work W --log L
                                              # a slice of it (a short device lease): the
                                              # models built once into W, lines appended to L
+    python benchmarks/gpu.py --part torch --steps train,plan --plan-out F
+                                             # the training steps beside tfgraph plan's
+                                             # predictions, the rows written to F for
+                                             # benchmarks/plan_published.py --measured F
 
 Meant to run in one go on a GPU machine with no network (a few minutes; everything it needs
 is installed beside tfgraph: torch with CUDA, onnxruntime-gpu, transformers, optionally
@@ -38,6 +42,16 @@ numerics (each side's logits against the float32 ones, as a multiple of transfor
 float16 error; issue 24 item 4), ``tfgraph run --check`` on the CUDA provider (item 5) and
 the fused-attention model's logits against the written-out model's on the same provider
 (float16 tiny-mistral: a sliding window, a right-padded batch of three, prefill and 16 steps).
+
+``--steps plan`` (torch part; issue 26 item 4): examples/train_distributed.py under torchrun on
+one process (one GPU, NCCL): FSDP2 with bfloat16 compute and float32 master weights, AdamW,
+batch 4 x 1024, 8 steps, the median of the last 5; then every measured training step of the
+run (tfgraph's eager and compiled steps from ``train``, and that FSDP2 step) beside ``tfgraph
+plan``'s prediction for the same layout on the card's row of the GPU table
+(``torch.cuda.get_device_name`` -> ``--gpu h100`` / ``h200`` ...; benchmarks/plan_step.py,
+which plan_published.py uses too): measured / predicted, and the rows as JSON (``--plan-out``,
+default plan_measured.json in ``--work``) for ``plan_published.py --measured``. On the CPU
+the same runs (tiny-llama, gloo) as a smoke test, labelled as no measurement.
 
 Without CUDA it says which parts it skips (the ONNX CUDA side, onnxruntime-genai CUDA, CUDA
 graphs, memory peaks) and runs the rest on the CPU with tiny-llama (``--quick`` implied).
@@ -538,9 +552,9 @@ def plan_lines(spec_path: Path, work: Path, card: str, cuda: bool, quick: bool,
             rows.append(Measured(f"{short} {name} {key}", own, timed[key], note, card,
                                  row_gpu, date, source))
     result, what = distributed_step(spec_path, work, cuda, quick)
-    say(what if result is None else f"{what}: done, losses {result['losses'][0]:.3f} -> "
-        f"{result['losses'][-1]:.3f}")
-    lines = [] if result is not None else [what]
+    lines = [] if result is not None else [what]  # a failure: with the rest, not fatal
+    if result is not None:
+        say(f"{what}: done, losses {result['losses'][0]:.3f} -> {result['losses'][-1]:.3f}")
     fsdp = Step(spec_rel, batch, seq, "bfloat16", zero=3, optimizer=True)
     if result is not None and result["median_step_s"] is not None:
         rows.append(Measured(f"{short} {name} FSDP2", fsdp, result["median_step_s"] * 1e3,
@@ -558,10 +572,14 @@ def plan_lines(spec_path: Path, work: Path, card: str, cuda: bool, quick: bool,
             lines.append(f"  {row.label} ({row.note}; {row.layout_text()}): measured "
                          f"{_ms(row.measured_ms)} ms, predicted {_ms(mine)} ms "
                          f"({row.step.what()}): measured/predicted {row.measured_ms / mine:.3f}")
-        cli = predicted_by_cli(fsdp, rates) * 1e3
-        lines.append(f"  `tfgraph plan {' '.join(fsdp.cli_args(rates))} --json` step.time_s: "
-                     f"{_ms(cli)} ms (the FSDP2 row's prediction: "
-                     f"{'same' if abs(cli - predicted_s(fsdp, rates) * 1e3) < 1e-6 else 'DIFFERS'})")
+        command = f"`tfgraph plan {' '.join(fsdp.cli_args(rates))} --json`"
+        try:  # the command gives the FSDP2 row's prediction too
+            cli = predicted_by_cli(fsdp, rates) * 1e3
+            same = abs(cli - predicted_s(fsdp, rates) * 1e3) < 1e-6
+            lines.append(f"  {command} step.time_s: {_ms(cli)} ms (the FSDP2 row's "
+                         f"prediction: {'same' if same else 'DIFFERS'})")
+        except RuntimeError as err:
+            lines.append(f"  {command}: {err}")
     write_measured(plan_out, rows)
     lines.append(f"  rows written to {plan_out}: python benchmarks/plan_published.py "
                  f"--measured {plan_out}" + ("" if row_gpu else " (leaves out these, no GPU row)"))
