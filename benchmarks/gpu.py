@@ -505,7 +505,7 @@ def distributed_step(spec_path: Path, work: Path, cuda: bool, quick: bool
     what = (f"examples/train_distributed.py, torchrun 1 process, FSDP2 bf16 params / fp32 "
             f"master, AdamW, batch {batch} x {seq}, {steps} steps ({warmup} warm-up)")
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env=env,
                               timeout=420)
     except subprocess.TimeoutExpired:
         return None, f"{what}: failed: no result in 420 s"

@@ -76,8 +76,11 @@ def seconds_of(result: dict[str, Any], step: Step) -> float:
 
 def predicted_by_cli(step: Step, gpu_name: str) -> float:
     """The same prediction from the ``tfgraph plan --json`` command (a fresh process)."""
-    done = subprocess.run([sys.executable, "-m", "tfgraph", "plan", *step.cli_args(gpu_name),
-                           "--json"], capture_output=True, text=True, cwd=ROOT)
+    # the spec by its full path, run from where this process runs: from the repository root
+    # ``python -m tfgraph`` would import its uninstalled tfgraph/ (no tfgraph.exporters)
+    args = [str(ROOT / step.spec), *step.cli_args(gpu_name)[1:]]
+    done = subprocess.run([sys.executable, "-m", "tfgraph", "plan", *args, "--json"],
+                          capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"tfgraph plan failed: {done.stderr.strip()[-300:]}")
     return seconds_of(json.loads(done.stdout), step)
