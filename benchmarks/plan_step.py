@@ -87,8 +87,8 @@ def predicted_by_cli(step: Step, gpu_name: str) -> float:
 
 
 # torch.cuda.get_device_name -> the GPU table's row (tfgraph/parallel/gpus.py). The table's
-# H100 and A100 rows are the SXM parts (their peak, bandwidth and NVLink); a PCIe or NVL card
-# has other rates and no row, so it is not mapped to one.
+# H100, H200 and A100 rows are the SXM parts (their peak, bandwidth and NVLink); a PCIe or NVL
+# card has other rates and no row, so it is not mapped to one.
 _CARDS = (("H200", "h200"), ("H100 80GB HBM3", "h100"), ("H100 SXM", "h100"),
           ("A100-SXM4-80GB", "a100-80gb"), ("A100-SXM4-40GB", "a100-40gb"), ("B200", "b200"),
           ("V100-SXM2-32GB", "v100-32gb"), ("L40S", "l40s"), ("MI300X", "mi300x"))
@@ -97,6 +97,8 @@ _CARDS = (("H200", "h200"), ("H100 80GB HBM3", "h100"), ("H100 SXM", "h100"),
 def gpu_for_card(card: str) -> str | None:
     """The ``--gpu`` row of a CUDA device name, or None when the table has none for it."""
     upper = card.upper()
+    if "PCIE" in upper or "NVL" in upper:
+        return None
     for needle, name in _CARDS:
         if needle.upper() in upper:
             assert name in GPUS
