@@ -234,7 +234,13 @@ def measured_rows(files: list[Path]) -> list[Measured]:
     JSON); a file's CPU smoke rows (no GPU table row) are named on stderr and left out."""
     rows = list(MEASURED)
     for path in files:
-        for row in read_measured(path):
+        try:
+            found = read_measured(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:  # one line, exit 2
+            print(f"--measured {path}: not a file of gpu.py --steps plan's rows "
+                  f"({type(e).__name__}: {e})", file=sys.stderr)
+            raise SystemExit(2) from None
+        for row in found:
             if row.gpu is None:
                 print(f"{path}: {row.label!r} left out: ran on {row.card}, which has no "
                       "--gpu row (a CPU smoke run is not a measurement)", file=sys.stderr)
@@ -250,6 +256,7 @@ def main() -> None:
                         help="also the measured steps of this JSON (benchmarks/gpu.py "
                              "--steps plan writes it); repeatable")
     args = parser.parse_args()
+    measured = measured_rows(args.measured)  # a bad file refused before the long part
     rows: list[tuple[str, float, float, str]] = []
     print(f"{'run':<22} {'layout':<34} {'achieved':>10} {'predicted':>10} {'ratio':>6}  "
           "time parts (s)")
@@ -270,7 +277,7 @@ def main() -> None:
               f"{fmt.format(achieved):>10} {fmt.format(pred):>10} {ratio:6.3f}  {shown}"
               f"{'' if result['per_rank']['fits'] else '  (plan: does not fit)'}")
         rows.append((f"{run.source} {run.name}", real, mine, unit))
-    for row in measured_rows(args.measured):
+    for row in measured:
         assert row.gpu is not None  # measured_rows keeps rows with a GPU table row only
         real, mine = row.measured_ms / 1e3, predicted_s(row.step, row.gpu)
         where = "" if row in MEASURED else f"; {row.card}, {row.date}"
