@@ -316,10 +316,14 @@ class _Lowering:
         return self.g.add(kind, ins, name=node_name, scope=scope, eps=self.spec.norm.eps,
                           meta=_role(meta, role), **grouped, **offset_attr)
 
-    def dropout(self, x: str, name: str, scope: str, meta: NodeMeta) -> str:
-        if self.spec.dropout == 0:
+    def dropout(self, x: str, name: str, scope: str, meta: NodeMeta,
+                p: float | None = None) -> str:
+        """Dropout with ``p`` (default: the spec's ``dropout``); no node at 0, so a spec
+        without dropout keeps (and counts) no mask there."""
+        p = self.spec.dropout if p is None else p
+        if p == 0:
             return x
-        return self.g.add("dropout", [x], name=name, scope=scope, p=self.spec.dropout,
+        return self.g.add("dropout", [x], name=name, scope=scope, p=p,
                           meta=_role(meta, "dropout"))
 
     # ---- model ------------------------------------------------------------------------
@@ -441,7 +445,7 @@ class _Lowering:
                       meta=_role(meta, "positions"), **({"offset": offset} if offset else {}))
         if emb.norm:  # BERT, BART, BLOOM: a norm on the summed embeddings
             x = self.norm(x, f"{scope}.norm", f"{stack}.embed_norm", scope, meta, "norm")
-        return self.dropout(x, f"{scope}.dropout", scope, meta)
+        return self.dropout(x, f"{scope}.dropout", scope, meta, spec.embedding_dropout)
 
     def layer(self, stack: str, i: int, x: str, causal: bool, memory: Memory) -> str:
         path = f"{stack}.layers.{i}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows
-from tfgraph.hf.config import HFConfig, SpecDraft, put_attention_dropout
+from tfgraph.hf.config import HFConfig, SpecDraft, put_attention_dropout, put_embedding_dropout
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
 
@@ -41,6 +41,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
     draft.put("norm.final", True)
     draft.put("dropout", cfg.float("hidden_dropout", 0.0), "hidden_dropout")
+    # modeling_bloom: hidden_dropout on both sublayers' outputs (dropout_add), none after the
+    # embeddings
+    put_embedding_dropout(draft, 0.0, None)
     # dropout on the attention weights (modeling_bloom: BloomAttention drops attention_probs)
     put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
     return draft

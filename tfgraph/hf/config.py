@@ -252,3 +252,11 @@ def put_attention_dropout(draft: SpecDraft, cfg: HFConfig, key: str, default: fl
     p = cfg.float(key, default)
     if p:
         draft.put("attention.dropout", p, key)
+
+
+def put_embedding_dropout(draft: SpecDraft, p: float, key: str | None) -> None:
+    """``embedding.dropout``: the family's dropout after the embeddings, where it differs from
+    the spec's ``dropout`` (put before this), which it defaults to; left out where the two
+    agree, so specs of such checkpoints read as before."""
+    if p != draft.data.get("dropout", Spec.model_fields["dropout"].default):
+        draft.put("embedding.dropout", p, key)

@@ -137,9 +137,13 @@ def family_config(spec: Spec, model_type: str) -> dict[str, Any] | None:
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], prefix: str = ""
                 ) -> list[tuple[str, Any, Any]]:
     """(dotted field, ours, theirs) for each field of two spec dumps that differs, in the spec
-    language's field order; name, description and attention.bias (see ``_RESOLVED``) aside."""
+    language's field order; name, description and attention.bias (see ``_RESOLVED``) aside.
+    A field only one dump has (the optional ones dumps leave out: ``embedding.dropout``,
+    ``attention.dropout`` at 0, ``tokens``) differs too, as None on the side without it."""
     out: list[tuple[str, Any, Any]] = []
-    for key, value in ours.items():
+    keys = list(ours) + [k for k in theirs if k not in ours]
+    for key in keys:
+        value = ours.get(key)
         if not prefix and key in _IGNORED or key in _RESOLVED.get(prefix.rstrip("."), ()):
             continue
         other = theirs.get(key)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import head_rows, norm_rows, put_sizes
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_attention_dropout
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_attention_dropout,
+                               put_embedding_dropout)
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -36,14 +37,17 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
     draft.put("norm.final", True)
     draft.put("dropout", cfg.float("resid_pdrop", 0.1), "resid_pdrop")
+    # GPT2Model.drop, after the token and position embeddings
+    put_embedding_dropout(draft, cfg.float("embd_pdrop", 0.1), "embd_pdrop")
     # dropout on the attention weights (modeling_gpt2: GPT2Attention.attn_dropout)
     put_attention_dropout(draft, cfg, "attn_pdrop", 0.1)
     return draft
 
 
 def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
-    """The config fields :func:`spec_from_config` reads. GPT-2's dropouts: the spec's after the
-    embeddings and each sublayer; attn_pdrop: attention.dropout, on the attention weights."""
+    """The config fields :func:`spec_from_config` reads. GPT-2's dropouts: resid_pdrop the
+    spec's after each sublayer, embd_pdrop after the embeddings (embedding.dropout, default the
+    same), attn_pdrop attention.dropout, on the attention weights."""
     out: dict[str, Any] = {
         "n_embd": spec.d_model, "n_layer": spec.layer_count("decoder"),
         "vocab_size": spec.output_vocab, "n_positions": spec.max_len,
@@ -53,7 +57,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False,
         "n_inner": spec.ffn.hidden, "activation_function": plain_activation(spec),
         "layer_norm_epsilon": spec.norm.eps, "tie_word_embeddings": spec.embedding.tie_output,
-        "resid_pdrop": spec.dropout, "embd_pdrop": spec.dropout,
+        "resid_pdrop": spec.dropout, "embd_pdrop": spec.embedding_dropout,
         "attn_pdrop": spec.attention.dropout,
     }
     return out

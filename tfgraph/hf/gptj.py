@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_attention_dropout
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_attention_dropout,
+                               put_embedding_dropout)
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -35,6 +36,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("block.residual", "parallel")
     draft.put("block.shared_norm", True)
     draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
+    # GPTJModel.drop, after the token embeddings
+    put_embedding_dropout(draft, cfg.float("embd_pdrop", 0.0), "embd_pdrop")
     # dropout on the attention weights (modeling_gptj: the attention interface's dropout)
     put_attention_dropout(draft, cfg, "attn_pdrop", 0.0)
     return draft
@@ -49,7 +52,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         "tie_word_embeddings": spec.embedding.tie_output, "rotary_dim": spec.rotary_dim,
         "n_head": spec.attention.heads, "n_inner": spec.ffn.hidden,
         "activation_function": plain_activation(spec), "layer_norm_epsilon": spec.norm.eps,
-        "resid_pdrop": spec.dropout, "embd_pdrop": spec.dropout,
+        "resid_pdrop": spec.dropout, "embd_pdrop": spec.embedding_dropout,
         "attn_pdrop": spec.attention.dropout,
     }
 

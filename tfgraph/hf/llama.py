@@ -14,7 +14,8 @@ from typing import Any
 
 from tfgraph.hf.common import (layer_kinds, llama_layer_rows, llama_outer_rows,
                                put_decoder_sizes, put_rms_rope, put_windows)
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_embedding_dropout, put_rope,
+                               rope_parameters)
 from tfgraph.hf.export_common import (decoder_sizes, gated_activation, layer_types,
                                       plain_activation)
 from tfgraph.hf.export_common import rope_parameters as rope_config
@@ -72,6 +73,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("attention.qkv_bias", cfg.bool("attention_bias", True), "attention_bias")
         draft.put("attention.out_bias", cfg.bool("attention_out_bias", False),
                   "attention_out_bias")
+        # modeling_seed_oss drops out o_proj's and down_proj's outputs (residual_dropout,
+        # default 0.1) and never the embeddings
+        draft.put("dropout", cfg.float("residual_dropout", 0.1), "residual_dropout")
+        put_embedding_dropout(draft, 0.0, None)
     elif kind == "ministral":  # modeling_ministral: no attention biases
         draft.put("attention.bias", False)
     elif kind == "helium":  # modeling_helium: q/k/v biases from attention_bias, o none
@@ -173,6 +178,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     if model_type == "helium":
         out["attention_bias"] = bool(spec.attention.qkv_bias)
     if model_type == "seed_oss":
+        out["residual_dropout"] = spec.dropout  # written: SeedOssConfig's default is 0.1
         out["attention_bias"] = bool(spec.attention.qkv_bias)
         out["attention_out_bias"] = bool(spec.attention.out_bias)
     if model_type in ("llama", "granite", "helium", "seed_oss", "arcee"):

@@ -19,13 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows
-from tfgraph.hf.config import HFConfig, SpecDraft
+from tfgraph.hf.config import HFConfig, SpecDraft, put_embedding_dropout
 from tfgraph.hf.names import Rule
 from tfgraph.hf.strict import _inert
 from tfgraph.spec.schema import Spec
 
 # attn_config keys (MptAttentionConfig) and the values transformers' MptAttention computes
-# with; None: read (clip_qkv, softmax_scale) or inert (dropout, kernel choice).
+# with; None: read (clip_qkv, softmax_scale, attn_pdrop) or inert (kernel choice).
 _ATTN_ASSUMED: dict[str, Any] = {
     "attn_type": "multihead_attention", "prefix_lm": False, "qk_ln": False,
     "is_encoder_decoder": False,
@@ -103,14 +103,25 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.position", "pre")
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-5), "layer_norm_epsilon")
     draft.put("norm.final", True)
-    # modeling_mpt never reads resid_pdrop (nor emb_pdrop): no dropout after the embeddings,
-    # and its sublayers' output dropout is attn_pdrop's (below), so the spec's is 0.
-    cfg.moot("resid_pdrop", "emb_pdrop")
-    draft.put("dropout", 0.0)
-    # attn_config.attn_pdrop is not attention.dropout: modeling_mpt applies it to the
-    # attention weights and also to both sublayers' outputs before their residual adds
-    # (MptBlock.resid_attn_dropout, MptMLP.hidden_dropout), one rate for both; inert here.
+    put_dropout(draft, cfg, attn)
     return draft
+
+
+def put_dropout(draft: SpecDraft, cfg: HFConfig, attn: dict[str, Any]) -> None:
+    """modeling_mpt reads one rate, attn_config.attn_pdrop, and drops out with it the
+    attention weights (MptAttention.attn_dropout_p) and both sublayers' outputs before their
+    residual adds (MptBlock.resid_attn_dropout, MptMLP.hidden_dropout): attention.dropout and
+    the spec's dropout. It never reads resid_pdrop nor emb_pdrop: nothing after the
+    embeddings (embedding.dropout 0)."""
+    cfg.moot("resid_pdrop", "emb_pdrop")
+    p = attn.get("attn_pdrop", 0)
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        cfg.refuse("attn_config.attn_pdrop", "must be a number", p)
+    p = float(p)
+    draft.put("dropout", p, "attn_config.attn_pdrop", p)
+    if p:
+        draft.put("attention.dropout", p, "attn_config.attn_pdrop", p)
+    put_embedding_dropout(draft, 0.0, None)
 
 
 def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
@@ -118,6 +129,10 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
     emb = spec.embedding
     if emb.positions != "alibi" or emb.alibi_scaled or emb.alibi_bfloat16 \
             or spec.norm.bias or spec.norm.kind != "layernorm":
+        return None
+    if spec.attention.dropout != 0:
+        # transformers 5.24's MptAttentionConfig types attn_pdrop as an int and refuses 0.1
+        # (StrictDataclassFieldValidationError): a folder with one would not load
         return None
     attn: dict[str, Any] = {"alibi": True, "alibi_bias_max": 8, "attn_pdrop": 0,
                             "clip_qkv": spec.attention.clip_qkv,
@@ -127,8 +142,9 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "n_heads": spec.attention.heads, "vocab_size": spec.output_vocab,
         "max_seq_len": spec.max_len, "expansion_ratio": 4, "no_bias": True,
         "layer_norm_epsilon": spec.norm.eps, "tie_word_embeddings": spec.embedding.tie_output,
-        # resid_pdrop: the spec's, though modeling_mpt reads it nowhere (see above)
-        "attn_config": attn, "resid_pdrop": spec.dropout, "emb_pdrop": 0,
+        # resid_pdrop, emb_pdrop: read nowhere by modeling_mpt (put_dropout); a spec with
+        # dropout or an embedding dropout other than 0 does not come back from attn_pdrop 0
+        "attn_config": attn, "resid_pdrop": spec.dropout, "emb_pdrop": spec.embedding_dropout,
         "logit_scale": None,
     }
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import head_rows, linear_rows, norm_rows, put_sizes
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_attention_dropout
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_attention_dropout,
+                               put_embedding_dropout)
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.names import Rule
 from tfgraph.spec.schema import Spec
@@ -42,6 +43,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.position", "pre" if pre else "post", "do_layer_norm_before")
     draft.put("norm.final", pre, "do_layer_norm_before")
     draft.put("dropout", cfg.float("dropout", 0.1), "dropout")
+    # modeling_opt: dropout on both sublayers' outputs (OPTDecoderLayer), none after the
+    # embeddings (OPTDecoder keeps config.dropout and never applies it)
+    put_embedding_dropout(draft, 0.0, None)
     # dropout on the attention weights (modeling_opt: the attention interface's dropout)
     put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
     return draft

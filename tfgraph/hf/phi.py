@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfgraph.hf.common import linear_rows, norm_rows, put_sizes
-from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_attention_dropout, put_rope,
-                               rope_parameters)
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_attention_dropout,
+                               put_embedding_dropout, put_rope, rope_parameters)
 from tfgraph.hf.export_common import plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
@@ -35,6 +35,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("block.residual", "parallel")
     draft.put("block.shared_norm", True)
     draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
+    # PhiModel.embed_dropout (Phi-2: embd_pdrop 0.0 beside resid_pdrop 0.1)
+    put_embedding_dropout(draft, cfg.float("embd_pdrop", 0.0), "embd_pdrop")
     # dropout on the attention weights (modeling_phi: the attention interface's dropout)
     put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
     where, params = rope_parameters(cfg)
@@ -53,7 +55,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         "num_attention_heads": att.heads, "num_key_value_heads": att.kv_heads,
         "intermediate_size": spec.ffn.hidden, "hidden_act": plain_activation(spec),
         "layer_norm_eps": spec.norm.eps, "resid_pdrop": spec.dropout,
-        "embd_pdrop": spec.dropout, "attention_dropout": spec.attention.dropout,
+        "embd_pdrop": spec.embedding_dropout, "attention_dropout": spec.attention.dropout,
         "rope_parameters": rope_config(spec, partial=True),
     }
 

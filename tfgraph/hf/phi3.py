@@ -9,7 +9,8 @@ from typing import Any
 
 from tfgraph.hf.common import (linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes,
                                put_windows)
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_embedding_dropout, put_rope,
+                               rope_parameters)
 from tfgraph.hf.export_common import decoder_sizes, gated_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
@@ -31,6 +32,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
     draft.put("norm.final", True)
     draft.put("dropout", cfg.float("resid_pdrop", 0.0), "resid_pdrop")
+    # modeling_phi3 drops out both sublayers' outputs (resid_attn_dropout, resid_mlp_dropout)
+    # and never the embeddings: embd_pdrop is read nowhere
+    cfg.moot("embd_pdrop")
+    put_embedding_dropout(draft, 0.0, None)
     where, params = rope_parameters(cfg)
     put_rope(draft, params, where)
     # modeling_phi3: every layer uses the sliding-window mask when sliding_window is set
@@ -49,7 +54,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     out["hidden_act"] = gated_activation(spec)
     out["rms_norm_eps"] = spec.norm.eps
     out["resid_pdrop"] = spec.dropout
-    out["embd_pdrop"] = spec.dropout
+    out["embd_pdrop"] = spec.embedding_dropout  # read nowhere; 0 after a round trip
     out["rope_parameters"] = rope_config(spec, partial=True, scaling=False)
     out["sliding_window"] = spec.attention.window
     if spec.output_vocab <= 32000:

@@ -209,6 +209,11 @@ class Embedding(_Strict):
     local_rope_theta: float | None = None
     """Rotary base of the local (sliding-window) layers when it differs from rope_theta
     (Gemma 3: 10000 locally, 1000000 globally). Default: rope_theta."""
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    """Dropout probability after the embeddings (training only), where it differs from the
+    spec's ``dropout`` after each sublayer: GPT-2's and Phi's embd_pdrop beside resid_pdrop;
+    0 for Seed-OSS's residual_dropout and MPT's attn_pdrop, which drop the sublayers' outputs
+    only. Default (and when equal to it): ``dropout``."""
     rope_global: Flag = True
     """Rotary only: false leaves the global (full-attention) layers without positions (NoPE):
     only the sliding-window layers of attention.window_pattern rotate q and k (Cohere's
@@ -222,8 +227,8 @@ class Embedding(_Strict):
         if not 0.0 < value <= 1.0:
             raise ValueError("must be in (0, 1] (Pythia: 0.25, Phi-2: 0.4)")
         return value
-    _finite_optional = field_validator("local_rope_theta", "multiplier", mode="before")(
-        _optional_finite_float)
+    _finite_optional = field_validator("local_rope_theta", "multiplier", "dropout",
+                                       mode="before")(_optional_finite_float)
     _multiplier_above_zero = field_validator("multiplier")(_positive)
 
     @field_validator("rope_theta", "local_rope_theta")
@@ -528,7 +533,8 @@ class Spec(_Strict):
     head: Head = Field(default_factory=Head)
     """The output head (before and around the vocabulary projection)."""
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
-    """Dropout probability after embeddings and after each sublayer (training only)."""
+    """Dropout probability after embeddings and after each sublayer (training only);
+    ``embedding.dropout`` sets the one after the embeddings apart."""
     output: Output = "logits"
     """logits, or probs (softmax over the vocabulary)."""
     dtype: DType = "float32"
@@ -617,6 +623,8 @@ class Spec(_Strict):
         derive_rotary(emb, att.head_dim if att.latent is None else att.latent.rope_dim,
                       self.max_len)
         # --- embeddings
+        if emb.dropout == self.dropout:  # one rate: written once, so such specs dump as before
+            emb.dropout = None
         if emb.positions == "relative":  # T5's defaults (Raffel et al. 2020)
             emb.relative_buckets = emb.relative_buckets or 32
             emb.relative_max_distance = emb.relative_max_distance or 128
@@ -710,6 +718,14 @@ class Spec(_Strict):
             "encoder-decoder": ("encoder", "decoder"),
         }[self.arch]
 
+    @property
+    def embedding_dropout(self) -> float:
+        """Dropout p after the embeddings: ``embedding.dropout``, else ``dropout``. Read here,
+        not derived in place, so a copy with another ``dropout`` (model_copy(update=...))
+        keeps following it."""
+        p = self.embedding.dropout
+        return self.dropout if p is None else p
+
     def layer_count(self, stack: str) -> int:
         """Layers in ``stack``."""
         if isinstance(self.layers, StackLayers):
@@ -719,11 +735,15 @@ class Spec(_Strict):
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         """pydantic's dump, ``tokens`` left out when there are none and its unset ids left
         out (a spec without token ids dumps as it did before the field existed), and
-        ``attention.dropout`` left out at 0 (likewise: specs without it dump unchanged)."""
+        ``attention.dropout`` left out at 0 and ``embedding.dropout`` when unset or equal to
+        ``dropout`` (likewise: specs without them dump unchanged)."""
         data = super().model_dump(**kwargs)
         att = data.get("attention")
         if isinstance(att, dict) and att.get("dropout") == 0:
             att.pop("dropout")
+        emb = data.get("embedding")
+        if isinstance(emb, dict) and emb.get("dropout") in (None, data.get("dropout")):
+            emb.pop("dropout", None)  # unset, or (a copy made unvalidated) equal to dropout
         tokens = data.get("tokens")
         if tokens is None:
             data.pop("tokens", None)
