@@ -11,8 +11,9 @@ to that key in config.json; without it the spec has no ``attention.dropout`` and
 writes 0. The semantics: with only attention dropout, eval-mode logits equal transformers'
 (1e-4), train() changes them, and train-mode logits equal transformers' from the same seed. Every
 other case of test_hf_families is checked in process (import, hf_config) with its own key, or,
-for T5, MPT, ModernBERT and rotary Falcon, whose key means more or that transformers' eager and
-SDPA attention do not apply, as changing nothing.
+for T5, ModernBERT and rotary Falcon, whose key means more or that transformers' eager and
+SDPA attention do not apply, as changing nothing. MPT's attn_config.attn_pdrop, which also drops
+the sublayers' outputs, is attention.dropout and dropout (tests/test_hf_embedding_dropout.py).
 """
 
 from __future__ import annotations
@@ -162,9 +163,9 @@ def test_a_bad_rate_is_refused_naming_the_key(name: str, value: Any) -> None:
 _OTHER_KEYS: dict[str, str | None] = {
     "gpt2": "attn_pdrop", "gptj": "attn_pdrop", "gpt_bigcode": "attn_pdrop",
     "bert": "attention_probs_dropout_prob", "roberta": "attention_probs_dropout_prob",
-    "xlm-roberta": "attention_probs_dropout_prob", "t5": None, "mpt": None,
+    "xlm-roberta": "attention_probs_dropout_prob", "t5": None, "mpt": "attn_config",
     "modernbert": None}
-_INERT_KEYS = {"t5": "dropout_rate", "mpt": "attn_config", "modernbert": "attention_dropout",
+_INERT_KEYS = {"t5": "dropout_rate", "modernbert": "attention_dropout",
                "falcon": "attention_dropout"}
 
 
@@ -181,12 +182,14 @@ def test_every_family_reads_and_writes_it_or_leaves_it_inert(name: str) -> None:
         else _OTHER_KEYS.get(model_type, "attention_dropout")
     if key is None:
         data = cls(**case.kwargs).to_dict()
-        inert = _INERT_KEYS[model_type]
-        if inert == "attn_config":  # MptAttentionConfig types attn_pdrop as an int
-            data["attn_config"] = data["attn_config"] | {"attn_pdrop": 0.2}
-        else:
-            data[inert] = 0.2
+        data[_INERT_KEYS[model_type]] = 0.2
         assert spec_from_config(data).attention.dropout == 0.0
+        return
+    if key == "attn_config":  # MptAttentionConfig types attn_pdrop as an int: set in the dict
+        data = cls(**case.kwargs).to_dict()
+        data["attn_config"] = data["attn_config"] | {"attn_pdrop": 0.2}
+        spec = spec_from_config(data)  # the attention weights and the sublayers' outputs
+        assert (spec.attention.dropout, spec.dropout, spec.embedding_dropout) == (0.2, 0.2, 0.0)
         return
     for p in (0.2, 0.0):
         spec = spec_from_config(cls(**(case.kwargs | {key: p})).to_dict())

@@ -121,8 +121,12 @@ def test_the_round_trip_rejects_what_a_family_would_change() -> None:
     with pytest.raises(TfgraphError, match=r"closest: llama; differs in attention.window: 16 "
                                            r"vs null\)$"):
         hf_config(tiny_llama(attention__window=16, ffn__bias=True))
-    # Llama's config has no dropout (always 0): the Llama spec with dropout is Phi-3's
-    assert hf_config(tiny_llama(dropout=0.1)).model_type == "phi3"
+    # Llama's config has no dropout (always 0): the Llama spec with dropout after the
+    # sublayers only is Phi-3's (resid_pdrop); with dropout after the embeddings too, no
+    # family's (Phi-3 reads embd_pdrop nowhere)
+    assert hf_config(tiny_llama(dropout=0.1, embedding__dropout=0.0)).model_type == "phi3"
+    with pytest.raises(TfgraphError, match=r"closest: llama; differs in dropout: 0.1 vs 0.0"):
+        hf_config(tiny_llama(dropout=0.1))
 
 
 def test_preference_and_the_imported_model_type() -> None:
