@@ -2,7 +2,8 @@
 `build --to hf`), where a family's rate after the embeddings is not its sublayers' one.
 
 GPT-2 (and GPT-J, GPTBigCode) and Phi read ``embd_pdrop`` after the embeddings beside
-``resid_pdrop`` after each sublayer (Phi-2: 0.0 and 0.1): ``embedding.dropout`` and ``dropout``.
+``resid_pdrop`` after each sublayer (Phi-2: 0.0 and 0.1), StarCoder2 ``embedding_dropout``
+beside ``residual_dropout``: ``embedding.dropout`` and ``dropout``.
 Seed-OSS's ``residual_dropout``, Phi-3's ``resid_pdrop``, BLOOM's ``hidden_dropout`` and OPT's
 ``dropout`` drop the sublayers' outputs and never the embeddings: ``embedding.dropout`` 0. MPT's
 one ``attn_config.attn_pdrop`` drops the attention weights and both sublayers' outputs:
@@ -48,6 +49,7 @@ RATES: dict[str, tuple[dict[str, Any], tuple[float, float, float]]] = {
     "bloom": ({"hidden_dropout": 0.1}, (0.1, 0.0, 0.0)),
     "opt": ({"dropout": 0.1}, (0.1, 0.0, 0.0)),
     "mpt": ({"attn_pdrop": 0.1}, (0.1, 0.0, 0.1)),
+    "starcoder2": ({"residual_dropout": 0.1, "embedding_dropout": 0.2}, (0.1, 0.2, 0.0)),
 }
 
 
@@ -103,7 +105,7 @@ def _to_hf(spec_file: Path, out: Path) -> dict[str, Any]:
     return config
 
 
-@pytest.mark.parametrize("name", ["phi", "gpt2", "seed_oss"])
+@pytest.mark.parametrize("name", ["phi", "gpt2", "seed_oss", "starcoder2"])
 def test_to_hf_writes_the_rates_back(name: str, tmp_path: Path) -> None:
     ref = _reference(name)
     _save(ref, tmp_path / "hf")

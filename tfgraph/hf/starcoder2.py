@@ -8,7 +8,8 @@ from typing import Any
 
 from tfgraph.hf.common import (linear_rows, llama_outer_rows, norm_rows, put_decoder_sizes,
                                put_windows)
-from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_parameters
+from tfgraph.hf.config import (HFConfig, SpecDraft, activation, put_embedding_dropout, put_rope,
+                               rope_parameters)
 from tfgraph.hf.export_common import decoder_sizes, plain_activation
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
@@ -34,6 +35,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     where, params = rope_parameters(cfg)
     put_rope(draft, params, where)
     put_windows(draft, None, cfg.get("sliding_window", None), cfg.int("num_hidden_layers"))
+    # modeling_starcoder2: residual_dropout on o_proj's and c_proj's outputs, embedding_dropout
+    # on the token embeddings
+    draft.put("dropout", cfg.float("residual_dropout", 0.0), "residual_dropout")
+    put_embedding_dropout(draft, cfg.float("embedding_dropout", 0.0), "embedding_dropout")
     return draft
 
 
@@ -50,6 +55,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any] | None:
         "hidden_act": plain_activation(spec, "gelu_pytorch_tanh"),
         "norm_epsilon": spec.norm.eps, "sliding_window": att.window,
         "rope_parameters": rope_config(spec),
+        "residual_dropout": spec.dropout, "embedding_dropout": spec.embedding_dropout,
     }
 
 
