@@ -507,35 +507,49 @@ def test_the_capture_path_gives_the_tokens_of_the_plain_stepper(built: dict[str,
         stepper.prepare(3, ids.shape[1], 8)
     assert graphs.compiled and not plain.compiled and graphs.compile_s > 0
     buffers = dict(graphs.cache)
-    assert graphs.counts.tolist() == [CAPTURE_STEPS] * 3  # the warm-up steps ran
+    assert graphs.counts.tolist() == [CAPTURE_STEPS] * 3  # the warm-up step ran
     a, b = graphs.prefill(ids, lengths), plain.prefill(ids, lengths)
     assert graphs.cache == buffers and graphs.graph_id == 1  # kept: the graph stays valid
     torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), **TOL)
     rng = np.random.default_rng(5)
     for t in range(14):
-        if t == 4:
+        if t == 4:  # beam search's reorder: the same buffers, rows permuted in place
             for stepper in (graphs, plain):
                 stepper.reorder(np.array([2, 0, 0]))
-        nxt = rng.integers(0, 256, 3)
+            assert graphs.cache == buffers and graphs.graph_id == 1
+        if t == 6:  # a row leaves: new buffers, a new graph id
+            for stepper in (graphs, plain):
+                stepper.reorder(np.array([0, 2]))
+            assert graphs.graph_id == 2 and graphs.rows == 2
+        nxt = rng.integers(0, 256, len(graphs.counts))
         a, b = graphs.step(nxt), plain.step(nxt)
         torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), **TOL)
-    assert graphs.graph_id > 1  # reorder and growth allocated again
+    assert graphs.graph_id == 3  # ... and growth past the 17 + 8 positions, another
     options = graphs._run_options(graphs.graph_id)
     assert options.get_run_config_entry("gpu_graph_id") == str(graphs.graph_id)
     assert plain._run_options(1) is None
 
 
 @pytest.mark.parametrize(("kind", "flags", "words"), [
-    ("fused", [], ["CUDA provider only"]),
+    ("fused16", [], ["CUDA provider only"]),
+    ("fused", [], ["float16 and bfloat16 kernels only", "--dtype float16"]),
     ("written", [], ["fused-attention KV-cache model only"]),
     ("fused", ["--backend", "torch"], ["--backend onnx", "--compile"]),
     ("fused", ["--no-cache"], ["not with --no-cache"]),
 ])
 def test_cuda_graph_is_refused_where_onnxruntime_cannot_capture(
-        built: dict[str, Path], kind: str, flags: list[str], words: list[str]) -> None:
-    """--cuda-graph without a GPU, on the written-out model (its cache grows every step) or off
-    onnxruntime: one line, exit 2."""
-    result = run_cli("generate", str(built[f"tiny-llama-{kind}"]), "--prompt-ids", "5,17,42",
+        built: dict[str, Path], tmp_path: Path, kind: str, flags: list[str], words: list[str]
+        ) -> None:
+    """--cuda-graph without a GPU, on a float32 fused model (onnxruntime's CUDA
+    GroupQueryAttention is 16-bit only), on the written-out model (its cache grows every step)
+    or off onnxruntime: one line, exit 2."""
+    model = built[f"tiny-llama-{kind}"] if kind != "fused16" else tmp_path / "model.onnx"
+    if kind == "fused16":
+        done = run_cli("build", str(ROOT / "specs" / "tiny-llama.yaml"), "--to", "onnx",
+                       "--kv-cache", "--fused-attention", "--dtype", "float16", "-o",
+                       str(model))
+        assert done.returncode == 0, done.stderr
+    result = run_cli("generate", str(model), "--prompt-ids", "5,17,42",
                      "--max-new-tokens", "4", "--cuda-graph", "--provider", "cpu", *flags)
     line = refused(result)
     for word in words:

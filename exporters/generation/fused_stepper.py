@@ -26,9 +26,14 @@ buffers, bound once, and refilled in place every step (``OrtValue.update_inplace
 logits are copied to the host. Every decode step so has the same shapes and the same device
 addresses, which is what onnxruntime's CUDA graph capture needs (``cuda_graph=True``: the
 session was made with the CUDA provider's ``enable_cuda_graph``): the prefill runs uncaptured
-(run option ``gpu_graph_id`` -1), the decode steps under one graph id per set of buffers
-(onnxruntime captures a graph per id on its second run and replays it after), a new id
-whenever the buffers are allocated again. The CPU provider runs the same path, uncaptured.
+(run option ``gpu_graph_id`` -1), the decode steps under one graph id per set of buffers: the
+first run with a new id runs the step uncaptured for onnxruntime's allocations, captures it and
+replays it, all in that one call; later runs replay it. Rows reordered within the same count
+(beam search) are written back into the same buffers, so the graph stays; buffers allocated
+again (a row outgrowing them, rows leaving) get a new id and the old graph is released. The
+CPU provider runs the same path, uncaptured. onnxruntime's CUDA GroupQueryAttention has
+float16 and bfloat16 kernels only: a float32 model's attention would run on the CPU, between
+copies that graph capture refuses (tfgraph.commands.steppers refuses it first).
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ from tfgraph.exporters.generation.cache_interface import present_name
 from tfgraph.exporters.onnx.runtime import run_bound
 from tfgraph.generation.cached import last_logits
 
-CAPTURE_STEPS = 3
-"""Decode steps run before decoding with CUDA graphs: onnxruntime's CUDA provider runs a graph
-id once uncaptured (its allocations), captures it on the next run and replays it after."""
+CAPTURE_STEPS = 1
+"""Decode steps run before decoding with CUDA graphs: onnxruntime's CUDA provider, in the first
+run of a graph id, runs the step uncaptured (its allocations), captures it and replays it
+(onnxruntime 1.31 InferenceSession::Run: "another run for necessary memory allocation or
+graph capture")."""
 
 
 class FusedOnnx:
@@ -107,8 +114,8 @@ class FusedOnnx:
 
     def capture(self, batch: int, width: int) -> None:
         """Allocate the buffers for ``batch`` rows and prompts up to ``width`` tokens and run
-        :data:`CAPTURE_STEPS` decode steps on zeros through them: with CUDA graphs, the
-        capture (without, the same runs, uncaptured)."""
+        :data:`CAPTURE_STEPS` decode step on zeros through them: with CUDA graphs, the
+        capture (without, the same run, uncaptured)."""
         start = time.perf_counter()
         self._buffers(batch, self._capacity(width))
         self.counts = np.zeros(batch, np.int64)
@@ -170,6 +177,8 @@ class FusedOnnx:
             binding.bind_ortvalue_input(past, self.cache[past])
             binding.bind_ortvalue_output(present, self.cache[past])
         binding.bind_ortvalue_output(self.logits_name, logits)
+        if self.cuda_graph and self.fixed_binding is not None:  # its graph's addresses go
+            self.session.release_captured_graph(self.graph_id)
         self.fixed, self.fixed_binding = {**fixed, self.logits_name: logits}, binding
         self.graph_id += 1
 
@@ -266,7 +275,10 @@ class FusedOnnx:
     def reorder(self, rows: np.ndarray) -> None:
         self.counts = self.counts[rows]
         host = {n: v[rows] for n, v in self._host_cache().items()}
-        if self.share:
+        if self.share and len(rows) == self.rows:  # beam search: the same buffers (and
+            for name, value in host.items():  # graph), rows permuted through the host
+                self.cache[name].update_inplace(np.ascontiguousarray(value))
+        elif self.share:
             self._buffers(len(rows), self.capacity, host)
         else:  # positions past a row's count are never read (the kernel's present is
             # as wide as the wider of the mask and the past)

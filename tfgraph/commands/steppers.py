@@ -367,6 +367,10 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
 
     spec = _stored_spec(model, where) if SPEC_METADATA_KEY in props else None
     dtype = rt.elem_name(model.graph.output[0].type.tensor_type.elem_type)
+    if cuda_graph and dtype == "float32":
+        raise TfgraphError("--cuda-graph: onnxruntime's CUDA GroupQueryAttention has float16 "
+                           "and bfloat16 kernels only (a float32 model's attention runs on the "
+                           "CPU, which graph capture refuses); build it with --dtype float16")
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                           dtype=dtype, cuda_graph=cuda_graph)
     vocab = _vocab(model, spec, where)
@@ -378,6 +382,9 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
         from tfgraph.exporters.generation.fused_stepper import FusedOnnx
 
         graphs = "; decode steps as a CUDA graph" if cuda_graph else ""
+        if ran == rt.CUDA and dtype == "float32":
+            graphs += ("; GroupQueryAttention has no float32 CUDA kernel in onnxruntime: the "
+                       "attention runs on the CPU (build with --dtype float16 for the GPU)")
         return FusedOnnx(session, vocab, max_len, probs, cuda_graph=cuda_graph), \
             f"{ran} ({why}; fused attention, shared cache buffers{graphs})"
     stepper = onnx_cached(session, vocab, max_len, output_probs=probs)
