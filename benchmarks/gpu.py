@@ -152,7 +152,8 @@ def device_bandwidth(cuda: bool) -> tuple[float, str]:
 def tfgraph_side(source: str, prompts: list[list[int]], new: int, **kw: Any) -> Row:
     import tfgraph
 
-    if not kw.get("compile"):  # a warm-up (a compiled or captured side does its own first)
+    if not kw.get("compile") and not kw.get("cuda_graph"):  # a warm-up (a compiled or
+        # captured side compiles or captures before its clock starts)
         tfgraph.generate(source, prompts, max_new_tokens=4, eos_token_id=None, **kw)
     r = tfgraph.generate(source, prompts, max_new_tokens=new, eos_token_id=None, **kw)
     note = f"compile {r.compile_s:.1f} s apart" if r.compile_s is not None else ""

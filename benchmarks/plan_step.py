@@ -140,4 +140,16 @@ def write_measured(path: Path, rows: list[Measured]) -> None:
 
 
 def read_measured(path: Path) -> list[Measured]:
-    return [Measured.from_dict(r) for r in json.loads(path.read_text())["rows"]]
+    """The rows of a ``write_measured`` file; ValueError for a row the planner cannot take
+    (an unknown GPU row or dtype, a spec that is not in this repository, a time <= 0)."""
+    rows = [Measured.from_dict(r) for r in json.loads(path.read_text())["rows"]]
+    for row in rows:
+        if row.gpu is not None and row.gpu not in GPUS:
+            raise ValueError(f"{row.label!r}: no --gpu row {row.gpu!r}")
+        if row.step.dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"{row.label!r}: dtype {row.step.dtype!r}")
+        spec = (ROOT / row.step.spec).resolve()
+        if not spec.is_relative_to(ROOT) or not spec.is_file() or not row.measured_ms > 0:
+            raise ValueError(f"{row.label!r}: spec {row.step.spec!r}, "
+                             f"{row.measured_ms} ms")
+    return rows

@@ -62,7 +62,8 @@ def test_a_bad_rate_is_refused() -> None:
 
 
 def test_a_copy_with_another_dropout_follows_it() -> None:
-    """Not derived in place: model_copy(update={"dropout": 0}) (tests, tools) drops it too."""
+    """Not derived in place: with embedding.dropout unset, model_copy(update={"dropout": 0})
+    (tests, tools) drops the embeddings' dropout too."""
     spec = tiny("tiny-decoder.yaml").model_copy(update={"dropout": 0.0})
     assert spec.embedding_dropout == 0.0 and _embed_dropouts(spec) == {}
 

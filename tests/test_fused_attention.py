@@ -492,16 +492,17 @@ def test_decode_steps_run_through_fixed_device_values(built: dict[str, Path]) ->
 def test_the_capture_path_gives_the_tokens_of_the_plain_stepper(built: dict[str, Path]
                                                                 ) -> None:
     """The CUDA-graph path on the CPU provider (which ignores the graph ids): buffers
-    allocated and warmed by decode steps on zeros before the prefill, which then keeps them;
-    every step tagged with its graph id. Its logits equal a fresh stepper's, also through
-    growth and rows leaving the batch."""
+    allocated and warmed by a decode step on zeros before the prefill, which then keeps them;
+    every step through the fixed values, tagged with its graph id. Its logits equal those of
+    the unshared stepper (host arrays, a fresh binding each run), also through beam-style
+    reordering, rows leaving the batch and growth."""
     from tfgraph.exporters.generation.fused_stepper import CAPTURE_STEPS, FusedOnnx
     from tfgraph.generation.loop import left_pad
 
     path = built["tiny-mistral-fused"]  # a sliding window too
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     graphs = FusedOnnx(s, 256, None, cuda_graph=True)
-    plain = _stepper(path, True)
+    plain = _stepper(path, False)
     ids, lengths = left_pad([np.array(p) for p in PROMPTS])
     for stepper in (graphs, plain):
         stepper.prepare(3, ids.shape[1], 8)
@@ -554,3 +555,32 @@ def test_cuda_graph_is_refused_where_onnxruntime_cannot_capture(
     line = refused(result)
     for word in words:
         assert word in line, (word, line)
+
+
+def test_beam_search_moves_into_the_captured_buffers(built: dict[str, Path]) -> None:
+    """Beam search prefills each prompt once and then reorders its rows to prompts x beams:
+    those rows move into the buffers prepare captured on (graph 1 stays and is the one
+    replayed), and the tokens equal the unshared stepper's."""
+    from tfgraph.exporters.generation.fused_stepper import FusedOnnx
+    from tfgraph.generation.loop import generate as run_loop
+    from tfgraph.generation.loop import left_pad
+
+    path = built["tiny-llama-fused"]
+    graphs = FusedOnnx(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]),
+                       256, None, cuda_graph=True)
+    graphs.prepare(2 * 3, max(len(p) for p in PROMPTS[:2]), 10)
+    captured = graphs.active
+    seen = []
+    step = graphs.step
+
+    def spy(next_ids: np.ndarray) -> np.ndarray:
+        seen.append(graphs.active)
+        return step(next_ids)
+
+    graphs.step = spy  # type: ignore[method-assign]
+    got = run_loop(graphs, PROMPTS[:2], 10, beams=3).tokens
+    assert seen and all(a is captured for a in seen) and captured.graph_id == 1
+    plain = _stepper(path, False)
+    assert got == run_loop(plain, PROMPTS[:2], 10, beams=3).tokens
+    ids, lengths = left_pad([np.array(p) for p in PROMPTS[:2]])
+    assert graphs.prefill(ids, lengths) is not None and graphs.active is not captured

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.exporters.generation.buffer_set import BufferSet, CacheLayout, allocate
 from tfgraph.exporters.generation.cache_interface import present_name
 from tfgraph.exporters.onnx.runtime import run_bound
 from tfgraph.generation.cached import last_logits
@@ -74,50 +75,74 @@ class FusedOnnx:
         # (tfgraph.commands.steppers checks the model's inputs and outputs first:
         # exporters/generation/cache_interface.py)
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-        self.names = [i.name for i in past]
-        # (kv_heads, head_dim) of each layer's key and value buffers
-        self.dims = {i.name: (int(i.shape[1]), int(i.shape[3])) for i in past}
         types = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
         if past[0].type not in types:  # numpy (and so these buffers) has no bfloat16
             raise TfgraphError(f"a fused-attention model with a {past[0].type} cache: tfgraph "
                                "generate allocates float16 or float32 buffers; build it with "
                                "--dtype float16 or float32")
-        self.np_dtype = types[past[0].type]
-        self.with_positions = any(i.name == "position_ids" for i in session.get_inputs())
-        self.logits_name = session.get_outputs()[0].name
-        self.logits_dtype = types.get(session.get_outputs()[0].type, np.float32)
-        self.presents = [present_name(n) for n in self.names]
-        self.device = session_device(session)
+        out = session.get_outputs()[0]
+        self.layout = CacheLayout(
+            names=[i.name for i in past], presents=[present_name(i.name) for i in past],
+            dims={i.name: (int(i.shape[1]), int(i.shape[3])) for i in past},
+            dtype=types[past[0].type], logits=out.name,
+            logits_dtype=types.get(out.type, np.float32), vocab=vocab,
+            with_positions=any(i.name == "position_ids" for i in session.get_inputs()),
+            device=session_device(session))
+        self.names, self.presents = self.layout.names, self.layout.presents
         self.new_tokens = 256  # positions reserved past the prompt until prepare says
-        self.rows, self.capacity = 0, 0  # rows and positions of the buffers (share=True)
         self.counts = np.zeros(0, np.int64)  # (B,) n_b: tokens in each row's cache
-        self.cache: dict[str, Any] = {}  # past name -> OrtValue (or a host array)
-        self.graph_id = 0  # onnxruntime's gpu_graph_id of the current buffers (from 1)
-        self.fixed: dict[str, Any] = {}  # a decode step's inputs and logits, on the device
-        self.fixed_binding: Any = None  # the I/O binding of every decode step
+        self.cache: dict[str, Any] = {}  # past name -> OrtValue (or, unshared, a host array)
+        self.active: BufferSet | None = None  # what decode steps run on (share=True)
+        self.prepared: BufferSet | None = None  # the set prepare captured, kept for reuse
+        self.next_graph_id = 1
         self.compile_s = 0.0  # seconds prepare spent capturing the decode step
+
+    # the current set's fields, as the tests and callers read them
+    @property
+    def rows(self) -> int:
+        return self.active.rows if self.active is not None else 0
+
+    @property
+    def capacity(self) -> int:
+        """Positions each buffer holds (share=True)."""
+        return self.active.capacity if self.active is not None else 0
+
+    @property
+    def graph_id(self) -> int:
+        return self.active.graph_id if self.active is not None else 0
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        return self.active.fixed if self.active is not None else {}
+
+    @property
+    def fixed_binding(self) -> Any:
+        return self.active.binding if self.active is not None else None
 
     @property
     def compiled(self) -> bool:
-        """Whether :meth:`prepare` captured the decode step (``compile_s`` says how long)."""
+        """Whether :meth:`prepare` captures the decode step (``compile_s`` says how long)."""
         return self.cuda_graph
 
     # sizing
     def prepare(self, batch: int, width: int, new_tokens: int) -> None:
         """Expect prompts up to ``width`` tokens and ``new_tokens`` more: the buffers' size.
         With CUDA graphs, the buffers for ``batch`` rows are allocated here and the decode
-        step captured on them (a few steps on zeros, timed as ``compile_s``), so the
-        decoding that follows replays it; a prefill of that many rows keeps these buffers."""
+        step captured on them (one step on zeros, timed as ``compile_s``), so the decoding
+        that follows replays it: a prefill of that many rows keeps them, and a prefill of
+        fewer (beam search prefills each prompt once) moves into them when its rows are
+        reordered to ``batch``."""
         self.new_tokens = max(1, int(new_tokens))
         if self.cuda_graph:
             self.capture(batch, width)
 
     def capture(self, batch: int, width: int) -> None:
-        """Allocate the buffers for ``batch`` rows and prompts up to ``width`` tokens and run
-        :data:`CAPTURE_STEPS` decode step on zeros through them: with CUDA graphs, the
-        capture (without, the same run, uncaptured)."""
+        """Allocate the buffers for ``batch`` rows and prompts up to ``width`` tokens, keep
+        them as the prepared set and run :data:`CAPTURE_STEPS` decode step on zeros through
+        them: with CUDA graphs, the capture (without, the same run, uncaptured)."""
         start = time.perf_counter()
         self._buffers(batch, self._capacity(width))
+        self.prepared = self.active
         self.counts = np.zeros(batch, np.int64)
         for _ in range(CAPTURE_STEPS):
             self.step(np.zeros(batch, np.int64))
@@ -133,54 +158,36 @@ class FusedOnnx:
 
     def _buffers(self, rows: int, capacity: int, keep: dict[str, np.ndarray] | None = None
                  ) -> None:
-        """Allocate (rows, kv, capacity, hd) buffers on the device, ``keep``'s values copied
-        into their first positions."""
-        import onnxruntime as ort
-
+        """Make (rows, capacity) buffers the active set, ``keep``'s values in their first
+        positions: the prepared set when it has that shape (its addresses, and graph, stay),
+        else a new one on the device (a new graph id). The set left behind is dropped unless
+        it is the prepared one, and the prepared one once the buffers outgrow it."""
         from tfgraph.limits import check_memory
 
-        # the host copy and the device buffer of every layer (a model's sizes are its own:
-        # refused here rather than by a MemoryError part-way through the allocations)
-        per_row = sum(kv * hd for kv, hd in self.dims.values()) * capacity
-        check_memory(f"the fused-attention KV cache of {rows} rows x {capacity} positions",
-                     2 * rows * per_row * np.dtype(self.np_dtype).itemsize)
-        self.rows, self.capacity = rows, capacity
-        cache = {}
-        for name in self.names:
-            kv_heads, head_dim = self.dims[name]
-            host = np.zeros((rows, kv_heads, capacity, head_dim), self.np_dtype)
+        prepared = self.prepared
+        if prepared is not None and (prepared.rows, prepared.capacity) == (rows, capacity):
+            target = prepared
             if keep is not None:
-                old = keep[name]
-                host[:, :, :old.shape[2]] = old[:, :, :capacity]
-            cache[name] = ort.OrtValue.ortvalue_from_numpy(host, self.device, 0)
-        self.cache = cache
-        self._fix_step_io(rows)
+                target.fill(keep, self.layout)
+        else:
+            # the host copy and the device buffers (a model's sizes are its own: refused
+            # here rather than by a MemoryError part-way through the allocations)
+            check_memory(f"the fused-attention KV cache of {rows} rows x {capacity} "
+                         "positions", 2 * rows * self.layout.bytes_per_row(capacity))
+            target = allocate(self.session, self.layout, rows, capacity, self.next_graph_id,
+                              keep)
+            self.next_graph_id += 1
+        old, self.active, self.cache = self.active, target, target.cache
+        if old is not None and old is not target and old is not prepared:
+            self._drop(old)
+        if prepared is not None and prepared.capacity != capacity:  # grown past it
+            self._drop(prepared)
+            self.prepared = None
 
-    def _fix_step_io(self, rows: int) -> None:
-        """A decode step's inputs and logits as device OrtValues of fixed shape, bound once
-        with the buffers (the module docstring): (rows, 1) ids and positions, a (rows,
-        capacity) mask, (rows, 1, vocab) logits; a new graph id for the new addresses."""
-        import onnxruntime as ort
-
-        def value(shape: tuple[int, ...], dtype: Any) -> Any:
-            return ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device, 0)
-
-        fixed = {"input_ids": value((rows, 1), np.int64),
-                 "attention_mask": value((rows, self.capacity), np.int64)}
-        if self.with_positions:
-            fixed["position_ids"] = value((rows, 1), np.int64)
-        logits = value((rows, 1, self.vocab), self.logits_dtype)
-        binding = self.session.io_binding()
-        for name, v in fixed.items():
-            binding.bind_ortvalue_input(name, v)
-        for past, present in zip(self.names, self.presents):
-            binding.bind_ortvalue_input(past, self.cache[past])
-            binding.bind_ortvalue_output(present, self.cache[past])
-        binding.bind_ortvalue_output(self.logits_name, logits)
-        if self.cuda_graph and self.fixed_binding is not None:  # its graph's addresses go
-            self.session.release_captured_graph(self.graph_id)
-        self.fixed, self.fixed_binding = {**fixed, self.logits_name: logits}, binding
-        self.graph_id += 1
+    def _drop(self, old: BufferSet) -> None:
+        """Let a set go, and its captured graph (which holds its addresses)."""
+        if self.cuda_graph and old.ran:
+            self.session.release_captured_graph(old.graph_id)
 
     def _run_options(self, graph_id: int) -> Any:
         """Run options naming the CUDA graph of this run (-1: none), or None without graphs."""
@@ -194,7 +201,7 @@ class FusedOnnx:
 
     def _shape(self) -> tuple[int, int] | None:
         """(rows, capacity) of the current device buffers (None: none yet)."""
-        if not self.share or not self.cache:
+        if not self.share or self.active is None:
             return None
         return self.rows, self.capacity
 
@@ -207,7 +214,7 @@ class FusedOnnx:
         binding = session.io_binding()
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids, np.int64))
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, np.int64))
-        if self.with_positions:
+        if self.layout.with_positions:
             binding.bind_cpu_input("position_ids", np.ascontiguousarray(positions, np.int64))
         for name in self.names:
             value = self.cache[name]
@@ -215,16 +222,16 @@ class FusedOnnx:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
             else:
                 binding.bind_ortvalue_input(name, value)
-        binding.bind_output(self.logits_name, "cpu")  # what the sampler reads
+        binding.bind_output(self.layout.logits, "cpu")  # what the sampler reads
         for past, present in zip(self.names, self.presents):
             if self.share:  # the same buffer: the kernel writes this step's keys into it
                 binding.bind_ortvalue_output(present, self.cache[past])
             else:
-                binding.bind_output(present, self.device)
+                binding.bind_output(present, self.layout.device)
         out = run_bound(session, binding, self._run_options(-1))  # never captured
         if not self.share:
             self.cache = dict(zip(self.names, out[1:]))
-        return np.asarray(out[0].numpy(), np.float32)
+        return np.array(out[0].numpy(), np.float32)  # a copy: the sampler keeps it
 
     def _mask(self, width: int | None = None) -> np.ndarray:
         """Row b: ones for its n_b tokens, then zeros, ``width`` wide (default: the longest
@@ -246,8 +253,9 @@ class FusedOnnx:
             if (rows, capacity) != self._shape():  # else the buffers (and a captured graph)
                 self._buffers(rows, capacity)  # stay: the prefill writes from position 0
         else:
-            self.cache = {n: np.zeros((rows, self.dims[n][0], 0, self.dims[n][1]),
-                                      self.np_dtype) for n in self.names}
+            dims, dtype = self.layout.dims, self.layout.dtype
+            self.cache = {n: np.zeros((rows, dims[n][0], 0, dims[n][1]), dtype)
+                          for n in self.names}
         logits = self._run(right, self._mask(), positions)  # (B, W, V)
         last = logits[np.arange(rows), lengths - 1][:, None]  # each row's last prompt token
         return last_logits(last, self.output_probs)
@@ -263,21 +271,25 @@ class FusedOnnx:
         # With shared buffers every step's mask is as wide as the buffers: one token per row,
         # total_sequence_length = the capacity (the kernel's present length either way), so
         # every decode step has the same shapes, through the same fixed device values.
-        fixed = self.fixed
+        active = self.active
+        assert active is not None  # allocated by the prefill (or prepare)
+        fixed = active.fixed
         fixed["input_ids"].update_inplace(np.ascontiguousarray(ids))
-        fixed["attention_mask"].update_inplace(self._mask(self.capacity))
-        if self.with_positions:
+        fixed["attention_mask"].update_inplace(self._mask(active.capacity))
+        if self.layout.with_positions:
             fixed["position_ids"].update_inplace(np.ascontiguousarray(positions))
-        run_bound(self.session, self.fixed_binding, self._run_options(self.graph_id))
-        logits = np.asarray(fixed[self.logits_name].numpy(), np.float32)
+        run_bound(self.session, active.binding, self._run_options(active.graph_id))
+        active.ran = True
+        # a copy: on the CPU the OrtValue's numpy() is a view the next step overwrites
+        logits = np.array(fixed[self.layout.logits].numpy(), np.float32)
         return last_logits(logits, self.output_probs)
 
     def reorder(self, rows: np.ndarray) -> None:
         self.counts = self.counts[rows]
         host = {n: v[rows] for n, v in self._host_cache().items()}
-        if self.share and len(rows) == self.rows:  # beam search: the same buffers (and
-            for name, value in host.items():  # graph), rows permuted through the host
-                self.cache[name].update_inplace(np.ascontiguousarray(value))
+        if self.share and self.active is not None and len(rows) == self.active.rows:
+            self.active.fill(host, self.layout)  # beam search: rows permuted through the
+            # host into the same buffers (and graph)
         elif self.share:
             self._buffers(len(rows), self.capacity, host)
         else:  # positions past a row's count are never read (the kernel's present is

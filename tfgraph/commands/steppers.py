@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 BACKENDS = ("onnx", "torch")
 CUDA_GRAPH_MODELS = ("onnxruntime captures the decode step of a decoder's fused-attention "
-                     "KV-cache model only (fixed shapes and buffers): build it with --kv-cache "
-                     "--fused-attention, or give a spec or folder with --fused-attention")
+                     "KV-cache model only (fixed shapes and buffers): build --kv-cache "
+                     "--fused-attention, or a SPEC or DIR with --fused-attention, where "
+                     "onnxruntime's kernel is exact for the model (a note says when not)")
 CACHE_INPUT_PREFIXES = ("attention_mask", "past_key_values.", "position_ids")
 
 
@@ -370,7 +371,8 @@ def _cached_onnx_stepper(model: Any, session_source: bytes | Path, where: str, p
     if cuda_graph and dtype == "float32":
         raise TfgraphError("--cuda-graph: onnxruntime's CUDA GroupQueryAttention has float16 "
                            "and bfloat16 kernels only (a float32 model's attention runs on the "
-                           "CPU, which graph capture refuses); build it with --dtype float16")
+                           "CPU, which graph capture refuses); build it with --dtype "
+                           "float16 (a SPEC: dtype: float16)")
     session, ran, why = rt.create_session(session_source, provider, threads=threads,
                                           dtype=dtype, cuda_graph=cuda_graph)
     vocab = _vocab(model, spec, where)
