@@ -46,8 +46,23 @@ def run_jobs(run_one: Callable[[Any], Any]) -> None:
         dist.barrier()
     if dist.get_rank() == 0:
         Path(sys.argv[2]).write_text(json.dumps(results))
-    dist.barrier()  # no rank tears down gloo while another is still writing (it aborted)
+    finish()
+
+
+def finish() -> None:
+    """A worker's end once rank 0 has written the results: every rank waits for the others
+    (no rank tears gloo down while another still writes), leaves the group, and exits
+    without the interpreter's shutdown. Under load a rank still aborted there, after its
+    work, in torch's C++ teardown ("terminate called without an active exception": a native
+    thread still joinable when static destructors run; seen about once in 30 launches on a
+    loaded 2-core machine, in CI too), failing a launch whose results were all written."""
+    import torch.distributed as dist
+
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_cases_or_examples(run_case: Callable[[Any], Any]) -> None:
@@ -78,7 +93,17 @@ def torchrun(procs: int, worker: Path, jobs: Any, out: Path, timeout: int = 600)
            "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(worker),
            json.dumps(jobs), str(out)]
     done = launch(cmd, timeout, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure(done)
+
+
+def failure(done: subprocess.CompletedProcess[str]) -> str:
+    """What a failed launch said: the ranks' own error lines (torchrun's summary, which the
+    tail holds, names only the signal), then the tail."""
+    lines = (done.stdout + "\n" + done.stderr).splitlines()
+    marks = ("terminate called", "Error", "error:", "Traceback", "what():", "rank")
+    errors = [line for line in lines if any(m in line for m in marks)
+              and "elastic/multiprocessing" not in line][:40]
+    return "\n".join(errors) + "\n--- tail ---\n" + done.stderr[-2000:]
 
 
 def launch(cmd: list[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 import tfgraph
-from distributed_support import GROUP_TIMEOUT, load_example
+from distributed_support import GROUP_TIMEOUT, finish, load_example
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
 from tfgraph.exporters.torch.expert_parallel import all_to_all_bytes
@@ -94,10 +94,7 @@ def main() -> None:
         dist.barrier()
     if dist.get_rank() == 0:
         torch.save(results, sys.argv[2])
-    # No rank tears down gloo while another is still writing: under load a rank aborted at
-    # exit ("terminate called without an active exception"), 1 launch in 3.
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()  # (distributed_support.finish: why it leaves without the interpreter's shutdown)
 
 
 if __name__ == "__main__":
