@@ -14,6 +14,7 @@ import numpy as np
 
 from tfgraph.exporters.onnx.runtime import run_all, run_bound
 from tfgraph.generation.cached import Cached, CachedSeq2Seq
+from tfgraph.generation.floats import load_for
 
 
 def onnx_cached(session: Any, vocab: int, max_len: int | None,
@@ -30,6 +31,7 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
     # (kv_heads, width) of each past input: a latent-attention cache's keys and values differ
     dims = {i.name: (int(i.shape[1]), int(i.shape[3])) for i in past_inputs}
     np_dtype = np.float16 if past_inputs[0].type == "tensor(float16)" else np.float32
+    load_for(np_dtype)  # the logits' dtype too (tfgraph.generation.floats: before any clock)
     with_positions = any(i.name == "position_ids" for i in session.get_inputs())
     if bind:
         return _bound_cached(session, names, dims, np_dtype, with_positions,
@@ -44,7 +46,7 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
         if with_positions:
             feeds["position_ids"] = positions
         out = run_all(session, feeds)
-        return np.asarray(out[0], np.float32), dict(zip(names, out[1:]))
+        return out[0], dict(zip(names, out[1:]))  # last_logits converts the last position
 
     def select(past: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         return {n: v[rows] for n, v in past.items()}
@@ -85,7 +87,7 @@ def _bound_cached(session: Any, names: list[str], dims: dict[str, tuple[int, int
         for name in presents:
             binding.bind_output(name, device)  # onnxruntime allocates them there
         out = run_bound(session, binding)
-        logits = np.asarray(out[0].numpy(), np.float32)
+        logits = out[0].numpy()  # the model's dtype: last_logits converts the last position
         return logits, dict(zip(names, out[1:]))
 
     def select(past: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
@@ -298,6 +300,7 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
     names = [i.name for i in own]
     kv_heads, head_dim = int(own[0].shape[1]), int(own[0].shape[3])
     np_dtype = np.float16 if own[0].type == "tensor(float16)" else np.float32
+    load_for(np_dtype)
     cross_names = [o.name.replace("present", "past_key_values")
                    for o in encoder.get_outputs()[1:]]
     encoder_inputs = {i.name for i in encoder.get_inputs()}
@@ -319,7 +322,7 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
         if "position_ids" in decoder_inputs:
             feeds["position_ids"] = positions
         out = run_all(decoder, feeds)
-        return np.asarray(out[0], np.float32), dict(zip(names, out[1:]))
+        return out[0], dict(zip(names, out[1:]))  # last_logits converts the last position
 
     def empty(batch: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((batch, kv_heads, 0, head_dim), np_dtype) for n in names}

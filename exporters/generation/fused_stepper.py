@@ -48,6 +48,7 @@ from tfgraph.exporters.generation.buffer_set import BufferSet, CacheLayout, allo
 from tfgraph.exporters.generation.cache_interface import present_name
 from tfgraph.exporters.onnx.runtime import run_bound
 from tfgraph.generation.cached import last_logits
+from tfgraph.generation.floats import load_for
 
 CAPTURE_STEPS = 1
 """Decode steps run before decoding with CUDA graphs: onnxruntime's CUDA provider, in the first
@@ -89,6 +90,7 @@ class FusedOnnx:
             with_positions=any(i.name == "position_ids" for i in session.get_inputs()),
             device=session_device(session))
         self.names, self.presents = self.layout.names, self.layout.presents
+        load_for(self.layout.logits_dtype)  # (tfgraph.generation.floats: before any clock)
         self.new_tokens = 256  # positions reserved past the prompt until prepare says
         self.counts = np.zeros(0, np.int64)  # (B,) n_b: tokens in each row's cache
         self.cache: dict[str, Any] = {}  # past name -> OrtValue (or, unshared, a host array)
@@ -231,7 +233,7 @@ class FusedOnnx:
         out = run_bound(session, binding, self._run_options(-1))  # never captured
         if not self.share:
             self.cache = dict(zip(self.names, out[1:]))
-        return np.array(out[0].numpy(), np.float32)  # a copy: the sampler keeps it
+        return np.asarray(out[0].numpy())  # the model's dtype: last_logits converts
 
     def _mask(self, width: int | None = None) -> np.ndarray:
         """Row b: ones for its n_b tokens, then zeros, ``width`` wide (default: the longest
@@ -280,9 +282,9 @@ class FusedOnnx:
             fixed["position_ids"].update_inplace(np.ascontiguousarray(positions))
         run_bound(self.session, active.binding, self._run_options(active.graph_id))
         active.ran = True
-        # a copy: on the CPU the OrtValue's numpy() is a view the next step overwrites
-        logits = np.array(fixed[self.layout.logits].numpy(), np.float32)
-        return last_logits(logits, self.output_probs)
+        # (on the CPU the OrtValue's numpy() is a view the next step overwrites: last_logits
+        # returns a new array)
+        return last_logits(fixed[self.layout.logits].numpy(), self.output_probs)
 
     def reorder(self, rows: np.ndarray) -> None:
         self.counts = self.counts[rows]

@@ -16,18 +16,21 @@ from typing import Any
 
 import numpy as np
 
+from tfgraph.generation.floats import float32
+
 Past = Any
 """The back end's past keys/values (a dict of arrays, a tuple of tensors)."""
 
 Run = Callable[[np.ndarray, np.ndarray, np.ndarray, Past], tuple[np.ndarray, Past]]
 """(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), past) -> (logits (B, S, V)
-float32, present)."""
+in the model's float dtype, present)."""
 
 
 def last_logits(logits: np.ndarray, output_probs: bool) -> np.ndarray:
-    """Each row's last position (B, V) in float32; a model ending in a softmax gives
-    probabilities, whose logs are logits of the same distribution."""
-    last = np.asarray(logits[:, -1], dtype=np.float32)
+    """Each row's last position (B, V) as a new float32 array (converted after the
+    selection: tfgraph.generation.floats); a model ending in a softmax gives probabilities,
+    whose logs are logits of the same distribution."""
+    last = float32(logits[:, -1])
     return np.log(np.maximum(last, 1e-30)) if output_probs else last
 
 
