@@ -25,15 +25,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from click.testing import CliRunner
 
 import tfgraph
-from tfgraph.cli import main
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map, spec_from_config
 from tfgraph.hf.export_config import hf_config
 
+from cli_support import hf_config_written
 from parity_support import check
 from test_hf_families import CASES, build_reference, family_seed, import_spec, inputs
 
@@ -51,15 +50,6 @@ def _config(name: str, p: float) -> Any:
     return getattr(transformers, case.config)(**(case.kwargs | {KEYS[name]: p}))
 
 
-def _to_hf(spec_file: Path, out: Path) -> dict[str, Any]:
-    """``tfgraph build SPEC --to hf --seed 0``: the config.json it writes."""
-    result = CliRunner().invoke(main, ["build", str(spec_file), "--to", "hf", "--seed", "0",
-                                       "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    config: dict[str, Any] = json.loads((out / "config.json").read_text())
-    return config
-
-
 @pytest.mark.parametrize("p", [0.1, 0.0])
 @pytest.mark.parametrize("name", sorted(KEYS))
 def test_import_reads_it_and_to_hf_writes_it_back(name: str, p: float, tmp_path: Path) -> None:
@@ -70,7 +60,7 @@ def test_import_reads_it_and_to_hf_writes_it_back(name: str, p: float, tmp_path:
     # a spec without it is written as before (the field left out at 0)
     written = yaml.safe_load((tmp_path / "spec.yaml").read_text())
     assert written["attention"].get("dropout") == (p or None)
-    back = _to_hf(tmp_path / "spec.yaml", tmp_path / "out")
+    back = hf_config_written(tmp_path / "spec.yaml", tmp_path / "out")
     assert back["model_type"] == config.model_type
     assert back[KEYS[name]] == p
     # transformers reads the value back into the same attribute

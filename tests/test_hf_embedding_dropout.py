@@ -22,15 +22,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from click.testing import CliRunner
 
 import tfgraph
-from tfgraph.cli import main
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map
 from tfgraph.hf.export_config import hf_config
 
+from cli_support import hf_config_written
 from parity_support import check
 from test_hf_families import CASES, build_reference, family_seed, import_spec, inputs
 
@@ -97,14 +96,6 @@ def test_train_logits_match_hugging_face(name: str, tmp_path: Path) -> None:
         check(trained, ref.train()(**kwargs).logits)
 
 
-def _to_hf(spec_file: Path, out: Path) -> dict[str, Any]:
-    result = CliRunner().invoke(main, ["build", str(spec_file), "--to", "hf", "--seed", "0",
-                                       "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    config: dict[str, Any] = json.loads((out / "config.json").read_text())
-    return config
-
-
 @pytest.mark.parametrize("name", ["phi", "gpt2", "seed_oss", "starcoder2"])
 def test_to_hf_writes_the_rates_back(name: str, tmp_path: Path) -> None:
     ref = _reference(name)
@@ -113,7 +104,7 @@ def test_to_hf_writes_the_rates_back(name: str, tmp_path: Path) -> None:
     written = yaml.safe_load((tmp_path / "spec.yaml").read_text())
     dropout, embedding, _ = RATES[name][1]
     assert written["dropout"] == dropout and written["embedding"]["dropout"] == embedding
-    back = _to_hf(tmp_path / "spec.yaml", tmp_path / "out")
+    back = hf_config_written(tmp_path / "spec.yaml", tmp_path / "out")
     for key, value in RATES[name][0].items():
         assert back[key] == value, key
     loaded = transformers.AutoConfig.from_pretrained(tmp_path / "out")
@@ -128,7 +119,7 @@ def test_one_rate_writes_no_embedding_dropout(tmp_path: Path) -> None:
     spec = import_spec(tmp_path / "hf", tmp_path / "spec.yaml")
     assert spec.dropout == 0.2 and spec.embedding.dropout is None
     assert "dropout" not in yaml.safe_load((tmp_path / "spec.yaml").read_text())["embedding"]
-    assert _to_hf(tmp_path / "spec.yaml", tmp_path / "out")["embd_pdrop"] == 0.2
+    assert hf_config_written(tmp_path / "spec.yaml", tmp_path / "out")["embd_pdrop"] == 0.2
 
 
 def test_families_without_embedding_dropout_refuse_a_spec_with_one() -> None:
