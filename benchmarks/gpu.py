@@ -535,6 +535,8 @@ def plan_lines(spec_path: Path, work: Path, card: str, cuda: bool, quick: bool,
     import torch
 
     sys.path.insert(0, str(HERE))
+    from dataclasses import replace
+
     from plan_step import Measured, Step, gpu_for_card, predicted_by_cli, predicted_s, \
         write_measured
 
@@ -548,15 +550,16 @@ def plan_lines(spec_path: Path, work: Path, card: str, cuda: bool, quick: bool,
     source = f"benchmarks/gpu.py --steps plan, torch {torch.__version__}"
     rows: list[Measured] = []
     own = Step(spec_rel, batch, seq, "bfloat16" if cuda else "float32")
-    for key, note in (("eager", "eager module"), ("compiled", "torch.compile")):
+    for key, note, kernels in (("eager", "eager module", "eager"),
+                               ("compiled", "torch.compile", "graph")):
         if key in timed:
-            rows.append(Measured(f"{short} {name} {key}", own, timed[key], note, card,
-                                 row_gpu, date, source))
+            rows.append(Measured(f"{short} {name} {key}", replace(own, kernels=kernels),
+                                 timed[key], note, card, row_gpu, date, source))
     result, what = distributed_step(spec_path, work, cuda, quick)
     lines = [] if result is not None else [what]  # a failure: with the rest, not fatal
     if result is not None:
         say(f"{what}: done, losses {result['losses'][0]:.3f} -> {result['losses'][-1]:.3f}")
-    fsdp = Step(spec_rel, batch, seq, "bfloat16", zero=3, optimizer=True)
+    fsdp = Step(spec_rel, batch, seq, "bfloat16", zero=3, optimizer=True, kernels="eager")
     if result is not None and result["median_step_s"] is not None:
         rows.append(Measured(f"{short} {name} FSDP2", fsdp, result["median_step_s"] * 1e3,
                              "train_distributed.py FSDP2, AdamW", card, row_gpu, date, source))

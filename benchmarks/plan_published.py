@@ -121,7 +121,7 @@ KORTHIKANTI = [
 # cross-entropy + backward of tfgraph's torch module run eagerly (no torch.compile), SDPA
 # attention. More rows (benchmarks/gpu.py --steps plan writes them, with the compiled step and
 # examples/train_distributed.py's FSDP2 step) come in with --measured FILE.
-TINYLLAMA_STEP = Step("specs/llama.yaml", batch=4, seq=1024, dtype="bfloat16")
+TINYLLAMA_STEP = Step("specs/llama.yaml", batch=4, seq=1024, dtype="bfloat16", kernels="eager")
 MEASURED = [
     Measured("H100 TinyLlama-1.1B", TINYLLAMA_STEP, 66.7, "eager module", "NVIDIA H100",
              "h100", "2026-11", "issue 26's measurement"),
@@ -281,9 +281,12 @@ def main() -> None:
         assert row.gpu is not None  # measured_rows keeps rows with a GPU table row only
         real, mine = row.measured_ms / 1e3, predicted_s(row.step, row.gpu)
         where = "" if row in MEASURED else f"; {row.card}, {row.date}"
+        fused = ""
+        if row.step.kernels == "eager":  # what one kernel per op would have predicted
+            fused = (f"; --kernels graph {predicted_s(replace(row.step, kernels='graph'), row.gpu) * 1e3:.1f}ms")
         print(f"{row.label:<22} {row.layout_text():<34} "
               f"{real * 1e3:>8.1f}ms {mine * 1e3:>8.1f}ms {real / mine:6.3f}  "
-              f"{row.step.what()} ({row.note}{where})")
+              f"{row.step.what()} ({row.note}{where}{fused})")
         rows.append((row.label, real, mine, "ms"))
     ratios = [r / m for _, r, m, _ in rows]
     worst = max(rows, key=lambda r: abs(r[1] / r[2] - 1))

@@ -2,7 +2,8 @@
 benchmarks/plan_published.py (its measured rows) and benchmarks/gpu.py (``--steps plan``).
 
 A measured step is described by what ran: the spec, the batch and length, the training
-precision, the ZeRO stage (FSDP2 is ZeRO 3) and whether the step included the optimizer's. Its
+precision, the ZeRO stage (FSDP2 is ZeRO 3), whether the step included the optimizer's and
+whether the module ran eagerly (predicted with ``--kernels eager``) or compiled. Its
 prediction is ``tfgraph plan``'s on one GPU for that layout, computed in-process exactly as
 ``tfgraph plan SPEC --gpus 1 ... --json`` computes it (``tfgraph.commands.plan``: the spec
 compiled with its loss in the training precision, ``Layout``, ``plan``); ``cli_args`` gives
@@ -23,6 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 import tfgraph  # noqa: E402
+from tfgraph.exporters.torch.kernels import kernel_source  # noqa: E402
 from tfgraph.parallel.gpus import GPUS, gpu  # noqa: E402
 from tfgraph.parallel.layout import Layout  # noqa: E402
 from tfgraph.parallel.planner import plan  # noqa: E402
@@ -42,13 +44,17 @@ class Step:
     """ZeRO stage of the run: 0 a plain module, 3 FSDP2 (``fully_shard``)."""
     optimizer: bool = False
     """Whether the measured time includes the optimizer step (AdamW)."""
+    kernels: str = "graph"
+    """How the module ran, as ``tfgraph plan --kernels`` takes it: "eager" (PyTorch's eager
+    mode, one kernel per ATen op) or "graph" (torch.compile, toward one per graph op)."""
 
     def layout(self) -> Layout:
         return Layout(zero=self.zero, micro_batch=self.batch, global_batch=self.batch,
                       seq=self.seq, dtype=self.dtype)
 
     def what(self) -> str:
-        return "forward + backward + optimizer" if self.optimizer else "forward + backward"
+        done = "forward + backward + optimizer" if self.optimizer else "forward + backward"
+        return f"{done}, --kernels {self.kernels}"
 
     def cli_args(self, gpu_name: str) -> list[str]:
         """The ``tfgraph plan`` arguments of the same prediction (its ``--json``'s
@@ -56,14 +62,16 @@ class Step:
         args = [self.spec, "--gpus", "1", "--gpu", gpu_name, "--micro-batch", str(self.batch),
                 "--global-batch", str(self.batch), "--seq", str(self.seq), "--dtype",
                 self.dtype]
-        return args + (["--zero", str(self.zero)] if self.zero else [])
+        return (args + (["--zero", str(self.zero)] if self.zero else [])
+                + (["--kernels", self.kernels] if self.kernels != "graph" else []))
 
 
 def predicted_s(step: Step, gpu_name: str) -> float:
     """Seconds ``tfgraph plan`` predicts for ``step`` on one ``gpu_name`` GPU."""
     spec = tfgraph.load_spec(ROOT / step.spec).model_copy(update={"dtype": step.dtype})
     graph = tfgraph.compile(spec, loss=True)
-    return seconds_of(plan(graph, step.layout(), gpu(gpu_name)), step)
+    kernels = kernel_source(graph) if step.kernels == "eager" else None
+    return seconds_of(plan(graph, step.layout(), gpu(gpu_name), kernels=kernels), step)
 
 
 def seconds_of(result: dict[str, Any], step: Step) -> float:
@@ -148,6 +156,8 @@ def read_measured(path: Path) -> list[Measured]:
             raise ValueError(f"{row.label!r}: no --gpu row {row.gpu!r}")
         if row.step.dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"{row.label!r}: dtype {row.step.dtype!r}")
+        if row.step.kernels not in ("graph", "eager"):
+            raise ValueError(f"{row.label!r}: kernels {row.step.kernels!r}")
         spec = (ROOT / row.step.spec).resolve()
         if not spec.is_relative_to(ROOT) or not spec.is_file() or not row.measured_ms > 0:
             raise ValueError(f"{row.label!r}: spec {row.step.spec!r}, "

@@ -104,6 +104,10 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused",
               show_default=True,
               help="Attention kernel: fused keeps no score matrix for backward.")
+@click.option("--kernels", type=click.Choice(["graph", "eager"]), default="graph",
+              help="Time one kernel per graph op (graph: fused execution, as torch.compile "
+                   "approaches) or the kernels PyTorch's eager mode launches for tfgraph's "
+                   "module (eager; needs torch; one layout, not with --search).")
 @click.option("--search", "do_search", is_flag=True,
               help="Rank every valid layout of --gpus that fits by estimated tokens/s.")
 @click.option("--top", "top_text", metavar="K", help="Layouts --search shows (default 10).")
@@ -114,7 +118,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
          stage_text: str | None, dp_text: str | None, ep_text: str | None,
          zero_text: str | None, sp: bool | None, recompute: str | None,
          micro_text: str | None, global_text: str | None, seq_text: str | None, dtype: str,
-         states: str, grad_reduce: GradReduce, attention: str, do_search: bool,
+         states: str, grad_reduce: GradReduce, attention: str, kernels: str, do_search: bool,
          top_text: str | None, as_json: bool) -> None:
     """Plan training SPEC|DIR on --gpus GPUs: per-rank memory, step FLOPs, communication,
     pipeline bubble, time and MFU of one layout, or --search for the fastest that fit.
@@ -135,6 +139,9 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
              "--dp": dp_text, "--ep": ep_text,
              "--zero": zero_text, "--sp": sp, "--recompute": recompute,
              "--micro-batch": micro_text}
+    if do_search and kernels == "eager":
+        raise TfgraphError("--kernels eager times one layout (the module runs once per size on "
+                           "the meta device); plan the layout --search chose with it")
     if do_search:
         fixed = [name for name in _LAYOUT_OPTIONS if given[name] is not None]
         if fixed:
@@ -167,7 +174,13 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
 
     layout = replace(_layout(gpus, given, global_batch, seq, dtype, states),
                      grad_reduce=grad_reduce)
-    result: dict[str, Any] = {"name": spec.name, **plan_layout(graph, layout, device, attention)}
+    source_of_kernels = None
+    if kernels == "eager":
+        from tfgraph.exporters.torch.kernels import kernel_source
+
+        source_of_kernels = kernel_source(graph)
+    result: dict[str, Any] = {"name": spec.name, **plan_layout(
+        graph, layout, device, attention, kernels=source_of_kernels)}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

@@ -78,7 +78,7 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
     console.print(f"[bold]{plain(describe(spec))}[/bold]")
     console.print(plain(layout_line(result["layout"])))
     console.print(f"{gpu.name}: {_gb(gpu.memory)} ({_gib(gpu.memory)}), attention "
-                  f"{result['attention']}")
+                  f"{result['attention']}, kernels {result['kernels']}")
 
     memory = Table(title=f"Per-rank memory (most loaded rank: pipeline stage {rank['stage']})",
                    title_justify="left")

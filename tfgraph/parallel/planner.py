@@ -47,7 +47,7 @@ from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, check, in_flight, stage_counts, state_bytes
 from tfgraph.parallel.memory import NONE, States, add, states
-from tfgraph.parallel.timing import assumptions, step_time
+from tfgraph.parallel.timing import KernelSource, assumptions, step_time
 from tfgraph.parallel.tp_plan import tp_plan
 from tfgraph.parallel.units import Unit, sequence_plan, units
 from tfgraph.passes.figures import states_note
@@ -290,10 +290,11 @@ class Staged:
     def worst(self) -> StageFigures:
         return max(self.figures, key=lambda f: f.total)
 
-    def time(self, graph: Graph, layout: Layout, gpu: Gpu, attention: str) -> dict[str, Any]:
+    def time(self, graph: Graph, layout: Layout, gpu: Gpu, attention: str,
+             kernels: KernelSource | None = None) -> dict[str, Any]:
         """``timing.step_time`` of these stages."""
         return step_time(graph, layout, gpu, attention, self.folded, self.figures,
-                         self.boundaries)
+                         self.boundaries, kernels)
 
 
 def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
@@ -341,10 +342,13 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
 
 
 def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
-         evaluated: Staged | None = None) -> dict[str, Any]:
+         evaluated: Staged | None = None, kernels: KernelSource | None = None
+         ) -> dict[str, Any]:
     """The plan of ``layout`` on ``gpu`` (see the module docstring): per-rank memory of the
     most loaded rank, the step's FLOPs, communication, bubble, time and MFU. ``evaluated``:
-    ``staged(graph, layout, attention)`` when the caller has it already."""
+    ``staged(graph, layout, attention)`` when the caller has it already; ``kernels``: time the
+    eager kernels it gives (``--kernels eager``, ``exporters.torch.kernels``) instead of one
+    kernel per op."""
     found = evaluated or staged(graph, layout, attention)
     numbers, counts, folded = found.numbers, found.counts, found.folded
     figures = found.figures
@@ -355,7 +359,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
     sequences = layout.global_batch // layout.micro_batch
     model_flops = 3 * forward * sequences
     hardware = sum(f.hardware_flops for f in figures) * layout.tp * layout.dp
-    timing = found.time(graph, layout, gpu, attention)
+    timing = found.time(graph, layout, gpu, attention, kernels)
     peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
     time_s = timing["time_s"]
     timing["mfu"] = model_flops / (layout.gpus * peak * time_s) if time_s > 0 else 0.0
@@ -365,6 +369,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
         "layout": layout.as_dict(),
         "gpu": gpu.name,
         "attention": attention,
+        "kernels": "graph" if kernels is None else "eager",
         "per_rank": {
             "stage": worst.stage,
             "memory": {"weights": mem.weights, "gradients": mem.gradients,
@@ -384,7 +389,8 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
             **timing,
         },
         "model_states": _states_note(layout),
-        "assumptions": {"gpu": _gpu_assumptions(gpu, layout.dtype), **assumptions(layout)},
+        "assumptions": {"gpu": _gpu_assumptions(gpu, layout.dtype),
+                        **assumptions(layout, kernels)},
         **plan_formulas(graph, layout, attention, folded, worst.stage, tp_stage),
     }
 

@@ -32,6 +32,15 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
 Under full recompute a layer's forward runs again before its backward; selective recompute
 reruns the attention cores (Korthikanti et al. 2022 §5).
 
+That is one kernel per graph op, the fused execution ``torch.compile`` approaches. ``--kernels
+eager`` times the kernels PyTorch's eager mode launches for tfgraph's module instead
+(``exporters/torch/kernels.py`` counts them per node, forward and backward, from the torch back
+end): a memory-bound op becomes its kernels, each its bytes at the achievable bandwidth and at
+least ``LAUNCH_S``; a GEMM or attention node keeps its graph time plus the kernels around its
+matrix products or flash kernel; a node's output read by k ops adds the k - 1 additions autograd
+runs to sum their gradients. Under tensor or sequence parallelism each kernel's bytes are split
+as the op's own work is.
+
 Communication, from bytes, link bandwidth and latency: a ring all-reduce of n bytes over k
 ranks takes 2 (k - 1) / k x n / bandwidth + 2 (k - 1) latency steps; a reduce-scatter or an
 all-gather half of that (Patarasuk & Yuan 2009; NCCL's ring). Bandwidth is
@@ -71,8 +80,8 @@ graph keeps memoised per-unit work lists and their times; nothing else changes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import sympy
@@ -110,6 +119,10 @@ MAMF_K = 8192
 thousand)."""
 ATTENTION_BACKWARD = 2.5
 """FlashAttention's backward FLOPs over its forward's (Dao 2023 §3.1.2: five GEMMs to two)."""
+LAUNCH_S = 4e-6
+"""Least seconds an eager kernel holds the GPU's stream, launch included: short kernels issued
+back to back complete a few microseconds apart (NVIDIA's "Getting Started with CUDA Graphs"
+measures 3.8 us per kernel launched on a stream without graphs)."""
 
 ASSUMPTIONS: dict[str, str] = {
     "compute": "per op max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth); GEMMs at "
@@ -141,7 +154,14 @@ ASSUMPTIONS: dict[str, str] = {
                          "gradient buffer: read both, write the buffer, memory-bound",
     "optimizer": "Adam step memory-bound: reads weights, gradients and optimizer states, "
                  "writes weights and optimizer states",
+    "kernels": "graph: one kernel per graph op (fused execution, as torch.compile approaches)",
 }
+
+EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's module, "
+                 "counted per node on the meta device (CUDA's fused SDPA and RMSNorm taken as "
+                 "one kernel each): memory-bound kernels at their bytes / achievable bandwidth, "
+                 "at least 4 us each; GEMM and attention nodes at their graph time plus the "
+                 "kernels around them; k readers of a gradient add k - 1 additions")
 
 
 GRAD_REDUCE_AFTER = ("ZeRO 0-2 with --grad-reduce after (Megatron-LM's local DDP): the whole "
@@ -150,11 +170,15 @@ GRAD_REDUCE_AFTER = ("ZeRO 0-2 with --grad-reduce after (Megatron-LM's local DDP
                      "bucket exposed")
 
 
-def assumptions(layout: Layout) -> dict[str, str]:
-    """The rules the step time of ``layout`` follows (its gradient reduction's among them)."""
+def assumptions(layout: Layout, kernels: KernelSource | None = None) -> dict[str, str]:
+    """The rules the step time of ``layout`` follows (its gradient reduction's and kernels'
+    among them)."""
+    found = dict(ASSUMPTIONS)
     if layout.grad_reduce == "after":
-        return {**ASSUMPTIONS, "data_parallel": GRAD_REDUCE_AFTER}
-    return dict(ASSUMPTIONS)
+        found["data_parallel"] = GRAD_REDUCE_AFTER
+    if kernels is not None:
+        found["kernels"] = EAGER_KERNELS
+    return found
 
 
 class StageFigures(Protocol):
@@ -170,6 +194,33 @@ class StageFigures(Protocol):
 class StageMembers(Protocol):
     @property
     def groups(self) -> tuple[tuple[int, int], ...]: ...
+
+
+class Kernel(Protocol):
+    """One eager kernel (``exporters.torch.kernels.Kernel``)."""
+
+    @property
+    def nbytes(self) -> float: ...
+
+    @property
+    def flops(self) -> float: ...
+
+    @property
+    def core(self) -> bool: ...
+
+
+class NodeKernels(Protocol):
+    """A node's eager kernels, forward and backward (``exporters.torch.kernels``)."""
+
+    @property
+    def forward(self) -> Sequence[Kernel]: ...
+
+    @property
+    def backward(self) -> Sequence[Kernel]: ...
+
+
+KernelSource = Callable[[int, int], Mapping[str, NodeKernels]]
+"""(micro-batch, length) -> each node's eager kernels by node name (``--kernels eager``)."""
 
 
 # ---- rates -----------------------------------------------------------------------------------
@@ -251,6 +302,10 @@ class Work:
     mask: sympy.Expr = sympy.Integer(0)
     """Attention with dropout on its weights: bytes of its one-byte mask per score (0 without
     attention dropout)."""
+    op: str = ""
+    node: str = field(default="", compare=False)
+    """The node's name, where ``--kernels eager`` looks up its kernels (not compared: identical
+    layers are alike)."""
 
 
 def _prod(shape: Sequence[Any]) -> sympy.Expr:
@@ -349,7 +404,8 @@ def _unit_work(graph: Graph) -> list[list[Work]]:
                           cost.total([o.type.nbytes for o in operands] + [node.type.nbytes]),
                           placement.of[name] if placement is not None else "R",
                           sequence is not None and sequence.kind.get(name) in ROWS_KINDS)
-            items.append(WORK.get(node.op, _memory_work)(site))
+            items.append(replace(WORK.get(node.op, _memory_work)(site), op=node.op,
+                                 node=node.name))
         out.append(items)
     return out
 
@@ -364,22 +420,27 @@ class UnitTime:
     """The attention cores' forward (what selective recompute runs again)."""
 
 
-def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str) -> list[UnitTime]:
+def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
+               kernels: KernelSource | None = None) -> list[UnitTime]:
     """Every unit's times at the layout's micro-batch, length and splits (memoised per what
-    they depend on: a search asks for the same few combinations many times)."""
+    they depend on: a search asks for the same few combinations many times). ``kernels``:
+    time the eager kernels it gives instead of one per op (``--kernels eager``)."""
     table: dict[tuple[Any, ...], list[UnitTime]] = graph.memo("parallel_unit_times", dict)
-    key = (layout.micro_batch, layout.seq, layout.tp, layout.sp, attention, gpu, layout.dtype)
+    key = (layout.micro_batch, layout.seq, layout.tp, layout.sp, attention, gpu, layout.dtype,
+           kernels is not None)
     if key not in table:
         sizes = {SYMBOLS["B"]: layout.micro_batch, SYMBOLS["S"]: layout.seq,
                  SYMBOLS["T"]: layout.seq}
         peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
         elem = 4 if layout.dtype == "float32" else 2
         work = unit_work(graph)
+        eager = None if kernels is None else kernels(layout.micro_batch, layout.seq)
         seen: dict[int, UnitTime] = {}
         out = []
         for rep in _alike(graph):
             if rep not in seen:
-                seen[rep] = _unit_time(work[rep], sizes, layout, gpu, peak, elem, attention)
+                seen[rep] = _unit_time(work[rep], sizes, layout, gpu, peak, elem, attention,
+                                       eager)
             out.append(seen[rep])
         table[key] = out
     return table[key]
@@ -389,12 +450,39 @@ def _num(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> float:
     return float(sympy.sympify(expr).xreplace(sizes))
 
 
+def _eager_time(kernels: Sequence[Kernel], core: bool, div: float, gpu: Gpu, peak: float
+                ) -> float:
+    """Seconds of eager kernels, their bytes and FLOPs split ``div`` ways: each at least
+    ``LAUNCH_S``; ``core`` ones (a memory-bound node's own matrix products) counted too, at the
+    MAMF rate, else left to the graph's time."""
+    bandwidth = gpu.bandwidth * gpu.memory_fraction
+    return sum(max(roofline(k.flops / div, k.nbytes / div, peak * gpu.matmul_fraction,
+                            bandwidth), LAUNCH_S)
+               for k in kernels if core or not k.core)
+
+
+def _split(w: Work, layout: Layout) -> int:
+    """How many ways tensor (and sequence) parallelism splits an op's output."""
+    if w.kind == "memory":
+        return layout.tp if w.split == "t" or (w.split == "rows" and layout.sp) else 1
+    return layout.tp if w.split in ("N", "t") else 1
+
+
 def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout, gpu: Gpu,
-               peak: float, elem: int, attention: str) -> UnitTime:
+               peak: float, elem: int, attention: str,
+               eager: Mapping[str, NodeKernels] | None = None) -> UnitTime:
     t = layout.tp
     bandwidth = gpu.bandwidth * gpu.memory_fraction
     forward = backward = attn = 0.0
     for w in items:
+        found = None if eager is None else eager.get(w.node)
+        if found is not None:  # --kernels eager: what runs around (or instead of) the op
+            div = _split(w, layout)
+            whole = w.kind == "memory"
+            forward += _eager_time(found.forward, whole, div, gpu, peak)
+            backward += _eager_time(found.backward, whole, div, gpu, peak)
+            if whole:
+                continue
         if w.kind == "gemm":
             m, n, k = (_num(d, sizes) for d in w.dims)
             n, k = (n / t, k) if w.split == "N" else (n, k / t) if w.split == "K" else (n, k)
@@ -479,13 +567,15 @@ def _collectives(graph: Graph, layout: Layout) -> list[tuple[int, int, int]]:
 
 def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
               members: Sequence[StageMembers], figures: Sequence[StageFigures],
-              boundaries: Sequence[float]) -> dict[str, Any]:
+              boundaries: Sequence[float], kernels: KernelSource | None = None
+              ) -> dict[str, Any]:
     """The step's time on the slowest stage and its parts (see the module docstring).
 
     ``members``: the stages' folded units; ``figures``: their planner figures (states);
-    ``boundaries``: bytes one rank holds of what crosses from each stage into the next."""
+    ``boundaries``: bytes one rank holds of what crosses from each stage into the next;
+    ``kernels``: eager kernels to time instead of one per op (``--kernels eager``)."""
     all_units = units(graph)[0]
-    times = unit_times(graph, layout, gpu, attention)
+    times = unit_times(graph, layout, gpu, attention, kernels)
     comm = _unit_comm(graph, layout)
     counts = _collectives(graph, layout)
     t, p, d, m, v = layout.tp, layout.pp, layout.dp, layout.microbatches, layout.vpp

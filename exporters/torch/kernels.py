@@ -1,0 +1,327 @@
+"""The kernels PyTorch's eager mode runs for each node of a training graph on a CUDA device: what
+``tfgraph plan --kernels eager`` times (``tfgraph.parallel.timing``).
+
+``tfgraph plan`` times one kernel per graph op by default, the fused execution ``torch.compile``
+approaches. A module run eagerly launches one kernel per ATen op instead: an RMSNorm written as
+casts, a square, a mean and two products, rotary embeddings as slices, negations, a concatenation
+and products, each reading and writing the whole activation. This module counts them from the
+torch back end itself: the module ``to_torch`` builds for the graph runs once on the ``meta``
+device (shapes, no data, no arithmetic) at the layout's micro-batch and length, and each op node
+of its programs runs again in isolation, forward and backward, under a ``TorchDispatchMode``
+that records every ATen kernel with the bytes it moves (its tensor operands and results, each
+element a broadcast reads once) and, for matrix products, its FLOPs (``torch.utils.flop_counter``'s
+formulas).
+
+The meta device has no CUDA dispatch, so the functions CUDA runs as one fused kernel are taken at
+their ``torch.nn.functional`` entry point (``FUSED``) and counted as that kernel: SDPA (the flash
+kernel; its work is the graph's attention core, timed by the planner) and ``F.rms_norm``
+(``_fused_rms_norm`` and its backward: reads the input, gain and gradient, writes the output, the
+per-row reciprocal RMS in float32 and the gradients). ``tf.rms_norm`` takes its CUDA branch off
+the CPU, so the meta device sees the same path.
+
+Each kernel is ``core`` when the planner's graph model already times it (the matrix products of a
+``linear`` or ``experts`` node, the attention kernel): eager timing adds only the others to such
+a node, and replaces a memory-bound node's one fused pass by its kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.flop_counter import flop_registry
+
+from tfgraph.graph.ir import SYMBOLS, Graph
+
+MATMULS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
+                     torch.ops.aten.baddbmm, torch.ops.aten._grouped_mm})
+"""ATen matrix products: the GEMMs the planner times from the graph (``core`` kernels)."""
+
+NO_KERNEL = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like,
+                       torch.ops.aten.empty_strided, torch.ops.aten.new_empty,
+                       torch.ops.prim.device, torch.ops.aten.lift_fresh,
+                       torch.ops.aten.sym_size, torch.ops.aten.sym_stride,
+                       torch.ops.aten.sym_numel, torch.ops.aten.is_same_size,
+                       torch.ops.aten.promote_types, torch.ops.aten._unsafe_view})
+"""ATen ops that allocate, reinterpret or answer a question without launching a kernel
+(``_unsafe_view`` is a view its schema does not mark as one)."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel an eager step launches."""
+
+    name: str
+    """The ATen op (``aten.mul``) or fused function (``flash_attention``) it runs."""
+    nbytes: float
+    """Bytes it reads and writes in device memory."""
+    flops: float = 0.0
+    """Its matrix-product FLOPs (0 for element-wise and reduction kernels)."""
+    core: bool = False
+    """Timed by the planner's graph model (a node's GEMMs, the attention kernel)."""
+
+
+@dataclass(frozen=True)
+class NodeKernels:
+    """What one node of the graph launches in an eager training step."""
+
+    forward: tuple[Kernel, ...]
+    backward: tuple[Kernel, ...]
+
+
+@dataclass
+class _Log:
+    kernels: list[Kernel] = field(default_factory=list)
+
+
+def _touched(t: Tensor) -> float:
+    """Bytes of the distinct elements a tensor's view reaches (a broadcast axis, stride 0, is
+    read once)."""
+    count = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            count *= size
+    return float(count * t.element_size()) if t.numel() else 0.0
+
+
+def _bytes(*trees: Any) -> float:
+    return sum(_touched(t) for tree in trees for t in tree_leaves(tree)
+               if isinstance(t, Tensor))
+
+
+class _Recorder(TorchDispatchMode):
+    """Appends each ATen kernel that runs to ``log`` (views and allocations are not kernels)."""
+
+    def __init__(self, log: _Log) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func.overloadpacket
+        if func.is_view or packet in NO_KERNEL:
+            return out
+        if packet in MATMULS:
+            flops = float(flop_registry[packet](*args, **kwargs, out_val=out)) \
+                if packet in flop_registry else 0.0
+            self.log.kernels.append(Kernel(str(packet), _bytes(args, out), flops, True))
+        else:
+            self.log.kernels.append(Kernel(str(packet), _bytes(args, kwargs, out)))
+        return out
+
+
+def _empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+class _FlashAttention(torch.autograd.Function):
+    """SDPA as CUDA runs it, one flash kernel each way: a core kernel (the planner times the
+    graph's attention itself)."""
+
+    @staticmethod
+    def forward(ctx: Any, log: _Log, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # laid out (B, Tq, h, vd) as the CUDA kernels write it: the module's transpose back to
+        # (B, Tq, h * vd) is then a view, no copy
+        b, h, tq = q.shape[:3]
+        out = _empty((b, tq, h, v.shape[-1]), q).transpose(1, 2)  # (B, h, Tq, vd)
+        lse = q.shape[0] * q.shape[1] * q.shape[2] * 4  # float32 log-sum-exp per row
+        log.kernels.append(Kernel("flash_attention", _bytes(q, k, v, out) + lse, core=True))
+        ctx.shapes, ctx.lse = (q, k, v), lse
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+        q, k, v = ctx.shapes
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        _ACTIVE[-1].kernels.append(Kernel("flash_attention_backward",
+                                      _bytes(q, k, v, grad, grad, grads) + ctx.lse, core=True))
+        return (None, *grads)
+
+
+class _FusedRmsNorm(torch.autograd.Function):
+    """``F.rms_norm`` as CUDA runs it (``_fused_rms_norm``): one kernel forward (reads x and the
+    gain, writes y and a float32 reciprocal RMS per row), one backward (reads the gradient, x,
+    the reciprocal RMS and the gain, writes the gradients of x and the gain)."""
+
+    @staticmethod
+    def forward(ctx: Any, log: _Log, x: Tensor, weight: Tensor | None) -> Tensor:
+        rows = float(x.numel() // max(x.shape[-1], 1) * 4)
+        out = torch.empty_like(x)
+        log.kernels.append(Kernel("fused_rms_norm", _bytes(x, weight, out) + rows))
+        ctx.rows, ctx.x, ctx.weight = rows, x, weight
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+        x, weight = ctx.x, ctx.weight
+        dx = torch.empty_like(x)
+        dw = None if weight is None else torch.empty_like(weight)
+        _ACTIVE[-1].kernels.append(Kernel("fused_rms_norm_backward",
+                                      _bytes(grad, x, weight, dx, dw) + ctx.rows))
+        return None, dx, dw
+
+
+def _sdpa(log: _Log, q: Tensor, k: Tensor, v: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    return _FlashAttention.apply(log, q, k, v)
+
+
+def _rms_norm(log: _Log, x: Tensor, shape: Any, weight: Tensor | None = None,
+              eps: float | None = None) -> Tensor:
+    return _FusedRmsNorm.apply(log, x, weight)
+
+
+FUSED: dict[Callable[..., Any], Callable[..., Tensor]] = {
+    F.scaled_dot_product_attention: _sdpa,
+    F.rms_norm: _rms_norm,
+}
+"""``torch.nn.functional`` entry points CUDA runs as one fused kernel, and how each is counted."""
+
+
+class _Fused(TorchFunctionMode):
+    """Routes ``FUSED`` functions to their one-kernel stand-ins."""
+
+    def __init__(self, log: _Log) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in FUSED:
+            return FUSED[func](self.log, *args, **kwargs)
+        return func(*args, **kwargs)
+
+
+_ACTIVE: list[_Log] = []
+"""The logs being recorded into, innermost last (a fused stand-in's backward runs outside the
+mode that made it, and records into the backward's log)."""
+
+
+@contextmanager
+def _recording(log: _Log) -> Iterator[None]:
+    _ACTIVE.append(log)
+    try:
+        with _Fused(log), _Recorder(log):
+            yield
+    finally:
+        _ACTIVE.pop()
+
+
+def _leaf(x: Any) -> Any:
+    """A tensor operand cut from the model's autograd graph, as a leaf that wants a gradient
+    exactly when the original did."""
+    if isinstance(x, Tensor):
+        return x.detach().requires_grad_(x.requires_grad)
+    return x
+
+
+def _census(fn: Callable[..., Any], found: dict[str, NodeKernels], graph: Graph, name: str,
+            sizes: Mapping[Any, int]) -> Callable[..., Any]:
+    """Wraps one program step: run the node on leaves of its operands, forward and backward,
+    recording kernels; give the model the result cut from the autograd graph. An output that
+    k ops read gets their gradients summed in backward: k - 1 additions (reading two
+    gradients, writing one). A node whose kernels depend on the data (the routed experts of a
+    mixture: which tokens reach which expert) has no entry; the planner keeps its graph time."""
+    readers = _readers(graph, name)
+
+    def step(module: Any, attrs: dict[str, Any], *args: Any) -> Any:
+        leaves = tree_map(_leaf, list(args))
+        wanted = [t for t in tree_leaves(leaves) if isinstance(t, Tensor) and t.requires_grad]
+        forward, backward = _Log(), _Log()
+        try:
+            with torch.enable_grad(), _recording(forward):
+                out = fn(module, attrs, *leaves)
+        except NotImplementedError:  # a data-dependent shape (torch.where, nonzero) on meta
+            return _input(graph, name, sizes).requires_grad_(bool(wanted))
+        outs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
+        if wanted and outs:
+            with _recording(backward):
+                torch.autograd.grad(outs, wanted, [torch.empty_like(t) for t in outs],
+                                    allow_unused=True)
+        if len(outs) == 1 and readers > 1:
+            dense = float(outs[0].numel() * outs[0].element_size())  # gradients are dense
+            backward.kernels += [Kernel("aten.add", 3 * dense)] * (readers - 1)
+        found[name] = NodeKernels(tuple(forward.kernels), tuple(backward.kernels))
+        return tree_map(_leaf, out)  # cut here too: the next node's operands are leaves
+    return step
+
+
+def _programs(model: torch.nn.Module) -> Iterator[Any]:
+    for module in model.modules():
+        program = getattr(module, "_program", None)
+        if program is not None:
+            yield program
+
+
+def _input(graph: Graph, name: str, sizes: Mapping[Any, int]) -> Tensor:
+    """A meta tensor of a graph node's type (an input's, an output's) at the given sizes."""
+    node = graph.node(name)
+    shape = tuple(int(sympy.sympify(d).xreplace(sizes)) for d in node.type.shape)
+    return torch.empty(shape, dtype=getattr(torch, node.type.dtype), device="meta")
+
+
+def eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
+    """Every op node's eager kernels (forward and backward, one micro-batch of ``batch`` x
+    ``seq``) in the training-mode module ``to_torch`` builds for ``graph``, by node name.
+    Memoised on the graph per size."""
+    table: dict[tuple[int, int], dict[str, NodeKernels]] = graph.memo("torch_eager_kernels",
+                                                                      dict)
+    if (batch, seq) not in table:
+        table[(batch, seq)] = _eager_kernels(graph, batch, seq)
+    return table[(batch, seq)]
+
+
+def kernel_source(graph: Graph) -> Callable[[int, int], dict[str, NodeKernels]]:
+    """``eager_kernels`` of ``graph`` by (micro-batch, length): what ``tfgraph.parallel.planner.plan``
+    takes as ``kernels`` (``tfgraph plan --kernels eager``)."""
+    return lambda batch, seq: eager_kernels(graph, batch, seq)
+
+
+def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
+    from tfgraph.exporters.torch.module import to_torch
+
+    model = to_torch(graph, device="meta").train()
+    found: dict[str, NodeKernels] = {}
+    sizes = {SYMBOLS["B"]: batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: seq}
+    for program in _programs(model):
+        names = {slot: name for name, slot in program.slots.items()}
+        program.steps = [(step[0] if _calls_layer(step[0]) else
+                          _census(step[0], found, graph, names[step[3]], sizes), *step[1:])
+                         for step in program.steps]
+    inputs = [_input(graph, name, sizes) for name in graph.inputs]
+    with torch.enable_grad():
+        model(*inputs)
+    for node in graph.nodes():  # a weight several ops read (a tied token table): autograd
+        # sums their gradients, k - 1 additions, run in its first reader's backward
+        readers = sorted({user.name: user.index for user, _ in graph.users(node.name)}.items(),
+                         key=lambda item: item[1])
+        if node.op == "param" and len(readers) > 1 and readers[0][0] in found:
+            weight = _input(graph, node.name, sizes)
+            first = found[readers[0][0]]
+            adds = (Kernel("aten.add", 3 * float(weight.numel() * weight.element_size())),)
+            found[readers[0][0]] = NodeKernels(first.forward,
+                                               first.backward + adds * (len(readers) - 1))
+    return found
+
+
+def _readers(graph: Graph, name: str) -> int:
+    """How many ops read a node's output (a name that is no graph node, e.g. the rotary
+    tables the model shares between layers: 0)."""
+    return len({user.name for user, _ in graph.users(name)}) if name in graph else 0
+
+
+def _calls_layer(fn: Any) -> bool:
+    """A step that runs a whole layer's program (whose own steps are recorded)."""
+    return hasattr(fn, "layer")
+

@@ -1,0 +1,167 @@
+"""``tfgraph plan --kernels eager``: the kernels PyTorch's eager mode runs for tfgraph's module,
+counted per node on the meta device (exporters/torch/kernels.py), and the plan timing them.
+
+The per-node census is checked against the whole module recorded at once (forward and backward
+through autograd's own graph: the gradient sums of outputs and tied weights several ops read
+included); CUDA's fused functions count as one kernel of their inputs and outputs; the plan's
+eager time of a node is its kernels' bytes at the achievable bandwidth."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+import torch
+from conftest import ROOT
+from test_cli_validate import runner
+
+import tfgraph
+from tfgraph.cli import main
+from tfgraph.exporters import to_torch
+from tfgraph.exporters.torch import kernels as K
+from tfgraph.graph.ir import SYMBOLS
+from tfgraph.parallel import timing
+from tfgraph.parallel.gpus import gpu
+from tfgraph.parallel.layout import Layout
+from tfgraph.parallel.planner import plan
+
+SPECS = ROOT / "specs"
+B, S = 2, 32
+
+
+def graph_of(name: str, dtype: str = "bfloat16") -> tfgraph.Graph:
+    spec = tfgraph.load_spec(SPECS / f"{name}.yaml").model_copy(update={"dtype": dtype})
+    return tfgraph.compile(spec, loss=True)
+
+
+def whole_module(graph: tfgraph.Graph) -> list[K.Kernel]:
+    """Every kernel of one forward + backward of the whole module, recorded at once."""
+    model = to_torch(graph, device="meta").train()
+    sizes = {SYMBOLS["B"]: B, SYMBOLS["S"]: S, SYMBOLS["T"]: S}
+    log = K._Log()
+    with K._recording(log):
+        loss = model(*[K._input(graph, name, sizes) for name in graph.inputs])
+        torch.autograd.backward(loss, torch.empty_like(loss))
+    return log.kernels
+
+
+def counted(kernels: list[K.Kernel]) -> collections.Counter:
+    return collections.Counter((k.name, k.nbytes, k.flops, k.core) for k in kernels)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bert", "tiny-falcon", "tiny-bart",
+                                  "tiny-phi", "tiny-modernbert", "gpt2"])
+def test_the_census_is_the_whole_module_kernel_for_kernel(name):
+    """Node by node in isolation + the gradient sums = the module's own forward and backward
+    (tied tables: bert, falcon, phi, gpt2; encoder-decoder: bart)."""
+    graph = graph_of(name)
+    census = K.eager_kernels(graph, B, S)
+    per_node = [k for node in census.values() for k in (*node.forward, *node.backward)]
+    assert counted(per_node) == counted(whole_module(graph))
+    assert len(per_node) > 50
+
+
+def test_fused_cuda_functions_are_one_kernel_each():
+    graph = graph_of("tiny-llama")
+    census = K.eager_kernels(graph, B, S)
+    d = int(graph.node("decoder.layers.0.self_attn.norm").type.shape[-1])
+    x = B * S * d * 2  # bfloat16
+    norm = census["decoder.layers.0.self_attn.norm"]
+    assert [k.name for k in norm.forward] == ["fused_rms_norm"]
+    assert norm.forward[0].nbytes == 2 * x + d * 2 + B * S * 4  # x, gain, y, fp32 1/rms
+    assert [k.name for k in norm.backward][:1] == ["fused_rms_norm_backward"]
+    assert norm.backward[0].nbytes == 3 * x + 2 * (d * 2) + B * S * 4
+    attention = census["decoder.layers.0.self_attn.attention"]
+    # the flash kernel writes (B, T, h, hd): the module's transpose back is a view, no copy
+    assert [(k.name, k.core) for k in attention.forward] == [("flash_attention", True)]
+    assert [(k.name, k.core) for k in attention.backward] == [("flash_attention_backward",
+                                                               True)]
+
+
+def test_a_projection_is_its_gemms_and_a_read_twice_output_sums_gradients():
+    graph = graph_of("tiny-llama")
+    census = K.eager_kernels(graph, B, S)
+    node = graph.node("decoder.layers.0.self_attn.q")
+    n, k = graph.node(node.inputs[1]).attrs["shape"]
+    m = B * S
+    q = census[node.name]
+    assert [(x.name, x.flops, x.core) for x in q.forward] == [("aten.mm", 2 * m * n * k, True)]
+    assert [(x.name, x.flops) for x in q.backward] == [("aten.mm", 2 * m * n * k)] * 2
+    residual = "decoder.layers.0.self_attn.residual"
+    assert len({u.name for u, _ in graph.users(residual)}) == 2  # next norm, next residual
+    d = int(graph.node(residual).type.shape[-1])
+    # the add's own backward passes the gradient through; autograd sums the two readers'
+    assert [(x.name, x.nbytes) for x in census[residual].backward] == [("aten.add",
+                                                                        3 * B * S * d * 2)]
+
+
+def test_routed_experts_keep_their_graph_time():
+    """Which tokens reach which expert is data: the meta device cannot run the experts, so
+    they have no census entry (the planner keeps their graph time); the rest is counted."""
+    graph = graph_of("tiny-moe")
+    census = K.eager_kernels(graph, B, S)
+    experts = [n.name for n in graph.nodes() if n.op == "experts"]
+    assert experts and not set(experts) & set(census)
+    assert any(n.op == "route" and n.name in census for n in graph.nodes())
+    result = plan(graph, Layout(micro_batch=B, global_batch=B, seq=S), gpu("h100"),
+                  kernels=K.kernel_source(graph))
+    assert result["kernels"] == "eager" and result["step"]["time_s"] > 0
+
+
+def test_eager_time_of_a_node_is_its_kernels_at_the_bandwidth():
+    graph = graph_of("llama")  # TinyLlama sizes: kernels far above the launch floor
+    layout = Layout(micro_batch=4, global_batch=4, seq=1024, dtype="bfloat16")
+    h100 = gpu("h100")
+    census = K.eager_kernels(graph, 4, 1024)
+    sizes = {SYMBOLS["B"]: 4, SYMBOLS["S"]: 1024, SYMBOLS["T"]: 1024}
+    work = {w.node: w for unit in timing.unit_work(graph) for w in unit}
+    bandwidth = h100.bandwidth * h100.memory_fraction
+    for name in ("decoder.layers.0.self_attn.q_rope", "decoder.layers.0.ffn.norm", "loss"):
+        kernels = census[name]
+        assert len(kernels.forward) >= 1
+        got = timing._unit_time([work[name]], sizes, layout, h100, h100.peak_flops, 2,
+                                "fused", census)
+        want = [max(k.nbytes / bandwidth, timing.LAUNCH_S) for k in kernels.forward]
+        assert got.forward == pytest.approx(sum(want), rel=1e-12)
+        assert got.backward == pytest.approx(sum(max(k.nbytes / bandwidth, timing.LAUNCH_S)
+                                                 for k in kernels.backward), rel=1e-12)
+    # a projection keeps its GEMM time: no kernel besides its matrix products
+    q = "decoder.layers.0.self_attn.q"
+    graph_time = timing._unit_time([work[q]], sizes, layout, h100, h100.peak_flops, 2, "fused")
+    eager_time = timing._unit_time([work[q]], sizes, layout, h100, h100.peak_flops, 2, "fused",
+                                   census)
+    assert eager_time == graph_time
+
+
+def test_the_eager_plan_is_slower_and_says_so():
+    """TinyLlama sizes on one H100: the eager module runs rotary embeddings as five kernels,
+    the loss in float32 copies, gradients summed: more time than one kernel per op."""
+    args = [SPECS / "llama.yaml", "--gpus", 1, "--micro-batch", 4, "--global-batch", 4,
+            "--seq", 1024, "--dtype", "bfloat16", "--json"]
+    graph_plan, eager_plan = (json.loads(runner().invoke(
+        main, ["plan", *map(str, args), "--kernels", k], catch_exceptions=False).stdout)
+        for k in ("graph", "eager"))
+    assert (graph_plan["kernels"], eager_plan["kernels"]) == ("graph", "eager")
+    assert graph_plan["assumptions"]["kernels"].startswith("graph")
+    assert eager_plan["assumptions"]["kernels"].startswith("eager")
+    parts = [p["step"]["time_parts"] for p in (graph_plan, eager_plan)]
+    assert parts[1]["forward"] > parts[0]["forward"] * 1.05
+    assert parts[1]["backward"] > parts[0]["backward"]
+    assert parts[1]["optimizer"] == parts[0]["optimizer"]  # the same fused Adam step
+    assert eager_plan["per_rank"] == graph_plan["per_rank"]  # memory does not change
+
+
+def test_eager_plans_split_kernels_under_tensor_parallelism():
+    graph = graph_of("tiny-llama")
+    source = K.kernel_source(graph)
+    times = [plan(graph, Layout(tp=tp, micro_batch=B, global_batch=B, seq=S), gpu("h100"),
+                  kernels=source)["step"]["time_parts"]["forward"] for tp in (1, 2)]
+    assert 0 < times[1] < times[0]
+
+
+def test_eager_kernels_do_not_combine_with_search():
+    result = runner().invoke(main, ["plan", str(SPECS / "tiny-llama.yaml"), "--gpus", "8",
+                                    "--search", "--kernels", "eager"])
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "--kernels eager" in result.stderr
