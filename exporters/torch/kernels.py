@@ -27,6 +27,7 @@ a node, and replaces a memory-bound node's one fused pass by its kernels.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +52,9 @@ NO_KERNEL = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like,
                        torch.ops.prim.device, torch.ops.aten.lift_fresh,
                        torch.ops.aten.sym_size, torch.ops.aten.sym_stride,
                        torch.ops.aten.sym_numel, torch.ops.aten.is_same_size,
-                       torch.ops.aten.promote_types, torch.ops.aten._unsafe_view})
+                       torch.ops.aten.promote_types, torch.ops.aten._unsafe_view,
+                       torch.ops.profiler._record_function_enter_new,
+                       torch.ops.profiler._record_function_exit})
 """ATen ops that allocate, reinterpret or answer a question without launching a kernel
 (``_unsafe_view`` is a view its schema does not mark as one)."""
 
@@ -115,10 +118,24 @@ class _Recorder(TorchDispatchMode):
         if packet in MATMULS:
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out)) \
                 if packet in flop_registry else 0.0
-            self.log.kernels.append(Kernel(str(packet), _bytes(args, out), flops, True))
+            self.log.kernels.append(Kernel(str(packet), _moved(func, args, kwargs, out), flops,
+                                           True))
         else:
-            self.log.kernels.append(Kernel(str(packet), _bytes(args, kwargs, out)))
+            self.log.kernels.append(Kernel(str(packet), _moved(func, args, kwargs, out)))
         return out
+
+
+def _moved(func: Any, args: Any, kwargs: Any, out: Any) -> float:
+    """Bytes a kernel moves: it reads its tensor operands and writes its new results and the
+    operands it mutates (an in-place op's ``self``, a ``_foreach_*_`` op's lists: their
+    schema marks them written; a result aliasing one is not counted again)."""
+    schema = func._schema
+    written = [a.name for a in schema.arguments if a.alias_info is not None
+               and a.alias_info.is_write]
+    named = dict(zip((a.name for a in schema.arguments), args)) | kwargs
+    results = out if isinstance(out, (tuple, list)) else (out,)
+    fresh = [r for r, ret in zip(results, schema.returns) if ret.alias_info is None]
+    return _bytes(args, kwargs, fresh, [named.get(name) for name in written])
 
 
 def _empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -282,10 +299,39 @@ def eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
     return table[(batch, seq)]
 
 
-def kernel_source(graph: Graph) -> Callable[[int, int], dict[str, NodeKernels]]:
-    """``eager_kernels`` of ``graph`` by (micro-batch, length): what ``tfgraph.parallel.planner.plan``
-    takes as ``kernels`` (``tfgraph plan --kernels eager``)."""
-    return lambda batch, seq: eager_kernels(graph, batch, seq)
+@dataclass(frozen=True)
+class EagerKernels:
+    """What ``tfgraph.parallel.planner.plan`` takes as ``kernels`` (``tfgraph plan --kernels
+    eager``): the graph's eager kernels per node and ``torch.optim.AdamW``'s step."""
+
+    graph: Graph
+
+    def nodes(self, batch: int, seq: int) -> dict[str, NodeKernels]:
+        return eager_kernels(self.graph, batch, seq)
+
+    @property
+    def optimizer_bytes(self) -> float:
+        return adamw_bytes_per_element()
+
+
+def kernel_source(graph: Graph) -> EagerKernels:
+    return EagerKernels(graph)
+
+
+@functools.cache
+def adamw_bytes_per_element() -> float:
+    """Bytes ``torch.optim.AdamW`` (foreach, its default on CUDA) moves per float32 parameter
+    element in one step after the first, counted as the module's kernels are: a float32
+    parameter and gradient, the two moments, weight decay on."""
+    elements = 1 << 20
+    weight = torch.nn.Parameter(torch.empty(elements, device="meta"))
+    weight.grad = torch.empty_like(weight)
+    optimizer = torch.optim.AdamW([weight], lr=1e-3, weight_decay=0.1, foreach=True)
+    optimizer.step()  # the first step allocates the moments
+    log = _Log()
+    with _recording(log):
+        optimizer.step()
+    return sum(k.nbytes for k in log.kernels) / elements
 
 
 def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:

@@ -69,6 +69,13 @@ def chunk_elements(shape: list[int], ranks: int) -> int:
     return math.ceil(shape[0] / ranks) * math.prod(shape[1:])
 
 
+def stepped_elements(s: States, layout: Layout) -> float:
+    """Parameter elements the rank's optimizer steps (the float32 master elements whose
+    states ``s.optimizer`` counts; Adam's per-tensor step counts left out)."""
+    per = ADAM_MOMENTS if layout.zero >= 3 else state_bytes(layout.dtype, layout.states)[2]
+    return s.optimizer / per
+
+
 def add(a: States, b: States, sign: int = 1) -> States:
     """The states of two disjoint sets of parameters together (``sign`` -1: without b's)."""
     return States(a.weights + sign * b.weights, a.gradients + sign * b.gradients,

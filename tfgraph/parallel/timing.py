@@ -89,7 +89,7 @@ import sympy
 from tfgraph.graph.ir import SYMBOLS, Graph, Node
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, state_bytes
-from tfgraph.parallel.memory import States
+from tfgraph.parallel.memory import States, stepped_elements
 from tfgraph.parallel.units import sequence_plan, units
 from tfgraph.parallel.sequence_plan import ROWS_KINDS
 from tfgraph.passes import cost
@@ -152,8 +152,8 @@ ASSUMPTIONS: dict[str, str] = {
                 "between nodes",
     "grad_accumulation": "each micro-batch's 16-bit weight gradients added into the rank's "
                          "gradient buffer: read both, write the buffer, memory-bound",
-    "optimizer": "Adam step memory-bound: reads weights, gradients and optimizer states, "
-                 "writes weights and optimizer states",
+    "optimizer": "Adam step memory-bound, one fused pass: reads weights, gradients and "
+                 "optimizer states, writes weights and optimizer states",
     "kernels": "graph: one kernel per graph op (fused execution, as torch.compile approaches)",
 }
 
@@ -161,7 +161,9 @@ EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's
                  "counted per node on the meta device (CUDA's fused SDPA and RMSNorm taken as "
                  "one kernel each): memory-bound kernels at their bytes / achievable bandwidth, "
                  "at least 4 us each; GEMM and attention nodes at their graph time plus the "
-                 "kernels around them; k readers of a gradient add k - 1 additions")
+                 "kernels around them; k readers of a gradient add k - 1 additions; routed "
+                 "experts at their graph time (data-dependent); the optimizer step as "
+                 "torch.optim.AdamW's kernels over the float32 elements the rank steps")
 
 
 GRAD_REDUCE_AFTER = ("ZeRO 0-2 with --grad-reduce after (Megatron-LM's local DDP): the whole "
@@ -219,8 +221,17 @@ class NodeKernels(Protocol):
     def backward(self) -> Sequence[Kernel]: ...
 
 
-KernelSource = Callable[[int, int], Mapping[str, NodeKernels]]
-"""(micro-batch, length) -> each node's eager kernels by node name (``--kernels eager``)."""
+class KernelSource(Protocol):
+    """What ``--kernels eager`` times (``exporters.torch.kernels.EagerKernels``)."""
+
+    def nodes(self, batch: int, seq: int) -> Mapping[str, NodeKernels]:
+        """Each node's eager kernels at a micro-batch and length, by node name."""
+        ...
+
+    @property
+    def optimizer_bytes(self) -> float:
+        """Bytes ``torch.optim.AdamW``'s step moves per float32 parameter element."""
+        ...
 
 
 # ---- rates -----------------------------------------------------------------------------------
@@ -434,7 +445,7 @@ def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
         peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
         elem = 4 if layout.dtype == "float32" else 2
         work = unit_work(graph)
-        eager = None if kernels is None else kernels(layout.micro_batch, layout.seq)
+        eager = None if kernels is None else kernels.nodes(layout.micro_batch, layout.seq)
         seen: dict[int, UnitTime] = {}
         out = []
         for rep in _alike(graph):
@@ -632,7 +643,7 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
             exposed[key_dp] = _dp_exposed(layout, gpu, figures[s].states, slots[s],
                                           sum(c for _, c in members[s].groups), elem)
     dp_exposed = max(exposed.values())
-    optimizer = max(_optimizer_time(f.states, mem_bw) for f in figures)
+    optimizer = max(_optimizer_time(f.states, mem_bw, layout, kernels) for f in figures)
     total = pipe + dp_exposed + optimizer
     x = slots[slowest]
     return {
@@ -706,7 +717,11 @@ def _dp_exposed(layout: Layout, gpu: Gpu, s: States, slot: dict[str, float], lay
     return exposed
 
 
-def _optimizer_time(s: States, bandwidth: float) -> float:
+def _optimizer_time(s: States, bandwidth: float, layout: Layout,
+                    kernels: KernelSource | None = None) -> float:
     """Seconds of the Adam step: read weights, gradients, optimizer states; write weights and
-    optimizer states."""
+    optimizer states (one fused pass). Eager: ``torch.optim.AdamW``'s own kernels over the
+    float32 elements the rank steps (``kernels.optimizer_bytes`` per element)."""
+    if kernels is not None:
+        return stepped_elements(s, layout) * kernels.optimizer_bytes / bandwidth
     return (2 * s.weights + s.gradients + 2 * s.optimizer) / bandwidth
