@@ -172,3 +172,33 @@ def test_eager_kernels_do_not_combine_with_search():
                                     "--search", "--kernels", "eager"])
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "--kernels eager" in result.stderr
+
+
+def test_recorded_kernels_are_timed_by_their_kind():
+    """``record`` on any module (here a bare SDPA and a matrix product): the flash kernel's
+    FLOPs are the scores a causal mask keeps, a GEMM keeps its dimensions, and each kind is
+    timed at its rate (``timing.kernel_seconds``)."""
+    q = torch.empty(2, 4, 64, 16, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.empty(16, 24, device="meta", dtype=torch.bfloat16, requires_grad=True)
+
+    def step() -> None:
+        y = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        out = (y.flatten(0, 2) @ w).float().sum()
+        torch.autograd.backward(out, torch.empty_like(out))
+
+    kernels = K.record(step)
+    by_name = {k.name: k for k in kernels}
+    flash = by_name["flash_attention"]
+    assert flash.kind == "attention" and flash.flops == 2 * 2 * 4 * 64 * 64 * (16 + 16) / 2
+    assert by_name["flash_attention_backward"].flops == timing.ATTENTION_BACKWARD * flash.flops
+    gemms = [k for k in kernels if k.kind == "gemm"]
+    assert gemms[0].dims == (2 * 4 * 64, 24, 16, 1)  # forward: (512, 16) @ (16, 24)
+    assert len(gemms) == 3  # and the input's and the weight's gradients
+    h100 = gpu("h100")
+    peak = h100.peak_flops
+    assert timing.kernel_seconds(gemms[0], h100, peak, 2) == timing.gemm_time(
+        512, 24, 16, h100, peak, 2)
+    assert timing.kernel_seconds(flash, h100, peak, 2) == flash.flops / (
+        peak * h100.attention_fraction)
+    small = next(k for k in kernels if k.kind == "memory")
+    assert timing.kernel_seconds(small, h100, peak, 2) == timing.LAUNCH_S  # a tiny kernel

@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
 from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.parallel.timing import ATTENTION_BACKWARD
 
 MATMULS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
                      torch.ops.aten.baddbmm, torch.ops.aten._grouped_mm})
@@ -69,8 +70,15 @@ class Kernel:
     """Bytes it reads and writes in device memory."""
     flops: float = 0.0
     """Its matrix-product FLOPs (0 for element-wise and reduction kernels)."""
-    core: bool = False
-    """Timed by the planner's graph model (a node's GEMMs, the attention kernel)."""
+    kind: str = "memory"
+    """"gemm" (a matrix product), "attention" (the flash kernel) or "memory" (the rest)."""
+    dims: tuple[int, ...] = ()
+    """A GEMM's (M, N, K, batch): C[M, N] = A[M, K] B[K, N], ``batch`` of them."""
+
+    @property
+    def core(self) -> bool:
+        """Timed by the planner's graph model (a node's GEMMs, the attention kernel)."""
+        return self.kind != "memory"
 
 
 @dataclass(frozen=True)
@@ -119,10 +127,24 @@ class _Recorder(TorchDispatchMode):
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out)) \
                 if packet in flop_registry else 0.0
             self.log.kernels.append(Kernel(str(packet), _moved(func, args, kwargs, out), flops,
-                                           True))
+                                           "gemm", _gemm_dims(packet, args)))
         else:
             self.log.kernels.append(Kernel(str(packet), _moved(func, args, kwargs, out)))
         return out
+
+
+def _gemm_dims(packet: Any, args: Any) -> tuple[int, ...]:
+    """(M, N, K, batch) of a matrix product's operands; () for a grouped one (its groups'
+    sizes are data)."""
+    if packet in (torch.ops.aten.addmm, torch.ops.aten.baddbmm):
+        args = args[1:]  # after the bias
+    if packet in (torch.ops.aten.mm, torch.ops.aten.addmm):
+        a, b = args[0], args[1]  # (M, K) @ (K, N)
+        return (a.shape[0], b.shape[1], a.shape[1], 1)
+    if packet in (torch.ops.aten.bmm, torch.ops.aten.baddbmm):
+        a, b = args[0], args[1]  # (batch, M, K) @ (batch, K, N)
+        return (a.shape[1], b.shape[2], a.shape[2], a.shape[0])
+    return ()
 
 
 def _moved(func: Any, args: Any, kwargs: Any, out: Any) -> float:
@@ -147,14 +169,18 @@ class _FlashAttention(torch.autograd.Function):
     graph's attention itself)."""
 
     @staticmethod
-    def forward(ctx: Any, log: _Log, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def forward(ctx: Any, log: _Log, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
         # laid out (B, Tq, h, vd) as the CUDA kernels write it: the module's transpose back to
         # (B, Tq, h * vd) is then a view, no copy
         b, h, tq = q.shape[:3]
         out = _empty((b, tq, h, v.shape[-1]), q).transpose(1, 2)  # (B, h, Tq, vd)
         lse = q.shape[0] * q.shape[1] * q.shape[2] * 4  # float32 log-sum-exp per row
-        log.kernels.append(Kernel("flash_attention", _bytes(q, k, v, out) + lse, core=True))
-        ctx.shapes, ctx.lse = (q, k, v), lse
+        # QK^T and PV over every score; a causal mask skips half the tiles (Dao 2023 counts
+        # it so); a band mask is counted whole
+        flops = 2.0 * b * h * tq * k.shape[2] * (q.shape[3] + v.shape[3]) / (2 if causal else 1)
+        log.kernels.append(Kernel("flash_attention", _bytes(q, k, v, out) + lse, flops,
+                                  "attention"))
+        ctx.shapes, ctx.lse, ctx.flops = (q, k, v), lse, flops
         return out
 
     @staticmethod
@@ -162,8 +188,9 @@ class _FlashAttention(torch.autograd.Function):
         q, k, v = ctx.shapes
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         _ACTIVE[-1].kernels.append(Kernel("flash_attention_backward",
-                                      _bytes(q, k, v, grad, grad, grads) + ctx.lse, core=True))
-        return (None, *grads)
+                                          _bytes(q, k, v, grad, grad, grads) + ctx.lse,
+                                          ATTENTION_BACKWARD * ctx.flops, "attention"))
+        return (None, *grads, None)
 
 
 class _FusedRmsNorm(torch.autograd.Function):
@@ -189,8 +216,9 @@ class _FusedRmsNorm(torch.autograd.Function):
         return None, dx, dw
 
 
-def _sdpa(log: _Log, q: Tensor, k: Tensor, v: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    return _FlashAttention.apply(log, q, k, v)
+def _sdpa(log: _Log, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+          dropout_p: float = 0.0, is_causal: bool = False, **kwargs: Any) -> Tensor:
+    return _FlashAttention.apply(log, q, k, v, is_causal and attn_mask is None)
 
 
 def _rms_norm(log: _Log, x: Tensor, shape: Any, weight: Tensor | None = None,
@@ -233,6 +261,16 @@ def _recording(log: _Log) -> Iterator[None]:
             yield
     finally:
         _ACTIVE.pop()
+
+
+def record(step: Callable[[], Any]) -> list[Kernel]:
+    """Every kernel ``step()`` launches, in order: run it on meta tensors (e.g. a module's
+    forward, loss and ``backward``, any module: benchmarks/eager_step.py records transformers'
+    Llama this way)."""
+    log = _Log()
+    with _recording(log):
+        step()
+    return log.kernels
 
 
 def _leaf(x: Any) -> Any:

@@ -208,6 +208,12 @@ class Kernel(Protocol):
     def flops(self) -> float: ...
 
     @property
+    def kind(self) -> str: ...
+
+    @property
+    def dims(self) -> tuple[int, ...]: ...
+
+    @property
     def core(self) -> bool: ...
 
 
@@ -461,15 +467,29 @@ def _num(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> float:
     return float(sympy.sympify(expr).xreplace(sizes))
 
 
-def _eager_time(kernels: Sequence[Kernel], core: bool, div: float, gpu: Gpu, peak: float
-                ) -> float:
-    """Seconds of eager kernels, their bytes and FLOPs split ``div`` ways: each at least
-    ``LAUNCH_S``; ``core`` ones (a memory-bound node's own matrix products) counted too, at the
-    MAMF rate, else left to the graph's time."""
+def kernel_seconds(k: Kernel, gpu: Gpu, peak: float, elem: int, div: float = 1) -> float:
+    """Seconds of one eager kernel, its work split ``div`` ways: a GEMM by ``gemm_time`` of its
+    dimensions (a grouped one by its FLOPs at the MAMF rate), the flash kernel at the
+    FlashAttention-2 share of peak, anything else its bytes at the achievable bandwidth, at
+    least ``LAUNCH_S``."""
     bandwidth = gpu.bandwidth * gpu.memory_fraction
-    return sum(max(roofline(k.flops / div, k.nbytes / div, peak * gpu.matmul_fraction,
-                            bandwidth), LAUNCH_S)
-               for k in kernels if core or not k.core)
+    if k.kind == "gemm":
+        if len(k.dims) == 4:
+            m, n, inner, batch = k.dims
+            return gemm_time(m, n, inner, gpu, peak, elem, batch) / div
+        return roofline(k.flops / div, k.nbytes / div, peak * gpu.matmul_fraction, bandwidth)
+    if k.kind == "attention":
+        return k.flops / div / (peak * gpu.attention_fraction)
+    return max(k.nbytes / div / bandwidth, LAUNCH_S)
+
+
+def _eager_time(kernels: Sequence[Kernel], whole: bool, div: float, gpu: Gpu, peak: float,
+                elem: int) -> float:
+    """Seconds of a node's eager kernels split ``div`` ways: all of them for a memory-bound
+    node (``whole``), else those around its GEMMs or attention kernel (which the graph's
+    time counts)."""
+    return sum(kernel_seconds(k, gpu, peak, elem, div) for k in kernels
+               if whole or not k.core)
 
 
 def _split(w: Work, layout: Layout) -> int:
@@ -490,8 +510,8 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
         if found is not None:  # --kernels eager: what runs around (or instead of) the op
             div = _split(w, layout)
             whole = w.kind == "memory"
-            forward += _eager_time(found.forward, whole, div, gpu, peak)
-            backward += _eager_time(found.backward, whole, div, gpu, peak)
+            forward += _eager_time(found.forward, whole, div, gpu, peak, elem)
+            backward += _eager_time(found.backward, whole, div, gpu, peak, elem)
             if whole:
                 continue
         if w.kind == "gemm":
