@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # an installed tfgraph first (its tfgraph.exporters); else this checkout
 sys.path.insert(0, str(ROOT / "benchmarks"))  # plan_step, shared with gpu.py
 
 import tfgraph  # noqa: E402
