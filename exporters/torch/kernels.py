@@ -19,15 +19,18 @@ kernel; its work is the graph's attention core, timed by the planner) and ``F.rm
 per-row reciprocal RMS in float32 and the gradients). ``tf.rms_norm`` takes its CUDA branch off
 the CPU, so the meta device sees the same path.
 
-Each kernel is ``core`` when the planner's graph model already times it (the matrix products of a
-``linear`` or ``experts`` node, the attention kernel): eager timing adds only the others to such
-a node, and replaces a memory-bound node's one fused pass by its kernels.
+Each kernel has a kind: "gemm" (with its M, N, K and batch), "attention" (with the FLOPs of
+the scores it computes) or "memory". The first two are ``core``: the planner's graph model
+already times a ``linear``, ``experts`` or attention node's own, so eager timing adds only the
+others to such a node, and replaces a memory-bound node's one fused pass by its kernels
+(``tfgraph.parallel.timing.kernel_seconds`` times each). ``record`` counts any step this way:
+benchmarks/eager_step.py holds transformers' Llama beside tfgraph's module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
 import functools
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
