@@ -336,11 +336,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last axis (Zhang & Sennrich 2019).
 
     Inference and CUDA use torch's fused ``F.rms_norm``; CPU training uses ``_RMSNorm``,
-    which keeps for backward what the fused kernel keeps (other devices, ``meta`` among them,
-    take the CUDA path: exporters/torch/kernels.py counts it there).
+    which keeps for backward what the fused kernel keeps (and so do other devices; ``meta``
+    takes CUDA's path, where exporters/torch/kernels.py counts the fused kernel).
     """
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) \
-            and x.device.type == "cpu":
+            and x.device.type not in ("cuda", "meta"):
         return _RMSNorm.apply(x, weight, eps)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 

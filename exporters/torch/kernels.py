@@ -45,10 +45,13 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
 from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.graph.ops import OPS
 from tfgraph.parallel.timing import ATTENTION_BACKWARD
 
-MATMULS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
-                     torch.ops.aten.baddbmm, torch.ops.aten._grouped_mm})
+MATMULS = frozenset(op for op in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
+                                  torch.ops.aten.baddbmm,
+                                  getattr(torch.ops.aten, "_grouped_mm", None))  # torch >= 2.8
+                    if op is not None)
 """ATen matrix products: the GEMMs the planner times from the graph (``core`` kernels)."""
 
 NO_KERNEL = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like,
@@ -61,6 +64,13 @@ NO_KERNEL = frozenset({torch.ops.aten.empty, torch.ops.aten.empty_like,
                        torch.ops.profiler._record_function_exit})
 """ATen ops that allocate, reinterpret or answer a question without launching a kernel
 (``_unsafe_view`` is a view its schema does not mark as one)."""
+
+WRITE_ONLY = frozenset({torch.ops.aten.zeros_like, torch.ops.aten.ones_like,
+                        torch.ops.aten.full_like, torch.ops.aten.new_zeros,
+                        torch.ops.aten.new_ones, torch.ops.aten.new_full, torch.ops.aten.zeros,
+                        torch.ops.aten.ones, torch.ops.aten.full, torch.ops.aten.fill_,
+                        torch.ops.aten.zero_})
+"""ATen ops that write their result without reading a tensor operand (its shape only)."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +118,10 @@ def _touched(t: Tensor) -> float:
 
 
 def _bytes(*trees: Any) -> float:
-    return sum(_touched(t) for tree in trees for t in tree_leaves(tree)
-               if isinstance(t, Tensor))
+    """Bytes of the tensors in ``trees``, each tensor once (``addcmul(v, g, g)`` reads g
+    once from memory)."""
+    seen = {id(t): t for tree in trees for t in tree_leaves(tree) if isinstance(t, Tensor)}
+    return sum(_touched(t) for t in seen.values())
 
 
 class _Recorder(TorchDispatchMode):
@@ -160,7 +172,10 @@ def _moved(func: Any, args: Any, kwargs: Any, out: Any) -> float:
     named = dict(zip((a.name for a in schema.arguments), args)) | kwargs
     results = out if isinstance(out, (tuple, list)) else (out,)
     fresh = [r for r, ret in zip(results, schema.returns) if ret.alias_info is None]
-    return _bytes(args, kwargs, fresh, [named.get(name) for name in written])
+    stored = _bytes(fresh, [named.get(name) for name in written])
+    if func.overloadpacket in WRITE_ONLY:
+        return stored
+    return _bytes(args, kwargs) + stored
 
 
 def _empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -183,14 +198,14 @@ class _FlashAttention(torch.autograd.Function):
         flops = 2.0 * b * h * tq * k.shape[2] * (q.shape[3] + v.shape[3]) / (2 if causal else 1)
         log.kernels.append(Kernel("flash_attention", _bytes(q, k, v, out) + lse, flops,
                                   "attention"))
-        ctx.shapes, ctx.lse, ctx.flops = (q, k, v), lse, flops
+        ctx.shapes, ctx.lse, ctx.flops, ctx.log = (q, k, v), lse, flops, log
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
         q, k, v = ctx.shapes
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
-        _ACTIVE[-1].kernels.append(Kernel("flash_attention_backward",
+        _active(ctx.log).kernels.append(Kernel("flash_attention_backward",
                                           _bytes(q, k, v, grad, grad, grads) + ctx.lse,
                                           ATTENTION_BACKWARD * ctx.flops, "attention"))
         return (None, *grads, None)
@@ -206,7 +221,7 @@ class _FusedRmsNorm(torch.autograd.Function):
         rows = float(x.numel() // max(x.shape[-1], 1) * 4)
         out = torch.empty_like(x)
         log.kernels.append(Kernel("fused_rms_norm", _bytes(x, weight, out) + rows))
-        ctx.rows, ctx.x, ctx.weight = rows, x, weight
+        ctx.rows, ctx.x, ctx.weight, ctx.log = rows, x, weight, log
         return out
 
     @staticmethod
@@ -214,7 +229,7 @@ class _FusedRmsNorm(torch.autograd.Function):
         x, weight = ctx.x, ctx.weight
         dx = torch.empty_like(x)
         dw = None if weight is None else torch.empty_like(weight)
-        _ACTIVE[-1].kernels.append(Kernel("fused_rms_norm_backward",
+        _active(ctx.log).kernels.append(Kernel("fused_rms_norm_backward",
                                       _bytes(grad, x, weight, dx, dw) + ctx.rows))
         return None, dx, dw
 
@@ -256,6 +271,12 @@ _ACTIVE: list[_Log] = []
 mode that made it, and records into the backward's log)."""
 
 
+def _active(made: _Log) -> _Log:
+    """Where a fused stand-in's backward records: the recording running now, else the one
+    that ran its forward."""
+    return _ACTIVE[-1] if _ACTIVE else made
+
+
 @contextmanager
 def _recording(log: _Log) -> Iterator[None]:
     _ACTIVE.append(log)
@@ -284,35 +305,89 @@ def _leaf(x: Any) -> Any:
     return x
 
 
-def _census(fn: Callable[..., Any], found: dict[str, NodeKernels], graph: Graph, name: str,
-            sizes: Mapping[Any, int]) -> Callable[..., Any]:
-    """Wraps one program step: run the node on leaves of its operands, forward and backward,
-    recording kernels; give the model the result cut from the autograd graph. An output that
-    k ops read gets their gradients summed in backward: k - 1 additions (reading two
-    gradients, writing one). A node whose kernels depend on the data (the routed experts of a
-    mixture: which tokens reach which expert) has no entry; the planner keeps its graph time."""
-    readers = _readers(graph, name)
+@dataclass
+class _Visit:
+    """One node as the census ran its forward: the kernels, the outputs that want a gradient
+    and the operands (by name: a node or parameter) that do."""
 
+    forward: list[Kernel]
+    outs: list[Tensor]
+    wanted: list[tuple[str, Tensor]]
+
+
+def _census(fn: Callable[..., Any], visits: dict[str, _Visit], graph: Graph, name: str,
+            operands: list[str], sizes: Mapping[Any, int]) -> Callable[..., Any]:
+    """Wraps one program step: run the node on leaves of its operands, recording its kernels;
+    give the model the result cut from the autograd graph (``_backward`` runs each node's
+    backward afterwards). The routed experts of a mixture (which tokens reach which expert is
+    data) cannot run on the meta device: no visit, the planner keeps their graph time."""
     def step(module: Any, attrs: dict[str, Any], *args: Any) -> Any:
-        leaves = tree_map(_leaf, list(args))
-        wanted = [t for t in tree_leaves(leaves) if isinstance(t, Tensor) and t.requires_grad]
-        forward, backward = _Log(), _Log()
+        leaves = [tree_map(_leaf, a) for a in args]
+        wanted = [(operands[i], t) for i, t in enumerate(leaves)
+                  if isinstance(t, Tensor) and t.requires_grad]
+        forward = _Log()
         try:
             with torch.enable_grad(), _recording(forward):
                 out = fn(module, attrs, *leaves)
-        except NotImplementedError:  # a data-dependent shape (torch.where, nonzero) on meta
+        except NotImplementedError:  # torch.where / nonzero: a data-dependent shape on meta
+            if name not in graph or not OPS[graph.node(name).op].routed:
+                raise
             return _input(graph, name, sizes).requires_grad_(bool(wanted))
         outs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
-        if wanted and outs:
-            with _recording(backward):
-                torch.autograd.grad(outs, wanted, [torch.empty_like(t) for t in outs],
-                                    allow_unused=True)
-        if len(outs) == 1 and readers > 1:
-            dense = float(outs[0].numel() * outs[0].element_size())  # gradients are dense
-            backward.kernels += [Kernel("aten.add", 3 * dense)] * (readers - 1)
-        found[name] = NodeKernels(tuple(forward.kernels), tuple(backward.kernels))
+        visits[name] = _Visit(forward.kernels, outs, wanted)
         return tree_map(_leaf, out)  # cut here too: the next node's operands are leaves
     return step
+
+
+def _backward(graph: Graph, visits: dict[str, _Visit]) -> dict[str, list[Kernel]]:
+    """Each node's backward kernels, run as autograd's engine runs them: in reverse, a node's
+    backward taking the gradient its readers sent (the loss: a fresh one), with that
+    gradient's own layout; a node no gradient reaches runs none (a reader that only takes a
+    shape, ALiBi's, or blocks the gradient, hardmax's, sends none). A second gradient for the
+    same value (an output several ops read, a tied token table) is added to the first, one
+    addition recorded where it arrives."""
+    grads: dict[str, Tensor] = {}
+    found: dict[str, list[Kernel]] = {}
+    for name in reversed(list(visits)):
+        visit, log = visits[name], _Log()
+        found[name] = log.kernels
+        if name in graph.outputs:
+            given = [torch.empty_like(t) for t in visit.outs]
+        elif name in grads and len(visit.outs) == 1:
+            given = [grads.pop(name)]
+        else:
+            continue
+        if not visit.wanted:
+            continue
+        with _recording(log):
+            got = torch.autograd.grad(visit.outs, [t for _, t in visit.wanted], given,
+                                      allow_unused=True)
+            for (operand, _), grad in zip(visit.wanted, got):
+                if grad is not None:
+                    grads[operand] = grads[operand] + grad if operand in grads else grad
+    return found
+
+
+def _resolve(graph: Graph, visits: dict[str, _Visit]) -> dict[str, NodeKernels]:
+    """Each graph node's kernels, forward and backward. A step that is no graph node (the
+    rotary tables the model computes once per forward, before the first layer) is charged to
+    the graph node before it (the embedding's: not to a layer, whose time every identical
+    layer repeats), or after it when none comes before."""
+    backward = _backward(graph, visits)
+    found: dict[str, NodeKernels] = {}
+    carried: list[Kernel] = []
+    last = None
+    for name, visit in visits.items():
+        if name not in graph:
+            if last is None:
+                carried += visit.forward + backward[name]
+            else:
+                found[last] = NodeKernels(found[last].forward + tuple(visit.forward),
+                                          found[last].backward + tuple(backward[name]))
+            continue
+        found[name] = NodeKernels(tuple(carried + visit.forward), tuple(backward[name]))
+        carried, last = [], name
+    return found
 
 
 def _programs(model: torch.nn.Module) -> Iterator[Any]:
@@ -379,36 +454,24 @@ def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]
     from tfgraph.exporters.torch.module import to_torch
 
     model = to_torch(graph, device="meta").train()
-    found: dict[str, NodeKernels] = {}
+    visits: dict[str, _Visit] = {}
     sizes = {SYMBOLS["B"]: batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: seq}
     for program in _programs(model):
         names = {slot: name for name, slot in program.slots.items()}
-        program.steps = [(step[0] if _calls_layer(step[0]) else
-                          _census(step[0], found, graph, names[step[3]], sizes), *step[1:])
+        program.steps = [(step[0] if _no_kernels(step[0]) else
+                          _census(step[0], visits, graph, names[step[3]],
+                                  [names[i] for i in step[2]], sizes), *step[1:])
                          for step in program.steps]
     inputs = [_input(graph, name, sizes) for name in graph.inputs]
     with torch.enable_grad():
         model(*inputs)
-    for node in graph.nodes():  # a weight several ops read (a tied token table): autograd
-        # sums their gradients, k - 1 additions, run in its first reader's backward
-        readers = sorted({user.name: user.index for user, _ in graph.users(node.name)}.items(),
-                         key=lambda item: item[1])
-        if node.op == "param" and len(readers) > 1 and readers[0][0] in found:
-            weight = _input(graph, node.name, sizes)
-            first = found[readers[0][0]]
-            adds = (Kernel("aten.add", 3 * float(weight.numel() * weight.element_size())),)
-            found[readers[0][0]] = NodeKernels(first.forward,
-                                               first.backward + adds * (len(readers) - 1))
-    return found
+    return _resolve(graph, visits)
 
 
-def _readers(graph: Graph, name: str) -> int:
-    """How many ops read a node's output (a name that is no graph node, e.g. the rotary
-    tables the model shares between layers: 0)."""
-    return len({user.name for user, _ in graph.users(name)}) if name in graph else 0
+def _no_kernels(fn: Any) -> bool:
+    """A step that runs a whole layer's program (whose own steps are recorded) or picks one
+    of a layer's outputs (a tuple index)."""
+    from tfgraph.exporters.torch.module import _pick
 
-
-def _calls_layer(fn: Any) -> bool:
-    """A step that runs a whole layer's program (whose own steps are recorded)."""
-    return hasattr(fn, "layer")
+    return hasattr(fn, "layer") or fn is _pick
 

@@ -71,7 +71,8 @@ def chunk_elements(shape: list[int], ranks: int) -> int:
 
 def stepped_elements(s: States, layout: Layout) -> float:
     """Parameter elements the rank's optimizer steps (the float32 master elements whose
-    states ``s.optimizer`` counts; Adam's per-tensor step counts left out)."""
+    states ``s.optimizer`` counts; Adam's 4-byte step count per tensor, inside it, adds under
+    one element per tensor)."""
     per = ADAM_MOMENTS if layout.zero >= 3 else state_bytes(layout.dtype, layout.states)[2]
     return s.optimizer / per
 

@@ -166,6 +166,9 @@ EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's
                  "torch.optim.AdamW's kernels over the float32 elements the rank steps")
 
 
+EAGER_OPTIMIZER = ("torch.optim.AdamW's own kernels (foreach) over the float32 elements the rank "
+                   "steps, counted on the meta device: memory-bound")
+
 GRAD_REDUCE_AFTER = ("ZeRO 0-2 with --grad-reduce after (Megatron-LM's local DDP): the whole "
                      "gradient all-reduce / reduce-scatter after the last backward, exposed; "
                      "ZeRO 1-2 weight all-gather under the next step's first forward, the first "
@@ -180,6 +183,7 @@ def assumptions(layout: Layout, kernels: KernelSource | None = None) -> dict[str
         found["data_parallel"] = GRAD_REDUCE_AFTER
     if kernels is not None:
         found["kernels"] = EAGER_KERNELS
+        found["optimizer"] = EAGER_OPTIMIZER
     return found
 
 
@@ -444,7 +448,7 @@ def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
     time the eager kernels it gives instead of one per op (``--kernels eager``)."""
     table: dict[tuple[Any, ...], list[UnitTime]] = graph.memo("parallel_unit_times", dict)
     key = (layout.micro_batch, layout.seq, layout.tp, layout.sp, attention, gpu, layout.dtype,
-           kernels is not None)
+           kernels)
     if key not in table:
         sizes = {SYMBOLS["B"]: layout.micro_batch, SYMBOLS["S"]: layout.seq,
                  SYMBOLS["T"]: layout.seq}
