@@ -9,9 +9,11 @@ eager time of a node is its kernels' bytes at the achievable bandwidth."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 
 import pytest
+import sympy
 import torch
 from conftest import ROOT
 from test_cli_validate import runner
@@ -35,12 +37,18 @@ def graph_of(name: str, dtype: str = "bfloat16") -> tfgraph.Graph:
     return tfgraph.compile(spec, loss=True)
 
 
-def whole_module(graph: tfgraph.Graph) -> list[K.Kernel]:
-    """Every kernel of one forward + backward of the whole module, recorded at once."""
+def whole_module(graph: tfgraph.Graph, batch: int = B, seq: int = S) -> list[K.Kernel]:
+    """Every kernel of one forward + backward of the whole module, recorded at once (routed
+    experts with the census's uniform routing)."""
     model = to_torch(graph, device="meta").train()
-    sizes = {SYMBOLS["B"]: B, SYMBOLS["S"]: S, SYMBOLS["T"]: S}
+    sizes = {SYMBOLS["B"]: batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: seq}
+    routed = [n for n in graph.nodes() if n.op == "experts"]
     log = K._Log()
-    with K._recording(log):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(K._recording(log))
+        if routed:
+            experts = int(graph.node(routed[0].inputs[1]).type.shape[-1])
+            stack.enter_context(K.UniformRouting(log, experts))
         loss = model(*[K._input(graph, name, sizes) for name in graph.inputs])
         torch.autograd.backward(loss, torch.empty_like(loss))
     return log.kernels
@@ -50,18 +58,20 @@ def counted(kernels: list[K.Kernel]) -> collections.Counter:
     return collections.Counter((k.name, k.nbytes, k.flops, k.core) for k in kernels)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bert", "tiny-falcon", "tiny-bart",
-                                  "tiny-phi", "tiny-modernbert", "gpt2", "tiny-bloom",
-                                  "tiny-sandwich", "tiny-gemma2", "tiny-qwen3", "tiny-mpt"])
-def test_the_census_is_the_whole_module_kernel_for_kernel(name):
-    """Node by node in isolation + the gradient sums = the module's own forward and backward
-    (tied tables: bert, falcon, phi, gpt2; encoder-decoder: bart; ALiBi's reader takes only a
-    shape: bloom, mpt; hardmax passes no gradient to q and k: sandwich)."""
-    graph = graph_of(name)
-    census = K.eager_kernels(graph, B, S)
+@pytest.mark.parametrize("path", sorted(SPECS.glob("tiny*.yaml")) + [SPECS / "gpt2.yaml"],
+                         ids=lambda p: p.stem)
+def test_the_census_is_the_whole_module_kernel_for_kernel(path):
+    """Node by node in isolation, backward as autograd's engine runs it = the module's own
+    forward and backward, on every tiny spec (tied tables, encoder-decoders, ALiBi's reader
+    that takes only a shape, hardmax passing no gradient to q and k, routed experts, T5's
+    relative bias, ...)."""
+    spec = tfgraph.load_spec(path).model_copy(update={"dtype": "bfloat16"})
+    graph = tfgraph.compile(spec, loss=True)
+    seq = min(S, spec.max_len or S)
+    census = K.eager_kernels(graph, B, seq)
     per_node = [k for node in census.values() for k in (*node.forward, *node.backward)]
-    assert counted(per_node) == counted(whole_module(graph))
-    assert len(per_node) > 50
+    assert counted(per_node) == counted(whole_module(graph, B, seq))
+    assert len(per_node) > 20
 
 
 def test_fused_cuda_functions_are_one_kernel_each():
@@ -107,17 +117,35 @@ def test_a_projection_is_its_gemms_and_a_read_twice_output_sums_gradients():
     assert census["decoder.layers.0.self_attn.residual"].backward == ()
 
 
-def test_routed_experts_keep_their_graph_time():
-    """Which tokens reach which expert is data: the meta device cannot run the experts, so
-    they have no census entry (the planner keeps their graph time); the rest is counted."""
-    graph = graph_of("tiny-moe")
+@pytest.mark.parametrize("name", ["tiny-moe", "tiny-olmoe", "tiny-deepseek-v3"])
+def test_routed_experts_run_with_uniform_routing(name):
+    """Which tokens reach which expert is data: on the meta device each expert takes tokens x
+    top-k / experts of them, the planner's own assumption, so the experts' GEMMs are the
+    graph's FLOPs; the census equals the whole module run so, kernel for kernel."""
+    graph = graph_of(name)
     census = K.eager_kernels(graph, B, S)
-    experts = [n.name for n in graph.nodes() if n.op == "experts"]
-    assert experts and not set(experts) & set(census)
-    assert any(n.op == "route" and n.name in census for n in graph.nodes())
+    experts = [n for n in graph.nodes() if n.op == "experts"]
+    assert experts
+    n_experts = graph.node(experts[0].inputs[1]).type.shape[-1]
+    for node in experts:
+        forward = census[node.name].forward
+        assert [k.name for k in forward].count("aten.nonzero") == n_experts
+        gemm = sum(k.flops for k in forward if k.kind == "gemm")
+        assert gemm == graph_flops(graph, node.name, B, S)
+    per_node = [k for node in census.values() for k in (*node.forward, *node.backward)]
+    assert counted(per_node) == counted(whole_module(graph))
     result = plan(graph, Layout(micro_batch=B, global_batch=B, seq=S), gpu("h100"),
                   kernels=K.kernel_source(graph))
     assert result["kernels"] == "eager" and result["step"]["time_s"] > 0
+
+
+def graph_flops(graph: tfgraph.Graph, name: str, batch: int, seq: int) -> float:
+    """A node's forward FLOPs as the graph counts them (its matrix products)."""
+    from tfgraph.passes import cost
+
+    found = next(c for c in cost.op_costs(graph) if c.node == name)
+    sizes = {SYMBOLS["B"]: batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: seq}
+    return float(sympy.sympify(found.matmul).xreplace(sizes))
 
 
 def test_eager_time_of_a_node_is_its_kernels_at_the_bandwidth():

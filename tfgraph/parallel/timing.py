@@ -162,7 +162,7 @@ EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's
                  "one kernel each): memory-bound kernels at their bytes / achievable bandwidth, "
                  "at least 4 us each; GEMM and attention nodes at their graph time plus the "
                  "kernels around them; k readers of a gradient add k - 1 additions; routed "
-                 "experts at their graph time (data-dependent); the optimizer step as "
+                 "experts with tokens x top-k / experts each; the optimizer step as "
                  "torch.optim.AdamW's kernels over the float32 elements the rank steps")
 
 
