@@ -469,19 +469,24 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
     mlx-lm do), so the work is k experts per token, not E; its output, scaled by the token's
     routing weight, is added back at the token's row."""
     *gate, up, down = params
+    # Each stacked weight is split once (unbind): its gradient is then one stack of the
+    # experts' gradients. Indexed per expert (up[e]), autograd would write a zero-filled
+    # gradient of the whole stack for every expert and add them up (E passes over it).
+    gates = gate[0].unbind(0) if gate else ()
+    ups, downs = up.unbind(0), down.unbind(0)  # E x (H, d), E x (d, H)
     flat = x.reshape(-1, x.shape[-1])  # (N, d)
     top_w, top_i = weights.reshape(-1, weights.shape[-1]).topk(top_k, dim=-1)  # (N, k)
     out = torch.zeros_like(flat)
-    for e in range(up.shape[0]):
+    for e in range(len(ups)):
         token, slot = torch.where(top_i == e)  # the (token, slot) pairs routed to e
         if token.numel() == 0:
             continue
         h = flat[token]  # (n_e, d)
-        if gate:
-            h = expert_activation(F.linear(h, gate[0][e]), activation) * F.linear(h, up[e])
+        if gates:
+            h = expert_activation(F.linear(h, gates[e]), activation) * F.linear(h, ups[e])
         else:
-            h = expert_activation(F.linear(h, up[e]), activation)  # (n_e, H)
-        y = F.linear(h, down[e]) * top_w[token, slot, None]  # (n_e, d)
+            h = expert_activation(F.linear(h, ups[e]), activation)  # (n_e, H)
+        y = F.linear(h, downs[e]) * top_w[token, slot, None]  # (n_e, d)
         out.index_add_(0, token, y)
     return out.reshape(x.shape)
 
