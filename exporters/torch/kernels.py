@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from torch.utils.flop_counter import flop_registry
 
 from tfgraph.graph.ir import SYMBOLS, Graph
@@ -331,13 +331,16 @@ def _leaf(x: Any) -> Any:
 
 @dataclass
 class _Visit:
-    """One node as the census ran its forward: the kernels, the outputs that want a gradient,
-    the operands (by name: a node or parameter) that do, and what its kernels depend on."""
+    """One node as the census met it in the forward: its kernels, the outputs that want a
+    gradient, the operands (by name: a node or parameter) that do, what its kernels depend
+    on, and how to run it (again): ``outs`` have no autograd graph when the node was taken
+    from an identical one (``rerun`` makes it, should its backward need counting)."""
 
     forward: list[Kernel]
     outs: list[Tensor]
     wanted: list[tuple[str, Tensor]]
     key: Any
+    rerun: Callable[[], list[Tensor]] | None = None
 
 
 def _signature(x: Any) -> Any:
@@ -352,40 +355,63 @@ def _signature(x: Any) -> Any:
 
 @dataclass
 class _Seen:
-    """Kernels already counted, by what they depend on: the identical layers of a stack run
-    the same kernels, counted once (a 61-layer, 256-expert model's census in seconds)."""
+    """What was counted, by what it depends on: the identical layers of a stack run the same
+    kernels, so each kind of node runs (on the meta device, through Python) once."""
 
-    forward: dict[Any, list[Kernel]] = field(default_factory=dict)
+    forward: dict[Any, tuple[list[Kernel], Any, list[Any]]] = field(default_factory=dict)
+    """key -> (kernels, the output's tree structure, each leaf's signature or value)."""
     backward: dict[Any, tuple[list[Kernel], list[Any]]] = field(default_factory=dict)
+    """(key, given gradient's signature) -> (kernels, each operand's gradient signature)."""
+
+
+def _made(signature: Any) -> Any:
+    """A meta tensor of a ``_signature`` (a leaf that wants a gradient when that did)."""
+    shape, stride, dtype, grad = signature
+    return torch.empty_strided(shape, stride, dtype=dtype, device="meta").requires_grad_(grad)
 
 
 def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, graph: Graph,
             name: str, operands: list[str], sizes: Mapping[Any, int]) -> Callable[..., Any]:
-    """Wraps one program step: run the node on leaves of its operands, recording its kernels
-    (or taking them from an identical node's, ``seen``); give the model the result cut from
-    the autograd graph (``_backward`` runs each node's backward afterwards). The routed
+    """Wraps one program step: run the node on leaves of its operands, recording its kernels,
+    and give the model the result cut from the autograd graph (``_backward`` runs each node's
+    backward afterwards). A node identical to one counted (``seen``: same step, attributes
+    and operand layouts) does not run: its kernels and outputs' layouts are taken. The routed
     experts of a mixture run with ``UniformRouting``: which tokens reach which expert is data
     the meta device does not have."""
     routed = name in graph and OPS[graph.node(name).op].routed
+
+    def run(module: Any, attrs: dict[str, Any], leaves: list[Any], log: _Log,
+            record_it: bool) -> Any:
+        with torch.enable_grad(), contextlib.ExitStack() as stack:
+            # not recorded: run as CUDA would (the fused stand-ins) for the backward's sake
+            stack.enter_context(_recording(log) if record_it else _Fused(_Log()))
+            if routed:  # operand 1: the routing weights (.., experts) (OpDef.routed)
+                stack.enter_context(UniformRouting(log, leaves[1].shape[-1]))
+            return fn(module, attrs, *leaves)
 
     def step(module: Any, attrs: dict[str, Any], *args: Any) -> Any:
         leaves = [tree_map(_leaf, a) for a in args]
         wanted = [(operands[i], t) for i, t in enumerate(leaves)
                   if isinstance(t, Tensor) and t.requires_grad]
         key = (fn, repr(sorted(attrs.items())), _signature(leaves))
-        counted = seen.forward.get(key)
-        forward = _Log()
-        with torch.enable_grad(), contextlib.ExitStack() as stack:
-            # counted already: run it as CUDA would (the fused stand-ins, whose backward
-            # may still be counted) without recording
-            stack.enter_context(_recording(forward) if counted is None else _Fused(_Log()))
-            if routed:  # operand 1: the routing weights (.., experts) (OpDef.routed)
-                stack.enter_context(UniformRouting(forward, leaves[1].shape[-1]))
-            out = fn(module, attrs, *leaves)
-        if counted is None:
-            counted = seen.forward[key] = forward.kernels
+        if key in seen.forward:
+            kernels, tree, flat = seen.forward[key]
+            out = tree_unflatten([_made(x) if isinstance(x, tuple) else x for x in flat], tree)
+            outs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
+
+            def rerun() -> list[Tensor]:
+                again = run(module, attrs, leaves, _Log(), False)
+                return [t for t in tree_leaves(again)
+                        if isinstance(t, Tensor) and t.requires_grad]
+            visits[name] = _Visit(list(kernels), outs, wanted, key, rerun)
+            return out
+        log = _Log()
+        out = run(module, attrs, leaves, log, True)
+        flat, tree = tree_flatten(out)
+        seen.forward[key] = (log.kernels, tree, [_signature(x) if isinstance(x, Tensor) else x
+                                                 for x in flat])
         outs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
-        visits[name] = _Visit(list(counted), outs, wanted, key)
+        visits[name] = _Visit(list(log.kernels), outs, wanted, key)
         return tree_map(_leaf, out)  # cut here too: the next node's operands are leaves
     return step
 
@@ -421,8 +447,9 @@ def _backward(graph: Graph, visits: dict[str, _Visit], seen: _Seen
                     layout[0], layout[1], dtype=layout[2], device="meta")
                 for layout in layouts]
         else:
+            outs = visit.outs if visit.rerun is None else visit.rerun()
             with _recording(log):
-                got = list(torch.autograd.grad(visit.outs, [t for _, t in visit.wanted],
+                got = list(torch.autograd.grad(outs, [t for _, t in visit.wanted],
                                                given, allow_unused=True))
             seen.backward[key] = (list(log.kernels),
                                   [None if g is None else _signature(g) for g in got])
