@@ -73,6 +73,12 @@ WRITE_ONLY = frozenset({torch.ops.aten.zeros_like, torch.ops.aten.ones_like,
                         torch.ops.aten.zero_})
 """ATen ops that write their result without reading a tensor operand (its shape only)."""
 
+SCATTER = {torch.ops.aten.index_add_: "source", torch.ops.aten.index_put_: "values",
+           torch.ops.aten.index_copy_: "source", torch.ops.aten.scatter_add_: "src",
+           torch.ops.aten.scatter_: "src"}
+"""In-place ATen ops that update only the rows their indices name: they read and write as
+much of ``self`` as the named operand holds, not all of it."""
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -173,8 +179,13 @@ def _moved(func: Any, args: Any, kwargs: Any, out: Any) -> float:
     named = dict(zip((a.name for a in schema.arguments), args)) | kwargs
     results = out if isinstance(out, (tuple, list)) else (out,)
     fresh = [r for r, ret in zip(results, schema.returns) if ret.alias_info is None]
+    packet = func.overloadpacket
+    if packet in SCATTER and isinstance(named.get(SCATTER[packet]), Tensor):
+        rows = _touched(named[SCATTER[packet]])  # the rows of self it reads and writes
+        others = [v for k, v in named.items() if k != "self"]
+        return _bytes(others) + 2 * rows
     stored = _bytes(fresh, [named.get(name) for name in written])
-    if func.overloadpacket in WRITE_ONLY:
+    if packet in WRITE_ONLY:
         return stored
     return _bytes(args, kwargs) + stored
 
