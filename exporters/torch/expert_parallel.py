@@ -95,7 +95,9 @@ class GroupedExperts(nn.Module):
         return [p.to_local() if isinstance(p, DTensor) else p for p in params]
 
     def forward(self, routed: Tensor, counts: Tensor) -> Tensor:
-        *gate, up, down = self._weights()
+        # each stacked weight split once: its gradient one stack, not one zero-filled stack
+        # per expert added up (torch_functional.experts)
+        *gate, up, down = (w.unbind(0) for w in self._weights())
         outputs = []
         # Every local expert runs, on no rows too: each gets a (zero) gradient, so the
         # stacked weights always have one (FSDP2 reduces the same tensors on every rank).

@@ -467,28 +467,32 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
 
     Each expert runs only on the tokens routed to it (gathered by index, as transformers and
     mlx-lm do), so the work is k experts per token, not E; its output, scaled by the token's
-    routing weight, is added back at the token's row."""
+    routing weight, is added back at the token's row, expert by expert. The (token, expert)
+    pairs are sorted by expert once: one gather, one count (one host sync), one scatter, so
+    backward writes each token's gradient once, not once per expert; and each stacked weight
+    is split once (unbind), so its gradient is one stack: indexed per expert (``up[e]``),
+    autograd would write a zero-filled gradient of the whole stack for every expert and add
+    them up (E passes over it; benchmarks/moe_train_step.py)."""
     *gate, up, down = params
-    # Each stacked weight is split once (unbind): its gradient is then one stack of the
-    # experts' gradients. Indexed per expert (up[e]), autograd would write a zero-filled
-    # gradient of the whole stack for every expert and add them up (E passes over it).
     gates = gate[0].unbind(0) if gate else ()
     ups, downs = up.unbind(0), down.unbind(0)  # E x (H, d), E x (d, H)
     flat = x.reshape(-1, x.shape[-1])  # (N, d)
     top_w, top_i = weights.reshape(-1, weights.shape[-1]).topk(top_k, dim=-1)  # (N, k)
-    out = torch.zeros_like(flat)
-    for e in range(len(ups)):
-        token, slot = torch.where(top_i == e)  # the (token, slot) pairs routed to e
-        if token.numel() == 0:
+    pair_expert = top_i.flatten()  # (N k,): pair p is token p // k's slot p % k
+    order = pair_expert.argsort(stable=True)  # expert by expert, in token order within each
+    token = order // top_k
+    counts = torch.bincount(pair_expert, minlength=len(ups)).tolist()  # pairs per expert
+    outputs = []
+    for e, rows in enumerate(flat[token].split(counts)):  # (n_e, d) each
+        if rows.shape[0] == 0:
             continue
-        h = flat[token]  # (n_e, d)
         if gates:
-            h = expert_activation(F.linear(h, gates[e]), activation) * F.linear(h, ups[e])
+            h = expert_activation(F.linear(rows, gates[e]), activation) * F.linear(rows, ups[e])
         else:
-            h = expert_activation(F.linear(h, ups[e]), activation)  # (n_e, H)
-        y = F.linear(h, downs[e]) * top_w[token, slot, None]  # (n_e, d)
-        out.index_add_(0, token, y)
-    return out.reshape(x.shape)
+            h = expert_activation(F.linear(rows, ups[e]), activation)  # (n_e, H)
+        outputs.append(F.linear(h, downs[e]))  # (n_e, d)
+    y = torch.cat(outputs) * top_w.flatten()[order, None]  # (N k, d)
+    return torch.zeros_like(flat).index_add_(0, token, y).reshape(x.shape)
 
 
 def positions_at(table: Tensor, position_ids: Tensor, offset: int = 0) -> Tensor:

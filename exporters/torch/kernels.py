@@ -279,26 +279,30 @@ class _Fused(TorchFunctionMode):
 
 
 class UniformRouting(TorchFunctionMode):
-    """``torch.where(mask)`` as a routed op calls it to find the tokens routed to one expert
-    (``tf.experts``): on the meta device the count is data, so each expert is taken to receive
-    tokens x top-k / experts of them (uniform routing: the planner's assumption for the
-    experts' GEMMs, ``tfgraph.parallel.timing``); the kernel that finds them reads the mask and
-    writes their indices."""
+    """How many (token, expert) pairs each expert receives, as a routed op counts them
+    (``tf.experts``: ``torch.bincount(...).tolist()``): on the meta device the count is data,
+    so each expert is taken to receive pairs / experts of them (uniform routing: the planner's
+    assumption for the experts' GEMMs, ``tfgraph.parallel.timing``), the remainder one each to
+    the first experts. The count reads the pairs and writes one integer per expert."""
 
     def __init__(self, log: _Log, experts: int) -> None:
         super().__init__()
         self.log, self.experts = log, experts
+        self.pairs: dict[int, int] = {}  # id of a count tensor -> the pairs it counts
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
-        if func is torch.where and len(args) == 1 and not kwargs:
-            mask = args[0]  # (tokens, top-k): which of each token's k choices is this expert
-            n = round(mask.numel() / self.experts)
-            found = tuple(torch.empty(n, dtype=torch.long, device=mask.device)
-                          for _ in range(mask.dim()))
-            self.log.kernels.append(Kernel("aten.nonzero", _bytes(mask, found)))
+        kwargs = kwargs or {}
+        if func is torch.bincount:
+            pairs = args[0]
+            found = torch.empty(self.experts, dtype=torch.long, device=pairs.device)
+            self.pairs[id(found)] = pairs.numel()
+            self.log.kernels.append(Kernel("aten.bincount", _bytes(pairs, found)))
             return found
-        return func(*args, **(kwargs or {}))
+        if func is Tensor.tolist and id(args[0]) in self.pairs:
+            share, extra = divmod(self.pairs[id(args[0])], self.experts)
+            return [share + (e < extra) for e in range(self.experts)]
+        return func(*args, **kwargs)
 
 
 _ACTIVE: list[_Log] = []
