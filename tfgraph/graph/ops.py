@@ -184,9 +184,9 @@ class OpDef:
     unfused_saved: Callable[[list[TensorType], TensorType, dict[str, Any]], Saved] | None = None
     """What it keeps for backward computed by explicit matmuls, where ``saved`` is what a
     fused kernel keeps: the planner's ``unfused`` form (``tfgraph.parallel.units``)."""
-    backward_temp: Callable[[list[TensorType]], sympy.Expr] | None = None
+    backward_temp: Callable[[list[TensorType], TensorType, dict[str, Any]], sympy.Expr] | None = None
     """Bytes its backward holds besides its saved tensors and its operands' gradients, from
-    its operands' types (``tfgraph.passes.train_walk``)."""
+    its operands' types, output type and attributes (``tfgraph.passes.train_walk``)."""
     loss: bool = False
     """It is the training loss: the scalar the backward starts from
     (``train_walk.loss_node``); the gradient of its first operand (the logits) is what the

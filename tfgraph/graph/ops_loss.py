@@ -86,7 +86,8 @@ def _cross_entropy_temp(ins: list[TensorType], out: TensorType, attrs: dict[str,
     return _upcast_bytes(ins[0])
 
 
-def backward_temp(ins: list[TensorType]) -> sympy.Expr:
+def backward_temp(ins: list[TensorType], out: TensorType | None = None,
+                  attrs: dict[str, Any] | None = None) -> sympy.Expr:
     """Bytes the loss's backward holds besides its saved tensors and the logits' gradient:
     the gradient of the float32 log-probabilities, and with 16-bit logits the float32
     gradient of their upcast copy. (The engine frees the log-probabilities before the cast's

@@ -227,6 +227,21 @@ def _experts_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]
             (("tmp", "indices"), pairs * 3 * INDEX_BYTES)]
 
 
+def _experts_backward_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]
+                           ) -> sympy.Expr:
+    """Bytes the experts' backward holds besides its saved tensors and operand gradients.
+    ``torch_functional.experts`` unbinds each stacked weight once, so each expert's weight
+    gradients wait, one stacked weight's worth in all, until they are stacked into the
+    stacked weights' gradients; meanwhile the weighted outputs are freed first and each
+    expert's hidden buffers as its backward ends; the gradients of each expert's gathered
+    rows wait too, to be joined (a gathered token's worth per pair). What the pieces add
+    beyond what they replace: max(0, stacked weights + gathered rows - hidden - expert
+    outputs)."""
+    saved = dict(_experts_saved(ins, out, attrs))
+    pieces = sympy.Add(*(t.nbytes for t in ins[2:])) + saved[("tmp", "tokens")]
+    return sympy.Max(0, pieces - saved[("tmp", "hidden")] - saved[("tmp", "expert_out")])
+
+
 register(OpDef(
     "experts", (4, 5), _experts_infer, _experts_flops, _experts_saved,
     "Routed experts: x (B, L, d), routing weights (B, L, E), stacked expert weights "
@@ -239,6 +254,7 @@ register(OpDef(
     attrs={"top_k": Attr(SIZE, required=True), "activation": Attr(str, required=True),
            "gated": Attr(bool, required=True)},
     tp="project_hidden", whole_scratch=("tokens", "expert_out", "indices"), routed=True,
+    backward_temp=_experts_backward_temp,
     tp_refused_source="stacked experts are split by tfgraph.exporters.parallelize only",
 ))
 

@@ -317,7 +317,8 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
         back = ZERO
         opdef = OPS[node.op]
         if opdef.backward_temp is not None:
-            back = opdef.backward_temp([graph.node(i).type for i in node.inputs])
+            back = opdef.backward_temp([graph.node(i).type for i in node.inputs], node.type,
+                                       node.attrs)
         elif opdef.score_temp:  # the scores' gradient: a score matrix again
             back = scratch(node)
             dropped = saves.dropped.get(name)
