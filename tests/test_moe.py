@@ -287,3 +287,15 @@ def test_compare_shows_total_and_active_side_by_side() -> None:
     titles = [title for _, title, _ in table_rows(data)]
     assert {"params active (per token)", "FLOPs/token active",
             "FLOPs/token all experts"} <= set(titles)
+
+
+def test_routed_experts_take_an_empty_sequence() -> None:
+    """No tokens: no expert runs, the output is empty (as a dense feed-forward's is)."""
+    import torch
+
+    from tfgraph.exporters import to_torch
+
+    spec = tfgraph.load_spec(ROOT / "specs" / "tiny-moe.yaml")
+    model = to_torch(tfgraph.compile(spec), seed=0)
+    out = model(torch.zeros(2, 0, dtype=torch.long))
+    assert out.shape == (2, 0, spec.vocab_size("source"))

@@ -477,6 +477,8 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
     gates = gate[0].unbind(0) if gate else ()
     ups, downs = up.unbind(0), down.unbind(0)  # E x (H, d), E x (d, H)
     flat = x.reshape(-1, x.shape[-1])  # (N, d)
+    if flat.shape[0] == 0:  # no tokens (an empty sequence): no expert runs
+        return torch.zeros_like(x)
     top_w, top_i = weights.reshape(-1, weights.shape[-1]).topk(top_k, dim=-1)  # (N, k)
     pair_expert = top_i.flatten()  # (N k,): pair p is token p // k's slot p % k
     order = pair_expert.argsort(stable=True)  # expert by expert, in token order within each

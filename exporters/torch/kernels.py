@@ -300,7 +300,7 @@ class UniformRouting(TorchFunctionMode):
             self.log.kernels.append(Kernel("aten.bincount", _bytes(pairs, found)))
             return found
         if func is Tensor.tolist and id(args[0]) in self.pairs:
-            share, extra = divmod(self.pairs[id(args[0])], self.experts)
+            share, extra = divmod(self.pairs.pop(id(args[0])), self.experts)
             return [share + (e < extra) for e in range(self.experts)]
         return func(*args, **kwargs)
 

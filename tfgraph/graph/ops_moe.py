@@ -216,7 +216,8 @@ _HIDDEN_SAVED = {"gated": 4, "relu": 1}
 def _experts_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
     # Per pair: the gathered token (d), the hidden buffers, the expert's output (d) and its
     # routing weight (1) for the weighting product, the weighted output (d) that index_add_
-    # keeps; per pair also a (token, slot) index pair, and per token the k top-k indices.
+    # keeps; per pair also two indices (the sort order and the token), and per token the k
+    # top-k indices.
     n, _, hidden, d = _expert_sizes(ins)
     pairs = n * attrs["top_k"]
     units = _HIDDEN_SAVED["gated"] if attrs["gated"] else _HIDDEN_SAVED.get(attrs["activation"], 2)
