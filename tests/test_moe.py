@@ -5,6 +5,7 @@ the full-size specs against the reference models' parameter counts."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +300,21 @@ def test_routed_experts_take_an_empty_sequence() -> None:
     model = to_torch(tfgraph.compile(spec), seed=0)
     out = model(torch.zeros(2, 0, dtype=torch.long))
     assert out.shape == (2, 0, spec.vocab_size("source"))
+
+
+def test_the_plan_holds_one_moe_layers_expert_gradients_as_pieces() -> None:
+    """The experts' backward holds each expert's weight gradients until it stacks them
+    (torch_functional.experts unbinds each stack once): one layer's local expert weights in
+    16-bit, split by expert parallelism, in the plan's ``temporary``."""
+    from tfgraph.parallel.gpus import gpu
+    from tfgraph.parallel.layout import Layout
+    from tfgraph.parallel.planner import plan
+
+    spec = tfgraph.load_spec(ROOT / "specs" / "tiny-moe.yaml").model_copy(
+        update={"dtype": "bfloat16"})
+    graph = tfgraph.compile(spec, loss=True)
+    node = next(n for n in graph.nodes() if n.op == "experts")
+    stacked = sum(math.prod(graph.node(i).attrs["shape"]) for i in node.inputs[2:])
+    temporary = {ep: plan(graph, Layout(dp=2, ep=ep, micro_batch=1, global_batch=2, seq=16),
+                          gpu("h100"))["per_rank"]["memory"]["temporary"] for ep in (1, 2)}
+    assert temporary[1] - temporary[2] == stacked * 2 // 2  # bf16; half the experts at ep 2

@@ -77,6 +77,17 @@ def stepped_elements(s: States, layout: Layout) -> float:
     return s.optimizer / per
 
 
+def expert_elements(graph: Graph, params: list[str], layout: Layout) -> int:
+    """Elements one rank holds of the expert-stacked parameters among ``params``, split by
+    tensor and expert parallelism, before data-parallel sharding: what their gradient is as
+    per-expert pieces in the experts' backward (``torch_functional.experts`` unbinds each
+    stack once and stacks the gradients at the end; ``ops_moe._experts_backward_temp``)."""
+    plan = tp_plan(graph)
+    return sum(math.prod(local_shape(tuple(graph.node(name).attrs["shape"]), plan[name],
+                                     layout.tp, layout.ep))
+               for name in params if plan[name].ep_dim is not None)
+
+
 def add(a: States, b: States, sign: int = 1) -> States:
     """The states of two disjoint sets of parameters together (``sign`` -1: without b's)."""
     return States(a.weights + sign * b.weights, a.gradients + sign * b.gradients,

@@ -8,9 +8,10 @@ the layout divides them:
   layer's inputs only) times the micro-batches a stage holds in flight under 1F1B: stage i
   of p keeps min(p - i, m) (Narayanan et al. 2021 §2.2: the first stage keeps p);
 - temporary: what exists only for a moment at the peak: the logits' gradient at the start of
-  backward (last stage), one layer rebuilt by full recompute, ZeRO-3's gathered 16-bit
-  weights of two layers (the one running and the one prefetched) and the unsharded gradients
-  of one;
+  backward (last stage), one layer rebuilt by full recompute or (the larger of the two) one
+  MoE layer's expert weight gradients, held per expert until they are stacked, in 16-bit,
+  ZeRO-3's gathered 16-bit weights of two layers (the one running and the one prefetched)
+  and the unsharded gradients of one;
 - step FLOPs: model FLOPs 3 x forward (README: backward = 2 x forward) for the global batch;
   hardware FLOPs add what recompute runs again (selective: the attention cores; full: the
   layers' forward);
@@ -46,7 +47,7 @@ from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, check, in_flight, stage_counts, state_bytes
-from tfgraph.parallel.memory import NONE, States, add, states
+from tfgraph.parallel.memory import NONE, States, add, expert_elements, states
 from tfgraph.parallel.timing import KernelSource, assumptions, step_time
 from tfgraph.parallel.tp_plan import tp_plan
 from tfgraph.parallel.units import Unit, sequence_plan, units
@@ -210,6 +211,7 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
     flops = 0.0
     tp_bytes = a2a = 0.0
     rebuilt = 0
+    pieces = 0  # an MoE layer's expert weight gradients, per expert until stacked
     per_unit_params: list[int] = []
     sel = "sel" if layout.recompute == "selective" else "none"
     for i, count in members.groups:
@@ -237,6 +239,7 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
         if n["output_grad"]:
             temporary += n["output_grad"] // (t if unit.output_grad_split else 1) * count
         per_unit_params += [unit_states.unsharded] * min(count, 2)
+        pieces = max(pieces, expert_elements(graph, unit.params, layout))
     if members.shared:  # a tied table read by two units of the stage is held once
         model_states = add(model_states, states(graph, list(members.shared), layout), -1)
     w16 = 2 if layout.dtype != "float32" else 4
@@ -244,7 +247,7 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
     if layout.zero >= 3 and layout.dp > 1:
         largest = sorted(per_unit_params)[-2:]
         temporary += sum(largest) * w16 + largest[-1] * 4
-    temporary += rebuilt
+    temporary += max(rebuilt, pieces * w16)  # (rebuilt in forward, pieces at backward's end)
     pp_bytes = 2.0 * boundary * m * layout.vpp if p > 1 else 0.0  # staged: vpp 1 here
     comm = {"tp": tp_bytes, "dp": dp_bytes, "pp": pp_bytes, "ep": a2a}
     return StageFigures(index, model_states, saved, temporary, flops, comm)
