@@ -6,11 +6,12 @@ approaches. A module run eagerly launches one kernel per ATen op instead: an RMS
 casts, a square, a mean and two products, rotary embeddings as slices, negations, a concatenation
 and products, each reading and writing the whole activation. This module counts them from the
 torch back end itself: the module ``to_torch`` builds for the graph runs once on the ``meta``
-device (shapes, no data, no arithmetic) at the layout's micro-batch and length, and each op node
-of its programs runs again in isolation, forward and backward, under a ``TorchDispatchMode``
-that records every ATen kernel with the bytes it moves (its tensor operands and results, each
-element a broadcast reads once) and, for matrix products, its FLOPs (``torch.utils.flop_counter``'s
-formulas).
+device (shapes, no data, no arithmetic) at the layout's micro-batch and length. Each op node
+of its programs runs on leaves of its operands under a ``TorchDispatchMode`` that records
+every ATen kernel with the bytes it moves (its tensor operands and results, each element a
+broadcast reads once) and, for matrix products, its FLOPs (``torch.utils.flop_counter``'s
+formulas); then each node's backward runs as autograd's engine runs it, in reverse, on the
+gradients its readers sent (``_backward``). A node identical to one counted is not run again.
 
 The meta device has no CUDA dispatch, so the functions CUDA runs as one fused kernel are taken at
 their ``torch.nn.functional`` entry point (``FUSED``) and counted as that kernel: SDPA (the flash
@@ -190,10 +191,6 @@ def _moved(func: Any, args: Any, kwargs: Any, out: Any) -> float:
     return _bytes(args, kwargs) + stored
 
 
-def _empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
-    return torch.empty(shape, dtype=like.dtype, device=like.device)
-
-
 class _FlashAttention(torch.autograd.Function):
     """SDPA as CUDA runs it, one flash kernel each way: a core kernel (the planner times the
     graph's attention itself)."""
@@ -203,7 +200,7 @@ class _FlashAttention(torch.autograd.Function):
         # laid out (B, Tq, h, vd) as the CUDA kernels write it: the module's transpose back to
         # (B, Tq, h * vd) is then a view, no copy
         b, h, tq = q.shape[:3]
-        out = _empty((b, tq, h, v.shape[-1]), q).transpose(1, 2)  # (B, h, Tq, vd)
+        out = q.new_empty((b, tq, h, v.shape[-1])).transpose(1, 2)  # (B, h, Tq, vd)
         lse = q.shape[0] * q.shape[1] * q.shape[2] * 4  # float32 log-sum-exp per row
         # QK^T and PV over every score; a causal mask skips half the tiles (Dao 2023 counts
         # it so); a band mask is counted whole
