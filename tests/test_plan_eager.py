@@ -74,7 +74,7 @@ def test_the_census_is_the_whole_module_kernel_for_kernel(path):
     assert len(per_node) > 20
 
 
-def test_fused_cuda_functions_are_one_kernel_each():
+def test_fused_cuda_functions_launch_their_cuda_kernels():
     graph = graph_of("tiny-llama")
     census = K.eager_kernels(graph, B, S)
     d = int(graph.node("decoder.layers.1.self_attn.norm").type.shape[-1])
@@ -82,8 +82,12 @@ def test_fused_cuda_functions_are_one_kernel_each():
     norm = census["decoder.layers.1.self_attn.norm"]
     assert [k.name for k in norm.forward] == ["fused_rms_norm"]
     assert norm.forward[0].nbytes == 2 * x + d * 2 + B * S * 4  # x, gain, y, fp32 1/rms
-    assert [k.name for k in norm.backward][:1] == ["fused_rms_norm_backward"]
-    assert norm.backward[0].nbytes == 3 * x + 2 * (d * 2) + B * S * 4
+    # CUDA's norm backward: the input gradient (dy, x, 1/rms, gain -> dx), then the gain's
+    # (dy and x read again, 1/rms -> dgain); the residual stream's gradient sum follows
+    assert [k.name for k in norm.backward][:2] == ["fused_rms_norm_backward",
+                                                   "fused_rms_norm_backward_gain"]
+    assert norm.backward[0].nbytes == 3 * x + d * 2 + B * S * 4
+    assert norm.backward[1].nbytes == 2 * x + B * S * 4 + d * 2
     # the rotary tables, computed once per forward (no graph node), go to the node before
     # them, the embedding's: not to layer 0, whose time the other layers repeat
     first = [k.name for k in census["decoder.embed.tokens"].forward]
@@ -273,3 +277,18 @@ def test_a_stand_in_backward_run_after_the_recording_is_kept():
         y = torch.nn.functional.scaled_dot_product_attention(q, q, q)
     torch.autograd.backward(y, torch.empty_like(y))  # outside: the forward's log takes it
     assert [k.name for k in log.kernels] == ["flash_attention", "flash_attention_backward"]
+
+
+def test_layer_norm_backward_is_cudas_two_kernels():
+    """``native_layer_norm_backward`` launches an input-gradient kernel and a gain-and-bias
+    kernel on CUDA, each reading the gradient and the input."""
+    graph = graph_of("gpt2")
+    census = K.eager_kernels(graph, B, S)
+    name = next(n for n in census if n.endswith("self_attn.norm"))
+    d = int(graph.node(name).type.shape[-1])
+    x, stats = B * S * d * 2, 2 * B * S * 4  # bfloat16; float32 mean and 1/std per row
+    backward = census[name].backward
+    assert [k.name for k in backward][:2] == ["aten.native_layer_norm_backward",
+                                              "aten.native_layer_norm_backward_gain"]
+    assert backward[0].nbytes == 3 * x + stats + d * 2  # dy, x, gain -> dx
+    assert backward[1].nbytes == 2 * x + stats + 2 * d * 2  # dy, x -> gain's and bias's

@@ -16,9 +16,10 @@ gradients its readers sent (``_backward``). A node identical to one counted is n
 The meta device has no CUDA dispatch, so the functions CUDA runs as one fused kernel are taken at
 their ``torch.nn.functional`` entry point (``FUSED``) and counted as that kernel: SDPA (the flash
 kernel; its work is the graph's attention core, timed by the planner) and ``F.rms_norm``
-(``_fused_rms_norm`` and its backward: reads the input, gain and gradient, writes the output, the
-per-row reciprocal RMS in float32 and the gradients). ``tf.rms_norm`` takes its CUDA branch off
-the CPU, so the meta device sees the same path.
+(``_fused_rms_norm``: reads the input and gain, writes the output and the per-row reciprocal RMS
+in float32; its backward is layer norm's two kernels, ``SPLIT``). ``tf.rms_norm`` takes its CUDA
+branch off the CPU, so the meta device sees the same path. ATen ops CUDA runs as more than one
+kernel are split into those kernels (``SPLIT``: layer norm's backward).
 
 Each kernel has a kind: "gemm" (with its M, N, K and batch), "attention" (with the FLOPs of
 the scores it computes) or "memory". The first two are ``core``: the planner's graph model
@@ -146,6 +147,10 @@ class _Recorder(TorchDispatchMode):
         packet = func.overloadpacket
         if func.is_view or packet in NO_KERNEL:
             return out
+        if packet in SPLIT:
+            named = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+            self.log.kernels.extend(SPLIT[packet](named, out))
+            return out
         if packet in MATMULS:
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out)) \
                 if packet in flop_registry else 0.0
@@ -191,6 +196,35 @@ def _moved(func: Any, args: Any, kwargs: Any, out: Any) -> float:
     return _bytes(args, kwargs) + stored
 
 
+def _norm_backward(dy: Tensor, x: Tensor, stats: tuple[Tensor | None, ...],
+                   gain: Tensor | None, dx: Tensor | None, dgains: tuple[Tensor | None, ...],
+                   name: str) -> list[Kernel]:
+    """CUDA's layer-norm backward as it launches (``LayerNormBackwardKernelImplInternal`` in
+    aten/src/ATen/native/cuda/layer_norm_kernel.cu; ``_fused_rms_norm_backward`` runs the same
+    kernels with its ``rms_norm`` flag): one kernel for the input gradient (reads dy, x, the
+    per-row statistics and the gain), a second for the gain and bias gradients that reads dy
+    and x again. Each is launched only for the gradients asked for."""
+    kernels = []
+    if dx is not None:
+        kernels.append(Kernel(name, _bytes(dy, x, stats, gain, dx)))
+    if any(g is not None for g in dgains):
+        kernels.append(Kernel(f"{name}_gain", _bytes(dy, x, stats, dgains)))
+    return kernels
+
+
+def _layer_norm_backward(named: dict[str, Any], out: tuple[Tensor | None, ...]) -> list[Kernel]:
+    dx, dw, db = out
+    return _norm_backward(named["grad_out"], named["input"], (named["mean"], named["rstd"]),
+                          named.get("weight"), dx, (dw, db), "aten.native_layer_norm_backward")
+
+
+SPLIT: dict[Any, Callable[..., list[Kernel]]] = {
+    torch.ops.aten.native_layer_norm_backward: _layer_norm_backward,
+}
+"""ATen ops CUDA runs as several kernels: each takes the op's arguments by schema name and its
+results, and gives the kernels launched."""
+
+
 class _FlashAttention(torch.autograd.Function):
     """SDPA as CUDA runs it, one flash kernel each way: a core kernel (the planner times the
     graph's attention itself)."""
@@ -222,15 +256,15 @@ class _FlashAttention(torch.autograd.Function):
 
 class _FusedRmsNorm(torch.autograd.Function):
     """``F.rms_norm`` as CUDA runs it (``_fused_rms_norm``): one kernel forward (reads x and the
-    gain, writes y and a float32 reciprocal RMS per row), one backward (reads the gradient, x,
-    the reciprocal RMS and the gain, writes the gradients of x and the gain)."""
+    gain, writes y and a float32 reciprocal RMS per row); backward, the input-gradient kernel
+    and the gain-gradient kernel of layer norm's backward (``_norm_backward``)."""
 
     @staticmethod
     def forward(ctx: Any, log: _Log, x: Tensor, weight: Tensor | None) -> Tensor:
-        rows = float(x.numel() // max(x.shape[-1], 1) * 4)
+        rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)  # (rows,) reciprocal RMS
         out = torch.empty_like(x)
-        log.kernels.append(Kernel("fused_rms_norm", _bytes(x, weight, out) + rows))
-        ctx.rows, ctx.x, ctx.weight, ctx.log = rows, x, weight, log
+        log.kernels.append(Kernel("fused_rms_norm", _bytes(x, weight, out, rstd)))
+        ctx.rstd, ctx.x, ctx.weight, ctx.log = rstd, x, weight, log
         return out
 
     @staticmethod
@@ -238,8 +272,8 @@ class _FusedRmsNorm(torch.autograd.Function):
         x, weight = ctx.x, ctx.weight
         dx = torch.empty_like(x)
         dw = None if weight is None else torch.empty_like(weight)
-        _active(ctx.log).kernels.append(Kernel("fused_rms_norm_backward",
-                                      _bytes(grad, x, weight, dx, dw) + ctx.rows))
+        _active(ctx.log).kernels.extend(_norm_backward(grad, x, (ctx.rstd,), weight, dx, (dw,),
+                                                       "fused_rms_norm_backward"))
         return None, dx, dw
 
 
