@@ -292,3 +292,19 @@ def test_layer_norm_backward_is_cudas_two_kernels():
                                               "aten.native_layer_norm_backward_gain"]
     assert backward[0].nbytes == 3 * x + stats + d * 2  # dy, x, gain -> dx
     assert backward[1].nbytes == 2 * x + stats + 2 * d * 2  # dy, x -> gain's and bias's
+
+
+def test_the_negative_log_likelihood_touches_one_element_per_row():
+    """CUDA's nll_loss gathers each row's target element; its backward zero-fills the
+    gradient, then writes one element per row (aten/src/ATen/native/cuda/Loss.cu)."""
+    graph = graph_of("tiny-llama")
+    census = K.eager_kernels(graph, B, S)
+    vocab = int(graph.node("logits").type.shape[-1])
+    rows, full = B * S, B * S * vocab * 4  # float32 log-probabilities
+    loss = census["loss"]
+    nll = next(k for k in loss.forward if k.name == "aten.nll_loss_forward")
+    assert nll.nbytes < 3 * rows * 8 < full  # targets, picked elements, the scalar results
+    backward = [(k.name, k.nbytes) for k in loss.backward]
+    zero = backward.index(("aten.zero_", full))
+    assert backward[zero + 1][0] == "aten.nll_loss_backward"
+    assert backward[zero + 1][1] < 3 * rows * 8

@@ -17,9 +17,10 @@ The meta device has no CUDA dispatch, so the functions CUDA runs as one fused ke
 their ``torch.nn.functional`` entry point (``FUSED``) and counted as that kernel: SDPA (the flash
 kernel; its work is the graph's attention core, timed by the planner) and ``F.rms_norm``
 (``_fused_rms_norm``: reads the input and gain, writes the output and the per-row reciprocal RMS
-in float32; its backward is layer norm's two kernels, ``SPLIT``). ``tf.rms_norm`` takes its CUDA
+in float32; its backward is layer norm's two kernels, ``_norm_backward``). ``tf.rms_norm`` takes its CUDA
 branch off the CPU, so the meta device sees the same path. ATen ops CUDA runs as more than one
-kernel are split into those kernels (``SPLIT``: layer norm's backward).
+kernel, or read only the elements an index names, are counted as CUDA runs them (``SPLIT``:
+layer norm's backward, the negative log-likelihood).
 
 Each kernel has a kind: "gemm" (with its M, N, K and batch), "attention" (with the FLOPs of
 the scores it computes) or "memory". The first two are ``core``: the planner's graph model
@@ -218,10 +219,35 @@ def _layer_norm_backward(named: dict[str, Any], out: tuple[Tensor | None, ...]) 
                           named.get("weight"), dx, (dw, db), "aten.native_layer_norm_backward")
 
 
+def _picked(log_probs: Tensor) -> float:
+    """Bytes of one element per row: what the negative log-likelihood reads or writes of the
+    (rows, classes) log-probabilities, at its target's index."""
+    rows = log_probs.shape[0] if log_probs.dim() == 2 else 1
+    return float(rows * log_probs.element_size())
+
+
+def _nll_loss_forward(named: dict[str, Any], out: tuple[Tensor, Tensor]) -> list[Kernel]:
+    # one kernel gathering each row's target element (aten/src/ATen/native/cuda/Loss.cu)
+    return [Kernel("aten.nll_loss_forward", _bytes(named["target"], named.get("weight"), out)
+                   + _picked(named["self"]))]
+
+
+def _nll_loss_backward(named: dict[str, Any], out: Tensor) -> list[Kernel]:
+    # Loss.cu's nll_loss_backward_out_cuda: grad_input.zero_(), then one kernel writing each
+    # row's target element; the log-probabilities themselves are not read
+    return [Kernel("aten.zero_", _bytes(out)),
+            Kernel("aten.nll_loss_backward",
+                   _bytes(named["grad_output"], named["target"], named.get("weight"),
+                          named["total_weight"]) + _picked(out))]
+
+
 SPLIT: dict[Any, Callable[..., list[Kernel]]] = {
     torch.ops.aten.native_layer_norm_backward: _layer_norm_backward,
+    torch.ops.aten.nll_loss_forward: _nll_loss_forward,
+    torch.ops.aten.nll_loss_backward: _nll_loss_backward,
 }
-"""ATen ops CUDA runs as several kernels: each takes the op's arguments by schema name and its
+"""ATen ops whose CUDA kernels differ from one kernel over all their operands (several kernels,
+or reads of only the indexed elements): each takes the op's arguments by schema name and its
 results, and gives the kernels launched."""
 
 
