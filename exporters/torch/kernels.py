@@ -96,7 +96,9 @@ class Kernel:
     kind: str = "memory"
     """"gemm" (a matrix product), "attention" (the flash kernel) or "memory" (the rest)."""
     dims: tuple[int, ...] = ()
-    """A GEMM's (M, N, K, batch): C[M, N] = A[M, K] B[K, N], ``batch`` of them."""
+    """A GEMM's (M, N, K, batch): C[M, N] = A[M, K] B[K, N], ``batch`` of them; the flash
+    kernel's (batch x heads, query length, key length, head dim, causal, backward), the last
+    two 0 or 1."""
 
     @property
     def core(self) -> bool:
@@ -265,9 +267,10 @@ class _FlashAttention(torch.autograd.Function):
         # QK^T and PV over every score; a causal mask skips half the tiles (Dao 2023 counts
         # it so); a band mask is counted whole
         flops = 2.0 * b * h * tq * k.shape[2] * (q.shape[3] + v.shape[3]) / (2 if causal else 1)
+        dims = (b * h, tq, k.shape[2], q.shape[3], int(causal))
         log.kernels.append(Kernel("flash_attention", _bytes(q, k, v, out) + lse, flops,
-                                  "attention"))
-        ctx.shapes, ctx.lse, ctx.flops, ctx.log = (q, k, v), lse, flops, log
+                                  "attention", (*dims, 0)))
+        ctx.shapes, ctx.lse, ctx.flops, ctx.log, ctx.dims = (q, k, v), lse, flops, log, dims
         return out
 
     @staticmethod
@@ -276,7 +279,8 @@ class _FlashAttention(torch.autograd.Function):
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         _active(ctx.log).kernels.append(Kernel("flash_attention_backward",
                                           _bytes(q, k, v, grad, grad, grads) + ctx.lse,
-                                          ATTENTION_BACKWARD * ctx.flops, "attention"))
+                                          ATTENTION_BACKWARD * ctx.flops, "attention",
+                                          (*ctx.dims, 1)))
         return (None, *grads, None)
 
 

@@ -12,7 +12,9 @@ checked against, ``benchmarks/plan_published.py``):
   figure take their generation's (stated per row);
 - ``attention_fraction``: FlashAttention-2's share of peak, forward + backward, head dim 128,
   long sequences (Dao 2023, "FlashAttention-2", §4.1: up to 225 TFLOP/s on A100, 72%; 335
-  TFLOP/s on H100, 34%, the Hopper kernel being Ampere's);
+  TFLOP/s on H100, 34%, the Hopper kernel being Ampere's). The H100 and H200 use instead
+  FlashAttention-2's measured rate by head dimension, length and mask (``flash_measured``,
+  ``tfgraph.parallel.flash``: 229 TFLOP/s forward at head dim 64, 1k tokens, causal);
 - ``memory_fraction``: the share of the data-sheet memory bandwidth a streaming kernel moves:
   0.9 (device-to-device copies and STREAM triad reach 3.0-3.1 of 3.35 TB/s on an H100 SXM);
   the H200 uses this repository's own measurement, 3.45-3.51 of 4.8 TB/s (torch ``amax`` over
@@ -63,6 +65,9 @@ class Gpu:
     """Share of ``bandwidth`` a streaming (memory-bound) kernel moves."""
     vector_flops: float = 67e12
     """Non-tensor fp32 FLOP/s (element-wise arithmetic)."""
+    flash_measured: bool = False
+    """Fused attention at FlashAttention-2's measured Hopper rate for its head dimension,
+    length and mask (``tfgraph.parallel.flash``) rather than at ``attention_fraction``."""
 
 
 GPUS: dict[str, Gpu] = {g.name: g for g in (
@@ -74,9 +79,11 @@ GPUS: dict[str, Gpu] = {g.name: g for g in (
         matmul_fraction=0.87, attention_fraction=0.72, vector_flops=19.5e12),
     # NVIDIA H100 SXM: 989 TFLOPS bf16 dense, 495 TF32, 67 fp32; NVLink 4: 900 GB/s total;
     # 132 SMs; 400 Gb/s NIC per GPU. MAMF 0.80, FA2 0.34.
-    Gpu("h100", 989e12, 495e12, 80 * GB, 3.35e12, 450e9, 50e9),
+    # Attention: FlashAttention-2 as measured on it (tfgraph.parallel.flash).
+    Gpu("h100", 989e12, 495e12, 80 * GB, 3.35e12, 450e9, 50e9, flash_measured=True),
     # NVIDIA H200 SXM: H100's compute with 141 GB HBM3e at 4.8 TB/s (0.72 measured here).
-    Gpu("h200", 989e12, 495e12, 141 * GB, 4.8e12, 450e9, 50e9, memory_fraction=0.72),
+    Gpu("h200", 989e12, 495e12, 141 * GB, 4.8e12, 450e9, 50e9, memory_fraction=0.72,
+        flash_measured=True),
     # NVIDIA B200 (HGX): 2.25 PFLOPS bf16 dense, 1.1 TF32, 80 fp32; NVLink 5: 1.8 TB/s total;
     # 148 SMs. No published MAMF / FA2 figure: Hopper's shares assumed.
     Gpu("b200", 2250e12, 1100e12, 180 * GB, 8e12, 900e9, 50e9, sms=148, vector_flops=80e12),

@@ -412,9 +412,11 @@ def _gpu_assumptions(gpu: Gpu, dtype: str) -> str:
     """The GPU's rates the time rests on (``tfgraph.parallel.gpus``, each cited there)."""
     peak = gpu.fp32_flops if dtype == "float32" else gpu.peak_flops
     kind = "fp32/TF32" if dtype == "float32" else "16-bit"
+    attention = ("at FlashAttention-2's measured rate by head dim, length and mask"
+                 if gpu.flash_measured else f"{gpu.attention_fraction:.0%}")
     return (f"{gpu.name}: peak {peak / 1e12:g} TFLOP/s ({kind}), "
             f"GEMMs up to {gpu.matmul_fraction:.0%} of it (MAMF) on {gpu.sms} SMs, fused "
-            f"attention {gpu.attention_fraction:.0%}, memory {gpu.bandwidth / 1e12:g} TB/s at "
+            f"attention {attention}, memory {gpu.bandwidth / 1e12:g} TB/s at "
             f"{gpu.memory_fraction:.0%}, element-wise {gpu.vector_flops / 1e12:g} TFLOP/s, "
             f"NVLink {gpu.intra_node / 1e9:g} GB/s inside {gpu.per_node} GPUs, "
             f"{gpu.inter_node / 1e9:g} GB/s per GPU between nodes")

@@ -14,8 +14,9 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
   rather than filling and draining its pipeline (``k_efficiency``, relative to the large K the
   MAMF figures were measured at);
 - fused attention (FlashAttention) runs the scores its causal mask keeps
-  (``passes.effective.read_fraction``) at ``attention_fraction`` x peak; its backward does 2.5x
-  the forward's FLOPs (five GEMMs against two, Dao 2023 §3.1.2); ``--attention unfused`` runs
+  (``passes.effective.read_fraction``) at ``attention_fraction`` x peak, or on the GPUs that
+  have one at FlashAttention-2's measured rate for its head dimension, length and mask
+  (``tfgraph.parallel.flash``); its backward does 2.5x the forward's FLOPs (five GEMMs against two, Dao 2023 §3.1.2); ``--attention unfused`` runs
   the two batched GEMMs (QK^T over the head dimension, then the weights times V) over the whole
   score matrix and moves the score tensor through the softmax (read + write forward; read the
   weights and their gradient, write the scores' gradient backward), as Megatron-LM's
@@ -87,6 +88,7 @@ from typing import Any, Protocol
 import sympy
 
 from tfgraph.graph.ir import SYMBOLS, Graph, Node
+from tfgraph.parallel.flash import flash_fraction, reference_heads
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.memory import States, stepped_elements
@@ -128,8 +130,9 @@ ASSUMPTIONS: dict[str, str] = {
     "compute": "per op max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth); GEMMs at "
                "the GPU's MAMF share of peak x wave/tile efficiency (128 x 128 tiles over the "
                "SMs) x K / (K + 128) pipeline fill, backward = 2 GEMMs (input and weight gradients); fused attention at the "
-               "FlashAttention-2 share of peak over the scores the causal mask keeps, backward "
-               "2.5x its FLOPs; unfused attention as two batched GEMMs + the softmax's score "
+               "FlashAttention-2 share of peak (H100/H200: its measured rate by head dim, "
+               "length and mask, FlashAttention-3 paper Figs. 5-6) over the scores the causal "
+               "mask keeps, backward 2.5x its FLOPs; unfused attention as two batched GEMMs + the softmax's score "
                "traffic (+ attention dropout's: weights, dropped weights and 1-byte mask); "
                "other ops memory-bound (backward moves twice the bytes)",
     "recompute": "full: each layer's forward again before its backward (and its forward "
@@ -159,7 +162,7 @@ ASSUMPTIONS: dict[str, str] = {
 
 EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's module, "
                  "counted per node on the meta device (CUDA's fused SDPA and RMSNorm taken as "
-                 "one kernel each): memory-bound kernels at their bytes / achievable bandwidth, "
+                 "their CUDA kernels: one flash kernel each way, RMSNorm's backward two): memory-bound kernels at their bytes / achievable bandwidth, "
                  "at least 4 us each; GEMM and attention nodes at their graph time plus the "
                  "kernels around them; k readers of a gradient add k - 1 additions; routed "
                  "experts with tokens x top-k / experts each; the optimizer step as "
@@ -323,6 +326,8 @@ class Work:
     mask: sympy.Expr = sympy.Integer(0)
     """Attention with dropout on its weights: bytes of its one-byte mask per score (0 without
     attention dropout)."""
+    masked: bool = False
+    """Attention whose causal mask or window skips scores (fused: ``flops`` those kept)."""
     op: str = ""
     node: str = field(default="", compare=False)
     """The node's name, where ``--kernels eager`` looks up its kernels (not compared: identical
@@ -386,7 +391,8 @@ def _attention_work(op: OpSite) -> Work:
     mask = cost.total([b for ref, b in attention_dropout_saved(types, node.attrs)
                        if ref == ("tmp", "mask")])
     return Work("attention", fused_flops, scores, tuple(sympy.sympify(d) for d in dims),
-                "t" if op.where == "S" else "", sympy.Integer(head_dim), op.flops, mask)
+                "t" if op.where == "S" else "", sympy.Integer(head_dim), op.flops, mask,
+                masked=kept is not None)
 
 
 def _experts_work(op: OpSite) -> Work:
@@ -471,10 +477,27 @@ def _num(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> float:
     return float(sympy.sympify(expr).xreplace(sizes))
 
 
+def flash_time(flops: float, batch: float, sq: float, sk: float, head_dim: float,
+               masked: bool, gpu: Gpu, peak: float) -> tuple[float, float]:
+    """Seconds of a fused attention core's forward (``flops``) and backward (2.5x them) over
+    ``batch`` (batch x heads) of Sq x Sk scores: at FlashAttention-2's measured Hopper rate
+    for its head dimension, length and mask (``tfgraph.parallel.flash``) where the GPU has
+    one, else at ``attention_fraction`` of peak; times the share of the SMs its query tiles
+    keep busy, relative to the measured point's."""
+    eff = gemm_efficiency(sq, batch * TILE, gpu)  # query tiles x (batch, head)
+    if not gpu.flash_measured:
+        fwd = flops / (peak * gpu.attention_fraction * eff)
+        return fwd, ATTENTION_BACKWARD * fwd
+    eff /= gemm_efficiency(sk, reference_heads(head_dim, sk) * TILE, gpu)
+    fwd = flops / (peak * flash_fraction(head_dim, sk, masked, False) * eff)
+    bwd = ATTENTION_BACKWARD * flops / (peak * flash_fraction(head_dim, sk, masked, True) * eff)
+    return fwd, bwd
+
+
 def kernel_seconds(k: Kernel, gpu: Gpu, peak: float, elem: int, div: float = 1) -> float:
     """Seconds of one eager kernel, its work split ``div`` ways: a GEMM by ``gemm_time`` of its
     dimensions (a grouped one by its FLOPs at the MAMF rate), the flash kernel at the
-    FlashAttention-2 share of peak, anything else its bytes at the achievable bandwidth, at
+    FlashAttention-2 rate (``flash_time``), anything else its bytes at the achievable bandwidth, at
     least ``LAUNCH_S``."""
     bandwidth = gpu.bandwidth * gpu.memory_fraction
     if k.kind == "gemm":
@@ -483,7 +506,10 @@ def kernel_seconds(k: Kernel, gpu: Gpu, peak: float, elem: int, div: float = 1) 
             return gemm_time(m, n, inner, gpu, peak, elem, batch) / div
         return roofline(k.flops / div, k.nbytes / div, peak * gpu.matmul_fraction, bandwidth)
     if k.kind == "attention":
-        return k.flops / div / (peak * gpu.attention_fraction)
+        batch, sq, sk, head_dim, masked, backward = k.dims
+        fwd, bwd = flash_time(k.flops / div / (ATTENTION_BACKWARD if backward else 1),
+                              batch / div, sq, sk, head_dim, bool(masked), gpu, peak)
+        return bwd if backward else fwd
     return max(k.nbytes / div / bandwidth, LAUNCH_S)
 
 
@@ -530,9 +556,8 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
             batch /= div
             if attention == "fused":
                 work = _num(w.flops, sizes) / div
-                eff = gemm_efficiency(sq, batch * TILE, gpu)  # query tiles x (batch, head)
-                fwd = work / (peak * gpu.attention_fraction * eff)
-                bwd = ATTENTION_BACKWARD * fwd
+                fwd, bwd = flash_time(work, batch, sq, sk, _num(w.extra, sizes), w.masked,
+                                      gpu, peak)
             else:
                 hd = _num(w.extra, sizes)
                 scores = _num(w.nbytes, sizes) / div
