@@ -40,6 +40,7 @@ from parity_support import saved_storages
 from test_torch_module import make_ids
 
 SPECS = ["tiny-decoder.yaml", "tiny-marian.yaml", "tiny-llama.yaml", "tiny-moe.yaml",
+         "tiny-deepseek-v3.yaml",
          "tiny-t5.yaml", "tiny-bf16.yaml", "tiny-mpt.yaml", "tiny-olmo.yaml", "tiny-phimoe.yaml", "tiny-bloom.yaml",
          "tiny-falcon-rw.yaml"]
 SHAPES = [(2, 12, 10), (4, 32, 24)]  # (batch, seq, tgt_seq)
@@ -90,29 +91,44 @@ def measured_saved(spec: Any, batch: int, seq: int, tgt: int) -> tuple[int, int]
 
 class LiveStorages(TorchDispatchMode):
     """The bytes of every storage an op creates while the mode is on, counted until the
-    storage dies, and their largest sum. Parameters' storages and tensors shaped like a
-    parameter (their gradients, not activations) are left out."""
+    storage dies, and their largest sum (``peak``, read after the step). Parameters' storages
+    and the parameters' final gradients (known by identity once the step is done: a per-expert
+    gradient piece may share a parameter's shape) are left out."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
-        self.shapes = {tuple(p.shape) for p in model.parameters()}
+        self.model = model
         self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.live: dict[int, int] = {}
-        self.now = 0
-        self.peak = 0
+        self.live: dict[int, tuple[int, int]] = {}  # storage pointer: (serial, bytes)
+        self.events: list[tuple[int, int]] = []  # (serial, +bytes made / -bytes freed)
 
-    def _gone(self, key: int) -> None:
-        self.now -= self.live.pop(key, 0)
+    def _gone(self, key: int, serial: int) -> None:
+        entry = self.live.get(key)
+        if entry is not None and entry[0] == serial:
+            del self.live[key]
+            self.events.append((serial, -entry[1]))
 
     def _track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         key = storage.data_ptr()
-        if key in self.live or key in self.params or tuple(t.shape) in self.shapes:
+        if key in self.live or key in self.params:
             return
-        self.live[key] = storage.nbytes()
-        self.now += storage.nbytes()
-        weakref.finalize(storage, self._gone, key)
-        self.peak = max(self.peak, self.now)
+        serial = len(self.events)
+        self.live[key] = (serial, storage.nbytes())
+        self.events.append((serial, storage.nbytes()))
+        weakref.finalize(storage, self._gone, key, serial)
+
+    @property
+    def peak(self) -> int:
+        grads = {p.grad.untyped_storage().data_ptr() for p in self.model.parameters()
+                 if p.grad is not None}
+        kept = {serial for key, (serial, _) in self.live.items() if key in grads}
+        now = peak = 0
+        for serial, delta in self.events:
+            if serial not in kept:
+                now += delta
+                peak = max(peak, now)
+        return peak
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
