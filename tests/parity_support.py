@@ -126,14 +126,18 @@ def neox_weights(spec: Spec, sd: dict[str, Tensor]) -> dict[str, Tensor]:
 
 @contextmanager
 def saved_storages(module: nn.Module) -> Iterator[dict[int, int]]:
-    """While inside: the distinct non-parameter storages autograd saves (data_ptr -> bytes)."""
+    """While inside: the distinct non-parameter storages autograd saves (data_ptr -> bytes).
+    Each is held until the block ends, so that no later storage takes a freed one's address
+    (a storage saved by a node the graph then drops would otherwise hide another)."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
+    held: list[torch.UntypedStorage] = []
 
     def pack(t: Tensor) -> Tensor:
         storage = t.untyped_storage()
         if storage.data_ptr() not in params:
             seen[storage.data_ptr()] = storage.nbytes()
+            held.append(storage)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -53,3 +53,36 @@ def test_a_short_causal_small_head_core_runs_slower_per_flop_on_hopper_only():
     eff = timing.gemm_efficiency(1024, batch * timing.TILE, a100)
     assert a_fwd == pytest.approx(flops / (a100.peak_flops * a100.attention_fraction * eff))
     assert a_bwd == pytest.approx(timing.ATTENTION_BACKWARD * a_fwd)
+
+
+def test_no_shape_runs_faster_than_a_measured_point():
+    """Cross attention over 77 keys, self attention over 100 tokens (part of each 128-row tile
+    empty): at most the rate measured at the nearest length, less the idle tile rows."""
+    h100 = gpu("h100")
+    peak = h100.peak_flops
+
+    def forward_rate(batch, sq, sk, head_dim, masked):
+        flops = 2.0 * batch * sq * sk * 2 * head_dim
+        return flops / timing.flash_time(flops, batch, sq, sk, head_dim, masked, h100,
+                                         peak)[0] / 1e12
+
+    assert forward_rate(32, 1024, 77, 64, False) <= 282  # the 512-token point
+    short = forward_rate(16 * 32, 100, 100, 64, False)
+    assert short < 282 * 100 / 128 + 1  # 28 of each tile's 128 query rows idle
+    for sq, sk in ((1024, 1024), (4096, 4096), (16384, 16384), (3000, 3000)):
+        for hd in (64, 96, 128):
+            for masked in (False, True):
+                fast = flash.flash_fraction(hd, sk, masked, False) * peak / 1e12
+                assert forward_rate(64, sq, sk, hd, masked) <= fast + 1e-9
+
+
+def test_the_planner_marks_masked_cores_only():
+    """A decoder's causal cores take the masked figures, an encoder's bidirectional ones the
+    unmasked (``timing.Work.masked``)."""
+    import tfgraph
+    from conftest import ROOT
+
+    for name, masked in (("tiny-llama", True), ("tiny-bert", False)):
+        graph = tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / f"{name}.yaml"), loss=True)
+        cores = [w for unit in timing.unit_work(graph) for w in unit if w.kind == "attention"]
+        assert cores and {w.masked for w in cores} == {masked}

@@ -55,7 +55,7 @@ def whole_module(graph: tfgraph.Graph, batch: int = B, seq: int = S) -> list[K.K
 
 
 def counted(kernels: list[K.Kernel]) -> collections.Counter:
-    return collections.Counter((k.name, k.nbytes, k.flops, k.core) for k in kernels)
+    return collections.Counter((k.name, k.nbytes, k.flops, k.core, k.dims) for k in kernels)
 
 
 @pytest.mark.parametrize("path", sorted(SPECS.glob("tiny*.yaml")) + [SPECS / "gpt2.yaml"],
@@ -315,3 +315,26 @@ def test_the_negative_log_likelihood_touches_one_element_per_row():
     zero = backward.index(("aten.zero_", full))
     assert backward[zero + 1][0] == "aten.nll_loss_backward"
     assert backward[zero + 1][1] < 3 * rows * 8
+
+
+def test_a_norm_without_an_input_gradient_launches_only_the_gains():
+    x = torch.empty(4, 16, 32, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(32, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    kernels = K.record(lambda: torch.nn.functional.rms_norm(x, (32,), w).float().sum()
+                       .backward())
+    assert "fused_rms_norm_backward" not in {k.name for k in kernels}
+    assert "fused_rms_norm_backward_gain" in {k.name for k in kernels}
+
+
+def test_a_per_position_loss_reads_one_element_per_target():
+    """cross_entropy over (N, C, H, W) runs nll_loss2d: one log-probability read per
+    target, as nll_loss."""
+    logits = torch.empty(2, 50, 7, 3, device="meta", requires_grad=True)
+    target = torch.empty(2, 7, 3, device="meta", dtype=torch.long)
+    kernels = K.record(lambda: torch.nn.functional.cross_entropy(logits, target).backward())
+    by_name = {k.name: k for k in kernels}
+    targets, full = 2 * 7 * 3, 2 * 50 * 7 * 3 * 4
+    # the int64 targets, one float32 element per target, the loss and its total weight
+    assert by_name["aten.nll_loss2d_forward"].nbytes == targets * 8 + targets * 4 + 2 * 4
+    assert by_name["aten.zero_"].nbytes == full
+    assert by_name["aten.nll_loss2d_backward"].nbytes < full / 10

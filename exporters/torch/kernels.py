@@ -16,9 +16,9 @@ gradients its readers sent (``_backward``). A node identical to one counted is n
 The meta device has no CUDA dispatch, so the functions CUDA runs as one fused kernel are taken at
 their ``torch.nn.functional`` entry point (``FUSED``) and counted as that kernel: SDPA (the flash
 kernel; its work is the graph's attention core, timed by the planner) and ``F.rms_norm``
-(``_fused_rms_norm``: reads the input and gain, writes the output and the per-row reciprocal RMS
-in float32; its backward is layer norm's two kernels, ``_norm_backward``). ``tf.rms_norm`` takes its CUDA
-branch off the CPU, so the meta device sees the same path. ATen ops CUDA runs as more than one
+(``_fused_rms_norm``: reads the input and gain, writes the output and the per-row reciprocal
+RMS in float32; its backward is layer norm's two kernels, ``_norm_backward``). ``tf.rms_norm``
+takes its CUDA branch off the CPU, so the meta device sees the same path. ATen ops CUDA runs as more than one
 kernel, or read only the elements an index names, are counted as CUDA runs them (``SPLIT``:
 layer norm's backward, the negative log-likelihood).
 
@@ -206,7 +206,9 @@ def _norm_backward(dy: Tensor, x: Tensor, stats: tuple[Tensor | None, ...],
     aten/src/ATen/native/cuda/layer_norm_kernel.cu; ``_fused_rms_norm_backward`` runs the same
     kernels with its ``rms_norm`` flag): one kernel for the input gradient (reads dy, x, the
     per-row statistics and the gain), a second for the gain and bias gradients that reads dy
-    and x again. Each is launched only for the gradients asked for."""
+    and x again. Each is launched only for the gradients asked for. (With over 65,536 rows of
+    a narrow norm, CUDA splits the gain's reduction into partial sums and a sum: one or two
+    kernels more, not counted.)"""
     kernels = []
     if dx is not None:
         kernels.append(Kernel(name, _bytes(dy, x, stats, gain, dx)))
@@ -222,31 +224,34 @@ def _layer_norm_backward(named: dict[str, Any], out: tuple[Tensor | None, ...]) 
 
 
 def _picked(log_probs: Tensor) -> float:
-    """Bytes of one element per row: what the negative log-likelihood reads or writes of the
-    (rows, classes) log-probabilities, at its target's index."""
-    rows = log_probs.shape[0] if log_probs.dim() == 2 else 1
-    return float(rows * log_probs.element_size())
+    """Bytes of one element per target: what the negative log-likelihood reads or writes of
+    the (N, classes, ...) log-probabilities, at each target's index."""
+    targets = log_probs.numel() // log_probs.shape[1] if log_probs.dim() >= 2 else 1
+    return float(targets * log_probs.element_size())
 
 
-def _nll_loss_forward(named: dict[str, Any], out: tuple[Tensor, Tensor]) -> list[Kernel]:
-    # one kernel gathering each row's target element (aten/src/ATen/native/cuda/Loss.cu)
-    return [Kernel("aten.nll_loss_forward", _bytes(named["target"], named.get("weight"), out)
+def _nll_loss_forward(name: str, named: dict[str, Any], out: tuple[Tensor, Tensor]
+                      ) -> list[Kernel]:
+    # one kernel gathering each target's element (aten/src/ATen/native/cuda/Loss.cu)
+    return [Kernel(name, _bytes(named["target"], named.get("weight"), out)
                    + _picked(named["self"]))]
 
 
-def _nll_loss_backward(named: dict[str, Any], out: Tensor) -> list[Kernel]:
+def _nll_loss_backward(name: str, named: dict[str, Any], out: Tensor) -> list[Kernel]:
     # Loss.cu's nll_loss_backward_out_cuda: grad_input.zero_(), then one kernel writing each
-    # row's target element; the log-probabilities themselves are not read
+    # target's element; the log-probabilities themselves are not read
     return [Kernel("aten.zero_", _bytes(out)),
-            Kernel("aten.nll_loss_backward",
-                   _bytes(named["grad_output"], named["target"], named.get("weight"),
-                          named["total_weight"]) + _picked(out))]
+            Kernel(name, _bytes(named["grad_output"], named["target"], named.get("weight"),
+                                named["total_weight"]) + _picked(out))]
 
 
 SPLIT: dict[Any, Callable[..., list[Kernel]]] = {
     torch.ops.aten.native_layer_norm_backward: _layer_norm_backward,
-    torch.ops.aten.nll_loss_forward: _nll_loss_forward,
-    torch.ops.aten.nll_loss_backward: _nll_loss_backward,
+    **{op: functools.partial(fn, f"aten.{op.__name__}") for op, fn in (
+        (torch.ops.aten.nll_loss_forward, _nll_loss_forward),
+        (torch.ops.aten.nll_loss_backward, _nll_loss_backward),
+        (torch.ops.aten.nll_loss2d_forward, _nll_loss_forward),  # (N, C, H, W) inputs
+        (torch.ops.aten.nll_loss2d_backward, _nll_loss_backward))},
 }
 """ATen ops whose CUDA kernels differ from one kernel over all their operands (several kernels,
 or reads of only the indexed elements): each takes the op's arguments by schema name and its
@@ -300,8 +305,8 @@ class _FusedRmsNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
         x, weight = ctx.x, ctx.weight
-        dx = torch.empty_like(x)
-        dw = None if weight is None else torch.empty_like(weight)
+        dx = torch.empty_like(x) if ctx.needs_input_grad[1] else None
+        dw = torch.empty_like(weight) if weight is not None and ctx.needs_input_grad[2] else None
         _active(ctx.log).kernels.extend(_norm_backward(grad, x, (ctx.rstd,), weight, dx, (dw,),
                                                        "fused_rms_norm_backward"))
         return None, dx, dw

@@ -114,6 +114,7 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
     parts = step["time_parts"]
     for key, what in (("forward", "forward"), ("backward", "backward"),
                       ("recompute", "recompute"), ("grad_accumulation", "gradient accumulation"),
+                      ("fsdp_copies", "FSDP2 copies (--kernels eager)"),
                       ("tp_exposed", "tensor parallel, exposed"),
                       ("ep_exposed", "expert all-to-all, exposed"),
                       ("pp_exposed", "pipeline sends, exposed"), ("bubble", "pipeline bubble"),

@@ -6,7 +6,7 @@ fixed backend priority: flash, memory-efficient, math, cuDNN).
 The figures are the FlashAttention-2 bars of Shah et al. 2024, "FlashAttention-3" (Figures 5
 and 6): BF16 on an H100 80GB SXM5, hidden size 2048 (heads x head dimension), batch x length =
 16k tokens, TFLOP/s with a causal mask's FLOPs counted as half. At head dimension 128 and 16k
-tokens they give 334.6 TFLOP/s forward + backward, the 335 of FlashAttention-2's own paper
+tokens they give 334.4 TFLOP/s forward + backward, the 335 of FlashAttention-2's own paper
 (Dao 2023 §4.1), the one share of peak (0.34) the planner used before.
 
 The paper measures the backward pass without a mask, and no backward at head dimension 256:
@@ -72,8 +72,10 @@ def _backward(head_dim: float, length: float) -> float:
 
 def flash_fraction(head_dim: float, length: float, masked: bool, backward: bool) -> float:
     """Share of the BF16 peak FlashAttention-2 reaches on Hopper for a pass over keys of
-    ``length`` at ``head_dim``, with a causal or window mask or without (measured at 16k tokens
-    of hidden size 2048; ``reference_tiles`` gives that batch's work units)."""
+    ``length`` at ``head_dim``, with a causal mask or without (measured at 16k tokens of hidden
+    size 2048; ``reference_heads`` gives that batch). A sliding window takes the causal
+    figures at the whole key length, which overstates the rate of a window much narrower
+    than the sequence."""
     if not backward:
         rate = _forward(head_dim, length, masked)
     else:

@@ -16,8 +16,8 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
 - fused attention (FlashAttention) runs the scores its causal mask keeps
   (``passes.effective.read_fraction``) at ``attention_fraction`` x peak, or on the GPUs that
   have one at FlashAttention-2's measured rate for its head dimension, length and mask
-  (``tfgraph.parallel.flash``); its backward does 2.5x the forward's FLOPs (five GEMMs against two, Dao 2023 §3.1.2); ``--attention unfused`` runs
-  the two batched GEMMs (QK^T over the head dimension, then the weights times V) over the whole
+  (``tfgraph.parallel.flash``); its backward does 2.5x the forward's FLOPs (five GEMMs
+  against two, Dao 2023 §3.1.2); ``--attention unfused`` runs the two batched GEMMs (QK^T over the head dimension, then the weights times V) over the whole
   score matrix and moves the score tensor through the softmax (read + write forward; read the
   weights and their gradient, write the scores' gradient backward), as Megatron-LM's
   ``FusedScaleMaskSoftmax`` does; with attention dropout (``attention.dropout``) one more
@@ -88,7 +88,8 @@ from typing import Any, Protocol
 import sympy
 
 from tfgraph.graph.ir import SYMBOLS, Graph, Node
-from tfgraph.parallel.flash import flash_fraction, reference_heads
+from tfgraph.parallel.flash import LENGTHS, flash_fraction, reference_heads
+from tfgraph.parallel.fsdp_copies import copy_kernels
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.memory import States, stepped_elements
@@ -132,8 +133,9 @@ ASSUMPTIONS: dict[str, str] = {
                "SMs) x K / (K + 128) pipeline fill, backward = 2 GEMMs (input and weight gradients); fused attention at the "
                "FlashAttention-2 share of peak (H100/H200: its measured rate by head dim, "
                "length and mask, FlashAttention-3 paper Figs. 5-6) over the scores the causal "
-               "mask keeps, backward 2.5x its FLOPs; unfused attention as two batched GEMMs + the softmax's score "
-               "traffic (+ attention dropout's: weights, dropped weights and 1-byte mask); "
+               "mask keeps, backward 2.5x its FLOPs; unfused attention as two batched GEMMs "
+               "+ the softmax's score traffic (+ attention dropout's: weights, dropped "
+               "weights and 1-byte mask); "
                "other ops memory-bound (backward moves twice the bytes)",
     "recompute": "full: each layer's forward again before its backward (and its forward "
                  "tensor-parallel all-reduces); selective: the attention cores' forward",
@@ -162,11 +164,16 @@ ASSUMPTIONS: dict[str, str] = {
 
 EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's module, "
                  "counted per node on the meta device (CUDA's fused SDPA and RMSNorm taken as "
-                 "their CUDA kernels: one flash kernel each way, RMSNorm's backward two): memory-bound kernels at their bytes / achievable bandwidth, "
-                 "at least 4 us each; GEMM and attention nodes at their graph time plus the "
+                 "their CUDA kernels: one flash kernel each way, RMSNorm's backward two): "
+                 "memory-bound kernels at their bytes / achievable bandwidth, at least 4 us "
+                 "each; GEMM and attention nodes at their graph time plus the "
                  "kernels around them; k readers of a gradient add k - 1 additions; routed "
                  "experts with tokens x top-k / experts each; the optimizer step as "
-                 "torch.optim.AdamW's kernels over the float32 elements the rank steps")
+                 "torch.optim.AdamW's kernels over the float32 elements the rank steps; "
+                 "ZeRO 3: FSDP2's copies (casts and copies into and out of its gather "
+                 "buffers, each group gathered in forward and backward; the gradients' "
+                 "float32 copy-in), exposed; the sharded gradients accumulated from the second "
+                 "micro-batch on")
 
 
 EAGER_OPTIMIZER = ("torch.optim.AdamW's own kernels (foreach) over the float32 elements the rank "
@@ -488,7 +495,10 @@ def flash_time(flops: float, batch: float, sq: float, sk: float, head_dim: float
     if not gpu.flash_measured:
         fwd = flops / (peak * gpu.attention_fraction * eff)
         return fwd, ATTENTION_BACKWARD * fwd
-    eff /= gemm_efficiency(sk, reference_heads(head_dim, sk) * TILE, gpu)
+    # the measured point read (query length = key length, held within the measured lengths):
+    # its own share of the SMs; never faster than measured
+    ref = min(max(sk, LENGTHS[0]), LENGTHS[-1])
+    eff = min(1.0, eff / gemm_efficiency(ref, reference_heads(head_dim, ref) * TILE, gpu))
     fwd = flops / (peak * flash_fraction(head_dim, sk, masked, False) * eff)
     bwd = ATTENTION_BACKWARD * flops / (peak * flash_fraction(head_dim, sk, masked, True) * eff)
     return fwd, bwd
@@ -678,11 +688,17 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
         crossings = 2 * v if p > 1 else 0
         pp_time = crossings * _p2p(edge, layout, gpu)
         accumulate = (held.unsharded * elem + 2 * held.gradients) / mem_bw
+        fsdp = 0.0
+        if kernels is not None and layout.zero >= 3:  # FSDP2 as it runs eagerly
+            fsdp = _fsdp_seconds(graph, group, layout, mem_bw)
+            # its sharded float32 gradient is the first micro-batch's reduced output (a
+            # view); each later one is added to it (``foreach_reduce``: grad += new)
+            accumulate = (m - 1) / m * 3 * held.gradients / mem_bw
         seen[key] = {"forward": fwd, "backward": bwd, "recompute": rec, "tp": tp_time,
-                     "ep": ep_time, "pp": pp_time, "accumulate": accumulate}
+                     "ep": ep_time, "pp": pp_time, "accumulate": accumulate, "fsdp": fsdp}
         slots.append(seen[key])
     slot = [x["forward"] + x["backward"] + x["recompute"] + x["tp"] + x["ep"] + x["pp"]
-            + x["accumulate"] for x in slots]
+            + x["accumulate"] + x["fsdp"] for x in slots]
     slowest = max(range(len(slot)), key=lambda i: slot[i])
     pipe = slot[slowest] * (m + (p - 1) / v)
     exposed: dict[tuple[States, int], float] = {}
@@ -700,13 +716,32 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
         "bubble": bubble(p, m, v),
         "time_parts": {
             "forward": x["forward"] * m, "backward": x["backward"] * m,
-            "grad_accumulation": x["accumulate"] * m,
+            "grad_accumulation": x["accumulate"] * m, "fsdp_copies": x["fsdp"] * m,
             "recompute": x["recompute"] * m, "tp_exposed": x["tp"] * m,
             "ep_exposed": x["ep"] * m, "pp_exposed": x["pp"] * m,
             "bubble": slot[slowest] * (p - 1) / v, "dp_exposed": dp_exposed,
             "optimizer": optimizer, "slowest_stage": slowest,
         },
     }
+
+
+def _fsdp_seconds(graph: Graph, members: StageMembers, layout: Layout, bandwidth: float
+                  ) -> float:
+    """Seconds of FSDP2's copy kernels per micro-batch on a stage (``fsdp_copies``): one group
+    per layer, one for the rest of the stage (the root), each kernel its bytes at the
+    achievable bandwidth and at least ``LAUNCH_S``."""
+    all_units = units(graph)[0]
+    groups: list[list[str]] = []
+    root: list[str] = []
+    for i, count in members.groups:
+        unit = all_units[i]
+        if unit.is_layer:
+            groups += [unit.params] * count
+        else:
+            root += unit.params * count
+    groups.append(list(dict.fromkeys(root)))  # a tied table once
+    return sum(max(nbytes / bandwidth, LAUNCH_S)
+               for _, nbytes in copy_kernels(graph, groups, layout))
 
 
 def _p2p(nbytes: float, layout: Layout, gpu: Gpu) -> float:
