@@ -86,3 +86,23 @@ def test_the_planner_marks_masked_cores_only():
         graph = tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / f"{name}.yaml"), loss=True)
         cores = [w for unit in timing.unit_work(graph) for w in unit if w.kind == "attention"]
         assert cores and {w.masked for w in cores} == {masked}
+
+
+def test_a_sliding_windows_core_is_read_at_the_windows_length():
+    """Mistral-7B's 4,096-key window over 16k tokens: each query block runs over about 4k
+    keys, so its cores take the 4k figures, not the 16k ones."""
+    import tfgraph
+    from conftest import ROOT
+
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / "mistral-7b.yaml"), loss=True)
+    cores = [w for unit in timing.unit_work(graph) for w in unit if w.kind == "attention"]
+    assert {w.window for w in cores} == {4096} and all(w.masked for w in cores)
+    h100 = gpu("h100")
+    sizes = {timing.SYMBOLS["B"]: 1, timing.SYMBOLS["S"]: 16384, timing.SYMBOLS["T"]: 16384}
+    layout = timing.Layout(micro_batch=1, global_batch=1, seq=16384, dtype="bfloat16")
+    windowed = timing._unit_time([cores[0]], sizes, layout, h100, h100.peak_flops, 2, "fused")
+    whole = timing._unit_time([timing.replace(cores[0], window=0)], sizes, layout, h100,
+                              h100.peak_flops, 2, "fused")
+    ratio = (flash.flash_fraction(128, 16384, True, False)
+             / flash.flash_fraction(128, 4096, True, False))
+    assert windowed.forward / whole.forward == pytest.approx(ratio, rel=0.02)

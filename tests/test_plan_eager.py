@@ -338,3 +338,13 @@ def test_a_per_position_loss_reads_one_element_per_target():
     assert by_name["aten.nll_loss2d_forward"].nbytes == targets * 8 + targets * 4 + 2 * 4
     assert by_name["aten.zero_"].nbytes == full
     assert by_name["aten.nll_loss2d_backward"].nbytes < full / 10
+
+
+def test_a_gather_reads_the_rows_it_names_and_a_copy_does_not_read_its_destination():
+    table = torch.empty(1000, 16, device="meta", dtype=torch.bfloat16)
+    ids = torch.empty(2, 5, device="meta", dtype=torch.long)
+    dst = torch.empty(2, 5, 16, device="meta", dtype=torch.float32)
+    kernels = K.record(lambda: dst.copy_(torch.nn.functional.embedding(ids, table)))
+    assert [(k.name, k.nbytes) for k in kernels] == [
+        ("aten.embedding", 2 * 5 * 8 + 2 * (2 * 5 * 16 * 2)),  # ids, rows read and written
+        ("aten.copy_", 2 * 5 * 16 * 2 + 2 * 5 * 16 * 4)]  # bf16 read, float32 written

@@ -19,8 +19,8 @@ kernel; its work is the graph's attention core, timed by the planner) and ``F.rm
 (``_fused_rms_norm``: reads the input and gain, writes the output and the per-row reciprocal
 RMS in float32; its backward is layer norm's two kernels, ``_norm_backward``). ``tf.rms_norm``
 takes its CUDA branch off the CPU, so the meta device sees the same path. ATen ops CUDA runs as more than one
-kernel, or read only the elements an index names, are counted as CUDA runs them (``SPLIT``:
-layer norm's backward, the negative log-likelihood).
+kernel, or read only part of their operands, are counted as CUDA runs them (``SPLIT``: layer
+norm's backward, the negative log-likelihood, the embedding's gather, ``copy_``).
 
 Each kernel has a kind: "gemm" (with its M, N, K and batch), "attention" (with the FLOPs of
 the scores it computes) or "memory". The first two are ``core``: the planner's graph model
@@ -245,7 +245,19 @@ def _nll_loss_backward(name: str, named: dict[str, Any], out: Tensor) -> list[Ke
                                 named["total_weight"]) + _picked(out))]
 
 
+def _embedding(named: dict[str, Any], out: Tensor) -> list[Kernel]:
+    # a gather: reads the ids and the rows they name, writes them (not the whole table)
+    return [Kernel("aten.embedding", _bytes(named["indices"]) + 2 * _bytes(out))]
+
+
+def _copy(named: dict[str, Any], out: Tensor) -> list[Kernel]:
+    # ``self`` is overwritten, not read
+    return [Kernel("aten.copy_", _bytes(named["src"], named["self"]))]
+
+
 SPLIT: dict[Any, Callable[..., list[Kernel]]] = {
+    torch.ops.aten.embedding: _embedding,
+    torch.ops.aten.copy_: _copy,
     torch.ops.aten.native_layer_norm_backward: _layer_norm_backward,
     **{op: functools.partial(fn, f"aten.{op.__name__}") for op, fn in (
         (torch.ops.aten.nll_loss_forward, _nll_loss_forward),

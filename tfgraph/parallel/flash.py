@@ -73,9 +73,8 @@ def _backward(head_dim: float, length: float) -> float:
 def flash_fraction(head_dim: float, length: float, masked: bool, backward: bool) -> float:
     """Share of the BF16 peak FlashAttention-2 reaches on Hopper for a pass over keys of
     ``length`` at ``head_dim``, with a causal mask or without (measured at 16k tokens of hidden
-    size 2048; ``reference_heads`` gives that batch). A sliding window takes the causal
-    figures at the whole key length, which overstates the rate of a window much narrower
-    than the sequence."""
+    size 2048; ``reference_heads`` gives that batch). The planner reads a sliding window's
+    core at the window's length: each query block runs over about that many keys."""
     if not backward:
         rate = _forward(head_dim, length, masked)
     else:

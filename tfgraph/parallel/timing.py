@@ -335,6 +335,8 @@ class Work:
     attention dropout)."""
     masked: bool = False
     """Attention whose causal mask or window skips scores (fused: ``flops`` those kept)."""
+    window: int = 0
+    """Attention with a sliding window: the keys a query sees at most (0: all)."""
     op: str = ""
     node: str = field(default="", compare=False)
     """The node's name, where ``--kernels eager`` looks up its kernels (not compared: identical
@@ -399,7 +401,7 @@ def _attention_work(op: OpSite) -> Work:
                        if ref == ("tmp", "mask")])
     return Work("attention", fused_flops, scores, tuple(sympy.sympify(d) for d in dims),
                 "t" if op.where == "S" else "", sympy.Integer(head_dim), op.flops, mask,
-                masked=kept is not None)
+                masked=kept is not None, window=int(node.attrs.get("window") or 0))
 
 
 def _experts_work(op: OpSite) -> Work:
@@ -566,7 +568,8 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
             batch /= div
             if attention == "fused":
                 work = _num(w.flops, sizes) / div
-                fwd, bwd = flash_time(work, batch, sq, sk, _num(w.extra, sizes), w.masked,
+                keys = min(sk, w.window) if w.window else sk  # the keys each query reads
+                fwd, bwd = flash_time(work, batch, sq, keys, _num(w.extra, sizes), w.masked,
                                       gpu, peak)
             else:
                 hd = _num(w.extra, sizes)
