@@ -114,11 +114,13 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
     parts = step["time_parts"]
     for key, what in (("forward", "forward"), ("backward", "backward"),
                       ("recompute", "recompute"), ("grad_accumulation", "gradient accumulation"),
-                      ("fsdp_copies", "FSDP2 copies (--kernels eager)"),
+                      ("fsdp_copies", "FSDP2 copies"),
                       ("tp_exposed", "tensor parallel, exposed"),
                       ("ep_exposed", "expert all-to-all, exposed"),
                       ("pp_exposed", "pipeline sends, exposed"), ("bubble", "pipeline bubble"),
                       ("dp_exposed", "data parallel, exposed"), ("optimizer", "optimizer step")):
+        if key == "fsdp_copies" and not parts[key]:
+            continue  # only --zero 3 --kernels eager has them
         figures.add_row(f"time: {what}", f"{parts[key]:.3f} s")
     figures.add_row("time", f"{step['time_s']:.3f} s")
     figures.add_row("MFU", f"{step['mfu']:.1%}")
