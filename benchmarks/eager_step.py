@@ -7,11 +7,12 @@ transformers' ``LlamaForCausalLM`` beside tfgraph's own, the training step measu
 Both modules (TinyLlama-1.1B sizes, ``specs/llama.yaml``; bfloat16; SDPA; batch 4 x 1024;
 forward + token cross-entropy on float32 logits + backward, benchmarks/gpu.py's step) run on
 the meta device under ``exporters.torch.kernels.record``: every ATen kernel with its bytes, GEMM
-dimensions and flash FLOPs, CUDA's fused SDPA as one kernel. Each is timed as the planner times
+dimensions and flash FLOPs, CUDA's fused SDPA as its flash kernels (one each way, their shapes
+kept for FlashAttention-2's measured Hopper rates). Each is timed as the planner times
 it (``tfgraph.parallel.timing.kernel_seconds``, the cited rates of ``tfgraph/parallel/gpus.py``):
 nothing here is measured or fitted. transformers' RMSNorm is Python (a float32 upcast, a square,
 a mean, a reciprocal square root, two products and a downcast); tfgraph's calls ``F.rms_norm``,
-which CUDA runs fused: the count predicts how much slower transformers' step is, and the
+which CUDA runs fused (one kernel forward, two backward): the count predicts how much slower transformers' step is, and the
 measurements (issue 26's H100, benchmarks/RESULTS.md's two H200 machines) say how much slower it
 was. The absolute times are the plan's (``--kernels eager``), and its gap to the measured steps
 shows beside them.
