@@ -106,3 +106,15 @@ def test_a_sliding_windows_core_is_read_at_the_windows_length():
     ratio = (flash.flash_fraction(128, 16384, True, False)
              / flash.flash_fraction(128, 4096, True, False))
     assert windowed.forward / whole.forward == pytest.approx(ratio, rel=0.02)
+
+
+def test_a_bidirectional_window_reads_keys_on_both_sides():
+    import tfgraph
+    from conftest import ROOT
+
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / "tiny-modernbert.yaml"),
+                            loss=True)
+    windows = {w.window for unit in timing.unit_work(graph) for w in unit
+               if w.kind == "attention"}
+    spec_windows = {n.attrs.get("window") for n in graph.nodes() if n.attrs.get("window")}
+    assert spec_windows and windows - {0} == {2 * w - 1 for w in spec_windows}

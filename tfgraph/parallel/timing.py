@@ -336,7 +336,7 @@ class Work:
     masked: bool = False
     """Attention whose causal mask or window skips scores (fused: ``flops`` those kept)."""
     window: int = 0
-    """Attention with a sliding window: the keys a query sees at most (0: all)."""
+    """Attention with a sliding window: the keys a query reads at most (0: all)."""
     op: str = ""
     node: str = field(default="", compare=False)
     """The node's name, where ``--kernels eager`` looks up its kernels (not compared: identical
@@ -401,7 +401,14 @@ def _attention_work(op: OpSite) -> Work:
                        if ref == ("tmp", "mask")])
     return Work("attention", fused_flops, scores, tuple(sympy.sympify(d) for d in dims),
                 "t" if op.where == "S" else "", sympy.Integer(head_dim), op.flops, mask,
-                masked=kept is not None, window=int(node.attrs.get("window") or 0))
+                masked=kept is not None, window=_window_keys(node.attrs))
+
+
+def _window_keys(attrs: dict[str, Any]) -> int:
+    """Keys a query reads at most under a sliding window (0: no window): W behind a causal
+    query, 2W - 1 around a bidirectional one (``ops.attended_scores``)."""
+    window = int(attrs.get("window") or 0)
+    return window if attrs["causal"] or not window else 2 * window - 1
 
 
 def _experts_work(op: OpSite) -> Work:
