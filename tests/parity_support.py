@@ -4,6 +4,9 @@ logits check, and a tiny spec from ``specs/`` compared with a reference through 
 
 from __future__ import annotations
 
+import itertools
+import weakref
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -126,22 +129,33 @@ def neox_weights(spec: Spec, sd: dict[str, Tensor]) -> dict[str, Tensor]:
 
 @contextmanager
 def saved_storages(module: nn.Module) -> Iterator[dict[int, int]]:
-    """While inside: the distinct non-parameter storages autograd saves (data_ptr -> bytes).
-    Each is held until the block ends, so that no later storage takes a freed one's address
-    (a storage saved by a node the graph then drops would otherwise hide another)."""
+    """The distinct non-parameter storages autograd saved inside the block and still alive
+    when it ends (data_ptr -> bytes). A storage saved by a node the graph then drops (a branch no
+    gradient needs) leaves when it dies, so its address, taken again by a later storage,
+    cannot hide that one."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
-    held: list[torch.UntypedStorage] = []
+    serials: dict[int, int] = {}  # the live storage at each address (an address is reused)
+    count = itertools.count()
+    watching: list[weakref.finalize] = []
+
+    def gone(key: int, serial: int) -> None:
+        if serials.get(key) == serial:
+            del serials[key], seen[key]
 
     def pack(t: Tensor) -> Tensor:
         storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-            held.append(storage)
+        key = storage.data_ptr()
+        if key not in params and key not in seen:
+            seen[key] = storage.nbytes()
+            serials[key] = serial = next(count)
+            watching.append(weakref.finalize(storage, gone, key, serial))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield seen
+    for watch in watching:  # what was alive when the block ended stays counted
+        watch.detach()
 
 
 def greedy_with_cache(model: nn.Module, ids: Tensor, mask: Tensor, new: int) -> Tensor:

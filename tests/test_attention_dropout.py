@@ -122,15 +122,15 @@ def test_cpu_keeps_what_unfused_attention_counts() -> None:
     measured = {}
     for p in (0.0, 0.1):
         with saved_storages(torch.nn.Identity()) as seen:
-            tf.attention(q, k, v, HEADS, HEADS, hd, True, "softmax", "math",
-                         dropout=p, training=True)
+            out = tf.attention(q, k, v, HEADS, HEADS, hd, True, "softmax", "math",  # kept:
+                               dropout=p, training=True)  # its graph holds what it saved
         measured[p] = sum(seen.values())
     scores = b * HEADS * t * t
     assert measured[0.1] - measured[0.0] == scores * (1 + 4)  # mask + dropped-out weights
     # eval: no dropout, and SDPA's fused kernel at p > 0 too
     with saved_storages(torch.nn.Identity()) as seen:
-        tf.attention(q, k, v, HEADS, HEADS, hd, True, "softmax", "sdpa", dropout=0.1,
-                     training=False)
+        out = tf.attention(q, k, v, HEADS, HEADS, hd, True, "softmax", "sdpa", dropout=0.1,
+                           training=False)
     assert sum(seen.values()) < measured[0.0]
 
 

@@ -1,65 +1,52 @@
-"""FSDP2's copy kernels in the plan (``tfgraph.parallel.fsdp_copies``) against the copies
-``fully_shard`` itself runs: one process (gloo), tfgraph's module sharded by ``parallelize``
-with bfloat16 compute and float32 reduction, every op inside an ``FSDP::`` profiler scope
-recorded with the bytes it reads and writes."""
+"""FSDP2's copy kernels in the plan (``tfgraph.parallel.fsdp_copies``) against the kernels
+``fully_shard`` itself runs (tests/fsdp_recorder.py: every op inside FSDP2's ``FSDP::``
+profiler scopes with the bytes it moves), on one gloo rank in this process and on two under
+torchrun: the gathers' casts and copies, the gradients' copy-in, and the later micro-batch's
+accumulation into the sharded gradients."""
 
 from __future__ import annotations
 
-from typing import Any
+import collections
+import json
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import tfgraph
-from tfgraph.exporters import to_torch
-from tfgraph.exporters.torch.parallel import parallelize
-from tfgraph.parallel.fsdp_copies import copy_kernels
+from tfgraph.exporters.torch.kernels import kernel_source
+from tfgraph.parallel import timing
+from tfgraph.parallel.fsdp_copies import _subgroups, accumulate_kernels, copy_kernels
 from tfgraph.parallel.gpus import gpu
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.planner import plan
+from tfgraph.parallel.units import units
 
 from conftest import ROOT
-from test_torch_module import make_ids
-
-NO_KERNEL = {"aten.empty", "aten.view", "aten.as_strided", "aten.detach", "aten.alias"}
-
-
-def _nbytes(x: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+from distributed_support import torchrun
+from fsdp_recorder import record_step
 
 
-class FsdpCopies(TorchDispatchMode):
-    """Bytes each kernel inside FSDP2's own profiler scopes moves: reads its tensor operands
-    (an in-place copy's destination is written, not read) and writes its results."""
+def _graph(name: str, dtype: str, vocab: int | None = None) -> tfgraph.CompiledGraph:
+    spec = tfgraph.load_spec(ROOT / "specs" / f"{name}.yaml")
+    update = {"dtype": dtype, **({"vocab": vocab} if vocab else {})}
+    return tfgraph.compile(spec.model_copy(update=update), loss=True)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.scopes: list[str] = []
-        self.kernels: list[tuple[str, int]] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = str(func.overloadpacket)
-        if name == "profiler._record_function_enter_new":
-            self.scopes.append(args[0])
-        elif name == "profiler._record_function_exit":
-            self.scopes.pop()
-        elif any(s.startswith("FSDP::") for s in self.scopes) and name not in NO_KERNEL:
-            if name == "aten.copy_":  # reads src, writes self
-                moved = _nbytes(args[1]) + _nbytes(args[0])
-            elif name == "fsdp.chunk_cat":  # reads the gradients, writes ``out``
-                moved = _nbytes(args[0]) + _nbytes(kwargs["out"])
-            else:
-                moved = _nbytes(args) + _nbytes(out)
-            self.kernels.append((name, moved))
-        return out
+def _groups(graph: tfgraph.CompiledGraph) -> list[list[str]]:
+    """FSDP2's groups as ``parallelize`` makes them: one per layer, the rest the root's."""
+    layers, root = [], []
+    for unit in units(graph)[0]:
+        (layers.append(list(unit.params)) if unit.is_layer else root.extend(unit.params))
+    return [*layers, list(dict.fromkeys(root))]
+
+
+def _predicted(graph: tfgraph.CompiledGraph, layout: Layout) -> list[int]:
+    groups = _groups(graph)
+    return [b for _, b in copy_kernels(graph, groups, layout)
+            + accumulate_kernels(graph, groups, layout)]
 
 
 @pytest.fixture
@@ -73,72 +60,60 @@ def one_rank():
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-moe", "tiny-deepseek-v3", "tiny-decoder",
                                   "tiny-t5"])
-def test_the_plans_fsdp_copies_are_fully_shards_own(one_rank, name: str) -> None:
-    spec = tfgraph.load_spec(ROOT / "specs" / f"{name}.yaml")
-    graph = tfgraph.compile(spec.model_copy(update={"dtype": "bfloat16"}), loss=True)
-    module = to_torch(tfgraph.compile(spec, loss=True), seed=0)  # float32 master weights
-    parallelize(module, one_rank, mp_policy=MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-    vocab = int(graph.node("logits").type.shape[-1])
-    labels = torch.randint(0, vocab, (2, 6 if "tgt_ids" in graph.inputs else 8))
-    inputs = (*make_ids(tfgraph.compile(spec), 2, 8, 6), labels)
-    module(*inputs).backward()  # the first step sets FSDP2 up
-    module.zero_grad(set_to_none=True)
-    mode = FsdpCopies()
-    with mode:
-        module(*inputs).backward()
-    groups = _groups(graph)
-    predicted = copy_kernels(graph, groups, Layout(zero=3, dtype="bfloat16"))
-    assert sorted(b for _, b in predicted) == sorted(b for _, b in mode.kernels)
-    assert len(predicted) > 4 * len(groups)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_one_ranks_copies_are_fully_shards_own(one_rank, name: str, dtype: str) -> None:
+    """Tied tables, MoE, DeepSeek-V3's frozen router bias (gathered, never reduced), T5's
+    encoder-decoder; float32 compute casts nothing."""
+    recorded = record_step(name, one_rank, dtype)
+    predicted = _predicted(_graph(name, dtype), Layout(zero=3, dtype=dtype))
+    assert sorted(b for _, b, _ in recorded) == sorted(predicted)
+    ops = collections.Counter(op for op, _, _ in recorded)
+    assert ops["aten.add_"] > 0 and ops["fsdp.chunk_cat"] == len(_groups(_graph(name, dtype)))
+    assert (ops["aten._to_copy"] > 0) == (dtype == "bfloat16")
 
 
-def _groups(graph: tfgraph.CompiledGraph) -> list[list[str]]:
-    """FSDP2's groups as ``parallelize`` makes them: one per layer, the rest the root's."""
-    from tfgraph.parallel.units import units
-    layers, root = [], []
-    for unit in units(graph)[0]:
-        (layers.append(list(unit.params)) if unit.is_layer else root.extend(unit.params))
-    return [*layers, list(dict.fromkeys(root))]
+JOBS = [{"spec": "tiny-llama", "dtype": "bfloat16"},
+        {"spec": "tiny-llama", "dtype": "float32", "vocab": 255},  # dim 0 padded to 256
+        {"spec": "tiny-moe", "dtype": "bfloat16", "ep": 2}]  # experts: one rank, divided
+
+
+def test_two_ranks_copies_are_fully_shards_own(tmp_path: Path) -> None:
+    """Two data-parallel ranks: the foreach cast, the all-gather's copy-in and copy-out (dim 0
+    padded to a multiple of the ranks), the gradients' copy-in; expert-parallel experts (ep 2:
+    one rank each) copied and divided by dp. gloo's reduce-scatter also copies its output
+    shard once per group (NCCL writes it in place): added to the prediction here."""
+    out = tmp_path / "kernels.json"
+    torchrun(2, Path(__file__).parent / "fsdp_copies_worker.py", JOBS, out)
+    for job, recorded in zip(JOBS, json.loads(out.read_text())):
+        graph = _graph(job["spec"], job["dtype"], job.get("vocab"))
+        layout = Layout(zero=3, dp=2, ep=job.get("ep", 1), dtype=job["dtype"])
+        gloo = [2 * 4 * sum(part for part, _, _, reduced in sizes if reduced)
+                for group in _groups(graph)
+                for ranks, _, sizes in _subgroups(graph, group, layout) if ranks > 1]
+        assert sorted(b for _, b, _ in recorded) == sorted(_predicted(graph, layout) + gloo), job
+        ops = {op for op, _, _ in recorded}
+        assert {"fsdp.all_gather_copy_in", "fsdp.split_with_sizes_copy"} <= ops
+        assert ("aten.div" in ops) == ("ep" in job)
 
 
 def test_an_eager_zero_3_plan_times_the_copies_and_only_then() -> None:
-    from tfgraph.exporters.torch.kernels import kernel_source
-    from tfgraph.parallel import timing
-
-    graph = tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / "tiny-llama.yaml").model_copy(
-        update={"dtype": "bfloat16"}), loss=True)
+    graph = _graph("tiny-llama", "bfloat16")
     h100 = gpu("h100")
     source = kernel_source(graph)
     layout = Layout(zero=3, micro_batch=2, global_batch=4, seq=16, dtype="bfloat16")
     parts = plan(graph, layout, h100, kernels=source)["step"]["time_parts"]
     bandwidth = h100.bandwidth * h100.memory_fraction
-    per_microbatch = sum(max(b / bandwidth, timing.LAUNCH_S)
-                         for _, b in copy_kernels(graph, _groups(graph), layout))
-    assert parts["fsdp_copies"] == pytest.approx(2 * per_microbatch)  # 2 micro-batches
-    # the second micro-batch's sharded float32 gradients are added to the first's
-    step = plan(graph, layout, h100, kernels=source)
-    held = step["per_rank"]["memory"]["gradients"]
-    assert parts["grad_accumulation"] == pytest.approx(3 * held / bandwidth, rel=1e-6)
+
+    def seconds(kernels):
+        return sum(max(b / bandwidth, timing.LAUNCH_S) for _, b in kernels)
+
+    groups = _groups(graph)
+    assert parts["fsdp_copies"] == pytest.approx(2 * seconds(copy_kernels(graph, groups, layout)))
+    # the second micro-batch's sharded float32 gradients are added to the first's, one
+    # kernel per tensor
+    assert parts["grad_accumulation"] == pytest.approx(
+        seconds(accumulate_kernels(graph, groups, layout)))
     # one kernel per graph op (fused execution) or ZeRO 2: no FSDP2 copies
     assert plan(graph, layout, h100)["step"]["time_parts"]["fsdp_copies"] == 0
     zero2 = Layout(zero=2, micro_batch=2, global_batch=4, seq=16, dtype="bfloat16")
     assert plan(graph, zero2, h100, kernels=source)["step"]["time_parts"]["fsdp_copies"] == 0
-
-
-def test_several_ranks_gather_and_reduce_each_group_through_flat_buffers() -> None:
-    """``foreach_all_gather``: cast into a flat buffer, copy into the all-gather input, copy out
-    to the unsharded parameters; ``foreach_reduce``: one float32 copy-in, then NCCL."""
-    graph = tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / "tiny-llama.yaml").model_copy(
-        update={"dtype": "bfloat16"}), loss=True)
-    groups = _groups(graph)
-    kernels = copy_kernels(graph, groups, Layout(zero=3, dp=4, dtype="bfloat16"))
-    per_group = ["fsdp.foreach_cast", "fsdp.all_gather_copy_in",
-                 "fsdp.split_with_sizes_copy"] * 2 + ["fsdp.chunk_cat"]
-    assert [n for n, _ in kernels] == per_group * len(groups)
-    first = kernels[:len(per_group)]
-    whole = sum(int(torch.tensor(graph.node(p).attrs["shape"]).prod()) for p in groups[0])
-    assert first[2][1] == whole * 2 * 2  # read the gathered 16-bit copy, write the parameters
-    assert first[1][1] < first[2][1] / 3  # a quarter of it, rounded up per tensor
-    fp32 = copy_kernels(graph, groups, Layout(zero=3, dp=4, dtype="float32"))
-    assert "fsdp.foreach_cast" not in {n for n, _ in fp32}  # no mixed precision: no cast

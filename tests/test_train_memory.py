@@ -40,7 +40,7 @@ from parity_support import saved_storages
 from test_torch_module import make_ids
 
 SPECS = ["tiny-decoder.yaml", "tiny-marian.yaml", "tiny-llama.yaml", "tiny-moe.yaml",
-         "tiny-deepseek-v3.yaml",
+         "tiny-deepseek-v3.yaml", "tiny-deepseek-moe.yaml",
          "tiny-t5.yaml", "tiny-bf16.yaml", "tiny-mpt.yaml", "tiny-olmo.yaml", "tiny-phimoe.yaml", "tiny-bloom.yaml",
          "tiny-falcon-rw.yaml"]
 SHAPES = [(2, 12, 10), (4, 32, 24)]  # (batch, seq, tgt_seq)

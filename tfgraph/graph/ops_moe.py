@@ -110,15 +110,9 @@ def _route_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) 
     if attrs["router"] == "topk_softmax":
         return [*saved, (("tmp", "softmax"), n * k * STATS_BYTES)]
     saved.append((("tmp", "softmax"), n * experts * STATS_BYTES))  # (or the sigmoid's)
-    groups = attrs.get("groups", 1)
-    if groups != 1:  # group-limited routing: the groups' scores' indices or maxima, the
-        # chosen groups' indices and the mask of the others (one byte per group)
-        if attrs["router"].startswith("sigmoid"):
-            saved.append((("tmp", "group_best_two"), n * groups * 2 * INDEX_BYTES))
-        else:
-            saved.append((("tmp", "group_max"), n * groups * STATS_BYTES))
-        saved += [(("tmp", "top_groups"), n * attrs["top_groups"] * INDEX_BYTES),
-                  (("tmp", "group_mask"), n * groups * DTYPE_BYTES["bool"])]
+    # Group-limited routing keeps nothing more: the group scores, the chosen groups and the
+    # mask only choose the top-k indices, and the weights are gathered from the scores, so no
+    # gradient reaches that branch and autograd frees what its nodes saved with it.
     if attrs["router"].endswith("_renorm"):
         saved += [(("tmp", "top_k"), n * k * STATS_BYTES), (("tmp", "sum"), n * STATS_BYTES)]
     return saved

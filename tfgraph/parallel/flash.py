@@ -74,7 +74,8 @@ def flash_fraction(head_dim: float, length: float, masked: bool, backward: bool)
     """Share of the BF16 peak FlashAttention-2 reaches on Hopper for a pass over keys of
     ``length`` at ``head_dim``, with a causal mask or without (measured at 16k tokens of hidden
     size 2048; ``reference_heads`` gives that batch). The planner reads a sliding window's
-    core at the window's length: each query block runs over about that many keys."""
+    core at the keys a query reads (each query block runs over about that many): an
+    approximation, the paper measures no window."""
     if not backward:
         rate = _forward(head_dim, length, masked)
     else:

@@ -89,7 +89,7 @@ import sympy
 
 from tfgraph.graph.ir import SYMBOLS, Graph, Node
 from tfgraph.parallel.flash import LENGTHS, flash_fraction, reference_heads
-from tfgraph.parallel.fsdp_copies import copy_kernels
+from tfgraph.parallel.fsdp_copies import accumulate_kernels, copy_kernels
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.memory import States, stepped_elements
@@ -172,8 +172,9 @@ EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's
                  "torch.optim.AdamW's kernels over the float32 elements the rank steps; "
                  "ZeRO 3: FSDP2's copies (casts and copies into and out of its gather "
                  "buffers, each group gathered in forward and backward; the gradients' "
-                 "float32 copy-in), exposed; the sharded gradients accumulated from the second "
-                 "micro-batch on")
+                 "float32 copy-in), exposed, every micro-batch reduced (FSDP2's default; not "
+                 "torch.distributed.pipelining's deferred reduction); the sharded gradients "
+                 "accumulated from the second micro-batch on, one kernel per tensor")
 
 
 EAGER_OPTIMIZER = ("torch.optim.AdamW's own kernels (foreach) over the float32 elements the rank "
@@ -700,10 +701,12 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
         accumulate = (held.unsharded * elem + 2 * held.gradients) / mem_bw
         fsdp = 0.0
         if kernels is not None and layout.zero >= 3:  # FSDP2 as it runs eagerly
-            fsdp = _fsdp_seconds(graph, group, layout, mem_bw)
+            groups = _fsdp_groups(graph, group)
+            fsdp = _seconds(copy_kernels(graph, groups, layout), mem_bw)
             # its sharded float32 gradient is the first micro-batch's reduced output (a
             # view); each later one is added to it (``foreach_reduce``: grad += new)
-            accumulate = (m - 1) / m * 3 * held.gradients / mem_bw
+            accumulate = (m - 1) / m * _seconds(accumulate_kernels(graph, groups, layout),
+                                                mem_bw)
         seen[key] = {"forward": fwd, "backward": bwd, "recompute": rec, "tp": tp_time,
                      "ep": ep_time, "pp": pp_time, "accumulate": accumulate, "fsdp": fsdp}
         slots.append(seen[key])
@@ -735,11 +738,9 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
     }
 
 
-def _fsdp_seconds(graph: Graph, members: StageMembers, layout: Layout, bandwidth: float
-                  ) -> float:
-    """Seconds of FSDP2's copy kernels per micro-batch on a stage (``fsdp_copies``): one group
-    per layer, one for the rest of the stage (the root), each kernel its bytes at the
-    achievable bandwidth and at least ``LAUNCH_S``."""
+def _fsdp_groups(graph: Graph, members: StageMembers) -> list[list[str]]:
+    """A stage's FSDP2 groups as ``parallelize`` makes them: one per layer, one for the rest
+    of the stage (the root; a tied table once)."""
     all_units = units(graph)[0]
     groups: list[list[str]] = []
     root: list[str] = []
@@ -749,9 +750,13 @@ def _fsdp_seconds(graph: Graph, members: StageMembers, layout: Layout, bandwidth
             groups += [unit.params] * count
         else:
             root += unit.params * count
-    groups.append(list(dict.fromkeys(root)))  # a tied table once
-    return sum(max(nbytes / bandwidth, LAUNCH_S)
-               for _, nbytes in copy_kernels(graph, groups, layout))
+    return [*groups, list(dict.fromkeys(root))]
+
+
+def _seconds(kernels: list[tuple[str, float]], bandwidth: float) -> float:
+    """Memory-bound kernels' seconds: each its bytes at the achievable bandwidth, at least
+    ``LAUNCH_S``."""
+    return sum(max(nbytes / bandwidth, LAUNCH_S) for _, nbytes in kernels)
 
 
 def _p2p(nbytes: float, layout: Layout, gpu: Gpu) -> float:
