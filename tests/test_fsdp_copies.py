@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import tfgraph
 from tfgraph.exporters.torch.kernels import kernel_source
 from tfgraph.parallel import timing
-from tfgraph.parallel.fsdp_copies import _subgroups, accumulate_kernels, copy_kernels
+from tfgraph.parallel.fsdp_copies import subgroups, accumulate_kernels, copy_kernels
 from tfgraph.parallel.gpus import gpu
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.planner import plan
@@ -89,7 +89,7 @@ def test_two_ranks_copies_are_fully_shards_own(tmp_path: Path) -> None:
         layout = Layout(zero=3, dp=2, ep=job.get("ep", 1), dtype=job["dtype"])
         gloo = [2 * 4 * sum(part for part, _, _, reduced in sizes if reduced)
                 for group in _groups(graph)
-                for ranks, _, sizes in _subgroups(graph, group, layout) if ranks > 1]
+                for ranks, _, sizes in subgroups(graph, group, layout) if ranks > 1]
         assert sorted(b for _, b, _ in recorded) == sorted(_predicted(graph, layout) + gloo), job
         ops = {op for op, _, _ in recorded}
         assert {"fsdp.all_gather_copy_in", "fsdp.split_with_sizes_copy"} <= ops

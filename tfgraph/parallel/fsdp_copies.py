@@ -49,7 +49,7 @@ Sizes = tuple[int, int, int, bool]
 multiple of the ranks), its elements, and whether a gradient reaches it."""
 
 
-def _subgroups(graph: Graph, group: Sequence[str], layout: Layout
+def subgroups(graph: Graph, group: Sequence[str], layout: Layout
                ) -> list[tuple[int, bool, list[Sizes]]]:
     """A group's FSDP2 groups (expert-parallel experts are their own, sharded over dp / ep
     ranks, their gradients divided by dp): (ranks, divided, ``Sizes`` per tensor)."""
@@ -77,7 +77,7 @@ def copy_kernels(graph: Graph, groups: Sequence[Sequence[str]], layout: Layout
     elem = FP32 if layout.dtype == "float32" else 2
     kernels: list[tuple[str, float]] = []
     for group in groups:
-        for ranks, divided, sizes in _subgroups(graph, group, layout):
+        for ranks, divided, sizes in subgroups(graph, group, layout):
             kernels += _group_kernels(sizes, ranks == 1, divided, elem)
     return kernels
 
@@ -88,7 +88,7 @@ def accumulate_kernels(graph: Graph, groups: Sequence[Sequence[str]], layout: La
     sharded float32 gradients (``foreach_reduce``: ``grad += new``, one per tensor: read
     both, write the sum). The first micro-batch's are views of its reduced output."""
     return [("fsdp.accumulate", 3 * part * FP32) for group in groups
-            for _, _, sizes in _subgroups(graph, group, layout)
+            for _, _, sizes in subgroups(graph, group, layout)
             for part, _, _, reduced in sizes if reduced]
 
 
