@@ -217,11 +217,27 @@ def test_eager_plans_split_kernels_under_tensor_parallelism():
     assert 0 < times[1] < times[0]
 
 
-def test_eager_kernels_do_not_combine_with_search():
-    result = runner().invoke(main, ["plan", str(SPECS / "tiny-llama.yaml"), "--gpus", "8",
-                                    "--search", "--kernels", "eager"])
-    assert result.exit_code == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and "--kernels eager" in result.stderr
+def test_a_search_can_rank_layouts_by_their_eager_kernels():
+    """--search --kernels eager times every layout's eager kernels (the module counted once per
+    micro-batch size): its plans are the layouts' own eager plans, ranked by them."""
+    argv = ["plan", str(SPECS / "tiny-llama.yaml"), "--gpus", "8", "--search", "--top", "4",
+            "--seq", "32", "--global-batch", "16", "--dtype", "bfloat16", "--json"]
+    eager = json.loads(runner().invoke(main, [*argv, "--kernels", "eager"]).stdout)
+    graph_ranked = json.loads(runner().invoke(main, argv).stdout)
+    assert [r["kernels"] for r in eager] == ["eager"] * 4
+    assert [r["kernels"] for r in graph_ranked] == ["graph"] * 4
+    times = [r["step"]["time_s"] for r in eager]
+    assert times == sorted(times)
+    graph = graph_of("tiny-llama")
+    source = K.kernel_source(graph)
+    for r in eager:
+        layout = Layout(**{k: v for k, v in r["layout"].items() if k not in ("gpus",
+                                                                            "microbatches")})
+        own = plan(graph, layout, gpu("h100"), kernels=source)["step"]["time_s"]
+        assert r["step"]["time_s"] == pytest.approx(own)
+    assert eager[0]["step"]["time_s"] > graph_ranked[0]["step"]["time_s"]  # more kernels
+    text = runner().invoke(main, [*argv[:-1], "--kernels", "eager"]).stdout
+    assert "kernels eager" in text
 
 
 def test_recorded_kernels_are_timed_by_their_kind():

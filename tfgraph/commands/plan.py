@@ -139,15 +139,12 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
              "--dp": dp_text, "--ep": ep_text,
              "--zero": zero_text, "--sp": sp, "--recompute": recompute,
              "--micro-batch": micro_text}
-    if do_search and kernels == "eager":
-        raise TfgraphError("--kernels eager times one layout (the module runs once per size on "
-                           "the meta device); plan the layout --search chose with it")
     if do_search:
         fixed = [name for name in _LAYOUT_OPTIONS if given[name] is not None]
         if fixed:
             raise TfgraphError(f"--search chooses {', '.join(fixed)} itself; give only --gpus, "
                                "--gpu/--gpu-memory, --global-batch, --seq, --dtype, --states, "
-                               "--grad-reduce, --attention")
+                               "--grad-reduce, --attention, --kernels")
         top = _count("--top", top_text, maximum=MAX_TOP) or DEFAULT_TOP
     elif top_text is not None:
         raise TfgraphError("--top: only with --search")
@@ -155,13 +152,19 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     import tfgraph
 
     graph = tfgraph.compile(spec.model_copy(update={"dtype": dtype}), loss=True)
+    source_of_kernels = None
+    if kernels == "eager":  # the module's kernels, counted once per micro-batch size
+        from tfgraph.exporters.torch.kernels import kernel_source
+
+        source_of_kernels = kernel_source(graph)
     if do_search:
         from tfgraph.parallel.search import search
 
         base = Layout(global_batch=global_batch or gpus, seq=seq, dtype=dtype, states=states,
                       grad_reduce=grad_reduce)
         results = [{"name": spec.name, **r}
-                   for r in search(graph, gpus, base, device, attention, top)]
+                   for r in search(graph, gpus, base, device, attention, top,
+                                   kernels=source_of_kernels)]
         if as_json:
             click.echo(json.dumps(results, indent=2))
             return
@@ -174,11 +177,6 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
 
     layout = replace(_layout(gpus, given, global_batch, seq, dtype, states),
                      grad_reduce=grad_reduce)
-    source_of_kernels = None
-    if kernels == "eager":
-        from tfgraph.exporters.torch.kernels import kernel_source
-
-        source_of_kernels = kernel_source(graph)
     result: dict[str, Any] = {"name": spec.name, **plan_layout(
         graph, layout, device, attention, kernels=source_of_kernels)}
     if as_json:

@@ -149,7 +149,7 @@ def render_search(results: list[dict[str, Any]], spec: Spec, gpu: Gpu,
     console.print(f"[bold]{plain(describe(spec))}[/bold]")
     console.print(f"{first['gpus']} x {gpu.name} ({_gb(gpu.memory)}), global batch "
                   f"{first['global_batch']}, seq {first['seq']}, {first['dtype']}, attention "
-                  f"{results[0]['attention']}")
+                  f"{results[0]['attention']}, kernels {results[0]['kernels']}")
     table = Table(title=f"The {len(results)} fastest layouts that fit", title_justify="left")
     for col in ("tp", "pp", "vpp", "dp", "ep", "zero", "sp", "recompute", "micro-batch",
                 "memory", "fits", "time", "MFU", "tokens/s"):

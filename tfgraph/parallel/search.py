@@ -24,6 +24,7 @@ from tfgraph.graph.ir import Graph
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import RECOMPUTE, Layout, experts, pipeline_units
 from tfgraph.parallel.planner import Staged, plan, staged
+from tfgraph.parallel.timing import KernelSource
 
 MAX_MICRO_BATCH = 16
 
@@ -67,11 +68,13 @@ def layouts(graph: Graph, gpus: int, base: Layout, per_node: int) -> Iterator[La
 
 
 def search(graph: Graph, gpus: int, base: Layout, gpu: Gpu, attention: str = "fused",
-           top: int = 10, keep: Callable[[Layout], bool] | None = None
-           ) -> list[dict[str, Any]]:
+           top: int = 10, keep: Callable[[Layout], bool] | None = None,
+           kernels: KernelSource | None = None) -> list[dict[str, Any]]:
     """Plans of the ``top`` fitting layouts, fastest first (ties: less memory). Each layout's
     stages are evaluated and timed; the plan dicts are built for the ``top`` only. ``keep``:
-    only the layouts it accepts (e.g. the features a given framework offers)."""
+    only the layouts it accepts (e.g. the features a given framework offers). ``kernels``:
+    time the eager kernels (``--kernels eager``; the module is counted once per micro-batch
+    size, seconds each on large models)."""
     fitting: list[tuple[float, int, int, Layout, Staged]] = []
     refusals: list[str] = []
     for n, layout in enumerate(layouts(graph, gpus, base, gpu.per_node)):
@@ -84,11 +87,11 @@ def search(graph: Graph, gpus: int, base: Layout, gpu: Gpu, attention: str = "fu
             continue
         worst = found.worst.total
         if worst <= gpu.memory:
-            seconds = found.time(graph, layout, gpu, attention)["time_s"]
+            seconds = found.time(graph, layout, gpu, attention, kernels)["time_s"]
             fitting.append((seconds, worst, n, layout, found))
     if not fitting:
         why = f" (e.g. {refusals[0]})" if refusals else ""
         raise TfgraphError(f"no layout of {gpus} GPUs fits in {gpu.memory / 1e9:g} GB{why}")
     fitting.sort(key=lambda r: (r[0], r[1], r[2]))
-    return [plan(graph, layout, gpu, attention, found)
+    return [plan(graph, layout, gpu, attention, found, kernels=kernels)
             for _, _, _, layout, found in fitting[:top]]
