@@ -18,9 +18,10 @@ their ``torch.nn.functional`` entry point (``FUSED``) and counted as that kernel
 kernel; its work is the graph's attention core, timed by the planner) and ``F.rms_norm``
 (``_fused_rms_norm``: reads the input and gain, writes the output and the per-row reciprocal
 RMS in float32; its backward is layer norm's two kernels, ``_norm_backward``). ``tf.rms_norm``
-takes its CUDA branch off the CPU, so the meta device sees the same path. ATen ops CUDA runs as more than one
-kernel, or read only part of their operands, are counted as CUDA runs them (``SPLIT``: layer
-norm's backward, the negative log-likelihood, the embedding's gather, ``copy_``).
+takes its CUDA branch off the CPU, so the meta device sees the same path. ATen ops CUDA runs
+as more than one kernel, or read only part of their operands, are counted as CUDA runs them
+(``SPLIT``: layer norm's backward, the negative log-likelihood, the embedding's gather,
+``copy_``).
 
 Each kernel has a kind: "gemm" (with its M, N, K and batch), "attention" (with the FLOPs of
 the scores it computes) or "memory". The first two are ``core``: the planner's graph model

@@ -31,17 +31,33 @@ the kernels ``fully_shard`` runs, byte for byte, on one gloo rank and on two.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from tfgraph.graph.ir import Graph
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.memory import chunk_elements, local_shape
 from tfgraph.parallel.tp_plan import tp_plan
+from tfgraph.parallel.units import units
 from tfgraph.passes.cost import frozen_params
 
 FP32 = 4
 UNSHARDS = 2
 """Gathers per group per micro-batch: forward, and backward again (resharded after forward)."""
+
+
+def fsdp_groups(graph: Graph, members: Iterable[tuple[int, int]]) -> list[list[str]]:
+    """The FSDP2 groups ``parallelize`` makes of the units ``members`` ((unit index, how many
+    alike), ``units(graph)``): one per layer, one for the rest (the root; a tied table once)."""
+    all_units = units(graph)[0]
+    groups: list[list[str]] = []
+    root: list[str] = []
+    for i, count in members:
+        unit = all_units[i]
+        if unit.is_layer:
+            groups += [unit.params] * count
+        else:
+            root += unit.params * count
+    return [*groups, list(dict.fromkeys(root))]
 
 
 Sizes = tuple[int, int, int, bool]

@@ -17,7 +17,8 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
   (``passes.effective.read_fraction``) at ``attention_fraction`` x peak, or on the GPUs that
   have one at FlashAttention-2's measured rate for its head dimension, length and mask
   (``tfgraph.parallel.flash``); its backward does 2.5x the forward's FLOPs (five GEMMs
-  against two, Dao 2023 §3.1.2); ``--attention unfused`` runs the two batched GEMMs (QK^T over the head dimension, then the weights times V) over the whole
+  against two, Dao 2023 §3.1.2); ``--attention unfused`` runs the two batched GEMMs (QK^T
+  over the head dimension, then the weights times V) over the whole
   score matrix and moves the score tensor through the softmax (read + write forward; read the
   weights and their gradient, write the scores' gradient backward), as Megatron-LM's
   ``FusedScaleMaskSoftmax`` does; with attention dropout (``attention.dropout``) one more
@@ -89,7 +90,7 @@ import sympy
 
 from tfgraph.graph.ir import SYMBOLS, Graph, Node
 from tfgraph.parallel.flash import LENGTHS, flash_fraction, reference_heads
-from tfgraph.parallel.fsdp_copies import accumulate_kernels, copy_kernels
+from tfgraph.parallel.fsdp_copies import accumulate_kernels, copy_kernels, fsdp_groups
 from tfgraph.parallel.gpus import Gpu
 from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.memory import States, stepped_elements
@@ -514,11 +515,16 @@ def flash_time(flops: float, batch: float, sq: float, sk: float, head_dim: float
     return fwd, bwd
 
 
+def memory_seconds(nbytes: float, bandwidth: float) -> float:
+    """Seconds of one memory-bound eager kernel: its bytes at the achievable bandwidth, at
+    least ``LAUNCH_S``."""
+    return max(nbytes / bandwidth, LAUNCH_S)
+
+
 def kernel_seconds(k: Kernel, gpu: Gpu, peak: float, elem: int, div: float = 1) -> float:
     """Seconds of one eager kernel, its work split ``div`` ways: a GEMM by ``gemm_time`` of its
     dimensions (a grouped one by its FLOPs at the MAMF rate), the flash kernel at the
-    FlashAttention-2 rate (``flash_time``), anything else its bytes at the achievable bandwidth, at
-    least ``LAUNCH_S``."""
+    FlashAttention-2 rate (``flash_time``), anything else ``memory_seconds``."""
     bandwidth = gpu.bandwidth * gpu.memory_fraction
     if k.kind == "gemm":
         if len(k.dims) == 4:
@@ -530,7 +536,7 @@ def kernel_seconds(k: Kernel, gpu: Gpu, peak: float, elem: int, div: float = 1) 
         fwd, bwd = flash_time(k.flops / div / (ATTENTION_BACKWARD if backward else 1),
                               batch / div, sq, sk, head_dim, bool(masked), gpu, peak)
         return bwd if backward else fwd
-    return max(k.nbytes / div / bandwidth, LAUNCH_S)
+    return memory_seconds(k.nbytes / div, bandwidth)
 
 
 def _eager_time(kernels: Sequence[Kernel], whole: bool, div: float, gpu: Gpu, peak: float,
@@ -701,12 +707,12 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
         accumulate = (held.unsharded * elem + 2 * held.gradients) / mem_bw
         fsdp = 0.0
         if kernels is not None and layout.zero >= 3:  # FSDP2 as it runs eagerly
-            groups = _fsdp_groups(graph, group)
-            fsdp = _seconds(copy_kernels(graph, groups, layout), mem_bw)
+            groups = fsdp_groups(graph, group.groups)
+            fsdp = sum(memory_seconds(b, mem_bw) for _, b in copy_kernels(graph, groups, layout))
             # its sharded float32 gradient is the first micro-batch's reduced output (a
             # view); each later one is added to it (``foreach_reduce``: grad += new)
-            accumulate = (m - 1) / m * _seconds(accumulate_kernels(graph, groups, layout),
-                                                mem_bw)
+            accumulate = (m - 1) / m * sum(memory_seconds(b, mem_bw) for _, b in
+                                           accumulate_kernels(graph, groups, layout))
         seen[key] = {"forward": fwd, "backward": bwd, "recompute": rec, "tp": tp_time,
                      "ep": ep_time, "pp": pp_time, "accumulate": accumulate, "fsdp": fsdp}
         slots.append(seen[key])
@@ -736,27 +742,6 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
             "optimizer": optimizer, "slowest_stage": slowest,
         },
     }
-
-
-def _fsdp_groups(graph: Graph, members: StageMembers) -> list[list[str]]:
-    """A stage's FSDP2 groups as ``parallelize`` makes them: one per layer, one for the rest
-    of the stage (the root; a tied table once)."""
-    all_units = units(graph)[0]
-    groups: list[list[str]] = []
-    root: list[str] = []
-    for i, count in members.groups:
-        unit = all_units[i]
-        if unit.is_layer:
-            groups += [unit.params] * count
-        else:
-            root += unit.params * count
-    return [*groups, list(dict.fromkeys(root))]
-
-
-def _seconds(kernels: list[tuple[str, float]], bandwidth: float) -> float:
-    """Memory-bound kernels' seconds: each its bytes at the achievable bandwidth, at least
-    ``LAUNCH_S``."""
-    return sum(max(nbytes / bandwidth, LAUNCH_S) for _, nbytes in kernels)
 
 
 def _p2p(nbytes: float, layout: Layout, gpu: Gpu) -> float:
