@@ -489,6 +489,49 @@ def test_decode_steps_run_through_fixed_device_values(built: dict[str, Path]) ->
     assert stepper.graph_id == graph_id + 1 and stepper.fixed_binding is not binding
 
 
+def _mask_widths(path: Path, cuda_graph: bool, new_tokens: int) -> tuple[int, list[int]]:
+    """(capacity, the attention_mask widths the model was run with), read from
+    onnxruntime's own profile: every node's input shapes, here the ReduceSum that counts
+    each row's tokens (the kernel's seqlens_k) and the Shape that gives its
+    total_sequence_length."""
+    import json
+
+    from tfgraph.exporters.generation.fused_stepper import FusedOnnx
+    from tfgraph.generation.loop import left_pad
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(path.parent / f"profile-{cuda_graph}")
+    s = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    stepper = FusedOnnx(s, 256, None, cuda_graph=cuda_graph)
+    ids, lengths = left_pad([np.array(p) for p in PROMPTS])
+    stepper.prepare(3, ids.shape[1], new_tokens)
+    stepper.prefill(ids, lengths)
+    for _ in range(3):
+        stepper.step(np.array([1, 2, 3]))
+    events = json.loads(Path(s.end_profiling()).read_text())
+    widths = [int(shape["int64"][1]) for e in events if e.get("cat") == "Node"
+              and e["args"].get("op_name") in ("ReduceSum", "Shape")
+              for i, shape in enumerate(e["args"].get("input_type_shape", []))
+              if i == 0 and "int64" in shape and len(shape["int64"]) == 2
+              and shape["int64"][0] == 3]
+    return stepper.capacity, widths
+
+
+def test_uncaptured_steps_run_the_kernel_over_the_longest_row_only(built: dict[str, Path]
+                                                                   ) -> None:
+    """Without CUDA graphs a decode step's mask is as wide as the longest row, not the
+    buffers (onnxruntime's CPU kernel takes time in proportion to total_sequence_length: a
+    mask as wide as 17 + 1,000 positions made every step as slow as the last). With graphs
+    it stays as wide as the buffers, the fixed shape a captured step needs."""
+    path = built["tiny-llama-fused"]
+    capacity, widths = _mask_widths(path, False, 1000)
+    assert capacity == 17 + 1000 and widths
+    assert max(widths) == 17 + 3, widths  # the prefill's 17, then one more per step
+    capacity, widths = _mask_widths(path, True, 1000)
+    assert set(widths) >= {capacity}, widths
+
+
 def test_the_capture_path_gives_the_tokens_of_the_plain_stepper(built: dict[str, Path]
                                                                 ) -> None:
     """The CUDA-graph path on the CPU provider (which ignores the graph ids): buffers

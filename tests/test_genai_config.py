@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -165,3 +166,30 @@ def test_a_model_without_position_ids_lists_none(tmp_path: Path) -> None:
     names = json.loads((tmp_path / "genai_config.json").read_text())["model"]["decoder"]["inputs"]
     assert "position_ids" not in names
     assert {names["input_ids"], names["attention_mask"]} <= inputs
+
+
+def test_a_rebuild_replaces_its_own_config_and_no_other(tmp_path: Path) -> None:
+    """The folder's genai_config.json belongs to the model it names: rebuilding that model
+    (here fused, which turns the shared buffer on) replaces it; another model into the same
+    folder is refused naming the first (onnxruntime-genai reads one config per folder), and
+    writes nothing; a file of that name that is no such config is left alone."""
+    out = build(tmp_path)
+    config = out.parent / "genai_config.json"
+    assert json.loads(config.read_text())["search"]["past_present_share_buffer"] is False
+    fused = build_into(out, ["--fused-attention"])
+    assert fused.exit_code == 0, fused.output
+    assert json.loads(config.read_text())["search"]["past_present_share_buffer"] is True
+    before = config.read_bytes()
+    other = build_into(out.parent / "other.onnx", [])
+    assert other.exit_code == 2, other.output
+    assert "config of 'model.onnx'" in other.output and "folder of its own" in other.output
+    assert not (out.parent / "other.onnx").exists() and config.read_bytes() == before
+    config.write_text('{"mine": true}\n')
+    foreign = build_into(out, [])
+    assert foreign.exit_code == 2 and "exists with other content" in foreign.output
+    assert config.read_text() == '{"mine": true}\n'
+
+
+def build_into(out: Path, flags: list[str]) -> Any:
+    return CliRunner().invoke(main, ["build", str(SPEC), "--to", "onnx", "--kv-cache", "-o",
+                                     str(out), "--seed", "2", *flags])

@@ -23,8 +23,10 @@ Rows that leave the batch (``reorder``) go through the host once.
 Decode steps with shared buffers run through fixed inputs and outputs: the ids, mask and
 positions of one step and its logits are OrtValues allocated on the session's device with the
 buffers, bound once, and refilled in place every step (``OrtValue.update_inplace``); only the
-logits are copied to the host. Every decode step so has the same shapes and the same device
-addresses, which is what onnxruntime's CUDA graph capture needs (``cuda_graph=True``: the
+logits are copied to the host. With CUDA graphs the mask is as wide as the buffers, so every
+decode step has the same shapes and the same device addresses, which is what onnxruntime's
+CUDA graph capture needs; without them it is as wide as the longest row, rebound each step
+(the kernel's time follows the mask's width, not the buffers'). ``cuda_graph=True``: the
 session was made with the CUDA provider's ``enable_cuda_graph``): the prefill runs uncaptured
 (run option ``gpu_graph_id`` -1), the decode steps under one graph id per set of buffers: the
 first run with a new id runs the step uncaptured for onnxruntime's allocations, captures it and
@@ -270,14 +272,19 @@ class FusedOnnx:
         ids, positions = next_ids.astype(np.int64)[:, None], (self.counts - 1)[:, None]
         if not self.share:
             return last_logits(self._run(ids, self._mask(), positions), self.output_probs)
-        # With shared buffers every step's mask is as wide as the buffers: one token per row,
-        # total_sequence_length = the capacity (the kernel's present length either way), so
-        # every decode step has the same shapes, through the same fixed device values.
         active = self.active
         assert active is not None  # allocated by the prefill (or prepare)
         fixed = active.fixed
         fixed["input_ids"].update_inplace(np.ascontiguousarray(ids))
-        fixed["attention_mask"].update_inplace(self._mask(active.capacity))
+        if self.cuda_graph:
+            # A captured step keeps its shapes: the mask is as wide as the buffers
+            # (total_sequence_length = the capacity), through the same fixed device value.
+            fixed["attention_mask"].update_inplace(self._mask(active.capacity))
+        else:
+            # Uncaptured, the mask is as wide as the longest row: onnxruntime's CPU kernel
+            # spends time in proportion to total_sequence_length, so a mask as wide as the
+            # buffers would make every step as slow as the last one the buffers allow.
+            active.binding.bind_cpu_input("attention_mask", self._mask())
         if self.layout.with_positions:
             fixed["position_ids"].update_inplace(np.ascontiguousarray(positions))
         run_bound(self.session, active.binding, self._run_options(active.graph_id))

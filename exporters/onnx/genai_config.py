@@ -29,6 +29,9 @@ FILENAME = "genai_config.json"
 # Execution providers onnxruntime-genai's session can be asked for: "cpu" writes none (its
 # default, the CPU), "cuda" its CUDA provider (as its own builder's ``-e cuda`` does).
 PROVIDERS = ("cpu", "cuda")
+MAX_CONFIG_BYTES = 1 << 20
+"""An existing genai_config.json read to see which model it names (onnxruntime-genai's own are
+a few kilobytes)."""
 
 
 def refusal(graph: Graph) -> str | None:
@@ -127,13 +130,44 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
 def write_genai_config(graph: Graph, model_path: Path,
                        tokens: Mapping[str, Any] | None = None, provider: str = "cpu",
                        fused_attention: bool = False) -> Path:
-    """Write genai_config.json next to ``model_path`` (atomically)."""
-    from tfgraph.io import atomic_write, check_side_file
+    """Write genai_config.json next to ``model_path`` (atomically). The folder's config is
+    the one of the model it names: a rebuild of that model replaces it (the model itself
+    changes); a config of another model in the folder is refused, naming that model (one
+    config per folder: onnxruntime-genai reads ``FOLDER/genai_config.json``); any other file
+    of that name is left alone (``tfgraph.io.check_side_file``)."""
+    from tfgraph.io import (atomic_write, check_not_input, check_output_node, check_side_file,
+                            short_path)
 
     target = model_path.parent / FILENAME
     text = json.dumps(genai_config(graph, model_path.name, tokens, provider, fused_attention),
                       indent=4) + "\n"
-    if check_side_file(target, text.encode("utf-8")):
+    drives = _drives(target)
+    if drives is not None and drives != model_path.name:
+        raise TfgraphError(f"{short_path(target)}: onnxruntime-genai's config of {drives!r}, "
+                           "another model in this folder (it reads one config per folder); "
+                           "write this model to a folder of its own (-o DIR/model.onnx)")
+    if drives is not None or check_side_file(target, text.encode("utf-8")):
+        if drives is not None:  # what check_side_file checks, but the bytes
+            check_output_node(target)
+            check_not_input(target)
         with atomic_write(target) as out:
             out.write(text)
     return target
+
+
+def _drives(target: Path) -> str | None:
+    """The model file an existing onnxruntime-genai config at ``target`` names (its
+    ``model.decoder.filename``), or None: no file, or not such a config."""
+    try:
+        with open(target, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError:
+        return None  # missing, or unreadable: check_side_file says which
+    if len(data) > MAX_CONFIG_BYTES:
+        return None
+    try:
+        config = json.loads(data)
+        name = config["model"]["decoder"]["filename"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return name if isinstance(name, str) else None
