@@ -126,6 +126,10 @@ def test_onnxruntime_genai_generates_tfgraphs_tokens(tmp_path: Path, fused: bool
     want = json.loads(CliRunner().invoke(main, [
         "generate", str(SPEC), "--weights-seed", "2", *prompts, "--max-new-tokens", "20",
         "--ignore-eos", "--json"]).stdout)["tokens"]
+    # tiny-llama names no end token: the config's stand-in, id 0, is one onnxruntime-genai
+    # never emits (test_a_model_without_an_end_token_is_told_the_stand_in); these prompts'
+    # tokens do not include it, or the comparison would not be like with like
+    assert all(0 not in row for row in want), want
     ran = subprocess.run([python, "-c", OG_SCRIPT, str(out.parent), json.dumps(rows), "20"],
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
@@ -193,3 +197,28 @@ def test_a_rebuild_replaces_its_own_config_and_no_other(tmp_path: Path) -> None:
 def build_into(out: Path, flags: list[str]) -> Any:
     return CliRunner().invoke(main, ["build", str(SPEC), "--to", "onnx", "--kv-cache", "-o",
                                      str(out), "--seed", "2", *flags])
+
+
+@pytest.mark.parametrize(("tokens", "stand_in"), [(None, 0), ("{pad: 7}", 7), ("{eos: 9}", None)])
+def test_a_model_without_an_end_token_is_told_the_stand_in(tmp_path: Path, tokens: str | None,
+                                                           stand_in: int | None) -> None:
+    """onnxruntime-genai refuses an end token outside the vocabulary: a model without one
+    gets a stand-in (its padding id, else 0) that min_length = max_length keeps from ending
+    a run, and so from ever being emitted; the build says so on stderr. A model with an end
+    token gets none of it."""
+    spec = tmp_path / "spec.yaml"
+    text = SPEC.read_text()
+    spec.write_text(text + (f"tokens: {tokens}\n" if tokens else ""))
+    out = tmp_path / "m" / "model.onnx"
+    result = CliRunner().invoke(main, ["build", str(spec), "--to", "onnx", "--kv-cache", "-o",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    config = json.loads((out.parent / "genai_config.json").read_text())
+    search = config["search"]
+    if stand_in is None:
+        assert "stands in" not in result.output
+        assert config["model"]["eos_token_id"] == 9 and search["min_length"] == 0
+    else:
+        assert f"id {stand_in} stands in" in result.output
+        assert config["model"]["eos_token_id"] == stand_in
+        assert search["min_length"] == search["max_length"]

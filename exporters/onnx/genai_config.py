@@ -72,11 +72,12 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
         return value if isinstance(value, int) or isinstance(value, list) else default
 
     # onnxruntime-genai needs an end token in the vocabulary. Without one (a spec has no
-    # tokenizer), id 0 stands in and min_length = max_length keeps it from ending a run.
+    # tokenizer), a stand-in (end_token_note) is kept from ending a run by min_length =
+    # max_length, which also keeps the generator from ever emitting it.
     eos = token("eos_token_id", -1)
     no_eos = not isinstance(eos, list) and eos < 0
     if no_eos:
-        eos = 0
+        eos = stand_in(tokens)
     context = (info.lengths.max_len if info.lengths else None) or 4096  # the generator's default maximum length
     inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
     dropped: set[str] = set()
@@ -125,6 +126,24 @@ def genai_config(graph: Graph, model_file: str, tokens: Mapping[str, Any] | None
             "temperature": 1.0, "top_k": 1, "top_p": 1.0,
         },
     }
+
+
+def stand_in(tokens: Mapping[str, Any] | None) -> int:
+    """The end token genai_config.json names for a model that has none: the padding id when
+    there is one (a token a model is trained not to emit), else 0."""
+    pad = (tokens or {}).get("pad_token_id")
+    return pad if isinstance(pad, int) and pad >= 0 else 0
+
+
+def end_token_note(tokens: Mapping[str, Any] | None) -> str | None:
+    """What a user of onnxruntime-genai must know when the model names no end token (None:
+    it names one)."""
+    eos = (tokens or {}).get("eos_token_id")
+    if (isinstance(eos, int) and eos >= 0) or (isinstance(eos, list) and eos):
+        return None
+    return (f"genai_config.json: the model names no end token (a spec's tokens.eos), which "
+            f"onnxruntime-genai needs: id {stand_in(tokens)} stands in, and its generator "
+            "never emits that id (min_length = max_length), where tfgraph generate may")
 
 
 def write_genai_config(graph: Graph, model_path: Path,

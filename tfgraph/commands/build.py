@@ -380,6 +380,12 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
                 raise TfgraphError(f"--genai-provider: {graph.name}: {why}")
             source.notes.append(f"no genai_config.json: {why}")
             genai = False
+        else:
+            from tfgraph.exporters.onnx.genai_config import end_token_note
+
+            note = end_token_note(source.config or _token_config({"spec": source.spec}))
+            if note is not None:
+                source.notes.append(note)
     for note in source.notes:
         click.echo(f"note: {note}", err=True)
     opts = {"fused_attention": fused, "genai_config": genai, "weights": values,
