@@ -150,3 +150,52 @@ def test_generate_compile_reports_compile_time_apart(monkeypatch: pytest.MonkeyP
     refused = CliRunner().invoke(main, onnx)
     assert refused.exit_code == 2 and "--backend torch" in refused.stderr
     assert np.isfinite(got["time_to_first_token_s"])
+
+
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("tokens", [3, 6])  # 3 x top-2 <= 8 experts: gathered; 6: all experts
+def test_the_compiled_experts_equal_the_sorted_split(gated: bool, tokens: int) -> None:
+    """The routing-independent expert paths a compiled decoding step takes give the sorted
+    split's outputs (routing weights 0 outside each token's top 2)."""
+    from tfgraph.exporters.torch.functional import _experts_static, experts
+
+    g = torch.Generator().manual_seed(0)
+    d, hidden, count = 16, 24, 8
+    x = torch.randn(1, tokens, d, generator=g)
+    scores = torch.randn(1, tokens, count, generator=g).softmax(-1)
+    top = scores.topk(2, dim=-1)
+    weights = torch.zeros_like(scores).scatter(-1, top.indices, top.values)
+    params = tuple(torch.randn(shape, generator=g) / 4 for shape in
+                   ([(count, hidden, d)] if gated else []) + [(count, hidden, d),
+                                                               (count, d, hidden)])
+    want = experts(x, weights, params, 2, "silu")
+    *gate, up, down = params
+    got = _experts_static(x.reshape(tokens, d), weights.reshape(tokens, count), list(gate),
+                          up, down, 2, "silu")
+    torch.testing.assert_close(got.reshape(x.shape), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "rows"), [("tiny-moe", 2), ("tiny-moe", 5), ("tiny-mla", 3)])
+def test_a_compiled_mixture_of_experts_step_traces_once(name: str, rows: int) -> None:
+    """A decoding step of routed experts compiles to one graph (fullgraph: no break at the
+    routing's counts) that no routing recompiles, with eager's tokens: gathered experts for
+    2 rows of tiny-moe (2 x top-2 <= 8 experts), every expert for 5, and tiny-mla's latent
+    attention with a shared expert."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    spec = load_spec(str(ROOT / "specs" / f"{name}.yaml"))
+    model = to_torch(tfgraph.compile(spec, cache=True), seed=0)
+    prompts = [[5, 17, 42], [7], [1, 2, 3, 4], [9, 9], [3]][:rows]
+    run = lambda stepper: run_loop(stepper, prompts, 8, Sampler(None, None, None, None), 1,
+                                   ()).tokens  # noqa: E731
+    eager = TorchStatic(model, spec.output_vocab, None, "cpu")
+    eager.prepare(rows, 4, 8)
+    want = run(eager)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("eager")  # dynamo's graph capture, no inductor
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu", compile=True)
+    stepper.step_fn = torch.compile(model, backend=counter, dynamic=False, fullgraph=True)
+    stepper.prepare(rows, 4, 8)
+    assert run(stepper) == want
+    assert counter.frame_count == 1
+    torch._dynamo.reset()

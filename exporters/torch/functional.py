@@ -474,11 +474,17 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
     autograd would write a zero-filled gradient of the whole stack for every expert and add
     them up (E passes over it; benchmarks/moe_train_step.py)."""
     *gate, up, down = params
-    gates = gate[0].unbind(0) if gate else ()
-    ups, downs = up.unbind(0), down.unbind(0)  # E x (H, d), E x (d, H)
     flat = x.reshape(-1, x.shape[-1])  # (N, d)
     if flat.shape[0] == 0:  # no tokens (an empty sequence): no expert runs
         return torch.zeros_like(x)
+    if torch.compiler.is_compiling() and flat.shape[0] <= up.shape[0]:
+        # A compiled step of at most E tokens (a decoding step): shapes that do not depend
+        # on the routing, so torch.compile traces it once (the sorted split below has one
+        # shape per routing, and recompiles).
+        return _experts_static(flat, weights.reshape(flat.shape[0], -1), gate, up, down,
+                               top_k, activation).reshape(x.shape)
+    gates = gate[0].unbind(0) if gate else ()
+    ups, downs = up.unbind(0), down.unbind(0)  # E x (H, d), E x (d, H)
     top_w, top_i = weights.reshape(-1, weights.shape[-1]).topk(top_k, dim=-1)  # (N, k)
     pair_expert = top_i.flatten()  # (N k,): pair p is token p // k's slot p % k
     order = pair_expert.argsort(stable=True)  # expert by expert, in token order within each
@@ -495,6 +501,33 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
         outputs.append(F.linear(h, downs[e]))  # (n_e, d)
     y = torch.cat(outputs) * top_w.flatten()[order, None]  # (N k, d)
     return torch.zeros_like(flat).index_add_(0, token, y).reshape(x.shape)
+
+
+def _experts_static(flat: Tensor, weights: Tensor, gate: list[Tensor], up: Tensor,
+                    down: Tensor, top_k: int, activation: str) -> Tensor:
+    """``experts`` for N <= E tokens with routing-independent shapes. With N k <= E pairs, each
+    pair's expert weights are gathered (gpt-fast's Mixtral decoding): N k experts read, no
+    more than the routing picks. With more pairs, every expert runs on every token, weighted
+    by its routing weight (0 outside the token's top k): each expert read once, as the
+    sorted split reads it when the pairs reach every expert. flat (N, d), weights (N, E) ->
+    (N, d)."""
+    tokens, count = flat.shape[0], up.shape[0]
+    if tokens * top_k <= count:
+        top_w, top_i = weights.topk(top_k, dim=-1)  # (N, k)
+        h = torch.einsum("nd,nkhd->nkh", flat, up[top_i])  # (N, k, H)
+        if gate:
+            g = torch.einsum("nd,nkhd->nkh", flat, gate[0][top_i])
+            h = expert_activation(g, activation) * h
+        else:
+            h = expert_activation(h, activation)
+        out = torch.einsum("nkh,nkdh->nkd", h, down[top_i])  # (N, k, d)
+        return (out * top_w.unsqueeze(-1)).sum(1)
+    h = torch.einsum("nd,ehd->neh", flat, up)  # (N, E, H)
+    if gate:
+        h = expert_activation(torch.einsum("nd,ehd->neh", flat, gate[0]), activation) * h
+    else:
+        h = expert_activation(h, activation)
+    return torch.einsum("neh,edh->nd", h * weights.unsqueeze(-1), down)
 
 
 def positions_at(table: Tensor, position_ids: Tensor, offset: int = 0) -> Tensor:
