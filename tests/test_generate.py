@@ -364,6 +364,7 @@ def test_beams_through_the_api_and_cli() -> None:
                  "--temperature", "0.7")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "beam search here is deterministic" in result.stderr
+    assert result.stdout == ""  # refused before the model is built (no "model" line)
 
 
 # ---- against Hugging Face --------------------------------------------------------------------

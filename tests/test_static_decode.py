@@ -145,6 +145,12 @@ def test_generate_compile_reports_compile_time_apart(monkeypatch: pytest.MonkeyP
     result = tfgraph.generate(LLAMA, [[5, 17, 42]], max_new_tokens=4, backend="torch",
                               compile=True, eos_token_id=None)
     assert result.compile_s is not None and len(result.tokens[0]) == 4
+    module = to_torch(tfgraph.compile(small(load_spec(LLAMA), max_layers=1)), seed=0)
+    # a caller's module: the cache attached to it is let go of at the end
+    result = tfgraph.generate(module, [[5, 17, 42]], max_new_tokens=4, compile=True,
+                              eos_token_id=None)
+    assert result.compile_s is not None and len(result.tokens[0]) == 4
+    assert "kv_cache" not in module.cached_model()._modules
     torch._dynamo.reset()
     onnx = ["generate", LLAMA, "--prompt-ids", "5,17,42", "--compile"]  # the onnx back end
     refused = CliRunner().invoke(main, onnx)
@@ -198,4 +204,19 @@ def test_a_compiled_mixture_of_experts_step_traces_once(name: str, rows: int) ->
     stepper.prepare(rows, 4, 8)
     assert run(stepper) == want
     assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+def test_one_new_token_compiles_nothing() -> None:
+    """One new token comes from the prefill (eager): no step runs, so none is compiled."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    spec, model = _module(layers=1)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("eager")
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu", compile=True)
+    stepper.step_fn = torch.compile(model, backend=counter, dynamic=False)
+    stepper.prepare(len(PROMPTS), 7, 1)
+    assert len(_tokens(stepper, 1)[0]) == 1
+    assert stepper.compile_s == 0 and counter.frame_count == 0
     torch._dynamo.reset()

@@ -192,8 +192,9 @@ class TorchStatic:
         self.batch, self.length = batch, length
 
     def _warm_up(self) -> None:
-        """Compile the step for the buffers' shapes once, timed into ``compile_s``."""
-        if not self.compiled or (self.batch, self.length) in self._warm:
+        """Compile the step for the buffers' shapes once, timed into ``compile_s`` (not when
+        no step will run: one new token comes from the prefill)."""
+        if not self.compiled or self.new_tokens <= 1 or (self.batch, self.length) in self._warm:
             return
         torch = self.torch
         start = time.perf_counter()
@@ -230,6 +231,14 @@ class TorchStatic:
         from tfgraph.generation.cached import last_logits
 
         return last_logits(logits[:self.rows, -1:].float().cpu().numpy(), self.output_probs)
+
+    def close(self) -> None:
+        """Detach the buffers from the module (a caller's module must not keep holding them
+        once generation ends)."""
+        if self.cache is not None:
+            self.module.release_cache()
+            self.cache = None
+            self._warm.clear()
 
     # the Stepper calls
     def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:

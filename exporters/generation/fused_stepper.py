@@ -137,7 +137,7 @@ class FusedOnnx:
         fewer (beam search prefills each prompt once) moves into them when its rows are
         reordered to ``batch``."""
         self.new_tokens = max(1, int(new_tokens))
-        if self.cuda_graph:
+        if self.cuda_graph and self.new_tokens > 1:  # one new token: no decode step runs
             self.capture(batch, width)
 
     def capture(self, batch: int, width: int) -> None:

@@ -544,6 +544,13 @@ class DecoderModel(_CachedModel):
         module.kv_cache = cache
         return cache
 
+    def release_cache(self) -> None:
+        """Detach the cache ``setup_cache`` attached, so its buffers are freed with it (a
+        no-op without one)."""
+        module = self.cached_model()
+        if "kv_cache" in module._modules:
+            del module.kv_cache
+
     def cached_model(self) -> DecoderModel:
         """The module of this decoder's KV-cache graph: itself on a KV-cache graph, else one
         over the same parameter storage (rebuilt when the parameters move)."""

@@ -144,7 +144,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
              fused_attention: bool, cuda_graph: bool, as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
     from tfgraph.commands.generate_api import FROM_MODEL, prepare, warm_up
-    from tfgraph.generation.loop import generate as run_loop
+    from tfgraph.generation.loop import check_search, generate as run_loop
     from tfgraph.generation.sampling import Sampler
 
     if prompt_ids and prompt_texts:
@@ -156,6 +156,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
         raise TfgraphError(f"--length-penalty: expected a finite number, got {length_penalty}")
     prompts: list[Any] = [parse_ids(p) for p in prompt_ids] or list(prompt_texts)
     sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
+    check_search(sampler, beams)
     eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
     _check_memory_early(source, prompts, max_new_tokens, beams, not no_cache)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,

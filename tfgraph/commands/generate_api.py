@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from tfgraph.errors import TfgraphError
 from tfgraph.commands.steppers import Opened, settings_folder, stepper_for
-from tfgraph.generation.loop import OnToken
+from tfgraph.generation.loop import OnToken, check_search
 from tfgraph.generation.loop import generate as run_loop
 from tfgraph.generation.result import Result
 from tfgraph.generation.sampling import Sampler
@@ -159,6 +159,7 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     and prefill / decode tokens per second and time to first token.
     """
     sampler = Sampler(temperature, top_k, top_p, seed)
+    check_search(sampler, beams)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
                     eos_token_id, decoder_start_token_id, cache, compile, weights,
                     fused_attention, cuda_graph)

@@ -50,6 +50,9 @@ class Opened:
     spec: Spec | None = None  # the model's spec, when known (bounds generate's memory)
 
     def close(self) -> None:
+        close = getattr(self.stepper, "close", None)
+        if close is not None:  # a static cache attached to a module lets go of its buffers
+            close()
         if self.keep is not None:
             self.keep.cleanup()
             self.keep = None

@@ -25,6 +25,14 @@ from tfgraph.graph.lengths import Lengths
 OnToken = Callable[[int, int], None]  # (prompt index, token id), as each token is chosen
 
 
+
+def check_search(sampler: Sampler, beams: int) -> None:
+    """Refuse (exit 2) settings the search cannot honour: sampling with beam search. Called
+    before a model is built, and again by the loop (for callers of the loop alone)."""
+    if beams > 1 and not sampler.greedy:
+        raise TfgraphError(f"--beams {beams}: beam search here is deterministic; "
+                           "leave out --temperature, --top-k and --top-p")
+
 def generate(stepper: Stepper, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              sampler: Sampler | None = None, beams: int = 1,
              eos_token_id: int | Iterable[int] | None = None, on_token: OnToken | None = None,
@@ -45,10 +53,8 @@ def generate(stepper: Stepper, prompts: Sequence[Sequence[int]], max_new_tokens:
         check_lengths(length_rule, stepper.encoder_decoder, rows, limits, max_new_tokens)
     ids, lengths = left_pad(rows)
     prompt_tokens = int(lengths.sum())
+    check_search(sampler, beams)
     if beams > 1:
-        if not sampler.greedy:
-            raise TfgraphError(f"--beams {beams}: beam search here is deterministic; "
-                               "leave out --temperature, --top-k and --top-p")
         from tfgraph.generation.beams import beam_search
 
         clock = Clock()
