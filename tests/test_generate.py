@@ -605,8 +605,8 @@ def test_a_kv_cache_onnx_file_generates(tmp_path: Path) -> None:
 
 def test_encoder_decoder_kv_cache_files_generate(tmp_path: Path) -> None:
     """`build --kv-cache` of an encoder-decoder writes encoder_model.onnx and
-    decoder_model.onnx; generate on the decoder file (encoder beside it) gives the tokens of
-    recomputation from the spec."""
+    decoder_model.onnx; generate on the decoder file (encoder beside it), or on the folder,
+    gives the tokens of recomputation from the spec."""
     path = SPECS / "tiny.yaml"
     out = tmp_path / "kv"
     built = CliRunner().invoke(main, ["build", str(path), "--to", "onnx", "--kv-cache",
@@ -618,6 +618,9 @@ def test_encoder_decoder_kv_cache_files_generate(tmp_path: Path) -> None:
     want = run_json(path, "--weights-seed", "4", "--no-cache", *args)["tokens"]
     assert len({t for row in want for t in row}) > 2  # a run that tells models apart
     assert run_json(out / "decoder_model.onnx", *args)["tokens"] == want
+    assert run_json(out, *args)["tokens"] == want  # the folder build wrote: its decoder file
+    assert tfgraph.generate(out, [[5, 6, 7, 8], [9, 10]], max_new_tokens=8,
+                            eos_token_id=None).tokens == want
     (out / "encoder_model.onnx").unlink()
     alone = cli(out / "decoder_model.onnx", "--prompt-ids", "1")
     assert alone.exit_code == 2 and "no encoder_model.onnx beside" in alone.stderr

@@ -144,6 +144,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
              fused_attention: bool, cuda_graph: bool, as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
     from tfgraph.commands.generate_api import FROM_MODEL, prepare, warm_up
+    from tfgraph.commands.steppers import built_seq2seq
     from tfgraph.generation.loop import check_search, generate as run_loop
     from tfgraph.generation.sampling import Sampler
 
@@ -154,6 +155,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     check_threads("--threads", threads)
     if not math.isfinite(length_penalty):
         raise TfgraphError(f"--length-penalty: expected a finite number, got {length_penalty}")
+    source = built_seq2seq(source)  # an encoder-decoder's KV-cache folder: its decoder file
     prompts: list[Any] = [parse_ids(p) for p in prompt_ids] or list(prompt_texts)
     sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
     check_search(sampler, beams)

@@ -69,6 +69,17 @@ def settings_folder(source: str) -> Path | None:
     return None
 
 
+def built_seq2seq(source: str) -> str:
+    """``source``, or for the folder ``build --kv-cache`` writes for an encoder-decoder
+    (encoder_model.onnx and decoder_model.onnx, no config.json) its decoder_model.onnx, the
+    file that drives generation and names the encoder beside it."""
+    path = Path(source)
+    if path.is_dir() and not (path / "config.json").exists() and \
+            (path / "decoder_model.onnx").is_file() and (path / "encoder_model.onnx").is_file():
+        return str(path / "decoder_model.onnx")
+    return source
+
+
 def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
                 threads: int | None = None, weights_seed: int | None = None, opset: int = 23,
                 decoder_start: int = 0, cache: bool = True, compile: bool = False,
@@ -87,9 +98,11 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
     KV-cache model built with onnxruntime's fused attention where it is exact
     (exporters/onnx/fused_attention.py; a note says when it is not). ``cuda_graph`` (such a
     fused model on onnxruntime's CUDA provider): its decode steps captured as a CUDA graph and
-    replayed (exporters/generation/fused_stepper.py)."""
+    replayed (exporters/generation/fused_stepper.py). A folder ``build --kv-cache`` wrote
+    for an encoder-decoder is its ``decoder_model.onnx``."""
     if backend not in BACKENDS:
         raise TfgraphError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+    source = built_seq2seq(source)
     if compile and backend != "torch":
         raise TfgraphError("--compile is for --backend torch (torch.compile)")
     if compile and not cache:
