@@ -700,6 +700,18 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="tfgraph-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    # What the models in work were built for: a folder built for other settings (a --quick
+    # CPU run's tiny float32 model) is built again, not measured as this run's.
+    stamp = {"spec": spec_path.name, "dtype": dtype, "genai_provider": "cuda" if cuda else "cpu"}
+    stamp_file = work / "built.json"
+    built_for = json.loads(stamp_file.read_text()) if stamp_file.is_file() else None
+    if built_for != stamp and any((work / sub).exists() for sub in ("hf", "onnx", "onnx-fused")):
+        import shutil
+
+        say(f"work      {work} holds models built for {built_for or 'unknown settings'}: "
+            "building again")
+        for sub in ("hf", "onnx", "onnx-fused"):
+            shutil.rmtree(work / sub, ignore_errors=True)
     folder = work / "hf"
     if not (folder / "config.json").is_file():  # the same weights for every side, in dtype
         tfgraph_cli("build", str(spec_path), "--to", "hf", "--dtype", dtype, "-o", str(folder),
@@ -715,7 +727,9 @@ def main() -> int:
         tfgraph_cli("build", str(folder), "--to", "onnx", "--kv-cache", "--fused-attention",
                     "--dtype", dtype, "--genai-provider", "cuda" if cuda else "cpu", "-o",
                     str(fused_path))
-    say(f"built     {folder}{' and ' + str(onnx_path) if 'onnx' in parts else ''} in "
+    stamp_file.write_text(json.dumps(stamp) + "\n")
+    onnx_built = [str(p) for p in (onnx_path, fused_path) if p.is_file()]
+    say(f"built     {folder}{''.join(' and ' + p for p in onnx_built)} in "
         f"{time.perf_counter() - start:.0f} s")
     if "build" in steps:
         cuda_checks(work, cuda, build_only=True)
