@@ -266,6 +266,37 @@ main.main(args=sys.argv[2:], prog_name="tfgraph")
 """
 
 
+SIGNAL_AT_SHUTDOWN = """
+import os, signal, sys
+from tfgraph.cli import main
+
+
+class SignalAtTeardown:
+    # a module global: deleted as the interpreter tears the modules down, after it has put
+    # Python signal handlers back to the default
+    def __del__(self, kill=os.kill, pid=os.getpid(), sig=int(sys.argv[1])):
+        kill(pid, sig)
+
+
+keep = SignalAtTeardown()
+sys.argv = ["tfgraph", *sys.argv[2:]]  # the program itself, as its console script runs it
+main.main(args=sys.argv[1:], prog_name="tfgraph")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_interpreter_exits_after_wrote_still_exits_0(
+        tmp_path: Path, sig: int) -> None:
+    """After "wrote", the program ignores SIGINT and SIGTERM at the operating system's level,
+    so the interpreter's teardown (where Python-level handlers are gone) cannot turn a
+    success into 130 or 143."""
+    result = subprocess.run([sys.executable, "-c", SIGNAL_AT_SHUTDOWN, str(int(sig)), "build",
+                             TINY, "--to", "json", "-o", "g.json"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert "wrote" in result.stdout and (tmp_path / "g.json").is_file()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("command", [("build", TINY, "--to", "json", "-o", "g.json"),
                                      ("compare", TINY, TINY, "--plot", "p.svg")])

@@ -61,9 +61,15 @@ def say_done(line: str, err: bool = False) -> None:
     unwinds the command, removing what it staged (tfgraph.cli)."""
     global _finished
     if threading.current_thread() is threading.main_thread():
+        # The program itself ignores them outright: the interpreter, as it exits, puts a
+        # Python handler back to the default before it tears the modules down (torch's
+        # teardown takes a while), and a signal then would still end it with 143. It starts
+        # no other program after its last line, so nothing inherits SIG_IGN. A caller of
+        # the CLI in process keeps a Python handler (its own come back afterwards).
+        handler = signal.SIG_IGN if is_the_program() else _ignore
         for sig in (signal.SIGINT, signal.SIGTERM):
             if signal.getsignal(sig) is not signal.SIG_IGN:
-                signal.signal(sig, _ignore)
+                signal.signal(sig, handler)
         _finished = True
     from tfgraph.io import take_notes
 
