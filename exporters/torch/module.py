@@ -250,10 +250,10 @@ class TorchModel(nn.Module):
         self._layers: dict[tuple[Any, ...], LayerModule] = {}
         top = _Program()
         owners = _owner_classes(graph)
+        by_path = {path: key for key, path in layer_paths.items()}
+        lists = {path.rpartition(".")[0] for path in by_path}  # "decoder.layers": ModuleDicts
         for p in graph.params():
-            owner, leaf = self._register(p.name, weights[p.name],
-                                         {path: key for key, path in layer_paths.items()},
-                                         owners)
+            owner, leaf = self._register(p.name, weights[p.name], by_path, lists, owners)
             layer_key = layer_region(p)
             program = top if layer_key is None else self._layers[layer_key]._program
             program.params.append((program.slot(p.name), owner, leaf))
@@ -264,6 +264,7 @@ class TorchModel(nn.Module):
         _bind_norms(self, graph)
 
     def _register(self, name: str, value: Tensor, layer_paths: dict[str, tuple[Any, ...]],
+                  lists: set[str],
                   owners: dict[str, type[nn.Module]]) -> tuple[nn.Module, str]:
         """Register parameter ``name`` ("a.b.c.weight") under nested submodules; a layer's
         path becomes a ``LayerModule``, its parent (``decoder.layers``) an ``nn.ModuleDict``,
@@ -277,8 +278,7 @@ class TorchModel(nn.Module):
                 if prefix in layer_paths:
                     child = LayerModule()
                     self._layers[layer_paths[prefix]] = child
-                elif any(lp.startswith(prefix + ".") and lp.count(".") == prefix.count(".") + 1
-                         for lp in layer_paths):
+                elif prefix in lists:
                     child = nn.ModuleDict()
                 elif prefix in owners:
                     child = owners[prefix]()

@@ -21,7 +21,7 @@ from typing import Any, TypeAlias
 
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.torch.render_forward import Event, forward_events, variable_names
-from tfgraph.exporters.torch.render_graph import GraphView, Leaf, leaf_name, within
+from tfgraph.exporters.torch.render_graph import GraphView, Leaf, leaf_name
 from tfgraph.exporters.torch.render_spelling import (
     BATCH,
     RESERVED,
@@ -199,13 +199,10 @@ class InstanceRenderer:
         entries: list[tuple[tuple[int, int], str, Member]] = []
         no_params = len(self.v.param_index)
         for child in self.v.children[self.path]:
-            first = min((i for n, i in self.v.param_index.items() if within(child, n)),
-                        default=no_params)
+            first = self.v.first_param.get(child, no_params)
             ops = self.v.ops[child]
             entries.append(((first, self.v.position[ops[0].name] if ops else 0), child, child))
-        for leaf in self.v.leaves.values():
-            if leaf.home != self.path:
-                continue
+        for leaf in self.v.leaves_at.get(self.path, []):
             if leaf.owner == self.path:  # parameters directly on this module
                 for p in leaf.params:
                     entries.append(((self.v.param_index[p.name], 0), p.name, p))

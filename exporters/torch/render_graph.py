@@ -86,10 +86,17 @@ class GraphView:
         for path in self.modules:
             if path:
                 self.children[self.parent(path)].append(path)
-        self.ops = {p: [n for n in self.order if within(p, self.module_of[n.name])]
-                    for p in self.modules}
+        self.ops: dict[str, list[Node]] = {p: [] for p in self.modules}
         """Per module, the op nodes it computes itself or through its children, in order."""
+        for n in self.order:
+            for p in self.above(self.module_of[n.name]):
+                self.ops[p].append(n)
         self.param_index = {p.name: i for i, p in enumerate(graph.params())}
+        self.first_param: dict[str, int] = {}
+        """Per module path, the index of the first parameter at or below it."""
+        for name, i in self.param_index.items():
+            for p in self.above(name):
+                self.first_param.setdefault(p, i)
         self.sizes: dict[str, Any] = dict(graph.sizes)
         self.constants = Constants(self.sizes, self.order)
         self.helpers: set[str] = set()
@@ -99,10 +106,24 @@ class GraphView:
         """The shared value each user node takes as its last operand."""
         self._find_shared()
         self.leaves = self._leaves()
+        self.leaves_at: dict[str, list[Leaf]] = {}
+        """Per module path, the leaves its ``__init__`` creates (``Leaf.home``)."""
+        for leaf in self.leaves.values():
+            self.leaves_at.setdefault(leaf.home, []).append(leaf)
         self.axes = value_axes(graph, self.sizes)
         check_names(graph, self.modules, self.sizes)
 
     # ---- the module tree ----------------------------------------------------------------
+
+    def above(self, path: str) -> list[str]:
+        """The declared modules ``path`` is within (``within``): itself if declared, each
+        declared ancestor, and the model ("")."""
+        found = []
+        while path:
+            if path in self.modules:
+                found.append(path)
+            path = path.rpartition(".")[0]
+        return [*found, ""]
 
     def declared(self, path: str) -> str:
         """The nearest declared module at or above ``path``."""

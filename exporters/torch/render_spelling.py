@@ -187,6 +187,16 @@ class Constants:
         self.sizes = sizes
         self.nodes = nodes
         self.defined: dict[str, tuple[str, str]] = {}
+        self._values: dict[tuple[str, str], set[Any]] = {}  # (op, key) -> its values
+
+    def values(self, op: str, key: str) -> set[Any]:
+        """Every value attribute ``key`` takes on the nodes of ``op`` (gathered once per op
+        and key: a deep model has thousands of nodes of each)."""
+        found = self._values.get((op, key))
+        if found is None:
+            found = {n.attrs[key] for n in self.nodes if n.op == op and key in n.attrs}
+            self._values[(op, key)] = found
+        return found
 
     def add(self, name: str, value: str, comment: str) -> None:
         self.defined.setdefault(name, (value, comment))
@@ -207,8 +217,7 @@ class Constants:
             same = [k for k, v in self.sizes.items() if v == value]
             if len(same) == 1:
                 return same[0].upper()
-        values = {n.attrs[key] for n in self.nodes if n.op == node.op and key in n.attrs}
-        if len(values) != 1:
+        if len(self.values(node.op, key)) != 1:
             return None
         name = f"{node.op}_{key}".upper()
         self.add(name, self._number(value), f"every {node.op}'s {key}")
