@@ -421,3 +421,31 @@ def test_the_cli_in_process_gives_the_signals_back(tmp_path: Path) -> None:
                                        str(tmp_path / "g.json")])
     assert result.exit_code == 0, result.output
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_data_file_tfgraph_did_not_write_is_left_alone(folder: Path, tmp_path: Path) -> None:
+    """``-o X.onnx`` never removes or replaces an ``X.onnx.data`` that is not the weights
+    file of the tfgraph model at X.onnx: a file of the user's, the spec, the --weights."""
+    mine = tmp_path / "m.onnx.data"
+    mine.write_text("MINE\n")
+    refused(tfgraph("build", TINY, "--to", "onnx", "-o", str(tmp_path / "m.onnx")),
+            "m.onnx.data", "not the weights file")
+    spec = tmp_path / "s.onnx.data"
+    spec.write_bytes(Path(TINY).read_bytes())
+    refused(tfgraph("build", str(spec), "--to", "onnx", "-o", str(tmp_path / "s.onnx")),
+            "s.onnx.data", "is the input")
+    weights = tmp_path / "w.onnx.data"
+    weights.write_bytes((folder / "model.safetensors").read_bytes())
+    refused(tfgraph("build", str(folder), "--to", "onnx", "--weights", str(weights), "-o",
+                    str(tmp_path / "w.onnx")), "w.onnx.data", "is the input")
+    # a single-file model of tfgraph's at m.onnx does not make the .data beside it its own
+    result = tfgraph("build", TINY, "--to", "onnx", "-o", str(tmp_path / "other.onnx"))
+    assert result.returncode == 0, result.stderr
+    os.replace(tmp_path / "other.onnx", tmp_path / "m.onnx")
+    refused(tfgraph("build", TINY, "--to", "onnx", "-o", str(tmp_path / "m.onnx")),
+            "not the weights file")
+    assert mine.read_text() == "MINE\n"
+    assert spec.read_bytes() == Path(TINY).read_bytes()
+    assert weights.read_bytes() == (folder / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data",
+                                                          "s.onnx.data", "w.onnx.data"]
