@@ -265,8 +265,12 @@ def _check_output_first(target: str, out: Path, two_models: bool) -> None:
         return
     from tfgraph.exporters.files.staged_folder import check_target
     from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES
+    from tfgraph.io import make_parents
 
     writer = importlib.import_module(_FOLDER_WRITERS[target])
+    check_output_node(out, directory=True)
+    check_not_input(out)
+    make_parents(out)  # -o newdir/model: as for every output (README, "Exit status")
     check_target(out, writer.FILES + TOKENIZER_FILES, writer.KIND)
     check_writable(out)
 
