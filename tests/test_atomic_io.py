@@ -270,6 +270,23 @@ def test_only_the_targets_own_unlocked_temporaries_are_removed(tmp_path: Path) -
         [target.name, *kept, outside.name, link.name, folder.name])
 
 
+def test_a_temporary_of_another_user_is_left_alone(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file named like a temporary of the target but owned by another user was not
+    created by this user's writes: not removed (simulated: this process's user id changes)."""
+    import tfgraph.io as io_module
+
+    target = tmp_path / "model.onnx"
+    other = tmp_path / ".model.onnx.abcd1234.tmp.onnx"
+    other.write_text("theirs")
+    uid = os.lstat(other).st_uid
+    monkeypatch.setattr(io_module.os, "geteuid", lambda: uid + 1)
+    assert remove_stale_temps(target) == []
+    assert other.read_text() == "theirs"
+    monkeypatch.undo()
+    assert remove_stale_temps(target) == [other]
+
+
 HOLD_LOCK = """
     import fcntl, os, sys, time
     fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)

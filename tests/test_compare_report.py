@@ -172,3 +172,36 @@ def test_json_out_beside_an_html_page(tmp_path: Path) -> None:
     same = CliRunner().invoke(main, ["compare", a, b, "--json-out", str(page), "--format",
                                      "html", "-o", str(page)])
     assert same.exit_code == 2 and "same file" in same.output
+
+
+def test_markdown_images_never_replace_files_tfgraph_did_not_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``<page>_files/`` is replaced only when tfgraph wrote it (its .tfgraph-output mark): a
+    folder of the user's, or a file of that name, is refused before anything is compiled, in
+    one line; the page's own folder is rewritten in place."""
+    require_binary("dot")
+    own = tmp_path / "own.md"
+    result = run(*SPECS[:2], "--seq", "32", "--format", "md", "-o", str(own))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "own_files" / ".tfgraph-output").is_file()
+    (tmp_path / "us_files").mkdir()
+    (tmp_path / "us_files" / "plot.svg").write_text("PRECIOUS\n")
+    (tmp_path / "q_files").write_text("mine\n")
+    import tfgraph as package
+
+    def no_compiling(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compiled before the outputs were checked")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(package, "compile", no_compiling)
+        for stem, words in (("us", "did not write"), ("q", "not a directory")):
+            result = run(*SPECS[:2], "--seq", "32", "--format", "md", "-o",
+                         str(tmp_path / f"{stem}.md"))
+            assert result.exit_code == 2, result.output
+            assert words in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert (tmp_path / "us_files" / "plot.svg").read_text() == "PRECIOUS\n"
+    assert (tmp_path / "q_files").read_text() == "mine\n"
+    assert not (tmp_path / "us.md").exists() and not (tmp_path / "q.md").exists()
+    result = run(*SPECS[:2], "--seq", "64", "--format", "md", "-o", str(own))  # its own
+    assert result.exit_code == 0, result.output
+    assert "64" in own.read_text(encoding="utf-8")

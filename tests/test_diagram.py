@@ -320,7 +320,7 @@ def test_draw_command_default_path_and_errors(tmp_path: Path, monkeypatch: pytes
         (["draw", spec, "--unfold"], "--unfold applies to --level op"),
         (["draw", spec, "--annotate", "params,bytes"], "--annotate"),
         (["draw", str(tmp_path / "missing.yaml")], "missing.yaml"),
-        (["draw", spec, "-o", str(tmp_path / "no" / "dir.svg")], "does not exist"),
+        (["draw", spec, "-o", str(tmp_path / "x.dot" / "dir.svg")], "cannot write"),
     ):
         bad = runner.invoke(main, args)
         assert bad.exit_code == 2, (args, bad.output)

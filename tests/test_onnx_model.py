@@ -232,3 +232,26 @@ def test_single_file_rebuild_removes_the_replaced_models_side_file(tmp_path, mon
     write_onnx(graph, tmp_path / "m.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
     onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")), full_check=True)
+
+
+def test_an_external_build_refuses_a_data_file_it_did_not_write(tmp_path, monkeypatch) -> None:
+    """A model keeping its weights in ``<target>.data`` replaces that file only when it is
+    the weights file of the tfgraph model it replaces; a foreign one is refused before any
+    file is written, and a rebuild then replaces its own."""
+    graph = tfgraph.compile(Spec.model_validate({
+        "name": "m", "arch": "decoder-only", "d_model": 16, "layers": 1, "vocab": 20,
+        "attention": {"heads": 2}}))
+    monkeypatch.setattr(onnx_model, "EXTERNAL_DATA_THRESHOLD", 0)
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(b"MINE")
+    with pytest.raises(TfgraphError, match="not the weights file"):
+        write_onnx(graph, tmp_path / "m.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx.data"]
+    assert data.read_bytes() == b"MINE"
+    data.unlink()
+    write_onnx(graph, tmp_path / "m.onnx", seed=1)
+    first = data.read_bytes()
+    write_onnx(graph, tmp_path / "m.onnx", seed=2)  # its own weights file: replaced
+    assert data.read_bytes() != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")), full_check=True)

@@ -67,3 +67,27 @@ def test_library_writes_still_want_an_existing_folder(tmp_path: Path) -> None:
         with atomic_write(tmp_path / "nope" / "x.txt") as handle:
             handle.write("x")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_draw_and_folder_builds_create_the_missing_folders_too(tmp_path: Path) -> None:
+    """Every command's -o creates its missing folders (README, "Exit status"): draw and the
+    folder targets too, and a folder build that fails removes the folders it made."""
+    dot = tmp_path / "nd4" / "a.dot"
+    result = cli("draw", TINY, "-o", str(dot))
+    assert result.returncode == 0 and dot.is_file(), result.stderr
+    assert result.stderr == f"note: created directory {dot.parent}\n"
+    for to in ("torch", "hf"):
+        out = tmp_path / f"nd-{to}" / "deeper" / "good"
+        result = cli("build", str(ROOT / "specs" / "tiny-llama.yaml"), "--to", to, "-o",
+                     str(out))
+        assert result.returncode == 0, result.stderr
+        assert (out / ".tfgraph-output").is_file()
+        assert result.stderr == f"note: created directory {out.parent}\n"
+    out = tmp_path / "gone" / "model"
+    result = cli("build", TINY, "--to", "torch", "-o", str(out), "--weights",
+                 str(tmp_path / "missing.safetensors"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "gone").exists()
+    result = cli("build", TINY, "--to", "hf", "-o", str(out))  # refused after compiling
+    assert result.returncode == 2 and "no Hugging Face family" in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "gone").exists()

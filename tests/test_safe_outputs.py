@@ -110,7 +110,8 @@ def test_a_fifo_as_weights_does_not_hang(tmp_path: Path) -> None:
 
 def test_stale_staging_folders_are_cleaned_and_old_restored(tmp_path: Path) -> None:
     out = tmp_path / "model"
-    (tmp_path / ".model.tmp-abcd1234").mkdir()
+    (tmp_path / ".model.tmp-abcd1234").mkdir()  # a killed build's: marked from the start
+    (tmp_path / ".model.tmp-abcd1234" / ".tfgraph-output").touch()
     (tmp_path / ".model.tmp-abcd1234" / "model.py").write_text("half")
     old = tmp_path / ".model.old-efgh5678"  # killed between the two renames
     result = tfgraph("build", TINY, "--to", "torch", "-o", str(out))
@@ -122,6 +123,28 @@ def test_stale_staging_folders_are_cleaned_and_old_restored(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-abcd1234", "model"]
     assert snapshot(out) != first  # the restored folder was then rebuilt
+
+
+def test_folders_of_the_users_with_a_staging_name_are_left_alone(tmp_path: Path) -> None:
+    """Only staging tfgraph provably wrote (its mark, no other names than it writes) is
+    removed or put back: a folder of the user's named like one stays as it was."""
+    tmp, old = tmp_path / ".m.tmp-abcdefgh", tmp_path / ".m.old-abcdefgh"
+    tmp.mkdir()
+    (tmp / "thesis.tex").write_text("x\n")
+    old.mkdir()
+    (old / "data.csv").write_text("y\n")
+    marked = tmp_path / ".m.tmp-12345678"  # the mark, but a name tfgraph never writes there
+    marked.mkdir()
+    (marked / ".tfgraph-output").touch()
+    (marked / "notes.txt").write_text("z\n")
+    result = tfgraph("build", TINY, "--to", "torch", "-o", str(tmp_path / "m"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp / "thesis.tex").read_text() == "x\n"
+    assert (old / "data.csv").read_text() == "y\n"
+    assert (marked / "notes.txt").read_text() == "z\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".m.old-abcdefgh", ".m.tmp-12345678",
+                                                          ".m.tmp-abcdefgh", "m"]
+    assert (tmp_path / "m" / ".tfgraph-output").is_file()
 
 
 def test_side_files_and_model_are_published_together(folder: Path, tmp_path: Path) -> None:
@@ -421,3 +444,31 @@ def test_the_cli_in_process_gives_the_signals_back(tmp_path: Path) -> None:
                                        str(tmp_path / "g.json")])
     assert result.exit_code == 0, result.output
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_data_file_tfgraph_did_not_write_is_left_alone(folder: Path, tmp_path: Path) -> None:
+    """``-o X.onnx`` never removes or replaces an ``X.onnx.data`` that is not the weights
+    file of the tfgraph model at X.onnx: a file of the user's, the spec, the --weights."""
+    mine = tmp_path / "m.onnx.data"
+    mine.write_text("MINE\n")
+    refused(tfgraph("build", TINY, "--to", "onnx", "-o", str(tmp_path / "m.onnx")),
+            "m.onnx.data", "not the weights file")
+    spec = tmp_path / "s.onnx.data"
+    spec.write_bytes(Path(TINY).read_bytes())
+    refused(tfgraph("build", str(spec), "--to", "onnx", "-o", str(tmp_path / "s.onnx")),
+            "s.onnx.data", "is the input")
+    weights = tmp_path / "w.onnx.data"
+    weights.write_bytes((folder / "model.safetensors").read_bytes())
+    refused(tfgraph("build", str(folder), "--to", "onnx", "--weights", str(weights), "-o",
+                    str(tmp_path / "w.onnx")), "w.onnx.data", "is the input")
+    # a single-file model of tfgraph's at m.onnx does not make the .data beside it its own
+    result = tfgraph("build", TINY, "--to", "onnx", "-o", str(tmp_path / "other.onnx"))
+    assert result.returncode == 0, result.stderr
+    os.replace(tmp_path / "other.onnx", tmp_path / "m.onnx")
+    refused(tfgraph("build", TINY, "--to", "onnx", "-o", str(tmp_path / "m.onnx")),
+            "not the weights file")
+    assert mine.read_text() == "MINE\n"
+    assert spec.read_bytes() == Path(TINY).read_bytes()
+    assert weights.read_bytes() == (folder / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data",
+                                                          "s.onnx.data", "w.onnx.data"]

@@ -360,13 +360,23 @@ def _lock(fd: int) -> bool:
     return True
 
 
+def _owned(info: os.stat_result) -> bool:
+    """Whether this process's user owns the file (always, where there are no user ids)."""
+    geteuid = getattr(os, "geteuid", None)
+    return geteuid is None or info.st_uid == geteuid()
+
+
 def remove_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
     """Remove the temporary files a killed write of ``target`` left behind; returns them.
 
     Only regular files in ``target``'s directory whose whole name matches
-    :func:`temp_pattern` are candidates, and of those only the ones no process holds locked
-    (a write of the same target in progress elsewhere keeps its file). Failures to remove are
-    ignored: this is housekeeping, never a reason for the write itself to fail.
+    :func:`temp_pattern` are candidates, and of those only the ones this user owns (a writer
+    creates its file as itself: a file of another user's of such a name is not a temporary
+    of ours) and no process holds locked (a write of the same target in progress elsewhere
+    keeps its file). A file cannot carry a mark as folders do (.tfgraph-output), and its
+    mode changes to the target's just before it is renamed, so name, owner and lock are what
+    recognizes one. Failures to remove are ignored: this is housekeeping, never a reason for
+    the write itself to fail.
     """
     target = Path(target)
     pattern = temp_pattern(target)
@@ -380,7 +390,8 @@ def remove_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
             continue
         path = target.parent / name
         try:
-            if not stat.S_ISREG(os.lstat(path).st_mode):
+            info = os.lstat(path)
+            if not stat.S_ISREG(info.st_mode) or not _owned(info):
                 continue
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:

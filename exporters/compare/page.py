@@ -6,7 +6,11 @@ variant's model-level diagram:
 - Markdown links SVG files written next to it in ``<stem>_files/``.
 
 Everything is rendered in memory first (graphviz and matplotlib), so a missing ``dot`` program
-fails before any file is written; each file is then written atomically, the page last.
+fails before any file is written; the files are then written atomically and published together
+(tfgraph.io.publish_together): all of them or none. ``<stem>_files/`` carries the
+``.tfgraph-output`` mark, as the folders of ``build --to torch`` do: a later page replaces the
+images only in such a folder (or an empty or new one), never in a folder tfgraph did not write
+(:func:`check_page_files`, run before any work).
 
 Variant names, spec values and file names come from users, so every such string is escaped for
 the page it lands in: ``html_text`` for HTML (``html.escape``: no raw ``<script>``), ``md_text``
@@ -19,6 +23,7 @@ graphviz's and matplotlib's XML output, which escapes its own text.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import re
@@ -33,7 +38,9 @@ from tfgraph.passes.compare import table_notes, table_rows
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.compare.plot import compare_figure, figure_bytes
 from tfgraph.exporters.diagram.draw import diagram_source, render
-from tfgraph.io import atomic_write
+from tfgraph.exporters.files.staged_folder import MARKER
+from tfgraph.io import (atomic_write, check_not_input, check_output_node,
+                        publish_together)
 from tfgraph.graph.ir import Graph
 from tfgraph.terminal import printable
 
@@ -175,6 +182,34 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
+def page_files(path: Path, names: Sequence[str]) -> tuple[Path, list[Path]]:
+    """A Markdown page's image folder ``<stem>_files`` and the files it holds: the plot, then
+    one diagram per variant (named after the variant: ``1-gpt2-model.svg``)."""
+    assets = path.parent / f"{path.stem}_files"
+    return assets, [assets / "plot.svg"] + [assets / f"{i + 1}-{_safe(name)}-model.svg"
+                                            for i, name in enumerate(names)]
+
+
+def check_page_files(path: Path | str | os.PathLike[str], names: Sequence[str]) -> None:
+    """Refuse (exit 2) a Markdown page whose images cannot be written without harm, before
+    any work: ``<stem>_files`` not a folder, an input of the command, or a folder tfgraph did
+    not write (not empty and without the mark) -- its files are the user's to keep."""
+    assets, files = page_files(Path(path), names)
+    if os.path.lexists(assets) and not assets.is_dir():
+        raise TfgraphError(f"{printable(str(assets))}: exists and is not a directory; the "
+                           "page's images go in that folder: remove it or give -o another name")
+    check_not_input(assets)
+    if assets.is_dir():
+        with os.scandir(assets) as entries:
+            empty = next(entries, None) is None
+        if not empty and not (assets / MARKER).is_file():
+            raise TfgraphError(f"{printable(str(assets))}: a folder tfgraph did not write (no "
+                               f"{MARKER}); remove it or give -o another name")
+    for file in files:
+        check_output_node(file)
+        check_not_input(file)
+
+
 def write_compare_page(graphs: Sequence[Graph], data: dict[str, Any],
                        path: Path | str | os.PathLike[str], fmt: str) -> list[Path]:
     """Write the report as ``fmt`` ("md" or "html"); returns every file written, page last."""
@@ -186,19 +221,31 @@ def write_compare_page(graphs: Sequence[Graph], data: dict[str, Any],
         return [path]
     if fmt != "md":
         raise TfgraphError(f"--format {fmt!r}: choose md or html")
+    check_page_files(path, [g.name for g in graphs])
     diagrams = _render_diagrams(graphs)
     plot = figure_bytes(compare_figure(graphs, data), "svg")
-    assets = path.parent / f"{path.stem}_files"
     if not path.parent.is_dir():
         raise TfgraphError(f"{path}: directory {path.parent} does not exist")
-    assets.mkdir(exist_ok=True)
-    files: list[tuple[Path, bytes]] = [(assets / "plot.svg", plot)]
-    for i, (graph, svg) in enumerate(zip(graphs, diagrams)):
-        files.append((assets / f"{i + 1}-{_safe(graph.name)}-model.svg", svg))
-    for file, content in files:
-        with atomic_write(file, "wb") as handle:
-            handle.write(content)
-    links = [f"{assets.name}/{f.name}" for f, _ in files]
-    with atomic_write(path) as handle:
-        handle.write(markdown_page(data, links[0], links[1:]))
+    assets, names = page_files(path, [g.name for g in graphs])
+    files = list(zip(names, [plot, *diagrams]))
+    created = not assets.exists()
+    marker = assets / MARKER
+    marked = marker.exists()
+    try:
+        assets.mkdir(exist_ok=True)
+        marker.touch()  # first: a page killed half-way leaves a folder a rerun may replace
+        with publish_together():
+            for file, content in files:
+                with atomic_write(file, "wb") as handle:
+                    handle.write(content)
+            links = [f"{assets.name}/{f.name}" for f, _ in files]
+            with atomic_write(path) as handle:
+                handle.write(markdown_page(data, links[0], links[1:]))
+    except BaseException:
+        with contextlib.suppress(OSError):  # nothing was published: the folder as it was
+            if not marked:
+                marker.unlink()
+            if created:
+                assets.rmdir()
+        raise
     return [f for f, _ in files] + [path]

@@ -52,7 +52,7 @@ def check_target(out_dir: Path, names: Collection[str], kind: str) -> None:
 @contextlib.contextmanager
 def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[Path]:
     """Yield a temporary folder to fill; on success it replaces ``out_dir``."""
-    remove_stale_stages(out_dir)
+    remove_stale_stages(out_dir, names)
     check_target(out_dir, names, kind)
     try:
         stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
@@ -60,8 +60,10 @@ def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[
         raise TfgraphError(f"{out_dir}: cannot write: {exc.strerror or exc}") from None
     lock = _locked(stage)  # held while we write: another build's clean-up leaves it alone
     try:
-        yield stage
+        # Marked from the start, not at the end: a build killed while writing leaves a stage
+        # the next build can tell from a folder of the user's of the same name.
         (stage / MARKER).touch()
+        yield stage
         umask = _umask()
         for path in stage.iterdir():  # on disk before the rename makes the folder visible
             with open(path, "rb") as handle:
@@ -84,7 +86,9 @@ def _swap_in(stage: Path, out_dir: Path) -> None:
     """Replace ``out_dir`` by ``stage`` with renames; the old folder is removed afterwards.
     A process killed between the two renames leaves ``.NAME.old-*`` and no ``NAME``: the
     next build of the same target puts it back first (:func:`remove_stale_stages`)."""
-    if not out_dir.exists():
+    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
+        # rename(2) replaces an empty directory in one step: no .old-* (it would carry no
+        # mark, so a killed build's one could never be told from a folder of the user's)
         os.replace(stage, out_dir)
         return
     old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))
@@ -122,17 +126,19 @@ def _locked(folder: Path) -> int | None:
     return fd
 
 
-def remove_stale_stages(out_dir: Path) -> None:
+def remove_stale_stages(out_dir: Path, names: Collection[str]) -> None:
     """Clean up after a build of ``out_dir`` that was killed (SIGKILL, power cut): remove
     its ``.NAME.tmp-*`` staging folders and, when ``NAME`` is missing, rename its
     ``.NAME.old-*`` back (killed between the two renames), else remove it. Only folders of
-    exactly these names that no running build holds locked are touched."""
+    exactly these names that are provably tfgraph's are touched: they hold the MARKER and
+    nothing but ``names`` (what this kind of folder writes), and no running build holds them
+    locked. Anything else of such a name (a folder of the user's) is left as it is."""
     pattern = re.compile(re.escape(f".{out_dir.name}.") + r"(tmp|old)-[a-z0-9_]{8}")
     try:
-        names = sorted(os.listdir(out_dir.parent))
+        entries = sorted(os.listdir(out_dir.parent))
     except OSError:
         return
-    for name in names:
+    for name in entries:
         match = pattern.fullmatch(name)
         if match is None:
             continue
@@ -143,6 +149,8 @@ def remove_stale_stages(out_dir: Path) -> None:
         if fd is None:
             continue
         try:
+            if not _is_ours(path, names):
+                continue
             if match.group(1) == "old" and not os.path.lexists(out_dir):
                 os.replace(path, out_dir)
             else:
@@ -151,6 +159,20 @@ def remove_stale_stages(out_dir: Path) -> None:
             pass
         finally:
             os.close(fd)
+
+
+def _is_ours(stage: Path, names: Collection[str]) -> bool:
+    """Whether ``stage`` is a folder tfgraph staged: the MARKER (written first, see
+    :func:`staged_folder`) and only names this kind of folder writes, all regular files."""
+    try:
+        with os.scandir(stage) as entries:
+            listed = [(entry.name, entry.is_file(follow_symlinks=False))
+                      for _, entry in zip(range(len(names) + 3), entries)]
+    except OSError:
+        return False
+    allowed = set(names) | {MARKER, "__pycache__"}
+    return (MARKER, True) in listed and len(listed) <= len(names) + 2 and all(
+        name in allowed and (is_file or name == "__pycache__") for name, is_file in listed)
 
 
 def _umask() -> int:

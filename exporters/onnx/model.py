@@ -36,7 +36,7 @@ from tfgraph.exporters.onnx.tensors import (ELEM_TYPE, Value, cast_array, make_i
                                             numpy_dtype, tensor_header)
 from tfgraph.exporters.onnx.weights import (as_float32, stream_values, weight_source,
                                             write_memory_bytes)
-from tfgraph.exporters.onnx.writer import external_data_path, write_model
+from tfgraph.exporters.onnx.writer import check_data_file, external_data_path, write_model
 from tfgraph.graph.ir import Graph, Node
 
 __all__ = [
@@ -107,11 +107,14 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
     them in ``<path>.data`` next to the model (protobuf stops at 2 GiB). ``progress`` is called
     with the bytes of each parameter written. Ctrl-C or SIGTERM during the write leave no
     temporary file, and the temporary files of a killed earlier write of ``path`` are removed
-    (``tfgraph.io``). ``fused_attention`` as for :func:`to_onnx`.
+    (``tfgraph.io``). An existing ``<path>.data`` is replaced or removed only when it is the
+    weights file of the tfgraph model at ``path``; any other is refused (TfgraphError) before
+    anything is written. ``fused_attention`` as for :func:`to_onnx`.
     """
     from tfgraph.io import check_capacity, remove_stale_temps
 
     target = Path(path)
+    check_data_file(target)  # a <path>.data tfgraph did not write: refused before any work
     total = weights_bytes(graph)
     for stale in (target, external_data_path(target)):  # before the free disk is measured
         remove_stale_temps(stale)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -26,8 +27,8 @@ from onnx import TensorProto
 
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters.onnx.tensors import Value, cast_value, tensor_header, write_bytes
-from tfgraph.io import after_publish, atomic_path, remove_stale_temps
-from tfgraph.terminal import printable
+from tfgraph.io import after_publish, atomic_path, check_not_input, remove_stale_temps
+from tfgraph.terminal import printable, short_path
 
 # (name, dtype, float32 value) of each parameter, in the order they become initializers.
 Values = Iterable[tuple[str, str, Value]]
@@ -134,14 +135,65 @@ def _write_errors(target: Path) -> Iterator[None]:
                            f"{err.strerror or err}") from None
 
 
+MAX_MODEL_READ = 64 * 1024 * 1024
+"""Bytes of an existing model file read to learn whether ``<target>.data`` is its weights
+file. A model keeping its weights outside holds only the graph and the tensors' headers (a
+few MB for hundreds of layers); a bigger file keeps its weights inside, so no ``.data`` file
+is its own (reading it whole would cost minutes for nothing)."""
+
+
+def _names_its_data(target: Path, data_name: str) -> bool:
+    """Whether ``target`` is a model tfgraph wrote whose initializers keep their bytes in the
+    file ``data_name`` beside it (ONNX external data: the ``location`` key). Only the model's
+    own protobuf is parsed, never the data file, and only when it is at most MAX_MODEL_READ."""
+    try:
+        info = os.stat(target)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MODEL_READ:
+            return False
+        model = onnx.load_model(str(target), load_external_data=False)
+    except Exception:  # noqa: BLE001 - anything unreadable is not a model of ours
+        return False
+    if model.producer_name != "tfgraph":
+        return False
+    return any(t.data_location == TensorProto.EXTERNAL
+               and any(e.key == "location" and e.value == data_name for e in t.external_data)
+               for t in model.graph.initializer)
+
+
+def check_data_file(target: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """Refuse (exit 2) a ``<target>.data`` that writing ``target`` would replace or remove
+    but that is not the weights file of the tfgraph model at ``target`` now (a file of the
+    user's that happens to have the name, or an input of this command), before any work.
+    Returns the (device, inode) of the old model's weights file, which a rebuild may
+    replace or remove, or None when there is none."""
+    target = Path(target)
+    data = external_data_path(target)
+    try:
+        info = os.lstat(data)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TfgraphError(f"{short_path(data)}: cannot read: {exc.strerror or exc}") from None
+    check_not_input(data)
+    if stat.S_ISREG(info.st_mode) and _names_its_data(target, data.name):
+        return info.st_dev, info.st_ino
+    raise TfgraphError(f"{short_path(data)}: exists and is not the weights file of a tfgraph "
+                       f"model {short_path(target.name, 60)}; tfgraph does not replace or "
+                       "remove files it did not write: remove it or write to another name")
+
+
 def write_model(model: onnx.ModelProto, values: Values, target: Path, external: bool = False,
                 progress: Progress = None) -> Path:
     """Write ``model`` (no initializers yet) with ``values`` as its initializers to ``target``.
 
     ``external``: the weights go to ``<target>.data`` (page-aligned) and the model points at
-    them. ``progress`` is called with the bytes of each parameter written.
+    them. ``progress`` is called with the bytes of each parameter written. An existing
+    ``<target>.data`` is replaced (external) or removed (single file: nothing would point at
+    it) only when it is the weights file of the tfgraph model being replaced; anything else
+    of that name is refused before a byte is written (:func:`check_data_file`).
     """
     data_target = external_data_path(target)
+    old_data = check_data_file(target)
     if not external:
         remove_stale_temps(data_target)  # left by an earlier external build that was killed
         with atomic_path(target) as tmp, _write_errors(target), open(tmp, "wb") as out:
@@ -153,15 +205,18 @@ def write_model(model: onnx.ModelProto, values: Values, target: Path, external: 
                     progress(array.nbytes)
             out.flush()
             os.fsync(out.fileno())
-        # The model just replaced may have kept its weights in <target>.data; nothing points
-        # at that file any more, and leaving it would sit next to the new model as if it
-        # belonged to it (once the new model is in place: see tfgraph.io.publish_together).
+        # The model just replaced kept its weights in <target>.data; nothing points at that
+        # file any more, and leaving it would sit next to the new model as if it belonged to
+        # it (once the new model is in place: see tfgraph.io.publish_together). Only that very
+        # file goes: one put there since the check above is left alone.
         def remove_old_data() -> None:
             with contextlib.suppress(FileNotFoundError):
-                if data_target.is_file() and not data_target.is_symlink():
+                info = os.lstat(data_target)
+                if (info.st_dev, info.st_ino) == old_data and stat.S_ISREG(info.st_mode):
                     data_target.unlink()
 
-        after_publish(remove_old_data)
+        if old_data is not None:
+            after_publish(remove_old_data)
         return target
     with atomic_path(data_target) as tmp_data, atomic_path(target) as tmp_model, \
             _write_errors(target):

@@ -255,16 +255,33 @@ def _check_output_first(target: str, out: Path, two_models: bool) -> None:
     if two_models:  # a folder of two models: created by the writer (tfgraph.io.make_parents)
         check_output_node(out, directory=True)
         check_not_input(out)
+        if out.is_dir():
+            _check_data_files(out / "encoder_model.onnx", out / "decoder_model.onnx")
         return
     if target not in _FOLDER_WRITERS:
         check_output(out)
+        if target == "onnx":
+            _check_data_files(out)
         return
     from tfgraph.exporters.files.staged_folder import check_target
     from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES
+    from tfgraph.io import make_parents
 
     writer = importlib.import_module(_FOLDER_WRITERS[target])
+    check_output_node(out, directory=True)
+    check_not_input(out)
+    make_parents(out)  # -o newdir/model: as for every output (README, "Exit status")
     check_target(out, writer.FILES + TOKENIZER_FILES, writer.KIND)
     check_writable(out)
+
+
+def _check_data_files(*models: Path) -> None:
+    """A ``MODEL.data`` beside an ONNX output that is not the weights file of the tfgraph
+    model being replaced is refused now, not after compiling (exporters/onnx/writer.py)."""
+    from tfgraph.exporters.onnx.writer import check_data_file
+
+    for model in models:
+        check_data_file(model)
 
 
 @click.command()

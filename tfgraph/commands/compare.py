@@ -180,6 +180,11 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
         output = Path("build") / f"compare.{page}"
     for path in outputs + ([output] if output is not None and output not in outputs else []):
         check_output(path)  # before anything is compiled, printed or written
+    if page == "md":  # its images, in <stem>_files/ (named after the variants)
+        from tfgraph.exporters.compare.page import check_page_files
+
+        assert output is not None
+        check_page_files(output, [spec.name for spec in parsed])
 
     import tfgraph
     from tfgraph.passes.compare import compare as compare_graphs

@@ -75,8 +75,9 @@ def draw(spec: str, level: str, unfold: bool, annotate: tuple[str, ...], batch: 
     fmt = format_for(output)
     from tfgraph.io import check_output
 
-    # Before compiling: a regular file, not an input, in an existing writable folder.
-    check_output(output, create=False)
+    # Before compiling: a regular file, not an input, in a writable folder (missing folders
+    # are created, as for every command's -o: README, "Exit status").
+    check_output(output)
     graph = tfgraph.compile(parsed)
     path = write_diagram(graph, output, fmt, level, unfold=unfold, annotate=what,
                          batch=batch, seq=seq)
