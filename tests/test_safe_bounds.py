@@ -189,10 +189,36 @@ def test_generate_memory_counts_beams_prompt_and_new_tokens() -> None:
 
     spec = load_spec(ROOT / "specs" / "tiny-llama.yaml")  # rope: no max_len stop
     one = generate_memory(spec, 1, 10, 90, 1, cache=True)
-    assert generate_memory(spec, 1, 10, 90, 4, cache=True) == 4 * one
+    att = spec.attention  # a KV cache per beam; the prefill runs once per prompt
+    kv = (10 + 90) * 2 * att.kv_heads * att.head_dim * 4 * spec.layer_count(spec.stacks[-1])
+    assert generate_memory(spec, 1, 10, 90, 4, cache=True) - one == 3 * kv
     grows = [generate_memory(spec, 1, 10, new, 1, cache=True) for new in (90, 190, 290)]
     assert grows[2] - grows[1] == grows[1] - grows[0] > 0  # the cache grows with each token
     assert generate_memory(spec, 1, 10, 90, 1, cache=False) > one
+
+
+def test_generate_memory_counts_the_prefill_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 40,000-token prompt: its KV cache is 61 MB, but the cached prefill's attention scores
+    of one layer are 4 heads x 40,000 x 40,001 float32, 25.6 GB (onnxruntime tried to allocate
+    them: the check counted scores only without a cache). Refused as run --seq 40000 is."""
+    from click.testing import CliRunner
+
+    from tfgraph import io, load_spec
+    from tfgraph.cli import main
+    from tfgraph.limits import generate_memory
+
+    spec = load_spec(ROOT / "specs" / "tiny-llama.yaml")
+    scores = spec.attention.heads * 40_000 * 40_001 * 4
+    assert generate_memory(spec, 1, 40_000, 1, 1, cache=True) > scores
+    assert generate_memory(spec, 3, 40_000, 1, 5, cache=True) > 3 * scores  # per prompt
+    monkeypatch.setattr(io, "available_memory", lambda: 10**10)  # 10 GB on any machine
+    result = CliRunner().invoke(main, ["generate", str(ROOT / "specs" / "tiny-llama.yaml"),
+                                       "--prompt-ids", ",".join(["5"] * 40_000),
+                                       "--max-new-tokens", "1"])
+    assert result.exit_code == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "--max-new-tokens 1" in last and "needs about 25.7 GB" in last, last
+    assert "10.0 GB available" in last, last
 
 
 def test_generate_past_memory_is_refused_before_work(tmp_path: Path) -> None:
