@@ -25,6 +25,7 @@ TOO_MANY_THREADS = str(usable_cores() + 1)
     (("run", TINY, "--batch", "99999999999"), ("--batch", "memory")),
     (("run", str(ROOT / "specs" / "tiny-llama.yaml"), "--seq", "99999999"), ("--seq", "memory")),
     (("run", TINY, "--threads", TOO_MANY_THREADS), ("--threads",)),
+    (("run", TINY, "--repeat", "1000000000000"), ("--repeat", "10000")),
     (("run", TINY, "--seed", "-1"), ("--seed",)),
     (("build", TINY, "--to", "onnx", "--seed", "-1"), ("--seed",)),
     (("generate", TINY, "--prompt-ids", "1,2", "--threads", TOO_MANY_THREADS), ("--threads",)),

@@ -31,6 +31,9 @@ MAX_BEAMS = 1024
 """generate --beams: beams per prompt (also at most the vocabulary)."""
 MAX_NEW_TOKENS = 1 << 20
 """generate --max-new-tokens: a million tokens per prompt."""
+MAX_REPEAT = 10_000
+"""run --repeat: timed runs, far past what steadies a latency's percentiles (a 1 ms run:
+10 s); 10^12 was accepted and ran until killed."""
 
 
 def usable_cores() -> int:
