@@ -26,7 +26,13 @@ enumeration of layouts bounded)."""
 MAX_TOP = 1000
 """plan --top: layouts a search shows."""
 MAX_BATCH = 1 << 30
-"""plan --micro-batch and --global-batch: sequences per step."""
+"""plan --micro-batch and --global-batch, report and compare --batch: sequences per step."""
+MAX_LENGTH = 1 << 30
+"""--seq and --tgt-seq of report, compare and plan: tokens per sequence, a hundred times the
+longest context published (10M tokens)."""
+MAX_LENGTHS = 100
+"""compare --seq: lengths in one comparison (each a row per figure of the table and a point
+of the plots; 100 take about 2 s here, 20,000 ran for minutes)."""
 MAX_BEAMS = 1024
 """generate --beams: beams per prompt (also at most the vocabulary)."""
 MAX_NEW_TOKENS = 1 << 20
