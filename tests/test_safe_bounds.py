@@ -42,6 +42,7 @@ TOO_MANY_THREADS = str(usable_cores() + 1)
     (("compare", TINY, TINY, "--seq", "1000000000000"), ("--seq", "1,073,741,824")),
     (("compare", TINY, TINY, "--seq", ",".join(map(str, range(1, 102)))),
      ("--seq", "101 lengths", "at most 100")),
+    (("draw", TINY, "--annotate", "flops", "--batch", "1000000000000"), ("--batch",)),
     (("plan", TINY, "--gpus", "999999999999"), ("--gpus",)),
     (("plan", TINY, "--gpus", "999999999", "--search", "--top", "100000000"), ("--gpus",)),
     (("plan", TINY, "--gpus", "8", "--search", "--top", "100000000"), ("--top",)),
