@@ -33,7 +33,7 @@ TOO_MANY_THREADS = str(usable_cores() + 1)
     (("generate", TINY, "--prompt-ids", "1,2", "--max-new-tokens", "999999999999"),
      ("--max-new-tokens",)),
     (("generate", TINY, "--prompt-ids", "1,2", "--weights-seed", "-1"), ("--weights-seed",)),
-    (("generate", TINY, "--prompt-ids", "1,2", "--length-penalty", "nan"),
+    (("generate", TINY, "--prompt-ids", "1,2", "--beams", "2", "--length-penalty", "nan"),
      ("--length-penalty",)),
     (("generate", TINY, "--prompt-ids", "1,2", "--eos-id", "99999"), ("--eos-id", "211")),
     (("report", TINY, "--batch", "1000000000000"), ("--batch", "1,073,741,824")),
@@ -327,6 +327,19 @@ def test_a_decoder_start_past_the_vocabulary_is_refused(backend: str) -> None:
     refused(cli("generate", str(ROOT / "specs" / "tiny-bart.yaml"), "--prompt-ids", "1,2",
                 "--decoder-start-id", "99999", "--max-new-tokens", "2", "--backend", backend),
             "--decoder-start-id 99999", "160")
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--decoder-start-id", "3"), ("--decoder-start-id 3", "decoder-only")),
+    (("--length-penalty", "2"), ("--length-penalty 2.0", "--beams")),
+    (("--temperature", "inf"), ("--temperature inf", "finite")),
+])
+def test_generate_settings_that_would_have_no_effect_are_refused(
+        args: tuple[str, ...], words: tuple[str, ...]) -> None:
+    """A start id for a decoder-only model and a length penalty without beam search changed
+    nothing; an infinite temperature drew every token uniformly. Each was accepted silently."""
+    refused(cli("generate", str(ROOT / "specs" / "tiny-llama.yaml"), "--prompt-ids", "1,2",
+                "--max-new-tokens", "2", *args), *words)
 
 
 def test_onnxruntime_prints_nothing_of_its_own(tmp_path: Path) -> None:
