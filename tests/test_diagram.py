@@ -332,6 +332,39 @@ def test_draw_command_default_path_and_errors(tmp_path: Path, monkeypatch: pytes
     assert "Decoder layer × 2" in svg_texts(out.read_bytes())
 
 
+def test_too_many_boxes_are_refused_before_dot_runs(tmp_path: Path) -> None:
+    """A 200-layer TinyLlama at --level op --unfold: 3,206 boxes, past the 3,000 dot renders
+    in reasonable time (1,024 layers ran for minutes in graphviz): one line naming the .dot
+    output, nothing written; the DOT text itself is written."""
+    from tfgraph.exporters.diagram.draw import MAX_RENDERED_BOXES, boxes
+
+    text = (ROOT / "specs" / "tiny-llama.yaml").read_text(encoding="utf-8")
+    assert "\nlayers: 2\n" in text
+    spec = tmp_path / "deep.yaml"
+    spec.write_text(text.replace("\nlayers: 2\n", "\nlayers: 200\n"), encoding="utf-8")
+    empty = tmp_path / "bin"  # no dot: the refusal must come before it would run
+    empty.mkdir()
+    runner = CliRunner()
+    for name in ("big.svg", "big.png"):
+        result = runner.invoke(main, ["draw", str(spec), "--level", "op", "--unfold", "-o",
+                                      str(tmp_path / name)], env={"PATH": str(empty)})
+        assert result.exit_code == 2, result.output
+        message = result.stderr.strip()
+        assert "\n" not in message and "boxes" in message and "-o big.dot" in message, message
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "deep.yaml"]
+    dot = runner.invoke(main, ["draw", str(spec), "--level", "op", "--unfold", "-o",
+                               str(tmp_path / "big.dot")])
+    assert dot.exit_code == 0, dot.output
+    drawn = boxes((tmp_path / "big.dot").read_text(encoding="utf-8"))
+    assert drawn > MAX_RENDERED_BOXES and f"{drawn:,} boxes" in message
+    folded = runner.invoke(main, ["draw", str(spec), "--level", "op", "-o",
+                                  str(tmp_path / "folded.dot")])  # the first layer only
+    assert folded.exit_code == 0
+    assert boxes((tmp_path / "folded.dot").read_text(encoding="utf-8")) < 100
+    assert boxes('digraph {\n\tnode [shape=box]\n\ta [label=x]\n\t"b.c" [label="y [z]"]\n'
+                 '\ta -> "b.c" [label=s]\n\tsubgraph cluster_a {\n\t\tlabel=a\n\t}\n}') == 2
+
+
 # ---- the committed example images ------------------------------------------------------------
 
 EXAMPLES = {"base-model.svg": "model", "base-layer.svg": "layer"}

@@ -261,7 +261,9 @@ def test_top_p_keeps_the_smallest_nucleus() -> None:
 
 
 @pytest.mark.parametrize("settings,message", [
-    ({"temperature": -1.0}, "--temperature -1.0: must be >= 0"),
+    ({"temperature": -1.0}, "--temperature -1.0: must be finite and >= 0"),
+    ({"temperature": float("inf")}, "--temperature inf: must be finite"),  # was uniform draws
+    ({"temperature": float("nan")}, "--temperature nan: must be finite"),
     ({"top_k": 0}, "--top-k 0: must be >= 1"),
     ({"top_p": 1.5}, "--top-p 1.5: must be in (0, 1]"),
 ])

@@ -20,6 +20,7 @@ from test_cli_validate import runner
 
 import tfgraph
 from tfgraph.cli import main
+from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.exporters.torch import kernels as K
 from tfgraph.graph.ir import SYMBOLS
@@ -364,3 +365,23 @@ def test_a_gather_reads_the_rows_it_names_and_a_copy_does_not_read_its_destinati
     assert [(k.name, k.nbytes) for k in kernels] == [
         ("aten.embedding", 2 * 5 * 8 + 2 * (2 * 5 * 16 * 2)),  # ids, rows read and written
         ("aten.copy_", 2 * 5 * 16 * 2 + 2 * 5 * 16 * 4)]  # bf16 read, float32 written
+
+
+def test_sizes_no_torch_tensor_can_hold_are_refused_before_the_census():
+    """2^30 sequences of 2^25 tokens: TinyLlama's logits (vocabulary 256) would be 2^63
+    elements, past the 2^63 bytes a PyTorch tensor holds even on the meta device (the census
+    ended in torch's "Storage size calculation overflowed", exit 1). One line, exit 2; the
+    graph's kernels take the same sizes."""
+    argv = ["plan", str(SPECS / "tiny-llama.yaml"), "--gpus", "1", "--micro-batch", str(2**30),
+            "--seq", str(2**25), "--json"]
+    eager = runner().invoke(main, [*argv, "--kernels", "eager"])
+    assert eager.exit_code == 2, eager.stderr
+    last = eager.stderr.strip().splitlines()[-1]  # after the note on rotary extrapolation
+    assert "--kernels eager" in last and "2^63" in last and "logits" in last, last
+    assert "Traceback" not in eager.stderr and "internal error" not in eager.stderr
+    assert runner().invoke(main, [*argv, "--kernels", "graph"]).exit_code == 0
+    # the bound: 8 bytes per element within 2^63 - 1 (2^52 tokens of 256 logits is past it)
+    graph = graph_of("tiny-llama")
+    assert K.check_sizes(graph, 2**27, 2**25 - 1) is None
+    with pytest.raises(TfgraphError, match=r"2\^63"):
+        K.check_sizes(graph, 2**27, 2**25)

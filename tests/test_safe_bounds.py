@@ -25,6 +25,7 @@ TOO_MANY_THREADS = str(usable_cores() + 1)
     (("run", TINY, "--batch", "99999999999"), ("--batch", "memory")),
     (("run", str(ROOT / "specs" / "tiny-llama.yaml"), "--seq", "99999999"), ("--seq", "memory")),
     (("run", TINY, "--threads", TOO_MANY_THREADS), ("--threads",)),
+    (("run", TINY, "--repeat", "1000000000000"), ("--repeat", "10000")),
     (("run", TINY, "--seed", "-1"), ("--seed",)),
     (("build", TINY, "--to", "onnx", "--seed", "-1"), ("--seed",)),
     (("generate", TINY, "--prompt-ids", "1,2", "--threads", TOO_MANY_THREADS), ("--threads",)),
@@ -32,9 +33,16 @@ TOO_MANY_THREADS = str(usable_cores() + 1)
     (("generate", TINY, "--prompt-ids", "1,2", "--max-new-tokens", "999999999999"),
      ("--max-new-tokens",)),
     (("generate", TINY, "--prompt-ids", "1,2", "--weights-seed", "-1"), ("--weights-seed",)),
-    (("generate", TINY, "--prompt-ids", "1,2", "--length-penalty", "nan"),
+    (("generate", TINY, "--prompt-ids", "1,2", "--beams", "2", "--length-penalty", "nan"),
      ("--length-penalty",)),
     (("generate", TINY, "--prompt-ids", "1,2", "--eos-id", "99999"), ("--eos-id", "211")),
+    (("report", TINY, "--batch", "1000000000000"), ("--batch", "1,073,741,824")),
+    (("report", TINY, "--seq", "1000000000000"), ("--seq", "1,073,741,824")),
+    (("compare", TINY, TINY, "--batch", "1000000000000"), ("--batch", "1073741824")),
+    (("compare", TINY, TINY, "--seq", "1000000000000"), ("--seq", "1,073,741,824")),
+    (("compare", TINY, TINY, "--seq", ",".join(map(str, range(1, 102)))),
+     ("--seq", "101 lengths", "at most 100")),
+    (("draw", TINY, "--annotate", "flops", "--batch", "1000000000000"), ("--batch",)),
     (("plan", TINY, "--gpus", "999999999999"), ("--gpus",)),
     (("plan", TINY, "--gpus", "999999999", "--search", "--top", "100000000"), ("--gpus",)),
     (("plan", TINY, "--gpus", "8", "--search", "--top", "100000000"), ("--top",)),
@@ -189,10 +197,36 @@ def test_generate_memory_counts_beams_prompt_and_new_tokens() -> None:
 
     spec = load_spec(ROOT / "specs" / "tiny-llama.yaml")  # rope: no max_len stop
     one = generate_memory(spec, 1, 10, 90, 1, cache=True)
-    assert generate_memory(spec, 1, 10, 90, 4, cache=True) == 4 * one
+    att = spec.attention  # a KV cache per beam; the prefill runs once per prompt
+    kv = (10 + 90) * 2 * att.kv_heads * att.head_dim * 4 * spec.layer_count(spec.stacks[-1])
+    assert generate_memory(spec, 1, 10, 90, 4, cache=True) - one == 3 * kv
     grows = [generate_memory(spec, 1, 10, new, 1, cache=True) for new in (90, 190, 290)]
     assert grows[2] - grows[1] == grows[1] - grows[0] > 0  # the cache grows with each token
     assert generate_memory(spec, 1, 10, 90, 1, cache=False) > one
+
+
+def test_generate_memory_counts_the_prefill_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 40,000-token prompt: its KV cache is 61 MB, but the cached prefill's attention scores
+    of one layer are 4 heads x 40,000 x 40,001 float32, 25.6 GB (onnxruntime tried to allocate
+    them: the check counted scores only without a cache). Refused as run --seq 40000 is."""
+    from click.testing import CliRunner
+
+    from tfgraph import io, load_spec
+    from tfgraph.cli import main
+    from tfgraph.limits import generate_memory
+
+    spec = load_spec(ROOT / "specs" / "tiny-llama.yaml")
+    scores = spec.attention.heads * 40_000 * 40_001 * 4
+    assert generate_memory(spec, 1, 40_000, 1, 1, cache=True) > scores
+    assert generate_memory(spec, 3, 40_000, 1, 5, cache=True) > 3 * scores  # per prompt
+    monkeypatch.setattr(io, "available_memory", lambda: 10**10)  # 10 GB on any machine
+    result = CliRunner().invoke(main, ["generate", str(ROOT / "specs" / "tiny-llama.yaml"),
+                                       "--prompt-ids", ",".join(["5"] * 40_000),
+                                       "--max-new-tokens", "1"])
+    assert result.exit_code == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "--max-new-tokens 1" in last and "needs about 25.7 GB" in last, last
+    assert "10.0 GB available" in last, last
 
 
 def test_generate_past_memory_is_refused_before_work(tmp_path: Path) -> None:
@@ -293,6 +327,19 @@ def test_a_decoder_start_past_the_vocabulary_is_refused(backend: str) -> None:
     refused(cli("generate", str(ROOT / "specs" / "tiny-bart.yaml"), "--prompt-ids", "1,2",
                 "--decoder-start-id", "99999", "--max-new-tokens", "2", "--backend", backend),
             "--decoder-start-id 99999", "160")
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--decoder-start-id", "3"), ("--decoder-start-id 3", "decoder-only")),
+    (("--length-penalty", "2"), ("--length-penalty 2.0", "--beams")),
+    (("--temperature", "inf"), ("--temperature inf", "finite")),
+])
+def test_generate_settings_that_would_have_no_effect_are_refused(
+        args: tuple[str, ...], words: tuple[str, ...]) -> None:
+    """A start id for a decoder-only model and a length penalty without beam search changed
+    nothing; an infinite temperature drew every token uniformly. Each was accepted silently."""
+    refused(cli("generate", str(ROOT / "specs" / "tiny-llama.yaml"), "--prompt-ids", "1,2",
+                "--max-new-tokens", "2", *args), *words)
 
 
 def test_onnxruntime_prints_nothing_of_its_own(tmp_path: Path) -> None:

@@ -26,11 +26,20 @@ enumeration of layouts bounded)."""
 MAX_TOP = 1000
 """plan --top: layouts a search shows."""
 MAX_BATCH = 1 << 30
-"""plan --micro-batch and --global-batch: sequences per step."""
+"""plan --micro-batch and --global-batch, report and compare --batch: sequences per step."""
+MAX_LENGTH = 1 << 30
+"""--seq and --tgt-seq of report, compare and plan: tokens per sequence, a hundred times the
+longest context published (10M tokens)."""
+MAX_LENGTHS = 100
+"""compare --seq: lengths in one comparison (each a row per figure of the table and a point
+of the plots; 100 take about 2 s here, 20,000 ran for minutes)."""
 MAX_BEAMS = 1024
 """generate --beams: beams per prompt (also at most the vocabulary)."""
 MAX_NEW_TOKENS = 1 << 20
 """generate --max-new-tokens: a million tokens per prompt."""
+MAX_REPEAT = 10_000
+"""run --repeat: timed runs, far past what steadies a latency's percentiles (a 1 ms run:
+10 s); 10^12 was accepted and ran until killed."""
 
 
 def usable_cores() -> int:
@@ -93,7 +102,13 @@ def generate_memory(spec: Any, rows: int, prompt_tokens: int, new_tokens: int, b
                     cache: bool) -> int:
     """Bytes that decoding holds at its longest: the KV cache of every decoder layer for
     rows x beams sequences of prompt + new tokens (a learned position table stops them at
-    max_len), the logits of a step, and without a cache the recomputed attention scores."""
+    max_len), and the prefill's float32 logits and one layer's float32 attention scores. The
+    prefill runs once per prompt row (beams branch after it, tfgraph.generation.beams): its
+    scores are rows x heads x prompt queries x keys, the keys the prompt's own (the cached
+    models and the encoder of an encoder-decoder) or the fused-attention buffer's, prompt +
+    new tokens (``FusedStepper._capacity``); counted at the larger. Without a cache each
+    step recomputes the whole prefix of every sequence: its scores instead, one layer at a
+    time."""
     from tfgraph.graph.lengths import Lengths
     from tfgraph.graph.tensor import DTYPE_BYTES
 
@@ -107,8 +122,12 @@ def generate_memory(spec: Any, rows: int, prompt_tokens: int, new_tokens: int, b
     per_token = 2 * att.kv_heads * att.head_dim * element * spec.layer_count(spec.stacks[-1])
     cross = prompt_tokens if spec.arch == "encoder-decoder" else 0  # cross-attention keys
     need = sequences * (length + cross) * per_token
-    need += sequences * max(prompt_tokens, 1) * spec.output_vocab * 4  # prefill logits
-    if not cache:  # each step recomputes the whole prefix: scores of one layer at a time
+    prompt = max(prompt_tokens, 1)
+    need += rows * prompt * spec.output_vocab * 4  # prefill logits
+    if cache:
+        keys = prompt if spec.arch == "encoder-decoder" else max(prompt, length)
+        need += rows * att.heads * prompt * keys * 4  # the prefill's scores, one layer
+    else:  # each step recomputes the whole prefix (the prefill's scores are the first's)
         need += sequences * att.heads * length * length * 4
     return need
 

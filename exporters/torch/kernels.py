@@ -49,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from torch.utils.flop_counter import flop_registry
 
+from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import SYMBOLS, Graph
 from tfgraph.graph.ops import OPS
 from tfgraph.parallel.timing import ATTENTION_BACKWARD
@@ -636,8 +637,39 @@ def adamw_bytes_per_element() -> float:
     return sum(k.nbytes for k in log.kernels) / elements
 
 
+MAX_TENSOR_BYTES = 2**63 - 1
+"""PyTorch's limit on one tensor, the meta device's included: its storage's byte count is a
+signed 64-bit integer (``c10::computeStorageNbytes`` refuses more, "Storage size calculation
+overflowed")."""
+WIDEST_ELEMENT = 8
+"""Bytes of the widest element the module's kernels store for a graph tensor: int64 indices,
+a float32 upcast of a 16-bit activation (4) and float32 tensors themselves are within it."""
+
+
+def check_sizes(graph: Graph, batch: int, seq: int) -> None:
+    """Refuse (exit 2) a micro-batch and length at which some graph tensor could not exist in
+    PyTorch: ``WIDEST_ELEMENT`` bytes per element past ``MAX_TENSOR_BYTES`` (the census would
+    end in torch's RuntimeError). Checked on the graph's own tensors before the module is
+    built; the module's tensors are the graph's, flattened or cast."""
+    sizes = {SYMBOLS["B"]: batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: seq}
+    seen: dict[Any, int] = {}
+    largest, name = 0, ""
+    for node in graph.nodes():
+        if node.type not in seen:
+            seen[node.type] = int(sympy.sympify(node.type.numel).xreplace(sizes))
+        if seen[node.type] > largest:
+            largest, name = seen[node.type], node.name
+    if largest * WIDEST_ELEMENT > MAX_TENSOR_BYTES:
+        raise TfgraphError(
+            f"--kernels eager: a micro-batch of {batch:,} x --seq {seq:,} makes {name} "
+            f"{largest:,} elements, past what a PyTorch tensor can hold (2^63 bytes, "
+            f"{WIDEST_ELEMENT} per element); give smaller sizes or --kernels graph")
+
+
 def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
     from tfgraph.exporters.torch.module import to_torch
+
+    check_sizes(graph, batch, seq)
 
     model = to_torch(graph, device="meta").train()
     visits: dict[str, _Visit] = {}

@@ -18,15 +18,21 @@ from rich.console import Console
 
 from tfgraph.cli_support import load_spec_arg, say_done
 from tfgraph.errors import TfgraphError
+from tfgraph.limits import MAX_BATCH, MAX_LENGTH, MAX_LENGTHS, check_at_most
 from tfgraph.terminal import printable
 
 PLOT_SUFFIXES = (".png", ".svg")
 
 
 def parse_seqs(text: str) -> list[int]:
-    """``128,512,2048`` -> [128, 512, 2048] (order kept, duplicates dropped)."""
+    """``128,512,2048`` -> [128, 512, 2048] (order kept, duplicates dropped); at most
+    ``MAX_LENGTHS`` lengths of at most ``MAX_LENGTH`` tokens."""
+    items = text.split(",")
+    if len(items) > MAX_LENGTHS:
+        raise TfgraphError(f"--seq: {len(items):,} lengths; a comparison takes at most "
+                           f"{MAX_LENGTHS}")
     out: list[int] = []
-    for item in text.split(","):
+    for item in items:
         item = item.strip()
         try:
             value = int(item, 10)
@@ -35,6 +41,7 @@ def parse_seqs(text: str) -> list[int]:
                                f"{text!r}") from None
         if value < 1:
             raise TfgraphError(f"--seq: lengths must be positive, got {value}")
+        check_at_most("--seq", value, MAX_LENGTH, "tokens per sequence")
         if value not in out:
             out.append(value)
     return out
@@ -146,9 +153,10 @@ def wrote(line: str, err: bool = False, last: bool = False) -> None:
 @click.command()
 @click.argument("specs", nargs=-1, required=True, metavar="SPEC SPEC...")
 @click.option("--seq", "seq_text", default="128,512,2048", show_default=True,
-              help="Comma-separated sequence lengths (source = target for encoder-decoder).")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Batch size the FLOPs and memory are computed at.")
+              help="Comma-separated sequence lengths (source = target for encoder-decoder), "
+                   f"at most {MAX_LENGTHS}.")
+@click.option("--batch", type=click.IntRange(min=1, max=MAX_BATCH), default=1,
+              show_default=True, help="Batch size the FLOPs and memory are computed at.")
 @click.option("--json", "as_json", is_flag=True, help="Print (or write with -o) the dict.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Write FLOPs / memory / params plots to FILE.png or FILE.svg.")

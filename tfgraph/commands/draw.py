@@ -9,6 +9,7 @@ import click
 from tfgraph.cli_support import load_spec_arg, say_done
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.lengths import check_lengths, default_seq
+from tfgraph.limits import MAX_BATCH, MAX_LENGTH
 from tfgraph.terminal import printable
 
 LEVELS = ("model", "layer", "op")
@@ -44,9 +45,9 @@ def format_for(path: Path) -> str:
 @click.option("--unfold", is_flag=True, help="Op level: draw every layer, not just the first.")
 @click.option("--annotate", multiple=True, metavar="params|flops",
               help="Add parameter counts and/or FLOP shares to the boxes (repeat or comma-list).")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Batch size for --annotate flops.")
-@click.option("--seq", type=click.IntRange(min=1), default=None,
+@click.option("--batch", type=click.IntRange(min=1, max=MAX_BATCH), default=1,
+              show_default=True, help="Batch size for --annotate flops.")
+@click.option("--seq", type=click.IntRange(min=1, max=MAX_LENGTH), default=None,
               help="Sequence length (source and target) for --annotate flops (default 128, "
                    "or max_len when that is smaller).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),

@@ -96,8 +96,9 @@ class _Stream:
 @click.option("--seed", type=SEED, default=None, help="Seed of the sampling generator.")
 @click.option("--beams", type=click.IntRange(min=1, max=MAX_BEAMS), default=1, show_default=True,
               help="Beam search with this many beams (1: no beam search).")
-@click.option("--length-penalty", type=float, default=1.0, show_default=True,
-              help="Beam scores are log-prob sums / length ** this (0: plain sums).")
+@click.option("--length-penalty", type=float, default=None,
+              help="With --beams: beam scores are log-prob sums / length ** this (default 1; "
+                   "0: plain sums).")
 @click.option("--backend", type=click.Choice(["onnx", "torch"]), default="onnx",
               show_default=True, help="onnxruntime (the built ONNX model) or the torch module.")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
@@ -137,7 +138,7 @@ class _Stream:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, ...],
              max_new_tokens: int, temperature: float | None, top_k: int | None,
-             top_p: float | None, seed: int | None, beams: int, length_penalty: float,
+             top_p: float | None, seed: int | None, beams: int, length_penalty: float | None,
              backend: str, provider: str, threads: int | None, eos_ids: tuple[int, ...],
              ignore_eos: bool, decoder_start_id: int | None, weights_seed: int | None,
              weights: Path | None, opset: int, no_cache: bool, compile_step: bool,
@@ -153,7 +154,12 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     if ignore_eos and eos_ids:
         raise TfgraphError("--ignore-eos and --eos-id contradict each other")
     check_threads("--threads", threads)
-    if not math.isfinite(length_penalty):
+    if length_penalty is None:
+        length_penalty = 1.0
+    elif beams == 1:  # greedy and sampled rows have no beam scores to normalise
+        raise TfgraphError(f"--length-penalty {length_penalty}: for beam search only "
+                           "(--beams 2 or more)")
+    elif not math.isfinite(length_penalty):
         raise TfgraphError(f"--length-penalty: expected a finite number, got {length_penalty}")
     source = built_seq2seq(source)  # an encoder-decoder's KV-cache folder: its decoder file
     prompts: list[Any] = [parse_ids(p) for p in prompt_ids] or list(prompt_texts)

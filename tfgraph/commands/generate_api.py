@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tfgraph.errors import TfgraphError
+from tfgraph.terminal import printable
 from tfgraph.commands.steppers import Opened, settings_folder, stepper_for
 from tfgraph.generation.loop import OnToken, check_search
 from tfgraph.generation.loop import generate as run_loop
@@ -73,6 +74,7 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
         if start is None:
             start = tokens.decoder_start if tokens and tokens.decoder_start is not None else 0
         opened = stepper_for_module(source, provider, threads, start, cache, compile)
+        _check_start_applies(decoder_start_token_id, opened)
         _check_decoder_start(start, False, opened)
         eos = _eos_ids(eos_token_id, tokens.eos_ids() if tokens else ())
         return Prepared(opened, [_prompt_ids(p, i, None, opened) for i, p in
@@ -88,6 +90,7 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
                          compile, None if weights is None else os.fspath(weights),
                          fused_attention, cuda_graph)
     try:
+        _check_start_applies(decoder_start_token_id, opened)
         _check_decoder_start(start, decoder_start_token_id is None, opened)
         tokenizer = _tokenizer(opened.tokenizer)
         ids = [_prompt_ids(p, i, tokenizer, opened) for i, p in enumerate(prompts)]
@@ -188,6 +191,15 @@ def warm_up(ready: Prepared, max_new_tokens: int, beams: int = 1) -> float | Non
     if not getattr(stepper, "compiled", False):
         return None
     return float(getattr(stepper, "compile_s"))
+
+
+def _check_start_applies(given: int | None, opened: Opened) -> None:
+    """A decoder-only model has no first target token (its output continues the prompt): a
+    start id given for one is refused, as it would have no effect."""
+    if given is not None and not opened.stepper.encoder_decoder:
+        raise TfgraphError(f"--decoder-start-id {given}: {printable(opened.label)} is "
+                           "decoder-only, with no target sequence to start (encoder-decoder "
+                           "models only)")
 
 
 def _check_decoder_start(start: int, from_folder: bool, opened: Opened) -> None:

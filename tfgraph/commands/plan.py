@@ -26,7 +26,7 @@ import click
 
 from tfgraph.cli_support import load_spec_arg
 from tfgraph.errors import TfgraphError
-from tfgraph.limits import MAX_BATCH, MAX_GPUS, MAX_TOP
+from tfgraph.limits import MAX_BATCH, MAX_GPUS, MAX_LENGTH, MAX_TOP
 from tfgraph.graph.lengths import check_lengths
 from tfgraph.parallel.layout import GradReduce, Layout
 
@@ -132,7 +132,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     gpus = _count("--gpus", gpus_text, maximum=MAX_GPUS)
     assert gpus is not None  # required=True
     device = gpu(gpu_name, gpu_memory)
-    seq = _count("--seq", seq_text) or spec.max_len or DEFAULT_SEQ
+    seq = _count("--seq", seq_text, maximum=MAX_LENGTH) or spec.max_len or DEFAULT_SEQ
     check_lengths(spec, ("--seq", seq))  # README, "Lengths beyond max_len"
     global_batch = _count("--global-batch", global_text)
     given = {"--tp": tp_text, "--pp": pp_text, "--vpp": vpp_text, "--stage-layers": stage_text,

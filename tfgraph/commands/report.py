@@ -20,6 +20,7 @@ from tfgraph.cli_support import describe, load_spec_arg
 from tfgraph.commands.compare import plain
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.lengths import check_lengths, default_seq
+from tfgraph.limits import MAX_BATCH, MAX_LENGTH, check_at_most
 from tfgraph.passes.param_groups import kind_title, order_kinds
 from tfgraph.prefixes import PARAMS, SI, prefixed
 
@@ -35,6 +36,8 @@ def _positive(option: str, text: str | None) -> int | None:
         raise TfgraphError(f"{option}: expected a positive integer, got {text!r}") from None
     if value < 1:
         raise TfgraphError(f"{option}: expected a positive integer, got {value}")
+    check_at_most(option, value, MAX_BATCH if option == "--batch" else MAX_LENGTH,
+                  "sequences per batch" if option == "--batch" else "tokens per sequence")
     return value
 
 

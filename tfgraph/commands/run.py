@@ -19,7 +19,7 @@ import click
 import numpy as np
 
 from tfgraph.errors import TfgraphError
-from tfgraph.limits import SEED, check_memory, check_threads
+from tfgraph.limits import MAX_REPEAT, SEED, check_memory, check_threads
 from tfgraph.graph.lengths import Lengths, check_lengths, default_seq
 from tfgraph.terminal import printable
 
@@ -143,8 +143,8 @@ def _torch_logits(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
                    "is capped at the spec's max_len.")
 @click.option("--tgt-seq", type=click.IntRange(min=1), default=None,
               help="Target length of encoder-decoder models (default: --seq).")
-@click.option("--repeat", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Timed runs (after one untimed warm-up).")
+@click.option("--repeat", type=click.IntRange(min=1, max=MAX_REPEAT), default=10, show_default=True,
+              help=f"Timed runs (after one untimed warm-up), at most {MAX_REPEAT:,}.")
 @click.option("--check", is_flag=True,
               help="Also run the PyTorch back end on the same weights and compare.")
 @click.option("--seed", type=SEED, default=None,

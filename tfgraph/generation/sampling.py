@@ -9,6 +9,8 @@ always stays). Draws come from a numpy ``Generator`` seeded once, so a seed repr
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,8 +30,10 @@ class Sampler:
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.temperature is not None and not self.temperature >= 0:
-            raise TfgraphError(f"--temperature {self.temperature}: must be >= 0 (0: greedy)")
+        if self.temperature is not None and not 0 <= self.temperature < math.inf:
+            # inf flattened every distribution to uniform draws, NaN compared false
+            raise TfgraphError(f"--temperature {self.temperature}: must be finite and >= 0 "
+                               "(0: greedy)")
         if self.top_k is not None and self.top_k < 1:
             raise TfgraphError(f"--top-k {self.top_k}: must be >= 1")
         if self.top_p is not None and not 0 < self.top_p <= 1:
