@@ -57,6 +57,16 @@ def test_a_file_in_the_way_is_one_line(tmp_path: Path) -> None:
     assert (tmp_path / "file").read_text() == "mine"
 
 
+def test_a_dot_dot_after_a_missing_folder_is_one_line_and_makes_nothing(tmp_path: Path
+                                                                      ) -> None:
+    """``-o new/../m.onnx``: mkdir -p would make ``new`` only to step out of it (and a failed
+    mkdir used to leave it behind): refused before any folder is made."""
+    result = cli("build", TINY, "--to", "onnx", "-o", str(tmp_path / "new" / ".." / "m.onnx"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "'..' after it names no folder" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_library_writes_still_want_an_existing_folder(tmp_path: Path) -> None:
     import pytest
 

@@ -224,9 +224,17 @@ def make_parents(target: Path) -> None:
     if not parent.is_dir():
         raise TfgraphError(f"{short_path(target)}: {short_path(parent)} is not a "
                            "directory")
+    dots = next((m for m in missing if m.name in ("..", ".")), None)
+    if dots is not None:  # "new/../x": mkdir -p would make "new" only to step out of it
+        raise TfgraphError(f"{short_path(target)}: {short_path(dots.parent)} does not "
+                           f"exist, so {dots.name!r} after it names no folder; give the path "
+                           "without it")
     try:
         target.parent.mkdir(parents=True)
     except OSError as exc:
+        for made in missing:  # deepest first: what this call made before it failed
+            with contextlib.suppress(OSError):
+                made.rmdir()
         raise TfgraphError(f"{short_path(target)}: cannot create directory "
                            f"{short_path(target.parent)}: {exc.strerror or exc}") from None
     if not _CREATED:
