@@ -115,10 +115,11 @@ def interleaved_steps(paths: dict[str, Path], prompts: list[list[int]], steps: i
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
                                     disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
 
-    vocab = 1 << 30
+    sessions = {kind: session(paths[kind]) for kind in ("written", "fused")}
+    vocab = int(sessions["fused"].get_outputs()[0].shape[-1])  # the fused stepper's logits
     steppers: dict[str, Any] = {
-        "written": onnx_cached(session(paths["written"]), vocab, None),
-        "fused": FusedOnnx(session(paths["fused"]), vocab, None)}
+        "written": onnx_cached(sessions["written"], vocab, None),
+        "fused": FusedOnnx(sessions["fused"], vocab, None)}
     steppers["fused"].prepare(len(prompts), max(len(p) for p in prompts), steps + 1)
     ids, lengths = left_pad([np.array(p) for p in prompts])
     nxt = {k: s.prefill(ids, lengths).argmax(-1) for k, s in steppers.items()}
@@ -136,7 +137,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--provider", default="cpu")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny-llama only, one round of 4 tokens: that the script runs "
+                             "(tests/test_decode_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.new_tokens = 1, 4
     import tfgraph
     from tfgraph.spec.schema import Spec
 
@@ -145,7 +151,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="tfgraph-fused-") as tmp:
         cases = [("tiny-llama", tfgraph.load_spec(ROOT / "specs" / "tiny-llama.yaml")),
-                 ("llama-31m", Spec.model_validate(MID))]
+                 ("llama-31m", Spec.model_validate(MID))][:1 if args.quick else 2]
         for label, spec in cases:
             paths = build(spec, Path(tmp))
             for kind, path in paths.items():
