@@ -505,6 +505,30 @@ def test_an_onnx_file_with_its_weights_and_settings(tmp_path: Path) -> None:
                     "--ignore-eos")["tokens"] == want
 
 
+def test_generation_settings_it_does_not_apply_are_named(tmp_path: Path) -> None:
+    """generation_config.json settings that change transformers' tokens and that tfgraph
+    generate does not apply are named in a note, not dropped without a word; sampling
+    settings only when the file samples; the ids it does apply, and defaults, are not."""
+    graph = tfgraph.compile(SPECS / "tiny-decoder.yaml")
+    path = write_onnx(graph, tmp_path / "m.onnx", seed=5)
+    config = tmp_path / "generation_config.json"
+    args = (path, "--prompt-ids", "1,2", "--max-new-tokens", "2")
+    config.write_text(json.dumps({"eos_token_id": 3, "repetition_penalty": 1.0,
+                                  "temperature": 0.6, "transformers_version": "5.24.0"}))
+    assert "not applied" not in cli(*args).stderr  # defaults; temperature without sampling
+    config.write_text(json.dumps({"eos_token_id": 3, "do_sample": True, "temperature": 0.6,
+                                  "top_p": 0.9, "repetition_penalty": 1.8,
+                                  "no_repeat_ngram_size": 2, "max_new_tokens": 5}))
+    result = cli(*args)
+    assert result.exit_code == 0, result.stderr
+    note = next(line for line in result.stderr.splitlines() if "not applied" in line)
+    for setting in ("do_sample = true", "temperature = 0.6", "top_p = 0.9",
+                    "repetition_penalty = 1.8", "no_repeat_ngram_size = 2",
+                    "max_new_tokens = 5"):
+        assert setting in note, (setting, note)
+    assert "eos_token_id" not in note
+
+
 def test_an_incomplete_kv_cache_interface_is_refused(tmp_path: Path) -> None:
     """A model with some of the KV-cache inputs is not run by the full-recompute stepper (it
     would be fed wrongly) nor by the cached one: it is named as what it is."""

@@ -89,6 +89,9 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
     opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start, cache,
                          compile, None if weights is None else os.fspath(weights),
                          fused_attention, cuda_graph)
+    unapplied = settings.note()
+    if unapplied is not None:
+        opened.notes.append(unapplied)
     try:
         _check_start_applies(decoder_start_token_id, opened)
         _check_decoder_start(start, decoder_start_token_id is None, opened)
@@ -109,7 +112,8 @@ def _spec_settings(path: str, settings: Settings) -> Settings:
         return settings
     start = tokens.decoder_start
     return Settings(tokens.eos_ids() or settings.eos_token_id,
-                    settings.decoder_start_token_id if start is None else start)
+                    settings.decoder_start_token_id if start is None else start,
+                    settings.not_applied)
 
 
 def _eos_ids(eos_token_id: int | Iterable[int] | None | Setting,
