@@ -23,7 +23,9 @@ from tfgraph.commands.plan_tables import render_plan, render_search
 from tfgraph.spec.loader import load_spec
 from tfgraph.parallel.gpus import GB, GIB, GPUS, gpu
 from tfgraph.parallel.layout import Layout
+from tfgraph.graph.ir import SYMBOLS
 from tfgraph.parallel.planner import plan, stages
+from tfgraph.parallel.units import units
 
 SPECS = ROOT / "specs"
 DECODER = ROOT / "tests" / "data" / "tiny-decoder-padded.yaml"  # 2 layers, 4 heads, max_len 64
@@ -416,3 +418,38 @@ def test_report_and_plan_count_the_same_model_states(states: str | None, per_par
         == report["memory"]["model_states"] + 4 * tensors
     assert planned["model_states"].startswith(report["model_states"])
     assert f"= {per_param} bytes per parameter" in report["model_states"]
+
+
+def test_full_recompute_sends_its_forward_collectives_again():
+    """Full recompute reruns each layer's forward, collectives included (Megatron-LM's
+    CheckpointFunction): its tensor-parallel all-reduces and its MoE all-to-alls are in the bytes
+    as in the time, and in the tp formula; selective recompute reruns attention cores (no
+    collective)."""
+    args = ("--gpus", 4, "--tp", 2, "--pp", 2, "--global-batch", 4, "--seq", 32)
+    none, sel, full = (plan_json(DECODER, *args, "--recompute", r)
+                       for r in ("none", "selective", "full"))
+    graph = tfgraph.compile(load_spec(DECODER).model_copy(update={"dtype": "bfloat16"}),
+                            loss=True)
+    sizes = {SYMBOLS["B"]: 1, SYMBOLS["S"]: 32, SYMBOLS["T"]: 32}
+    tp_stage = full["formula_notes"]["step.comm_bytes.tp"].split(";")[0].split()[1]
+    counts = tuple(stage["layers"] for stage in full["stages"])
+    rerun = sum(int(sympy.sympify(units(graph)[0][i].tp_forward).xreplace(sizes))
+                for i in stages(graph, counts)[int(tp_stage)] if units(graph)[0][i].is_layer)
+    n = full["layout"]["microbatches"]
+    assert rerun > 0
+    assert full["step"]["comm_bytes"]["tp"] == pytest.approx(
+        none["step"]["comm_bytes"]["tp"] + n * 2 * (2 - 1) / 2 * rerun, abs=1)
+    assert sel["step"]["comm_bytes"]["tp"] == none["step"]["comm_bytes"]["tp"]
+    assert full["step"]["time_parts"]["tp_exposed"] > none["step"]["time_parts"]["tp_exposed"]
+    assert full["formulas"]["step.comm_bytes.tp"] != none["formulas"]["step.comm_bytes.tp"]
+    # MoE: dispatch + combine in forward and backward (4), again in the rerun forward (6)
+    moe = ("--gpus", 8, "--ep", 8, "--zero", 3, "--global-batch", 8, "--seq", 32)
+    none, sel, full = (plan_json(MOE, *moe, "--recompute", r)
+                       for r in ("none", "selective", "full"))
+    assert none["step"]["comm_bytes"]["ep"] > 0
+    assert full["step"]["comm_bytes"]["ep"] == pytest.approx(
+        1.5 * none["step"]["comm_bytes"]["ep"], abs=2)
+    assert full["step"]["time_parts"]["ep_exposed"] == pytest.approx(
+        1.5 * none["step"]["time_parts"]["ep_exposed"])
+    assert sel["step"]["comm_bytes"]["ep"] == none["step"]["comm_bytes"]["ep"]
+    assert sel["step"]["time_parts"]["ep_exposed"] == none["step"]["time_parts"]["ep_exposed"]

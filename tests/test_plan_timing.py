@@ -287,3 +287,72 @@ def test_search_tries_interleaving_where_megatron_allows_it() -> None:
     assert _chunks(24, 8, 8) == [1]  # 3 layers per stage
     assert _chunks(96, 1, 16) == [1]  # no pipeline
 
+
+
+# ---- ZeRO-2's per-micro-batch reduction and gradient accumulation (review of the planner) ----
+
+def test_zero2_reduce_scatters_every_micro_batch_under_its_own_backward() -> None:
+    """ZeRO-2 keeps 1/d of the gradients: each micro-batch's are reduce-scattered as its backward
+    makes them (DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP), m times ZeRO-1's once-a-step reduction,
+    each under its micro-batch's backward by the same overlap rule."""
+    elements = 400_000_000  # 10 buckets of 40M
+    s = States(0, 0, 0, elements)
+    bw, lat = timing.link(H100, 8)
+    m = 4
+    one, two = (Layout(dp=8, global_batch=8 * m, zero=z) for z in (1, 2))
+    assert two.microbatches == m
+    reduce = timing.ring_time(elements * float(timing.grad_bytes(two)), 8, False, bw, lat)
+    gather = timing.ring_time(elements * 2.0, 8, False, bw, lat)
+    for backward, per_mb in ((10 * reduce, reduce / 10), (reduce / 2, reduce / 2)):
+        slot = {"forward": 10 * gather, "backward": backward, "recompute": 0.0}
+        assert timing._dp_exposed(one, H100, s, slot, 1, 2) == pytest.approx(per_mb + gather / 10)
+        assert timing._dp_exposed(two, H100, s, slot, 1, 2) == pytest.approx(
+            m * per_mb + gather / 10)
+    # after the backward (no overlap): every micro-batch's whole reduce-scatter exposed
+    after = Layout(dp=8, global_batch=8 * m, zero=2, grad_reduce="after")
+    slot = {"forward": 10 * gather, "backward": 1e3, "recompute": 0.0}
+    assert timing._dp_exposed(after, H100, s, slot, 1, 2) == pytest.approx(
+        m * reduce + gather / 10)
+
+
+def test_zero2_sends_its_gradients_every_micro_batch_and_accumulates_shards(gpt) -> None:
+    kw = dict(tp=8, pp=2, dp=4, global_batch=32, seq=2048)  # 8 micro-batches per rank
+    z1, z2 = (plan(gpt, Layout(zero=z, **kw), H100)["step"] for z in (1, 2))
+    m = Layout(**kw).microbatches
+    assert m == 8
+    # dp bytes: ZeRO-1 reduce-scatters the gradients once and gathers the weights (same size
+    # in 16-bit), ZeRO-2 reduce-scatters them every micro-batch
+    once = z1["comm_bytes"]["dp"] / 2
+    assert z2["comm_bytes"]["dp"] == pytest.approx((m + 1) * once, rel=1e-9)
+    assert z2["time_parts"]["dp_exposed"] > z1["time_parts"]["dp_exposed"]
+    # accumulation into the 1/4 shard: far less than into the full buffer, but not free
+    assert 0 < z2["time_parts"]["grad_accumulation"] < z1["time_parts"]["grad_accumulation"] / 2
+    # one micro-batch: ZeRO-2 is ZeRO-1's traffic and time
+    single = dict(kw, global_batch=4)
+    s1, s2 = (plan(gpt, Layout(zero=z, **single), H100)["step"] for z in (1, 2))
+    assert s2["comm_bytes"]["dp"] == s1["comm_bytes"]["dp"]
+    assert s2["time_parts"]["dp_exposed"] == pytest.approx(s1["time_parts"]["dp_exposed"])
+
+
+def test_gradient_accumulation_at_one_micro_batch_only_into_megatrons_fp32_buffer(gpt) -> None:
+    """The first micro-batch's gradient is the gradient (PyTorch's AccumulateGrad keeps it; a
+    ZeRO 2-3 reduce-scatter writes the shard): nothing to add at m = 1, whatever the ZeRO
+    stage, and m - 1 adds at m; Megatron-LM's fp32 main_grad is added into from the first
+    micro-batch on (m adds)."""
+    kw = dict(tp=8, pp=2, global_batch=4, seq=2048)  # dp 4 x micro-batch 1: m = 1
+
+    def accumulate(**extra: object) -> float:
+        layout = Layout(**{**kw, "dp": 4, **extra})  # type: ignore[arg-type]
+        return plan(gpt, layout, H100)["step"]["time_parts"]["grad_accumulation"]
+
+    for zero in (0, 1, 2):
+        assert accumulate(zero=zero) == 0.0
+    assert accumulate(zero=1, states="megatron") > 0
+    # m = 4: 3 adds of the full buffer (16-bit) against 4 (Megatron's fp32 main_grad)
+    four = dict(global_batch=16)
+    mixed, megatron = accumulate(**four), accumulate(states="megatron", **four)
+    assert mixed > 0 and megatron > mixed
+    assert megatron == pytest.approx(4 * accumulate(states="megatron"))
+    # per element an add reads the 16-bit gradient and reads and writes the buffer: 2 + 2 x 2
+    # bytes into a 16-bit buffer, 2 + 2 x 4 into an fp32 one
+    assert mixed / megatron == pytest.approx((3 * 6) / (4 * 10))

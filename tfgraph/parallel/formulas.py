@@ -12,7 +12,8 @@ stage, identical units folded (``planner.stage_members``: a count times one unit
 - ``step.comm_bytes.tp`` (the stage that sends most, the figure the planner reports):
   ``n * sum(count * 2 (t - 1) / t * (tp_forward + tp_backward + vocab_reduce))``: ring
   all-reduces (with sequence parallelism reduce-scatter + all-gather, the same volume;
-  Korthikanti et al. 2022 §4.2.2) of every micro-batch.
+  Korthikanti et al. 2022 §4.2.2) of every micro-batch; full recompute adds a layer's
+  ``tp_forward`` once more (its rerun forward's all-reduces).
 
 Symbols: B micro-batch, S sequence, t tensor-parallel ranks, m micro-batches the stage keeps in
 flight under 1F1B (min(p - stage, micro-batches per step): the first stage keeps p, Narayanan
@@ -82,9 +83,11 @@ def _kept(unit: Unit, attention: str, recompute: str, whole_div: sympy.Expr) -> 
     return _in_bs(split) / TP + _in_bs(whole) / whole_div + _in_bs(replicated)
 
 
-def _tp_bytes(unit: Unit) -> sympy.Expr:
-    """Bytes one micro-batch all-reduces across tensor-parallel ranks, before the ring factor."""
-    return _in_bs(unit.tp_forward + unit.tp_backward + unit.vocab_reduce)
+def _tp_bytes(unit: Unit, recompute: str) -> sympy.Expr:
+    """Bytes one micro-batch all-reduces across tensor-parallel ranks, before the ring factor
+    (a layer's forward ones twice under full recompute, which reruns its forward)."""
+    rerun = unit.tp_forward if recompute == "full" and unit.is_layer else 0
+    return _in_bs(unit.tp_forward + unit.tp_backward + unit.vocab_reduce + rerun)
 
 
 def activations_formula(graph: Graph, members: StageMembers, attention: str, recompute: str,
@@ -97,10 +100,11 @@ def activations_formula(graph: Graph, members: StageMembers, attention: str, rec
     return IN_FLIGHT * sympy.expand(body)
 
 
-def tp_comm_formula(graph: Graph, members: StageMembers) -> sympy.Expr:
+def tp_comm_formula(graph: Graph, members: StageMembers, recompute: str = "none"
+                    ) -> sympy.Expr:
     """Bytes a rank of the stage sends to its tensor-parallel group in a step."""
     all_units = units(graph)[0]
-    body = sympy.expand(sympy.Add(*(count * _tp_bytes(all_units[i])
+    body = sympy.expand(sympy.Add(*(count * _tp_bytes(all_units[i], recompute)
                                     for i, count in members.groups)))
     return 2 * MICROBATCHES * (TP - 1) / TP * body
 
@@ -118,7 +122,7 @@ def plan_formulas(graph: Graph, layout: Layout, attention: str,
         table[key] = (
             str(activations_formula(graph, folded[stage], attention, layout.recompute,
                                     layout.sp)),
-            str(tp_comm_formula(graph, folded[tp_stage])))
+            str(tp_comm_formula(graph, folded[tp_stage], layout.recompute)))
     activations, tp = table[key]
     values = {"B": layout.micro_batch, "S": layout.seq, "t": layout.tp,
               "m": in_flight(layout, stage), "n": layout.microbatches}

@@ -18,11 +18,14 @@ the layout divides them:
 - communication, bytes each rank sends per step with ring collectives (an all-reduce of n
   bytes over k ranks sends 2 n (k - 1) / k, a reduce-scatter or an all-gather n (k - 1) / k):
   tp the forward and backward all-reduces of every layer (with sequence parallelism the same
-  volume as reduce-scatter + all-gather) and the vocabulary reductions; dp the gradients
-  (ZeRO 0 all-reduce; 1-2 reduce-scatter + all-gather of weights, once a step; 3 weights
+  volume as reduce-scatter + all-gather; full recompute's rerun forward repeats the forward
+  ones) and the vocabulary reductions; dp the gradients (ZeRO 0 all-reduce; 1 reduce-scatter
+  + all-gather of weights, once a step; 2 the same but the reduce-scatter every micro-batch,
+  its 1/d gradient shard unable to accumulate full gradients (DeepSpeed ZeRO-2, FSDP
+  SHARD_GRAD_OP); 3 weights
   gathered in forward and backward and gradients reduce-scattered, every micro-batch); pp the
   activation and its gradient over each stage boundary; ep the token exchange of every MoE
-  layer (dispatch and combine, forward and backward);
+  layer (dispatch and combine, forward and backward, again in full recompute's forward);
 - time: ``tfgraph.parallel.timing`` (each op's time from its FLOPs and bytes at the GPU's
   achievable rates, the collectives from bytes, links and latency, the overlap rules, the 1F1B
   or interleaved schedule); every assumption is in the plan's ``assumptions``. MFU = model
@@ -55,7 +58,8 @@ from tfgraph.passes.figures import states_note
 
 _NUMBERS = ("saved_none_split", "saved_none_whole", "saved_none_replicated", "saved_sel_split",
             "saved_sel_whole", "saved_sel_replicated", "inputs", "flops_split", "flops_whole",
-            "flops_replicated", "attention_flops", "tp", "vocab_reduce", "a2a", "output_grad")
+            "flops_replicated", "attention_flops", "tp", "tp_forward", "vocab_reduce", "a2a",
+            "output_grad")
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,8 @@ def _evaluate(unit: Unit, form: str, sizes: dict[sympy.Symbol, int]) -> UnitNumb
         "inputs": unit.inputs, "flops_split": unit.flops_split,
         "flops_whole": unit.flops_whole, "flops_replicated": unit.flops_replicated,
         "attention_flops": unit.attention_flops,
-        "tp": unit.tp_forward + unit.tp_backward, "vocab_reduce": unit.vocab_reduce,
+        "tp": unit.tp_forward + unit.tp_backward, "tp_forward": unit.tp_forward,
+        "vocab_reduce": unit.vocab_reduce,
         "a2a": unit.a2a, "output_grad": unit.output_grad,
     }
     return UnitNumbers({k: int(sympy.sympify(v).xreplace(sizes)) for k, v in exprs.items()})
@@ -234,8 +239,13 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
         elif layout.recompute == "full" and unit.is_layer:
             extra = forward
         flops += (3 * forward + extra) * m * count
-        tp_bytes += (_ring(n["tp"], t, True) + _ring(n["vocab_reduce"], t, True)) * m * count
-        a2a += 4 * _ring(n["a2a"], layout.ep, False) * m * count
+        # full recompute reruns a layer's forward, collectives included (Megatron-LM's
+        # CheckpointFunction): its forward all-reduces and its two all-to-alls once more
+        full = layout.recompute == "full" and unit.is_layer
+        rerun = n["tp_forward"] if full else 0
+        tp_bytes += (_ring(n["tp"] + rerun, t, True) + _ring(n["vocab_reduce"], t, True)) \
+            * m * count
+        a2a += (6 if full else 4) * _ring(n["a2a"], layout.ep, False) * m * count
         if n["output_grad"]:
             temporary += n["output_grad"] // (t if unit.output_grad_split else 1) * count
         per_unit_params += [unit_states.unsharded] * min(count, 2)
@@ -269,7 +279,12 @@ def _dp_bytes(layout: Layout, s: States, w16: int) -> float:
         if layout.zero == 0:
             total += _ring(grads, ranks, True)
         elif layout.zero in (1, 2):
-            total += _ring(grads, ranks, False) + _ring((elements - fixed) * w16, ranks, False)
+            # ZeRO 2 keeps 1/d of the gradients, so each micro-batch's are reduce-scattered as
+            # its backward makes them (DeepSpeed ZeRO-2 reduces every micro-step; FSDP
+            # SHARD_GRAD_OP every backward): m times; ZeRO 1 accumulates full ones, reduced once
+            times = m if layout.zero == 2 else 1
+            total += times * _ring(grads, ranks, False) + _ring((elements - fixed) * w16, ranks,
+                                                                False)
         else:
             total += m * (2 * _ring(elements * w16, ranks, False) + _ring(grads, ranks, False))
     return total

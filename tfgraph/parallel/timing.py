@@ -51,13 +51,20 @@ nodes; ranks are ordered tensor, data, pipeline (Megatron-LM's default order), s
 span ranks stays in a node when span <= per_node. Overlap rules:
 - tensor-parallel collectives (and the vocabulary reductions, and the MoE all-to-all) are
   exposed: they sit between the GEMMs that need them (Megatron-LM without its TP-comm overlap);
-  full recompute repeats the forward ones;
-- data parallel, ZeRO 0-2: the gradients' all-reduce (reduce-scatter) runs under the backward
+  full recompute repeats the forward ones, the MoE dispatch and combine all-to-alls among them
+  (the recomputed forward is the forward, collectives included: Megatron-LM's
+  ``CheckpointFunction`` reruns the layer's forward); selective recompute reruns attention
+  cores, which hold no collective;
+- data parallel, ZeRO 0-1: the gradients' all-reduce (reduce-scatter) runs under the backward
   pass of the last micro-batch, bucket by bucket; what exceeds that backward, and at least the
   last bucket (``BUCKET_ELEMENTS``), is exposed (PyTorch DDP / Megatron-LM
-  ``overlap_grad_reduce``: earlier micro-batches only accumulate). ZeRO 1-2 gather the updated
-  16-bit weights under the next step's first forward (``overlap_param_gather``), the first
-  bucket exposed;
+  ``overlap_grad_reduce``: earlier micro-batches only accumulate into the full gradient
+  buffer). ZeRO 2 keeps only its 1/d shard of the gradients, so every micro-batch's gradients
+  are reduce-scattered as its backward produces them (DeepSpeed ZeRO-2 reduces at every
+  micro-step; PyTorch FSDP SHARD_GRAD_OP every backward outside ``no_sync``, which keeps full
+  gradients): the same rule per micro-batch, m times. ZeRO 1-2 gather the updated 16-bit
+  weights under the next step's first forward (``overlap_param_gather``), the first bucket
+  exposed;
 - ZeRO 3 (FSDP): every micro-batch gathers each layer's weights in forward and backward and
   reduce-scatters its gradients, prefetched under the previous layer's compute (FSDP's
   forward/backward prefetch): exposed is what exceeds the compute, plus the first layer's
@@ -69,9 +76,19 @@ span ranks stays in a node when span <= per_node. Overlap rules:
   (activation forward, gradient backward); between nodes each of the t ranks sends 1/t of the
   boundary over its own NIC and the stage all-gathers it over NVLink (the scatter-gather of
   §4.1), with sequence parallelism each rank's rows already are that 1/t;
-- gradient accumulation: every micro-batch's weight gradients (16-bit, as the GEMMs write them)
-  are added into the rank's gradient buffer (Megatron-LM's ``main_grad``, PyTorch's ``.grad``):
-  a memory-bound pass reading them and the buffer and writing the buffer;
+- gradient accumulation (``_accumulate_time``): ZeRO 0-1 add each micro-batch's weight
+  gradients (16-bit, as the GEMMs write them) into the rank's full gradient buffer, a
+  memory-bound pass reading them and the buffer and writing the buffer; Megatron-LM's fp32
+  ``main_grad`` (``--states megatron``) is zeroed each step and added into from the first
+  micro-batch on (its backward hook: ``main_grad.add_(grad)``), a 16-bit buffer of the
+  gradients' own dtype takes the first micro-batch's gradient as it is (PyTorch's
+  ``AccumulateGrad`` keeps the new gradient when ``.grad`` is None): m - 1 passes. ZeRO 2-3
+  accumulate after the reduce-scatter, into the 1/d shard: the first micro-batch's reduced
+  shard is the gradient, each later one is added to it (read both shards, write one; FSDP's
+  sharded ``.grad``, DeepSpeed's partitioned gradients); reduced in fp32 (``--states megatron``
+  ZeRO 2, ZeRO 3) each micro-batch's 16-bit gradients are first cast into the fp32 reduction
+  buffer (read 16-bit, write fp32; FSDP's reduce_dtype copy-in, counted by ``--kernels eager``
+  ZeRO 3's copies instead);
 - the optimizer step reads the rank's weights, gradients and optimizer states and writes the
   weights and optimizer states, memory-bound, after everything else.
 
@@ -138,17 +155,23 @@ ASSUMPTIONS: dict[str, str] = {
                "+ the softmax's score traffic (+ attention dropout's: weights, dropped "
                "weights and 1-byte mask); "
                "other ops memory-bound (backward moves twice the bytes)",
-    "recompute": "full: each layer's forward again before its backward (and its forward "
-                 "tensor-parallel all-reduces); selective: the attention cores' forward",
+    "recompute": "full: each layer's forward again before its backward, collectives "
+                 "included (its forward tensor-parallel all-reduces and MoE dispatch + "
+                 "combine all-to-alls, in comm_bytes too; Megatron-LM's CheckpointFunction "
+                 "reruns the forward); selective: the attention cores' forward (no "
+                 "collectives)",
     "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
                    "and reduce-scatter (n-1)/n; links at 80% (NCCL bus bandwidth): NVLink "
                    "inside a node, the GPU's NIC between nodes; latency 1 us (NVLink), 5 us "
                    "(network) per ring step; rank order tensor, data, pipeline",
     "tensor_parallel": "all-reduces (reduce-scatter + all-gather with --sp), vocabulary "
                        "reductions and expert all-to-all exposed (not overlapped)",
-    "data_parallel": "ZeRO 0-2: gradient all-reduce / reduce-scatter under the last "
+    "data_parallel": "ZeRO 0-1: gradient all-reduce / reduce-scatter under the last "
                      "micro-batch's backward, the excess and at least the last 40M-element "
-                     "bucket exposed; ZeRO 1-2 weight all-gather under the next step's first "
+                     "bucket exposed; ZeRO 2: the reduce-scatter every micro-batch (1/d "
+                     "gradient shards: DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP), each under its "
+                     "micro-batch's backward by the same rule, m times the bytes; ZeRO 1-2 "
+                     "weight all-gather under the next step's first "
                      "forward, the first bucket exposed; ZeRO 3: gathers and reduce-scatters "
                      "every micro-batch prefetched under compute, the excess and the first "
                      "layer's gather exposed",
@@ -156,8 +179,14 @@ ASSUMPTIONS: dict[str, str] = {
                 "(--vpp v): bubble (p - 1)/(m v); point-to-point sends exposed, 2 per "
                 "boundary crossing (v crossings per stage interleaved), scatter-gather "
                 "between nodes",
-    "grad_accumulation": "each micro-batch's 16-bit weight gradients added into the rank's "
-                         "gradient buffer: read both, write the buffer, memory-bound",
+    "grad_accumulation": "memory-bound; ZeRO 0-1: each micro-batch's 16-bit weight "
+                         "gradients added into the full gradient buffer (read both, write "
+                         "the buffer): m times into Megatron-LM's zeroed fp32 main_grad "
+                         "(--states megatron), m - 1 times into a 16-bit one (PyTorch's "
+                         "AccumulateGrad keeps the first gradient); ZeRO 2-3: the reduced 1/d "
+                         "shards added from the second micro-batch on (the first is the "
+                         "gradient), after casting each micro-batch's 16-bit gradients into "
+                         "an fp32 reduction buffer when they are reduced in fp32",
     "optimizer": "Adam step memory-bound, one fused pass: reads weights, gradients and "
                  "optimizer states, writes weights and optimizer states",
     "kernels": "graph: one kernel per graph op (fused execution, as torch.compile approaches)",
@@ -173,7 +202,7 @@ EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's
                  "torch.optim.AdamW's kernels over the float32 elements the rank steps; "
                  "ZeRO 3: FSDP2's copies (casts and copies into and out of its gather "
                  "buffers, each group gathered in forward and backward; the gradients' "
-                 "float32 copy-in), exposed, every micro-batch reduced (FSDP2's default; not "
+                 "float32 copy-in, in place of grad_accumulation's cast), exposed, every micro-batch reduced (FSDP2's default; not "
                  "torch.distributed.pipelining's deferred reduction); the sharded gradients "
                  "accumulated from the second micro-batch on, one kernel per tensor")
 
@@ -701,10 +730,12 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
             if full:
                 tp_mb += nf * ring_time(per_f, t, True, tp_bw, tp_lat)
             tp_time += tp_mb * count
-            ep_time += 4 * ring_time(a2a, layout.ep, False, ep_bw, ep_lat) * count
+            # dispatch + combine, forward and backward; full recompute reruns the forward two
+            exchanges = 6 if full else 4
+            ep_time += exchanges * ring_time(a2a, layout.ep, False, ep_bw, ep_lat) * count
         crossings = 2 * v if p > 1 else 0
         pp_time = crossings * _p2p(edge, layout, gpu)
-        accumulate = (held.unsharded * elem + 2 * held.gradients) / mem_bw
+        accumulate = _accumulate_time(layout, held, elem, mem_bw)
         fsdp = 0.0
         if kernels is not None and layout.zero >= 3:  # FSDP2 as it runs eagerly
             groups = fsdp_groups(graph, group.groups)
@@ -766,6 +797,26 @@ def grad_bytes(layout: Layout) -> int:
     return 4 if layout.zero >= 3 else state_bytes(layout.dtype, layout.states)[1]
 
 
+def _accumulate_time(layout: Layout, s: States, elem: int, bandwidth: float) -> float:
+    """Seconds of gradient accumulation per micro-batch (the step's m micro-batches average),
+    the module docstring's rule: ZeRO 0-1 into the full buffer, ZeRO 2-3 into the 1/d shard
+    after each reduce-scatter (``--kernels eager`` ZeRO 3 replaces it with FSDP2's kernels)."""
+    m = layout.microbatches
+    reduced = s.unsharded - s.frozen_unsharded  # elements a gradient reaches
+    if layout.zero <= 1:
+        # Megatron-LM's fp32 main_grad is zeroed each step and added into from the first
+        # micro-batch (distributed_data_parallel's hook: main_grad.add_(grad)); a buffer of the
+        # gradients' own dtype is the first gradient (torch AccumulateGrad steals it)
+        adds = m if state_bytes(layout.dtype, layout.states)[1] != elem else m - 1
+        return adds / m * (reduced * elem + 2 * s.gradients) / bandwidth
+    # ZeRO 2-3: the reduce-scatter's output shard is the first micro-batch's gradient (FSDP's
+    # sharded .grad, DeepSpeed's partitioned gradients); later ones are added: read both, write
+    shard_adds = (m - 1) / m * 3 * s.gradients
+    rb = grad_bytes(layout)
+    copy_in = reduced * (elem + rb) if rb != elem else 0.0
+    return (shard_adds + copy_in) / bandwidth
+
+
 def _dp_exposed(layout: Layout, gpu: Gpu, s: States, slot: dict[str, float], layers: int,
                 elem: int) -> float:
     """Seconds of data-parallel traffic the stage cannot hide (the overlap rules)."""
@@ -789,8 +840,12 @@ def _dp_exposed(layout: Layout, gpu: Gpu, s: States, slot: dict[str, float], lay
         elif layout.zero in (1, 2):
             reduce = ring_time(grads, ranks, False, bw, lat)
             gather = ring_time(elements * elem, ranks, False, bw, lat)
-            exposed += max(reduce * (last if hidden else 1.0),
-                           reduce - hidden * (slot["backward"] + slot["recompute"]))
+            # ZeRO 2 holds 1/d of the gradients: every micro-batch's are reduce-scattered under
+            # its own backward (DeepSpeed ZeRO-2's per-micro-step reduction, FSDP
+            # SHARD_GRAD_OP), the last bucket of each exposed as ZeRO 3's are per micro-batch
+            times = layout.microbatches if layout.zero == 2 else 1
+            exposed += times * max(reduce * (last if hidden else 1.0),
+                                   reduce - hidden * (slot["backward"] + slot["recompute"]))
             exposed += max(gather * last, gather - slot["forward"])
         else:
             per_mb = (2 * ring_time(elements * elem, ranks, False, bw, lat)
