@@ -87,9 +87,10 @@ class Layout:
     grad_reduce: GradReduce = "overlap"
     """When ZeRO 0-2 reduce the gradients over the data-parallel ranks: "overlap" bucket by
     bucket under the last micro-batch's backward (PyTorch DDP, Megatron-LM's
-    ``overlap_grad_reduce``), "after" in one pass once the backward has finished (Megatron-LM's
-    ``--DDP-impl local``, its default until 2023: ``train_step`` calls
-    ``allreduce_gradients`` after ``forward_backward_func``), all of it exposed."""
+    ``overlap_grad_reduce``; ZeRO 2 under every micro-batch's: ``timing._dp_exposed``),
+    "after" in one pass once the backward has finished (Megatron-LM's ``--DDP-impl local``,
+    its default until 2023: ``train_step`` calls ``allreduce_gradients`` after
+    ``forward_backward_func``), all of it exposed."""
 
     @property
     def gpus(self) -> int:

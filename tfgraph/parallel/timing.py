@@ -211,7 +211,9 @@ EAGER_OPTIMIZER = ("torch.optim.AdamW's own kernels (foreach) over the float32 e
                    "steps, counted on the meta device: memory-bound")
 
 GRAD_REDUCE_AFTER = ("ZeRO 0-2 with --grad-reduce after (Megatron-LM's local DDP): the whole "
-                     "gradient all-reduce / reduce-scatter after the last backward, exposed; "
+                     "gradient all-reduce / reduce-scatter after the last backward, exposed "
+                     "(ZeRO 2: after every micro-batch's backward, its 1/d gradient shards "
+                     "unable to hold a full gradient); "
                      "ZeRO 1-2 weight all-gather under the next step's first forward, the first "
                      "bucket exposed")
 
