@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -356,3 +357,41 @@ def test_gradient_accumulation_at_one_micro_batch_only_into_megatrons_fp32_buffe
     # per element an add reads the 16-bit gradient and reads and writes the buffer: 2 + 2 x 2
     # bytes into a 16-bit buffer, 2 + 2 x 4 into an fp32 one
     assert mixed / megatron == pytest.approx((3 * 6) / (4 * 10))
+
+
+# ---- routed experts --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def deepseek():
+    return tfgraph.compile(tfgraph.load_spec(ROOT / "specs" / "deepseek-v3.yaml"), loss=True)
+
+
+def _experts(graph, layout):
+    work = next(w for items in timing.unit_work(graph) for w in items if w.kind == "experts")
+    sizes = {timing.SYMBOLS["B"]: layout.micro_batch, timing.SYMBOLS["S"]: layout.seq,
+             timing.SYMBOLS["T"]: layout.seq}
+    return timing._experts_time(work, sizes, layout, H100, H100.peak_flops)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_routed_experts_are_timed_by_the_roofline_of_the_ranks_experts(deepseek, tp) -> None:
+    """The reviewer's case: DeepSeek-V3's routed experts (256 x 3 x 2048 x 7168, top 8) at
+    micro-batch 1 x 4096. One rank's op: max(FLOPs / rate, bytes / bandwidth), its bytes its
+    E / ep experts' weights (/ t) read once per micro-batch plus the routed (token, expert)
+    rows in and out (backward: weights read again, their gradients written, rows read twice
+    and written once); its FLOPs the whole op's on its micro-batch / t (the ep group routes
+    ep x tokens x k pairs to ep ranks). Without ep: 22.5 GB of weights, 7.8 ms at 90% of the
+    H100's 3.35 TB/s, not the 3.76 ms of its FLOPs; at ep 8 a rank's 32 experts are
+    FLOP-bound, and the layer's time follows ep (the memo keyed by it)."""
+    bandwidth = H100.bandwidth * H100.memory_fraction
+    weights, rows = 256 * 3 * 2048 * 7168 * 2, 4096 * 8 * 7168 * 2
+    one = Layout(tp=tp, dp=64, ep=1, global_batch=64, seq=4096)
+    fwd, bwd = _experts(deepseek, one)
+    assert fwd == pytest.approx((weights / tp + 2 * rows) / bandwidth)  # weight-bound
+    assert bwd == pytest.approx((2 * weights / tp + 3 * rows) / bandwidth)
+    if tp == 1:
+        assert fwd == pytest.approx(7.8e-3, rel=0.01)
+    eight = replace(one, ep=8)
+    assert _experts(deepseek, eight)[0] < 0.6 * fwd
+    layer = [timing.unit_times(deepseek, x, H100, "fused")[-3].forward for x in (one, eight)]
+    assert layer[0] - layer[1] == pytest.approx(fwd - _experts(deepseek, eight)[0])

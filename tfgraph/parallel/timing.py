@@ -26,8 +26,13 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
   one-byte mask; backward: read the gradient and the mask, write the gradient). Fused
   attention draws its dropout mask inside the kernel (Dao et al. 2022 §3.1): no traffic;
   the random numbers are not charged;
-- routed experts: the GEMMs of each expert on its share of the routed tokens (M = tokens x
-  top-k / experts, N = hidden / t, K = d);
+- routed experts (uniform routing: each expert gets tokens x top-k / experts of the pairs):
+  with expert parallelism a rank holds E / ep experts and receives, after the all-to-all,
+  the pairs its ep group routes to them (tokens x top-k, ep x as many per expert); the
+  roofline of their GEMMs' FLOPs (N = hidden / t) and their bytes: the rank's experts'
+  weights read once per micro-batch (/ ep / t) and the pairs' rows of d read and written;
+  backward twice the FLOPs, the weights read again and their gradients written, the rows
+  read twice and the input's gradient written (``_experts_time``);
 - every other op is memory-bound: it reads its operands (parameters too) and writes its output
   (backward: reads the output's gradient and the operands, writes the operands' gradients:
   twice the bytes), its arithmetic at ``vector_flops``.
@@ -105,7 +110,7 @@ from typing import Any, Protocol
 
 import sympy
 
-from tfgraph.graph.ir import SYMBOLS, Graph, Node
+from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph, Node
 from tfgraph.parallel.flash import LENGTHS, flash_fraction, reference_heads
 from tfgraph.parallel.fsdp_copies import accumulate_kernels, copy_kernels, fsdp_groups
 from tfgraph.parallel.gpus import Gpu
@@ -353,7 +358,8 @@ class Work:
     ``kind``: "gemm" (dims M, N, K; ``split`` "N", "K" or "" for what tensor parallelism
     divides), "attention" (fused: ``flops`` the scores kept; unfused: two batched GEMMs over
     ``dims`` (batch x heads, Sq, Sk) with ``extra`` the head dim and ``nbytes`` one score
-    tensor), "experts" (dims tokens x top-k / experts, hidden, d; ``extra`` the experts),
+    tensor), "experts" (dims tokens x top-k / experts, hidden, d; ``extra`` the experts;
+    ``nbytes`` all experts' weights, ``routed`` the pairs' rows),
     "memory" (``split`` "t" by features, "rows" by the sequence under --sp, "" whole)."""
 
     kind: str
@@ -366,6 +372,9 @@ class Work:
     mask: sympy.Expr = sympy.Integer(0)
     """Attention with dropout on its weights: bytes of its one-byte mask per score (0 without
     attention dropout)."""
+    routed: sympy.Expr = sympy.Integer(0)
+    """Routed experts: bytes of the rows of every (token, expert) pair, one way (tokens x top-k
+    x d)."""
     masked: bool = False
     """Attention whose causal mask or window skips scores (fused: ``flops`` those kept)."""
     window: int = 0
@@ -445,12 +454,17 @@ def _window_keys(attrs: dict[str, Any]) -> int:
 
 
 def _experts_work(op: OpSite) -> Work:
-    """Routed experts: each expert's GEMMs over its share of the routed tokens."""
+    """Routed experts: each expert's GEMMs over its share of the routed tokens; ``nbytes`` the
+    stacked weights of all experts, ``routed`` the rows of the (token, expert) pairs one way
+    (``_experts_time`` divides both by what the layout splits)."""
     experts, hidden, d = op.operands[-2].attrs["shape"]
-    tokens = _prod(op.operands[0].type.shape[:-1]) * op.node.attrs["top_k"]
-    return Work("experts", op.flops, op.moved, (tokens / experts, sympy.Integer(hidden),
-                                                sympy.Integer(d)),
-                "N" if op.where in ("S", "P") else "", sympy.Integer(experts))
+    x = op.operands[0].type
+    tokens = _prod(x.shape[:-1]) * op.node.attrs["top_k"]
+    weights = cost.total([o.type.nbytes for o in op.operands[2:]])
+    return Work("experts", op.flops, weights, (tokens / experts, sympy.Integer(hidden),
+                                               sympy.Integer(d)),
+                "N" if op.where in ("S", "P") else "", sympy.Integer(experts),
+                routed=tokens * d * DTYPE_BYTES[x.dtype])
 
 
 def _memory_work(op: OpSite) -> Work:
@@ -502,8 +516,8 @@ def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
     they depend on: a search asks for the same few combinations many times). ``kernels``:
     time the eager kernels it gives instead of one per op (``--kernels eager``)."""
     table: dict[tuple[Any, ...], list[UnitTime]] = graph.memo("parallel_unit_times", dict)
-    key = (layout.micro_batch, layout.seq, layout.tp, layout.sp, attention, gpu, layout.dtype,
-           kernels)
+    key = (layout.micro_batch, layout.seq, layout.tp, layout.sp, layout.ep, attention, gpu,
+           layout.dtype, kernels)
     if key not in table:
         sizes = {SYMBOLS["B"]: layout.micro_batch, SYMBOLS["S"]: layout.seq,
                  SYMBOLS["T"]: layout.seq}
@@ -633,14 +647,9 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
             backward += bwd
             attn += fwd
         elif w.kind == "experts":
-            m, n, k = (_num(d, sizes) for d in w.dims)
-            experts = _num(w.extra, sizes)
-            n = n / t if w.split == "N" else n
-            per = _num(w.flops, sizes) / t if w.split == "N" else _num(w.flops, sizes)
-            eff = gemm_efficiency(m, n, gpu, experts)
-            fwd = per / (peak * gpu.matmul_fraction * eff) if per else 0.0
+            fwd, bwd = _experts_time(w, sizes, layout, gpu, peak)
             forward += fwd
-            backward += 2 * fwd
+            backward += bwd
         else:
             div = t if w.split == "t" or (w.split == "rows" and layout.sp) else 1
             flops, nbytes = _num(w.flops, sizes) / div, _num(w.nbytes, sizes) / div
@@ -648,6 +657,39 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
             forward += fwd
             backward += 2 * fwd
     return UnitTime(forward, backward, attn)
+
+
+def _experts_time(w: Work, sizes: dict[sympy.Symbol, int], layout: Layout, gpu: Gpu,
+                  peak: float) -> tuple[float, float]:
+    """Seconds of the routed experts on one rank, forward and backward, by the roofline (the
+    module's rule: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth)).
+
+    Expert parallelism (GShard, Lepikhin et al. 2020 §2.2; Megatron-LM's ``--expert-model-
+    parallel-size``): each of the ep ranks holds E / ep experts and, after the all-to-all,
+    receives the pairs its ep group routes to them: under uniform routing ep x tokens x k x
+    (1 / ep) = tokens x k pairs, the FLOPs of the whole op on its own micro-batch, each local
+    expert running ep x tokens x k / E of them. Tensor parallelism splits each expert's hidden
+    size (its weights and FLOPs by t; the pairs' rows of d stay whole: the input gathered,
+    the output partial sums). Bytes forward: the rank's experts' weights read once per
+    micro-batch, the pairs' rows read and written; backward twice the FLOPs (input and weight
+    gradients), the weights read again and their gradients written, the rows read (the
+    input, the output's gradient) and the input's gradient written."""
+    t, ep = layout.tp, layout.ep
+    m, n, _ = (_num(d, sizes) for d in w.dims)
+    experts = _num(w.extra, sizes)
+    split = t if w.split == "N" else 1
+    flops = _num(w.flops, sizes) / split
+    if not flops:
+        return 0.0, 0.0
+    local = experts / ep  # the experts this rank holds, each on ep times the pairs
+    eff = gemm_efficiency(m * ep, n / split, gpu, local)
+    rate = peak * gpu.matmul_fraction * eff
+    bandwidth = gpu.bandwidth * gpu.memory_fraction
+    weights = _num(w.nbytes, sizes) / ep / split
+    rows = _num(w.routed, sizes)
+    forward = roofline(flops, weights + 2 * rows, rate, bandwidth)
+    backward = roofline(2 * flops, 2 * weights + 3 * rows, rate, bandwidth)
+    return forward, backward
 
 
 # ---- the step --------------------------------------------------------------------------------
