@@ -170,6 +170,19 @@ def test_plan_time_parts_add_up_and_assumptions_are_stated(gpt) -> None:
     assert parts["bubble"] > 0 and parts["tp_exposed"] > 0 and parts["pp_exposed"] > 0
     assert set(result["assumptions"]) == {"gpu", *timing.ASSUMPTIONS}
     assert "h100" in result["assumptions"]["gpu"]
+    # the rules the code follows, stated as it follows them: the pipeline fill relative to
+    # the MAMF figures' K (gemm_time), the masked flash backward and SM occupancy (flash.py,
+    # flash_time), the routed experts, their all-to-all (4 rings over a tp x ep span) and
+    # their data-parallel group (d / ep)
+    stated = result["assumptions"]
+    assert f"K / (K + {timing.PIPELINE_K}) relative to its value at K = {timing.MAMF_K}" in (
+        stated["compute"])
+    assert "masked / unmasked ratio" in stated["flash"] and "SMs" in stated["flash"]
+    moe = timing.assumptions(Layout(dp=4, ep=2), moe=True)
+    assert set(moe) == {"experts", *timing.ASSUMPTIONS}
+    for rule in ("tokens x top-k / E", "E / ep experts", "read once per micro-batch",
+                 "4 per MoE layer", "(ep - 1)/ep", "tp x ep span", "d / ep ranks"):
+        assert rule in moe["experts"], rule
     # MFU is model FLOPs over the GPUs' peak for that time
     assert step["mfu"] == pytest.approx(step["flops"] / (128 * H100.peak_flops * step["time_s"]))
 

@@ -49,7 +49,8 @@ from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu
-from tfgraph.parallel.layout import Layout, check, in_flight, stage_counts, state_bytes
+from tfgraph.parallel.layout import (Layout, check, experts, in_flight, stage_counts,
+                                     state_bytes)
 from tfgraph.parallel.memory import NONE, States, add, expert_elements, states
 from tfgraph.parallel.timing import KernelSource, assumptions, step_time
 from tfgraph.parallel.tp_plan import tp_plan
@@ -408,7 +409,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
         },
         "model_states": _states_note(layout),
         "assumptions": {"gpu": _gpu_assumptions(gpu, layout.dtype),
-                        **assumptions(layout, kernels)},
+                        **assumptions(layout, kernels, bool(experts(graph)))},
         **plan_formulas(graph, layout, attention, folded, worst.stage, tp_stage),
     }
 

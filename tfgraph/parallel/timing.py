@@ -153,13 +153,24 @@ measures 3.8 us per kernel launched on a stream without graphs)."""
 ASSUMPTIONS: dict[str, str] = {
     "compute": "per op max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth); GEMMs at "
                "the GPU's MAMF share of peak x wave/tile efficiency (128 x 128 tiles over the "
-               "SMs) x K / (K + 128) pipeline fill, backward = 2 GEMMs (input and weight gradients); fused attention at the "
+               "SMs) x the pipeline fill K / (K + 128) relative to its value at K = 8192 "
+               "(the MAMF figures' K; at most 1), backward = 2 GEMMs (input and weight "
+               "gradients); fused attention at the "
                "FlashAttention-2 share of peak (H100/H200: its measured rate by head dim, "
-               "length and mask, FlashAttention-3 paper Figs. 5-6) over the scores the causal "
-               "mask keeps, backward 2.5x its FLOPs; unfused attention as two batched GEMMs "
+               "length and mask, FlashAttention-3 paper Figs. 5-6; see 'flash') over the "
+               "scores the causal mask keeps, backward 2.5x its FLOPs; routed experts (a "
+               "mixture of experts): see 'experts'; unfused attention as two batched GEMMs "
                "+ the softmax's score traffic (+ attention dropout's: weights, dropped "
                "weights and 1-byte mask); "
                "other ops memory-bound (backward moves twice the bytes)",
+    "flash": "FlashAttention-2's measured rates (H100/H200) held at the ends and interpolated "
+             "in log2 of length and head dim between the measured points; the masked "
+             "backward (not measured) at the unmasked backward's rate x the forward's "
+             "masked / unmasked ratio at the same head dim and length; head dim 256's "
+             "backward at 128's; x the share of the SMs the core's query tiles (128 queries "
+             "x batch x heads, in waves) keep busy relative to the measured point's own "
+             "(16k tokens, hidden 2048), never above the measured rate; other GPUs: their "
+             "FlashAttention-2 share of peak x that share of the SMs",
     "recompute": "full: each layer's forward again before its backward, collectives "
                  "included (its forward tensor-parallel all-reduces and MoE dispatch + "
                  "combine all-to-alls, in comm_bytes too; Megatron-LM's CheckpointFunction "
@@ -203,13 +214,32 @@ EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's
                  "memory-bound kernels at their bytes / achievable bandwidth, at least 4 us "
                  "each; GEMM and attention nodes at their graph time plus the "
                  "kernels around them; k readers of a gradient add k - 1 additions; routed "
-                 "experts with tokens x top-k / experts each; the optimizer step as "
+                 "experts with tokens x top-k / experts each (their census runs without expert "
+                 "parallelism: under --ep their per-expert kernels and weight-gradient stack "
+                 "are those of all E experts, an overcount); the optimizer step as "
                  "torch.optim.AdamW's kernels over the float32 elements the rank steps; "
                  "ZeRO 3: FSDP2's copies (casts and copies into and out of its gather "
                  "buffers, each group gathered in forward and backward; the gradients' "
                  "float32 copy-in, in place of grad_accumulation's cast), exposed, every micro-batch reduced (FSDP2's default; not "
                  "torch.distributed.pipelining's deferred reduction); the sharded gradients "
                  "accumulated from the second micro-batch on, one kernel per tensor")
+
+
+EXPERTS = ("routed experts: uniform routing (each expert gets tokens x top-k / E of the "
+           "(token, expert) pairs); with --ep a rank holds E / ep experts and receives, "
+           "after the all-to-all, tokens x top-k pairs (ep x as many per expert); time "
+           "max(FLOPs / GEMM rate (hidden / t, wave efficiency over its E / ep experts), "
+           "bytes / bandwidth), the bytes its experts' weights (/ ep / t) read once per "
+           "micro-batch plus the pairs' rows of d read and written; backward 2x the "
+           "FLOPs, the weights read again and their gradients written, the rows read "
+           "twice and written once; all-to-all: 4 per MoE layer per micro-batch "
+           "(dispatch and combine, forward and backward), each (ep - 1)/ep x the routed "
+           "rows' bytes (tokens x top-k x d) / link + (ep - 1) latency steps, over the "
+           "link of a tp x ep span of ranks, exposed (full recompute: 6, its forward two "
+           "again); expert "
+           "weights are reduced over their data-parallel group, the d / ep ranks holding "
+           "the same experts")
+"""The routed experts' rules, stated for a mixture of experts (``assumptions``)."""
 
 
 EAGER_OPTIMIZER = ("torch.optim.AdamW's own kernels (foreach) over the float32 elements the rank "
@@ -223,10 +253,13 @@ GRAD_REDUCE_AFTER = ("ZeRO 0-2 with --grad-reduce after (Megatron-LM's local DDP
                      "bucket exposed")
 
 
-def assumptions(layout: Layout, kernels: KernelSource | None = None) -> dict[str, str]:
+def assumptions(layout: Layout, kernels: KernelSource | None = None, moe: bool = False
+                ) -> dict[str, str]:
     """The rules the step time of ``layout`` follows (its gradient reduction's and kernels'
-    among them)."""
+    among them; ``moe``: the routed experts' too)."""
     found = dict(ASSUMPTIONS)
+    if moe:
+        found["experts"] = EXPERTS
     if layout.grad_reduce == "after":
         found["data_parallel"] = GRAD_REDUCE_AFTER
     if kernels is not None:
