@@ -453,3 +453,25 @@ def test_full_recompute_sends_its_forward_collectives_again():
         1.5 * none["step"]["time_parts"]["ep_exposed"])
     assert sel["step"]["comm_bytes"]["ep"] == none["step"]["comm_bytes"]["ep"]
     assert sel["step"]["time_parts"]["ep_exposed"] == none["step"]["time_parts"]["ep_exposed"]
+
+
+def test_kernels_help_says_search_takes_eager():
+    """``--search --kernels eager`` ranks every layout by its eager kernels (README): the help
+    must not say the two exclude each other."""
+    result = runner().invoke(main, ["plan", "--help"], catch_exceptions=False)
+    text = " ".join(result.stdout.split())
+    assert "not with --search" not in text
+    assert "with --search each layout is ranked by its eager kernels" in text
+
+
+def test_search_that_fits_nothing_names_the_sequence_length():
+    """Nothing fitting is most often the default --seq (the spec's max_len, 163,840 tokens for
+    DeepSeek-V3): the message names the length, and where it was the default, says so."""
+    default = cli(DECODER, "--gpus", 2, "--search", "--gpu-memory", "0.001MB")
+    assert default.exit_code == 2
+    line = default.stderr.strip()
+    assert "\n" not in line and "at sequence length 64" in line
+    assert "max_len by default" in line and "--seq" in line
+    given = cli(DECODER, "--gpus", 2, "--search", "--gpu-memory", "0.001MB", "--seq", 32)
+    assert given.exit_code == 2 and "at sequence length 32" in given.stderr
+    assert "max_len" not in given.stderr

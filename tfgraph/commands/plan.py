@@ -107,7 +107,8 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
 @click.option("--kernels", type=click.Choice(["graph", "eager"]), default="graph",
               help="Time one kernel per graph op (graph: fused execution, as torch.compile "
                    "approaches) or the kernels PyTorch's eager mode launches for tfgraph's "
-                   "module (eager; needs torch; one layout, not with --search).")
+                   "module (eager; needs torch; with --search each layout is ranked by its "
+                   "eager kernels).")
 @click.option("--search", "do_search", is_flag=True,
               help="Rank every valid layout of --gpus that fits by estimated tokens/s.")
 @click.option("--top", "top_text", metavar="K", help="Layouts --search shows (default 10).")
@@ -162,9 +163,15 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
 
         base = Layout(global_batch=global_batch or gpus, seq=seq, dtype=dtype, states=states,
                       grad_reduce=grad_reduce)
-        results = [{"name": spec.name, **r}
-                   for r in search(graph, gpus, base, device, attention, top,
-                                   kernels=source_of_kernels)]
+        try:
+            found = search(graph, gpus, base, device, attention, top,
+                           kernels=source_of_kernels)
+        except TfgraphError as e:
+            if seq_text is None and spec.max_len:  # the length was not the user's choice
+                raise TfgraphError(f"{e}; the length is the spec's max_len by default: "
+                                   "--seq S plans another") from None
+            raise
+        results = [{"name": spec.name, **r} for r in found]
         if as_json:
             click.echo(json.dumps(results, indent=2))
             return

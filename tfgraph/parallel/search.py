@@ -91,7 +91,8 @@ def search(graph: Graph, gpus: int, base: Layout, gpu: Gpu, attention: str = "fu
             fitting.append((seconds, worst, n, layout, found))
     if not fitting:
         why = f" (e.g. {refusals[0]})" if refusals else ""
-        raise TfgraphError(f"no layout of {gpus} GPUs fits in {gpu.memory / 1e9:g} GB{why}")
+        raise TfgraphError(f"no layout of {gpus} GPUs fits in {gpu.memory / 1e9:g} GB at "
+                           f"sequence length {base.seq:,}{why}")
     fitting.sort(key=lambda r: (r[0], r[1], r[2]))
     return [plan(graph, layout, gpu, attention, found, kernels=kernels)
             for _, _, _, layout, found in fitting[:top]]

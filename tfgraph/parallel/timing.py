@@ -158,8 +158,8 @@ ASSUMPTIONS: dict[str, str] = {
                "gradients); fused attention at the "
                "FlashAttention-2 share of peak (H100/H200: its measured rate by head dim, "
                "length and mask, FlashAttention-3 paper Figs. 5-6; see 'flash') over the "
-               "scores the causal mask keeps, backward 2.5x its FLOPs; routed experts (a "
-               "mixture of experts): see 'experts'; unfused attention as two batched GEMMs "
+               "scores the causal mask keeps, backward 2.5x its FLOPs; unfused attention as "
+               "two batched GEMMs "
                "+ the softmax's score traffic (+ attention dropout's: weights, dropped "
                "weights and 1-byte mask); "
                "other ops memory-bound (backward moves twice the bytes)",
