@@ -475,3 +475,30 @@ def test_search_that_fits_nothing_names_the_sequence_length():
     given = cli(DECODER, "--gpus", 2, "--search", "--gpu-memory", "0.001MB", "--seq", 32)
     assert given.exit_code == 2 and "at sequence length 32" in given.stderr
     assert "max_len" not in given.stderr
+
+
+def test_interleaving_refused_for_encoder_decoder_models():
+    """Megatron-LM's interleaved 1F1B raises for ModelType.encoder_and_decoder
+    (forward_backward_pipelining_with_interleaving): --vpp is refused in one line, and
+    --search does not try it."""
+    bad = cli(SPECS / "t5-small.yaml", "--gpus", 12, "--pp", 4, "--vpp", 3)
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
+    assert "encoder-decoder" in bad.stderr
+    ranked = plan_json(SPECS / "tiny-t5.yaml", "--gpus", 4, "--search", "--global-batch", 16,
+                       "--top", 1000)
+    assert ranked and all(r["layout"]["vpp"] == 1 for r in ranked)
+    assert any(r["layout"]["pp"] > 1 for r in ranked)
+
+
+def test_bfloat16_refused_on_a_gpu_without_it():
+    """The V100's tensor cores run float16, not bfloat16 (that came with Ampere): planning
+    bfloat16 at its float16 peak would time a rate it has not. --dtype bfloat16 is refused in
+    one line; without --dtype the V100 is planned in float16 (how Volta trained)."""
+    for args in (("--dtype", "bfloat16"), ("--dtype", "bfloat16", "--search")):
+        bad = cli(DECODER, "--gpus", 2, "--gpu", "v100-32gb", *args)
+        assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
+        assert "no bfloat16 tensor cores" in bad.stderr and "--dtype float16" in bad.stderr
+    default = plan_json(DECODER, "--gpus", 2, "--gpu", "v100-32gb")
+    given = plan_json(DECODER, "--gpus", 2, "--gpu", "v100-32gb", "--dtype", "float16")
+    assert default["layout"]["dtype"] == "float16" and default["step"] == given["step"]
+    assert plan_json(DECODER, "--gpus", 2)["layout"]["dtype"] == "bfloat16"

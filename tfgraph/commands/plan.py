@@ -3,7 +3,8 @@ step of a parallel layout, or the fastest layouts that fit (README, ``tfgraph pl
 
 The numbers are exactly ``tfgraph.parallel.planner.plan`` (``search.search`` with
 ``--search``) on the spec's training graph, ``tfgraph.compile(spec, loss=True)`` compiled in
-the training precision (``--dtype``, default bfloat16 mixed precision). ``--json`` prints that
+the training precision (``--dtype``, default bfloat16 mixed precision, float16 on a GPU
+without bfloat16). ``--json`` prints that
 dict (``--search --json``: a list of them, fastest first); the default is a rich rendering
 (``tfgraph.commands.plan_tables``).
 
@@ -87,10 +88,11 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
               help="Sequences per step (default dp x micro-batch; with --search the GPU count).")
 @click.option("--seq", "seq_text", metavar="S",
               help="Sequence length (default the spec's max_len, else 2048).")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]),
-              default="bfloat16", show_default=True,
+@click.option("--dtype", "dtype_given", type=click.Choice(["bfloat16", "float16", "float32"]),
+              default=None,
               help="Training precision: 16-bit mixed precision (fp32 master weights and Adam "
-                   "moments) or float32.")
+                   "moments) or float32 (default bfloat16; float16 on a GPU without "
+                   "bfloat16 tensor cores, v100-32gb).")
 @click.option("--states", type=click.Choice(["mixed", "megatron"]), default="mixed",
               show_default=True,
               help="Model states of 16-bit training: mixed keeps 16-bit gradients (16 bytes "
@@ -118,7 +120,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
          tp_text: str | None, pp_text: str | None, vpp_text: str | None,
          stage_text: str | None, dp_text: str | None, ep_text: str | None,
          zero_text: str | None, sp: bool | None, recompute: str | None,
-         micro_text: str | None, global_text: str | None, seq_text: str | None, dtype: str,
+         micro_text: str | None, global_text: str | None, seq_text: str | None,
+         dtype_given: str | None,
          states: str, grad_reduce: GradReduce, attention: str, kernels: str, do_search: bool,
          top_text: str | None, as_json: bool) -> None:
     """Plan training SPEC|DIR on --gpus GPUs: per-rank memory, step FLOPs, communication,
@@ -127,12 +130,15 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     Exit status 2 for an invalid spec, a layout the model or GPU count cannot take, or a bad
     value.
     """
-    from tfgraph.parallel.gpus import gpu
+    from tfgraph.parallel.gpus import check_dtype, gpu
 
     spec = load_spec_arg(source)
     gpus = _count("--gpus", gpus_text, maximum=MAX_GPUS)
     assert gpus is not None  # required=True
     device = gpu(gpu_name, gpu_memory)
+    # Volta trained in float16 (its tensor cores have no bfloat16): the default follows the GPU
+    dtype = dtype_given or ("bfloat16" if device.bfloat16 else "float16")
+    check_dtype(device, dtype)
     seq = _count("--seq", seq_text, maximum=MAX_LENGTH) or spec.max_len or DEFAULT_SEQ
     check_lengths(spec, ("--seq", seq))  # README, "Lengths beyond max_len"
     global_batch = _count("--global-batch", global_text)

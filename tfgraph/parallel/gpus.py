@@ -68,6 +68,9 @@ class Gpu:
     flash_measured: bool = False
     """Fused attention at FlashAttention-2's measured Hopper rate for its head dimension,
     length and mask (``tfgraph.parallel.flash``) rather than at ``attention_fraction``."""
+    bfloat16: bool = True
+    """Whether its tensor cores take bfloat16 (Volta's take float16 only: bf16 arrived with
+    Ampere, compute capability 8.0; CUDA's ``__nv_bfloat16`` MMA needs sm_80)."""
 
 
 GPUS: dict[str, Gpu] = {g.name: g for g in (
@@ -90,7 +93,7 @@ GPUS: dict[str, Gpu] = {g.name: g for g in (
     # NVIDIA V100 SXM2 32 GB: 125 TFLOPS fp16, 15.7 fp32; NVLink 2: 300 GB/s total; 80 SMs.
     # No FlashAttention-2 kernel for Volta: attention at the GEMM share; MAMF: Ampere's.
     Gpu("v100-32gb", 125e12, 15.7e12, 32 * GB, 0.9e12, 150e9, 12.5e9, sms=80,
-        matmul_fraction=0.87, attention_fraction=0.5, vector_flops=15.7e12),
+        matmul_fraction=0.87, attention_fraction=0.5, vector_flops=15.7e12, bfloat16=False),
     # NVIDIA L40S: 362 TFLOPS bf16 dense, 183 TF32, 91.6 fp32; PCIe 4.0 x16 only; 142 SMs.
     Gpu("l40s", 362e12, 183e12, 48 * GB, 0.864e12, 32e9, 25e9, per_node=8, sms=142,
         vector_flops=91.6e12),
@@ -126,3 +129,12 @@ def gpu(name: str | None = None, memory: str | None = None) -> Gpu:
         chosen = replace(chosen, name=chosen.name if name else f"{parse_memory(memory) / GB:g}GB",
                          memory=parse_memory(memory))
     return chosen
+
+
+def check_dtype(chosen: Gpu, dtype: str) -> None:
+    """Refuse a training precision the GPU's tensor cores do not run (bfloat16 on a V100):
+    its peak would be a rate it has not. One line, the precisions it takes named."""
+    if dtype == "bfloat16" and not chosen.bfloat16:
+        raise TfgraphError(f"--dtype bfloat16: the {chosen.name} has no "
+                           "bfloat16 tensor cores (float16 only, before Ampere); use --dtype "
+                           "float16 or float32")

@@ -192,6 +192,11 @@ def check(graph: Graph, layout: Layout) -> None:
     if layout.vpp > 1:
         if layout.pp == 1:
             raise TfgraphError("--vpp interleaves pipeline stages: it needs --pp > 1")
+        if graph.spec.arch == "encoder-decoder":  # Megatron-LM's interleaved 1F1B refuses
+            # ModelType.encoder_and_decoder (pipeline_parallel/schedules.py,
+            # forward_backward_pipelining_with_interleaving)
+            raise TfgraphError("--vpp: interleaved 1F1B is not for encoder-decoder models "
+                               "(Megatron-LM refuses it); use --vpp 1")
         counts = layout.stage_layers or balanced_stages(units, layout.pp)
         if any(n % layout.vpp for n in counts):
             raise TfgraphError(f"--vpp {layout.vpp} does not divide every stage's layers "

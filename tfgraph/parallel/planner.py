@@ -48,7 +48,7 @@ import sympy
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.parallel.formulas import plan_formulas
-from tfgraph.parallel.gpus import Gpu
+from tfgraph.parallel.gpus import Gpu, check_dtype
 from tfgraph.parallel.layout import (Layout, check, experts, in_flight, stage_counts,
                                      state_bytes)
 from tfgraph.parallel.memory import NONE, States, add, expert_elements, states
@@ -368,6 +368,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
     ``staged(graph, layout, attention)`` when the caller has it already; ``kernels``: time the
     eager kernels it gives (``--kernels eager``, ``exporters.torch.kernels``) instead of one
     kernel per op."""
+    check_dtype(gpu, layout.dtype)
     found = evaluated or staged(graph, layout, attention)
     numbers, counts, folded = found.numbers, found.counts, found.folded
     figures = found.figures

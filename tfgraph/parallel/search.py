@@ -21,7 +21,7 @@ from typing import Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import Graph
-from tfgraph.parallel.gpus import Gpu
+from tfgraph.parallel.gpus import Gpu, check_dtype
 from tfgraph.parallel.layout import RECOMPUTE, Layout, experts, pipeline_units
 from tfgraph.parallel.planner import Staged, plan, staged
 from tfgraph.parallel.timing import KernelSource
@@ -33,11 +33,11 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def _chunks(layers: int, pp: int, microbatches: int) -> list[int]:
+def _chunks(layers: int, pp: int, microbatches: int, interleave: bool = True) -> list[int]:
     """Interleaving degrees tried: 1, and 2 and 4 where every stage's layers and Megatron-LM's
-    rule (micro-batches a multiple of pp) allow."""
+    rules (micro-batches a multiple of pp; not an encoder-decoder: ``interleave``) allow."""
     out = [1]
-    if pp > 1 and layers % pp == 0 and microbatches % pp == 0:
+    if interleave and pp > 1 and layers % pp == 0 and microbatches % pp == 0:
         out += [v for v in (2, 4) if (layers // pp) % v == 0]
     return out
 
@@ -46,6 +46,7 @@ def layouts(graph: Graph, gpus: int, base: Layout, per_node: int) -> Iterator[La
     """Candidate layouts of ``gpus`` GPUs with ``base``'s batch, length and precision."""
     moe = experts(graph)
     layers = pipeline_units(graph)
+    interleave = graph.spec.arch != "encoder-decoder"  # layout.check's rule
     for tp in _divisors(gpus):
         if tp > per_node:
             break
@@ -61,7 +62,8 @@ def layouts(graph: Graph, gpus: int, base: Layout, per_node: int) -> Iterator[La
                     for sp in ((False, True) if tp > 1 else (False,)):
                         for recompute in RECOMPUTE:
                             for mb in micro:
-                                for vpp in _chunks(layers, pp, per_rank // mb):
+                                for vpp in _chunks(layers, pp, per_rank // mb,
+                                                   interleave):
                                     yield replace(base, tp=tp, pp=pp, dp=dp, ep=ep, zero=zero,
                                                   sp=sp, recompute=recompute, micro_batch=mb,
                                                   vpp=vpp)
@@ -75,6 +77,7 @@ def search(graph: Graph, gpus: int, base: Layout, gpu: Gpu, attention: str = "fu
     only the layouts it accepts (e.g. the features a given framework offers). ``kernels``:
     time the eager kernels (``--kernels eager``; the module is counted once per micro-batch
     size, seconds each on large models)."""
+    check_dtype(gpu, base.dtype)
     fitting: list[tuple[float, int, int, Layout, Staged]] = []
     refusals: list[str] = []
     for n, layout in enumerate(layouts(graph, gpus, base, gpu.per_node)):
