@@ -151,6 +151,13 @@ def experts(graph: Graph) -> int:
         default=0))
 
 
+def interleavable(graph: Graph) -> bool:
+    """Whether interleaved 1F1B (``--vpp`` > 1) may run the model: not an encoder-decoder,
+    which Megatron-LM's interleaved schedule refuses (``ModelType.encoder_and_decoder`` in
+    pipeline_parallel/schedules.py, ``forward_backward_pipelining_with_interleaving``)."""
+    return graph.spec is None or graph.spec.arch != "encoder-decoder"
+
+
 def check(graph: Graph, layout: Layout) -> None:
     """Refuse a layout the graph or the batch cannot take; one line naming what does not
     divide. Postcondition: the layout can be planned."""
@@ -192,9 +199,7 @@ def check(graph: Graph, layout: Layout) -> None:
     if layout.vpp > 1:
         if layout.pp == 1:
             raise TfgraphError("--vpp interleaves pipeline stages: it needs --pp > 1")
-        if graph.spec.arch == "encoder-decoder":  # Megatron-LM's interleaved 1F1B refuses
-            # ModelType.encoder_and_decoder (pipeline_parallel/schedules.py,
-            # forward_backward_pipelining_with_interleaving)
+        if not interleavable(graph):
             raise TfgraphError("--vpp: interleaved 1F1B is not for encoder-decoder models "
                                "(Megatron-LM refuses it); use --vpp 1")
         counts = layout.stage_layers or balanced_stages(units, layout.pp)

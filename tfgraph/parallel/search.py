@@ -22,7 +22,8 @@ from typing import Any
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import Graph
 from tfgraph.parallel.gpus import Gpu, check_dtype
-from tfgraph.parallel.layout import RECOMPUTE, Layout, experts, pipeline_units
+from tfgraph.parallel.layout import (RECOMPUTE, Layout, experts, interleavable,
+                                     pipeline_units)
 from tfgraph.parallel.planner import Staged, plan, staged
 from tfgraph.parallel.timing import KernelSource
 
@@ -46,7 +47,7 @@ def layouts(graph: Graph, gpus: int, base: Layout, per_node: int) -> Iterator[La
     """Candidate layouts of ``gpus`` GPUs with ``base``'s batch, length and precision."""
     moe = experts(graph)
     layers = pipeline_units(graph)
-    interleave = graph.spec.arch != "encoder-decoder"  # layout.check's rule
+    interleave = interleavable(graph)  # layout.check's rule
     for tp in _divisors(gpus):
         if tp > per_node:
             break
