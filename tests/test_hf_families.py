@@ -321,8 +321,11 @@ def family_seed(name: str) -> int:
     return _SEED_ORDER.index(name) + 1
 
 
-def build_reference(case: Case, seed: int) -> nn.Module:
-    config = getattr(transformers, case.config)(**case.kwargs)
+def build_reference(case: Case, seed: int, config: Any = None) -> nn.Module:
+    """The case's model with random weights; ``config``: another config object of its class
+    (test_hf_config_exact.py: one read back from an edited config.json)."""
+    if config is None:
+        config = getattr(transformers, case.config)(**case.kwargs)
     cls = getattr(transformers, case.model)
     model = cls._from_config(config, attn_implementation=case.attn).eval()
     fixed = {n: p.detach().clone() for n, p in model.named_parameters()

@@ -292,11 +292,12 @@ class _Lowering:
                           meta=_role(meta, role))
 
     def norm(self, x: str, node_name: str, param_prefix: str, scope: str, meta: NodeMeta,
-             role: str, width: str = "d_model", groups: Size = 1) -> str:
+             role: str, width: str = "d_model", groups: Size = 1,
+             eps: float | None = None) -> str:
         """A norm of the spec's kind with parameters ``{param_prefix}.weight`` (and ``.bias``)
         over the last dimension, named ``width``; with ``groups`` > 1 the last dimension is
         ``groups`` slices of ``width`` normalised each on its own with the same gains
-        (per-head qk-norm)."""
+        (per-head qk-norm); ``eps``: other than norm.eps (attention.latent.norm_eps)."""
         kind = self.spec.norm.kind
         offset = self.spec.norm.unit_offset  # Gemma: the gain is 1 + w, w stored from 0
         gain_init = "zeros" if offset else "ones"
@@ -313,7 +314,8 @@ class _Lowering:
                                       _role(meta, f"{role}.bias")))
         grouped = {} if isinstance(groups, int) and groups == 1 else {"heads": groups}
         offset_attr = {"unit_offset": True} if offset else {}  # absent when false
-        return self.g.add(kind, ins, name=node_name, scope=scope, eps=self.spec.norm.eps,
+        eps = self.spec.norm.eps if eps is None else eps
+        return self.g.add(kind, ins, name=node_name, scope=scope, eps=eps,
                           meta=_role(meta, role), **grouped, **offset_attr)
 
     def dropout(self, x: str, name: str, scope: str, meta: NodeMeta,
@@ -573,10 +575,12 @@ class _Lowering:
         h, hd, rd, vd, rkv = z.heads, z.head_dim, z.rope_dim, z.v_head_dim, z.kv_rank
         assert rd is not None and vd is not None and rkv is not None  # Sizes.of(latent spec)
         nope = hd - rd
+        assert att.latent is not None
+        latent_eps = att.latent.norm_eps
         if z.q_rank is not None:
             q = self.linear(x, scope, "q_a", "d_model", "q_rank", False, meta)  # (B, S, rq)
             q = self.norm(q, f"{scope}.q_a_norm", f"{scope}.q_a_norm", scope, meta,
-                          "q_a_norm", width="q_rank")
+                          "q_a_norm", width="q_rank", eps=latent_eps)
             q = self.linear(q, scope, "q_b", "q_rank", "heads*head_dim", False, meta)
         else:
             q = self.linear(x, scope, "q", "d_model", "heads*head_dim", False, meta)
@@ -586,7 +590,7 @@ class _Lowering:
                            meta)  # (B, S, rkv + rd)
         latent = self.slice(kv_a, scope, meta, "latent", 1, rkv + rd, 0, rkv)
         latent = self.norm(latent, f"{scope}.kv_a_norm", f"{scope}.kv_a_norm", scope, meta,
-                           "kv_a_norm", width="kv_rank")  # (B, S, rkv)
+                           "kv_a_norm", width="kv_rank", eps=latent_eps)  # (B, S, rkv)
         k_rot = self.slice(kv_a, scope, meta, "k_rot", 1, rkv + rd, rkv, rd)
         rot = rotary_attrs(self.spec, self.spec.embedding.rope_theta, None)
         q_rot = g.add("rope", [q_rot, *self._ids()], name=f"{scope}.q_rope", scope=scope,

@@ -62,8 +62,16 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("embedding.position_offset", OFFSET, "model_type")
         draft.put("embedding.norm", True, "model_type")
     draft.put("embedding.scale", cfg.bool("scale_embedding", False), "scale_embedding")
-    draft.put("embedding.tie_output", cfg.bool("tie_word_embeddings", True),
-              "tie_word_embeddings")
+    tie = cfg.bool("tie_word_embeddings", True)
+    if not tie and not marian:
+        # BART, mBART, Pegasus (transformers 5): tie_word_embeddings also ties the encoder's
+        # and decoder's embed_tokens to model.shared (BartModel._tied_weights_keys); false
+        # leaves four separate tables, one (model.shared) read by no forward pass, which a
+        # tfgraph spec (one shared table, or a source and a target one) has no place for
+        cfg.refuse("tie_word_embeddings", f"an untied {cfg.model_type} keeps four token "
+                   "tables (model.shared, both stacks' embed_tokens, lm_head); tfgraph's "
+                   "encoder-decoder has at most a source, a target and an output one")
+    draft.put("embedding.tie_output", tie, "tie_word_embeddings")
     draft.put("embedding.share", shared, "share_encoder_decoder_embeddings")
     draft.put("attention.heads", cfg.int("encoder_attention_heads"), "encoder_attention_heads")
     draft.put("ffn.hidden", cfg.int("encoder_ffn_dim"), "encoder_ffn_dim")

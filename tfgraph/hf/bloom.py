@@ -19,7 +19,13 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if cfg.bool("apply_residual_connection_post_layernorm", False):
         cfg.refuse("apply_residual_connection_post_layernorm", "a residual taken after the "
                    "layer norm has no spec form")
-    cfg.moot("slow_but_exact")  # the same products, merged in another order
+    # modeling_bloom's slow_but_exact path (pretraining_tp > 1) sums the slices of the
+    # attention output projection (dense) and of dense_4h_to_h with F.linear and no bias: the
+    # checkpoint's two biases are dropped, which tfgraph's spec cannot say per projection
+    if cfg.bool("slow_but_exact", False) and cfg.int("pretraining_tp", 1) > 1:
+        cfg.refuse("slow_but_exact", "with pretraining_tp > 1 transformers' BLOOM skips the "
+                   "biases of dense and dense_4h_to_h, which tfgraph cannot express")
+    cfg.moot("slow_but_exact", "pretraining_tp")  # else: the plain projections
     width = "n_embed" if "n_embed" in cfg and "hidden_size" not in cfg else "hidden_size"
     d = cfg.int(width)
     draft.put("arch", "decoder-only")

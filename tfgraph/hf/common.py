@@ -78,15 +78,16 @@ def put_sizes(draft: SpecDraft, cfg: HFConfig, arch: str, tied: bool,
     return d
 
 
-def put_rms_rope(draft: SpecDraft, cfg: HFConfig, position: str) -> None:
+def put_rms_rope(draft: SpecDraft, cfg: HFConfig, position: str, partial: bool = False
+                 ) -> None:
     """The RMSNorm (``rms_norm_eps``) at ``position`` with a final norm, and the rotary
-    settings (rope_parameters) of Llama-style families."""
+    settings (rope_parameters) of Llama-style families (``partial``: see ``put_rope``)."""
     draft.put("norm.position", position)
     draft.put("norm.kind", "rmsnorm")
     draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
     draft.put("norm.final", True)
     where, params = rope_parameters(cfg)
-    put_rope(draft, params, where)
+    put_rope(draft, params, where, partial=partial)
 
 
 def put_decoder_sizes(draft: SpecDraft, cfg: HFConfig, head_dim_field: str = "head_dim"

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from tfgraph.errors import TfgraphError
+from tfgraph.hf.config_defaults import DEFAULTS
 from tfgraph.spec.schema import Spec
 
 _MISSING: Any = object()
@@ -49,6 +50,18 @@ class HFConfig:
     def __contains__(self, key: str) -> bool:
         self.read.add(key)
         return key in self.data
+
+    def class_default(self, key: str, fallback: Any = None) -> Any:
+        """The default of ``key`` in transformers' config class of this model_type (what the
+        model uses when config.json lacks the key), else ``fallback``. Only for keys whose
+        class default is a constant, not derived from other keys (head_dim, layer_types)."""
+        return DEFAULTS.get(self.model_type, {}).get(key, fallback)
+
+    def as_class(self, key: str) -> Any:
+        """``key``'s value as transformers' config class sees it: the config's own (null
+        included: a null softcap is no softcap) when present, else the class default."""
+        self.read.add(key)
+        return self.data[key] if key in self.data else self.class_default(key)
 
     def moot(self, *keys: str) -> None:
         """Mark ``keys`` as considered: other settings make them irrelevant (Qwen2's
@@ -167,33 +180,45 @@ def activation(cfg: HFConfig, key: str, gated: bool, default: Any = _MISSING) ->
     return table[name]
 
 
-def rope_parameters(cfg: HFConfig, default_theta: float = 10000.0,
-                    params: Mapping[str, Any] | None = None, where: str = "rope_parameters"
-                    ) -> tuple[str, dict[str, Any]]:
-    """(where the rotary settings were read, their ``rope_parameters`` form): transformers 5
-    writes ``rope_parameters``; older configs ``rope_theta``, ``rope_scaling`` and
-    ``partial_rotary_factor`` (GPT-NeoX: ``rotary_pct``, ``rotary_emb_base``)."""
-    if params is None and not cfg.get("rope_scaling", None):
+def rope_parameters(cfg: HFConfig, default_theta: float | None = None,
+                    params: Mapping[str, Any] | None = None, where: str = "rope_parameters",
+                    default_fraction: float | None = None) -> tuple[str, dict[str, Any]]:
+    """(where the rotary settings were read, their ``rope_parameters`` form), as transformers'
+    ``convert_rope_params_to_dict`` (modeling_rope_utils) builds them: the legacy
+    ``rope_scaling`` or ``rope_parameters`` mapping, whose missing ``rope_theta`` and
+    ``partial_rotary_factor`` come from the top-level keys of those names, else from the config
+    class's defaults (``default_theta`` / ``default_fraction`` where the family's config class
+    reads other keys, GPT-NeoX's ``rotary_emb_base`` and ``rotary_pct``). A config without any
+    rotary key gets the class's defaults (Mixtral's theta 1e6, Phi's fraction 0.5), not 10000
+    and 1. Whether the fraction is applied is the family's business (:func:`put_rope`)."""
+    if params is None:
         # transformers reads a legacy rope_scaling before rope_parameters when a config has
-        # both (modeling_rope_utils, convert_rope_params_to_dict), so rope_parameters counts
-        # only without one
-        params = cfg.get("rope_parameters", None)
-    if params is not None:
-        if not isinstance(params, Mapping):
-            cfg.refuse(where, "must be a mapping")
-        return where, dict(params)
-    out: dict[str, Any] = {"rope_theta": cfg.float("rope_theta", default_theta)}
-    scaling = cfg.get("rope_scaling", None)
-    if scaling is not None:
-        if not isinstance(scaling, Mapping):
-            cfg.refuse("rope_scaling", "must be a mapping")
-        out.update(scaling)
-        out.setdefault("rope_type", scaling.get("type", "default"))
+        # both (convert_rope_params_to_dict: ``rope_scaling or self.rope_parameters``)
+        scaling = cfg.get("rope_scaling", None)
+        if scaling:
+            params, where = scaling, "rope_scaling"
+        else:
+            params = cfg.get("rope_parameters", None)
+            if params is None:
+                where = "rope_theta"
+    if params is not None and not isinstance(params, Mapping):
+        cfg.refuse(where, "must be a mapping")
+    out: dict[str, Any] = dict(params or {})
+    assumed = cfg.class_default("rope_parameters", {})
+    assumed = assumed if isinstance(assumed, Mapping) and "rope_theta" in assumed else {}
+    theta_default = default_theta if default_theta is not None else assumed.get(
+        "rope_theta", 10000.0)
+    if "rope_theta" not in out:
+        out["rope_theta"] = cfg.float("rope_theta", theta_default)
     else:
-        out["rope_type"] = "default"
-    if "partial_rotary_factor" in cfg:
-        out["partial_rotary_factor"] = cfg.float("partial_rotary_factor")
-    where = "rope_scaling" if scaling is not None else "rope_theta"
+        cfg.moot("rope_theta")  # (transformers lets the mapping's win)
+    fraction = cfg.get("partial_rotary_factor", None)
+    if fraction is None:
+        fraction = default_fraction if default_fraction is not None else assumed.get(
+            "partial_rotary_factor")
+    if fraction is not None:
+        out.setdefault("partial_rotary_factor", fraction)
+    out.setdefault("rope_type", out.get("type", "default"))
     return where, out
 
 
@@ -210,8 +235,16 @@ _SCALINGS: dict[str, dict[str, str]] = {
 
 
 def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
-             fraction: float | None = None) -> None:
-    """Write ``embedding.positions: rope`` and its theta, scaling and rotary fraction."""
+             fraction: float | None = None, partial: bool = False) -> None:
+    """Write ``embedding.positions: rope`` and its theta, scaling and rotary fraction.
+
+    ``partial``: the family's modeling code rotates ``partial_rotary_factor`` of each head
+    (its ``compute_default_rope_parameters`` and ``apply_rotary_pos_emb`` split the head:
+    GPT-NeoX, Phi, Phi-3, StableLM, GLM, GLM-4, Nemotron). The others (Llama and its kin,
+    transformers 5.24) compute the default rotary frequencies over the whole head whatever
+    the fraction says, so there it is moot; with a scaled rotary type transformers' shared
+    ``ROPE_INIT_FUNCTIONS`` do read it, and the model fails (cos and sin narrower than the
+    head), so such a config is refused."""
     cfg = draft.config
     shown = cfg.data[where] if where in cfg.data else params  # what the config says
     draft.put("embedding.positions", "rope")
@@ -239,6 +272,12 @@ def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
             cfg.refuse(where, "partial_rotary_factor must be a number", shown)
         fraction = float(fraction)
+        if not partial:
+            if fraction != 1.0 and kind != "default":
+                cfg.refuse(where, f"partial_rotary_factor with {kind} rotary scaling: "
+                           f"transformers' {cfg.model_type} model rotates the whole head "
+                           "with frequencies for part of it and fails", shown)
+            fraction = 1.0
     if fraction != 1.0:
         draft.put("embedding.rotary_fraction", fraction, where, shown)
 

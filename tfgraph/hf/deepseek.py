@@ -48,6 +48,11 @@ def softmax_scale(qk_head_dim: int, rope: dict[str, Any]) -> float:
     return scale
 
 
+# modeling_deepseek_v2 / _v3 build q_a_layernorm and kv_a_layernorm as DeepseekV*RMSNorm(width)
+# with its default eps, not rms_norm_eps
+_LATENT_EPS = 1e-6
+
+
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft = SpecDraft(cfg)
     v3 = cfg.model_type == "deepseek_v3"
@@ -87,7 +92,10 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("attention.scale", scale, "rope_parameters")
     draft.put("norm.position", "pre")
     draft.put("norm.kind", "rmsnorm")
-    draft.put("norm.eps", cfg.float("rms_norm_eps"), "rms_norm_eps")
+    eps = cfg.float("rms_norm_eps")
+    draft.put("norm.eps", eps, "rms_norm_eps")
+    if eps != _LATENT_EPS:
+        draft.put("attention.latent.norm_eps", _LATENT_EPS, "model_type")
     draft.put("norm.final", True)
     put_rope(draft, params, where)
     interleaved = cfg.bool("rope_interleave", True) if v3 else True

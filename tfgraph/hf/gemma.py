@@ -81,16 +81,24 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         put_rope(draft, params, where)
         return draft
     head_dim = cfg.int("head_dim", cfg.int("hidden_size") // cfg.int("num_attention_heads"))
-    scalar = cfg.float("query_pre_attn_scalar", float(head_dim))
+    # a key the config lacks takes its config class's default (Gemma2Config: scalar 256,
+    # softcaps 50 and 30; Gemma3TextConfig: scalar 256, no softcaps), not head_dim or none
+    scalar = cfg.float("query_pre_attn_scalar",
+                       float(cfg.class_default("query_pre_attn_scalar", head_dim)))
     if scalar != head_dim:  # scores times query_pre_attn_scalar^-0.5, not head_dim^-0.5
         draft.put("attention.scale", scalar ** -0.5, "query_pre_attn_scalar")
-    softcap = cfg.get("attn_logit_softcapping", None)
-    if softcap is not None:
-        draft.put("attention.softcap", cfg.float("attn_logit_softcapping"),
+    if kind == "gemma3_text":
+        # Gemma3Attention keeps attn_logit_softcapping but never passes it to the attention
+        # function (modeling_gemma3, transformers 5.24): the scores are not capped
+        cfg.moot("attn_logit_softcapping")
+    elif cfg.as_class("attn_logit_softcapping") is not None:
+        draft.put("attention.softcap", cfg.float("attn_logit_softcapping",
+                                                 cfg.class_default("attn_logit_softcapping")),
                   "attn_logit_softcapping")
-    final_cap = cfg.get("final_logit_softcapping", None)
-    if final_cap is not None:
-        draft.put("head.softcap", cfg.float("final_logit_softcapping"), "final_logit_softcapping")
+    if cfg.as_class("final_logit_softcapping") is not None:
+        final_cap = cfg.float("final_logit_softcapping",
+                              cfg.class_default("final_logit_softcapping"))
+        draft.put("head.softcap", final_cap, "final_logit_softcapping", final_cap)
     types = cfg.get("layer_types", None)
     if types is not None:  # what modeling reads; older configs' pattern made it
         cfg.moot("sliding_window_pattern")

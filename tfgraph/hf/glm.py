@@ -32,7 +32,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("ffn.activation", activation(cfg, "hidden_act", gated=True, default="silu"),
               "hidden_act")
     draft.put("ffn.bias", False)
-    put_rms_rope(draft, cfg, "sandwich" if cfg.model_type == "glm4" else "pre")
+    put_rms_rope(draft, cfg, "sandwich" if cfg.model_type == "glm4" else "pre", partial=True)
     return draft
 
 

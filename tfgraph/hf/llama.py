@@ -101,7 +101,18 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         put_rms_rope(draft, cfg, position)
     if kind == "granite":
         put_granite_multipliers(draft, cfg)
-    window = cfg.get("sliding_window", None)
+    if kind not in ("mistral", "qwen2", "qwen3", "ministral"):
+        # modeling_llama, _olmo, _olmo2, _granite, _helium, _seed_oss, _arcee build no
+        # sliding-window mask: every layer attends fully whatever these keys say
+        cfg.moot("sliding_window", "layer_types")
+        return draft
+    window = cfg.as_class("sliding_window")  # absent: the class's (Mistral's 4096)
+    if kind == "mistral":
+        # modeling_mistral slides every layer when sliding_window is set (one mask for all,
+        # config.sliding_window); it never reads layer_types
+        cfg.moot("layer_types")
+        put_windows(draft, None, window, layers)
+        return draft
     if kind in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
         window = None
         cfg.moot("max_window_layers")  # transformers reads it only with a sliding window
@@ -112,8 +123,6 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         start = cfg.int("max_window_layers", layers)
         types = layer_kinds(layers, lambda i: "sliding_attention" if i >= start
                             else "full_attention")
-    if kind not in ("mistral", "qwen2", "qwen3", "ministral") and types is None:
-        window = None  # these families have no sliding window
     put_windows(draft, types, window, layers)
     return draft
 

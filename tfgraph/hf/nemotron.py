@@ -29,7 +29,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.eps", cfg.float("norm_eps", 1e-5), "norm_eps")
     draft.put("norm.final", True)
     where, params = rope_parameters(cfg)
-    put_rope(draft, params, where)
+    put_rope(draft, params, where, partial=True)
     return draft
 
 

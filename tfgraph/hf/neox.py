@@ -34,14 +34,14 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("dropout", cfg.float("hidden_dropout", 0.0), "hidden_dropout")
     # dropout on the attention weights (modeling_gpt_neox: the attention interface's dropout)
     put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
-    if "rope_parameters" in cfg:
-        where, params = rope_parameters(cfg)
-    else:  # hub configs of Pythia: rotary_pct, rotary_emb_base, rope_scaling
-        where, params = rope_parameters(cfg, cfg.float("rotary_emb_base", 10000.0))
-        if "rotary_pct" in cfg:
-            params["partial_rotary_factor"] = cfg.float("rotary_pct")
-            where = "rotary_pct" if where == "rope_theta" else where
-    put_rope(draft, params, where)
+    # configuration_gpt_neox's convert_rope_params_to_dict: what the rope_parameters (or
+    # rope_scaling) mapping lacks comes from the hub configs' rotary_emb_base and rotary_pct,
+    # else theta 10000 and fraction 0.25
+    base = cfg.float("rotary_emb_base", 10000.0)
+    where, params = rope_parameters(cfg, base, default_fraction=cfg.float("rotary_pct", 0.25))
+    if where == "rope_theta" and "rotary_pct" in cfg.data:
+        where = "rotary_pct"
+    put_rope(draft, params, where, partial=True)
     return draft
 
 

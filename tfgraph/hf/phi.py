@@ -40,7 +40,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     # dropout on the attention weights (modeling_phi: the attention interface's dropout)
     put_attention_dropout(draft, cfg, "attention_dropout", 0.0)
     where, params = rope_parameters(cfg)
-    put_rope(draft, params, where)
+    put_rope(draft, params, where, partial=True)
     return draft
 
 

@@ -37,7 +37,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     cfg.moot("embd_pdrop")
     put_embedding_dropout(draft, 0.0, None)
     where, params = rope_parameters(cfg)
-    put_rope(draft, params, where)
+    put_rope(draft, params, where, partial=True)
     # modeling_phi3: every layer uses the sliding-window mask when sliding_window is set
     put_windows(draft, None, cfg.get("sliding_window", None), cfg.int("num_hidden_layers"))
     return draft

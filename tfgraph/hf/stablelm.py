@@ -35,7 +35,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         draft.put("block.residual", "parallel", "use_parallel_residual")
         draft.put("block.shared_norm", True, "use_parallel_residual")
     where, params = rope_parameters(cfg)
-    put_rope(draft, params, where)
+    put_rope(draft, params, where, partial=True)
     return draft
 
 

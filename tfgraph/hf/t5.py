@@ -27,6 +27,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         cfg.refuse("feed_forward_proj", "tfgraph has no such feed-forward (supported: relu, "
                    "gelu, gated-gelu, gated-silu)")
     act, gated = _PROJ[proj]
+    # T5Config.__post_init__ derives dense_act_fn and is_gated_act from feed_forward_proj
+    # (gated-gelu: gelu_new) over whatever config.json says: what is read above is the model
+    cfg.moot("dense_act_fn", "is_gated_act")
     d = cfg.int("d_model")
     draft.put("arch", "encoder-decoder")
     draft.put("d_model", d, "d_model")

@@ -261,6 +261,11 @@ class LatentAttention(_Strict):
     attention.head_dim is qk_nope_head_dim + rope_dim (192)."""
     v_head_dim: _size(MAX_D_MODEL) | None = None  # type: ignore[valid-type]
     """Width of one value head (DeepSeek-V3: 128). Default: head_dim - rope_dim."""
+    norm_eps: float | None = None
+    """The eps of q_a_norm and kv_a_norm (transformers' DeepSeek-V2 / V3 build both with the
+    RMSNorm default 1e-6 whatever rms_norm_eps says). Default: norm.eps."""
+
+    _finite_eps = field_validator("norm_eps", mode="before")(_optional_finite_float)
 
 
 class Attention(_Strict):
