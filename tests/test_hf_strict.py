@@ -198,7 +198,11 @@ _MOOT = {
     "qwen3": {"use_sliding_window", "sliding_window", "max_window_layers"},
     "qwen2_moe": {"sliding_window", "max_window_layers"},
     "qwen3_moe": {"use_sliding_window", "max_window_layers"},  # modeling reads neither
-    "bloom": {"slow_but_exact"},  # the same products in another order (pretraining_tp 1)
+    # pretraining_tp 1: the plain projections either way (with tp > 1 it is refused:
+    # test_hf_config_exact.py)
+    "bloom": {"slow_but_exact"},
+    # T5Config.__post_init__ derives both from feed_forward_proj over config.json's values
+    "t5": {"dense_act_fn", "is_gated_act"},
     # modeling_gpt_bigcode: kv heads from multi_query alone; float32 softmax is precision
     "gpt_bigcode": {"num_key_value_heads", "attention_softmax_in_fp32",
                     "scale_attention_softmax_in_fp32"},
