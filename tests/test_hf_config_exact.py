@@ -93,6 +93,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
     # 7. gated T5 (Flan-T5, T5 v1.1): dense_act_fn is derived from feed_forward_proj
     "t5-gated-gelu": ("t5", {"feed_forward_proj": "gated-gelu"}, {}, None),
     "t5-gated-silu": ("t5", {"feed_forward_proj": "gated-silu"}, {}, None),
+    # T5 v1.1 / Flan-T5 as transformers 5 saves them: tied, scale_decoder_outputs false
+    "t5-v1_1": ("t5", {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}, {},
+                None),
     # 9. untied BART / mBART: four token tables, refused at import (not at build)
     "bart-untied": ("bart", {"tie_word_embeddings": False}, {}, "tie_word_embeddings"),
     "mbart-untied": ("mbart", {"tie_word_embeddings": False}, {}, "tie_word_embeddings"),

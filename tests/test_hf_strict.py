@@ -19,8 +19,6 @@ from tfgraph.hf import FAMILIES, spec_from_config
 from tfgraph.hf.config_defaults import DEFAULTS
 from tfgraph.hf.strict import LEGACY, _inert
 
-from cli_support import refused
-from cli_support import tfgraph as run_cli
 
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -57,17 +55,18 @@ def test_the_assumed_values_are_transformers_defaults() -> None:
     assert DEFAULTS == defaults_now()
 
 
-def test_a_t5_folder_that_does_not_scale_its_decoder_output_is_refused(tmp_path: Path) -> None:
-    """transformers 5.24's T5 writes scale_decoder_outputs; false made tfgraph's logits 1/8
-    of transformers' (it scaled by d_model ** -0.5 as older T5 did) without a word."""
+def test_a_t5_folder_that_does_not_scale_its_decoder_output_imports_unscaled(
+        tmp_path: Path) -> None:
+    """transformers 5.24's T5 writes scale_decoder_outputs (false for T5 v1.1 / Flan-T5, saved
+    with tie_word_embeddings true); tfgraph once scaled by d_model ** -0.5 regardless, then
+    refused it: now it is read (logits: test_hf_config_exact.py, t5-v1_1)."""
     config = transformers.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                                    vocab_size=101, scale_decoder_outputs=False)
-    config.save_pretrained(tmp_path)
-    for argv in (("import", str(tmp_path)), ("report", str(tmp_path)),
-                 ("build", str(tmp_path), "--to", "onnx", "--seed", "0", "-o",
-                  str(tmp_path / "m.onnx"))):
-        refused(run_cli(*argv), "scale_decoder_outputs", "false")
-    assert not (tmp_path / "m.onnx").exists()
+    data = config.to_dict()
+    assert data["tie_word_embeddings"] is True and data["scale_decoder_outputs"] is False
+    spec = spec_from_config(data)
+    assert spec.embedding.tie_output and spec.head.scale is None
+    assert spec_from_config(data | {"scale_decoder_outputs": True}).head.scale == 64 ** -0.5
 
 
 # config.json of published checkpoints written by older transformers (4.x), as on the hub:

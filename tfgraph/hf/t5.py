@@ -62,8 +62,12 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.kind", "rmsnorm")
     draft.put("norm.eps", cfg.float("layer_norm_epsilon", 1e-6), "layer_norm_epsilon")
     draft.put("norm.final", True)
-    if tied:  # T5ForConditionalGeneration: sequence_output * model_dim**-0.5 when tied
-        draft.put("head.scale", d ** -0.5, "tie_word_embeddings")
+    # T5ForConditionalGeneration: sequence_output * model_dim**-0.5 when scale_decoder_outputs,
+    # which T5Config takes from config.json, else from tie_word_embeddings (transformers 5
+    # saves T5 v1.1 / Flan-T5 as tie_word_embeddings true with scale_decoder_outputs false)
+    if cfg.bool("scale_decoder_outputs", tied):
+        draft.put("head.scale", d ** -0.5, "scale_decoder_outputs" if "scale_decoder_outputs"
+                  in cfg.data else "tie_word_embeddings")
     draft.put("dropout", cfg.float("dropout_rate", 0.1), "dropout_rate")
     # modeling_t5 also drops out the attention weights at dropout_rate (T5Attention's
     # dropout): one rate for both places, where the spec has two. attention.dropout is not
@@ -77,8 +81,8 @@ _FFN = {"relu": "relu", "gelu": "gelu", "geglu_tanh": "gated-gelu", "swiglu": "g
 
 def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
     """The config fields :func:`spec_from_config` reads (T5's unscaled scores, missing
-    biases and relative positions are fixed by the model type; ``head.scale`` follows from
-    the tying)."""
+    biases and relative positions are fixed by the model type; ``head.scale`` is
+    scale_decoder_outputs)."""
     emb = spec.embedding
     return {
         "d_model": spec.d_model, "d_kv": spec.attention.head_dim, "d_ff": spec.ffn.hidden,
@@ -89,6 +93,7 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         "relative_attention_max_distance": emb.relative_max_distance or 128,
         "feed_forward_proj": _FFN.get(spec.ffn.activation, "relu"),
         "tie_word_embeddings": emb.tie_output, "layer_norm_epsilon": spec.norm.eps,
+        "scale_decoder_outputs": spec.head.scale is not None,
         "dropout_rate": spec.dropout,
     }
 
