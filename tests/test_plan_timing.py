@@ -92,13 +92,43 @@ def test_data_parallel_reduction_hides_under_the_last_backward_but_the_last_buck
     elements = 400_000_000  # 10 buckets of 40M
     s = States(0, 0, 0, elements)
     bw, lat = timing.link(H100, 8)
-    reduce = timing.ring_time(elements * float(timing.grad_bytes(layout)), 8, True, bw, lat)
+    grads = elements * float(timing.grad_bytes(layout))
+    last = timing.ring_time(grads / 10, 8, True, bw, lat)  # one bucket: a whole ring's latency
+    # ten all-reduces: the bytes once, the ring's 2(n - 1) latency steps ten times
+    reduce = timing.ring_time(grads, 8, True, bw, lat) + 9 * 2 * 7 * lat
+    assert timing.bucketed_ring_time(grads, 10, 8, True, bw, lat) == pytest.approx(reduce)
     long_backward = {"forward": 1.0, "backward": 10 * reduce, "recompute": 0.0}
     exposed = timing._dp_exposed(layout, H100, s, long_backward, 1, 2)
-    assert exposed == pytest.approx(reduce / 10)  # the last bucket only
+    assert exposed == pytest.approx(last)  # the last bucket only
     short = {"forward": 1.0, "backward": reduce / 2, "recompute": 0.0}
     assert timing._dp_exposed(layout, H100, s, short, 1, 2) == pytest.approx(reduce / 2)
     assert timing._dp_exposed(Layout(), H100, s, short, 1, 2) == 0.0  # no data parallelism
+
+
+def test_every_bucket_and_every_fsdp_unit_pays_the_rings_latency() -> None:
+    """DDP / Megatron-LM launch one collective per 40M-element bucket and FSDP one per unit
+    (a layer, plus the root): across 1,024 ranks on the network (5 us a ring step) each pays
+    1,023 latency steps, which one collective over all the bytes would count once."""
+    ranks, elements = 1024, 400_000_000
+    s = States(0, 0, 0, elements)
+    bw, lat = timing.link(H100, ranks)
+    assert lat == timing.NET_LATENCY
+    after = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}  # nothing to hide under
+    layout = Layout(dp=ranks, global_batch=ranks, grad_reduce="after")
+    grads = elements * float(timing.grad_bytes(layout))
+    one_ring = timing.ring_time(grads, ranks, True, bw, lat)
+    exposed = timing._dp_exposed(layout, H100, s, after, 1, 2)
+    assert exposed == pytest.approx(one_ring + 9 * 2 * (ranks - 1) * lat)
+    # ZeRO 3 over 32 layers: 33 units, each gathered twice (forward, backward) and reduced once
+    fsdp = Layout(dp=ranks, global_batch=ranks, zero=3)
+    weights, grads3 = elements * 2, elements * float(timing.grad_bytes(fsdp))
+    per_mb = (2 * timing.ring_time(weights, ranks, False, bw, lat)
+              + timing.ring_time(grads3, ranks, False, bw, lat))
+    for layers in (1, 32):
+        units = layers + 1
+        first = timing.ring_time(weights / units, ranks, False, bw, lat)
+        assert timing._dp_exposed(fsdp, H100, s, after, layers, 2) == pytest.approx(
+            per_mb + (units - 1) * 3 * (ranks - 1) * lat + first)
 
 
 def test_gradient_reduction_after_the_backward_is_all_exposed() -> None:
@@ -112,10 +142,11 @@ def test_gradient_reduction_after_the_backward_is_all_exposed() -> None:
         overlap = Layout(dp=8, global_batch=8, zero=zero)
         after = Layout(dp=8, global_batch=8, zero=zero, grad_reduce="after")
         grads = elements * float(timing.grad_bytes(after))
-        reduce = timing.ring_time(grads, 8, all_reduce, bw, lat)
+        reduce = timing.bucketed_ring_time(grads, 10, 8, all_reduce, bw, lat)
+        last = timing.ring_time(grads / 10, 8, all_reduce, bw, lat)
         hidden = timing._dp_exposed(overlap, H100, s, long_backward, 1, 2)
         exposed = timing._dp_exposed(after, H100, s, long_backward, 1, 2)
-        assert exposed == pytest.approx(hidden - reduce / 10 + reduce)  # last bucket -> all
+        assert exposed == pytest.approx(hidden - last + reduce)  # last bucket -> all
     assert timing._dp_exposed(Layout(grad_reduce="after"), H100, s, long_backward, 1, 2) == 0.0
 
 
@@ -315,18 +346,21 @@ def test_zero2_reduce_scatters_every_micro_batch_under_its_own_backward() -> Non
     m = 4
     one, two = (Layout(dp=8, global_batch=8 * m, zero=z) for z in (1, 2))
     assert two.microbatches == m
-    reduce = timing.ring_time(elements * float(timing.grad_bytes(two)), 8, False, bw, lat)
-    gather = timing.ring_time(elements * 2.0, 8, False, bw, lat)
-    for backward, per_mb in ((10 * reduce, reduce / 10), (reduce / 2, reduce / 2)):
+    grads = elements * float(timing.grad_bytes(two))
+    reduce = timing.bucketed_ring_time(grads, 10, 8, False, bw, lat)  # ten buckets
+    gather = timing.bucketed_ring_time(elements * 2.0, 10, 8, False, bw, lat)
+    last_reduce = timing.ring_time(grads / 10, 8, False, bw, lat)
+    last_gather = timing.ring_time(elements * 2.0 / 10, 8, False, bw, lat)
+    for backward, per_mb in ((10 * reduce, last_reduce), (reduce / 2, reduce / 2)):
         slot = {"forward": 10 * gather, "backward": backward, "recompute": 0.0}
-        assert timing._dp_exposed(one, H100, s, slot, 1, 2) == pytest.approx(per_mb + gather / 10)
+        assert timing._dp_exposed(one, H100, s, slot, 1, 2) == pytest.approx(per_mb + last_gather)
         assert timing._dp_exposed(two, H100, s, slot, 1, 2) == pytest.approx(
-            m * per_mb + gather / 10)
+            m * per_mb + last_gather)
     # after the backward (no overlap): every micro-batch's whole reduce-scatter exposed
     after = Layout(dp=8, global_batch=8 * m, zero=2, grad_reduce="after")
     slot = {"forward": 10 * gather, "backward": 1e3, "recompute": 0.0}
     assert timing._dp_exposed(after, H100, s, slot, 1, 2) == pytest.approx(
-        m * reduce + gather / 10)
+        m * reduce + last_gather)
 
 
 def test_zero2_sends_its_gradients_every_micro_batch_and_accumulates_shards(gpt) -> None:

@@ -50,7 +50,10 @@ as the op's own work is.
 
 Communication, from bytes, link bandwidth and latency: a ring all-reduce of n bytes over k
 ranks takes 2 (k - 1) / k x n / bandwidth + 2 (k - 1) latency steps; a reduce-scatter or an
-all-gather half of that (Patarasuk & Yuan 2009; NCCL's ring). Bandwidth is
+all-gather half of that (Patarasuk & Yuan 2009; NCCL's ring). Data-parallel traffic is many
+collectives, each paying the ring's latency steps: one per 40M-element gradient bucket (DDP,
+Megatron-LM) and one per FSDP unit (ZeRO 3: each layer, plus the root's; torchtitan shards
+each block, then the model). Bandwidth is
 ``LINK_EFFICIENCY`` of NVLink inside a node of ``per_node`` GPUs, of the GPU's NIC between
 nodes; ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group of
 span ranks stays in a node when span <= per_node. Overlap rules:
@@ -179,7 +182,9 @@ ASSUMPTIONS: dict[str, str] = {
     "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
                    "and reduce-scatter (n-1)/n; links at 80% (NCCL bus bandwidth): NVLink "
                    "inside a node, the GPU's NIC between nodes; latency 1 us (NVLink), 5 us "
-                   "(network) per ring step; rank order tensor, data, pipeline",
+                   "(network) per ring step, paid by every collective: one per 40M-element "
+                   "gradient bucket, one per FSDP unit (ZeRO 3: a layer, plus the root); "
+                   "rank order tensor, data, pipeline",
     "tensor_parallel": "all-reduces (reduce-scatter + all-gather with --sp), vocabulary "
                        "reductions and expert all-to-all exposed (not overlapped)",
     "data_parallel": "ZeRO 0-1: gradient all-reduce / reduce-scatter under the last "
@@ -368,6 +373,18 @@ def ring_time(nbytes: float, ranks: int, reduce: bool, bandwidth: float, latency
         return 0.0
     factor = 2.0 if reduce else 1.0
     return factor * ((ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * latency)
+
+
+def bucketed_ring_time(nbytes: float, pieces: int, ranks: int, reduce: bool, bandwidth: float,
+                       latency: float) -> float:
+    """Seconds of ``pieces`` ring collectives that together move ``nbytes``: the bandwidth
+    term once, the ring's latency steps once per collective (DDP and Megatron-LM launch one
+    per gradient bucket, FSDP one per unit)."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    factor = 2.0 if reduce else 1.0
+    return (ring_time(nbytes, ranks, reduce, bandwidth, latency)
+            + (max(pieces, 1) - 1) * factor * (ranks - 1) * latency)
 
 
 def link(gpu: Gpu, span: int) -> tuple[float, float]:
@@ -908,27 +925,33 @@ def _dp_exposed(layout: Layout, gpu: Gpu, s: States, slot: dict[str, float], lay
             continue
         grads = elements * float(grad_bytes(layout))
         last = min(1.0, BUCKET_ELEMENTS / elements)
+        buckets = math.ceil(elements / BUCKET_ELEMENTS)
         # the gradients' reduction: all of it after the backward, or what the backward hides
         hidden = 0.0 if layout.grad_reduce == "after" else 1.0
         if layout.zero == 0:
-            reduce = ring_time(grads, ranks, True, bw, lat)
-            exposed += max(reduce * (last if hidden else 1.0),
+            reduce = bucketed_ring_time(grads, buckets, ranks, True, bw, lat)
+            exposed += max(ring_time(grads * last, ranks, True, bw, lat) if hidden else reduce,
                            reduce - hidden * (slot["backward"] + slot["recompute"]))
         elif layout.zero in (1, 2):
-            reduce = ring_time(grads, ranks, False, bw, lat)
-            gather = ring_time(elements * elem, ranks, False, bw, lat)
+            reduce = bucketed_ring_time(grads, buckets, ranks, False, bw, lat)
+            gather = bucketed_ring_time(elements * elem, buckets, ranks, False, bw, lat)
             # ZeRO 2 holds 1/d of the gradients: every micro-batch's are reduce-scattered under
             # its own backward (DeepSpeed ZeRO-2's per-micro-step reduction, FSDP
             # SHARD_GRAD_OP), the last bucket of each exposed as ZeRO 3's are per micro-batch
             times = layout.microbatches if layout.zero == 2 else 1
-            exposed += times * max(reduce * (last if hidden else 1.0),
+            exposed += times * max(ring_time(grads * last, ranks, False, bw, lat) if hidden
+                                   else reduce,
                                    reduce - hidden * (slot["backward"] + slot["recompute"]))
-            exposed += max(gather * last, gather - slot["forward"])
+            exposed += max(ring_time(elements * elem * last, ranks, False, bw, lat),
+                           gather - slot["forward"])
         else:
-            per_mb = (2 * ring_time(elements * elem, ranks, False, bw, lat)
-                      + ring_time(grads, ranks, False, bw, lat))
+            # one FSDP unit per layer plus the root's (torchtitan: ``fully_shard`` per block,
+            # then the model): each unit's gather and reduce-scatter is its own collective
+            units = max(layers, 1) + 1
+            per_mb = (2 * bucketed_ring_time(elements * elem, units, ranks, False, bw, lat)
+                      + bucketed_ring_time(grads, units, ranks, False, bw, lat))
             compute = slot["forward"] + slot["backward"] + slot["recompute"]
-            first = ring_time(elements * elem, ranks, False, bw, lat) / max(layers, 1)
+            first = ring_time(elements * elem / units, ranks, False, bw, lat)
             exposed += layout.microbatches * (max(0.0, per_mb - compute) + first)
     return exposed
 
