@@ -111,11 +111,11 @@ def test_failed_build_keeps_old_file_and_leaves_no_partial(in_tmp: Path,
     calls = []
     real = onnx_writer.cast_value
 
-    def failing(value, dtype):  # type: ignore[no-untyped-def]
+    def failing(value, dtype, *name):  # type: ignore[no-untyped-def]
         calls.append(dtype)
         if len(calls) == 5:
             raise MemoryError("simulated failure half-way through the weights")
-        return real(value, dtype)
+        return real(value, dtype, *name)
 
     monkeypatch.setattr(onnx_writer, "cast_value", failing)
     result = cli("build", TINY, "--to", "onnx", "-o", "m.onnx")

@@ -245,7 +245,7 @@ def test_disk_full_while_writing_side_files_leaves_nothing(
     import tfgraph.hf.tokenizer
     from tfgraph.cli import main
 
-    def full(files: list[Path], target: Path) -> list[Path]:
+    def full(files: list[Path], target: Path, *token_ids: object) -> list[Path]:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(tfgraph.hf.tokenizer, "copy_files", full)

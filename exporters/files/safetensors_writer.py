@@ -73,7 +73,7 @@ def write_safetensors(target: Path, entries: Sequence[Entry],
             if name != e.name or tuple(value.shape) != e.shape:
                 raise TfgraphError(f"{target}: expected {e.name} {list(e.shape)}, got {name} "
                                    f"{list(value.shape)}")
-            array = cast_value(value, e.dtype)
+            array = cast_value(value, e.dtype, e.name)
             write_bytes(out, array)
             if progress:
                 progress(array.nbytes)

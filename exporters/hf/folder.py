@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tfgraph.hf.names import HFTensor, NameMap
-from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES
+from tfgraph.hf.tokenizer import FILES as TOKENIZER_FILES, side_file_bytes
 from tfgraph.graph.ir import Graph
 
 FILES = ("config.json", "model.safetensors")
@@ -78,13 +78,16 @@ def _generation_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], names: NameMap,
                     weights: Mapping[str, Any] | None, seed: int,
                     extra_files: Sequence[Path] = (),
-                    progress: Callable[[int], None] | None = None) -> Path:
+                    progress: Callable[[int], None] | None = None,
+                    stored: Mapping[str, str] | None = None) -> Path:
     """Write ``graph``'s weights as a Hugging Face folder at ``out_dir``: ``config`` as its
     config.json, the tensors under ``names`` (both from
     tfgraph.hf.export_config.hf_folder_facts, which the build command asks; it raises
     TfgraphError when no Hugging Face family expresses the spec exactly).
 
     ``weights`` as for the other back ends (checked), else generated from ``seed``.
+    ``stored``: Hugging Face name -> dtype of the tensors to write in a dtype of their own
+    (the source checkpoint's), the others in the graph's dtype.
     """
     from tfgraph.passes.cost import weights_bytes
     from tfgraph.exporters.onnx.model import parameter_values
@@ -97,8 +100,10 @@ def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], name
     shapes = {p.name: tuple(p.attrs["shape"]) for p in params}
     order = write_order(names.hf_tensors(shapes, aliases=False, layout="disk"), list(shapes))
     buffers = names.generated(np.zeros((), dtype=np.float32), layout="disk")
-    entries = [Entry(t.name, graph.dtype, t.shape(shapes)) for t in order]
-    entries += [Entry(n, graph.dtype, tuple(v.shape)) for n, v in buffers.items()]
+    stored = stored or {}
+    entries = [Entry(t.name, stored.get(t.name, graph.dtype), t.shape(shapes)) for t in order]
+    entries += [Entry(n, stored.get(n, graph.dtype), tuple(v.shape))
+                for n, v in buffers.items()]
     out_dir = Path(out_dir)
     check_capacity(out_dir, weights_bytes(graph), write_memory_bytes(graph))
     stream = parameter_values(graph, weights, seed)  # checks names and shapes first
@@ -109,8 +114,9 @@ def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], name
             values = _hf_values(order, ((p.name, v) for p, v in stream), buffers)
             write_safetensors(stage / "model.safetensors", entries, values, {"format": "pt"},
                               progress)
-            for extra in extra_files:
-                (stage / extra.name).write_bytes(extra.read_bytes())
+            for extra in extra_files:  # the source folder's generation config with the
+                # exported config's token ids where it has none (tfgraph.hf.tokenizer)
+                (stage / extra.name).write_bytes(side_file_bytes(extra, config))
             generation = _generation_config(config)
             if generation and not any(e.name == "generation_config.json" for e in extra_files):
                 (stage / "generation_config.json").write_text(

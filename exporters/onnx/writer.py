@@ -199,7 +199,7 @@ def write_model(model: onnx.ModelProto, values: Values, target: Path, external: 
         with atomic_path(target) as tmp, _write_errors(target), open(tmp, "wb") as out:
             out.write(model.SerializeToString())  # everything but the weights
             for name, dtype, value in values:
-                array = cast_value(value, dtype)
+                array = cast_value(value, dtype, name)
                 _append_initializer(out, tensor_header(name, array, dtype), array)
                 if progress:
                     progress(array.nbytes)
@@ -222,7 +222,7 @@ def write_model(model: onnx.ModelProto, values: Values, target: Path, external: 
             _write_errors(target):
         with open(tmp_data, "wb") as data:
             for name, dtype, value in values:
-                array = cast_value(value, dtype)
+                array = cast_value(value, dtype, name)
                 header = tensor_header(name, array, dtype)
                 _write_external(header, array, data, data_target.name)
                 model.graph.initializer.append(header)

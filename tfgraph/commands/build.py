@@ -49,9 +49,11 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
     from tfgraph.exporters.onnx.model import write_onnx
     from tfgraph.io import check_output, check_side_file, publish_together
 
+    from tfgraph.hf.tokenizer import side_file_bytes
+
     check_output(out)
     for extra in opts["extra_files"] or ():  # refuse a foreign file of that name before work
-        check_side_file(out.parent / extra.name, extra.read_bytes())
+        check_side_file(out.parent / extra.name, side_file_bytes(extra, _token_config(opts)))
     # The model, its weights file and its side files are published together, or none is.
     with publish_together():
         with _progress(graph, f"writing {out.name}") as advance:
@@ -61,7 +63,7 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
         if opts["extra_files"]:  # next to the model, where onnxruntime-genai looks for them
             from tfgraph.hf.tokenizer import copy_files
 
-            copy_files(opts["extra_files"], written.parent)
+            copy_files(opts["extra_files"], written.parent, _token_config(opts))
         _write_spec_generation_config(opts, written.parent)
         if opts["genai_config"]:  # a decoder's KV-cache model: onnxruntime-genai can
             # drive it
@@ -138,7 +140,7 @@ def _write_two_models(source: Any, values: Any, out: Path, seed: int | None,
     if source.tokenizer:
         from tfgraph.hf.tokenizer import copy_files
 
-        copy_files(source.tokenizer, out)
+        copy_files(source.tokenizer, out, _token_config({"spec": source.spec}))
     _write_spec_generation_config({"spec": source.spec, "extra_files": source.tokenizer}, out)
 
 
@@ -154,9 +156,28 @@ def _write_hf(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
 
     config, names = hf_folder_facts(opts["spec"], opts["source_config"])
     module = importlib.import_module("tfgraph.exporters.hf.folder")
+    # Without --dtype each tensor keeps the dtype its checkpoint stores it in (transformers
+    # saves a float16 T5's wo in float32): HF -> tfgraph -> HF is bit-identical.
+    checkpoint = opts.get("checkpoint")
+    stored = ({name: info.dtype for name, info in checkpoint.tensors.items()}
+              if checkpoint is not None and opts.get("dtype") is None else {})
     with _progress(graph, f"writing {out.name}") as advance:
         return Path(module.write_hf_folder(graph, out, config, names, opts["weights"],
-                                           opts["seed"], opts["extra_files"], advance))
+                                           opts["seed"], opts["extra_files"], advance,
+                                           stored))
+
+
+def _kept_dtypes(target: str, opts: dict[str, Any]) -> str:
+    """For the ``wrote`` line of ``--to hf``: the tensors kept in a dtype of their own."""
+    checkpoint = opts.get("checkpoint")
+    if target != "hf" or checkpoint is None or opts.get("dtype") is not None:
+        return ""
+    dtype = opts["spec"].dtype
+    other: dict[str, int] = {}
+    for info in checkpoint.tensors.values():
+        if info.dtype != dtype:
+            other[info.dtype] = other.get(info.dtype, 0) + 1
+    return "".join(f" ({n} tensors {d} as stored)" for d, n in sorted(other.items()))
 
 
 def _diagram(fmt: str) -> Callable[[Graph, Path, dict[str, Any]], Path]:
@@ -409,7 +430,8 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
             "seed": 0 if seed is None else seed,
             "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
             "source_config": source.config, "spec": source.spec,
-            "genai_provider": genai_provider or "cpu"}
+            "genai_provider": genai_provider or "cpu", "dtype": dtype,
+            "checkpoint": source.checkpoint if weights is None else None}
     written = how.write(graph, out, opts)
     from tfgraph.passes.cost import param_count
 
@@ -419,15 +441,15 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         details.append(f"opset {opts['opset']}" + (", KV cache" if kv_cache else "")
                        + (", fused attention" if fused else ""))
     if how.takes_weights:
-        details.append(graph.dtype)
+        details.append(graph.dtype + _kept_dtypes(target, opts))
         if weights is not None:
             details.append(f"weights {weights}")
         elif source.checkpoint is not None:
             details.append(f"weights {source.checkpoint.folder}")
         else:
             details.append(f"seed {opts['seed']}")
-        if source.tokenizer:
-            details.append("tokenizer")
+        if source.tokenizer:  # what was copied from the model folder
+            details.append(f"copied {', '.join(f.name for f in source.tokenizer)}")
     details.append(f"{time.perf_counter() - start:.2f} s")
     slash = os.sep if written.is_dir() else ""
     say_done(f"wrote {printable(str(written))}{slash} ({', '.join(details)})")

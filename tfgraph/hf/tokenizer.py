@@ -1,16 +1,20 @@
 """A model folder's tokenizer files: found, checked, carried with built artifacts, loaded.
 
-Only files of the ``tokenizers`` library's format are used (``tokenizer.json``; the other
-files carry settings transformers and onnxruntime-genai read: special tokens, chat template,
-generation defaults). Each is read as untrusted input like the rest of the folder
-(tfgraph.hf.files.inside): only from within it, size-limited, and ``tokenizer.json`` must load
-with ``tokenizers`` before it is copied anywhere.
+tfgraph itself tokenizes with the ``tokenizers`` library's ``tokenizer.json``; the other files
+are carried for transformers and onnxruntime-genai: the slow tokenizers' vocabularies (a
+Llama 2 or T5 folder may hold only ``tokenizer.model`` / ``spiece.model``), special tokens,
+chat template, generation defaults. Each is read as untrusted input like the rest of the folder
+(tfgraph.hf.files.inside): only from within it (a link leading out is refused), size-limited;
+``tokenizer.json`` must load with ``tokenizers`` and ``generation_config.json`` must be a JSON
+object before either is copied anywhere.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.hf.files import inside
@@ -19,15 +23,25 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
+GENERATION_CONFIG = "generation_config.json"
+# The files transformers' tokenizers read: tokenization_utils_base's tokenizer_config.json,
+# special_tokens_map.json, added_tokens.json and chat_template.jinja, and the vocabulary files
+# (VOCAB_FILES_NAMES) of the families tfgraph imports: Llama's tokenizer.model, T5's and
+# Pegasus' spiece.model, mBART's sentencepiece.bpe.model, Marian's source.spm, target.spm and
+# target_vocab.json, GPT-2's, RoBERTa's and BART's vocab.json + merges.txt, BERT's vocab.txt;
+# and the generation defaults GenerationConfig.from_pretrained reads.
 FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json",
-         "generation_config.json")
+         "added_tokens.json", "chat_template.jinja", "tokenizer.model", "spiece.model",
+         "sentencepiece.bpe.model", "source.spm", "target.spm", "vocab.json",
+         "target_vocab.json", "merges.txt", "vocab.txt", GENERATION_CONFIG)
 MAX_BYTES = 256 << 20  # the largest real tokenizer.json files are tens of MB
+MAX_GENERATION_BYTES = 1 << 20  # a generation_config.json is a few hundred bytes
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
 def tokenizer_files(folder: Path) -> list[Path]:
-    """The tokenizer files of ``folder`` (none when it has no ``tokenizer.json``)."""
-    if not (folder / TOKENIZER_JSON).exists() and not (folder / TOKENIZER_JSON).is_symlink():
-        return []
+    """The tokenizer and generation files of ``folder`` that it has, in :data:`FILES` order;
+    each checked (see the module docstring) before anything is written."""
     found = []
     for name in FILES:
         if not (folder / name).exists() and not (folder / name).is_symlink():
@@ -36,8 +50,40 @@ def tokenizer_files(folder: Path) -> list[Path]:
         if path.stat().st_size > MAX_BYTES:
             raise TfgraphError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a tokenizer file")
         found.append(path)
-    load_tokenizer(found[0])  # refuse a tokenizer.json the library cannot read, now
+    for path in found:
+        if path.name == TOKENIZER_JSON:  # refuse one the library cannot read, now
+            load_tokenizer(path)
+        if path.name == GENERATION_CONFIG:
+            _read_generation_config(path)
     return found
+
+
+def _read_generation_config(path: Path) -> dict[str, Any]:
+    from tfgraph.hf.files import read_json
+
+    return read_json(path, MAX_GENERATION_BYTES, "generation_config.json")
+
+
+def generation_config_bytes(path: Path, token_ids: Mapping[str, Any] | None) -> bytes:
+    """The bytes of ``path`` (a folder's generation_config.json) to write beside an exported
+    model: its own, unchanged, unless it lacks a token id the exported config has
+    (``token_ids``: config.json's names); then its settings with those ids added. Ids it
+    sets itself stay (a list of eos ids is the generation config's to give)."""
+    data = path.read_bytes()
+    settings = _read_generation_config(path)
+    missing = {k: v for k, v in (token_ids or {}).items()
+               if k in TOKEN_KEYS and v is not None and settings.get(k) is None}
+    if not missing:
+        return data
+    return (json.dumps(settings | missing, indent=2) + "\n").encode("utf-8")
+
+
+def side_file_bytes(path: Path, token_ids: Mapping[str, Any] | None) -> bytes:
+    """What a copy of tokenizer file ``path`` holds (:func:`generation_config_bytes` for the
+    generation config, the file's bytes for the others)."""
+    if path.name == GENERATION_CONFIG:
+        return generation_config_bytes(path, token_ids)
+    return path.read_bytes()
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
@@ -57,11 +103,13 @@ def load_tokenizer(path: Path) -> Tokenizer:
                            f"{detail}") from None
 
 
-def copy_files(files: list[Path], folder: Path) -> list[Path]:
-    """Copy ``files`` into ``folder`` atomically, each replacing any file of that name."""
+def copy_files(files: list[Path], folder: Path,
+               token_ids: Mapping[str, Any] | None = None) -> list[Path]:
+    """Copy ``files`` into ``folder`` atomically, each replacing any file of that name
+    (a generation config gets ``token_ids`` it lacks: :func:`generation_config_bytes`)."""
     from tfgraph.io import atomic_path, check_side_file
 
-    pending = [(folder / source.name, source.read_bytes()) for source in files]
+    pending = [(folder / source.name, side_file_bytes(source, token_ids)) for source in files]
     # Every name is checked before any is written: a file of that name that tfgraph did not
     # write (other content) is refused, never replaced (tfgraph.io.check_side_file).
     needed = [(target, data) for target, data in pending if check_side_file(target, data)]

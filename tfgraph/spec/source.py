@@ -69,6 +69,7 @@ def load_source(path: str, target: str, weights: Any, seed: int | None, dtype: s
     ``hf`` or another target that takes no weights), with the folder's checkpoint when its
     weights are to be used (no ``--weights``, no ``--seed``)."""
     spec = load_spec_arg(path)
+    asked = dtype  # --dtype, before a checkpoint's own takes its place
     folder = model_folder(path)
     source = Source(spec, folder, check_finite=check_finite)
     if folder is not None:
@@ -87,8 +88,42 @@ def load_source(path: str, target: str, weights: Any, seed: int | None, dtype: s
             source.notes.append(f"the checkpoint is {dtype}, which onnxruntime's CPU provider "
                                 "cannot run: writing float32 (--dtype keeps another)")
             dtype = "float32"
+    if source.checkpoint is not None:
+        note = narrowed_note(source.checkpoint, dtype or spec.dtype, target,
+                             keeps=asked is None)
+        if note is not None:
+            source.notes.append(note)
     if check_finite and source.checkpoint is None and weights is None:
         raise TfgraphError("--check-finite checks given weights: a model folder's or "
                            "--weights FILE's")
     source.spec = with_dtype(spec, dtype) if dtype is not None else spec
     return source
+
+
+# dtype -> the dtypes it converts to exactly (widening to float32 loses nothing).
+_EXACT = {"float16": ("float16", "float32"), "bfloat16": ("bfloat16", "float32"),
+          "float32": ("float32",)}
+
+
+def narrowed_note(checkpoint: Any, dtype: str, target: str, keeps: bool) -> str | None:
+    """A note when a checkpoint of mixed dtypes has tensors that building in ``dtype``
+    rounds: transformers saves a float16 T5 with its ``wo`` in float32 (its
+    ``_keep_in_fp32_modules``) and keeps them so at load, computing those layers in float32;
+    tfgraph's torch and ONNX models compute every layer in one dtype. ``keeps``: no
+    ``--dtype`` was given, so ``--to hf`` writes each tensor in its stored dtype (no note)."""
+    stored = {name: info.dtype for name, info in checkpoint.tensors.items()}
+    if len(set(stored.values())) < 2 or (target == "hf" and keeps):
+        return None
+    if target not in ("onnx", "torch", "hf"):
+        return None
+    rounded = sorted(n for n, d in stored.items() if dtype not in _EXACT[d])
+    if not rounded:
+        return None
+    kinds = sorted({stored[n] for n in rounded})
+    done = "written" if target == "hf" else "computed"
+    from tfgraph.terminal import printable
+
+    return (f"{len(rounded)} of {len(stored)} tensors are stored in {' and '.join(kinds)} "
+            f"(first {printable(rounded[0])}): {done} in {dtype}, rounded (transformers keeps a "
+            f"model's _keep_in_fp32_modules, such as T5's wo, in float32); --dtype float32 "
+            "keeps every value")
