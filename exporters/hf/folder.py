@@ -4,9 +4,10 @@ DIR gets ``config.json`` (tfgraph.hf.export_config: the family whose config impo
 the very spec), ``model.safetensors`` in the names and layout ``save_pretrained`` writes (the
 family's name map, ``layout="disk"``: fused tensors fused back, per-expert MoE matrices, tied
 tables once, config-fixed buffers rebuilt) and, when the weights came from a Hugging Face
-folder, its tokenizer files. The weights are streamed: each Hugging Face tensor is written as
-soon as the parameters it is made of have been produced (in graph order), so memory holds a
-fused tensor's parts at most, never the model. The folder appears whole or not at all.
+folder, its tokenizer and generation files (tfgraph.hf.tokenizer); without ``--dtype`` each
+tensor keeps the dtype its checkpoint stores it in. The weights are streamed: each Hugging
+Face tensor is written as soon as the parameters it is made of have been produced (in graph
+order), so memory holds a fused tensor's parts at most, never the model. The folder appears whole or not at all.
 """
 
 from __future__ import annotations
