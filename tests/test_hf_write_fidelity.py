@@ -102,6 +102,22 @@ def test_float16_overflow_onnx_one_line_no_numpy_warning(folders: dict[str, Path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_float16_overflow_encoder_decoder_kv_cache(tmp_path: Path) -> None:
+    """The two models of an encoder-decoder's KV cache: refused, and no empty folder left."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    t5 = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                               num_heads=4, decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(t5).eval()
+    with torch.no_grad():
+        model.decoder.final_layer_norm.weight[0] = 1e6
+    model.save_pretrained(tmp_path / "t5")
+    out = tmp_path / "out"
+    one_line(invoke("build", str(tmp_path / "t5"), "--to", "onnx", "--kv-cache", "--dtype",
+                    "float16", "-o", str(out)), "decoder.norm.weight", "65504")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t5"]
+
+
 def test_bfloat16_overflow_is_refused() -> None:
     from tfgraph.errors import TfgraphError
     from tfgraph.exporters.onnx.tensors import cast_array
@@ -133,6 +149,18 @@ def test_mixed_dtypes_round_trip_bit_identical(folders: dict[str, Path],
     assert written == source
     assert sorted(k for k, (d, _) in written.items() if d == "torch.float32") == sorted(
         k for k in source if k.endswith(WO))
+    # transformers loads both alike: float16 (config.json's dtype), wo kept in float32
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ids = torch.tensor([[3, 5, 7, 1]])
+    logits = []
+    for folder in (folders["t5mix"], tmp_path / "hf"):
+        model = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
+        assert model.dtype == torch.float16
+        assert model.encoder.block[0].layer[1].DenseReluDense.wo.weight.dtype == torch.float32
+        with torch.no_grad():
+            logits.append(model(input_ids=ids, decoder_input_ids=ids).logits)
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("to,extra", [("onnx", []), ("torch", []),

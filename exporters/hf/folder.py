@@ -106,7 +106,9 @@ def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], name
     entries += [Entry(n, stored.get(n, graph.dtype), tuple(v.shape))
                 for n, v in buffers.items()]
     out_dir = Path(out_dir)
-    check_capacity(out_dir, weights_bytes(graph), write_memory_bytes(graph))
+    # tensors kept in a wider stored dtype take more than the graph's dtype says
+    check_capacity(out_dir, max(weights_bytes(graph), sum(e.nbytes for e in entries)),
+                   write_memory_bytes(graph))
     stream = parameter_values(graph, weights, seed)  # checks names and shapes first
     try:
         with staged_folder(out_dir, FILES + TOKENIZER_FILES, KIND) as stage:

@@ -13,6 +13,7 @@ files travel with the artifact.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -117,9 +118,16 @@ def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed
     check_output_node(out, directory=True)
     check_not_input(out)
     make_parents(out)
+    created = not out.exists()
     out.mkdir(exist_ok=True)
-    with publish_together():
-        _write_two_models(source, values, out, seed, opset)
+    try:
+        with publish_together():
+            _write_two_models(source, values, out, seed, opset)
+    except BaseException:  # a refusal (a weight float16 cannot hold) leaves no empty folder
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     return out
 
 
