@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import BaseModel
 
@@ -85,6 +85,9 @@ FAMILIES: dict[str, str] = {
 def family(cfg: HFConfig) -> ModuleType:
     """The module that converts configs of ``cfg``'s model_type."""
     kind = cfg.data.get("model_type")
+    if kind is not None and not isinstance(kind, str):
+        cfg.refuse("model_type", f"must be a string, one of the {len(FAMILIES)} model types "
+                                 "tfgraph imports (README, \"tfgraph import\")", kind)
     if kind not in FAMILIES:
         from tfgraph.hf.strict import closest_family
 
@@ -108,8 +111,10 @@ _TOKEN_KEYS = (("bos", "bos_token_id", "source"), ("eos", "eos_token_id", "targe
 
 def _token_ids(cfg: HFConfig, spec: Mapping[str, Any]) -> dict[str, Any]:
     """The config's special token ids for the spec's ``tokens``: those that are ids inside the
-    vocabulary they index (some published configs name ids past a small vocabulary, or
-    none); decoder_start only for encoder-decoders."""
+    vocabulary they index (some published configs name ids past a small vocabulary, or a
+    negative pad id: transformers only warns, and they are left out); decoder_start only for
+    encoder-decoders. A value that is not an integer (eos: or a list of them) or null is
+    refused, as transformers' config classes refuse it (StrictDataclassFieldValidationError)."""
     vocab = spec.get("vocab")
     out: dict[str, Any] = {}
     for name, key, role in _TOKEN_KEYS:
@@ -118,11 +123,19 @@ def _token_ids(cfg: HFConfig, spec: Mapping[str, Any]) -> dict[str, Any]:
         size = vocab.get(role) if isinstance(vocab, dict) else vocab
         value = cfg.data.get(key)
         items = value if isinstance(value, list) and name == "eos" else [value]
-        if not items or not all(isinstance(v, int) and not isinstance(v, bool)
-                                and isinstance(size, int) and 0 <= v < size for v in items):
+        if value is not None and not all(is_token_id(v) for v in items):
+            cfg.refuse(key, "a token id is an integer" + (" or a list of integers"
+                                                          if name == "eos" else ""))
+        if not items or not all(is_token_id(v) and isinstance(size, int) and 0 <= v < size
+                                for v in items):
             continue
         out[name] = list(items) if isinstance(value, list) else value
     return out
+
+
+def is_token_id(value: Any) -> TypeGuard[int]:
+    """An integer, as transformers' config classes type token ids (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def draft_from_config(data: Mapping[str, Any], name: str | None = None,

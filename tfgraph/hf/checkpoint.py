@@ -1,12 +1,17 @@
 """A Hugging Face model folder's weights, read lazily and as untrusted input.
 
 The weights are ``model.safetensors``, or shards listed by ``model.safetensors.index.json``
-(``weight_map``: tensor name -> shard file name), as ``save_pretrained`` writes them. Opening a
-checkpoint reads headers only, through the safetensors package, which checks each header
+(``weight_map``: tensor name -> shard file name), as ``save_pretrained`` writes them; a folder
+holding both is read as transformers reads it, from ``model.safetensors``
+(``modeling_utils._get_resolved_checkpoint_files`` looks for the single file first). Opening
+a checkpoint reads headers only, through the safetensors package, which checks each header
 against its file (offsets that cover the data exactly, sizes that match dtype and shape, a
 bounded header); here the index is checked to name only files inside the folder, every shard
-it names to exist and hold the tensors it is said to, and every tensor to be float32, float16
-or bfloat16. Pickled checkpoints (``pytorch_model.bin``) are refused: loading one can run
+it names to exist and hold exactly the tensors it is said to, and no tensor to be in two
+files (transformers loads every tensor of every shard, a later copy replacing an earlier one:
+which copy is the model's would be an accident of file order). Tensors used must be float32,
+float16 or bfloat16 (tfgraph.hf.checkpoint_names; a buffer transformers ignores on load may
+be of any dtype). Pickled checkpoints (``pytorch_model.bin``) are refused: loading one can run
 arbitrary code.
 
 :meth:`Checkpoint.read` reads one tensor through a handle opened for that read alone.
@@ -37,6 +42,11 @@ INDEX_MAX_BYTES = 64 << 20  # a real index is ~100 bytes per tensor: 64 MiB is 6
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt")
 # safetensors dtype code -> tfgraph dtype name
 DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# bytes per element of the tfgraph dtypes, and of the other safetensors codes (README,
+# "Format"), which are kept under their code until a tensor of one is used
+ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "F64": 8, "I64": 8, "U64": 8,
+              "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+              "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 class CheckpointError(TfgraphError):
@@ -48,14 +58,25 @@ class TensorInfo:
     """Where one tensor is and what its header says it is."""
 
     file: Path
-    dtype: str  # tfgraph dtype name
+    dtype: str  # tfgraph dtype name; a safetensors code (I64, ...) for one tfgraph cannot read
     shape: tuple[int, ...]
     offset: int  # of its first byte in the file
+    key: str  # its name in the file (a Checkpoint may know it by another: checkpoint_names)
+
+    @property
+    def readable(self) -> bool:
+        return self.dtype in DTYPES.values()
 
     @property
     def nbytes(self) -> int:
-        size = 4 if self.dtype == "float32" else 2
-        return size * int(np.prod(self.shape, dtype=np.int64))
+        return ITEM_BYTES.get(self.dtype, 1) * int(np.prod(self.shape, dtype=np.int64))
+
+    def refuse_unreadable(self) -> None:
+        """Refuse this tensor, used as a weight, when tfgraph cannot read its dtype."""
+        if not self.readable:
+            raise CheckpointError(f"{self.file}: {self.key} is {self.dtype}; tfgraph reads "
+                                  "F32, F16 and BF16 weights (quantized checkpoints are not "
+                                  "supported)")
 
 
 def has_weights(folder: Path) -> bool:
@@ -74,9 +95,15 @@ class Checkpoint:
     def open(cls, folder: str | Path) -> Checkpoint:
         """Check ``folder``'s index and headers (no tensor data is read)."""
         folder = Path(folder)
-        if (folder / INDEX_NAME).exists() or (folder / INDEX_NAME).is_symlink():
+        single, index = folder / WEIGHTS_NAME, folder / INDEX_NAME
+        # transformers' order (os.path.isfile: the single file, then the index); a single
+        # file that is there but not a file (a dangling or looping link, a FIFO) and no index
+        # is refused by name below
+        if single.is_file():
+            shards: dict[str, list[str] | None] = {WEIGHTS_NAME: None}
+        elif index.exists() or index.is_symlink():
             shards = _index(folder)
-        elif (folder / WEIGHTS_NAME).exists() or (folder / WEIGHTS_NAME).is_symlink():
+        elif single.exists() or single.is_symlink():
             shards = {WEIGHTS_NAME: None}
         else:
             pickled = [name for name in PICKLES if (folder / name).exists()]
@@ -86,19 +113,31 @@ class Checkpoint:
                                       "only (convert it with safetensors' convert script)")
             raise CheckpointError(f"{folder}: no weights ({WEIGHTS_NAME} or {INDEX_NAME}); "
                                   "--seed N builds with random weights")
-        tensors: dict[str, TensorInfo] = {}
+        # every file's header, and the index's claims about each, before any claim about
+        # tensors it does not list: the first problem named is the one the index makes
+        headers = []
         for shard, listed in shards.items():
             path = _weights_file(folder, shard, indexed=listed is not None)
             found = _header(path)
-            names = found if listed is None else listed
-            missing = sorted(set(names) - set(found))
+            missing = sorted(set(listed or ()) - set(found))
             if missing:
                 raise CheckpointError(f"{path}: the index says {missing[0]} is in this shard, "
                                       f"but it is not ({len(missing)} missing)")
-            for name in names:
+            headers.append((path, found, listed))
+        tensors: dict[str, TensorInfo] = {}
+        for path, found, _ in headers:
+            for name, info in found.items():
                 if name in tensors:
-                    raise CheckpointError(f"{path}: {name} is also in {tensors[name].file.name}")
-                tensors[name] = found[name]
+                    raise CheckpointError(f"{folder}: {name} is in both "
+                                          f"{tensors[name].file.name} and {path.name}; a "
+                                          "checkpoint holds each tensor once")
+                tensors[name] = info
+        for path, found, listed in headers:
+            unlisted = sorted(set(found) - set(listed)) if listed is not None else []
+            if unlisted:
+                more = f"; {len(unlisted)} such tensors" if len(unlisted) > 1 else ""
+                raise CheckpointError(f"{index}: the index does not list {unlisted[0]} "
+                                      f"(found in {path.name}{more})")
         return cls(folder, tensors)
 
     @property
@@ -109,7 +148,8 @@ class Checkpoint:
         """The checkpoint's dtype: the one most of its bytes are in."""
         by_bytes: Counter[str] = Counter()
         for info in self.tensors.values():
-            by_bytes[info.dtype] += info.nbytes
+            if info.readable:
+                by_bytes[info.dtype] += info.nbytes
         return by_bytes.most_common(1)[0][0] if by_bytes else "float32"
 
     def read(self, name: str) -> np.ndarray:
@@ -120,7 +160,7 @@ class Checkpoint:
         info = self.tensors[name]
         try:
             with safe_open(str(info.file), framework="numpy") as handle:
-                array: np.ndarray = handle.get_tensor(name)
+                array: np.ndarray = handle.get_tensor(info.key)
         except (OSError, SafetensorError) as err:  # the file changed since it was opened
             raise CheckpointError(f"{info.file}: cannot read {name}: {err}") from None
         if tuple(array.shape) != info.shape:
@@ -208,12 +248,8 @@ def _header(path: Path) -> dict[str, TensorInfo]:
             for name in handle.keys():
                 part = handle.get_slice(name)
                 code = part.get_dtype()
-                if code not in DTYPES:
-                    raise CheckpointError(f"{path}: {name} is {code}; tfgraph reads F32, F16 "
-                                          "and BF16 weights (quantized checkpoints are not "
-                                          "supported)")
-                out[name] = TensorInfo(path, DTYPES[code], tuple(part.get_shape()),
-                                       start + spans[name])
+                out[name] = TensorInfo(path, DTYPES.get(code, code), tuple(part.get_shape()),
+                                       start + spans[name], name)
             return out
     except SafetensorError as err:
         raise CheckpointError(f"{path}: not a valid safetensors file: {err}") from None

@@ -5,7 +5,8 @@ The back ends check given weights against the graph too (tfgraph.graph.weights.c
 tfgraph's parameter names, which a user of a Hugging Face folder never wrote and cannot find in
 their files. Here every problem is one line naming the file and the Hugging Face tensor to look
 at (a tensor the model has no place for, a shape the config does not give, a tensor the model
-needs and no file holds), before any weight is read or any output written.
+needs and no file holds: tfgraph.hf.checkpoint.Checkpoint.open has refused a tensor a shard
+holds and the index does not list), before any weight is read or any output written.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ def check_checkpoint(checkpoint: Checkpoint, names: NameMap, expected: Mapping[s
             found.add(ours)
             want = expected.get(ours)
             if want is None:
-                raise CheckpointError(f"{info.file}: {hf} has no place in config.json's model "
-                                      f"(it would be {ours})")
+                raise CheckpointError(f"{info.file}: {info.key} has no place in config.json's "
+                                      f"model (it would be {ours})")
             if tuple(want) != shape:
                 hf_want = _hf_shape(names, hf, info, expected)
                 needs = (f"{list(hf_want)}" if hf_want is not None else
                          f"{ours} {list(want)}, and this makes it {list(shape)}")
-                raise CheckpointError(f"{info.file}: {hf} is {list(info.shape)}, but "
+                raise CheckpointError(f"{info.file}: {info.key} is {list(info.shape)}, but "
                                       f"config.json's model needs {needs}")
     missing = [ours for ours in expected if ours not in found]
     if missing:

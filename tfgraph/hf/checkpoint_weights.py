@@ -155,7 +155,7 @@ class CheckpointWeights(Mapping[str, np.ndarray]):
         array = self.checkpoint.read(hf)
         if self.check_finite and not np.isfinite(array).all():
             info = self.checkpoint.tensors[hf]
-            raise CheckpointError(f"{info.file}: {hf} holds NaN or infinite values")
+            raise CheckpointError(f"{info.file}: {info.key} holds NaN or infinite values")
         return array
 
     @staticmethod

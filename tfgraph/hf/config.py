@@ -43,7 +43,8 @@ class HFConfig:
     def __init__(self, data: Mapping[str, Any], source: str = "config.json") -> None:
         self.data = dict(data)
         self.source = source
-        self.model_type = str(data.get("model_type", ""))
+        kind = data.get("model_type", "")
+        self.model_type = kind if isinstance(kind, str) else ""
         # every key a family looked at (tfgraph.hf.strict refuses the others that matter)
         self.read: set[str] = {"model_type"}
 

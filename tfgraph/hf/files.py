@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tfgraph.errors import SpecError
-from tfgraph.spec.safe_yaml import MAX_BYTES, decode
+from tfgraph.spec.safe_yaml import MAX_BYTES
 from tfgraph.spec.schema import Spec
 
 CONFIG_NAME = "config.json"
@@ -32,7 +32,7 @@ def readable_roots(folder: Path) -> list[Path]:
     """Where the files of model folder ``folder`` may really be: inside it, or, for a
     snapshot of the Hugging Face hub cache (``models--org--name/snapshots/<rev>/``, whose files
     are links to ``../../blobs/<hash>``), in that repository's ``blobs`` folder."""
-    real = folder.resolve()
+    real = _resolved(folder, "the folder", folder)
     roots = [real]
     if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
         roots.append(real.parent.parent / "blobs")
@@ -46,7 +46,7 @@ def inside(folder: Path, name: str, what: str) -> Path:
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise SpecError(f"{what} {name!r} is not a file name in the folder", file=str(folder))
     path = folder / name
-    real = path.resolve()
+    real = _resolved(path, name, folder)
     if not any(real.is_relative_to(root) for root in readable_roots(folder)):
         raise SpecError(f"{name} leads outside the folder; refusing to follow it",
                         file=str(folder))
@@ -55,6 +55,16 @@ def inside(folder: Path, name: str, what: str) -> Path:
     if not stat.S_ISREG(real.stat().st_mode):
         raise SpecError(f"{name} is not a regular file", file=str(folder))
     return path
+
+
+def _resolved(path: Path, name: str, folder: Path) -> Path:
+    """``path`` with every link followed; a link that leads back to itself (``ln -s NAME
+    DIR/NAME``: Path.resolve raises RuntimeError on Python 3.11, OSError ELOOP on 3.13) is
+    refused, naming it."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        raise SpecError(f"{name} is a link that loops back to itself", file=str(folder)) from None
 
 
 def config_file(path: str | os.PathLike[str]) -> Path:
@@ -109,7 +119,11 @@ def read_json(file: Path, limit: int, what: str) -> dict[str, Any]:
     except OSError as exc:
         raise SpecError(f"cannot read: {exc.strerror or exc}", file=name) from None
     _check_size(len(data), name, limit, what)
-    text = decode(data, name)
+    try:
+        text = data.decode("utf-8-sig")  # transformers opens config.json and the index as
+    except UnicodeDecodeError as exc:  # UTF-8 (PretrainedConfig._dict_from_json_file)
+        raise SpecError(f"not UTF-8 JSON (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                        f"a {what} is UTF-8 JSON", file=name) from None
     try:
         parsed = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
                             parse_int=_bounded_int)
@@ -134,12 +148,18 @@ def _bounded_int(text: str) -> int:
 
 
 def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
-    """The config mapping and the file it came from."""
+    """The config mapping and the file it came from. A folder's generation_config.json is
+    checked too (tfgraph.generation.settings.check_generation_config): transformers'
+    from_pretrained reads both."""
+    from tfgraph.generation.settings import check_generation_config
     from tfgraph.io import note_input
 
     note_input(path)  # a folder given: no output may lie inside it (tfgraph.io)
     file = config_file(path)
-    return read_json(file, MAX_BYTES, CONFIG_NAME), file
+    data = read_json(file, MAX_BYTES, CONFIG_NAME)
+    if Path(os.fspath(path)).is_dir():
+        check_generation_config(Path(os.fspath(path)))
+    return data, file
 
 
 def spec_name(path: str | os.PathLike[str], model_type: str) -> str:

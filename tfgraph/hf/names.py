@@ -137,6 +137,15 @@ class NameMap:
                 return rule, match.groupdict()
         raise NameMapError(f"{name}: no tfgraph parameter for this Hugging Face tensor")
 
+    def targets(self, name: str) -> list[str] | None:
+        """The tfgraph parameters Hugging Face tensor ``name`` holds (none for a buffer fixed
+        by the config, the stacked parameter for one expert), or None when no rule names it."""
+        for pattern, rule in self._hf:
+            match = pattern.match(name)
+            if match:
+                return [_fill(o, match.groupdict()) for o in rule.ours]
+        return None
+
     def to_tfgraph_one(self, name: str, tensor: Tensor) -> list[tuple[str, Tensor]]:
         """The tfgraph (name, tensor) pairs one Hugging Face tensor holds (none for a buffer
         fixed by the config; several for a fused projection)."""

@@ -39,13 +39,19 @@ class Source:
         checked against the graph's parameters first, naming the file and tensor at fault."""
         from tfgraph.hf import name_map
         from tfgraph.hf.checkpoint_check import check_checkpoint
+        from tfgraph.hf.checkpoint_names import as_loaded
         from tfgraph.hf.checkpoint_weights import CheckpointWeights
         from tfgraph.graph.weights import param_shapes
 
         assert self.checkpoint is not None and self.config is not None
         names = name_map(self.config, self.spec)
-        values = CheckpointWeights(self.checkpoint, names, self.check_finite)
-        check_checkpoint(self.checkpoint, names, param_shapes(graph))
+        expected = param_shapes(graph)
+        # the tensors under the model's names, as transformers loads them (base-model
+        # prefix added or stripped, ignored buffers left out)
+        checkpoint = as_loaded(self.checkpoint, names, expected,
+                               str(self.config.get("model_type")))
+        values = CheckpointWeights(checkpoint, names, self.check_finite)
+        check_checkpoint(checkpoint, names, expected)
         values.check_buffers()
         return values
 

@@ -1,0 +1,241 @@
+"""Which tensors a Hugging Face folder holds, read as transformers 5.24's ``from_pretrained``
+reads them (review: checkpoint reading).
+
+- ``model.safetensors`` beside an index is the checkpoint (transformers'
+  ``modeling_utils._get_resolved_checkpoint_files`` looks for the single file first);
+- a tensor in two of the checkpoint's files, or in a shard the index does not list it in, is
+  refused, naming the tensor and the files (transformers loads every tensor of every shard, a
+  later copy replacing an earlier one);
+- names without the model class's ``base_model_prefix`` (the hub's gpt2) are read with it,
+  and the tensors the class ignores on load (``_keys_to_ignore_on_load_unexpected``, old
+  checkpoints' ``rotary_emb.inv_freq``) are skipped; any other tensor stays refused;
+- links that loop, a model_type that is not a string, files that are not UTF-8 and token ids
+  that are not integers are one line on stderr, exit 2 (tfgraph.hf.load_rules is checked
+  against transformers in tests/test_hf_load_rules.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from test_hf_hostile_folders import (DOWN, Q, SHARD_1, SHARD_2, built, copy_of, edit_config,
+                                     edit_index, edit_tensors, import_refused, pristine,
+                                     refused, run)
+
+transformers = pytest.importorskip("transformers")
+ort = pytest.importorskip("onnxruntime")
+
+__all__ = ["pristine"]  # the module's fixture, shared with test_hf_hostile_folders
+
+
+def initializer(path: Path, name: str) -> np.ndarray:
+    import onnx
+    from onnx import numpy_helper
+
+    found = {i.name: i for i in onnx.load(str(path)).graph.initializer}
+    return numpy_helper.to_array(found[name])
+
+
+# ---- which files --------------------------------------------------------------------------------
+
+
+def test_the_single_file_beside_an_index_is_what_is_read(pristine: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    """(was: the index's shards read, transformers reading model.safetensors)"""
+    from safetensors.numpy import load_file
+
+    folder = copy_of(pristine, "sharded", tmp_path)
+    shutil.copy(pristine["single"] / "model.safetensors", folder / "model.safetensors")
+    edit_tensors(folder / "model.safetensors", lambda t: t.update({Q: t[Q] * 2}))
+    _, out = built(folder, tmp_path)
+    want = load_file(str(folder / "model.safetensors"))[Q]
+    assert not np.array_equal(want, load_file(str(folder / SHARD_1))[Q])
+    np.testing.assert_array_equal(initializer(out, "decoder.layers.0.self_attn.q.weight"), want)
+
+
+def test_a_tensor_in_two_shards_is_refused(pristine: dict[str, Path], tmp_path: Path) -> None:
+    """The index lists Q in SHARD_1 only; transformers loads both files, the second copy last
+    (was: accepted, tfgraph reading the index's copy)."""
+    from safetensors.numpy import load_file
+
+    folder = copy_of(pristine, "sharded", tmp_path)
+    q = load_file(str(folder / SHARD_1))[Q]
+    edit_tensors(folder / SHARD_2, lambda t: t.update({Q: q + 1}))
+    refused(folder, Q, SHARD_1, SHARD_2)
+
+
+def test_a_tensor_the_index_does_not_list(pristine: dict[str, Path], tmp_path: Path) -> None:
+    """(was: "no file holds ...", of a tensor a file holds)"""
+    folder = copy_of(pristine, "sharded", tmp_path)
+    shard = edit_index(folder, lambda data: data["weight_map"].pop(DOWN))
+    message = refused(folder, DOWN, "model.safetensors.index.json")
+    assert "does not list" in message and "no file holds" not in message, message
+    assert shard.name in message
+
+
+# ---- links that loop, config values of the wrong kind, bytes that are not UTF-8 ----------------
+
+
+@pytest.mark.parametrize("kind,name", [("single", "config.json"),
+                                       ("single", "model.safetensors"),
+                                       ("sharded", "model.safetensors.index.json")])
+def test_a_link_to_itself(pristine: dict[str, Path], tmp_path: Path, kind: str,
+                          name: str) -> None:
+    """``ln -s NAME DIR/NAME`` (was: internal error, RuntimeError: Symlink loop)."""
+    folder = copy_of(pristine, kind, tmp_path)
+    (folder / name).unlink()
+    os.symlink(name, folder / name)
+    refused(folder, name, "loop")
+
+
+@pytest.mark.parametrize("value", [["llama"], {"type": "llama"}, 7])
+def test_a_model_type_that_is_not_a_name(pristine: dict[str, Path], tmp_path: Path,
+                                         value: Any) -> None:
+    """(was: internal error, TypeError: unhashable type)"""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    shutil.copy(pristine["single"] / "config.json", folder)
+    edit_config(folder, model_type=value)
+    import_refused(folder, "config.json", "model_type = ", "string")
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_a_json_file_that_is_not_utf8(pristine: dict[str, Path], tmp_path: Path,
+                                      name: str) -> None:
+    folder = copy_of(pristine, "sharded", tmp_path)
+    path = folder / name
+    path.write_bytes(path.read_bytes().replace(b'"', b'\xff"', 1))
+    message = refused(folder, name, "not UTF-8 JSON")
+    assert "YAML" not in message
+
+
+@pytest.mark.parametrize("file,content,key", [
+    ("config.json", {"eos_token_id": "2"}, "eos_token_id"),
+    ("config.json", {"bos_token_id": 1.0}, "bos_token_id"),
+    ("config.json", {"eos_token_id": [2, "3"]}, "eos_token_id"),
+    ("config.json", {"pad_token_id": True}, "pad_token_id"),
+    ("generation_config.json", [1], "generation_config.json"),
+    ("generation_config.json", {"eos_token_id": "2"}, "eos_token_id"),
+    ("generation_config.json", {"decoder_start_token_id": [0]}, "decoder_start_token_id"),
+])
+def test_token_ids_that_are_not_integers(pristine: dict[str, Path], tmp_path: Path, file: str,
+                                         content: Any, key: str) -> None:
+    """transformers refuses both folders (StrictDataclassFieldValidationError; a
+    generation_config.json that is not an object: TypeError) (was: exit 0, copied through)."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    shutil.copy(pristine["single"] / "config.json", folder)
+    if file == "config.json":
+        edit_config(folder, **content)
+    else:
+        (folder / file).write_text(json.dumps(content))
+    import_refused(folder, file, key)
+
+
+def test_integer_token_ids_past_the_vocabulary_still_import(pristine: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    """Published configs name ids past a small vocabulary (transformers warns): left out of the
+    spec's tokens as before, not refused."""
+    folder = copy_of(pristine, "single", tmp_path)
+    edit_config(folder, eos_token_id=50256, pad_token_id=None)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 50256]}))
+    result = run("import", str(folder))
+    assert result.exit_code == 0, result.stderr
+    assert "eos" not in result.stdout.split("tokens:")[-1] if "tokens:" in result.stdout else True
+
+
+# ---- names as transformers matches them -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A tiny GPT-2 written as the hub's gpt2 stores it: no ``transformer.`` prefix, no tied
+    ``lm_head.weight``, and each layer's causal-mask buffer ``h.N.attn.bias``."""
+    from safetensors.torch import load_file, save_file
+
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64,
+                                     n_positions=16, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    folder = tmp_path_factory.mktemp("gpt2") / "gpt2"
+    model.save_pretrained(folder)
+    tensors = load_file(folder / "model.safetensors")
+    bare = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    assert not any(k.startswith("transformer.") for k in bare) and "wte.weight" in bare
+    mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
+    for i in range(2):
+        bare[f"h.{i}.attn.bias"] = mask.clone()
+    save_file(bare, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder, model
+
+
+def test_names_without_the_base_model_prefix(gpt2: tuple[Path, Any], tmp_path: Path) -> None:
+    """(was: "no tfgraph parameter for this Hugging Face tensor", of h.0.attn.c_attn.bias)"""
+    folder, model = gpt2
+    loaded, info = transformers.GPT2LMHeadModel.from_pretrained(folder, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"], info
+    _, out = built(folder, tmp_path)
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0])
+    with torch.no_grad():
+        want = loaded.eval()(ids).logits
+        torch.testing.assert_close(want, model(ids).logits)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_prefixed_and_a_bare_copy_of_one_tensor(gpt2: tuple[Path, Any],
+                                                  tmp_path: Path) -> None:
+    folder = tmp_path / "gpt2"
+    shutil.copytree(gpt2[0], folder)
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({"transformer.wte.weight": t["wte.weight"]}))
+    refused(folder, "wte.weight", "transformer.wte.weight")
+
+
+@pytest.mark.parametrize("extra", ["h.0.attn.masked_bias", "h.0.mlp.mystery", "h.5.attn.bias"])
+def test_a_tensor_transformers_would_not_ignore(gpt2: tuple[Path, Any], tmp_path: Path,
+                                                extra: str) -> None:
+    """GPT2PreTrainedModel ignores ``attn.bias`` and ``crossattention.bias`` only: transformers
+    5.24 reports ``masked_bias`` as UNEXPECTED (it matches no pattern). ``h.5.attn.bias``
+    matches one: ignored, as transformers ignores it."""
+    folder = tmp_path / "gpt2"
+    shutil.copytree(gpt2[0], folder)
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({extra: np.zeros((), np.float32)}))
+    if extra == "h.5.attn.bias":
+        built(folder, tmp_path)
+    else:
+        refused(folder, extra)
+
+
+def test_an_old_llama_checkpoints_rotary_tables_are_ignored(pristine: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    """Llama checkpoints before transformers 4.3x stored each layer's ``inv_freq``
+    (``modeling_utils._adjust_missing_and_unexpected_keys`` ignores them)."""
+    folder = copy_of(pristine, "single", tmp_path)
+    name = "model.layers.0.self_attn.rotary_emb.inv_freq"
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({name: np.ones(4, np.float32)}))
+    built(folder, tmp_path)
+
+
+def test_an_ignored_buffer_of_another_dtype(pristine: dict[str, Path], tmp_path: Path) -> None:
+    """An ignored tensor is not read, whatever its dtype; a read one of an unread dtype is
+    still refused."""
+    folder = copy_of(pristine, "single", tmp_path)
+    name = "model.layers.1.self_attn.rotary_emb.inv_freq"
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({name: np.ones(4, np.int64)}))
+    built(folder, tmp_path)
+    edit_tensors(folder / "model.safetensors", lambda t: t.update({Q: t[Q].astype(np.int64)}))
+    (tmp_path / "built.onnx").unlink()
+    refused(folder, Q, "I64")
