@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from test_hf_hostile_folders import (DOWN, Q, SHARD_1, SHARD_2, built, copy_of, edit_config,
                                      edit_index, edit_tensors, import_refused, pristine,
@@ -149,7 +150,8 @@ def test_integer_token_ids_past_the_vocabulary_still_import(pristine: dict[str, 
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 50256]}))
     result = run("import", str(folder))
     assert result.exit_code == 0, result.stderr
-    assert "eos" not in result.stdout.split("tokens:")[-1] if "tokens:" in result.stdout else True
+    tokens = yaml.safe_load(result.stdout).get("tokens") or {}
+    assert "eos" not in tokens and tokens.get("bos") == 1, tokens
 
 
 # ---- names as transformers matches them -----------------------------------------------------------
