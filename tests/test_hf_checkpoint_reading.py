@@ -241,3 +241,22 @@ def test_an_ignored_buffer_of_another_dtype(pristine: dict[str, Path], tmp_path:
     edit_tensors(folder / "model.safetensors", lambda t: t.update({Q: t[Q].astype(np.int64)}))
     (tmp_path / "built.onnx").unlink()
     refused(folder, Q, "I64")
+
+
+def test_a_base_model_checkpoint_of_another_family(pristine: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """The prefix is each class's (LlamaForCausalLM's is ``model``), not a GPT-2 rule: a
+    LlamaModel's names (``layers.0...``, ``embed_tokens.weight``) beside the head's
+    ``lm_head.weight`` build the very same model."""
+    from safetensors.numpy import load_file
+
+    folder = copy_of(pristine, "single", tmp_path)
+    edit_tensors(folder / "model.safetensors", lambda t: t.update(
+        {k.removeprefix("model."): t.pop(k) for k in list(t) if k.startswith("model.")}))
+    assert "layers.0.self_attn.q_proj.weight" in load_file(str(folder / "model.safetensors"))
+    _, out = built(folder, tmp_path)
+    want = load_file(str(pristine["single"] / "model.safetensors"))
+    np.testing.assert_array_equal(initializer(out, "decoder.layers.0.self_attn.q.weight"),
+                                  want[Q])
+    np.testing.assert_array_equal(initializer(out, "embed.tokens.weight"),
+                                  want["model.embed_tokens.weight"])
