@@ -260,3 +260,23 @@ def test_a_base_model_checkpoint_of_another_family(pristine: dict[str, Path],
                                   want[Q])
     np.testing.assert_array_equal(initializer(out, "embed.tokens.weight"),
                                   want["model.embed_tokens.weight"])
+
+
+def test_a_bare_gpt2_to_hf_writes_the_named_folder(gpt2: tuple[Path, Any],
+                                                   tmp_path: Path) -> None:
+    """--to hf from the hub's layout writes save_pretrained's (prefixed names, no mask
+    buffers), each tensor in its stored dtype: transformers loads it to the same logits."""
+    from safetensors.numpy import load_file
+
+    folder, model = gpt2
+    out = tmp_path / "out"
+    result = run("build", str(folder), "--to", "hf", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "as stored" not in result.stdout, result.stdout
+    names = set(load_file(str(out / "model.safetensors")))
+    assert "transformer.h.0.attn.c_attn.weight" in names
+    assert not any(".attn.bias" in n and "c_attn" not in n for n in names), names
+    back = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    ids = torch.arange(7).view(1, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, model(ids).logits)

@@ -439,7 +439,8 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
             "opset": 23 if opset is None else opset, "extra_files": source.tokenizer,
             "source_config": source.config, "spec": source.spec,
             "genai_provider": genai_provider or "cpu", "dtype": dtype,
-            "checkpoint": source.checkpoint if weights is None else None}
+            # its tensors as the model loads them (tfgraph.hf.checkpoint_names)
+            "checkpoint": (source.loaded or source.checkpoint) if weights is None else None}
     written = how.write(graph, out, opts)
     from tfgraph.passes.cost import param_count
 

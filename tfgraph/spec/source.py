@@ -30,6 +30,7 @@ class Source:
     folder: Path | None = None
     config: dict[str, Any] | None = None
     checkpoint: Any = None  # tfgraph.hf.checkpoint.Checkpoint, when its weights are used
+    loaded: Any = None  # that checkpoint under the model's names, once weights() has run
     check_finite: bool = False
     tokenizer: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -50,6 +51,7 @@ class Source:
         # prefix added or stripped, ignored buffers left out)
         checkpoint = as_loaded(self.checkpoint, names, expected,
                                str(self.config.get("model_type")))
+        self.loaded = checkpoint
         values = CheckpointWeights(checkpoint, names, self.check_finite)
         check_checkpoint(checkpoint, names, expected)
         values.check_buffers()
@@ -117,7 +119,8 @@ def narrowed_note(checkpoint: Any, dtype: str, target: str, keeps: bool) -> str 
     ``_keep_in_fp32_modules``) and keeps them so at load, computing those layers in float32;
     tfgraph's torch and ONNX models compute every layer in one dtype. ``keeps``: no
     ``--dtype`` was given, so ``--to hf`` writes each tensor in its stored dtype (no note)."""
-    stored = {name: info.dtype for name, info in checkpoint.tensors.items()}
+    stored = {name: info.dtype for name, info in checkpoint.tensors.items()
+              if info.readable}  # not a buffer of another dtype, never read (checkpoint_names)
     if len(set(stored.values())) < 2 or (target == "hf" and keeps):
         return None
     if target not in ("onnx", "torch", "hf"):
