@@ -8,6 +8,7 @@ one :class:`~tfgraph.errors.SpecError` line naming the file (exit 2).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -63,8 +64,13 @@ def _resolved(path: Path, name: str, folder: Path) -> Path:
     refused, naming it."""
     try:
         return path.resolve()
-    except (RuntimeError, OSError):
-        raise SpecError(f"{name} is a link that loops back to itself", file=str(folder)) from None
+    except RuntimeError:  # Python 3.11's "Symlink loop"
+        pass
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise SpecError(f"{name}: cannot read: {err.strerror or err}",
+                            file=str(folder)) from None
+    raise SpecError(f"{name} is a link that loops back to itself", file=str(folder))
 
 
 def config_file(path: str | os.PathLike[str]) -> Path:
