@@ -198,3 +198,17 @@ def test_bad_arguments() -> None:
         compare([], seqs=(8,))
     with pytest.raises(ValueError):
         compare([g], seqs=(0,))
+
+
+@pytest.mark.parametrize("name", ["mistral-7b.yaml", "llama-3.1-8b.yaml", "gemma-2-2b.yaml"])
+def test_crossover_exact_is_a_root(name: str) -> None:
+    """``exact`` is the root itself: attention's and the FFN's FLOPs are equal there with no
+    rounding (sympy's nsimplify had written mistral's 11013056/519 as a power of 10 and 7
+    that agrees only to 16 digits)."""
+    c = crossover(compiled(name))
+    length = sympy.Symbol("S", positive=True)  # the variable; sympify reads "S" as sympy.S
+    root = sympy.sympify(c["exact"])
+    att, ffn = (sympy.sympify(c[k], locals={"S": length})
+                for k in ("attention_scores_flops", "ffn_flops"))
+    assert sympy.simplify((att - ffn).subs(length, root)) == 0
+    assert float(root) == pytest.approx(c["seq"], rel=1e-15)

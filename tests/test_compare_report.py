@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import xml.etree.ElementTree as ET
+import re
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +206,22 @@ def test_markdown_images_never_replace_files_tfgraph_did_not_write(
     result = run(*SPECS[:2], "--seq", "64", "--format", "md", "-o", str(own))  # its own
     assert result.exit_code == 0, result.output
     assert "64" in own.read_text(encoding="utf-8")
+
+
+def test_markdown_page_of_other_variants_drops_the_earlier_diagrams(tmp_path: Path) -> None:
+    """README: a later page rewrites its ``_files`` folder. The diagrams of variants the new
+    page does not show go; a file of the user's in the folder stays."""
+    require_binary("dot")
+    page = tmp_path / "s.md"
+    first = run(SPECS[0], SPECS[1], "--seq", "32", "--format", "md", "-o", str(page))
+    assert first.exit_code == 0, first.output
+    assets = tmp_path / "s_files"
+    before = {p.name for p in assets.glob("*-model.svg")}
+    (assets / "notes.txt").write_text("mine\n")
+    second = run(SPECS[1], SPECS[2], "--seq", "32", "--format", "md", "-o", str(page))
+    assert second.exit_code == 0, second.output
+    after = {p.name for p in assets.glob("*-model.svg")}
+    linked = set(re.findall(r"s_files/([^)\s]+-model\.svg)", page.read_text(encoding="utf-8")))
+    assert after == linked and len(after) == 2
+    assert before - after  # the first page's first variant is gone
+    assert (assets / "notes.txt").read_text() == "mine\n"

@@ -200,3 +200,31 @@ def test_check_switches_tf32_off_on_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
                                            "--repeat", "1", *flags])
         assert result.exit_code == 0, result.output
     assert asked == [False, True]
+
+
+def test_run_checks_memory_at_the_length_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory check before the build uses the default length (128, or max_len when
+    smaller: tiny-decoder's 64), not 128: a model with a short max_len was refused at sizes it
+    never runs."""
+    from tfgraph.commands import run as run_command
+
+    asked: list[str] = []
+
+    def record(what: str, need: float) -> None:
+        asked.append(what)
+
+    monkeypatch.setattr(run_command, "check_memory", record)
+    result = cli("run", str(SPECS / "tiny-decoder.yaml"), "--batch", "3", "--repeat", "1")
+    assert result.exit_code == 0, result.output
+    assert asked and all(a == "--batch 3 x --seq 64" for a in asked), asked
+
+
+def test_run_refuses_opset_for_a_built_model(tmp_path: Path) -> None:
+    """--opset builds a spec; on an .onnx file it would do nothing, so it is refused."""
+    model = tmp_path / "m.onnx"
+    built = cli("build", str(SPECS / "tiny.yaml"), "--to", "onnx", "-o", str(model))
+    assert built.exit_code == 0, built.output
+    result = CliRunner().invoke(main, ["run", str(model), "--opset", "17"])
+    assert result.exit_code == 2
+    assert "--opset" in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert cli("run", str(model), "--repeat", "1").exit_code == 0

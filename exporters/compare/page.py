@@ -248,4 +248,21 @@ def write_compare_page(graphs: Sequence[Graph], data: dict[str, Any],
             if created:
                 assets.rmdir()
         raise
+    _remove_stale_diagrams(assets, {f.name for f, _ in files})
     return [f for f, _ in files] + [path]
+
+
+_DIAGRAM = re.compile(r"\d+-.*-model\.svg")
+"""The name ``page_files`` gives a variant's diagram."""
+
+
+def _remove_stale_diagrams(assets: Path, kept: set[str]) -> None:
+    """Remove the diagrams an earlier page wrote to this (marked) folder that the new page
+    does not link: a page of other variants would otherwise leave them beside its own. Only
+    names ``page_files`` makes are touched; anything else in the folder stays."""
+    with os.scandir(assets) as entries:
+        stale = [e.path for e in entries if e.is_file(follow_symlinks=False)
+                 and _DIAGRAM.fullmatch(e.name) and e.name not in kept]
+    for file in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(file)

@@ -171,6 +171,9 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
     tokenizer: Path | None = None
     with tempfile.TemporaryDirectory(prefix="tfgraph-run-") as tmp:
         if Path(source).suffix.lower() == ".onnx":
+            if ctx.get_parameter_source("opset") is not click.core.ParameterSource.DEFAULT:
+                raise TfgraphError(f"--opset builds a spec or model folder; {source} is "
+                                   "already built (rebuild it with tfgraph build --opset)")
             model = rt.load_model(source)
             iface = rt.interface(model, source)
             session_source: bytes | Path = Path(source)
@@ -180,8 +183,10 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             tokenizer = beside if beside.is_file() else None
         else:
             built = load_source(source, "onnx", None, seed, None)
-            # before the build, which a big model makes long
-            _check_run_memory(built.spec, batch, seq if prompt is None else 1, tgt_seq)
+            # before the build, which a big model makes long; at the length it will run
+            first = (default_seq(built.spec) if ctx.get_parameter_source("seq")
+                     is click.core.ParameterSource.DEFAULT else seq)
+            _check_run_memory(built.spec, batch, first if prompt is None else 1, tgt_seq)
             for note in built.notes:
                 click.echo(f"note: {note}", err=True)
             graph, given, model, session_source = _build_spec(built, seed or 0, opset,

@@ -135,6 +135,13 @@ def spec_differences(graphs: Sequence[Graph]) -> list[dict[str, Any]]:
     return diffs
 
 
+def _exact(root: sympy.Expr) -> str:
+    """``root`` written exactly. ``sympy.nsimplify`` is not exact: it fits a short expression
+    to the root's digits, and turned gpt2's rational 11013056/519 into a power of 10 and 7
+    equal only to 16 digits; ``simplify`` only rewrites."""
+    return str(sympy.simplify(root))
+
+
 def crossover(graph: Graph, batch: int = 1) -> dict[str, Any]:
     """Where flops_by_kind['attention_scores'] overtakes flops_by_kind['ffn'], solved in the
     sequence length S (an encoder-decoder's target T = S)."""
@@ -160,7 +167,7 @@ def crossover(graph: Graph, batch: int = 1) -> dict[str, Any]:
         return out
     root = rising[0]
     forward = sympy.sympify(symbolic(graph)["flops"]["forward"]).xreplace(subs)
-    out.update(seq=float(root), exact=str(sympy.nsimplify(root)),
+    out.update(seq=float(root), exact=_exact(root),
                first_seq_above=int(sympy.floor(root)) + 1,
                flops_each_at_crossover=float(att.subs(length, root)),
                forward_flops_at_crossover=float(forward.subs(length, root)))
@@ -187,7 +194,7 @@ def crossover_effective(graph: Graph, batch: int = 1) -> dict[str, Any]:
         return out
     flops = effective(graph)["flops"]["forward_effective"]
     forward = sympy.sympify(flops).xreplace(subs)
-    out.update(seq=float(root), exact=str(sympy.nsimplify(root)),
+    out.update(seq=float(root), exact=_exact(root),
                first_seq_above=int(sympy.floor(root)) + 1,
                flops_each_at_crossover=float(att.subs(length, root)),
                forward_flops_at_crossover=float(forward.subs(length, root)))
