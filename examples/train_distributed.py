@@ -70,6 +70,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 STRATEGIES = ("none", "ddp", "fsdp", "tp", "fsdp+tp")
+TENSOR_PARALLEL = ("tp", "fsdp+tp")
+FULL = {"steps": 20, "batch": 8, "seq": 32}
+QUICK = {"steps": 3, "batch": 4, "seq": 16}
+"""The defaults of --steps, --batch and --seq, and --quick's (CI); a flag given explicitly
+keeps its value either way."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,10 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=STRATEGIES, default=None,
                    help="none: one process, no process group (the default without "
                         "torchrun; ddp under it)")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int,
+                   help=f"train up to this step; default {FULL['steps']} (quick {QUICK['steps']})")
     p.add_argument("--tp", type=int, default=None,
-                   help="tensor-parallel degree (default: every process for tp, 2 for "
-                        "fsdp+tp)")
+                   help="tensor-parallel degree (tp, fsdp+tp; default: every process for tp, "
+                        "2 for fsdp+tp)")
     p.add_argument("--sp", action="store_true",
                    help="sequence parallelism (with tp or fsdp+tp; Korthikanti et al. 2022): "
                         "norms, residual adds and dropout on each rank's --seq / --tp rows")
@@ -90,13 +96,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="expert-parallel degree (MoE, --strategy fsdp): the routed experts "
                         "split over this many data-parallel ranks, tokens sent to them by "
                         "all-to-all; per rank the all-to-all bytes sent are reported")
-    p.add_argument("--batch", type=int, default=8, help="global batch (rows per step)")
-    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--batch", type=int, help="global batch (rows per step); default "
+                   f"{FULL['batch']} (quick {QUICK['batch']})")
+    p.add_argument("--seq", type=int,
+                   help=f"tokens per row; default {FULL['seq']} (quick {QUICK['seq']})")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0, help="weights and data")
     p.add_argument("--save", metavar="DIR", help="sharded checkpoint after the last step")
-    p.add_argument("--resume", metavar="DIR", help="continue from this checkpoint")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue from this checkpoint (--save's) up to --steps; one already "
+                        "there runs no step and says so")
     p.add_argument("--json-out", metavar="FILE", help="losses and per-rank bytes as JSON")
     p.add_argument("--measure-saved", action="store_true",
                    help="also the bytes autograd saves for backward in the first step's "
@@ -110,16 +120,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, metavar="N",
                    help="first steps left out of the median step time printed at the end "
                         "(default 2)")
-    p.add_argument("--quick", action="store_true", help="3 steps, batch 4, seq 16 (CI)")
+    p.add_argument("--quick", action="store_true",
+                   help="3 steps, batch 4, seq 16 (CI), unless given explicitly")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="the process group's start and every collective fail after this "
                         "long (a hung or missing rank), instead of gloo's 30 minutes")
     args = p.parse_args(argv)
     if args.strategy is None:
         args.strategy = "ddp" if "WORLD_SIZE" in os.environ else "none"
-    if args.quick:
-        args.steps, args.batch, args.seq = 3, 4, 16
-    if args.tp is None:
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.tp is None:  # given with another strategy, train() refuses it
         args.tp = {"tp": int(os.environ.get("WORLD_SIZE", "1")), "fsdp+tp": 2}.get(
             args.strategy, 1)
     return args
@@ -149,12 +161,21 @@ def load_model(args: argparse.Namespace) -> tuple[Any, Any]:
         if args.sp:
             raise TfgraphError("--sp: a standalone model.py has no sequence parallelism "
                                "(its norms are not modules); train its spec")
+        # POSITION_ROWS: model.py's learned position table, max_len rows (plus an offset)
+        if hasattr(module, "POSITION_ROWS") and args.seq > module.MAX_LEN:
+            raise TfgraphError(f"--seq {args.seq}: longer than the model's max_len "
+                               f"{module.MAX_LEN}: its learned position table has no row "
+                               "past max_len")
         return module, module.load(str(folder)).state_dict()
     import tfgraph
+    from tfgraph.graph.lengths import Lengths
     from tfgraph.spec.source import load_source
     from tfgraph.parallel.divisible import check_divisible
 
     source = load_source(args.spec, "torch", None, None, None)
+    lengths = Lengths.of(source.spec)  # tfgraph's max_len rule, before any process starts
+    if lengths.learned and lengths.beyond(args.seq):
+        raise TfgraphError(lengths.refusal(f"--seq {args.seq}"))
     graph = tfgraph.compile(source.spec)
     if set(graph.inputs) != {"input_ids"}:
         raise TfgraphError(f"{args.spec}: this example trains one-stack models on input_ids")
@@ -184,7 +205,7 @@ def build(args: argparse.Namespace, graph: Any, weights: Any, device: torch.devi
         routed = not standalone and any(n.op == "experts" for n in graph.ops())
         return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=routed), \
             dist.get_world_size(), dist.get_rank()
-    tp = args.tp if args.strategy in ("tp", "fsdp+tp") else 1
+    tp = args.tp if args.strategy in TENSOR_PARALLEL else 1
     mesh = device_mesh(device.type, tp)
     fsdp = args.strategy != "tp"
     # Build on the meta device (no memory), shard, then fill every shard from rank 0's
@@ -299,6 +320,27 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
         Path(path, "train_state.json").write_text(json.dumps({"step": step}))
 
 
+def checkpoint_step(path: str) -> int:
+    """The step the checkpoint under ``path`` was saved at (its train_state.json); a
+    TfgraphError when ``path`` is not a checkpoint ``--save`` wrote."""
+    from tfgraph.errors import TfgraphError
+
+    state, metadata = Path(path, "train_state.json"), Path(path, ".metadata")
+    if not Path(path).is_dir():
+        raise TfgraphError(f"--resume {path}: no such folder")
+    if not (state.is_file() and metadata.is_file()):
+        raise TfgraphError(f"--resume {path}: not a checkpoint written by --save (it has no "
+                           f"{'train_state.json' if not state.is_file() else '.metadata'})")
+    try:
+        step = json.loads(state.read_text())["step"]
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise TfgraphError(f"--resume {path}: unreadable train_state.json ({e})") from None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise TfgraphError(f"--resume {path}: train_state.json's step is {step!r}, not a "
+                           "step number")
+    return step
+
+
 def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load ``path`` into the (already sharded) model and optimizer; the step to go on at."""
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -314,14 +356,30 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train as ``args`` say; the losses and per-rank bytes (on every rank)."""
     from tfgraph.errors import TfgraphError
 
+    for name in ("batch", "seq"):
+        if getattr(args, name) < 1:
+            raise TfgraphError(f"--{name} must be 1 or more, got {getattr(args, name)}")
+    if args.steps < 0:
+        raise TfgraphError(f"--steps must be 0 or more, got {args.steps}")
+    for name in ("tp", "ep"):
+        if getattr(args, name) < 1:
+            raise TfgraphError(f"--{name} must be 1 or more, got {getattr(args, name)}")
+    if args.tp != 1 and args.strategy not in TENSOR_PARALLEL:
+        raise TfgraphError(f"--tp {args.tp} is the tensor-parallel degree: it needs "
+                           "--strategy tp or fsdp+tp (--strategy "
+                           f"{args.strategy} does not split tensors)")
     graph, weights = load_model(args)
-    if args.sp and (args.strategy not in ("tp", "fsdp+tp") or args.tp < 2):
+    resume_at = checkpoint_step(args.resume) if args.resume else 0
+    if args.resume and resume_at >= args.steps and os.environ.get("RANK", "0") == "0":
+        print(f"note: --resume {args.resume} is at step {resume_at}, already at or past "
+              f"--steps {args.steps}: no step to run", file=sys.stderr)
+    if args.sp and (args.strategy not in TENSOR_PARALLEL or args.tp < 2):
         raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs "
                            "--strategy tp or fsdp+tp and --tp > 1")
     if args.sp and args.seq % args.tp:
         raise TfgraphError(f"--sp: --tp {args.tp} does not divide --seq {args.seq}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.strategy in ("tp", "fsdp+tp") and world % args.tp:
+    if args.strategy in TENSOR_PARALLEL and world % args.tp:
         raise TfgraphError(f"--tp {args.tp} does not divide the {world} processes "
                            "(torchrun --nproc_per_node)")
     if args.param_dtype is not None and (args.strategy not in ("fsdp", "fsdp+tp")
@@ -393,8 +451,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     timed = step_seconds[args.warmup:]
     median_step = statistics.median(timed) if timed else None
-    if args.save:
-        save_checkpoint(args.save, model, optimizer, args.steps)
+    if args.save:  # the step reached: a checkpoint past --steps stays where it was
+        save_checkpoint(args.save, model, optimizer, start + len(losses))
     mine = measured_bytes(model, optimizer)
     if args.ep > 1:  # sent to the other expert-parallel ranks, all steps of this run
         from tfgraph.exporters.torch.expert_parallel import all_to_all_bytes

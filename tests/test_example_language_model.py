@@ -68,3 +68,21 @@ def test_bad_length_is_refused(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert "max_len 256" in done.stderr
+
+
+def test_explicit_flags_win_over_quick_defaults() -> None:
+    """--quick sets defaults only: a flag given explicitly keeps its value (as the seq2seq
+    and train_distributed examples do); without --quick the full run's defaults."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("language_model_train", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = script.parse_args(["--quick", "--steps", "5", "--seq", "32", "--max-ppl", "9",
+                              "--eval-windows", "0", "--new-tokens", "3"])
+    assert (args.steps, args.seq, args.max_ppl, args.eval_windows, args.new_tokens) == \
+        (5, 32, 9.0, 0, 3)
+    assert (args.batch, args.sample_tokens) == (16, 48)  # --quick's
+    full = script.parse_args([])
+    assert (full.steps, full.seq, full.max_ppl, full.eval_windows) == (1000, 256, 8.0, 0)

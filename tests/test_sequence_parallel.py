@@ -8,8 +8,10 @@ Specs: tiny-llama (GQA, rotary, RMSNorm, SwiGLU, vocabulary-split table and head
 (LayerNorm, learned positions with offset 2, a tied head: table and head split by vocabulary),
 tiny-encoder (post-norm, biases, tied head with an output bias, split by vocabulary too),
 tiny-moe (router and routed experts read the all-gathered stream), tiny-qwen3 (per-head
-query/key RMSNorm) and, under tensor parallelism alone, tiny-bart (one table for both
-embeddings and the tied head). Each torchrun launch runs
+query/key RMSNorm), tiny-bert (segment embeddings; the masked-LM head's transform, a
+replicated linear and LayerNorm, beside the vocabulary-split bias of its tied projection) and,
+under tensor parallelism alone, tiny-bart (one table for both embeddings and the tied head)
+and tiny-bert. Each torchrun launch runs
 several cases (tests/sequence_parallel_worker.py); every rank also computes the one-process
 module, so the module comparisons need no other launch.
 """
@@ -33,8 +35,9 @@ EXAMPLE = ROOT / "examples" / "train_distributed.py"
 WORKER = ROOT / "tests" / "sequence_parallel_worker.py"
 SPECS = {"llama": "specs/tiny-llama.yaml", "opt": "specs/tiny-opt.yaml",
          "encoder": "specs/tiny-encoder.yaml", "moe": "specs/tiny-moe.yaml",
-         "qwen3": "specs/tiny-qwen3.yaml", "bart": "specs/tiny-bart.yaml"}
-MODULE_SPECS = ("llama", "opt", "encoder", "moe", "qwen3")
+         "qwen3": "specs/tiny-qwen3.yaml", "bart": "specs/tiny-bart.yaml",
+         "bert": "specs/tiny-bert.yaml"}
+MODULE_SPECS = ("llama", "opt", "encoder", "moe", "qwen3", "bert")
 EXAMPLE_SPECS = ("llama", "opt")
 MEASURED_SPECS = {2: ("llama", "opt", "encoder", "moe"), 4: ("llama", "encoder", "moe")}
 """Processes -> specs whose saved activations the example measures (--measure-saved): a
@@ -68,6 +71,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     runs: dict[str, dict[str, Any]] = {name: _case(name) for name in MODULE_SPECS}
     runs["qwen3 tp"] = _case("qwen3", sp=False)
     runs["bart tp"] = _case("bart", sp=False)
+    runs["bert tp"] = _case("bert", sp=False)
     runs["odd length"] = _case("llama", seq=15, steps=1)
     for name in EXAMPLE_SPECS:
         runs[f"example {name}"] = {"example": _example_args(name, "tp", "--sp",
@@ -173,6 +177,21 @@ def test_an_encoder_decoders_shared_tied_table_is_split_by_vocabulary(
     graph = tfgraph.compile(tfgraph.load_spec(ROOT / SPECS["bart"]))
     assert {n.inputs[0] for n in graph.ops() if n.op == "embedding"} == {"embed.tokens.weight"}
     assert tp_plan(graph)["embed.tokens.weight"].style == "vocab"
+
+
+def test_a_head_transform_beside_a_split_bias_stays_a_plain_replicated_linear(
+        two: dict[str, dict[str, Any]]) -> None:
+    """tiny-bert (its dropout off) under tensor parallelism alone: the head module owns the tied projection's
+    bias (split by vocabulary) and, as submodules, the transform's linear and LayerNorm,
+    which stay whole on every rank as plain parameters (splitting the bias once made them
+    replicated DTensors that the transform's linear could not mix with its input): the
+    one-process losses, outputs and gradients."""
+    result = two["bert tp"]
+    assert _close(result["losses"]["parallel"], result["losses"]["single"]), result["losses"]
+    assert result["inference_difference"] < 1e-5
+    worst = max(result["grad_differences"].items(), key=lambda kv: kv[1])
+    assert worst[1] < 1e-6, worst
+    assert {"head.transform.weight", "head.bias"} <= set(result["grad_differences"])
 
 
 def test_per_head_norms_get_whole_gradients_under_tensor_parallelism_alone(

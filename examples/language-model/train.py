@@ -55,29 +55,45 @@ SAMPLE_PROMPT = "def "
 console = Console()
 
 
+# The full run's and --quick's defaults (--quick: a few dozen steps on short windows,
+# seconds, still far below ~256); a flag given explicitly wins over either.
+FULL = {"steps": 1000, "batch": 16, "seq": 256, "eval_windows": 0, "new_tokens": 128,
+        "sample_tokens": 200, "max_ppl": 8.0}
+QUICK = {"steps": 40, "batch": 16, "seq": 64, "eval_windows": 32, "new_tokens": 24,
+         "sample_tokens": 48, "max_ppl": 40.0}
+
+
+def _default(name: str) -> str:
+    return f"default {FULL[name]} (quick {QUICK[name]})"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="40 steps of 16 x 64 bytes, small evaluation (CI)")
+                   help="40 steps of 16 x 64 bytes, small evaluation (CI); flags given "
+                        "explicitly keep their values")
     p.add_argument("--out", type=Path, default=HERE / "out", help="weights and ONNX model")
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch", type=int, default=16, help="windows per step")
-    p.add_argument("--seq", type=int, default=256, help="bytes per window (<= max_len)")
+    p.add_argument("--steps", type=int, help=_default("steps"))
+    p.add_argument("--batch", type=int, help=f"windows per step; {_default('batch')}")
+    p.add_argument("--seq", type=int, help=f"bytes per window (<= max_len); {_default('seq')}")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    p.add_argument("--eval-windows", type=int, default=0,
-                   help="held-out windows for the reported perplexity (0: all of them)")
-    p.add_argument("--new-tokens", type=int, default=128, help="greedy tokens per prompt")
-    p.add_argument("--sample-tokens", type=int, default=200, help="sampled tokens")
-    p.add_argument("--max-ppl", type=float, default=8.0,
-                   help="success: held-out perplexity below this")
+    p.add_argument("--eval-windows", type=int,
+                   help="held-out windows for the reported perplexity (0: all of them); "
+                        + _default("eval_windows"))
+    p.add_argument("--new-tokens", type=int,
+                   help=f"greedy tokens per prompt; {_default('new_tokens')}")
+    p.add_argument("--sample-tokens", type=int,
+                   help=f"sampled tokens; {_default('sample_tokens')}")
+    p.add_argument("--max-ppl", type=float,
+                   help=f"success: held-out perplexity below this; {_default('max_ppl')}")
     p.add_argument("--seed", type=int, default=0, help="weights and batches")
     p.add_argument("--threads", type=int, default=1,
                    help="torch and onnxruntime threads (1: best on shared cores, see below)")
     p.add_argument("--json-out", type=Path, help="write the figures here as JSON")
     args = p.parse_args(argv)
-    if args.quick:  # a few dozen steps on short windows: seconds, still far below ~256
-        args.steps, args.batch, args.seq, args.max_ppl = 40, 16, 64, 40.0
-        args.eval_windows, args.new_tokens, args.sample_tokens = 32, 24, 48
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 

@@ -85,7 +85,6 @@ from torch.distributed.tensor import (
     Partial,
     Replicate,
     Shard,
-    distribute_module,
     distribute_tensor,
 )
 from torch.distributed.tensor.parallel import (
@@ -121,21 +120,23 @@ __all__ = ["ShardParameters", "device_mesh", "load_full_state_dict", "module_tp_
 class ShardParameters(ParallelStyle):
     """Each parameter of a module cut along ``dims[name]`` across the tensor-parallel ranks
     (a DTensor ``Shard(dim)``), with no input or output conversion: for stacked experts, whose
-    step reads the local slices itself (``parallelize`` wraps it)."""
+    step reads the local slices itself (``parallelize`` wraps it), and a tied head's bias.
+    Only the module's own parameters change: its submodules are left as they are (the BERT
+    head's transform, a plain replicated linear, is a submodule of the head that owns the
+    bias). ``distribute_module`` would not do: it makes every submodule's remaining
+    parameters replicated DTensors, which the submodules' plain steps cannot mix with
+    tensors."""
 
     def __init__(self, dims: Mapping[str, int]) -> None:
         super().__init__()
         self.dims = dict(dims)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        def partition(name: str, sub: nn.Module, mesh: DeviceMesh) -> None:
-            if sub is not module:
-                return
-            for leaf, param in list(sub.named_parameters(recurse=False)):
-                shard = distribute_tensor(param, mesh, [Shard(self.dims[leaf])],
-                                          src_data_rank=self.src_data_rank)
-                sub.register_parameter(leaf, nn.Parameter(shard, param.requires_grad))
-        return distribute_module(module, device_mesh, partition)
+        for leaf, param in list(module.named_parameters(recurse=False)):
+            shard = distribute_tensor(param, device_mesh, [Shard(self.dims[leaf])],
+                                      src_data_rank=self.src_data_rank)
+            module.register_parameter(leaf, nn.Parameter(shard, param.requires_grad))
+        return module
 
 
 def device_mesh(device_type: str, tp: int = 1) -> DeviceMesh:
