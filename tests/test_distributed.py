@@ -231,6 +231,64 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
     assert len(lines) == 1 and says in lines[0], done.stderr
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--resume", "/nonexistent-checkpoint"],
+     "--resume /nonexistent-checkpoint: no such folder"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--resume", str(ROOT / "specs")],
+     f"--resume {ROOT / 'specs'}: not a checkpoint written by --save"),
+    (["--spec", "specs/tiny-opt.yaml", "--steps", "1", "--batch", "2", "--seq", "200"],
+     "--seq 200: longer than tiny-opt's max_len 40"),
+    (["--spec", "specs/tiny-llama.yaml", "--strategy", "none", "--tp", "2"],
+     "--tp 2 is the tensor-parallel degree: it needs --strategy tp or fsdp+tp"),
+    (["--spec", "specs/tiny-llama.yaml", "--strategy", "fsdp", "--tp", "2"],
+     "--strategy fsdp does not split tensors"),
+    (["--spec", "specs/tiny-llama.yaml", "--strategy", "tp", "--tp", "0"],
+     "--tp must be 1 or more"),
+])
+def test_checked_before_training_one_line_exit_2(argv: list[str], says: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """What the example checks up front (before any process group or step), through its
+    main in this process (a subprocess per case would cost seconds each)."""
+    example = load_example()
+    assert example.main([*argv[:1], str(ROOT / argv[1]), *argv[2:]]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
+
+
+def test_explicit_flags_win_over_quick() -> None:
+    """--quick sets the defaults of --steps, --batch and --seq (3, 4, 16); a flag given
+    explicitly keeps its value, as in the other examples."""
+    example = load_example()
+    args = example.parse_args(["--spec", "x", "--quick", "--steps", "5", "--seq", "8"])
+    assert (args.steps, args.batch, args.seq) == (5, 4, 8)
+    full = example.parse_args(["--spec", "x", "--batch", "2"])
+    assert (full.steps, full.batch, full.seq) == (20, 2, 32)
+
+
+def test_resuming_at_or_past_steps_runs_nothing_and_keeps_the_step(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One process: a checkpoint saved at step 2, resumed with --steps 1 and saved again,
+    runs no step, says so in one stderr line and saves step 2 (the step reached), not 1;
+    resumed with --steps 3, it runs step 2 only and saves step 3."""
+    example = load_example()
+    first, again, on = (str(tmp_path / name) for name in ("first", "again", "on"))
+    base = ["--spec", str(ROOT / SPECS["llama"]), "--strategy", "none", "--batch", "2",
+            "--seq", "8"]
+    example.train(example.parse_args([*base, "--steps", "2", "--save", first]))
+    capsys.readouterr()
+    result = example.train(example.parse_args([*base, "--steps", "1", "--resume", first,
+                                               "--save", again]))
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note")]
+    assert notes == [f"note: --resume {first} is at step 2, already at or past --steps 1: "
+                     "no step to run"]
+    assert result["start_step"] == 2 and result["losses"] == []
+    assert json.loads(Path(again, "train_state.json").read_text()) == {"step": 2}
+    result = example.train(example.parse_args([*base, "--steps", "3", "--resume", again,
+                                               "--save", on]))
+    assert result["start_step"] == 2 and len(result["losses"]) == 1
+    assert json.loads(Path(on, "train_state.json").read_text()) == {"step": 3}
+
+
 LAYOUTS = {"ddp": (1, 2, 0), "fsdp": (1, 2, 3), "tp": (2, 1, 0), "fsdp+tp": (2, 2, 3)}
 """(tp, dp, ZeRO stage) of each strategy: DDP replicates, FSDP2 shards weights too (ZeRO-3)."""
 
