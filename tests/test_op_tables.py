@@ -271,7 +271,6 @@ def test_a_new_score_bias_op_needs_only_its_opdef(monkeypatch: pytest.MonkeyPatc
     from tfgraph.exporters.torch.parallel import _check_tensor_parallel
     from tfgraph.exporters.torch.source_parallel import _refusals
     from tfgraph.errors import TfgraphError
-    from tfgraph.parallel.tp_plan import tp_plan
     from tfgraph.graph.tensor import TensorType
     from tfgraph.passes.train_walk import _grad_inputs
 
@@ -291,9 +290,9 @@ def test_a_new_score_bias_op_needs_only_its_opdef(monkeypatch: pytest.MonkeyPatc
     bias = g.add("fake_alibi", [x], name="bias", scope="s", heads=2)
     assert _grad_inputs(g, g.node(bias)) == []
     assert _refusals(g) == ["ALiBi is not split"]
-    with pytest.raises(TfgraphError, match="bias: tensor parallelism of ALiBi is not "
-                                           "supported"):
-        _check_tensor_parallel(g, tp_plan(g), 2)
+    with pytest.raises(TfgraphError, match=r"tensor parallelism: bias \(fake_alibi\) has no "
+                                           r"tensor-parallel form \(ALiBi is not split"):
+        _check_tensor_parallel(g, 2)
     test_opdef_fields_filled()
 
 

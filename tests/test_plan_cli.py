@@ -502,3 +502,21 @@ def test_bfloat16_refused_on_a_gpu_without_it():
     given = plan_json(DECODER, "--gpus", 2, "--gpu", "v100-32gb", "--dtype", "float16")
     assert default["layout"]["dtype"] == "float16" and default["step"] == given["step"]
     assert plan_json(DECODER, "--gpus", 2)["layout"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("name", ["tiny-t5", "tiny-olmo2", "tiny-bloom"])
+@pytest.mark.parametrize("sp", [False, True])
+def test_plan_refuses_what_parallelize_refuses_in_its_words(name: str, sp: bool) -> None:
+    """T5's relative position bias, OLMo 2's full-width query/key norms and ALiBi have no
+    tensor-parallel form in ``parallelize`` (exporters/torch/parallel.py): ``tfgraph plan
+    --tp 2`` (with or without --sp) refuses them too, one line, exit 2, the very words
+    ``parallelize``'s check raises (no process group needed to get them)."""
+    from tfgraph.errors import TfgraphError
+    from tfgraph.exporters.torch.parallel import _check_tensor_parallel
+
+    with pytest.raises(TfgraphError) as refused:
+        _check_tensor_parallel(tfgraph.compile(load_spec(SPECS / f"{name}.yaml")), 2)
+    result = cli(SPECS / f"{name}.yaml", "--gpus", 2, "--tp", 2, *(["--sp"] if sp else []))
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.count("\n") == 1 and str(refused.value) in result.stderr, \
+        (result.stderr, str(refused.value))

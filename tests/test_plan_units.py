@@ -95,7 +95,7 @@ def test_under_sp_a_tied_heads_logits_and_loss_are_vocabulary_split() -> None:
 
 
 @pytest.mark.parametrize("name", ["tiny-opt.yaml", "tiny-encoder.yaml", "tiny-moe.yaml",
-                                  "tiny-llama.yaml", "tiny-t5.yaml"])
+                                  "tiny-llama.yaml", "tiny-bert.yaml"])
 def test_under_sp_an_ops_flops_are_divided_as_what_it_keeps_of_its_own(name: str) -> None:
     """Memory and FLOPs follow one rule: an op whose output or own scratch a rank keeps
     split, as the rank's rows, or whole on every rank (``_kept_as``) does its work the same

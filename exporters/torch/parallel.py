@@ -59,8 +59,10 @@ data-parallel ranks, each rank routing its own rows and sending each (token, exp
 the rank holding the expert by all-to-all, and back; with FSDP2 and tp 1 only (``ep`` with
 tensor parallelism, or without FSDP2, is refused with a TfgraphError).
 
-Not done: T5's relative position bias and full-width query/key norms (OLMo 2) under tensor
-parallelism (refused with a TfgraphError).
+Not done: tensor parallelism of ALiBi (BLOOM, MPT, Falcon-RW), T5's relative position bias
+and full-width query/key norms (OLMo 2): refused with a TfgraphError, the refusal of the plan's
+placement (``tfgraph.parallel.placement``), so ``tfgraph plan --tp`` refuses them in the same
+words.
 
 Initialisation after sharding: build on the meta device (``to_torch(graph, device="meta")``),
 ``parallelize``, then ``load_full_state_dict(module, device, full)``: storage allocated
@@ -109,9 +111,9 @@ from tfgraph.exporters.torch.sequence_parallel import (
     sequence_parallel_styles,
 )
 from tfgraph.graph.ir import Graph
-from tfgraph.graph.ops import OPS
 from tfgraph.parallel.divisible import check_divisible, whole_on_every_rank
-from tfgraph.parallel.tp_plan import ParamShard, colwise_projection, tp_plan
+from tfgraph.parallel.placement import place
+from tfgraph.parallel.tp_plan import tp_plan
 
 __all__ = ["ShardParameters", "device_mesh", "load_full_state_dict", "module_tp_plan",
            "parallelize"]
@@ -180,19 +182,14 @@ def module_tp_plan(module: TorchModel, loss_parallel: bool = False
     return styles
 
 
-def _check_tensor_parallel(graph: Graph, shards: Mapping[str, ParamShard], tp: int) -> None:
-    """What this module cannot split: raise TfgraphError (see the module docstring)."""
+def _check_tensor_parallel(graph: Graph, tp: int) -> None:
+    """What this module cannot split: raise TfgraphError (see the module docstring). The
+    refusals are the plan's placement's (``tfgraph.parallel.placement.place``), so that
+    ``tfgraph plan --tp`` refuses exactly what ``parallelize`` refuses, in the same words:
+    an op with ``tp_refused`` words (ALiBi, T5's relative position bias), a norm over the
+    whole width of a split projection (OLMo 2's query/key norms)."""
     check_divisible(graph, tp=tp)
-    for node in graph.ops():
-        opdef = OPS[node.op]
-        if opdef.category == "norm" and "heads" not in node.attrs:
-            if colwise_projection(graph, node.inputs[0], shards):
-                raise TfgraphError(f"{node.name}: a norm over a whole split projection "
-                                   "(full-width query/key norm) needs statistics across "
-                                   "tensor-parallel ranks; not supported")
-        if opdef.tp_refused is not None:
-            raise TfgraphError(f"{node.name}: tensor parallelism of {opdef.tp_refused} "
-                               "is not supported")
+    place(graph)
 
 
 def _copy_to_ranks(x: Tensor, mesh: DeviceMesh) -> Tensor:
@@ -407,7 +404,7 @@ def parallelize(module: TorchModel, mesh: DeviceMesh, tp: int = 1, fsdp: bool = 
 def _tensor_parallel(module: TorchModel, mesh: DeviceMesh, tp: int,
                      loss_parallel: bool = False, sp: bool = False) -> None:
     graph = module.source_graph
-    _check_tensor_parallel(graph, tp_plan(graph), tp)
+    _check_tensor_parallel(graph, tp)
     styles = module_tp_plan(module, loss_parallel)
     if sp:  # checked before anything is changed
         sequence = sequence_parallel_plan(graph)

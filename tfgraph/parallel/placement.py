@@ -17,7 +17,10 @@ Rules (inputs: the activation operands, parameters by their split):
 - an op whose activation operands are all S (rope, attention, element-wise, a per-head norm:
   attrs ``heads``) -> S; all R -> R;
 - anything else (a whole-width norm of a split tensor, R mixed with S) is refused, naming the
-  node: it would need a gather the plan does not model.
+  node: it would need a gather the plan does not model;
+- an op with ``tp_refused`` words (ALiBi, T5's relative position bias) is refused whatever its
+  rule: ``parallelize`` and model.py have no tensor-parallel form of it, and the plan refuses
+  what they refuse, in the same words (``parallelize`` raises this module's refusals).
 
 The backward pass mirrors the forward (Megatron's f / g operators): where an R tensor enters a
 split region (read by an op that makes S or P from it), its gradient is a partial sum and is
@@ -73,7 +76,7 @@ def _place(graph: Graph, node: Node, of: dict[str, str]) -> str:
     params = [of[i] for i in node.inputs if graph.node(i).is_param]
     split_param = S in params
     opdef = OPS[node.op]
-    if opdef.tp == "refused":
+    if opdef.tp == "refused" or opdef.tp_refused is not None:
         raise _refuse(node, f"has no tensor-parallel form ({opdef.tp_refused} is not split "
                             "across ranks)")
     if opdef.tp in ("project", "project_hidden"):
@@ -97,8 +100,9 @@ def _place(graph: Graph, node: Node, of: dict[str, str]) -> str:
     if placed == {S} and (opdef.tp == "follows" or "heads" in node.attrs):
         return S
     if placed == {S}:
-        raise _refuse(node, "normalises the whole width of a split tensor (a gather per "
-                            "token that the plan does not model)")
+        raise _refuse(node, "normalises the whole width of a split tensor (a full-width "
+                            "query/key norm: its statistics need every rank's part, a gather "
+                            "per token that neither the plan nor parallelize does)")
     raise _refuse(node, f"mixes split and whole operands ({', '.join(sorted(placed))})")
 
 
