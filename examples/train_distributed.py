@@ -35,7 +35,8 @@ end): rank 0 prints their median, the first ``--warmup`` steps (default 2) left 
 ``--param-dtype bfloat16`` (FSDP2 strategies) computes in 16 bits with float32 master
 weights and gradient reduction (FSDP2's ``MixedPrecisionPolicy``). ``--save DIR`` writes a sharded checkpoint (model and
 optimizer, ``torch.distributed.checkpoint``) after the last step; ``--resume DIR`` loads one
-and continues from the step it was saved at. ``--measure-saved`` adds, per rank, the bytes
+and continues from the step it was saved at up to ``--steps`` (a checkpoint already there runs
+no step: a ``note:`` line on stderr, exit 0; ``--save`` records the step reached). ``--measure-saved`` adds, per rank, the bytes
 autograd saves for backward in the first step's forward and loss (``saved_for_backward``: the
 activations of ``tfgraph plan``'s per-rank memory, parameters left out).
 
@@ -370,9 +371,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                            f"{args.strategy} does not split tensors)")
     graph, weights = load_model(args)
     resume_at = checkpoint_step(args.resume) if args.resume else 0
-    if args.resume and resume_at >= args.steps and os.environ.get("RANK", "0") == "0":
-        print(f"note: --resume {args.resume} is at step {resume_at}, already at or past "
-              f"--steps {args.steps}: no step to run", file=sys.stderr)
     if args.sp and (args.strategy not in TENSOR_PARALLEL or args.tp < 2):
         raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs "
                            "--strategy tp or fsdp+tp and --tp > 1")
@@ -391,6 +389,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.ep > 1 and args.strategy != "fsdp":
         raise TfgraphError(f"--ep {args.ep} runs under --strategy fsdp (expert parallelism "
                            "over the FSDP2 data-parallel ranks)")
+    if args.resume and resume_at >= args.steps and os.environ.get("RANK", "0") == "0":
+        print(f"note: --resume {args.resume} is at step {resume_at}, already at or past "
+              f"--steps {args.steps}: no step to run", file=sys.stderr)
     distributed = args.strategy != "none"
     started_group = False
     if distributed and not dist.is_initialized():
