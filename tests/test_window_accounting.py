@@ -89,3 +89,25 @@ def test_encoder_windows_count_both_sides(seq: int) -> None:
     assert flops["matmul"] - flops["causal_effective_matmul"] == per_score * masked
     assert flops["matmul"] - flops["matmul_effective"] == per_score * masked
     assert (seq <= spec.attention.window) == (masked == 0)  # the farthest key: seq - 1 < W
+
+
+@pytest.mark.parametrize("name", ["tiny-mistral", "tiny-gemma2", "tiny-gemma3", "tiny-cohere2"])
+def test_kv_cache_all_positions_is_what_the_torch_cache_holds(name: str) -> None:
+    """memory.kv_cache is a rolling cache's (a window layer keeps W positions);
+    kv_cache_all_positions is what tfgraph's own cache holds, every position of every layer:
+    the bytes of the module's present tensors after a 24-token prefill (past every window)."""
+    import torch
+
+    from tfgraph.exporters.torch.module import to_torch
+
+    spec = load_spec(SPECS / f"{name}.yaml")
+    seq = 24
+    assert spec.attention.window is not None and spec.attention.window < seq
+    report = tfgraph.compile(spec).report(batch=1, seq=seq)
+    cached = to_torch(tfgraph.compile(spec, cache=True), seed=0)
+    with torch.no_grad():
+        _, past = cached(torch.zeros(1, seq, dtype=torch.long), use_cache=True)
+    held = sum(t.numel() * t.element_size() for layer in past for t in layer)
+    assert report["kv_cache_all_positions"] == held > report["memory"]["kv_cache"]
+    short = tfgraph.compile(spec).report(batch=1, seq=spec.attention.window)
+    assert "kv_cache_all_positions" not in short  # nothing is dropped at seq <= W

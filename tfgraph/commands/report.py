@@ -207,6 +207,11 @@ def render(rep: dict[str, Any], title: str, console: Console | None = None) -> N
             totals.add_row(f"flops.{key}", _si(flops[key], "FLOP"), f"{flops[key]:,}")
     console.print(totals)
     console.print(effective_note(flops))
+    if "kv_cache_all_positions" in rep:
+        held = rep["kv_cache_all_positions"]
+        console.print(f"memory.kv_cache keeps a sliding-window layer's last window positions, "
+                      f"as a rolling cache does; tfgraph's KV-cache models keep every "
+                      f"position: {_bytes(held)} ({held:,} B)")
     if "params_active" in rep:
         console.print(f"flops.forward counts each token's top-k experts (the PyTorch module); "
                       f"the ONNX model runs every expert on every token: "

@@ -62,7 +62,8 @@ DEFINITIONS = {
                     "included) and both attention products over the full score matrix.",
     "memory.activations_peak": "inference activation peak in bytes (liveness over the "
                                "topological order, attention scores materialised).",
-    "memory.kv_cache": "bytes of K and V of every decoder attention for the whole sequence.",
+    "memory.kv_cache": ("bytes of K and V of every decoder attention for the whole sequence "
+                        "(a sliding-window layer's last min(S, window) positions)."),
     "memory.train_step": "bytes of one Adam training step: weights, gradients, two fp32 "
                          "moments (+ fp32 master copy for 16-bit dtypes) and the activation "
                          "peak of forward + backward with the loss (report "

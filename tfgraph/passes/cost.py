@@ -188,17 +188,19 @@ def saved_for_backward(costs: list[OpCost]) -> sympy.Expr:
     return total(unique.values())
 
 
-def kv_cache(graph: Graph) -> sympy.Expr:
+def kv_cache(graph: Graph, windowed: bool = True) -> sympy.Expr:
     """K and V of every decoder attention for the whole sequence, at kv_heads (README.md, `tfgraph report`):
     self-attention caches 2*B*T*kv*hd, cross-attention 2*B*S*kv*hd per layer; a sliding-window
-    layer only its last min(T, W) positions; latent attention B*T*(kv_rank + rope_dim), its
-    latent and its rotary key."""
+    layer only its last min(T, W) positions (``windowed``: what a rolling cache needs, as
+    transformers' sliding-window cache layers hold; tfgraph's own KV-cache models keep every
+    position, ``windowed=False``); latent attention B*T*(kv_rank + rope_dim), its latent and
+    its rotary key."""
     terms = []
     for node in graph.ops():
         if OPS[node.op].kv_cached and node.meta.stack == "decoder":
             k, v = (graph.node(i).type for i in node.inputs[1:3])
             kept = 1  # a sliding window keeps only its last W positions (attention.window)
-            if node.attrs.get("window"):
+            if windowed and node.attrs.get("window"):
                 kept = sympy.Min(k.shape[1], node.attrs["window"]) / k.shape[1]
             if node.attrs.get("latent") is not None:  # latent attention: the latent and the
                 # rotary key, kv_rank + rope_dim values per token (transformers' DeepSeek too)

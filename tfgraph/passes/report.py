@@ -72,11 +72,24 @@ CONVENTIONS = {
                                  "float32 log-sum-exp per query row; attention.dropout adds "
                                  "no mask there, the kernel draws it again in backward; "
                                  "materialised attention keeps its 1-byte mask and the "
-                                 "dropped-out weights: tfgraph plan --attention unfused).",
+                                 "dropped-out weights: tfgraph plan --attention unfused). "
+                                 "Not counted, though the torch module keeps them: the "
+                                 "rotary cos/sin tables (one pair per sequence, shared by "
+                                 "the layers), the masks it gives attention (a sliding "
+                                 "window's float mask per local layer under SDPA, a causal "
+                                 "mask per layer where attention runs as matmuls: T5's bias, "
+                                 "ALiBi). On the CPU a 16-bit module keeps norm statistics "
+                                 "in its own dtype: fewer bytes than counted.",
     "memory.kv_cache": "K and V of every decoder attention at kv_heads for the whole sequence: "
                        "self-attention over the target, cross-attention over the source; "
-                       "latent attention keeps its latent and rotary key (kv_rank + rope_dim "
-                       "per token).",
+                       "a sliding-window layer its last min(T, window) positions, as a "
+                       "rolling cache holds them (transformers' sliding-window cache layers; "
+                       "tfgraph's own KV-cache models keep every position: "
+                       "kv_cache_all_positions); latent attention keeps its latent and rotary "
+                       "key (kv_rank + rope_dim per token).",
+    "kv_cache_all_positions": "sliding-window models only: memory.kv_cache with every "
+                              "position of every layer kept, what tfgraph's KV-cache models "
+                              "(ONNX --kv-cache, the torch module's cache) hold.",
     "memory.model_states": "Adam: weights + gradients + two fp32 moments (+ an fp32 master "
                            "copy for 16-bit dtypes); gradients in the spec dtype (states "
                            "'mixed', the default: 16 bytes per parameter for a 16-bit spec, "
@@ -252,6 +265,8 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
     work = effective.at_sizes(graph, sizes)
     flops.update(work["flops"])
     memory = {k: _int(v, sizes) for k, v in sym["memory"].items()}
+    held = _int(graph.memo("kv_cache_all_positions",
+                           lambda: cost.kv_cache(graph, windowed=False)), sizes)
     trained = sym.get("params_trained", sym["params"])  # gradients are kept for these
     memory["model_states"] += _fp32_gradients(graph, states, int(trained))
     memory["activations_peak"] = peak.bytes
@@ -322,6 +337,7 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "params_by_component": params_by_component,
         "flops": flops,
         "memory": memory,
+        **({"kv_cache_all_positions": held} if held != memory["kv_cache"] else {}),
         "flops_by_kind": {k: _int(v, sizes) for k, v in sym["flops_by_kind"].items()},
         "flops_by_kind_effective": work["flops_by_kind"],
         "params_by_kind": params_by_kind(graph),  # the grouping compare shows too
