@@ -240,3 +240,18 @@ def test_bad_generation_config_is_refused(folders: dict[str, Path], tmp_path: Pa
     one_line(invoke("build", str(folder), "--to", "hf", "-o", str(tmp_path / "hf")),
              "generation_config.json")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_folder_without_tokenizer_json_generates_from_ids(folders: dict[str, Path]) -> None:
+    """The files carried for transformers (generation_config.json, tokenizer_config.json, a
+    sentencepiece model) are not tokenizer.json: ids generate, a text prompt asks for one."""
+    for name in ("big", "sp"):  # save_pretrained's generation config only; an old Llama 2
+        folder = folders[name]
+        result = invoke("generate", str(folder), "--prompt-ids", "1,5,6",
+                        "--max-new-tokens", "2", "--json")
+        assert result.exit_code == 0, result.stderr
+        assert len(json.loads(result.stdout)["tokens"][0]) == 2
+        for command in ("generate", "run"):  # (a bfloat16 folder's float32 note first)
+            result = invoke(command, str(folder), "--prompt", "hello")
+            assert result.exit_code == 2 and "Traceback" not in result.stderr, result.stderr
+            assert "needs a tokenizer.json" in result.stderr.strip().splitlines()[-1]

@@ -194,7 +194,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             iface = rt.interface(model, source)
             origin = f"seed {seed or 0}" if given is None else "its weights"
             label = f"{graph.name} (built from {source}, opset {opset}, {origin})"
-            tokenizer = built.tokenizer[0] if built.tokenizer else None
+            tokenizer = built.tokenizer_json
         seed = seed or 0
         spec = None
         if iface.spec_json is not None:  # untrusted: validated like a spec file

@@ -167,7 +167,7 @@ def _from_spec(source: str, backend: str, provider: str, threads: int | None,
     seed = weights_seed or 0
     origin = f"weights {weights_file}" if weights_file is not None else \
         "its weights" if weights is not None else f"seed {seed}"
-    tokenizer = built.tokenizer[0] if built.tokenizer else None
+    tokenizer = built.tokenizer_json
     if backend == "torch":
         from tfgraph.exporters import to_torch
 
@@ -234,7 +234,7 @@ def _cached_seq2seq(built: Any, parts: list[Any], source: str, backend: str, pro
         weights = [WeightSubset(every, [p.name for p in g.params()]) for g in parts]
     origin = f"weights {weights_file}" if weights_file is not None else \
         "its weights" if weights is not None else f"seed {seed}"
-    tokenizer = built.tokenizer[0] if built.tokenizer else None
+    tokenizer = built.tokenizer_json
     vocab, probs = spec.output_vocab, spec.output == "probs"
     limits = Lengths.of(spec)
     if backend == "torch":

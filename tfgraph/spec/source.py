@@ -32,8 +32,16 @@ class Source:
     checkpoint: Any = None  # tfgraph.hf.checkpoint.Checkpoint, when its weights are used
     loaded: Any = None  # that checkpoint under the model's names, once weights() has run
     check_finite: bool = False
-    tokenizer: list[Path] = field(default_factory=list)
+    tokenizer: list[Path] = field(default_factory=list)  # every tokenizer/generation file
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokenizer_json(self) -> Path | None:
+        """The folder's ``tokenizer.json``, the one file tfgraph tokenizes with (the others in
+        ``tokenizer`` are carried for transformers: a folder may have them without it)."""
+        from tfgraph.hf.tokenizer import TOKENIZER_JSON
+
+        return next((p for p in self.tokenizer if p.name == TOKENIZER_JSON), None)
 
     def weights(self, graph: Graph) -> Any:
         """The checkpoint's weights under ``graph``'s names, read on demand; its headers are
