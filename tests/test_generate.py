@@ -456,6 +456,23 @@ def test_text_prompts_with_the_folders_tokenizer(hf_folder: tuple[Path, Any, boo
         (folder / "tokenizer.json").unlink()
 
 
+def test_a_prompt_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """A command line's bad bytes reach Python as lone surrogates (PEP 383): refused in one
+    line by generate and run, not passed to the tokenizers library (a TypeError)."""
+    model = tmp_path / "m.onnx"
+    built = CliRunner().invoke(main, ["build", str(SPECS / "tiny-llama.yaml"), "--to", "onnx",
+                                      "-o", str(model)])
+    assert built.exit_code == 0, built.output
+    word_tokenizer(tmp_path, 64)
+    bad = "w1 w2\udcff w3"  # the byte 0xff
+    for result in (cli(model, "--prompt", bad),
+                   CliRunner().invoke(main, ["run", str(model), "--prompt", bad])):
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "not valid UTF-8" in lines[0] and "0xff" in lines[0], lines
+    assert cli(model, "--prompt", "w1 w2 w3", "--max-new-tokens", "1").exit_code == 0
+
+
 def test_json_keys_and_timings() -> None:
     data = run_json(SPECS / "tiny-llama.yaml", *ids_args(PROMPTS), "--max-new-tokens", "5")
     assert set(data) >= {"tokens", "text", "prefill_tokens_per_s", "decode_tokens_per_s",

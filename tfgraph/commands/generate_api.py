@@ -234,7 +234,9 @@ def _prompt_ids(prompt: Sequence[int] | str, index: int, tokenizer: Tokenizer | 
         if tokenizer is None:
             raise TfgraphError("a text prompt needs a tokenizer.json (in the model folder, or "
                                "next to the .onnx model); give --prompt-ids instead")
-        ids = list(tokenizer.encode(prompt).ids)
+        from tfgraph.hf.tokenizer import encode_text
+
+        ids = encode_text(tokenizer, prompt, f"prompt {index + 1}")
         if not ids:
             raise TfgraphError(f"prompt {index + 1}: the text encodes to no tokens")
         why = " (the tokenizer has more tokens than the model's vocabulary)"

@@ -58,7 +58,7 @@ def _build_spec(source: Source, seed: int, opset: int, tmp: Path
 def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
                 where: str) -> dict[str, np.ndarray]:
     """The feeds for a text prompt: its token ids (batch copies) from ``tokenizer``."""
-    from tfgraph.hf.tokenizer import load_tokenizer
+    from tfgraph.hf.tokenizer import encode_text, load_tokenizer
 
     if tokenizer is None:
         raise TfgraphError(f"{where}: --prompt needs a tokenizer.json (in the model folder, or "
@@ -66,7 +66,7 @@ def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
     if iface.inputs[0] != "input_ids":
         raise TfgraphError(f"{where}: --prompt runs one-stack models; this one takes "
                            f"{', '.join(iface.inputs)}")
-    ids = load_tokenizer(tokenizer).encode(prompt).ids
+    ids = encode_text(load_tokenizer(tokenizer), prompt, "--prompt")
     if not ids:
         raise TfgraphError("--prompt: the text encodes to no tokens")
     row = np.asarray(ids, dtype=np.int64)

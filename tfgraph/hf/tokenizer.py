@@ -162,3 +162,19 @@ def write_byte_level(folder: Path, vocab_size: int = 256) -> Path:
     with atomic_write(target) as out:
         out.write(byte_level(vocab_size).to_str())
     return target
+
+
+def encode_text(tokenizer: Tokenizer, text: str, what: str) -> list[int]:
+    """``tokenizer``'s ids of ``text``, a prompt given as text. A command line that is not
+    UTF-8 reaches Python with its bad bytes as lone surrogates (PEP 383), which the
+    tokenizers library cannot take: refused, naming where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = text[err.start]
+        shown = (f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF
+                 else f"U+{ord(bad):04X}")
+        raise TfgraphError(f"{what}: not valid UTF-8 text ({shown} at character "
+                           f"{err.start})") from None
+    return list(tokenizer.encode(text).ids)
+
