@@ -544,6 +544,11 @@ def test_generation_settings_it_does_not_apply_are_named(tmp_path: Path) -> None
                     "max_new_tokens = 5"):
         assert setting in note, (setting, note)
     assert "eos_token_id" not in note
+    # stop strings end transformers' greedy sequences too; a softmax after the processors
+    # (renormalize_logits) changes no token
+    config.write_text(json.dumps({"stop_strings": ["lo"], "renormalize_logits": True}))
+    note = next(line for line in cli(*args).stderr.splitlines() if "not applied" in line)
+    assert 'stop_strings = ["lo"]' in note and "renormalize_logits" not in note, note
 
 
 def test_an_incomplete_kv_cache_interface_is_refused(tmp_path: Path) -> None:

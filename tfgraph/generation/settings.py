@@ -33,9 +33,13 @@ NOT_APPLIED: dict[str, Any] = {
     "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "sequence_bias": None,
     "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None,
     "forced_eos_token_id": None, "forced_decoder_ids": None, "length_penalty": 1.0,
-    "exponential_decay_length_penalty": None, "renormalize_logits": False,
-    "guidance_scale": None, "penalty_alpha": None, "low_memory": None,
+    "exponential_decay_length_penalty": None, "guidance_scale": None, "penalty_alpha": None,
+    # stop when the decoded text holds one of these strings / after this many seconds /
+    # re-tokenize the prompt's end: each can end or change a greedy sequence too
+    "stop_strings": None, "max_time": None, "token_healing": False,
 }
+# Not listed: renormalize_logits and low_memory change no token by themselves (a softmax
+# after the processors listed above; contrastive search's memory), so a note would be noise.
 SAMPLING: dict[str, Any] = {
     # read by transformers only when do_sample is true
     "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None, "typical_p": 1.0,
