@@ -39,11 +39,14 @@ class Prepared:
     prompts: list[list[int]]
     eos: tuple[int, ...]
     tokenizer: Tokenizer | None
+    clean_up: bool = False  # transformers' clean_up_tokenization_spaces applies
 
     def decode(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens``, special tokens skipped (tfgraph.hf.tokenizer.decode_text)."""
+        from tfgraph.hf.tokenizer import decode_text
+
         assert self.tokenizer is not None
-        text: str = self.tokenizer.decode(list(tokens))
-        return text
+        return decode_text(self.tokenizer, list(tokens), self.clean_up)
 
 
 def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[int] | str],
@@ -97,10 +100,15 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
         _check_decoder_start(start, decoder_start_token_id is None, opened)
         tokenizer = _tokenizer(opened.tokenizer)
         ids = [_prompt_ids(p, i, tokenizer, opened) for i, p in enumerate(prompts)]
+        clean_up = False
+        if tokenizer is not None and opened.tokenizer is not None:
+            from tfgraph.hf.tokenizer import cleans_up_spaces
+
+            clean_up = cleans_up_spaces(opened.tokenizer, tokenizer)
     except BaseException:
         opened.close()
         raise
-    return Prepared(opened, ids, eos, tokenizer)
+    return Prepared(opened, ids, eos, tokenizer, clean_up)
 
 
 def _spec_settings(path: str, settings: Settings) -> Settings:

@@ -242,7 +242,8 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
 
             assert tokenizer is not None
             nxt = int(np.argmax(out[0, -1]))
-            text = load_tokenizer(tokenizer).decode([nxt])
+            # the token as it is: an end-of-sequence token's text too
+            text = load_tokenizer(tokenizer).decode([nxt], skip_special_tokens=False)
             click.echo(f"next      {printable(repr(text))} (token {nxt})")
         if check:
             assert graph is not None  # the spec was built, or the model's own compiled above

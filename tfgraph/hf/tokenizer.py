@@ -178,3 +178,41 @@ def encode_text(tokenizer: Tokenizer, text: str, what: str) -> list[int]:
                            f"{err.start})") from None
     return list(tokenizer.encode(text).ids)
 
+
+# transformers' PreTrainedTokenizerBase.clean_up_tokenization: the spaces a WordPiece or
+# Unigram decode leaves before punctuation and English contractions
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def cleans_up_spaces(tokenizer_json: Path, tokenizer: Tokenizer) -> bool:
+    """Whether transformers' decode of this tokenizer cleans up tokenization spaces: its
+    ``tokenizer_config.json`` (beside ``tokenizer.json``) sets ``clean_up_tokenization_spaces``
+    and the model is not BPE, where transformers 5 ignores it unless
+    ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is set too
+    (``TokenizersBackend._decode``)."""
+    folder = tokenizer_json.parent
+    name = "tokenizer_config.json"
+    if not (folder / name).is_file():
+        return False
+    from tfgraph.hf.files import read_json
+
+    config = read_json(inside(folder, name, "tokenizer file"), MAX_GENERATION_BYTES, name)
+    if config.get("clean_up_tokenization_spaces") is not True:
+        return False
+    forced = config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_"
+                        "output") is True
+    return forced or type(tokenizer.model).__name__ != "BPE"
+
+
+def decode_text(tokenizer: Tokenizer, ids: list[int], clean_up: bool,
+                skip_special: bool = True) -> str:
+    """``ids`` as text, as transformers' ``tokenizer.decode(ids, skip_special_tokens=...)``
+    gives it (special tokens skipped by default, as its text-generation pipeline does;
+    ``clean_up``: :func:`cleans_up_spaces`)."""
+    text: str = tokenizer.decode(ids, skip_special_tokens=skip_special)
+    if clean_up:
+        for old, new in _CLEAN_UP:
+            text = text.replace(old, new)
+    return text
+
