@@ -73,3 +73,18 @@ def test_generate_prints_transformers_text(tmp_path: Path) -> None:
     result = tfgraph.generate(model, ["hello world ,"], max_new_tokens=12, eos_token_id=None)
     theirs = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
     assert result.text == [theirs.decode(result.tokens[0], skip_special_tokens=True)]
+
+
+def test_a_stream_whose_shown_text_changes_prints_the_whole_text(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Clean-up can change text already streamed ("a '" then "a'b": transformers' " ' " ->
+    "'"): the stream then ends with the whole text instead of dropping the rest."""
+    from tfgraph.commands.generate import _Stream
+
+    texts = {1: "a", 2: "a '", 3: "a'b"}
+    stream = _Stream(1, lambda tokens: texts[len(tokens)])
+    for token in (1, 2, 3):
+        stream(0, token)
+    stream.finish([texts[3]])
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "text: a'b", out

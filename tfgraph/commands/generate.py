@@ -73,6 +73,10 @@ class _Stream:
         if not self.several:
             if texts is not None and texts[0].startswith(self.shown[0]):
                 click.echo(_text(texts[0][len(self.shown[0]):]), nl=False)
+            elif texts is not None:  # a later token changed text already shown (a clean-up
+                # of spaces, a tokenizer's decoder): the whole text, as --json gives it
+                click.echo()
+                click.echo(f"text: {_text(texts[0])}", nl=False)
             click.echo()
             return
         for p, tokens in enumerate(self.tokens):
