@@ -20,8 +20,8 @@ Each ``OpDef`` gives
   ``Graph.add`` refuses an undeclared, mistyped or missing required one;
 - how it runs under tensor and sequence parallelism (``tp``, ``tp_split_param``,
   ``vocab_reduce``, ``tp_refused``, ``tp_refused_source``, ``whole_scratch``, ``sequence``);
-- what a training step does with it (``shape_only`` and ``no_grad``
-  operands, ``score_sized`` saved buffers,
+- what a training step does with it (``shape_only``, ``no_grad`` and ``grad_blocked``
+  operands, ``backward_flops``, ``score_sized`` saved buffers,
   ``unfused_saved``, ``backward_temp``, ``loss``);
 - what the accounting passes need to know of it (``score_temp``, ``score_flops``,
   ``kv_cached``, ``routed``);
@@ -174,8 +174,18 @@ class OpDef:
     no_grad: tuple[int, ...] = ()
     """Operands the op reads for a choice, not a differentiable value: no gradient flows back
     to them (the correction bias of ``route`` only shifts which experts top-k selects). A
-    parameter every consumer reads only here or as ``shape_only`` keeps no gradient and no
-    optimizer state (``tfgraph.passes.cost.frozen_params``)."""
+    parameter no gradient reaches through the operands that pass one keeps no gradient and
+    no optimizer state (``tfgraph.passes.cost.frozen_params``, ``tfgraph.passes.gradients``)."""
+    grad_blocked: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
+    """Operands no gradient flows back to for a node with these attributes, beside
+    ``shape_only`` and ``no_grad`` (hard attention: the arg-max passes none to q, k and a score
+    bias). Which values a gradient reaches is a reachability over the graph through the
+    operands that pass one (``tfgraph.passes.gradients``, ``no_grad_operands``)."""
+    backward_flops: Callable[[list[TensorType], TensorType, dict[str, Any], tuple[bool, ...]],
+                             Flops] | None = None
+    """Backward ``(matmul, other)`` FLOPs when only the operands flagged True get a gradient
+    (one flag per operand; used where some operand gets none). None: 2 x ``flops`` whenever
+    some operand gets one, 0 when none does (``tfgraph.passes.gradients``)."""
     score_sized: tuple[str, ...] = ()
     """Labels of its saved buffers that hold one value per attention score: what selective
     recomputation drops and rebuilds in backward by running the op again
@@ -232,6 +242,14 @@ OPS: dict[str, OpDef] = {}
 def register(op: OpDef) -> OpDef:
     OPS[op.name] = op
     return op
+
+
+def no_grad_operands(opdef: OpDef, attrs: dict[str, Any]) -> tuple[int, ...]:
+    """Operands a node of ``opdef`` with ``attrs`` passes no gradient back to: those read for
+    their shape (``shape_only``), for a choice (``no_grad``) and those its attributes block
+    (``grad_blocked``: hard attention's arg-max)."""
+    blocked = opdef.grad_blocked(attrs) if opdef.grad_blocked is not None else ()
+    return (*opdef.shape_only, *opdef.no_grad, *blocked)
 
 
 def _rows(t: TensorType) -> sympy.Expr:
@@ -510,10 +528,19 @@ def _linear_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any])
     return matmul, bias
 
 
+def _linear_backward(ins: list[TensorType], out: TensorType, attrs: dict[str, Any],
+                     grads: tuple[bool, ...]) -> Flops:
+    """dX = dY W for an input that gets a gradient, dW = dY^T X for a weight that does: one
+    forward product each (the two of the 2 x forward rule; Narayanan et al. 2021 §5.1); the
+    bias's element-wise work twice, as that rule counts it, when any operand gets one."""
+    matmul, bias = _linear_flops(ins, out, attrs)
+    return (int(grads[0]) + int(grads[1])) * matmul, (2 * bias if any(grads) else ZERO)
+
+
 register(OpDef(
     "linear", (2, 3), _linear_infer, _linear_flops, _save_input(0),
     "y = x W^T (+ b) with W in torch's [out, in] layout; also the output head (tied or not).",
-    category="linear", tp="project",
+    category="linear", tp="project", backward_flops=_linear_backward,
 ))
 
 
@@ -571,6 +598,26 @@ def _attention_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, An
     if len(ins) == 4:  # T5's position bias added to every score
         per_score += FLOPS_PER_ELEMENT["add"]
     return matmul, per_score * scores
+
+
+def _attention_grad_blocked(attrs: dict[str, Any]) -> tuple[int, ...]:
+    """Hard attention's arg-max has no gradient: q, k and a score bias (operand 3) get none
+    (torch's argmax / one_hot, exporters.torch.functional.attention); v still does."""
+    return (0, 1, 3) if attrs["normalize"] == "hardmax" else ()
+
+
+def _attention_backward(ins: list[TensorType], out: TensorType, attrs: dict[str, Any],
+                        grads: tuple[bool, ...]) -> Flops:
+    """Per operand that gets a gradient: dQ = dS K and dK = dS^T Q (one QK^T-sized product
+    each), dV = A^T dO (one A·V-sized product); dA = dO V^T and the per-score work (scale,
+    mask, soft-cap, normalisation, twice as forward) only when q, k or the score bias gets
+    one. All of them: 2 x forward."""
+    matmul, other = _attention_flops(ins, out, attrs)
+    scores = _scores(ins, attrs)
+    qk, av = 2 * scores * attrs["head_dim"], 2 * scores * v_width(attrs)
+    score_path = grads[0] or grads[1] or (len(grads) == 4 and grads[3])
+    return (qk * (int(grads[0]) + int(grads[1])) + av * (int(grads[2]) + int(score_path)),
+            2 * other if score_path else ZERO)
 
 
 def attended_scores(tq: Any, tk: Any, causal: bool, window: Any) -> Any:
@@ -668,6 +715,7 @@ register(OpDef(
     _attention_temp,
     category="attention", tp="follows", score_sized=("weights", "tanh", "mask", "dropped"),
     unfused_saved=_attention_unfused_saved, score_temp=True, score_flops=True, kv_cached=True,
+    grad_blocked=_attention_grad_blocked, backward_flops=_attention_backward,
     attrs={
         **ATTENTION_ATTRS,
         "kind": Attr(str, required=True, doc="self or cross"),

@@ -144,23 +144,14 @@ def params_by_component(graph: Graph) -> dict[str, int]:
 
 
 def frozen_params(graph: Graph) -> list[Node]:
-    """Parameters no gradient reaches: every consumer reads them only as an ``OpDef.no_grad``
-    or ``shape_only`` operand (DeepSeek-V3's router correction bias). torch gives them no
-    ``.grad`` and Adam keeps no state for them; they are still parameters (``params``)."""
+    """Parameters no gradient reaches (``tfgraph.passes.gradients``): every path from them to
+    the outputs passes an operand that takes no gradient (``ops.no_grad_operands``:
+    DeepSeek-V3's router correction bias, the q and k linears of hard attention). torch gives
+    them no ``.grad`` and Adam keeps no state for them; they are still parameters
+    (``params``)."""
+    from tfgraph.passes import gradients  # it reads op_costs from here
 
-    def compute() -> list[Node]:
-        # candidates: parameters some op reads without a gradient (few ops ever do)
-        seen: dict[str, Node] = {}
-        for node in graph.ops():
-            opdef = OPS[node.op]
-            for k in (*opdef.no_grad, *opdef.shape_only):
-                if k < len(node.inputs) and graph.node(node.inputs[k]).is_param:
-                    seen.setdefault(node.inputs[k], graph.node(node.inputs[k]))
-        return [p for p in seen.values()
-                if all(k in OPS[user.op].no_grad or k in OPS[user.op].shape_only
-                       for user, k in graph.users(p.name))]
-
-    return list(graph.memo("frozen_params", compute))
+    return list(graph.memo("frozen_params", lambda: gradients.frozen(graph)))
 
 
 def routed_experts(graph: Graph) -> list[Node]:

@@ -9,7 +9,9 @@ and a sliding-window one only the last W of them; attention kernels that skip ma
 window too) over the scores its queries really read
 (``ops.attended_scores``): both products (QKᵀ and weights·V) and the per-score element-wise
 work (scaling, mask, soft-cap, softmax), which are all proportional to the score count.
-Everything else is the dense figure's.
+Everything else is the dense figure's. Backward is 2 x forward_effective less the
+gradients nothing asks for (``tfgraph.passes.gradients``; hard attention's), counted the same
+way.
 
 These are the headline figures of ``report``, ``compare`` and the plots; the dense ones stay
 beside them. Kept apart from ``tfgraph.passes.figures`` (whose ``causal_effective_matmul`` is
@@ -24,7 +26,7 @@ import sympy
 
 from tfgraph.graph.ir import Graph
 from tfgraph.graph.ops import OPS, attended_scores
-from tfgraph.passes import cost, exact
+from tfgraph.passes import cost, exact, gradients
 from tfgraph.passes.figures import symbolic
 
 ATTENTION_KIND = "attention_scores"  # figures' flops_by_kind key of the attention ops
@@ -50,7 +52,8 @@ def masked(attrs: dict[str, Any]) -> bool:
 def effective(graph: Graph) -> dict[str, Any]:
     """The effective figures as sympy expressions in B, S, T (memoised on the graph):
     ``flops`` with forward_effective, matmul_effective, other_effective, backward_effective and
-    train_step_effective (the dense figure's 2x and 3x rules), and ``flops_by_kind`` (only
+    train_step_effective (the dense figure's 2x and 3x rules, less the gradients no path to
+    the outputs asks for: ``tfgraph.passes.gradients``), and ``flops_by_kind`` (only
     attention_scores differs from the dense roll-up)."""
     return graph.memo("effective", lambda: _effective(graph))
 
@@ -88,10 +91,22 @@ def _effective(graph: Graph) -> dict[str, Any]:
     if ATTENTION_KIND in by_kind:
         by_kind[ATTENTION_KIND] = exact.expand(by_kind[ATTENTION_KIND],
                                                skipped_matmul + skipped_other)
+    backward = 2 * forward
+    train_step = 3 * forward
+    savings = gradients.backward_savings(graph)
+    if savings:  # gradients some ops do not compute (tfgraph.passes.gradients), counted over
+        # the scores read where they are attention's (its backward scales with them too)
+        terms = []
+        for c, saved_matmul, saved_other in savings:
+            fraction = read_fraction(graph, c.node)
+            terms.append(saved_matmul + saved_other if fraction is None
+                         else (saved_matmul + saved_other) * fraction)
+        backward = exact.expand(backward, cost.total(terms))
+        train_step = exact.expand(forward + backward)
     return {
         "flops": {"forward_effective": forward, "matmul_effective": matmul,
-                  "other_effective": other, "backward_effective": 2 * forward,
-                  "train_step_effective": 3 * forward},
+                  "other_effective": other, "backward_effective": backward,
+                  "train_step_effective": train_step},
         "flops_by_kind": by_kind,
     }
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import sympy
 
-from tfgraph.passes import cost, exact
+from tfgraph.passes import cost, exact, gradients
 from tfgraph.graph.ir import DTYPE_BYTES, Graph
 from tfgraph.graph.ops import OPS, attended_scores, v_width
 
@@ -89,6 +89,10 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
     matmul = cost.total(c.matmul for c in costs)
     other = cost.total(c.other for c in costs)
     forward = matmul + other
+    # 2 x forward, less the work of gradients no path to the outputs asks for
+    # (tfgraph.passes.gradients: hard attention's q and k linears, a frozen weight's gradient)
+    backward = gradients.backward(graph, forward)
+    partial = bool(gradients.backward_savings(graph))
     saved = cost.saved_for_backward(costs)
     dtype_bytes = DTYPE_BYTES[graph.dtype]
     weights = cost.weights_bytes(graph)
@@ -113,7 +117,8 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
         "params": params,
         "flops": {
             "forward": forward, "matmul": matmul, "other": other,
-            "backward": 2 * forward, "train_step": 3 * forward,
+            "backward": backward,
+            "train_step": exact.expand(forward + backward) if partial else 3 * forward,
             "causal_effective_matmul": exact.expand(matmul, _causal_discount(graph)),
         },
         "memory": {

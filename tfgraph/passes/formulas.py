@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
-from tfgraph.passes import exact
+from tfgraph.passes import exact, gradients
 from tfgraph.passes.cost import Peak, op_costs
 from tfgraph.passes.effective import effective
 from tfgraph.passes.figures import symbolic
@@ -74,6 +74,8 @@ FIGURES = ("params", "flops.forward", "flops.matmul", "flops.other", "flops.back
 TRAINED = "params_trained"  # only where some parameter gets no gradient (figures.symbolic)
 # (flops.backward_effective and train_step_effective, 2x and 3x forward_effective, and
 # matmul_effective, causal_effective_matmul, are written from those by tfgraph.passes.report)
+PARTIAL_FIGURES = ("flops.backward_effective", "flops.train_step_effective")
+"""... and, where some gradient is not computed (tfgraph.passes.gradients), these two."""
 # ... and those of a mixture of experts (tfgraph.passes.figures: present only when it has experts)
 MOE_FIGURES = ("params_active", "flops.router", "flops.matmul_all_experts",
                "flops.forward_all_experts")
@@ -279,7 +281,9 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
     values = symbol_values(spec)
     figures: dict[str, sympy.Expr] = {}
     unverified = []
-    for key in (k for k in (*FIGURES, *MOE_FIGURES, TRAINED) if k in numeric):
+    # backward_effective is 2x forward_effective unless some gradient is not computed
+    partial = PARTIAL_FIGURES if gradients.backward_savings(graph) else ()
+    for key in (k for k in (*FIGURES, *partial, *MOE_FIGURES, TRAINED) if k in numeric):
         layer_terms = {sym: exact.expand(two[key], base[key]) for sym, two in per.items()}
         rest = exact.expand(base[key], sympy.Add(*layer_terms.values()))
         expr = sympy.Add(*(sym * term for sym, term in layer_terms.items()), rest)

@@ -11,7 +11,10 @@ Conventions (also written into every report under ``conventions``):
   and per-score work alike. They are the headline of the readable report; the dense keys keep
   their meaning (README, "Effective and dense FLOPs").
 - backward = 2 x forward (two products per forward product: gradients of input and weight;
-  Kaplan et al. 2020, Narayanan et al. 2021); train_step = forward + backward.
+  Kaplan et al. 2020, Narayanan et al. 2021) for every op whose gradients are all computed;
+  gradients no path to the outputs asks for are not counted (``tfgraph.passes.gradients``:
+  an op none of whose operands gets a gradient has no backward, a parameter none reaches no
+  weight gradient and no gradient or optimizer state); train_step = forward + backward.
 - Memory is in bytes at the spec's dtype.
 """
 
@@ -22,7 +25,7 @@ from typing import Any
 
 import sympy
 
-from tfgraph.passes import cost, effective, exact
+from tfgraph.passes import cost, effective, exact, gradients
 from tfgraph.passes.figures import FP32_BYTES, state_bytes, states_note, symbolic
 from tfgraph.passes.formulas import spec_formulas
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
@@ -37,7 +40,14 @@ CONVENTIONS = {
     "flops.other": "element-wise work with per-element constants: "
                    + ", ".join(f"{k} {v}" for k, v in FLOPS_PER_ELEMENT.items())
                    + "; dropout is the identity at inference (0).",
-    "flops.backward": "2 x flops.forward (input and weight gradients of every product).",
+    "flops.backward": "2 x flops.forward (input and weight gradients of every product), "
+                      "less the gradients no path to the outputs asks for: a gradient reaches "
+                      "a value back from the outputs through the operands that pass one (not "
+                      "hard attention's q and k, not a router's correction bias); an op none "
+                      "of whose operands gets one has no backward (hard attention's q and k "
+                      "linears), a weight none reaches no weight-gradient product (its "
+                      "input's gradient stays), attention without q's and k's gradients "
+                      "only dV = A^T dO.",
     "flops.train_step": "flops.forward + flops.backward (optimizer update not counted).",
     "flops.causal_effective_matmul": "flops.matmul with causal and sliding-window score "
                                      "products counted over the unmasked scores only "
@@ -54,7 +64,8 @@ CONVENTIONS = {
     "flops.matmul_effective": "flops.matmul counted as flops.forward_effective (equal to "
                               "flops.causal_effective_matmul).",
     "flops.other_effective": "flops.other counted as flops.forward_effective.",
-    "flops.backward_effective": "2 x flops.forward_effective.",
+    "flops.backward_effective": "2 x flops.forward_effective, less the gradients no path "
+                                "to the outputs asks for (as flops.backward).",
     "flops.train_step_effective": "flops.forward_effective + flops.backward_effective.",
     "flops_by_kind_effective": "flops_by_kind counted as flops.forward_effective (only "
                                "attention_scores differs).",
@@ -91,7 +102,8 @@ CONVENTIONS = {
                               "position of every layer kept, what tfgraph's KV-cache models "
                               "(ONNX --kv-cache, the torch module's cache) hold.",
     "memory.model_states": "Adam: weights + gradients + two fp32 moments (+ an fp32 master "
-                           "copy for 16-bit dtypes); gradients in the spec dtype (states "
+                           "copy for 16-bit dtypes), the last three only for the parameters "
+                           "a gradient reaches (as flops.backward); gradients in the spec dtype (states "
                            "'mixed', the default: 16 bytes per parameter for a 16-bit spec, "
                            "as tfgraph plan's default) or fp32 (states 'megatron': 18, "
                            "Megatron-LM's); see model_states below.",
@@ -178,7 +190,8 @@ def _effective_multiples(form: dict[str, str]) -> None:
     forward = form.get("flops.forward_effective")
     if forward is not None:
         for key, factor in EFFECTIVE_MULTIPLES.items():
-            form[f"flops.{key}"] = f"{factor}*({forward})"
+            # written already where some gradient is not computed (tfgraph.passes.gradients)
+            form.setdefault(f"flops.{key}", f"{factor}*({forward})")
     for key, source in EFFECTIVE_COPIES.items():
         if f"flops.{source}" in form:
             form[f"flops.{key}"] = form[f"flops.{source}"]
@@ -191,8 +204,10 @@ def _static_formulas(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
     def compute() -> tuple[dict[str, str], dict[str, str]]:
         sym = symbolic(graph)
         bst = {f"flops.{k}": _fmt(v) for k, v in sym["flops"].items()}
+        # backward is 2x forward unless some gradient is not computed (tfgraph.passes.gradients)
+        partial = bool(gradients.backward_savings(graph))
         bst.update({f"flops.{k}": _fmt(v) for k, v in effective.effective(graph)["flops"].items()
-                    if k not in EFFECTIVE_MULTIPLES and k not in EFFECTIVE_COPIES})
+                    if (partial or k not in EFFECTIVE_MULTIPLES) and k not in EFFECTIVE_COPIES})
         bst.update({f"memory.{k}": _fmt(v) for k, v in sym["memory"].items()})
         bst["params"] = str(sym["params"])
         if "params_active" in sym:
