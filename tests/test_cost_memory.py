@@ -38,10 +38,16 @@ def test_weights_kv_cache_and_train_step_closed_forms(path):
     assert mem["kv_cache"] == kv
 
     # a sigmoid router's correction bias (E per layer with experts) gets no gradient: no
-    # gradient, moments or master copy are kept for it (OpDef.no_grad)
+    # gradient, moments or master copy are kept for it (OpDef.no_grad); nor for hard
+    # attention's q and k linears
     frozen = 0
     if spec.ffn.experts and str(spec.ffn.router).startswith("sigmoid"):
         frozen = spec.ffn.experts * (spec.layer_count("decoder") - (spec.ffn.dense_layers or 0))
+    if att.normalize == "hardmax":  # the arg-max passes no gradient to q and k, nor to the
+        # q and k linears' weights and biases (tfgraph.passes.gradients)
+        biased = att.bias if att.qkv_bias is None else att.qkv_bias
+        width = (att.heads + att.kv_heads) * att.head_dim
+        frozen += spec.layer_count("decoder") * (spec.d_model * width + (width if biased else 0))
     trained = params - frozen
     adam = 2 * trained * 4  # two fp32 moments
     master = 4 * trained if nbytes < 4 else 0  # fp32 master weights for 16-bit training
