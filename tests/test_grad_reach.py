@@ -96,3 +96,33 @@ def test_loss_graph_agrees() -> None:
     spec = load_spec(SANDWICH)
     plain, loss = tfgraph.compile(spec), tfgraph.compile(spec, loss=True)
     assert [p.name for p in frozen_params(plain)] == [p.name for p in frozen_params(loss)]
+
+
+def test_a_linear_whose_input_needs_no_gradient_keeps_its_weight_gradient() -> None:
+    """A float input (not a parameter's descendant) needs no gradient: the linear's backward is
+    its weight's gradient only (plus the bias's element-wise work), as torch computes it; a
+    second linear on its output computes both."""
+    from tfgraph.graph.ir import B, S, Graph
+    from tfgraph.passes.figures import symbolic
+
+    g = Graph("hand")
+    x = g.input("features", (B, S, 4), "float32")
+    w = g.param("up.weight", (6, 4), "up", "normal", "float32")
+    b = g.param("up.bias", (6,), "up", "zeros", "float32")
+    h = g.add("linear", [x, w, b], name="up", scope="up")
+    w2 = g.param("down.weight", (3, 6), "down", "normal", "float32")
+    g.set_output(g.add("linear", [h, w2], name="down", scope="down"))
+    g.lint()
+    assert gradients.operand_grads(g) == {"up": (False, True, True), "down": (True, True)}
+    sizes = {B: 2, S: 5}
+    flops = {k: int(v.xreplace(sizes)) for k, v in symbolic(g)["flops"].items()}
+    up, down = 2 * 10 * 6 * 4, 2 * 10 * 3 * 6  # 2 per multiply-accumulate, 10 rows
+    assert flops["backward"] == up + 2 * 10 * 6 + 2 * down  # up: dW and the bias only
+    # torch: the same products
+    xt = torch.randn(2, 5, 4)
+    wt, bt = torch.randn(6, 4, requires_grad=True), torch.zeros(6, requires_grad=True)
+    w2t = torch.randn(3, 6, requires_grad=True)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        torch.nn.functional.linear(torch.nn.functional.linear(xt, wt, bt), w2t).sum().backward()
+    assert counter.get_total_flops() == 2 * up + 3 * down

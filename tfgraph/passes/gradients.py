@@ -12,10 +12,11 @@ Autograd computes the gradient of a value when it both
 
 A parameter no gradient reaches keeps no gradient and no optimizer state
 (``cost.frozen_params``). An op's backward FLOPs are 2 x its forward FLOPs when every
-operand that could get a gradient gets one (the usual rule: one product for the input's
+operand gets a gradient (the usual rule: one product for the input's
 gradient and one for the weight's per forward product; Kaplan et al. 2020, Narayanan et al.
-2021); 0 when none does; otherwise its ``OpDef.backward_flops`` with the operands that get
-one (a linear's input gradient without its weight gradient), or 2 x forward without one.
+2021); 0 when none does (hard attention's q and k linears; an ALiBi bias made from positions
+only); otherwise its ``OpDef.backward_flops`` with the operands that get one (a linear on a
+value that needs no gradient: its weight's gradient only), or 2 x forward without one.
 
 Precondition: the graph lints. Postcondition: the graph is unchanged; results are memoised
 on it.
@@ -115,7 +116,6 @@ def backward_savings(graph: Graph) -> list[tuple[cost.OpCost, sympy.Expr, sympy.
 
 def _backward_savings(graph: Graph) -> list[tuple[cost.OpCost, sympy.Expr, sympy.Expr]]:
     grads = operand_grads(graph)
-    requires = _requires(graph)
     if len(_RULES) >= _RULES_MAX:
         _RULES.clear()
     out = []
@@ -126,8 +126,8 @@ def _backward_savings(graph: Graph) -> list[tuple[cost.OpCost, sympy.Expr, sympy
         else:
             rule = OPS[c.op].backward_flops
             node = graph.node(c.node)
-            if rule is None or flags == tuple(i in requires for i in node.inputs):
-                continue  # the usual 2 x forward: every operand that requires one gets one
+            if rule is None or all(flags):
+                continue  # the usual 2 x forward
             key = (c.op, tuple(graph.node(i).type for i in node.inputs), node.type,
                    tuple((k, type(v), v) for k, v in node.attrs.items()), flags)
             if key not in _RULES:

@@ -20,7 +20,9 @@ its new gradient next to the accumulated one. The loss's backward writes the log
 (B, L, V at the logits' dtype) while the float32 log-probabilities and their gradient are live
 (``OpDef.backward_temp``: ``ops_loss.backward_temp``). Parameters receive no activation
 gradient; integer ids, the operands an op reads only for their shape (``OpDef.shape_only``:
-``relative_bias``' input) and those it reads for a choice (``OpDef.no_grad``) none either.
+``relative_bias``' input), those it reads for a choice (``OpDef.no_grad``) and those its
+attributes block (``OpDef.grad_blocked``: hard attention's q and k) none either, and an op no
+gradient reaches (``tfgraph.passes.gradients``: hard attention's q and k linears) writes none.
 
 Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models"):
@@ -47,11 +49,11 @@ from typing import Any
 
 import sympy
 
-from tfgraph.passes import cost
+from tfgraph.passes import cost, gradients
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import Graph, Node
 from tfgraph.graph.lower import lower, with_loss
-from tfgraph.graph.ops import OPS
+from tfgraph.graph.ops import OPS, no_grad_operands
 from tfgraph.passes.liveness import Plan, Step, plan
 
 RECOMPUTE = ("none", "selective", "full")
@@ -199,8 +201,12 @@ def _region_inputs(graph: Graph, walk: Plan, key: Region) -> list[str]:
 
 
 def _grad_inputs(graph: Graph, node: Node) -> list[str]:
-    """The operands ``node``'s backward writes a gradient for: floating activations."""
-    skip = OPS[node.op].shape_only + OPS[node.op].no_grad
+    """The operands ``node``'s backward writes a gradient for: floating activations it passes
+    a gradient to (``ops.no_grad_operands``), none where no gradient reaches ``node``
+    (``tfgraph.passes.gradients``: hard attention's q and k linears)."""
+    if node.name not in gradients.reached(graph):
+        return []
+    skip = no_grad_operands(OPS[node.op], node.attrs)
     out = []
     for k, i in enumerate(node.inputs):
         src = graph.node(i)
