@@ -1,7 +1,8 @@
 """Model states count gradients and optimizer states only for the parameters a gradient
 reaches (``OpDef.no_grad``, ``tfgraph.passes.cost.frozen_params``): DeepSeek-V3's router
 correction bias only shifts which experts top-k selects, so torch leaves its ``.grad`` None
-and Adam keeps no state for it. The plan's per-rank gradients and optimizer states and the
+and Adam keeps no state for it; hard attention's arg-max passes no gradient to q and k, so
+the q and k linears of tiny-sandwich get none (``tfgraph.passes.gradients``). The plan's per-rank gradients and optimizer states and the
 report's model states are what the PyTorch module keeps after one backward and one Adam step;
 the parameter count still includes the bias."""
 
@@ -45,7 +46,8 @@ def _measured(graph: tfgraph.CompiledGraph) -> dict[str, int]:
             "params": sum(p.numel() for p in params)}
 
 
-@pytest.mark.parametrize("name", ["tiny-deepseek-v3.yaml", "tiny-moe.yaml"])
+@pytest.mark.parametrize("name", ["tiny-deepseek-v3.yaml", "tiny-moe.yaml",
+                                  "tiny-sandwich.yaml"])
 def test_plan_and_report_count_the_states_the_module_keeps(name: str) -> None:
     spec = load_spec(ROOT / "specs" / name).model_copy(update={"dtype": "float32"})
     graph = tfgraph.compile(spec)
