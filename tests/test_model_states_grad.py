@@ -2,9 +2,10 @@
 reaches (``OpDef.no_grad``, ``tfgraph.passes.cost.frozen_params``): DeepSeek-V3's router
 correction bias only shifts which experts top-k selects, so torch leaves its ``.grad`` None
 and Adam keeps no state for it; hard attention's arg-max passes no gradient to q and k, so
-the q and k linears of tiny-sandwich get none (``tfgraph.passes.gradients``). The plan's per-rank gradients and optimizer states and the
-report's model states are what the PyTorch module keeps after one backward and one Adam step;
-the parameter count still includes the bias."""
+the q and k linears of tiny-sandwich get none (``tfgraph.passes.gradients``). The plan's
+per-rank gradients and optimizer states and the report's model states are what the PyTorch
+module keeps after one backward and one Adam step; the parameter count still includes the
+frozen parameters."""
 
 from __future__ import annotations
 
