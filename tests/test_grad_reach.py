@@ -126,3 +126,17 @@ def test_a_linear_whose_input_needs_no_gradient_keeps_its_weight_gradient() -> N
     with counter:
         torch.nn.functional.linear(torch.nn.functional.linear(xt, wt, bt), w2t).sum().backward()
     assert counter.get_total_flops() == 2 * up + 3 * down
+
+
+@pytest.mark.parametrize("name", ["tiny-sandwich.yaml", "tiny-decoder.yaml"])
+def test_plan_step_flops_are_the_reports_train_step(name: str) -> None:
+    from tfgraph.parallel.gpus import gpu
+    from tfgraph.parallel.layout import Layout
+    from tfgraph.parallel.planner import plan
+
+    graph = tfgraph.compile(load_spec(ROOT / "specs" / name), loss=True)
+    layout = Layout(tp=1, dp=1, seq=9, micro_batch=2, global_batch=4)
+    step = plan(graph, layout, gpu("h100"))["step"]
+    report = build_report(graph, batch=2, seq=9)
+    assert step["flops"] == 2 * report["flops"]["train_step"]  # two micro-batches
+    assert step["hardware_flops"] == step["flops"]  # no recompute

@@ -12,7 +12,8 @@ the layout divides them:
   MoE layer's expert weight gradients, held per expert until they are stacked, in 16-bit,
   ZeRO-3's gathered 16-bit weights of two layers (the one running and the one prefetched)
   and the unsharded gradients of one;
-- step FLOPs: model FLOPs 3 x forward (README: backward = 2 x forward) for the global batch;
+- step FLOPs: model FLOPs forward + backward (README: backward = 2 x forward less the
+  gradients nothing asks for, ``tfgraph.passes.gradients``) for the global batch;
   hardware FLOPs add what recompute runs again (selective: the attention cores; full: the
   layers' forward);
 - communication, bytes each rank sends per step with ring collectives (an all-reduce of n
@@ -59,7 +60,8 @@ from tfgraph.passes.figures import states_note
 
 _NUMBERS = ("saved_none_split", "saved_none_whole", "saved_none_replicated", "saved_sel_split",
             "saved_sel_whole", "saved_sel_replicated", "inputs", "flops_split", "flops_whole",
-            "flops_replicated", "attention_flops", "tp", "tp_forward", "vocab_reduce", "a2a",
+            "flops_replicated", "bwd_less_split", "bwd_less_whole", "bwd_less_replicated",
+            "attention_flops", "tp", "tp_forward", "vocab_reduce", "a2a",
             "output_grad")
 
 
@@ -83,6 +85,8 @@ def _evaluate(unit: Unit, form: str, sizes: dict[sympy.Symbol, int]) -> UnitNumb
         "saved_sel_replicated": unit.saved[(form, "selective")][2],
         "inputs": unit.inputs, "flops_split": unit.flops_split,
         "flops_whole": unit.flops_whole, "flops_replicated": unit.flops_replicated,
+        "bwd_less_split": unit.backward_less[0], "bwd_less_whole": unit.backward_less[1],
+        "bwd_less_replicated": unit.backward_less[2],
         "attention_flops": unit.attention_flops,
         "tp": unit.tp_forward + unit.tp_backward, "tp_forward": unit.tp_forward,
         "vocab_reduce": unit.vocab_reduce,
@@ -103,7 +107,7 @@ def unit_numbers(graph: Graph, micro_batch: int, seq: int, form: str
         for unit in units(graph)[0]:
             sig = (tuple(unit.saved[(form, r)] for r in ("none", "selective")), unit.inputs,
                    unit.flops_split, unit.flops_whole, unit.flops_replicated,
-                   unit.attention_flops, unit.tp_forward,
+                   unit.backward_less, unit.attention_flops, unit.tp_forward,
                    unit.tp_backward, unit.vocab_reduce, unit.a2a, unit.output_grad)
             if sig not in seen:
                 seen[sig] = _evaluate(unit, form, sizes)
@@ -153,7 +157,8 @@ def _signature(graph: Graph, unit: Unit) -> tuple[Any, ...]:
     shapes = tuple(tuple(graph.node(p).attrs["shape"]) for p in unit.params)
     plan = tp_plan(graph)
     exprs = (tuple(sorted(unit.saved.items())), unit.inputs, unit.flops_split,
-             unit.flops_whole, unit.flops_replicated, unit.attention_flops, unit.tp_forward,
+             unit.flops_whole, unit.flops_replicated, unit.backward_less,
+             unit.attention_flops, unit.tp_forward,
              unit.tp_backward, unit.vocab_reduce, unit.a2a, unit.output_grad,
              unit.output_grad_split, unit.is_layer)
     return shapes, tuple(plan[p] for p in unit.params), exprs
@@ -234,12 +239,14 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
         # the rule the saved bytes follow (units.flops_kind): whole work is the rank's rows
         # under sequence parallelism, replicated work (on the gathered sequence) is not cut
         forward = n["flops_split"] / t + n["flops_whole"] / sp_div + n["flops_replicated"]
+        # backward: 2 x forward less the gradients nothing asks for (passes.gradients)
+        less = n["bwd_less_split"] / t + n["bwd_less_whole"] / sp_div + n["bwd_less_replicated"]
         extra = 0.0
         if layout.recompute == "selective":
             extra = n["attention_flops"] / t
         elif layout.recompute == "full" and unit.is_layer:
             extra = forward
-        flops += (3 * forward + extra) * m * count
+        flops += (3 * forward - less + extra) * m * count
         # full recompute reruns a layer's forward, collectives included (Megatron-LM's
         # CheckpointFunction): its forward all-reduces and its two all-to-alls once more
         full = layout.recompute == "full" and unit.is_layer
@@ -376,8 +383,12 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
     tp_stage = max(figures, key=lambda f: f.comm["tp"]).stage
     forward = sum(n["flops_split"] + n["flops_whole"] + n["flops_replicated"]
                   for n in numbers)
+    less = sum(n["bwd_less_split"] + n["bwd_less_whole"] + n["bwd_less_replicated"]
+               for n in numbers)
     sequences = layout.global_batch // layout.micro_batch
-    model_flops = 3 * forward * sequences
+    # forward + backward: 3 x forward less the gradients nothing asks for (the report's
+    # flops.train_step; tfgraph.passes.gradients)
+    model_flops = (3 * forward - less) * sequences
     hardware = sum(f.hardware_flops for f in figures) * layout.tp * layout.dp
     timing = found.time(graph, layout, gpu, attention, kernels)
     peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops

@@ -37,7 +37,7 @@ from typing import Any
 
 import sympy
 
-from tfgraph.passes import cost
+from tfgraph.passes import cost, gradients
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, Graph, Node
 from tfgraph.graph.ops import OPS
@@ -80,6 +80,9 @@ class Unit:
     flops_replicated: sympy.Expr = ZERO
     """Forward FLOPs whole on every rank under sequence parallelism too (``flops_kind``);
     ``flops_whole`` is divided by t under sequence parallelism, this never."""
+    backward_less: tuple[sympy.Expr, sympy.Expr, sympy.Expr] = (ZERO, ZERO, ZERO)
+    """(split, whole, replicated) FLOPs of 2 x forward its backward does not do: gradients no
+    path to the loss asks for (``tfgraph.passes.gradients``: hard attention's q and k)."""
     attention_flops: sympy.Expr = ZERO
     """Forward FLOPs of the attention cores (``OpDef.score_sized``: what selective recompute
     runs again; split by heads under tensor parallelism)."""
@@ -253,6 +256,7 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
     for node in graph.ops():
         by_key.setdefault(keys[node.name], Unit(keys[node.name])).ops.append(node.name)
     costs = {c.node: c for c in cost.op_costs(graph)}
+    savings = {c.node: m + o for c, m, o in gradients.backward_savings(graph)}
     forward = set(placement.forward_reduce) if placement else set()
     backward = placement.backward_reduce if placement else {}
     vocab = set(placement.vocab_reduce) if placement else set()
@@ -283,11 +287,15 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
                 unit.saved[(form, recompute)] = _saved(graph, nodes, placement, sequence, form,
                                                        recompute, counted[(form, recompute)])
         by_kind: dict[str, list[sympy.Expr]] = {"split": [], "whole": [], "replicated": []}
+        less: dict[str, list[sympy.Expr]] = {"split": [], "whole": [], "replicated": []}
         attention: list[sympy.Expr] = []
         for node in nodes:
             c = costs[node.name]
             flops = c.matmul + c.other
-            by_kind[flops_kind(graph, node, placement, sequence)].append(flops)
+            kind = flops_kind(graph, node, placement, sequence)
+            by_kind[kind].append(flops)
+            if node.name in savings:
+                less[kind].append(savings[node.name])
             opdef = OPS[node.op]
             if opdef.score_sized:  # what selective recomputation runs again
                 attention.append(flops)
@@ -299,6 +307,8 @@ def _units(graph: Graph) -> tuple[list[Unit], Placement | None, str | None]:
                 unit.output_grad_split = _split(graph, node.inputs[0], placement)
         unit.flops_split, unit.flops_whole, unit.flops_replicated = (
             cost.total(by_kind[k]) for k in ("split", "whole", "replicated"))
+        split, whole, replicated = (cost.total(less[k]) for k in ("split", "whole", "replicated"))
+        unit.backward_less = (split, whole, replicated)
         unit.attention_flops = cost.total(attention)
         unit.tp_forward = _bytes(graph, (n for n in unit.ops if n in forward))
         unit.tp_backward = _bytes(graph, (t for n in unit.ops
