@@ -33,6 +33,10 @@ from tfgraph.graph.ops import OPS, no_grad_operands
 from tfgraph.passes import cost, exact
 
 
+NOT_FLOATING = ("int64", "int32", "bool")
+"""Dtypes autograd computes no gradient for (ids, indices, masks)."""
+
+
 def operand_grads(graph: Graph) -> dict[str, tuple[bool, ...]]:
     """For every op node, one flag per operand: whether the op's backward computes that
     operand's gradient: the op is reached, the operand passes a gradient and requires one
@@ -77,7 +81,7 @@ def _requires(graph: Graph) -> frozenset[str]:
         passing = _passing(graph)
         requires = {p.name for p in graph.params()}
         for node in graph.ops():
-            if node.type.dtype != "int64" and any(
+            if node.type.dtype not in NOT_FLOATING and any(
                     passes and name in requires
                     for name, passes in zip(node.inputs, passing[node.name])):
                 requires.add(node.name)
@@ -108,8 +112,7 @@ _RULES_MAX = 4096
 
 def backward_savings(graph: Graph) -> list[tuple[cost.OpCost, sympy.Expr, sympy.Expr]]:
     """(op cost, matmul, other) of 2 x forward that an op's backward does not do, for each op
-    some of whose operands get no gradient although they pass one: all of it where no operand
-    gets one, 2 x forward less ``OpDef.backward_flops`` where some do (memoised on the graph;
+    some of whose operands get no gradient: all of it where no operand gets one, 2 x forward less ``OpDef.backward_flops`` where some do (memoised on the graph;
     empty where every gradient flows: backward is then exactly 2 x forward)."""
     return graph.memo("backward_savings", lambda: _backward_savings(graph))
 
