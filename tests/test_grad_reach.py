@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import tfgraph
 from tfgraph.exporters import to_torch
 from tfgraph.passes import gradients
-from tfgraph.passes.cost import frozen_params
+from tfgraph.passes.gradients import frozen_params
 from tfgraph.passes.report import build_report, sizes_for
 from tfgraph.spec.loader import load_spec
 

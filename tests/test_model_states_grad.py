@@ -1,5 +1,5 @@
 """Model states count gradients and optimizer states only for the parameters a gradient
-reaches (``OpDef.no_grad``, ``tfgraph.passes.cost.frozen_params``): DeepSeek-V3's router
+reaches (``OpDef.no_grad``, ``tfgraph.passes.gradients.frozen_params``): DeepSeek-V3's router
 correction bias only shifts which experts top-k selects, so torch leaves its ``.grad`` None
 and Adam keeps no state for it; hard attention's arg-max passes no gradient to q and k, so
 the q and k linears of tiny-sandwich get none (``tfgraph.passes.gradients``). The plan's
@@ -18,7 +18,8 @@ from tfgraph.exporters.torch.functional import cross_entropy
 from tfgraph.parallel.gpus import gpu
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.planner import plan
-from tfgraph.passes.cost import frozen_params, param_count
+from tfgraph.passes.cost import param_count
+from tfgraph.passes.gradients import frozen_params
 from tfgraph.passes.report import build_report
 from tfgraph.spec.loader import load_spec
 

@@ -93,28 +93,6 @@ def read_settings(folder: Path | None) -> Settings:
 
 
 # The token ids transformers' GenerationConfig holds (eos_token_id: one, or a list).
-TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
-GENERATION_CONFIG = FILES[0]
-
-
-def check_generation_config(folder: Path) -> None:
-    """Refuse a model folder's ``generation_config.json`` that transformers' from_pretrained
-    cannot load (not an object: GenerationConfig.from_dict raises TypeError) or whose token
-    ids are not integers, before it is carried into any output (tfgraph build copies it)."""
-    path = folder / GENERATION_CONFIG
-    if not path.exists() and not path.is_symlink():
-        return
-    data = read_json(inside(folder, GENERATION_CONFIG, "settings file"), MAX_BYTES,
-                     GENERATION_CONFIG)
-    for key in TOKEN_KEYS:
-        value = data.get(key)
-        items = value if isinstance(value, list) and key == "eos_token_id" else [value]
-        if value is not None and not all(isinstance(v, int) and not isinstance(v, bool)
-                                         for v in items):
-            raise TfgraphError(f"{path}: {key}: {value!r} is not a token id (an integer"
-                               + (", or a list of them)" if key == "eos_token_id" else ")"))
-
-
 def _not_applied(data: dict[str, Any]) -> tuple[str, ...]:
     """``key = value`` of each setting in ``data`` that would change transformers' tokens
     and that tfgraph generate does not apply."""

@@ -175,7 +175,7 @@ class OpDef:
     """Operands the op reads for a choice, not a differentiable value: no gradient flows back
     to them (the correction bias of ``route`` only shifts which experts top-k selects). A
     parameter no gradient reaches through the operands that pass one keeps no gradient and
-    no optimizer state (``tfgraph.passes.cost.frozen_params``, ``tfgraph.passes.gradients``)."""
+    no optimizer state (``tfgraph.passes.gradients.frozen_params``, ``tfgraph.passes.gradients``)."""
     grad_blocked: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
     """Operands no gradient flows back to for a node with these attributes, beside
     ``shape_only`` and ``no_grad`` (hard attention: the arg-max passes none to q, k and a score

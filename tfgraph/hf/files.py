@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from tfgraph.errors import SpecError
+from tfgraph.errors import SpecError, TfgraphError
 from tfgraph.spec.safe_yaml import MAX_BYTES
 from tfgraph.spec.schema import Spec
 
@@ -155,9 +155,8 @@ def _bounded_int(text: str) -> int:
 
 def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
     """The config mapping and the file it came from. A folder's generation_config.json is
-    checked too (tfgraph.generation.settings.check_generation_config): transformers'
+    checked too (:func:`check_generation_config`): transformers'
     from_pretrained reads both."""
-    from tfgraph.generation.settings import check_generation_config
     from tfgraph.io import note_input
 
     note_input(path)  # a folder given: no output may lie inside it (tfgraph.io)
@@ -185,3 +184,26 @@ def load_config_spec(path: str | os.PathLike[str], name: str | None = None) -> S
     data, file = read_config(path)
     return spec_from_config(data, name=name or spec_name(path, str(data.get("model_type", ""))),
                             source=os.fspath(file))
+
+
+GENERATION_CONFIG = "generation_config.json"
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def check_generation_config(folder: Path) -> None:
+    """Refuse a model folder's ``generation_config.json`` that transformers' from_pretrained
+    cannot load (not an object: GenerationConfig.from_dict raises TypeError) or whose token
+    ids are not integers, before it is carried into any output (tfgraph build copies it)."""
+    path = folder / GENERATION_CONFIG
+    if not path.exists() and not path.is_symlink():
+        return
+    data = read_json(inside(folder, GENERATION_CONFIG, "settings file"), MAX_BYTES,
+                     GENERATION_CONFIG)
+    for key in TOKEN_KEYS:
+        value = data.get(key)
+        items = value if isinstance(value, list) and key == "eos_token_id" else [value]
+        if value is not None and not all(isinstance(v, int) and not isinstance(v, bool)
+                                         for v in items):
+            raise TfgraphError(f"{path}: {key}: {value!r} is not a token id (an integer"
+                               + (", or a list of them)" if key == "eos_token_id" else ")"))
+

@@ -38,7 +38,7 @@ from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.memory import chunk_elements, local_shape
 from tfgraph.parallel.tp_plan import tp_plan
 from tfgraph.parallel.units import units
-from tfgraph.passes.cost import frozen_params
+from tfgraph.passes.gradients import frozen_params
 
 FP32 = 4
 UNSHARDS = 2

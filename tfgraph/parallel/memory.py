@@ -7,7 +7,7 @@ ceil(rows / d) (``torch.chunk``, FSDP2's rule): the first rank holds the largest
 figure given (the most loaded rank). Expert weights split by expert parallelism are replicated
 over d / ep ranks only. Adam keeps a float32 step count per parameter tensor (torch.optim.Adam):
 4 bytes each, counted in ``optimizer``. A parameter no gradient reaches
-(``tfgraph.passes.cost.frozen_params``: DeepSeek-V3's router correction bias) has weights only.
+(``tfgraph.passes.gradients.frozen_params``: DeepSeek-V3's router correction bias) has weights only.
 
 Precision (``layout.state_bytes``): mixed precision keeps 16-bit weights, 16-bit gradients
 (``--states mixed``, 16 bytes per parameter) or fp32 ones (``--states megatron``, Megatron-LM's
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfgraph.graph.ir import Graph
-from tfgraph.passes.cost import frozen_params
+from tfgraph.passes.gradients import frozen_params
 from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.tp_plan import ParamShard, tp_plan
 

@@ -143,17 +143,6 @@ def params_by_component(graph: Graph) -> dict[str, int]:
     return dict(graph.memo("params_by_component", compute))
 
 
-def frozen_params(graph: Graph) -> list[Node]:
-    """Parameters no gradient reaches (``tfgraph.passes.gradients``): every path from them to
-    the outputs passes an operand that takes no gradient (``ops.no_grad_operands``:
-    DeepSeek-V3's router correction bias, the q and k linears of hard attention). torch gives
-    them no ``.grad`` and Adam keeps no state for them; they are still parameters
-    (``params``)."""
-    from tfgraph.passes import gradients  # it reads op_costs from here
-
-    return list(graph.memo("frozen_params", lambda: gradients.frozen(graph)))
-
-
 def routed_experts(graph: Graph) -> list[Node]:
     """The mixture-of-experts nodes (``OpDef.routed``: ``experts``; README, ``ffn.experts``)."""
     return [n for n in graph.ops() if OPS[n.op].routed]

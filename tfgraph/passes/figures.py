@@ -97,8 +97,8 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
     dtype_bytes = DTYPE_BYTES[graph.dtype]
     weights = cost.weights_bytes(graph)
     # gradients, Adam's moments and the master copy exist only for the parameters a gradient
-    # reaches (cost.frozen_params: torch leaves the others' .grad None, Adam skips them)
-    frozen = cost.frozen_params(graph)
+    # reaches (gradients.frozen_params: torch leaves the others' .grad None, Adam skips them)
+    frozen = gradients.frozen_params(graph)
     trained = params - cost.sum_terms([cost.param_count(p) for p in frozen]) if frozen else params
     grads = weights - cost.sum_terms([cost.param_count(p) * DTYPE_BYTES[p.type.dtype]
                                       for p in frozen]) if frozen else weights

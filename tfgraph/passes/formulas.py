@@ -225,7 +225,7 @@ class SpecFormulas:
     dense_layers: int = 0
     """ffn.dense_layers: one_layer then has two layers, a dense one (0) and one with experts."""
     trained: sympy.Expr | None = None
-    """The parameters a gradient reaches, where some get none (``cost.frozen_params``): what
+    """The parameters a gradient reaches, where some get none (``gradients.frozen_params``): what
     gradient bytes scale with; not a published figure."""
 
     def peak(self, graph: Graph, peak: Peak, fused_attention: bool) -> sympy.Expr:

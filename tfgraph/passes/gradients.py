@@ -11,7 +11,7 @@ Autograd computes the gradient of a value when it both
   arg-max: q and k get none, so neither do the q and k linears nor their weights).
 
 A parameter no gradient reaches keeps no gradient and no optimizer state
-(``cost.frozen_params``). An op's backward FLOPs are 2 x its forward FLOPs when every
+(``gradients.frozen_params``). An op's backward FLOPs are 2 x its forward FLOPs when every
 operand gets a gradient (the usual rule: one product for the input's
 gradient and one for the weight's per forward product; Kaplan et al. 2020, Narayanan et al.
 2021); 0 when none does (hard attention's q and k linears; an ALiBi bias made from positions
@@ -150,3 +150,12 @@ def backward(graph: Graph, forward: sympy.Expr) -> sympy.Expr:
     if not savings:
         return 2 * forward
     return exact.expand(2 * forward, cost.total(m + o for _, m, o in savings))
+
+
+def frozen_params(graph: Graph) -> list[Node]:
+    """Parameters no gradient reaches: every path from them to the outputs passes an operand
+    that takes no gradient (``ops.no_grad_operands``: DeepSeek-V3's router correction bias,
+    the q and k linears of hard attention). torch gives them no ``.grad`` and Adam keeps no
+    state for them; they are still parameters (``params``)."""
+    return list(graph.memo("frozen_params", lambda: frozen(graph)))
+
