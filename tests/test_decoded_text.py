@@ -40,6 +40,8 @@ def _folder(tmp_path: Path, kind: str, clean_up: bool, force: bool = False) -> P
               "cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]"}
     if force:
         config["clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"] = True
+    # as transformers saves it: int(1e30), 31 digits (a config.json that size is refused)
+    config["model_max_length"] = 1000000000000000019884624838656
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 

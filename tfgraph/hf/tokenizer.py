@@ -195,9 +195,17 @@ def cleans_up_spaces(tokenizer_json: Path, tokenizer: Tokenizer) -> bool:
     name = "tokenizer_config.json"
     if not (folder / name).is_file():
         return False
-    from tfgraph.hf.files import read_json
-
-    config = read_json(inside(folder, name, "tokenizer file"), MAX_GENERATION_BYTES, name)
+    path = inside(folder, name, "tokenizer file")
+    if path.stat().st_size > MAX_BYTES:
+        raise TfgraphError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a tokenizer file")
+    try:
+        # only two booleans are read: its numbers are not (transformers writes
+        # model_max_length as 1000000000000000019884624838656, 31 digits)
+        config = json.loads(path.read_bytes().decode("utf-8"), parse_int=lambda _: 0)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise TfgraphError(f"{path}: not UTF-8 JSON: {str(err).splitlines()[0][:120]}") from None
+    if not isinstance(config, dict):
+        raise TfgraphError(f"{path}: not a JSON object")
     if config.get("clean_up_tokenization_spaces") is not True:
         return False
     forced = config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_"
