@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfgraph.errors import TfgraphError
-from tfgraph.hf.files import inside
+from tfgraph.hf.files import GENERATION_CONFIG, TOKEN_KEYS, inside
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
-GENERATION_CONFIG = "generation_config.json"
 # The files transformers' tokenizers read: tokenization_utils_base's tokenizer_config.json,
 # special_tokens_map.json, added_tokens.json and chat_template.jinja, and the vocabulary files
 # (VOCAB_FILES_NAMES) of the families tfgraph imports: Llama's tokenizer.model, T5's and
@@ -36,7 +35,6 @@ FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json",
          "target_vocab.json", "merges.txt", "vocab.txt", GENERATION_CONFIG)
 MAX_BYTES = 256 << 20  # the largest real tokenizer.json files are tens of MB
 MAX_GENERATION_BYTES = 1 << 20  # a generation_config.json is a few hundred bytes
-TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
 def tokenizer_files(folder: Path) -> list[Path]:
