@@ -16,21 +16,16 @@ import numpy as np
 import pytest
 
 from cli_support import refused, tfgraph
+from test_cli_validate import runner  # stderr kept apart from stdout
 
 WO = "DenseReluDense.wo.weight"
 SETTINGS = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_length": 4096}
 
 
 def invoke(*args: str) -> Any:
-    from click.testing import CliRunner
-
     from tfgraph.cli import main
 
-    try:
-        runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:  # click >= 8.2 keeps stderr apart already
-        runner = CliRunner()
-    return runner.invoke(main, list(args))
+    return runner().invoke(main, list(args))  # exceptions caught: exit codes are checked
 
 
 def one_line(result: Any, *words: str) -> str:
