@@ -442,3 +442,44 @@ def test_routed_experts_are_timed_by_the_roofline_of_the_ranks_experts(deepseek,
     assert _experts(deepseek, eight)[0] < 0.6 * fwd
     layer = [timing.unit_times(deepseek, x, H100, "fused")[-3].forward for x in (one, eight)]
     assert layer[0] - layer[1] == pytest.approx(fwd - _experts(deepseek, eight)[0])
+
+
+@pytest.mark.parametrize("attention", ["fused", "unfused"])
+def test_hard_attention_times_only_the_gradients_torch_computes(attention: str) -> None:
+    """Hard attention's arg-max passes no gradient to q and k (``passes.gradients``): the
+    default timing drops their projections' two backward GEMMs each and the scores' backward
+    (unfused: dQ, dK, the weights' gradient and the softmax's pass; fused: all but dV,
+    ``OpDef.backward_flops``' quarter); the rest of the layer is timed as with softmax."""
+    spec = tfgraph.load_spec(ROOT / "specs" / "tiny-sandwich.yaml").model_copy(
+        update={"dtype": "bfloat16"})
+    soft = spec.model_copy(update={"attention": spec.attention.model_copy(
+        update={"normalize": "softmax"})})
+    b, s = 4, 64
+    layout = Layout(micro_batch=b, global_batch=b, seq=s)
+    graphs = [tfgraph.compile(x, loss=True) for x in (spec, soft)]
+    hard_t, soft_t = (timing.unit_times(g, layout, H100, attention)[1] for g in graphs)
+    peak, bandwidth = H100.peak_flops, H100.bandwidth * H100.memory_fraction
+    d, heads, hd = spec.d_model, spec.attention.heads, spec.d_model // spec.attention.heads
+    gemms = sum(timing.gemm_time(b * s, d, n, H100, peak, 2)  # the input's gradient
+                + timing.gemm_time(n, d, b * s, H100, peak, 2)  # the weight's
+                for n in (d, hd))  # q's outputs, k's (one key/value head)
+    if attention == "fused":
+        sizes = {timing.SYMBOLS["B"]: b, timing.SYMBOLS["S"]: s, timing.SYMBOLS["T"]: s}
+        hard, soft_core = (next(w for w in timing.unit_work(g)[1] if w.kind == "attention")
+                           for g in graphs)
+        assert hard.grads == (False, False, True) and float(hard.backward_share) == 1 / 4
+
+        def backward(w: timing.Work) -> float:
+            return timing._unit_time([w], sizes, layout, H100, peak, 2, attention).backward
+        every = replace(hard, grads=None, backward_share=1)  # as if q and k got gradients
+        assert backward(hard) == pytest.approx(backward(every) / 4)  # dV: a quarter
+        # (softmax's scores cost a few FLOPs more than the arg-max's: its own time)
+        core_saved = backward(soft_core) - backward(hard)
+    else:
+        qk = timing.gemm_time(s, s, hd, H100, peak, 2, b * heads)
+        pv = timing.gemm_time(s, hd, s, H100, peak, 2, b * heads)
+        scores = b * heads * s * s * 2  # one bf16 score tensor (no attention dropout)
+        core_saved = 2 * qk + pv + 3 * scores / bandwidth
+    if attention == "unfused":  # (fused: the arg-max's few FLOPs less, forward too)
+        assert hard_t.forward == pytest.approx(soft_t.forward)
+    assert soft_t.backward - hard_t.backward == pytest.approx(gemms + core_saved, rel=1e-9)

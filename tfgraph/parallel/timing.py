@@ -36,6 +36,10 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
 - every other op is memory-bound: it reads its operands (parameters too) and writes its output
   (backward: reads the output's gradient and the operands, writes the operands' gradients:
   twice the bytes), its arithmetic at ``vector_flops``.
+Backward times only the gradients torch computes (``passes.gradients.operand_grads``): hard
+attention's arg-max passes none to q and k, so their projections run no backward GEMM and the
+core only dV (unfused: one A.V-sized GEMM; fused: ``OpDef.backward_flops``' share of its
+backward); an op no operand of which gets a gradient runs no backward.
 Under full recompute a layer's forward runs again before its backward; selective recompute
 reruns the attention cores (Korthikanti et al. 2022 §5).
 
@@ -123,6 +127,7 @@ from tfgraph.parallel.units import sequence_plan, units
 from tfgraph.parallel.sequence_plan import ROWS_KINDS
 from tfgraph.passes import cost
 from tfgraph.passes.effective import read_fraction
+from tfgraph.passes.gradients import operand_grads
 from tfgraph.graph.ops import OPS, attention_dropout_saved
 
 TILE = 128
@@ -165,7 +170,9 @@ ASSUMPTIONS: dict[str, str] = {
                "two batched GEMMs "
                "+ the softmax's score traffic (+ attention dropout's: weights, dropped "
                "weights and 1-byte mask); "
-               "other ops memory-bound (backward moves twice the bytes)",
+               "other ops memory-bound (backward moves twice the bytes); only the "
+               "gradients torch computes are timed (hard attention: none for q, k and their "
+               "projections, dV alone in its core; an op no gradient passes: no backward)",
     "flash": "FlashAttention-2's measured rates (H100/H200) held at the ends and interpolated "
              "in log2 of length and head dim between the measured points; the masked "
              "backward (not measured) at the unmasked backward's rate x the forward's "
@@ -433,6 +440,13 @@ class Work:
     node: str = field(default="", compare=False)
     """The node's name, where ``--kernels eager`` looks up its kernels (not compared: identical
     layers are alike)."""
+    grads: tuple[bool, ...] | None = None
+    """Per operand, whether the backward computes its gradient
+    (``passes.gradients.operand_grads``); None where every operand gets one."""
+    backward_share: sympy.Expr = sympy.Integer(1)
+    """The backward's matrix FLOPs over 2 x the forward's (``OpDef.backward_flops``; 1 where
+    every operand gets a gradient): fused attention and routed experts scale their backward
+    by it."""
 
 
 def _prod(shape: Sequence[Any]) -> sympy.Expr:
@@ -533,6 +547,7 @@ def _unit_work(graph: Graph) -> list[list[Work]]:
     all_units, placement, _ = units(graph)
     sequence = sequence_plan(graph)[0]
     costs = {c.node: c for c in cost.op_costs(graph)}
+    grads = operand_grads(graph)
     out = []
     for unit in all_units:
         items = []
@@ -544,10 +559,28 @@ def _unit_work(graph: Graph) -> list[list[Work]]:
                           cost.total([o.type.nbytes for o in operands] + [node.type.nbytes]),
                           placement.of[name] if placement is not None else "R",
                           sequence is not None and sequence.kind.get(name) in ROWS_KINDS)
+            flags = grads[name]
+            partial = {} if flags and all(flags) else {"grads": flags,
+                                             "backward_share": _backward_share(node, operands, c,
+                                                                               flags)}
             items.append(replace(WORK.get(node.op, _memory_work)(site), op=node.op,
-                                 node=node.name))
+                                 node=node.name, **partial))
         out.append(items)
     return out
+
+
+def _backward_share(node: Node, operands: list[Node], c: cost.OpCost,
+                    flags: tuple[bool, ...]) -> sympy.Expr:
+    """The matrix FLOPs an op's backward does over 2 x its forward's, where some operands get
+    no gradient (hard attention's q and k): 0 where none does; ``OpDef.backward_flops``'s
+    count where the op has one; else 1."""
+    rule = OPS[node.op].backward_flops
+    if not any(flags) or c.matmul == 0:
+        return sympy.Integer(0 if not any(flags) else 1)
+    if rule is None:
+        return sympy.Integer(1)
+    matmul, _ = rule([o.type for o in operands], node.type, node.attrs, flags)
+    return sympy.cancel(sympy.sympify(matmul) / (2 * c.matmul))
 
 
 @dataclass(frozen=True)
@@ -669,8 +702,10 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
             m, n, k = (_num(d, sizes) for d in w.dims)
             n, k = (n / t, k) if w.split == "N" else (n, k / t) if w.split == "K" else (n, k)
             forward += gemm_time(m, n, k, gpu, peak, elem)
-            backward += gemm_time(m, k, n, gpu, peak, elem) + gemm_time(n, k, m, gpu, peak,
-                                                                         elem)
+            if _gets(w, 0):  # the input's gradient
+                backward += gemm_time(m, k, n, gpu, peak, elem)
+            if _gets(w, 1):  # the weight's
+                backward += gemm_time(n, k, m, gpu, peak, elem)
         elif w.kind == "attention":
             div = t if w.split == "t" else 1
             batch, sq, sk = (_num(d, sizes) for d in w.dims)
@@ -680,33 +715,45 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
                 keys = min(sk, w.window) if w.window else sk  # the keys each query reads
                 fwd, bwd = flash_time(work, batch, sq, keys, _num(w.extra, sizes), w.masked,
                                       gpu, peak)
+                bwd *= float(w.backward_share)
             else:
                 hd = _num(w.extra, sizes)
                 scores = _num(w.nbytes, sizes) / div
                 qk = gemm_time(sq, sk, hd, gpu, peak, elem, batch)
                 pv = gemm_time(sq, hd, sk, gpu, peak, elem, batch)
                 fwd = qk + pv + 2 * scores / bandwidth
-                bwd = 2 * (qk + pv) + 3 * scores / bandwidth
+                # dQ and dK (QK^T-sized), dV and the weights' gradient (A.V-sized), then the
+                # softmax's backward over the scores; hard attention's q and k get no
+                # gradient: dV alone (``_attention_backward``)
+                scored = _gets(w, 0) or _gets(w, 1) or _gets(w, 3)
+                bwd = (qk * (_gets(w, 0) + _gets(w, 1)) + pv * (_gets(w, 2) + scored)
+                       + (3 * scores / bandwidth if scored else 0.0))
                 if w.mask != 0:  # attention dropout, one more pass over the weights:
                     # forward reads them and writes the dropped-out ones and the mask,
                     # backward reads the gradient and the mask and writes the gradient
                     drop = (2 * scores + _num(w.mask, sizes) / div) / bandwidth
                     fwd += drop
-                    bwd += drop
+                    bwd += drop if scored else 0.0
             forward += fwd
             backward += bwd
             attn += fwd
         elif w.kind == "experts":
             fwd, bwd = _experts_time(w, sizes, layout, gpu, peak)
             forward += fwd
-            backward += bwd
+            backward += bwd * float(w.backward_share)
         else:
             div = t if w.split == "t" or (w.split == "rows" and layout.sp) else 1
             flops, nbytes = _num(w.flops, sizes) / div, _num(w.nbytes, sizes) / div
             fwd = roofline(flops, nbytes, gpu.vector_flops, bandwidth)
             forward += fwd
-            backward += 2 * fwd
+            if w.grads is None or any(w.grads):  # no operand's gradient: no backward
+                backward += 2 * fwd
     return UnitTime(forward, backward, attn)
+
+
+def _gets(w: Work, operand: int) -> bool:
+    """Whether the op's backward computes this operand's gradient."""
+    return w.grads is None or (operand < len(w.grads) and w.grads[operand])
 
 
 def _experts_time(w: Work, sizes: dict[sympy.Symbol, int], layout: Layout, gpu: Gpu,
