@@ -40,7 +40,12 @@ def test_json_sizes_options_reach_the_report():
     result = cli(SPECS / "tiny.yaml", "--seq", "12", "--tgt-seq", "5", "--fused-attention",
                  "--json")
     rep = json.loads(result.stdout)
-    assert rep["sizes"] == {"batch": 1, "seq": 12, "tgt_seq": 5, "fused_attention": True}
+    asked = ("batch", "seq", "tgt_seq", "fused_attention")
+    assert {k: rep["sizes"][k] for k in asked} == {"batch": 1, "seq": 12, "tgt_seq": 5,
+                                                    "fused_attention": True}
+    spec = tfgraph.load_spec(SPECS / "tiny.yaml")  # and the model's named sizes (README)
+    assert (rep["sizes"]["d_model"], rep["sizes"]["heads"], rep["sizes"]["vocab"]) == (
+        spec.d_model, spec.attention.heads, spec.vocab)
     api = tfgraph.compile(SPECS / "tiny.yaml").report(batch=1, seq=12, tgt_seq=5,
                                                       fused_attention=True)
     assert rep["memory"] == api["memory"] and rep["formulas"] == api["formulas"]
