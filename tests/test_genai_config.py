@@ -222,3 +222,38 @@ def test_a_model_without_an_end_token_is_told_the_stand_in(tmp_path: Path, token
         assert f"id {stand_in} stands in" in result.output
         assert config["model"]["eos_token_id"] == stand_in
         assert search["min_length"] == search["max_length"]
+
+
+def test_a_probabilities_model_gets_no_config(tmp_path: Path) -> None:
+    """``output: probs`` (tiny-sandwich): the KV-cache model's first output is ``probs``, and
+    onnxruntime-genai's search reads its model's first output as logits (softmax, temperature,
+    top-p over it), and by name ("Model output was not found: logits"): the model is written
+    and tfgraph generate drives it, but without genai_config.json, a note on stderr says why;
+    asking for a genai provider is refused."""
+    from tfgraph.errors import TfgraphError
+    from tfgraph.exporters.onnx.genai_config import genai_config, refusal
+
+    import tfgraph
+
+    spec = ROOT / "specs" / "tiny-sandwich.yaml"
+    out = tmp_path / "d" / "m.onnx"
+    result = CliRunner().invoke(main, ["build", str(spec), "--to", "onnx", "--kv-cache", "-o",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    assert [o.name for o in onnx.load(str(out)).graph.output][0] == "probs"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.onnx"]
+    notes = [line for line in result.stderr.splitlines() if "genai_config.json" in line]
+    assert len(notes) == 1 and "probabilities" in notes[0], result.stderr
+    generated = CliRunner().invoke(main, ["generate", str(out), "--prompt-ids", "5,6,7",
+                                          "--max-new-tokens", "3", "--json", "--ignore-eos"])
+    assert generated.exit_code == 0, generated.output
+    assert len(json.loads(generated.stdout)["tokens"][0]) == 3
+    refused = CliRunner().invoke(main, ["build", str(spec), "--to", "onnx", "--kv-cache",
+                                        "--genai-provider", "cpu", "-o",
+                                        str(tmp_path / "e" / "m.onnx")])
+    assert refused.exit_code == 2 and "probabilities" in refused.output
+    assert not (tmp_path / "e" / "m.onnx").exists()
+    graph = tfgraph.compile(tfgraph.load_spec(spec), cache=True)
+    assert refusal(graph) is not None
+    with pytest.raises(TfgraphError, match="probabilities"):
+        genai_config(graph, "m.onnx")

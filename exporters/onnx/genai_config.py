@@ -37,11 +37,18 @@ a few kilobytes)."""
 def refusal(graph: Graph) -> str | None:
     """Why ``graph``'s KV-cache model has no genai_config.json (None: it can have one). Its
     cache sizes are one ``head_size`` for keys and values: latent attention (DeepSeek) keeps
-    keys and values of different widths, which the config cannot describe; ``tfgraph build``
-    then writes the model without the file (a note says why)."""
+    keys and values of different widths, which the config cannot describe. Its decoder's
+    output is ``logits``, which onnxruntime-genai's search turns into probabilities itself
+    (softmax, temperature, top-k/top-p in its sampling): a model whose output is already
+    probabilities (``output: probs``, the only other kind ``tfgraph.spec.schema.Output``
+    has) would be sampled from the softmax of probabilities, not from them. ``tfgraph build`` then writes the model without the file
+    (a note says why); ``tfgraph generate`` drives it."""
     info = graph.info
     if info.kind != "cached" or info.part is not None:
         return "genai_config.json describes a KV-cache model (build --kv-cache)"
+    if info.output != "logits":
+        return (f"its output is probabilities (output: {info.output}), where "
+                "onnxruntime-genai's search takes logits and applies the softmax itself")
     layout = info.cache
     assert layout is not None
     if layout.v_dim != layout.head_dim:
