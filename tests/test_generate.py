@@ -661,6 +661,7 @@ def test_encoder_decoder_kv_cache_files_generate(tmp_path: Path) -> None:
                                       "-o", str(out), "--seed", "4"])
     assert built.exit_code == 0, built.output
     assert sorted(p.name for p in out.iterdir()) == ["decoder_model.onnx", "encoder_model.onnx"]
+    assert onnx.load(str(out / "encoder_model.onnx")).graph.output[0].name == "last_hidden_state"
     args = ("--prompt-ids", "5,6,7,8", "--prompt-ids", "9,10", "--max-new-tokens", "8",
             "--ignore-eos", "--json")
     want = run_json(path, "--weights-seed", "4", "--no-cache", *args)["tokens"]
@@ -672,6 +673,25 @@ def test_encoder_decoder_kv_cache_files_generate(tmp_path: Path) -> None:
     (out / "encoder_model.onnx").unlink()
     alone = cli(out / "decoder_model.onnx", "--prompt-ids", "1")
     assert alone.exit_code == 2 and "no encoder_model.onnx beside" in alone.stderr
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-bart", "tiny-t5"])
+def test_the_encoder_models_hidden_states_are_last_hidden_state(tmp_path: Path,
+                                                                name: str) -> None:
+    """optimum's encoder_model.onnx output name, the same for every spec (post-norm tiny ends
+    in a layer's norm, pre-norm T5 in the stack's final norm): not the name of the node that
+    computes it; then each decoder layer's cross-attention keys and values."""
+    out = tmp_path / "kv"
+    built = CliRunner().invoke(main, ["build", str(SPECS / f"{name}.yaml"), "--to", "onnx",
+                                      "--kv-cache", "-o", str(out)])
+    assert built.exit_code == 0, built.output
+    encoder = onnx.load(str(out / "encoder_model.onnx")).graph
+    names = [o.name for o in encoder.output]
+    layers = tfgraph.load_spec(SPECS / f"{name}.yaml").layer_count("decoder")
+    assert names == ["last_hidden_state"] + [f"present.{i}.encoder.{part}"
+                                             for i in range(layers) for part in ("key", "value")]
+    dims = [d.dim_param or d.dim_value for d in encoder.output[0].type.tensor_type.shape.dim]
+    assert dims[0] == "batch" and dims[2] == tfgraph.load_spec(SPECS / f"{name}.yaml").d_model
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["written-out", "fused"])

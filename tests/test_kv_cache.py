@@ -235,6 +235,13 @@ def test_onnx_encoder_decoder_cache(name: str, opset: int) -> None:
         feeds["position_ids"] = np.cumsum(ones, 1) - 1
     out = encoder.run(None, feeds)  # type: ignore[attr-defined]
     layers = (len(out) - 1) // 2
+    # optimum's names: the hidden states are last_hidden_state whatever node computes them
+    assert [o.name for o in encoder.get_outputs()] == ["last_hidden_state"] + [  # type: ignore[attr-defined]
+        f"present.{i}.encoder.{part}" for i in range(layers) for part in ("key", "value")]
+    torch_encoder = to_torch(tfgraph.compile(spec, cache=True, part="encoder"), seed=1)
+    with torch.no_grad():
+        hidden, _ = torch_encoder(torch.from_numpy(src))
+    np.testing.assert_allclose(out[0], hidden.numpy(), **TOL)
     cross = {f"past_key_values.{i}.encoder.{part}": out[1 + 2 * i + j]
              for i in range(layers) for j, part in enumerate(("key", "value"))}
     shape = out[1].shape

@@ -310,8 +310,12 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
     kv_heads, head_dim = int(own[0].shape[1]), int(own[0].shape[3])
     np_dtype = np.float16 if own[0].type == "tensor(float16)" else np.float32
     load_for(np_dtype)
-    cross_names = [o.name.replace("present", "past_key_values")
-                   for o in encoder.get_outputs()[1:]]
+    # encoder_model.onnx returns last_hidden_state (unused here: the keys/values are computed)
+    # then every decoder layer's present.{i}.encoder.key|value, the decoder's cross inputs
+    encoder_outputs = [o.name for o in encoder.get_outputs()]
+    cross_at = [k for k, name in enumerate(encoder_outputs) if name.startswith("present.")]
+    cross_names = [encoder_outputs[k].replace("present", "past_key_values", 1)
+                   for k in cross_at]
     encoder_inputs = {i.name for i in encoder.get_inputs()}
     decoder_inputs = {i.name for i in decoder.get_inputs()}
 
@@ -321,7 +325,7 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
         if "position_ids" in encoder_inputs:
             feeds["position_ids"] = positions
         out = run_all(encoder, feeds)
-        return dict(zip(cross_names, out[1:]))
+        return {name: out[k] for name, k in zip(cross_names, cross_at)}
 
     def decode(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
                source_mask: np.ndarray, cross: dict[str, np.ndarray],

@@ -18,9 +18,25 @@ from tfgraph.graph.ir import Graph, Node
 from tfgraph.graph.ir import SPEC_METADATA_KEY
 
 
-def _value_info(b: Builder, node: Node) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(node.name, ELEM_TYPE[node.type.dtype],
+ENCODER_OUTPUT = "last_hidden_state"
+"""The output name of an encoder-decoder's encoder part (``encoder_model.onnx``): Hugging Face
+optimum's (its encoder models' ``last_hidden_state``), the same for every spec."""
+
+
+def _value_info(b: Builder, node: Node, name: str | None = None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name or node.name, ELEM_TYPE[node.type.dtype],
                                          dims(node.type.shape, b.dim_names))
+
+
+def output_names(graph: Graph) -> list[str]:
+    """The ONNX model's output names, those of the graph's output nodes, except the hidden
+    states an encoder-decoder's encoder part returns: that node is whatever ends the encoder
+    stack (a layer's norm after post-norm layers, ``encoder.norm`` after pre-norm ones), so
+    its name changes with the spec; the model names it ``ENCODER_OUTPUT`` instead."""
+    names = list(graph.outputs)
+    if graph.info.kind == "cached" and graph.info.part == "encoder":
+        names[0] = ENCODER_OUTPUT
+    return names
 
 
 def build_structure(graph: Graph, opset: int = MAX_OPSET,
@@ -45,11 +61,18 @@ def build_structure(graph: Graph, opset: int = MAX_OPSET,
             raise AssertionError(f"{node.name}: ONNX emitter for {node.op} wrote {out}")
         if node.name not in graph.outputs:
             value_infos.append(_value_info(b, node))
+    outputs = []
+    for node_name, name in zip(graph.outputs, output_names(graph)):
+        node = graph.node(node_name)
+        if name != node_name:  # the node's tensor, passed on under the interface's name
+            b.add(node_name, "Identity", [node_name], name, tag="output")
+            value_infos.append(_value_info(b, node))
+        outputs.append(_value_info(b, node, name))
     onnx_graph = helper.make_graph(
         b.nodes, graph.name,
         inputs=[_value_info(b, graph.node(i)) for i in graph.inputs
                 if b.fused is None or i not in b.fused.dropped_inputs],
-        outputs=[_value_info(b, graph.node(o)) for o in graph.outputs],
+        outputs=outputs,
         value_info=value_infos,
     )
     opsets = [helper.make_opsetid("", opset)]
