@@ -236,8 +236,9 @@ def test_onnx_encoder_decoder_cache(name: str, opset: int) -> None:
     out = encoder.run(None, feeds)  # type: ignore[attr-defined]
     layers = (len(out) - 1) // 2
     # optimum's names: the hidden states are last_hidden_state whatever node computes them
-    assert [o.name for o in encoder.get_outputs()] == ["last_hidden_state"] + [  # type: ignore[attr-defined]
-        f"present.{i}.encoder.{part}" for i in range(layers) for part in ("key", "value")]
+    named = [o.name for o in encoder.get_outputs()]  # type: ignore[attr-defined]
+    assert named == ["last_hidden_state"] + [f"present.{i}.encoder.{part}" for i in range(layers)
+                                             for part in ("key", "value")]
     torch_encoder = to_torch(tfgraph.compile(spec, cache=True, part="encoder"), seed=1)
     with torch.no_grad():
         hidden, _ = torch_encoder(torch.from_numpy(src))

@@ -41,8 +41,9 @@ def refusal(graph: Graph) -> str | None:
     output is ``logits``, which onnxruntime-genai's search turns into probabilities itself
     (softmax, temperature, top-k/top-p in its sampling): a model whose output is already
     probabilities (``output: probs``, the only other kind ``tfgraph.spec.schema.Output``
-    has) would be sampled from the softmax of probabilities, not from them. ``tfgraph build`` then writes the model without the file
-    (a note says why); ``tfgraph generate`` drives it."""
+    has) would be sampled from the softmax of probabilities, not from them. ``tfgraph
+    build`` then writes the model without the file (a note says why); ``tfgraph generate``
+    drives it."""
     info = graph.info
     if info.kind != "cached" or info.part is not None:
         return "genai_config.json describes a KV-cache model (build --kv-cache)"

@@ -734,9 +734,10 @@ class _Lowering:
         """The encoder part: src_ids, attention_mask, position_ids in; the encoder output (the
         node ending the stack; its ONNX model names it ``last_hidden_state``,
         exporters/onnx/graph.output_names) and each decoder layer's cross-attention
-        keys/values (``present.{i}.encoder.key|value``) out. The decoder part: input_ids, attention_mask, position_ids,
-        encoder_attention_mask and per layer ``past_key_values.{i}.decoder.*`` then
-        ``.encoder.*`` in; logits and ``present.{i}.decoder.*`` out (optimum's names)."""
+        keys/values (``present.{i}.encoder.key|value``) out. The decoder part: input_ids,
+        attention_mask, position_ids, encoder_attention_mask and per layer
+        ``past_key_values.{i}.decoder.*`` then ``.encoder.*`` in; logits and
+        ``present.{i}.decoder.*`` out (optimum's names)."""
         spec, g, z = self.spec, self.g, self.z
         assert self.cache is not None
         shared = spec.embedding.share
