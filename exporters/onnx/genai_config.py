@@ -40,8 +40,8 @@ def refusal(graph: Graph) -> str | None:
     keys and values of different widths, which the config cannot describe. Its decoder's
     output is ``logits``, which onnxruntime-genai's search turns into probabilities itself
     (softmax, temperature, top-k/top-p in its sampling): a model whose output is already
-    probabilities (``output: probs``, the only other kind ``tfgraph.spec.schema.Output``
-    has) would be sampled from the softmax of probabilities, not from them. ``tfgraph
+    probabilities (``output: probs``, the spec language's only other output kind) would be
+    sampled from the softmax of probabilities, not from them. ``tfgraph
     build`` then writes the model without the file (a note says why); ``tfgraph generate``
     drives it."""
     info = graph.info
