@@ -30,7 +30,10 @@ def _spec(arch: str = "decoder-only", **embedding: Any) -> Spec:
     ("decoder-only", {"positions": "learned", "sinusoid_layout": "split"},
      "embedding.sinusoid_layout: only sinusoidal positions"),
     ("encoder-decoder", {"token_types": 2}, "embedding.token_types: segment embeddings are for "
-                                            "one-stack models"),
+                                            "encoder-only models"),
+    # a decoder-only model's forward and generate take input ids alone: never fed segments
+    ("decoder-only", {"token_types": 2}, "embedding.token_types: segment embeddings are for "
+                                         "encoder-only models .*not decoder-only"),
 ])
 def test_cross_field_rules(arch: str, embedding: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):

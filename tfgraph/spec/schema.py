@@ -200,7 +200,8 @@ class Embedding(_Strict):
     (fairseq, Marian)."""
     token_types: Annotated[int, Field(strict=True, ge=0, le=MAX_VOCAB)] = 0
     """Rows of a segment table added to the token embeddings (BERT: 2); 0 for none. The model
-    then takes a second input, token_type_ids, all zeros when not given. One stack only."""
+    then takes a second input, token_type_ids, all zeros when not given. Encoder-only
+    models only."""
     norm: Flag = False
     """A norm (norm.kind, norm.eps) on the summed embeddings, before the first layer (BERT's
     embeddings.LayerNorm, BART's layernorm_embedding, BLOOM's word_embeddings_layernorm);
@@ -665,9 +666,12 @@ class Spec(_Strict):
         if emb.sinusoid_layout != "interleaved" and emb.positions != "sinusoidal":
             raise ValueError("embedding.sinusoid_layout: only sinusoidal positions have a "
                              "layout; set positions: sinusoidal or remove it")
-        if emb.token_types and self.arch == "encoder-decoder":
-            raise ValueError("embedding.token_types: segment embeddings are for one-stack "
-                             "models (BERT); remove it or use encoder-only / decoder-only")
+        if emb.token_types and self.arch != "encoder-only":
+            # the segment ids of BERT / RoBERTa (the only families with a segment table) tell
+            # apart the sentences of an encoder's input; a decoder-only model's forward and
+            # generate take input ids alone, so its token_type_ids could never be fed
+            raise ValueError("embedding.token_types: segment embeddings are for encoder-only "
+                             f"models (BERT, RoBERTa), not {self.arch}; remove it")
         one_vocab = not isinstance(self.vocab, Vocabularies)
         if self.arch != "encoder-decoder":
             if emb.share:
