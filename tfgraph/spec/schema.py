@@ -145,8 +145,9 @@ class Embedding(_Strict):
     """positions relative: distance buckets (T5: 32; half per direction in the encoder).
     Default: 32."""
     relative_max_distance: _size(MAX_LEN) | None = None  # type: ignore[valid-type]
-    """positions relative: distances from this on share the last bucket (T5: 128).
-    Default: 128."""
+    """positions relative: distances from this on share the last bucket (T5: 128). Must exceed
+    the exact buckets: relative_buckets // 2 with causal self-attention (decoder-only,
+    encoder-decoder), relative_buckets // 4 in encoder-only models. Default: 128."""
     alibi_scaled: Flag = False
     """positions alibi: the bias is divided by sqrt(head_dim) with the scores, softmax((q.k +
     bias) / sqrt(head_dim)) (Falcon-RW: TII's ``(scores + alibi) * inv_norm_factor``, and
@@ -637,6 +638,18 @@ class Spec(_Strict):
             if emb.relative_buckets < 4:
                 raise ValueError("embedding.relative_buckets: T5's buckets are halved per "
                                  "direction and again into exact and log-spaced ones; use >= 4")
+            # T5Attention._relative_position_bucket spaces the buckets past the exact ones by
+            # log(distance / exact) / log(max_distance / exact): at max_distance <= exact that
+            # divisor is <= 0 and longer distances get negative or undefined buckets (an index
+            # error in transformers too). A causal self-attention has buckets // 2 exact ones, a
+            # bidirectional one (buckets // 2) // 2 per direction; encoder-decoder has both.
+            exact = emb.relative_buckets // 2 if self.arch != "encoder-only" \
+                else emb.relative_buckets // 4
+            if emb.relative_max_distance <= exact:
+                raise ValueError(f"embedding.relative_max_distance: must exceed the "
+                                 f"{exact} exact buckets of relative_buckets "
+                                 f"{emb.relative_buckets} (T5's log-spaced buckets span exact "
+                                 f"to max_distance); got {emb.relative_max_distance}")
         elif emb.relative_buckets is not None or emb.relative_max_distance is not None:
             raise ValueError("embedding.relative_buckets: relative_buckets and "
                              "relative_max_distance are for positions: relative")
