@@ -86,3 +86,98 @@ def test_t5_import_with_max_distance_at_the_exact_buckets_is_refused(tmp_path: P
     assert result.exit_code == 2
     assert "relative_attention_max_distance = 8" in result.output
     assert "must exceed the 8 exact buckets" in result.output
+
+
+# ---- rope_global: false with no sliding-window layer: a NoPE model, no position_ids -------
+
+
+def _nope(pattern: list[str], layers: int = 1) -> Spec:
+    return _spec(layers=layers, embedding={"positions": "rope", "rope_global": False},
+                 attention={"heads": 2, "window": 2, "window_pattern": pattern})
+
+
+@pytest.mark.parametrize("pattern, layers, rotates", [
+    (["global"], 1, False), (["global", "local"], 1, False), (["global", "local"], 2, True)])
+def test_rope_global_false_cache_reads_position_ids_only_where_a_layer_rotates(
+        pattern: list[str], layers: int, rotates: bool) -> None:
+    """The KV-cache graph took position_ids although no layer rotated: 'nodes computed but
+    never used'. Now it takes them only with a local layer, and cached decoding (torch and
+    ONNX) gives the full recomputation's logits."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from tfgraph.exporters import to_onnx
+
+    spec = _nope(pattern, layers)
+    graph = tfgraph.compile(spec, cache=True)
+    assert ("position_ids" in graph.inputs) is rotates
+    ids = torch.randint(0, 32, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = to_torch(tfgraph.compile(spec), seed=1)(ids)
+        cached = to_torch(graph, seed=1)
+        logits, past = cached(ids[:, :6], use_cache=True)
+        steps = [logits]
+        for t in range(6, 10):
+            logits, past = cached(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+            steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), want, atol=1e-4, rtol=1e-4)
+    session = ort.InferenceSession(to_onnx(graph, seed=1).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    past_np = {n: np.zeros((2, 2, 0, 8), np.float32) for n in names if n.startswith("past")}
+    steps_np = []
+    for start, stop in [(0, 6)] + [(t, t + 1) for t in range(6, 10)]:
+        feeds = {"input_ids": ids[:, start:stop].numpy(),
+                 "attention_mask": np.ones((2, stop), np.int64), **past_np}
+        if rotates:
+            feeds["position_ids"] = np.tile(np.arange(start, stop), (2, 1))
+        out = session.run(None, feeds)
+        steps_np.append(out[0])
+        past_np = dict(zip([n for n in names if n.startswith("past")], out[1:]))
+    torch.testing.assert_close(torch.from_numpy(np.concatenate(steps_np, 1)), want,
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_rope_global_false_without_local_layers_generates_and_builds(tmp_path: Path) -> None:
+    """The CLI paths the review hit: cached generate on both back ends (the same greedy tokens
+    as recomputation) and build --to onnx --kv-cache."""
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+
+    path = tmp_path / "nope.yaml"
+    path.write_text("{name: nope, arch: decoder-only, d_model: 16, layers: 1, vocab: 32, "
+                    "embedding: {positions: rope, rope_global: false}, "
+                    "attention: {heads: 2, window: 2, window_pattern: [global]}}\n")
+    tokens = []
+    for extra in (["--backend", "onnx"], ["--backend", "torch"], ["--no-cache"]):
+        result = CliRunner().invoke(main, ["generate", str(path), "--prompt-ids", "1,2,3",
+                                           "--prompt-ids", "4,5", "--max-new-tokens", "6",
+                                           "--ignore-eos", "--threads", "1", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        tokens.append(json.loads(result.output)["tokens"])
+    assert tokens[0] == tokens[1] == tokens[2]
+    result = CliRunner().invoke(main, ["build", str(path), "--to", "onnx", "--kv-cache",
+                                       "-o", str(tmp_path / "nope.onnx")])
+    assert result.exit_code == 0, result.output
+
+
+def test_rope_global_false_encoder_decoder_cache_parts() -> None:
+    """An encoder-decoder has no sliding window, so rope_global false rotates nothing: its
+    cached encoder and decoder parts take no position_ids and decode as the full model."""
+    spec = _spec("encoder-decoder", embedding={"positions": "rope", "rope_global": False})
+    parts = {p: tfgraph.compile(spec, cache=True, part=p) for p in ("encoder", "decoder")}
+    assert all("position_ids" not in g.inputs for g in parts.values())
+    encoder, decoder = (to_torch(parts[p], seed=1) for p in ("encoder", "decoder"))
+    gen = torch.Generator().manual_seed(0)
+    src, tgt = (torch.randint(0, 32, (2, n), generator=gen) for n in (9, 7))
+    with torch.no_grad():
+        want = to_torch(tfgraph.compile(spec), seed=1)(src, tgt)
+        _, cross = encoder(src)
+        logits, past = decoder(tgt[:, :3], cross, use_cache=True)
+        steps = [logits]
+        for t in range(3, 7):
+            logits, past = decoder(tgt[:, t:t + 1], cross, past_key_values=past,
+                                   use_cache=True)
+            steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), want, atol=1e-4, rtol=1e-4)

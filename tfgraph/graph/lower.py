@@ -712,8 +712,22 @@ class _Lowering:
         if self.cache is None:
             return
         self.cache.mask = self.g.input("attention_mask", (B, mask_length))  # 1 = real token
-        if POSITION_KINDS[self.spec.embedding.positions].position_ids:
+        if self._reads_position_ids():
             self.cache.position_ids = self.g.input("position_ids", (B, S))  # (B, S) int64
+
+    def _reads_position_ids(self) -> bool:
+        """Whether some op reads position ids: learned / sinusoidal embeddings, rotary
+        positions on some layer. With rope_global false only the sliding-window layers rotate
+        (Cohere2's NoPE global layers, ``attention`` above); with no such layer nothing does,
+        and an unread input would be an unused node."""
+        spec = self.spec
+        emb = spec.embedding
+        if not POSITION_KINDS[emb.positions].position_ids:
+            return False
+        if emb.positions != "rope" or emb.rope_global or spec.attention.latent is not None:
+            return True  # latent attention rotates its rope channels on every layer
+        return any(spec.layer_is_local(i) for stack in spec.stacks
+                   for i in range(spec.layer_count(stack)))
 
     def _mask(self) -> list[str]:
         """The attention_mask operand of a position bias (T5's, ALiBi's) in a KV-cache graph
