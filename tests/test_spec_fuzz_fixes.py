@@ -181,3 +181,59 @@ def test_rope_global_false_encoder_decoder_cache_parts() -> None:
                                    use_cache=True)
             steps.append(logits)
     torch.testing.assert_close(torch.cat(steps, 1), want, atol=1e-4, rtol=1e-4)
+
+
+# ---- diagrams: block.residual_scale with branch or sandwich norms --------------------------
+
+
+WIRING = {"post": "post-norm: norm(x + f(x))", "pre": "pre-norm: x + f(norm(x))",
+          "branch": "branch norm: x + norm(f(x))",
+          "sandwich": "sandwich: x + norm(f(norm(x)))"}
+
+
+@pytest.mark.parametrize("position", ["post", "pre", "branch", "sandwich"])
+def test_residual_scale_diagrams_follow_the_norm_placement(position: str, tmp_path: Path
+                                                           ) -> None:
+    """The scale after a branch / sandwich out-norm was boxed with the sublayer's function,
+    so function and norm read each other and the model level recursed forever. Now every
+    level draws, the layer's edges are those of the placement without a scale, and the
+    model level names the wiring."""
+    from click.testing import CliRunner
+    from test_diagram import _chain, dot_edges
+
+    from tfgraph.cli import main
+    from tfgraph.exporters.diagram.draw import diagram_source
+    from tfgraph.exporters.diagram.structure import stacks, sublayer_ranks
+
+    spec = _spec(norm={"position": position}, block={"residual_scale": 0.5})
+    graph = tfgraph.compile(spec)
+    assert WIRING[position] in diagram_source(graph, "model")
+    edges = {(a, b) for a, b, _ in dot_edges(diagram_source(graph, "layer"))}
+    chain = _chain("decoder", "self_attn", position, "decoder.layer_in")
+    first = "decoder.self_attn.norm" if position == "post" else "decoder.self_attn.add"
+    chain += _chain("decoder", "ffn", position, first)
+    assert set(chain) <= edges
+    assert sublayer_ranks(graph, stacks(graph)[0]) == [["self_attn"], ["ffn"]]
+    assert diagram_source(graph, "op")
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(spec.model_dump(mode="json")))
+    for args in (["draw", str(path), "-o", str(tmp_path / "m.dot")],
+                 ["build", str(path), "--to", "dot", "-o", str(tmp_path / "b.dot")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+
+
+def test_a_cycle_between_layer_boxes_is_a_named_error(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """Should boxing ever make two boxes read each other again, the ranks say so instead of
+    recursing until Python's limit."""
+    from tfgraph.exporters.diagram import structure
+
+    graph = tfgraph.compile(_spec())
+    fn, norm = "decoder.self_attn.fn", "decoder.self_attn.norm"
+    cyclic = {fn: structure._Box(fn, "fn", "self_attn", (norm,)),
+              norm: structure._Box(norm, "norm", "self_attn", (fn,))}
+    monkeypatch.setattr(structure, "_flow", lambda g, s: cyclic)
+    with pytest.raises(structure.DiagramError, match="read each other in a cycle: "
+                       "decoder.self_attn.fn <- decoder.self_attn.norm <- decoder.self_attn.fn"):
+        structure.sublayer_ranks(graph, structure.stacks(graph)[0])

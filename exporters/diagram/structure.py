@@ -34,6 +34,10 @@ PLACEMENTS = {
 }
 
 
+class DiagramError(Exception):
+    """The boxes drawn for a layer are inconsistent (a bug in the boxing, not bad input)."""
+
+
 @dataclass(frozen=True)
 class Stack:
     """One encoder or decoder stack as the graph computes it."""
@@ -131,12 +135,22 @@ def boxes(stack: Stack) -> dict[str, list[Node]]:
     return out
 
 
+def _passed_through(node: Node) -> bool:
+    """A layer op wires pass through to the op it reads: dropout (the identity at inference,
+    drawn as an edge note) and a sublayer's residual scale (block.residual_scale, Granite's
+    x + s * f(x)). The scale is a member of its sublayer's fn box (its cost is the
+    sublayer's), but it follows the out-norm with branch or sandwich norms: wired as a member,
+    fn and that norm would read each other."""
+    return in_layer(node) and (node.category == "dropout" or node.meta.role == "residual_scale")
+
+
 def through_dropout(graph: Graph, name: str) -> tuple[Node, tuple[Node, ...]]:
-    """The node behind any dropouts inside layers that ``name`` passes through, and those
-    dropouts (outermost first)."""
+    """The node behind any dropouts and residual scales inside layers that ``name`` passes
+    through, and those dropouts (outermost first)."""
     node, drops = graph.node(name), []
-    while node.category == "dropout" and in_layer(node):
-        drops.append(node)
+    while _passed_through(node):
+        if node.category == "dropout":
+            drops.append(node)
         node = graph.node(node.inputs[0])
     return node, tuple(drops)
 
@@ -147,7 +161,7 @@ def wires(graph: Graph, stack: Stack) -> list[Wire]:
     out = []
     for dst in stack.layer0:
         box = box_id(dst)
-        if box is None:
+        if box is None or _passed_through(dst):  # the scale's reader takes its operand
             continue
         for operand, name in enumerate(dst.inputs):
             if graph.node(name).is_param:
@@ -305,15 +319,22 @@ def sublayer_ranks(graph: Graph, stack: Stack) -> list[list[str]]:
     model; ``[["self_attn", "ffn"]]`` when both read the layer input."""
     flow = _flow(graph, stack)
     rank: dict[str, int] = {}
+    open_: list[str] = []  # the boxes whose depth is being computed, outermost first
 
     def depth(ref: str) -> int:
         """Sublayer functions on the longest path from the layer input to ``ref``."""
         if ref not in flow:
             return 0
+        if ref in open_:  # the boxes are a DAG of layer 0's ops; a cycle is a boxing bug
+            cycle = open_[open_.index(ref):] + [ref]
+            raise DiagramError(f"layer boxes of {stack.name} read each other in a cycle: "
+                               f"{' <- '.join(cycle)}")
         if ref not in rank:
+            open_.append(ref)
             box = flow[ref]
             below = max((depth(r) for r in box.inputs), default=0)
             rank[ref] = below + (1 if box.key == "fn" else 0)
+            open_.pop()
         return rank[ref]
 
     groups: dict[int, list[str]] = {}
