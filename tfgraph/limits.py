@@ -81,6 +81,23 @@ def check_memory(what: str, need_bytes: float) -> None:
         raise TfgraphError(f"{what}: needs about {shown} of memory{free}")
 
 
+def check_weight_memory(what: str, need_bytes: int, weight_bytes: int) -> None:
+    """Refuse (exit 2) materialising a model's weights when what the build holds at once
+    cannot fit in the memory available, before anything is allocated (a model of a terabyte
+    otherwise ends in a ``MemoryError`` or the out-of-memory killer after minutes).
+
+    ``weight_bytes``: the parameters at the model's dtype (``weights_bytes(graph)``);
+    ``need_bytes``: all the builder holds at once, its copies included (each builder says
+    its own, measured: ``torch_build_bytes``, ``onnx_build_bytes``, ``session_bytes``).
+    Both come from the parameters' shapes. Memory unknown (no /proc): not checked."""
+    available = io.available_memory()  # looked up at each call (tests replace it)
+    if available is not None and need_bytes > available:
+        parts = "" if need_bytes == weight_bytes else \
+            f" ({_gb(weight_bytes)} of parameters at the model's dtype, and copies)"
+        raise TfgraphError(f"{what}: needs about {_gb(need_bytes)} of memory for the "
+                           f"weights{parts}, only {_gb(available)} available")
+
+
 MAX_LOWERED_LAYERS = 1024
 """Layers (all stacks together) of a spec that the commands lower to a graph (report, plan,
 draw, compare, build, run, generate). Lowering and the passes take time and memory in

@@ -10,6 +10,7 @@ absolute difference; only then is torch imported.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from collections.abc import Mapping
@@ -35,17 +36,20 @@ if TYPE_CHECKING:
 CHECK_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 
-def _build_spec(source: Source, seed: int, opset: int, tmp: Path
+def _build_spec(source: Source, seed: int, opset: int, tmp: Path, check: bool = False
                 ) -> tuple[Graph, Any, onnx.ModelProto, bytes | Path]:
     """Compile a spec and export it: (graph, weights or None for seeded ones, model proto,
-    model bytes or a temporary path)."""
+    model bytes or a temporary path). Refused first when the weights cannot fit in memory
+    (:func:`_check_weights_memory`)."""
     from tfgraph.compiler import compile as compile_spec
     from tfgraph.exporters.onnx import runtime as rt
     from tfgraph.passes.cost import weights_bytes
-    from tfgraph.exporters.onnx.model import EXTERNAL_DATA_THRESHOLD, to_onnx
+    from tfgraph.exporters.onnx.model import EXTERNAL_DATA_THRESHOLD, session_bytes, to_onnx
     from tfgraph.exporters.onnx.model import write_onnx
 
     graph = compile_spec(source.spec)
+    _check_weights_memory(graph, session_bytes(graph, given=source.checkpoint is not None),
+                          check, str(source.spec.name))
     weights = source.weights(graph) if source.checkpoint is not None else None
     if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
         model = to_onnx(graph, weights=weights, seed=seed, opset=opset)
@@ -53,6 +57,25 @@ def _build_spec(source: Source, seed: int, opset: int, tmp: Path
     written = write_onnx(graph, tmp / f"{graph.name}.onnx", weights=weights, seed=seed,
                          opset=opset)
     return graph, weights, rt.load_model(written), written
+
+
+def _check_weights_memory(graph: Graph, session: int, check: bool, where: str) -> None:
+    """Refuse (exit 2) a model whose weights cannot fit in memory, before the build starts
+    (a 36 GB model was otherwise written to a temporary file for minutes first): ``session``
+    bytes for the onnxruntime session (and the build feeding it: ``session_bytes``), and
+    with --check the torch reference built after them: the weights in float32 (generated or
+    read) and the module's copy."""
+    from tfgraph.limits import check_weight_memory
+    from tfgraph.passes.cost import weights_bytes
+
+    at_dtype = weights_bytes(graph)
+    need = session
+    what = f"{where}: the onnxruntime session"
+    if check:
+        float32 = 4 * sum(math.prod(p.attrs["shape"]) for p in graph.params())
+        need += float32 + at_dtype  # torch_build_bytes(graph, given=True): no torch import
+        what += " and the --check torch reference"
+    check_weight_memory(what, need, at_dtype)
 
 
 def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
@@ -190,7 +213,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             for note in built.notes:
                 click.echo(f"note: {note}", err=True)
             graph, given, model, session_source = _build_spec(built, seed or 0, opset,
-                                                              Path(tmp))
+                                                              Path(tmp), check)
             iface = rt.interface(model, source)
             origin = f"seed {seed or 0}" if given is None else "its weights"
             label = f"{graph.name} (built from {source}, opset {opset}, {origin})"
@@ -212,6 +235,11 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         if check and graph is None:  # say it before spending time on the runs
             graph = _graph_from_model(model, spec, source)
             from_file = True
+            # the session holds the file's weights; the reference reads them again
+            # (onnx.load in _model_weights) as float32 arrays for the torch module's copy
+            from tfgraph.passes.cost import weights_bytes
+
+            _check_weights_memory(graph, 2 * weights_bytes(graph), True, source)
         else:
             from_file = False
         # --check compares with a float32 reference: no TF32 in the CUDA provider's matmuls

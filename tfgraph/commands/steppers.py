@@ -10,6 +10,7 @@ the torch module's cached forward plugs in at :func:`_torch_stepper` the same wa
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,6 +317,7 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     # The metadata is checked against the model's weights before anything else is compiled.
     graph = model_graph(spec, shapes, source)
     graphs = _decoding_graphs(spec, cache, source)
+    _check_file_weights(graph, source)
     weights = {name: value for path in files for name, value in _initializers(path, graph).items()}
     if len(graphs) == 1:  # a decoder: the same parameters run through its cache graph
         graph = graphs[0]
@@ -555,8 +557,13 @@ def _onnx_model(graph: Graph, weights: Any, seed: int, opset: int,
     ``fused_attention`` as for ``to_onnx``."""
     from tfgraph.passes.cost import weights_bytes
     from tfgraph.exporters.onnx import runtime as rt
-    from tfgraph.exporters.onnx.model import EXTERNAL_DATA_THRESHOLD, to_onnx, write_onnx
+    from tfgraph.exporters.onnx.model import (EXTERNAL_DATA_THRESHOLD, session_bytes, to_onnx,
+                                              write_onnx)
+    from tfgraph.limits import check_weight_memory
 
+    # the build and the session it feeds, before either allocates (to_onnx checks its part)
+    check_weight_memory(f"{graph.name}: the onnxruntime session",
+                        session_bytes(graph, given=weights is not None), weights_bytes(graph))
     if weights_bytes(graph) <= EXTERNAL_DATA_THRESHOLD:
         model = to_onnx(graph, weights=weights, seed=seed, opset=opset,
                         fused_attention=fused_attention)
@@ -581,6 +588,21 @@ def _stored_spec(model: Any, where: str) -> Spec:
         raise TfgraphError(f"{where}: --backend torch needs the spec, and this model carries "
                            "none (it was not built by tfgraph); use --backend onnx")
     return stored_spec(props[SPEC_METADATA_KEY], where)
+
+
+def _check_file_weights(graph: Graph, where: str) -> None:
+    """Refuse (exit 2), before reading them, an ONNX file's weights that cannot fit in memory
+    with the copies a torch module of them makes: the file's initializers (``onnx.load``,
+    at the model's dtype), their float32 arrays (:func:`_initializers`) and the module's own
+    copy (``torch_build_bytes``, given weights)."""
+    from tfgraph.exporters.torch.module import torch_build_bytes
+    from tfgraph.limits import check_weight_memory
+    from tfgraph.passes.cost import weights_bytes
+
+    at_dtype = weights_bytes(graph)
+    float32 = 4 * sum(math.prod(p.attrs["shape"]) for p in graph.params())
+    need = at_dtype + float32 + torch_build_bytes(graph, given=True)
+    check_weight_memory(f"{where}: its weights in torch", need, at_dtype)
 
 
 def _initializers(path: Path, graph: Graph) -> dict[str, Any]:

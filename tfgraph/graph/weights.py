@@ -8,6 +8,7 @@ back ends cast to the spec's dtype. numpy only: the ONNX path must not import to
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -103,7 +104,11 @@ def load_weights(path: str, graph: Graph, check_finite: bool = False
     check_input_file(path, "weights file")  # a FIFO would block the read forever
     shown = short_path(path, 80)  # the file name stays (its folders go first)
     try:
-        _check_dtypes(path, safe_open, shown)
+        need = _check_dtypes(path, safe_open, shown)
+        from tfgraph.limits import check_weight_memory
+        from tfgraph.passes.cost import weights_bytes
+
+        check_weight_memory(f"{shown}: reading the weights", need, weights_bytes(graph))
         arrays = _read_safetensors(path, safe_open)
     except (OSError, SafetensorError, ValueError) as err:
         raise TfgraphError(f"{shown}: cannot read weights: {shorten(str(err))}") from None
@@ -128,16 +133,24 @@ def shorten(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit - 20]}...({len(text):,} chars)"
 
 
-def _check_dtypes(path: str, safe_open, shown: str) -> None:  # type: ignore[no-untyped-def]
+def _check_dtypes(path: str, safe_open, shown: str) -> int:  # type: ignore[no-untyped-def]
+    """Refuse a tensor of a dtype tfgraph does not build in; return the bytes that reading
+    the file holds at once (from its header): every tensor as stored, and a 16-bit one's
+    float32 copy too (load_weights widens; a float32 one is returned as it was read)."""
     from tfgraph.errors import TfgraphError
 
+    need = 0
     with safe_open(path, framework="numpy") as f:
         for name in f.keys():
-            dtype = str(f.get_slice(name).get_dtype())
+            piece = f.get_slice(name)
+            dtype = str(piece.get_dtype())
             if dtype not in WEIGHT_DTYPES:
                 raise TfgraphError(
                     f"{shown}: {printable(shorten(name))} is {dtype}; weights must be float32, "
                     "float16 or bfloat16 (convert the file first)")
+            elements = math.prod(piece.get_shape())
+            need += elements * (4 if dtype == "F32" else 2 + 4)
+    return need
 
 
 def check_weights(shapes: dict[str, tuple[int, ...]], graph: Graph, source: str) -> None:
