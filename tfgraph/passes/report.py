@@ -26,7 +26,7 @@ from typing import Any
 import sympy
 
 from tfgraph.passes import cost, effective, exact, gradients
-from tfgraph.passes.figures import FP32_BYTES, state_bytes, states_note, symbolic
+from tfgraph.passes.figures import FP32_BYTES, STEP_NOTE, state_bytes, states_note, symbolic
 from tfgraph.passes.formulas import spec_formulas
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.graph.ops import FLOPS_PER_ELEMENT
@@ -106,8 +106,10 @@ CONVENTIONS = {
                               "position of every layer kept, what tfgraph's KV-cache models "
                               "(ONNX --kv-cache, the torch module's cache) hold.",
     "memory.model_states": "Adam: weights + gradients + two fp32 moments (+ an fp32 master "
-                           "copy for 16-bit dtypes), the last three only for the parameters "
-                           "a gradient reaches (as flops.backward); gradients in the spec dtype (states "
+                           "copy for 16-bit dtypes) + torch Adam's float32 step count (4 "
+                           "bytes per parameter tensor), the last four only for the "
+                           "parameters a gradient reaches (as flops.backward); gradients in "
+                           "the spec dtype (states "
                            "'mixed', the default: 16 bytes per parameter for a 16-bit spec, "
                            "as tfgraph plan's default) or fp32 (states 'megatron': 18, "
                            "Megatron-LM's); see model_states below.",
@@ -367,6 +369,6 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "formulas": formulas,
         "formulas_bst": bst,
         "symbols": symbols,
-        "model_states": states_note(DTYPE_BYTES[graph.dtype], states),
+        "model_states": states_note(DTYPE_BYTES[graph.dtype], states) + STEP_NOTE,
         "conventions": CONVENTIONS,
     }
