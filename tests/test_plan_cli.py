@@ -346,7 +346,7 @@ def test_table_shows_every_section():
                  "pipeline (pp)", "expert all-to-all (ep)", "pipeline bubble", "time", "MFU",
                  "tokens/s", "per_rank.memory.activations", "step.comm_bytes.tp",
                  "time model (tfgraph/parallel/timing.py)", "collectives: ring",
-                 "time: backward", "time: data parallel, exposed"):
+                 "memory: per rank", "time: backward", "time: data parallel, exposed"):
         assert text in out, text
     single = cli(DECODER, "--gpus", 1).stdout
     assert "Per pipeline stage" not in single

@@ -657,8 +657,8 @@ def attention_read_mask(ins: list[TensorType], attrs: dict[str, Any], fused: boo
     every rank (one per call, not per batch row or head, so tensor parallelism does not split
     it: ``whole_scratch``). ``fused`` (SDPA): only a sliding window passes a mask (a causal one
     is the kernel's is_causal), which SDPA turns into an additive float mask of q's dtype and
-    saves; explicit matmuls (a score bias, soft-capping, unfused softmax) keep masked_fill's
-    one-byte boolean mask under a causal mask or a window. Hard attention keeps none (its
+    saves; explicit matmuls (a score bias, soft-capping: no fused kernel takes them) keep
+    masked_fill's one-byte boolean mask under a causal mask or a window. Hard attention keeps none (its
     scores have no gradient: exporters.torch.functional.explicit_attention detaches q and k).
     Measured by tests/test_train_memory.py."""
     if attrs["normalize"] == "hardmax":
@@ -713,14 +713,16 @@ def _attention_unfused_saved(ins: list[TensorType], out: TensorType, attrs: dict
                              ) -> Saved:
     """Explicit-matmul softmax attention keeps q, k, v and the softmax weights (Korthikanti
     et al. 2022 §4.1: QK^T's inputs, softmax's output, V), with dropout its mask and the
-    dropped-out weights too (their as^2b and 2as^2b: 5as^2b of scores in all), and the
-    boolean causal / window mask (``attention_read_mask``); where ``saved`` is explicit
-    already (a score bias, softcap, hardmax) it is that."""
+    dropped-out weights too (their as^2b and 2as^2b: 5as^2b of scores in all); the causal
+    mask none (Megatron-LM's fused scale-mask-softmax kernel builds it in place; the torch
+    module's impl "math" would keep a boolean one, ``attention_read_mask``, not counted
+    here); where ``saved`` is explicit already (a score bias, softcap, hardmax) it is
+    that."""
     if len(ins) != 3 or attrs.get("softcap") or attrs.get("normalize") != "softmax":
         return _attention_saved(ins, out, attrs)
     return [(("in", 0), ins[0].nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
             (("tmp", "weights"), _attention_temp(ins, out, attrs)),
-            *attention_dropout_saved(ins, attrs), *attention_read_mask(ins, attrs, fused=False)]
+            *attention_dropout_saved(ins, attrs)]
 
 
 def _attention_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> sympy.Expr:

@@ -89,7 +89,7 @@ CONVENTIONS = {
                                  "a sliding window's float mask in the model's dtype under "
                                  "the fused kernel, a 1-byte causal or window mask where "
                                  "attention runs as matmuls (soft-capping, T5's bias, "
-                                 "ALiBi, unfused). Not counted, though the torch module "
+                                 "ALiBi). Not counted, though the torch module "
                                  "keeps them: the rotary cos/sin tables (one pair per "
                                  "sequence and rotary base, shared by the layers) and a "
                                  "unit-offset norm's (1 + w) gain (Gemma). On the CPU a "
