@@ -8,6 +8,7 @@ import sympy
 
 import tfgraph
 from tfgraph.graph.ir import B, S, Graph
+from tfgraph.passes.gradients import frozen_params
 from tfgraph.passes.report import build_report
 from tfgraph.spec.schema import Spec, StackLayers
 
@@ -21,7 +22,8 @@ def test_weights_kv_cache_and_train_step_closed_forms(path):
     spec = tfgraph.load_spec(path)
     nbytes = BYTES[spec.dtype]
     att = spec.attention
-    rep = tfgraph.compile(spec).report(batch=3, seq=20, tgt_seq=13)
+    graph = tfgraph.compile(spec)
+    rep = graph.report(batch=3, seq=20, tgt_seq=13)
     params, mem = rep["params"], rep["memory"]
     assert mem["weights"] == params * nbytes
 
@@ -51,7 +53,10 @@ def test_weights_kv_cache_and_train_step_closed_forms(path):
     trained = params - frozen
     adam = 2 * trained * 4  # two fp32 moments
     master = 4 * trained if nbytes < 4 else 0  # fp32 master weights for 16-bit training
-    assert mem["model_states"] == mem["weights"] + trained * nbytes + adam + master
+    # torch Adam's float32 step, one per parameter tensor it steps (the frozen ones: none;
+    # measured in tests/test_model_states_grad.py)
+    steps = 4 * (len(graph.params()) - len(frozen_params(graph)))
+    assert mem["model_states"] == mem["weights"] + trained * nbytes + adam + master + steps
     # the activations of a step with its loss (tfgraph.passes.train_walk) hold at least every saved
     # tensor of the model and, at the loss's backward, the logits' gradient (B*L*V)
     assert mem["train_step"] == mem["model_states"] + mem["train_activations_peak"]
@@ -160,15 +165,17 @@ def test_sixteen_bit_dtypes_halve_weights_and_add_a_master_copy():
     data = tfgraph.load_spec(SPEC_FILES[0]).model_dump()
     rep = {}
     for dtype in ("float32", "bfloat16"):
-        rep[dtype] = tfgraph.compile(Spec.model_validate({**data, "dtype": dtype})).report(
-            batch=1, seq=16)
+        graph = tfgraph.compile(Spec.model_validate({**data, "dtype": dtype}))
+        rep[dtype] = graph.report(batch=1, seq=16)
     p = rep["float32"]["params"]
+    steps = 4 * len(graph.params())  # Adam's float32 step per tensor (nothing frozen here)
     assert rep["bfloat16"]["memory"]["weights"] * 2 == rep["float32"]["memory"]["weights"]
     assert rep["bfloat16"]["memory"]["kv_cache"] * 2 == rep["float32"]["memory"]["kv_cache"]
     half, full = rep["bfloat16"]["memory"], rep["float32"]["memory"]
-    assert half["train_step"] - half["train_activations_peak"] == 2 * 2 * p + 8 * p + 4 * p
-    assert full["train_step"] - full["train_activations_peak"] == 2 * 4 * p + 8 * p
-    assert half["model_states"] == 2 * 2 * p + 8 * p + 4 * p
+    assert half["train_step"] - half["train_activations_peak"] == 2 * 2 * p + 8 * p + 4 * p \
+        + steps
+    assert full["train_step"] - full["train_activations_peak"] == 2 * 4 * p + 8 * p + steps
+    assert half["model_states"] == 2 * 2 * p + 8 * p + 4 * p + steps
 
 
 @pytest.mark.parametrize("dtype, extra", [("bfloat16", 2), ("float32", 0)])
@@ -184,8 +191,8 @@ def test_megatron_states_keep_fp32_gradients(dtype: str, extra: int):
     gained = megatron["memory"]["model_states"] - mixed["memory"]["model_states"]
     assert gained == extra * p
     assert megatron["memory"]["train_step"] - mixed["memory"]["train_step"] == extra * p
-    if dtype == "bfloat16":
-        assert megatron["memory"]["model_states"] == 18 * p
+    if dtype == "bfloat16":  # + Adam's float32 step per tensor
+        assert megatron["memory"]["model_states"] == 18 * p + 4 * len(graph.params())
     assert megatron["model_states"].startswith("--states megatron:")
     assert mixed["model_states"].startswith("--states mixed:")
     values = {sympy.Symbol(k): v for k, v in megatron["symbols"].items()}

@@ -209,8 +209,15 @@ def test_plan_time_parts_add_up_and_assumptions_are_stated(gpt) -> None:
     assert f"K / (K + {timing.PIPELINE_K}) relative to its value at K = {timing.MAMF_K}" in (
         stated["compute"])
     assert "masked / unmasked ratio" in stated["flash"] and "SMs" in stated["flash"]
+    # what the memory rests on and what it leaves out (planner.py, memory.py)
+    for rule in ("torch.chunk", "the first rank's (the largest)", "float32 step per parameter",
+                 "min(p - i, m)", "logits' gradient in the model's dtype",
+                 "8 x B x S x V / t", "rotary cos/sin tables", "(1 + w) gain",
+                 "window's (S, S) mask"):
+        assert rule in stated["memory"], rule
     moe = timing.assumptions(Layout(dp=4, ep=2), moe=True)
     assert set(moe) == {"experts", *timing.ASSUMPTIONS}
+    assert "uniform routing" in moe["memory"] and "uniform" not in stated["memory"]
     for rule in ("tokens x top-k / E", "E / ep experts", "read once per micro-batch",
                  "4 per MoE layer", "(ep - 1)/ep", "tp x ep span", "d / ep ranks"):
         assert rule in moe["experts"], rule

@@ -31,18 +31,24 @@ from tfgraph.exporters import to_torch
 from tfgraph.exporters.torch.functional import cross_entropy
 from tfgraph.graph.ir import B, S
 from tfgraph.spec.loader import load_spec
+from tfgraph.passes import cost
 from tfgraph.passes.report import sizes_for
 from tfgraph.graph.tensor import DTYPE_BYTES
+from tfgraph.graph.ops import STATS_BYTES
+from tfgraph.exporters.torch.ops import rope_table_attrs
 from tfgraph.passes.train_walk import saved_by_layer, train_peak
 
 from conftest import ROOT, small
 from parity_support import saved_storages
 from test_torch_module import make_ids
 
+# sliding windows: Mistral (every layer, SDPA with a float mask), Gemma 2 (soft-capped explicit
+# matmuls, a boolean mask per layer), Cohere2 (local/global), ModernBERT (a bidirectional window)
+WINDOWED = ["tiny-mistral.yaml", "tiny-gemma2.yaml", "tiny-cohere2.yaml", "tiny-modernbert.yaml"]
 SPECS = ["tiny-decoder.yaml", "tiny-marian.yaml", "tiny-llama.yaml", "tiny-moe.yaml",
          "tiny-deepseek-v3.yaml", "tiny-deepseek-moe.yaml",
          "tiny-t5.yaml", "tiny-bf16.yaml", "tiny-mpt.yaml", "tiny-olmo.yaml", "tiny-phimoe.yaml", "tiny-bloom.yaml",
-         "tiny-falcon-rw.yaml"]
+         "tiny-falcon-rw.yaml", *WINDOWED]
 SHAPES = [(2, 12, 10), (4, 32, 24)]  # (batch, seq, tgt_seq)
 
 
@@ -57,19 +63,34 @@ def _labels(graph: tfgraph.CompiledGraph, batch: int, seq: int, tgt: int) -> tor
 
 
 def uncounted(spec: Any, batch: int, seq: int, tgt: int) -> int:
-    """Bytes torch saves that the op table does not count, term by term:
-    - rotary positions: the cos and sin tables, one (S, rotary dims) pair per sequence shared
-      by every layer (ops.py, rope: "not counted");
-    - attention run as explicit matmuls (T5's position bias and ALiBi have no fused kernel):
-      the causal mask, a (T, T) bool tensor per decoder self-attention (masked_fill keeps
-      it)."""
+    """Bytes torch saves that the op table does not count, term by term (negative: fewer):
+    - rotary positions: the cos and sin tables, one (L, rotary dims) pair in the module's
+      dtype per distinct table (sequence axis, width, base: ModernBERT's local and global
+      bases make two) shared by every layer (ops.py, rope: "not counted");
+    - a unit-offset norm (Gemma): the (1 + w) gain it computes from its parameter and
+      multiplies by, d elements of the parameter's dtype per norm;
+    - on the CPU a 16-bit LayerNorm keeps its per-row mean and rstd in its own dtype, not in
+      float32 as the CUDA kernel (and the op table) does.
+    The masks attention reads (a sliding window's float mask under SDPA, a boolean causal or
+    window mask where attention runs as explicit matmuls: soft-capping, T5's bias, ALiBi) are
+    counted (ops.attention_read_mask)."""
+    graph = tfgraph.compile(spec)
+    sizes = sizes_for(graph, batch, seq, tgt)
     extra = 0
-    if spec.embedding.positions == "rope":
-        extra += 2 * seq * spec.rotary_dim * DTYPE_BYTES[spec.dtype]
-    if spec.embedding.positions == "relative":
-        extra += spec.layer_count("decoder") * tgt * tgt
-    if spec.embedding.positions == "alibi":  # decoder-only: the sequence is seq long
-        extra += spec.layer_count("decoder") * seq * seq
+    tables: set[tuple[Any, ...]] = set()
+    for node in graph.nodes():
+        if node.op == "rope":
+            length = int(graph.node(node.inputs[0]).type.shape[1].xreplace(sizes))
+            table = rope_table_attrs(node.attrs)
+            key = (length, *sorted((k, repr(v)) for k, v in table.items()))
+            if key not in tables:
+                tables.add(key)
+                extra += 2 * length * table["dim"] * DTYPE_BYTES[spec.dtype]
+        elif node.op == "rmsnorm" and node.attrs.get("unit_offset"):
+            extra += int(graph.node(node.inputs[1]).type.nbytes)
+        elif node.op == "layernorm" and DTYPE_BYTES[node.type.dtype] < STATS_BYTES:
+            rows = int((node.type.numel / node.type.shape[-1]).xreplace(sizes))
+            extra -= 2 * rows * (STATS_BYTES - DTYPE_BYTES[node.type.dtype])
     return extra
 
 
@@ -153,6 +174,43 @@ def test_saved_and_backward_start_match_a_measured_step(name: str, batch: int, s
     assert abs(measured_start - peak.backward_start) <= 0.05 * measured_start
 
 
+@pytest.mark.parametrize("name", WINDOWED)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_windowed_attention_masks_are_counted_exactly(name: str, dtype: str) -> None:
+    """The (Tq, Tk) mask each windowed attention call builds is saved whole, once per call:
+    SDPA's float mask in the module's dtype, masked_fill's boolean one where attention runs as
+    explicit matmuls; report's saved_for_backward equals the measured bytes (with the stated
+    ``uncounted`` terms), and the mask term is S^2 bytes per element per masked layer."""
+    data = _spec(name).model_dump()
+    data["dtype"] = dtype
+    spec = tfgraph.Spec.model_validate(data)
+    graph = tfgraph.compile(spec, loss=True)
+    batch, seq = 2, 24
+    sizes = sizes_for(graph, batch, seq, seq)
+    peak = train_peak(graph, sizes, fused_attention=True)
+    saved, _ = measured_saved(spec, batch, seq, seq)
+    assert saved == peak.saved + uncounted(spec, batch, seq, seq)
+    plain = tfgraph.compile(spec)  # report's figure: the forward without the loss
+    model = to_torch(plain, seed=0).train()
+    with saved_storages(model) as seen:
+        logits = model(*make_ids(plain, batch, seq, seq))  # held: its graph keeps the saves
+    report = plain.report(batch=batch, seq=seq, fused_attention=True)
+    assert logits.requires_grad
+    assert sum(seen.values()) == report["memory"]["saved_for_backward"] + uncounted(
+        spec, batch, seq, seq)
+    masks = 0
+    for c in cost.op_costs(graph):
+        node = graph.node(c.node)
+        for tensor, nbytes in c.saved:
+            if tensor.endswith("#read_mask"):
+                fused = not node.attrs.get("softcap") and len(node.inputs) == 3
+                masks += 1
+                assert int(nbytes.xreplace(sizes)) == seq * seq * (
+                    DTYPE_BYTES[dtype] if fused else 1), node.name
+    windowed = sum(1 for n in graph.nodes() if n.op == "attention" and n.attrs.get("window"))
+    assert windowed >= 1 and masks >= windowed  # explicit causal layers keep one too
+
+
 @pytest.mark.parametrize("name", SPECS)
 @pytest.mark.parametrize("batch,seq,tgt", SHAPES)
 def test_live_peak_matches_a_measured_step(name: str, batch: int, seq: int, tgt: int) -> None:
@@ -234,3 +292,26 @@ def test_bad_recompute_and_graphs_without_loss_are_refused() -> None:
         train_peak(graph, sizes_for(graph, 1, 8, 8), "some")
     with pytest.raises(TfgraphError, match="no loss node"):
         train_peak(tfgraph.compile(_spec("tiny-decoder.yaml")), sizes_for(graph, 1, 8, 8))
+
+
+def test_a_read_mask_is_whole_on_every_tensor_parallel_rank(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """The window's (S, S) mask is one per attention call, built whole on every rank: tensor
+    and sequence parallelism split none of it (tiny-mistral: 2 windowed layers x 16^2 x 4)."""
+    from tfgraph.graph import ops
+    from tfgraph.parallel.gpus import gpu
+    from tfgraph.parallel.layout import Layout
+    from tfgraph.parallel.planner import plan
+
+    spec = load_spec(ROOT / "specs" / "tiny-mistral.yaml").model_copy(update={"dtype": "float32"})
+
+    def activations(tp: int, sp: bool) -> int:
+        layout = Layout(tp=tp, sp=sp, dtype="float32", seq=16, micro_batch=4, global_batch=4)
+        return int(plan(tfgraph.compile(spec, loss=True), layout, gpu("h100"),
+                        "fused")["per_rank"]["memory"]["activations"])
+
+    layouts = [(1, False), (2, False), (2, True)]
+    counted = [activations(tp, sp) for tp, sp in layouts]
+    monkeypatch.setattr(ops, "attention_read_mask", lambda ins, attrs, fused: [])
+    without = [activations(tp, sp) for tp, sp in layouts]
+    assert [c - w for c, w in zip(counted, without)] == [2 * 16 * 16 * 4] * 3

@@ -64,9 +64,9 @@ def layout_line(layout: dict[str, Any]) -> str:
 
 
 def assumptions(result: dict[str, Any]) -> str:
-    """The footnote: every assumption the time, MFU and tokens/s rest on (the plan's
+    """The footnote: every assumption the memory, time, MFU and tokens/s rest on (the plan's
     ``assumptions``, ``tfgraph.parallel.timing``)."""
-    return "time model (tfgraph/parallel/timing.py): " + "; ".join(
+    return "memory and time model (tfgraph/parallel/timing.py): " + "; ".join(
         f"{key}: {text}" for key, text in result["assumptions"].items())
 
 

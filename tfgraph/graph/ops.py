@@ -651,6 +651,28 @@ def attention_dropout_saved(ins: list[TensorType], attrs: dict[str, Any]) -> Sav
             (("tmp", "dropped"), scores * DTYPE_BYTES[ins[0].dtype])]
 
 
+def attention_read_mask(ins: list[TensorType], attrs: dict[str, Any], fused: bool) -> Saved:
+    """The (Tq, Tk) mask of the keys each query reads that the torch module builds once per
+    attention call (exporters.torch.functional.attention_mask) and autograd keeps: whole on
+    every rank (one per call, not per batch row or head, so tensor parallelism does not split
+    it: ``whole_scratch``). ``fused`` (SDPA): only a sliding window passes a mask (a causal one
+    is the kernel's is_causal), which SDPA turns into an additive float mask of q's dtype and
+    saves; explicit matmuls (a score bias, soft-capping: no fused kernel takes them) keep
+    masked_fill's one-byte boolean mask under a causal mask or a window. Hard attention keeps none (its
+    scores have no gradient: exporters.torch.functional.explicit_attention detaches q and k).
+    Measured by tests/test_train_memory.py."""
+    if attrs["normalize"] == "hardmax":
+        return []
+    tq, tk = ins[0].shape[1], ins[1].shape[1]
+    if fused:
+        if not attrs.get("window"):
+            return []
+        return [(("tmp", "read_mask"), tq * tk * DTYPE_BYTES[ins[0].dtype])]
+    if not (attrs["causal"] or attrs.get("window")):
+        return []
+    return [(("tmp", "read_mask"), tq * tk * DTYPE_BYTES["bool"])]
+
+
 def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
     q = ins[0]
     score_bytes = _scores(ins, attrs) * DTYPE_BYTES[q.dtype]
@@ -661,32 +683,41 @@ def _attention_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, An
         return dropped or [(("tmp", "weights"), score_bytes)]
     if len(ins) == 4 and not attrs.get("softcap"):
         # A learned bias on the scores has no fused kernel either: explicit matmuls keep
-        # q, k, v and the softmax weights (the bias add keeps nothing).
+        # q, k, v, the softmax weights and the boolean mask (the bias add keeps nothing).
         return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
-                (("tmp", "weights"), score_bytes), *dropped]
+                (("tmp", "weights"), score_bytes), *dropped,
+                *attention_read_mask(ins, attrs, fused=False)]
     if attrs.get("softcap"):
         # No fused kernel soft-caps: explicit matmuls keep q, k, v, tanh's output (its
-        # backward) and the softmax weights (for A·V's backward), two score matrices.
+        # backward), the softmax weights (for A·V's backward), two score matrices, and the
+        # boolean mask.
         return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
-                (("tmp", "tanh"), score_bytes), (("tmp", "weights"), score_bytes), *dropped]
-    # A fused kernel (SDPA) keeps q, k, v, its output and a float32 log-sum-exp per query row.
+                (("tmp", "tanh"), score_bytes), (("tmp", "weights"), score_bytes), *dropped,
+                *attention_read_mask(ins, attrs, fused=False)]
+    # A fused kernel (SDPA) keeps q, k, v, its output, a float32 log-sum-exp per query row
+    # and, under a sliding window, the float mask it was given.
     lse = q.shape[0] * attrs["heads"] * q.shape[1] * STATS_BYTES
+    mask = attention_read_mask(ins, attrs, fused=True)
     vd, hd = v_width(attrs), attrs["head_dim"]
     if vd != hd:  # latent attention: v zero-padded to head_dim for the fused kernel, which
         # keeps the padded v and its padded output (torch_functional.attention)
         return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes),
                 (("tmp", "v_padded"), ins[2].nbytes / vd * hd),
-                (("tmp", "out_padded"), out.nbytes / vd * hd), (("tmp", "logsumexp"), lse)]
+                (("tmp", "out_padded"), out.nbytes / vd * hd), (("tmp", "logsumexp"), lse),
+                *mask]
     return [(("in", 0), q.nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
-            (("out",), out.nbytes), (("tmp", "logsumexp"), lse)]
+            (("out",), out.nbytes), (("tmp", "logsumexp"), lse), *mask]
 
 
 def _attention_unfused_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]
                              ) -> Saved:
     """Explicit-matmul softmax attention keeps q, k, v and the softmax weights (Korthikanti
     et al. 2022 §4.1: QK^T's inputs, softmax's output, V), with dropout its mask and the
-    dropped-out weights too (their as^2b and 2as^2b: 5as^2b of scores in all); where
-    ``saved`` is explicit already (a score bias, softcap, hardmax) it is that."""
+    dropped-out weights too (their as^2b and 2as^2b: 5as^2b of scores in all); the causal
+    mask none (Megatron-LM's fused scale-mask-softmax kernel builds it in place; the torch
+    module's impl "math" would keep a boolean one, ``attention_read_mask``, not counted
+    here); where ``saved`` is explicit already (a score bias, softcap, hardmax) it is
+    that."""
     if len(ins) != 3 or attrs.get("softcap") or attrs.get("normalize") != "softmax":
         return _attention_saved(ins, out, attrs)
     return [(("in", 0), ins[0].nbytes), (("in", 1), ins[1].nbytes), (("in", 2), ins[2].nbytes),
@@ -714,7 +745,8 @@ register(OpDef(
     "hd).",
     _attention_temp,
     category="attention", tp="follows", score_sized=("weights", "tanh", "mask", "dropped"),
-    unfused_saved=_attention_unfused_saved, score_temp=True, score_flops=True, kv_cached=True,
+    whole_scratch=("read_mask",), unfused_saved=_attention_unfused_saved, score_temp=True,
+    score_flops=True, kv_cached=True,
     grad_blocked=_attention_grad_blocked, backward_flops=_attention_backward,
     attrs={
         **ATTENTION_ATTRS,

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfgraph.graph.ir import Graph
+from tfgraph.passes.figures import ADAM_STEP_BYTES
 from tfgraph.passes.gradients import frozen_params
 from tfgraph.parallel.layout import Layout, state_bytes
 from tfgraph.parallel.tp_plan import ParamShard, tp_plan
 
-STEP_BYTES = 4  # torch.optim.Adam's float32 step count, one per parameter tensor
+STEP_BYTES = ADAM_STEP_BYTES  # torch.optim.Adam's float32 step count, one per parameter tensor
 FP32 = 4
 ADAM_MOMENTS = 8  # two float32 moments per element
 

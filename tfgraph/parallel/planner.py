@@ -56,7 +56,7 @@ from tfgraph.parallel.memory import NONE, States, add, expert_elements, states
 from tfgraph.parallel.timing import KernelSource, assumptions, step_time
 from tfgraph.parallel.tp_plan import tp_plan
 from tfgraph.parallel.units import Unit, sequence_plan, units
-from tfgraph.passes.figures import states_note
+from tfgraph.passes.figures import STEP_NOTE, states_note
 
 _NUMBERS = ("saved_none_split", "saved_none_whole", "saved_none_replicated", "saved_sel_split",
             "saved_sel_whole", "saved_sel_replicated", "inputs", "flops_split", "flops_whole",
@@ -433,7 +433,7 @@ def _states_note(layout: Layout) -> str:
     if layout.zero >= 3:
         note += (" With --zero 3 (FSDP2) the sharded parameter is the fp32 master and its "
                  "gradient fp32: 4 + 4 + 8 = 16, the 16-bit copy temporary.")
-    return note + " Adam's float32 step count adds 4 bytes per parameter tensor."
+    return note + STEP_NOTE
 
 
 def _gpu_assumptions(gpu: Gpu, dtype: str) -> str:

@@ -218,6 +218,29 @@ ASSUMPTIONS: dict[str, str] = {
     "optimizer": "Adam step memory-bound, one fused pass: reads weights, gradients and "
                  "optimizer states, writes weights and optimizer states",
     "kernels": "graph: one kernel per graph op (fused execution, as torch.compile approaches)",
+    "memory": "per rank, the most loaded pipeline stage's weights + gradients + optimizer "
+              "(Adam's two fp32 moments, an fp32 master copy in 16-bit training, a float32 "
+              "step per parameter tensor; --states) + activations + temporary, all held at "
+              "once (tfgraph/parallel/memory.py, planner.py); ZeRO shards each parameter "
+              "along its first dimension in torch.chunk pieces, the first rank's (the "
+              "largest) counted; activations: the bytes each op saves for backward (fused "
+              "attention: q, k, v, output, a float32 log-sum-exp per row and a sliding "
+              "window's (S, S) mask per windowed layer, whole on every rank; unfused: the "
+              "softmax weights, attention dropout's mask and dropped-out weights; soft-capped "
+              "or biased scores, which no fused kernel takes: their explicit matmuls' "
+              "tensors and one-byte (S, S) mask), / t where the op works on split "
+              "data, the rest whole (/ t under --sp but on the gathered sequence), times the "
+              "micro-batches the stage holds in flight under 1F1B (min(p - i, m)); full "
+              "recompute keeps each layer's inputs; temporary: the logits' gradient in the "
+              "model's dtype (last stage), the larger of one layer rebuilt by full recompute "
+              "and one MoE layer's 16-bit expert weight gradients, ZeRO 3's two gathered "
+              "16-bit layers and one layer's fp32 gradients; left out: the loss's float32 "
+              "log-probabilities and the float32 gradients of them and of the logits (8 x B "
+              "x S x V / t bytes more at the loss's backward, which report's training peak "
+              "counts), the rotary cos/sin tables and a unit-offset norm's (1 + w) gain, "
+              "activation gradients but the logits' and forward buffers not saved for "
+              "backward, communication buffers (gradient buckets, NCCL), the CUDA context "
+              "and the allocator's fragmentation",
 }
 
 EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's module, "
@@ -253,6 +276,11 @@ EXPERTS = ("routed experts: uniform routing (each expert gets tokens x top-k / E
            "the same experts")
 """The routed experts' rules, stated for a mixture of experts (``assumptions``)."""
 
+MEMORY_EXPERTS = ("; routed experts keep the tokens x top-k (token, expert) rows each MoE layer "
+                  "routes, not split by --tp, the same under --ep (uniform routing: the "
+                  "all-to-all brings a rank as many rows as it sends)")
+"""What the memory of a mixture of experts rests on (``assumptions``)."""
+
 
 EAGER_OPTIMIZER = ("torch.optim.AdamW's own kernels (foreach) over the float32 elements the rank "
                    "steps, counted on the meta device: memory-bound")
@@ -272,6 +300,7 @@ def assumptions(layout: Layout, kernels: KernelSource | None = None, moe: bool =
     found = dict(ASSUMPTIONS)
     if moe:
         found["experts"] = EXPERTS
+        found["memory"] += MEMORY_EXPERTS
     if layout.grad_reduce == "after":
         found["data_parallel"] = GRAD_REDUCE_AFTER
     if kernels is not None:

@@ -23,6 +23,11 @@ from tfgraph.graph.ops import OPS, attended_scores, v_width
 
 ADAM_MOMENT_BYTES = 4  # two fp32 moments per parameter
 MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
+ADAM_STEP_BYTES = 4
+"""torch.optim.Adam / AdamW keep a float32 ``step`` tensor in each parameter's state, one per
+parameter tensor Adam steps (``_init_group``: torch.tensor(0.0, dtype=_get_scalar_dtype()));
+measured against torch.optim.AdamW in tests/test_report.py."""
+STEP_NOTE = " Adam's float32 step count adds 4 bytes per parameter tensor."
 FP32_BYTES = 4
 STATES = ("mixed", "megatron")
 """Conventions for the model states of 16-bit training (``tfgraph report --states``, ``tfgraph
@@ -103,6 +108,7 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
     grads = weights - cost.sum_terms([cost.param_count(p) * DTYPE_BYTES[p.type.dtype]
                                       for p in frozen]) if frozen else weights
     master = MASTER_COPY_BYTES * trained if dtype_bytes < 4 else 0
+    stepped = len(graph.params()) - len(frozen)  # parameter tensors Adam keeps a step for
     by_kind: dict[str, list[sympy.Expr]] = {}
     sums: dict[tuple[int, int], tuple[sympy.Expr, sympy.Expr, sympy.Expr]] = {}
     for c in costs:
@@ -125,10 +131,10 @@ def _symbolic(graph: Graph) -> dict[str, Any]:
             "weights": sympy.sympify(weights),
             "saved_for_backward": saved,
             "kv_cache": cost.kv_cache(graph),
-            # weights + gradients (spec dtype) + two fp32 Adam moments (+ fp32 master), the
-            # last three of trained parameters only
+            # weights + gradients (spec dtype) + two fp32 Adam moments (+ fp32 master) + a
+            # float32 step per tensor, the last four of trained parameters only
             "model_states": sympy.sympify(weights + grads + 2 * ADAM_MOMENT_BYTES * trained
-                                          + master),
+                                          + master + ADAM_STEP_BYTES * stepped),
         },
         "flops_by_kind": {k: cost.total(v) for k, v in by_kind.items()},
     }

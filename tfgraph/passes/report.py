@@ -26,7 +26,7 @@ from typing import Any
 import sympy
 
 from tfgraph.passes import cost, effective, exact, gradients
-from tfgraph.passes.figures import FP32_BYTES, state_bytes, states_note, symbolic
+from tfgraph.passes.figures import FP32_BYTES, STEP_NOTE, state_bytes, states_note, symbolic
 from tfgraph.passes.formulas import spec_formulas
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.graph.ops import FLOPS_PER_ELEMENT
@@ -83,14 +83,18 @@ CONVENTIONS = {
                                  "float32 log-sum-exp per query row; attention.dropout adds "
                                  "no mask there, the kernel draws it again in backward; "
                                  "materialised attention keeps its 1-byte mask and the "
-                                 "dropped-out weights: tfgraph plan --attention unfused). "
-                                 "Not counted, though the torch module keeps them: the "
-                                 "rotary cos/sin tables (one pair per sequence, shared by "
-                                 "the layers), the masks it gives attention (a sliding "
-                                 "window's float mask per local layer under SDPA, a causal "
-                                 "mask per layer where attention runs as matmuls: T5's bias, "
-                                 "ALiBi). On the CPU a 16-bit module keeps norm statistics "
-                                 "in its own dtype: fewer bytes than counted.",
+                                 "dropped-out weights: tfgraph plan --attention unfused); "
+                                 "the mask of the keys a query reads, whole (Tq*Tk, one per "
+                                 "attention call, not split by batch or tensor parallelism): "
+                                 "a sliding window's float mask in the model's dtype under "
+                                 "the fused kernel, a 1-byte causal or window mask where "
+                                 "attention runs as matmuls (soft-capping, T5's bias, "
+                                 "ALiBi). Not counted, though the torch module "
+                                 "keeps them: the rotary cos/sin tables (one pair per "
+                                 "sequence and rotary base, shared by the layers) and a "
+                                 "unit-offset norm's (1 + w) gain (Gemma). On the CPU a "
+                                 "16-bit module keeps LayerNorm statistics in its own dtype: "
+                                 "fewer bytes than counted.",
     "memory.kv_cache": "K and V of every decoder attention at kv_heads for the whole sequence: "
                        "self-attention over the target, cross-attention over the source; "
                        "a sliding-window layer its last min(T, window) positions, as a "
@@ -102,8 +106,10 @@ CONVENTIONS = {
                               "position of every layer kept, what tfgraph's KV-cache models "
                               "(ONNX --kv-cache, the torch module's cache) hold.",
     "memory.model_states": "Adam: weights + gradients + two fp32 moments (+ an fp32 master "
-                           "copy for 16-bit dtypes), the last three only for the parameters "
-                           "a gradient reaches (as flops.backward); gradients in the spec dtype (states "
+                           "copy for 16-bit dtypes) + torch Adam's float32 step count (4 "
+                           "bytes per parameter tensor), the last four only for the "
+                           "parameters a gradient reaches (as flops.backward); gradients in "
+                           "the spec dtype (states "
                            "'mixed', the default: 16 bytes per parameter for a 16-bit spec, "
                            "as tfgraph plan's default) or fp32 (states 'megatron': 18, "
                            "Megatron-LM's); see model_states below.",
@@ -363,6 +369,6 @@ def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | No
         "formulas": formulas,
         "formulas_bst": bst,
         "symbols": symbols,
-        "model_states": states_note(DTYPE_BYTES[graph.dtype], states),
+        "model_states": states_note(DTYPE_BYTES[graph.dtype], states) + STEP_NOTE,
         "conventions": CONVENTIONS,
     }
