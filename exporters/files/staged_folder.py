@@ -149,7 +149,7 @@ def _check_replaceable(out_dir: Path, stage: Path, kind: str) -> None:
             continue
         if regular and recorded and recorded.get(name) == (info.st_size, info.st_mtime_ns):
             continue  # as tfgraph wrote it
-        if regular and new.is_file() and filecmp.cmp(path, new, shallow=False):
+        if regular and new.is_file() and _same_bytes(path, new):
             continue  # the same bytes again
         lost.append(name)
     if lost:
@@ -157,6 +157,13 @@ def _check_replaceable(out_dir: Path, stage: Path, kind: str) -> None:
         raise TfgraphError(f"{out_dir}: {shown}: not written by tfgraph (or changed since); "
                            f"rebuilding this {kind} would replace or remove them: move them "
                            "away or use another directory")
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    try:
+        return filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False  # unreadable: not known to be the same, so kept
 
 
 def _swap_in(stage: Path, out_dir: Path) -> None:
