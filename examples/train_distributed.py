@@ -36,7 +36,9 @@ end): rank 0 prints their median, the first ``--warmup`` steps (default 2) left 
 weights and gradient reduction (FSDP2's ``MixedPrecisionPolicy``). ``--save DIR`` writes a sharded checkpoint (model and
 optimizer, ``torch.distributed.checkpoint``) after the last step; ``--resume DIR`` loads one
 and continues from the step it was saved at up to ``--steps`` (a checkpoint already there runs
-no step: a ``note:`` line on stderr, exit 0; ``--save`` records the step reached). ``--measure-saved`` adds, per rank, the bytes
+no step: a ``note:`` line on stderr, exit 0; ``--save`` records the step reached). The folder is
+read without running code from it (``tfgraph.exporters.torch.checkpoint_reader``); ``--save``
+writes over no file it did not write (:func:`check_save_target`). ``--measure-saved`` adds, per rank, the bytes
 autograd saves for backward in the first step's forward and loss (``saved_for_backward``: the
 activations of ``tfgraph plan``'s per-rank memory, parameters left out).
 
@@ -50,6 +52,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -312,6 +315,10 @@ def saved_for_backward(model: nn.Module) -> Iterator[dict[int, int]]:
 
 # ---- checkpoints ----------------------------------------------------------------------------
 
+CHECKPOINT_FILE = re.compile(r"__\d+_\d+\.distcp")
+"""The files dcp.save writes beside .metadata (FileSystemWriter: __<rank>_<n>.distcp)."""
+
+
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
                     step: int) -> None:
     """Every rank writes its shards (model and optimizer) under ``path``."""
@@ -321,34 +328,94 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
         Path(path, "train_state.json").write_text(json.dumps({"step": step}))
 
 
-def checkpoint_step(path: str) -> int:
-    """The step the checkpoint under ``path`` was saved at (its train_state.json); a
-    TfgraphError when ``path`` is not a checkpoint ``--save`` wrote."""
+def _saved_step(path: str, flag: str) -> int:
+    """The step of the checkpoint ``--save`` wrote under ``path``: its train_state.json
+    (the mark --save leaves beside DCP's .metadata). A TfgraphError naming ``flag`` when
+    ``path`` holds no such checkpoint."""
     from tfgraph.errors import TfgraphError
 
     state, metadata = Path(path, "train_state.json"), Path(path, ".metadata")
-    if not Path(path).is_dir():
-        raise TfgraphError(f"--resume {path}: no such folder")
     if not (state.is_file() and metadata.is_file()):
-        raise TfgraphError(f"--resume {path}: not a checkpoint written by --save (it has no "
+        raise TfgraphError(f"{flag} {path}: not a checkpoint written by --save (it has no "
                            f"{'train_state.json' if not state.is_file() else '.metadata'})")
     try:
         step = json.loads(state.read_text())["step"]
-    except (ValueError, KeyError, TypeError, OSError) as e:
-        raise TfgraphError(f"--resume {path}: unreadable train_state.json ({e})") from None
+    except (ValueError, KeyError, TypeError, OSError, RecursionError) as e:
+        detail = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise TfgraphError(f"{flag} {path}: unreadable train_state.json ({detail})") from None
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise TfgraphError(f"--resume {path}: train_state.json's step is {step!r}, not a "
+        raise TfgraphError(f"{flag} {path}: train_state.json's step is {step!r}, not a "
                            "step number")
     return step
 
 
+def checkpoint_step(path: str) -> int:
+    """The step the checkpoint under ``path`` was saved at (its train_state.json), its
+    .metadata read as DCP's records only (no code in it runs); a TfgraphError when ``path``
+    is not a checkpoint ``--save`` wrote."""
+    from tfgraph.errors import TfgraphError
+    from tfgraph.exporters.torch.checkpoint_reader import read_metadata
+
+    if not Path(path).is_dir():
+        raise TfgraphError(f"--resume {path}: no such folder")
+    step = _saved_step(path, "--resume")
+    read_metadata(Path(path, ".metadata"))
+    return step
+
+
+def check_save_target(path: str) -> None:
+    """``--save path`` may write there: a new folder, one without DCP's files, or a
+    checkpoint --save wrote (resumed and saved again). A TfgraphError, before any step, for
+    a file, or for DCP's files (.metadata, train_state.json, __*_*.distcp) that --save did
+    not write: dcp.save would overwrite them."""
+    from tfgraph.errors import TfgraphError
+
+    folder = Path(path)
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise TfgraphError(f"--save {path}: exists and is not a folder; give a new folder "
+                           "or a checkpoint --save wrote")
+    try:
+        _saved_step(path, "--save")
+        return  # --save's own checkpoint: saved over
+    except TfgraphError:
+        pass
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as e:
+        raise TfgraphError(f"--save {path}: cannot list the folder: {e.strerror or e}") \
+            from None
+    for name in names:
+        if name in (".metadata", "train_state.json") or CHECKPOINT_FILE.fullmatch(name):
+            raise TfgraphError(f"--save {path}: its {name} is not from a checkpoint --save "
+                               "wrote (no .metadata and train_state.json step beside it); "
+                               "not overwriting it: give a new folder")
+
+
 def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Load ``path`` into the (already sharded) model and optimizer; the step to go on at."""
+    """Load ``path`` into the (already sharded) model and optimizer; the step to go on at.
+    DCP's reader and planner unpickle what the folder holds; theirs would run code a
+    crafted folder puts there (exporters/torch/checkpoint_reader.py), these refuse it."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from tfgraph.errors import TfgraphError
+    from tfgraph.exporters.torch.checkpoint_reader import SafePlanner, SafeReader
+
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path)  # in place
+    try:  # in place
+        dcp.load({"model": model_state, "optim": optim_state}, storage_reader=SafeReader(path),
+                 planner=SafePlanner())
+    except CheckpointException as e:  # every rank's failure; the first says why
+        failure = next(iter(e.failures.values()))[0]
+        if isinstance(failure, TfgraphError):
+            raise TfgraphError(f"--resume {path}: {failure}") from None
+        detail = " ".join(str(failure).split())[:200] or type(failure).__name__
+        raise TfgraphError(f"--resume {path}: does not load into this model ({detail})") \
+            from None
     set_state_dict(model, optimizer, model_state_dict=model_state,
                    optim_state_dict=optim_state)
-    return int(json.loads(Path(path, "train_state.json").read_text())["step"])
+    return _saved_step(path, "--resume")
 
 
 # ---- training -------------------------------------------------------------------------------
@@ -371,6 +438,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                            f"{args.strategy} does not split tensors)")
     graph, weights = load_model(args)
     resume_at = checkpoint_step(args.resume) if args.resume else 0
+    if args.save:
+        check_save_target(args.save)
     if args.sp and (args.strategy not in TENSOR_PARALLEL or args.tp < 2):
         raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs "
                            "--strategy tp or fsdp+tp and --tp > 1")

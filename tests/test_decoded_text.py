@@ -90,3 +90,18 @@ def test_a_stream_whose_shown_text_changes_prints_the_whole_text(
     stream.finish([texts[3]])
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == "text: a'b", out
+
+
+def test_a_tokenizer_config_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    """tokenizer_config.json nested past Python's recursion limit: one line naming it,
+    exit 2 (it was ``tfgraph: internal error: RecursionError``)."""
+    from cli_support import refused, tfgraph
+
+    folder = _folder(tmp_path, "wordpiece", True)
+    (folder / "tokenizer_config.json").write_text("[" * 200_000)
+    model = folder / "m.onnx"
+    built = CliRunner().invoke(main, ["build", str(ROOT / "specs" / "tiny-llama.yaml"),
+                                      "--to", "onnx", "-o", str(model)])
+    assert built.exit_code == 0, built.output
+    refused(tfgraph("generate", str(model), "--prompt", "hello"), "tokenizer_config.json",
+            "nested too deeply")

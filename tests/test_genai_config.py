@@ -257,3 +257,16 @@ def test_a_probabilities_model_gets_no_config(tmp_path: Path) -> None:
     assert refusal(graph) is not None
     with pytest.raises(TfgraphError, match="probabilities"):
         genai_config(graph, "m.onnx")
+
+
+def test_a_genai_config_nested_too_deeply_is_a_foreign_file(tmp_path: Path) -> None:
+    """A genai_config.json nested past Python's recursion limit is no config of a model:
+    a file of the user's, left alone and named in one line (not an internal error)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    nested = "[" * 200_000
+    (folder / "genai_config.json").write_text(nested)
+    result = build_into(folder / "model.onnx", [])
+    assert result.exit_code == 2, result.output
+    assert "exists with other content" in result.output and "internal" not in result.output
+    assert (folder / "genai_config.json").read_text() == nested

@@ -472,3 +472,67 @@ def test_a_data_file_tfgraph_did_not_write_is_left_alone(folder: Path, tmp_path:
     assert weights.read_bytes() == (folder / "model.safetensors").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data",
                                                           "s.onnx.data", "w.onnx.data"]
+
+
+USER_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                   "chat_template.jinja", "tokenizer.model", "special_tokens_map.json")
+
+
+@pytest.mark.parametrize("to", ["torch", "hf"])
+def test_a_rebuild_keeps_files_the_user_added_to_its_folder(tmp_path: Path, to: str) -> None:
+    """Files added to a folder tfgraph built (names such a folder may hold, but this build
+    does not write and the last one did not) are refused by name; the folder stays as it
+    was. Once they are moved away the rebuild goes through."""
+    out = tmp_path / "out"
+    spec = str(ROOT / "specs" / "tiny-llama.yaml")
+    assert tfgraph("build", spec, "--to", to, "-o", str(out)).returncode == 0
+    for name in USER_SIDE_FILES:
+        (out / name).write_text("mine\n")
+    before = snapshot(out) | {".tfgraph-output": (out / ".tfgraph-output").read_bytes()}
+    line = refused(tfgraph("build", spec, "--to", to, "-o", str(out), "--seed", "1"),
+                   "chat_template.jinja, generation_config.json, special_tokens_map.json",
+                   "not written by tfgraph")
+    assert str(out) in line
+    assert snapshot(out) | {".tfgraph-output": (out / ".tfgraph-output").read_bytes()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging left
+    for name in USER_SIDE_FILES:
+        (out / name).unlink()
+    result = tfgraph("build", spec, "--to", to, "-o", str(out), "--seed", "1")
+    assert result.returncode == 0, result.stderr
+
+
+def test_files_tfgraph_wrote_last_time_are_replaced_or_removed(folder: Path,
+                                                               tmp_path: Path) -> None:
+    """Side files the previous build wrote (recorded in its mark) go when the next build
+    does not write them; one the user changed since is refused by name; a file of the
+    user's that this build writes with the same bytes is kept."""
+    out = tmp_path / "out"
+    assert tfgraph("build", str(folder), "--to", "torch", "-o", str(out)).returncode == 0
+    assert (out / "tokenizer.json").is_file()
+    (out / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes() + b" ")
+    refused(tfgraph("build", TINY, "--to", "torch", "-o", str(out)), "tokenizer.json")
+    assert (out / "tokenizer.json").read_bytes().endswith(b" ")
+    (out / "tokenizer.json").write_bytes((folder / "tokenizer.json").read_bytes())
+    result = tfgraph("build", str(folder), "--to", "torch", "-o", str(out), "--seed", "1")
+    assert result.returncode == 0, result.stderr  # the same bytes: nothing lost
+    result = tfgraph("build", TINY, "--to", "torch", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".tfgraph-output", "model.py", "spec.yaml", "weights.safetensors"]
+
+
+def test_an_earlier_tfgraphs_empty_mark_vouches_only_for_the_names_rebuilt(
+        tmp_path: Path) -> None:
+    """An empty .tfgraph-output (tfgraph before marks recorded files): the files this build
+    writes again replace theirs; any other file is refused by name."""
+    out = tmp_path / "out"
+    assert tfgraph("build", TINY, "--to", "torch", "-o", str(out)).returncode == 0
+    (out / ".tfgraph-output").write_bytes(b"")
+    (out / "tokenizer.json").write_text("mine\n")
+    refused(tfgraph("build", TINY, "--to", "torch", "-o", str(out), "--seed", "1"),
+            "tokenizer.json")
+    assert (out / "tokenizer.json").read_text() == "mine\n"
+    (out / "tokenizer.json").unlink()
+    result = tfgraph("build", TINY, "--to", "torch", "-o", str(out), "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    assert (out / ".tfgraph-output").stat().st_size > 0  # it records now

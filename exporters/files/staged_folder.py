@@ -2,16 +2,21 @@
 
 Everything is written into a temporary sibling directory, which then replaces the target with
 renames: a failed or interrupted build leaves the old folder as it was and no partial one. The
-target must be new, empty, or hold only names this kind of folder writes: anything else in it
-is refused rather than deleted.
+target must be new, empty, or hold only names this kind of folder writes; and once the new
+folder is staged, each file in the target must be one the previous build recorded writing
+(unchanged since, :data:`MARKER`) or one this build writes with the same bytes. Anything else
+(a tokenizer.json the user added) is refused by name rather than deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import filecmp
+import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -20,8 +25,15 @@ from tfgraph.errors import TfgraphError
 
 
 MARKER = ".tfgraph-output"
-"""An empty file in every folder tfgraph builds: a later build may replace only such a folder
-(or an empty one), never one of the same file names that tfgraph did not write."""
+"""A file in every folder tfgraph builds: a later build may replace only such a folder (or an
+empty one), never one of the same file names that tfgraph did not write. It records the files
+the build wrote, each with its size and modification time (:func:`_record`): a file there that
+is not recorded, or was changed since, is the user's (:func:`_check_replaceable`). Written empty
+first (a killed build's staging is told from a folder of the user's by it), filled last. An
+empty one is an earlier tfgraph's, which recorded nothing."""
+
+MAX_MARKER_BYTES = 1 << 20
+"""A record lists a few dozen files (about 80 bytes each); a larger mark is not read."""
 
 
 def check_target(out_dir: Path, names: Collection[str], kind: str) -> None:
@@ -64,6 +76,8 @@ def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[
         # the next build can tell from a folder of the user's of the same name.
         (stage / MARKER).touch()
         yield stage
+        _record(stage)
+        _check_replaceable(out_dir, stage, kind)
         umask = _umask()
         for path in stage.iterdir():  # on disk before the rename makes the folder visible
             with open(path, "rb") as handle:
@@ -80,6 +94,76 @@ def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[
     finally:
         if lock is not None:
             os.close(lock)
+
+
+def _record(stage: Path) -> None:
+    """Fill ``stage``'s MARKER with the files written: name -> [size, mtime_ns]. Renames
+    keep both, so the folder swapped in still matches (chmod and fsync change neither)."""
+    wrote = {}
+    for path in sorted(stage.iterdir()):
+        info = path.lstat()
+        if path.name != MARKER and stat.S_ISREG(info.st_mode):
+            wrote[path.name] = [info.st_size, info.st_mtime_ns]
+    (stage / MARKER).write_text(json.dumps({"tfgraph_wrote": wrote}, indent=1) + "\n",
+                                encoding="utf-8")
+
+
+def _recorded(out_dir: Path) -> dict[str, tuple[int, int]] | None:
+    """What the MARKER in ``out_dir`` records (name -> (size, mtime_ns)); None for an empty
+    mark (an earlier tfgraph's, recording nothing) and {} for one that cannot be read."""
+    try:
+        with open(out_dir / MARKER, "rb") as handle:
+            data = handle.read(MAX_MARKER_BYTES + 1)
+    except OSError:
+        return {}
+    if not data:
+        return None
+    try:
+        wrote = json.loads(data.decode("utf-8"))["tfgraph_wrote"]
+        return {name: (int(size), int(mtime)) for name, (size, mtime) in wrote.items()
+                if isinstance(name, str) and isinstance(size, int) and isinstance(mtime, int)}
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return {}  # damaged, or too large: it vouches for no file
+
+
+def _check_replaceable(out_dir: Path, stage: Path, kind: str) -> None:
+    """Refuse, naming them, the files in ``out_dir`` that swapping ``stage`` in would lose:
+    those the previous build did not record writing (or that changed since: their size or
+    modification time differ), unless ``stage`` holds the same bytes under that name. An
+    empty (earlier tfgraph's) mark vouches for the names this build writes again."""
+    if not out_dir.is_dir():
+        return
+    recorded = _recorded(out_dir)
+    lost = []
+    for path in sorted(out_dir.iterdir()):
+        name = path.name
+        if name in (MARKER, "__pycache__"):  # the mark; model.py's bytecode, rebuilt
+            continue
+        try:
+            info = path.lstat()
+        except OSError:
+            continue  # gone meanwhile: nothing to lose
+        regular = stat.S_ISREG(info.st_mode)
+        new = stage / name
+        if recorded is None and new.is_file():
+            continue
+        if regular and recorded and recorded.get(name) == (info.st_size, info.st_mtime_ns):
+            continue  # as tfgraph wrote it
+        if regular and new.is_file() and _same_bytes(path, new):
+            continue  # the same bytes again
+        lost.append(name)
+    if lost:
+        shown = ", ".join(lost[:3]) + (", ..." if len(lost) > 3 else "")
+        raise TfgraphError(f"{out_dir}: {shown}: not written by tfgraph (or changed since); "
+                           f"rebuilding this {kind} would replace or remove them: move them "
+                           "away or use another directory")
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    try:
+        return filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False  # unreadable: not known to be the same, so kept
 
 
 def _swap_in(stage: Path, out_dir: Path) -> None:

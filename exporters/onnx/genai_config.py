@@ -195,6 +195,6 @@ def _drives(target: Path) -> str | None:
     try:
         config = json.loads(data)
         name = config["model"]["decoder"]["filename"]
-    except (ValueError, TypeError, KeyError):
-        return None
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None  # not such a config (one nested too deeply included): a foreign file
     return name if isinstance(name, str) else None

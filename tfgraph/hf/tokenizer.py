@@ -202,6 +202,8 @@ def cleans_up_spaces(tokenizer_json: Path, tokenizer: Tokenizer) -> bool:
         config = json.loads(path.read_bytes().decode("utf-8"), parse_int=lambda _: 0)
     except (UnicodeDecodeError, ValueError) as err:
         raise TfgraphError(f"{path}: not UTF-8 JSON: {str(err).splitlines()[0][:120]}") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit
+        raise TfgraphError(f"{path}: JSON nested too deeply; not a tokenizer file") from None
     if not isinstance(config, dict):
         raise TfgraphError(f"{path}: not a JSON object")
     if config.get("clean_up_tokenization_spaces") is not True:
