@@ -24,7 +24,7 @@ Two kinds of family meet ``rope_parameters`` nested by layer type
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tfgraph.hf.config import NEED_ORIGINAL, HFConfig
@@ -42,7 +42,7 @@ def _theta(cfg: HFConfig, key: str, default: float) -> float:
 
 
 def per_type_rope(cfg: HFConfig, legacy: Mapping[str, tuple[str, float]],
-                  scaled: Sequence[str], types: Sequence[str]) -> dict[str, dict[str, Any]]:
+                  scaled: Sequence[str], types: Collection[str]) -> dict[str, dict[str, Any]]:
     """{layer type: its standardised rope_parameters entry} for Gemma 3 / ModernBERT (see the
     module docstring). ``legacy``: {layer type: (top-level theta key, class default theta)};
     ``scaled``: the entries a legacy ``rope_scaling`` updates (Gemma 3: full_attention;
