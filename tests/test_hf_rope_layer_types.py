@@ -5,8 +5,9 @@ full_attention / sliding_attention entries, which their config classes complete 
 ``rope_scaling`` and legacy top-level thetas; a flat mapping is kept there but never read.
 Families whose model reads one flat mapping but whose config class declares layer_types
 (Qwen2, Qwen3, Qwen2-MoE, Gemma 2, Cohere 2, Ministral) fail on entries per layer type unless
-the top level carries its own rope_type and rope_theta. Qwen3-MoE slides every layer when
-use_sliding_window is set, whatever layer_types says.
+the top level carries its own rope_type and rope_theta. Qwen3-MoE's mask slides every layer
+when use_sliding_window is set; its cache follows layer_types, so only all-sliding (or no)
+layer_types decode.
 
 Each variant edits a tiny case's config.json (tests/test_hf_families.py) and either imports to
 the logits transformers computes from it (float32, 1e-4) or is refused with one line (exit 2);
@@ -28,7 +29,7 @@ from tfgraph.cli import main
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map
 
-from parity_support import check
+from parity_support import check, greedy_with_cache
 from test_hf_families import CASES, build_reference, family_seed, inputs
 
 transformers = pytest.importorskip("transformers")
@@ -87,38 +88,37 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str | None, bool]] = {
     "qwen2_moe-nested": ("qwen2_moe", {"rope_parameters": NESTED}, FLAT_FAILS, True),
     "qwen2-nested-and-top": ("qwen2", {"rope_parameters": NESTED | {
         "rope_type": "default", "rope_theta": 700.0}}, None, False),
+    # ... and a flat mapping without theta takes the legacy top-level rope_theta
+    "gemma2-legacy-theta": ("gemma2", {"rope_parameters": {"rope_type": "default"},
+                                       "rope_theta": 500.0}, None, False),
+    "cohere2-legacy-theta": ("cohere2", {"rope_parameters": {"rope_type": "default"},
+                                         "rope_theta": 500.0}, None, False),
     # Llama's config class has no layer_types: the entries are unknown keys, the rest is read
     "llama-nested-and-top": ("llama", {"rope_parameters": NESTED | {"rope_type": "default"},
                                        "rope_theta": 700.0}, None, False),
     # Qwen3-MoE: every layer slides with use_sliding_window; sliding layer_types without a
     # window break transformers' cache
-    "qwen3_moe-window": ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 5,
-                                       "layer_types": ["full_attention", "sliding_attention"]},
+    "qwen3_moe-window": ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 5},
                          None, False),
+    "qwen3_moe-window-sliding-types": ("qwen3_moe", {
+        "use_sliding_window": True, "sliding_window": 5,
+        "layer_types": ["sliding_attention", "sliding_attention"]}, None, False),
+    # ... full layer_types entries beside it: its cache does not slide them, decoding fails
+    "qwen3_moe-window-full-types": ("qwen3_moe", {
+        "use_sliding_window": True, "sliding_window": 5,
+        "layer_types": ["full_attention", "sliding_attention"]}, "layer_types", True),
     "qwen3_moe-types-no-window": ("qwen3_moe", {
         "sliding_window": 5, "layer_types": ["full_attention", "sliding_attention"]},
         "layer_types", True),
 }
 
 
-def _reference_output(name: str, folder: Path) -> Any:
+def _folder(variant: str, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """The variant's case saved by its config class, config.json edited."""
+    name, edits, _, _ = VARIANTS[variant]
     case = CASES[name]
-    cls = getattr(transformers, case.config)
-    ref = build_reference(case, family_seed(name), cls.from_pretrained(folder))
-    ids = torch.randint(2, 100, (2, 9), generator=torch.Generator().manual_seed(0))
-    kwargs = ({"input_ids": ids, "decoder_input_ids": ids} if case.kind == "seq2seq"
-              else {"input_ids": ids})
-    with torch.no_grad():
-        return ref(**kwargs).logits
-
-
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_rope_per_layer_type_as_transformers_reads_it(variant: str, tmp_path: Path) -> None:
-    name, edits, refusal, hf_fails = VARIANTS[variant]
-    case = CASES[name]
-    cls = getattr(transformers, case.config)
     folder = tmp_path / variant
-    cls(**case.kwargs).save_pretrained(folder)
+    getattr(transformers, case.config)(**case.kwargs).save_pretrained(folder)
     data = json.loads((folder / "config.json").read_text())
     for key, value in edits.items():
         if value is DROP:
@@ -126,7 +126,27 @@ def test_rope_per_layer_type_as_transformers_reads_it(variant: str, tmp_path: Pa
         else:
             data[key] = value
     (folder / "config.json").write_text(json.dumps(data))
+    return folder, data
 
+
+def _reference_output(name: str, folder: Path) -> Any:
+    case = CASES[name]
+    cls = getattr(transformers, case.config)
+    ref = build_reference(case, family_seed(name), cls.from_pretrained(folder))
+    ids = torch.randint(2, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        if case.kind == "causal":  # a forward, then cached decoding
+            return ref.generate(ids, max_new_tokens=3, do_sample=False, eos_token_id=-1,
+                                pad_token_id=0)
+        return ref(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rope_per_layer_type_as_transformers_reads_it(variant: str, tmp_path: Path) -> None:
+    name, _, refusal, hf_fails = VARIANTS[variant]
+    case = CASES[name]
+    cls = getattr(transformers, case.config)
+    folder, data = _folder(variant, tmp_path)
     result = CliRunner().invoke(main, ["import", str(folder), "-o", str(tmp_path / "s.yaml")])
     if hf_fails:  # the config the refusal says transformers cannot run
         with pytest.raises(Exception):  # noqa: B017 - whichever error transformers raises
@@ -137,7 +157,7 @@ def test_rope_per_layer_type_as_transformers_reads_it(variant: str, tmp_path: Pa
         return
     assert result.exit_code == 0, result.output
     spec = tfgraph.load_spec(tmp_path / "s.yaml")
-    if variant == "qwen3_moe-window":  # the window is in the spec, shorter than the inputs
+    if variant.startswith("qwen3_moe-window"):  # the window, shorter than the inputs
         assert spec.attention.window == 5 and spec.attention.window_pattern is None
     ref = build_reference(case, family_seed(name), cls.from_pretrained(folder))
     kwargs, feeds = inputs(spec, case.kind)
@@ -146,3 +166,32 @@ def test_rope_per_layer_type_as_transformers_reads_it(variant: str, tmp_path: Pa
         weights = name_map(data, spec).to_tfgraph(ref.state_dict())
         ours = to_torch(tfgraph.compile(spec), weights=weights).eval()
         check(ours(*feeds.values()), expected)
+
+
+@pytest.mark.parametrize("variant", sorted(
+    v for v, (name, _, refusal, _) in VARIANTS.items()
+    if refusal is None and CASES[name].kind not in ("masked", "seq2seq")))
+def test_greedy_tokens_of_the_imported_variant_equal_transformers(variant: str,
+                                                                  tmp_path: Path) -> None:
+    """Cached greedy decoding past the sliding windows on a left-padded batch (the rotary
+    bases of both layer kinds reach every new token)."""
+    name = VARIANTS[variant][0]
+    case = CASES[name]
+    folder, data = _folder(variant, tmp_path)
+    result = CliRunner().invoke(main, ["import", str(folder), "-o", str(tmp_path / "s.yaml")])
+    assert result.exit_code == 0, result.output
+    spec = tfgraph.load_spec(tmp_path / "s.yaml")
+    ref = build_reference(case, family_seed(name),
+                          getattr(transformers, case.config).from_pretrained(folder))
+    model = to_torch(tfgraph.compile(spec),
+                     weights=name_map(data, spec).to_tfgraph(ref.state_dict())).eval()
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.zeros((2, 11), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate((6, 11)):
+        ids[row, -n:] = torch.randint(2, spec.vocab_size("source"), (n,), generator=gen)
+        mask[row, -n:] = 1
+    with torch.no_grad():
+        want = ref.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                            eos_token_id=-1, pad_token_id=0)[:, ids.shape[1]:]
+    assert greedy_with_cache(model, ids, mask, 8).tolist() == want.tolist()

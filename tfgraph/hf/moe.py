@@ -133,7 +133,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if cfg.model_type == "qwen3_moe":
         # Qwen3MoeConfig.__post_init__ drops sliding_window unless use_sliding_window; then
         # modeling_qwen3_moe slides every layer by it (one sliding mask, each attention's
-        # sliding_window) and reads neither layer_types nor max_window_layers
+        # sliding_window) and never reads max_window_layers; layer_types only shapes its
+        # DynamicCache (cache_utils: a sliding cache layer per sliding_attention entry)
         if not cfg.bool("use_sliding_window", False):
             window = None
             cfg.moot("sliding_window")
@@ -144,6 +145,13 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
             cfg.refuse("layer_types", "sliding layers without a sliding window "
                        "(use_sliding_window false or sliding_window null): transformers' "
                        "cache for them fails")
+        if window is not None and isinstance(types, list) and set(types) != {
+                "sliding_attention"}:
+            # the mask slides every layer, the cache keeps the full layers' keys whole:
+            # cached decoding fails on the first new token (shapes differ)
+            cfg.refuse("layer_types", "full layers beside use_sliding_window: transformers "
+                       "slides every layer's mask but not their cache, and its cached "
+                       "decoding fails")
         cfg.moot("max_window_layers")
         put_windows(draft, None, window, layers)
         return draft
