@@ -118,7 +118,8 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         return draft
     draft.put("attention.qk_norm", "head", "model_type")
     params, local_theta = _gemma3_rope(cfg, types)
-    where = "rope_parameters"
+    # (a legacy rope_scaling, when there is one, is what set the global layers' scaling)
+    where = "rope_scaling" if cfg.data.get("rope_scaling") is not None else "rope_parameters"
     put_rope(draft, params, where)
     if "window" in draft.data.get("attention", {}):
         # The local layers keep their own unscaled base (tfgraph's lowering leaves layers with
