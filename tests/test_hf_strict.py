@@ -196,7 +196,9 @@ _MOOT = {
     "qwen2": {"use_sliding_window", "sliding_window", "max_window_layers"},
     "qwen3": {"use_sliding_window", "sliding_window", "max_window_layers"},
     "qwen2_moe": {"sliding_window", "max_window_layers"},
-    "qwen3_moe": {"use_sliding_window", "max_window_layers"},  # modeling reads neither
+    # Qwen3MoeConfig drops sliding_window without use_sliding_window; modeling never reads
+    # max_window_layers
+    "qwen3_moe": {"sliding_window", "max_window_layers"},
     # pretraining_tp 1: the plain projections either way (with tp > 1 it is refused:
     # test_hf_config_exact.py)
     "bloom": {"slow_but_exact"},

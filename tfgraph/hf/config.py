@@ -181,6 +181,42 @@ def activation(cfg: HFConfig, key: str, gated: bool, default: Any = _MISSING) ->
     return table[name]
 
 
+# rotary types whose standardisation (modeling_rope_utils.standardize_rope_params) adds
+# original_max_position_embeddings, and the layer types rope_parameters may be nested by
+NEED_ORIGINAL = ("llama3", "yarn", "longrope")
+_LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+def _nested_entries(cfg: HFConfig, params: Mapping[str, Any], where: str) -> bool:
+    """True when ``params`` holds entries named after the model's layer types in a family
+    whose config class declares ``layer_types`` (Qwen2, Qwen3, Qwen2-MoE, Gemma 2, Cohere 2,
+    Ministral: one flat mapping in their rotary embedding). ``standardize_rope_params``
+    (modeling_rope_utils) then takes the mapping as nested by layer type and fills neither
+    rope_type, rope_theta, partial_rotary_factor nor original_max_position_embeddings at its
+    top level, which is all the model reads (``config.rope_parameters["rope_type"]``): one
+    that lacks them fails there, so it is refused. Without a config.json layer_types (the
+    class derives them) any full_attention / sliding_attention entry counts as nested.
+    (Families without layer_types, Llama's kin, read such entries as unknown keys.)"""
+    if "layer_types" not in DEFAULTS.get(cfg.model_type, {}):
+        return False
+    types = cfg.data.get("layer_types")
+    labels = set(_LAYER_KINDS) if not isinstance(types, list) else {
+        t for t in types if isinstance(t, str)}
+    nested = sorted(k for k in params if k in labels)
+    if not nested:
+        return False
+    needed = ["rope_type", "rope_theta"]
+    if params.get("rope_type") in NEED_ORIGINAL:
+        needed.append("original_max_position_embeddings")
+    missing = [k for k in needed if k not in params]
+    if missing:
+        cfg.refuse(where, f"entries per layer type ({', '.join(nested)}) leave the top level "
+                   f"without {', '.join(missing)}, the only one transformers' model reads: "
+                   "it fails")
+    cfg.moot("rope_theta", "partial_rotary_factor")  # not filled in then
+    return True
+
+
 def rope_parameters(cfg: HFConfig, default_theta: float | None = None,
                     params: Mapping[str, Any] | None = None, where: str = "rope_parameters",
                     default_fraction: float | None = None) -> tuple[str, dict[str, Any]]:
@@ -205,6 +241,9 @@ def rope_parameters(cfg: HFConfig, default_theta: float | None = None,
     if params is not None and not isinstance(params, Mapping):
         cfg.refuse(where, "must be a mapping")
     out: dict[str, Any] = dict(params or {})
+    if _nested_entries(cfg, out, where):
+        # transformers fills nothing at the top level then, and the model reads only it
+        return where, {k: v for k, v in out.items() if k not in _LAYER_KINDS}
     assumed = cfg.class_default("rope_parameters", {})
     assumed = assumed if isinstance(assumed, Mapping) and "rope_theta" in assumed else {}
     theta_default = default_theta if default_theta is not None else assumed.get(

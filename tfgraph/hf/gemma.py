@@ -19,6 +19,7 @@ from tfgraph.hf.config import HFConfig, SpecDraft, activation, put_rope, rope_pa
 from tfgraph.hf.export_common import decoder_sizes, gated_activation, layer_types
 from tfgraph.hf.export_common import rope_parameters as rope_config
 from tfgraph.hf.names import Rule
+from tfgraph.hf.rope_types import per_type_rope
 from tfgraph.spec.schema import Spec
 
 _NORMS = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"}
@@ -36,25 +37,29 @@ def _activation(cfg: HFConfig) -> str:
     return activation(cfg, "hidden_activation", gated=True, default="gelu_pytorch_tanh")
 
 
-def _gemma3_rope(cfg: HFConfig) -> tuple[str, dict[str, Any], float]:
-    """(where, the global layers' rope parameters, the local layers' theta)."""
-    params = cfg.get("rope_parameters", None)
-    if isinstance(params, dict) and "full_attention" in params:
-        full, local = params["full_attention"], params.get("sliding_attention", {})
-        for kind, one in (("full_attention", full), ("sliding_attention", local)):
-            if not isinstance(one, dict):
-                cfg.refuse("rope_parameters", f"{kind} must be a mapping", params)
-        theta = local.get("rope_theta", 10000.0)
+def _gemma3_rope(cfg: HFConfig, types: Any) -> tuple[dict[str, Any], float]:
+    """(the global layers' rope parameters, the local layers' theta) as
+    Gemma3TextConfig.convert_rope_params_to_dict makes them (tfgraph.hf.rope_types): a flat
+    rope_parameters mapping is kept there but never read (the layer types' entries get the
+    defaults), a legacy rope_scaling updates the global entry alone, the top-level rope_theta
+    and rope_local_base_freq fill missing thetas (else 1e6 and 1e4)."""
+    kinds = {t for t in types if isinstance(t, str)} if isinstance(types, list) else set()
+    rope = per_type_rope(cfg, {"full_attention": ("rope_theta", 1000000.0),
+                               "sliding_attention": ("rope_local_base_freq", 10000.0)},
+                         ("full_attention",), kinds)
+    full, local = rope["full_attention"], rope["sliding_attention"]
+    theta = local["rope_theta"]
+    if "sliding_attention" in kinds:
         if isinstance(theta, bool) or not isinstance(theta, (int, float)):
             cfg.refuse("rope_parameters", "sliding_attention's rope_theta must be a number",
-                       params)
-        if local.get("rope_type", "default") != "default":
+                       cfg.data.get("rope_parameters"))
+        if local["rope_type"] != "default":
             cfg.refuse("rope_parameters", "tfgraph scales the rotary frequencies of every "
                        "layer alike; scaling only the sliding-window layers has no spec form",
-                       params)
-        return "rope_parameters", dict(full), float(theta)
-    where, full = rope_parameters(cfg, default_theta=1000000.0)
-    return where, full, cfg.float("rope_local_base_freq", 10000.0)
+                       cfg.data.get("rope_parameters"))
+        if "full_attention" not in kinds:  # every layer local: the global entry is unread
+            full = {"rope_type": "default", "rope_theta": theta}
+    return full, float(theta) if isinstance(theta, (int, float)) else 0.0
 
 
 def spec_from_config(cfg: HFConfig) -> SpecDraft:
@@ -112,7 +117,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         put_rope(draft, params, where)
         return draft
     draft.put("attention.qk_norm", "head", "model_type")
-    where, params, local_theta = _gemma3_rope(cfg)
+    params, local_theta = _gemma3_rope(cfg, types)
+    # (a legacy rope_scaling, when there is one, is what set the global layers' scaling)
+    where = "rope_scaling" if cfg.data.get("rope_scaling") is not None else "rope_parameters"
     put_rope(draft, params, where)
     if "window" in draft.data.get("attention", {}):
         # The local layers keep their own unscaled base (tfgraph's lowering leaves layers with

@@ -20,35 +20,42 @@ from tfgraph.hf.common import layer_kinds, linear_rows, norm_rows, put_sizes, pu
 from tfgraph.hf.config import HFConfig, SpecDraft, activation
 from tfgraph.hf.export_common import gated_activation, layer_types
 from tfgraph.hf.names import Rule
+from tfgraph.hf.rope_types import per_type_rope
 from tfgraph.spec.schema import GATED_INNER, Spec
 
 _GLOBAL, _LOCAL = 160000.0, 10000.0  # ModernBertConfig.default_theta
 
 
-def _thetas(cfg: HFConfig) -> tuple[float, float]:
-    """(the global layers' rotary base, the local layers'), unscaled: transformers 5's
-    rope_parameters per layer type, or the older global_rope_theta / local_rope_theta."""
+def _thetas(cfg: HFConfig, types: Any) -> tuple[float, float]:
+    """(the global layers' rotary base, the local layers'), unscaled, as
+    ModernBertConfig.convert_rope_params_to_dict makes them (tfgraph.hf.rope_types): the
+    entries of rope_parameters per layer type, a legacy rope_scaling updating both, a missing
+    theta filled from the older global_rope_theta / local_rope_theta (else 160000 and
+    10000). The class's field type admits only a mapping of those two entries."""
     params = cfg.get("rope_parameters", None)
-    if params is None:
-        return cfg.float("global_rope_theta", _GLOBAL), cfg.float("local_rope_theta", _LOCAL)
-    cfg.moot("global_rope_theta", "local_rope_theta")  # folded into rope_parameters
-    if not isinstance(params, dict) or set(params) - {"full_attention", "sliding_attention"}:
+    if params is not None and (not isinstance(params, dict)
+                               or set(params) - {"full_attention", "sliding_attention"}):
         cfg.refuse("rope_parameters", "ModernBERT's rotary settings are one mapping per layer "
                    "type (full_attention, sliding_attention)")
+    kinds = {t for t in types if isinstance(t, str)} if isinstance(types, list) else set()
+    rope = per_type_rope(cfg, {"full_attention": ("global_rope_theta", _GLOBAL),
+                               "sliding_attention": ("local_rope_theta", _LOCAL)},
+                         ("full_attention", "sliding_attention"), kinds)
     thetas = []
-    for kind, default in (("full_attention", _GLOBAL), ("sliding_attention", _LOCAL)):
-        one = params.get(kind)
-        one = {} if one is None else one
-        if not isinstance(one, dict):
-            cfg.refuse("rope_parameters", f"{kind} must be a mapping", params)
-        if one.get("rope_type", "default") != "default" or set(one) - {"rope_type",
-                                                                          "rope_theta"}:
+    for kind in ("full_attention", "sliding_attention"):
+        one = rope[kind]
+        theta = one["rope_theta"]
+        if kind not in kinds:  # an entry no layer reads
+            thetas.append(float(theta) if isinstance(theta, (int, float)) else 0.0)
+            continue
+        if one["rope_type"] != "default" or set(one) - {"rope_type", "type", "rope_theta"}:
             cfg.refuse("rope_parameters", "tfgraph imports ModernBERT's unscaled rotary "
-                       "frequencies only (rope_type default)", params)
-        theta = one.get("rope_theta", default)
+                       "frequencies only (rope_type default)", rope)
         if isinstance(theta, bool) or not isinstance(theta, (int, float)):
             cfg.refuse("rope_parameters", "rope_theta must be a number", params)
         thetas.append(float(theta))
+    if "full_attention" not in kinds:  # every layer local: their base is the model's
+        thetas[0] = thetas[1]
     return thetas[0], thetas[1]
 
 
@@ -69,9 +76,6 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("norm.skip_first", True)  # layer 0's attn_norm is nn.Identity
     draft.put("embedding.norm", True)  # embeddings.norm
     draft.put("embedding.output_bias", cfg.bool("decoder_bias", True), "decoder_bias")
-    global_theta, local_theta = _thetas(cfg)
-    draft.put("embedding.positions", "rope")
-    draft.put("embedding.rope_theta", global_theta, "rope_parameters")
     # the local attention's half width, both sides, plus the query itself (see the docstring)
     half = cfg.int("local_attention", 128) // 2
     types = cfg.get("layer_types", None)
@@ -81,6 +85,9 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
                             else "full_attention")
     else:
         cfg.moot("global_attn_every_n_layers")  # what it made
+    global_theta, local_theta = _thetas(cfg, types)
+    draft.put("embedding.positions", "rope")
+    draft.put("embedding.rope_theta", global_theta, "rope_parameters")
     put_windows(draft, types, half + 1, layers, "local_attention")
     if "window" in draft.data.get("attention", {}) and local_theta != global_theta:
         draft.put("embedding.local_rope_theta", local_theta, "rope_parameters")

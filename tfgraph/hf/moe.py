@@ -130,9 +130,32 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     # (Phi-MoE: every layer slides when sliding_window is set, PhimoeModel's mask)
     window = None if cfg.model_type in ("olmoe", "granitemoe") \
         else cfg.get("sliding_window", None)
-    if cfg.model_type == "qwen3_moe":  # modeling reads sliding_window whatever the flag says
-        cfg.moot("use_sliding_window", "max_window_layers")
-    elif qwen and not cfg.bool("use_sliding_window", False):
+    if cfg.model_type == "qwen3_moe":
+        # Qwen3MoeConfig.__post_init__ drops sliding_window unless use_sliding_window; then
+        # modeling_qwen3_moe slides every layer by it (one sliding mask, each attention's
+        # sliding_window) and never reads max_window_layers; layer_types only shapes its
+        # DynamicCache (cache_utils: a sliding cache layer per sliding_attention entry)
+        if not cfg.bool("use_sliding_window", False):
+            window = None
+            cfg.moot("sliding_window")
+        types = cfg.get("layer_types", None)
+        if window is None and isinstance(types, list) and "sliding_attention" in types:
+            # DynamicCache(config=...) builds a sliding cache layer per such entry from
+            # config.sliding_window, None here: the model's forward fails
+            cfg.refuse("layer_types", "sliding layers without a sliding window "
+                       "(use_sliding_window false or sliding_window null): transformers' "
+                       "cache for them fails")
+        if window is not None and isinstance(types, list) and set(types) != {
+                "sliding_attention"}:
+            # the mask slides every layer, the cache keeps the full layers' keys whole:
+            # cached decoding fails on the first new token (shapes differ)
+            cfg.refuse("layer_types", "full layers beside use_sliding_window: transformers "
+                       "slides every layer's mask but not their cache, and its cached "
+                       "decoding fails")
+        cfg.moot("max_window_layers")
+        put_windows(draft, None, window, layers)
+        return draft
+    if qwen and not cfg.bool("use_sliding_window", False):
         window = None
         cfg.moot("max_window_layers")  # transformers reads it only with a sliding window
     if qwen and window:
