@@ -31,6 +31,21 @@ def test_import_tfgraph_needs_no_back_end_library() -> None:
     assert proc.stdout.strip() == ""
 
 
+def test_a_yaml_spec_command_imports_no_hugging_face_reader() -> None:
+    """``plan`` / ``report`` on a YAML spec start without tfgraph.hf and the numpy it pulls in
+    (about 0.3 s of a ``plan --search`` command's 2 s goal, benchmarks/plan_search.py)."""
+    code = (
+        "import sys\n"
+        "from tfgraph.cli import main\n"
+        f"main(['plan', {str(ROOT / 'specs' / 'tiny-llama.yaml')!r}, '--gpus', '1', '--json'],"
+        " standalone_mode=False)\n"
+        "print(','.join(m for m in ('tfgraph.hf', 'numpy') if m in sys.modules),"
+        " file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stderr.strip() == ""
+
+
 def test_public_api() -> None:
     assert {"Spec", "load_spec", "__version__"} <= set(dir(tfgraph))
     assert tfgraph.__version__.count(".") >= 2

@@ -23,12 +23,6 @@ from tfgraph.spec.schema import Spec
 CONFIG_NAME = "config.json"
 
 
-def is_config_path(path: str | os.PathLike[str]) -> bool:
-    """A folder, or a ``.json`` file: what ``load_spec`` reads as a Hugging Face config."""
-    name = os.fspath(path)
-    return name.lower().endswith(".json") or Path(name).is_dir()
-
-
 def readable_roots(folder: Path) -> list[Path]:
     """Where the files of model folder ``folder`` may really be: inside it, or, for a
     snapshot of the Hugging Face hub cache (``models--org--name/snapshots/<rev>/``, whose files

@@ -57,14 +57,21 @@ def load_spec(path: str | os.PathLike[str]) -> Spec:
     ``config.json`` or model folder holding one (converted by ``tfgraph.hf``, README.md
     "tfgraph import")."""
     name = os.fspath(path)
-    from tfgraph.hf.files import is_config_path, load_config_spec
     from tfgraph.io import note_input
 
     note_input(name)  # no output of this command may be it or lie inside it
 
-    if is_config_path(name):
+    if is_config_path(name):  # tfgraph.hf (and numpy) only for a config: a YAML spec's
+        from tfgraph.hf.files import load_config_spec  # commands start faster
+
         return load_config_spec(name)
     return parse_spec(read_spec_text(name), filename=name)
+
+
+def is_config_path(path: str | os.PathLike[str]) -> bool:
+    """A folder, or a ``.json`` file: what ``load_spec`` reads as a Hugging Face config."""
+    name = os.fspath(path)
+    return name.lower().endswith(".json") or Path(name).is_dir()
 
 
 def dump_spec(spec: Spec) -> str:
