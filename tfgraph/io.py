@@ -292,7 +292,13 @@ def check_writable(target: str | os.PathLike[str]) -> None:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory the kernel says a new allocation can still get (Linux), else None."""
+    """Bytes a new allocation can still get (Linux), else None: the kernel's ``MemAvailable``,
+    or less where this process's memory cgroup (a container's limit) leaves less."""
+    found = [n for n in (_meminfo_available(), cgroup_available()) if n is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
             for line in handle:
@@ -301,6 +307,58 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+UNLIMITED = 1 << 60
+"""cgroup v1 writes "no limit" as a page-rounded 2^63 - 1; any limit past 2^60 is none."""
+
+
+def cgroup_available(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup"
+                     ) -> int | None:
+    """Bytes this process's memory cgroup can still charge: its limit less its usage, with the
+    inactive page cache (which the kernel reclaims before it kills) counted as free, as the
+    kubelet's working set does; the tightest over the cgroup and its parents. cgroup v2:
+    ``memory.max`` / ``memory.current`` / ``memory.stat`` ``inactive_file``; v1:
+    ``memory.limit_in_bytes`` / ``memory.usage_in_bytes`` / ``total_inactive_file``. None
+    without a limit or a readable cgroup."""
+    base = Path(root)
+    if (base / "memory" / "memory.limit_in_bytes").exists():  # v1, the container's own view
+        return _cgroup_room(base / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+                            "total_inactive_file")
+    try:
+        own = next(line[3:].strip() for line in Path(membership).read_text(
+            encoding="ascii").splitlines() if line.startswith("0::"))
+    except (OSError, ValueError, StopIteration):
+        own = "/"
+    folder = (base / own.lstrip("/")).resolve()
+    if folder != base.resolve() and base.resolve() not in folder.parents:
+        folder = base.resolve()  # a path outside the hierarchy: its root only
+    rooms = []
+    while True:  # a parent's limit binds too
+        room = _cgroup_room(folder, "memory.max", "memory.current", "inactive_file")
+        if room is not None:
+            rooms.append(room)
+        if folder == base.resolve() or folder.parent == folder:
+            break
+        folder = folder.parent
+    return min(rooms) if rooms else None
+
+
+def _cgroup_room(folder: Path, limit_file: str, usage_file: str, inactive_key: str
+                 ) -> int | None:
+    try:
+        limit_text = (folder / limit_file).read_text(encoding="ascii").strip()
+        if limit_text == "max" or int(limit_text) >= UNLIMITED:
+            return None
+        usage = int((folder / usage_file).read_text(encoding="ascii").strip())
+        inactive = 0
+        for line in (folder / "memory.stat").read_text(encoding="ascii").splitlines():
+            key, _, value = line.partition(" ")
+            if key == inactive_key:
+                inactive = int(value)
+        return max(int(limit_text) - usage + inactive, 0)
+    except (OSError, ValueError):
+        return None
 
 
 def _gb(n: int) -> str:

@@ -26,7 +26,7 @@ MASTER_COPY_BYTES = 4  # fp32 master weights kept for 16-bit training
 ADAM_STEP_BYTES = 4
 """torch.optim.Adam / AdamW keep a float32 ``step`` tensor in each parameter's state, one per
 parameter tensor Adam steps (``_init_group``: torch.tensor(0.0, dtype=_get_scalar_dtype()));
-measured against torch.optim.AdamW in tests/test_report.py."""
+measured against torch.optim.AdamW in tests/test_model_states_grad.py."""
 STEP_NOTE = " Adam's float32 step count adds 4 bytes per parameter tensor."
 FP32_BYTES = 4
 STATES = ("mixed", "megatron")
