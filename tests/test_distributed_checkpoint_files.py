@@ -6,10 +6,12 @@ overwritten. One process (--strategy none), in this process through the example'
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
-from pathlib import Path
+from pathlib import Path, PosixPath
+from typing import Any
 
 import pytest
 import torch
@@ -114,6 +116,77 @@ def test_metadata_that_is_not_dcp_records_is_refused(tmp_path: Path, payload: by
     with pytest.raises(CheckpointRefused, match=says):
         read_metadata(file)
     assert Metadata.version is None  # the class is as torch defines it
+
+
+# BUILD on what an allowed global gives rather than on a record: _get_layout's cache (torch.load
+# of a sparse tensor looks its layout up there) and an enum member's value are torch's own
+_POISON_LAYOUTS = (b"ctorch.serialization\n_get_layout\n(dS'cache'\n(dS'torch.strided'\n"
+                   b"S'POISON'\nssb.")
+_POISON_ENUM = (b"ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n(I0\ntR"
+                b"(dS'_value_'\nI99\nsb.")
+
+
+@pytest.mark.parametrize("payload, says", [
+    (_POISON_LAYOUTS, "sets attributes of the function torch.serialization._get_layout"),
+    (_POISON_ENUM, "sets attributes of a _MEM_FORMAT_ENCODING"),
+])
+def test_metadata_that_changes_torchs_own_objects_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], payload: bytes, says: str) -> None:
+    """Refused in one line, exit 2, and torch is left as it was: a sparse tensor still
+    round-trips through torch.load(weights_only=True)."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    get_layout: Any = torch.serialization._get_layout
+    cache, member = get_layout.cache, _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
+    before = dict(cache)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(payload)
+    (folder / "train_state.json").write_text('{"step": 0}')
+    try:
+        assert load_example().main([*BASE, "--steps", "2", "--resume", str(folder)]) == 2
+        assert get_layout.cache is cache and cache == before
+        assert member.value == 0 and _MEM_FORMAT_ENCODING(0) is member
+        sparse, buffer = torch.eye(3).to_sparse(), io.BytesIO()
+        torch.save(sparse, buffer)
+        buffer.seek(0)
+        torch.testing.assert_close(torch.load(buffer, weights_only=True), sparse)
+        line = _one_error_line(capsys)
+        assert f"{folder / '.metadata'}: {says}; a torch.distributed" in line, line
+    finally:  # without the check, keep the rest of the session's torch whole
+        get_layout.cache = cache
+        member._value_ = 0
+
+
+def test_a_checkpoint_written_under_python_313_is_read(saved: Path, tmp_path: Path) -> None:
+    """Python 3.13 pickles a PosixPath (the checkpoint_id FileSystemWriter stores) as
+    pathlib._local.PosixPath: the genuine .metadata, written as 3.13's pickler writes it,
+    reads back equal."""
+    genuine = pickle.loads((saved / ".metadata").read_bytes())  # the test's own file
+    assert isinstance(genuine.storage_meta.checkpoint_id, PosixPath)
+
+    class Python313(pickle._Pickler):  # type: ignore[name-defined]  # pure-Python pickler
+        def save_global(self, obj: object, name: str | None = None) -> None:
+            if obj is not PosixPath:
+                super().save_global(obj, name)
+                return
+            # what save_global writes for a class whose __module__ is pathlib._local
+            self.save("pathlib._local")
+            self.save("PosixPath")
+            self.write(pickle.STACK_GLOBAL)
+            self.memoize(obj)
+
+    buffer = io.BytesIO()
+    Python313(buffer, protocol=4).dump(genuine)  # 3.13's default protocol
+    data = buffer.getvalue()
+    assert b"pathlib._local" in data and b"\x07pathlib\x94" not in data
+    file = tmp_path / ".metadata"
+    file.write_bytes(data)
+    metadata = read_metadata(file)
+    assert metadata.storage_meta == genuine.storage_meta
+    assert metadata.storage_meta.checkpoint_id == saved  # type: ignore[union-attr]
+    assert metadata.state_dict_metadata == genuine.state_dict_metadata
+    assert metadata.storage_data == genuine.storage_data
 
 
 def test_an_entry_outside_the_folder_is_refused(saved: Path, tmp_path: Path) -> None:

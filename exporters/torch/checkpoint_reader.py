@@ -17,14 +17,17 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from pathlib import Path, PurePath
+from pathlib import Path, PosixPath, PurePath
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata, ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
+    TensorProperties, TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import ReadItem
 
 from tfgraph.errors import TfgraphError
@@ -44,9 +47,24 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset({
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     # the values in them: shapes, layouts (pickled by name), the checkpoint_id a Path
     ("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+    # Python 3.13 moved the concrete paths to pathlib._local (pathlib re-exports them):
+    # FileSystemWriter's checkpoint_id (always a Path: FileSystem.init_path) pickles by
+    # that name there. Only PosixPath: DCP writes a WindowsPath on Windows only, which
+    # cannot be made on POSIX (torch's own reader fails on it too); no pure paths.
+    ("pathlib._local", "PosixPath"),
 })
 """(module, name) pairs a genuine ``.metadata`` refers to; dtypes (``torch.float32`` ...)
 are allowed too (:func:`_allowed`)."""
+
+_RECORDS: frozenset[type] = frozenset({
+    Metadata, TensorStorageMetadata, TensorProperties, ChunkStorageMetadata,
+    BytesStorageMetadata, MetadataIndex, StorageMeta, _StorageInfo,
+})
+"""The classes whose instances a genuine ``.metadata`` sets state on (BUILD): DCP's
+dataclasses, made afresh by the unpickler. Never the other allowed globals or what they
+return (the function ``_get_layout``, whose ``cache`` attribute torch.load reads; the enum
+members of ``_MEM_FORMAT_ENCODING``; ``torch.Size``; paths; dtypes): their state is torch's
+for the rest of the process."""
 
 
 class CheckpointRefused(TfgraphError):
@@ -60,11 +78,22 @@ def _allowed(module: str, name: str) -> bool:
     return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
 
 
+def _described(target: Any) -> str:
+    """Names what a BUILD would change, without calling its own code (repr, str)."""
+    if isinstance(target, type):
+        return f"the class {target.__name__}"
+    kind = type(target).__name__
+    name = getattr(target, "__qualname__", None) if callable(target) else None
+    module = getattr(target, "__module__", None) if callable(target) else None
+    if isinstance(name, str) and isinstance(module, str):
+        return f"the {kind} {module}.{name}"
+    return f"a {kind}"
+
+
 class _MetadataUnpickler(pickle._Unpickler):
     """Builds only the classes of :data:`_ALLOWED` (and dtypes); pickle's own types (dict,
     list, tuple, str, numbers) need no global. Python's own unpickler (not the C one) so that
-    BUILD can be checked too: BUILD on a class object would set attributes on that class
-    (torch's own, for the rest of the process)."""
+    BUILD can be checked too: it is allowed on instances of :data:`_RECORDS` only."""
 
     dispatch = dict(pickle._Unpickler.dispatch)
 
@@ -77,6 +106,8 @@ class _MetadataUnpickler(pickle._Unpickler):
             raise CheckpointRefused(f"{self.where}: refers to {module}.{name}, which a "
                                     "torch.distributed.checkpoint .metadata does not hold; "
                                     "not unpickled (it could run code)")
+        if module == "pathlib._local":  # 3.13's name of pathlib.PosixPath; 3.10-3.12 lack it
+            return PosixPath
         return super().find_class(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
@@ -84,12 +115,14 @@ class _MetadataUnpickler(pickle._Unpickler):
                                 "torch.distributed.checkpoint .metadata has none")
 
     def _load_build(self) -> None:
-        # the stack holds [..., object, state]: DCP's records set state on instances only
+        # the stack holds [..., object, state]: DCP's records set state on their own fresh
+        # instances only; on anything else (a class, the function _get_layout, an enum
+        # member) BUILD would change torch's state for the rest of the process
         stack: list[Any] = self.stack  # type: ignore[attr-defined]  # pickle's, undeclared
-        if len(stack) >= 2 and isinstance(stack[-2], type):
-            raise CheckpointRefused(f"{self.where}: sets attributes of the class "
-                                    f"{stack[-2].__name__}; a torch.distributed."
-                                    "checkpoint .metadata sets those of records only")
+        if len(stack) >= 2 and type(stack[-2]) not in _RECORDS:
+            raise CheckpointRefused(f"{self.where}: sets attributes of {_described(stack[-2])}"
+                                    "; a torch.distributed.checkpoint .metadata sets those "
+                                    "of its records only")
         pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
 
     dispatch[pickle.BUILD[0]] = _load_build  # type: ignore[assignment]
