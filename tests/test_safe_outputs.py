@@ -3,7 +3,9 @@ on inputs, and one signal policy; every reproduction runs the CLI in a subproces
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -519,6 +521,53 @@ def test_files_tfgraph_wrote_last_time_are_replaced_or_removed(folder: Path,
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         ".tfgraph-output", "model.py", "spec.yaml", "weights.safetensors"]
+
+
+def _copied(src: Path, dst: Path) -> Path:
+    """``src`` copied as ``cp -r`` or a tar restore leaves it: the same bytes, each file with
+    another modification time (set to 2000-01-01, so that it differs for certain)."""
+    shutil.copytree(src, dst, copy_function=shutil.copyfile)
+    for path in dst.iterdir():
+        os.utime(path, ns=(946_684_800 * 10**9, 946_684_800 * 10**9))
+    return dst
+
+
+def test_a_copied_folder_is_rebuilt_in_place(tmp_path: Path) -> None:
+    """The mark records each file's digest beside its size and modification time: a folder
+    tfgraph built, copied (new modification times), is rebuilt in place; a file edited in
+    the copy (same size, other bytes) is still refused by name and kept."""
+    spec = str(ROOT / "specs" / "tiny-llama.yaml")
+    out = tmp_path / "out"
+    assert tfgraph("build", spec, "--to", "torch", "-o", str(out)).returncode == 0
+    copy = _copied(out, tmp_path / "copy")
+    result = tfgraph("build", spec, "--to", "torch", "-o", str(copy), "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    new = copy / "weights.safetensors"
+    assert new.read_bytes() != (out / "weights.safetensors").read_bytes()  # replaced
+    edited = _copied(out, tmp_path / "edited") / "weights.safetensors"
+    data = bytearray(edited.read_bytes())
+    data[-1] ^= 1
+    edited.write_bytes(data)
+    refused(tfgraph("build", spec, "--to", "torch", "-o", str(edited.parent), "--seed", "1"),
+            "weights.safetensors: not written by tfgraph")
+    assert edited.read_bytes() == data
+
+
+def test_a_mark_without_digests_vouches_by_size_and_time(tmp_path: Path) -> None:
+    """A mark of [size, mtime_ns] pairs (tfgraph before digests) vouches for a file as it
+    did: unchanged size and modification time; a copied folder's files it cannot vouch for."""
+    spec = str(ROOT / "specs" / "tiny-llama.yaml")
+    out = tmp_path / "out"
+    assert tfgraph("build", spec, "--to", "torch", "-o", str(out)).returncode == 0
+    mark = out / ".tfgraph-output"
+    wrote = json.loads(mark.read_text())["tfgraph_wrote"]
+    legacy = {"tfgraph_wrote": {name: entry[:2] for name, entry in wrote.items()}}
+    mark.write_text(json.dumps(legacy))
+    copy = _copied(out, tmp_path / "copy")
+    refused(tfgraph("build", spec, "--to", "torch", "-o", str(copy), "--seed", "1"),
+            "weights.safetensors: not written by tfgraph")
+    result = tfgraph("build", spec, "--to", "torch", "-o", str(out), "--seed", "1")
+    assert result.returncode == 0, result.stderr
 
 
 def test_an_earlier_tfgraphs_empty_mark_vouches_only_for_the_names_rebuilt(

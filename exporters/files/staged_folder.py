@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import filecmp
+import hashlib
 import json
 import os
 import re
@@ -27,13 +28,18 @@ from tfgraph.errors import TfgraphError
 MARKER = ".tfgraph-output"
 """A file in every folder tfgraph builds: a later build may replace only such a folder (or an
 empty one), never one of the same file names that tfgraph did not write. It records the files
-the build wrote, each with its size and modification time (:func:`_record`): a file there that
-is not recorded, or was changed since, is the user's (:func:`_check_replaceable`). Written empty
-first (a killed build's staging is told from a folder of the user's by it), filled last. An
-empty one is an earlier tfgraph's, which recorded nothing."""
+the build wrote, each with its size, modification time and SHA-256 (:func:`_record`): a file
+there that is not recorded, or was changed since, is the user's (:func:`_check_replaceable`).
+The digest vouches for a file whose modification time alone changed (the folder copied with
+``cp -r``, restored from a tar). Written empty first (a killed build's staging is told from a
+folder of the user's by it), filled last. An empty one is an earlier tfgraph's, which recorded
+nothing; one of [size, mtime_ns] pairs (before digests) vouches by size and time only."""
 
 MAX_MARKER_BYTES = 1 << 20
-"""A record lists a few dozen files (about 80 bytes each); a larger mark is not read."""
+"""A record lists a few dozen files (about 150 bytes each); a larger mark is not read."""
+
+_CHUNK = 1 << 20
+"""Files are digested a MiB at a time: a weights file is never read into memory whole."""
 
 
 def check_target(out_dir: Path, names: Collection[str], kind: str) -> None:
@@ -97,19 +103,28 @@ def staged_folder(out_dir: Path, names: Collection[str], kind: str) -> Iterator[
 
 
 def _record(stage: Path) -> None:
-    """Fill ``stage``'s MARKER with the files written: name -> [size, mtime_ns]. Renames
-    keep both, so the folder swapped in still matches (chmod and fsync change neither)."""
-    wrote = {}
+    """Fill ``stage``'s MARKER with the files written: name -> [size, mtime_ns, sha256 hex].
+    Renames keep all three, so the folder swapped in still matches (chmod and fsync change
+    neither); a copy keeps size and digest."""
+    wrote: dict[str, list[int | str]] = {}
     for path in sorted(stage.iterdir()):
         info = path.lstat()
         if path.name != MARKER and stat.S_ISREG(info.st_mode):
-            wrote[path.name] = [info.st_size, info.st_mtime_ns]
+            digest = _digest(path)
+            if digest is None:
+                raise OSError(f"cannot read back {path.name}")
+            wrote[path.name] = [info.st_size, info.st_mtime_ns, digest]
     (stage / MARKER).write_text(json.dumps({"tfgraph_wrote": wrote}, indent=1) + "\n",
                                 encoding="utf-8")
 
 
-def _recorded(out_dir: Path) -> dict[str, tuple[int, int]] | None:
-    """What the MARKER in ``out_dir`` records (name -> (size, mtime_ns)); None for an empty
+Recorded = tuple[int, int, str | None]
+"""What a mark records of a file: size, mtime_ns and its SHA-256 (None in a mark written
+before digests)."""
+
+
+def _recorded(out_dir: Path) -> dict[str, Recorded] | None:
+    """What the MARKER in ``out_dir`` records (name -> :data:`Recorded`); None for an empty
     mark (an earlier tfgraph's, recording nothing) and {} for one that cannot be read."""
     try:
         with open(out_dir / MARKER, "rb") as handle:
@@ -120,17 +135,32 @@ def _recorded(out_dir: Path) -> dict[str, tuple[int, int]] | None:
         return None
     try:
         wrote = json.loads(data.decode("utf-8"))["tfgraph_wrote"]
-        return {name: (int(size), int(mtime)) for name, (size, mtime) in wrote.items()
-                if isinstance(name, str) and isinstance(size, int) and isinstance(mtime, int)}
+        return {name: entry for name, entry in
+                ((name, _entry(value)) for name, value in wrote.items())
+                if isinstance(name, str) and entry is not None}
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return {}  # damaged, or too large: it vouches for no file
+
+
+def _entry(value: object) -> Recorded | None:
+    """One file's record in a mark ([size, mtime_ns] or [size, mtime_ns, sha256 hex]);
+    None for anything else (it vouches for nothing)."""
+    if not isinstance(value, list) or len(value) not in (2, 3):
+        return None
+    size, mtime = value[0], value[1]
+    digest = value[2] if len(value) == 3 else None
+    if type(size) is not int or type(mtime) is not int:
+        return None
+    if len(value) == 3 and not (isinstance(digest, str) and len(digest) == 64):
+        return None
+    return size, mtime, digest
 
 
 def _check_replaceable(out_dir: Path, stage: Path, kind: str) -> None:
     """Refuse, naming them, the files in ``out_dir`` that swapping ``stage`` in would lose:
     those the previous build did not record writing (or that changed since: their size or
-    modification time differ), unless ``stage`` holds the same bytes under that name. An
-    empty (earlier tfgraph's) mark vouches for the names this build writes again."""
+    content differ), unless ``stage`` holds the same bytes under that name. An empty
+    (earlier tfgraph's) mark vouches for the names this build writes again."""
     if not out_dir.is_dir():
         return
     recorded = _recorded(out_dir)
@@ -147,7 +177,7 @@ def _check_replaceable(out_dir: Path, stage: Path, kind: str) -> None:
         new = stage / name
         if recorded is None and new.is_file():
             continue
-        if regular and recorded and recorded.get(name) == (info.st_size, info.st_mtime_ns):
+        if regular and recorded and name in recorded and _unchanged(path, info, recorded[name]):
             continue  # as tfgraph wrote it
         if regular and new.is_file() and _same_bytes(path, new):
             continue  # the same bytes again
@@ -157,6 +187,30 @@ def _check_replaceable(out_dir: Path, stage: Path, kind: str) -> None:
         raise TfgraphError(f"{out_dir}: {shown}: not written by tfgraph (or changed since); "
                            f"rebuilding this {kind} would replace or remove them: move them "
                            "away or use another directory")
+
+
+def _unchanged(path: Path, info: os.stat_result, record: Recorded) -> bool:
+    """Whether ``path`` (``info`` its lstat) is the file ``record`` describes: the same size
+    and modification time, or (the folder copied: a new time) the same size and digest. The
+    digest is read only then, so a rebuild in place reads nothing back."""
+    size, mtime, digest = record
+    if info.st_size != size:
+        return False
+    if info.st_mtime_ns == mtime:
+        return True
+    return digest is not None and _digest(path) == digest
+
+
+def _digest(path: Path) -> str | None:
+    """SHA-256 of ``path`` as hex, read a chunk at a time; None when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None  # unreadable: vouched for by nothing
+    return digest.hexdigest()
 
 
 def _same_bytes(a: Path, b: Path) -> bool:
