@@ -17,6 +17,7 @@ import itertools
 import json
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,45 @@ def test_sampling_is_reproducible_from_its_seed() -> None:
     assert first != greedy
     assert sample(3, top_k=1) == greedy  # the one token top-k keeps is the argmax
     assert sample(5, temperature=0.0) == greedy  # temperature 0 is greedy
+
+
+def test_a_tiny_temperature_is_the_greedy_limit() -> None:
+    """Logits / 1e-320 overflowed to inf (NaN probabilities, every draw clamped to the last
+    id, numpy overflow warnings); the row max comes off first, so the top token stays 0 and
+    the rest go to -inf: greedy's tokens on both back ends, with no RuntimeWarning."""
+    spec = SPECS / "tiny-llama.yaml"
+    greedy = tfgraph.generate(spec, PROMPTS, max_new_tokens=8).tokens
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        logits = np.array([[3.0, 40.0, -7.5, 39.0], [1e4, -1e4, 0.0, 2e4]], dtype=np.float32)
+        for temperature in (1e-320, 1e-300, 1e-30):
+            assert Sampler(temperature, seed=1)(logits).tolist() == [1, 3]
+        for backend in ("onnx", "torch"):
+            got = tfgraph.generate(spec, PROMPTS, max_new_tokens=8, temperature=1e-320,
+                                   seed=1, backend=backend).tokens
+            assert got == greedy, backend
+
+
+def test_logits_that_are_not_finite_are_never_drawn_from() -> None:
+    """NaN or +inf logits give no distribution: one clear error, not the last id."""
+    for row in ([np.nan, 0.0, 1.0], [np.inf, 0.0, 1.0]):
+        with pytest.raises(TfgraphError, match="NaN or infinity"):
+            Sampler(temperature=1.0, seed=0)(np.array([row]))
+
+
+def test_a_seed_without_sampling_is_noted() -> None:
+    """--seed seeds the sampler only: greedy decoding and beam search draw nothing, so it
+    is named as having no effect (one note line, exit 0), and not when it samples."""
+    args = (SPECS / "tiny-llama.yaml", "--prompt-ids", "1,2", "--max-new-tokens", "2")
+    for extra, search in ((), "greedy decoding"), (("--temperature", "0"), "greedy decoding"),\
+            (("--beams", "2"), "beam search (--beams 2)"):
+        result = cli(*args, "--seed", "3", *extra)
+        assert result.exit_code == 0, result.stderr
+        notes = [line for line in result.stderr.splitlines() if "--seed" in line]
+        assert notes == [f"note: --seed 3 has no effect: {search} draws nothing (--seed seeds "
+                         "--temperature, --top-k and --top-p sampling)"], result.stderr
+    result = cli(*args, "--seed", "3", "--temperature", "0.7")
+    assert result.exit_code == 0 and "--seed" not in result.stderr, result.stderr
 
 
 def draws(sampler: Sampler, logits: np.ndarray, n: int = 4000) -> np.ndarray:

@@ -72,6 +72,9 @@ def test_weights_refusals(tmp_path: Path) -> None:
     assert run_cli("build", str(LLAMA), "--to", "onnx", "-o", str(model)).returncode == 0
     refused(run_cli("generate", str(model), "--weights", str(tmp_path / "w.safetensors"),
                     "--prompt-ids", "1"), "own weights")
+    # --weights-seed would be ignored by the model's initializers: refused the same way
+    refused(run_cli("generate", str(model), "--weights-seed", "3", "--prompt-ids", "1"),
+            "--weights-seed: an .onnx model carries its own weights")
     # a file for another spec: every mismatch named, before any work
     refused(run_cli("generate", str(ROOT / "specs" / "tiny-gemma.yaml"), "--weights",
                     str(tmp_path / "w.safetensors"), "--prompt-ids", "1"), "w.safetensors")

@@ -169,6 +169,10 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     prompts: list[Any] = [parse_ids(p) for p in prompt_ids] or list(prompt_texts)
     sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
     check_search(sampler, beams)
+    if seed is not None and sampler.greedy:  # harmless, so a note rather than a refusal
+        search = f"beam search (--beams {beams})" if beams > 1 else "greedy decoding"
+        click.echo(f"note: --seed {seed} has no effect: {search} draws nothing (--seed "
+                   "seeds --temperature, --top-k and --top-p sampling)", err=True)
     eos: Any = None if ignore_eos else (list(eos_ids) or FROM_MODEL)
     _check_memory_early(source, prompts, max_new_tokens, beams, not no_cache)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,

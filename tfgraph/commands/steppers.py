@@ -123,6 +123,9 @@ def stepper_for(source: str, backend: str = "onnx", provider: str = "auto",
         if weights is not None:
             raise TfgraphError("--weights: an .onnx model carries its own weights (build it "
                                "with --weights)")
+        if weights_seed is not None:  # accepted and ignored would claim weights it is not using
+            raise TfgraphError("--weights-seed: an .onnx model carries its own weights "
+                               "(build it with --seed)")
         return _from_onnx_file(source, backend, provider, threads, decoder_start, cache,
                                compile, cuda_graph)
     return _from_spec(source, backend, provider, threads, weights_seed, opset, decoder_start,

@@ -51,6 +51,10 @@ class Sampler:
         if self.greedy:
             return np.argmax(logits, axis=-1).astype(np.int64)
         probs = self.probabilities(logits)
+        if not np.isfinite(probs).all():  # NaN/inf logits: searchsorted would clamp to the
+            # last id, a silent wrong token rather than a draw
+            raise TfgraphError("sampling: the model's logits hold NaN or infinity; nothing "
+                               "to draw from")
         cumulative = np.cumsum(probs, axis=-1)
         draws = self._rng.random(probs.shape[0]) * cumulative[:, -1]
         picked = [int(np.searchsorted(c, d, side="right")) for c, d in zip(cumulative, draws)]
@@ -58,7 +62,15 @@ class Sampler:
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """The distribution tokens are drawn from (B, V), after temperature, top-k, top-p."""
-        scores = logits.astype(np.float64) / (self.temperature or 1.0)
+        scores = logits.astype(np.float64)
+        # The row max first, then the temperature: the top logit becomes 0 and the rest
+        # negative, so a tiny temperature sends them to -inf (the greedy limit) instead of
+        # overflowing the top ones to +inf (inf / inf probabilities: NaN). The overflow to
+        # -inf is the intended limit, so it is not warned about; inf - inf (NaN) is refused
+        # before any draw (__call__).
+        with np.errstate(over="ignore", invalid="ignore"):  # NaN is refused by the caller
+            scores = scores - np.max(scores, axis=-1, keepdims=True)
+            scores = scores / (self.temperature or 1.0)
         if self.top_k is not None and self.top_k < scores.shape[-1]:
             kth = np.partition(scores, -self.top_k, axis=-1)[:, -self.top_k][:, None]
             scores = np.where(scores < kth, -np.inf, scores)
