@@ -62,12 +62,13 @@ def test_quick_run_learns_and_onnx_greedy_equals_torch(tmp_path: Path) -> None:
 
 
 def test_bad_length_is_refused(tmp_path: Path) -> None:
-    """Windows longer than the spec's max_len (256) are refused before any training."""
+    """Windows longer than the spec's max_len (256) are refused before any training: bad
+    input, so one line and exit 2 (tests/test_example_flags.py checks the other flags)."""
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--seq", "300", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1
-    assert "max_len 256" in done.stderr
+    assert done.returncode == 2
+    assert "max_len 256" in done.stderr and done.stderr.count("\n") == 1
 
 
 def test_explicit_flags_win_over_quick_defaults() -> None:

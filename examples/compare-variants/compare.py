@@ -31,7 +31,8 @@ Run from the repository root (after the set-up of the top-level README):
 Outputs go to --out (default examples/compare-variants/out/): compare.html and compare.png
 (tfgraph compare), compare.json (the same dict as `tfgraph compare --json`), time_vs_flops.png
 and summary.json (crossovers, timings, fit, checks; or --json-out FILE). The exit status is 1
-when a check fails; the last line says how many checks passed.
+when a check fails; the last line says how many checks passed. A bad flag value (--lengths 0,
+--repeats 0, --threads 0) is one line on stderr and exit 2, before any work.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import tfgraph
 from tfgraph.passes.compare import compare
 from tfgraph.compiler import CompiledGraph as Graph  # what tfgraph.compile returns
 from tfgraph.graph.serialize import graph_dict
+from tfgraph.script_args import ArgumentParser, positive_int, positive_ints, run_main
 
 HERE = Path(__file__).resolve().parent
 
@@ -285,16 +287,16 @@ def plot_times(path: Path, times: dict[str, dict[int, float]],
 # ---- the example --------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="short lengths and few repeats (seconds; what CI runs)")
     p.add_argument("--out", type=Path, default=HERE / "out", help="output folder")
     p.add_argument("--json-out", type=Path, help="summary JSON (default OUT/summary.json)")
-    p.add_argument("--lengths", help="comma-separated lengths to time (default 64,256 quick: "
+    p.add_argument("--lengths", type=positive_ints, help="comma-separated lengths to time (default 64,256 quick: "
                                      "4x apart, so load from other processes cannot reorder "
                                      "them; 128,256,512,1024,2048 full)")
-    p.add_argument("--repeats", type=int, help="timed passes per point (default 3 quick, 5)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--repeats", type=positive_int, help="timed passes per point (default 3 quick, 5)")
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="torch threads (default 1: on a shared 2-core machine two threads "
                         "wait on each other and times scatter)")
     p.add_argument("--attention", choices=["sdpa", "math"], default="sdpa",
@@ -307,9 +309,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    lengths = ([int(s) for s in args.lengths.split(",")] if args.lengths
-               else [64, 256] if args.quick else [128, 256, 512, 1024, 2048])
-    repeats = args.repeats or (3 if args.quick else 5)
+    lengths = args.lengths or ([64, 256] if args.quick else [128, 256, 512, 1024, 2048])
+    repeats = args.repeats if args.repeats is not None else 3 if args.quick else 5
     args.out.mkdir(parents=True, exist_ok=True)
     paths = [HERE / file for file, _, _ in VARIANTS]
     specs = [tfgraph.load_spec(p) for p in paths]
@@ -421,4 +422,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))  # a bad flag: one line on stderr, exit 2

@@ -34,7 +34,6 @@ Success: every equality holds; the last line printed is "ok: ..." and the exit s
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import subprocess
@@ -45,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from tfgraph.script_args import ArgumentParser, positive_int, run_main
 
 HERE = Path(__file__).resolve().parent
 
@@ -132,12 +133,12 @@ def make_hf_folder(folder: Path, size: dict[str, Any], seed: int, train_files: i
 # ---- the example -----------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny model (CI)")
     p.add_argument("--out", type=Path, default=HERE / "out", help="where the folders go")
     p.add_argument("--seed", type=int, default=0, help="the random weights")
     p.add_argument("--json-out", type=Path, help="write the checks and figures here")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="intra-op threads of torch and onnxruntime (default 1: on shared, busy "
                         "cores a thread pool runs many times slower)")
     args = p.parse_args(argv)
@@ -291,4 +292,4 @@ def time_generation(model: Any, onnx_path: Path, prompt: list[int], new_tokens: 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))  # a bad flag: one line on stderr, exit 2

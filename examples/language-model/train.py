@@ -20,7 +20,8 @@ What it shows, step by step:
    ``tokenizer.json`` (``tfgraph.hf.tokenizer.write_byte_level``) is written beside the model,
    and its decoded text must be the bytes'.
 
-Success criterion (the exit status is 1 when it fails): held-out perplexity below --max-ppl
+Success criterion (the exit status is 1 when it fails; 2, after one line on stderr and before
+any work, for a bad flag value): held-out perplexity below --max-ppl
 (--quick: 40 after 40 steps, against about 256 untrained; full run: 8, a third of the
 unigram baseline's ~23) and greedy ONNX tokens equal to torch's. The figures are printed
 and, with --json-out, written as JSON; the last line says PASS or FAIL.
@@ -45,8 +46,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from safetensors.torch import save_file
 
 import tfgraph
+from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.hf.tokenizer import write_byte_level
+from tfgraph.script_args import (ArgumentParser, non_negative_int, positive_float,
+                                 positive_int, run_main)
 
 HERE = Path(__file__).resolve().parent
 SPEC = HERE / "byte-lm.yaml"
@@ -68,26 +72,26 @@ def _default(name: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="40 steps of 16 x 64 bytes, small evaluation (CI); flags given "
                         "explicitly keep their values")
     p.add_argument("--out", type=Path, default=HERE / "out", help="weights and ONNX model")
-    p.add_argument("--steps", type=int, help=_default("steps"))
-    p.add_argument("--batch", type=int, help=f"windows per step; {_default('batch')}")
-    p.add_argument("--seq", type=int, help=f"bytes per window (<= max_len); {_default('seq')}")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    p.add_argument("--eval-windows", type=int,
+    p.add_argument("--steps", type=positive_int, help=_default("steps"))
+    p.add_argument("--batch", type=positive_int, help=f"windows per step; {_default('batch')}")
+    p.add_argument("--seq", type=positive_int, help=f"bytes per window (<= max_len); {_default('seq')}")
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
+    p.add_argument("--eval-windows", type=non_negative_int,
                    help="held-out windows for the reported perplexity (0: all of them); "
                         + _default("eval_windows"))
-    p.add_argument("--new-tokens", type=int,
+    p.add_argument("--new-tokens", type=positive_int,
                    help=f"greedy tokens per prompt; {_default('new_tokens')}")
-    p.add_argument("--sample-tokens", type=int,
+    p.add_argument("--sample-tokens", type=positive_int,
                    help=f"sampled tokens; {_default('sample_tokens')}")
-    p.add_argument("--max-ppl", type=float,
+    p.add_argument("--max-ppl", type=positive_float,
                    help=f"success: held-out perplexity below this; {_default('max_ppl')}")
     p.add_argument("--seed", type=int, default=0, help="weights and batches")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="torch and onnxruntime threads (1: best on shared cores, see below)")
     p.add_argument("--json-out", type=Path, help="write the figures here as JSON")
     args = p.parse_args(argv)
@@ -243,6 +247,11 @@ def as_text(ids: list[int]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.perf_counter()
+    spec = tfgraph.load_spec(SPEC)  # lengths that do not fit it: exit 2 before any work
+    longest = max(len(p.encode()) for p in PROMPTS) + args.new_tokens
+    if max(args.seq, longest, len(SAMPLE_PROMPT) + args.sample_tokens) > spec.max_len:
+        raise TfgraphError(f"--seq, prompt + --new-tokens and --sample-tokens must fit the "
+                           f"spec's max_len {spec.max_len}")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     # On 2 cores shared with other processes, a training step took 0.47 s of CPU on one
@@ -250,11 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     train_data, held_out, n_files = load_corpus()
-    spec = tfgraph.load_spec(SPEC)
-    longest = max(len(p.encode()) for p in PROMPTS) + args.new_tokens
-    if max(args.seq, longest, len(SAMPLE_PROMPT) + args.sample_tokens) > spec.max_len:
-        raise SystemExit(f"--seq, prompt + --new-tokens and --sample-tokens must fit the "
-                         f"spec's max_len {spec.max_len}")
     console.print(f"corpus: {n_files} standard-library files, {len(train_data):,} train bytes,"
                   f" {len(held_out):,} held-out bytes (Python {sys.version.split()[0]})")
 
@@ -336,4 +340,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))  # a bad flag: one line on stderr, exit 2

@@ -21,7 +21,8 @@ and output head), shrunk to d_model 128 and 2 layers. What the script does, and 
 
 Everything goes to --out (default examples/seq2seq/out/). The last line printed is a JSON
 summary (also written to --json-out FILE); the exit status is 1 when the accuracy is below
-the target or onnxruntime and torch disagree on any sentence.
+the target or onnxruntime and torch disagree on any sentence, and 2, after one line on stderr
+and before any training, for a bad flag value or a spec that does not load.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from safetensors.torch import save_file
 
 import tfgraph
+from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
+from tfgraph.script_args import (ArgumentParser, non_negative_float, non_negative_int,
+                                 positive_float, positive_int, run_main)
 
 import number_words as task  # examples/seq2seq/number_words.py, beside this script
 
@@ -53,23 +57,23 @@ QUICK = {"digits": 3, "held_out": 100, "steps": 400, "batch": 32, "lr": 3e-3, "t
 MAX_NEW_TOKENS = 12  # the longest target is 8 words + <eos>
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=f"the tiny task, for CI: {QUICK}")
     p.add_argument("--out", type=Path, default=HERE / "out", help="where outputs go")
     p.add_argument("--spec", type=Path, default=HERE / "spec.yaml")
-    p.add_argument("--steps", type=int, help=f"default {FULL['steps']} (quick {QUICK['steps']})")
-    p.add_argument("--batch", type=int, help=f"default {FULL['batch']} (quick {QUICK['batch']})")
-    p.add_argument("--lr", type=float, help=f"peak; default {FULL['lr']} (quick {QUICK['lr']})")
-    p.add_argument("--warmup", type=int, default=100, help="warm-up steps")
-    p.add_argument("--target", type=float, help="held-out exact match to reach: default "
+    p.add_argument("--steps", type=positive_int, help=f"default {FULL['steps']} (quick {QUICK['steps']})")
+    p.add_argument("--batch", type=positive_int, help=f"default {FULL['batch']} (quick {QUICK['batch']})")
+    p.add_argument("--lr", type=positive_float, help=f"peak; default {FULL['lr']} (quick {QUICK['lr']})")
+    p.add_argument("--warmup", type=non_negative_int, default=100, help="warm-up steps")
+    p.add_argument("--target", type=non_negative_float, help="held-out exact match to reach: default "
                    f"{FULL['target']} (quick {QUICK['target']})")
-    p.add_argument("--beams", type=int, default=4, help="beam width of the beam-search check")
+    p.add_argument("--beams", type=positive_int, default=4, help="beam width of the beam-search check")
     p.add_argument("--seed", type=int, default=0, help="weights, data and held-out numbers")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="torch threads (the matrices are tiny: see README.md)")
     p.add_argument("--json-out", type=Path, help="write the summary here too")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
@@ -170,17 +174,18 @@ def exact_match(outputs: list[list[int]], numbers: list[int]) -> float:
     return sum(out == task.target_ids(n) for out, n in zip(outputs, numbers)) / len(numbers)
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    clock = {"start": time.perf_counter()}
+    # 1. The model: spec -> op graph -> nn.Module, with tfgraph's initialisation (seeded).
+    # A spec that does not load or fit the task is refused before anything is written.
+    spec = tfgraph.load_spec(args.spec)
+    if spec.vocab_size("source") != len(task.VOCAB):
+        raise TfgraphError(f"{args.spec}: vocab must be {len(task.VOCAB)}, the task's "
+                           "vocabulary")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    clock = {"start": time.perf_counter()}
-
-    # 1. The model: spec -> op graph -> nn.Module, with tfgraph's initialisation (seeded).
-    spec = tfgraph.load_spec(args.spec)
-    if spec.vocab_size("source") != len(task.VOCAB):
-        sys.exit(f"{args.spec}: vocab must be {len(task.VOCAB)}, the task's vocabulary")
     model = to_torch(tfgraph.compile(spec), seed=args.seed)
     params = sum(p.numel() for p in model.parameters())
     print(f"{spec.name}: {params:,} parameters; numbers of 1 to {args.digits} digits, "
@@ -248,4 +253,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))  # a bad flag or spec: one line on stderr, exit 2

@@ -1,0 +1,142 @@
+"""The example scripts refuse bad flag values as tfgraph's commands do: one line on stderr and
+exit 2, before any work (tfgraph.script_args). Parsing is checked in process (no training,
+no model is built); one subprocess per script checks the whole path, an error raised by the
+script's own setup (a spec that does not load, lengths past max_len) included, and that
+nothing was written."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tfgraph.errors import TfgraphError
+from tfgraph.script_args import (ArgumentParser, non_negative_float, non_negative_int,
+                                 positive_float, positive_int, positive_ints, run_main)
+
+from conftest import ROOT
+
+EXAMPLES = ROOT / "examples"
+SCRIPTS = {"seq2seq": EXAMPLES / "seq2seq" / "train.py",
+           "language-model": EXAMPLES / "language-model" / "train.py",
+           "compare-variants": EXAMPLES / "compare-variants" / "compare.py"}
+
+
+def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    path = SCRIPTS[name]
+    monkeypatch.syspath_prepend(str(path.parent))  # seq2seq imports number_words beside it
+    spec = importlib.util.spec_from_file_location(f"example_{name.replace('-', '_')}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("name", "argv", "message"), [
+    ("seq2seq", ["--steps", "0"], "argument --steps: expected an integer of 1 or more, got '0'"),
+    ("seq2seq", ["--steps", "-3"], "--steps: expected an integer of 1 or more, got '-3'"),
+    ("seq2seq", ["--batch", "0"], "--batch: expected an integer of 1 or more"),
+    ("seq2seq", ["--beams", "0"], "--beams: expected an integer of 1 or more"),
+    ("seq2seq", ["--lr", "-1"], "--lr: expected a finite number > 0, got '-1'"),
+    ("seq2seq", ["--lr", "nan"], "--lr: expected a finite number > 0, got 'nan'"),
+    ("seq2seq", ["--warmup", "-1"], "--warmup: expected an integer of 0 or more, got '-1'"),
+    ("seq2seq", ["--threads", "0"], "--threads: expected an integer of 1 or more"),
+    ("seq2seq", ["--threads", "-2"], "--threads: expected an integer of 1 or more"),
+    ("language-model", ["--seq", "0"], "--seq: expected an integer of 1 or more"),
+    ("language-model", ["--batch", "0"], "--batch: expected an integer of 1 or more"),
+    ("language-model", ["--steps", "0"], "--steps: expected an integer of 1 or more"),
+    ("language-model", ["--threads", "-2"], "--threads: expected an integer of 1 or more"),
+    ("language-model", ["--eval-windows", "-1"], "--eval-windows: expected an integer of 0"),
+    ("language-model", ["--max-ppl", "inf"], "--max-ppl: expected a finite number > 0"),
+    ("compare-variants", ["--lengths", "abc"],
+     "--lengths: expected comma-separated integers of 1 or more, got 'abc'"),
+    ("compare-variants", ["--lengths", "64,0"], "--lengths: expected comma-separated"),
+    ("compare-variants", ["--repeats", "0"], "--repeats: expected an integer of 1 or more"),
+    ("compare-variants", ["--threads", "0"], "--threads: expected an integer of 1 or more"),
+])
+def test_bad_values_are_one_line_exit_2(name: str, argv: list[str], message: str,
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    script = _load(name, monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        script.parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert err.endswith("--help)\n"), err
+
+
+def test_hf_checkpoint_threads(capsys: pytest.CaptureFixture[str]) -> None:
+    """roundtrip.py parses inside main(): --threads 0 stops there, before any work."""
+    path = EXAMPLES / "hf-checkpoint" / "roundtrip.py"
+    spec = importlib.util.spec_from_file_location("example_hf_roundtrip", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--threads", "0", "--out", "/nonexistent/never-made"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err  # prog is sys.argv[0]'s name: pytest's here
+    assert err.count("\n") == 1, err
+    assert "argument --threads: expected an integer of 1 or more, got '0'" in err
+
+
+def test_good_values_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0 stays 0 where it means something; --repeats and --lengths given are kept, not
+    replaced by the defaults (--repeats 0 used to become 3)."""
+    s2s = _load("seq2seq", monkeypatch).parse_args(["--quick", "--warmup", "0", "--lr", "1e-3"])
+    assert (s2s.warmup, s2s.lr, s2s.steps) == (0, 1e-3, 400)
+    lm = _load("language-model", monkeypatch).parse_args(["--eval-windows", "0"])
+    assert lm.eval_windows == 0
+    cv = _load("compare-variants", monkeypatch).parse_args(["--lengths", "32, 64",
+                                                             "--repeats", "1"])
+    assert (cv.lengths, cv.repeats) == ([32, 64], 1)
+
+
+def test_the_types() -> None:
+    assert (positive_int("7"), non_negative_int("0"), positive_ints("1,2")) == (7, 0, [1, 2])
+    assert (positive_float("2.5e-3"), non_negative_float("0")) == (2.5e-3, 0.0)
+    for parse, text in ((positive_int, "0"), (positive_int, "1.5"), (non_negative_int, "-1"),
+                        (positive_float, "0"), (positive_float, "inf"),
+                        (non_negative_float, "-0.1"), (non_negative_float, "nan"),
+                        (positive_ints, "")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+def test_run_main_turns_a_tfgraph_error_into_one_line(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    def main() -> int:
+        raise TfgraphError("spec.yaml:3:1: attention.heads: must be >= 1\n\u2028(more)")
+
+    assert run_main(main) == 2
+    assert capsys.readouterr().err == \
+        "error: spec.yaml:3:1: attention.heads: must be >= 1 \\u2028(more)\n"
+    assert run_main(lambda: 1) == 1
+    parser = ArgumentParser(prog="x.py")
+    parser.add_argument("--n", type=positive_int)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--n", "0"])
+    assert capsys.readouterr().err == ("x.py: argument --n: expected an integer of 1 or more, "
+                                       "got '0' (see x.py --help)\n")
+
+
+@pytest.mark.parametrize(("name", "argv", "message"), [
+    ("seq2seq", ["--spec", "/nonexistent/spec.yaml"], "error: /nonexistent/spec.yaml: "),
+    ("language-model", ["--seq", "300"], "error: --seq, prompt + --new-tokens and "
+                                         "--sample-tokens must fit the spec's max_len 256"),
+    ("compare-variants", ["--lengths", "0"], "compare.py: argument --lengths"),
+])
+def test_the_scripts_exit_2_before_any_work(name: str, argv: list[str], message: str,
+                                            tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(SCRIPTS[name]), "--quick", "--out", str(out),
+                           *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(message), done.stderr
+    assert done.stdout == "" and not out.exists()
