@@ -7,6 +7,8 @@ file in ``specs/`` means at a cost a 2-core CI machine can pay.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,19 @@ def load_all_specs() -> list[tuple[str, Spec]]:
     from tfgraph.spec.loader import load_spec
 
     return [(p.name, load_spec(p)) for p in SPEC_FILES]
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored() -> Iterator[None]:
+    """A command run in-process with ``--threads N`` sets torch's intra-op threads for the
+    whole process (a CLI's right); the next test on this pytest-xdist worker must not inherit
+    it: a float sum split over another number of threads rounds differently."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(params=[p.name for p in SPEC_FILES])

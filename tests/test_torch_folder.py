@@ -28,7 +28,8 @@ from test_torch_module import make_ids
 # Runs in the child: no tfgraph on the path, only the folders, torch and safetensors.
 CHILD = """
 import importlib.util, sys, torch
-for folder in sys.argv[1:]:
+torch.set_num_threads(int(sys.argv[1]))  # the parent's: sums split alike round alike
+for folder in sys.argv[2:]:
     spec = importlib.util.spec_from_file_location("model_" + str(abs(hash(folder))),
                                                   folder + "/model.py")
     model = importlib.util.module_from_spec(spec)
@@ -52,7 +53,8 @@ def test_fresh_process_reproduces_every_spec(tmp_path: Path) -> None:
         with torch.no_grad():
             expected[folder] = to_torch(graph, seed=5)(*ids)
     env = {"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"}
-    result = subprocess.run([sys.executable, "-I", "-c", CHILD, *map(str, expected)],
+    result = subprocess.run([sys.executable, "-I", "-c", CHILD, str(torch.get_num_threads()),
+                             *map(str, expected)],
                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     for folder, want in expected.items():
