@@ -496,3 +496,13 @@ def test_all_errors_shows_every_refusal_of_a_hf_config(tmp_path: Path) -> None:
         del config[key]
     assert cli("validate", str(write(tmp_path, json.dumps(config), "config.json"))
                ).exit_code == 0
+
+
+def test_all_errors_shows_kv_heads_beside_heads_against_d_model(tmp_path: Path) -> None:
+    """kv_heads must divide heads whatever d_model is: both errors in one run."""
+    path = write(tmp_path, "name: t\narch: decoder-only\nd_model: 64\nlayers: 2\nvocab: 100\n"
+                 "attention:\n  heads: 5\n  kv_heads: 3\nffn:\n  hidden: 128\n")
+    lines = cli("validate", "--all-errors", str(path)).stderr.splitlines()
+    assert [line.split(": ")[1] for line in lines] == ["attention.kv_heads",
+                                                       "attention.heads"], lines
+    assert "not divisible by heads 5" in lines[1] and "kv_heads 3" in lines[0]
