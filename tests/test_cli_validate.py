@@ -476,3 +476,33 @@ def test_all_errors_shows_cross_field_errors_behind_unknown_fields(tmp_path: Pat
              .replace("sandwhich", "sandwich"))
     path.write_text(fixed)
     assert runner().invoke(main, ["validate", str(path)]).exit_code == 0
+
+
+def test_all_errors_shows_every_refusal_of_a_hf_config(tmp_path: Path) -> None:
+    """A config.json's refusals, one line each: the import stops at a refused key, so it is
+    run again without it; the plain form counts the others."""
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+              "vocab_size": 128, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+              "hidden_act": "relu2", "embedding_multiplier": 12.0, "foo_bar": 1}
+    path = write(tmp_path, json.dumps(config), "config.json")
+    every = cli("validate", "--all-errors", str(path))
+    assert every.exit_code == 2
+    assert [line.split(": ")[1].split(" = ")[0] for line in every.stderr.splitlines()] == [
+        "hidden_act", "embedding_multiplier", "foo_bar"], every.stderr
+    first = cli("validate", str(path))
+    assert first.stderr.count("\n") == 1 and "[2 more errors in this file" in first.stderr
+    for key in ("hidden_act", "embedding_multiplier", "foo_bar"):
+        del config[key]
+    assert cli("validate", str(write(tmp_path, json.dumps(config), "config.json"))
+               ).exit_code == 0
+
+
+def test_all_errors_shows_kv_heads_beside_heads_against_d_model(tmp_path: Path) -> None:
+    """kv_heads must divide heads whatever d_model is: both errors in one run."""
+    path = write(tmp_path, "name: t\narch: decoder-only\nd_model: 64\nlayers: 2\nvocab: 100\n"
+                 "attention:\n  heads: 5\n  kv_heads: 3\nffn:\n  hidden: 128\n")
+    lines = cli("validate", "--all-errors", str(path)).stderr.splitlines()
+    assert [line.split(": ")[1] for line in lines] == ["attention.kv_heads",
+                                                       "attention.heads"], lines
+    assert "not divisible by heads 5" in lines[1] and "kv_heads 3" in lines[0]

@@ -225,3 +225,27 @@ def test_markdown_page_of_other_variants_drops_the_earlier_diagrams(tmp_path: Pa
     assert after == linked and len(after) == 2
     assert before - after  # the first page's first variant is gone
     assert (assets / "notes.txt").read_text() == "mine\n"
+
+
+def test_outputs_are_published_together_or_not_at_all(tmp_path: Path) -> None:
+    """A page that fails after --json-out is staged (no ``dot``) leaves neither the JSON nor
+    the folder the command made; an unwritable --plot (/proc) is refused before any work,
+    with nothing printed and nothing made."""
+    import os
+    import sys
+
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    base = [sys.executable, "-m", "tfgraph", "compare", *SPECS[:2], "--seq", "16"]
+    no_dot = subprocess.run([*base, "--format", "html", "-o", "nd/p.html", "--json-out",
+                             "nd/p.json"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True)
+    if no_dot.returncode == 0:
+        pytest.skip("a `dot` program beside the interpreter")
+    assert no_dot.returncode == 2 and "wrote" not in no_dot.stdout + no_dot.stderr
+    assert list(tmp_path.iterdir()) == []
+    if not Path("/proc/self").is_dir():
+        return
+    proc = subprocess.run([*base, "--json-out", "nd2/p.json", "--plot", "/proc/p.png"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 2 and "/proc/p.png: cannot write" in proc.stderr
+    assert proc.stdout == "" and list(tmp_path.iterdir()) == []

@@ -277,6 +277,18 @@ def test_annotated_labels_show_params_and_flop_share() -> None:
         diagram_source(compiled("gpt2.yaml"), "model", annotate=["bytes"])
 
 
+
+@pytest.mark.parametrize("spec", ["tiny-llama.yaml", "gpt2.yaml", "base.yaml"])
+def test_model_level_params_add_up_to_the_report(spec: str) -> None:
+    """Token tables are counted in their own boxes (once when tied: GPT-2's, base's shared
+    encoder-decoder table), so the model-level boxes sum to the report's parameters (each
+    box's figure is rounded to three digits)."""
+    graph = compiled(spec)
+    src = diagram_source(graph, "model", annotate=["params"])
+    scale = {"": 1, "k": 1e3, "M": 1e6, "B": 1e9}
+    shown = sum(float(n) * scale[u] for n, u in re.findall(r"([\d.]+)([kMB]?) params", src))
+    assert shown == pytest.approx(graph.report()["params"], rel=5e-3)
+
 # ---- missing dot, atomic writes, bad arguments ---------------------------------------------
 
 

@@ -75,6 +75,13 @@ def test_import_without_output_prints_the_spec(tmp_path: Path) -> None:
     assert "name: tiny-llama" in result.stdout  # the folder's name
 
 
+def test_import_of_dot_is_named_after_the_folder(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cd hfllama && tfgraph import .``: "." is the folder, not the model_type's name."""
+    monkeypatch.chdir(folder(tmp_path, LLAMA, name="hfllama"))
+    assert "name: hfllama" in run("import", ".").stdout
+
+
 def test_every_command_taking_a_spec_takes_a_folder(tmp_path: Path) -> None:
     src = str(folder(tmp_path, LLAMA))
     assert run("validate", src).exit_code == 0

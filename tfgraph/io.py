@@ -289,6 +289,18 @@ def check_writable(target: str | os.PathLike[str]) -> None:
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
         raise TfgraphError(f"{short_path(target)}: cannot write in {short_path(folder)} "
                            "(permission denied)")
+    if not folder.is_dir():
+        return
+    # os.access says yes to root everywhere, and nothing of a folder like /proc or a
+    # read-only mount: create (and remove) the temporary file the write will use.
+    try:
+        fd, probe = _create_temp(Path(target))
+    except OSError as exc:
+        raise TfgraphError(f"{short_path(target)}: cannot write: "
+                           f"{exc.strerror or exc}") from None
+    with contextlib.suppress(OSError):
+        probe.unlink()
+    os.close(fd)
 
 
 def available_memory() -> int | None:
@@ -592,6 +604,15 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 _group: list[tuple[Path, Path, int]] | None = None
 _after: list[Callable[[], None]] = []
+_undo: list[Callable[[], None]] = []
+
+
+def unless_published(action: Callable[[], None]) -> None:
+    """Run ``action`` if the enclosing :func:`publish_together` block fails after this point
+    (a folder made for files that will never be published goes again); outside such a
+    block the files are already in place and nothing is run."""
+    if _group is not None:
+        _undo.append(action)
 
 
 def after_publish(action: Callable[[], None]) -> None:
@@ -616,6 +637,7 @@ def publish_together() -> Iterator[None]:
     pending: list[tuple[Path, Path, int]] = []
     _group = pending
     _after.clear()
+    _undo.clear()
     try:
         yield
         for tmp, target, _fd in pending:
@@ -626,10 +648,14 @@ def publish_together() -> Iterator[None]:
         for tmp, _target_path, _fd in pending:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+        for undo in reversed(_undo):  # after the files they held are gone
+            with contextlib.suppress(OSError):
+                undo()
         raise
     finally:
         _group = None
         _after.clear()
+        _undo.clear()
         for _tmp, _target_path, fd in pending:
             with contextlib.suppress(OSError):
                 os.close(fd)

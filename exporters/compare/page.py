@@ -39,8 +39,8 @@ from tfgraph.errors import TfgraphError
 from tfgraph.exporters.compare.plot import compare_figure, figure_bytes
 from tfgraph.exporters.diagram.draw import diagram_source, render
 from tfgraph.exporters.files.staged_folder import MARKER
-from tfgraph.io import (atomic_write, check_not_input, check_output_node,
-                        publish_together)
+from tfgraph.io import (after_publish, atomic_write, check_not_input, check_output_node,
+                        publish_together, unless_published)
 from tfgraph.graph.ir import Graph
 from tfgraph.terminal import printable
 
@@ -231,6 +231,14 @@ def write_compare_page(graphs: Sequence[Graph], data: dict[str, Any],
     created = not assets.exists()
     marker = assets / MARKER
     marked = marker.exists()
+
+    def restore() -> None:  # nothing was published: the folder as it was
+        with contextlib.suppress(OSError):
+            if not marked:
+                marker.unlink()
+            if created:
+                assets.rmdir()
+
     try:
         assets.mkdir(exist_ok=True)
         marker.touch()  # first: a page killed half-way leaves a folder a rerun may replace
@@ -241,14 +249,13 @@ def write_compare_page(graphs: Sequence[Graph], data: dict[str, Any],
             links = [f"{assets.name}/{f.name}" for f, _ in files]
             with atomic_write(path) as handle:
                 handle.write(markdown_page(data, links[0], links[1:]))
+            # inside a command's own publish_together (compare's --json-out, --plot) the
+            # files are published later, with its other outputs, or never
+            unless_published(restore)
+            after_publish(lambda: _remove_stale_diagrams(assets, {f.name for f, _ in files}))
     except BaseException:
-        with contextlib.suppress(OSError):  # nothing was published: the folder as it was
-            if not marked:
-                marker.unlink()
-            if created:
-                assets.rmdir()
+        restore()
         raise
-    _remove_stale_diagrams(assets, {f.name for f, _ in files})
     return [f for f, _ in files] + [path]
 
 

@@ -114,8 +114,10 @@ class _ModelDrawing:
             kinds.node(dot, box, join_lines(name(node.name), shape_text(node.type.shape)), "io",
                        shape="ellipse", style="filled")
         elif node.is_param:
-            kinds.node(dot, box, table_text(graph, node), "table", shape="cylinder",
-                       style="filled")
+            # the table's parameters are counted here, once, and skipped in the boxes of the
+            # ops that read it (the embedding, a tied head), so the boxes sum to the report's
+            kinds.node(dot, box, join_lines(table_text(graph, node), ann.table_text(node.name)),
+                       "table", shape="cylinder", style="filled")
         elif part == "embed" and node.meta.stack is not None:
             stack = self.stack(node)
             skip = frozenset(t.name for t in self.tables)

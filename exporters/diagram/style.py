@@ -237,6 +237,14 @@ class Annotator:
             parts.append(f"{percent(share)} FLOPs")
         return prefix + " · ".join(parts) if parts else ""
 
+    def table_text(self, param: str) -> str:
+        """``16.4k params`` for a token table drawn as a box of its own (the model level):
+        counted there once, however many ops read it (a tied table), and left out of the
+        boxes of its readers; '' when params are not annotated."""
+        if "params" not in self.what:
+            return ""
+        return f"{short_count(self.param_count(param))} params"
+
     def note(self) -> str:
         if "flops" in self.what:
             return f"FLOP share of the forward pass at B={self.batch}, S=T={self.seq}"

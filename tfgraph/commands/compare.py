@@ -196,41 +196,52 @@ def compare(specs: tuple[str, ...], seq_text: str, batch: int, as_json: bool,
 
     import tfgraph
     from tfgraph.passes.compare import compare as compare_graphs
-    from tfgraph.io import atomic_write
+    from tfgraph.io import atomic_write, publish_together
 
     graphs = [tfgraph.compile(spec) for spec in parsed]
     data = compare_graphs(graphs, seqs=seqs, batch=batch)
 
-    if json_out is not None:
-        with atomic_write(json_out) as handle:
-            handle.write(json.dumps(data, indent=2) + "\n")
-        wrote(f"wrote {printable(str(json_out))}", err=as_json and output is None,
-              last=False)  # the table, page or JSON comes after
-    if page:
-        from tfgraph.exporters.compare.page import write_compare_page
+    # Every file is written to a temporary next to its target and all of them are published
+    # together once the last is ready (tfgraph.io.publish_together): a page without `dot` or
+    # an unwritable --plot leaves no --json-out behind. What goes to the terminal (the table,
+    # the dict, the "wrote" lines) is said only after that.
+    said: list[Any] = []  # (wrote line, to stderr) or a callable printing to stdout
+    with publish_together():
+        if json_out is not None:
+            with atomic_write(json_out) as handle:
+                handle.write(json.dumps(data, indent=2) + "\n")
+            said.append((f"wrote {printable(str(json_out))}", as_json and output is None))
+        if page:
+            from tfgraph.exporters.compare.page import write_compare_page
 
-        assert output is not None  # build/compare.<page> by default, checked above
-        written = write_compare_page(graphs, data, output, page)
-        wrote(f"wrote {', '.join(printable(str(p)) for p in written)}", last=plot is None)
-    elif as_json:
-        text = json.dumps(data, indent=2) + "\n"
-        if output is None:
-            click.echo(text, nl=False)
+            assert output is not None  # build/compare.<page> by default, checked above
+            written = write_compare_page(graphs, data, output, page)
+            said.append((f"wrote {', '.join(printable(str(p)) for p in written)}", False))
+        elif as_json:
+            text = json.dumps(data, indent=2) + "\n"
+            if output is None:
+                said.append(lambda: click.echo(text, nl=False))
+            else:
+                with atomic_write(output) as handle:
+                    handle.write(text)
+                said.append((f"wrote {printable(str(output))}", False))
         else:
-            with atomic_write(output) as handle:
-                handle.write(text)
-            wrote(f"wrote {printable(str(output))}", last=plot is None)
-    else:
-        if output is None:
-            render_table(data, Console())
-        else:
-            console = Console(file=io.StringIO(), width=160, record=True)
-            render_table(data, console)
-            with atomic_write(output) as handle:
-                handle.write(console.export_text())
-            wrote(f"wrote {printable(str(output))}", last=plot is None)
-    if plot is not None:
-        from tfgraph.exporters.compare.plot import write_compare_plot
+            if output is None:
+                said.append(lambda: render_table(data, Console()))
+            else:
+                console = Console(file=io.StringIO(), width=160, record=True)
+                render_table(data, console)
+                with atomic_write(output) as handle:
+                    handle.write(console.export_text())
+                said.append((f"wrote {printable(str(output))}", False))
+        if plot is not None:
+            from tfgraph.exporters.compare.plot import write_compare_plot
 
-        write_compare_plot(graphs, data, plot)
-        wrote(f"wrote {printable(str(plot))}", err=as_json and output is None, last=True)
+            write_compare_plot(graphs, data, plot)
+            said.append((f"wrote {printable(str(plot))}", as_json and output is None))
+    for item in said:  # the table or the dict first, then the "wrote" lines, last done
+        if not isinstance(item, tuple):
+            item()
+    lines = [item for item in said if isinstance(item, tuple)]
+    for i, (line, err) in enumerate(lines):
+        wrote(line, err=err, last=i == len(lines) - 1)

@@ -31,9 +31,16 @@ def validate(ctx: click.Context, specs: tuple[str, ...], all_errors: bool) -> No
             # Reported here, not by tfgraph.cli, so that the remaining files are still checked.
             if ctx.find_root().params.get("debug"):
                 traceback.print_exc()
-            shown = exc.problems if all_errors and isinstance(exc, SpecError) else [exc]
+            problems: list[Exception] = list(getattr(exc, "problems", None) or [exc])
+            shown = [str(p) for p in problems] if all_errors else [str(exc)]
+            if not all_errors and not isinstance(exc, SpecError) and len(problems) > 1:
+                # a config.json's refusals (tfgraph.hf.draft_from_config); a spec file's
+                # SpecError carries this hint in its message already
+                others = len(problems) - 1
+                shown[0] += (f" [{others} more error{'s' if others > 1 else ''} in this file: "
+                             "tfgraph validate --all-errors]")
             for problem in shown:
-                click.echo(one_line(printable(str(problem))), err=True)
+                click.echo(one_line(printable(problem)), err=True)
             failed = True
             continue
         click.echo(f"{path}: ok \N{EM DASH} {describe(spec)}")

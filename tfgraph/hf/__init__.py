@@ -141,7 +141,41 @@ def is_token_id(value: Any) -> TypeGuard[int]:
 def draft_from_config(data: Mapping[str, Any], name: str | None = None,
                       source: str = "config.json", description: str | None = None
                       ) -> SpecDraft:
-    """The spec fields a config.json mapping determines (validated), in writing order."""
+    """The spec fields a config.json mapping determines (validated), in writing order.
+
+    A refusal raises the first ConfigError with every refusal of the config in its
+    ``problems`` (``tfgraph validate --all-errors``): the import stops at a refused key, so
+    it is run again without that key (the model_type's default in its place) until it
+    passes or refuses something that is not one more key of the file (a key already taken
+    out, the spec as a whole): fixing the keys shown fixes the file in one round."""
+    problems: list[ConfigError] = []
+    current = dict(data)
+    while True:
+        try:
+            draft = _draft(current, data, name, source, description)
+        except ConfigError as exc:
+            key = exc.key
+            # one more key of the file (or one it lacks); not a key taken out (the default in
+            # its place was refused: a consequence), nor the spec as a whole
+            if not problems or (key is not None and (key in current or key not in data)):
+                problems.append(exc)
+            if key is None or key not in current or key == "model_type" \
+                    or len(problems) > len(data):
+                break
+            del current[key]
+            continue
+        if not problems:
+            return draft
+        break
+    first = problems[0]
+    first.problems = problems
+    raise first
+
+
+def _draft(data: Mapping[str, Any], original: Mapping[str, Any], name: str | None,
+           source: str, description: str | None) -> SpecDraft:
+    """:func:`draft_from_config` of ``data`` (``original`` less refused keys) in one pass,
+    raising at the first refusal."""
     cfg = HFConfig(data, source)
     try:
         draft: SpecDraft = family(cfg).spec_from_config(cfg)
@@ -162,7 +196,7 @@ def draft_from_config(data: Mapping[str, Any], name: str | None = None,
     if tokens:
         draft.data["tokens"] = tokens
     if description is None:
-        origin = str(data.get("_name_or_path") or "")[:256]
+        origin = str(original.get("_name_or_path") or "")[:256]
         description = (f"Imported from a Hugging Face config (model_type {cfg.model_type}"
                        + (f", {origin}" if origin else "") + ")")
     draft.data["description"] = description

@@ -29,7 +29,14 @@ _MISSING: Any = object()
 
 
 class ConfigError(TfgraphError):
-    """A config.json tfgraph cannot import: ``source: field = value: why`` (exit 2)."""
+    """A config.json tfgraph cannot import: ``source: field = value: why`` (exit 2).
+    ``key``: the config key refused (None: the spec as a whole); ``problems``: every
+    refusal found in the config, this one first (``tfgraph validate --all-errors``)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.problems: list[ConfigError] = [self]
 
 
 def _show(value: Any) -> str:
@@ -109,7 +116,7 @@ class HFConfig:
         shown = self.data.get(key) if value is _MISSING else value
         prefix = f"{self.source}: " if self.source else ""
         model = f" ({self.model_type})" if self.model_type else ""
-        raise ConfigError(f"{prefix}{key} = {_show(shown)}{model}: {why}")
+        raise ConfigError(f"{prefix}{key} = {_show(shown)}{model}: {why}", key)
 
 
 class SpecDraft:

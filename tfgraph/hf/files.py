@@ -163,7 +163,8 @@ def read_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
 
 def spec_name(path: str | os.PathLike[str], model_type: str) -> str:
     """A spec name from a folder or file name (``Mistral-7B-v0.1`` -> ``mistral-7b-v0.1``)."""
-    given = Path(os.fspath(path))
+    # "." or "models/.." name the folder they lead to (abspath: without following links)
+    given = Path(os.path.abspath(os.fspath(path)))
     stem = given.name if given.is_dir() else given.stem
     if stem == "config":
         stem = given.resolve().parent.name

@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
 
 from tfgraph.graph.bounds import (  # noqa: F401  (README "Limits"; re-exported)
     MAX_D_MODEL, MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_LEN, MAX_VOCAB)
@@ -328,6 +329,18 @@ class Attention(_Strict):
         _optional_finite_float)
     _finite_dropout = field_validator("dropout", mode="before")(_finite_float)
     _above_zero = field_validator("scale", "softcap", "clip_qkv")(_positive)
+
+    @field_validator("kv_heads")
+    @classmethod
+    def _kv_heads_divide_heads(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # Checked here, on the field, not only with the spec's cross-field rules (which run
+        # once every field is valid): it needs heads alone, so validate --all-errors shows it
+        # beside "d_model is not divisible by heads" in the same run.
+        heads = info.data.get("heads")
+        if value is not None and isinstance(heads, int) and heads % value:
+            raise ValueError(f"heads {heads} is not a multiple of kv_heads {value}; kv_heads "
+                             "must divide heads")
+        return value
 
 
 class FeedForward(_Strict):
