@@ -354,6 +354,15 @@ class TorchModel(nn.Module):
         return f"graph={self.graph_name!r}, attention_impl={self.attention_impl!r}"
 
 
+def module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype of ``module``'s first floating parameter (what ``.to()`` last cast them
+    to), else ``default``."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return default
+
+
 def _cache_defaults(input_ids: Tensor, layout: CacheLayout, dtype: torch.dtype,
                     past_key_values: Sequence[tuple[Tensor, Tensor]] | None,
                     attention_mask: Tensor | None, position_ids: Tensor | None
@@ -446,7 +455,14 @@ class _CachedModel(TorchModel):
         self.cache_layers, self.kv_heads, self.head_dim = (
             self.layout.layers, self.layout.kv_heads, self.layout.head_dim)
         self.value_dim = self.layout.v_dim  # latent attention: the rotary key's width
-        self.dtype = TORCH_DTYPES[graph.dtype]
+        self._graph_dtype = TORCH_DTYPES[graph.dtype]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' current floating dtype, which follows ``.to(torch.bfloat16)`` /
+        ``.half()`` (issue 24 item 3), so empty caches and rope tables match the weights; the
+        graph's dtype when the module has no floating parameter."""
+        return module_dtype(self, self._graph_dtype)
 
 
 class DecoderModel(_CachedModel):

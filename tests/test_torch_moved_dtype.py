@@ -1,0 +1,51 @@
+"""A to_torch module moved to another dtype (``.to(torch.bfloat16)``, ``.half()``) decodes
+through every cached path in that dtype (issue 24 item 3): the empty cache, the rope tables
+and the static cache follow the parameters, not the graph's dtype."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import tfgraph
+from tfgraph.exporters import to_torch
+from tfgraph.exporters.generation.cached_steppers import TorchStatic
+from tfgraph.generation.loop import generate as run_loop
+from tfgraph.generation.sampling import Sampler
+from tfgraph.spec.loader import load_spec
+
+from conftest import ROOT
+
+LLAMA = str(ROOT / "specs" / "tiny-llama.yaml")
+PROMPTS = [[5, 17, 42], [7, 8]]
+MOVES = {"bfloat16": lambda m: m.to(torch.bfloat16), "float16": lambda m: m.half()}
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_a_moved_module_decodes_cached_as_it_recomputes(move: str) -> None:
+    dtype = getattr(torch, move)
+    spec = load_spec(LLAMA)
+    full = MOVES[move](to_torch(tfgraph.compile(spec), seed=0))
+    cached = MOVES[move](to_torch(tfgraph.compile(spec, cache=True), seed=0))
+    ids = torch.tensor([[5, 17, 42, 9]])
+    with torch.no_grad():
+        want = full(ids)
+        assert want.dtype == dtype and cached(ids).dtype == dtype
+        # a cached step of the full-sequence module (its KV-cache part) and of the cached one
+        first, past = full(ids[:, :3], torch.ones((1, 3), dtype=torch.long),
+                           torch.arange(3)[None], use_cache=True)
+        assert past[0][0].dtype == dtype
+        last = full(ids[:, 3:], torch.ones((1, 4), dtype=torch.long), torch.tensor([[3]]),
+                    past)
+    tol = {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(torch.cat((first, last), 1), want, **tol)
+    recomputed = tfgraph.generate(full, PROMPTS, max_new_tokens=4, backend="torch",
+                                  cache=False, eos_token_id=None)
+    got = tfgraph.generate(full, PROMPTS, max_new_tokens=4, backend="torch", eos_token_id=None)
+    assert got.tokens == recomputed.tokens
+    stepper: Any = TorchStatic(cached, spec.output_vocab, None, "cpu")
+    stepper.prepare(len(PROMPTS), 3, 4)
+    assert run_loop(stepper, PROMPTS, 4, Sampler(None, None, None, None), 1, ()).tokens \
+        == recomputed.tokens
