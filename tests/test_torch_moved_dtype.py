@@ -49,3 +49,23 @@ def test_a_moved_module_decodes_cached_as_it_recomputes(move: str) -> None:
     stepper.prepare(len(PROMPTS), 3, 4)
     assert run_loop(stepper, PROMPTS, 4, Sampler(None, None, None, None), 1, ()).tokens \
         == recomputed.tokens
+
+
+def test_setup_cache_on_the_full_module_is_its_buffers_and_moves_with_it() -> None:
+    """README: setup_cache attaches the cache as the module's ``kv_cache`` buffers, also on
+    the module of the full-sequence graph (whose KV-cache part is a hidden module)."""
+    model = to_torch(tfgraph.compile(LLAMA), seed=0)
+    cache = model.setup_cache(1, 8)
+    assert dict(model.named_buffers())["kv_cache.key_0"] is cache[0][0]
+    model = model.to(torch.bfloat16)
+    assert model.kv_cache[0][0].dtype == torch.bfloat16
+    mask = torch.zeros((1, 8), dtype=torch.long)
+    mask[:, :3] = 1
+    ids = torch.tensor([[5, 17, 42]])
+    with torch.no_grad():
+        got = model(ids, mask, torch.arange(3)[None], cache_position=torch.arange(3))
+        want = model(ids)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert model.kv_cache[0][0][:, :, :3].abs().sum() > 0  # written in place
+    model.release_cache()
+    assert not any(name.startswith("kv_cache") for name, _ in model.named_buffers())

@@ -494,15 +494,14 @@ class DecoderModel(_CachedModel):
             if attention_mask is None and position_ids is None and past_key_values is None \
                     and not use_cache and cache_position is None:
                 return self._run((input_ids,))
+            past: Any = past_key_values
+            if past is None and cache_position is not None:
+                past = self._attached_cache()  # this module's buffers, not the part's
             return self.cached_model()(input_ids, attention_mask, position_ids,
-                                       past_key_values, use_cache, cache_position)
+                                       past, use_cache, cache_position)
         if past_key_values is None and cache_position is not None:
-            attached = self._modules.get("kv_cache")
-            if not isinstance(attached, StaticCache):
-                raise TfgraphError("cache_position without past_key_values needs a cache "
-                                   "attached by setup_cache(batch, length)")
-            return self._static_step(input_ids, attention_mask, position_ids, attached,
-                                     use_cache, cache_position)
+            return self._static_step(input_ids, attention_mask, position_ids,
+                                     self._attached_cache(), use_cache, cache_position)
         if isinstance(past_key_values, StaticCache):
             return self._static_step(input_ids, attention_mask, position_ids, past_key_values,
                                      use_cache, cache_position)
@@ -557,18 +556,26 @@ class DecoderModel(_CachedModel):
         """Attach a static cache (``static_cache``) to the module as ``kv_cache``, its
         buffers the module's own (gpt-fast): a forward with ``cache_position`` and no
         past_key_values then reads and writes it, so a compiled step mutates buffers, not
-        inputs, and CUDA graphs apply. Replaces any cache attached before."""
-        module = self.cached_model()
-        cache = module.static_cache(batch, length, device, dtype)
-        module.kv_cache = cache
+        inputs, and CUDA graphs apply. Replaces any cache attached before. The cache is
+        this very module's child (also on the full-sequence module, whose KV-cache part
+        module is rebuilt when the parameters move), so ``named_buffers()`` lists it and
+        ``.to()`` moves it with the parameters."""
+        cache = self.static_cache(batch, length, device, dtype)
+        self.kv_cache = cache
         return cache
 
     def release_cache(self) -> None:
         """Detach the cache ``setup_cache`` attached, so its buffers are freed with it (a
         no-op without one)."""
-        module = self.cached_model()
-        if "kv_cache" in module._modules:
-            del module.kv_cache
+        if "kv_cache" in self._modules:
+            del self.kv_cache
+
+    def _attached_cache(self) -> StaticCache:
+        attached = self._modules.get("kv_cache")
+        if not isinstance(attached, StaticCache):
+            raise TfgraphError("cache_position without past_key_values needs a cache "
+                               "attached by setup_cache(batch, length)")
+        return attached
 
     def cached_model(self) -> DecoderModel:
         """The module of this decoder's KV-cache graph: itself on a KV-cache graph, else one
