@@ -69,3 +69,34 @@ def test_setup_cache_on_the_full_module_is_its_buffers_and_moves_with_it() -> No
     assert model.kv_cache[0][0][:, :, :3].abs().sum() > 0  # written in place
     model.release_cache()
     assert not any(name.startswith("kv_cache") for name, _ in model.named_buffers())
+
+
+def test_static_cache_misuse_is_one_clear_error() -> None:
+    from tfgraph.errors import TfgraphError
+
+    from conftest import small
+
+    model = to_torch(tfgraph.compile(LLAMA, cache=True), seed=0)
+    for batch, length in ((0, 16), (2, 0)):
+        with pytest.raises(TfgraphError, match="positive integer"):
+            model.static_cache(batch, length)
+    assert model.static_cache(1, 200).length == 200  # rope runs past max_len 128
+    gpt2 = to_torch(tfgraph.compile(small(load_spec(ROOT / "specs" / "gpt2.yaml"), max_layers=1),
+                                    cache=True))
+    with pytest.raises(TfgraphError, match="learned position table"):
+        gpt2.static_cache(1, 5000)
+
+    def step(batch: int, length: int, new: int, at: int, mask_len: int | None = None) -> None:
+        cache = model.static_cache(batch, length)
+        ids = torch.ones((2, new), dtype=torch.long)
+        model(ids, torch.ones((2, mask_len or length), dtype=torch.long),
+              torch.zeros_like(ids), cache, cache_position=torch.arange(at, at + new))
+
+    for args, words in (((2, 4, 5, 0), "5 tokens do not fit a static cache of length 4"),
+                        ((2, 16, 1, 16), "cache_position 16 is outside"),
+                        ((1, 16, 1, 0), "batch 1 was given input_ids of 2 rows"),
+                        ((4, 16, 1, 0), "batch 4 was given input_ids of 2 rows"),
+                        ((2, 16, 1, 0, 8), r"attention_mask must be \(2, 16\)")):
+        with pytest.raises(TfgraphError, match=words):
+            step(*args)
+    step(2, 16, 1, 15)  # the last position is fine

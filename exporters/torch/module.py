@@ -48,6 +48,7 @@ from tfgraph.exporters.torch.ops import (
     rope_tables_step,
 )
 from tfgraph.graph.ir import CacheLayout, Graph, Node
+from tfgraph.graph.lengths import Lengths
 from tfgraph.graph.ops import OPS
 from tfgraph.passes.liveness import Plan, layer_region, plan
 from tfgraph.graph.weights import check_weights, generate, weight_shapes
@@ -434,6 +435,37 @@ class StaticCache(nn.Module):
         return f"layers={self.count}, batch={self.batch}, length={self.length}"
 
 
+def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                       cache: StaticCache, cache_position: Tensor) -> None:
+    """One-line errors for a step that does not fit ``cache``, instead of index_copy_'s or
+    a slice's. Shapes are static (free to check, and torch.compile guards on them anyway);
+    the positions' values are checked only in eager mode on a CPU tensor: reading them from
+    a GPU would synchronise the host every step, and a traced step cannot branch on them
+    (CUDA graphs capture no host read)."""
+    batch, length = cache.batch, cache.length
+    rows, new = input_ids.shape[0], input_ids.shape[1]
+    if rows != batch:
+        raise TfgraphError(f"a static cache of batch {batch} was given input_ids of {rows} "
+                           "rows (setup_cache / static_cache with this batch)")
+    if tuple(attention_mask.shape) != (batch, length):
+        raise TfgraphError(f"a static cache of length {length}: attention_mask must be "
+                           f"({batch}, {length}) (every position of the cache), got "
+                           f"{tuple(attention_mask.shape)}")
+    if tuple(position_ids.shape) != tuple(input_ids.shape):
+        raise TfgraphError(f"position_ids {tuple(position_ids.shape)} must have input_ids' "
+                           f"shape {tuple(input_ids.shape)}")
+    if tuple(cache_position.shape) != (new,):
+        raise TfgraphError(f"cache_position must be ({new},), one position per new token; got "
+                           f"{tuple(cache_position.shape)}")
+    if new > length:
+        raise TfgraphError(f"{new} tokens do not fit a static cache of length {length}")
+    if cache_position.device.type == "cpu" and not torch.compiler.is_compiling() and new:
+        low, high = int(cache_position.min()), int(cache_position.max())
+        if low < 0 or high >= length:
+            raise TfgraphError(f"cache_position {high if high >= length else low} is outside "
+                               f"a static cache of length {length} (positions 0..{length - 1})")
+
+
 def _mark_static(t: Tensor) -> None:
     """Tell dynamo the tensor's address never changes (CUDA graphs then do not copy it nor
     skip for its in-place writes)."""
@@ -520,6 +552,7 @@ class DecoderModel(_CachedModel):
         if cache_position is None or attention_mask is None or position_ids is None:
             raise TfgraphError("a static cache needs cache_position, attention_mask and "
                                "position_ids")
+        _check_static_step(input_ids, attention_mask, position_ids, cache, cache_position)
         for layer in self._layers.values():
             layer.cache_position = cache_position
         try:
@@ -539,6 +572,14 @@ class DecoderModel(_CachedModel):
         attention_mask over all ``length`` positions (0 for those not written yet)."""
         if not self.cached:
             return self.cached_model().static_cache(batch, length, device, dtype)
+        for name, size in (("batch", batch), ("length", length)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise TfgraphError(f"static_cache: {name} {size!r} must be a positive integer")
+        spec = self.source_graph.spec
+        if spec is not None:  # only a learned position table cannot run past max_len
+            lengths = Lengths.of(spec)  # (rope and the others extrapolate: README, "Lengths
+            if lengths.learned and lengths.beyond(length):  # beyond max_len")
+                raise TfgraphError(lengths.refusal(f"static_cache length {length}"))
         first = next(self.parameters(), None)
         if device is None:
             device = first.device if first is not None else torch.device("cpu")
