@@ -100,3 +100,27 @@ def test_static_cache_misuse_is_one_clear_error() -> None:
         with pytest.raises(TfgraphError, match=words):
             step(*args)
     step(2, 16, 1, 15)  # the last position is fine
+
+
+@pytest.mark.parametrize("name", ["tiny-llama.yaml", "qwen3-0.6b.yaml"])
+def test_a_module_pickles_and_loads_with_the_same_logits(name: str) -> None:
+    """torch.save(model) / pickle: the steps' lowerings (lambdas, per-head norm closures)
+    are saved by op name; qwen3: per-head qk-norm."""
+    import io
+    import pickle
+
+    from conftest import small
+
+    model = to_torch(tfgraph.compile(small(load_spec(ROOT / "specs" / name), max_layers=1)))
+    ids = torch.tensor([[5, 17, 42]])
+    mask = torch.ones((1, 3), dtype=torch.long)
+    with torch.no_grad():
+        want, want_cached = model(ids), model(ids, mask)
+        model(ids, mask)  # a KV-cache part module is built: it is pickled too
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        for loaded in (pickle.loads(pickle.dumps(model)),
+                       torch.load(buffer, weights_only=False)):
+            assert torch.equal(loaded(ids), want)
+            assert torch.equal(loaded(ids, mask), want_cached)

@@ -136,6 +136,15 @@ class NormWeights(nn.Module):
         return self.lowering(self, self.attrs, x, *(self._parameters[leaf]
                                                      for leaf in self.leaves))
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["lowering"] = _op_key(self.lowering)  # see _Program.__getstate__
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["lowering"] = _op_fn(state["lowering"])
+        super().__setstate__(state)
+
     def extra_repr(self) -> str:
         return ", ".join(f"{n}: {tuple(p.shape)}" for n, p in self._parameters.items()
                          if p is not None)
@@ -167,6 +176,24 @@ def _bind_norms(model: nn.Module, graph: Graph) -> None:
                            [name.rpartition(".")[2] for name in n.inputs[1:]])
 
 
+class _OpKey(tuple):
+    """(table, op): where a pickled step's lowering is found again on loading."""
+
+
+def _op_key(fn: Any) -> Any:
+    for table, lowerings in (("ops", TORCH_OPS), ("inplace", TORCH_INPLACE)):
+        for op, lowering in lowerings.items():
+            if lowering is fn:
+                return _OpKey((table, op))
+    return fn  # a module-level function or a picklable object (a layer call)
+
+
+def _op_fn(key: Any) -> Any:
+    if isinstance(key, _OpKey):
+        return (TORCH_OPS if key[0] == "ops" else TORCH_INPLACE)[key[1]]
+    return key
+
+
 class _Program:
     """Steps over a list environment: parameters, inputs, then one slot per produced value."""
 
@@ -181,6 +208,19 @@ class _Program:
         if name not in self.slots:
             self.slots[name] = len(self.slots)
         return self.slots[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (torch.save(model)): an op's lowering is named by its op, since
+        TORCH_OPS holds lambdas and closures pickle cannot reference."""
+        state = dict(self.__dict__)
+        state["steps"] = [(_op_key(fn), attrs, args, out, dead, _op_key(inplace), inplace_args)
+                          for fn, attrs, args, out, dead, inplace, inplace_args in self.steps]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["steps"] = [(_op_fn(fn), attrs, args, out, dead, _op_fn(inplace), inplace_args)
+                          for fn, attrs, args, out, dead, inplace, inplace_args in state["steps"]]
+        self.__dict__.update(state)
 
     def run(self, module: nn.Module, inputs: tuple[Any, ...]) -> list[Any]:
         env: list[Any] = [None] * len(self.slots)
