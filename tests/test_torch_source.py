@@ -326,3 +326,17 @@ def test_model_without_weights_starts_from_tfgraphs_own_initial_values(
             assert torch.equal(state[key].float(), torch.from_numpy(value)), (seed, key)
     weights = [v for k, v in module.Model().state_dict().items() if k.endswith("q.weight")]
     assert abs(float(torch.cat([w.flatten() for w in weights]).std()) - 0.02) < 0.002
+
+
+def test_model_of_a_bfloat16_spec_builds_in_its_dtype(tmp_path: Path) -> None:
+    """Model() / Model(seed=s) of a bfloat16 spec: parameters in DTYPE, the logits of
+    to_torch's module (README: Model(seed=N) starts from the values of build --seed N)."""
+    graph = tfgraph.compile(ROOT / "specs" / "tiny-bf16.yaml")
+    (tmp_path / "model.py").write_text(generate_source(graph))
+    module = _import(tmp_path / "model.py")
+    assert module.DTYPE == torch.bfloat16
+    net = module.Model(seed=3).eval()
+    assert {p.dtype for p in net.parameters()} == {torch.bfloat16}
+    ids = torch.tensor([[5, 17, 42, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), to_torch(graph, seed=3)(ids), atol=0, rtol=0)

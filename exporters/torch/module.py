@@ -48,6 +48,7 @@ from tfgraph.exporters.torch.ops import (
     rope_tables_step,
 )
 from tfgraph.graph.ir import CacheLayout, Graph, Node
+from tfgraph.graph.lengths import Lengths
 from tfgraph.graph.ops import OPS
 from tfgraph.passes.liveness import Plan, layer_region, plan
 from tfgraph.graph.weights import check_weights, generate, weight_shapes
@@ -135,6 +136,15 @@ class NormWeights(nn.Module):
         return self.lowering(self, self.attrs, x, *(self._parameters[leaf]
                                                      for leaf in self.leaves))
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["lowering"] = _op_key(self.lowering)  # see _Program.__getstate__
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["lowering"] = _op_fn(state["lowering"])
+        super().__setstate__(state)
+
     def extra_repr(self) -> str:
         return ", ".join(f"{n}: {tuple(p.shape)}" for n, p in self._parameters.items()
                          if p is not None)
@@ -166,6 +176,24 @@ def _bind_norms(model: nn.Module, graph: Graph) -> None:
                            [name.rpartition(".")[2] for name in n.inputs[1:]])
 
 
+class _OpKey(tuple):
+    """(table, op): where a pickled step's lowering is found again on loading."""
+
+
+def _op_key(fn: Any) -> Any:
+    for table, lowerings in (("ops", TORCH_OPS), ("inplace", TORCH_INPLACE)):
+        for op, lowering in lowerings.items():
+            if lowering is fn:
+                return _OpKey((table, op))
+    return fn  # a module-level function or a picklable object (a layer call)
+
+
+def _op_fn(key: Any) -> Any:
+    if isinstance(key, _OpKey):
+        return (TORCH_OPS if key[0] == "ops" else TORCH_INPLACE)[key[1]]
+    return key
+
+
 class _Program:
     """Steps over a list environment: parameters, inputs, then one slot per produced value."""
 
@@ -180,6 +208,19 @@ class _Program:
         if name not in self.slots:
             self.slots[name] = len(self.slots)
         return self.slots[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (torch.save(model)): an op's lowering is named by its op, since
+        TORCH_OPS holds lambdas and closures pickle cannot reference."""
+        state = dict(self.__dict__)
+        state["steps"] = [(_op_key(fn), attrs, args, out, dead, _op_key(inplace), inplace_args)
+                          for fn, attrs, args, out, dead, inplace, inplace_args in self.steps]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["steps"] = [(_op_fn(fn), attrs, args, out, dead, _op_fn(inplace), inplace_args)
+                          for fn, attrs, args, out, dead, inplace, inplace_args in state["steps"]]
+        self.__dict__.update(state)
 
     def run(self, module: nn.Module, inputs: tuple[Any, ...]) -> list[Any]:
         env: list[Any] = [None] * len(self.slots)
@@ -354,6 +395,15 @@ class TorchModel(nn.Module):
         return f"graph={self.graph_name!r}, attention_impl={self.attention_impl!r}"
 
 
+def module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype of ``module``'s first floating parameter (what ``.to()`` last cast them
+    to), else ``default``."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return default
+
+
 def _cache_defaults(input_ids: Tensor, layout: CacheLayout, dtype: torch.dtype,
                     past_key_values: Sequence[tuple[Tensor, Tensor]] | None,
                     attention_mask: Tensor | None, position_ids: Tensor | None
@@ -425,6 +475,37 @@ class StaticCache(nn.Module):
         return f"layers={self.count}, batch={self.batch}, length={self.length}"
 
 
+def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                       cache: StaticCache, cache_position: Tensor) -> None:
+    """One-line errors for a step that does not fit ``cache``, instead of index_copy_'s or
+    a slice's. Shapes are static (free to check, and torch.compile guards on them anyway);
+    the positions' values are checked only in eager mode on a CPU tensor: reading them from
+    a GPU would synchronise the host every step, and a traced step cannot branch on them
+    (CUDA graphs capture no host read)."""
+    batch, length = cache.batch, cache.length
+    rows, new = input_ids.shape[0], input_ids.shape[1]
+    if rows != batch:
+        raise TfgraphError(f"a static cache of batch {batch} was given input_ids of {rows} "
+                           "rows (setup_cache / static_cache with this batch)")
+    if tuple(attention_mask.shape) != (batch, length):
+        raise TfgraphError(f"a static cache of length {length}: attention_mask must be "
+                           f"({batch}, {length}) (every position of the cache), got "
+                           f"{tuple(attention_mask.shape)}")
+    if tuple(position_ids.shape) != tuple(input_ids.shape):
+        raise TfgraphError(f"position_ids {tuple(position_ids.shape)} must have input_ids' "
+                           f"shape {tuple(input_ids.shape)}")
+    if tuple(cache_position.shape) != (new,):
+        raise TfgraphError(f"cache_position must be ({new},), one position per new token; got "
+                           f"{tuple(cache_position.shape)}")
+    if new > length:
+        raise TfgraphError(f"{new} tokens do not fit a static cache of length {length}")
+    if cache_position.device.type == "cpu" and not torch.compiler.is_compiling() and new:
+        low, high = int(cache_position.min()), int(cache_position.max())
+        if low < 0 or high >= length:
+            raise TfgraphError(f"cache_position {high if high >= length else low} is outside "
+                               f"a static cache of length {length} (positions 0..{length - 1})")
+
+
 def _mark_static(t: Tensor) -> None:
     """Tell dynamo the tensor's address never changes (CUDA graphs then do not copy it nor
     skip for its in-place writes)."""
@@ -446,7 +527,14 @@ class _CachedModel(TorchModel):
         self.cache_layers, self.kv_heads, self.head_dim = (
             self.layout.layers, self.layout.kv_heads, self.layout.head_dim)
         self.value_dim = self.layout.v_dim  # latent attention: the rotary key's width
-        self.dtype = TORCH_DTYPES[graph.dtype]
+        self._graph_dtype = TORCH_DTYPES[graph.dtype]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' current floating dtype, which follows ``.to(torch.bfloat16)`` /
+        ``.half()`` (issue 24 item 3), so empty caches and rope tables match the weights; the
+        graph's dtype when the module has no floating parameter."""
+        return module_dtype(self, self._graph_dtype)
 
 
 class DecoderModel(_CachedModel):
@@ -478,15 +566,14 @@ class DecoderModel(_CachedModel):
             if attention_mask is None and position_ids is None and past_key_values is None \
                     and not use_cache and cache_position is None:
                 return self._run((input_ids,))
+            past: Any = past_key_values
+            if past is None and cache_position is not None:
+                past = self._attached_cache()  # this module's buffers, not the part's
             return self.cached_model()(input_ids, attention_mask, position_ids,
-                                       past_key_values, use_cache, cache_position)
+                                       past, use_cache, cache_position)
         if past_key_values is None and cache_position is not None:
-            attached = self._modules.get("kv_cache")
-            if not isinstance(attached, StaticCache):
-                raise TfgraphError("cache_position without past_key_values needs a cache "
-                                   "attached by setup_cache(batch, length)")
-            return self._static_step(input_ids, attention_mask, position_ids, attached,
-                                     use_cache, cache_position)
+            return self._static_step(input_ids, attention_mask, position_ids,
+                                     self._attached_cache(), use_cache, cache_position)
         if isinstance(past_key_values, StaticCache):
             return self._static_step(input_ids, attention_mask, position_ids, past_key_values,
                                      use_cache, cache_position)
@@ -505,6 +592,7 @@ class DecoderModel(_CachedModel):
         if cache_position is None or attention_mask is None or position_ids is None:
             raise TfgraphError("a static cache needs cache_position, attention_mask and "
                                "position_ids")
+        _check_static_step(input_ids, attention_mask, position_ids, cache, cache_position)
         for layer in self._layers.values():
             layer.cache_position = cache_position
         try:
@@ -524,6 +612,14 @@ class DecoderModel(_CachedModel):
         attention_mask over all ``length`` positions (0 for those not written yet)."""
         if not self.cached:
             return self.cached_model().static_cache(batch, length, device, dtype)
+        for name, size in (("batch", batch), ("length", length)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise TfgraphError(f"static_cache: {name} {size!r} must be a positive integer")
+        spec = self.source_graph.spec
+        if spec is not None:  # only a learned position table cannot run past max_len
+            lengths = Lengths.of(spec)  # (rope and the others extrapolate: README, "Lengths
+            if lengths.learned and lengths.beyond(length):  # beyond max_len")
+                raise TfgraphError(lengths.refusal(f"static_cache length {length}"))
         first = next(self.parameters(), None)
         if device is None:
             device = first.device if first is not None else torch.device("cpu")
@@ -541,18 +637,26 @@ class DecoderModel(_CachedModel):
         """Attach a static cache (``static_cache``) to the module as ``kv_cache``, its
         buffers the module's own (gpt-fast): a forward with ``cache_position`` and no
         past_key_values then reads and writes it, so a compiled step mutates buffers, not
-        inputs, and CUDA graphs apply. Replaces any cache attached before."""
-        module = self.cached_model()
-        cache = module.static_cache(batch, length, device, dtype)
-        module.kv_cache = cache
+        inputs, and CUDA graphs apply. Replaces any cache attached before. The cache is
+        this very module's child (also on the full-sequence module, whose KV-cache part
+        module is rebuilt when the parameters move), so ``named_buffers()`` lists it and
+        ``.to()`` moves it with the parameters."""
+        cache = self.static_cache(batch, length, device, dtype)
+        self.kv_cache = cache
         return cache
 
     def release_cache(self) -> None:
         """Detach the cache ``setup_cache`` attached, so its buffers are freed with it (a
         no-op without one)."""
-        module = self.cached_model()
-        if "kv_cache" in module._modules:
-            del module.kv_cache
+        if "kv_cache" in self._modules:
+            del self.kv_cache
+
+    def _attached_cache(self) -> StaticCache:
+        attached = self._modules.get("kv_cache")
+        if not isinstance(attached, StaticCache):
+            raise TfgraphError("cache_position without past_key_values needs a cache "
+                               "attached by setup_cache(batch, length)")
+        return attached
 
     def cached_model(self) -> DecoderModel:
         """The module of this decoder's KV-cache graph: itself on a KV-cache graph, else one

@@ -88,9 +88,13 @@ def rope_tables_step(m: nn.Module, a: dict[str, Any], x: Tensor) -> tuple[Tensor
     """Not an op: cos/sin for one sequence axis, computed once per forward by the model and
     passed to every layer whose rope nodes use that axis (so backward keeps one pair of tables,
     not one per layer). ``x`` is a tensor along that axis, or the position ids (B, S) of a
-    KV-cache graph (tables per token, in the model's dtype ``a["dtype"]``)."""
+    KV-cache graph (tables per token, in the dtype of the model's parameters, which follows
+    ``.to()``; the graph's ``a["dtype"]`` for a module without them)."""
     if not x.is_floating_point():
-        return tf.rope_tables_at(x, a["dim"], a["theta"], a["dtype"], a.get("inv_freq"),
+        dtype = getattr(m, "dtype", a["dtype"])
+        if not isinstance(dtype, torch.dtype):
+            dtype = a["dtype"]
+        return tf.rope_tables_at(x, a["dim"], a["theta"], dtype, a.get("inv_freq"),
                                  a.get("scale", 1.0), a.get("interleaved", False))
     return tf.rope_tables(x.shape[1], a["dim"], a["theta"], x.device, x.dtype,
                           a.get("inv_freq"), a.get("scale", 1.0), a.get("interleaved", False))

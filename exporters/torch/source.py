@@ -100,6 +100,9 @@ def generate_source(graph: Graph) -> str:
     rendered = render_classes(view)
     root = rendered[-1]  # children come first: the model's own class is the last
     root.args.append(("seed", "int = 0"))
+    # parameters in the spec's dtype before the initial values are written (copy_ rounds
+    # them as to_torch's cast does), so Model(seed=s) equals to_torch(graph, seed=s)
+    root.init.append("self.to(DTYPE)")
     root.init.append("init_weights(self, seed)")
     classes = "\n\n\n".join(_class_source(c) for c in rendered)
     constants = _constants(graph, view, classes)
