@@ -48,7 +48,6 @@ from tfgraph.exporters.torch.ops import (
     rope_tables_step,
 )
 from tfgraph.graph.ir import CacheLayout, Graph, Node
-from tfgraph.graph.lengths import Lengths
 from tfgraph.graph.ops import OPS
 from tfgraph.passes.liveness import Plan, layer_region, plan
 from tfgraph.graph.weights import check_weights, generate, weight_shapes
@@ -615,11 +614,11 @@ class DecoderModel(_CachedModel):
         for name, size in (("batch", batch), ("length", length)):
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise TfgraphError(f"static_cache: {name} {size!r} must be a positive integer")
-        spec = self.source_graph.spec
-        if spec is not None:  # only a learned position table cannot run past max_len
-            lengths = Lengths.of(spec)  # (rope and the others extrapolate: README, "Lengths
-            if lengths.learned and lengths.beyond(length):  # beyond max_len")
-                raise TfgraphError(lengths.refusal(f"static_cache length {length}"))
+        lengths = self.info.lengths  # the spec's max_len rule, set on the graph by lowering
+        # only a learned position table cannot run past max_len (rope and the others
+        # extrapolate: README, "Lengths beyond max_len")
+        if lengths is not None and lengths.learned and lengths.beyond(length):
+            raise TfgraphError(lengths.refusal(f"static_cache length {length}"))
         first = next(self.parameters(), None)
         if device is None:
             device = first.device if first is not None else torch.device("cpu")
