@@ -5,6 +5,7 @@ logits check, and a tiny spec from ``specs/`` compared with a reference through 
 from __future__ import annotations
 
 import itertools
+import json
 import weakref
 
 from collections.abc import Iterator
@@ -170,3 +171,20 @@ def greedy_with_cache(model: nn.Module, ids: Tensor, mask: Tensor, new: int) -> 
             mask = torch.cat([mask, torch.ones_like(nxt)], 1)
             logits, past = model(nxt, attention_mask=mask, past_key_values=past, use_cache=True)
     return torch.cat(tokens, 1)
+
+
+DROP: Any = object()
+"""A config.json edit that removes the key (``edit_config_json``)."""
+
+
+def edit_config_json(folder: Path, edits: dict[str, Any]) -> dict[str, Any]:
+    """Apply ``edits`` to ``folder``/config.json (``DROP`` removes a key); the new content."""
+    data = json.loads((folder / "config.json").read_text())
+    for key, value in edits.items():
+        if value is DROP:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    (folder / "config.json").write_text(json.dumps(data))
+    return data
+

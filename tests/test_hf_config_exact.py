@@ -16,7 +16,6 @@ top-level ``partial_rotary_factor`` is read; untied BART tables are refused at i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,11 @@ from tfgraph.cli import main
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map
 
-from parity_support import check
+from parity_support import DROP, check, edit_config_json
 from test_hf_families import CASES, build_reference, family_seed, inputs
 
 transformers = pytest.importorskip("transformers")
 
-DROP: Any = object()  # an edit that removes the key from config.json
 
 # name: (case, extra config-class arguments, config.json edits, refusal text or None)
 VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
@@ -110,13 +108,7 @@ def test_config_key_is_honoured_as_transformers_does_or_refused(variant: str,
     cls = getattr(transformers, case.config)
     folder = tmp_path / variant
     cls(**(case.kwargs | extra)).save_pretrained(folder)
-    data = json.loads((folder / "config.json").read_text())
-    for key, value in edits.items():
-        if value is DROP:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    (folder / "config.json").write_text(json.dumps(data))
+    data = edit_config_json(folder, edits)
 
     out = tmp_path / f"{variant}.yaml"
     result = CliRunner().invoke(main, ["import", str(folder), "-o", str(out)])

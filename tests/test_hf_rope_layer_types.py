@@ -16,7 +16,6 @@ where the refusal says transformers fails, the test shows that it does.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,11 @@ from tfgraph.cli import main
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map
 
-from parity_support import check, greedy_with_cache
+from parity_support import DROP, check, edit_config_json, greedy_with_cache
 from test_hf_families import CASES, build_reference, family_seed, inputs
 
 transformers = pytest.importorskip("transformers")
 
-DROP: Any = object()  # an edit that removes the key from config.json
 NESTED = {"full_attention": {"rope_type": "default", "rope_theta": 500.0},
           "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}
 FLAT_FAILS = "the only one transformers' model reads: it fails"
@@ -119,13 +117,7 @@ def _folder(variant: str, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     case = CASES[name]
     folder = tmp_path / variant
     getattr(transformers, case.config)(**case.kwargs).save_pretrained(folder)
-    data = json.loads((folder / "config.json").read_text())
-    for key, value in edits.items():
-        if value is DROP:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    (folder / "config.json").write_text(json.dumps(data))
+    data = edit_config_json(folder, edits)
     return folder, data
 
 
