@@ -117,7 +117,14 @@ def test_config_key_is_honoured_as_transformers_does_or_refused(variant: str,
         assert refusal in result.output and len(result.output.strip().splitlines()) == 1
         return
     assert result.exit_code == 0, result.output
-    spec = tfgraph.load_spec(out)
+    check_import_logits(name, tfgraph.load_spec(out), folder, data)
+
+
+def check_import_logits(name: str, spec: Any, folder: Path, data: dict[str, Any]) -> None:
+    """The imported ``spec``'s logits, with the folder's weights mapped through the name map,
+    equal transformers' model loaded from ``folder`` (``config.json`` content ``data``)."""
+    case = CASES[name]
+    cls = getattr(transformers, case.config)
     ref = build_reference(case, family_seed(name), cls.from_pretrained(folder))
     kwargs, feeds = inputs(spec, case.kind)
     with torch.no_grad():

@@ -28,8 +28,9 @@ from tfgraph.cli import main
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map
 
-from parity_support import DROP, check, edit_config_json, greedy_with_cache
-from test_hf_families import CASES, build_reference, family_seed, inputs
+from parity_support import DROP, edit_config_json, greedy_with_cache
+from test_hf_config_exact import check_import_logits
+from test_hf_families import CASES, build_reference, family_seed
 
 transformers = pytest.importorskip("transformers")
 
@@ -136,8 +137,6 @@ def _reference_output(name: str, folder: Path) -> Any:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rope_per_layer_type_as_transformers_reads_it(variant: str, tmp_path: Path) -> None:
     name, _, refusal, hf_fails = VARIANTS[variant]
-    case = CASES[name]
-    cls = getattr(transformers, case.config)
     folder, data = _folder(variant, tmp_path)
     result = CliRunner().invoke(main, ["import", str(folder), "-o", str(tmp_path / "s.yaml")])
     if hf_fails:  # the config the refusal says transformers cannot run
@@ -151,13 +150,7 @@ def test_rope_per_layer_type_as_transformers_reads_it(variant: str, tmp_path: Pa
     spec = tfgraph.load_spec(tmp_path / "s.yaml")
     if variant.startswith("qwen3_moe-window"):  # the window, shorter than the inputs
         assert spec.attention.window == 5 and spec.attention.window_pattern is None
-    ref = build_reference(case, family_seed(name), cls.from_pretrained(folder))
-    kwargs, feeds = inputs(spec, case.kind)
-    with torch.no_grad():
-        expected = ref(**kwargs).logits
-        weights = name_map(data, spec).to_tfgraph(ref.state_dict())
-        ours = to_torch(tfgraph.compile(spec), weights=weights).eval()
-        check(ours(*feeds.values()), expected)
+    check_import_logits(name, spec, folder, data)
 
 
 @pytest.mark.parametrize("variant", sorted(
