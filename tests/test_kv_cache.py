@@ -16,6 +16,7 @@ The reference is the full-sequence graph, itself checked against Hugging Face an
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -182,6 +183,19 @@ ENCODER_DECODERS = sorted(p.stem for p in (ROOT / "specs").glob("tiny*.yaml")
                           if tfgraph.load_spec(p).arch == "encoder-decoder")
 
 
+def decode_in_steps(encoder: Any, decoder: Any, src: torch.Tensor, tgt: torch.Tensor,
+                    prefill: int = 3) -> torch.Tensor:
+    """Logits of cached encoder/decoder parts: the encoder once, the decoder over the first
+    ``prefill`` target tokens, then one token at a time (B, T, V)."""
+    _, cross = encoder(src)
+    logits, past = decoder(tgt[:, :prefill], cross, use_cache=True)
+    steps = [logits]
+    for t in range(prefill, tgt.shape[1]):
+        logits, past = decoder(tgt[:, t:t + 1], cross, past_key_values=past, use_cache=True)
+        steps.append(logits)
+    return torch.cat(steps, 1)
+
+
 @pytest.mark.parametrize("name", ENCODER_DECODERS)
 def test_encoder_decoder_cache_equals_full_recomputation(name: str) -> None:
     """The encoder part runs once (cross-attention keys/values computed there), the decoder
@@ -196,18 +210,12 @@ def test_encoder_decoder_cache_equals_full_recomputation(name: str) -> None:
     tgt = torch.randint(0, spec.vocab_size("target"), (2, 7), generator=gen)
     with torch.no_grad():
         want = full(src, tgt)
-        _, cross = encoder(src)
-        logits, past = decoder(tgt[:, :3], cross, use_cache=True)
-        steps = [logits]
-        for t in range(3, 7):
-            logits, past = decoder(tgt[:, t:t + 1], cross, past_key_values=past,
-                                   use_cache=True)
-            steps.append(logits)
+        steps = decode_in_steps(encoder, decoder, src, tgt)
         padded = torch.cat([torch.zeros((1, 4), dtype=torch.long), src[:1]], 1)
         mask = (torch.arange(13) >= 4).long()[None]
         _, cross_padded = encoder(padded, mask)
         alone = decoder(tgt[:1], cross_padded, encoder_attention_mask=mask)
-    torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
+    torch.testing.assert_close(steps, want, **TOL)
     torch.testing.assert_close(alone, want[:1], **TOL)
 
 

@@ -16,6 +16,8 @@ import tfgraph
 from tfgraph.exporters import to_torch
 from tfgraph.spec.schema import Spec
 
+from test_kv_cache import decode_in_steps
+
 
 def _spec(arch: str = "decoder-only", **parts: Any) -> Spec:
     data: dict[str, Any] = {"name": "f", "arch": arch, "d_model": 16, "layers": 1, "vocab": 32,
@@ -173,14 +175,8 @@ def test_rope_global_false_encoder_decoder_cache_parts() -> None:
     src, tgt = (torch.randint(0, 32, (2, n), generator=gen) for n in (9, 7))
     with torch.no_grad():
         want = to_torch(tfgraph.compile(spec), seed=1)(src, tgt)
-        _, cross = encoder(src)
-        logits, past = decoder(tgt[:, :3], cross, use_cache=True)
-        steps = [logits]
-        for t in range(3, 7):
-            logits, past = decoder(tgt[:, t:t + 1], cross, past_key_values=past,
-                                   use_cache=True)
-            steps.append(logits)
-    torch.testing.assert_close(torch.cat(steps, 1), want, atol=1e-4, rtol=1e-4)
+        steps = decode_in_steps(encoder, decoder, src, tgt)
+    torch.testing.assert_close(steps, want, atol=1e-4, rtol=1e-4)
 
 
 # ---- diagrams: block.residual_scale with branch or sandwich norms --------------------------
