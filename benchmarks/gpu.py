@@ -16,8 +16,8 @@ is installed beside tfgraph: torch with CUDA, onnxruntime-gpu, transformers, opt
 onnxruntime-genai-cuda). benchmarks/device_kit.py carries what the lent machine's image lacks
 (onnxruntime-gpu in pieces over consecutive calls, pydantic, graphviz, onnxruntime-genai-cuda).
 Same random weights everywhere: ``tfgraph build SPEC --to hf`` writes a Hugging Face folder
-(specs/llama.yaml: d 2048, 22 layers, 32/4 heads, SwiGLU 5632, vocab 32000), every side loads it. Prompts: 16 random tokens per row, greedy, EOS ignored, 256 new
-tokens, batch 1 and 8. Sides:
+(specs/llama.yaml: d 2048, 22 layers, 32/4 heads, SwiGLU 5632, vocab 32000), every side loads it.
+Prompts: 16 random tokens per row, greedy, EOS ignored, 256 new tokens, batch 1 and 8. Sides:
 
 - tfgraph ONNX on CUDA: ``tfgraph.generate(MODEL.onnx, provider="cuda")`` of the float16
   ``build --kv-cache`` model (I/O binding: the cache stays on the GPU), and of the
