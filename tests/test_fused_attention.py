@@ -311,6 +311,20 @@ def test_the_cli_says_when_it_keeps_the_written_out_attention(tmp_path: Path) ->
             "--fused-attention", "--kv-cache")
 
 
+def test_a_float32_fused_model_for_cuda_says_its_attention_runs_on_the_cpu(tmp_path: Path
+                                                                        ) -> None:
+    """onnxruntime's CUDA GroupQueryAttention has 16-bit kernels only."""
+    def notes(*flags: str) -> list[str]:
+        result = run_cli("build", str(ROOT / "specs" / "tiny-llama.yaml"), "--to", "onnx",
+                         "--kv-cache", "--fused-attention", "--genai-provider", "cuda", *flags,
+                         "-o", str(tmp_path / "m.onnx"))
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stderr.splitlines() if "float16/bfloat16 only" in line]
+
+    assert len(notes()) == 1
+    assert notes("--dtype", "float16") == []
+
+
 def _per_layer(model: Any, layer: int) -> collections.Counter[str]:
     return collections.Counter(
         n.op_type for n in model.graph.node

@@ -119,6 +119,24 @@ def load_model(path: str | os.PathLike[str]) -> Any:
     return model
 
 
+def load_initializers(path: Path, names: set[str]) -> dict[str, np.ndarray]:
+    """The initializers ``names`` of an ONNX file, external data included, as float32
+    arrays; a one-line TfgraphError when they cannot be read: external data whose location
+    leaves the model's folder (onnx refuses it), a missing, short or unreadable data file."""
+    import onnx
+    from google.protobuf.message import DecodeError
+    from onnx import numpy_helper
+
+    try:
+        model = onnx.load(str(path))
+        return {t.name: numpy_helper.to_array(t).astype(np.float32)
+                for t in model.graph.initializer if t.name in names}
+    except (onnx.checker.ValidationError, DecodeError, RuntimeError, ValueError,
+            OSError) as err:
+        raise TfgraphError(f"{path}: its weights cannot be read "
+                           f"({' '.join(str(err).split())})") from None
+
+
 def elem_name(elem_type: int) -> str:
     """The dtype name of an ONNX element type ("unknown" for types tfgraph does not write)."""
     return _ELEM_NAMES.get(elem_type, "unknown")

@@ -416,6 +416,13 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
         if why is not None:  # the written-out attention stays (it is exact everywhere)
             source.notes.append(f"--fused-attention: onnxruntime's GroupQueryAttention is not "
                                 f"exact here ({why}); the attention is written out")
+        elif genai_provider == "cuda" and graph.dtype == "float32":
+            # onnxruntime-gpu registers CUDA GroupQueryAttention for MLFloat16 and BFloat16
+            # only: a float32 model's attention would run on the CPU, copied every step
+            source.notes.append("--fused-attention --genai-provider cuda: onnxruntime's CUDA "
+                                "GroupQueryAttention is float16/bfloat16 only, so this float32 "
+                                "model's attention runs on the CPU; build with --dtype float16 "
+                                "or bfloat16 for the GPU")
     genai = target == "onnx" and graph.info.kind == "cached" and graph.info.part is None
     if genai:
         from tfgraph.exporters.onnx.genai_config import refusal as genai_refusal

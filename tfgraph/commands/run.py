@@ -110,17 +110,6 @@ def _graph_from_model(model: onnx.ModelProto, spec: Spec | None, where: str) -> 
     return model_graph(spec, {t.name: tuple(t.dims) for t in model.graph.initializer}, where)
 
 
-def _model_weights(model_path: Path, graph: Graph) -> dict[str, np.ndarray]:
-    """The initializers of an ONNX file (external data included) as float32 arrays."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(model_path))
-    names = {p.name for p in graph.params()}
-    return {t.name: numpy_helper.to_array(t).astype(np.float32)
-            for t in model.graph.initializer if t.name in names}
-
-
 def check_note(ran: str, dtype: str) -> str:
     """What the check line says of TF32: on the CUDA provider a float32 model runs with TF32
     off (provider option use_tf32=0) against a torch reference with TF32 off too."""
@@ -202,8 +191,9 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             session_source: bytes | Path = Path(source)
             graph: Graph | None = None
             label = f"{source}"
-            beside = Path(source).parent / "tokenizer.json"
-            tokenizer = beside if beside.is_file() else None
+            from tfgraph.hf.files import beside
+
+            tokenizer = beside(Path(source).parent, "tokenizer.json", "tokenizer file")
         else:
             built = load_source(source, "onnx", None, seed, None)
             # before the build, which a big model makes long; at the length it will run
@@ -236,7 +226,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             graph = _graph_from_model(model, spec, source)
             from_file = True
             # the session holds the file's weights; the reference reads them again
-            # (onnx.load in _model_weights) as float32 arrays for the torch module's copy
+            # (runtime.load_initializers) as float32 arrays for the torch module's copy
             from tfgraph.passes.cost import weights_bytes
 
             _check_weights_memory(graph, 2 * weights_bytes(graph), True, source)
@@ -276,7 +266,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         if check:
             assert graph is not None  # the spec was built, or the model's own compiled above
             if from_file:
-                weights = _model_weights(Path(source), graph)
+                weights = rt.load_initializers(Path(source), {p.name for p in graph.params()})
             elif given is not None:  # a model folder's own weights
                 weights = given
             else:  # the weights the spec was built with: the shared generator at --seed

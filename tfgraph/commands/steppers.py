@@ -280,9 +280,10 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
                     cuda_graph: bool = False) -> Opened:
     from tfgraph.exporters.onnx import runtime as rt
 
+    from tfgraph.hf.files import beside
+
     model = rt.load_model(source)
-    beside = Path(source).parent / "tokenizer.json"
-    tokenizer = beside if beside.is_file() else None
+    tokenizer = beside(Path(source).parent, "tokenizer.json", "tokenizer file")
     if backend == "onnx":
         stepper, runs_on = _onnx_stepper(model, Path(source), source, provider, threads,
                                          decoder_start, cuda_graph)
@@ -310,10 +311,11 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
         if compile:
             raise TfgraphError("--compile: decoder-only models (an encoder-decoder's static "
                                "cache is not built yet)")
-        files.append(Path(source).with_name("encoder_model.onnx"))
-        if not files[1].is_file():
+        encoder = beside(Path(source).parent, "encoder_model.onnx", "encoder model")
+        if encoder is None:
             raise TfgraphError(f"{source}: no encoder_model.onnx beside this decoder model "
                                "(tfgraph build --kv-cache writes both)")
+        files.append(encoder)
     shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
     for other in files[1:]:
         shapes.update({t.name: tuple(t.dims) for t in rt.load_model(str(other)).graph.initializer})
@@ -321,7 +323,9 @@ def _from_onnx_file(source: str, backend: str, provider: str, threads: int | Non
     graph = model_graph(spec, shapes, source)
     graphs = _decoding_graphs(spec, cache, source)
     _check_file_weights(graph, source)
-    weights = {name: value for path in files for name, value in _initializers(path, graph).items()}
+    names = {p.name for p in graph.params()}
+    weights = {name: value for path in files
+               for name, value in rt.load_initializers(path, names).items()}
     if len(graphs) == 1:  # a decoder: the same parameters run through its cache graph
         graph = graphs[0]
     module = to_torch(graph, weights=weights)
@@ -423,8 +427,10 @@ def _seq2seq_files(decoder: Any, session_source: bytes | Path, where: str, provi
     if not isinstance(session_source, Path):
         raise TfgraphError(f"{where}: an encoder-decoder's decoder model needs its encoder "
                            "model beside it")
-    encoder_path = session_source.with_name("encoder_model.onnx")
-    if not encoder_path.is_file():
+    from tfgraph.hf.files import beside
+
+    encoder_path = beside(session_source.parent, "encoder_model.onnx", "encoder model")
+    if encoder_path is None:
         raise TfgraphError(f"{where}: no encoder_model.onnx beside this decoder model "
                            "(tfgraph build --kv-cache writes both)")
     spec = _stored_spec(decoder, where)
@@ -596,7 +602,7 @@ def _stored_spec(model: Any, where: str) -> Spec:
 def _check_file_weights(graph: Graph, where: str) -> None:
     """Refuse (exit 2), before reading them, an ONNX file's weights that cannot fit in memory
     with the copies a torch module of them makes: the file's initializers (``onnx.load``,
-    at the model's dtype), their float32 arrays (:func:`_initializers`) and the module's own
+    at the model's dtype), their float32 arrays (``runtime.load_initializers``) and the module's own
     copy (``torch_build_bytes``, given weights)."""
     from tfgraph.exporters.torch.module import torch_build_bytes
     from tfgraph.limits import check_weight_memory
@@ -608,16 +614,6 @@ def _check_file_weights(graph: Graph, where: str) -> None:
     check_weight_memory(f"{where}: its weights in torch", need, at_dtype)
 
 
-def _initializers(path: Path, graph: Graph) -> dict[str, Any]:
-    """The parameters of an ONNX file (external data included) as float32 arrays."""
-    import numpy as np
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(path))
-    names = {p.name for p in graph.params()}
-    return {t.name: numpy_helper.to_array(t).astype(np.float32)
-            for t in model.graph.initializer if t.name in names}
 
 
 def _vocab(model: Any, spec: Spec | None, where: str) -> int:

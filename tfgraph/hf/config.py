@@ -40,7 +40,10 @@ class ConfigError(TfgraphError):
 
 
 def _show(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    except ValueError:  # an int of more digits than Python converts to text (4,300)
+        return "(a number too long to show)"
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -96,7 +99,10 @@ class HFConfig:
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.refuse(key, "must be a number")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past float's range (json.load reads 10**400)
+            self.refuse(key, "must be a number within float range")
 
     def bool(self, key: str, default: Any = _MISSING) -> bool:
         value = self.get(key, default)

@@ -52,6 +52,16 @@ def inside(folder: Path, name: str, what: str) -> Path:
     return path
 
 
+def beside(folder: Path, name: str, what: str) -> Path | None:
+    """:func:`inside`'s file when ``folder`` has ``name`` (a dangling or outward link counts:
+    it is refused, not ignored), else None: the optional files read from next to a model
+    (tokenizer.json beside an .onnx file)."""
+    path = folder / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    return inside(folder, name, what)
+
+
 def _resolved(path: Path, name: str, folder: Path) -> Path:
     """``path`` with every link followed; a link that leads back to itself (``ln -s NAME
     DIR/NAME``: Path.resolve raises RuntimeError on Python 3.11, OSError ELOOP on 3.13) is
