@@ -66,6 +66,13 @@ def test_family_case_exports_its_own_config(case: str) -> None:
     assert same(spec_from_config(export.config), spec)
 
     config, model = build(export)
+    # no token id left to the config class's default, which may lie outside a small vocabulary
+    # (ModernBertConfig's cls_token_id 50281): each is the spec's, or None
+    vocab = spec.vocab_size("source")
+    for key, value in config.to_dict().items():
+        if key.endswith("_token_id") and value is not None:
+            ids = value if isinstance(value, list) else [value]
+            assert all(0 <= i < vocab for i in ids), (key, value, vocab)
     # what transformers fills in around the exported fields changes nothing either
     assert same(spec_from_config(config.to_dict()), spec)
     with torch.device("meta"):
@@ -142,3 +149,17 @@ def test_preference_and_the_imported_model_type() -> None:
 def test_every_family_is_tried_for_its_arch() -> None:
     tried = [t for order in PREFERENCE.values() for t in order]
     assert sorted(tried) == sorted(ARCHITECTURES) and len(set(tried)) == len(tried)
+
+
+def test_a_folders_token_ids_are_carried_over() -> None:
+    """ModernBERT's cls/sep ids, which the spec language does not hold, come from the source
+    folder's config.json (else null: see the family-case test above)."""
+    from tfgraph.hf.export_config import hf_folder_facts
+
+    c = CASES["modernbert"]
+    kwargs = dict(c.kwargs, cls_token_id=3, sep_token_id=4)
+    data = getattr(transformers, c.config)(**kwargs).to_dict()
+    config, _ = hf_folder_facts(spec_from_config(data), data)
+    assert (config["cls_token_id"], config["sep_token_id"]) == (3, 4)
+    config, _ = hf_folder_facts(spec_from_config(data))
+    assert (config["cls_token_id"], config["sep_token_id"]) == (None, None)

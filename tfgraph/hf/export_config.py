@@ -131,6 +131,8 @@ def family_config(spec: Spec, model_type: str) -> dict[str, Any] | None:
         config["pad_token_id"] = tokens.pad if tokens else None
     if spec.arch == "encoder-decoder":
         config["decoder_start_token_id"] = tokens.decoder_start if tokens else None
+    for key in getattr(module, "OTHER_TOKEN_KEYS", ()):  # ids the spec language has none of
+        config[key] = None
     return config
 
 
@@ -196,7 +198,7 @@ def hf_config(spec: Spec) -> HFExport:
 # model came from; without either, unknown (None), not the family class's defaults, which may
 # lie outside a small vocabulary.
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
-              "forced_bos_token_id", "forced_eos_token_id", "sep_token_id")
+              "forced_bos_token_id", "forced_eos_token_id", "sep_token_id", "cls_token_id")
 
 
 def hf_folder_facts(spec: Spec, source_config: Mapping[str, Any] | None = None

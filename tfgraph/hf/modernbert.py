@@ -25,6 +25,10 @@ from tfgraph.spec.schema import GATED_INNER, Spec
 
 _GLOBAL, _LOCAL = 160000.0, 10000.0  # ModernBertConfig.default_theta
 
+# ModernBertConfig's token ids the spec language does not hold: written as null, since the
+# class defaults (50281, 50282) lie outside a small vocabulary (export_config.family_config)
+OTHER_TOKEN_KEYS = ("cls_token_id", "sep_token_id")
+
 
 def _thetas(cfg: HFConfig, types: Any) -> tuple[float, float]:
     """(the global layers' rotary base, the local layers'), unscaled, as
