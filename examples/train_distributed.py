@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import statistics
@@ -372,6 +373,9 @@ def check_save_target(path: str) -> None:
 
     folder = Path(path)
     if not folder.exists():
+        from tfgraph.io import check_writable
+
+        check_writable(folder)  # its parent takes a new folder (not /proc, not read-only)
         return
     if not folder.is_dir():
         raise TfgraphError(f"--save {path}: exists and is not a folder; give a new folder "
@@ -432,6 +436,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("tp", "ep"):
         if getattr(args, name) < 1:
             raise TfgraphError(f"--{name} must be 1 or more, got {getattr(args, name)}")
+    for name, value, least in (("lr", args.lr, "> 0"), ("weight-decay", args.weight_decay, ">= 0"),
+                               ("timeout", args.timeout, "> 0")):
+        if not (math.isfinite(value) and (value > 0 if least == "> 0" else value >= 0)):
+            raise TfgraphError(f"--{name} must be a finite number {least}, got {value:g}")
+    if args.seed < 0:
+        raise TfgraphError(f"--seed must be 0 or more, got {args.seed}")
+    if args.json_out:  # refused now, not after the training
+        from tfgraph.io import check_output
+
+        check_output(args.json_out, create=False)
     if args.tp != 1 and args.strategy not in TENSOR_PARALLEL:
         raise TfgraphError(f"--tp {args.tp} is the tensor-parallel degree: it needs "
                            "--strategy tp or fsdp+tp (--strategy "
@@ -449,6 +463,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.strategy in TENSOR_PARALLEL and world % args.tp:
         raise TfgraphError(f"--tp {args.tp} does not divide the {world} processes "
                            "(torchrun --nproc_per_node)")
+    if args.strategy == "tp" and world // args.tp > 1:
+        # the ranks outside one tensor-parallel group would train replicas nothing averages
+        raise TfgraphError(f"--strategy tp --tp {args.tp} over {world} processes leaves "
+                           f"{world // args.tp} data-parallel replicas that --strategy tp does "
+                           f"not synchronise: use --tp {world}, or --strategy fsdp+tp")
     if args.param_dtype is not None and (args.strategy not in ("fsdp", "fsdp+tp")
                                          or hasattr(graph, "TP_PLAN")):
         raise TfgraphError("--param-dtype is FSDP2's mixed precision: it needs --strategy "
@@ -549,7 +568,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for r, b in enumerate(per_rank):
             print(f"rank {r}: " + ", ".join(f"{k} {v:,} B" for k, v in b.items()))
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps(result, indent=1))
+            from tfgraph.io import atomic_write
+
+            with atomic_write(args.json_out) as handle:
+                handle.write(json.dumps(result, indent=1))
     if started_group:
         dist.barrier()  # every rank done (rank 0 wrote its files) before gloo is torn down
         dist.destroy_process_group()

@@ -244,6 +244,22 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
      "--strategy fsdp does not split tensors"),
     (["--spec", "specs/tiny-llama.yaml", "--strategy", "tp", "--tp", "0"],
      "--tp must be 1 or more"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--lr", "-1"],
+     "--lr must be a finite number > 0, got -1"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--lr", "nan"], "--lr must be a finite"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--weight-decay", "-1"],
+     "--weight-decay must be a finite number >= 0"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--strategy", "ddp", "--timeout", "nan"],
+     "--timeout must be a finite number > 0"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--strategy", "ddp", "--timeout", "0"],
+     "--timeout must be a finite number > 0"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--seed", "-1"], "--seed must be 0 or more"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--json-out", str(ROOT / "specs")],
+     "is a directory"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--json-out", "/nonexistent-dir/x.json"],
+     "does not exist"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--save", "/proc/tfgraph-nope"],
+     "cannot write"),
 ])
 def test_checked_before_training_one_line_exit_2(argv: list[str], says: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
@@ -253,6 +269,19 @@ def test_checked_before_training_one_line_exit_2(argv: list[str], says: str,
     assert example.main([*argv[:1], str(ROOT / argv[1]), *argv[2:]]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], lines
+
+
+def test_tp_alone_over_more_processes_than_tp_is_refused(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--strategy tp with world / tp > 1 would train replicas no collective averages (each
+    rank its own copy, the printed loss their mean): refused before any group starts."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    example = load_example()
+    assert example.main(["--spec", str(ROOT / "specs" / "tiny-llama.yaml"), "--quick",
+                         "--strategy", "tp", "--tp", "1"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "2 data-parallel replicas" in lines[0] \
+        and "fsdp+tp" in lines[0], lines
 
 
 def test_explicit_flags_win_over_quick() -> None:

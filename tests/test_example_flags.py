@@ -53,6 +53,8 @@ def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     ("language-model", ["--threads", "-2"], "--threads: expected an integer of 1 or more"),
     ("language-model", ["--eval-windows", "-1"], "--eval-windows: expected an integer of 0"),
     ("language-model", ["--max-ppl", "inf"], "--max-ppl: expected a finite number > 0"),
+    ("language-model", ["--json-out", str(ROOT / "specs")], "specs: is a directory; give a file name"),
+    ("seq2seq", ["--json-out", "/nonexistent-dir/x.json"], "--json-out: /nonexistent-dir/x"),
     ("compare-variants", ["--lengths", "abc"],
      "--lengths: expected comma-separated integers of 1 or more, got 'abc'"),
     ("compare-variants", ["--lengths", "64,0"], "--lengths: expected comma-separated"),

@@ -13,6 +13,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from tfgraph.errors import TfgraphError
@@ -78,6 +79,18 @@ def positive_ints(text: str) -> list[int]:
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers of 1 or more, "
                                          f"got {text!r}") from None
+
+
+def output_file(text: str) -> Path:
+    """``type=`` for a file the script writes when it is done (``--json-out``): refused now,
+    not after the training, when it is a folder, not a regular file, or in a folder that
+    is missing or cannot be written (tfgraph.io.check_output)."""
+    from tfgraph.io import check_output
+
+    try:
+        return check_output(text, create=False)
+    except TfgraphError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run_main(main: Callable[[], int]) -> int:

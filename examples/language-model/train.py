@@ -49,8 +49,8 @@ import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.hf.tokenizer import write_byte_level
-from tfgraph.script_args import (ArgumentParser, non_negative_int, positive_float,
-                                 positive_int, run_main)
+from tfgraph.script_args import (ArgumentParser, non_negative_int, output_file,
+                                 positive_float, positive_int, run_main)
 
 HERE = Path(__file__).resolve().parent
 SPEC = HERE / "byte-lm.yaml"
@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="weights and batches")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch and onnxruntime threads (1: best on shared cores, see below)")
-    p.add_argument("--json-out", type=Path, help="write the figures here as JSON")
+    p.add_argument("--json-out", type=output_file, help="write the figures here as JSON")
     args = p.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:

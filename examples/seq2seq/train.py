@@ -45,7 +45,7 @@ import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.script_args import (ArgumentParser, non_negative_float, non_negative_int,
-                                 positive_float, positive_int, run_main)
+                                 output_file, positive_float, positive_int, run_main)
 
 import number_words as task  # examples/seq2seq/number_words.py, beside this script
 
@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="weights, data and held-out numbers")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch threads (the matrices are tiny: see README.md)")
-    p.add_argument("--json-out", type=Path, help="write the summary here too")
+    p.add_argument("--json-out", type=output_file, help="write the summary here too")
     args = p.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name, None) is None:
