@@ -490,17 +490,27 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
     order = pair_expert.argsort(stable=True)  # expert by expert, in token order within each
     token = order // top_k
     counts = torch.bincount(pair_expert, minlength=len(ups)).tolist()  # pairs per expert
-    outputs = []
-    for e, rows in enumerate(flat[token].split(counts)):  # (n_e, d) each
-        if rows.shape[0] == 0:
-            continue
-        if gates:
-            h = expert_activation(F.linear(rows, gates[e]), activation) * F.linear(rows, ups[e])
-        else:
-            h = expert_activation(F.linear(rows, ups[e]), activation)  # (n_e, H)
-        outputs.append(F.linear(h, downs[e]))  # (n_e, d)
-    y = torch.cat(outputs) * top_w.flatten()[order, None]  # (N k, d)
+    gathered = flat[token]  # (N k, d)
+    outputs = [_expert(rows, gates[e] if gates else None, ups[e], downs[e], activation)
+               for e, rows in enumerate(gathered.split(counts)) if rows.shape[0]]
+    # Each buffer is dropped once its last reader is done: without autograd the gathered rows
+    # die before the join, the experts' outputs once joined (what ops_moe's temp counts).
+    del gathered
+    y = torch.cat(outputs)
+    del outputs
+    y = y * top_w.flatten()[order, None]  # (N k, d)
     return torch.zeros_like(flat).index_add_(0, token, y).reshape(x.shape)
+
+
+def _expert(rows: Tensor, gate: Tensor | None, up: Tensor, down: Tensor,
+            activation: str) -> Tensor:
+    """One expert's feed-forward on its (n_e, d) rows -> (n_e, d); its (n_e, H) buffers die
+    when it returns."""
+    if gate is not None:
+        h = expert_activation(F.linear(rows, gate), activation) * F.linear(rows, up)
+    else:
+        h = expert_activation(F.linear(rows, up), activation)  # (n_e, H)
+    return F.linear(h, down)
 
 
 def _experts_static(flat: Tensor, weights: Tensor, gate: list[Tensor], up: Tensor,

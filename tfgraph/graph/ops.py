@@ -206,6 +206,10 @@ class OpDef:
     ``fused_attention`` option of reports) streams it, holding no scratch, and backward
     holds it again for the scores' gradient (``tfgraph.passes.cost``,
     ``tfgraph.passes.train_walk``)."""
+    temp_saved: bool = False
+    """Its ``temp`` is what its forward holds without autograd: with autograd those buffers
+    are saved for backward (``saved``) or freed before its saves are all made, so a training
+    forward holds no scratch beyond them (``tfgraph.passes.train_walk``)."""
     score_flops: bool = False
     """Its FLOPs are per attention score of q (operand 0, (B, Tq, ..)) against k (operand 1,
     (B, Tk, ..)) under attrs causal and window (``attended_scores``): reports count them as
