@@ -52,7 +52,7 @@ WINDOWED = ["tiny-mistral.yaml", "tiny-gemma2.yaml", "tiny-cohere2.yaml", "tiny-
 SPECS = ["tiny-decoder.yaml", "tiny-marian.yaml", "tiny-llama.yaml", "tiny-moe.yaml",
          "tiny-deepseek-v3.yaml", "tiny-deepseek-moe.yaml",
          "tiny-t5.yaml", "tiny-bf16.yaml", "tiny-mpt.yaml", "tiny-olmo.yaml", "tiny-phimoe.yaml", "tiny-bloom.yaml",
-         "tiny-falcon-rw.yaml", "tiny-olmoe.yaml", "tiny-mla.yaml",
+         "tiny-falcon-rw.yaml", "tiny-roberta.yaml", "tiny-olmoe.yaml", "tiny-mla.yaml",
          *WINDOWED]
 SHAPES = [(2, 12, 10), (4, 32, 24)]  # (batch, seq, tgt_seq)
 
@@ -188,6 +188,28 @@ def test_saved_and_backward_start_match_a_measured_step(name: str, batch: int, s
     assert peak.backward_start - peak.saved == logits_grad  # B*L*V at the logits' dtype
     measured_start = saved + logits_grad
     assert abs(measured_start - peak.backward_start) <= 0.05 * measured_start
+
+
+@pytest.mark.parametrize("name", ["tiny-roberta.yaml", "tiny-sandwich.yaml"])
+def test_the_loss_graphs_own_module_saves_what_train_peak_counts(name: str) -> None:
+    """The loss graph's own module (its output a probability head or logits, the loss on
+    it): every tensor its forward saves, each storage once, is train_peak's saved bytes
+    exactly. RoBERTa reads its learned positions through padding-aware position ids (the
+    gather keeps the shifted ids); ScaleNorm passes rms_norm a gain g / sqrt(d) of its own."""
+    spec = _spec(name)
+    spec = spec.model_copy(update={"attention": spec.attention.model_copy(
+        update={"dropout": 0.0})})  # hard attention refuses attention dropout
+    batch, seq, tgt = 2, 12, 10
+    graph = tfgraph.compile(spec, loss=True)
+    model = to_torch(graph, seed=0).train()
+    inputs = (*make_ids(tfgraph.compile(spec), batch, seq, tgt),
+              _labels(graph, batch, seq, tgt))
+    with saved_storages(model) as seen:
+        loss = model(*inputs)  # held: its graph keeps the saves
+        measured = sum(seen.values())
+    assert loss.requires_grad
+    peak = train_peak(graph, sizes_for(graph, batch, seq, tgt), fused_attention=True)
+    assert measured == peak.saved + uncounted(spec, batch, seq, tgt)
 
 
 @pytest.mark.parametrize("name", WINDOWED)

@@ -348,7 +348,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def scale_norm(x: Tensor, gain: Tensor, eps: float) -> Tensor:
     """g * x / sqrt(sum(x^2) + eps) with one scalar gain g of shape (1,) (Nguyen & Salazar
     2019). The same as rms_norm with eps / d and gain g / sqrt(d), since
-    sum(x^2) + eps = d * (mean(x^2) + eps / d), so it shares rms_norm's fused kernels."""
+    sum(x^2) + eps = d * (mean(x^2) + eps / d), so it shares rms_norm's fused kernels. That
+    gain, g / sqrt(d), is a (1,) buffer of its own, which rms_norm keeps for backward."""
     d = x.shape[-1]
     return rms_norm(x, (gain * (1.0 / math.sqrt(d))).expand(d), eps / d)
 
@@ -542,8 +543,9 @@ def _experts_static(flat: Tensor, weights: Tensor, gate: list[Tensor], up: Tenso
 
 def positions_at(table: Tensor, position_ids: Tensor, offset: int = 0) -> Tensor:
     """Row offset + id of a (rows, d) position table for each token's position id (B, S) ->
-    (B, S, d); an id of -1 reads row offset - 1 (RoBERTa's padding row)."""
-    return F.embedding(position_ids + offset, table)
+    (B, S, d); an id of -1 reads row offset - 1 (RoBERTa's padding row). The gather keeps its
+    indices for backward: the ids themselves at offset 0, else the shifted ids it computes."""
+    return F.embedding(position_ids + offset if offset else position_ids, table)
 
 
 def pad_position_ids(input_ids: Tensor, pad: int) -> Tensor:
