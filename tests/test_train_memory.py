@@ -12,6 +12,9 @@ GQA + rope + SwiGLU, mixture of experts, T5's encoder-decoder with a position bi
   last reference dies; parameters and their gradients left out) peaks within 5% of
   ``train_peak``. Attention runs as SDPA (``attention_impl`` "sdpa"), the fused kernel the
   accounting assumes (``fused_attention=True``).
+- mixture of experts at inference: the same mode over a no-grad forward peaks inside the
+  routed experts' call at exactly report's ``activations_peak`` (its ``temp``) under a
+  balanced routing.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
+from tfgraph.exporters.torch import functional as torch_functional
 from tfgraph.exporters.torch.functional import cross_entropy
 from tfgraph.graph.ir import B, S
 from tfgraph.spec.loader import load_spec
@@ -48,7 +52,8 @@ WINDOWED = ["tiny-mistral.yaml", "tiny-gemma2.yaml", "tiny-cohere2.yaml", "tiny-
 SPECS = ["tiny-decoder.yaml", "tiny-marian.yaml", "tiny-llama.yaml", "tiny-moe.yaml",
          "tiny-deepseek-v3.yaml", "tiny-deepseek-moe.yaml",
          "tiny-t5.yaml", "tiny-bf16.yaml", "tiny-mpt.yaml", "tiny-olmo.yaml", "tiny-phimoe.yaml", "tiny-bloom.yaml",
-         "tiny-falcon-rw.yaml", *WINDOWED]
+         "tiny-falcon-rw.yaml", "tiny-roberta.yaml", "tiny-olmoe.yaml", "tiny-mla.yaml",
+         *WINDOWED]
 SHAPES = [(2, 12, 10), (4, 32, 24)]  # (batch, seq, tgt_seq)
 
 
@@ -76,6 +81,22 @@ def uncounted(spec: Any, batch: int, seq: int, tgt: int) -> int:
     counted (ops.attention_read_mask)."""
     graph = tfgraph.compile(spec)
     sizes = sizes_for(graph, batch, seq, tgt)
+    extra = rope_tables(spec, batch, seq, tgt)
+    for node in graph.nodes():
+        if node.op == "rmsnorm" and node.attrs.get("unit_offset"):
+            extra += int(graph.node(node.inputs[1]).type.nbytes)
+        elif node.op == "layernorm" and DTYPE_BYTES[node.type.dtype] < STATS_BYTES:
+            rows = int((node.type.numel / node.type.shape[-1]).xreplace(sizes))
+            extra -= 2 * rows * (STATS_BYTES - DTYPE_BYTES[node.type.dtype])
+    return extra
+
+
+def rope_tables(spec: Any, batch: int, seq: int, tgt: int) -> int:
+    """Bytes of the rotary cos and sin tables the module builds once per forward and every
+    layer reads: one (L, rotary dims) pair in the module's dtype per distinct table (sequence
+    axis, width, base), which the op table does not count (ops.py, rope)."""
+    graph = tfgraph.compile(spec)
+    sizes = sizes_for(graph, batch, seq, tgt)
     extra = 0
     tables: set[tuple[Any, ...]] = set()
     for node in graph.nodes():
@@ -86,11 +107,6 @@ def uncounted(spec: Any, batch: int, seq: int, tgt: int) -> int:
             if key not in tables:
                 tables.add(key)
                 extra += 2 * length * table["dim"] * DTYPE_BYTES[spec.dtype]
-        elif node.op == "rmsnorm" and node.attrs.get("unit_offset"):
-            extra += int(graph.node(node.inputs[1]).type.nbytes)
-        elif node.op == "layernorm" and DTYPE_BYTES[node.type.dtype] < STATS_BYTES:
-            rows = int((node.type.numel / node.type.shape[-1]).xreplace(sizes))
-            extra -= 2 * rows * (STATS_BYTES - DTYPE_BYTES[node.type.dtype])
     return extra
 
 
@@ -174,6 +190,28 @@ def test_saved_and_backward_start_match_a_measured_step(name: str, batch: int, s
     assert abs(measured_start - peak.backward_start) <= 0.05 * measured_start
 
 
+@pytest.mark.parametrize("name", ["tiny-roberta.yaml", "tiny-sandwich.yaml"])
+def test_the_loss_graphs_own_module_saves_what_train_peak_counts(name: str) -> None:
+    """The loss graph's own module (its output a probability head or logits, the loss on
+    it): every tensor its forward saves, each storage once, is train_peak's saved bytes
+    exactly. RoBERTa reads its learned positions through padding-aware position ids (the
+    gather keeps the shifted ids); ScaleNorm passes rms_norm a gain g / sqrt(d) of its own."""
+    spec = _spec(name)
+    spec = spec.model_copy(update={"attention": spec.attention.model_copy(
+        update={"dropout": 0.0})})  # hard attention refuses attention dropout
+    batch, seq, tgt = 2, 12, 10
+    graph = tfgraph.compile(spec, loss=True)
+    model = to_torch(graph, seed=0).train()
+    inputs = (*make_ids(tfgraph.compile(spec), batch, seq, tgt),
+              _labels(graph, batch, seq, tgt))
+    with saved_storages(model) as seen:
+        loss = model(*inputs)  # held: its graph keeps the saves
+        measured = sum(seen.values())
+    assert loss.requires_grad
+    peak = train_peak(graph, sizes_for(graph, batch, seq, tgt), fused_attention=True)
+    assert measured == peak.saved + uncounted(spec, batch, seq, tgt)
+
+
 @pytest.mark.parametrize("name", WINDOWED)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_windowed_attention_masks_are_counted_exactly(name: str, dtype: str) -> None:
@@ -224,6 +262,54 @@ def test_live_peak_matches_a_measured_step(name: str, batch: int, seq: int, tgt:
         model(*inputs).backward()
     peak = train_peak(graph, sizes_for(graph, batch, seq, tgt), fused_attention=True)
     assert abs(mode.peak - peak.bytes) <= 0.05 * mode.peak, (mode.peak, peak)
+
+
+# mixture-of-experts decoders whose inference peak is inside the routed experts' call
+MOE_PEAK = ["tiny-moe.yaml", "tiny-olmoe.yaml", "tiny-phimoe.yaml", "tiny-deepseek-moe.yaml"]
+
+
+@pytest.mark.parametrize("name,dtype", [*((n, "float32") for n in MOE_PEAK),
+                                        ("tiny-olmoe.yaml", "bfloat16")])
+def test_moe_inference_peak_matches_a_measured_forward(name: str, dtype: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """report's activations_peak is the routed experts' working buffers (ops_moe's temp) on
+    top of the live set: with a balanced routing (pair j of token i to expert (i k + j) mod E:
+    N k / E pairs per expert, written into the routing weights the module computed), a
+    no-grad forward's live storages peak at exactly the report's figure plus the rotary
+    tables; with the model's own routing, within 5%."""
+    data = _spec(name).model_dump()
+    data["dtype"] = dtype
+    spec = tfgraph.Spec.model_validate(data)
+    graph = tfgraph.compile(spec)
+    model = to_torch(graph, seed=0).eval()
+    batch, seq = 2, 12
+    ids = make_ids(graph, batch, seq, seq)
+    report = graph.report(batch=batch, seq=seq, fused_attention=True)
+    assert report["activations_peak_at"].endswith(".ffn.experts"), report["activations_peak_at"]
+    expected = report["memory"]["activations_peak"] + rope_tables(spec, batch, seq, seq)
+
+    experts, top_k = spec.ffn.experts, spec.ffn.top_k
+    pair = torch.arange(batch * seq * top_k)
+    balanced = torch.zeros(batch * seq, experts)
+    balanced[pair // top_k, pair % experts] = 1.0 - (pair % top_k) / (2 * top_k)
+    assert (batch * seq * top_k) % experts == 0
+    assert (balanced > 0).sum(0).tolist() == [batch * seq * top_k // experts] * experts
+    balanced = balanced.view(batch, seq, experts)  # made here: the mode sees no new storage
+    real = torch_functional.experts
+
+    def routed_balanced(x: torch.Tensor, weights: torch.Tensor, *rest: Any) -> torch.Tensor:
+        return real(x, weights.copy_(balanced), *rest)
+
+    monkeypatch.setattr(torch_functional, "experts", routed_balanced)
+    mode = LiveStorages(model)
+    with torch.no_grad(), mode:
+        model(*ids)
+    assert mode.peak == expected
+    monkeypatch.undo()
+    own = LiveStorages(model)
+    with torch.no_grad(), own:
+        model(*ids)
+    assert abs(own.peak - expected) <= 0.05 * own.peak, (own.peak, expected)
 
 
 def test_peak_is_the_loss_backward_on_a_vocabulary_heavy_model() -> None:

@@ -348,7 +348,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def scale_norm(x: Tensor, gain: Tensor, eps: float) -> Tensor:
     """g * x / sqrt(sum(x^2) + eps) with one scalar gain g of shape (1,) (Nguyen & Salazar
     2019). The same as rms_norm with eps / d and gain g / sqrt(d), since
-    sum(x^2) + eps = d * (mean(x^2) + eps / d), so it shares rms_norm's fused kernels."""
+    sum(x^2) + eps = d * (mean(x^2) + eps / d), so it shares rms_norm's fused kernels. That
+    gain, g / sqrt(d), is a (1,) buffer of its own, which rms_norm keeps for backward."""
     d = x.shape[-1]
     return rms_norm(x, (gain * (1.0 / math.sqrt(d))).expand(d), eps / d)
 
@@ -490,17 +491,27 @@ def experts(x: Tensor, weights: Tensor, params: tuple[Tensor, ...], top_k: int,
     order = pair_expert.argsort(stable=True)  # expert by expert, in token order within each
     token = order // top_k
     counts = torch.bincount(pair_expert, minlength=len(ups)).tolist()  # pairs per expert
-    outputs = []
-    for e, rows in enumerate(flat[token].split(counts)):  # (n_e, d) each
-        if rows.shape[0] == 0:
-            continue
-        if gates:
-            h = expert_activation(F.linear(rows, gates[e]), activation) * F.linear(rows, ups[e])
-        else:
-            h = expert_activation(F.linear(rows, ups[e]), activation)  # (n_e, H)
-        outputs.append(F.linear(h, downs[e]))  # (n_e, d)
-    y = torch.cat(outputs) * top_w.flatten()[order, None]  # (N k, d)
+    gathered = flat[token]  # (N k, d)
+    outputs = [_expert(rows, gates[e] if gates else None, ups[e], downs[e], activation)
+               for e, rows in enumerate(gathered.split(counts)) if rows.shape[0]]
+    # Each buffer is dropped once its last reader is done: without autograd the gathered rows
+    # die before the join, the experts' outputs once joined (what ops_moe's temp counts).
+    del gathered
+    y = torch.cat(outputs)
+    del outputs
+    y = y * top_w.flatten()[order, None]  # (N k, d)
     return torch.zeros_like(flat).index_add_(0, token, y).reshape(x.shape)
+
+
+def _expert(rows: Tensor, gate: Tensor | None, up: Tensor, down: Tensor,
+            activation: str) -> Tensor:
+    """One expert's feed-forward on its (n_e, d) rows -> (n_e, d); its (n_e, H) buffers die
+    when it returns."""
+    if gate is not None:
+        h = expert_activation(F.linear(rows, gate), activation) * F.linear(rows, up)
+    else:
+        h = expert_activation(F.linear(rows, up), activation)  # (n_e, H)
+    return F.linear(h, down)
 
 
 def _experts_static(flat: Tensor, weights: Tensor, gate: list[Tensor], up: Tensor,
@@ -532,8 +543,9 @@ def _experts_static(flat: Tensor, weights: Tensor, gate: list[Tensor], up: Tenso
 
 def positions_at(table: Tensor, position_ids: Tensor, offset: int = 0) -> Tensor:
     """Row offset + id of a (rows, d) position table for each token's position id (B, S) ->
-    (B, S, d); an id of -1 reads row offset - 1 (RoBERTa's padding row)."""
-    return F.embedding(position_ids + offset, table)
+    (B, S, d); an id of -1 reads row offset - 1 (RoBERTa's padding row). The gather keeps its
+    indices for backward: the ids themselves at offset 0, else the shifted ids it computes."""
+    return F.embedding(position_ids + offset if offset else position_ids, table)
 
 
 def pad_position_ids(input_ids: Tensor, pad: int) -> Tensor:

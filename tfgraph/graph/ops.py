@@ -206,6 +206,10 @@ class OpDef:
     ``fused_attention`` option of reports) streams it, holding no scratch, and backward
     holds it again for the scores' gradient (``tfgraph.passes.cost``,
     ``tfgraph.passes.train_walk``)."""
+    temp_saved: bool = False
+    """Its ``temp`` is what its forward holds without autograd: with autograd those buffers
+    are saved for backward (``saved``) or freed before its saves are all made, so a training
+    forward holds no scratch beyond them (``tfgraph.passes.train_walk``)."""
     score_flops: bool = False
     """Its FLOPs are per attention score of q (operand 0, (B, Tq, ..)) against k (operand 1,
     (B, Tk, ..)) under attrs causal and window (``attended_scores``): reports count them as
@@ -349,12 +353,23 @@ def _learned_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     return _sinusoid_infer([x], {})
 
 
+def _learned_saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
+    # Read through position ids, the rows are a gather that keeps its indices for the table's
+    # gradient: the ids operand itself, or at an offset the shifted ids (offset + id) it
+    # computes, a (B, S) buffer of its own. Read as rows 0..S-1, the slice keeps nothing.
+    if len(ins) < 3:
+        return []
+    if attrs.get("offset", 0):
+        return [(("tmp", "ids"), ins[2].nbytes)]
+    return [(("in", 2), ins[2].nbytes)]
+
+
 register(OpDef(
-    "positions_learned", (2, 3), _learned_infer, _elementwise("add"), _nothing_saved,
+    "positions_learned", (2, 3), _learned_infer, _elementwise("add"), _learned_saved,
     "x + table[offset:offset+S] with a learned (max_len + offset, d) table; attrs['offset'] "
     "(OPT, BART: 2) is absent when 0. An optional third operand, position ids (B, S), reads "
     "table[offset + id] per token instead (padding, KV cache).",
-    category="position", sequence="positions",
+    category="position", sequence="positions", whole_scratch=("ids",),
     attrs={"offset": Attr(int, default=0, doc="the table row of position 0")},
     diagram_text=lambda attrs: "+ learned positions",
 ))
@@ -841,7 +856,10 @@ def _norm_saved(kind: str) -> Callable[[list[TensorType], TensorType, dict[str, 
 
     def saved(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Saved:
         rows = _rows(out) * attrs.get("heads", 1)  # per-head norms keep stats per head
-        return [(("in", 0), ins[0].nbytes), (("tmp", "stats"), n_stats * rows * STATS_BYTES)]
+        kept = [(("in", 0), ins[0].nbytes), (("tmp", "stats"), n_stats * rows * STATS_BYTES)]
+        if kind == "scalenorm":  # the gain it passes rms_norm, g / sqrt(d): a (1,) buffer
+            kept.append((("tmp", "gain"), ins[1].nbytes))
+        return kept
 
     return saved
 

@@ -237,6 +237,31 @@ def _experts_backward_temp(ins: list[TensorType], out: TensorType, attrs: dict[s
     return sympy.Max(0, pieces - saved[("tmp", "hidden")] - saved[("tmp", "expert_out")])
 
 
+def _experts_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> sympy.Expr:
+    """Bytes ``torch_functional.experts`` holds without autograd besides its operands and its
+    output, at its largest, with P = N k pairs, at most c = ceil(P / E) of them per expert (a
+    balanced routing; a busier last expert holds more). All along: the top-k weights and
+    indices, the pairs' sort order and tokens (P weights, 3 P indices). Then, in turn: the
+    pair count per expert (E indices); the gathered rows (P d) while each expert runs on its
+    rows, the outputs of the experts before it (at most P - c rows of d) and its own buffers
+    (c rows of 3 H while gated or relu^2 computes its product, 2 H otherwise; H + d while
+    the down product writes); the joined outputs (P d) with the pieces (P d); the weighting
+    (P d) with its input (P d) and the pairs' weights (P); the output being summed into (N d)
+    with the weighted rows (P d)."""
+    n, experts, hidden, d = _expert_sizes(ins)
+    pairs = n * attrs["top_k"]
+    x_bytes, w_bytes = DTYPE_BYTES[ins[0].dtype], DTYPE_BYTES[ins[1].dtype]
+    busiest = sympy.ceiling(pairs / experts)
+    units = 3 if attrs["gated"] or attrs["activation"] == "relu2" else 2
+    expert = sympy.Max(units * hidden, hidden + d) * busiest
+    held = pairs * (w_bytes + 3 * INDEX_BYTES)
+    stages = [experts * INDEX_BYTES,
+              (2 * pairs * d - busiest * d + expert) * x_bytes,
+              2 * pairs * d * x_bytes + pairs * w_bytes,
+              (pairs * d + n * d) * x_bytes]
+    return held + sympy.Max(*stages) - out.nbytes
+
+
 register(OpDef(
     "experts", (4, 5), _experts_infer, _experts_flops, _experts_saved,
     "Routed experts: x (B, L, d), routing weights (B, L, E), stacked expert weights "
@@ -249,7 +274,7 @@ register(OpDef(
     attrs={"top_k": Attr(SIZE, required=True), "activation": Attr(str, required=True),
            "gated": Attr(bool, required=True)},
     tp="project_hidden", whole_scratch=("tokens", "expert_out", "indices"), routed=True,
-    backward_temp=_experts_backward_temp,
+    temp=_experts_temp, temp_saved=True, backward_temp=_experts_backward_temp,
     tp_refused_source="stacked experts are split by tfgraph.exporters.parallelize only",
 ))
 

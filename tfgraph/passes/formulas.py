@@ -29,6 +29,7 @@ from tfgraph.passes.cost import Peak, op_costs
 from tfgraph.passes.effective import effective
 from tfgraph.passes.figures import symbolic
 from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.graph.ops import OPS
 from tfgraph.graph.lower import Sizes, lower
 from tfgraph.spec.schema import Spec, StackLayers, Vocabularies
 
@@ -242,7 +243,9 @@ class SpecFormulas:
             return twin[meta.in_layer(int(meta.layer >= self.dense_layers > 0)).key].name
 
         terms = [self.one_layer.node(in_twin(n)).type.nbytes for n in peak.live]
-        if not fused_attention:
+        # a fused kernel streams attention's scores (OpDef.score_temp); other scratch stays
+        # (the routed experts' buffers), as in cost.activation_peak
+        if not (fused_attention and OPS[graph.node(peak.node).op].score_temp):
             terms.append(self._temps.get(in_twin(peak.node), sympy.Integer(0)))
         return sympy.Add(*terms)
 

@@ -297,6 +297,8 @@ def _events(graph: Graph, sizes: dict[sympy.Symbol, int], recompute: str,
     def scratch(node: Node) -> sympy.Expr:
         if fused_attention and OPS[node.op].score_temp:
             return ZERO  # a fused kernel streams the scores
+        if OPS[node.op].temp_saved:
+            return ZERO  # its scratch is saved for backward: counted there
         return costs[node.name].temp
 
     for name in graph.inputs:
