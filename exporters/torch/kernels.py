@@ -29,6 +29,11 @@ already times a ``linear``, ``experts`` or attention node's own, so eager timing
 others to such a node, and replaces a memory-bound node's one fused pass by its kernels
 (``tfgraph.parallel.timing.kernel_seconds`` times each). ``record`` counts any step this way:
 benchmarks/eager_step.py holds transformers' Llama beside tfgraph's module.
+
+Routed experts are counted with uniform routing (``UniformRouting``); with expert parallelism
+(``ep`` > 1) as one rank of ``parallelize(..., ep=ep)`` runs them: its E / ep experts, the
+dispatch and combine around them, the all-to-alls themselves left out (the planner times them
+as communication; ``expert_parallel.rank_experts``).
 """
 
 from __future__ import annotations
@@ -363,25 +368,24 @@ class UniformRouting(TorchFunctionMode):
     (``tf.experts``: ``torch.bincount(...).tolist()``): on the meta device the count is data,
     so each expert is taken to receive pairs / experts of them (uniform routing: the planner's
     assumption for the experts' GEMMs, ``tfgraph.parallel.timing``), the remainder one each to
-    the first experts. The count reads the pairs and writes one integer per expert."""
+    the first experts. The count reads the pairs and writes one integer per expert; it is
+    given as a CPU tensor holding those values, so what the module computes from it (its
+    ``tolist``, an expert-parallel rank's per-rank sums) has them."""
 
     def __init__(self, log: _Log, experts: int) -> None:
         super().__init__()
         self.log, self.experts = log, experts
-        self.pairs: dict[int, int] = {}  # id of a count tensor -> the pairs it counts
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.bincount:
             pairs = args[0]
-            found = torch.empty(self.experts, dtype=torch.long, device=pairs.device)
-            self.pairs[id(found)] = pairs.numel()
+            share, extra = divmod(pairs.numel(), self.experts)
+            found = torch.tensor([share + (e < extra) for e in range(self.experts)],
+                                 dtype=torch.long)
             self.log.kernels.append(Kernel("aten.bincount", _bytes(pairs, found)))
             return found
-        if func is Tensor.tolist and id(args[0]) in self.pairs:
-            share, extra = divmod(self.pairs.pop(id(args[0])), self.experts)
-            return [share + (e < extra) for e in range(self.experts)]
         return func(*args, **kwargs)
 
 
@@ -466,14 +470,19 @@ def _made(signature: Any) -> Any:
 
 
 def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, graph: Graph,
-            name: str, operands: list[str], sizes: Mapping[Any, int]) -> Callable[..., Any]:
+            name: str, operands: list[str], sizes: Mapping[Any, int], ep: int = 1
+            ) -> Callable[..., Any]:
     """Wraps one program step: run the node on leaves of its operands, recording its kernels,
     and give the model the result cut from the autograd graph (``_backward`` runs each node's
     backward afterwards). A node identical to one counted (``seen``: same step, attributes
     and operand layouts) does not run: its kernels and outputs' layouts are taken. The routed
     experts of a mixture run with ``UniformRouting``: which tokens reach which expert is data
-    the meta device does not have."""
+    the meta device does not have. With ``ep`` > 1 they run as one expert-parallel rank runs
+    them (``expert_parallel.rank_experts``): the rank's E / ep experts (operands 2 on, their
+    stacked weights, cut to E / ep) on the tokens x top-k pairs it receives."""
     routed = name in graph and OPS[graph.node(name).op].routed
+    if routed and ep > 1:
+        fn = _rank_experts(ep)
 
     def run(module: Any, attrs: dict[str, Any], leaves: list[Any], log: _Log,
             record_it: bool) -> Any:
@@ -486,6 +495,10 @@ def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, grap
 
     def step(module: Any, attrs: dict[str, Any], *args: Any) -> Any:
         leaves = [tree_map(_leaf, a) for a in args]
+        if routed and ep > 1:  # the rank's own experts: a stack of E / ep
+            leaves[2:] = [_made(((t.shape[0] // ep, *t.shape[1:]),
+                                 (t.stride()[0], *t.stride()[1:]), t.dtype, t.requires_grad))
+                          for t in leaves[2:]]
         wanted = [(operands[i], t) for i, t in enumerate(leaves)
                   if isinstance(t, Tensor) and t.requires_grad]
         key = (fn, repr(sorted(attrs.items())), _signature(leaves))
@@ -509,6 +522,14 @@ def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, grap
         visits[name] = _Visit(list(log.kernels), outs, wanted, key)
         return tree_map(_leaf, out)  # cut here too: the next node's operands are leaves
     return step
+
+
+@functools.cache
+def _rank_experts(ep: int) -> Callable[..., Any]:
+    """``expert_parallel.rank_experts(ep)``, one step for every layer (``_Seen`` keys on it)."""
+    from tfgraph.exporters.torch.expert_parallel import rank_experts
+
+    return rank_experts(ep)
 
 
 def _backward(graph: Graph, visits: dict[str, _Visit], seen: _Seen
@@ -591,15 +612,17 @@ def _input(graph: Graph, name: str, sizes: Mapping[Any, int]) -> Tensor:
     return torch.empty(shape, dtype=getattr(torch, node.type.dtype), device="meta")
 
 
-def eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
+def eager_kernels(graph: Graph, batch: int, seq: int, ep: int = 1) -> dict[str, NodeKernels]:
     """Every op node's eager kernels (forward and backward, one micro-batch of ``batch`` x
-    ``seq``) in the training-mode module ``to_torch`` builds for ``graph``, by node name.
-    Memoised on the graph per size."""
-    table: dict[tuple[int, int], dict[str, NodeKernels]] = graph.memo("torch_eager_kernels",
-                                                                      dict)
-    if (batch, seq) not in table:
-        table[(batch, seq)] = _eager_kernels(graph, batch, seq)
-    return table[(batch, seq)]
+    ``seq``) in the training-mode module ``to_torch`` builds for ``graph``, by node name; with
+    ``ep`` > 1, on one of ``ep`` expert-parallel ranks (``parallelize(..., ep=ep)``: its routed
+    experts those of ``expert_parallel.rank_experts``). Memoised on the graph per size and
+    ``ep``."""
+    table: dict[tuple[int, int, int], dict[str, NodeKernels]] = graph.memo(
+        "torch_eager_kernels", dict)
+    if (batch, seq, ep) not in table:
+        table[(batch, seq, ep)] = _eager_kernels(graph, batch, seq, ep)
+    return table[(batch, seq, ep)]
 
 
 @dataclass(frozen=True)
@@ -609,8 +632,8 @@ class EagerKernels:
 
     graph: Graph
 
-    def nodes(self, batch: int, seq: int) -> dict[str, NodeKernels]:
-        return eager_kernels(self.graph, batch, seq)
+    def nodes(self, batch: int, seq: int, ep: int = 1) -> dict[str, NodeKernels]:
+        return eager_kernels(self.graph, batch, seq, ep)
 
     @property
     def optimizer_bytes(self) -> float:
@@ -666,7 +689,7 @@ def check_sizes(graph: Graph, batch: int, seq: int) -> None:
             f"{WIDEST_ELEMENT} per element); give smaller sizes or --kernels graph")
 
 
-def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
+def _eager_kernels(graph: Graph, batch: int, seq: int, ep: int) -> dict[str, NodeKernels]:
     from tfgraph.exporters.torch.module import to_torch
 
     check_sizes(graph, batch, seq)
@@ -679,7 +702,7 @@ def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]
         names = {slot: name for name, slot in program.slots.items()}
         program.steps = [(step[0] if _no_kernels(step[0]) else
                           _census(step[0], visits, seen, graph, names[step[3]],
-                                  [names[i] for i in step[2]], sizes), *step[1:])
+                                  [names[i] for i in step[2]], sizes, ep), *step[1:])
                          for step in program.steps]
     inputs = [_input(graph, name, sizes) for name in graph.inputs]
     with torch.enable_grad():
