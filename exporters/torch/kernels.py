@@ -439,7 +439,13 @@ class _Visit:
     outs: list[Tensor]
     wanted: list[tuple[str, Tensor]]
     key: Any
+    attrs: dict[str, Any]
     rerun: Callable[[], list[Tensor]] | None = None
+    given: Any = None
+    """The layouts of the gradients its backward was given (``_backward``; None: none)."""
+    own: int = 0
+    """How many of its backward kernels are its own, before the additions of the gradients it
+    sends to operands that already have one."""
 
 
 def _signature(x: Any) -> Any:
@@ -470,19 +476,14 @@ def _made(signature: Any) -> Any:
 
 
 def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, graph: Graph,
-            name: str, operands: list[str], sizes: Mapping[Any, int], ep: int = 1
-            ) -> Callable[..., Any]:
+            name: str, operands: list[str], sizes: Mapping[Any, int]) -> Callable[..., Any]:
     """Wraps one program step: run the node on leaves of its operands, recording its kernels,
     and give the model the result cut from the autograd graph (``_backward`` runs each node's
     backward afterwards). A node identical to one counted (``seen``: same step, attributes
     and operand layouts) does not run: its kernels and outputs' layouts are taken. The routed
     experts of a mixture run with ``UniformRouting``: which tokens reach which expert is data
-    the meta device does not have. With ``ep`` > 1 they run as one expert-parallel rank runs
-    them (``expert_parallel.rank_experts``): the rank's E / ep experts (operands 2 on, their
-    stacked weights, cut to E / ep) on the tokens x top-k pairs it receives."""
+    the meta device does not have."""
     routed = name in graph and OPS[graph.node(name).op].routed
-    if routed and ep > 1:
-        fn = _rank_experts(ep)
 
     def run(module: Any, attrs: dict[str, Any], leaves: list[Any], log: _Log,
             record_it: bool) -> Any:
@@ -495,10 +496,6 @@ def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, grap
 
     def step(module: Any, attrs: dict[str, Any], *args: Any) -> Any:
         leaves = [tree_map(_leaf, a) for a in args]
-        if routed and ep > 1:  # the rank's own experts: a stack of E / ep
-            leaves[2:] = [_made(((t.shape[0] // ep, *t.shape[1:]),
-                                 (t.stride()[0], *t.stride()[1:]), t.dtype, t.requires_grad))
-                          for t in leaves[2:]]
         wanted = [(operands[i], t) for i, t in enumerate(leaves)
                   if isinstance(t, Tensor) and t.requires_grad]
         key = (fn, repr(sorted(attrs.items())), _signature(leaves))
@@ -511,7 +508,7 @@ def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, grap
                 again = run(module, attrs, leaves, _Log(), False)
                 return [t for t in tree_leaves(again)
                         if isinstance(t, Tensor) and t.requires_grad]
-            visits[name] = _Visit(list(kernels), outs, wanted, key, rerun)
+            visits[name] = _Visit(list(kernels), outs, wanted, key, attrs, rerun)
             return out
         log = _Log()
         out = run(module, attrs, leaves, log, True)
@@ -519,7 +516,7 @@ def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, grap
         seen.forward[key] = (log.kernels, tree, [_signature(x) if isinstance(x, Tensor) else x
                                                  for x in flat])
         outs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
-        visits[name] = _Visit(list(log.kernels), outs, wanted, key)
+        visits[name] = _Visit(list(log.kernels), outs, wanted, key, attrs)
         return tree_map(_leaf, out)  # cut here too: the next node's operands are leaves
     return step
 
@@ -554,7 +551,8 @@ def _backward(graph: Graph, visits: dict[str, _Visit], seen: _Seen
             continue
         if not visit.wanted:
             continue
-        key = (visit.key, _signature(given))
+        visit.given = _signature(given)
+        key = (visit.key, visit.given)
         if key in seen.backward:
             kernels, layouts = seen.backward[key]
             log.kernels += kernels
@@ -569,6 +567,7 @@ def _backward(graph: Graph, visits: dict[str, _Visit], seen: _Seen
                                                given, allow_unused=True))
             seen.backward[key] = (list(log.kernels),
                                   [None if g is None else _signature(g) for g in got])
+        visit.own = len(log.kernels)
         with _recording(log):
             for (operand, _), grad in zip(visit.wanted, got):
                 if grad is not None:
@@ -621,8 +620,62 @@ def eager_kernels(graph: Graph, batch: int, seq: int, ep: int = 1) -> dict[str, 
     table: dict[tuple[int, int, int], dict[str, NodeKernels]] = graph.memo(
         "torch_eager_kernels", dict)
     if (batch, seq, ep) not in table:
-        table[(batch, seq, ep)] = _eager_kernels(graph, batch, seq, ep)
+        table[(batch, seq, ep)] = (_eager_kernels(graph, batch, seq) if ep == 1 else
+                                   _on_rank(graph, batch, seq, ep))
     return table[(batch, seq, ep)]
+
+
+@dataclass(frozen=True)
+class _Routed:
+    """A routed experts node as the one-process census ran it (``_on_rank`` runs it again as
+    an expert-parallel rank runs it)."""
+
+    attributes: str
+    """Its attributes as they print (``_census``'s key)."""
+    operands: tuple[Any, ...]
+    """Its operands' signatures (``_signature``): x, routing weights, stacked weights."""
+    attrs: dict[str, Any]
+    given: Any
+    """The gradient layouts its backward was given; None: no backward."""
+    forward: int
+    """How many of its forward kernels are its own."""
+    own: int
+    """How many of its backward kernels are its own (``_Visit.own``)."""
+
+
+def _on_rank(graph: Graph, batch: int, seq: int, ep: int) -> dict[str, NodeKernels]:
+    """``eager_kernels`` on one of ``ep`` expert-parallel ranks: those of one process, each
+    routed experts node's own kernels replaced by those of ``expert_parallel.rank_experts``
+    run on operands of the layouts the census gave it (its stacked weights cut to E / ep),
+    backward on a gradient of the layout it was given; what the census charged it besides
+    (additions of the gradients it sends) is kept. Identical nodes are run once."""
+    found = dict(eager_kernels(graph, batch, seq))
+    step = _rank_experts(ep)
+    done: dict[Any, tuple[list[Kernel], list[Kernel]]] = {}
+    counted: dict[tuple[int, int], dict[str, _Routed]] = graph.memo("torch_eager_routed",
+                                                                     dict)
+    for name, visit in counted[(batch, seq)].items():
+        key = (visit.attributes, visit.operands, visit.given)
+        if key not in done:
+            leaves = [_made(s) for s in visit.operands]  # x, routing weights, stacked weights
+            leaves[2:] = [_made(((t.shape[0] // ep, *t.shape[1:]), t.stride(), t.dtype,
+                                 t.requires_grad)) for t in leaves[2:]]
+            forward, backward = _Log(), _Log()
+            with torch.enable_grad(), _recording(forward), \
+                    UniformRouting(forward, leaves[1].shape[-1]):
+                out = step(None, visit.attrs, *leaves)
+            wanted = [t for t in leaves if t.requires_grad]
+            if visit.given is not None and wanted:
+                with _recording(backward):
+                    torch.autograd.grad([out], wanted, [_made(g) for g in visit.given],
+                                        allow_unused=True)
+            done[key] = (forward.kernels, backward.kernels)
+        forward_kernels, backward_kernels = done[key]
+        whole = found[name]
+        found[name] = NodeKernels(
+            (*forward_kernels, *whole.forward[visit.forward:]),
+            (*backward_kernels, *whole.backward[visit.own:]))
+    return found
 
 
 @dataclass(frozen=True)
@@ -689,7 +742,7 @@ def check_sizes(graph: Graph, batch: int, seq: int) -> None:
             f"{WIDEST_ELEMENT} per element); give smaller sizes or --kernels graph")
 
 
-def _eager_kernels(graph: Graph, batch: int, seq: int, ep: int) -> dict[str, NodeKernels]:
+def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
     from tfgraph.exporters.torch.module import to_torch
 
     check_sizes(graph, batch, seq)
@@ -702,12 +755,18 @@ def _eager_kernels(graph: Graph, batch: int, seq: int, ep: int) -> dict[str, Nod
         names = {slot: name for name, slot in program.slots.items()}
         program.steps = [(step[0] if _no_kernels(step[0]) else
                           _census(step[0], visits, seen, graph, names[step[3]],
-                                  [names[i] for i in step[2]], sizes, ep), *step[1:])
+                                  [names[i] for i in step[2]], sizes), *step[1:])
                          for step in program.steps]
     inputs = [_input(graph, name, sizes) for name in graph.inputs]
     with torch.enable_grad():
         model(*inputs)
-    return _resolve(graph, visits, seen)
+    found = _resolve(graph, visits, seen)
+    routed: dict[tuple[int, int], dict[str, _Routed]] = graph.memo("torch_eager_routed", dict)
+    routed[(batch, seq)] = {  # for _on_rank
+        name: _Routed(visit.key[1], visit.key[2], visit.attrs, visit.given,
+                      len(visit.forward), visit.own)
+        for name, visit in visits.items() if name in graph and OPS[graph.node(name).op].routed}
+    return found
 
 
 def _no_kernels(fn: Any) -> bool:
