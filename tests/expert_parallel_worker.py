@@ -9,7 +9,13 @@ the results to (``torch.save``, one result per job):
   of a fixed batch; per rank its coordinate on the expert-parallel mesh, the local expert
   weights' gradients and bytes, and the all-to-all bytes counted;
 - ``{"parallelize": {"spec", "ep", "tp", "fsdp"}}``: only ``parallelize`` on the meta device,
-  ``"ok"`` or the TfgraphError's message.
+  ``"ok"`` or the TfgraphError's message;
+- ``{"kernels": {"spec", "ep", "batch", "seq"}}``: the first MoE layer's experts step as
+  ``parallelize`` makes it (``_DispatchedExperts`` calling a ``GroupedExperts`` under
+  ``ExpertParallel``; no FSDP2, whose copies the census counts apart) on ``ep`` processes,
+  each on ``batch`` x ``seq`` tokens routed uniformly (token t's pairs to experts t k .. t k +
+  k - 1, mod E); per rank the kernels its forward and backward launch (exporters/torch/
+  kernels.py's ``record``), as (name, bytes, FLOPs, kind, dims), the collectives left out.
 """
 
 from __future__ import annotations
@@ -22,13 +28,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 
 import tfgraph
 from distributed_support import GROUP_TIMEOUT, finish, load_example
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import device_mesh, load_full_state_dict, parallelize, to_torch
-from tfgraph.exporters.torch.expert_parallel import all_to_all_bytes
+from tfgraph.exporters.torch import kernels as K
+from tfgraph.exporters.torch.expert_parallel import (
+    ExpertParallel,
+    GroupedExperts,
+    _DispatchedExperts,
+    _experts_steps,
+    all_to_all_bytes,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +88,34 @@ def parallelize_only(job: dict[str, Any]) -> str:
     return "ok"
 
 
+def kernels(job: dict[str, Any]) -> dict[str, list[tuple[Any, ...]]]:
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / job["spec"]))
+    model = to_torch(graph, seed=0).train()
+    program, index, path = next(_experts_steps(model))
+    attrs = program.steps[index][1]
+    grouped = GroupedExperts(model.get_submodule(path), attrs["activation"], attrs["gated"])
+    parallelize_module(grouped, init_device_mesh("cpu", (job["ep"],), mesh_dim_names=("ep",)),
+                       ExpertParallel())
+    step = _DispatchedExperts(grouped)
+    experts, k = grouped.up.weight.shape[0], attrs["top_k"]
+    tokens = job["batch"] * job["seq"]
+    d = grouped.down.weight.shape[1]
+    x = torch.randn(job["batch"], job["seq"], d, requires_grad=True)
+    picked = (torch.arange(tokens)[:, None] * k + torch.arange(k)) % experts  # (N, k)
+    weights = torch.zeros(tokens, experts).scatter_(1, picked, torch.rand(tokens, k) + 1)
+    weights = weights.reshape(job["batch"], job["seq"], experts).requires_grad_()
+    out: list[torch.Tensor] = []
+    forward = K.record(lambda: out.append(step(model, attrs, x, weights)))
+    grad = torch.ones_like(out[0])
+    wanted = [x, weights, *grouped.parameters()]
+    backward = K.record(lambda: torch.autograd.grad(out[0], wanted, grad))
+
+    def kept(found: list[K.Kernel]) -> list[tuple[Any, ...]]:
+        return [(k.name, k.nbytes, k.flops, k.kind, k.dims) for k in found
+                if "c10d" not in k.name]
+    return {"forward": kept(forward), "backward": kept(backward)}
+
+
 def main() -> None:
     example = load_example()
     dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)  # a hung rank fails the launch
@@ -86,6 +129,8 @@ def main() -> None:
                 mine = {"error": str(e)}
         elif "gradients" in job:
             mine = gradients(job["gradients"])
+        elif "kernels" in job:
+            mine = kernels(job["kernels"])
         else:
             mine = parallelize_only(job["parallelize"])
         gathered: list[Any] = [None] * dist.get_world_size()

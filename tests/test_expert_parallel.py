@@ -81,6 +81,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
                                 "--save", ckpt)},
         "resume": {"train": _args("--strategy", "fsdp", "--ep", "2", "--resume", ckpt)},
         "gradients": _gradients_job(2),
+        "kernels": {"kernels": {"spec": MOE, "ep": 2, "batch": BATCH // 2, "seq": SEQ}},
     }
     for key, spec, ep, tp, fsdp in [("no fsdp", MOE, 2, 1, False), ("tp", MOE, 2, 2, True),
                                     ("dense", DENSE, 2, 1, True), ("ep 3", MOE, 3, 1, True),
@@ -190,6 +191,27 @@ def test_all_to_all_bytes_are_what_the_routing_sends(two: dict[str, list[Any]]) 
         assert counted["combine_forward"] == received * row
         assert counted["dispatch_backward"] == received * row
         assert counted["combine_backward"] == sent * row
+
+
+def test_the_eager_census_under_ep_is_what_a_rank_launches(two: dict[str, list[Any]]) -> None:
+    """``plan --kernels eager --ep 2`` counts the routed experts as one of 2 expert-parallel
+    ranks runs them: the census (meta device, uniform routing) equals, kernel for kernel
+    (name, bytes, FLOPs, GEMM dimensions), what each gloo rank's experts step launches,
+    forward and backward, when its tokens are routed uniformly; the all-to-alls are not
+    kernels of the census. A rank runs E / ep experts, not E."""
+    from tfgraph.exporters.torch import kernels as K
+
+    graph = tfgraph.compile(tfgraph.load_spec(ROOT / MOE), loss=True)
+    name = next(n.name for n in graph.nodes() if n.op == "experts")
+    census = K.eager_kernels(graph, BATCH // 2, SEQ, ep=2)[name]
+    for part in ("forward", "backward"):
+        counted = sorted((k.name, k.nbytes, k.flops, k.kind, k.dims)
+                         for k in getattr(census, part))
+        for rank in two["kernels"]:
+            assert counted == sorted(tuple(k) for k in rank[part])
+    products = [k for k in census.forward if k.kind == "gemm"]
+    assert len(products) == 3 * EXPERTS // 2  # gate, up, down of the rank's 4 experts
+    assert {k.dims[0] for k in products} == {BATCH // 2 * SEQ * TOP_K // (EXPERTS // 2)}
 
 
 def _planned(dp: int, ep: int) -> dict[str, Any]:

@@ -146,6 +146,40 @@ def test_routed_experts_run_with_uniform_routing(name):
     assert result["kernels"] == "eager" and result["step"]["time_s"] > 0
 
 
+@pytest.mark.parametrize("name", ["tiny-moe", "tiny-deepseek-v3"])
+def test_under_expert_parallelism_a_rank_runs_its_own_experts(name):
+    """With --ep 2 the routed experts are counted as one expert-parallel rank runs them
+    (tests/test_expert_parallel.py checks it kernel for kernel against a gloo rank): E / 2
+    experts, each on twice the pairs, so the GEMM FLOPs stay the graph's (the pairs that
+    reach the rank are its own tokens x top-k) while the per-expert kernels halve; the other
+    nodes are as without it. The planner asks the census for its layout's ep."""
+    graph = graph_of(name)
+    whole, rank = K.eager_kernels(graph, B, S), K.eager_kernels(graph, B, S, ep=2)
+    experts = [n for n in graph.nodes() if n.op == "experts"]
+    n_experts = graph.node(experts[0].inputs[1]).type.shape[-1]
+    for node in experts:
+        forward = [k.name for k in rank[node.name].forward]
+        assert forward.count("aten.mm") == 3 * n_experts // 2
+        assert [k.name for k in rank[node.name].backward].count("aten.mm") == 6 * n_experts // 2
+        assert sum(k.flops for k in rank[node.name].forward if k.kind == "gemm") == \
+            graph_flops(graph, node.name, B, S)
+    assert {n: k for n, k in rank.items() if n not in {e.name for e in experts}} == \
+        {n: k for n, k in whole.items() if n not in {e.name for e in experts}}
+
+    asked = []
+
+    class Asked:
+        def nodes(self, batch: int, seq: int, ep: int) -> dict:
+            asked.append(ep)
+            return {}
+
+        optimizer_bytes = 0.0
+
+    plan(graph, Layout(dp=2, ep=2, micro_batch=B, global_batch=2 * B, seq=S), gpu("h100"),
+         kernels=Asked())
+    assert asked == [2]
+
+
 def graph_flops(graph: tfgraph.Graph, name: str, batch: int, seq: int) -> float:
     """A node's forward FLOPs as the graph counts them (its matrix products)."""
     from tfgraph.passes import cost
@@ -282,7 +316,7 @@ def test_each_kernel_source_gets_its_own_times():
     """The planner's memo of unit times keys on the source itself, not on 'some source'."""
 
     class Nothing:  # no node counted: every op keeps its graph time
-        def nodes(self, batch: int, seq: int) -> dict:
+        def nodes(self, batch: int, seq: int, ep: int) -> dict:
             return {}
 
         optimizer_bytes = 0.0

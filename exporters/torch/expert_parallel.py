@@ -33,7 +33,8 @@ combine, forward and backward (``all_to_all_bytes``): the figure ``tfgraph plan`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,7 +57,7 @@ from tfgraph.exporters.torch.ops import TORCH_OPS
 from tfgraph.parallel.divisible import check_divisible
 
 __all__ = ["ExpertParallel", "GroupedExperts", "all_to_all_bytes", "expert_parallel",
-           "experts_mesh", "shard_experts"]
+           "experts_mesh", "rank_experts", "shard_experts"]
 
 COUNTED = ("dispatch_forward", "combine_forward", "dispatch_backward", "combine_backward")
 
@@ -111,6 +112,20 @@ class GroupedExperts(nn.Module):
         return torch.cat(outputs)
 
 
+@dataclass(frozen=True)
+class _Ranks:
+    """The expert-parallel mesh as ``ExpertParallel`` asks it: ``ep`` ranks, this one the
+    first (under uniform routing every rank runs the same kernels)."""
+
+    ep: int
+
+    def size(self) -> int:
+        return self.ep
+
+    def get_local_rank(self) -> int:
+        return 0
+
+
 class ExpertParallel(ParallelStyle):
     """torchtitan's ``ExpertParallel`` on a :class:`GroupedExperts`: its weights ``Shard(0)``
     over the expert-parallel mesh; its input rows dispatched to the ranks owning their experts
@@ -130,18 +145,17 @@ class ExpertParallel(ParallelStyle):
             shard = distribute_tensor(param, mesh, [Shard(0)])
             module.register_parameter(leaf, nn.Parameter(shard, param.requires_grad))
 
-    def _dispatch(self, module: nn.Module, inputs: tuple[Tensor, Tensor], mesh: DeviceMesh
-                  ) -> tuple[Tensor, Tensor]:
+    def _dispatch(self, module: nn.Module, inputs: tuple[Tensor, Tensor],
+                  mesh: DeviceMesh | _Ranks) -> tuple[Tensor, Tensor]:
         routed, counts = inputs
-        ep, me, group = mesh.size(), mesh.get_local_rank(), mesh.get_group()
+        ep, me = mesh.size(), mesh.get_local_rank()
         local_experts = counts.shape[0] // ep
         with torch.no_grad():  # rows per (source rank, local expert) this rank receives
-            received = all_to_all_single(counts, None, None, group=group)
-            received = torch.ops._c10d_functional.wait_tensor(received)
+            received = self._exchange_counts(counts, mesh)
             self.input_splits = counts.view(ep, local_experts).sum(1).tolist()
             grid = received.view(ep, local_experts)
             self.output_splits = grid.sum(1).tolist()
-        rows = all_to_all_single_autograd(routed, self.output_splits, self.input_splits, group)
+        rows = self._exchange_rows(routed, self.output_splits, self.input_splits, mesh)
         _count(module, "dispatch", rows, self.input_splits, self.output_splits, me)
         # Received rows are grouped by source rank, then expert; regroup by local expert.
         order = _expert_major(grid)
@@ -149,13 +163,26 @@ class ExpertParallel(ParallelStyle):
         self.restore[order] = torch.arange(order.numel(), device=order.device)
         return rows[order], grid.sum(0)
 
-    def _combine(self, module: nn.Module, output: Tensor, mesh: DeviceMesh) -> Tensor:
+    def _combine(self, module: nn.Module, output: Tensor, mesh: DeviceMesh | _Ranks) -> Tensor:
         back = output[self.restore]  # the received order: by source rank, then expert
-        rows = all_to_all_single_autograd(back, self.input_splits, self.output_splits,
-                                          mesh.get_group())
+        rows = self._exchange_rows(back, self.input_splits, self.output_splits, mesh)
         _count(module, "combine", rows, self.output_splits, self.input_splits,
                mesh.get_local_rank())
         return rows
+
+    def _exchange_counts(self, counts: Tensor, mesh: DeviceMesh | _Ranks) -> Tensor:
+        """The rows each rank sends to this one's experts, from their (E,) counts: (ep x
+        E / ep,), by source rank, then local expert (an all-to-all of the counts)."""
+        assert isinstance(mesh, DeviceMesh)
+        received = all_to_all_single(counts, None, None, group=mesh.get_group())
+        return torch.ops._c10d_functional.wait_tensor(received)
+
+    def _exchange_rows(self, rows: Tensor, output_splits: list[int], input_splits: list[int],
+                       mesh: DeviceMesh | _Ranks) -> Tensor:
+        """The all-to-all of ``rows`` (``input_splits[r]`` of them to rank r; receiving
+        ``output_splits[r]`` from rank r), its backward the reverse all-to-all."""
+        assert isinstance(mesh, DeviceMesh)
+        return all_to_all_single_autograd(rows, output_splits, input_splits, mesh.get_group())
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         return distribute_module(module, device_mesh, self._partition,
@@ -194,7 +221,7 @@ class _DispatchedExperts:
     hooks dispatch and combine them), weighted by their routing weights and summed at their
     tokens, in the order ``torch_functional.experts`` adds them (expert by expert)."""
 
-    def __init__(self, experts: GroupedExperts) -> None:
+    def __init__(self, experts: Callable[[Tensor, Tensor], Tensor]) -> None:
         self.experts = experts
 
     def __call__(self, module: nn.Module, attrs: dict[str, Any], x: Tensor, weights: Tensor,
@@ -207,6 +234,64 @@ class _DispatchedExperts:
         counts = torch.bincount(pair_expert, minlength=weights.shape[-1])
         y = self.experts(flat[token], counts) * top_w.flatten()[order, None]
         return torch.zeros_like(flat).index_add_(0, token, y).reshape(x.shape)
+
+
+class _Exchanged(torch.autograd.Function):
+    """An all-to-all's result without the collective: a fresh (rows, ...) tensor, its
+    backward a fresh gradient of the input's shape (no kernel: a collective is communication,
+    which ``tfgraph plan`` times as ``step.comm_bytes.ep``)."""
+
+    @staticmethod
+    def forward(ctx: Any, sent: Tensor, rows: int) -> Tensor:
+        ctx.shape = sent.shape
+        return sent.new_empty((rows, *sent.shape[1:]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad.new_empty(ctx.shape), None
+
+
+class _UniformExchange(ExpertParallel):
+    """``ExpertParallel`` on one rank where every rank routes as this one does (uniform
+    routing): each rank sends it the rows this rank's own counts give its experts, as many
+    rows as it sends; the collectives are stand-ins (``_Exchanged``). The counts must hold
+    their values (the census's ``UniformRouting`` gives them)."""
+
+    def _exchange_counts(self, counts: Tensor, mesh: DeviceMesh | _Ranks) -> Tensor:
+        ep, me = mesh.size(), mesh.get_local_rank()
+        local = counts.shape[0] // ep
+        mine = counts.tolist()[me * local:(me + 1) * local]
+        return torch.tensor(mine * ep, dtype=counts.dtype, device=counts.device)
+
+    def _exchange_rows(self, rows: Tensor, output_splits: list[int], input_splits: list[int],
+                       mesh: DeviceMesh | _Ranks) -> Tensor:
+        out: Tensor = _Exchanged.apply(rows, sum(output_splits))
+        return out
+
+
+def rank_experts(ep: int) -> Callable[..., Tensor]:
+    """The experts step (``TORCH_OPS["experts"]``'s arguments: module, attributes, x, routing
+    weights, then the stacked weights of this rank's E / ep experts) as one of ``ep``
+    expert-parallel ranks runs it under uniform routing: ``_DispatchedExperts`` calling a
+    :class:`GroupedExperts` of the local weights through ``ExpertParallel``'s dispatch and
+    combine, the all-to-alls stand-ins (``_UniformExchange``). What
+    ``tfgraph plan --kernels eager --ep N`` counts for a rank (exporters/torch/kernels.py)."""
+    def step(module: nn.Module, attrs: dict[str, Any], x: Tensor, weights: Tensor,
+             *params: Tensor) -> Tensor:
+        scope = nn.Module()
+        for name, param in zip(("gate", "up", "down") if attrs["gated"] else ("up", "down"),
+                               params):
+            holder = nn.Module()
+            holder.weight = param  # the local stack itself (a plain attribute)
+            scope.add_module(name, holder)
+        grouped = GroupedExperts(scope, attrs["activation"], attrs["gated"])
+        style, ranks = _UniformExchange(), _Ranks(ep)
+
+        def dispatched(routed: Tensor, counts: Tensor) -> Tensor:
+            rows, local_counts = style._dispatch(grouped, (routed, counts), ranks)
+            return style._combine(grouped, grouped(rows, local_counts), ranks)
+        return _DispatchedExperts(dispatched)(module, attrs, x, weights, *params)
+    return step
 
 
 def _experts_steps(module: TorchModel) -> Iterator[tuple[_Program, int, str]]:

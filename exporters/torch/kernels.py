@@ -29,6 +29,11 @@ already times a ``linear``, ``experts`` or attention node's own, so eager timing
 others to such a node, and replaces a memory-bound node's one fused pass by its kernels
 (``tfgraph.parallel.timing.kernel_seconds`` times each). ``record`` counts any step this way:
 benchmarks/eager_step.py holds transformers' Llama beside tfgraph's module.
+
+Routed experts are counted with uniform routing (``UniformRouting``); with expert parallelism
+(``ep`` > 1) as one rank of ``parallelize(..., ep=ep)`` runs them: its E / ep experts, the
+dispatch and combine around them, the all-to-alls themselves left out (the planner times them
+as communication; ``expert_parallel.rank_experts``).
 """
 
 from __future__ import annotations
@@ -363,25 +368,24 @@ class UniformRouting(TorchFunctionMode):
     (``tf.experts``: ``torch.bincount(...).tolist()``): on the meta device the count is data,
     so each expert is taken to receive pairs / experts of them (uniform routing: the planner's
     assumption for the experts' GEMMs, ``tfgraph.parallel.timing``), the remainder one each to
-    the first experts. The count reads the pairs and writes one integer per expert."""
+    the first experts. The count reads the pairs and writes one integer per expert; it is
+    given as a CPU tensor holding those values, so what the module computes from it (its
+    ``tolist``, an expert-parallel rank's per-rank sums) has them."""
 
     def __init__(self, log: _Log, experts: int) -> None:
         super().__init__()
         self.log, self.experts = log, experts
-        self.pairs: dict[int, int] = {}  # id of a count tensor -> the pairs it counts
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.bincount:
             pairs = args[0]
-            found = torch.empty(self.experts, dtype=torch.long, device=pairs.device)
-            self.pairs[id(found)] = pairs.numel()
+            share, extra = divmod(pairs.numel(), self.experts)
+            found = torch.tensor([share + (e < extra) for e in range(self.experts)],
+                                 dtype=torch.long)
             self.log.kernels.append(Kernel("aten.bincount", _bytes(pairs, found)))
             return found
-        if func is Tensor.tolist and id(args[0]) in self.pairs:
-            share, extra = divmod(self.pairs.pop(id(args[0])), self.experts)
-            return [share + (e < extra) for e in range(self.experts)]
         return func(*args, **kwargs)
 
 
@@ -435,7 +439,13 @@ class _Visit:
     outs: list[Tensor]
     wanted: list[tuple[str, Tensor]]
     key: Any
+    attrs: dict[str, Any]
     rerun: Callable[[], list[Tensor]] | None = None
+    given: Any = None
+    """The layouts of the gradients its backward was given (``_backward``; None: none)."""
+    own: int = 0
+    """How many of its backward kernels are its own, before the additions of the gradients it
+    sends to operands that already have one."""
 
 
 def _signature(x: Any) -> Any:
@@ -498,7 +508,7 @@ def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, grap
                 again = run(module, attrs, leaves, _Log(), False)
                 return [t for t in tree_leaves(again)
                         if isinstance(t, Tensor) and t.requires_grad]
-            visits[name] = _Visit(list(kernels), outs, wanted, key, rerun)
+            visits[name] = _Visit(list(kernels), outs, wanted, key, attrs, rerun)
             return out
         log = _Log()
         out = run(module, attrs, leaves, log, True)
@@ -506,9 +516,17 @@ def _census(fn: Callable[..., Any], visits: dict[str, _Visit], seen: _Seen, grap
         seen.forward[key] = (log.kernels, tree, [_signature(x) if isinstance(x, Tensor) else x
                                                  for x in flat])
         outs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
-        visits[name] = _Visit(list(log.kernels), outs, wanted, key)
+        visits[name] = _Visit(list(log.kernels), outs, wanted, key, attrs)
         return tree_map(_leaf, out)  # cut here too: the next node's operands are leaves
     return step
+
+
+@functools.cache
+def _rank_experts(ep: int) -> Callable[..., Any]:
+    """``expert_parallel.rank_experts(ep)``, one step for every layer (``_Seen`` keys on it)."""
+    from tfgraph.exporters.torch.expert_parallel import rank_experts
+
+    return rank_experts(ep)
 
 
 def _backward(graph: Graph, visits: dict[str, _Visit], seen: _Seen
@@ -533,7 +551,8 @@ def _backward(graph: Graph, visits: dict[str, _Visit], seen: _Seen
             continue
         if not visit.wanted:
             continue
-        key = (visit.key, _signature(given))
+        visit.given = _signature(given)
+        key = (visit.key, visit.given)
         if key in seen.backward:
             kernels, layouts = seen.backward[key]
             log.kernels += kernels
@@ -548,6 +567,7 @@ def _backward(graph: Graph, visits: dict[str, _Visit], seen: _Seen
                                                given, allow_unused=True))
             seen.backward[key] = (list(log.kernels),
                                   [None if g is None else _signature(g) for g in got])
+        visit.own = len(log.kernels)
         with _recording(log):
             for (operand, _), grad in zip(visit.wanted, got):
                 if grad is not None:
@@ -591,15 +611,71 @@ def _input(graph: Graph, name: str, sizes: Mapping[Any, int]) -> Tensor:
     return torch.empty(shape, dtype=getattr(torch, node.type.dtype), device="meta")
 
 
-def eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
+def eager_kernels(graph: Graph, batch: int, seq: int, ep: int = 1) -> dict[str, NodeKernels]:
     """Every op node's eager kernels (forward and backward, one micro-batch of ``batch`` x
-    ``seq``) in the training-mode module ``to_torch`` builds for ``graph``, by node name.
-    Memoised on the graph per size."""
-    table: dict[tuple[int, int], dict[str, NodeKernels]] = graph.memo("torch_eager_kernels",
-                                                                      dict)
-    if (batch, seq) not in table:
-        table[(batch, seq)] = _eager_kernels(graph, batch, seq)
-    return table[(batch, seq)]
+    ``seq``) in the training-mode module ``to_torch`` builds for ``graph``, by node name; with
+    ``ep`` > 1, on one of ``ep`` expert-parallel ranks (``parallelize(..., ep=ep)``: its routed
+    experts those of ``expert_parallel.rank_experts``). Memoised on the graph per size and
+    ``ep``."""
+    table: dict[tuple[int, int, int], dict[str, NodeKernels]] = graph.memo(
+        "torch_eager_kernels", dict)
+    if (batch, seq, ep) not in table:
+        table[(batch, seq, ep)] = (_eager_kernels(graph, batch, seq) if ep == 1 else
+                                   _on_rank(graph, batch, seq, ep))
+    return table[(batch, seq, ep)]
+
+
+@dataclass(frozen=True)
+class _Routed:
+    """A routed experts node as the one-process census ran it (``_on_rank`` runs it again as
+    an expert-parallel rank runs it)."""
+
+    attributes: str
+    """Its attributes as they print (``_census``'s key)."""
+    operands: tuple[Any, ...]
+    """Its operands' signatures (``_signature``): x, routing weights, stacked weights."""
+    attrs: dict[str, Any]
+    given: Any
+    """The gradient layouts its backward was given; None: no backward."""
+    forward: int
+    """How many of its forward kernels are its own."""
+    own: int
+    """How many of its backward kernels are its own (``_Visit.own``)."""
+
+
+def _on_rank(graph: Graph, batch: int, seq: int, ep: int) -> dict[str, NodeKernels]:
+    """``eager_kernels`` on one of ``ep`` expert-parallel ranks: those of one process, each
+    routed experts node's own kernels replaced by those of ``expert_parallel.rank_experts``
+    run on operands of the layouts the census gave it (its stacked weights cut to E / ep),
+    backward on a gradient of the layout it was given; what the census charged it besides
+    (additions of the gradients it sends) is kept. Identical nodes are run once."""
+    found = dict(eager_kernels(graph, batch, seq))
+    step = _rank_experts(ep)
+    done: dict[Any, tuple[list[Kernel], list[Kernel]]] = {}
+    counted: dict[tuple[int, int], dict[str, _Routed]] = graph.memo("torch_eager_routed",
+                                                                     dict)
+    for name, visit in counted[(batch, seq)].items():
+        key = (visit.attributes, visit.operands, visit.given)
+        if key not in done:
+            leaves = [_made(s) for s in visit.operands]  # x, routing weights, stacked weights
+            leaves[2:] = [_made(((t.shape[0] // ep, *t.shape[1:]), t.stride(), t.dtype,
+                                 t.requires_grad)) for t in leaves[2:]]
+            forward, backward = _Log(), _Log()
+            with torch.enable_grad(), _recording(forward), \
+                    UniformRouting(forward, leaves[1].shape[-1]):
+                out = step(None, visit.attrs, *leaves)
+            wanted = [t for t in leaves if t.requires_grad]
+            if visit.given is not None and wanted:
+                with _recording(backward):
+                    torch.autograd.grad([out], wanted, [_made(g) for g in visit.given],
+                                        allow_unused=True)
+            done[key] = (forward.kernels, backward.kernels)
+        forward_kernels, backward_kernels = done[key]
+        whole = found[name]
+        found[name] = NodeKernels(
+            (*forward_kernels, *whole.forward[visit.forward:]),
+            (*backward_kernels, *whole.backward[visit.own:]))
+    return found
 
 
 @dataclass(frozen=True)
@@ -609,8 +685,8 @@ class EagerKernels:
 
     graph: Graph
 
-    def nodes(self, batch: int, seq: int) -> dict[str, NodeKernels]:
-        return eager_kernels(self.graph, batch, seq)
+    def nodes(self, batch: int, seq: int, ep: int = 1) -> dict[str, NodeKernels]:
+        return eager_kernels(self.graph, batch, seq, ep)
 
     @property
     def optimizer_bytes(self) -> float:
@@ -684,7 +760,13 @@ def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]
     inputs = [_input(graph, name, sizes) for name in graph.inputs]
     with torch.enable_grad():
         model(*inputs)
-    return _resolve(graph, visits, seen)
+    found = _resolve(graph, visits, seen)
+    routed: dict[tuple[int, int], dict[str, _Routed]] = graph.memo("torch_eager_routed", dict)
+    routed[(batch, seq)] = {  # for _on_rank
+        name: _Routed(visit.key[1], visit.key[2], visit.attrs, visit.given,
+                      len(visit.forward), visit.own)
+        for name, visit in visits.items() if name in graph and OPS[graph.node(name).op].routed}
+    return found
 
 
 def _no_kernels(fn: Any) -> bool:

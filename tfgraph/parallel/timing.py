@@ -50,7 +50,8 @@ end): a memory-bound op becomes its kernels, each its bytes at the achievable ba
 least ``LAUNCH_S``; a GEMM or attention node keeps its graph time plus the kernels around its
 matrix products or flash kernel; a node's output read by k ops adds the k - 1 additions autograd
 runs to sum their gradients. Under tensor or sequence parallelism each kernel's bytes are split
-as the op's own work is.
+as the op's own work is; under expert parallelism the routed experts' kernels are those one
+rank launches (its E / ep experts on the tokens x top-k pairs it receives, as above).
 
 Communication, from bytes, link bandwidth and latency: a ring all-reduce of n bytes over k
 ranks takes 2 (k - 1) / k x n / bandwidth + 2 (k - 1) latency steps; a reduce-scatter or an
@@ -249,9 +250,10 @@ EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's
                  "memory-bound kernels at their bytes / achievable bandwidth, at least 4 us "
                  "each; GEMM and attention nodes at their graph time plus the "
                  "kernels around them; k readers of a gradient add k - 1 additions; routed "
-                 "experts with tokens x top-k / experts each (their census runs without expert "
-                 "parallelism: under --ep their per-expert kernels and weight-gradient stack "
-                 "are those of all E experts, an overcount); the optimizer step as "
+                 "experts with tokens x top-k / experts each; under --ep as one rank runs "
+                 "them (parallelize's ExpertParallel): its E / ep experts on the tokens x "
+                 "top-k pairs it receives, with the dispatch's and combine's sorts and "
+                 "gathers, the all-to-alls timed as ep communication; the optimizer step as "
                  "torch.optim.AdamW's kernels over the float32 elements the rank steps; "
                  "ZeRO 3: FSDP2's copies (casts and copies into and out of its gather "
                  "buffers, each group gathered in forward and backward; the gradients' "
@@ -356,8 +358,10 @@ class NodeKernels(Protocol):
 class KernelSource(Protocol):
     """What ``--kernels eager`` times (``exporters.torch.kernels.EagerKernels``)."""
 
-    def nodes(self, batch: int, seq: int) -> Mapping[str, NodeKernels]:
-        """Each node's eager kernels at a micro-batch and length, by node name."""
+    def nodes(self, batch: int, seq: int, ep: int) -> Mapping[str, NodeKernels]:
+        """Each node's eager kernels at a micro-batch and length on one of ``ep``
+        expert-parallel ranks (its routed experts: E / ep of them, on the tokens x top-k
+        pairs it receives), by node name."""
         ...
 
     @property
@@ -636,7 +640,8 @@ def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
         peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
         elem = 4 if layout.dtype == "float32" else 2
         work = unit_work(graph)
-        eager = None if kernels is None else kernels.nodes(layout.micro_batch, layout.seq)
+        eager = None if kernels is None else kernels.nodes(layout.micro_batch, layout.seq,
+                                                             layout.ep)
         seen: dict[int, UnitTime] = {}
         out = []
         for rep in _alike(graph):
