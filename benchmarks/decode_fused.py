@@ -4,7 +4,7 @@ packed QKV, rotary in the kernel, shared past/present buffers; exporters/onnx/fu
 each driven by ``tfgraph.generate`` on onnxruntime (the CPU provider here; ``--provider cuda``
 on a GPU, where the float16 builds are the ones to time: benchmarks/gpu.py has the row).
 
-    python benchmarks/decode_fused.py [--rounds 3] [--new-tokens 64] [--provider cpu]
+    python benchmarks/decode_fused.py [--rounds 3] [--new-tokens 32] [--provider cpu]
 
 Models (random weights, float32 on the CPU): tiny-llama (94.5K parameters: each step is
 onnxruntime's per-node overhead, so the node count shows) and a 30.7M Llama-style decoder
@@ -13,7 +13,7 @@ prompts, and batch 1 with a 512-token prompt (attention over a long cache). Gree
 ignored. Decode tokens/s: tfgraph's Result (tokens after each row's first over the time after
 the first token); rounds alternate the order of the two builds, medians printed, and the
 tokens of the two builds are compared. Then the two builds' decode steps taken in turn, one
-step of each alternately (4x the new tokens), median ms per step: background load on a shared
+step of each alternately (2x the new tokens), median ms per step: background load on a shared
 machine falls on both alike there. Also: the ONNX nodes of one layer, as written and after
 onnxruntime's graph optimizations (what a step launches).
 """

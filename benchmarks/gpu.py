@@ -56,6 +56,10 @@ the same runs (tiny-llama, gloo) as a smoke test, labelled as no measurement.
 
 Without CUDA it says which parts it skips (the ONNX CUDA side, onnxruntime-genai CUDA, CUDA
 graphs, memory peaks) and runs the rest on the CPU with tiny-llama (``--quick`` implied).
+The closing block ends with issue 24's decoding goals as ratios against their peers from the
+same run (``goal batch B: SIDE / PEER = R x``): tfgraph ONNX on CUDA (written-out, fused, fused
++ CUDA graph) over onnxruntime-genai's own model (>= 1.4x), tfgraph torch compiled over
+transformers' static cache (>= 1.2x); a side or peer that did not run is said.
 Nothing is written to benchmarks/RESULTS.md: paste the closing block, with the card it names.
 """
 
@@ -798,6 +802,7 @@ def main() -> int:
     lines = [f"card: {card}", f"bandwidth floor (batch 1): {weight_bytes / 1e9:.3f} GB of "
              f"weights / {bw / 1e12:.2f} TB/s read ({how}) = {floor:,.0f} tokens/s"]
     lines += table(rows, floor)
+    lines += goal_lines(rows)
     say("\n".join(["", "decode figures:"] + lines[1:]))
     if "numerics" in steps:
         lines += numerics(folder, work, hf, parts, cuda, onnx_path, spec.vocab_size("source"))
@@ -821,6 +826,34 @@ def main() -> int:
     for line in lines:
         say(line)
     return 0
+
+
+# Issue 24's decoding goals: (side, peer measured in the same run, the ratio to reach)
+GOALS = [("tfgraph ONNX (cuda)", "onnxruntime-genai (own model, CUDA)", 1.4),
+         ("tfgraph ONNX fused attention (cuda)", "onnxruntime-genai (own model, CUDA)", 1.4),
+         ("tfgraph ONNX fused attention + CUDA graph", "onnxruntime-genai (own model, CUDA)", 1.4),
+         ("tfgraph torch compiled", "transformers static cache", 1.2)]
+
+
+def goal_lines(rows: list[Row]) -> list[str]:
+    """Each goal's side over its peer at each batch, from this run's rows; a side or peer
+    that did not run (no GPU, no onnxruntime-genai) is said, not guessed."""
+    lines = []
+    for batch in sorted({r.batch for r in rows}):
+        speed = {r.side: r.tokens_per_s for r in rows if r.batch == batch}
+        for side, peer, goal in GOALS:
+            if side not in speed and peer not in speed:
+                continue
+            ours, theirs = speed.get(side), speed.get(peer)
+            if ours is None or theirs is None:
+                missing = side if ours is None else peer
+                lines.append(f"goal batch {batch}: {side} / {peer}: not measured "
+                             f"({missing} did not run)")
+                continue
+            ratio = ours / theirs
+            lines.append(f"goal batch {batch}: {side} / {peer} = {ratio:.2f}x "
+                         f"(goal >= {goal}x: {'met' if ratio >= goal else 'MISSED'})")
+    return lines
 
 
 def table(rows: list[Row], floor: float) -> list[str]:

@@ -70,6 +70,11 @@ def timed(cmd: list[str], cwd: str) -> tuple[float, str]:
 
 
 def main() -> None:
+    try:  # the peer's torch.onnx.export(dynamo=True) needs it (pyproject's bench extra)
+        import onnxscript  # noqa: F401
+    except ImportError:
+        sys.exit("onnx_export.py: the peer (torch.onnx.export, dynamo=True) needs onnxscript: "
+                 "pip install -e '.[bench]'")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", default=str(ROOT / "specs" / "base.yaml"))
     parser.add_argument("--repeat", type=int, default=3)
