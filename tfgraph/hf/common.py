@@ -112,8 +112,10 @@ def put_decoder_sizes(draft: SpecDraft, cfg: HFConfig, head_dim_field: str | Non
     draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
     draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
     # absent: the config class's (Qwen2's 32768), which transformers' rotary scalings read
-    if cfg.get("max_position_embeddings", None) is not None:
-        draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    positions = cfg.get("max_position_embeddings", None)
+    if positions is not None:
+        draft.put("max_len", cfg.int("max_position_embeddings", positions),
+                  "max_position_embeddings")
     draft.put("attention.heads", heads, "num_attention_heads")
     if cfg.keeps_none("num_key_value_heads"):
         cfg.refuse("num_key_value_heads", f"transformers' {cfg.model_type} config leaves it "
