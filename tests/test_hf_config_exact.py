@@ -88,6 +88,15 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
     "gemma2-null-caps": ("gemma2", {}, {"attn_logit_softcapping": None,
                                         "final_logit_softcapping": None}, None),
     "gemma3_text-no-scalar": ("gemma3_text", {}, {"query_pre_attn_scalar": DROP}, None),
+    # ... a constant, not what other keys suggest (tests/test_hf_missing_keys.py): three
+    # dense layers, head_dim 128, two key heads; Mistral's 8 key heads do not divide 4
+    "deepseek_v3-no-dense-count": ("deepseek_v3", {"num_hidden_layers": 4},
+                                   {"first_k_dense_replace": DROP}, None),
+    "qwen3-no-head-dim": ("qwen3", {}, {"head_dim": DROP}, None),
+    "glm-no-kv-heads": ("glm", {"num_key_value_heads": 4}, {"num_key_value_heads": DROP},
+                        None),
+    "mistral-no-kv-heads": ("mistral", {}, {"num_key_value_heads": DROP},
+                            "num_key_value_heads = 8"),
     # 7. gated T5 (Flan-T5, T5 v1.1): dense_act_fn is derived from feed_forward_proj
     "t5-gated-gelu": ("t5", {"feed_forward_proj": "gated-gelu"}, {}, None),
     "t5-gated-silu": ("t5", {"feed_forward_proj": "gated-silu"}, {}, None),

@@ -90,24 +90,44 @@ def put_rms_rope(draft: SpecDraft, cfg: HFConfig, position: str, partial: bool =
     put_rope(draft, params, where, partial=partial)
 
 
-def put_decoder_sizes(draft: SpecDraft, cfg: HFConfig, head_dim_field: str = "head_dim"
+# modeling files that derive a None head_dim (``getattr(config, "head_dim", None) or
+# hidden_size // heads``); the others' ``getattr(config, "head_dim", hidden_size // heads)``
+# gets the None itself and fails, unless the config class derived it first (Llama's)
+_NONE_HEAD_DIM_DERIVED = frozenset({"mistral", "mixtral", "starcoder2"})
+
+
+def put_decoder_sizes(draft: SpecDraft, cfg: HFConfig, head_dim_field: str | None = "head_dim"
                       ) -> None:
     """arch, d_model, layers, vocab, max_len, heads, kv_heads, head_dim of a Llama-style
     decoder (field names of LlamaConfig and its descendants) and its attention_dropout, on
     the attention weights in every family that calls this (each modeling file's
     ``dropout=0.0 if not self.training else self.attention_dropout`` to the attention
-    interface)."""
+    interface). ``head_dim_field`` None: the model takes hidden_size / heads whatever the
+    config says (StableLM). A key transformers leaves None where the model needs a number
+    (num_key_value_heads, which it divides by; head_dim, see above) is refused."""
     draft.put("arch", "decoder-only")
     d = cfg.int("hidden_size")
     heads = cfg.int("num_attention_heads")
     draft.put("d_model", d, "hidden_size")
     draft.put("layers", cfg.int("num_hidden_layers"), "num_hidden_layers")
     draft.put("vocab", cfg.int("vocab_size"), "vocab_size")
-    if "max_position_embeddings" in cfg:
-        draft.put("max_len", cfg.int("max_position_embeddings"), "max_position_embeddings")
+    # absent: the config class's (Qwen2's 32768), which transformers' rotary scalings read
+    positions = cfg.get("max_position_embeddings", None)
+    if positions is not None:
+        draft.put("max_len", cfg.int("max_position_embeddings", positions),
+                  "max_position_embeddings")
     draft.put("attention.heads", heads, "num_attention_heads")
+    if cfg.keeps_none("num_key_value_heads"):
+        cfg.refuse("num_key_value_heads", f"transformers' {cfg.model_type} config leaves it "
+                   "None, which its model divides by: required")
     draft.put("attention.kv_heads", cfg.int("num_key_value_heads", heads), "num_key_value_heads")
-    head_dim = cfg.int(head_dim_field, d // heads)
+    if head_dim_field is None:
+        head_dim = d // heads
+    elif cfg.keeps_none(head_dim_field) and cfg.model_type not in _NONE_HEAD_DIM_DERIVED:
+        cfg.refuse(head_dim_field, f"transformers' {cfg.model_type} model reads it as None "
+                   "(its config class derives nothing) and fails: required")
+    else:
+        head_dim = cfg.int(head_dim_field, d // heads)
     if head_dim != d // heads or d % heads:
         draft.put("attention.head_dim", head_dim, head_dim_field)
     draft.put("embedding.scale", False)

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from tfgraph.errors import TfgraphError
 from tfgraph.hf.config_defaults import DEFAULTS
+from tfgraph.hf.config_fields import ABSENT, KEEPS_NULL, NOT_NULL
 from tfgraph.spec.schema import Spec
 
 _MISSING: Any = object()
@@ -68,11 +69,33 @@ class HFConfig:
         class default is a constant, not derived from other keys (head_dim, layer_types)."""
         return DEFAULTS.get(self.model_type, {}).get(key, fallback)
 
-    def as_class(self, key: str) -> Any:
-        """``key``'s value as transformers' config class sees it: the config's own (null
-        included: a null softcap is no softcap) when present, else the class default."""
+    def absent(self, key: str) -> Any:
+        """What transformers' config class of this model_type starts from when config.json
+        lacks ``key``: its field's default (Qwen3's head_dim 128, DeepSeek-V3's
+        first_k_dense_replace 3), before ``__post_init__``; None where the class derives it
+        from other keys (Llama's head_dim) or has no such field (tfgraph.hf.config_fields)."""
+        starts = ABSENT.get(self.model_type, {})
+        return starts[key] if key in starts else DEFAULTS.get(self.model_type, {}).get(key)
+
+    def keeps_none(self, key: str) -> bool:
+        """True when transformers' config object ends up with None for ``key``: a null the
+        class keeps (or a key it does not declare, which it stores as given), or an absent
+        key whose field defaults to None and is not derived (Ministral's head_dim). The
+        family's model then reads None itself (``getattr(config, "head_dim", ...)`` gets
+        None, not its fallback)."""
         self.read.add(key)
-        return self.data[key] if key in self.data else self.class_default(key)
+        kept = key in KEEPS_NULL.get(self.model_type, ())
+        if key in self.data:
+            return self.data[key] is None and (
+                kept or key not in DEFAULTS.get(self.model_type, {}))
+        return kept and self.absent(key) is None
+
+    def as_class(self, key: str) -> Any:
+        """``key``'s value as transformers' config class receives it: the config's own (null
+        included: a null softcap is no softcap) when present, else the class's start
+        (:meth:`absent`; Qwen2's sliding_window 4096, which use_sliding_window then gates)."""
+        self.read.add(key)
+        return self.data[key] if key in self.data else self.absent(key)
 
     def moot(self, *keys: str) -> None:
         """Mark ``keys`` as considered: other settings make them irrelevant (Qwen2's
@@ -80,10 +103,32 @@ class HFConfig:
         self.read.update(keys)
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
-        """The value of ``key``; its default when absent or null (``_MISSING``: required)."""
+        """The value of ``key`` as transformers' config class takes it. ``default``: the value
+        the class (or the family's model) derives when it has none of its own (Llama's
+        head_dim: hidden_size / heads); ``_MISSING``: required, refused when absent or null.
+        Absent: the class's own default where it has a constant one (:meth:`absent`), which
+        it uses whatever other keys say, else ``default``. Null: refused where the class
+        refuses a None (tfgraph.hf.config_fields.NOT_NULL), or keeps it as None where it has
+        a default of its own and ``default`` is not None (GLM's num_key_value_heads: the model
+        gets None, not the head count); else ``default``."""
         self.read.add(key)
-        value = self.data.get(key)
+        if key not in self.data:
+            if default is _MISSING:
+                self.refuse(key, "required, and missing")
+            start = self.absent(key)
+            return default if start is None else start
+        value = self.data[key]
         if value is None:
+            if key in NOT_NULL.get(self.model_type, ()):
+                self.refuse(key, f"transformers' {self.model_type} config class refuses a "
+                            "null here: it needs a value")
+            start = self.absent(key)
+            if (default is not None and start is not None
+                    and key in KEEPS_NULL.get(self.model_type, ())):
+                # neither the class's default nor derived: the model gets None itself
+                self.refuse(key, f"transformers' {self.model_type} config class keeps a null "
+                            f"here as None (absent: {start!r}), which tfgraph does not read "
+                            "as a value")
             if default is _MISSING:
                 self.refuse(key, "required, and missing")
             return default
@@ -121,7 +166,10 @@ class HFConfig:
     def refuse(self, key: str, why: str, value: Any = _MISSING) -> NoReturn:
         shown = self.data.get(key) if value is _MISSING else value
         prefix = f"{self.source}: " if self.source else ""
-        model = f" ({self.model_type})" if self.model_type else ""
+        notes = [self.model_type] if self.model_type else []
+        if key not in self.data and shown is not None:  # the value the import filled in
+            notes.append("absent: as transformers fills it")
+        model = f" ({'; '.join(notes)})" if notes else ""
         raise ConfigError(f"{prefix}{key} = {_show(shown)}{model}: {why}", key)
 
 
@@ -141,8 +189,9 @@ class SpecDraft:
             node = node.setdefault(part, {})
         node[last] = value
         if field is not None:
-            self.origin[path] = (field, self.config.data.get(field) if shown is _MISSING
-                                 else shown)
+            if shown is _MISSING:  # absent from the config: the value filled in
+                shown = self.config.data[field] if field in self.config.data else value
+            self.origin[path] = (field, shown)
 
     def spec(self) -> Spec:
         """The validated spec; a field or value the spec language lacks names its config field."""

@@ -76,7 +76,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     draft.put("attention.latent.kv_rank", cfg.int("kv_lora_rank"), "kv_lora_rank")
     draft.put("attention.latent.rope_dim", rope, "qk_rope_head_dim")
     draft.put("attention.latent.v_head_dim", cfg.int("v_head_dim"), "v_head_dim")
-    if cfg.get("q_lora_rank", None) is not None:
+    if cfg.get("q_lora_rank", None) is not None:  # absent: the class's 1536; null: none
         draft.put("attention.latent.q_rank", cfg.int("q_lora_rank"), "q_lora_rank")
     where, params = rope_parameters(cfg)
     if params.get("rope_type", "default") != "default" and params.get("mscale_all_dim"):
@@ -116,7 +116,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
         cfg.refuse("n_shared_experts", "DeepSeek always has a shared-expert MLP; 0 is not "
                    "a model transformers builds")
     draft.put("ffn.shared_experts", shared, "n_shared_experts")
-    dense = cfg.int("first_k_dense_replace", 0)
+    dense = cfg.int("first_k_dense_replace", 0)  # absent: the class's (V3 3, V2 0)
     if dense:
         draft.put("ffn.dense_layers", dense, "first_k_dense_replace")
     scale = cfg.float("routed_scaling_factor")

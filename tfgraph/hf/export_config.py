@@ -22,6 +22,7 @@ from typing import Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.hf import FAMILIES, ConfigError, spec_from_config
+from tfgraph.hf.config_fields import NOT_NULL
 from tfgraph.spec.schema import Spec
 
 # model_type -> the transformers class of the checkpoint (config.json "architectures")
@@ -80,6 +81,20 @@ _RESOLVED = {"attention": {"bias"}}
 # Values that are one computation: softmax over the top-k logits is the full softmax's top k
 # renormalized (exp(l_i) / sum over the top k of exp(l_j) either way; Mixtral's router).
 _SAME = {"ffn.router": ({"topk_softmax", "softmax_topk_renorm"},)}
+
+
+def _no_length(dump: Mapping[str, Any]) -> bool:
+    """A rotary spec dump without max_len: it states no context length, and every rotary
+    family's config.json has one (the config class's default when left out), which bounds
+    nothing transformers' rotary models compute (the frequencies are computed for any
+    position; a rotary scaling that needs the pretraining length holds it in the spec), so
+    the max_len read back is no difference. (Learned and sinusoidal tables, ALiBi built to
+    a length: there it is a bound.)"""
+    embedding = dump.get("embedding")
+    return dump.get("max_len") is None and isinstance(embedding, Mapping) and \
+        embedding.get("positions") == "rope"
+
+
 # `tfgraph import` writes "model_type X" into the description
 _IMPORTED = re.compile(r"\bmodel_type ([a-z0-9_-]+)")  # xlm-roberta has a hyphen
 
@@ -119,7 +134,10 @@ def family_config(spec: Spec, model_type: str) -> dict[str, Any] | None:
         return None
     config: dict[str, Any] = {"architectures": [ARCHITECTURES[model_type]],
                               "model_type": model_type}
-    config |= fields
+    # a field the spec has no value for (a rotary spec's max_len) is left out where the
+    # config class refuses a null: transformers then takes its own default
+    not_null = NOT_NULL.get(model_type, ())
+    config |= {k: v for k, v in fields.items() if v is not None or k not in not_null}
     config.setdefault("tie_word_embeddings", spec.embedding.tie_output)
     config["dtype"] = spec.dtype
     # the spec's token ids, each written (None when it has none: the config class's own
@@ -147,6 +165,8 @@ def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], prefix: str 
     for key in keys:
         value = ours.get(key)
         if not prefix and key in _IGNORED or key in _RESOLVED.get(prefix.rstrip("."), ()):
+            continue
+        if not prefix and key == "max_len" and _no_length(ours):
             continue
         other = theirs.get(key)
         if isinstance(value, Mapping) and isinstance(other, Mapping):

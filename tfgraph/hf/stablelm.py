@@ -20,7 +20,7 @@ def spec_from_config(cfg: HFConfig) -> SpecDraft:
     if cfg.bool("qk_layernorm", False):
         cfg.refuse("qk_layernorm", "StableLM's per-head LayerNorm on q and k (a gain per head) "
                    "has no spec form")
-    put_decoder_sizes(draft, cfg)
+    put_decoder_sizes(draft, cfg, head_dim_field=None)  # modeling_stablelm: hidden / heads
     draft.put("attention.qkv_bias", cfg.bool("use_qkv_bias", False), "use_qkv_bias")
     draft.put("attention.out_bias", False)  # modeling_stablelm: o_proj has no bias
     draft.put("ffn.hidden", cfg.int("intermediate_size"), "intermediate_size")

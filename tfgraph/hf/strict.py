@@ -15,6 +15,7 @@ from typing import Any
 
 from tfgraph.hf.config import HFConfig
 from tfgraph.hf.config_defaults import DEFAULTS
+from tfgraph.hf.config_fields import NOT_NULL
 
 # Keys that cannot change an inference forward pass or the weights' shapes: identity and
 # bookkeeping, token ids (generation reads them from the folder), generation defaults,
@@ -94,6 +95,9 @@ def check_unread(cfg: HFConfig) -> None:
     assumed = DEFAULTS.get(cfg.model_type, {})
     legacy = LEGACY.get(cfg.model_type, frozenset())
     for key, value in cfg.data.items():
+        if value is None and key in NOT_NULL.get(cfg.model_type, ()):  # read or not
+            cfg.refuse(key, f"transformers' {cfg.model_type} config class refuses a null "
+                            "here: it needs a value")
         if key in cfg.read or _inert(key) or key in legacy or value is None:
             continue
         if key not in assumed:
