@@ -14,7 +14,8 @@ GQA + rope + SwiGLU, mixture of experts, T5's encoder-decoder with a position bi
   accounting assumes (``fused_attention=True``).
 - mixture of experts at inference: the same mode over a no-grad forward peaks inside the
   routed experts' call at exactly report's ``activations_peak`` (its ``temp``) under a
-  balanced routing.
+  balanced routing; latent attention's (its values narrower than its keys) inside the
+  attention call, with the fused kernel's zero-padded v and padded output.
 """
 
 from __future__ import annotations
@@ -268,26 +269,12 @@ def test_live_peak_matches_a_measured_step(name: str, batch: int, seq: int, tgt:
 MOE_PEAK = ["tiny-moe.yaml", "tiny-olmoe.yaml", "tiny-phimoe.yaml", "tiny-deepseek-moe.yaml"]
 
 
-@pytest.mark.parametrize("name,dtype", [*((n, "float32") for n in MOE_PEAK),
-                                        ("tiny-olmoe.yaml", "bfloat16")])
-def test_moe_inference_peak_matches_a_measured_forward(name: str, dtype: str,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """report's activations_peak is the routed experts' working buffers (ops_moe's temp) on
-    top of the live set: with a balanced routing (pair j of token i to expert (i k + j) mod E:
-    N k / E pairs per expert, written into the routing weights the module computed), a
-    no-grad forward's live storages peak at exactly the report's figure plus the rotary
-    tables; with the model's own routing, within 5%."""
-    data = _spec(name).model_dump()
-    data["dtype"] = dtype
-    spec = tfgraph.Spec.model_validate(data)
-    graph = tfgraph.compile(spec)
-    model = to_torch(graph, seed=0).eval()
-    batch, seq = 2, 12
-    ids = make_ids(graph, batch, seq, seq)
-    report = graph.report(batch=batch, seq=seq, fused_attention=True)
-    assert report["activations_peak_at"].endswith(".ffn.experts"), report["activations_peak_at"]
-    expected = report["memory"]["activations_peak"] + rope_tables(spec, batch, seq, seq)
-
+def balanced_peak(spec: Any, model: torch.nn.Module, ids: Any,
+                  monkeypatch: pytest.MonkeyPatch) -> int:
+    """The live storages' peak of a no-grad forward under a balanced routing: pair j of token
+    i to expert (i k + j) mod E, N k / E pairs per expert, written into the routing weights
+    the module computed (the routed experts' buffers then match ops_moe's temp exactly)."""
+    batch, seq = ids[0].shape
     experts, top_k = spec.ffn.experts, spec.ffn.top_k
     pair = torch.arange(batch * seq * top_k)
     balanced = torch.zeros(batch * seq, experts)
@@ -304,12 +291,55 @@ def test_moe_inference_peak_matches_a_measured_forward(name: str, dtype: str,
     mode = LiveStorages(model)
     with torch.no_grad(), mode:
         model(*ids)
-    assert mode.peak == expected
     monkeypatch.undo()
+    return mode.peak
+
+
+@pytest.mark.parametrize("name,dtype", [*((n, "float32") for n in MOE_PEAK),
+                                        ("tiny-olmoe.yaml", "bfloat16")])
+def test_moe_inference_peak_matches_a_measured_forward(name: str, dtype: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """report's activations_peak is the routed experts' working buffers (ops_moe's temp) on
+    top of the live set: with a balanced routing (``balanced_peak``), a no-grad forward's
+    live storages peak at exactly the report's figure plus the rotary tables; with the
+    model's own routing, within 5%."""
+    data = _spec(name).model_dump()
+    data["dtype"] = dtype
+    spec = tfgraph.Spec.model_validate(data)
+    graph = tfgraph.compile(spec)
+    model = to_torch(graph, seed=0).eval()
+    batch, seq = 2, 12
+    ids = make_ids(graph, batch, seq, seq)
+    report = graph.report(batch=batch, seq=seq, fused_attention=True)
+    assert report["activations_peak_at"].endswith(".ffn.experts"), report["activations_peak_at"]
+    expected = report["memory"]["activations_peak"] + rope_tables(spec, batch, seq, seq)
+    assert balanced_peak(spec, model, ids, monkeypatch) == expected
     own = LiveStorages(model)
     with torch.no_grad(), own:
         model(*ids)
     assert abs(own.peak - expected) <= 0.05 * own.peak, (own.peak, expected)
+
+
+@pytest.mark.parametrize("name", ["tiny-mla.yaml", "tiny-deepseek-v3.yaml"])
+def test_latent_attention_inference_peak_matches_a_measured_forward(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Latent attention's values are narrower than its keys (v_head_dim < head_dim): the
+    fused kernel gets v zero-padded to head_dim and returns a padded output, whose slice the
+    module copies out as the attention's output (exporters.torch.functional.attention). At
+    that copy the padded v and the padded output are live beside the operands and the output
+    (ops.py, attention's ``fused_temp``): a no-grad forward (balanced routing, so the routed
+    experts' buffers are the op table's) peaks there at exactly report's activations_peak
+    plus the rotary tables."""
+    spec = _spec(name)
+    graph = tfgraph.compile(spec)
+    model = to_torch(graph, seed=0).eval()
+    batch, seq = 2, 12
+    ids = make_ids(graph, batch, seq, seq)
+    report = graph.report(batch=batch, seq=seq, fused_attention=True)
+    assert report["activations_peak_at"].endswith(".self_attn.attention"), \
+        report["activations_peak_at"]
+    expected = report["memory"]["activations_peak"] + rope_tables(spec, batch, seq, seq)
+    assert balanced_peak(spec, model, ids, monkeypatch) == expected
 
 
 def test_peak_is_the_loss_backward_on_a_vocabulary_heavy_model() -> None:

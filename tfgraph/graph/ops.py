@@ -206,6 +206,10 @@ class OpDef:
     ``fused_attention`` option of reports) streams it, holding no scratch, and backward
     holds it again for the scores' gradient (``tfgraph.passes.cost``,
     ``tfgraph.passes.train_walk``)."""
+    fused_temp: Callable[[list[TensorType], TensorType, dict[str, Any]], sympy.Expr] | None = None
+    """With ``score_temp``: the scratch the fused kernel holds instead of the scores, beside
+    its operands and output, at inference (``tfgraph.passes.cost.activation_peak``); None:
+    none. With autograd those buffers are saved for backward (``saved``)."""
     temp_saved: bool = False
     """Its ``temp`` is what its forward holds without autograd: with autograd those buffers
     are saved for backward (``saved``) or freed before its saves are all made, so a training
@@ -746,6 +750,18 @@ def _attention_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any
     return _scores(ins, attrs) * DTYPE_BYTES[ins[0].dtype]
 
 
+def _attention_fused_temp(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]
+                          ) -> sympy.Expr:
+    """Latent attention (values narrower than q and k) under a fused kernel: v zero-padded to
+    head_dim and the kernel's padded output, both live while the module copies the output's
+    slice out (torch_functional.attention; what ``_attention_saved`` keeps with autograd).
+    Nothing otherwise. Measured by tests/test_train_memory.py."""
+    vd, hd = v_width(attrs), attrs["head_dim"]
+    if vd == hd or len(ins) == 4 or attrs.get("softcap") or attrs["normalize"] != "softmax":
+        return ZERO  # the same widths, or explicit matmuls: no padding
+    return (ins[2].nbytes + out.nbytes) / vd * hd
+
+
 register(OpDef(
     "attention", (3, 4), _attention_infer, _attention_flops, _attention_saved,
     "Multi-head scaled dot-product attention on projected q (B, Tq, h*hd), k and v "
@@ -761,6 +777,7 @@ register(OpDef(
     _attention_temp,
     category="attention", tp="follows", score_sized=("weights", "tanh", "mask", "dropped"),
     whole_scratch=("read_mask",), unfused_saved=_attention_unfused_saved, score_temp=True,
+    fused_temp=_attention_fused_temp,
     score_flops=True, kv_cached=True,
     grad_blocked=_attention_grad_blocked, backward_flops=_attention_backward,
     attrs={

@@ -37,6 +37,13 @@ class OpCost:
     temp: sympy.Expr
     # FLOPs with every routed expert on every token (OpDef.dense_flops; None: matmul, other)
     dense: tuple[sympy.Expr, sympy.Expr] | None = None
+    # scratch where a fused kernel streams the scores (OpDef.score_temp, OpDef.fused_temp)
+    fused_temp: sympy.Expr = sympy.Integer(0)
+
+    def scratch(self, fused_attention: bool) -> sympy.Expr:
+        """Its scratch at inference: ``fused_temp`` where a fused kernel streams its scores
+        (``fused_attention``), ``temp`` otherwise."""
+        return self.fused_temp if fused_attention and OPS[self.op].score_temp else self.temp
 
 
 def total(exprs: Iterable[sympy.Expr]) -> sympy.Expr:
@@ -99,9 +106,10 @@ def op_costs(graph: Graph) -> list[OpCost]:
             ins = [s.type for s in srcs]
             matmul, other = opdef.flops(ins, node.type, node.attrs)
             dense = opdef.dense_flops(ins, node.type, node.attrs) if opdef.dense_flops else None
+            fused = opdef.fused_temp(ins, node.type, node.attrs) if opdef.fused_temp else ZERO
             entry = memo[key] = (matmul, other, opdef.saved(ins, node.type, node.attrs),
-                                 opdef.temp(ins, node.type, node.attrs), dense)
-        matmul, other, saved, temp, dense = entry
+                                 opdef.temp(ins, node.type, node.attrs), dense, fused)
+        matmul, other, saved, temp, dense, fused = entry
         tensors = []
         for ref, nbytes in saved:
             if ref[0] == "in":
@@ -116,7 +124,7 @@ def op_costs(graph: Graph) -> list[OpCost]:
         c = frozen_new(OpCost, {"node": node.name, "component": node.component,
                                 "kind": node.kind, "op": node.op, "matmul": matmul,
                                 "other": other, "saved": tuple(tensors), "temp": temp,
-                                "dense": dense})
+                                "dense": dense, "fused_temp": fused})
         node.__dict__["_opcost"] = (srcs, c)
         append(c)
     return costs
@@ -233,10 +241,10 @@ def activation_peak(graph: Graph, costs: list[OpCost], sizes: dict[sympy.Symbol,
     The walk of ``liveness.Interpreter`` with each buffer's bytes as its value, written out
     with a running total: this runs once per report over every node."""
     bytes_of = evaluator(sizes)
-    # a fused kernel streams attention's scores (``OpDef.score_temp``); other scratch (a loss
-    # graph's float32 copy of 16-bit logits) stays
-    temp = {c.node: (ZERO if fused_attention and OPS[c.op].score_temp else c.temp)
-            for c in costs}
+    # a fused kernel streams attention's scores (``OpDef.score_temp``), holding only its
+    # ``fused_temp`` (latent attention's padded v and output); other scratch (a loss graph's
+    # float32 copy of 16-bit logits) stays
+    temp = {c.node: c.scratch(fused_attention) for c in costs}
     aliasing = {op for op, d in OPS.items() if d.aliases_input}
     env = {name: bytes_of(graph.node(name).type.nbytes) for name in graph.inputs}
     now = sum(env.values())

@@ -25,11 +25,10 @@ from dataclasses import dataclass, field, replace
 import sympy
 
 from tfgraph.passes import exact, gradients
-from tfgraph.passes.cost import Peak, op_costs
+from tfgraph.passes.cost import OpCost, Peak, op_costs
 from tfgraph.passes.effective import effective
 from tfgraph.passes.figures import symbolic
 from tfgraph.graph.ir import SYMBOLS, Graph
-from tfgraph.graph.ops import OPS
 from tfgraph.graph.lower import Sizes, lower
 from tfgraph.spec.schema import Spec, StackLayers, Vocabularies
 
@@ -222,7 +221,7 @@ class SpecFormulas:
     values: dict[sympy.Symbol, int]
     unverified: list[str]
     one_layer: Graph  # the symbolic twin with one layer per stack (for the activation peak)
-    _temps: dict[str, sympy.Expr] = field(default_factory=dict)
+    _temps: dict[str, OpCost] = field(default_factory=dict)
     dense_layers: int = 0
     """ffn.dense_layers: one_layer then has two layers, a dense one (0) and one with experts."""
     trained: sympy.Expr | None = None
@@ -233,7 +232,7 @@ class SpecFormulas:
         """The activation peak's live set, read in the one-layer twin (a buffer of layer i has
         the type of the same buffer in layer 0: found by its metadata, ``NodeMeta.in_layer``)."""
         if not self._temps:
-            self._temps.update((c.node, c.temp) for c in op_costs(self.one_layer))
+            self._temps.update((c.node, c) for c in op_costs(self.one_layer))
         twin = self.one_layer.by_meta()
 
         def in_twin(name: str) -> str:
@@ -243,10 +242,12 @@ class SpecFormulas:
             return twin[meta.in_layer(int(meta.layer >= self.dense_layers > 0)).key].name
 
         terms = [self.one_layer.node(in_twin(n)).type.nbytes for n in peak.live]
-        # a fused kernel streams attention's scores (OpDef.score_temp); other scratch stays
-        # (the routed experts' buffers), as in cost.activation_peak
-        if not (fused_attention and OPS[graph.node(peak.node).op].score_temp):
-            terms.append(self._temps.get(in_twin(peak.node), sympy.Integer(0)))
+        # a fused kernel streams attention's scores (OpDef.score_temp), holding only its
+        # fused_temp; other scratch stays (the routed experts' buffers), as in
+        # cost.activation_peak
+        c = self._temps.get(in_twin(peak.node))
+        if c is not None:
+            terms.append(c.scratch(fused_attention))
         return sympy.Add(*terms)
 
     def used_values(self) -> dict[str, int]:

@@ -74,7 +74,9 @@ CONVENTIONS = {
                                "runs): a tensor lives from its producer to its last consumer, "
                                "an op's inputs, output and scratch are live together, a layer's "
                                "inputs are held by its caller until the layer returns; unfused "
-                               "attention materialises one B*h*Tq*Tk score matrix; token ids "
+                               "attention materialises one B*h*Tq*Tk score matrix (a fused "
+                               "kernel streams it, holding only latent attention's v "
+                               "zero-padded to head_dim and its padded output); token ids "
                                "included.",
     "memory.saved_for_backward": "one training forward: tensors each op keeps for its gradient "
                                  "(each counted once; parameters excluded; dropout masks at 1 "
