@@ -304,7 +304,7 @@ def test_top_p_keeps_the_smallest_nucleus() -> None:
     ({"temperature": -1.0}, "--temperature -1.0: must be finite and >= 0"),
     ({"temperature": float("inf")}, "--temperature inf: must be finite"),  # was uniform draws
     ({"temperature": float("nan")}, "--temperature nan: must be finite"),
-    ({"top_k": 0}, "--top-k 0: must be >= 1"),
+    ({"top_k": -1}, "--top-k -1: must be >= 0"),
     ({"top_p": 1.5}, "--top-p 1.5: must be in (0, 1]"),
 ])
 def test_bad_sampling_settings(settings: dict[str, Any], message: str) -> None:

@@ -94,7 +94,9 @@ class _Stream:
               help="Tokens to generate per prompt (fewer when every row ends).")
 @click.option("--temperature", type=float, default=None,
               help="Sample at this temperature (0: greedy).")
-@click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens.")
+@click.option("--top-k", type=int, default=None,
+              help="Sample from the k most likely tokens (0: from all; when sampling without "
+                   "it, the model folder's top_k, else 50, as transformers samples).")
 @click.option("--top-p", type=float, default=None,
               help="Sample from the smallest set of tokens holding this probability.")
 @click.option("--seed", type=SEED, default=None, help="Seed of the sampling generator.")
@@ -192,8 +194,9 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
             click.echo(f"model     {printable(ready.opened.label)}")
             click.echo(f"runs on   {printable(ready.opened.runs_on)}")
         compile_s = warm_up(ready, max_new_tokens, beams)
-        result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
-                          ready.eos, stream, length_penalty, ready.opened.lengths)
+        result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens,
+                          ready.sampler(sampler), beams, ready.eos, stream, length_penalty,
+                          ready.opened.lengths)
         result.compile_s = compile_s
     finally:
         ready.opened.close()

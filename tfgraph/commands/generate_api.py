@@ -8,11 +8,12 @@ ids with its tokenizer, and runs the decoding loop (tfgraph.generation.loop). Th
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, SupportsIndex
 
 from tfgraph.errors import TfgraphError
 from tfgraph.terminal import printable
@@ -33,20 +34,30 @@ FROM_MODEL: Setting = "model"  # take the setting from the model folder (generat
 
 @dataclass
 class Prepared:
-    """An opened model with its prompts as ids, the EOS ids in force, and its tokenizer."""
+    """An opened model with its prompts as ids, the EOS ids in force, its tokenizer, and the
+    top-k its sampling applies unless told otherwise (None: transformers' default, 50)."""
 
     opened: Opened
     prompts: list[list[int]]
     eos: tuple[int, ...]
     tokenizer: Tokenizer | None
     clean_up: bool = False  # transformers' clean_up_tokenization_spaces applies
+    special: frozenset[int] = field(default_factory=frozenset)
+    """Ids the folder's tokenizer files name as special tokens (tfgraph.hf.special_tokens)."""
+    top_k: int | None = None
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens``, special tokens skipped (tfgraph.hf.tokenizer.decode_text)."""
         from tfgraph.hf.tokenizer import decode_text
 
         assert self.tokenizer is not None
-        return decode_text(self.tokenizer, list(tokens), self.clean_up)
+        return decode_text(self.tokenizer, list(tokens), self.clean_up, special=self.special)
+
+    def sampler(self, sampler: Sampler) -> Sampler:
+        """``sampler`` with this model's default top-k (its generation settings' top_k)."""
+        if self.top_k is not None:
+            sampler.default_top_k = self.top_k
+        return sampler
 
 
 def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[int] | str],
@@ -101,14 +112,17 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
         tokenizer = _tokenizer(opened.tokenizer)
         ids = [_prompt_ids(p, i, tokenizer, opened) for i, p in enumerate(prompts)]
         clean_up = False
+        special: frozenset[int] = frozenset()
         if tokenizer is not None and opened.tokenizer is not None:
+            from tfgraph.hf.special_tokens import special_ids
             from tfgraph.hf.tokenizer import cleans_up_spaces
 
             clean_up = cleans_up_spaces(opened.tokenizer, tokenizer)
+            special = special_ids(opened.tokenizer, tokenizer)
     except BaseException:
         opened.close()
         raise
-    return Prepared(opened, ids, eos, tokenizer, clean_up)
+    return Prepared(opened, ids, eos, tokenizer, clean_up, special, settings.top_k)
 
 
 def _spec_settings(path: str, settings: Settings) -> Settings:
@@ -119,14 +133,15 @@ def _spec_settings(path: str, settings: Settings) -> Settings:
     if tokens is None:
         return settings
     start = tokens.decoder_start
-    return Settings(tokens.eos_ids() or settings.eos_token_id,
-                    settings.decoder_start_token_id if start is None else start,
-                    settings.not_applied)
+    return replace(settings, eos_token_id=tokens.eos_ids() or settings.eos_token_id,
+                   decoder_start_token_id=settings.decoder_start_token_id if start is None
+                   else start)
 
 
 def _eos_ids(eos_token_id: int | Iterable[int] | None | Setting,
              from_model: tuple[int, ...]) -> tuple[int, ...]:
-    """The end-of-sequence ids in force: given ones, none, or the model's (``FROM_MODEL``)."""
+    """The end-of-sequence ids in force: given ones, none, or the model's (``FROM_MODEL``).
+    An id is any integer (numpy's too), not a bool, float or string."""
     if isinstance(eos_token_id, str):
         if eos_token_id != FROM_MODEL:
             raise TfgraphError(f"eos_token_id {eos_token_id!r}: a token id, ids, None or "
@@ -134,9 +149,28 @@ def _eos_ids(eos_token_id: int | Iterable[int] | None | Setting,
         return from_model
     if eos_token_id is None:
         return ()
-    if isinstance(eos_token_id, int):
-        return (eos_token_id,)
-    return tuple(int(t) for t in eos_token_id)
+    items: list[object] = [eos_token_id]  # one id
+    if isinstance(eos_token_id, Iterable):
+        try:
+            items = list(eos_token_id)
+        except TypeError:  # a 0-d array: one id
+            pass
+    return tuple(_token_id(t) for t in items)
+
+
+def _token_id(value: object) -> int:
+    """``value`` as a token id: an integer of any kind (int, numpy.int64, ...) >= 0, not a
+    bool (numpy's either), a float or a string."""
+    index = None
+    if not isinstance(value, bool) and type(value).__name__ not in ("bool", "bool_") and \
+            isinstance(value, SupportsIndex):
+        try:
+            index = operator.index(value)
+        except TypeError:  # an array of several
+            pass
+    if index is None or index < 0:
+        raise TfgraphError(f"eos_token_id: {value!r} is not a token id (an integer >= 0)")
+    return index
 
 
 def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[int] | str], *,
@@ -156,9 +190,11 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     e.g. a trained ``state_dict``) instead of random ones or the folder's.
 
     Prompts are token id lists or text (text needs the model's tokenizer.json). Greedy by
-    default; ``temperature``/``top_k``/``top_p`` sample from ``seed``; ``beams`` > 1 is beam
-    search. ``eos_token_id``: the folder's (generation_config.json, config.json) by default,
-    None for none. ``on_token(prompt_index, token_id)`` is called as tokens come. ``cache``:
+    default; ``temperature``/``top_k``/``top_p`` sample from ``seed`` (as transformers'
+    ``do_sample=True``: without ``top_k``, the folder's top_k or else 50 applies; ``top_k=0``
+    keeps every token); ``beams`` > 1 is beam search. ``eos_token_id``: the folder's (its
+    generation_config.json, else config.json) by default, None for none, or an id or ids
+    (integers, numpy's too; a bool is refused). ``on_token(prompt_index, token_id)`` is called as tokens come. ``cache``:
     a decoder built from a spec or folder decodes through its KV cache (False: recomputes the
     whole prefix each step, for comparison). ``compile`` (backend "torch"): decode through a
     static cache held as the module's buffers, the step compiled by torch.compile (CUDA
@@ -180,8 +216,9 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
                     fused_attention, cuda_graph)
     try:
         compile_s = warm_up(ready, max_new_tokens, beams)
-        result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens, sampler, beams,
-                          ready.eos, on_token, length_penalty, ready.opened.lengths)
+        result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens,
+                          ready.sampler(sampler), beams, ready.eos, on_token, length_penalty,
+                          ready.opened.lengths)
         result.compile_s = compile_s
     finally:
         ready.opened.close()

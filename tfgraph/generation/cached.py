@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tfgraph.generation.floats import float32
+from tfgraph.generation.floats import float32, log_probs
 
 Past = Any
 """The back end's past keys/values (a dict of arrays, a tuple of tensors)."""
@@ -29,9 +29,9 @@ in the model's float dtype, present)."""
 def last_logits(logits: np.ndarray, output_probs: bool) -> np.ndarray:
     """Each row's last position (B, V) as a new float32 array (converted after the
     selection: tfgraph.generation.floats); a model ending in a softmax gives probabilities,
-    whose logs are logits of the same distribution."""
+    whose logs are logits of the same distribution (tfgraph.generation.floats.log_probs)."""
     last = float32(logits[:, -1])
-    return np.log(np.maximum(last, 1e-30)) if output_probs else last
+    return log_probs(last) if output_probs else last
 
 
 class Cached:

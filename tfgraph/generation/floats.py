@@ -1,4 +1,5 @@
-"""Logits to float32 for the sampler, fast for float16 models.
+"""Logits to float32 for the sampler, fast for float16 models; a softmax model's probabilities
+to logits (:func:`log_probs`).
 
 numpy converts float16 one element at a time: a (8, 32000) float16 array takes about 480 us
 to become float32 (numpy 2.4, this repository's 2-core CI machine), 60 us for one row, against
@@ -51,4 +52,14 @@ def float32(values: np.ndarray) -> np.ndarray:
     # threads it fought onnxruntime's spinning ones (5x slower than numpy on 2 cores)
     for start in range(0, source.numel(), GRAIN):
         target[start:start + GRAIN].copy_(source[start:start + GRAIN])
+    return out
+
+
+def log_probs(probs: np.ndarray) -> np.ndarray:
+    """The logits of a model that outputs probabilities (spec ``output: probs``): their logs,
+    the log-probabilities, -inf where a probability is 0 (that token is never chosen, at any
+    temperature, as for transformers' filtered logits). Cached decoding and recomputation
+    both convert through here, so they draw from the same distribution."""
+    with np.errstate(divide="ignore"):
+        out: np.ndarray = np.log(probs)
     return out

@@ -16,6 +16,7 @@ from collections import defaultdict
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.generation.floats import log_probs
 
 
 class Recompute(ABC):
@@ -84,7 +85,6 @@ class Recompute(ABC):
             else:
                 full = self._forward((tgt,))
             out[members] = full[:, -1, :].astype(np.float32)
-        if self.output_probs:
-            with np.errstate(divide="ignore"):
-                out = np.log(out)
+        if self.output_probs:  # the cached steppers' conversion too (last_logits)
+            out = log_probs(out)
         return out

@@ -1,10 +1,14 @@
 """Choosing the next token from logits: greedy (the default) or seeded sampling.
 
 Sampling applies the usual filters in Hugging Face transformers' order (TemperatureLogitsWarper,
-TopKLogitsWarper, TopPLogitsWarper): divide the logits by the temperature, keep the ``top_k``
-largest (ties with the k-th kept), then keep the smallest set of most likely tokens whose
-probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2019; the most likely token
-always stays). Draws come from a numpy ``Generator`` seeded once, so a seed reproduces a run.
+TopKLogitsWarper, TopPLogitsWarper) and with their rules: divide the logits by the temperature,
+keep the ``top_k`` largest (ties with the k-th kept; when ``top_k`` is not given, the model
+folder's ``top_k`` or else transformers' default of 50, as its ``generate(do_sample=True)``
+does; 0 keeps every token), then nucleus sampling (Holtzman et al. 2019) as TopPLogitsWarper
+computes it: tokens sorted by ascending probability (ties in id order), those whose cumulative
+probability is at most ``1 - top_p`` removed, the most likely token always kept (so at a tie
+at the cut the higher ids stay). Draws come from a numpy ``Generator`` seeded once, so a seed
+reproduces a run.
 """
 
 from __future__ import annotations
@@ -17,16 +21,22 @@ import numpy as np
 
 from tfgraph.errors import TfgraphError
 
+DEFAULT_TOP_K = 50
+"""transformers' top_k when sampling with neither the user nor the model setting one
+(GenerationConfig._get_default_generation_params)."""
+
 
 @dataclass
 class Sampler:
     """Greedy when no sampling setting is given (or ``temperature`` is 0, the common spelling
-    of greedy); otherwise samples with the given settings, from ``seed``."""
+    of greedy); otherwise samples with the given settings, from ``seed``. ``top_k`` None
+    applies ``default_top_k`` (the model's, else transformers' 50); 0 applies no top-k."""
 
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    default_top_k: int = DEFAULT_TOP_K
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -34,8 +44,8 @@ class Sampler:
             # inf flattened every distribution to uniform draws, NaN compared false
             raise TfgraphError(f"--temperature {self.temperature}: must be finite and >= 0 "
                                "(0: greedy)")
-        if self.top_k is not None and self.top_k < 1:
-            raise TfgraphError(f"--top-k {self.top_k}: must be >= 1")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or self.top_k < 0):
+            raise TfgraphError(f"--top-k {self.top_k}: must be >= 0 (0: no top-k filter)")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise TfgraphError(f"--top-p {self.top_p}: must be in (0, 1]")
         self._rng = np.random.default_rng(self.seed)
@@ -71,18 +81,21 @@ class Sampler:
         with np.errstate(over="ignore", invalid="ignore"):  # NaN is refused by the caller
             scores = scores - np.max(scores, axis=-1, keepdims=True)
             scores = scores / (self.temperature or 1.0)
-        if self.top_k is not None and self.top_k < scores.shape[-1]:
-            kth = np.partition(scores, -self.top_k, axis=-1)[:, -self.top_k][:, None]
+        top_k = self.default_top_k if self.top_k is None else int(self.top_k)
+        if 0 < top_k < scores.shape[-1]:  # TopKLogitsWarper: below the k-th largest removed
+            kth = np.partition(scores, -top_k, axis=-1)[:, -top_k][:, None]
             scores = np.where(scores < kth, -np.inf, scores)
         probs = _softmax(scores)
         if self.top_p is not None and self.top_p < 1:
-            order = np.argsort(-probs, axis=-1, kind="stable")
+            # TopPLogitsWarper: ascending (stable, so tied tokens in id order), the cumulative
+            # probability at most 1 - top_p removed, the last (most likely) token kept
+            order = np.argsort(scores, axis=-1, kind="stable")
             ranked = np.take_along_axis(probs, order, axis=-1)
-            before = np.cumsum(ranked, axis=-1) - ranked  # mass of the more likely tokens
-            keep_ranked = before < self.top_p  # the first token always (before = 0)
-            keep = np.zeros_like(keep_ranked)
-            np.put_along_axis(keep, order, keep_ranked, axis=-1)
-            probs = _softmax(np.where(keep, scores, -np.inf))
+            remove_ranked = np.cumsum(ranked, axis=-1) <= 1 - self.top_p
+            remove_ranked[:, -1] = False
+            remove = np.zeros_like(remove_ranked)
+            np.put_along_axis(remove, order, remove_ranked, axis=-1)
+            probs = _softmax(np.where(remove, -np.inf, scores))
         return probs
 
 

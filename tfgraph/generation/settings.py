@@ -1,11 +1,16 @@
-"""Generation settings a Hugging Face model folder carries: which tokens end a sequence and
-which token starts an encoder-decoder target.
+"""Generation settings a Hugging Face model folder carries: which tokens end a sequence, which
+token starts an encoder-decoder target, and the top-k that sampling applies by default.
 
-``generation_config.json`` is read before ``config.json``, as transformers' ``generate`` does
-(its GenerationConfig is loaded from the former and falls back on the latter). Without either
-file (a spec), no token ends a sequence (generation runs to ``max_new_tokens``) and targets start
-from token 0 (T5's and the seeds' pad id). Both files are read as untrusted input like the rest
-of a folder (tfgraph.hf.files).
+They come from one file, as transformers 5.24's ``from_pretrained`` loads its GenerationConfig:
+``generation_config.json`` when the folder has one, taken as it is (an id it lacks is not
+looked up in ``config.json``: transformers does not either); otherwise ``config.json``, as
+``GenerationConfig.from_model_config`` reads it (its top-level keys, then for keys still unset
+those of its first ``decoder`` / ``generator`` / ``text_config`` object). An encoder-decoder's
+targets start at ``decoder_start_token_id``, else ``bos_token_id`` (transformers'
+``_prepare_special_tokens``). Without either file (a spec), or where the file names none, no
+token ends a sequence (generation runs to ``max_new_tokens``) and targets start from token 0
+(T5's and the seeds' pad id; transformers would refuse an encoder-decoder with neither id).
+Both files are read as untrusted input like the rest of a folder (tfgraph.hf.files).
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from tfgraph.errors import TfgraphError
-from tfgraph.hf.files import inside, read_json
+from tfgraph.hf.files import beside, read_json
 from tfgraph.spec.safe_yaml import MAX_BYTES
 
-FILES = ("generation_config.json", "config.json")
+GENERATION_CONFIG = "generation_config.json"
+MODEL_CONFIG = "config.json"
 DEFAULT_DECODER_START = 0
+# GenerationConfig.from_model_config: the sub-configs whose keys fill those still unset
+TEXT_CONFIGS = ("decoder", "generator", "text_config")
 
 
 # generation_config.json keys that change the tokens transformers' generate produces, with
@@ -41,8 +49,8 @@ NOT_APPLIED: dict[str, Any] = {
 # Not listed: renormalize_logits and low_memory change no token by themselves (a softmax
 # after the processors listed above; contrastive search's memory), so a note would be noise.
 SAMPLING: dict[str, Any] = {
-    # read by transformers only when do_sample is true
-    "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None, "typical_p": 1.0,
+    # read by transformers only when do_sample is true (top_k is applied: Settings.top_k)
+    "temperature": 1.0, "top_p": 1.0, "min_p": None, "typical_p": 1.0,
     "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
 }
 
@@ -52,14 +60,18 @@ class Settings:
     eos_token_id: tuple[int, ...] = ()
     decoder_start_token_id: int = DEFAULT_DECODER_START
     not_applied: tuple[str, ...] = ()
-    """``key = value`` of each generation_config.json setting tfgraph generate does not
-    apply (``NOT_APPLIED``, and ``SAMPLING`` when it samples)."""
+    """``key = value`` of each setting of the file tfgraph generate does not apply
+    (``NOT_APPLIED``, and ``SAMPLING`` when it samples)."""
+    top_k: int | None = None
+    """The file's ``top_k`` (0: no top-k filter); None: transformers' default, 50."""
+    source: str = GENERATION_CONFIG
+    """The file the settings came from (named in :meth:`note`)."""
 
     def note(self) -> str | None:
         """What a user must know about ``not_applied`` (None: nothing)."""
         if not self.not_applied:
             return None
-        return (f"generation_config.json: {', '.join(self.not_applied)}: not applied "
+        return (f"{self.source}: {', '.join(self.not_applied)}: not applied "
                 "(tfgraph generate searches as its flags say: greedy unless --temperature, "
                 "--top-k, --top-p or --beams; --max-new-tokens tokens)")
 
@@ -68,28 +80,51 @@ def read_settings(folder: Path | None) -> Settings:
     """The settings of ``folder`` (a model folder, or the folder of an .onnx file)."""
     if folder is None:
         return Settings()
-    found: dict[str, Any] = {}
-    not_applied: tuple[str, ...] = ()
-    for name in FILES:
-        if not (folder / name).is_file():
-            continue
-        path = inside(folder, name, "settings file")
-        data = read_json(path, MAX_BYTES, name)
-        if name == "generation_config.json":
-            not_applied = _not_applied(data)
-        for key in ("eos_token_id", "decoder_start_token_id"):
-            if found.get(key) is None and data.get(key) is not None:
-                found[key] = (data[key], path)
+    found = _generation_config(folder)
+    if found is None:
+        return Settings()
+    data, path = found
     eos: tuple[int, ...] = ()
-    if "eos_token_id" in found:
-        value, path = found["eos_token_id"]
+    value = data.get("eos_token_id")
+    if value is not None:
         items = value if isinstance(value, list) else [value]
         eos = tuple(_token(item, path, "eos_token_id") for item in items)
     start = DEFAULT_DECODER_START
-    if "decoder_start_token_id" in found:
-        value, path = found["decoder_start_token_id"]
-        start = _token(value, path, "decoder_start_token_id")
-    return Settings(eos, start, not_applied)
+    for key in ("decoder_start_token_id", "bos_token_id"):  # _prepare_special_tokens' order
+        if data.get(key) is not None:
+            start = _token(data[key], path, key)
+            break
+    top_k = data.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or top_k < 0):  # TopKLogitsWarper's ValueError
+        raise TfgraphError(f"{path}: top_k: {top_k!r} is not a number of tokens (an integer "
+                           ">= 0)")
+    return Settings(eos, start, _not_applied(data), top_k, path.name)
+
+
+def _generation_config(folder: Path) -> tuple[dict[str, Any], Path] | None:
+    """The settings transformers' ``from_pretrained`` would load from ``folder``, and the file
+    they came from: generation_config.json as it is, else config.json's (None: neither)."""
+    own = beside(folder, GENERATION_CONFIG, "settings file")
+    if own is not None:
+        return read_json(own, MAX_BYTES, GENERATION_CONFIG), own
+    model = beside(folder, MODEL_CONFIG, "config")
+    if model is None:
+        return None
+    return from_model_config(read_json(model, MAX_BYTES, MODEL_CONFIG)), model
+
+
+def from_model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """GenerationConfig.from_model_config on a config.json mapping: its keys set to a value
+    (not null), then each key still unset taken from the first of its ``decoder`` /
+    ``generator`` / ``text_config`` objects it has."""
+    out = {key: value for key, value in config.items() if value is not None}
+    inner = next((config[name] for name in TEXT_CONFIGS if config.get(name)), None)
+    if isinstance(inner, dict):
+        for key, value in inner.items():
+            if out.get(key) is None:
+                out[key] = value
+    return out
 
 
 # The token ids transformers' GenerationConfig holds (eos_token_id: one, or a list).

@@ -183,30 +183,41 @@ _CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (
              (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
+def side_json(folder: Path, name: str) -> dict[str, Any] | None:
+    """The JSON object of tokenizer file ``name`` (tokenizer_config.json,
+    special_tokens_map.json) in ``folder``, None when it has none; read like every folder file
+    (tfgraph.hf.files.beside: only from within the folder, a link leading out refused),
+    size-limited, one error line when it is not UTF-8 JSON holding an object. Its numbers are
+    not read (transformers writes model_max_length as 1000000000000000019884624838656, 31
+    digits): only strings and booleans are."""
+    from tfgraph.hf.files import beside
+
+    path = beside(folder, name, "tokenizer file")
+    if path is None:
+        return None
+    if path.stat().st_size > MAX_BYTES:
+        raise TfgraphError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a tokenizer file")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"), parse_int=lambda _: 0)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise TfgraphError(f"{path}: not UTF-8 JSON: {str(err).splitlines()[0][:120]}") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit
+        raise TfgraphError(f"{path}: JSON nested too deeply; not a tokenizer file") from None
+    except OSError as err:
+        raise TfgraphError(f"{path}: cannot read: {err.strerror or err}") from None
+    if not isinstance(data, dict):
+        raise TfgraphError(f"{path}: not a JSON object")
+    return data
+
+
 def cleans_up_spaces(tokenizer_json: Path, tokenizer: Tokenizer) -> bool:
     """Whether transformers' decode of this tokenizer cleans up tokenization spaces: its
     ``tokenizer_config.json`` (beside ``tokenizer.json``) sets ``clean_up_tokenization_spaces``
     and the model is not BPE, where transformers 5 ignores it unless
     ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is set too
     (``TokenizersBackend._decode``)."""
-    folder = tokenizer_json.parent
-    name = "tokenizer_config.json"
-    if not (folder / name).is_file():
-        return False
-    path = inside(folder, name, "tokenizer file")
-    if path.stat().st_size > MAX_BYTES:
-        raise TfgraphError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a tokenizer file")
-    try:
-        # only two booleans are read: its numbers are not (transformers writes
-        # model_max_length as 1000000000000000019884624838656, 31 digits)
-        config = json.loads(path.read_bytes().decode("utf-8"), parse_int=lambda _: 0)
-    except (UnicodeDecodeError, ValueError) as err:
-        raise TfgraphError(f"{path}: not UTF-8 JSON: {str(err).splitlines()[0][:120]}") from None
-    except RecursionError:  # arrays or objects nested past Python's recursion limit
-        raise TfgraphError(f"{path}: JSON nested too deeply; not a tokenizer file") from None
-    if not isinstance(config, dict):
-        raise TfgraphError(f"{path}: not a JSON object")
-    if config.get("clean_up_tokenization_spaces") is not True:
+    config = side_json(tokenizer_json.parent, "tokenizer_config.json")
+    if config is None or config.get("clean_up_tokenization_spaces") is not True:
         return False
     forced = config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_"
                         "output") is True
@@ -214,10 +225,14 @@ def cleans_up_spaces(tokenizer_json: Path, tokenizer: Tokenizer) -> bool:
 
 
 def decode_text(tokenizer: Tokenizer, ids: list[int], clean_up: bool,
-                skip_special: bool = True) -> str:
+                skip_special: bool = True, special: frozenset[int] = frozenset()) -> str:
     """``ids`` as text, as transformers' ``tokenizer.decode(ids, skip_special_tokens=...)``
-    gives it (special tokens skipped by default, as its text-generation pipeline does;
-    ``clean_up``: :func:`cleans_up_spaces`)."""
+    gives it (special tokens skipped by default, as its text-generation pipeline does: those
+    tokenizer.json marks special and ``special``, the ids the folder's other tokenizer files
+    name (tfgraph.hf.special_tokens), which transformers registers as special; ``clean_up``:
+    :func:`cleans_up_spaces`)."""
+    if skip_special and special:
+        ids = [token for token in ids if token not in special]
     text: str = tokenizer.decode(ids, skip_special_tokens=skip_special)
     if clean_up:
         for old, new in _CLEAN_UP:
