@@ -117,9 +117,8 @@ def write_hf_folder(graph: Graph, out_dir: Path, config: Mapping[str, Any], name
             values = _hf_values(order, ((p.name, v) for p, v in stream), buffers)
             write_safetensors(stage / "model.safetensors", entries, values, {"format": "pt"},
                               progress)
-            for extra in extra_files:  # the source folder's generation config with the
-                # exported config's token ids where it has none (tfgraph.hf.tokenizer)
-                (stage / extra.name).write_bytes(side_file_bytes(extra, config))
+            for extra in extra_files:  # as the source folder has them (tfgraph.hf.tokenizer)
+                (stage / extra.name).write_bytes(side_file_bytes(extra))
             generation = _generation_config(config)
             if generation and not any(e.name == "generation_config.json" for e in extra_files):
                 (stage / "generation_config.json").write_text(

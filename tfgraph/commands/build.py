@@ -54,7 +54,7 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
 
     check_output(out)
     for extra in opts["extra_files"] or ():  # refuse a foreign file of that name before work
-        check_side_file(out.parent / extra.name, side_file_bytes(extra, _token_config(opts)))
+        check_side_file(out.parent / extra.name, side_file_bytes(extra))
     # The model, its weights file and its side files are published together, or none is.
     with publish_together():
         with _progress(graph, f"writing {out.name}") as advance:
@@ -64,7 +64,7 @@ def _write_onnx(graph: Graph, out: Path, opts: dict[str, Any]) -> Path:
         if opts["extra_files"]:  # next to the model, where onnxruntime-genai looks for them
             from tfgraph.hf.tokenizer import copy_files
 
-            copy_files(opts["extra_files"], written.parent, _token_config(opts))
+            copy_files(opts["extra_files"], written.parent)
         _write_spec_generation_config(opts, written.parent)
         if opts["genai_config"]:  # a decoder's KV-cache model: onnxruntime-genai can
             # drive it
@@ -106,10 +106,6 @@ def _write_seq2seq_cache(source: Any, graph: Graph, values: Any, out: Path, seed
     """An encoder-decoder's two KV-cache models in folder ``out`` (optimum's file names):
     ``encoder_model.onnx`` (the source encoded once, with every decoder layer's cross-attention
     keys/values) and ``decoder_model.onnx``, plus the source folder's tokenizer files."""
-    from tfgraph.compiler import compile as compile_spec
-    from tfgraph.exporters.onnx.model import write_onnx
-    from tfgraph.graph.weights import WeightSubset
-
     if out.exists() and not out.is_dir():
         raise TfgraphError(f"{out}: an encoder-decoder's KV-cache model is two files; -o names "
                            "a folder")
@@ -148,7 +144,7 @@ def _write_two_models(source: Any, values: Any, out: Path, seed: int | None,
     if source.tokenizer:
         from tfgraph.hf.tokenizer import copy_files
 
-        copy_files(source.tokenizer, out, _token_config({"spec": source.spec}))
+        copy_files(source.tokenizer, out)
     _write_spec_generation_config({"spec": source.spec, "extra_files": source.tokenizer}, out)
 
 

@@ -12,12 +12,11 @@ object before either is copied anywhere.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfgraph.errors import TfgraphError
-from tfgraph.hf.files import GENERATION_CONFIG, TOKEN_KEYS, inside
+from tfgraph.hf.files import GENERATION_CONFIG, inside
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -62,25 +61,11 @@ def _read_generation_config(path: Path) -> dict[str, Any]:
     return read_json(path, MAX_GENERATION_BYTES, "generation_config.json")
 
 
-def generation_config_bytes(path: Path, token_ids: Mapping[str, Any] | None) -> bytes:
-    """The bytes of ``path`` (a folder's generation_config.json) to write beside an exported
-    model: its own, unchanged, unless it lacks a token id the exported config has
-    (``token_ids``: config.json's names); then its settings with those ids added. Ids it
-    sets itself stay (a list of eos ids is the generation config's to give)."""
-    data = path.read_bytes()
-    settings = _read_generation_config(path)
-    missing = {k: v for k, v in (token_ids or {}).items()
-               if k in TOKEN_KEYS and v is not None and settings.get(k) is None}
-    if not missing:
-        return data
-    return (json.dumps(settings | missing, indent=2) + "\n").encode("utf-8")
-
-
-def side_file_bytes(path: Path, token_ids: Mapping[str, Any] | None) -> bytes:
-    """What a copy of tokenizer file ``path`` holds (:func:`generation_config_bytes` for the
-    generation config, the file's bytes for the others)."""
-    if path.name == GENERATION_CONFIG:
-        return generation_config_bytes(path, token_ids)
+def side_file_bytes(path: Path) -> bytes:
+    """What a copy of tokenizer file ``path`` holds: its bytes, unchanged. A generation
+    config keeps even the token ids it lacks unset: transformers (and ``tfgraph generate``)
+    read a folder's generation_config.json as it is, without filling ids in from
+    config.json, so an id added here would make the copy stop where the source does not."""
     return path.read_bytes()
 
 
@@ -101,13 +86,11 @@ def load_tokenizer(path: Path) -> Tokenizer:
                            f"{detail}") from None
 
 
-def copy_files(files: list[Path], folder: Path,
-               token_ids: Mapping[str, Any] | None = None) -> list[Path]:
-    """Copy ``files`` into ``folder`` atomically, each replacing any file of that name
-    (a generation config gets ``token_ids`` it lacks: :func:`generation_config_bytes`)."""
+def copy_files(files: list[Path], folder: Path) -> list[Path]:
+    """Copy ``files`` into ``folder`` atomically, each replacing any file of that name."""
     from tfgraph.io import atomic_path, check_side_file
 
-    pending = [(folder / source.name, side_file_bytes(source, token_ids)) for source in files]
+    pending = [(folder / source.name, side_file_bytes(source)) for source in files]
     # Every name is checked before any is written: a file of that name that tfgraph did not
     # write (other content) is refused, never replaced (tfgraph.io.check_side_file).
     needed = [(target, data) for target, data in pending if check_side_file(target, data)]
