@@ -219,7 +219,8 @@ ASSUMPTIONS: dict[str, str] = {
                 "the 1/d shard under 2-3) all-reduced among the stages holding it once a "
                 "step, in comm_bytes.pp, after the backward and the data-parallel reduction "
                 "(Megatron-LM's finalize_model_grads, embedding group), exposed "
-                "(embedding_exposed), inside a node when the whole pipeline is",
+                "(embedding_exposed), inside a node when the whole pipeline is, else over "
+                "the NICs",
     "grad_accumulation": "memory-bound; ZeRO 0-1: each micro-batch's 16-bit weight "
                          "gradients added into the full gradient buffer (read both, write "
                          "the buffer): m times into Megatron-LM's zeroed fp32 main_grad "
