@@ -268,8 +268,7 @@ def main() -> None:
         achieved = run.achieved
         pred = achieved * ratio
         parts = result["step"]["time_parts"]
-        shown = ", ".join(f"{k} {v:.2f}" for k, v in parts.items()
-                          if k != "slowest_stage" and v > 0.005 * mine)
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in parts.items() if v > 0.005 * mine)
         layout_text = (f"t{lay['tp']} p{lay['pp']} d{lay['dp']} v{lay['vpp']} "
                        f"mb{lay['micro_batch']} m{lay['microbatches']}")
         fmt = "{:.1f}" if unit == "TFLOP/s" else "{:.3f}"

@@ -62,7 +62,8 @@ def test_json_has_the_design_keys_and_equals_the_planner():
     assert data["layout"] == {"tp": 2, "pp": 2, "dp": 2, "ep": 1, "zero": 1, "sp": True,
                               "recompute": "selective", "micro_batch": 2, "global_batch": 16,
                               "seq": 32, "dtype": "bfloat16", "states": "mixed",
-                              "grad_reduce": "overlap", "gpus": 8, "microbatches": 4, "vpp": 1, "stage_layers": None}
+                              "grad_reduce": "overlap", "gpus": 8, "microbatches": 4, "vpp": 1, "stage_layers": None,
+                              "tgt_seq": None}
     assert step["bubble"] == pytest.approx((2 - 1) / 4)
     graph = tfgraph.compile(load_spec(DECODER).model_copy(update={"dtype": "bfloat16"}),
                             loss=True)
@@ -218,6 +219,11 @@ def test_search_when_nothing_fits_is_one_line():
 def test_gpu_names(name):
     data = plan_json(DECODER, "--gpus", 1, "--gpu", name.upper())
     assert data["gpu"] == name and data["per_rank"]["gpu_memory"] == GPUS[name].memory
+    # the link inside a node is the GPU's own (gpus.py), not NVLink on a PCIe or AMD part
+    link = {"l40s": "PCIe 4.0 x16", "mi300x": "Infinity Fabric"}.get(name, "NVLink")
+    stated = data["assumptions"]["gpu"]
+    assert f"{link}" in stated and f"{GPUS[name].intra_node / 1e9:g} GB/s inside" in stated
+    assert ("NVLink" in stated) == (link == "NVLink")
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -488,6 +494,26 @@ def test_interleaving_refused_for_encoder_decoder_models():
                        "--top", 1000)
     assert ranked and all(r["layout"]["vpp"] == 1 for r in ranked)
     assert any(r["layout"]["pp"] > 1 for r in ranked)
+
+
+def test_tgt_seq_sets_an_encoder_decoders_target_length_only():
+    """``--tgt-seq`` (``report``'s name) is the target length of an encoder-decoder, default
+    --seq; a decoder-only model is refused in one line; --help says so."""
+    t5 = SPECS / "tiny-t5.yaml"
+    short = plan_json(t5, "--gpus", 2, "--pp", 2, "--seq", 32, "--tgt-seq", 8)
+    plain = plan_json(t5, "--gpus", 2, "--pp", 2, "--seq", 32)
+    assert short["layout"]["tgt_seq"] == 8 and plain["layout"]["tgt_seq"] is None
+    # the encoder's stage is the same, the decoder's keeps a quarter of the target rows
+    assert short["stages"][0] == plain["stages"][0]
+    assert short["stages"][1]["activations"] < plain["stages"][1]["activations"]
+    assert short["step"]["flops"] < plain["step"]["flops"]
+    for args in ((DECODER, "--gpus", 1, "--tgt-seq", 8),
+                 (DECODER, "--gpus", 2, "--search", "--tgt-seq", 8),
+                 (t5, "--gpus", 1, "--tgt-seq", 0)):
+        bad = cli(*args)
+        assert bad.exit_code == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "one sequence" in cli(DECODER, "--gpus", 1, "--tgt-seq", 8).stderr
+    assert "--tgt-seq" in " ".join(cli("--help").stdout.split())
 
 
 def test_bfloat16_refused_on_a_gpu_without_it():

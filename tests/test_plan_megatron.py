@@ -212,6 +212,39 @@ def test_single_rank_activations_equal_the_training_walk(name: str) -> None:
     assert result["per_rank"]["memory"]["activations"] == walk
 
 
+@pytest.mark.parametrize("name", ["tiny-t5", "tiny-bart"])
+def test_encoder_decoder_target_length_is_its_own(name: str) -> None:
+    """An encoder-decoder's target length is ``tgt_seq`` (default ``seq``), not silently the
+    source length: the activations are the training walk's at S = 16, T = 8, the FLOPs
+    report's train_step at the same lengths, and the plan says which length is which."""
+    from tfgraph.graph.ir import SYMBOLS
+    from tfgraph.passes.train_walk import saved_by_layer
+
+    g = tfgraph.compile(tfgraph.load_spec(f"specs/{name}.yaml"), loss=True)
+    result = plan(g, Layout(seq=16, tgt_seq=8, micro_batch=3, global_batch=3), gpu("h100"))
+    sizes = {SYMBOLS["B"]: 3, SYMBOLS["S"]: 16, SYMBOLS["T"]: 8}
+    walk = sum(int(e.xreplace(sizes)) for e in saved_by_layer(g, "none").values())
+    assert result["per_rank"]["memory"]["activations"] == walk
+    assert result["step"]["flops"] == g.report(batch=3, seq=16, tgt_seq=8)["flops"][
+        "train_step"]
+    assert result["layout"]["tgt_seq"] == 8 and result["formula_symbols"]["T"]["value"] == 8
+    same = plan(g, Layout(seq=16, micro_batch=3, global_batch=3), gpu("h100"))
+    given = plan(g, Layout(seq=16, tgt_seq=16, micro_batch=3, global_batch=3), gpu("h100"))
+    assert same["step"] == given["step"] and same["per_rank"] == given["per_rank"]
+    assert result["step"]["time_s"] < same["step"]["time_s"]
+    assert "--tgt-seq" in result["assumptions"]["encoder_decoder"]
+    assert "global batch x --seq" in result["assumptions"]["tokens"]
+
+
+def test_tgt_seq_is_refused_for_one_sequence_models() -> None:
+    from tfgraph.errors import TfgraphError
+
+    g = tfgraph.compile(tfgraph.load_spec("specs/tiny-decoder.yaml"), loss=True)
+    with pytest.raises(TfgraphError, match="--tgt-seq: .*one sequence"):
+        plan(g, Layout(seq=16, tgt_seq=8), gpu("h100"))
+    assert "encoder_decoder" not in plan(g, Layout(seq=16), gpu("h100"))["assumptions"]
+
+
 def test_first_stage_holds_megatrons_18_bytes_per_parameter(graph) -> None:
     """GPT-3 175B at tp 8 / pp 8 under Megatron's convention (--states megatron): the first
     stage holds its 12 layers' 1/t share, the tied token table split by vocabulary (V h / t

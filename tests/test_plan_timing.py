@@ -20,7 +20,7 @@ from tfgraph.parallel import timing
 from tfgraph.parallel.gpus import gpu
 from tfgraph.parallel.layout import Layout, balanced_stages, in_flight
 from tfgraph.parallel.memory import States
-from tfgraph.parallel.planner import plan
+from tfgraph.parallel.planner import plan, staged
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODER = ROOT / "specs" / "tiny-decoder.yaml"
@@ -182,6 +182,36 @@ def test_balanced_stages_and_in_flight() -> None:
     assert in_flight(v2, 0) == pytest.approx((3 * 2 + 4 + 1) / 2)
 
 
+def _megatron_peak(p: int, rank: int, m: int, v: int) -> int:
+    """Chunk forwards alive at once on ``rank`` in Megatron-LM's pipeline schedules: warm-up
+    forwards (1F1B: p - rank - 1; interleaved: (p - rank - 1) 2 + (v - 1) p, capped at the
+    m v there are), then one forward and one backward per step, the backward freeing one."""
+    total = m * v
+    warmup = p - rank - 1 if v == 1 else (p - rank - 1) * 2 + (v - 1) * p
+    warmup = min(warmup, total)
+    alive = peak = 0
+    for _ in range(warmup):
+        alive += 1
+        peak = max(peak, alive)
+    for _ in range(total - warmup):
+        alive += 1
+        peak = max(peak, alive)
+        alive -= 1
+    return peak
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 1, 16), (4, 1, 2), (4, 2, 16), (4, 2, 4), (8, 4, 8),
+                                   (2, 3, 6)])
+def test_in_flight_is_megatron_schedules_peak_and_is_stated(p: int, v: int, m: int) -> None:
+    layout = Layout(pp=p, vpp=v, global_batch=m)
+    for stage in range(p):
+        assert in_flight(layout, stage) == pytest.approx(_megatron_peak(p, stage, m, v) / v)
+    # the plan states the rule its activations follow, interleaved too (not 1F1B's alone)
+    memory = timing.assumptions(layout)["memory"]
+    assert "min(p - i, m)" in memory and "layout.in_flight" in memory
+    assert "min(((p - i - 1) x 2 + (v - 1) x p + 1) / v, m)" in memory
+
+
 # ---- through the planner ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -194,9 +224,11 @@ def gpt() -> tfgraph.compiler.CompiledGraph:
 def test_plan_time_parts_add_up_and_assumptions_are_stated(gpt) -> None:
     result = plan(gpt, Layout(tp=8, pp=4, dp=4, global_batch=64, seq=2048), H100)
     step = result["step"]
-    parts = dict(step["time_parts"])
-    parts.pop("slowest_stage")
+    parts = step["time_parts"]
+    # every part is seconds and they add up to the time (README); the slowest stage, an
+    # index, is step.slowest_stage
     assert sum(parts.values()) == pytest.approx(step["time_s"])
+    assert "slowest_stage" not in parts and step["slowest_stage"] in range(4)
     assert step["bubble"] == pytest.approx(3 / 16)
     assert parts["bubble"] > 0 and parts["tp_exposed"] > 0 and parts["pp_exposed"] > 0
     assert set(result["assumptions"]) == {"gpu", *timing.ASSUMPTIONS}
@@ -225,11 +257,46 @@ def test_plan_time_parts_add_up_and_assumptions_are_stated(gpt) -> None:
     assert step["mfu"] == pytest.approx(step["flops"] / (128 * H100.peak_flops * step["time_s"]))
 
 
+def test_a_table_tied_across_stages_is_all_reduced_after_the_backward() -> None:
+    """GPT-2's token table is read by the embedding (first stage) and the head (last): under
+    --pp both hold it and Megatron-LM all-reduces its gradient between them once a step, after
+    the backward (finalize_model_grads, embedding group). Counted in comm_bytes.pp (a ring
+    over 2 sends n bytes), timed as one all-reduce over NVLink, exposed, stated."""
+    spec = tfgraph.load_spec(ROOT / "specs" / "gpt2.yaml").model_copy(update={"layers": 2})
+    untied_spec = spec.model_copy(update={"embedding": spec.embedding.model_copy(
+        update={"tie_output": False})})
+    tied, untied = (tfgraph.compile(s.model_copy(update={"dtype": "bfloat16"}), loss=True)
+                    for s in (spec, untied_spec))
+    table = 50257 * 768
+    layout = Layout(pp=2, global_batch=4, seq=128)
+    got, plain = plan(tied, layout, H100)["step"], plan(untied, layout, H100)["step"]
+    # 16-bit gradients (--states mixed) of the whole table, whole under ZeRO 0
+    assert got["comm_bytes"]["pp"] == plain["comm_bytes"]["pp"] + 2 * table
+    seconds = 2 * table / (H100.intra_node * timing.LINK_EFFICIENCY) + 2 * timing.NVLINK_LATENCY
+    assert got["time_parts"]["embedding_exposed"] == pytest.approx(seconds)
+    assert plain["time_parts"]["embedding_exposed"] == 0
+    assert sum(got["time_parts"].values()) == pytest.approx(got["time_s"])
+    # ZeRO 2 keeps the rank's 1/d shard of it (and of the rest): that shard is reduced
+    zero2 = plan(tied, replace(layout, dp=2, zero=2), H100)["step"]
+    plain2 = plan(untied, replace(layout, dp=2, zero=2), H100)["step"]
+    shard = math.ceil(50257 / 2) * 768  # torch.chunk's first (largest) piece of the rows
+    assert zero2["comm_bytes"]["pp"] - plain2["comm_bytes"]["pp"] == 2 * shard
+    # no pipeline, nothing to all-reduce; the rule is stated
+    assert plan(tied, Layout(global_batch=4, seq=128), H100)["step"]["time_parts"][
+        "embedding_exposed"] == 0
+    assert "finalize_model_grads" in timing.ASSUMPTIONS["pipeline"]
+    assert "embedding_exposed" in timing.ASSUMPTIONS["pipeline"]
+
+
 def test_interleaving_shrinks_the_bubble_and_sends_more(gpt) -> None:
     one = plan(gpt, Layout(tp=8, pp=4, dp=1, global_batch=16, seq=2048), H100)
     two = plan(gpt, Layout(tp=8, pp=4, dp=1, vpp=2, global_batch=16, seq=2048), H100)
     assert two["step"]["bubble"] == pytest.approx(one["step"]["bubble"] / 2)
-    assert two["step"]["comm_bytes"]["pp"] == 2 * one["step"]["comm_bytes"]["pp"]
+    # twice the boundary crossings; the tied table's all-reduce (GPT-3 ties it) once a step
+    layout = Layout(tp=8, pp=4, dp=1, global_batch=16, seq=2048)
+    tied = sum(b for _, b in staged(gpt, layout).figures[0].tied)
+    assert tied > 0
+    assert two["step"]["comm_bytes"]["pp"] - tied == 2 * (one["step"]["comm_bytes"]["pp"] - tied)
     assert two["step"]["time_parts"]["pp_exposed"] == pytest.approx(
         2 * one["step"]["time_parts"]["pp_exposed"])
     # Megatron-LM's interleaved warm-up keeps more micro-batches in flight on stage 0
@@ -288,7 +355,8 @@ def test_unequal_stages_given_and_balanced(tmp_path: Path) -> None:
     assert [s["layers"] for s in given["stages"]] == [4, 1]
     # the heavier first stage holds more and sets the pace
     assert given["stages"][0]["weights"] > balanced["stages"][0]["weights"]
-    assert given["step"]["time_parts"]["slowest_stage"] == 0
+    assert given["step"]["slowest_stage"] == 0
+    assert sum(given["step"]["time_parts"].values()) == pytest.approx(given["step"]["time_s"])
     assert given["step"]["time_s"] > balanced["step"]["time_s"]
 
 

@@ -13,7 +13,8 @@ counts when only those are given; stages balanced by ``layout.balanced_stages`` 
 ``--dp`` GPUs / (tp x pp), ``--zero`` 0, ``--recompute``
 none, ``--micro-batch`` 1, ``--global-batch`` dp x micro-batch (with ``--search``: the GPU
 count, one sequence per GPU), ``--seq`` the spec's ``max_len`` (the context it is trained at)
-or 2048 for a spec without one (relative or rotary positions with no table), ``--gpu`` h100.
+or 2048 for a spec without one (relative or rotary positions with no table), ``--tgt-seq`` (an
+encoder-decoder's target length; refused for other models) ``--seq``, ``--gpu`` h100.
 Every bad value is one line on stderr and exit status 2.
 """
 
@@ -87,7 +88,10 @@ def _count(option: str, text: str | None, minimum: int = 1, maximum: int | None 
 @click.option("--global-batch", "global_text", metavar="G",
               help="Sequences per step (default dp x micro-batch; with --search the GPU count).")
 @click.option("--seq", "seq_text", metavar="S",
-              help="Sequence length (default the spec's max_len, else 2048).")
+              help="Sequence length, an encoder-decoder's source length (default the spec's "
+                   "max_len, else 2048).")
+@click.option("--tgt-seq", "tgt_text", metavar="T",
+              help="Target length, encoder-decoder only (default: --seq).")
 @click.option("--dtype", "dtype_given", type=click.Choice(["bfloat16", "float16", "float32"]),
               default=None,
               help="Training precision: 16-bit mixed precision (fp32 master weights and Adam "
@@ -121,7 +125,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
          stage_text: str | None, dp_text: str | None, ep_text: str | None,
          zero_text: str | None, sp: bool | None, recompute: str | None,
          micro_text: str | None, global_text: str | None, seq_text: str | None,
-         dtype_given: str | None,
+         tgt_text: str | None, dtype_given: str | None,
          states: str, grad_reduce: GradReduce, attention: str, kernels: str, do_search: bool,
          top_text: str | None, as_json: bool) -> None:
     """Plan training SPEC|DIR on --gpus GPUs: per-rank memory, step FLOPs, communication,
@@ -140,7 +144,11 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     dtype = dtype_given or ("bfloat16" if device.bfloat16 else "float16")
     check_dtype(device, dtype)
     seq = _count("--seq", seq_text, maximum=MAX_LENGTH) or spec.max_len or DEFAULT_SEQ
-    check_lengths(spec, ("--seq", seq))  # README, "Lengths beyond max_len"
+    tgt_seq = _count("--tgt-seq", tgt_text, maximum=MAX_LENGTH)
+    if tgt_seq is not None and spec.arch != "encoder-decoder":
+        raise TfgraphError(f"--tgt-seq: {spec.name} is {spec.arch} with one sequence; use --seq")
+    # README, "Lengths beyond max_len"
+    check_lengths(spec, ("--seq", seq), ("--tgt-seq", tgt_seq))
     global_batch = _count("--global-batch", global_text)
     given = {"--tp": tp_text, "--pp": pp_text, "--vpp": vpp_text, "--stage-layers": stage_text,
              "--dp": dp_text, "--ep": ep_text,
@@ -150,8 +158,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
         fixed = [name for name in _LAYOUT_OPTIONS if given[name] is not None]
         if fixed:
             raise TfgraphError(f"--search chooses {', '.join(fixed)} itself; give only --gpus, "
-                               "--gpu/--gpu-memory, --global-batch, --seq, --dtype, --states, "
-                               "--grad-reduce, --attention, --kernels")
+                               "--gpu/--gpu-memory, --global-batch, --seq, --tgt-seq, --dtype, "
+                               "--states, --grad-reduce, --attention, --kernels")
         top = _count("--top", top_text, maximum=MAX_TOP) or DEFAULT_TOP
     elif top_text is not None:
         raise TfgraphError("--top: only with --search")
@@ -167,8 +175,8 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     if do_search:
         from tfgraph.parallel.search import search
 
-        base = Layout(global_batch=global_batch or gpus, seq=seq, dtype=dtype, states=states,
-                      grad_reduce=grad_reduce)
+        base = Layout(global_batch=global_batch or gpus, seq=seq, tgt_seq=tgt_seq, dtype=dtype,
+                      states=states, grad_reduce=grad_reduce)
         try:
             found = search(graph, gpus, base, device, attention, top,
                            kernels=source_of_kernels)
@@ -189,7 +197,7 @@ def plan(source: str, gpus_text: str, gpu_name: str | None, gpu_memory: str | No
     from tfgraph.parallel.planner import plan as plan_layout
 
     layout = replace(_layout(gpus, given, global_batch, seq, dtype, states),
-                     grad_reduce=grad_reduce)
+                     grad_reduce=grad_reduce, tgt_seq=tgt_seq)
     result: dict[str, Any] = {"name": spec.name, **plan_layout(
         graph, layout, device, attention, kernels=source_of_kernels)}
     if as_json:

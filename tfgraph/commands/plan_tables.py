@@ -59,7 +59,8 @@ def layout_line(layout: dict[str, Any]) -> str:
     parts.append(f"recompute {layout['recompute']}")
     parts.append(f"micro-batch {layout['micro_batch']} x {layout['microbatches']} per step, "
                  f"global batch {layout['global_batch']}, seq {layout['seq']}, "
-                 f"{layout['dtype']}")
+                 + (f"tgt_seq {layout['tgt_seq']}, " if layout.get("tgt_seq") else "")
+                 + f"{layout['dtype']}")
     return ", ".join(parts)
 
 
@@ -118,9 +119,11 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
                       ("tp_exposed", "tensor parallel, exposed"),
                       ("ep_exposed", "expert all-to-all, exposed"),
                       ("pp_exposed", "pipeline sends, exposed"), ("bubble", "pipeline bubble"),
-                      ("dp_exposed", "data parallel, exposed"), ("optimizer", "optimizer step")):
-        if key == "fsdp_copies" and not parts[key]:
-            continue  # only --zero 3 --kernels eager has them
+                      ("dp_exposed", "data parallel, exposed"),
+                      ("embedding_exposed", "tied table all-reduce, exposed"),
+                      ("optimizer", "optimizer step")):
+        if key in ("fsdp_copies", "embedding_exposed") and not parts[key]:
+            continue  # only --zero 3 --kernels eager, a table tied across stages have them
         figures.add_row(f"time: {what}", f"{parts[key]:.3f} s")
     figures.add_row("time", f"{step['time_s']:.3f} s")
     figures.add_row("MFU", f"{step['mfu']:.1%}")
@@ -148,7 +151,9 @@ def render_search(results: list[dict[str, Any]], spec: Spec, gpu: Gpu,
     first = results[0]["layout"]
     console.print(f"[bold]{plain(describe(spec))}[/bold]")
     console.print(f"{first['gpus']} x {gpu.name} ({_gb(gpu.memory)}), global batch "
-                  f"{first['global_batch']}, seq {first['seq']}, {first['dtype']}, attention "
+                  f"{first['global_batch']}, seq {first['seq']}, "
+                  + (f"tgt_seq {first['tgt_seq']}, " if first.get("tgt_seq") else "")
+                  + f"{first['dtype']}, attention "
                   f"{results[0]['attention']}, kernels {results[0]['kernels']}")
     table = Table(title=f"The {len(results)} fastest layouts that fit", title_justify="left")
     for col in ("tp", "pp", "vpp", "dp", "ep", "zero", "sp", "recompute", "micro-batch",

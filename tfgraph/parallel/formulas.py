@@ -2,7 +2,7 @@
 activations and tensor-parallel bytes of a step as sympy expressions, like ``report``'s.
 
 Built from the same per-unit expressions the planner evaluates (``tfgraph.parallel.units``, in
-B and S: an encoder-decoder's target length T is the planned ``--seq`` too), for one pipeline
+B and S, and an encoder-decoder's target length T: ``--tgt-seq``, default ``--seq``), for one pipeline
 stage, identical units folded (``planner.stage_members``: a count times one unit's expression):
 - ``per_rank.memory.activations`` (the most loaded stage):
   ``m * sum(count * (split / t + whole / w + replicated))`` with w = t under sequence
@@ -16,8 +16,8 @@ stage, identical units folded (``planner.stage_members``: a count times one unit
   ``tp_forward`` once more (its rerun forward's all-reduces).
 
 Symbols: B micro-batch, S sequence, t tensor-parallel ranks, m micro-batches the stage keeps in
-flight under 1F1B (min(p - stage, micro-batches per step): the first stage keeps p, Narayanan
-et al. 2021 §2.2), n micro-batches per data-parallel rank per step (``layout.microbatches``).
+flight (``layout.in_flight``; under 1F1B min(p - stage, micro-batches per step): the first stage
+keeps p, Narayanan et al. 2021 §2.2; interleaved, Megatron-LM's warm-up), n micro-batches per data-parallel rank per step (``layout.microbatches``).
 
 Rounding: the planner gives whole bytes per rank, ceil(split / t) and ceil(whole / w) per unit
 (inputs under full recompute: floor), and sums ring bytes as floats truncated at the end; the
@@ -59,6 +59,7 @@ TP, IN_FLIGHT, MICROBATCHES = _sym("t"), _sym("m"), _sym("n")
 MEANING: dict[str, str] = {
     "B": "micro-batch (sequences)",
     "S": "sequence length (--seq)",
+    "T": "target length of an encoder-decoder (--tgt-seq, default --seq)",
     "t": "tensor-parallel ranks (--tp)",
     "m": "micro-batches the stage keeps in flight (1F1B: min(pp - stage, n); interleaved: "
          "Megatron-LM's warm-up, layout.in_flight)",
@@ -70,8 +71,8 @@ ROUNDING = ("the planner rounds each unit's bytes per rank to whole bytes (ceil(
 
 
 def _in_bs(expr: sympy.Expr) -> sympy.Expr:
-    """A unit expression in B, S only (the planner evaluates T at the same length as S)."""
-    return sympy.sympify(expr).xreplace({SYMBOLS["T"]: S})
+    """A unit expression in B, S (and an encoder-decoder's target length T)."""
+    return sympy.sympify(expr)
 
 
 def _kept(unit: Unit, attention: str, recompute: str, whole_div: sympy.Expr) -> sympy.Expr:
@@ -115,21 +116,23 @@ def plan_formulas(graph: Graph, layout: Layout, attention: str,
     symbol's value in this layout and its meaning). ``folded`` is ``stage_members(graph,
     layout.pp)``; ``stage`` the most loaded stage, ``tp_stage`` the one sending most over
     tensor-parallel links (both given by the planner)."""
-    table: dict[tuple[Any, ...], tuple[str, str]] = graph.memo("parallel_formulas", dict)
+    table: dict[tuple[Any, ...], tuple[str, str, bool]] = graph.memo("parallel_formulas", dict)
     key = (layout.pp, layout.stage_layers, stage, tp_stage, attention, layout.recompute,
            layout.sp)
     if key not in table:
-        table[key] = (
-            str(activations_formula(graph, folded[stage], attention, layout.recompute,
-                                    layout.sp)),
-            str(tp_comm_formula(graph, folded[tp_stage], layout.recompute)))
-    activations, tp = table[key]
-    values = {"B": layout.micro_batch, "S": layout.seq, "t": layout.tp,
+        exprs = (activations_formula(graph, folded[stage], attention, layout.recompute,
+                                     layout.sp),
+                 tp_comm_formula(graph, folded[tp_stage], layout.recompute))
+        has_target = any(SYMBOLS["T"] in e.free_symbols for e in exprs)
+        table[key] = (str(exprs[0]), str(exprs[1]), has_target)
+    activations, tp, has_target = table[key]
+    values = {"B": layout.micro_batch, "S": layout.seq, "T": layout.target, "t": layout.tp,
               "m": in_flight(layout, stage), "n": layout.microbatches}
     return {
         "formulas": {"per_rank.memory.activations": activations, "step.comm_bytes.tp": tp},
         "formula_symbols": {
-            name: {"value": values[name], "meaning": MEANING[name]} for name in MEANING},
+            name: {"value": values[name], "meaning": MEANING[name]} for name in MEANING
+            if name != "T" or has_target},
         "formula_notes": {
             "per_rank.memory.activations": f"stage {stage}; {ROUNDING}",
             "step.comm_bytes.tp": f"stage {tp_stage}; the planner truncates the step's total "

@@ -51,10 +51,13 @@ class Gpu:
     bandwidth: float
     """Device memory bandwidth, bytes/s."""
     intra_node: float
-    """GPU-to-GPU bandwidth inside a node (NVLink), bytes/s per direction."""
+    """GPU-to-GPU bandwidth inside a node (over ``link``), bytes/s per direction."""
     inter_node: float
     """Bandwidth per GPU between nodes (InfiniBand / RoCE NIC), bytes/s per direction."""
     per_node: int = 8
+    link: str = "NVLink 4"
+    """The link between the GPUs of a node that ``intra_node`` is the bandwidth of (NVLink,
+    PCIe, AMD Infinity Fabric): named in the plan's ``assumptions.gpu``."""
     sms: int = 132
     """Streaming multiprocessors (AMD: compute units)."""
     matmul_fraction: float = 0.80
@@ -76,9 +79,9 @@ class Gpu:
 GPUS: dict[str, Gpu] = {g.name: g for g in (
     # NVIDIA A100 data sheet (SXM): 312 TFLOPS bf16, 156 TF32, 19.5 fp32; NVLink 3: 600 GB/s
     # total; 108 SMs; one 200 Gb/s HDR NIC per GPU (DGX A100). MAMF 0.87, FA2 0.72.
-    Gpu("a100-40gb", 312e12, 156e12, 40 * GB, 1.555e12, 300e9, 25e9, sms=108,
+    Gpu("a100-40gb", 312e12, 156e12, 40 * GB, 1.555e12, 300e9, 25e9, link="NVLink 3", sms=108,
         matmul_fraction=0.87, attention_fraction=0.72, vector_flops=19.5e12),
-    Gpu("a100-80gb", 312e12, 156e12, 80 * GB, 2.039e12, 300e9, 25e9, sms=108,
+    Gpu("a100-80gb", 312e12, 156e12, 80 * GB, 2.039e12, 300e9, 25e9, link="NVLink 3", sms=108,
         matmul_fraction=0.87, attention_fraction=0.72, vector_flops=19.5e12),
     # NVIDIA H100 SXM: 989 TFLOPS bf16 dense, 495 TF32, 67 fp32; NVLink 4: 900 GB/s total;
     # 132 SMs; 400 Gb/s NIC per GPU. MAMF 0.80, FA2 0.34.
@@ -89,17 +92,20 @@ GPUS: dict[str, Gpu] = {g.name: g for g in (
         flash_measured=True),
     # NVIDIA B200 (HGX): 2.25 PFLOPS bf16 dense, 1.1 TF32, 80 fp32; NVLink 5: 1.8 TB/s total;
     # 148 SMs. No published MAMF / FA2 figure: Hopper's shares assumed.
-    Gpu("b200", 2250e12, 1100e12, 180 * GB, 8e12, 900e9, 50e9, sms=148, vector_flops=80e12),
+    Gpu("b200", 2250e12, 1100e12, 180 * GB, 8e12, 900e9, 50e9, link="NVLink 5", sms=148,
+        vector_flops=80e12),
     # NVIDIA V100 SXM2 32 GB: 125 TFLOPS fp16, 15.7 fp32; NVLink 2: 300 GB/s total; 80 SMs.
     # No FlashAttention-2 kernel for Volta: attention at the GEMM share; MAMF: Ampere's.
-    Gpu("v100-32gb", 125e12, 15.7e12, 32 * GB, 0.9e12, 150e9, 12.5e9, sms=80,
+    Gpu("v100-32gb", 125e12, 15.7e12, 32 * GB, 0.9e12, 150e9, 12.5e9, link="NVLink 2", sms=80,
         matmul_fraction=0.87, attention_fraction=0.5, vector_flops=15.7e12, bfloat16=False),
     # NVIDIA L40S: 362 TFLOPS bf16 dense, 183 TF32, 91.6 fp32; PCIe 4.0 x16 only; 142 SMs.
-    Gpu("l40s", 362e12, 183e12, 48 * GB, 0.864e12, 32e9, 25e9, per_node=8, sms=142,
+    Gpu("l40s", 362e12, 183e12, 48 * GB, 0.864e12, 32e9, 25e9, per_node=8,
+        link="PCIe 4.0 x16", sms=142,
         vector_flops=91.6e12),
     # AMD MI300X: 1307 TFLOPS bf16 dense, 654 TF32, 163.4 fp32; Infinity Fabric 896 GB/s
     # total; 304 compute units. MAMF 0.60; attention assumed at the same share.
-    Gpu("mi300x", 1307e12, 654e12, 192 * GB, 5.3e12, 448e9, 50e9, sms=304,
+    Gpu("mi300x", 1307e12, 654e12, 192 * GB, 5.3e12, 448e9, 50e9,
+        link="Infinity Fabric", sms=304,
         matmul_fraction=0.60, attention_fraction=0.30, vector_flops=163.4e12),
 )}
 DEFAULT_GPU = "h100"

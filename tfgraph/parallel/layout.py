@@ -79,6 +79,10 @@ class Layout:
     micro_batch: int = 1
     global_batch: int = 1
     seq: int = 2048
+    """Sequence length: an encoder-decoder's source length (S)."""
+    tgt_seq: int | None = None
+    """An encoder-decoder's target length (T; None: ``seq``). Only an encoder-decoder takes
+    it: a decoder-only or encoder-only model has one sequence."""
     dtype: str = "bfloat16"
     """Training precision: bfloat16/float16 mixed precision or float32."""
     states: str = "mixed"
@@ -95,6 +99,11 @@ class Layout:
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def target(self) -> int:
+        """The target length T an encoder-decoder is planned at: ``tgt_seq``, else ``seq``."""
+        return self.seq if self.tgt_seq is None else self.tgt_seq
 
     @property
     def microbatches(self) -> int:
@@ -131,7 +140,13 @@ def in_flight(layout: Layout, stage: int) -> float:
     """Micro-batches of its layers a stage keeps for backward at its peak: 1F1B, stage i of p
     keeps min(p - i, m) (Narayanan et al. 2021 §2.2.1); interleaved with v chunks, Megatron-LM's
     warm-up of (p - i - 1) x 2 + (v - 1) x p chunk passes plus the one running, each chunk 1/v
-    of the stage's layers: ((p - i - 1) x 2 + (v - 1) x p + 1) / v, at most m."""
+    of the stage's layers: ((p - i - 1) x 2 + (v - 1) x p + 1) / v, at most m.
+
+    Megatron-LM's ``forward_backward_pipelining_with_interleaving`` runs that many chunk
+    forwards (its ``microbatch_group_size_per_vp_stage`` at its default, p), capped at the m x v
+    it has, then one forward and one backward per step: the warm-up plus one are alive when the
+    first backward frees one. (Older releases ran every forward first when m equals p, every stage
+    then holding m.)"""
     p, m, v = layout.pp, layout.microbatches, layout.vpp
     if v == 1:
         return min(p - stage, m)
@@ -151,11 +166,16 @@ def experts(graph: Graph) -> int:
         default=0))
 
 
+def encoder_decoder(graph: Graph) -> bool:
+    """Whether the graph is an encoder-decoder (two lengths: ``seq`` and ``tgt_seq``)."""
+    return graph.spec is not None and graph.spec.arch == "encoder-decoder"
+
+
 def interleavable(graph: Graph) -> bool:
     """Whether interleaved 1F1B (``--vpp`` > 1) may run the model: not an encoder-decoder,
     which Megatron-LM's interleaved schedule refuses (``ModelType.encoder_and_decoder`` in
     pipeline_parallel/schedules.py, ``forward_backward_pipelining_with_interleaving``)."""
-    return graph.spec is None or graph.spec.arch != "encoder-decoder"
+    return not encoder_decoder(graph)
 
 
 def check(graph: Graph, layout: Layout) -> None:
@@ -181,7 +201,15 @@ def check(graph: Graph, layout: Layout) -> None:
                            "gradients during the backward; use --zero 0, 1 or 2")
     if layout.sp and layout.tp == 1:
         raise TfgraphError("--sp splits what tensor parallelism leaves whole: it needs --tp > 1")
-    check_lengths(graph.spec, ("--seq", layout.seq))  # README, "Lengths beyond max_len"
+    if layout.tgt_seq is not None:
+        value = layout.tgt_seq
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TfgraphError(f"--tgt-seq must be a positive integer, got {value!r}")
+        if not encoder_decoder(graph):
+            arch = "a model with no spec" if graph.spec is None else graph.spec.arch
+            raise TfgraphError(f"--tgt-seq: {arch} has one sequence; use --seq")
+    # README, "Lengths beyond max_len"
+    check_lengths(graph.spec, ("--seq", layout.seq), ("--tgt-seq", layout.tgt_seq))
     units = pipeline_units(graph)
     if layout.pp > max(units, 1):
         raise TfgraphError(f"--pp {layout.pp}: more stages than the {units} layers")
@@ -220,4 +248,6 @@ def check(graph: Graph, layout: Layout) -> None:
                            f"multiple of --pp {layout.pp} (Megatron-LM's interleaved schedule)")
     if layout.sp and layout.seq % layout.tp:
         raise TfgraphError(f"--sp: --tp {layout.tp} does not divide --seq {layout.seq}")
+    if layout.sp and layout.target % layout.tp:
+        raise TfgraphError(f"--sp: --tp {layout.tp} does not divide --tgt-seq {layout.target}")
     check_divisible(graph, layout.tp, layout.ep)

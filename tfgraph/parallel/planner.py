@@ -5,8 +5,9 @@ the layout divides them:
 - weights, gradients, optimizer: ``tfgraph.parallel.memory`` over the parameters of the stage;
 - activations: the bytes each unit keeps for backward (split ones / t, whole ones / t with
   sequence parallelism, replicated ones whole: ``units.Unit.saved``; full recompute keeps a
-  layer's inputs only) times the micro-batches a stage holds in flight under 1F1B: stage i
-  of p keeps min(p - i, m) (Narayanan et al. 2021 §2.2: the first stage keeps p);
+  layer's inputs only) times the micro-batches a stage holds in flight (``layout.in_flight``):
+  under 1F1B stage i of p keeps min(p - i, m) (Narayanan et al. 2021 §2.2: the first stage
+  keeps p); interleaved, Megatron-LM's warm-up plus the chunk running, in stage fractions;
 - temporary: what exists only for a moment at the peak: the logits' gradient at the start of
   backward (last stage), one layer rebuilt by full recompute or (the larger of the two) one
   MoE layer's expert weight gradients, held per expert until they are stacked, in 16-bit,
@@ -25,7 +26,10 @@ the layout divides them:
   its 1/d gradient shard unable to accumulate full gradients (DeepSpeed ZeRO-2, FSDP
   SHARD_GRAD_OP); 3 weights
   gathered in forward and backward and gradients reduce-scattered, every micro-batch); pp the
-  activation and its gradient over each stage boundary; ep the token exchange of every MoE
+  activation and its gradient over each stage boundary, and the gradient of a table tied
+  across stages (the token embedding on the first, the head on the last: Megatron-LM's
+  embedding group) all-reduced among the stages holding it once a step (as the rank keeps it:
+  whole under ZeRO 0-1, its 1/d shard under ZeRO 2-3); ep the token exchange of every MoE
   layer (dispatch and combine, forward and backward, again in full recompute's forward);
 - time: ``tfgraph.parallel.timing`` (each op's time from its FLOPs and bytes at the GPU's
   achievable rates, the collectives from bytes, links and latency, the overlap rules, the 1F1B
@@ -50,8 +54,8 @@ from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu, check_dtype
-from tfgraph.parallel.layout import (Layout, check, experts, in_flight, stage_counts,
-                                     state_bytes)
+from tfgraph.parallel.layout import (Layout, check, encoder_decoder, experts, in_flight,
+                                     stage_counts, state_bytes)
 from tfgraph.parallel.memory import NONE, States, add, expert_elements, states
 from tfgraph.parallel.timing import KernelSource, assumptions, step_time
 from tfgraph.parallel.tp_plan import tp_plan
@@ -95,13 +99,16 @@ def _evaluate(unit: Unit, form: str, sizes: dict[sympy.Symbol, int]) -> UnitNumb
     return UnitNumbers({k: int(sympy.sympify(v).xreplace(sizes)) for k, v in exprs.items()})
 
 
-def unit_numbers(graph: Graph, micro_batch: int, seq: int, form: str
-                 ) -> list[UnitNumbers]:
-    """Every unit evaluated at (micro-batch, seq); identical units evaluated once."""
-    table: dict[tuple[int, int, str], list[UnitNumbers]] = graph.memo("parallel_numbers", dict)
-    key = (micro_batch, seq, form)
+def unit_numbers(graph: Graph, micro_batch: int, seq: int, form: str,
+                 target: int | None = None) -> list[UnitNumbers]:
+    """Every unit evaluated at (micro-batch, seq and an encoder-decoder's ``target`` length,
+    default seq); identical units evaluated once."""
+    tgt = seq if target is None else target
+    table: dict[tuple[int, int, str, int], list[UnitNumbers]] = graph.memo("parallel_numbers",
+                                                                           dict)
+    key = (micro_batch, seq, form, tgt)
     if key not in table:
-        sizes = {SYMBOLS["B"]: micro_batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: seq}
+        sizes = {SYMBOLS["B"]: micro_batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: tgt}
         seen: dict[tuple[Any, ...], UnitNumbers] = {}
         out = []
         for unit in units(graph)[0]:
@@ -192,6 +199,33 @@ def _ring(nbytes: float, ranks: int, reduce: bool) -> float:
     return (2.0 if reduce else 1.0) * nbytes * (ranks - 1) / ranks
 
 
+def tied_across(graph: Graph, counts: tuple[int, ...]) -> list[tuple[tuple[int, tuple[str, ...]],
+                                                                    ...]]:
+    """Per stage, the parameters it shares with other stages (a tied table: the token
+    embedding on the first stage, the output head on the last; an encoder-decoder's decoder
+    embedding too), grouped by how many stages hold them: ((stages, parameters), ...)
+    (memoised per layer counts)."""
+    table: dict[tuple[int, ...], list[tuple[tuple[int, tuple[str, ...]], ...]]] = graph.memo(
+        "parallel_tied", dict)
+    if counts not in table:
+        all_units = units(graph)[0]
+        held = [{p for i in members for p in all_units[i].params}
+                for members in stages(graph, counts)]
+        holders: dict[str, int] = {}
+        for names in held:
+            for name in names:
+                holders[name] = holders.get(name, 0) + 1
+        out = []
+        for names in held:
+            groups: dict[int, list[str]] = {}
+            for name in sorted(names):
+                if holders[name] > 1:
+                    groups.setdefault(holders[name], []).append(name)
+            out.append(tuple((k, tuple(v)) for k, v in sorted(groups.items())))
+        table[counts] = out
+    return table[counts]
+
+
 @dataclass(frozen=True)
 class StageFigures:
     stage: int
@@ -200,6 +234,9 @@ class StageFigures:
     temporary: int
     hardware_flops: float
     comm: dict[str, float]
+    tied: tuple[tuple[int, int], ...] = ()
+    """(stages, gradient bytes) of the parameters the stage shares with other stages, all-reduced
+    among those stages once the backward is done (Megatron-LM's embedding group)."""
 
     @property
     def total(self) -> int:
@@ -333,7 +370,7 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
         raise TfgraphError(refusal or "tensor parallelism is not possible for this graph")
     if layout.sp and sequence_plan(graph)[0] is None:
         raise TfgraphError(f"--sp: {sequence_plan(graph)[1]}")
-    numbers = unit_numbers(graph, layout.micro_batch, layout.seq, attention)
+    numbers = unit_numbers(graph, layout.micro_batch, layout.seq, attention, layout.target)
     counts = stage_counts(graph, layout)
     groups = stages(graph, counts)
     folded = stage_members(graph, counts)
@@ -350,6 +387,7 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
     if len(alike) > _STAGE_MEMO:
         alike.clear()
     plain = replace(layout, vpp=1)
+    shared = tied_across(graph, counts)
     for index in range(layout.pp):
         # what crosses into the next stage: the next stage's first unit's inputs
         boundary = 0
@@ -360,10 +398,16 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
         if key not in alike:
             alike[key] = _stage(graph, plain, index, folded[index], numbers, boundary)
         one = alike[key]  # activations of one micro-batch in flight, plain 1F1B's sends
-        comm = one.comm if layout.vpp == 1 else {**one.comm, "pp": one.comm["pp"] * layout.vpp}
+        # a table tied across stages: its gradient (as the rank keeps it: whole under ZeRO 0-1,
+        # the rank's 1/d shard under ZeRO 2-3) all-reduced among the k stages holding it, once
+        # a step after the backward (Megatron-LM's finalize_model_grads, embedding group)
+        tied = tuple((k, states(graph, list(names), layout).gradients)
+                     for k, names in shared[index])
+        sends = one.comm["pp"] * layout.vpp + sum(_ring(b, k, True) for k, b in tied)
+        comm = {**one.comm, "pp": sends}
         figures.append(StageFigures(index, one.states,
                                     int(one.activations * in_flight(layout, index)),
-                                    one.temporary, one.hardware_flops, comm))
+                                    one.temporary, one.hardware_flops, comm, tied))
     return Staged(numbers, counts, folded, figures, boundaries)
 
 
@@ -421,7 +465,8 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
         },
         "model_states": _states_note(layout),
         "assumptions": {"gpu": _gpu_assumptions(gpu, layout.dtype),
-                        **assumptions(layout, kernels, bool(experts(graph)))},
+                        **assumptions(layout, kernels, bool(experts(graph)),
+                                      encoder_decoder(graph))},
         **plan_formulas(graph, layout, attention, folded, worst.stage, tp_stage),
     }
 
@@ -446,5 +491,5 @@ def _gpu_assumptions(gpu: Gpu, dtype: str) -> str:
             f"GEMMs up to {gpu.matmul_fraction:.0%} of it (MAMF) on {gpu.sms} SMs, fused "
             f"attention {attention}, memory {gpu.bandwidth / 1e12:g} TB/s at "
             f"{gpu.memory_fraction:.0%}, element-wise {gpu.vector_flops / 1e12:g} TFLOP/s, "
-            f"NVLink {gpu.intra_node / 1e9:g} GB/s inside {gpu.per_node} GPUs, "
+            f"{gpu.link} at {gpu.intra_node / 1e9:g} GB/s inside {gpu.per_node} GPUs, "
             f"{gpu.inter_node / 1e9:g} GB/s per GPU between nodes")

@@ -59,7 +59,8 @@ all-gather half of that (Patarasuk & Yuan 2009; NCCL's ring). Data-parallel traf
 collectives, each paying the ring's latency steps: one per 40M-element gradient bucket (DDP,
 Megatron-LM) and one per FSDP unit (ZeRO 3: each layer, plus the root's; torchtitan shards
 each block, then the model). Bandwidth is
-``LINK_EFFICIENCY`` of NVLink inside a node of ``per_node`` GPUs, of the GPU's NIC between
+``LINK_EFFICIENCY`` of the GPU's link inside a node of ``per_node`` GPUs (``Gpu.link``: NVLink,
+PCIe, Infinity Fabric), of the GPU's NIC between
 nodes; ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group of
 span ranks stays in a node when span <= per_node. Overlap rules:
 - tensor-parallel collectives (and the vocabulary reductions, and the MoE all-to-all) are
@@ -87,8 +88,12 @@ span ranks stays in a node when span <= per_node. Overlap rules:
   v model chunks per stage (``--vpp``, §2.2.2): (p - 1) / (m v), each micro-batch crossing v
   times as many boundaries. Point-to-point sends are exposed, two per boundary crossing
   (activation forward, gradient backward); between nodes each of the t ranks sends 1/t of the
-  boundary over its own NIC and the stage all-gathers it over NVLink (the scatter-gather of
-  §4.1), with sequence parallelism each rank's rows already are that 1/t;
+  boundary over its own NIC and the stage all-gathers it over the node's link (the scatter-gather of
+  §4.1), with sequence parallelism each rank's rows already are that 1/t. A table tied across
+  stages (the token embedding on the first, the head on the last) has its gradient all-reduced
+  among the stages holding it once a step, after the backward and the data-parallel reduction
+  (Megatron-LM's ``finalize_model_grads``: ``finish_grad_sync``, then the embedding group's
+  all-reduce), exposed (``_tied_time``);
 - gradient accumulation (``_accumulate_time``): ZeRO 0-1 add each micro-batch's weight
   gradients (16-bit, as the GEMMs write them) into the rank's full gradient buffer, a
   memory-bound pass reading them and the buffer and writing the buffer; Megatron-LM's fp32
@@ -118,6 +123,7 @@ from typing import Any, Protocol
 
 import sympy
 
+from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph, Node
 from tfgraph.parallel.flash import LENGTHS, flash_fraction, reference_heads
 from tfgraph.parallel.fsdp_copies import accumulate_kernels, copy_kernels, fsdp_groups
@@ -188,8 +194,9 @@ ASSUMPTIONS: dict[str, str] = {
                  "reruns the forward); selective: the attention cores' forward (no "
                  "collectives)",
     "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
-                   "and reduce-scatter (n-1)/n; links at 80% (NCCL bus bandwidth): NVLink "
-                   "inside a node, the GPU's NIC between nodes; latency 1 us (NVLink), 5 us "
+                   "and reduce-scatter (n-1)/n; links at 80% (NCCL bus bandwidth): the "
+                   "GPU's link inside a node (named under gpu), its NIC between nodes; "
+                   "latency 1 us (inside a node), 5 us "
                    "(network) per ring step, paid by every collective: one per 40M-element "
                    "gradient bucket, one per FSDP unit (ZeRO 3: a layer, plus the root); "
                    "rank order tensor, data, pipeline",
@@ -207,7 +214,13 @@ ASSUMPTIONS: dict[str, str] = {
     "pipeline": "1F1B: (m + p - 1) slots of the slowest stage, bubble (p - 1)/m; interleaved "
                 "(--vpp v): bubble (p - 1)/(m v); point-to-point sends exposed, 2 per "
                 "boundary crossing (v crossings per stage interleaved), scatter-gather "
-                "between nodes",
+                "between nodes; a table tied across stages (token embedding on the first, "
+                "head on the last): its gradient as the rank keeps it (whole under ZeRO 0-1, "
+                "the 1/d shard under 2-3) all-reduced among the stages holding it once a "
+                "step, in comm_bytes.pp, after the backward and the data-parallel reduction "
+                "(Megatron-LM's finalize_model_grads, embedding group), exposed "
+                "(embedding_exposed), inside a node when the whole pipeline is, else over "
+                "the NICs",
     "grad_accumulation": "memory-bound; ZeRO 0-1: each micro-batch's 16-bit weight "
                          "gradients added into the full gradient buffer (read both, write "
                          "the buffer): m times into Megatron-LM's zeroed fp32 main_grad "
@@ -219,6 +232,8 @@ ASSUMPTIONS: dict[str, str] = {
     "optimizer": "Adam step memory-bound, one fused pass: reads weights, gradients and "
                  "optimizer states, writes weights and optimizer states",
     "kernels": "graph: one kernel per graph op (fused execution, as torch.compile approaches)",
+    "tokens": "tokens_per_s: global batch x --seq tokens / time_s (an encoder-decoder's "
+              "source tokens; its target tokens, --tgt-seq, are not added)",
     "memory": "per rank, the most loaded pipeline stage's weights + gradients + optimizer "
               "(Adam's two fp32 moments, an fp32 master copy in 16-bit training, a float32 "
               "step per parameter tensor; --states) + activations + temporary, all held at "
@@ -231,7 +246,10 @@ ASSUMPTIONS: dict[str, str] = {
               "or biased scores, which no fused kernel takes: their explicit matmuls' "
               "tensors and one-byte (S, S) mask), / t where the op works on split "
               "data, the rest whole (/ t under --sp but on the gathered sequence), times the "
-              "micro-batches the stage holds in flight under 1F1B (min(p - i, m)); full "
+              "micro-batches stage i of p holds in flight (layout.in_flight): 1F1B "
+              "min(p - i, m); interleaved 1F1B (--vpp v) Megatron-LM's warm-up, (p - i - 1) "
+              "x 2 + (v - 1) x p forward chunks of 1/v of the stage's layers plus the one "
+              "running, min(((p - i - 1) x 2 + (v - 1) x p + 1) / v, m); full "
               "recompute keeps each layer's inputs; temporary: the logits' gradient in the "
               "model's dtype (last stage), the larger of one layer rebuilt by full recompute "
               "and one MoE layer's 16-bit expert weight gradients, ZeRO 3's two gathered "
@@ -295,11 +313,19 @@ GRAD_REDUCE_AFTER = ("ZeRO 0-2 with --grad-reduce after (Megatron-LM's local DDP
                      "bucket exposed")
 
 
-def assumptions(layout: Layout, kernels: KernelSource | None = None, moe: bool = False
-                ) -> dict[str, str]:
+ENCODER_DECODER = ("the encoder runs at the source length --seq, the decoder (its "
+                   "self-attention, the cross-attention's queries, the head and the loss) at "
+                   "the target length --tgt-seq (default --seq)")
+"""The lengths an encoder-decoder is planned at (``assumptions``)."""
+
+
+def assumptions(layout: Layout, kernels: KernelSource | None = None, moe: bool = False,
+                encoder_decoder: bool = False) -> dict[str, str]:
     """The rules the step time of ``layout`` follows (its gradient reduction's and kernels'
-    among them; ``moe``: the routed experts' too)."""
+    among them; ``moe``: the routed experts' too; ``encoder_decoder``: its two lengths)."""
     found = dict(ASSUMPTIONS)
+    if encoder_decoder:
+        found["encoder_decoder"] = ENCODER_DECODER
     if moe:
         found["experts"] = EXPERTS
         found["memory"] += MEMORY_EXPERTS
@@ -316,6 +342,9 @@ class StageFigures(Protocol):
 
     @property
     def states(self) -> States: ...
+
+    @property
+    def tied(self) -> tuple[tuple[int, int], ...]: ...
 
     @property
     def comm(self) -> dict[str, float]: ...
@@ -632,11 +661,15 @@ def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
     they depend on: a search asks for the same few combinations many times). ``kernels``:
     time the eager kernels it gives instead of one per op (``--kernels eager``)."""
     table: dict[tuple[Any, ...], list[UnitTime]] = graph.memo("parallel_unit_times", dict)
-    key = (layout.micro_batch, layout.seq, layout.tp, layout.sp, layout.ep, attention, gpu,
-           layout.dtype, kernels)
+    key = (layout.micro_batch, layout.seq, layout.target, layout.tp, layout.sp, layout.ep,
+           attention, gpu, layout.dtype, kernels)
     if key not in table:
+        if kernels is not None and layout.target != layout.seq:
+            raise TfgraphError(f"--kernels eager counts the module's kernels at one length: "
+                               f"--tgt-seq {layout.target} must equal --seq {layout.seq} "
+                               "(or use --kernels graph)")
         sizes = {SYMBOLS["B"]: layout.micro_batch, SYMBOLS["S"]: layout.seq,
-                 SYMBOLS["T"]: layout.seq}
+                 SYMBOLS["T"]: layout.target}
         peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
         elem = 4 if layout.dtype == "float32" else 2
         work = unit_work(graph)
@@ -828,12 +861,12 @@ def _experts_time(w: Work, sizes: dict[sympy.Symbol, int], layout: Layout, gpu: 
 def _unit_comm(graph: Graph, layout: Layout) -> list[tuple[float, float, float, float]]:
     """Per unit, bytes of one micro-batch: (forward all-reduces, backward all-reduces,
     vocabulary reductions, tokens one MoE exchange moves), whole tensors."""
-    table: dict[tuple[int, int], list[tuple[float, float, float, float]]] = graph.memo(
+    table: dict[tuple[int, int, int], list[tuple[float, float, float, float]]] = graph.memo(
         "parallel_unit_comm", dict)
-    key = (layout.micro_batch, layout.seq)
+    key = (layout.micro_batch, layout.seq, layout.target)
     if key not in table:
         sizes = {SYMBOLS["B"]: layout.micro_batch, SYMBOLS["S"]: layout.seq,
-                 SYMBOLS["T"]: layout.seq}
+                 SYMBOLS["T"]: layout.target}
         table[key] = [(_num(u.tp_forward, sizes), _num(u.tp_backward, sizes),
                        _num(u.vocab_reduce, sizes), _num(u.a2a, sizes))
                       for u in units(graph)[0]]
@@ -933,21 +966,33 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
             exposed[key_dp] = _dp_exposed(layout, gpu, figures[s].states, slots[s],
                                           sum(c for _, c in members[s].groups), elem)
     dp_exposed = max(exposed.values())
+    embedding = max(_tied_time(f.tied, layout, gpu) for f in figures)
     optimizer = max(_optimizer_time(f.states, mem_bw, layout, kernels) for f in figures)
-    total = pipe + dp_exposed + optimizer
+    total = pipe + dp_exposed + embedding + optimizer
     x = slots[slowest]
     return {
         "time_s": total,
         "bubble": bubble(p, m, v),
+        "slowest_stage": slowest,
         "time_parts": {
             "forward": x["forward"] * m, "backward": x["backward"] * m,
             "grad_accumulation": x["accumulate"] * m, "fsdp_copies": x["fsdp"] * m,
             "recompute": x["recompute"] * m, "tp_exposed": x["tp"] * m,
             "ep_exposed": x["ep"] * m, "pp_exposed": x["pp"] * m,
             "bubble": slot[slowest] * (p - 1) / v, "dp_exposed": dp_exposed,
-            "optimizer": optimizer, "slowest_stage": slowest,
+            "embedding_exposed": embedding, "optimizer": optimizer,
         },
     }
+
+
+def _tied_time(tied: Sequence[tuple[int, int]], layout: Layout, gpu: Gpu) -> float:
+    """Seconds of the all-reduce of a table tied across pipeline stages (``tied``: (stages
+    holding it, the rank's gradient bytes)): after the backward and the data-parallel
+    reduction (Megatron-LM's ``finalize_model_grads``: ``finish_grad_sync``, then the
+    embedding group's all-reduce), exposed; one collective among ranks t x d x (p - 1) apart,
+    inside a node when the whole pipeline is (``_p2p``'s rule), else over the NICs."""
+    bw, lat = link(gpu, layout.tp * layout.dp * layout.pp)
+    return sum(ring_time(nbytes, k, True, bw, lat) for k, nbytes in tied)
 
 
 def _p2p(nbytes: float, layout: Layout, gpu: Gpu) -> float:
