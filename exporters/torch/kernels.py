@@ -755,7 +755,8 @@ def module_tensors(graph: Graph, name: str) -> list[tuple[str, Any]]:
     (B, h, Tq, Tk) score matrix of explicit matmuls (soft-capped or biased scores, hardmax,
     values wider than q and k: ``explicit_attention``)."""
     node = graph.node(name)
-    if not OPS[node.op].score_flops:  # not attention
+    opdef = OPS.get(node.op)  # None: an input, a parameter
+    if opdef is None or not opdef.score_flops:  # not attention
         return []
     attrs = node.attrs
     q, k = (graph.node(i).type for i in node.inputs[:2])
