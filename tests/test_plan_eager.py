@@ -419,3 +419,35 @@ def test_sizes_no_torch_tensor_can_hold_are_refused_before_the_census():
     assert K.check_sizes(graph, 2**27, 2**25 - 1) is None
     with pytest.raises(TfgraphError, match=r"2\^63"):
         K.check_sizes(graph, 2**27, 2**25)
+
+
+@pytest.mark.parametrize("name,batch,seq,what", [
+    ("tiny-gemma2", 16, 2**28, "score matrix"),  # soft-capped: explicit (B, h, Tq, Tk) scores
+    ("tiny-gemma3", 1, 2**30, "(Tq, Tk) mask"),  # a sliding window's mask, given to SDPA
+    ("tiny-cohere2", 1, 2**30, "(Tq, Tk) mask"),
+    ("tiny-modernbert", 1, 2**30, "(Tq, Tk) mask"),  # a bidirectional window's
+    ("tiny-sandwich", 1, 2**30, "score matrix"),
+])
+def test_tensors_the_module_builds_are_refused_before_the_census(name, batch, seq, what):
+    """The graph's tensors fit, but the module builds larger ones for attention (a window's
+    (Tq, Tk) mask, explicit matmuls' score matrix): the census ended in torch's "Storage size
+    calculation overflowed" (exit 1, internal error). Refused before it, naming the tensor;
+    a causal model on SDPA builds neither and is let through at the same length."""
+    with pytest.raises(TfgraphError, match=r"2\^63") as found:
+        K.check_sizes(graph_of(name), batch, seq)
+    assert what in str(found.value)
+    assert K.check_sizes(graph_of("tiny-llama"), batch, seq) is None
+
+
+def test_an_overflowing_module_tensor_is_one_line_exit_2(monkeypatch):
+    """Through the CLI: one line, exit 2; and a module tensor check_sizes would not know of
+    (its list emptied here) still ends in the same refusal, from the census itself."""
+    argv = ["plan", str(SPECS / "tiny-gemma3.yaml"), "--gpus", "1", "--seq", str(2**30),
+            "--kernels", "eager"]
+    for _ in range(2):
+        found = runner().invoke(main, argv)
+        assert found.exit_code == 2, found.stderr
+        last = found.stderr.strip().splitlines()[-1]
+        assert last.startswith("--kernels eager") or "--kernels eager" in last, last
+        assert "Traceback" not in found.stderr and "internal error" not in found.stderr
+        monkeypatch.setattr(K, "module_tensors", lambda graph, name: [])

@@ -231,7 +231,7 @@ def test_plan_time_parts_add_up_and_assumptions_are_stated(gpt) -> None:
     assert "slowest_stage" not in parts and step["slowest_stage"] in range(4)
     assert step["bubble"] == pytest.approx(3 / 16)
     assert parts["bubble"] > 0 and parts["tp_exposed"] > 0 and parts["pp_exposed"] > 0
-    assert set(result["assumptions"]) == {"gpu", *timing.ASSUMPTIONS}
+    assert set(result["assumptions"]) == {"gpu", *timing.ASSUMPTIONS, "mfu"}
     assert "h100" in result["assumptions"]["gpu"]
     # the rules the code follows, stated as it follows them: the pipeline fill relative to
     # the MAMF figures' K (gemm_time), the masked flash backward and SM occupancy (flash.py,
@@ -253,8 +253,11 @@ def test_plan_time_parts_add_up_and_assumptions_are_stated(gpt) -> None:
     for rule in ("tokens x top-k / E", "E / ep experts", "read once per micro-batch",
                  "4 per MoE layer", "(ep - 1)/ep", "tp x ep span", "d / ep ranks"):
         assert rule in moe["experts"], rule
-    # MFU is model FLOPs over the GPUs' peak for that time
-    assert step["mfu"] == pytest.approx(step["flops"] / (128 * H100.peak_flops * step["time_s"]))
+    # MFU is the useful model FLOPs (causal scores counted as FlashAttention runs them) over
+    # the GPUs' peak for that time
+    assert step["mfu"] == pytest.approx(step["useful_flops"]
+                                        / (128 * H100.peak_flops * step["time_s"]))
+    assert step["useful_flops"] < step["flops"]
 
 
 def test_a_table_tied_across_stages_is_all_reduced_after_the_backward() -> None:
@@ -523,8 +526,8 @@ def test_routed_experts_are_timed_by_the_roofline_of_the_ranks_experts(deepseek,
 def test_hard_attention_times_only_the_gradients_torch_computes(attention: str) -> None:
     """Hard attention's arg-max passes no gradient to q and k (``passes.gradients``): the
     default timing drops their projections' two backward GEMMs each and the scores' backward
-    (unfused: dQ, dK, the weights' gradient and the softmax's pass; fused: all but dV,
-    ``OpDef.backward_flops``' quarter); the rest of the layer is timed as with softmax."""
+    (dQ, dK, the weights' gradient and the softmax's pass); the rest of the layer is timed as
+    with softmax. No fused kernel takes an arg-max: --attention fused times it the same."""
     spec = tfgraph.load_spec(ROOT / "specs" / "tiny-sandwich.yaml").model_copy(
         update={"dtype": "bfloat16"})
     soft = spec.model_copy(update={"attention": spec.attention.model_copy(
@@ -539,22 +542,15 @@ def test_hard_attention_times_only_the_gradients_torch_computes(attention: str) 
                 + timing.gemm_time(n, d, b * s, H100, peak, 2)  # the weight's
                 for n in (d, hd))  # q's outputs, k's (one key/value head)
     if attention == "fused":
-        sizes = {timing.SYMBOLS["B"]: b, timing.SYMBOLS["S"]: s, timing.SYMBOLS["T"]: s}
-        hard, soft_core = (next(w for w in timing.unit_work(g)[1] if w.kind == "attention")
-                           for g in graphs)
-        assert hard.grads == (False, False, True) and float(hard.backward_share) == 1 / 4
-
-        def backward(w: timing.Work) -> float:
-            return timing._unit_time([w], sizes, layout, H100, peak, 2, attention).backward
-        every = replace(hard, grads=None, backward_share=1)  # as if q and k got gradients
-        assert backward(hard) == pytest.approx(backward(every) / 4)  # dV: a quarter
-        # (softmax's scores cost a few FLOPs more than the arg-max's: its own time)
-        core_saved = backward(soft_core) - backward(hard)
-    else:
-        qk = timing.gemm_time(s, s, hd, H100, peak, 2, b * heads)
-        pv = timing.gemm_time(s, hd, s, H100, peak, 2, b * heads)
-        scores = b * heads * s * s * 2  # one bf16 score tensor (no attention dropout)
-        core_saved = 2 * qk + pv + 3 * scores / bandwidth
-    if attention == "unfused":  # (fused: the arg-max's few FLOPs less, forward too)
-        assert hard_t.forward == pytest.approx(soft_t.forward)
+        # no fused kernel takes an arg-max: its memory and the module's core are explicit
+        # matmuls, and so is its time under either form (``Work.explicit``)
+        hard = next(w for w in timing.unit_work(graphs[0])[1] if w.kind == "attention")
+        assert hard.explicit and hard.grads == (False, False, True)
+        assert hard_t == timing.unit_times(graphs[0], layout, H100, "unfused")[1]
+        return
+    qk = timing.gemm_time(s, s, hd, H100, peak, 2, b * heads)
+    pv = timing.gemm_time(s, hd, s, H100, peak, 2, b * heads)
+    scores = b * heads * s * s * 2  # one bf16 score tensor (no attention dropout)
+    core_saved = 2 * qk + pv + 3 * scores / bandwidth
+    assert hard_t.forward == pytest.approx(soft_t.forward)
     assert soft_t.backward - hard_t.backward == pytest.approx(gemms + core_saved, rel=1e-9)

@@ -723,10 +723,11 @@ a float32 upcast of a 16-bit activation (4) and float32 tensors themselves are w
 
 
 def check_sizes(graph: Graph, batch: int, seq: int) -> None:
-    """Refuse (exit 2) a micro-batch and length at which some graph tensor could not exist in
-    PyTorch: ``WIDEST_ELEMENT`` bytes per element past ``MAX_TENSOR_BYTES`` (the census would
-    end in torch's RuntimeError). Checked on the graph's own tensors before the module is
-    built; the module's tensors are the graph's, flattened or cast."""
+    """Refuse (exit 2) a micro-batch and length at which some tensor the census makes could
+    not exist in PyTorch: ``WIDEST_ELEMENT`` bytes per element past ``MAX_TENSOR_BYTES`` (the
+    census would end in torch's RuntimeError). Checked before the module is built, on the
+    graph's own tensors (the module's are these, flattened or cast) and on those the module
+    builds for an attention node (``module_tensors``)."""
     sizes = {SYMBOLS["B"]: batch, SYMBOLS["S"]: seq, SYMBOLS["T"]: seq}
     seen: dict[Any, int] = {}
     largest, name = 0, ""
@@ -735,11 +736,40 @@ def check_sizes(graph: Graph, batch: int, seq: int) -> None:
             seen[node.type] = int(sympy.sympify(node.type.numel).xreplace(sizes))
         if seen[node.type] > largest:
             largest, name = seen[node.type], node.name
+        for what, elements in module_tensors(graph, node.name):
+            count = int(sympy.sympify(elements).xreplace(sizes))
+            if count > largest:
+                largest, name = count, f"{node.name}'s {what}"
     if largest * WIDEST_ELEMENT > MAX_TENSOR_BYTES:
         raise TfgraphError(
             f"--kernels eager: a micro-batch of {batch:,} x --seq {seq:,} makes {name} "
             f"{largest:,} elements, past what a PyTorch tensor can hold (2^63 bytes, "
             f"{WIDEST_ELEMENT} per element); give smaller sizes or --kernels graph")
+
+
+def module_tensors(graph: Graph, name: str) -> list[tuple[str, Any]]:
+    """(what, elements) of the tensors the training module builds for an attention node that
+    are not graph tensors (``exporters.torch.functional.attention``): the (Tq, Tk) mask of the
+    keys each query reads (``attention_mask``: int64 differences of positions, then booleans)
+    where a sliding window passes one to SDPA or explicit matmuls apply a causal one; the
+    (B, h, Tq, Tk) score matrix of explicit matmuls (soft-capped or biased scores, hardmax,
+    values wider than q and k: ``explicit_attention``)."""
+    node = graph.node(name)
+    opdef = OPS.get(node.op)  # None: an input, a parameter
+    if opdef is None or not opdef.score_flops:  # not attention
+        return []
+    attrs = node.attrs
+    q, k = (graph.node(i).type for i in node.inputs[:2])
+    tq, tk = q.shape[1], k.shape[1]
+    explicit = (attrs.get("normalize") != "softmax" or bool(attrs.get("softcap"))
+                or len(node.inputs) == 4 or attrs.get("v_head_dim", attrs["head_dim"])
+                > attrs["head_dim"])
+    found: list[tuple[str, Any]] = []
+    if attrs.get("window") or (explicit and attrs["causal"]):
+        found.append(("(Tq, Tk) mask", sympy.sympify(tq) * tk))
+    if explicit:
+        found.append(("score matrix", q.shape[0] * attrs["heads"] * sympy.sympify(tq) * tk))
+    return found
 
 
 def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]:
@@ -758,9 +788,17 @@ def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]
                                   [names[i] for i in step[2]], sizes), *step[1:])
                          for step in program.steps]
     inputs = [_input(graph, name, sizes) for name in graph.inputs]
-    with torch.enable_grad():
-        model(*inputs)
-    found = _resolve(graph, visits, seen)
+    try:
+        with torch.enable_grad():
+            model(*inputs)
+        found = _resolve(graph, visits, seen)
+    except RuntimeError as error:  # a tensor check_sizes does not know of, past torch's limit
+        if "overflow" not in str(error):
+            raise
+        first = str(error).splitlines()[0]
+        raise TfgraphError(f"--kernels eager: a micro-batch of {batch:,} x --seq {seq:,} "
+                           f"makes a tensor PyTorch cannot hold ({first}); give smaller "
+                           f"sizes or --kernels graph") from None
     routed: dict[tuple[int, int], dict[str, _Routed]] = graph.memo("torch_eager_routed", dict)
     routed[(batch, seq)] = {  # for _on_rank
         name: _Routed(visit.key[1], visit.key[2], visit.attrs, visit.given,

@@ -107,6 +107,7 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
     figures.add_column("figure", no_wrap=True)
     figures.add_column("value", justify="right", no_wrap=True)
     figures.add_row("model FLOPs (fwd + bwd)", _si(step["flops"], "FLOP"))
+    figures.add_row("useful FLOPs (masked scores out)", _si(step["useful_flops"], "FLOP"))
     figures.add_row("hardware FLOPs (+ recompute)", _si(step["hardware_flops"], "FLOP"))
     for kind, what in (("tp", "tensor parallel"), ("dp", "data parallel"), ("pp", "pipeline"),
                        ("ep", "expert all-to-all")):

@@ -14,9 +14,11 @@ the layout divides them:
   ZeRO-3's gathered 16-bit weights of two layers (the one running and the one prefetched)
   and the unsharded gradients of one;
 - step FLOPs: model FLOPs forward + backward (README: backward = 2 x forward less the
-  gradients nothing asks for, ``tfgraph.passes.gradients``) for the global batch;
-  hardware FLOPs add what recompute runs again (selective: the attention cores; full: the
-  layers' forward);
+  gradients nothing asks for, ``tfgraph.passes.gradients``) for the global batch; useful
+  FLOPs the same with the scores a causal mask or window skips left out (``useful_flops``);
+  hardware FLOPs what the timed kernels run (``timing``: fused attention the scores kept,
+  its backward 2.5x; explicit attention every score), with what recompute runs again
+  (selective: the attention cores; full: the layers' forward);
 - communication, bytes each rank sends per step with ring collectives (an all-reduce of n
   bytes over k ranks sends 2 n (k - 1) / k, a reduce-scatter or an all-gather n (k - 1) / k):
   tp the forward and backward all-reduces of every layer (with sequence parallelism the same
@@ -33,8 +35,8 @@ the layout divides them:
   layer (dispatch and combine, forward and backward, again in full recompute's forward);
 - time: ``tfgraph.parallel.timing`` (each op's time from its FLOPs and bytes at the GPU's
   achievable rates, the collectives from bytes, links and latency, the overlap rules, the 1F1B
-  or interleaved schedule); every assumption is in the plan's ``assumptions``. MFU = model
-  FLOPs / (GPUs x peak x time).
+  or interleaved schedule); every assumption is in the plan's ``assumptions``. MFU = useful
+  FLOPs / (GPUs x peak x time) (``MFU``).
 
 Stages hold contiguous layers, ``layout.stage_counts`` of them (given, or balanced); a stage
 of i keeps ``layout.in_flight`` micro-batches for backward (interleaved: Megatron-LM's warm-up).
@@ -57,9 +59,11 @@ from tfgraph.parallel.gpus import Gpu, check_dtype
 from tfgraph.parallel.layout import (Layout, check, encoder_decoder, experts, in_flight,
                                      stage_counts, state_bytes)
 from tfgraph.parallel.memory import NONE, States, add, expert_elements, states
-from tfgraph.parallel.timing import KernelSource, assumptions, step_time
+from tfgraph.parallel.timing import (EXPLICIT_ATTENTION, KernelSource, assumptions,
+                                     explicit_attention, step_time)
 from tfgraph.parallel.tp_plan import tp_plan
 from tfgraph.parallel.units import Unit, sequence_plan, units
+from tfgraph.passes.effective import at_sizes
 from tfgraph.passes.figures import STEP_NOTE, states_note
 
 _NUMBERS = ("saved_none_split", "saved_none_whole", "saved_none_replicated", "saved_sel_split",
@@ -433,11 +437,12 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
     # forward + backward: 3 x forward less the gradients nothing asks for (the report's
     # flops.train_step; tfgraph.passes.gradients)
     model_flops = (3 * forward - less) * sequences
-    hardware = sum(f.hardware_flops for f in figures) * layout.tp * layout.dp
+    useful = useful_flops(graph, layout)
     timing = found.time(graph, layout, gpu, attention, kernels)
+    hardware = timing.pop("hardware_flops")  # what the timed kernels run, recompute's too
     peak = gpu.fp32_flops if layout.dtype == "float32" else gpu.peak_flops
     time_s = timing["time_s"]
-    timing["mfu"] = model_flops / (layout.gpus * peak * time_s) if time_s > 0 else 0.0
+    timing["mfu"] = useful / (layout.gpus * peak * time_s) if time_s > 0 else 0.0
     timing["tokens_per_s"] = layout.global_batch * layout.seq / time_s if time_s > 0 else 0.0
     mem = worst.states
     return {
@@ -458,6 +463,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
                    for f, n in zip(figures, counts)],
         "step": {
             "flops": model_flops,
+            "useful_flops": useful,
             "hardware_flops": hardware,
             "comm_bytes": {k: int(max(f.comm[k] for f in figures)) for k in
                            ("tp", "dp", "pp", "ep")},
@@ -466,9 +472,37 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
         "model_states": _states_note(layout),
         "assumptions": {"gpu": _gpu_assumptions(gpu, layout.dtype),
                         **assumptions(layout, kernels, bool(experts(graph)),
-                                      encoder_decoder(graph))},
+                                      encoder_decoder(graph)),
+                        **({"explicit_attention": EXPLICIT_ATTENTION}
+                           if explicit_attention(graph) else {}),
+                        "mfu": MFU},
         **plan_formulas(graph, layout, attention, folded, worst.stage, tp_stage),
     }
+
+
+MFU = ("MFU = useful FLOPs / (GPUs x peak x time); useful FLOPs (step.useful_flops): "
+       "report's train_step_effective over the global batch, forward + backward with the "
+       "scores a causal mask or sliding window skips left out (a causal query's keys "
+       "j <= i: T(T+1)/2 scores, FlashAttention's convention, Dao 2023; Narayanan et al. "
+       "2021 and Korthikanti et al. 2022 count them whole, which FlashAttention does not "
+       "run: past 100% at long sequences); step.flops is the dense count (report's "
+       "train_step); hardware FLOPs what the timed kernels run (fused attention: the "
+       "scores kept, backward 2.5x; explicit matmuls: every score; recompute's again), "
+       "so MFU <= hardware FLOPs / (GPUs x peak x time) <= 1")
+"""What MFU's numerator counts (``assumptions``, the footnote)."""
+
+
+def useful_flops(graph: Graph, layout: Layout) -> int:
+    """The step's useful model FLOPs: ``passes.effective``'s train_step_effective (dense but
+    for the attention scores masks skip) at the layout's micro-batch and length, times the
+    sequences of the global batch (the MFU's numerator, ``MFU``)."""
+    table: dict[tuple[int, int], int] = graph.memo("parallel_useful_flops", dict)
+    key = (layout.micro_batch, layout.seq)
+    if key not in table:  # a search asks for a few sizes many times
+        sizes = {SYMBOLS["B"]: layout.micro_batch, SYMBOLS["S"]: layout.seq,
+                 SYMBOLS["T"]: layout.seq}
+        table[key] = int(at_sizes(graph, sizes)["flops"]["train_step_effective"])
+    return table[key] * (layout.global_batch // layout.micro_batch)
 
 
 def _states_note(layout: Layout) -> str:

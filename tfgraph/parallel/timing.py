@@ -17,7 +17,9 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
   (``passes.effective.read_fraction``) at ``attention_fraction`` x peak, or on the GPUs that
   have one at FlashAttention-2's measured rate for its head dimension, length and mask
   (``tfgraph.parallel.flash``); its backward does 2.5x the forward's FLOPs (five GEMMs
-  against two, Dao 2023 §3.1.2); ``--attention unfused`` runs the two batched GEMMs (QK^T
+  against two, Dao 2023 §3.1.2); ``--attention unfused``, and attention no fused kernel
+  takes (soft-capped or biased scores, hardmax: ``Work.explicit``, whose memory and module are
+  explicit matmuls whatever ``--attention`` says), runs the two batched GEMMs (QK^T
   over the head dimension, then the weights times V) over the whole
   score matrix and moves the score tensor through the softmax (read + write forward; read the
   weights and their gradient, write the scores' gradient backward), as Megatron-LM's
@@ -42,6 +44,9 @@ core only dV (unfused: one A.V-sized GEMM; fused: ``OpDef.backward_flops``' shar
 backward); an op no operand of which gets a gradient runs no backward.
 Under full recompute a layer's forward runs again before its backward; selective recompute
 reruns the attention cores (Korthikanti et al. 2022 §5).
+Each op's FLOPs as timed (fused attention: the scores kept, its backward 2.5x; explicit: every
+score; a GEMM's backward the two it runs; recompute's rerun) sum to ``hardware_flops``, on
+every rank: no op runs faster than peak, so hardware FLOPs / (GPUs x peak x time) <= 1.
 
 That is one kernel per graph op, the fused execution ``torch.compile`` approaches. ``--kernels
 eager`` times the kernels PyTorch's eager mode launches for tfgraph's module instead
@@ -302,6 +307,19 @@ MEMORY_EXPERTS = ("; routed experts keep the tokens x top-k (token, expert) rows
 """What the memory of a mixture of experts rests on (``assumptions``)."""
 
 
+EXPLICIT_ATTENTION = ("soft-capped or biased scores and hardmax, which no fused kernel takes, "
+                      "timed as the explicit matmuls their memory counts and the module runs "
+                      "(--attention fused too): two batched GEMMs over the whole score "
+                      "matrix, no key skipped by the mask or window, + the softmax's score "
+                      "traffic, the hardware FLOPs every score's")
+"""How attention no fused kernel takes is timed (``assumptions``, where the graph has one)."""
+
+
+def explicit_attention(graph: Graph) -> bool:
+    """Whether some attention op of the graph is timed as explicit matmuls (``Work.explicit``)."""
+    return any(w.explicit for items in unit_work(graph) for w in items)
+
+
 EAGER_OPTIMIZER = ("torch.optim.AdamW's own kernels (foreach) over the float32 elements the rank "
                    "steps, counted on the meta device: memory-bound")
 
@@ -498,6 +516,10 @@ class Work:
     """Attention whose causal mask or window skips scores (fused: ``flops`` those kept)."""
     window: int = 0
     """Attention with a sliding window: the keys a query reads at most (0: all)."""
+    explicit: bool = False
+    """Attention no fused kernel takes (soft-capped or biased scores, hardmax): explicit
+    matmuls over the whole score matrix whatever ``--attention`` says, as its memory
+    (``ops._attention_saved``) and the torch module (``functional.attention``) have it."""
     op: str = ""
     node: str = field(default="", compare=False)
     """The node's name, where ``--kernels eager`` looks up its kernels (not compared: identical
@@ -567,9 +589,11 @@ def _attention_work(op: OpSite) -> Work:
             q.shape[1], k.shape[1])
     mask = cost.total([b for ref, b in attention_dropout_saved(types, node.attrs)
                        if ref == ("tmp", "mask")])
+    explicit = (len(op.operands) == 4 or bool(node.attrs.get("softcap"))
+                or node.attrs.get("normalize") != "softmax")
     return Work("attention", fused_flops, scores, tuple(sympy.sympify(d) for d in dims),
                 "t" if op.where == "S" else "", sympy.Integer(head_dim), op.flops, mask,
-                masked=kept is not None, window=_window_keys(node.attrs))
+                masked=kept is not None, window=_window_keys(node.attrs), explicit=explicit)
 
 
 def _window_keys(attrs: dict[str, Any]) -> int:
@@ -653,6 +677,12 @@ class UnitTime:
     backward: float
     attention_forward: float
     """The attention cores' forward (what selective recompute runs again)."""
+    forward_flops: float = 0.0
+    """FLOPs the forward's timed kernels execute on the rank (hardware FLOPs)."""
+    backward_flops: float = 0.0
+    """FLOPs the backward's timed kernels execute (fused attention: 2.5x the forward's)."""
+    attention_flops: float = 0.0
+    """FLOPs of the attention cores' forward (what selective recompute runs again)."""
 
 
 def unit_times(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
@@ -756,6 +786,7 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
     t = layout.tp
     bandwidth = gpu.bandwidth * gpu.memory_fraction
     forward = backward = attn = 0.0
+    f_flops = b_flops = a_flops = 0.0  # what the timed kernels execute (hardware FLOPs)
     for w in items:
         found = None if eager is None else eager.get(w.node)
         if found is not None:  # --kernels eager: what runs around (or instead of) the op
@@ -764,28 +795,40 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
             forward += _eager_time(found.forward, whole, div, gpu, peak, elem)
             backward += _eager_time(found.backward, whole, div, gpu, peak, elem)
             if whole:
+                flops = _num(w.flops, sizes) / div  # the op's arithmetic, in its kernels
+                f_flops += flops
+                b_flops += 2 * flops if w.grads is None or any(w.grads) else 0.0
                 continue
         if w.kind == "gemm":
             m, n, k = (_num(d, sizes) for d in w.dims)
             n, k = (n / t, k) if w.split == "N" else (n, k / t) if w.split == "K" else (n, k)
             forward += gemm_time(m, n, k, gpu, peak, elem)
+            # its FLOPs, a bias's addition included (each gradient's GEMM as many)
+            gemm_flops = max(2 * m * n * k, _num(w.flops, sizes) / (t if w.split else 1))
+            f_flops += gemm_flops
             if _gets(w, 0):  # the input's gradient
                 backward += gemm_time(m, k, n, gpu, peak, elem)
+                b_flops += gemm_flops
             if _gets(w, 1):  # the weight's
                 backward += gemm_time(n, k, m, gpu, peak, elem)
+                b_flops += gemm_flops
         elif w.kind == "attention":
             div = t if w.split == "t" else 1
             batch, sq, sk = (_num(d, sizes) for d in w.dims)
             batch /= div
-            if attention == "fused":
+            if attention == "fused" and not w.explicit:
                 work = _num(w.flops, sizes) / div
                 keys = min(sk, w.window) if w.window else sk  # the keys each query reads
                 fwd, bwd = flash_time(work, batch, sq, keys, _num(w.extra, sizes), w.masked,
                                       gpu, peak)
                 bwd *= float(w.backward_share)
+                fwd_f, bwd_f = work, ATTENTION_BACKWARD * work * float(w.backward_share)
             else:
                 hd = _num(w.extra, sizes)
-                scores = _num(w.nbytes, sizes) / div
+                # the softmax's (and dropout's) passes over the scores; under --kernels eager
+                # explicit matmuls' element-wise kernels are the census's own (counted above)
+                traffic = 0.0 if found is not None and w.explicit else 1.0
+                scores = _num(w.nbytes, sizes) / div * traffic
                 qk = gemm_time(sq, sk, hd, gpu, peak, elem, batch)
                 pv = gemm_time(sq, hd, sk, gpu, peak, elem, batch)
                 fwd = qk + pv + 2 * scores / bandwidth
@@ -798,24 +841,38 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
                 if w.mask != 0:  # attention dropout, one more pass over the weights:
                     # forward reads them and writes the dropped-out ones and the mask,
                     # backward reads the gradient and the mask and writes the gradient
-                    drop = (2 * scores + _num(w.mask, sizes) / div) / bandwidth
+                    drop = (2 * scores + _num(w.mask, sizes) / div * traffic) / bandwidth
                     fwd += drop
                     bwd += drop if scored else 0.0
+                # every score, both products and the per-score element-wise work
+                product = 2 * batch * sq * sk * hd
+                other = max(0.0, _num(w.dense_flops, sizes) / div - 2 * product)
+                fwd_f = 2 * product + other
+                bwd_f = (product * (_gets(w, 0) + _gets(w, 1) + _gets(w, 2) + scored)
+                         + (2 * other if scored else 0.0))
             forward += fwd
             backward += bwd
             attn += fwd
+            f_flops += fwd_f
+            b_flops += bwd_f
+            a_flops += fwd_f
         elif w.kind == "experts":
             fwd, bwd = _experts_time(w, sizes, layout, gpu, peak)
             forward += fwd
             backward += bwd * float(w.backward_share)
+            flops = _num(w.flops, sizes) / (t if w.split == "N" else 1)
+            f_flops += flops
+            b_flops += 2 * flops * float(w.backward_share)
         else:
             div = t if w.split == "t" or (w.split == "rows" and layout.sp) else 1
             flops, nbytes = _num(w.flops, sizes) / div, _num(w.nbytes, sizes) / div
             fwd = roofline(flops, nbytes, gpu.vector_flops, bandwidth)
             forward += fwd
+            f_flops += flops
             if w.grads is None or any(w.grads):  # no operand's gradient: no backward
                 backward += 2 * fwd
-    return UnitTime(forward, backward, attn)
+                b_flops += 2 * flops
+    return UnitTime(forward, backward, attn, f_flops, b_flops, a_flops)
 
 
 def _gets(w: Work, operand: int) -> bool:
@@ -919,16 +976,19 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
         if key in seen:
             slots.append(seen[key])
             continue
-        fwd = bwd = rec = tp_time = ep_time = 0.0
+        fwd = bwd = rec = tp_time = ep_time = flops = 0.0
         for i, count in group.groups:
             ut, (f_b, b_b, voc, a2a), (nf, nb, nv) = times[i], comm[i], counts[i]
             fwd += ut.forward * count
             bwd += ut.backward * count
+            flops += (ut.forward_flops + ut.backward_flops) * count
             full = layout.recompute == "full" and all_units[i].is_layer
             if full:
                 rec += ut.forward * count
+                flops += ut.forward_flops * count
             elif layout.recompute == "selective":
                 rec += ut.attention_forward * count
+                flops += ut.attention_flops * count
             # a forward all-reduce of n bytes per P node, a backward one per reader
             per_f = f_b / nf if nf else 0.0
             per_b = b_b / nb if nb else 0.0
@@ -953,7 +1013,8 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
             accumulate = (m - 1) / m * sum(memory_seconds(b, mem_bw) for _, b in
                                            accumulate_kernels(graph, groups, layout))
         seen[key] = {"forward": fwd, "backward": bwd, "recompute": rec, "tp": tp_time,
-                     "ep": ep_time, "pp": pp_time, "accumulate": accumulate, "fsdp": fsdp}
+                     "ep": ep_time, "pp": pp_time, "accumulate": accumulate, "fsdp": fsdp,
+                     "flops": flops}
         slots.append(seen[key])
     slot = [x["forward"] + x["backward"] + x["recompute"] + x["tp"] + x["ep"] + x["pp"]
             + x["accumulate"] + x["fsdp"] for x in slots]
@@ -970,7 +1031,11 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
     optimizer = max(_optimizer_time(f.states, mem_bw, layout, kernels) for f in figures)
     total = pipe + dp_exposed + embedding + optimizer
     x = slots[slowest]
+    # what the timed kernels execute in the step, every rank: each stage's per micro-batch,
+    # on its t x d ranks (work a rank does whole is done t times)
+    hardware = sum(one["flops"] for one in slots) * m * t * d
     return {
+        "hardware_flops": hardware,
         "time_s": total,
         "bubble": bubble(p, m, v),
         "slowest_stage": slowest,
