@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,12 @@ def small(spec: Spec, d_model: int = 32, vocab: int = 61, max_layers: int = 2) -
     if scaling and scaling.get("original_max_len") and data["max_len"] is not None:
         scaling["original_max_len"] = min(scaling["original_max_len"], data["max_len"])
     return Spec.model_validate(data)
+
+
+def tgt_for(graph: Any, tgt: int) -> int | None:
+    """``tgt_seq`` for ``graph.report``: ``tgt`` for an encoder-decoder, None for a model with
+    one sequence, whose report refuses a target length (as ``report --tgt-seq``)."""
+    return tgt if graph.spec is not None and graph.spec.arch == "encoder-decoder" else None
 
 
 def load_all_specs() -> list[tuple[str, Spec]]:

@@ -16,9 +16,10 @@ from fractions import Fraction
 
 import pytest
 import sympy
-from conftest import ROOT, SPEC_FILES
+from conftest import ROOT, SPEC_FILES, tgt_for
 
 import tfgraph
+from tfgraph.errors import TfgraphError
 from tfgraph.passes.compare import compare, crossover, series, spec_differences
 from tfgraph.passes.param_groups import params_by_kind
 from tfgraph.passes.report import build_report
@@ -40,7 +41,7 @@ def test_numbers_are_the_reports_at_every_length(variants: list) -> None:
     for graph, v in zip(variants, data["variants"]):
         assert v["name"] == graph.name
         for seq, row in zip(seqs, v["at"]):
-            rep = graph.report(batch=3, seq=seq, tgt_seq=seq)
+            rep = graph.report(batch=3, seq=seq, tgt_seq=tgt_for(graph, seq))
             assert row["seq"] == seq
             assert row["values"] == {
                 "flops.forward_effective": rep["flops"]["forward_effective"],
@@ -184,7 +185,7 @@ def test_series_matches_the_report() -> None:
     lengths = [7, 100, 333]
     s = series(graph, lengths, batch=2)
     for i, seq in enumerate(lengths):
-        rep = graph.report(batch=2, seq=seq, tgt_seq=seq)
+        rep = graph.report(batch=2, seq=seq, tgt_seq=tgt_for(graph, seq))
         assert s["flops.forward"][i] == rep["flops"]["forward"]
         assert s["memory.activations_peak"][i] == rep["memory"]["activations_peak"]
         assert s["memory.train_step"][i] == rep["memory"]["train_step"]
@@ -198,6 +199,17 @@ def test_bad_arguments() -> None:
         compare([], seqs=(8,))
     with pytest.raises(ValueError):
         compare([g], seqs=(0,))
+    # refused as graph.report(seq=16.9) refuses them, never truncated to 16 or read as 1
+    for seqs, bad in (((16.9,), "16.9"), ((16, True), "True"), ((8.0,), "8.0")):
+        with pytest.raises(ValueError, match=f"^seqs must be a positive integer, got {bad}$"):
+            compare([g], seqs=seqs)
+    with pytest.raises(ValueError, match="^batch must be a positive integer, got True$"):
+        compare([g], seqs=(8,), batch=True)
+    # a KV-cache graph has no report (graph.report refuses it), so no comparison either
+    with pytest.raises(TfgraphError, match="^tiny-llama: the report is of the full "
+                                                   "graph, not the KV-cache graph"):
+        compare([compiled("tiny-llama.yaml"), tfgraph.compile(ROOT / "specs" / "tiny-llama.yaml",
+                                                              cache=True)], seqs=(8,))
 
 
 @pytest.mark.parametrize("name", ["mistral-7b.yaml", "llama-3.1-8b.yaml", "gemma-2-2b.yaml"])

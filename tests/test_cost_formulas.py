@@ -13,7 +13,7 @@ from tfgraph.passes.formulas import D, D_FF, H, KV, L, V, pretty, size_symbols, 
 from tfgraph.graph.ir import B, S
 from tfgraph.spec.schema import Spec
 
-from conftest import SPEC_FILES
+from conftest import SPEC_FILES, tgt_for
 
 NUMBERS = ("params", "flops", "memory")
 
@@ -47,7 +47,7 @@ def test_every_spec_formula_evaluates_to_its_number(path):
     graph = tfgraph.compile(path)
     assert spec_formulas(graph).unverified == []
     for sizes in ({"batch": 2, "seq": 24, "tgt_seq": 9}, {"batch": 5, "seq": 7, "tgt_seq": 31}):
-        rep = graph.report(**sizes)
+        rep = graph.report(sizes["batch"], sizes["seq"], tgt_for(graph, sizes["tgt_seq"]))
         check_report(rep)
         assert rep["symbols"]["B"] == sizes["batch"] and rep["symbols"]["S"] == sizes["seq"]
         assert ("T" in rep["symbols"]) == (graph.spec.arch == "encoder-decoder")
@@ -78,8 +78,9 @@ def test_spec_formulas_are_exact_for_every_knob(over):
     spec = Spec.model_validate({**BASE, **over})
     graph = tfgraph.compile(spec)
     assert spec_formulas(graph).unverified == []
-    check_report(graph.report(batch=3, seq=11, tgt_seq=6))
-    check_report(graph.report(batch=1, seq=32, tgt_seq=2, fused_attention=True))
+    check_report(graph.report(batch=3, seq=11, tgt_seq=tgt_for(graph, 6)))
+    check_report(graph.report(batch=1, seq=32, tgt_seq=tgt_for(graph, 2),
+                              fused_attention=True))
 
 
 def test_formulas_do_not_depend_on_the_layer_count():

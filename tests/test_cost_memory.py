@@ -12,7 +12,7 @@ from tfgraph.passes.gradients import frozen_params
 from tfgraph.passes.report import build_report
 from tfgraph.spec.schema import Spec, StackLayers
 
-from conftest import SPEC_FILES, small
+from conftest import SPEC_FILES, small, tgt_for
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -23,7 +23,7 @@ def test_weights_kv_cache_and_train_step_closed_forms(path):
     nbytes = BYTES[spec.dtype]
     att = spec.attention
     graph = tfgraph.compile(spec)
-    rep = graph.report(batch=3, seq=20, tgt_seq=13)
+    rep = graph.report(batch=3, seq=20, tgt_seq=tgt_for(graph, 13))
     params, mem = rep["params"], rep["memory"]
     assert mem["weights"] == params * nbytes
 

@@ -14,7 +14,7 @@ from tfgraph.errors import TfgraphError
 from tfgraph.passes.formulas import size_symbols
 from tfgraph.graph.serialize import FORMAT, write_graph_json
 
-from conftest import ROOT
+from conftest import ROOT, tgt_for
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,7 +41,7 @@ def test_graph_json_round_trips_the_graph(small_spec, tmp_path):
             (node.op, node.inputs, node.scope, node.type.dtype)
         assert tuple(parse(d) for d in entry["shape"]) == node.type.shape
 
-    rep = graph.report(batch=2, seq=6, tgt_seq=3)
+    rep = graph.report(batch=2, seq=6, tgt_seq=tgt_for(graph, 3))
     values = {size_symbols()[k]: v for k, v in {"B": 2, "S": 6, "T": 3}.items()}
     total = {"matmul": 0, "other": 0, "params": 0}
     for entry in nodes:

@@ -138,10 +138,53 @@ def test_lint_catches_a_cycle():
         g.lint()
 
 
+def test_lint_reads_the_operand_lists_themselves():
+    # an operand list corrupted in place after add, before anything built the networkx graph:
+    # lint checks the lists (torch.fx's lint does the same), not just the edges built from them
+    for recheck in (True, False):
+        g = tiny_mlp()
+        g.node("act").inputs = ("nope",)
+        with pytest.raises(LoweringError, match=r"^act: operand 'nope' is not a node"):
+            g.lint(recheck_added=recheck)
+        assert g._nx is None
+    g = tiny_mlp()
+    g.node("up").inputs = ("twice", "ffn.up.weight")  # twice -> down -> act -> up: a loop
+    with pytest.raises(LoweringError, match=r"^up: graph has a cycle through it "
+                                            r"\(up -> act -> down -> twice -> up\)"):
+        g.lint(recheck_added=False)
+    g = tiny_mlp()
+    g.node("up").inputs = ("tok", "ffn.down.weight")  # no loop, but defined after its reader
+    with pytest.raises(LoweringError, match=r"^up: operand 'ffn.down.weight' comes after it"):
+        g.lint(recheck_added=False)
+    g = tiny_mlp()
+    g.lint()
+    c = g.copy()  # a copy checks only its new nodes one by one, but every operand list
+    c.node("act").inputs = ("nope",)
+    with pytest.raises(LoweringError, match=r"^act: operand 'nope' is not a node"):
+        c.lint()
+
+
 def test_lint_catches_edges_that_disagree_with_operands():
     g = tiny_mlp()
     g._g.add_edge("tok", "act", key=1)  # an extra edge the node's operand list does not have
     with pytest.raises(LoweringError, match="act: edges do not match"):
+        g.lint()
+
+
+def test_linear_refuses_operands_of_another_dtype():
+    # as the element-wise ops: no implicit cast (a float16 weight times a float32 input)
+    g = tiny_mlp()
+    w = g.param("ffn.half.weight", (6, 4), "ffn", "normal", "float16")
+    with pytest.raises(LoweringError, match=r"^while lowering half \(linear\): operand dtypes "
+                                            r"differ: float32\[B, S, 4\], float16\[6, 4\]"):
+        g.add("linear", ["tok", w], name="half", scope="ffn")
+    b = g.param("ffn.half.bias", (6,), "ffn", "zeros", "bfloat16")
+    w32 = g.param("ffn.w32.weight", (6, 4), "ffn", "normal", "float32")
+    with pytest.raises(LoweringError, match=r"^while lowering biased \(linear\): operand dtypes"):
+        g.add("linear", ["tok", w32, b], name="biased", scope="ffn")
+    g = tiny_mlp()
+    g.node("ffn.up.weight").type = TensorType((6, 4), "float16")  # corrupted after add
+    with pytest.raises(LoweringError, match=r"^up: operand dtypes differ"):
         g.lint()
 
 

@@ -169,8 +169,11 @@ def test_graph_report_in_python(sinusoidal: Path) -> None:
         learned.report(seq=65)
     assert learned.report()["sizes"]["seq"] == 64  # the default fits, as the command's
     rotary = tfgraph.compile(ROTARY)
+    with pytest.raises(TfgraphError, match=r"^tgt_seq: tiny-llama is decoder-only with one "
+                                           r"sequence; use seq$"):
+        rotary.report(seq=200, tgt_seq=500)  # one stack: refused, as report --tgt-seq
     with pytest.warns(BeyondMaxLenWarning, match="^seq 200: .* rotary positions extrapolate"):
-        rep = rotary.report(seq=200, tgt_seq=500)  # one stack: tgt_seq is not a length here
+        rep = rotary.report(seq=200)
     assert rep["flops"]["forward"] == at(rotary, "forward", 200)
     two = tfgraph.compile(sinusoidal)
     with pytest.warns(BeyondMaxLenWarning) as record:

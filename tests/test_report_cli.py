@@ -11,6 +11,7 @@ import pytest
 
 import tfgraph
 from tfgraph.cli import main
+from tfgraph.errors import TfgraphError
 from tfgraph.commands.report import fold_components
 
 from conftest import ROOT, SPEC_FILES
@@ -129,6 +130,24 @@ def test_bad_sizes_are_one_line_and_exit_2(args, message):
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
+
+
+def test_api_refuses_what_the_command_refuses():
+    # tgt_seq on a model with one sequence: the command's exit 2, the API's TfgraphError
+    graph = tfgraph.compile(SPECS / "tiny-decoder.yaml")
+    with pytest.raises(TfgraphError,
+                       match="^tgt_seq: tiny-decoder is decoder-only with one sequence; use seq$"):
+        graph.report(seq=16, tgt_seq=4)
+    # the report is of the full graph (what report --json prints): a KV-cache graph's, one
+    # step over a past of any length, is one line, not sympy's "Cannot convert symbols"
+    for spec, part in (("tiny-mistral.yaml", None), ("tiny-t5.yaml", "encoder"),
+                       ("tiny-t5.yaml", "decoder")):
+        cached = tfgraph.compile(SPECS / spec, cache=True, part=part)
+        with pytest.raises(TfgraphError) as err:
+            cached.report(batch=2, seq=9)
+        words = "KV-cache graph" if part is None else f"KV-cache {part} graph"
+        assert str(err.value) == (f"{cached.name}: the report is of the full graph, not the "
+                                  f"{words} (compile without cache=True)")
 
 
 def test_invalid_spec_is_one_line_and_exit_2(tmp_path):

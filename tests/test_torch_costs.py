@@ -16,6 +16,7 @@ import tfgraph
 from tfgraph.exporters import to_torch
 from tfgraph.spec.schema import Spec
 
+from conftest import tgt_for
 from parity_support import saved_storages
 from test_torch_module import make_ids
 
@@ -32,7 +33,7 @@ def test_flop_counter_equals_report_matmul(small_spec: Spec, batch: int, seq: in
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         module(*ids)
-    report = graph.report(batch=batch, seq=seq, tgt_seq=tgt)
+    report = graph.report(batch=batch, seq=seq, tgt_seq=tgt_for(graph, tgt))
     assert counter.get_total_flops() == report["flops"]["matmul"]
 
 
@@ -66,5 +67,5 @@ def test_saved_for_backward_matches_report(small_spec: Spec) -> None:
     module = to_torch(graph).train()  # dropout active: its masks are saved too
     batch, seq, tgt = 2, 12, 10
     measured = saved_bytes(module, make_ids(graph, batch, seq, tgt))
-    expected = graph.report(batch=batch, seq=seq, tgt_seq=tgt)["memory"]["saved_for_backward"]
+    expected = graph.report(batch=batch, seq=seq, tgt_seq=tgt_for(graph, tgt))["memory"]["saved_for_backward"]
     assert abs(measured - expected) <= 0.05 * expected, (measured, expected)

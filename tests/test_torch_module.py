@@ -20,7 +20,7 @@ from tfgraph.graph.ops import OPS
 from tfgraph.spec.schema import Spec
 from tfgraph.graph.weights import generate
 
-from conftest import ROOT, small
+from conftest import ROOT, small, tgt_for
 from param_names import expected_params
 
 SPECS = ROOT / "specs"
@@ -506,7 +506,8 @@ def test_the_module_holds_exactly_what_the_plan_says_is_live(small_spec: Spec) -
 
     value = evaluator(sizes)
     scratch = {c.node: value(c.scratch(fused_attention=True)) for c in op_costs(graph)}
-    report = graph.report(batch=batch, seq=src, tgt_seq=tgt, fused_attention=True)
+    report = graph.report(batch=batch, seq=src, tgt_seq=tgt_for(graph, tgt),
+                          fused_attention=True)
     assert max(measured[n] + scratch[n] for n in planned) == report["memory"]["activations_peak"]
 
     # Without autograd, dead operands are overwritten in place: never more than planned.

@@ -111,3 +111,34 @@ def test_kv_cache_all_positions_is_what_the_torch_cache_holds(name: str) -> None
     assert report["kv_cache_all_positions"] == held > report["memory"]["kv_cache"]
     short = tfgraph.compile(spec).report(batch=1, seq=spec.attention.window)
     assert "kv_cache_all_positions" not in short  # nothing is dropped at seq <= W
+
+
+def _moe_windows(layers: int, dense: int, pattern: list[str]) -> Spec:
+    return Spec.model_validate({
+        "name": "mixmoe", "arch": "decoder-only", "d_model": 16, "layers": layers, "vocab": 31,
+        "dropout": 0.0, "embedding": {"positions": "rope", "tie_output": False},
+        "attention": {"heads": 4, "kv_heads": 2, "window": 3, "window_pattern": pattern},
+        "ffn": {"activation": "swiglu", "bias": False, "hidden": 40, "experts": 4, "top_k": 2,
+                "expert_hidden": 8, "shared_experts": 1, "dense_layers": dense}})
+
+
+def test_formulas_of_local_global_layers_with_dense_first_layers() -> None:
+    """window_pattern and ffn.dense_layers together: each figure is L_local and L_global
+    layers with experts plus L_dense times a dense layer's difference, checked at the spec's
+    sizes (nothing falls back to numbers) and then at another layer count, dense count and
+    pattern, against that spec's own report."""
+    from tfgraph.passes.formulas import spec_formulas, symbol_values
+    from tfgraph.graph.ir import SYMBOLS
+
+    formulas = spec_formulas(tfgraph.compile(_moe_windows(3, 1, ["local", "global"])))
+    assert formulas is not None and formulas.unverified == []
+    kv = formulas.figures["memory.kv_cache"]
+    assert {"L_local", "L_global"} <= {str(s) for s in kv.free_symbols}
+    assert "L_dense" in {str(s) for s in formulas.figures["flops.forward"].free_symbols}
+    other = _moe_windows(5, 2, ["global", "local", "local"])
+    report = tfgraph.compile(other).report(batch=BATCH, seq=7)
+    at = {**symbol_values(other), SYMBOLS["B"]: BATCH, SYMBOLS["S"]: 7, SYMBOLS["T"]: 7}
+    for key, expr in formulas.figures.items():
+        section, _, name = key.partition(".")
+        expected = report[section][name] if name else report[section]
+        assert int(expr.xreplace(at)) == expected, key

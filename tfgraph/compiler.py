@@ -16,7 +16,8 @@ from typing import Any
 from tfgraph.graph.ir import Graph
 from tfgraph.graph.lengths import check_lengths, default_seq
 from tfgraph.graph.lower import lower
-from tfgraph.passes.report import build_report
+from tfgraph.errors import TfgraphError
+from tfgraph.passes.report import build_report, check_reportable
 from tfgraph.spec.schema import Spec
 
 
@@ -52,10 +53,18 @@ class CompiledGraph(Graph):
         ``seq`` defaults to 128, or the spec's max_len when that is smaller (as the command).
         Lengths past the spec's max_len follow tfgraph.graph.lengths: a learned position table
         refuses them (TfgraphError), other positions are reported there with a
-        BeyondMaxLenWarning."""
+        BeyondMaxLenWarning.
+
+        ``tgt_seq`` is an encoder-decoder's target length: on a model with one sequence it is
+        refused (TfgraphError), as ``tfgraph report --tgt-seq``. So is the report of a
+        KV-cache graph (``compile(..., cache=True)``): the report is of the full graph."""
+        check_reportable(self)
+        two = self.spec is not None and self.spec.arch == "encoder-decoder"
+        if tgt_seq is not None and not two:
+            arch = self.spec.arch if self.spec is not None else self.info.arch
+            raise TfgraphError(f"tgt_seq: {self.name} is {arch} with one sequence; use seq")
         if seq is None:
             seq = default_seq(self.spec)
-        two = self.spec is not None and self.spec.arch == "encoder-decoder"
         check_lengths(self.spec, ("seq", seq), ("tgt_seq", tgt_seq if two else None))
         with gc_paused():
             return build_report(self, batch=batch, seq=seq, tgt_seq=tgt_seq,

@@ -517,15 +517,37 @@ class Graph:
 
     # ---- checking ---------------------------------------------------------------------
 
+    def _check_operands(self) -> None:
+        """LoweringError naming the first node (in order) with an operand that is not a node,
+        or one not defined before it: a cycle through it, or an order that is not
+        topological. Read from the operand lists (``Node.inputs``), not the networkx graph."""
+        defined: set[str] = set()
+        for node in self.nodes():
+            for src in node.inputs:
+                if src not in defined:
+                    self._bad_operand(node, src)
+            defined.add(node.name)
+
+    def _bad_operand(self, node: Node, src: str) -> None:
+        if src not in self._nodes:
+            raise LoweringError(f"{node.name}: operand {src!r} is not a node")
+        reads: nx.DiGraph[str] = nx.DiGraph()
+        reads.add_edges_from((i, n.name) for n in self._nodes.values() for i in n.inputs)
+        if nx.has_path(reads, node.name, src):
+            loop = " -> ".join([*nx.shortest_path(reads, node.name, src), node.name])
+            raise LoweringError(f"{node.name}: graph has a cycle through it ({loop})")
+        raise LoweringError(f"{node.name}: operand {src!r} comes after it in the node order")
+
     def lint(self, recheck_added: bool = True) -> None:
         """Check structural invariants; raise LoweringError naming the first bad node.
 
-        The networkx graph is checked against the operand lists only once something has built
-        it (``_g``): until then the operand lists are the edges, and acyclic, since a node's
-        inputs exist before it is added. ``recheck_added`` False skips what ``add`` checked
-        of each node as it was added (its attributes, its type from the shape rule), for a
-        graph nothing can have changed since (``tfgraph.compile`` lints what lowering has
-        just built)."""
+        The operand lists are always checked, whatever built the graph: every operand names
+        a node, and one defined before its reader (the order is topological; a cycle is named
+        as such). The networkx graph, once something has built it (``_g``), is checked
+        against them. ``recheck_added`` False skips what ``add`` checked of each node as it
+        was added (its attributes, its type from the shape rule), for a graph nothing can
+        have changed since (``tfgraph.compile`` lints what lowering has just built)."""
+        self._check_operands()
         in_edges: dict[str, list[tuple[int, str]]] | None = None
         if self._nx is not None:
             if set(self._nx.nodes) != set(self._nodes):

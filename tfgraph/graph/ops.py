@@ -537,6 +537,8 @@ def _linear_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     _check_last(x, w.shape[1], "linear input")
     if len(ins) == 3 and ins[2].shape != (w.shape[0],):
         raise ValueError(f"bias {ins[2]} does not match weight {w}")
+    if any(t.dtype != x.dtype for t in ins[1:]):  # as the element-wise ops: no implicit casts
+        raise ValueError(f"operand dtypes differ: {', '.join(str(t) for t in ins)}")
     return TensorType((*x.shape[:-1], w.shape[0]), x.dtype)
 
 

@@ -29,7 +29,7 @@ from tfgraph.passes.figures import symbolic
 from tfgraph.graph.ir import SYMBOLS, Graph
 from tfgraph.graph.lengths import Lengths
 from tfgraph.passes.param_groups import GROUPING, kind_title, order_kinds, params_by_kind
-from tfgraph.passes.report import build_report, sizes_for
+from tfgraph.passes.report import build_report, check_reportable, positive_int, sizes_for
 from tfgraph.prefixes import PARAMS, SI, prefixed
 from tfgraph.passes.report import train_activations as report_train_activations
 
@@ -305,9 +305,12 @@ def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
     """The comparison dict (JSON-ready) of ``graphs``; ratios are to ``graphs[0]``."""
     if not graphs:
         raise ValueError("compare needs at least one graph")
-    if not seqs or any(int(s) < 1 for s in seqs) or batch < 1:
-        raise ValueError("seqs and batch must be positive")
-    seqs = [int(s) for s in seqs]
+    if not seqs:
+        raise ValueError("compare needs at least one length (seqs)")
+    seqs = [positive_int("seqs", s) for s in seqs]  # refused as graph.report(seq=) does
+    batch = positive_int("batch", batch)
+    for graph in graphs:
+        check_reportable(graph)
     variants: list[dict[str, Any]] = []
     for graph in graphs:
         spec = graph.spec

@@ -166,15 +166,17 @@ def _one_kind(spec: Spec, local: bool) -> Spec:
     return Spec.model_validate(data)
 
 
-def _by_window_kind(spec: Spec, key: str, values: dict[sympy.Symbol, int]) -> sympy.Expr:
+def _by_window_kind(spec: Spec, key: str, loss: bool = False) -> sympy.Expr:
     """Figure ``key`` of a spec with local and global layers: L_local local layers, L_global
-    global ones, and what is outside the layers."""
+    global ones, and what is outside the layers; every layer with its experts, if any (the
+    twins have no dense layers: the caller adds L_dense times a dense layer's difference).
+    ``loss``: of the training graph, as ``_twin``."""
     stack = spec.stacks[0]
     terms = {}
     for kind, local in ((L_LOCAL, True), (L_GLOBAL, False)):
         one = _one_kind(spec, local)
-        terms[kind] = (_figures(_twin(one, {stack: 1}))[key],
-                       _figures(_twin(one, {stack: 2}))[key])
+        terms[kind] = (_figures(_twin(one, {stack: 1}, loss=loss))[key],
+                       _figures(_twin(one, {stack: 2}, loss=loss))[key])
     local_one, local_two = terms[L_LOCAL]
     rest = sympy.expand(2 * local_one - local_two)
     return sympy.Add(*(kind * sympy.expand(two - one) for kind, (one, two) in terms.items()),
@@ -283,6 +285,7 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
         if spec.ffn.dense_layers else None
     numeric = _figures(graph)
     values = symbol_values(spec)
+    mixed = _mixed_windows(spec)
     figures: dict[str, sympy.Expr] = {}
     unverified = []
     # backward_effective is 2x forward_effective unless some gradient is not computed
@@ -291,11 +294,17 @@ def _spec_formulas(graph: Graph) -> SpecFormulas:
         layer_terms = {sym: exact.expand(two[key], base[key]) for sym, two in per.items()}
         rest = exact.expand(base[key], sympy.Add(*layer_terms.values()))
         expr = sympy.Add(*(sym * term for sym, term in layer_terms.items()), rest)
-        if _mixed_windows(spec) and dense is None:
-            expr = _by_window_kind(spec, key, values)
-        if dense is not None:  # (L - L_dense) layers with experts, L_dense dense ones
+        # a dense layer's figure less the same layer's with experts: the two twins differ in
+        # layer 0's feed-forward only (same window kinds); a layer's attention and feed-forward
+        # add up independently, so the difference holds for a local and a global layer alike
+        dense_minus_moe = None if dense is None else sympy.expand(dense[key] - per[L][key])
+        if mixed:  # every layer with experts, by window kind, then L_dense made dense
+            expr = _by_window_kind(spec, key, loss)
+            if dense_minus_moe is not None:
+                expr = expr + L_DENSE * dense_minus_moe
+        elif dense_minus_moe is not None:  # (L - L_dense) layers with experts, L_dense dense
             moe_layer = layer_terms[L]
-            dense_layer = sympy.expand(dense[key] - per[L][key] + moe_layer)
+            dense_layer = sympy.expand(dense_minus_moe + moe_layer)
             expr = (L - L_DENSE) * moe_layer + L_DENSE * dense_layer + rest
         if not _verified(expr, values, numeric[key]):
             unverified.append(key)

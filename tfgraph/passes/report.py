@@ -25,6 +25,7 @@ from typing import Any
 
 import sympy
 
+from tfgraph.errors import TfgraphError
 from tfgraph.passes import cost, effective, exact, gradients
 from tfgraph.passes.figures import FP32_BYTES, STEP_NOTE, state_bytes, states_note, symbolic
 from tfgraph.passes.formulas import spec_formulas
@@ -176,6 +177,24 @@ def _int(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int:
     return fast if fast is not None else int(sympy.Integer(expr.xreplace(sizes)))
 
 
+def positive_int(what: str, value: Any) -> int:
+    """``value`` as a plain int (numpy ints are not JSON); ValueError naming ``what`` unless
+    it is a positive integer (bool is an int subclass and 2.5 would be truncated silently:
+    both refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_reportable(graph: Graph) -> None:
+    """TfgraphError unless ``graph`` is one the report covers: a KV-cache graph (one step
+    over a past of any length P) is not; its model's full graph is."""
+    if graph.info.kind == "cached":
+        part = f" {graph.info.part}" if graph.info.part else ""
+        raise TfgraphError(f"{graph.name}: the report is of the full graph, not the KV-cache"
+                           f"{part} graph (compile without cache=True)")
+
+
 def sizes_for(graph: Graph, batch: int, seq: int, tgt_seq: int | None) -> dict[sympy.Symbol, int]:
     tgt = seq if tgt_seq is None else tgt_seq
     return {SYMBOLS["B"]: int(batch), SYMBOLS["S"]: int(seq), SYMBOLS["T"]: int(tgt)}
@@ -269,16 +288,12 @@ def _fp32_gradients(graph: Graph, states: str, params: Any) -> Any:
 def build_report(graph: Graph, batch: int = 1, seq: int = 128, tgt_seq: int | None = None,
                  fused_attention: bool = False, states: str = "mixed") -> dict[str, Any]:
     """The report dict: totals at the given sizes, roll-ups, formulas, conventions; model
-    states under the ``states`` convention (tfgraph.passes.figures.STATES)."""
+    states under the ``states`` convention (tfgraph.passes.figures.STATES). The report is of
+    a full or loss graph: a KV-cache graph's is refused (TfgraphError)."""
+    check_reportable(graph)
     state_bytes(FP32_BYTES, states)  # ValueError for an unknown convention
-    for what, value in (("batch", batch), ("seq", seq), ("tgt_seq", tgt_seq)):
-        if value is None and what == "tgt_seq":
-            continue
-        # bool is an int subclass and 2.5 would be truncated silently: refuse both
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    batch, seq = int(batch), int(seq)  # plain ints in the dict (numpy ints are not JSON)
-    tgt_seq = None if tgt_seq is None else int(tgt_seq)
+    batch, seq = positive_int("batch", batch), positive_int("seq", seq)
+    tgt_seq = None if tgt_seq is None else positive_int("tgt_seq", tgt_seq)
     sym = symbolic(graph)
     sizes = sizes_for(graph, batch, seq, tgt_seq)
     peak = cost.activation_peak(graph, sym["costs"], sizes, fused_attention=fused_attention)
