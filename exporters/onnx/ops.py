@@ -376,9 +376,13 @@ def _softcap(b: Builder, n: Node, x: str, output: str | None, cap: float | None 
 def _layernorm(b: Builder, n: Node) -> str:
     ins = list(n.inputs)
     if len(ins) == 1:  # no parameters (OLMo 1): LayerNormalization needs a Scale, ones
-        one = make_initializer("value", np.ones(1, np.float32), b.dtype)
         width = b.add(n.name, "Shape", [ins[0]], tag="width", start=-1)
-        ins.append(b.add(n.name, "ConstantOfShape", [width], tag="ones", value=one))
+        if b.dtype == "bfloat16" and b.opset < 20:  # ConstantOfShape: bfloat16 from opset 20
+            ins.append(b.add(n.name, "Expand", [b.const(n.name, "one", 1.0), width],
+                             tag="ones"))
+        else:
+            one = make_initializer("value", np.ones(1, np.float32), b.dtype)
+            ins.append(b.add(n.name, "ConstantOfShape", [width], tag="ones", value=one))
     return b.add(n.name, "LayerNormalization", ins, n.name, axis=-1,
                  epsilon=float(n.attrs["eps"]))
 
