@@ -161,12 +161,12 @@ def test_alibi_is_for_decoders_and_costs_no_parameters() -> None:
     plain = tfgraph.compile(tfgraph.Spec.model_validate(
         {**spec.model_dump(), "embedding": {**spec.embedding.model_dump(),
                                             "positions": "none"}})).report(seq=32)
-    # one bias per stack (h * S multiplies, shared by the layers) and, in every layer, one
-    # add per score (B * h * S * S)
+    # one bias per stack (h * S * S multiplies, slope * (j - i), shared by the layers) and,
+    # in every layer, one add per score (B * h * S * S)
     heads, seq, layers = 4, 32, spec.layers
     assert alibi["flops"]["matmul"] == plain["flops"]["matmul"]
     assert alibi["flops"]["other"] - plain["flops"]["other"] == \
-        heads * seq + layers * heads * seq * seq
+        heads * seq * seq + layers * heads * seq * seq
 
 
 def test_every_pass_knows_alibi_from_its_op_definition(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_falcons_bias_is_build_alibi_tensor_bit_for_bit(heads: int) -> None:
     ours = alibi_bias(slopes, x, mask, True, 8)
     assert ours.shape == (3, heads, mask.shape[1], mask.shape[1])
     assert torch.equal(ours, theirs.expand_as(ours))
-    plain = alibi_bias(slopes, x, None, False, 8)[:, -1]  # slope * key index, float32
+    plain = alibi_bias(slopes, x, None, False, 8)[:, -1]  # slope * (j - i), float32
     shifted = plain[None] - plain[None, :, -1:] + theirs[:, :, 0, -1:]  # a per-row constant
     real = mask[:, None].bool().expand(-1, heads, -1)
     assert not torch.equal(shifted[real], theirs[:, :, 0][real])  # rounding shows
@@ -364,3 +364,82 @@ def test_falcon_rw_decoding_equals_full_recomputation() -> None:
                           spec.output_vocab, None, "cpu")
     stepper.prepare(len(prompts), 7, 10)
     assert run_loop(stepper, prompts, 10, Sampler(None, None, None, None), 1, ()).tokens == want
+
+
+# ---- 16-bit precision: the bias relative to the query, computed in float32 ----------------
+
+
+def test_bias_is_relative_to_the_query_with_a_cache() -> None:
+    """slope_h * (j - i) in float32, then cast, for queries at the last L of T keys (a KV
+    cache's past P = T - L first): the keys near a query get small, exactly rounded biases
+    in 16-bit models, whatever the position; and so does the ONNX graph's bias node."""
+    from tfgraph.exporters.torch.functional import alibi_bias
+
+    heads, past, length = 4, 1000, 3
+    slopes = torch.tensor(alibi_slopes(heads))
+    key, query = torch.arange(past + length), torch.arange(past, past + length)
+    want32 = slopes[:, None, None] * (key[None, :] - query[:, None]).float()  # (h, L, T)
+    x = torch.zeros((2, length, 8), dtype=torch.bfloat16)
+    mask = torch.ones((2, past + length), dtype=torch.long)
+    got = alibi_bias(slopes, x, mask, False, None)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want32.bfloat16())
+    assert torch.equal(alibi_bias(slopes, x.half(), mask, False, 4), (want32 / 2).half())
+    assert torch.equal(got[:, :, past:].float().diagonal(dim1=-2, dim2=-1), torch.zeros(
+        heads, length))  # each query's own key: bias 0, not slope * 1000 rounded
+
+    # the ONNX KV-cache graph's bias in float16, its node's output made a graph output
+    import onnx
+
+    graph = tfgraph.compile(bloom_spec(heads).model_copy(update={"dtype": "float16"}),
+                            cache=True)
+    (node,) = [n for n in graph.ops() if n.op == "alibi"]
+    model = to_onnx(graph, seed=0)
+    model.graph.output.append(onnx.helper.make_tensor_value_info(
+        node.name, onnx.TensorProto.FLOAT16, None))
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    past_kv = {i.name: np.zeros((2, heads, past, 16), np.float16)
+               for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    feeds = {"input_ids": np.ones((2, length), np.int64), "attention_mask": mask.numpy(),
+             **past_kv}
+    bias = session.run([node.name], feeds)[0]
+    np.testing.assert_array_equal(bias, want32.half().numpy())
+
+
+def test_bfloat16_logits_as_accurate_as_transformers_mpt(tmp_path: Path) -> None:
+    """A tiny MPT (transformers adds its bias (j - L + 1) * slope in float32) over 768
+    tokens: tfgraph's bfloat16 logits, through to_torch and through the generated model.py,
+    are within 1.5x of transformers' own bfloat16 model's distance from the float32 logits
+    (a bias slope * j rounded to bfloat16 is ~30x off at 1,024 tokens)."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from tfgraph.cli import main
+
+    length = 768
+    config = transformers.MptConfig(d_model=32, n_heads=4, n_layers=1, vocab_size=61,
+                                    max_seq_len=length, bos_token_id=0,
+                                    eos_token_id=0, pad_token_id=None)
+    torch.manual_seed(0)
+    transformers.MptForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    hf16, hf32 = (transformers.MptForCausalLM.from_pretrained(tmp_path / "hf", dtype=dt).eval()
+                  for dt in (torch.bfloat16, torch.float32))
+    result = CliRunner().invoke(main, ["build", str(tmp_path / "hf"), "--to", "torch", "-o",
+                                       str(tmp_path / "torch")])
+    assert result.exit_code == 0, result.output
+    ids = torch.randint(1, 61, (1, length), generator=torch.Generator().manual_seed(1))
+    loader = importlib.util.spec_from_file_location("mpt_bf16", tmp_path / "torch" / "model.py")
+    assert loader is not None and loader.loader is not None
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    graph = tfgraph.compile(tfgraph.load_spec(tmp_path / "torch" / "spec.yaml"))
+    weights = load_file(tmp_path / "torch" / "weights.safetensors")
+    with torch.no_grad():
+        want16, want32 = hf16(ids).logits.float(), hf32(ids).logits
+        theirs = (want16 - want32).abs().max().item()
+        for net in (module.load(str(tmp_path / "torch")).eval(),
+                    to_torch(graph, weights=weights).eval()):
+            got = net(ids)
+            assert got.dtype == torch.bfloat16
+            ours = (got.float() - want32).abs().max().item()
+            assert ours <= 1.5 * theirs, (ours, theirs)

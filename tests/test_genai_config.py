@@ -151,6 +151,30 @@ def test_the_config_asks_for_cuda_when_told(tmp_path: Path) -> None:
     assert default["model"]["decoder"]["session_options"]["provider_options"] == []
 
 
+def test_a_bfloat16_config_for_the_cpu_comes_with_a_note(tmp_path: Path) -> None:
+    """onnxruntime's CPU provider has no bfloat16 MatMul: a bfloat16 model whose config asks
+    for the CPU (the default) is still written, with one note saying so; a CUDA config, or a
+    float16 model on the CPU, gets none."""
+    import onnxruntime as ort
+
+    spec = str(ROOT / "specs" / "tiny-bf16.yaml")
+    runs = {}
+    for name, flags in (("cpu", []), ("cuda", ["--genai-provider", "cuda"]),
+                        ("half", ["--dtype", "float16"])):
+        (tmp_path / name).mkdir()
+        runs[name] = CliRunner().invoke(main, ["build", spec, "--to", "onnx", "--kv-cache",
+                                               "-o", str(tmp_path / name / "m.onnx"), *flags])
+        assert runs[name].exit_code == 0, runs[name].output
+        assert (tmp_path / name / "genai_config.json").is_file()
+    notes = [line for line in runs["cpu"].stderr.splitlines() if "bfloat16 kernels" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: ") and "CPU" in notes[0], notes
+    assert "--genai-provider cuda" in notes[0]
+    assert "CPU provider" not in runs["cuda"].stderr + runs["half"].stderr
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED"):  # what the note forestalls
+        ort.InferenceSession(str(tmp_path / "cpu" / "m.onnx"),
+                             providers=["CPUExecutionProvider"])
+
+
 def test_genai_provider_needs_a_kv_cache_build(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["build", str(SPEC), "--to", "onnx", "--genai-provider",
                                        "cuda", "-o", str(tmp_path / "m.onnx")])

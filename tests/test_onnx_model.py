@@ -255,3 +255,25 @@ def test_an_external_build_refuses_a_data_file_it_did_not_write(tmp_path, monkey
     assert data.read_bytes() != first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
     onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")), full_check=True)
+
+
+# ops whose ONNX type constraints take bfloat16 only from a later opset than 17: OLMo 1's
+# parameterless LayerNorm's ones (ConstantOfShape: bfloat16 from opset 20); and specs whose
+# graphs hold ConstantOfShape, Range, CumSum or Where near the model's dtype (the routers'
+# zeros, ALiBi's positions, Falcon's rounded bias, T5's buckets)
+BF16_OPSET_SPECS = ["tiny-olmo", "tiny-mpt", "tiny-falcon-rw", "tiny-deepseek-v3", "tiny-t5"]
+
+
+@pytest.mark.parametrize("name", BF16_OPSET_SPECS)
+def test_bfloat16_models_pass_the_full_checker_at_opset_17(name: str) -> None:
+    from conftest import ROOT, small
+
+    spec = small(tfgraph.load_spec(ROOT / "specs" / f"{name}.yaml"))
+    spec = Spec.model_validate({**spec.model_dump(), "dtype": "bfloat16"})
+    modes = [({}, False)]
+    if spec.arch == "decoder-only":
+        modes += [({"cache": True}, False), ({"cache": True}, True)]
+    for kwargs, fused in modes:
+        for opset in (17, 19):
+            model = to_onnx(tfgraph.compile(spec, **kwargs), opset=opset, fused_attention=fused)
+            onnx.checker.check_model(model, full_check=True)

@@ -30,6 +30,7 @@ from tfgraph.exporters.onnx import cache as onnx_cache
 from tfgraph.exporters.onnx.builder import Builder, make_initializer
 from tfgraph.exporters.onnx.moe import MOE_EMITTERS
 from tfgraph.exporters.onnx.rope import ROPE_OPSET, emit_rope  # noqa: F401 (re-exported)
+from tfgraph.exporters.onnx.tensors import ELEM_TYPE
 from tfgraph.graph.ir import Node
 from tfgraph.graph.ops import OPS, sinusoid_frequencies
 
@@ -133,35 +134,42 @@ def _pad_position_ids(b: Builder, n: Node) -> str:
 
 
 def _alibi(b: Builder, n: Node) -> str:
-    # slope_h * j for key j, repeated over the L query rows, as torch_ops._alibi.
+    # slope_h * (j - i) for key j and query i (the last L of the T keys), in float32, divided
+    # when scaled, then cast to the model's dtype, as torch_functional.alibi_bias.
     x = n.inputs[0]  # (B, L, d)
     keys = n.inputs[1] if len(n.inputs) == 2 else x  # KV cache: the (B, T) mask's T
     if n.attrs.get("bfloat16"):
         return _alibi_bfloat16(b, n)
     t = b.add(n.name, "Squeeze", [b.add(n.name, "Shape", [keys], tag="keys", start=1, end=2),
                                   b.ints([0])], tag="T")
-    zero, one = (b.const(n.name, tag, np.array(v, np.int64), "int64")
-                 for tag, v in (("zero", 0), ("one", 1)))
-    j = b.cast(n.name, b.add(n.name, "Range", [zero, t, one], tag="key_pos"), "float32",
-               tag="key_pos_f")  # (T,)
+    length = b.add(n.name, "Squeeze", [b.add(n.name, "Shape", [x], tag="length", start=1,
+                                             end=2), b.ints([0])], tag="L")
+    one = b.const(n.name, "one", np.array(1, np.int64), "int64")
+    zero = b.const(n.name, "zero", np.array(0, np.int64), "int64")
+    j = b.add(n.name, "Range", [zero, t, one], tag="key_pos")  # (T,)
+    first = b.add(n.name, "Sub", [t, length], tag="first_query")  # past length T - L
+    i = b.add(n.name, "Unsqueeze", [b.add(n.name, "Range", [first, t, one], tag="query_pos"),
+                                    b.ints([1])], tag="query_col")  # (L, 1)
+    rel = b.cast(n.name, b.add(n.name, "Sub", [j, i], tag="distance"), "float32",
+                 tag="distance_f")  # (L, T) j - i
     slopes = np.array(n.attrs["slopes"], np.float32)[:, None, None]  # (h, 1, 1)
-    bias = b.add(n.name, "Mul", [b.const(n.name, "slopes", slopes, "float32"), j],
-                 tag="sloped")  # (h, 1, T)
-    if b.dtype != "float32":
-        bias = b.cast(n.name, bias, b.dtype)
-    bias = _alibi_scaled(b, n, bias)
-    length = b.add(n.name, "Shape", [x], tag="length", start=1, end=2)  # [L]
-    shape = b.add(n.name, "Concat", [b.ints([len(n.attrs["slopes"])]), length,
-                                     b.ints([1])], tag="rows", axis=0)  # [h, L, 1]
-    return b.add(n.name, "Expand", [bias, shape], n.name)  # (h, L, T)
+    cast, scaled = b.dtype != "float32", bool(n.attrs.get("scaled"))
+    bias = b.add(n.name, "Mul", [b.const(n.name, "slopes", slopes, "float32"), rel],
+                 None if cast or scaled else n.name, tag="sloped")  # (h, L, T)
+    bias = _alibi_scaled(b, n, bias, "float32", None if cast else n.name)
+    if cast:
+        return b.add(n.name, "Cast", [bias], n.name, to=ELEM_TYPE[b.dtype])  # (h, L, T)
+    return bias
 
 
-def _alibi_scaled(b: Builder, n: Node, bias: str) -> str:
-    """Divided by sqrt(head_dim) when attrs['scaled'] (Falcon-RW), as torch_ops._alibi."""
+def _alibi_scaled(b: Builder, n: Node, bias: str, dtype: str | None = None,
+                  output: str | None = None) -> str:
+    """Divided by sqrt(head_dim) when attrs['scaled'] (Falcon-RW), as torch_functional's
+    alibi_bias; ``dtype``: the bias's (default the model's); ``output``: the Div's name."""
     if not n.attrs.get("scaled"):
         return bias
-    root = b.const(n.name, "sqrt_head_dim", math.sqrt(int(n.attrs["head_dim"])))
-    return b.add(n.name, "Div", [bias, root], tag="scaled")
+    root = b.const(n.name, "sqrt_head_dim", math.sqrt(int(n.attrs["head_dim"])), dtype)
+    return b.add(n.name, "Div", [bias, root], output, tag="scaled")
 
 
 def _bfloat16_rounded(x: np.ndarray) -> np.ndarray:
@@ -368,9 +376,13 @@ def _softcap(b: Builder, n: Node, x: str, output: str | None, cap: float | None 
 def _layernorm(b: Builder, n: Node) -> str:
     ins = list(n.inputs)
     if len(ins) == 1:  # no parameters (OLMo 1): LayerNormalization needs a Scale, ones
-        one = make_initializer("value", np.ones(1, np.float32), b.dtype)
         width = b.add(n.name, "Shape", [ins[0]], tag="width", start=-1)
-        ins.append(b.add(n.name, "ConstantOfShape", [width], tag="ones", value=one))
+        if b.dtype == "bfloat16" and b.opset < 20:  # ConstantOfShape: bfloat16 from opset 20
+            ins.append(b.add(n.name, "Expand", [b.const(n.name, "one", 1.0), width],
+                             tag="ones"))
+        else:
+            one = make_initializer("value", np.ones(1, np.float32), b.dtype)
+            ins.append(b.add(n.name, "ConstantOfShape", [width], tag="ones", value=one))
     return b.add(n.name, "LayerNormalization", ins, n.name, axis=-1,
                  epsilon=float(n.attrs["eps"]))
 

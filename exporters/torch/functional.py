@@ -53,23 +53,33 @@ def learned_positions(x: Tensor, table: Tensor, offset: int = 0) -> Tensor:
 
 def alibi_bias(slopes: Tensor, x: Tensor, mask: Tensor | None, bfloat16: bool,
                head_dim: int | None) -> Tensor:
-    """ALiBi with the options BLOOM's plain form lacks: divided by sqrt(head_dim) when given
-    (Falcon-RW: the scores' own scale), and with ``bfloat16`` Falcon's rounding
-    (transformers' falcon build_alibi_tensor, FalconModel.forward):
-    bfloat16(bfloat16(slope_h) * p_j), p_j key j's position counted over its row's real
-    tokens (mask cumsum - 1, 0 on padding), cast to x's dtype. Rounding makes the bias depend
-    on the positions themselves, not only on their differences, so a left-padded row needs
-    its own: (B, h, L, T) with a (B, T) mask; without one every row counts 0..L-1 and one
-    (h, L, L) serves all (also without ``bfloat16``: slope_h * j, (h, L, T))."""
+    """ALiBi: slope_h * (j - i) for query i and key j (queries at the last L of T keys), in
+    float32, divided by sqrt(head_dim) when given (Falcon-RW: the scores' own scale), then
+    cast to x's dtype: (h, L, T). Relative to the query, the bias near the diagonal (the
+    keys that weigh) stays small, so a 16-bit model rounds it as little as transformers'
+    MPT does; softmax ignores the per-row constant - slope_h * i.
+
+    With ``bfloat16``, Falcon's rounding instead (transformers' falcon build_alibi_tensor,
+    FalconModel.forward): bfloat16(bfloat16(slope_h) * p_j), p_j key j's position counted
+    over its row's real tokens (mask cumsum - 1, 0 on padding), cast to x's dtype, then
+    divided. Rounding makes the bias depend on the positions themselves, not only on their
+    differences, so a left-padded row needs its own: (B, h, L, T) with a (B, T) mask; without
+    one every row counts 0..L-1 and one (h, L, L) serves all."""
     length = x.shape[1]
-    if not bfloat16 or mask is None:
-        keys = length if mask is None else mask.shape[1]
+    keys = length if mask is None else mask.shape[1]
+    if not bfloat16:
+        j = torch.arange(keys, device=x.device)
+        rel = j[None, :] - torch.arange(keys - length, keys, device=x.device)[:, None]
+        bias = slopes.float()[:, None, None] * rel  # (h, L, T) float32
+        if head_dim is not None:
+            bias = bias / math.sqrt(head_dim)
+        return bias.to(x.dtype)
+    if mask is None:
         pos = torch.arange(keys, device=x.device)[None, :]  # (1, T)
     else:
         real = mask.long()  # an integer position: bfloat16 * int64 stays bfloat16
         pos = (real.cumsum(-1) - 1) * real  # (B, T)
-    rate = slopes.bfloat16() if bfloat16 else slopes
-    bias = (rate[None, :, None] * pos[:, None, :]).to(x.dtype)  # (B|1, h, T)
+    bias = (slopes.bfloat16()[None, :, None] * pos[:, None, :]).to(x.dtype)  # (B|1, h, T)
     if head_dim is not None:
         bias = bias / math.sqrt(head_dim)
     if pos.shape[0] == 1:

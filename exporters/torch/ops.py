@@ -154,14 +154,11 @@ TORCH_OPS: dict[str, Lowering] = {
 }
 
 def _alibi(a: dict[str, Any], x: Tensor, keys: Tensor | None = None) -> Tensor:
-    # TORCH_SOURCE's "alibi" template writes the same expression into model.py
-    t = x.shape[1] if keys is None else keys.shape[1]  # (B, L, d); keys: a (B, T) mask
+    # TORCH_SOURCE's "alibi" template writes the same call into model.py; keys: a KV-cache
+    # graph's (B, T) mask, its queries the last L of the T positions
     slopes = torch.tensor(a["slopes"], device=x.device)  # (h,) float32
-    if a.get("bfloat16") or a.get("scaled"):  # Falcon-RW's
-        return tf.alibi_bias(slopes, x, keys, bool(a.get("bfloat16")),
-                             a["head_dim"] if a.get("scaled") else None)
-    j = torch.arange(t, device=x.device)  # (T,) key positions
-    return (slopes[:, None, None] * j).to(x.dtype).expand(-1, x.shape[1], -1)  # (h, L, T)
+    return tf.alibi_bias(slopes, x, keys, bool(a.get("bfloat16")),
+                         a["head_dim"] if a.get("scaled") else None)
 
 
 NORM_OPS = tuple(op for op, d in OPS.items() if d.category == "norm")  # OpDef.category
@@ -297,14 +294,10 @@ def _present(a: Attr, key: str) -> str | None:
 
 def alibi_source(o: Sequence[str], a: Attr) -> str:
     """_alibi written out for a full-sequence graph (no mask: positions 0..L-1 on every row):
-    BLOOM's slope_h * j the same on every row, or with Falcon-RW's options (attributes a
-    lowering sets only when true) alibi_bias."""
+    alibi_bias with Falcon-RW's options (attributes a lowering sets only when true)."""
     x = o[0]
     slopes = f"torch.tensor({a('slopes')}, device={x}.device)"
     rounded, scaled = _present(a, "bfloat16"), _present(a, "scaled")
-    if rounded is None and scaled is None:
-        return (f"({slopes}[:, None, None] * torch.arange({x}.shape[1], device={x}.device))"
-                f".to({x}.dtype).expand(-1, {x}.shape[1], -1)")
     head_dim = "None" if scaled is None else f"({a('head_dim')} if {scaled} else None)"
     return f"alibi_bias({slopes}, {x}, None, {rounded or False}, {head_dim})"
 

@@ -435,6 +435,12 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
             note = end_token_note(source.config or _token_config({"spec": source.spec}))
             if note is not None:
                 source.notes.append(note)
+            if graph.dtype == "bfloat16" and genai_provider in (None, "cpu"):
+                # onnxruntime's CPU provider has no bfloat16 MatMul, Mul, ...: NOT_IMPLEMENTED
+                source.notes.append("genai_config.json asks for onnxruntime's CPU provider, "
+                                    "which has no bfloat16 kernels (MatMul, Mul, ...): give "
+                                    "--genai-provider cuda, or --dtype float16 or float32 to "
+                                    "run it on the CPU")
     for note in source.notes:
         click.echo(f"note: {note}", err=True)
     opts = {"fused_attention": fused, "genai_config": genai, "weights": values,

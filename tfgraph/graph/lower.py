@@ -384,7 +384,7 @@ class _Lowering:
     def score_bias(self, stack: str, x: str, causal: bool) -> str | None:
         """The position bias of one stack, computed once and added to every self-attention
         of the stack: T5's table[bucket(j - i)] as (h, L, L), buckets bidirectional in an
-        encoder; or ALiBi's slope_h * j."""
+        encoder; or ALiBi's slope_h * (j - i)."""
         emb = self.spec.embedding
         meta = NodeMeta(part="embed", stack=stack, module=stack)
         if emb.positions == "alibi":  # BLOOM, MPT, Falcon-RW: fixed slopes, no table

@@ -489,27 +489,33 @@ def _alibi_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 def _alibi_flops(ins: list[TensorType], out: TensorType, attrs: dict[str, Any]) -> Flops:
-    # slope * position once per head and key (per row of the batch when the positions are
-    # each row's own), one more for the division by sqrt(head_dim) when scaled; the query
-    # rows repeat it (a broadcast, no work)
+    # slope * (j - i) once per head, query and key; rounded (Falcon): slope * position once
+    # per head and key (per row of the batch when the positions are each row's own), the
+    # query rows repeating it (a broadcast, no work); one more per value for the division
+    # by sqrt(head_dim) when scaled
     per_key = FLOPS_PER_ELEMENT["add"] * (2 if attrs.get("scaled") else 1)
+    if not attrs.get("bfloat16"):
+        return ZERO, per_key * out.shape[-3] * out.shape[-2] * out.shape[-1]
     rows = out.shape[0] if len(out.shape) == 4 else 1
     return ZERO, per_key * rows * out.shape[-3] * out.shape[-1]
 
 
 register(OpDef(
     "alibi", (1, 2), _alibi_infer, _alibi_flops, _nothing_saved,
-    "ALiBi (Press et al. 2022): slope_h * j for key j, the same for every query row, as "
-    "(heads, L, L) for x's length L; added to the causal self-attention scores it is "
-    "-slope_h * (i - j) up to a per-row constant, which softmax ignores (BLOOM adds exactly "
-    "this). attrs['slopes'] are alibi_slopes(heads) (absent in symbolic twins). With a "
+    "ALiBi (Press et al. 2022): -slope_h * (i - j) for query i and key j, computed in "
+    "float32 and cast to x's dtype, as (heads, L, L) for x's length L, added to the causal "
+    "self-attention scores (BLOOM's slope_h * j and MPT's slope_h * (j - L + 1) differ from "
+    "it by a per-row constant, which softmax ignores; relative to the query, the weighty "
+    "keys near the diagonal get small, finely rounded biases in 16-bit models). "
+    "attrs['slopes'] are alibi_slopes(heads) (absent in symbolic twins). With a "
     "second operand, an attention mask (B, T) of a KV-cache graph, the keys are its T "
-    "positions: (heads, L, T). attrs['scaled']: divided by sqrt(attrs['head_dim']), the "
-    "scores' own scale (Falcon-RW). attrs['bfloat16']: Falcon's build_alibi_tensor, "
-    "bfloat16(bfloat16(slope_h) * p_j) with p_j key j's position counted over the real "
-    "tokens of its row (mask cumsum - 1, 0 on padding); rounding breaks the per-row "
-    "constant, so with a mask operand the bias is per row, (B, heads, L, T). No "
-    "parameters, nothing saved; h*T multiplies (B*h*T per row), doubled when scaled.",
+    "positions and the queries the last L of them: (heads, L, T). attrs['scaled']: divided "
+    "by sqrt(attrs['head_dim']), the scores' own scale (Falcon-RW). attrs['bfloat16']: "
+    "Falcon's build_alibi_tensor instead, bfloat16(bfloat16(slope_h) * p_j) with p_j key "
+    "j's position counted over the real tokens of its row (mask cumsum - 1, 0 on padding), "
+    "the same for every query row; rounding breaks the per-row constant, so with a mask "
+    "operand the bias is per row, (B, heads, L, T). No parameters, nothing saved; h*L*T "
+    "multiplies (rounded: h*T, B*h*T per row), doubled when scaled.",
     category="position",
     attrs={"heads": Attr(SIZE, required=True),
            "slopes": Attr(tuple, doc="alibi_slopes(heads); absent in symbolic twins"),

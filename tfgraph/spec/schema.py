@@ -139,9 +139,9 @@ class Embedding(_Strict):
     learned per-head bias on the self-attention scores by bucketed key - query distance
     (Raffel et al. 2020 §2.1; bidirectional buckets in the encoder, causal in the decoder,
     one table per stack shared by its layers, ``{stack}.relative_bias.weight``), alibi: a fixed
-    per-head linear bias slope_h * (key position) on the self-attention scores (Press et al.
-    2022; BLOOM, MPT, Falcon-RW: decoder-only, no parameters; alibi_scaled and alibi_bfloat16
-    below), or none."""
+    per-head linear bias slope_h * (key - query position) on the self-attention scores (Press
+    et al. 2022; BLOOM, MPT, Falcon-RW: decoder-only, no parameters; alibi_scaled and
+    alibi_bfloat16 below), or none."""
     relative_buckets: _size(1 << 16) | None = None  # type: ignore[valid-type]
     """positions relative: distance buckets (T5: 32; half per direction in the encoder).
     Default: 32."""
