@@ -120,7 +120,7 @@ TORCH_OPS: dict[str, Lowering] = {
     "attention_cached": lambda m, a, q, k, v, mask, bias=None: tf.cached_attention(
         q, k, v, mask, a["heads"], a["kv_heads"], a["head_dim"], a["causal"], a["normalize"],
         a.get("scale"), a.get("softcap"), a.get("window"), a.get("self_read", True), bias,
-        getattr(m, "cache_position", None)),
+        getattr(m, "cache_position", None), a.get("dropout", 0.0) if m.training else 0.0),
     "linear": _linear,
     "attention": _attention,
     "layernorm": _norm_layer,

@@ -850,7 +850,11 @@ register(OpDef(
     "Output (B, S, h*vd), vd = attrs['v_head_dim'] or hd (values of width vd: (B, kv, T, vd)).",
     category="attention",
     attrs={**ATTENTION_ATTRS,
-           "self_read": Attr(bool, default=True, doc="a query reads its own key always")},
+           "self_read": Attr(bool, default=True, doc="a query reads its own key always"),
+           "dropout": Attr(REAL, default=0.0, doc="dropout p on the attention weights in "
+                                                  "training (attention.dropout: masked "
+                                                  "training calls run this graph); the "
+                                                  "identity at inference")},
 ))
 
 # ---- norms --------------------------------------------------------------------------------
