@@ -411,8 +411,11 @@ class _Lowering:
     def embed(self, stack: str, ids: str, table: str) -> str:
         spec, g, scope = self.spec, self.g, f"{stack}.embed"
         meta = NodeMeta(part="embed", stack=stack, module=stack)
+        pad = {"padding_idx": spec.tokens.pad} if spec.embedding.pad_no_grad \
+            and spec.tokens is not None and spec.tokens.pad is not None else {}
         x = g.add("embedding", [table, ids], name=f"{scope}.tokens", scope=scope,
-                  meta=NodeMeta(part="embed", stack=stack, role="tokens", module=""))  # (B, L, d)
+                  meta=NodeMeta(part="embed", stack=stack, role="tokens", module=""),
+                  **pad)  # (B, L, d)
         if spec.embedding.scale:
             x = g.add("scale", [x], name=f"{scope}.scale", scope=scope,
                       factor=_sqrt(self.z.d_model), meta=_role(meta, "scale"))

@@ -313,8 +313,12 @@ def _embedding_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType
 
 register(OpDef(
     "embedding", (2, 2), _embedding_infer, _no_flops, _save_input(1),
-    "Gather rows of a token table: (V, d), (B, S) int64 -> (B, S, d). No FLOPs (a copy).",
+    "Gather rows of a token table: (V, d), (B, S) int64 -> (B, S, d). No FLOPs (a copy). "
+    "With attrs['padding_idx'] the lookups of that id pass no gradient to its row (torch's "
+    "padding_idx); the forward is the same.",
     category="embedding", tp="gather",
+    attrs={"padding_idx": Attr(int, doc="the row the lookups pass no gradient to "
+                                        "(embedding.pad_no_grad: tokens.pad)")},
 ))
 
 register(OpDef(
