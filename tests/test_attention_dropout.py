@@ -3,8 +3,9 @@
 Megatron-LM's GPT runs drop out the softmax probabilities (``--attention-dropout`` 0.1);
 Korthikanti et al. 2022 §4.1 count its one-byte mask (as^2b) and its output (2as^2b) in the
 5as/h term. Checked here at tiny sizes: the field's validation, the lowering (an attribute of
-the attention op only when > 0, never in a KV-cache graph), the torch module and model.py
-(active in train(), the identity in eval()), the bytes the plan keeps (unfused: mask + dropped
+the attention ops only when > 0; in a KV-cache graph too, which masked training calls run, with
+its ONNX model and costs unchanged), the torch module and model.py (active in train(), the
+identity in eval(); masked calls drop out as unmasked ones do), the bytes the plan keeps (unfused: mask + dropped
 weights; fused: nothing more) and the step time (one more memory-bound pass, unfused only).
 tests/test_plan_megatron.py checks the 5as/h closed form at GPT-3 175B's sizes.
 """
@@ -21,6 +22,7 @@ import torch
 import tfgraph
 from tfgraph.exporters import to_torch
 from tfgraph.exporters.torch import functional as tf
+from tfgraph.graph.ops import OPS
 from tfgraph.parallel.gpus import gpu
 from tfgraph.parallel.layout import Layout
 from tfgraph.parallel.planner import plan, unit_numbers
@@ -70,9 +72,13 @@ def test_lowering_adds_dropout_only_when_positive() -> None:
     seq2seq = tfgraph.compile(make(0.2, arch="encoder-decoder"))
     kinds = {(a["kind"], a["dropout"]) for a in _attention_attrs(seq2seq)}
     assert kinds == {("self", 0.2), ("cross", 0.2)}
-    # the KV-cache graph is for inference: no dropout anywhere
+    # the KV-cache graph carries it too: masked training calls run that graph
     cached = _attention_attrs(tfgraph.compile(make(0.2), cache=True))
-    assert cached and all("dropout" not in a for a in cached)
+    assert cached and all(a["dropout"] == 0.2 for a in cached)
+    parts = [tfgraph.compile(make(0.2, arch="encoder-decoder"), cache=True, part=part)
+             for part in ("encoder", "decoder")]
+    cached = [a for part in parts for a in _attention_attrs(part)]
+    assert len(cached) == 6 and all(a["dropout"] == 0.2 for a in cached)  # self, cross
     # nothing else changes: same ops, same FLOPs
     plain, dropped = tfgraph.compile(make(0.0)), tfgraph.compile(make(0.2))
     assert [n.name for n in plain.nodes()] == [n.name for n in dropped.nodes()]
@@ -99,6 +105,59 @@ def test_torch_train_differs_and_eval_equals_the_model_without(impl: str) -> Non
         trained = with_it(ids)
         torch.testing.assert_close(without(ids), without.eval()(ids), rtol=0, atol=0)
         assert not torch.allclose(trained, with_it.eval()(ids), atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["decoder-only", "encoder-decoder"])
+def test_masked_training_calls_drop_out_as_unmasked_ones(arch: str) -> None:
+    """A training call with an attention_mask (or position_ids) runs the KV-cache graph: in
+    train() it drops the attention weights out exactly as the full-sequence graph does (the
+    same draws from the same seed for a mask of ones), and not at all in eval()."""
+    net = to_torch(tfgraph.compile(make(0.3, arch=arch, dropout=0.1)), seed=3).train()
+    gen = torch.Generator().manual_seed(0)
+    src, tgt = (torch.randint(0, 29, (2, n), generator=gen) for n in (SEQ, 7))
+    ones = torch.ones_like(src)
+
+    def call(seed: int = 5, **masked: Any) -> torch.Tensor:
+        torch.manual_seed(seed)
+        out: torch.Tensor = net(src, tgt, **masked) if arch == "encoder-decoder" \
+            else net(src, **masked)
+        return out
+
+    unmasked = call()
+    masks = [{"attention_mask": ones}] if arch == "encoder-decoder" else \
+        [{"attention_mask": ones}, {"position_ids": torch.arange(SEQ).expand(2, SEQ)}]
+    for masked in masks:
+        torch.testing.assert_close(call(**masked), unmasked, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        evaluated = net.eval()(src, tgt) if arch == "encoder-decoder" else net.eval()(src)
+    assert not torch.allclose(unmasked, evaluated, atol=1e-3)
+    net.train()  # another seed, other draws: the masked call does drop out
+    assert not torch.allclose(call(attention_mask=ones), call(6, attention_mask=ones),
+                              atol=1e-3)
+
+
+def test_cache_graphs_onnx_and_costs_do_not_change_with_attention_dropout() -> None:
+    """The KV-cache graph's dropout is the identity at inference: its ONNX graph is the one
+    without it, node for node, and each op counts the same FLOPs and saved bytes."""
+    pytest.importorskip("onnx")
+    from tfgraph.exporters import to_onnx
+
+    for arch, parts in (("decoder-only", (None,)), ("encoder-decoder", ("encoder", "decoder"))):
+        for part in parts:
+            kw: dict[str, Any] = {"cache": True} | ({"part": part} if part else {})
+            plain, dropped = (tfgraph.compile(make(p, arch=arch), **kw) for p in (0.0, 0.2))
+            onnx_graphs = [to_onnx(g, seed=1).graph for g in (plain, dropped)]
+            assert onnx_graphs[0] == onnx_graphs[1]
+            assert _costs(plain) == _costs(dropped)
+
+
+def _costs(graph: Any) -> list[tuple[str, Any, Any]]:
+    """(node, FLOPs, saved) of every op, symbolic in the graph's sizes."""
+    out = []
+    for n in graph.ops():
+        ins, op = [graph.node(i).type for i in n.inputs], OPS[n.op]
+        out.append((n.name, op.flops(ins, n.type, n.attrs), op.saved(ins, n.type, n.attrs)))
+    return out
 
 
 def test_generated_model_py_drops_out_like_to_torch(tmp_path: Path) -> None:

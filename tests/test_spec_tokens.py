@@ -55,6 +55,14 @@ def test_build_writes_the_ids_beside_the_model_and_into_a_folder(tmp_path: Path)
     out = run_cli("generate", str(model), "--prompt-ids", "5,17,42", "--json")
     assert json.loads(out.stdout)["tokens"] == [[eos]], out.stderr
 
+    # Llama's nn.Embedding(padding_idx=pad) gives the pad row no gradient from the lookups:
+    # the spec must say so (embedding.pad_no_grad) to be a Llama folder
+    refused = run_cli("build", str(spec), "--to", "hf", "-o", str(tmp_path / "refused"))
+    assert refused.returncode == 2 and "set embedding.pad_no_grad: true" in refused.stderr
+    assert not (tmp_path / "refused").exists()
+    data = tfgraph.load_spec(spec).model_dump(mode="json")
+    data["embedding"]["pad_no_grad"] = True
+    spec.write_text(tfgraph.dump_spec(tfgraph.Spec.model_validate(data)))
     folder = tmp_path / "hf"
     assert run_cli("build", str(spec), "--to", "hf", "-o", str(folder)).returncode == 0
     config = json.loads((folder / "config.json").read_text())

@@ -594,14 +594,18 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
                      kv_heads: int, head_dim: int, causal: bool, normalize: str,
                      scale: float | None = None, softcap: float | None = None,
                      window: int | None = None, self_read: bool = True,
-                     bias: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+                     bias: Tensor | None = None, positions: Tensor | None = None,
+                     dropout_p: float = 0.0) -> Tensor:
     """Attention of the last S positions' queries q (B, S, h*hd) over present k, v
     (B, kv, T, hd): key j is read by query i (at position P + i, P = T - S) when
     mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window; a query always
     reads its own key (``self_read``; not in cross-attention), so padding rows stay finite.
     ``bias`` (h, S, T), or (B, h, S, T) per row, is added to the scores before the mask.
     ``positions`` (S,): the queries' positions in a static cache's buffer (kv_write), which
-    are not its last S. -> (B, S, h*hd)."""
+    are not its last S. ``dropout_p`` > 0 (training calls with a mask: attention.dropout)
+    drops the weights out as explicit_attention does (the same native dropout on the same
+    (B, kv, g, S, T) weights, so a mask of ones draws what the full-sequence graph draws).
+    -> (B, S, h*hd)."""
     batch, s, t = q.shape[0], q.shape[1], k.shape[2]
     q = q.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # (B, h, S, hd)
     i = (torch.arange(t - s, t, device=q.device) if positions is None
@@ -628,5 +632,7 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
     else:
         first_max = scores.argmax(dim=-1, keepdim=True)
         weights = torch.zeros_like(scores).scatter_(-1, first_max, 1.0)
+    if dropout_p > 0.0:
+        weights = torch.native_dropout(weights, dropout_p, True)[0]
     y = (weights.flatten(2, 3) @ v).reshape(batch, heads, s, v.shape[-1])  # (B, h, S, vd)
     return y.transpose(1, 2).flatten(2)  # (B, S, h*hd)

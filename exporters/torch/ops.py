@@ -110,7 +110,8 @@ def _attention(m: nn.Module, a: dict[str, Any], q: Tensor, k: Tensor, v: Tensor,
 
 
 TORCH_OPS: dict[str, Lowering] = {
-    "embedding": lambda m, a, table, ids: F.embedding(ids, table),  # (B, L, d)
+    "embedding": lambda m, a, table, ids: F.embedding(ids, table,  # (B, L, d)
+                                                      a.get("padding_idx")),
     "scale": lambda m, a, x: x * a["factor"],
     "positions_sinusoidal": _positions_sinusoidal,
     "positions_learned": lambda m, a, x, table, ids=None: x + _learned(a, x, table, ids),
@@ -120,7 +121,7 @@ TORCH_OPS: dict[str, Lowering] = {
     "attention_cached": lambda m, a, q, k, v, mask, bias=None: tf.cached_attention(
         q, k, v, mask, a["heads"], a["kv_heads"], a["head_dim"], a["causal"], a["normalize"],
         a.get("scale"), a.get("softcap"), a.get("window"), a.get("self_read", True), bias,
-        getattr(m, "cache_position", None)),
+        getattr(m, "cache_position", None), a.get("dropout", 0.0) if m.training else 0.0),
     "linear": _linear,
     "attention": _attention,
     "layernorm": _norm_layer,
@@ -356,6 +357,14 @@ ROPE_TABLES = SharedInput(
 )
 
 
+def _padding_idx(a: Attr) -> str:
+    """``, padding_idx=N`` for a token lookup whose pad row gets no gradient, else nothing."""
+    try:
+        return f", padding_idx={a('padding_idx')}"
+    except KeyError:
+        return ""
+
+
 def _learned_src(o: Sequence[str], a: Attr) -> str:
     """A learned table's rows: 0.. of the sequence, or each token's position id (RoBERTa's
     padding-aware ids, the third operand)."""
@@ -366,9 +375,10 @@ def _learned_src(o: Sequence[str], a: Attr) -> str:
 
 TORCH_SOURCE: dict[str, SourceTemplate] = {
     "embedding": SourceTemplate(
-        lambda o, a: f"F.embedding({o[1]}, {o[0]})",
+        lambda o, a: f"F.embedding({o[1]}, {o[0]}{_padding_idx(a)})",
         dims=lambda d: (*d[1], d[0][-1]),
-        module=ModuleForm(("weight", ""), lambda p, a: f"nn.Embedding({', '.join(p['weight'])})"),
+        module=ModuleForm(("weight", ""), lambda p, a:
+                          f"nn.Embedding({', '.join(p['weight'])}{_padding_idx(a)})"),
     ),
     "scale": SourceTemplate(lambda o, a: f"{o[0]} * {a('factor')}"),
     "positions_sinusoidal": SourceTemplate(

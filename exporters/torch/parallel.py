@@ -214,7 +214,27 @@ class _CallOwner:
         self.owner = owner
 
     def __call__(self, module: nn.Module, attrs: dict[str, Any], *inputs: Any) -> Any:
-        return self.owner(inputs[0] if isinstance(self.owner, LinearWeights) else inputs[1])
+        if isinstance(self.owner, LinearWeights):
+            return self.owner(inputs[0])
+        out = self.owner(inputs[1])
+        pad = attrs.get("padding_idx")
+        if pad is None or not torch.is_grad_enabled():
+            return out
+        table = self.owner.weight
+        assert isinstance(table, Tensor)
+        return _no_pad_gradient(out, inputs[1], pad, table)
+
+
+def _no_pad_gradient(out: Tensor, ids: Tensor, pad: int, table: Tensor) -> Tensor:
+    """The vocabulary-split lookup ``out`` (B, S, d), or with sequence parallelism this rank's
+    rows of it (B, S / tp, d), with no gradient through the lookups of ``pad``: what
+    ``F.embedding(..., padding_idx=pad)`` computes on a whole table (the split table's module
+    takes no padding_idx: its rows are the rank's, the id a global one). Same forward."""
+    keep = ids == pad  # (B, S)
+    if out.shape[1] != keep.shape[1]:  # sequence parallelism: the rank's rows (Shard(1))
+        mesh = table.device_mesh  # type: ignore[attr-defined]
+        keep = keep.chunk(mesh.size(), dim=1)[mesh.get_local_rank()]
+    return torch.where(keep[..., None], out.detach(), out)
 
 
 class _TiedHead:

@@ -411,8 +411,11 @@ class _Lowering:
     def embed(self, stack: str, ids: str, table: str) -> str:
         spec, g, scope = self.spec, self.g, f"{stack}.embed"
         meta = NodeMeta(part="embed", stack=stack, module=stack)
+        pad = {"padding_idx": spec.tokens.pad} if spec.embedding.pad_no_grad \
+            and spec.tokens is not None and spec.tokens.pad is not None else {}
         x = g.add("embedding", [table, ids], name=f"{scope}.tokens", scope=scope,
-                  meta=NodeMeta(part="embed", stack=stack, role="tokens", module=""))  # (B, L, d)
+                  meta=NodeMeta(part="embed", stack=stack, role="tokens", module=""),
+                  **pad)  # (B, L, d)
         if spec.embedding.scale:
             x = g.add("scale", [x], name=f"{scope}.scale", scope=scope,
                       factor=_sqrt(self.z.d_model), meta=_role(meta, "scale"))
@@ -699,8 +702,11 @@ class _Lowering:
 
     def attention_dropout(self) -> dict[str, Any]:
         """``dropout`` p of the attention op when attention.dropout > 0 (only then, so graphs
-        without it stay as they were). Only on the full-sequence op: a KV-cache graph is for
-        inference, where dropout is the identity."""
+        without it stay as they were). On the KV-cache graph's ``attention_cached`` too: the
+        torch back end runs that graph for masked training calls (an attention_mask or
+        position_ids), which must drop out what the full-sequence graph drops; it is the
+        identity at inference (ONNX reads no dropout), and no cost is counted for it there
+        (a KV-cache graph is costed for inference only)."""
         p = self.spec.attention.dropout
         return {"dropout": p} if p > 0 else {}
 
@@ -805,7 +811,8 @@ class _Lowering:
                   name=f"{scope}.attention",
                   scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
                   causal=False, normalize=att.normalize, self_read=False,
-                  meta=_role(meta, "attention"), **extra)  # (B, S, h*hd)
+                  meta=_role(meta, "attention"), **extra,
+                  **self.attention_dropout())  # (B, S, h*hd)
         return self.linear(a, scope, "o", "heads*head_dim", "d_model", bool(att.out_bias),
                            meta)  # (B, S, d)
 
@@ -834,7 +841,8 @@ class _Lowering:
                      name=f"{scope}.attention",
                      scope=scope, heads=z.heads, kv_heads=z.kv_heads, head_dim=z.head_dim,
                      causal=causal, normalize=self.spec.attention.normalize,
-                     meta=_role(meta, "attention"), **extra)  # (B, S, h*hd)
+                     meta=_role(meta, "attention"), **extra,
+                     **self.attention_dropout())  # (B, S, h*hd)
 
     def ffn(self, x: str, scope: str, meta: NodeMeta) -> str:
         ffn, g = self.spec.ffn, self.g

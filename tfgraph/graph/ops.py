@@ -313,8 +313,12 @@ def _embedding_infer(ins: list[TensorType], attrs: dict[str, Any]) -> TensorType
 
 register(OpDef(
     "embedding", (2, 2), _embedding_infer, _no_flops, _save_input(1),
-    "Gather rows of a token table: (V, d), (B, S) int64 -> (B, S, d). No FLOPs (a copy).",
+    "Gather rows of a token table: (V, d), (B, S) int64 -> (B, S, d). No FLOPs (a copy). "
+    "With attrs['padding_idx'] the lookups of that id pass no gradient to its row (torch's "
+    "padding_idx); the forward is the same.",
     category="embedding", tp="gather",
+    attrs={"padding_idx": Attr(int, doc="the row the lookups pass no gradient to "
+                                        "(embedding.pad_no_grad: tokens.pad)")},
 ))
 
 register(OpDef(
@@ -858,7 +862,11 @@ register(OpDef(
     "Output (B, S, h*vd), vd = attrs['v_head_dim'] or hd (values of width vd: (B, kv, T, vd)).",
     category="attention",
     attrs={**ATTENTION_ATTRS,
-           "self_read": Attr(bool, default=True, doc="a query reads its own key always")},
+           "self_read": Attr(bool, default=True, doc="a query reads its own key always"),
+           "dropout": Attr(REAL, default=0.0, doc="dropout p on the attention weights in "
+                                                  "training (attention.dropout: masked "
+                                                  "training calls run this graph); the "
+                                                  "identity at inference")},
 ))
 
 # ---- norms --------------------------------------------------------------------------------

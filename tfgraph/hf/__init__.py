@@ -81,6 +81,13 @@ FAMILIES: dict[str, str] = {
     "t5": "t5",
 }
 
+# The model_types whose transformers model builds its token table(s) as
+# nn.Embedding(vocab, d, padding_idx=config.pad_token_id) (transformers 5's modeling files):
+# the lookups of the pad id pass no gradient to its row, which import states as
+# embedding.pad_no_grad. Not GPT-2, GPT-NeoX, GPT-J, BLOOM, GPTBigCode, Falcon, MPT, T5.
+PAD_ROW_FAMILIES: frozenset[str] = frozenset(FAMILIES) - {
+    "gpt2", "gpt_neox", "gptj", "bloom", "gpt_bigcode", "falcon", "mpt", "t5"}
+
 
 def family(cfg: HFConfig) -> ModuleType:
     """The module that converts configs of ``cfg``'s model_type."""
@@ -131,6 +138,14 @@ def _token_ids(cfg: HFConfig, spec: Mapping[str, Any]) -> dict[str, Any]:
             continue
         out[name] = list(items) if isinstance(value, list) else value
     return out
+
+
+def _pad_in_every_table(tokens: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """The pad id is a row of every token table (an encoder-decoder's target one too):
+    transformers' padding_idx, which it refuses outside the table."""
+    pad, vocab = tokens.get("pad"), spec.get("vocab")
+    sizes = list(vocab.values()) if isinstance(vocab, dict) else [vocab]
+    return is_token_id(pad) and all(isinstance(n, int) and 0 <= pad < n for n in sizes)
 
 
 def is_token_id(value: Any) -> TypeGuard[int]:
@@ -195,6 +210,8 @@ def _draft(data: Mapping[str, Any], original: Mapping[str, Any], name: str | Non
     tokens = _token_ids(cfg, draft.data)
     if tokens:
         draft.data["tokens"] = tokens
+    if cfg.model_type in PAD_ROW_FAMILIES and _pad_in_every_table(tokens, draft.data):
+        draft.put("embedding.pad_no_grad", True, "pad_token_id")
     if description is None:
         origin = str(original.get("_name_or_path") or "")[:256]
         description = (f"Imported from a Hugging Face config (model_type {cfg.model_type}"

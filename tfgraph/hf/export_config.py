@@ -208,6 +208,10 @@ def hf_config(spec: Spec) -> HFExport:
         else:
             (path, ours, theirs), rank = result[0], len(result)
             why = f"differs in {path}: {_show(ours)} vs {_show(theirs)}"
+            if path == "embedding.pad_no_grad":  # left out of the dump when false
+                why = (f"differs in {path}: false vs true ({model_type}'s token table gives "
+                       "the tokens.pad row no gradient from the lookups: set "
+                       f"{path}: true, or remove tokens.pad)")
         if closest is None or rank < closest[0]:
             closest = (rank, model_type, why)
     detail = f"closest: {closest[1]}; {closest[2]}" if closest else f"none for {spec.arch}"

@@ -196,6 +196,15 @@ class Embedding(_Strict):
     offset - 1 (RoBERTa: the padding_idx row, offset = padding_idx + 1), so left padding does
     not shift the positions of the real tokens. Needs position_offset >= 1. Default: none
     (token t reads row offset + t)."""
+    pad_no_grad: Flag = False
+    """The token lookup passes no gradient to the ``tokens.pad`` row of the token tables (every
+    table of an encoder-decoder), as torch's ``nn.Embedding(padding_idx=pad)`` does: the
+    Hugging Face families that build their embedding so (Llama, Mistral, Qwen, Gemma, BERT,
+    RoBERTa, BART, Marian, Pegasus, OPT, ...; not GPT-2 or T5), where fine-tuning never moves
+    that row through the inputs (Marian and Pegasus start every target with it). A tied
+    output projection still sends the row its gradient. The forward pass is unchanged.
+    Needs ``tokens.pad``, inside every token table. ``tfgraph import`` sets it for those
+    families when config.json's pad_token_id lies inside the vocabulary."""
     sinusoid_layout: SinusoidLayout = "interleaved"
     """Sinusoidal positions only: interleaved PE[p, 2i] = sin, PE[p, 2i+1] = cos (Vaswani et
     al. 2017), or split: the sines in the first ceil(d/2) channels, the cosines after them
@@ -601,6 +610,8 @@ class Spec(_Strict):
         # --- token ids inside the vocabulary they index
         if self.tokens is not None:
             self._check_tokens(self.tokens)
+        if emb.pad_no_grad:
+            self._check_pad_row()
         # --- attention geometry
         if att.head_dim is None:
             if self.d_model % att.heads:
@@ -770,8 +781,9 @@ class Spec(_Strict):
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         """pydantic's dump, ``tokens`` left out when there are none and its unset ids left
         out (a spec without token ids dumps as it did before the field existed), and
-        ``attention.dropout`` left out at 0 and ``embedding.dropout`` when unset or equal to
-        ``dropout`` (likewise: specs without them dump unchanged)."""
+        ``attention.dropout`` left out at 0, ``embedding.dropout`` when unset or equal to
+        ``dropout`` and ``embedding.pad_no_grad`` when false (likewise: specs without them
+        dump unchanged)."""
         data = super().model_dump(**kwargs)
         att = data.get("attention")
         if isinstance(att, dict) and att.get("dropout") == 0:
@@ -779,6 +791,8 @@ class Spec(_Strict):
         emb = data.get("embedding")
         if isinstance(emb, dict) and emb.get("dropout") in (None, data.get("dropout")):
             emb.pop("dropout", None)  # unset, or (a copy made unvalidated) equal to dropout
+        if isinstance(emb, dict) and emb.get("pad_no_grad") is False:
+            emb.pop("pad_no_grad")  # off: dumps as before the field existed
         tokens = data.get("tokens")
         if tokens is None:
             data.pop("tokens", None)
@@ -799,6 +813,18 @@ class Spec(_Strict):
             if value is not None and value >= vocab:
                 raise ValueError(f"tokens.{name}: {value} is not below the vocabulary "
                                  f"({vocab})")
+
+    def _check_pad_row(self) -> None:
+        """embedding.pad_no_grad names a row, tokens.pad, of every token table."""
+        pad = self.tokens.pad if self.tokens is not None else None
+        if pad is None:
+            raise ValueError("embedding.pad_no_grad: needs tokens.pad, the row that gets no "
+                             "gradient; set tokens.pad or remove it")
+        roles = ("source", "target") if self.arch == "encoder-decoder" else ("source",)
+        for role in roles:
+            if pad >= self.vocab_size(role):
+                raise ValueError(f"embedding.pad_no_grad: tokens.pad {pad} is not below the "
+                                 f"{role} vocabulary ({self.vocab_size(role)})")
 
     def vocab_size(self, role: str) -> int:
         """Vocabulary of ``role``: 'source' (encoder input) or 'target' (decoder, output)."""
