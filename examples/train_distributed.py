@@ -25,7 +25,12 @@ The data are synthetic and deterministic: step s's global batch comes from a gen
 with (seed, s), so every strategy sees the same global batch; data-parallel ranks (DDP, FSDP)
 each take their contiguous share of its rows, tensor-parallel ranks all take the same rows.
 Each row counts up from a random token by a random stride (mod vocab), so the next token is
-learnable and the loss falls. Loss: mean next-token cross-entropy; AdamW.
+learnable and the loss falls. Loss: mean next-token cross-entropy; AdamW. Dropout masks are
+seeded afresh each step from (seed, step, data-parallel rank) (:func:`seed_dropout`): a run
+repeats bit for bit and a resumed run continues the straight one; with dropout > 0 the
+losses of a multi-process layout are not the one-process run's (each data-parallel rank draws
+its own masks). ``--lr`` / ``--weight-decay`` given with ``--resume`` replace the
+checkpoint's values (a ``note:`` line when they differ); not given, the checkpoint's stand.
 
 Per rank the script measures what it holds after the last step, from the tensors themselves
 (``to_local()`` of DTensors): parameter, gradient and optimizer-state bytes (Adam's moments;
@@ -49,6 +54,7 @@ trains too: ``--spec DIR`` imports it and shards it with its own ``parallelize``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import math
@@ -57,6 +63,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
@@ -80,6 +87,10 @@ FULL = {"steps": 20, "batch": 8, "seq": 32}
 QUICK = {"steps": 3, "batch": 4, "seq": 16}
 """The defaults of --steps, --batch and --seq, and --quick's (CI); a flag given explicitly
 keeps its value either way."""
+LR, WEIGHT_DECAY = 3e-3, 0.0
+"""AdamW's defaults; on --resume the checkpoint's values stand unless the flags are given."""
+MAX_SEED = 2**32 - 1
+"""--seed's largest value (tfgraph.script_args.MAX_SEED: every generator here takes it)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,9 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    f"{FULL['batch']} (quick {QUICK['batch']})")
     p.add_argument("--seq", type=int,
                    help=f"tokens per row; default {FULL['seq']} (quick {QUICK['seq']})")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0, help="weights and data")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"AdamW's learning rate; default {LR}. With --resume: the "
+                        "checkpoint's unless given (given and different: a note: line)")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help=f"AdamW's weight decay; default {WEIGHT_DECAY}. With --resume: as --lr")
+    p.add_argument("--seed", type=int, default=0,
+                   help=f"weights, data and dropout masks (0 to {MAX_SEED})")
     p.add_argument("--save", metavar="DIR", help="sharded checkpoint after the last step")
     p.add_argument("--resume", metavar="DIR",
                    help="continue from this checkpoint (--save's) up to --steps; one already "
@@ -320,11 +335,22 @@ CHECKPOINT_FILE = re.compile(r"__\d+_\d+\.distcp")
 """The files dcp.save writes beside .metadata (FileSystemWriter: __<rank>_<n>.distcp)."""
 
 
+@contextmanager
+def one_process_quiet() -> Iterator[None]:
+    """DCP without a process group (--strategy none) warns that it assumes one process: it
+    does, so the warning is noise before a result or an ``error:`` line."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, "
+                                "unavailable or uninitialized", category=UserWarning)
+        yield
+
+
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
                     step: int) -> None:
     """Every rank writes its shards (model and optimizer) under ``path``."""
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    with one_process_quiet():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
     if not dist.is_initialized() or dist.get_rank() == 0:
         Path(path, "train_state.json").write_text(json.dumps({"step": step}))
 
@@ -408,8 +434,9 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
 
     model_state, optim_state = get_state_dict(model, optimizer)
     try:  # in place
-        dcp.load({"model": model_state, "optim": optim_state}, storage_reader=SafeReader(path),
-                 planner=SafePlanner())
+        with one_process_quiet():
+            dcp.load({"model": model_state, "optim": optim_state},
+                     storage_reader=SafeReader(path), planner=SafePlanner())
     except CheckpointException as e:  # every rank's failure; the first says why
         failure = next(iter(e.failures.values()))[0]
         if isinstance(failure, TfgraphError):
@@ -438,10 +465,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             raise TfgraphError(f"--{name} must be 1 or more, got {getattr(args, name)}")
     for name, value, least in (("lr", args.lr, "> 0"), ("weight-decay", args.weight_decay, ">= 0"),
                                ("timeout", args.timeout, "> 0")):
+        if value is None:  # --lr, --weight-decay not given
+            continue
         if not (math.isfinite(value) and (value > 0 if least == "> 0" else value >= 0)):
             raise TfgraphError(f"--{name} must be a finite number {least}, got {value:g}")
-    if args.seed < 0:
-        raise TfgraphError(f"--seed must be 0 or more, got {args.seed}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise TfgraphError(f"--seed must be 0 or more and at most {MAX_SEED}, got {args.seed}")
+    from tfgraph.script_args import check_step_memory
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    check_step_memory(f"--batch {args.batch} x --seq {args.seq}", args.batch, args.seq, 0)
     if args.json_out:  # refused now, not after the training
         from tfgraph.io import check_output
 
@@ -451,6 +484,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                            "--strategy tp or fsdp+tp (--strategy "
                            f"{args.strategy} does not split tensors)")
     graph, weights = load_model(args)
+    vocab = int(graph.VOCAB if hasattr(graph, "TP_PLAN")
+                else graph.node(graph.outputs[0]).type.shape[-1])
+    # this process: the global batch's ids, and its share of the rows' labels and logits
+    check_step_memory(f"--batch {args.batch} x --seq {args.seq}",
+                      -(-args.batch // max(world, 1)), args.seq, vocab)
     resume_at = checkpoint_step(args.resume) if args.resume else 0
     if args.save:
         check_save_target(args.save)
@@ -459,7 +497,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                            "--strategy tp or fsdp+tp and --tp > 1")
     if args.sp and args.seq % args.tp:
         raise TfgraphError(f"--sp: --tp {args.tp} does not divide --seq {args.seq}")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.strategy in TENSOR_PARALLEL and world % args.tp:
         raise TfgraphError(f"--tp {args.tp} does not divide the {world} processes "
                            "(torchrun --nproc_per_node)")
@@ -492,16 +529,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     else:
         device = torch.device("cpu")
     model, dp_size, dp_rank = build(args, graph, weights, device)
-    vocab = int(graph.VOCAB if hasattr(graph, "TP_PLAN")
-                else graph.node(graph.outputs[0]).type.shape[-1])
     if args.batch % dp_size:
         raise TfgraphError(f"--batch {args.batch} does not split over {dp_size} "
                            "data-parallel ranks")
     # foreach=False: under tensor parallelism some parameters are DTensors, others (norms)
     # plain tensors, which one foreach kernel cannot mix.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr,
-                                  weight_decay=args.weight_decay, foreach=False)
-    start = load_checkpoint(args.resume, model, optimizer) if args.resume else 0
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR if args.lr is None else args.lr,
+                                  weight_decay=WEIGHT_DECAY if args.weight_decay is None
+                                  else args.weight_decay, foreach=False)
+    start = 0
+    if args.resume:
+        start = load_checkpoint(args.resume, model, optimizer)
+        apply_given_hyperparameters(args, optimizer, rank == 0)
     rows = args.batch // dp_size
     losses: list[float] = []
     saved: dict[int, int] = {}
@@ -509,6 +548,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     for step in range(start, args.steps):
         begun = time.perf_counter()
+        seed_dropout(args.seed, step, dp_rank)
         tokens = global_batch(step, args, vocab)[dp_rank * rows:(dp_rank + 1) * rows]
         # this rank's inputs and labels as tensors of their own, as a data loader gives them
         # (views would keep the whole global batch alive: the embedding saves its ids)
@@ -557,7 +597,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     result = {"strategy": args.strategy, "tp": args.tp, "sp": args.sp, "world": len(per_rank),
               "start_step": start, "losses": losses, "per_rank": per_rank,
               "seconds": seconds, "step_seconds": step_seconds, "warmup": args.warmup,
-              "median_step_s": median_step, "param_dtype": args.param_dtype}
+              "median_step_s": median_step, "param_dtype": args.param_dtype,
+              "lr": optimizer.param_groups[0]["lr"],
+              "weight_decay": optimizer.param_groups[0]["weight_decay"]}
     if rank == 0:
         if median_step is None:
             print(f"step time: none measured ({len(step_seconds)} steps, --warmup "
@@ -576,6 +618,37 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         dist.barrier()  # every rank done (rank 0 wrote its files) before gloo is torn down
         dist.destroy_process_group()
     return result
+
+
+def seed_dropout(seed: int, step: int, dp_rank: int) -> None:
+    """Seed torch's generators (CPU and every GPU) for step ``step`` on data-parallel rank
+    ``dp_rank``: the dropout masks are a function of (seed, step, rank), so a run repeats
+    bit for bit and a resumed run draws the masks the straight run drew (no generator state
+    to save in the checkpoint). Tensor-parallel ranks of one data-parallel rank draw the
+    same masks: those on replicated activations must agree, or the replicas drift apart.
+    Data-parallel ranks draw their own (their rows differ), so with dropout > 0 no layout
+    draws the one-process run's masks: its losses equal the one-process run's only without
+    dropout."""
+    key = hashlib.sha256(f"tfgraph dropout {seed} {step} {dp_rank}".encode()).digest()
+    torch.manual_seed(int.from_bytes(key[:8], "little"))
+
+
+def apply_given_hyperparameters(args: argparse.Namespace, optimizer: torch.optim.Optimizer,
+                                speak: bool) -> None:
+    """After ``--resume`` restored the optimizer (its learning rate and weight decay with
+    it): ``--lr`` and ``--weight-decay``, when given, replace the checkpoint's values; when
+    they differ from them, a ``note:`` line on stderr (rank 0) says so."""
+    for flag, key, given in (("--lr", "lr", args.lr),
+                             ("--weight-decay", "weight_decay", args.weight_decay)):
+        if given is None:
+            continue
+        saved = {group[key] for group in optimizer.param_groups}
+        if saved != {given} and speak:
+            was = ", ".join(f"{v:g}" for v in sorted(saved))
+            print(f"note: {flag} {given:g} replaces the checkpoint's {was} "
+                  f"(--resume {args.resume})", file=sys.stderr)
+        for group in optimizer.param_groups:
+            group[key] = given
 
 
 def start_group(timeout_s: float) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from distributed_support import load_example, run_example, torchrun
 
 import tfgraph
@@ -254,6 +255,14 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], says: str) -> None:
     (["--spec", "specs/tiny-llama.yaml", "--quick", "--strategy", "ddp", "--timeout", "0"],
      "--timeout must be a finite number > 0"),
     (["--spec", "specs/tiny-llama.yaml", "--quick", "--seed", "-1"], "--seed must be 0 or more"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--seed", "99999999999999999999"],
+     "--seed must be 0 or more and at most 4294967295, got 99999999999999999999"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--batch", "100000000"],
+     "--batch 100000000 x --seq 16: needs about"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--seq", "100000000"],
+     "--batch 4 x --seq 100000000: needs about"),
+    (["--spec", "specs/tiny-llama.yaml", "--quick", "--batch", "99999999999"],
+     "--batch 99999999999: at most 1,073,741,824"),
     (["--spec", "specs/tiny-llama.yaml", "--quick", "--json-out", str(ROOT / "specs")],
      "is a directory"),
     (["--spec", "specs/tiny-llama.yaml", "--quick", "--json-out", "/nonexistent-dir/x.json"],
@@ -401,3 +410,63 @@ def test_fsdp_mixed_precision_and_the_median_step_time(
     assert result["median_step_s"] == statistics.median(times[1:])
     assert f"step time: median {result['median_step_s'] * 1e3:.2f} ms over {STEPS - 1} steps " \
            "(the first 1 left out as warm-up)" in done.stdout
+
+
+def _dropout_base() -> list[str]:
+    """tiny-decoder: dropout 0.1 after the embeddings and every sublayer."""
+    assert tfgraph.load_spec(ROOT / "specs" / "tiny-decoder.yaml").dropout > 0
+    return ["--spec", str(ROOT / "specs" / "tiny-decoder.yaml"), "--strategy", "none",
+            "--batch", "2", "--seq", "8"]
+
+
+def test_dropout_runs_repeat_and_resume_continues_bit_for_bit(tmp_path: Path) -> None:
+    """--seed seeds the dropout masks too, per step: two runs give the same losses, and a
+    run saved at step 2 and resumed to 4 gives the straight run's, bit for bit; another
+    seed draws other masks from the same data and weights."""
+    example = load_example()
+    base, ckpt = _dropout_base(), str(tmp_path / "ckpt")
+    straight = example.train(example.parse_args([*base, "--steps", "4"]))["losses"]
+    assert example.train(example.parse_args([*base, "--steps", "4"]))["losses"] == straight
+    saved = example.train(example.parse_args([*base, "--steps", "2", "--save", ckpt]))
+    resumed = example.train(example.parse_args([*base, "--steps", "4", "--resume", ckpt]))
+    assert saved["losses"] + resumed["losses"] == straight
+    example.seed_dropout(0, 0, 0)
+    a = torch.nn.functional.dropout(torch.ones(64), 0.5)
+    example.seed_dropout(0, 0, 1)  # another data-parallel rank: its own masks
+    assert not torch.equal(a, torch.nn.functional.dropout(torch.ones(64), 0.5))
+
+
+def test_resume_applies_the_given_lr_and_weight_decay(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    """--lr and --weight-decay given with --resume replace the checkpoint's (a note: line
+    each when they differ); not given, the checkpoint's stand."""
+    example = load_example()
+    base, ckpt = _dropout_base(), str(tmp_path / "ckpt")
+    example.train(example.parse_args([*base, "--steps", "1", "--lr", "1e-3",
+                                      "--weight-decay", "0.1", "--save", ckpt]))
+    capsys.readouterr()
+    kept = example.train(example.parse_args([*base, "--steps", "2", "--resume", ckpt]))
+    assert (kept["lr"], kept["weight_decay"]) == (1e-3, 0.1)
+    assert "note:" not in capsys.readouterr().err
+    given = example.train(example.parse_args([*base, "--steps", "2", "--resume", ckpt,
+                                              "--lr", "5e-4", "--weight-decay", "0.1"]))
+    assert (given["lr"], given["weight_decay"]) == (5e-4, 0.1)
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note")]
+    assert notes == [f"note: --lr 0.0005 replaces the checkpoint's 0.001 (--resume {ckpt})"]
+
+
+def test_a_checkpoint_of_another_spec_is_one_line(tmp_path: Path) -> None:
+    """No torch warning around saving and loading in one process (DCP's 'assuming the
+    intent is to ... in a single process'): nothing on stderr, or the error line alone."""
+    ckpt = str(tmp_path / "ckpt")
+    base = ["--strategy", "none", "--batch", "2", "--seq", "8"]
+    done = run_example(["--spec", str(ROOT / SPECS["llama"]), *base, "--steps", "1",
+                        "--save", ckpt])
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    done = run_example(["--spec", str(ROOT / "specs" / "tiny-decoder.yaml"), *base,
+                        "--steps", "2", "--resume", ckpt])
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --resume {ckpt}: does not load"), \
+        lines

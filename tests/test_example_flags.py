@@ -16,8 +16,9 @@ from types import ModuleType
 import pytest
 
 from tfgraph.errors import TfgraphError
-from tfgraph.script_args import (ArgumentParser, non_negative_float, non_negative_int,
-                                 positive_float, positive_int, positive_ints, run_main)
+from tfgraph.script_args import (MAX_SEED, ArgumentParser, non_negative_float,
+                                 non_negative_int, positive_float, positive_int, positive_ints,
+                                 run_main, seed)
 
 from conftest import ROOT
 
@@ -47,6 +48,10 @@ def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     ("seq2seq", ["--warmup", "-1"], "--warmup: expected an integer of 0 or more, got '-1'"),
     ("seq2seq", ["--threads", "0"], "--threads: expected an integer of 1 or more"),
     ("seq2seq", ["--threads", "-2"], "--threads: expected an integer of 1 or more"),
+    ("seq2seq", ["--seed", "-1"], "--seed: expected an integer from 0 to 4294967295, got '-1'"),
+    ("seq2seq", ["--seed", "4294967296"], "--seed: expected an integer from 0 to 4294967295"),
+    ("language-model", ["--seed", "99999999999999999999"],
+     "--seed: expected an integer from 0 to 4294967295, got '99999999999999999999'"),
     ("language-model", ["--seq", "0"], "--seq: expected an integer of 1 or more"),
     ("language-model", ["--batch", "0"], "--batch: expected an integer of 1 or more"),
     ("language-model", ["--steps", "0"], "--steps: expected an integer of 1 or more"),
@@ -142,3 +147,33 @@ def test_the_scripts_exit_2_before_any_work(name: str, argv: list[str], message:
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(message), done.stderr
     assert done.stdout == "" and not out.exists()
+
+
+@pytest.mark.parametrize(("name", "argv", "message"), [
+    ("language-model", ["--batch", "1000000000"], "error: --batch 1000000000 x --seq 64: "
+     "needs about 66,560.0 GB of memory, only 1.0 GB available"),
+    ("seq2seq", ["--batch", "100000000"],
+     "error: --batch 100000000: needs about 56.4 GB of memory, only 1.0 GB available"),
+    ("seq2seq", ["--batch", "99999999999"],
+     "error: --batch 99999999999: at most 1,073,741,824 (sequences per step)"),
+])
+def test_a_batch_that_cannot_fit_is_refused_before_any_work(
+        name: str, argv: list[str], message: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows x tokens whose ids and float32 logits alone exceed the memory available (1 GB
+    here) stop before the output folder is made or anything is allocated."""
+    from tfgraph import io
+
+    monkeypatch.setattr(io, "available_memory", lambda: 10**9)
+    script = _load(name, monkeypatch)
+    out = tmp_path / "out"
+    assert run_main(lambda: script.main(["--quick", "--out", str(out), *argv])) == 2
+    assert capsys.readouterr().err == message + "\n"
+    assert not out.exists()
+
+
+def test_the_seed_type() -> None:
+    assert (seed("0"), seed(str(MAX_SEED))) == (0, 2**32 - 1)
+    for text in ("-1", str(MAX_SEED + 1), "1.0", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed(text)

@@ -50,6 +50,37 @@ def non_negative_int(text: str) -> int:
     return _integer(text, 0)
 
 
+MAX_SEED = 2**32 - 1
+"""The largest ``--seed`` of an example: every generator the examples seed takes it (numpy's
+legacy ``RandomState``, Python's ``random``, torch's ``manual_seed``, and the distributed
+example's data seed ``seed * 1,000,003 + step``, which stays within torch's 64 bits)."""
+
+
+def seed(text: str) -> int:
+    """``type=`` for a seed: an integer from 0 to :data:`MAX_SEED`."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {MAX_SEED}, "
+                                         f"got {text!r}")
+    return value
+
+
+def check_step_memory(what: str, rows: int, length: int, vocab: int) -> None:
+    """Refuse (a :class:`TfgraphError`, before anything is allocated) a training step of
+    ``rows`` sequences of ``length`` tokens past tfgraph's bounds (``MAX_BATCH`` rows,
+    ``MAX_LENGTH`` tokens: tfgraph.limits) or whose ids, labels and float32 logits alone
+    cannot fit in the memory available (an estimate from below: the activations and
+    their gradients come on top)."""
+    from tfgraph.limits import MAX_BATCH, MAX_LENGTH, check_at_most, check_memory
+
+    check_at_most("--batch", rows, MAX_BATCH, "sequences per step")
+    check_at_most("--seq", length, MAX_LENGTH, "tokens per sequence")
+    check_memory(what, float(rows) * length * (16 + 4 * vocab))
+
+
 def _real(text: str, zero_ok: bool) -> float:
     try:
         value = float(text)

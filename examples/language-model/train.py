@@ -49,8 +49,8 @@ import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
 from tfgraph.hf.tokenizer import write_byte_level
-from tfgraph.script_args import (ArgumentParser, non_negative_int, output_file,
-                                 positive_float, positive_int, run_main)
+from tfgraph.script_args import (ArgumentParser, check_step_memory, non_negative_int,
+                                 output_file, positive_float, positive_int, run_main, seed)
 
 HERE = Path(__file__).resolve().parent
 SPEC = HERE / "byte-lm.yaml"
@@ -90,7 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"sampled tokens; {_default('sample_tokens')}")
     p.add_argument("--max-ppl", type=positive_float,
                    help=f"success: held-out perplexity below this; {_default('max_ppl')}")
-    p.add_argument("--seed", type=int, default=0, help="weights and batches")
+    p.add_argument("--seed", type=seed, default=0, help="weights, batches and dropout "
+                   "(0 to 2**32 - 1)")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch and onnxruntime threads (1: best on shared cores, see below)")
     p.add_argument("--json-out", type=output_file, help="write the figures here as JSON")
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     if max(args.seq, longest, len(SAMPLE_PROMPT) + args.sample_tokens) > spec.max_len:
         raise TfgraphError(f"--seq, prompt + --new-tokens and --sample-tokens must fit the "
                            f"spec's max_len {spec.max_len}")
+    check_step_memory(f"--batch {args.batch} x --seq {args.seq}", args.batch, args.seq,
+                      spec.vocab_size("source"))
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     # On 2 cores shared with other processes, a training step took 0.47 s of CPU on one

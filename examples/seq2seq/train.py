@@ -44,8 +44,9 @@ from safetensors.torch import save_file
 import tfgraph
 from tfgraph.errors import TfgraphError
 from tfgraph.exporters import to_torch
-from tfgraph.script_args import (ArgumentParser, non_negative_float, non_negative_int,
-                                 output_file, positive_float, positive_int, run_main)
+from tfgraph.script_args import (ArgumentParser, check_step_memory, non_negative_float,
+                                 non_negative_int, output_file, positive_float, positive_int,
+                                 run_main, seed)
 
 import number_words as task  # examples/seq2seq/number_words.py, beside this script
 
@@ -69,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=non_negative_float, help="held-out exact match to reach: default "
                    f"{FULL['target']} (quick {QUICK['target']})")
     p.add_argument("--beams", type=positive_int, default=4, help="beam width of the beam-search check")
-    p.add_argument("--seed", type=int, default=0, help="weights, data and held-out numbers")
+    p.add_argument("--seed", type=seed, default=0,
+                   help="weights, data, dropout and held-out numbers (0 to 2**32 - 1)")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch threads (the matrices are tiny: see README.md)")
     p.add_argument("--json-out", type=output_file, help="write the summary here too")
@@ -183,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     if spec.vocab_size("source") != len(task.VOCAB):
         raise TfgraphError(f"{args.spec}: vocab must be {len(task.VOCAB)}, the task's "
                            "vocabulary")
+    # a batch pads its rows to its longest number: `digits` digits in any large batch
+    check_step_memory(f"--batch {args.batch}", args.batch, args.digits,
+                      spec.vocab_size("source"))
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)

@@ -810,7 +810,7 @@ def _eager_kernels(graph: Graph, batch: int, seq: int) -> dict[str, NodeKernels]
 def _no_kernels(fn: Any) -> bool:
     """A step that runs a whole layer's program (whose own steps are recorded) or picks one
     of a layer's outputs (a tuple index)."""
-    from tfgraph.exporters.torch.module import _pick
+    from tfgraph.exporters.torch.module import _CallLayer, _pick
 
-    return hasattr(fn, "layer") or fn is _pick
+    return isinstance(fn, _CallLayer) or fn is _pick
 

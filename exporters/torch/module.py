@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from tfgraph.errors import TfgraphError
 from tfgraph.limits import check_weight_memory
@@ -224,7 +225,9 @@ class _Program:
     def run(self, module: nn.Module, inputs: tuple[Any, ...]) -> list[Any]:
         env: list[Any] = [None] * len(self.slots)
         for slot, owner, leaf in self.params:
-            env[slot] = owner._parameters[leaf]
+            value = owner._parameters.get(leaf)
+            # a parametrized weight (torch.nn.utils.parametrize) is computed by its property
+            env[slot] = getattr(owner, leaf) if value is None else value
         for slot, x in zip(self.inputs, inputs):
             env[slot] = x
         grad = torch.is_grad_enabled()
@@ -261,13 +264,20 @@ class LayerModule(nn.Module):
 
 
 class _CallLayer:
-    """A step of the model's program that calls a layer module (bound at construction)."""
+    """A step of the model's program that calls the layer at module path ``path``
+    ("decoder.layers.3"), looked up when called: a block put in its place after building
+    (``layers.register_module("3", checkpoint_wrapper(block))`` as torchtitan's activation
+    checkpointing does, ``apply_activation_checkpointing``, a per-block ``torch.compile``) is
+    what runs."""
 
-    def __init__(self, layer: LayerModule) -> None:
-        self.layer = layer
+    def __init__(self, path: str) -> None:
+        self.parent, _, self.name = path.rpartition(".")
 
     def __call__(self, module: nn.Module, attrs: dict[str, Any], *inputs: Any) -> Any:
-        return self.layer(*inputs)
+        owner = module.get_submodule(self.parent) if self.parent else module
+        layer = owner._modules[self.name]
+        assert layer is not None
+        return layer(*inputs)
 
 
 def _pick(module: nn.Module, attrs: dict[str, Any], outputs: Any) -> Any:
@@ -287,7 +297,7 @@ class TorchModel(nn.Module):
         self.source_graph = graph  # what parallelize reads (tfgraph.parallel.tp_plan)
         self.info = graph.info  # what lowering says of the graph (its kind, cache parts)
         # modules of this model's other graphs (its KV-cache parts) over the same parameters
-        self._parts: dict[str | None, tuple[int, TorchModel]] = {}
+        self._parts: dict[str | None, tuple[tuple[int, tuple[str, ...]], TorchModel]] = {}
         walk = plan(graph)
         layer_paths = _region_paths(graph, walk.region)
         self._layers: dict[tuple[Any, ...], LayerModule] = {}
@@ -370,14 +380,17 @@ class TorchModel(nn.Module):
             raise TfgraphError(f"{self.graph_name}: masks and a KV cache need a KV-cache graph"
                                f"{which}, and this {info.arch or 'graph'} has none "
                                f"(its KV-cache graphs: {info.cache_parts})")
-        first = next(self.parameters()).data_ptr()
+        computed = _parametrized(self)
+        first = (next(self.parameters()).data_ptr(), tuple(computed))
         held = self._parts.get(part)
         if held is None or held[0] != first:
             graph = info.cache_graph(part)
             # the very Parameter objects: the part reads these weights and its gradients
             # accumulate on them (training through a masked forward)
             mine = dict(self.named_parameters())
+            mine.update({name: original for name, (_, _, original) in computed.items()})
             module = _model_class(graph)(graph, {p.name: mine[p.name] for p in graph.params()})
+            _read_parametrized(module, computed)
             module.attention_impl = self.attention_impl
             held = self._parts[part] = (first, module)
         if held[1].training != self.training:  # follows model.train() / model.eval()
@@ -392,6 +405,37 @@ class TorchModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"graph={self.graph_name!r}, attention_impl={self.attention_impl!r}"
+
+
+def _parametrized(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Parameter]]:
+    """Parameter name -> (owner, leaf, original Parameter) of every weight
+    torch.nn.utils.parametrize computes (one original each; a right_inverse splitting it in
+    several tensors is refused)."""
+    out: dict[str, tuple[nn.Module, str, nn.Parameter]] = {}
+    for path, owner in model.named_modules():
+        plists = owner._modules.get("parametrizations")
+        if plists is None or not parametrize.is_parametrized(owner):
+            continue
+        for leaf, plist in plists.named_children():
+            name = f"{path}.{leaf}" if path else leaf
+            original = getattr(plist, "original", None)
+            if not isinstance(original, nn.Parameter):
+                raise TfgraphError(f"{name}: a parametrization whose right_inverse returns "
+                                   "several tensors is not supported")
+            out[name] = (owner, leaf, original)
+    return out
+
+
+def _read_parametrized(part: TorchModel,
+                       computed: Mapping[str, tuple[nn.Module, str, nn.Parameter]]) -> None:
+    """Make a KV-cache part read each parametrized weight from its model's owner (the
+    parametrization computes it there; the part holds the original Parameter)."""
+    if not computed:
+        return
+    for program in [part._program, *(layer._program for layer in part.layers())]:
+        names = {slot: name for name, slot in program.slots.items()}
+        program.params = [(slot, *computed[names[slot]][:2]) if names[slot] in computed
+                          else (slot, owner, leaf) for slot, owner, leaf in program.params]
 
 
 def module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
@@ -910,7 +954,7 @@ def _build(graph: Graph, walk: Plan, top: _Program,
             layer.output_names = tuple(layer_outputs[key])
             outs = layer_outputs[key]
             call_out = top.slot(outs[0] if len(outs) == 1 else f"#{layer_paths[key]}")
-            top.steps.append((_CallLayer(layer), {}, tuple(top.slots[i] for i in ins), call_out,
+            top.steps.append((_CallLayer(layer_paths[key]), {}, tuple(top.slots[i] for i in ins), call_out,
                               (), None, ()))
             if len(outs) > 1:
                 for index, name in enumerate(outs):
