@@ -69,7 +69,7 @@ from tfgraph.passes.figures import STEP_NOTE, states_note
 _NUMBERS = ("saved_none_split", "saved_none_whole", "saved_none_replicated", "saved_sel_split",
             "saved_sel_whole", "saved_sel_replicated", "inputs", "flops_split", "flops_whole",
             "flops_replicated", "bwd_less_split", "bwd_less_whole", "bwd_less_replicated",
-            "attention_flops", "tp", "tp_forward", "vocab_reduce", "a2a",
+            "tp", "tp_forward", "vocab_reduce", "a2a",
             "output_grad")
 
 
@@ -95,7 +95,6 @@ def _evaluate(unit: Unit, form: str, sizes: dict[sympy.Symbol, int]) -> UnitNumb
         "flops_whole": unit.flops_whole, "flops_replicated": unit.flops_replicated,
         "bwd_less_split": unit.backward_less[0], "bwd_less_whole": unit.backward_less[1],
         "bwd_less_replicated": unit.backward_less[2],
-        "attention_flops": unit.attention_flops,
         "tp": unit.tp_forward + unit.tp_backward, "tp_forward": unit.tp_forward,
         "vocab_reduce": unit.vocab_reduce,
         "a2a": unit.a2a, "output_grad": unit.output_grad,
@@ -236,7 +235,6 @@ class StageFigures:
     states: States
     activations: int
     temporary: int
-    hardware_flops: float
     comm: dict[str, float]
     tied: tuple[tuple[int, int], ...] = ()
     """(stages, gradient bytes) of the parameters the stage shares with other stages, all-reduced
@@ -260,7 +258,6 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
     sp_div = t if layout.sp else 1
     model_states = NONE
     saved = temporary = 0
-    flops = 0.0
     tp_bytes = a2a = 0.0
     rebuilt = 0
     pieces = 0  # an MoE layer's expert weight gradients, per expert until stacked
@@ -277,17 +274,6 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
                           + n["saved_none_replicated"])
             kept = n["inputs"] // sp_div
         saved += kept * count
-        # the rule the saved bytes follow (units.flops_kind): whole work is the rank's rows
-        # under sequence parallelism, replicated work (on the gathered sequence) is not cut
-        forward = n["flops_split"] / t + n["flops_whole"] / sp_div + n["flops_replicated"]
-        # backward: 2 x forward less the gradients nothing asks for (passes.gradients)
-        less = n["bwd_less_split"] / t + n["bwd_less_whole"] / sp_div + n["bwd_less_replicated"]
-        extra = 0.0
-        if layout.recompute == "selective":
-            extra = n["attention_flops"] / t
-        elif layout.recompute == "full" and unit.is_layer:
-            extra = forward
-        flops += (3 * forward - less + extra) * m * count
         # full recompute reruns a layer's forward, collectives included (Megatron-LM's
         # CheckpointFunction): its forward all-reduces and its two all-to-alls once more
         full = layout.recompute == "full" and unit.is_layer
@@ -309,7 +295,7 @@ def _stage(graph: Graph, layout: Layout, index: int, members: StageMembers,
     temporary += max(rebuilt, pieces * w16)  # (rebuilt in forward, pieces at backward's end)
     pp_bytes = 2.0 * boundary * m * layout.vpp if p > 1 else 0.0  # staged: vpp 1 here
     comm = {"tp": tp_bytes, "dp": dp_bytes, "pp": pp_bytes, "ep": a2a}
-    return StageFigures(index, model_states, saved, temporary, flops, comm)
+    return StageFigures(index, model_states, saved, temporary, comm)
 
 
 def _dp_bytes(layout: Layout, s: States, w16: int) -> float:
@@ -411,7 +397,7 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
         comm = {**one.comm, "pp": sends}
         figures.append(StageFigures(index, one.states,
                                     int(one.activations * in_flight(layout, index)),
-                                    one.temporary, one.hardware_flops, comm, tied))
+                                    one.temporary, comm, tied))
     return Staged(numbers, counts, folded, figures, boundaries)
 
 
