@@ -11,7 +11,8 @@ Gemma 3 never soft-caps its attention scores; families without sliding-window at
 ignore ``layer_types`` and ``sliding_window`` and Mistral slides every layer; BLOOM's
 ``slow_but_exact`` path drops two biases; DeepSeek's latent norms keep eps 1e-6; a key
 config.json lacks takes the config class's default; gated T5 (Flan-T5) imports; Phi-3's
-top-level ``partial_rotary_factor`` is read; untied BART tables are refused at import.
+top-level ``partial_rotary_factor`` is read; untied BART tables are refused at import; a
+null YaRN ``truncate`` does not round the correction range (``if truncate:``).
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
     # 9. untied BART / mBART: four token tables, refused at import (not at build)
     "bart-untied": ("bart", {"tie_word_embeddings": False}, {}, "tie_word_embeddings"),
     "mbart-untied": ("mbart", {"tie_word_embeddings": False}, {}, "tie_word_embeddings"),
+    # 10. YaRN's truncate, where the head is wide enough for the rounding to move frequencies
+    "llama-yarn-truncate-null": ("llama", {}, {"head_dim": 64, "rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "rope_theta": 10000.0, "truncate": None}}, None),
+    "llama-yarn-truncate-text": ("llama", {}, {"head_dim": 64, "rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "rope_theta": 10000.0, "truncate": "no"}}, "truncate must be true or false"),
 }
 
 

@@ -2,7 +2,9 @@
 
 Gemma 3 and ModernBERT build one rotary table per layer type from ``rope_parameters``'
 full_attention / sliding_attention entries, which their config classes complete from a legacy
-``rope_scaling`` and legacy top-level thetas; a flat mapping is kept there but never read.
+``rope_scaling`` and legacy top-level thetas; a flat mapping is kept there but never read,
+save YaRN's ``truncate``, which transformers reads from the top level alone (never from the
+entry, nor from a legacy ``rope_scaling`` the config class copies into it).
 Families whose model reads one flat mapping but whose config class declares layer_types
 (Qwen2, Qwen3, Qwen2-MoE, Gemma 2, Cohere 2, Ministral) fail on entries per layer type unless
 the top level carries its own rope_type and rope_theta. Qwen3-MoE's mask slides every layer
@@ -16,6 +18,7 @@ where the refusal says transformers fails, the test shows that it does.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ import tfgraph
 from tfgraph.cli import main
 from tfgraph.exporters import to_torch
 from tfgraph.hf import name_map
+from tfgraph.hf.export_config import hf_config
 
 from parity_support import DROP, edit_config_json, greedy_with_cache
 from test_hf_config_exact import check_import_logits
@@ -37,6 +41,10 @@ transformers = pytest.importorskip("transformers")
 NESTED = {"full_attention": {"rope_type": "default", "rope_theta": 500.0},
           "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}
 FLAT_FAILS = "the only one transformers' model reads: it fails"
+# a head where YaRN's rounding of the correction range moves the rotary frequencies
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+YARN_ENTRIES = {"full_attention": YARN | {"rope_theta": 10000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 
 # name: (case, config.json edits, refusal text or None, transformers fails on it)
 VARIANTS: dict[str, tuple[str, dict[str, Any], str | None, bool]] = {
@@ -67,6 +75,20 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str | None, bool]] = {
     # ... every layer local: the (scaled) global entry is read by no layer
     "gemma3_text-all-sliding": ("gemma3_text", {"layer_types": ["sliding_attention"] * 3},
                                 None, False),
+    # ... YaRN's truncate: the entry's (or a legacy rope_scaling's) is not read, a flat one is
+    "gemma3_text-yarn-truncate-in-entry": ("gemma3_text", {"head_dim": 64, "rope_parameters": {
+        "full_attention": YARN_ENTRIES["full_attention"] | {"truncate": False},
+        "sliding_attention": YARN_ENTRIES["sliding_attention"]}}, None, False),
+    "gemma3_text-yarn-truncate-rope-scaling": ("gemma3_text", {
+        "head_dim": 64, "rope_parameters": DROP, "rope_scaling": YARN | {"truncate": False},
+        "rope_theta": 10000.0}, None, False),
+    "gemma3_text-yarn-truncate-flat": ("gemma3_text", {"head_dim": 64, "rope_parameters":
+                                       YARN_ENTRIES | {"truncate": False}}, None, False),
+    "gemma3_text-yarn-truncate-flat-null": ("gemma3_text", {
+        "head_dim": 64, "rope_parameters": YARN_ENTRIES | {"truncate": None}}, None, False),
+    "gemma3_text-yarn-truncate-flat-text": ("gemma3_text", {
+        "head_dim": 64, "rope_parameters": YARN_ENTRIES | {"truncate": "no"}},
+        "truncate must be true or false", False),
     # ModernBERT: the legacy thetas fill entries without theta; rope_scaling updates both
     "modernbert-legacy-thetas": ("modernbert", {
         "rope_parameters": {"full_attention": {"rope_type": "default"},
@@ -180,3 +202,32 @@ def test_greedy_tokens_of_the_imported_variant_equal_transformers(variant: str,
         want = ref.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
                             eos_token_id=-1, pad_token_id=0)[:, ids.shape[1]:]
     assert greedy_with_cache(model, ids, mask, 8).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("variant", ["gemma3_text-yarn-truncate-flat",
+                                     "gemma3_text-yarn-truncate-in-entry"])
+def test_gemma3_yarn_truncate_exports_where_transformers_reads_it(variant: str,
+                                                                  tmp_path: Path) -> None:
+    """The imported spec's YaRN truncate is exported at rope_parameters' top level: the model
+    transformers builds from the exported config, given the reference's weights, computes the
+    reference's logits."""
+    name = VARIANTS[variant][0]
+    case = CASES[name]
+    folder, _ = _folder(variant, tmp_path)
+    result = CliRunner().invoke(main, ["import", str(folder), "-o", str(tmp_path / "s.yaml")])
+    assert result.exit_code == 0, result.output
+    spec = tfgraph.load_spec(tmp_path / "s.yaml")
+    scaling = spec.embedding.rope_scaling
+    assert scaling is not None and scaling.truncate is variant.endswith("in-entry")
+    export = hf_config(spec)
+    assert export.config["rope_parameters"]["truncate"] is scaling.truncate
+    assert "truncate" not in export.config["rope_parameters"]["full_attention"]
+    cls = getattr(transformers, case.config)
+    ref = build_reference(case, family_seed(name), cls.from_pretrained(folder))
+    config = transformers.AutoConfig.for_model(**json.loads(json.dumps(export.config)))
+    model = getattr(transformers, case.model)._from_config(config, attn_implementation=case.attn)
+    model.load_state_dict(ref.state_dict())
+    ids = torch.randint(2, 100, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, want = model.eval()(input_ids=ids).logits, ref(input_ids=ids).logits
+    assert (got - want).abs().max().item() <= 1e-4

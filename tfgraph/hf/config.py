@@ -336,6 +336,15 @@ _SCALINGS: dict[str, dict[str, str]] = {
 }
 
 
+def yarn_truncate(cfg: HFConfig, where: str, value: Any, shown: Any) -> bool:
+    """YaRN's ``truncate`` as ``_compute_yarn_parameters`` uses it (``if truncate:`` rounds
+    the correction range outwards): a null one does not round; one neither boolean nor null
+    is refused."""
+    if value is not None and not isinstance(value, bool):
+        cfg.refuse(where, "truncate must be true or false", shown)
+    return bool(value)
+
+
 def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
              fraction: float | None = None, partial: bool = False) -> None:
     """Write ``embedding.positions: rope`` and its theta, scaling and rotary fraction.
@@ -363,6 +372,8 @@ def put_rope(draft: SpecDraft, params: Mapping[str, Any], where: str,
         for key, ours in _SCALINGS[kind].items():
             if params.get(key) is not None:
                 scaling[ours] = params[key]
+        if kind == "yarn" and "truncate" in params:
+            scaling["truncate"] = yarn_truncate(cfg, where, params["truncate"], shown)
         unknown = set(params) - {"rope_theta", "rope_type", "type", "partial_rotary_factor",
                                  *_SCALINGS[kind]}
         if unknown:

@@ -41,8 +41,9 @@ def _gemma3_rope(cfg: HFConfig, types: Any) -> tuple[dict[str, Any], float]:
     """(the global layers' rope parameters, the local layers' theta) as
     Gemma3TextConfig.convert_rope_params_to_dict makes them (tfgraph.hf.rope_types): a flat
     rope_parameters mapping is kept there but never read (the layer types' entries get the
-    defaults), a legacy rope_scaling updates the global entry alone, the top-level rope_theta
-    and rope_local_base_freq fill missing thetas (else 1e6 and 1e4)."""
+    defaults) except its YaRN ``truncate``, which the entries' is not, a legacy rope_scaling
+    updates the global entry alone, the top-level rope_theta and rope_local_base_freq fill
+    missing thetas (else 1e6 and 1e4)."""
     kinds = {t for t in types if isinstance(t, str)} if isinstance(types, list) else set()
     rope = per_type_rope(cfg, {"full_attention": ("rope_theta", 1000000.0),
                                "sliding_attention": ("rope_local_base_freq", 10000.0)},
@@ -163,9 +164,12 @@ def config_from_spec(spec: Spec, model_type: str) -> dict[str, Any]:
         return out
     emb = spec.embedding
     local = emb.local_rope_theta if emb.local_rope_theta is not None else emb.rope_theta
+    full = rope_config(spec)
     out["rope_parameters"] = {
-        "full_attention": rope_config(spec),
+        "full_attention": full,
         "sliding_attention": {"rope_type": "default", "rope_theta": float(local)}}
+    if "truncate" in full:  # YaRN's: transformers reads it from the top level alone
+        out["rope_parameters"]["truncate"] = full.pop("truncate")
     out["use_bidirectional_attention"] = False
     return out
 

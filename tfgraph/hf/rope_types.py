@@ -14,7 +14,11 @@ Two kinds of family meet ``rope_parameters`` nested by layer type
   ``standardize_rope_params`` (modeling_rope_utils) gives each entry that names one of the
   model's ``layer_types`` its ``rope_type`` (from a legacy ``type``, else default) and, for
   llama3 / yarn / longrope, ``original_max_position_embeddings``. Keys of a flat mapping
-  beside (or instead of) the entries are kept and never read: :func:`per_type_rope`.
+  beside (or instead of) the entries are kept, and one is read: ``_compute_yarn_parameters``
+  takes every other YaRN setting from the layer type's entry but ``truncate`` from the top
+  level (``config.rope_parameters.get("truncate", True)``), so an entry's ``truncate`` (also
+  one a legacy ``rope_scaling`` puts there) is never read and a flat one applies to the yarn
+  entries: :func:`per_type_rope`.
 - Families whose rotary embedding reads one flat mapping (``config.rope_parameters
   ["rope_type"]``) but whose config class declares ``layer_types`` (Qwen2, Qwen3, Qwen2-MoE,
   Gemma 2, Cohere 2, Ministral): there ``standardize_rope_params`` treats entries named after
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from tfgraph.hf.config import NEED_ORIGINAL, HFConfig
+from tfgraph.hf.config import NEED_ORIGINAL, HFConfig, yarn_truncate
 
 _KINDS = ("full_attention", "sliding_attention")
 
@@ -46,7 +50,8 @@ def per_type_rope(cfg: HFConfig, legacy: Mapping[str, tuple[str, float]],
     """{layer type: its standardised rope_parameters entry} for Gemma 3 / ModernBERT (see the
     module docstring). ``legacy``: {layer type: (top-level theta key, class default theta)};
     ``scaled``: the entries a legacy ``rope_scaling`` updates (Gemma 3: full_attention;
-    ModernBERT: both); ``types``: the model's layer_types. Configs transformers' config class
+    ModernBERT: both); ``types``: the model's layer_types. An entry's ``truncate`` is
+    dropped and a yarn entry takes the top level's. Configs transformers' config class
     fails on are refused."""
     given = cfg.get("rope_parameters", None)
     if given is not None and not isinstance(given, Mapping):
@@ -71,6 +76,7 @@ def per_type_rope(cfg: HFConfig, legacy: Mapping[str, tuple[str, float]],
         if not isinstance(one, Mapping):
             cfg.refuse("rope_parameters", f"{kind} must be a mapping", given)
         one = dict(one)
+        one.pop("truncate", None)  # never read: the top level's is (see the module docstring)
         if "rope_theta" in one:
             cfg.moot(key)  # (popped and dropped by the config class)
         else:
@@ -80,5 +86,8 @@ def per_type_rope(cfg: HFConfig, legacy: Mapping[str, tuple[str, float]],
             if one["rope_type"] in NEED_ORIGINAL:
                 one.setdefault("original_max_position_embeddings",
                                cfg.as_class("max_position_embeddings"))
+            top = given if isinstance(given, Mapping) else {}
+            if one["rope_type"] == "yarn" and "truncate" in top:
+                one["truncate"] = yarn_truncate(cfg, "rope_parameters", top["truncate"], top)
         out[kind] = one
     return out
