@@ -302,6 +302,35 @@ def test_routed_experts_take_an_empty_sequence() -> None:
     assert out.shape == (2, 0, spec.vocab_size("source"))
 
 
+def test_an_unrouted_expert_that_overflows_leaves_the_onnx_logits_finite() -> None:
+    """The ONNX dense form runs every expert on every token: an expert no token is routed to,
+    whose output overflows to inf, must not make 0 x inf = NaN of every logit. Router rows
+    1 and 3 are minus rows 0 and 2 (so 2 of those 4 logits are positive for every token) and
+    the others 0, so expert 7 (logit 0) is never in the top 2; its weights are scaled by
+    1e30. The PyTorch back end never runs it; onnxruntime gives the same finite logits."""
+    ort = pytest.importorskip("onnxruntime")
+    from tfgraph.exporters import to_torch
+    from tfgraph.exporters.onnx.model import to_onnx
+
+    graph = tfgraph.compile(tiny("tiny-moe.yaml"))
+    weights = to_torch(graph, seed=0).state_dict()
+    for name, w in weights.items():
+        if name.endswith("ffn.router.weight"):
+            w[1], w[3], w[4:] = -w[0], -w[2], 0.0
+        elif ".ffn.experts." in name:
+            w[7] *= 1e30
+    ours = to_torch(graph, weights=weights).eval()
+    ids = torch.randint(0, 128, (2, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ours(ids)
+    assert expected.isfinite().all()
+    session = ort.InferenceSession(to_onnx(graph, weights=weights).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0])
+    assert got.isfinite().all()
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
 def test_the_plan_holds_one_moe_layers_expert_gradients_as_pieces() -> None:
     """The experts' backward holds each expert's weight gradients until it stacks them
     (torch_functional.experts unbinds each stack once): one layer's local expert weights in

@@ -2,7 +2,9 @@
 
 The routed experts use the dense form: every expert runs on every token as batched MatMuls
 over the stacked (E, H, d) weights, and the outputs are summed weighted by the routing
-weights, which ``route`` leaves exactly 0 outside each token's top k. The result is the same
+weights, which ``route`` leaves exactly 0 outside each token's top k; a Where selects 0
+for those (rather than multiplying by 0), so an unrouted expert's overflowing output cannot
+turn the sum into NaN. The result is the same
 function as the PyTorch back end's gather form (which runs each expert on its own tokens),
 while the model performs E/k times the routed experts' FLOPs: the report's
 ``flops.forward_all_experts`` and ``matmul_all_experts``. It needs only standard opset-17 ops
@@ -182,7 +184,13 @@ def _experts(b: Builder, n: Node) -> str:
     y = b.add(n.name, "MatMul", [h, down_t], tag="down")  # (B, E, L, d)
     w = b.add(n.name, "Transpose", [weights], tag="weights_t", perm=[0, 2, 1])  # (B, E, L)
     w = b.add(n.name, "Unsqueeze", [w, b.ints([3])], tag="weights")  # (B, E, L, 1)
-    y = b.add(n.name, "Mul", [y, w], tag="weighted")  # 0 outside each token's top k
+    # Outside each token's top k the weight is 0: select 0 there rather than multiply, so an
+    # unrouted expert whose output overflows (inf, NaN) cannot make 0 x inf = NaN of the sum
+    # (the PyTorch back end never runs it on that token).
+    zero = b.const(n.name, "zero", 0.0)
+    unrouted = b.add(n.name, "Equal", [w, zero], tag="unrouted")  # (B, E, L, 1)
+    weighted = b.add(n.name, "Mul", [y, w], tag="weighted")
+    y = b.add(n.name, "Where", [unrouted, zero, weighted], tag="routed_only")
     return b.add(n.name, "ReduceSum", [y, b.ints([1])], n.name, keepdims=0)  # (B, L, d)
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import click
 
 from tfgraph.cli_support import say_done
-from tfgraph.spec.source import load_source
+from tfgraph.spec.source import config_notes, load_source
 from tfgraph.errors import TfgraphError
 from tfgraph.limits import SEED
 from tfgraph.terminal import printable
@@ -367,6 +367,7 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     from tfgraph.compiler import compile as compile_spec
 
     source = load_source(spec, target, weights, seed, dtype, check_finite)
+    source.notes.extend(config_notes(spec, source.config))
     # An encoder-decoder's KV-cache model is two models (encoder, decoder): a folder.
     two_models = kv_cache and source.spec.arch == "encoder-decoder"
     if two_models and genai_provider is not None:

@@ -19,16 +19,20 @@ from tfgraph.hf.config import SpecDraft
 from tfgraph.terminal import printable
 
 
-def spec_yaml(path: str, name: str | None = None) -> str:
-    """The YAML text ``tfgraph import`` writes for the config at ``path``."""
+def spec_yaml(path: str, name: str | None = None, notes: list[str] | None = None) -> str:
+    """The YAML text ``tfgraph import`` writes for the config at ``path``; what the user
+    should know about it (``tfgraph.hf.router_loss``) is appended to ``notes``."""
     from tfgraph.hf import draft_from_config
     from tfgraph.hf.files import read_config, spec_name
+    from tfgraph.hf.router_loss import config_notes
     from tfgraph.spec.safe_yaml import Dumper
 
     data, file = read_config(path)
     model_type = str(data.get("model_type", ""))
     draft = draft_from_config(data, name=name or spec_name(path, model_type),
                               source=os.fspath(file))
+    if notes is not None:
+        notes.extend(config_notes(data))
     origin = data.get("_name_or_path")
     header = [
         f"Imported by `tfgraph import` from {printable(os.fspath(file))}",
@@ -82,7 +86,10 @@ def hf_import(path: str, output: Path | None, name: str | None) -> None:
         from tfgraph.hf.files import spec_name
 
         name = spec_name(output, "")
-    text = spec_yaml(path, name)
+    notes: list[str] = []
+    text = spec_yaml(path, name, notes)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     if output is None:
         click.echo(text, nl=False)
         return

@@ -20,7 +20,8 @@ from tfgraph.hf.config_fields import NOT_NULL
 # Keys that cannot change an inference forward pass or the weights' shapes: identity and
 # bookkeeping, token ids (generation reads them from the folder), generation defaults,
 # heads other than the language-model head, and training-only settings (dropout, layer drop,
-# initialisation, MoE auxiliary losses and router noise, gradient checkpointing).
+# initialisation, MoE auxiliary losses and router noise, gradient checkpointing). Inert for
+# the logits, not for a training loss: tfgraph.hf.router_loss notes output_router_logits.
 INERT = frozenset({
     "_name_or_path", "architectures", "transformers_version", "model_type", "dtype",
     "torch_dtype", "use_cache", "output_attentions", "output_hidden_states", "return_dict",

@@ -116,6 +116,23 @@ def load_source(path: str, target: str, weights: Any, seed: int | None, dtype: s
     return source
 
 
+def config_notes(path: str, config: dict[str, Any] | None) -> list[str]:
+    """What a command building a model from the Hugging Face config at ``path`` (a folder,
+    whose ``config`` ``load_source`` read, or a config.json) should say about it
+    (``tfgraph.hf.router_loss``); nothing for a spec file."""
+    from tfgraph.spec.loader import is_config_path
+
+    if config is None:
+        if not is_config_path(path):
+            return []
+        from tfgraph.hf.files import read_config
+
+        config = read_config(path)[0]
+    from tfgraph.hf.router_loss import config_notes as hf_notes
+
+    return hf_notes(config)
+
+
 # dtype -> the dtypes it converts to exactly (widening to float32 loses nothing).
 _EXACT = {"float16": ("float16", "float32"), "bfloat16": ("bfloat16", "float32"),
           "float32": ("float32",)}
