@@ -181,6 +181,29 @@ def test_the_compiled_experts_equal_the_sorted_split(gated: bool, tokens: int) -
     torch.testing.assert_close(got.reshape(x.shape), want, atol=1e-5, rtol=1e-5)
 
 
+def test_an_unrouted_overflowing_expert_leaves_the_compiled_experts_finite() -> None:
+    """Every expert runs on every token past N k > E pairs: an expert no token picked, whose
+    output overflows to inf, must not turn the tokens' outputs into 0 x inf = NaN (the
+    sorted split, which never runs it, stays finite)."""
+    from tfgraph.exporters.torch.functional import _experts_static, experts
+
+    g = torch.Generator().manual_seed(0)
+    d, hidden, count, tokens = 16, 24, 8, 6
+    x = torch.randn(1, tokens, d, generator=g)
+    scores = torch.randn(1, tokens, count, generator=g)
+    scores[..., 7] = -1e9  # expert 7 is never in a top 2
+    top = scores.softmax(-1).topk(2, dim=-1)
+    weights = torch.zeros(1, tokens, count).scatter(-1, top.indices, top.values)
+    up, down = (torch.randn(shape, generator=g) / 4 for shape in
+                [(count, hidden, d), (count, d, hidden)])
+    up[7] *= 1e38  # float32 overflows in expert 7's first product
+    want = experts(x, weights, (up, down), 2, "relu")
+    got = _experts_static(x.reshape(tokens, d), weights.reshape(tokens, count), [], up, down,
+                          2, "relu")
+    assert want.isfinite().all() and got.isfinite().all()
+    torch.testing.assert_close(got.reshape(x.shape), want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("name", "rows"), [("tiny-moe", 2), ("tiny-moe", 5), ("tiny-mla", 3)])
 def test_a_compiled_mixture_of_experts_step_traces_once(name: str, rows: int) -> None:
     """A decoding step of routed experts compiles to one graph (fullgraph: no break at the

@@ -548,7 +548,10 @@ def _experts_static(flat: Tensor, weights: Tensor, gate: list[Tensor], up: Tenso
         h = expert_activation(torch.einsum("nd,ehd->neh", flat, gate[0]), activation) * h
     else:
         h = expert_activation(h, activation)
-    return torch.einsum("neh,edh->nd", h * weights.unsqueeze(-1), down)
+    # An unrouted expert is selected out, not multiplied by 0: an overflowing output of an
+    # expert no token picked would make 0 x inf = NaN (the sorted split never runs it).
+    w = weights.unsqueeze(-1)  # (N, E, 1)
+    return torch.einsum("neh,edh->nd", torch.where(w != 0, h * w, 0.0), down)
 
 
 def positions_at(table: Tensor, position_ids: Tensor, offset: int = 0) -> Tensor:
