@@ -146,6 +146,11 @@ def test_run_main_turns_a_tfgraph_error_into_one_line(capsys: pytest.CaptureFixt
     ("language-model", ["--seq", "300"], "error: --seq, prompt + --new-tokens and "
                                          "--sample-tokens must fit the spec's max_len 256"),
     ("compare-variants", ["--lengths", "0"], "compare.py: argument --lengths"),
+    ("compare-variants", ["--lengths", "64,100000000"],
+     "error: --lengths 100000000 (cv-base's forward pass, batch 1): needs about "
+     "320,000,512.1 GB of memory"),
+    ("compare-variants", ["--lengths", "2000000000"],
+     "error: --lengths 2000000000: at most 1,073,741,824 (tokens per sequence)"),
 ])
 def test_the_scripts_exit_2_before_any_work(name: str, argv: list[str], message: str,
                                             tmp_path: Path) -> None:

@@ -32,7 +32,8 @@ Outputs go to --out (default examples/compare-variants/out/): compare.html and c
 (tfgraph compare), compare.json (the same dict as `tfgraph compare --json`), time_vs_flops.png
 and summary.json (crossovers, timings, fit, checks; or --json-out FILE). The exit status is 1
 when a check fails; the last line says how many checks passed. A bad flag value (--lengths 0,
---repeats 0, --threads 0) is one line on stderr and exit 2, before any work.
+--repeats 0, --threads 0, or --lengths whose forward pass cannot fit in memory) is one line
+on stderr and exit 2, before any work.
 """
 
 from __future__ import annotations
@@ -203,6 +204,22 @@ def window_checks(specs: list[tfgraph.Spec], graphs: list[Graph], data: dict[str
 
 # ---- the measured check: forward time of the torch modules ----------------------------------
 
+def check_lengths(graphs: list[Graph], lengths: list[int]) -> None:
+    """Refuse (TfgraphError: one line, exit 2) --lengths the timing cannot run: more lengths
+    or longer sequences than tfgraph's bounds (tfgraph.limits), or a forward pass whose
+    activations (tfgraph's inference peak at batch 1), with every variant's weights held at
+    once, need more memory than is available."""
+    from tfgraph.limits import MAX_LENGTH, MAX_LENGTHS, check_at_most, check_memory
+
+    check_at_most("--lengths", len(lengths), MAX_LENGTHS, "lengths to time")
+    longest = max(lengths)
+    check_at_most("--lengths", longest, MAX_LENGTH, "tokens per sequence")
+    weights = sum(g.report(seq=1)["memory"]["weights"] for g in graphs)
+    for g in graphs:
+        peak = g.report(seq=longest)["memory"]["activations_peak"]
+        check_memory(f"--lengths {longest} ({g.name}'s forward pass, batch 1)", weights + peak)
+
+
 def time_forwards(graphs: list[Graph], lengths: list[int], repeats: int,
                   impl: str) -> dict[str, dict[int, float]]:
     """Fastest of `repeats` forward passes (batch 1, inference mode) per variant and length.
@@ -311,10 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     lengths = args.lengths or ([64, 256] if args.quick else [128, 256, 512, 1024, 2048])
     repeats = args.repeats if args.repeats is not None else 3 if args.quick else 5
-    args.out.mkdir(parents=True, exist_ok=True)
     paths = [HERE / file for file, _, _ in VARIANTS]
     specs = [tfgraph.load_spec(p) for p in paths]
     graphs = [tfgraph.compile(spec) for spec in specs]
+    check_lengths(graphs, lengths)  # before any output or timing
+    args.out.mkdir(parents=True, exist_ok=True)
     names = [g.name for g in graphs]
 
     # `tfgraph compare` writes the report page in the background while the figures are
