@@ -112,6 +112,24 @@ def test_every_example_is_in_the_readme_and_run_by_a_test() -> None:
         assert test.is_file() and "--quick" in test.read_text(), test.name
 
 
+def test_the_example_commands_name_each_script_s_output_flags() -> None:
+    """Each example's command line in README's Examples block names the output flags that
+    script takes (--out DIR, --save DIR, --json-out FILE), and none it does not: not every
+    example writes to --out (train_distributed.py saves with --save)."""
+    section = README.split("## Examples", 1)[1].split("\n## ", 1)[0]
+    block = section.split("\n```\n", 1)[1].split("\n```", 1)[0]
+    lines = [line for line in block.splitlines() if line.startswith("python examples/")]
+    assert len(lines) >= 5
+    for line in lines:
+        script = ROOT / line.split()[1]
+        source = script.read_text()
+        takes = {flag for flag in ("--out", "--save", "--json-out")
+                 if f'add_argument("{flag}"' in source}
+        named = set(re.findall(r"(?<![\w-])--(?:out|save|json-out)\b(?!-)", line))
+        assert "--quick" in line and f'add_argument("--quick"' in source, line
+        assert named == takes, (line, sorted(takes))
+
+
 def test_no_reference_to_documents_users_do_not_have() -> None:
     """Comments and docs cite README sections or papers, never the internal design document
     (issue 28, item 2); README's "Not yet" lines do not list what it says works elsewhere."""
