@@ -101,6 +101,33 @@ def test_every_command_option_is_in_its_readme_synopsis_and_has_help() -> None:
         assert usage.split()[0] in synopses[name] or not command.params, (name, usage)
 
 
+def test_the_writers_readme_lists_are_the_commands_that_write_files() -> None:
+    """"Output files" lists every command with an option naming a file it writes (-o,
+    --plot, --json-out), each with those options, and no other command (report has none)."""
+    import click
+
+    from tfgraph.cli import main
+
+    match = re.search(r"One discipline holds for every writer \(([^)]*)\)", README)
+    assert match, "README's writers list"
+    listed = {}
+    for item in re.findall(r"`([^`]+)`", match.group(1)):
+        name, *options = item.split()
+        listed[name] = set(options[0].split("|")) if options else set()
+    ctx = click.Context(main)
+    writers = {}
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        assert command is not None
+        options = {opt for param in command.params if isinstance(param, click.Option)
+                   for opt in param.opts if opt in ("-o", "--plot", "--json-out")}
+        if options:
+            writers[name] = options
+    assert set(listed) == set(writers), (sorted(listed), sorted(writers))
+    for name, options in listed.items():
+        assert options <= writers[name], (name, options)  # a bare name: all of them
+
+
 def test_every_example_is_in_the_readme_and_run_by_a_test() -> None:
     examples = sorted(p for p in (ROOT / "examples").iterdir()
                       if p.is_dir() and any(p.glob("*.py")))
