@@ -153,7 +153,7 @@ def test_the_example_commands_name_each_script_s_output_flags() -> None:
         takes = {flag for flag in ("--out", "--save", "--json-out")
                  if f'add_argument("{flag}"' in source}
         named = set(re.findall(r"(?<![\w-])--(?:out|save|json-out)\b(?!-)", line))
-        assert "--quick" in line and f'add_argument("--quick"' in source, line
+        assert "--quick" in line and 'add_argument("--quick"' in source, line
         assert named == takes, (line, sorted(takes))
 
 
