@@ -39,6 +39,7 @@ def test_quick_run(tmp_path: Path) -> None:
     every_check_passed(run.stdout, summary)
     report_page_and_plots_name_every_variant(tmp_path, summary)
     crossovers_are_where_the_report_says(summary)
+    readme_states_the_crossovers(summary)
     measured_times_and_fit(summary)
 
 
@@ -64,27 +65,56 @@ def report_page_and_plots_name_every_variant(out: Path, summary: dict[str, Any])
 
 def crossovers_are_where_the_report_says(summary: dict[str, Any]) -> None:
     """At the printed first L, report(seq=L) has attention-score FLOPs above the FFN's, and
-    report(seq=L - 1) not; the pairs answer as the FLOP counts say they must."""
-    first = {}
+    report(seq=L - 1) not: over the scores each query reads (flops_by_kind_effective, the
+    crossover README defines and `tfgraph compare` heads with) and over dense score
+    matrices (flops_by_kind); the pairs answer as the FLOP counts say they must."""
+    first: dict[str, dict[str, int | None]] = {"effective": {}, "dense": {}}
     for v in summary["variants"]:
-        length = v["crossover"]["compare_first_above"]
-        assert length == v["crossover"]["direct_first_above"]
+        c = v["crossover"]
+        assert c["compare_first_above"] == c["direct_first_above"]
+        assert c["dense_compare_first_above"] == c["dense_direct_first_above"]
         graph = tfgraph.compile(tfgraph.load_spec(EXAMPLE / v["file"]))
-        above = graph.report(seq=length)["flops_by_kind"]
-        below = graph.report(seq=length - 1)["flops_by_kind"]
-        assert above["attention_scores"] > above["ffn"]
-        assert below["attention_scores"] <= below["ffn"]
-        first[v["name"]] = length
-    # Norm placement, K/V heads and a window change neither the score products nor the FFN
-    # (tfgraph counts scores dense); top-2 of 8 experts doubles the FFN work (+ the router).
-    assert first["cv-post-norm"] == first["cv-gqa"] == first["cv-mqa"] == first["cv-window"] \
-        == first["cv-base"]
-    assert 2 * first["cv-base"] - 10 < first["cv-moe"] < 2 * first["cv-base"] + 10
-    # Counting only the scores read: causal attention reads about half, so ~2x later; a
-    # window of 256 keys never catches a 1024-wide FFN.
-    read = {v["name"]: v["crossover"]["read_first_above"] for v in summary["variants"]}
-    assert read["cv-window"] is None
-    assert 2 * first["cv-base"] - 10 < read["cv-base"] < 2 * first["cv-base"] + 100
+        for key, kind in (("compare_first_above", "flops_by_kind_effective"),
+                          ("dense_compare_first_above", "flops_by_kind")):
+            length = c[key]
+            if length is None:  # never: still below at a length far past every other
+                far = graph.report(seq=1 << 20)[kind]
+                assert far["attention_scores"] <= far["ffn"]
+                continue
+            above = graph.report(seq=length)[kind]
+            below = graph.report(seq=length - 1)[kind]
+            assert above["attention_scores"] > above["ffn"]
+            assert below["attention_scores"] <= below["ffn"]
+        first["effective"][v["name"]] = c["compare_first_above"]
+        first["dense"][v["name"]] = c["dense_compare_first_above"]
+    eff, dense = first["effective"], first["dense"]
+    # Norm placement and K/V heads change neither the score work nor the FFN; top-2 of 8
+    # experts doubles the FFN work (+ the router), so the MoE crosses about twice as late.
+    assert eff["cv-post-norm"] == eff["cv-gqa"] == eff["cv-mqa"] == eff["cv-base"]
+    assert dense["cv-window"] == dense["cv-post-norm"] == dense["cv-gqa"] == dense["cv-mqa"] \
+        == dense["cv-base"]
+    for counted in (eff, dense):
+        base, moe = counted["cv-base"], counted["cv-moe"]
+        assert base is not None and moe is not None and 2 * base - 10 < moe < 2 * base + 10
+    # A causal query reads about half the scores, so ~2x later than dense; a window of 256
+    # keys makes the scores read linear in L and never catches a 1024-wide FFN.
+    base, dense_base = eff["cv-base"], dense["cv-base"]
+    assert base is not None and dense_base is not None
+    assert 2 * dense_base - 10 < base < 2 * dense_base + 10
+    assert eff["cv-window"] is None
+
+
+def readme_states_the_crossovers(summary: dict[str, Any]) -> None:
+    """README's Examples row gives the crossovers this script prints: over the scores each
+    query reads (README's definition, "tfgraph compare"), then the dense ones."""
+    readme = (EXAMPLE.parent.parent / "README.md").read_text()
+    row = next(line for line in readme.splitlines()
+               if line.startswith("| [`examples/compare-variants/`]"))
+    c = {v["name"]: v["crossover"] for v in summary["variants"]}
+    base, moe = c["cv-base"], c["cv-moe"]
+    assert (f"at S ≈ {round(base['compare_seq']):,} (MoE: {round(moe['compare_seq']):,}) over "
+            f"the scores each query reads, {round(base['dense_compare_seq']):,} (MoE: "
+            f"{round(moe['dense_compare_seq']):,}) over full score matrices") in row, row
 
 
 def measured_times_and_fit(summary: dict[str, Any]) -> None:

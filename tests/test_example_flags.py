@@ -78,19 +78,27 @@ def test_bad_values_are_one_line_exit_2(name: str, argv: list[str], message: str
     assert err.endswith("--help)\n"), err
 
 
-def test_hf_checkpoint_threads(capsys: pytest.CaptureFixture[str]) -> None:
-    """roundtrip.py parses inside main(): --threads 0 stops there, before any work."""
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--threads", "0"], "argument --threads: expected an integer of 1 or more, got '0'"),
+    (["--seed", "-2"], "argument --seed: expected an integer from 0 to 4294967295, got '-2'"),
+    (["--seed", "99999999999999999999"], "argument --seed: expected an integer from 0 to "
+                                         "4294967295, got '99999999999999999999'"),
+])
+def test_hf_checkpoint_bad_flags(argv: list[str], message: str, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """roundtrip.py parses inside main(): a bad value stops there, before any work."""
     path = EXAMPLES / "hf-checkpoint" / "roundtrip.py"
     spec = importlib.util.spec_from_file_location("example_hf_roundtrip", path)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     with pytest.raises(SystemExit) as exit_:
-        script.main(["--threads", "0", "--out", "/nonexistent/never-made"])
+        script.main([*argv, "--quick", "--out", str(tmp_path / "out")])
     assert exit_.value.code == 2
     err = capsys.readouterr().err  # prog is sys.argv[0]'s name: pytest's here
     assert err.count("\n") == 1, err
-    assert "argument --threads: expected an integer of 1 or more, got '0'" in err
+    assert message in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_good_values_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,6 +146,11 @@ def test_run_main_turns_a_tfgraph_error_into_one_line(capsys: pytest.CaptureFixt
     ("language-model", ["--seq", "300"], "error: --seq, prompt + --new-tokens and "
                                          "--sample-tokens must fit the spec's max_len 256"),
     ("compare-variants", ["--lengths", "0"], "compare.py: argument --lengths"),
+    ("compare-variants", ["--lengths", "64,100000000"],
+     "error: --lengths 100000000 (cv-base's forward pass, batch 1): needs about "
+     "320,000,512.1 GB of memory"),
+    ("compare-variants", ["--lengths", "2000000000"],
+     "error: --lengths 2000000000: at most 1,073,741,824 (tokens per sequence)"),
 ])
 def test_the_scripts_exit_2_before_any_work(name: str, argv: list[str], message: str,
                                             tmp_path: Path) -> None:

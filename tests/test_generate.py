@@ -691,6 +691,30 @@ def test_a_kv_cache_onnx_file_generates(tmp_path: Path) -> None:
     assert refused.exit_code == 2
 
 
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_encoder_decoder_no_cache_is_what_help_says(backend: str) -> None:
+    """An encoder-decoder decodes through its KV-cache graphs by default and recomputes the
+    full model only with --no-cache (same tokens): generate --help says so."""
+    from tfgraph.generation.recompute import Recompute
+
+    path = str(SPECS / "tiny-seq2seq.yaml")
+    tokens = []
+    for cache in (True, False):
+        opened = stepper_for(path, backend, "cpu", threads=1, cache=cache)
+        try:
+            assert isinstance(opened.stepper, Recompute) is not cache
+            tokens.append(generate(opened.stepper, [[5, 6, 7, 8], [9, 10]], 6,
+                                   Sampler(None, None, None, None), 1, None).tokens)
+        finally:
+            opened.close()
+    assert tokens[0] == tokens[1]
+    text = " ".join(cli("--help").stdout.split())
+    option = text[text.index("--no-cache"):text.index("--compile")]
+    assert "always recompute" not in option
+    assert "an encoder-decoder runs its full model each step" in option
+    assert "by default it encodes once and steps a cached decoder" in option
+
+
 def test_encoder_decoder_kv_cache_files_generate(tmp_path: Path) -> None:
     """`build --kv-cache` of an encoder-decoder writes encoder_model.onnx and
     decoder_model.onnx; generate on the decoder file (encoder beside it), or on the folder,

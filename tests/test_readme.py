@@ -101,6 +101,33 @@ def test_every_command_option_is_in_its_readme_synopsis_and_has_help() -> None:
         assert usage.split()[0] in synopses[name] or not command.params, (name, usage)
 
 
+def test_the_writers_readme_lists_are_the_commands_that_write_files() -> None:
+    """"Output files" lists every command with an option naming a file it writes (-o,
+    --plot, --json-out), each with those options, and no other command (report has none)."""
+    import click
+
+    from tfgraph.cli import main
+
+    match = re.search(r"One discipline holds for every writer \(([^)]*)\)", README)
+    assert match, "README's writers list"
+    listed = {}
+    for item in re.findall(r"`([^`]+)`", match.group(1)):
+        name, *options = item.split()
+        listed[name] = set(options[0].split("|")) if options else set()
+    ctx = click.Context(main)
+    writers = {}
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        assert command is not None
+        options = {opt for param in command.params if isinstance(param, click.Option)
+                   for opt in param.opts if opt in ("-o", "--plot", "--json-out")}
+        if options:
+            writers[name] = options
+    assert set(listed) == set(writers), (sorted(listed), sorted(writers))
+    for name, options in listed.items():
+        assert options <= writers[name], (name, options)  # a bare name: all of them
+
+
 def test_every_example_is_in_the_readme_and_run_by_a_test() -> None:
     examples = sorted(p for p in (ROOT / "examples").iterdir()
                       if p.is_dir() and any(p.glob("*.py")))
@@ -110,6 +137,24 @@ def test_every_example_is_in_the_readme_and_run_by_a_test() -> None:
         assert f"examples/{folder.name}/" in section, folder.name
         test = ROOT / "tests" / f"test_example_{folder.name.replace('-', '_')}.py"
         assert test.is_file() and "--quick" in test.read_text(), test.name
+
+
+def test_the_example_commands_name_each_script_s_output_flags() -> None:
+    """Each example's command line in README's Examples block names the output flags that
+    script takes (--out DIR, --save DIR, --json-out FILE), and none it does not: not every
+    example writes to --out (train_distributed.py saves with --save)."""
+    section = README.split("## Examples", 1)[1].split("\n## ", 1)[0]
+    block = section.split("\n```\n", 1)[1].split("\n```", 1)[0]
+    lines = [line for line in block.splitlines() if line.startswith("python examples/")]
+    assert len(lines) >= 5
+    for line in lines:
+        script = ROOT / line.split()[1]
+        source = script.read_text()
+        takes = {flag for flag in ("--out", "--save", "--json-out")
+                 if f'add_argument("{flag}"' in source}
+        named = set(re.findall(r"(?<![\w-])--(?:out|save|json-out)\b(?!-)", line))
+        assert "--quick" in line and 'add_argument("--quick"' in source, line
+        assert named == takes, (line, sorted(takes))
 
 
 def test_no_reference_to_documents_users_do_not_have() -> None:

@@ -183,6 +183,19 @@ def test_disk_full_on_stdout_is_one_line() -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.parametrize("args", [["--help"], ["-V"], ["--version"], ["compare", "--help"]])
+def test_disk_full_on_eager_options_is_one_line(args: list[str]) -> None:
+    """The group's own eager options (--help, --version) write before any command is invoked:
+    a stdout that cannot be written is one line and exit 2 there too (README, "Exit status")."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "tfgraph", *args],
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "tfgraph: No space left on device\n"
+
+
 def wait_for_signal_policy(pid: int) -> None:
     """Until the CLI catches SIGTERM (its signal policy is installed: the command runs)."""
     deadline = time.monotonic() + 60

@@ -58,10 +58,13 @@ class _Group(click.Group):
         return command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        debug = "--debug" in args  # before click's parser consumes args
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:  # the group's own options (tfgraph --bogus)
             _usage_error(exc)
+        except OSError as exc:  # the group's eager options (tfgraph --help > /dev/full)
+            _output_error(exc, debug)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """Run with tfgraph's signal policy: SIGINT and SIGTERM unwind the command (every
@@ -105,15 +108,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:  # raised by code that bypasses the handler below
             raise Interrupted(signal.SIGINT) from None
         except OSError as exc:
-            # Output that cannot be written (a full disk, stdout on /dev/full, a closed pipe)
-            # is the user's to fix, not a bug: one line, exit 2 (as an output path that is not
-            # writable, which is refused before any work), no traceback.
-            if debug:
-                traceback.print_exc()
-            click.echo(one_line(printable(f"tfgraph: {exc.strerror or exc}"
-                                          + (f": {exc.filename}" if exc.filename else ""))),
-                       err=True)
-            ctx.exit(2)
+            _output_error(exc, debug)
         except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into exit 1
             if debug:
                 traceback.print_exc()
@@ -176,6 +171,17 @@ def _say_interrupted(signum: int) -> None:
 
 # click >= 8.2 raises this (a UsageError) to print the help of a group run without arguments.
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _output_error(exc: OSError, debug: bool) -> NoReturn:
+    """Output that cannot be written (a full disk, stdout on /dev/full, a closed pipe) is the
+    user's to fix, not a bug: one line, exit 2 (as an output path that is not writable, which
+    is refused before any work), no traceback."""
+    if debug:
+        traceback.print_exc()
+    click.echo(one_line(printable(f"tfgraph: {exc.strerror or exc}"
+                                  + (f": {exc.filename}" if exc.filename else ""))), err=True)
+    sys.exit(2)
 
 
 def _usage_error(exc: click.UsageError) -> NoReturn:

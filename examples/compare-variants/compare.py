@@ -11,9 +11,9 @@ the question for four pairs of Transformer variants:
 Every variant is base.yaml with one change (same width, depth, heads and vocabulary); step 1
 checks that. Then the script
   2. prints where attention-score FLOPs overtake feed-forward FLOPs per variant: the crossover
-     `tfgraph compare` solves from its symbolic figures, recomputed here from the per-op FLOPs
-     of the op graph (`tfgraph.graph.serialize`), plus where it would be if only the scores a query
-     reads were counted (the report's `flops.causal_effective_matmul` convention),
+     `tfgraph compare` solves from its symbolic figures over the scores each query reads (its
+     headline, `crossover_effective`), recomputed here from the per-op FLOPs of the op graph
+     (`tfgraph.graph.serialize`), and beside it the dense crossover (full score matrices),
   3. checks the memory and FLOPs claims of the pairs (GQA/MQA KV cache, sliding window),
   4. writes `tfgraph compare`'s HTML report and plot of the six specs (a subprocess, as a user
      would run it),
@@ -32,7 +32,8 @@ Outputs go to --out (default examples/compare-variants/out/): compare.html and c
 (tfgraph compare), compare.json (the same dict as `tfgraph compare --json`), time_vs_flops.png
 and summary.json (crossovers, timings, fit, checks; or --json-out FILE). The exit status is 1
 when a check fails; the last line says how many checks passed. A bad flag value (--lengths 0,
---repeats 0, --threads 0) is one line on stderr and exit 2, before any work.
+--repeats 0, --threads 0, or --lengths whose forward pass cannot fit in memory) is one line
+on stderr and exit 2, before any work.
 """
 
 from __future__ import annotations
@@ -108,18 +109,15 @@ def kind_flops(graph: Graph) -> dict[str, sympy.Expr]:
 
     The kinds are those of `tfgraph compare`'s crossover: "attention" is every attention op
     (QK^T, scale, mask, softmax, weights.V), "ffn" every op of an FFN sublayer (its norm and
-    residual add included); "*_matmul" keeps only the matmul part."""
-    sums: dict[str, list[sympy.Expr]] = {"attention": [], "ffn": [],
-                                         "attention_matmul": [], "ffn_matmul": []}
+    residual add included)."""
+    sums: dict[str, list[sympy.Expr]] = {"attention": [], "ffn": []}
     for node in graph_dict(graph)["nodes"]:
         cost = node.get("cost", {})
         if "flops_matmul" not in cost:
             continue  # parameters and inputs
         kind = "attention" if node["op"] == "attention" else node["meta"]["sublayer"]
         if kind in ("attention", "ffn"):
-            matmul = parse(cost["flops_matmul"])
-            sums[kind].append(matmul + parse(cost["flops_other"]))
-            sums[f"{kind}_matmul"].append(matmul)
+            sums[kind].append(parse(cost["flops_matmul"]) + parse(cost["flops_other"]))
     return {k: sympy.Add(*v) for k, v in sums.items()}
 
 
@@ -138,19 +136,25 @@ def first_above(gap: Callable[[int], int], hi: int = MAX_LEN) -> int | None:
 
 
 def crossovers(graph: Graph, data: dict[str, Any]) -> dict[str, Any]:
-    """This variant's crossover from `tfgraph compare`, the same recomputed from per-op FLOPs,
-    and the one that counts only the scores each query reads (matmuls only)."""
-    flops = kind_flops(graph)
-    direct = first_above(lambda n: at(flops["attention"], n) - at(flops["ffn"], n))
-    # Score products a causal mask (and a window) hide: flops.matmul - causal_effective_matmul
-    # of the report (Tq*(Tq+1)/2 scores read per causal product; min(i+1, W) with a window).
+    """This variant's crossover from `tfgraph compare` and the same recomputed from per-op
+    FLOPs: the headline one over the scores each query reads (`crossover_effective`, README
+    "tfgraph compare"), and the dense one over full score matrices (`crossover`). None: the
+    attention never overtakes the feed-forward (up to MAX_LEN here)."""
+    flops = kind_flops(graph)  # per-op sums: every score of every attention op (dense)
+    dense = first_above(lambda n: at(flops["attention"], n) - at(flops["ffn"], n))
+    # Score work a causal mask (and a window) hides: flops.forward - flops.forward_effective
+    # of the report (a causal query reads i + 1 keys; min(i + 1, W) with a window).
     bst = graph.report(seq=8)["formulas_bst"]
-    hidden = parse(bst["flops.matmul"]) - parse(bst["flops.causal_effective_matmul"])
-    read = first_above(lambda n: at(flops["attention_matmul"] - hidden, n)
-                       - at(flops["ffn_matmul"], n))
-    tf = next(v for v in data["variants"] if v["name"] == graph.name)["crossover"]
-    return {"compare_seq": tf["seq"], "compare_first_above": tf["first_seq_above"],
-            "direct_first_above": direct, "read_first_above": read}
+    hidden = parse(bst["flops.forward"]) - parse(bst["flops.forward_effective"])
+    effective = first_above(lambda n: at(flops["attention"] - hidden, n) - at(flops["ffn"], n))
+    variant = next(v for v in data["variants"] if v["name"] == graph.name)
+    tf, tf_dense = variant["crossover_effective"], variant["crossover"]
+    return {"compare_seq": tf["seq"] if tf else None,
+            "compare_first_above": tf["first_seq_above"] if tf else None,
+            "direct_first_above": effective,
+            "dense_compare_seq": tf_dense["seq"] if tf_dense else None,
+            "dense_compare_first_above": tf_dense["first_seq_above"] if tf_dense else None,
+            "dense_direct_first_above": dense}
 
 
 # ---- memory and FLOPs claims of the pairs ---------------------------------------------------
@@ -196,12 +200,28 @@ def window_checks(specs: list[tfgraph.Spec], graphs: list[Graph], data: dict[str
     kv = {row["seq"]: row["values"]["memory.kv_cache"] for row in data["variants"][i]["at"]}
     print(f"  {graphs[i].name} KV cache (bytes) by L: {kv}: min(L, {window}) positions")
     dense = [at(kind_flops(graphs[k])["attention"], 2048) for k in (0, i)]
-    print(f"  note: tfgraph's attention-score FLOPs count the score matrix dense (README, 'tfgraph report'), "
-          f"window or not:\n  {graphs[i].name} {dense[1]:,} = {graphs[0].name} {dense[0]:,} "
+    print(f"  note: the dense attention-score FLOPs (flops_by_kind, flops.forward; README, "
+          f"'tfgraph report') count the whole score matrix,\n  window or not: {graphs[i].name} {dense[1]:,} = {graphs[0].name} {dense[0]:,} "
           f"at L = 2048")
 
 
 # ---- the measured check: forward time of the torch modules ----------------------------------
+
+def check_lengths(graphs: list[Graph], lengths: list[int]) -> None:
+    """Refuse (TfgraphError: one line, exit 2) --lengths the timing cannot run: more lengths
+    or longer sequences than tfgraph's bounds (tfgraph.limits), or a forward pass whose
+    activations (tfgraph's inference peak at batch 1), with every variant's weights held at
+    once, need more memory than is available."""
+    from tfgraph.limits import MAX_LENGTH, MAX_LENGTHS, check_at_most, check_memory
+
+    check_at_most("--lengths", len(lengths), MAX_LENGTHS, "lengths to time")
+    longest = max(lengths)
+    check_at_most("--lengths", longest, MAX_LENGTH, "tokens per sequence")
+    weights = sum(g.report(seq=1)["memory"]["weights"] for g in graphs)
+    for g in graphs:
+        peak = g.report(seq=longest)["memory"]["activations_peak"]
+        check_memory(f"--lengths {longest} ({g.name}'s forward pass, batch 1)", weights + peak)
+
 
 def time_forwards(graphs: list[Graph], lengths: list[int], repeats: int,
                   impl: str) -> dict[str, dict[int, float]]:
@@ -311,10 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     lengths = args.lengths or ([64, 256] if args.quick else [128, 256, 512, 1024, 2048])
     repeats = args.repeats if args.repeats is not None else 3 if args.quick else 5
-    args.out.mkdir(parents=True, exist_ok=True)
     paths = [HERE / file for file, _, _ in VARIANTS]
     specs = [tfgraph.load_spec(p) for p in paths]
     graphs = [tfgraph.compile(spec) for spec in specs]
+    check_lengths(graphs, lengths)  # before any output or timing
+    args.out.mkdir(parents=True, exist_ok=True)
     names = [g.name for g in graphs]
 
     # `tfgraph compare` writes the report page in the background while the figures are
@@ -339,21 +360,31 @@ def main(argv: list[str] | None = None) -> int:
               f"{question}: {', '.join(sorted(differs[name])) or 'nothing'}")
 
     print("2. where attention-score FLOPs overtake feed-forward FLOPs (batch 1, S = T = L)")
+    print(f"  {'':<14}{'scores each query reads (crossover)':^40}{'dense scores':^28}")
     print(f"  {'variant':<14}{'compare: L*':>12}{'first L above':>15}{'per-op sums':>13}"
-          f"{'scores read':>13}  question")
+          f"{'compare: L*':>13}{'per-op sums':>13}  question")
     cross = {}
+
+    def shown(value: float | int | None, spec: str = "") -> str:
+        return "never" if value is None else format(value, spec)
+
     for g, (_, question, _) in zip(graphs, VARIANTS):
         c = cross[g.name] = crossovers(g, data)
-        read = c["read_first_above"] or "never"
-        print(f"  {g.name:<14}{c['compare_seq']:>12.1f}{c['compare_first_above']:>15}"
-              f"{c['direct_first_above']:>13}{read:>13}  {question}")
-    print("  compare: L* solved by `tfgraph compare` from flops_by_kind (dense scores, design "
-          "§5);\n  per-op sums: the same from every op's FLOPs in the graph JSON; scores read: "
-          "matmuls only,\n  counting the scores a query reads (flops.causal_effective_matmul)")
-    agree = all(c["compare_first_above"] == c["direct_first_above"] for c in cross.values())
+        print(f"  {g.name:<14}{shown(c['compare_seq'], '.1f'):>12}"
+              f"{shown(c['compare_first_above']):>15}{shown(c['direct_first_above']):>13}"
+              f"{shown(c['dense_compare_seq'], '.1f'):>13}"
+              f"{shown(c['dense_direct_first_above']):>13}  {question}")
+    print("  crossover: L* solved by `tfgraph compare` (crossover_effective, its headline): "
+          "attention-score\n  FLOPs over the keys each query reads (flops_by_kind_effective) "
+          "against the FFN's; per-op sums:\n  the same from every op's FLOPs in the graph "
+          "JSON, less the score work a causal mask (window)\n  hides; dense scores: over full "
+          "score matrices (compare's `crossover`, flops_by_kind)")
+    agree = all(c["compare_first_above"] == c["direct_first_above"]
+                and c["dense_compare_first_above"] == c["dense_direct_first_above"]
+                for c in cross.values())
     check("crossovers agree with per-op FLOPs", agree,
           "tfgraph compare's first L above = the first L where the per-op sums cross, "
-          "for every variant")
+          "effective and dense, for every variant")
 
     print("3. memory and FLOPs claims, from tfgraph's figures")
     kv_cache_checks(specs, data)

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from tfgraph.script_args import ArgumentParser, output_file, positive_int, run_main
+from tfgraph.script_args import ArgumentParser, output_file, positive_int, run_main, seed
 
 HERE = Path(__file__).resolve().parent
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny model (CI)")
     p.add_argument("--out", type=Path, default=HERE / "out", help="where the folders go")
-    p.add_argument("--seed", type=int, default=0, help="the random weights")
+    p.add_argument("--seed", type=seed, default=0, help="the random weights")
     p.add_argument("--json-out", type=output_file, help="write the checks and figures here")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="intra-op threads of torch and onnxruntime (default 1: on shared, busy "

@@ -127,8 +127,10 @@ class _Stream:
 @click.option("--opset", type=int, default=23, show_default=True,
               help="ONNX opset when the source is a spec or a model folder (built first).")
 @click.option("--no-cache", is_flag=True,
-              help="Recompute the whole prefix at every step instead of using the KV cache "
-                   "(for comparison; encoder-decoder models always recompute).")
+              help="Recompute the whole prefix at every step instead of using the KV cache, "
+                   "for comparison (an encoder-decoder runs its full model each step, "
+                   "encoder included; by default it encodes once and steps a cached "
+                   "decoder).")
 @click.option("--compile", "compile_step", is_flag=True,
               help="--backend torch: decode through a static cache held as the module's "
                    "buffers, the step compiled by torch.compile (CUDA graphs on CUDA); the "
