@@ -315,6 +315,53 @@ def test_static_cache_equals_full_recomputation(name: str) -> None:
     torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
 
 
+def _relative_decoder() -> Spec:
+    """A decoder-only spec with T5's relative position bias (tiny-llama's shape)."""
+    data = load("tiny-llama").model_dump(exclude_none=True)
+    data["name"] = "tiny-rel-decoder"
+    data["embedding"] = {"positions": "relative", "relative_buckets": 8,
+                         "relative_max_distance": 12, "tie_output": False, "scale": False}
+    return Spec.model_validate(data)
+
+
+def _static_logits(model: Any, ids: torch.Tensor, length: int, prefill: int) -> torch.Tensor:
+    """Logits of ``ids`` (B, S) through a static cache of ``length`` slots: the first
+    ``prefill`` tokens at once, then one per step."""
+    batch, total = ids.shape
+    cache = model.static_cache(batch, length)
+    mask = torch.zeros((batch, length), dtype=torch.long)
+    mask[:, :prefill] = 1
+    with torch.no_grad():
+        steps = [model(ids[:, :prefill], mask.clone(), torch.arange(prefill)[None].expand(
+            batch, prefill), cache, cache_position=torch.arange(prefill))]
+        for t in range(prefill, total):
+            mask[:, t] = 1
+            steps.append(model(ids[:, t:t + 1], mask.clone(), torch.full((batch, 1), t), cache,
+                               cache_position=torch.tensor([t])))
+    return torch.cat(steps, 1)
+
+
+@pytest.mark.parametrize("name", ["tiny-mpt", "tiny-bloom", "tiny-falcon-rw", "relative"])
+def test_static_cache_score_biases_sit_at_the_query_positions(name: str) -> None:
+    """ALiBi's and T5's biases of a static-cache step are those of its queries' positions
+    (cache_position), not of the buffer's last slots: the full model's float32 logits
+    whatever the length reserved, and in bfloat16 the same logits for a short buffer and a
+    long one (a query placed at the end of 4096 slots got biases of thousands, rounded)."""
+    spec = _relative_decoder() if name == "relative" else load(name)
+    model = to_torch(tfgraph.compile(spec, cache=True), seed=1)
+    full = to_torch(tfgraph.compile(spec), seed=1)
+    ids = ids_for(spec, 2, 12)
+    with torch.no_grad():
+        want = full(ids)
+    for length in (12, 256):
+        torch.testing.assert_close(_static_logits(model, ids, length, 7), want, **TOL)
+    if name == "relative":
+        return
+    model = model.to(torch.bfloat16)
+    short = _static_logits(model, ids, 16, 11)
+    torch.testing.assert_close(_static_logits(model, ids, 4096, 11), short, atol=0, rtol=0)
+
+
 def test_torch_compile_traces_a_static_cache_step_once() -> None:
     """Prefill and decode each trace once whatever the length reached; the growing cache
     changes shapes at every step and traces again."""

@@ -243,3 +243,91 @@ def test_one_new_token_compiles_nothing() -> None:
     assert len(_tokens(stepper, 1)[0]) == 1
     assert stepper.compile_s == 0 and counter.frame_count == 0
     torch._dynamo.reset()
+
+
+OPT = str(ROOT / "specs" / "tiny-opt.yaml")  # learned positions, max_len 40
+OPT_PROMPTS = [list(range(1, 31)), [1, 2, 3, 4, 5]]  # 30 and 5 tokens: left padding of 25
+
+
+@pytest.mark.filterwarnings("ignore::tfgraph.graph.lengths.BeyondMaxLenWarning")
+def test_learned_positions_size_slots_not_positions_once(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A learned table's max_len bounds positions, not slots: the 5-token row of a batch
+    left-padded to 30 writes its 30 new tokens at slots 30..59 while its positions stay
+    under 40. ``prepare`` sizes the buffers for that once (no growth, so no recompilation,
+    inside the timed loop) and the tokens are recomputation's; ``generate(compile=True)``
+    (torch.compile left out: the buffers and the step are the same) no longer refuses
+    a length of 80 slots as past max_len 40."""
+    spec = load_spec(OPT)
+    model = to_torch(tfgraph.compile(spec, cache=True), seed=0)
+    want = tfgraph.generate(OPT, OPT_PROMPTS, max_new_tokens=30, backend="torch", cache=False,
+                            eos_token_id=None)
+    assert [len(t) for t in want.tokens] == [11, 30]  # max_len stops the long row
+    stepper = TorchStatic(model, spec.output_vocab, 40, "cpu")
+    stepper.prepare(2, 30, 30)  # as warm_up does (which also says the shortest prompt)
+    prepared = stepper.length
+    assert prepared >= 30 + 30 - 1  # the short row's last written slot is 58
+    grown: list[int] = []
+    real_grow = stepper._grow
+    monkeypatch.setattr(stepper, "_grow", lambda: (grown.append(stepper.length), real_grow()))
+    got = run_loop(stepper, OPT_PROMPTS, 30, Sampler(None, None, None, None), 1, ()).tokens
+    assert got == want.tokens and not grown and stepper.length == prepared
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
+    result = tfgraph.generate(OPT, OPT_PROMPTS, max_new_tokens=30, backend="torch",
+                              compile=True, eos_token_id=None)
+    assert result.tokens == want.tokens and result.compile_s is not None
+
+
+def test_a_recompilation_inside_the_loop_counts_as_compile_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers regrown mid-decode (a caller's stepper prepared for too few tokens) compile
+    the step again: those seconds go to ``compile_s`` and the loop's clock leaves them out."""
+    import time
+
+    spec, model = _module(layers=1)
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu")
+    stepper.compiled = True  # the compiled path's bookkeeping, the step itself eager
+    stepper.prepare(len(PROMPTS), 7, 2)  # reserves 9 slots: 12 new tokens need 18
+    before = stepper.compile_s
+
+    def slow_warm_up() -> None:  # a compilation that takes 1 s
+        if (stepper.batch, stepper.length) not in stepper._warm:
+            stepper._warm.add((stepper.batch, stepper.length))
+            time.sleep(1.0)
+            stepper.compile_s += 1.0
+
+    monkeypatch.setattr(stepper, "_warm_up", slow_warm_up)
+    start = time.perf_counter()
+    result = run_loop(stepper, PROMPTS, 12, Sampler(None, None, None, None), 1, ())
+    wall = time.perf_counter() - start
+    assert stepper.compile_s >= before + 1.0  # it grew and compiled while decoding
+    # the clock stopped for that second (without it, decode_s is the wall time less the
+    # prefill's milliseconds)
+    assert result.decode_s <= wall - 1.0 and result.time_to_first_token_s < wall - 1.0
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_the_python_api_has_the_clis_bounds(compile: bool,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tfgraph.generate`` refuses what ``generate --max-new-tokens`` / ``--beams`` refuse
+    (one line, before any buffer is allocated or any token decoded), and decoding that does
+    not fit in memory, as the CLI's check_generate_memory does."""
+    from tfgraph import io
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
+    run = lambda **kw: tfgraph.generate(LLAMA, [[1, 2, 3]], backend="torch",  # noqa: E731
+                                        compile=compile, eos_token_id=None, **kw)
+    for bad, words in (({"max_new_tokens": 10**12}, "max_new_tokens 1000000000000: a whole"),
+                       ({"max_new_tokens": 0}, "max_new_tokens 0: a whole number from 1"),
+                       ({"max_new_tokens": 2.5}, "max_new_tokens 2.5: a whole number"),
+                       ({"max_new_tokens": True}, "max_new_tokens True"),
+                       ({"beams": 10**6}, "beams 1000000: a whole number from 1 to 1,024")):
+        with pytest.raises(TfgraphError, match=words):
+            run(**bad)
+    monkeypatch.setattr(io, "available_memory", lambda: 10**6)  # 1 MB left
+    with pytest.raises(TfgraphError, match=r"--max-new-tokens 1048576 .*needs about .* of "
+                       "memory, only 1.0 MB"):
+        run(max_new_tokens=1 << 20)
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
+    assert len(run(max_new_tokens=np.int64(3)).tokens[0]) == 3

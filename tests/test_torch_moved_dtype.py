@@ -83,8 +83,26 @@ def test_static_cache_misuse_is_one_clear_error() -> None:
     assert model.static_cache(1, 200).length == 200  # rope runs past max_len 128
     gpt2 = to_torch(tfgraph.compile(small(load_spec(ROOT / "specs" / "gpt2.yaml"), max_layers=1),
                                     cache=True))
-    with pytest.raises(TfgraphError, match="learned position table"):
-        gpt2.static_cache(1, 5000)
+    # slots are not positions (left padding puts a short row's tokens ahead of its
+    # positions): a learned table bounds the position ids a step is given, not the length
+    max_len = gpt2.info.lengths.max_len  # small(): 64
+    cache = gpt2.static_cache(1, 2 * max_len)
+    assert cache.length == 2 * max_len
+    mask = torch.zeros((1, 2 * max_len), dtype=torch.long)
+    mask[:, max_len + 10] = 1
+    with torch.no_grad():  # a slot past max_len, position 5: fine
+        gpt2(torch.ones((1, 1), dtype=torch.long), mask, torch.tensor([[5]]), cache,
+             cache_position=torch.tensor([max_len + 10]))
+    with pytest.raises(TfgraphError, match=f"position id {max_len}: past .*max_len {max_len}"
+                       ".*learned position table"):
+        gpt2(torch.ones((1, 1), dtype=torch.long), mask, torch.tensor([[max_len]]), cache,
+             cache_position=torch.tensor([max_len + 10]))
+    for huge in ((1, 10**12), (10**9, 10**9)):  # refused before allocating
+        with pytest.raises(TfgraphError, match=r"static_cache\(.*needs about .* of memory"):
+            model.static_cache(*huge)
+    with pytest.raises(TfgraphError, match=r"setup_cache|static_cache\(1, 2199023255552\)"):
+        model.setup_cache(1, 2**41)
+    assert "kv_cache" not in model._modules
 
     def step(batch: int, length: int, new: int, at: int, mask_len: int | None = None) -> None:
         cache = model.static_cache(batch, length)
@@ -100,6 +118,25 @@ def test_static_cache_misuse_is_one_clear_error() -> None:
         with pytest.raises(TfgraphError, match=words):
             step(*args)
     step(2, 16, 1, 15)  # the last position is fine
+    with pytest.raises(TfgraphError, match="cache_position must hold integers"):
+        model(torch.ones((1, 1), dtype=torch.long), torch.ones((1, 4), dtype=torch.long),
+              torch.zeros((1, 1), dtype=torch.long), model.static_cache(1, 4),
+              cache_position=torch.tensor([0.0]))
+
+
+def test_an_int32_cache_position_is_taken_as_int64() -> None:
+    """index_copy_ wants int64 indices: an int32 cache_position (torch.arange(..., dtype=
+    torch.int32), a numpy int32 array) gives the int64 one's logits, not a raw RuntimeError."""
+    model = to_torch(tfgraph.compile(LLAMA, cache=True), seed=0)
+    ids = torch.tensor([[5, 17, 42]])
+    mask = torch.zeros((1, 8), dtype=torch.long)
+    mask[:, :3] = 1
+    with torch.no_grad():
+        want = model(ids, mask, torch.arange(3)[None], model.static_cache(1, 8),
+                     cache_position=torch.arange(3))
+        got = model(ids, mask, torch.arange(3)[None], model.static_cache(1, 8),
+                    cache_position=torch.arange(3, dtype=torch.int32))
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama.yaml", "qwen3-0.6b.yaml"])

@@ -137,9 +137,17 @@ class TorchStatic:
     first rows of the buffers and the step keeps running on all of them (the rest are
     ignored), so no shape changes; more rows than the buffers hold reallocate them.
 
-    ``prepare(batch, new_tokens)`` sizes the cache and, compiled, runs the compilation once
-    (a throw-away step whose cache writes the real steps overwrite); ``compile_s`` is the time
-    that took, kept out of the decoding loop's prefill and decode timings."""
+    ``prepare(batch, width, new_tokens, shortest)`` sizes the cache and, compiled, runs the
+    compilation once (a throw-away step whose cache writes the real steps overwrite);
+    ``compile_s`` is the time that took, kept out of the decoding loop's prefill and decode
+    timings (as is any compilation later: buffers reallocated for more rows or positions
+    than prepared for).
+
+    Slots are not positions: prompts are left-padded to the longest (``width``) and every
+    step writes one slot for all rows, so a short prompt's tokens sit at slots ahead of its
+    positions. A learned table's ``max_len`` caps each row's positions (the loop stops a row
+    of P tokens after max_len - P + 1 new ones), not the slots: the buffers hold ``width``
+    plus the most new tokens any row can take."""
 
     encoder_decoder = False
 
@@ -170,22 +178,28 @@ class TorchStatic:
         self._warm: set[tuple[int, int]] = set()
 
     # sizing and compilation
-    def prepare(self, batch: int, width: int, new_tokens: int) -> None:
-        """Expect up to ``batch`` rows, prompts up to ``width`` tokens and ``new_tokens``
-        tokens past them: allocate the buffers and, compiled, compile the step now, so that
-        the decoding loop's clock does not count it (``compile_s`` does)."""
+    def prepare(self, batch: int, width: int, new_tokens: int, shortest: int = 1) -> None:
+        """Expect up to ``batch`` rows, prompts of ``shortest`` to ``width`` tokens and
+        ``new_tokens`` tokens past them: allocate the buffers and, compiled, compile the step
+        now, so that the decoding loop's clock does not count it (``compile_s`` does)."""
         self.new_tokens = max(1, int(new_tokens))
         self._reserve_rows = max(1, int(batch))
-        self._allocate(self._reserve_rows, self._length(width))
+        self._shortest = max(1, int(shortest))
+        self._allocate(self._reserve_rows, self._length(width, self._shortest))
         self._warm_up()
 
     _reserve_rows = 1
+    _shortest = 1
 
-    def _length(self, width: int) -> int:
-        length = width + self.new_tokens
+    def _length(self, width: int, shortest: int) -> int:
+        """Slots for prompts left-padded to ``width``, the shortest of ``shortest`` tokens:
+        ``width`` plus the most new tokens a row takes (a learned table's max_len stops a row
+        of P tokens after max_len - P + 1), the last of which no step writes, so one slot
+        to spare."""
+        new = self.new_tokens
         if self.max_len is not None:
-            length = min(length, max(self.max_len, width + 1))
-        return length
+            new = min(new, max(1, self.max_len - shortest + 1))
+        return width + new
 
     def _allocate(self, batch: int, length: int) -> None:
         self.cache = self.module.setup_cache(batch, length)
@@ -244,7 +258,7 @@ class TorchStatic:
     def prefill(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         torch = self.torch
         rows, width = ids.shape
-        length = self._length(width)
+        length = self._length(width, min(self._shortest, int(lengths.min())))
         batch = max(rows, self._reserve_rows)
         if self.cache is None or self.batch < batch or self.length < length:
             self._allocate(batch, length)

@@ -129,8 +129,10 @@ class FusedOnnx:
         return self.cuda_graph
 
     # sizing
-    def prepare(self, batch: int, width: int, new_tokens: int) -> None:
-        """Expect prompts up to ``width`` tokens and ``new_tokens`` more: the buffers' size.
+    def prepare(self, batch: int, width: int, new_tokens: int, shortest: int = 1) -> None:
+        """Expect prompts up to ``width`` tokens and ``new_tokens`` more: the buffers' size
+        (``shortest``, the shortest prompt, changes nothing here: each row's tokens start at
+        its buffer's first position, so positions and buffer slots are the same).
         With CUDA graphs, the buffers for ``batch`` rows are allocated here and the decode
         step captured on them (one step on zeros, timed as ``compile_s``), so the decoding
         that follows replays it: a prefill of that many rows keeps them, and a prefill of

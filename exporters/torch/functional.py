@@ -52,8 +52,9 @@ def learned_positions(x: Tensor, table: Tensor, offset: int = 0) -> Tensor:
 
 
 def alibi_bias(slopes: Tensor, x: Tensor, mask: Tensor | None, bfloat16: bool,
-               head_dim: int | None) -> Tensor:
-    """ALiBi: slope_h * (j - i) for query i and key j (queries at the last L of T keys), in
+               head_dim: int | None, queries: Tensor | None = None) -> Tensor:
+    """ALiBi: slope_h * (j - i) for query i and key j (queries at the last L of T keys, or at
+    ``queries`` (L,), their slots among the T keys: a static KV cache's cache_position), in
     float32, divided by sqrt(head_dim) when given (Falcon-RW: the scores' own scale), then
     cast to x's dtype: (h, L, T). Relative to the query, the bias near the diagonal (the
     keys that weigh) stays small, so a 16-bit model rounds it as little as transformers'
@@ -69,7 +70,9 @@ def alibi_bias(slopes: Tensor, x: Tensor, mask: Tensor | None, bfloat16: bool,
     keys = length if mask is None else mask.shape[1]
     if not bfloat16:
         j = torch.arange(keys, device=x.device)
-        rel = j[None, :] - torch.arange(keys - length, keys, device=x.device)[:, None]
+        if queries is None:
+            queries = torch.arange(keys - length, keys, device=x.device)
+        rel = j[None, :] - queries[:, None]
         bias = slopes.float()[:, None, None] * rel  # (h, L, T) float32
         if head_dim is not None:
             bias = bias / math.sqrt(head_dim)
@@ -88,9 +91,11 @@ def alibi_bias(slopes: Tensor, x: Tensor, mask: Tensor | None, bfloat16: bool,
 
 
 def relative_position_bias(table: Tensor, length: int, bidirectional: bool, buckets: int,
-                           max_distance: int, keys: int | None = None) -> Tensor:
+                           max_distance: int, keys: int | None = None,
+                           queries: Tensor | None = None) -> Tensor:
     """T5's position bias (Raffel et al. 2020): table[bucket(j - i)], (heads, L, L); with
-    ``keys`` T (a KV cache), (heads, L, T) for queries at the last L of T positions.
+    ``keys`` T (a KV cache), (heads, L, T) for queries at the last L of T positions, or at
+    ``queries`` (L,), their slots among the T (a static KV cache's cache_position).
 
     A distance n = |j - i| (bidirectional: keys after the query use the upper half of the
     buckets) or n = max(i - j, 0) (causal) below half the buckets b is its own bucket; larger
@@ -98,7 +103,8 @@ def relative_position_bias(table: Tensor, length: int, bidirectional: bool, buck
     """
     total = length if keys is None else keys
     pos = torch.arange(total, device=table.device)
-    rel = pos[None, :] - pos[total - length:, None]  # (L, T) j - i
+    at = pos[total - length:] if queries is None else queries
+    rel = pos[None, :] - at[:, None]  # (L, T) j - i
     bucket = torch.zeros_like(rel)
     if bidirectional:
         buckets //= 2

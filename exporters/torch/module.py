@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from tfgraph.errors import TfgraphError
-from tfgraph.limits import check_weight_memory
+from tfgraph.limits import check_memory, check_weight_memory
 from tfgraph.passes.cost import weights_bytes
 from tfgraph.exporters.torch.ops import (
     ATTENTION_IMPLS,
@@ -49,6 +49,7 @@ from tfgraph.exporters.torch.ops import (
     rope_tables_step,
 )
 from tfgraph.graph.ir import CacheLayout, Graph, Node
+from tfgraph.graph.lengths import Lengths
 from tfgraph.graph.ops import OPS
 from tfgraph.passes.liveness import Plan, layer_region, plan
 from tfgraph.graph.weights import check_weights, generate, weight_shapes
@@ -288,6 +289,10 @@ def _pick(module: nn.Module, attrs: dict[str, Any], outputs: Any) -> Any:
 class TorchModel(nn.Module):
     """The graph as a module; ``forward`` takes int64 ids (B, L) and returns (B, L, vocab)."""
 
+    # The positions a static KV cache writes this step, as on each layer (LayerModule): the
+    # model's own nodes (ALiBi, T5's bias) place the step's queries there among the keys.
+    cache_position: Tensor | None = None
+
     def __init__(self, graph: Graph, weights: Mapping[str, Tensor]) -> None:
         super().__init__()
         self.graph_name = graph.name
@@ -518,13 +523,36 @@ class StaticCache(nn.Module):
         return f"layers={self.count}, batch={self.batch}, length={self.length}"
 
 
+def _check_cache_memory(what: str, need: int, device: torch.device) -> None:
+    """Refuse (one line) a cache of ``need`` bytes that ``device`` cannot hold, before
+    allocating it: the memory available on the host for a CPU cache, the free memory of the
+    GPU for a CUDA one (other devices, ``meta`` among them: not checked)."""
+    if device.type == "cpu":
+        check_memory(what, need)
+    elif device.type == "cuda" and torch.cuda.is_available():
+        free = torch.cuda.mem_get_info(device)[0]
+        if need > free:
+            raise TfgraphError(f"{what}: needs about {need / 1e9:,.1f} GB of GPU memory, "
+                               f"only {free / 1e9:,.1f} GB free on {device}")
+
+
 def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                       cache: StaticCache, cache_position: Tensor) -> None:
+                       cache: StaticCache, cache_position: Tensor,
+                       lengths: Lengths | None = None) -> Tensor:
     """One-line errors for a step that does not fit ``cache``, instead of index_copy_'s or
     a slice's. Shapes are static (free to check, and torch.compile guards on them anyway);
     the positions' values are checked only in eager mode on a CPU tensor: reading them from
     a GPU would synchronise the host every step, and a traced step cannot branch on them
-    (CUDA graphs capture no host read)."""
+    (CUDA graphs capture no host read). ``lengths``: the spec's max_len rule; a learned
+    position table has no row for a position id past max_len (cache slots may run past it:
+    a left-padded row's slots are ahead of its positions). Returns ``cache_position`` as
+    int64 (an int32 one is converted; one of another dtype refused)."""
+    if cache_position.dtype != torch.long:
+        if cache_position.is_floating_point() or cache_position.is_complex() \
+                or cache_position.dtype == torch.bool:
+            raise TfgraphError(f"cache_position must hold integers (int64), got "
+                               f"{cache_position.dtype}")
+        cache_position = cache_position.long()
     batch, length = cache.batch, cache.length
     rows, new = input_ids.shape[0], input_ids.shape[1]
     if rows != batch:
@@ -547,6 +575,15 @@ def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: 
         if low < 0 or high >= length:
             raise TfgraphError(f"cache_position {high if high >= length else low} is outside "
                                f"a static cache of length {length} (positions 0..{length - 1})")
+    if lengths is not None and lengths.learned and lengths.max_len is not None \
+            and position_ids.device.type == "cpu" and not torch.compiler.is_compiling() \
+            and position_ids.numel():
+        high = int(position_ids.max())
+        if high >= lengths.max_len:
+            raise TfgraphError(f"position id {high}: past {lengths.name}'s max_len "
+                               f"{lengths.max_len} (ids 0..{lengths.max_len - 1}): its learned "
+                               "position table has no row past max_len")
+    return cache_position
 
 
 def _mark_static(t: Tensor) -> None:
@@ -635,7 +672,9 @@ class DecoderModel(_CachedModel):
         if cache_position is None or attention_mask is None or position_ids is None:
             raise TfgraphError("a static cache needs cache_position, attention_mask and "
                                "position_ids")
-        _check_static_step(input_ids, attention_mask, position_ids, cache, cache_position)
+        cache_position = _check_static_step(input_ids, attention_mask, position_ids, cache,
+                                            cache_position, self.info.lengths)
+        self.cache_position = cache_position  # the model's own nodes: ALiBi, T5's bias
         for layer in self._layers.values():
             layer.cache_position = cache_position
         try:
@@ -643,6 +682,7 @@ class DecoderModel(_CachedModel):
             out = self._program.run(self, (input_ids, attention_mask,
                                            *self._positions(position_ids), *flat))
         finally:
+            self.cache_position = None
             for layer in self._layers.values():
                 layer.cache_position = None
         return (out[0], cache) if use_cache else out[0]
@@ -658,11 +698,9 @@ class DecoderModel(_CachedModel):
         for name, size in (("batch", batch), ("length", length)):
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise TfgraphError(f"static_cache: {name} {size!r} must be a positive integer")
-        lengths = self.info.lengths  # the spec's max_len rule, set on the graph by lowering
-        # only a learned position table cannot run past max_len (rope and the others
-        # extrapolate: README, "Lengths beyond max_len")
-        if lengths is not None and lengths.learned and lengths.beyond(length):
-            raise TfgraphError(lengths.refusal(f"static_cache length {length}"))
+        # ``length`` counts slots, not positions: left-padded rows write their tokens at
+        # slots ahead of their positions, so a learned table's max_len bounds the position
+        # ids each step is given (_check_static_step), not the cache's length
         first = next(self.parameters(), None)
         if device is None:
             device = first.device if first is not None else torch.device("cpu")
@@ -671,6 +709,10 @@ class DecoderModel(_CachedModel):
                 else self.dtype
         key, value = ((batch, self.layout.kv_heads, length, width)
                       for width in (self.layout.head_dim, self.layout.v_dim))
+        element = torch.empty((), dtype=dtype).element_size()
+        need = self.layout.layers * batch * self.layout.kv_heads * length * element * (
+            self.layout.head_dim + self.layout.v_dim)
+        _check_cache_memory(f"static_cache({batch}, {length})", need, torch.device(device))
         return StaticCache([(torch.zeros(key, dtype=dtype, device=device),
                              torch.zeros(value, dtype=dtype, device=device))
                             for _ in range(self.layout.layers)])

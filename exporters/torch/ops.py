@@ -148,18 +148,26 @@ TORCH_OPS: dict[str, Lowering] = {
     "cross_entropy": lambda m, a, logits, labels: tf.cross_entropy(logits, labels),
     "softcap": lambda m, a, x: tf.soft_cap(x, a["cap"]),
     "clip": lambda m, a, x: x.clamp(-a["bound"], a["bound"]),
-    "alibi": lambda m, a, x, keys=None: _alibi(a, x, keys),
+    "alibi": lambda m, a, x, keys=None: _alibi(a, x, keys, _queries(m, keys)),
     "relative_bias": lambda m, a, table, x, keys=None: tf.relative_position_bias(
         table, x.shape[1], a["bidirectional"], a["buckets"], a["max_distance"],
-        None if keys is None else keys.shape[1]),
+        None if keys is None else keys.shape[1], _queries(m, keys)),
 }
 
-def _alibi(a: dict[str, Any], x: Tensor, keys: Tensor | None = None) -> Tensor:
+
+def _queries(m: nn.Module, keys: Tensor | None) -> Tensor | None:
+    """Where a KV-cache graph's queries sit among its T keys: a static cache's
+    ``cache_position`` (set while one runs), else None (the last L of the T)."""
+    return None if keys is None else getattr(m, "cache_position", None)
+
+
+def _alibi(a: dict[str, Any], x: Tensor, keys: Tensor | None = None,
+           queries: Tensor | None = None) -> Tensor:
     # TORCH_SOURCE's "alibi" template writes the same call into model.py; keys: a KV-cache
-    # graph's (B, T) mask, its queries the last L of the T positions
+    # graph's (B, T) mask, its queries the last L of the T positions or at ``queries``
     slopes = torch.tensor(a["slopes"], device=x.device)  # (h,) float32
     return tf.alibi_bias(slopes, x, keys, bool(a.get("bfloat16")),
-                         a["head_dim"] if a.get("scaled") else None)
+                         a["head_dim"] if a.get("scaled") else None, queries)
 
 
 NORM_OPS = tuple(op for op, d in OPS.items() if d.category == "norm")  # OpDef.category

@@ -152,7 +152,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
              weights: Path | None, opset: int, no_cache: bool, compile_step: bool,
              fused_attention: bool, cuda_graph: bool, as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
-    from tfgraph.commands.generate_api import FROM_MODEL, prepare, warm_up
+    from tfgraph.commands.generate_api import FROM_MODEL, compile_time, prepare, warm_up
     from tfgraph.commands.steppers import built_seq2seq
     from tfgraph.generation.loop import check_search, generate as run_loop
     from tfgraph.generation.sampling import Sampler
@@ -195,11 +195,11 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
         if stream is not None:
             click.echo(f"model     {printable(ready.opened.label)}")
             click.echo(f"runs on   {printable(ready.opened.runs_on)}")
-        compile_s = warm_up(ready, max_new_tokens, beams)
+        warm_up(ready, max_new_tokens, beams)
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens,
                           ready.sampler(sampler), beams, ready.eos, stream, length_penalty,
                           ready.opened.lengths)
-        result.compile_s = compile_s
+        result.compile_s = compile_time(ready)
     finally:
         ready.opened.close()
     if decode is not None:

@@ -23,6 +23,7 @@ from tfgraph.generation.loop import generate as run_loop
 from tfgraph.generation.result import Result
 from tfgraph.generation.sampling import Sampler
 from tfgraph.generation.settings import Settings, read_settings
+from tfgraph.limits import MAX_BEAMS, MAX_NEW_TOKENS, check_generate_memory
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -211,15 +212,20 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     """
     sampler = Sampler(temperature, top_k, top_p, seed)
     check_search(sampler, beams)
+    check_counts(max_new_tokens, beams)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
                     eos_token_id, decoder_start_token_id, cache, compile, weights,
                     fused_attention, cuda_graph)
     try:
-        compile_s = warm_up(ready, max_new_tokens, beams)
+        if ready.opened.spec is not None:  # as the CLI, before any buffer is allocated
+            check_generate_memory(ready.opened.spec, len(ready.prompts),
+                                  max(len(p) for p in ready.prompts), max_new_tokens, beams,
+                                  cache)
+        warm_up(ready, max_new_tokens, beams)
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens,
                           ready.sampler(sampler), beams, ready.eos, on_token, length_penalty,
                           ready.opened.lengths)
-        result.compile_s = compile_s
+        result.compile_s = compile_time(ready)
     finally:
         ready.opened.close()
     if ready.tokenizer is not None:
@@ -236,10 +242,30 @@ def warm_up(ready: Prepared, max_new_tokens: int, beams: int = 1) -> float | Non
     if prepare_stepper is None:
         return None
     prepare_stepper(len(ready.prompts) * beams, max(len(p) for p in ready.prompts),
-                    max_new_tokens)
+                    max_new_tokens, min(len(p) for p in ready.prompts))
+    return compile_time(ready)
+
+
+def compile_time(ready: Prepared) -> float | None:
+    """The seconds the stepper spent compiling so far, in ``warm_up`` and (buffers
+    reallocated) in the loop, whose clock leaves them out; None: the stepper does not
+    compile."""
+    stepper = ready.opened.stepper
     if not getattr(stepper, "compiled", False):
         return None
     return float(getattr(stepper, "compile_s"))
+
+
+def check_counts(max_new_tokens: object, beams: object) -> None:
+    """The API's bounds on ``max_new_tokens`` and ``beams``, the CLI's (click's ranges of
+    --max-new-tokens and --beams): a whole number from 1 to the limit, else one line."""
+    for name, value, limit in (("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS),
+                               ("beams", beams, MAX_BEAMS)):
+        if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+            raise TfgraphError(f"{name} {value!r}: a whole number from 1 to {limit:,}")
+        count = operator.index(value)
+        if not 1 <= count <= limit:
+            raise TfgraphError(f"{name} {count}: a whole number from 1 to {limit:,}")
 
 
 def _check_start_applies(given: int | None, opened: Opened) -> None:

@@ -57,7 +57,7 @@ def generate(stepper: Stepper, prompts: Sequence[Sequence[int]], max_new_tokens:
     if beams > 1:
         from tfgraph.generation.beams import beam_search
 
-        clock = Clock()
+        clock = Clock(_compiling(stepper))
         found = beam_search(stepper, ids, lengths, beams, limits, eos, length_penalty, clock)
         result = clock.result([tokens for tokens, _ in found], prompt_tokens,
                               scores=[score for _, score in found])
@@ -75,7 +75,7 @@ def _decode(stepper: Stepper, ids: np.ndarray, lengths: np.ndarray, limits: list
             sampler: Sampler, eos: frozenset[int], on_token: OnToken | None,
             prompt_tokens: int) -> Result:
     """Greedy or sampled decoding; ``live[r]`` is the prompt of the stepper's row r."""
-    clock = Clock()
+    clock = Clock(_compiling(stepper))
     logits = stepper.prefill(ids, lengths)
     clock.mark_prefilled()
     live = list(range(len(limits)))
@@ -99,6 +99,14 @@ def _decode(stepper: Stepper, ids: np.ndarray, lengths: np.ndarray, limits: list
             live = [live[r] for r in keep]
             chosen = chosen[keep]
         logits = stepper.step(chosen)
+
+
+def _compiling(stepper: Stepper) -> Callable[[], float] | None:
+    """The seconds a compiling stepper (``compile_s``) has spent compiling so far, for the
+    clock to leave out (None: a stepper that does not compile)."""
+    if not getattr(stepper, "compiled", False):
+        return None
+    return lambda: float(getattr(stepper, "compile_s", 0.0))
 
 
 def check_prompts(stepper: Stepper, prompts: Sequence[Sequence[int]],

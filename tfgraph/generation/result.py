@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 
@@ -50,23 +51,30 @@ class Result:
 
 
 class Clock:
-    """Marks the phases of one run on ``time.perf_counter``."""
+    """Marks the phases of one run on ``time.perf_counter``, stopped while ``paused`` (the
+    seconds a stepper spent compiling so far, e.g. TorchStatic's ``compile_s``) grows: a
+    compilation inside the loop counts in ``Result.compile_s``, not in the timings."""
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
+    def __init__(self, paused: Callable[[], float] | None = None) -> None:
+        self.paused = paused
+        self.start = self.now()
         self.prefilled = self.start
         self.first = self.start
 
+    def now(self) -> float:
+        """perf_counter less the paused seconds so far."""
+        return time.perf_counter() - (self.paused() if self.paused is not None else 0.0)
+
     def mark_prefilled(self) -> None:
-        self.prefilled = time.perf_counter()
+        self.prefilled = self.now()
 
     def mark_first_token(self) -> None:
-        self.first = time.perf_counter()
+        self.first = self.now()
 
     def result(self, tokens: list[list[int]], prompt_tokens: int,
                scores: list[float] | None = None) -> Result:
         """The run's result, timed up to now."""
-        end = time.perf_counter()
+        end = self.now()
         decoded = sum(max(0, len(row) - 1) for row in tokens)
         return Result(tokens, prompt_tokens, self.prefilled - self.start,
                       self.first - self.start, end - self.first, decoded, scores=scores)
