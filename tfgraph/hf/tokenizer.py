@@ -79,11 +79,32 @@ def load_tokenizer(path: Path) -> Tokenizer:
     if path.stat().st_size > MAX_BYTES:
         raise TfgraphError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a tokenizer file")
     try:
-        return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(str(path))
     except Exception as err:  # the Rust library raises plain Exception for any bad file
         detail = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
         raise TfgraphError(f"{path}: not a tokenizer.json the tokenizers library reads: "
                            f"{detail}") from None
+    # The truncation and padding a tokenizer.json may carry are not applied to a text:
+    # transformers' ``tokenizer(text)`` turns both off by default (truncation=False,
+    # padding=False: TokenizersBackend.set_truncation_and_padding), where they would cut a
+    # prompt to the saved max_length or pad it with pad ids fed to the model as tokens.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def load_text_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer that encodes a text prompt as transformers 5.24's ``AutoTokenizer`` of
+    ``path``'s folder does: :func:`load_tokenizer`, with the tokens that the folder's
+    tokenizer_config.json / special_tokens_map.json add
+    (tfgraph.hf.special_tokens.added_tokens), as transformers adds them on loading."""
+    from tfgraph.hf.special_tokens import added_tokens
+
+    tokenizer = load_tokenizer(path)
+    adding = added_tokens(path.parent, tokenizer)
+    if adding:
+        tokenizer.add_tokens(adding)
+    return tokenizer
 
 
 def copy_files(files: list[Path], folder: Path) -> list[Path]:
