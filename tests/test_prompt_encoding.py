@@ -141,3 +141,106 @@ def test_generate_encodes_its_prompts_so(tmp_path: Path) -> None:
         assert prepared.prompts == [want]
     finally:
         prepared.opened.close()
+
+
+# ---- tokenizer_class LlamaTokenizer: transformers' own pipeline, not tokenizer.json's -------
+
+CORPUS = ["hello world, this is a test.", "the quick brown fox jumps over the lazy dog!",
+          "don't you think it's nice?", "Ünïcödé text 日本語 emojis 🙂",
+          "numbers 12345 and symbols #$%"] * 20
+LLAMA_PROMPTS = ["hello world", " two", "  two  spaces", "Hi</s>there", "a <s> b", "<s>x",
+                 "x</s>", "Ünïcödé 日本語 🙂", "line\nnext\n\n", "\tTab", "don't", " ",
+                 "a  <s>  b", "</s> lead", "<unk> u", "a <|tool|>b", "▁x ▁", "\n lead nl"]
+
+
+def llama2_folder(folder: Path, config: dict[str, Any], model_type: str | None = "llama",
+                  byte_level: bool = False) -> None:
+    """A tokenizer.json laid out as Llama 2's (normalizer Prepend("▁") + Replace(" ", "▁"),
+    no pre-tokenizer, byte-fallback BPE, a template adding <s>), saved by
+    PreTrainedTokenizerFast, with ``config`` in tokenizer_config.json and ``model_type`` in
+    config.json (none: no config.json)."""
+    from tokenizers import (Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                            processors, trainers)
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                                 normalizers.Replace(" ", "▁")])
+    if byte_level:  # Llama 3's layout, still declaring LlamaTokenizer
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                           decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400,
+                                                              special_tokens=specials))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
+    edit_config(folder, {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, **config})
+    if model_type is not None:
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+
+
+@pytest.mark.parametrize("config", [
+    {"legacy": False}, {"legacy": True}, {}, {"tokenizer_class": "LlamaTokenizerFast"},
+    {"legacy": True, "add_eos_token": True}, {"add_prefix_space": False},
+    {"add_prefix_space": False, "legacy": True},
+    {"legacy": True, "extra_special_tokens": ["<|tool|>"], "pad_token": "<pad>"},
+])
+def test_a_llama_tokenizer_class_encodes_and_decodes_as_transformers(
+        tmp_path: Path, config: dict[str, Any]) -> None:
+    from transformers import AutoTokenizer
+
+    from tfgraph.hf.special_tokens import special_ids
+    from tfgraph.hf.tokenizer import decode_text
+
+    llama2_folder(tmp_path, config)
+    reference = AutoTokenizer.from_pretrained(tmp_path)
+    assert type(reference).__name__ == "LlamaTokenizer"
+    tokenizer = load_text_tokenizer(tmp_path / "tokenizer.json")
+    special = special_ids(tmp_path / "tokenizer.json", tokenizer)
+    for text in LLAMA_PROMPTS:
+        want = list(reference(text)["input_ids"])
+        assert encode_text(tokenizer, text, "prompt") == want, text
+        assert tokenizer.decode(want, skip_special_tokens=False) == \
+            reference.decode(want, skip_special_tokens=False), text
+        assert decode_text(tokenizer, want, False, special=special) == \
+            reference.decode(want, skip_special_tokens=True), text
+    # tokenizer.json's own pipeline differs: the leading space and the text after a special
+    # token are split otherwise
+    from tfgraph.hf.tokenizer import load_tokenizer
+
+    as_saved = load_tokenizer(tmp_path / "tokenizer.json")
+    assert any(as_saved.encode(text).ids != reference(text)["input_ids"]
+               for text in LLAMA_PROMPTS)
+
+
+def test_which_folders_load_as_a_llama_tokenizer(tmp_path: Path) -> None:
+    """tfgraph.hf.llama_tokenizer's resolution against AutoTokenizer's: each model type of
+    LLAMA_MODEL_TYPES, some that resolve elsewhere, none, and a byte-level tokenizer.json."""
+    from transformers import AutoTokenizer
+
+    from tfgraph.hf.llama_tokenizer import LLAMA_MODEL_TYPES, loads_as_llama
+
+    llama2_folder(tmp_path / "base", {"legacy": False}, None)
+    cases: list[tuple[str | None, bool]] = [(t, False) for t in sorted(LLAMA_MODEL_TYPES)]
+    cases += [(t, False) for t in ("mistral", "qwen2", "phi3", "mixtral", "stablelm")]
+    cases += [(None, False), ("llama", True)]
+    for index, (model_type, byte_level) in enumerate(cases):
+        folder = tmp_path / f"m{index}"
+        if byte_level:
+            llama2_folder(folder, {}, model_type, byte_level=True)
+        else:
+            import shutil
+
+            shutil.copytree(tmp_path / "base", folder)
+            if model_type is not None:
+                (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        want = type(AutoTokenizer.from_pretrained(folder)).__name__ == "LlamaTokenizer"
+        assert loads_as_llama(folder / "tokenizer.json") == want, (model_type, byte_level)
+        if model_type == "qwen2":  # Qwen2Tokenizer's pipeline: not rebuilt (README)
+            continue
+        text = "Hi</s>there  two"
+        assert encode_text(load_text_tokenizer(folder / "tokenizer.json"), text, "p") == \
+            reference_ids(folder, text), (model_type, byte_level)

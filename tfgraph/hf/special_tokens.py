@@ -60,19 +60,26 @@ def special_contents(folder: Path) -> list[str]:
     return found
 
 
-def added_tokens(folder: Path, tokenizer: Tokenizer) -> list[AddedToken]:
+def added_tokens(folder: Path, tokenizer: Tokenizer,
+                 defaults: dict[str, str] | None = None,
+                 replaced: frozenset[int] = frozenset()) -> list[AddedToken]:
     """The tokens transformers 5.24's ``TokenizersBackend.__init__`` adds to the backend
     tokenizer of ``folder`` on loading, in its order: the ``added_tokens_decoder`` entries
     (by id) that ``tokenizer`` (its tokenizer.json) does not hold as they are, then the named,
     model-specific and extra special tokens whose text is not among its added tokens. Added in
     that order (``Tokenizer.add_tokens``) they get the ids transformers gives them: a token of
     the vocabulary keeps its id, a new one takes the next free id; and they are split out of
-    a text before it is tokenized, as transformers' encoding does."""
-
+    a text before it is tokenized, as transformers' encoding does. ``defaults``: the named
+    tokens of the tokenizer class, where the files do not set them; ``replaced``: the
+    ``added_tokens_decoder`` ids whose entries tokenizer.json's ``added_tokens`` replace."""
     decoder, settings = _read(folder)
+    for key, value in (defaults or {}).items():
+        settings.setdefault(key, (value, folder / CONFIG))
     held = {repr(token) for token in tokenizer.get_added_tokens_decoder().values()}
     adding = []
     for key, entry in sorted(decoder, key=lambda item: int(item[0])):
+        if int(key) in replaced:
+            continue
         token = _added_token(entry, folder / CONFIG, f"added_tokens_decoder: {key}", None)
         if repr(token) not in held:
             adding.append(token)

@@ -98,9 +98,12 @@ def load_text_tokenizer(path: Path) -> Tokenizer:
     ``path``'s folder does: :func:`load_tokenizer`, with the tokens that the folder's
     tokenizer_config.json / special_tokens_map.json add
     (tfgraph.hf.special_tokens.added_tokens), as transformers adds them on loading."""
+    from tfgraph.hf.llama_tokenizer import llama_tokenizer, loads_as_llama
     from tfgraph.hf.special_tokens import added_tokens
 
     tokenizer = load_tokenizer(path)
+    if loads_as_llama(path):
+        return llama_tokenizer(path, tokenizer)
     adding = added_tokens(path.parent, tokenizer)
     if adding:
         tokenizer.add_tokens(adding)
