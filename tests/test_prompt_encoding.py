@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tfgraph.hf.tokenizer import encode_text, load_text_tokenizer
+from tfgraph.hf.text_tokenizer import load_text_tokenizer
+from tfgraph.hf.tokenizer import encode_text
 
 transformers = pytest.importorskip("transformers")
 

@@ -81,7 +81,8 @@ def _check_weights_memory(graph: Graph, session: int, check: bool, where: str) -
 def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
                 where: str) -> dict[str, np.ndarray]:
     """The feeds for a text prompt: its token ids (batch copies) from ``tokenizer``."""
-    from tfgraph.hf.tokenizer import encode_text, load_text_tokenizer
+    from tfgraph.hf.text_tokenizer import load_text_tokenizer
+    from tfgraph.hf.tokenizer import encode_text
 
     if tokenizer is None:
         raise TfgraphError(f"{where}: --prompt needs a tokenizer.json (in the model folder, or "
@@ -256,7 +257,7 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         click.echo(f"throughput {tokens / timing.median_s:,.0f} tokens/s "
                    f"({tokens} input tokens per run)")
         if prompt is not None and spec is not None and spec.arch == "decoder-only":
-            from tfgraph.hf.tokenizer import load_text_tokenizer
+            from tfgraph.hf.text_tokenizer import load_text_tokenizer
 
             assert tokenizer is not None
             nxt = int(np.argmax(out[0, -1]))

@@ -93,23 +93,6 @@ def load_tokenizer(path: Path) -> Tokenizer:
     return tokenizer
 
 
-def load_text_tokenizer(path: Path) -> Tokenizer:
-    """The tokenizer that encodes a text prompt as transformers 5.24's ``AutoTokenizer`` of
-    ``path``'s folder does: :func:`load_tokenizer`, with the tokens that the folder's
-    tokenizer_config.json / special_tokens_map.json add
-    (tfgraph.hf.special_tokens.added_tokens), as transformers adds them on loading."""
-    from tfgraph.hf.llama_tokenizer import llama_tokenizer, loads_as_llama
-    from tfgraph.hf.special_tokens import added_tokens
-
-    tokenizer = load_tokenizer(path)
-    if loads_as_llama(path):
-        return llama_tokenizer(path, tokenizer)
-    adding = added_tokens(path.parent, tokenizer)
-    if adding:
-        tokenizer.add_tokens(adding)
-    return tokenizer
-
-
 def copy_files(files: list[Path], folder: Path) -> list[Path]:
     """Copy ``files`` into ``folder`` atomically, each replacing any file of that name."""
     from tfgraph.io import atomic_path, check_side_file
