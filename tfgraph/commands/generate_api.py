@@ -292,9 +292,9 @@ def _check_decoder_start(start: int, from_folder: bool, opened: Opened) -> None:
 def _tokenizer(path: Path | None) -> Tokenizer | None:
     if path is None:
         return None
-    from tfgraph.hf.tokenizer import load_tokenizer
+    from tfgraph.hf.text_tokenizer import load_text_tokenizer
 
-    return load_tokenizer(path)
+    return load_text_tokenizer(path)
 
 
 def _prompt_ids(prompt: Sequence[int] | str, index: int, tokenizer: Tokenizer | None,

@@ -81,7 +81,8 @@ def _check_weights_memory(graph: Graph, session: int, check: bool, where: str) -
 def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
                 where: str) -> dict[str, np.ndarray]:
     """The feeds for a text prompt: its token ids (batch copies) from ``tokenizer``."""
-    from tfgraph.hf.tokenizer import encode_text, load_tokenizer
+    from tfgraph.hf.text_tokenizer import load_text_tokenizer
+    from tfgraph.hf.tokenizer import encode_text
 
     if tokenizer is None:
         raise TfgraphError(f"{where}: --prompt needs a tokenizer.json (in the model folder, or "
@@ -89,7 +90,7 @@ def _prompt_ids(prompt: str, tokenizer: Path | None, iface: Any, batch: int,
     if iface.inputs[0] != "input_ids":
         raise TfgraphError(f"{where}: --prompt runs one-stack models; this one takes "
                            f"{', '.join(iface.inputs)}")
-    ids = encode_text(load_tokenizer(tokenizer), prompt, "--prompt")
+    ids = encode_text(load_text_tokenizer(tokenizer), prompt, "--prompt")
     if not ids:
         raise TfgraphError("--prompt: the text encodes to no tokens")
     row = np.asarray(ids, dtype=np.int64)
@@ -256,12 +257,12 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
         click.echo(f"throughput {tokens / timing.median_s:,.0f} tokens/s "
                    f"({tokens} input tokens per run)")
         if prompt is not None and spec is not None and spec.arch == "decoder-only":
-            from tfgraph.hf.tokenizer import load_tokenizer
+            from tfgraph.hf.text_tokenizer import load_text_tokenizer
 
             assert tokenizer is not None
             nxt = int(np.argmax(out[0, -1]))
             # the token as it is: an end-of-sequence token's text too
-            text = load_tokenizer(tokenizer).decode([nxt], skip_special_tokens=False)
+            text = load_text_tokenizer(tokenizer).decode([nxt], skip_special_tokens=False)
             click.echo(f"next      {printable(repr(text))} (token {nxt})")
         if check:
             assert graph is not None  # the spec was built, or the model's own compiled above

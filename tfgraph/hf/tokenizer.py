@@ -79,11 +79,18 @@ def load_tokenizer(path: Path) -> Tokenizer:
     if path.stat().st_size > MAX_BYTES:
         raise TfgraphError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a tokenizer file")
     try:
-        return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(str(path))
     except Exception as err:  # the Rust library raises plain Exception for any bad file
         detail = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
         raise TfgraphError(f"{path}: not a tokenizer.json the tokenizers library reads: "
                            f"{detail}") from None
+    # The truncation and padding a tokenizer.json may carry are not applied to a text:
+    # transformers' ``tokenizer(text)`` turns both off by default (truncation=False,
+    # padding=False: TokenizersBackend.set_truncation_and_padding), where they would cut a
+    # prompt to the saved max_length or pad it with pad ids fed to the model as tokens.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def copy_files(files: list[Path], folder: Path) -> list[Path]:
