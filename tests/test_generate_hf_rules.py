@@ -210,6 +210,46 @@ def test_a_folders_top_k_is_the_default(tmp_path: Path) -> None:
     assert sample() == sample(top_k=50) != sample(top_k=0)
 
 
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_folders_temperature_and_top_p_are_sampling_defaults(tmp_path: Path,
+                                                               do_sample: bool) -> None:
+    """transformers' generate(do_sample=True) takes temperature and top_p, like top_k, from
+    the model's generation config when the call does not set them, whatever the file's own
+    do_sample; tfgraph sampled at 1.0 with no top-p, without a word. A setting of the file
+    tfgraph has no filter for (min_p) is named when the run samples, not when it is greedy."""
+    from transformers import GenerationConfig
+
+    from tfgraph.commands.generate_api import prepare
+
+    model = saved("llama", tmp_path)
+    edit(tmp_path / "generation_config.json", temperature=0.6, top_p=0.8, top_k=20,
+         min_p=0.05, do_sample=do_sample)
+    model.generation_config = GenerationConfig.from_pretrained(tmp_path)
+    ready = prepare(tmp_path, PROMPTS, backend="torch")
+    ready.opened.close()
+    logits = np.random.default_rng(1).normal(size=(3, 101)).astype(np.float32) * 3
+    for given in ({"top_k": 40}, {"temperature": 1.5}, {"top_p": 0.99},
+                  {"temperature": 0.9, "top_p": 0.5, "top_k": 0}):
+        config = dict(given, min_p=None)  # tfgraph has no min-p filter (named in a note)
+        want = hf_processed(model, logits, **config)
+        got = ready.sampler(Sampler(**given)).probabilities(logits)
+        assert np.array_equal(got > 0, want > 0), given
+        assert np.allclose(got, want, atol=1e-6), given
+    base = ["generate", str(tmp_path), "--prompt-ids", "5,17,42,9", "--max-new-tokens", "2",
+            "--backend", "torch"]
+    sampled = CliRunner().invoke(main, base + ["--top-k", "5", "--seed", "1"])
+    greedy = CliRunner().invoke(main, base)
+    assert sampled.exit_code == greedy.exit_code == 0, sampled.output + greedy.output
+    assert [line for line in sampled.stderr.splitlines() if "min_p = 0.05" in line]
+    assert ("min_p" in greedy.stderr) == do_sample  # a sampling file's settings, named
+    assert "temperature = " not in sampled.stderr and "top_p = " not in sampled.stderr
+    edit(tmp_path / "generation_config.json", temperature=0.0, do_sample=False)
+    refused = CliRunner().invoke(main, base + ["--top-k", "5"])
+    assert refused.exit_code == 2 and "temperature 0.0" in refused.stderr
+    given = CliRunner().invoke(main, base + ["--top-k", "5", "--temperature", "0.7"])
+    assert given.exit_code == 0, given.output
+
+
 @pytest.mark.parametrize("logits", [
     [0.0, 0.0, 0.0, 0.0],
     [1.0, 1.0, 1.0, 0.0, 0.0],

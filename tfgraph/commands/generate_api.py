@@ -8,6 +8,7 @@ ids with its tokenizer, and runs the decoding loop (tfgraph.generation.loop). Th
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 from collections.abc import Iterable, Sequence
@@ -36,7 +37,7 @@ FROM_MODEL: Setting = "model"  # take the setting from the model folder (generat
 @dataclass
 class Prepared:
     """An opened model with its prompts as ids, the EOS ids in force, its tokenizer, and the
-    top-k its sampling applies unless told otherwise (None: transformers' default, 50)."""
+    generation settings its sampling takes the defaults of (:meth:`sampler`)."""
 
     opened: Opened
     prompts: list[list[int]]
@@ -45,7 +46,8 @@ class Prepared:
     clean_up: bool = False  # transformers' clean_up_tokenization_spaces applies
     special: frozenset[int] = field(default_factory=frozenset)
     """Ids the folder's tokenizer files name as special tokens (tfgraph.hf.special_tokens)."""
-    top_k: int | None = None
+    settings: Settings = field(default_factory=Settings)
+    """The folder's generation settings (tfgraph.generation.settings)."""
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens``, special tokens skipped (tfgraph.hf.tokenizer.decode_text)."""
@@ -55,10 +57,32 @@ class Prepared:
         return decode_text(self.tokenizer, list(tokens), self.clean_up, special=self.special)
 
     def sampler(self, sampler: Sampler) -> Sampler:
-        """``sampler`` with this model's default top-k (its generation settings' top_k)."""
-        if self.top_k is not None:
-            sampler.default_top_k = self.top_k
+        """``sampler`` with this model's defaults for what its flags leave unset: the
+        generation settings' top_k, temperature and top_p, as transformers'
+        ``generate(do_sample=True)`` takes them from its GenerationConfig."""
+        settings = self.settings
+        if sampler.greedy:
+            return sampler
+        if settings.top_k is not None:
+            sampler.default_top_k = settings.top_k
+        temperature, top_p = settings.temperature, settings.top_p
+        if sampler.temperature is None and temperature is not None:
+            if not 0 < temperature < math.inf:  # TemperatureLogitsWarper's ValueError
+                raise TfgraphError(f"{settings.source}: temperature {temperature}: cannot "
+                                   "sample at it (give --temperature)")
+            sampler.default_temperature = temperature
+        if sampler.top_p is None and top_p is not None:
+            if not 0 <= top_p <= 1:  # TopPLogitsWarper's ValueError
+                raise TfgraphError(f"{settings.source}: top_p {top_p}: must be in [0, 1] "
+                                   "(give --top-p)")
+            sampler.default_top_p = top_p
         return sampler
+
+    def sampling_notes(self, sampler: Sampler) -> list[str]:
+        """Notes a run with ``sampler`` needs beside ``opened.notes``: the folder's sampling
+        settings it does not apply."""
+        note = None if sampler.greedy else self.settings.sampling_note()
+        return [] if note is None else [note]
 
 
 def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[int] | str],
@@ -123,7 +147,7 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
     except BaseException:
         opened.close()
         raise
-    return Prepared(opened, ids, eos, tokenizer, clean_up, special, settings.top_k)
+    return Prepared(opened, ids, eos, tokenizer, clean_up, special, settings)
 
 
 def _spec_settings(path: str, settings: Settings) -> Settings:
@@ -192,8 +216,8 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
 
     Prompts are token id lists or text (text needs the model's tokenizer.json). Greedy by
     default; ``temperature``/``top_k``/``top_p`` sample from ``seed`` (as transformers'
-    ``do_sample=True``: without ``top_k``, the folder's top_k or else 50 applies; ``top_k=0``
-    keeps every token); ``beams`` > 1 is beam search. ``eos_token_id``: the folder's (its
+    ``do_sample=True``: a setting not given takes the folder's top_k (else 50),
+    temperature and top_p (else 1.0); ``top_k=0`` keeps every token); ``beams`` > 1 is beam search. ``eos_token_id``: the folder's (its
     generation_config.json, else config.json) by default, None for none, or an id or ids
     (integers, numpy's too; a bool is refused). ``on_token(prompt_index, token_id)`` is called as tokens come. ``cache``:
     a decoder built from a spec or folder decodes through its KV cache (False: recomputes the

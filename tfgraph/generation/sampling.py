@@ -30,13 +30,17 @@ DEFAULT_TOP_K = 50
 class Sampler:
     """Greedy when no sampling setting is given (or ``temperature`` is 0, the common spelling
     of greedy); otherwise samples with the given settings, from ``seed``. ``top_k`` None
-    applies ``default_top_k`` (the model's, else transformers' 50); 0 applies no top-k."""
+    applies ``default_top_k`` (the model's, else transformers' 50); 0 applies no top-k.
+    ``temperature`` / ``top_p`` None apply ``default_temperature`` / ``default_top_p`` (the
+    model's, else transformers' 1.0: no change)."""
 
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
     default_top_k: int = DEFAULT_TOP_K
+    default_temperature: float = 1.0
+    default_top_p: float = 1.0
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -80,18 +84,20 @@ class Sampler:
         # before any draw (__call__).
         with np.errstate(over="ignore", invalid="ignore"):  # NaN is refused by the caller
             scores = scores - np.max(scores, axis=-1, keepdims=True)
-            scores = scores / (self.temperature or 1.0)
+            scores = scores / (self.default_temperature if self.temperature is None
+                               else self.temperature)
         top_k = self.default_top_k if self.top_k is None else int(self.top_k)
         if 0 < top_k < scores.shape[-1]:  # TopKLogitsWarper: below the k-th largest removed
             kth = np.partition(scores, -top_k, axis=-1)[:, -top_k][:, None]
             scores = np.where(scores < kth, -np.inf, scores)
         probs = _softmax(scores)
-        if self.top_p is not None and self.top_p < 1:
+        top_p = self.default_top_p if self.top_p is None else self.top_p
+        if top_p < 1:
             # TopPLogitsWarper: ascending (stable, so tied tokens in id order), the cumulative
             # probability at most 1 - top_p removed, the last (most likely) token kept
             order = np.argsort(scores, axis=-1, kind="stable")
             ranked = np.take_along_axis(probs, order, axis=-1)
-            remove_ranked = np.cumsum(ranked, axis=-1) <= 1 - self.top_p
+            remove_ranked = np.cumsum(ranked, axis=-1) <= 1 - top_p
             remove_ranked[:, -1] = False
             remove = np.zeros_like(remove_ranked)
             np.put_along_axis(remove, order, remove_ranked, axis=-1)

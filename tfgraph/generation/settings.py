@@ -1,5 +1,6 @@
 """Generation settings a Hugging Face model folder carries: which tokens end a sequence, which
-token starts an encoder-decoder target, and the top-k that sampling applies by default.
+token starts an encoder-decoder target, and the temperature, top-k and top-p that sampling
+applies when the user's flags do not set them (as transformers' ``generate(do_sample=True)``).
 
 They come from one file, as transformers 5.24's ``from_pretrained`` loads its GenerationConfig:
 ``generation_config.json`` when the folder has one, taken as it is (an id it lacks is not
@@ -49,9 +50,9 @@ NOT_APPLIED: dict[str, Any] = {
 # Not listed: renormalize_logits and low_memory change no token by themselves (a softmax
 # after the processors listed above; contrastive search's memory), so a note would be noise.
 SAMPLING: dict[str, Any] = {
-    # read by transformers only when do_sample is true (top_k is applied: Settings.top_k)
-    "temperature": 1.0, "top_p": 1.0, "min_p": None, "typical_p": 1.0,
-    "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    # read by transformers only when it samples; temperature, top_k and top_p are applied
+    # (Settings.temperature / top_k / top_p), these are not
+    "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
 }
 
 
@@ -61,9 +62,16 @@ class Settings:
     decoder_start_token_id: int = DEFAULT_DECODER_START
     not_applied: tuple[str, ...] = ()
     """``key = value`` of each setting of the file tfgraph generate does not apply
-    (``NOT_APPLIED``, and ``SAMPLING`` when it samples)."""
+    (``NOT_APPLIED``, and ``SAMPLING`` when the file samples)."""
     top_k: int | None = None
     """The file's ``top_k`` (0: no top-k filter); None: transformers' default, 50."""
+    temperature: float | None = None
+    """The file's ``temperature`` (None: transformers' default, 1.0); checked when sampled."""
+    top_p: float | None = None
+    """The file's ``top_p`` (None: transformers' default, 1.0, no filter); checked when
+    sampled."""
+    sampling_not_applied: tuple[str, ...] = ()
+    """``key = value`` of the file's ``SAMPLING`` settings, which a sampled run ignores."""
     source: str = GENERATION_CONFIG
     """The file the settings came from (named in :meth:`note`)."""
 
@@ -74,6 +82,15 @@ class Settings:
         return (f"{self.source}: {', '.join(self.not_applied)}: not applied "
                 "(tfgraph generate searches as its flags say: greedy unless --temperature, "
                 "--top-k, --top-p or --beams; --max-new-tokens tokens)")
+
+    def sampling_note(self) -> str | None:
+        """For a sampled run of a file that does not sample itself (its own ``do_sample``
+        run names them in :meth:`note`): its sampling settings tfgraph does not apply."""
+        if not self.sampling_not_applied or any(item.startswith("do_sample =")
+                                                for item in self.not_applied):
+            return None
+        return (f"{self.source}: {', '.join(self.sampling_not_applied)}: not applied when "
+                "sampling (tfgraph samples with temperature, top-k and top-p)")
 
 
 def read_settings(folder: Path | None) -> Settings:
@@ -99,7 +116,11 @@ def read_settings(folder: Path | None) -> Settings:
                               or top_k < 0):  # TopKLogitsWarper's ValueError
         raise TfgraphError(f"{path}: top_k: {top_k!r} is not a number of tokens (an integer "
                            ">= 0)")
-    return Settings(eos, start, _not_applied(data), top_k, path.name)
+    sampled = tuple(f"{key} = {_short(data[key])}" for key, default in SAMPLING.items()
+                    if key in data and data[key] != default)
+    return Settings(eos, start, _not_applied(data), top_k, source=path.name,
+                    temperature=_number(data, "temperature", path),
+                    top_p=_number(data, "top_p", path), sampling_not_applied=sampled)
 
 
 def _generation_config(folder: Path) -> tuple[dict[str, Any], Path] | None:
@@ -136,6 +157,17 @@ def _not_applied(data: dict[str, Any]) -> tuple[str, ...]:
         rules.update(SAMPLING)
     return tuple(f"{key} = {_short(data[key])}" for key, default in rules.items()
                  if key in data and data[key] != default)
+
+
+def _number(data: dict[str, Any], key: str, path: Path) -> float | None:
+    """The file's ``key`` as a float (None: not set); its range is checked when a run samples
+    with it (tfgraph.generation.sampling.Sampler)."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TfgraphError(f"{path}: {key}: {value!r} is not a number")
+    return float(value)
 
 
 def _short(value: Any) -> str:
