@@ -245,3 +245,125 @@ def test_which_folders_load_as_a_llama_tokenizer(tmp_path: Path) -> None:
         text = "Hi</s>there  two"
         assert encode_text(load_text_tokenizer(folder / "tokenizer.json"), text, "p") == \
             reference_ids(folder, text), (model_type, byte_level)
+
+
+# ---- tokenizer_class GemmaTokenizer / Qwen2Tokenizer: folders laid out as the checkpoints ----
+# transformers 5.24 rebuilds both classes' pipelines (models/gemma/tokenization_gemma.py,
+# models/qwen2/tokenization_qwen2.py); for the layouts Gemma 1/2/3 and Qwen2/2.5/3 ship, the
+# rebuilt pipeline is the tokenizer.json's, which tfgraph runs as it is.
+
+CHECKPOINT_PROMPTS = [
+    "hello world", " lead", "trail ", "  two  spaces  ", "a\nb\n\n", "\tTab\t x", "a   \n\n  b",
+    "Ünïcödé 日本語 🙂", "café naïve", "cafe\u0301 nai\u0308ve", "e\u0301", "ÅΩ ﬁ ①", "12345 678",
+    "don't DON'T 's 've", "日本語の文章です。中文", "👍🏽👨\u200d👩\u200d👧", " ", "▁x ▁",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", "<bos>x<eos>",
+    "a <pad> <unk> b <mask>", "<start_of_image><image_soft_token><end_of_image>",
+    "<|im_start|>system\nYou are.<|im_end|>\n<|im_start|>user\nhi<|im_end|>",
+    "x<|endoftext|>y", "<tool_call>\n{}</tool_call>", "a<|fim_prefix|>b", "<think>\n</think>"]
+CHECKPOINT_CORPUS = [
+    "hello world, this is a test.", "the quick brown fox jumps over the lazy dog!",
+    "don't you think it's nice?", "Ünïcödé text 日本語 emojis 🙂", "numbers 12345 and #$%",
+    "  indented\n\tcode()\n", "café naïve"] * 20
+
+
+def gemma_folder(folder: Path, model_type: str) -> None:
+    """Gemma's layout: normalizer Replace(" ", "▁"), no pre-tokenizer, a byte-fallback BPE
+    with <unk>, a Replace / ByteFallback / Fuse decoder, a template adding <bos>; <pad> <eos>
+    <bos> <unk> <mask> first, <start_of_turn> / <end_of_turn> (and Gemma 3's image tokens)
+    added; tokenizer_config.json GemmaTokenizer with add_bos_token."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                           decoders.Fuse()])
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"] + \
+        [f"<0x{i:02X}>" for i in range(256)]
+    tokenizer.train_from_iterator([text.replace(" ", "▁") for text in CHECKPOINT_CORPUS],
+                                  trainers.BpeTrainer(vocab_size=500, special_tokens=specials))
+    turns = ["<start_of_turn>", "<end_of_turn>"]
+    images = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+    tokenizer.add_special_tokens(turns + (images if model_type == "gemma3_text" else []))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", 2)])
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>",
+                            unk_token="<unk>", pad_token="<pad>",
+                            additional_special_tokens=turns).save_pretrained(folder)
+    config: dict[str, Any] = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": True,
+                              "add_eos_token": False, "clean_up_tokenization_spaces": False,
+                              "spaces_between_special_tokens": False}
+    if model_type == "gemma3_text":
+        config.update(boi_token="<start_of_image>", eoi_token="<end_of_image>",
+                      image_token="<image_soft_token>")
+    edit_config(folder, config)
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+
+
+QWEN_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen2_folder(folder: Path, model_type: str) -> None:
+    """Qwen2's layout: normalizer NFC, Split(Qwen's regex) + ByteLevel(no prefix space, no
+    regex), a byte-level BPE without <unk>, ByteLevel decoder and post-processor (no BOS);
+    <|endoftext|> <|im_start|> <|im_end|> <|fim_prefix|> special, <tool_call> </tool_call>
+    (and Qwen3's <think> </think>) added as plain tokens; tokenizer_config.json
+    Qwen2Tokenizer, bos and unk null."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)])
+    tokenizer.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False,
+                                           trim_offsets=False)
+    tokenizer.post_processor = processors.ByteLevel(add_prefix_space=False, use_regex=False,
+                                                    trim_offsets=False)
+    tokenizer.train_from_iterator(CHECKPOINT_CORPUS, trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    chat = ["<|im_start|>", "<|im_end|>"]
+    tokenizer.add_special_tokens(["<|endoftext|>", *chat, "<|fim_prefix|>"])
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>"] +
+                         (["<think>", "</think>"] if model_type == "qwen3" else []))
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
+                            pad_token="<|endoftext|>",
+                            additional_special_tokens=chat).save_pretrained(folder)
+    edit_config(folder, {"tokenizer_class": "Qwen2Tokenizer", "bos_token": None,
+                         "unk_token": None, "errors": "replace", "add_prefix_space": False,
+                         "split_special_tokens": False, "clean_up_tokenization_spaces": False})
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+
+
+@pytest.mark.parametrize("build,model_type,class_name", [
+    (gemma_folder, "gemma", "GemmaTokenizer"), (gemma_folder, "gemma2", "GemmaTokenizer"),
+    (gemma_folder, "gemma3_text", "GemmaTokenizer"), (qwen2_folder, "qwen2", "Qwen2Tokenizer"),
+    (qwen2_folder, "qwen3", "Qwen2Tokenizer"), (qwen2_folder, "qwen2_moe", "Qwen2Tokenizer"),
+])
+def test_gemma_and_qwen2_checkpoint_folders_encode_and_decode_as_transformers(
+        tmp_path: Path, build: Any, model_type: str, class_name: str) -> None:
+    from transformers import AutoTokenizer
+
+    from tfgraph.hf.special_tokens import special_ids
+    from tfgraph.hf.tokenizer import decode_text
+
+    build(tmp_path, model_type)
+    reference = AutoTokenizer.from_pretrained(tmp_path)
+    assert type(reference).__name__ == class_name
+    tokenizer = load_text_tokenizer(tmp_path / "tokenizer.json")
+    assert tokenizer.get_vocab_size() == len(reference)
+    special = special_ids(tmp_path / "tokenizer.json", tokenizer)
+    split = 0
+    for text in CHECKPOINT_PROMPTS:
+        want = list(reference(text)["input_ids"])
+        assert encode_text(tokenizer, text, "prompt") == want, text
+        assert tokenizer.decode(want, skip_special_tokens=False) == \
+            reference.decode(want, skip_special_tokens=False), text
+        assert decode_text(tokenizer, want, False, special=special) == \
+            reference.decode(want, skip_special_tokens=True), text
+        split += sum(token.startswith("<") and token.endswith(">") and len(token) > 4
+                     for token in reference.convert_ids_to_tokens(want))
+    assert split >= 8  # the chat / turn / tool tokens in the text were split out as ids
