@@ -182,7 +182,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset, eos,
                     decoder_start_id, not no_cache, compile_step, weights, fused_attention,
                     cuda_graph)
-    for note in ready.opened.notes + ready.sampling_notes(sampler):
+    for note in ready.opened.notes + ready.settings_notes(sampler):
         click.echo(f"note: {note}", err=True)
     _check_model_bounds(ready, eos_ids, beams)
     if ready.opened.spec is not None:  # the prompts' tokens are known now (text prompts too)

@@ -78,10 +78,10 @@ class Prepared:
             sampler.default_top_p = top_p
         return sampler
 
-    def sampling_notes(self, sampler: Sampler) -> list[str]:
-        """Notes a run with ``sampler`` needs beside ``opened.notes``: the folder's sampling
+    def settings_notes(self, sampler: Sampler) -> list[str]:
+        """Notes a run with ``sampler`` needs beside ``opened.notes``: the folder's generation
         settings it does not apply."""
-        note = None if sampler.greedy else self.settings.sampling_note()
+        note = self.settings.note(not sampler.greedy)
         return [] if note is None else [note]
 
 
@@ -128,9 +128,6 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
     opened = stepper_for(where, backend, provider, threads, weights_seed, opset, start, cache,
                          compile, None if weights is None else os.fspath(weights),
                          fused_attention, cuda_graph)
-    unapplied = settings.note()
-    if unapplied is not None:
-        opened.notes.append(unapplied)
     try:
         _check_start_applies(decoder_start_token_id, opened)
         _check_decoder_start(start, decoder_start_token_id is None, opened)

@@ -62,7 +62,7 @@ class Settings:
     decoder_start_token_id: int = DEFAULT_DECODER_START
     not_applied: tuple[str, ...] = ()
     """``key = value`` of each setting of the file tfgraph generate does not apply
-    (``NOT_APPLIED``, and ``SAMPLING`` when the file samples)."""
+    (``NOT_APPLIED``; ``SAMPLING``'s are ``sampling_not_applied``)."""
     top_k: int | None = None
     """The file's ``top_k`` (0: no top-k filter); None: transformers' default, 50."""
     temperature: float | None = None
@@ -72,25 +72,30 @@ class Settings:
     sampled."""
     sampling_not_applied: tuple[str, ...] = ()
     """``key = value`` of the file's ``SAMPLING`` settings, which a sampled run ignores."""
+    samples: bool = False
+    """The file's ``do_sample`` is true: transformers would sample where tfgraph's flags
+    may not."""
     source: str = GENERATION_CONFIG
     """The file the settings came from (named in :meth:`note`)."""
 
-    def note(self) -> str | None:
-        """What a user must know about ``not_applied`` (None: nothing)."""
-        if not self.not_applied:
+    def note(self, sampled: bool = False) -> str | None:
+        """What a user must know about the file's settings a run does not apply (None:
+        nothing); ``sampled``: the run samples. A file that samples has its temperature and
+        top_p named for a greedy run (transformers would sample with them); a sampled run
+        applies them (tfgraph.commands.generate_api.Prepared.sampler)."""
+        items = list(self.not_applied)
+        if sampled or self.samples:
+            items += self.sampling_not_applied
+        if self.samples and not sampled:
+            items += [f"{key} = {_short(value)}" for key, value in
+                      (("temperature", self.temperature), ("top_p", self.top_p))
+                      if value is not None and value != 1.0]
+        if not items:
             return None
-        return (f"{self.source}: {', '.join(self.not_applied)}: not applied "
+        return (f"{self.source}: {', '.join(items)}: not applied "
                 "(tfgraph generate searches as its flags say: greedy unless --temperature, "
-                "--top-k, --top-p or --beams; --max-new-tokens tokens)")
-
-    def sampling_note(self) -> str | None:
-        """For a sampled run of a file that does not sample itself (its own ``do_sample``
-        run names them in :meth:`note`): its sampling settings tfgraph does not apply."""
-        if not self.sampling_not_applied or any(item.startswith("do_sample =")
-                                                for item in self.not_applied):
-            return None
-        return (f"{self.source}: {', '.join(self.sampling_not_applied)}: not applied when "
-                "sampling (tfgraph samples with temperature, top-k and top-p)")
+                "--top-k, --top-p or --beams, sampling with the file's temperature, top-k and "
+                "top-p where the flags leave them; --max-new-tokens tokens)")
 
 
 def read_settings(folder: Path | None) -> Settings:
@@ -120,7 +125,8 @@ def read_settings(folder: Path | None) -> Settings:
                     if key in data and data[key] != default)
     return Settings(eos, start, _not_applied(data), top_k, source=path.name,
                     temperature=_number(data, "temperature", path),
-                    top_p=_number(data, "top_p", path), sampling_not_applied=sampled)
+                    top_p=_number(data, "top_p", path), sampling_not_applied=sampled,
+                    samples=data.get("do_sample") is True)
 
 
 def _generation_config(folder: Path) -> tuple[dict[str, Any], Path] | None:
@@ -150,12 +156,9 @@ def from_model_config(config: dict[str, Any]) -> dict[str, Any]:
 
 # The token ids transformers' GenerationConfig holds (eos_token_id: one, or a list).
 def _not_applied(data: dict[str, Any]) -> tuple[str, ...]:
-    """``key = value`` of each setting in ``data`` that would change transformers' tokens
-    and that tfgraph generate does not apply."""
-    rules = dict(NOT_APPLIED)
-    if data.get("do_sample") is True:
-        rules.update(SAMPLING)
-    return tuple(f"{key} = {_short(data[key])}" for key, default in rules.items()
+    """``key = value`` of each ``NOT_APPLIED`` setting in ``data`` that would change
+    transformers' tokens."""
+    return tuple(f"{key} = {_short(data[key])}" for key, default in NOT_APPLIED.items()
                  if key in data and data[key] != default)
 
 
