@@ -20,12 +20,24 @@ from typing import Any
 import pytest
 
 from tfgraph.hf.text_tokenizer import load_text_tokenizer
-from tfgraph.hf.tokenizer import encode_text
+from tfgraph.hf.tokenizer import decode_text, encode_text
 
 transformers = pytest.importorskip("transformers")
 
 PROMPTS = ["hello world, how are you", "a <|tool|> b <|b|>c<|e|>", "x <img> <aud><pad> y",
            "q <s> <|t2|><|t1|> r <|far|>", "a </s> <x> b", "u <|l|> v <m> w", " two\nlines"]
+
+
+def assert_as_transformers(tokenizer: Any, reference: Any, special: Any, text: str) -> list[int]:
+    """``text`` encodes to AutoTokenizer's ids, which decode to its text with and without
+    special tokens; the ids."""
+    want = list(reference(text)["input_ids"])
+    assert encode_text(tokenizer, text, "prompt") == want, text
+    assert tokenizer.decode(want, skip_special_tokens=False) == \
+        reference.decode(want, skip_special_tokens=False), text
+    assert decode_text(tokenizer, want, False, special=special) == \
+        reference.decode(want, skip_special_tokens=True), text
+    return want
 
 
 def byte_level_folder(folder: Path, truncation: dict[str, Any] | None = None,
@@ -194,7 +206,6 @@ def test_a_llama_tokenizer_class_encodes_and_decodes_as_transformers(
     from transformers import AutoTokenizer
 
     from tfgraph.hf.special_tokens import special_ids
-    from tfgraph.hf.tokenizer import decode_text
 
     llama2_folder(tmp_path, config)
     reference = AutoTokenizer.from_pretrained(tmp_path)
@@ -202,12 +213,7 @@ def test_a_llama_tokenizer_class_encodes_and_decodes_as_transformers(
     tokenizer = load_text_tokenizer(tmp_path / "tokenizer.json")
     special = special_ids(tmp_path / "tokenizer.json", tokenizer)
     for text in LLAMA_PROMPTS:
-        want = list(reference(text)["input_ids"])
-        assert encode_text(tokenizer, text, "prompt") == want, text
-        assert tokenizer.decode(want, skip_special_tokens=False) == \
-            reference.decode(want, skip_special_tokens=False), text
-        assert decode_text(tokenizer, want, False, special=special) == \
-            reference.decode(want, skip_special_tokens=True), text
+        assert_as_transformers(tokenizer, reference, special, text)
     # tokenizer.json's own pipeline differs: the leading space and the text after a special
     # token are split otherwise
     from tfgraph.hf.tokenizer import load_tokenizer
@@ -348,7 +354,6 @@ def test_gemma_and_qwen2_checkpoint_folders_encode_and_decode_as_transformers(
     from transformers import AutoTokenizer
 
     from tfgraph.hf.special_tokens import special_ids
-    from tfgraph.hf.tokenizer import decode_text
 
     build(tmp_path, model_type)
     reference = AutoTokenizer.from_pretrained(tmp_path)
@@ -358,12 +363,7 @@ def test_gemma_and_qwen2_checkpoint_folders_encode_and_decode_as_transformers(
     special = special_ids(tmp_path / "tokenizer.json", tokenizer)
     split = 0
     for text in CHECKPOINT_PROMPTS:
-        want = list(reference(text)["input_ids"])
-        assert encode_text(tokenizer, text, "prompt") == want, text
-        assert tokenizer.decode(want, skip_special_tokens=False) == \
-            reference.decode(want, skip_special_tokens=False), text
-        assert decode_text(tokenizer, want, False, special=special) == \
-            reference.decode(want, skip_special_tokens=True), text
+        want = assert_as_transformers(tokenizer, reference, special, text)
         split += sum(token.startswith("<") and token.endswith(">") and len(token) > 4
                      for token in reference.convert_ids_to_tokens(want))
     assert split >= 8  # the chat / turn / tool tokens in the text were split out as ids
