@@ -427,3 +427,30 @@ def test_eos_ids_may_be_numpy_integers_not_bools() -> None:
     for bad in (True, np.bool_(True), [eos, False], 1.0, [2.5], -1, "3"):
         with pytest.raises(TfgraphError, match="eos_token_id"):
             tfgraph.generate(spec, PROMPTS[:1], max_new_tokens=2, eos_token_id=bad)
+
+
+def test_the_python_api_gives_the_notes_the_cli_prints(tmp_path: Path) -> None:
+    """``tfgraph.generate`` dropped the notes ``tfgraph generate`` prints (a folder setting it
+    does not apply): they are now ``result.notes`` and ``TfgraphNote`` warnings, the CLI's
+    lines word for word; a run with nothing to say has none."""
+    from tfgraph.errors import TfgraphNote
+
+    saved("llama", tmp_path)
+    edit(tmp_path / "generation_config.json", min_p=0.05, do_sample=True)
+    with pytest.warns(TfgraphNote) as caught:
+        result = tfgraph.generate(tmp_path, PROMPTS[:1], max_new_tokens=2, backend="torch")
+    assert result.notes and "min_p = 0.05" in result.notes[0]
+    assert [str(w.message) for w in caught if w.category is TfgraphNote] == result.notes
+    assert caught[0].filename == __file__  # points at the caller's line
+    cli = CliRunner().invoke(main, ["generate", str(tmp_path), "--prompt-ids", "5,17,42,9",
+                                    "--max-new-tokens", "2", "--backend", "torch"])
+    assert cli.exit_code == 0, cli.output
+    assert [f"note: {n}" for n in result.notes] == \
+        [line for line in cli.stderr.splitlines() if line.startswith("note: ")]
+    edit(tmp_path / "generation_config.json", min_p=None, do_sample=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TfgraphNote)
+        assert tfgraph.generate(tmp_path, PROMPTS[:1], max_new_tokens=2,
+                                backend="torch").notes == []

@@ -12,6 +12,12 @@ from tfgraph.terminal import printable, short_path
 _ASCII_SPACE = re.compile(r"[ \t\r\n\v\f]+")
 
 
+class TfgraphNote(UserWarning):
+    """What the CLI prints as a ``note:`` line, raised as a warning from the Python API
+    (``tfgraph.generate``): something about the model or its files the run does not apply,
+    e.g. a generation_config.json setting tfgraph has no filter for."""
+
+
 class TfgraphError(Exception):
     """An error the user can fix (bad spec, bad argument, unwritable output): exit status 2."""
 

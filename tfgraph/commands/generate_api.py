@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import operator
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, SupportsIndex
 
-from tfgraph.errors import TfgraphError
+from tfgraph.errors import TfgraphError, TfgraphNote
 from tfgraph.terminal import printable
 from tfgraph.commands.steppers import Opened, settings_folder, stepper_for
 from tfgraph.generation.loop import OnToken, check_search
@@ -229,7 +230,9 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     max_len"): a learned position table stops each row at max_len, other positions go on
     with a BeyondMaxLenWarning. The result
     holds the generated ids per prompt (prompt excluded), their text when a tokenizer is known,
-    and prefill / decode tokens per second and time to first token.
+    and prefill / decode tokens per second and time to first token, and ``notes``: what the
+    CLI prints as ``note:`` lines (settings of the model or its folder this run does not
+    apply), each also raised as a ``tfgraph.errors.TfgraphNote`` warning before decoding.
     """
     sampler = Sampler(temperature, top_k, top_p, seed)
     check_search(sampler, beams)
@@ -237,7 +240,10 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
                     eos_token_id, decoder_start_token_id, cache, compile, weights,
                     fused_attention, cuda_graph)
+    notes = ready.opened.notes + ready.settings_notes(sampler)
     try:
+        for note in notes:  # the CLI's note: lines; stacklevel: the caller's line
+            warnings.warn(note, TfgraphNote, stacklevel=2)
         if ready.opened.spec is not None:  # as the CLI, before any buffer is allocated
             check_generate_memory(ready.opened.spec, len(ready.prompts),
                                   max(len(p) for p in ready.prompts), max_new_tokens, beams,
@@ -247,6 +253,7 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
                           ready.sampler(sampler), beams, ready.eos, on_token, length_penalty,
                           ready.opened.lengths)
         result.compile_s = compile_time(ready)
+        result.notes = notes
     finally:
         ready.opened.close()
     if ready.tokenizer is not None:

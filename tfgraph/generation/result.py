@@ -9,7 +9,7 @@ from the first token to the end (prompt tokens are the real ones, padding not co
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +28,9 @@ class Result:
     text: list[str] | None = None
     scores: list[float] | None = None
     compile_s: float | None = None  # torch.compile's time before decoding (not in the above)
+    notes: list[str] = field(default_factory=list)
+    """What the CLI prints as ``note:`` lines: the model's or its folder's settings this run
+    did not apply (``tfgraph.generate`` also raises each as a ``TfgraphNote`` warning)."""
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
