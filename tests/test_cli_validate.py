@@ -119,6 +119,73 @@ def test_schema_rejects_an_unknown_field() -> None:
         jsonschema.validate(data, schema)
 
 
+# The numeric bounds validate enforces, and a value past each: the JSON schema carries them
+# too (editors flag what validate would refuse), and a value at a closed bound passes both.
+SCHEMA_BOUNDS = [
+    ("norm.eps", 0), ("norm.eps", 1.0), ("norm.eps", -1e-5),
+    ("attention.latent.norm_eps", 0), ("attention.latent.norm_eps", -1.0),
+    ("embedding.rope_theta", 1.0), ("embedding.local_rope_theta", 0.5),
+    ("embedding.rotary_fraction", 0), ("embedding.rotary_fraction", 1.5),
+    ("attention.scale", 0), ("attention.softcap", -1), ("attention.clip_qkv", -1),
+    ("embedding.multiplier", 0), ("block.residual_scale", 0), ("head.scale", 0),
+    ("head.softcap", -2), ("ffn.router_scale", 0), ("ffn.router_eps", 1.0),
+    ("ffn.router_eps", -0.1), ("embedding.rope_scaling.factor", 0.5),
+    ("embedding.rope_scaling.low_freq_factor", 0), ("embedding.rope_scaling.high_freq_factor", -1),
+    ("embedding.rope_scaling.beta_fast", 0), ("embedding.rope_scaling.beta_slow", -1),
+    ("embedding.rope_scaling.attention_factor", 0), ("embedding.rope_scaling.mscale", -1),
+    ("embedding.rope_scaling.mscale_all_dim", -14.426950408889635),
+]
+SCHEMA_CLOSED_BOUNDS = [("embedding.rotary_fraction", 1.0), ("ffn.router_eps", 0.0),
+                        ("embedding.rope_scaling.factor", 1.0),
+                        ("embedding.rope_scaling.mscale", 0.0)]
+
+
+def spec_with(path: str, value: object) -> dict:
+    """BASE with ``path`` set to ``value`` (a latent or scaling filled in around it)."""
+    data = yaml.safe_load(BASE)
+    data["max_len"] = 32
+    if path.startswith("attention.latent."):
+        data["attention"]["latent"] = {"kv_rank": 8, "rope_dim": 8}
+    if path.startswith("embedding.rope_scaling."):
+        data["embedding"] = {"positions": "rope", "rope_scaling": {"type": "yarn", "factor": 2}}
+    node = data
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return data
+
+
+@pytest.mark.parametrize("path,value", SCHEMA_BOUNDS)
+def test_schema_rejects_what_validate_rejects(path: str, value: object) -> None:
+    from tfgraph.errors import SpecError
+    from tfgraph.spec.loader import parse_spec
+
+    schema = json.loads(cli("schema").stdout)
+    data = spec_with(path, value)
+    with pytest.raises(SpecError, match=rf": {path}: must be "):
+        parse_spec(yaml.safe_dump(data))
+    def leaves(errors: list) -> list:  # an optional sub-model's anyOf keeps them in context
+        return [leaf for e in errors for leaf in (leaves(e.context) if e.context else [e])]
+
+    errors = leaves(list(jsonschema.Draft202012Validator(schema).iter_errors(data)))
+    bounds = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}
+    assert [".".join(map(str, e.absolute_path)) for e in errors if e.validator in bounds] \
+        == [path], [e.message for e in errors]
+
+
+@pytest.mark.parametrize("path,value", SCHEMA_CLOSED_BOUNDS)
+def test_schema_and_validate_accept_a_closed_bound(path: str, value: object) -> None:
+    schema = json.loads(cli("schema").stdout)
+    data = spec_with(path, value)
+    jsonschema.validate(data, schema)
+    data.get("ffn", {}).update({"experts": 4, "top_k": 2, "bias": False,
+                                "router": "sparsemixer"} if path.startswith("ffn.") else {})
+    from tfgraph.spec.loader import parse_spec
+
+    parse_spec(yaml.safe_dump(data))
+
+
 def test_version_and_help() -> None:
     from tfgraph import __version__
 
@@ -297,6 +364,43 @@ RULES = {
         "name",
         "must be lowercase letters, digits",
     ),
+    "yarn-negative-mscale_all_dim": (  # 0.1 m ln 2 + 1 = 0: a division by zero before
+        BASE + "max_len: 32\nembedding:\n  positions: rope\n  rope_scaling: {type: yarn, "
+        "factor: 2.0, mscale: 1, mscale_all_dim: -14.426950408889635}  # <-\n",
+        "embedding.rope_scaling.mscale_all_dim",
+        "must be at least 0",
+    ),
+    "derived-attention_factor-overflows": (  # (0.1 ln f + 1) / inf = 0
+        BASE + "max_len: 32\nembedding:\n  positions: rope\n  rope_scaling: {type: yarn, "
+        "factor: 1.0e+300, mscale: 1, mscale_all_dim: 1.0e+308}  # <-\n",
+        "embedding.rope_scaling.attention_factor",
+        "derived from embedding.rope_scaling.factor, mscale and mscale_all_dim as 0, which "
+        "must be greater than 0",
+    ),
+    "derived-shared_hidden-above-its-bound": (
+        BASE + "ffn:\n  experts: 4\n  top_k: 2\n  bias: false\n  shared_experts: 4  # <-\n"
+        "  expert_hidden: 2000000\n",
+        "ffn.shared_hidden",
+        "derived from ffn.shared_experts * ffn.expert_hidden as 8000000, which must be <= "
+        "2097152",
+    ),
+    "latent-norm_eps-zero": (
+        BASE.replace("d_model: 64", "d_model: 64\nmax_len: 32") + "  head_dim: 24\n"
+        "  bias: false\n  latent: {kv_rank: 8, rope_dim: 8, norm_eps: 0}  # <-\n"
+        "embedding:\n  positions: rope\n",
+        "attention.latent.norm_eps",
+        "must be between 0 and 1",
+    ),
+    "alibi_bfloat16-alone-is-named": (
+        BASE + "embedding:\n  positions: rope\n  alibi_bfloat16: true  # <-\n",
+        "embedding.alibi_bfloat16",
+        "alibi_scaled and alibi_bfloat16 are for positions: alibi",
+    ),
+    "relative_max_distance-alone-is-named": (
+        BASE + "embedding:\n  positions: rope\n  relative_max_distance: 64  # <-\n",
+        "embedding.relative_max_distance",
+        "are for positions: relative",
+    ),
     "missing-required": (
         BASE.replace("attention:\n  heads: 4\n", "attention:  # <-\n  bias: false\n"),
         "attention.heads",
@@ -346,6 +450,9 @@ def hostile_files(tmp_path: Path) -> dict[str, Path]:
         "string-int": BASE.replace("vocab: 100", "vocab: lots").encode(),
         "deep": b"a: " + b"[" * 100_000 + b"]" * 100_000,
         "dupe": (BASE + "name: again\n").encode(),
+        "yarn-zero-division": (BASE + "max_len: 32\nembedding:\n  positions: rope\n  "
+                               "rope_scaling: {type: yarn, factor: 2.0, mscale: 1, "
+                               "mscale_all_dim: -14.426950408889635}\n").encode(),
     }
     paths = {}
     for name, data in contents.items():

@@ -92,6 +92,38 @@ def test_scaling_defaults_are_derived_and_round_trip() -> None:
         (0.1 * math.log(40) + 1) / (0.05 * math.log(40) + 1))
 
 
+def yarn(**fields: float) -> dict[str, Any]:
+    return {"rope_scaling": {"type": "yarn", "factor": 2.0, **fields}}
+
+
+def test_yarn_multipliers_are_at_least_zero() -> None:
+    # 0.1 m ln(2) + 1 is 0 at m = -1 / (0.1 ln 2): transformers divides by it; negative
+    # below, which flips cos and sin (a factor of -0.99 at m = -30)
+    for m in (-14.426950408889635, -30.0, -1e-9):
+        assert "rope_scaling.mscale_all_dim\n  Value error, must be at least 0" in error(
+            embedding=yarn(mscale=1.0, mscale_all_dim=m))
+        assert "rope_scaling.mscale\n  Value error, must be at least 0" in error(
+            embedding=yarn(mscale=m, mscale_all_dim=1.0))
+    # 0 leaves a multiplier out, as transformers' `if mscale and mscale_all_dim` does
+    zero = make(yarn(mscale=1.0, mscale_all_dim=0.0)).embedding.rope_scaling
+    assert zero is not None and zero.attention_factor == pytest.approx(0.1 * math.log(2) + 1)
+
+
+@pytest.mark.parametrize("fields,says", [
+    ({"factor": 1e300, "mscale": 1.0, "mscale_all_dim": 1e308}, "as 0, which must be greater "
+                                                                "than 0"),  # x / inf
+    ({"factor": 1e300, "mscale": 1e308, "mscale_all_dim": 1e308}, "as nan, which must be a "
+                                                                  "finite number"),  # inf / inf
+    ({"factor": 1e300, "mscale": 1e308, "mscale_all_dim": 1.0}, "as inf, which must be a "
+                                                                "finite number"),
+])
+def test_a_derived_attention_factor_keeps_its_own_rule(fields: dict[str, float],
+                                                        says: str) -> None:
+    msg = error(embedding=yarn(**fields))
+    assert "embedding.rope_scaling.attention_factor: derived from embedding.rope_scaling.factor, " \
+        f"mscale and mscale_all_dim {says}" in msg
+
+
 # ---- the frequencies against transformers' --------------------------------------------------
 
 
@@ -106,6 +138,8 @@ SCALINGS = [
      "beta_slow": 1, "truncate": False},
     {"type": "yarn", "factor": 40.0, "original_max_len": 4096, "mscale": 1.0,
      "mscale_all_dim": 1.0},
+    {"type": "yarn", "factor": 40.0, "original_max_len": 4096, "mscale": 0.707,
+     "mscale_all_dim": 0.0},  # 0: left out
 ]
 
 

@@ -272,6 +272,44 @@ def test_round_trip_keeps_strings_that_look_like_numbers_or_dates(
     assert parse_spec(dump_spec(spec)) == spec
 
 
+def deriving(d_model: int, shared: int, expert_hidden: int | None, factor: float,
+             mscale: float, mscale_all_dim: float) -> str:
+    """A spec whose derived defaults (ffn.hidden, expert_hidden, shared_hidden; yarn's
+    original_max_len and attention_factor) follow from these numbers."""
+    ffn = {"experts": 4, "top_k": 2, "bias": False, "shared_experts": shared}
+    if expert_hidden is not None:
+        ffn["expert_hidden"] = expert_hidden
+    return yaml.safe_dump({
+        "name": "t", "arch": "decoder-only", "d_model": d_model, "layers": 2, "vocab": 100,
+        "max_len": 32, "attention": {"heads": 4}, "ffn": ffn,
+        "embedding": {"positions": "rope", "rope_scaling": {
+            "type": "yarn", "factor": factor, "mscale": mscale,
+            "mscale_all_dim": mscale_all_dim}}})
+
+
+@given(d_model=st.sampled_from([64, 1 << 18]), shared=st.integers(0, 1 << 16),
+       expert_hidden=st.none() | st.integers(1, 1 << 21),
+       factor=st.floats(1.0, 1e308), mscale=st.floats(-50.0, 1e308),
+       mscale_all_dim=st.floats(-50.0, 1e308))
+@example(64, 4, 2_000_000, 2.0, 1.0, 1.0)  # shared_hidden 8,000,000 > 2,097,152
+@example(1 << 18, 3, None, 2.0, 1.0, 1.0)  # 3 * 4 * 262,144
+@example(64, 0, None, 2.0, 1.0, -30.0)  # attention_factor -0.99
+@example(64, 0, None, 2.0, 1.0, -14.426950408889635)  # a division by zero
+@example(64, 0, None, 1e300, 1.0, 1e308)  # attention_factor 1 / inf = 0
+@settings(max_examples=150, deadline=None)
+def test_a_validated_spec_dumps_to_one_that_loads(d_model: int, shared: int,
+                                                  expert_hidden: int | None, factor: float,
+                                                  mscale: float, mscale_all_dim: float) -> None:
+    """Every derived field keeps its own field's rules: validate ok means dump_spec reloads."""
+    try:
+        spec = parse_spec(deriving(d_model, shared, expert_hidden, factor, mscale,
+                                   mscale_all_dim))
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert parse_spec(dump_spec(spec)) == spec
+
+
 # ---- properties: nothing ever escapes as anything but a Spec or a TfgraphError ----------
 
 scalars = st.one_of(

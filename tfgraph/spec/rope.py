@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from tfgraph.spec.derived import check_derived
+from tfgraph.spec.numbers import Positive, Within
 
 RotaryLayout = Literal["half", "interleaved"]
 RopeScalingType = Literal["linear", "llama3", "yarn"]
@@ -29,15 +32,10 @@ _OPTIONAL = ("low_freq_factor", "high_freq_factor", "original_max_len", "beta_fa
              "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")
 
 
-def _number(value: Any) -> Any:
-    """A finite number (YAML ints allowed), or None for a field left out."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("must be a number")
-    if not math.isfinite(value):
-        raise ValueError("must be a finite number (not NaN or infinity)")
-    return float(value)
+# mscale and mscale_all_dim: 0 leaves them out, as transformers' `if mscale and mscale_all_dim`
+# does; a negative one could make 0.1 m ln(factor) + 1 zero or negative (transformers divides
+# by it; a zero or negative attention_factor zeroes or flips cos and sin).
+Multiplier = Annotated[float, Within(ge=0.0, hint="DeepSeek-V3: 1; 0 leaves it out")]
 
 
 class RopeScaling(BaseModel):
@@ -50,50 +48,33 @@ class RopeScaling(BaseModel):
     LongChat); llama3: low frequencies divided by factor, high ones kept, a smooth ramp between
     (Llama 3.1 and 3.2); yarn: the NTK-by-parts ramp plus an attention factor on cos and sin
     (Peng et al. 2023; Qwen2.5 long context, DeepSeek-V3)."""
-    factor: float
+    factor: Annotated[float, Within(ge=1.0, hint="the context grows by this factor")]
     """How many times longer the extended context is (>= 1; Llama 3.1: 8, Qwen2.5: 4)."""
-    low_freq_factor: float | None = None
+    low_freq_factor: Positive | None = None
     """llama3: wavelengths above original_max_len / low_freq_factor are divided by factor.
     Default: 1 (Llama 3.1)."""
-    high_freq_factor: float | None = None
+    high_freq_factor: Positive | None = None
     """llama3: wavelengths below original_max_len / high_freq_factor are kept. Default: 4
     (Llama 3.1)."""
     original_max_len: Annotated[int, Field(strict=True, ge=1)] | None = None
     """llama3 and yarn: the pretraining context length (Llama 3.1: 8192; Qwen2.5: 32768).
     Default: max_len."""
-    beta_fast: float | None = None
+    beta_fast: Positive | None = None
     """yarn: rotations per context at which the ramp starts keeping frequencies. Default: 32."""
-    beta_slow: float | None = None
+    beta_slow: Positive | None = None
     """yarn: rotations per context below which frequencies are divided by factor. Default: 1."""
-    attention_factor: float | None = None
+    attention_factor: Positive | None = None
     """yarn: multiplier of cos and sin. Default: 0.1 ln(factor) + 1, or with mscale and
     mscale_all_dim their ratio (0.1 m ln(factor) + 1 for each m), as transformers computes it."""
-    mscale: float | None = None
-    """yarn: numerator multiplier of the default attention_factor (DeepSeek-V3: 1)."""
-    mscale_all_dim: float | None = None
-    """yarn: denominator multiplier of the default attention_factor (DeepSeek-V3: 1)."""
+    mscale: Multiplier | None = None
+    """yarn: numerator multiplier of the default attention_factor (DeepSeek-V3: 1); >= 0, 0
+    leaves it out."""
+    mscale_all_dim: Multiplier | None = None
+    """yarn: denominator multiplier of the default attention_factor (DeepSeek-V3: 1); >= 0, 0
+    leaves it out."""
     truncate: Annotated[bool, Field(strict=True)] | None = None
     """yarn: round the ramp's correction range outward to whole channels. Default: true
     (gpt-oss: false)."""
-
-    _finite = field_validator("factor", "low_freq_factor", "high_freq_factor", "beta_fast",
-                              "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
-                              mode="before")(_number)
-
-    @field_validator("factor")
-    @classmethod
-    def _at_least_one(cls, value: float) -> float:
-        if value < 1.0:
-            raise ValueError("must be at least 1 (the context grows by this factor)")
-        return value
-
-    @field_validator("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
-                     "attention_factor")
-    @classmethod
-    def _positive(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0.0:
-            raise ValueError("must be greater than 0")
-        return value
 
 
 def rotary_dim(head_dim: int, fraction: float) -> int:
@@ -144,6 +125,8 @@ def derive_rotary(emb: Any, head_dim: int, max_len: int | None) -> None:
             raise ValueError(f"embedding.rope_scaling.original_max_len: type {s.type} needs the "
                              "pretraining context length; write it (or set max_len)")
         s.original_max_len = max_len
+        check_derived(s, "original_max_len", "embedding.rope_scaling.original_max_len",
+                      "max_len")
     if s.type == "llama3":
         s.low_freq_factor = 1.0 if s.low_freq_factor is None else s.low_freq_factor
         s.high_freq_factor = 4.0 if s.high_freq_factor is None else s.high_freq_factor
@@ -159,3 +142,5 @@ def derive_rotary(emb: Any, head_dim: int, max_len: int | None) -> None:
         s.truncate = True if s.truncate is None else s.truncate
         if s.attention_factor is None:
             s.attention_factor = yarn_attention_factor(s.factor, s.mscale, s.mscale_all_dim)
+            check_derived(s, "attention_factor", "embedding.rope_scaling.attention_factor",
+                          "embedding.rope_scaling.factor, mscale and mscale_all_dim")

@@ -13,7 +13,6 @@ that prefix to point at the right line.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
@@ -22,6 +21,9 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
 
 from tfgraph.graph.bounds import (  # noqa: F401  (README "Limits"; re-exported)
     MAX_D_MODEL, MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_LEN, MAX_VOCAB)
+from tfgraph.spec.derived import check_derived
+from tfgraph.spec.numbers import (EPS, THETA, Positive, Within, finite_float,
+                                  optional_finite_float)
 from tfgraph.spec.rope import RopeScaling, RotaryLayout, derive_rotary, rotary_dim
 
 Arch = Literal["encoder-only", "decoder-only", "encoder-decoder"]
@@ -83,17 +85,6 @@ SinusoidLayout = Literal["interleaved", "split"]
 Flag = Annotated[bool, Field(strict=True)]
 
 
-def _optional_finite_float(value: Any) -> Any:
-    """``_finite_float``, or None for an optional field left out."""
-    return None if value is None else _finite_float(value)
-
-
-def _positive(value: float | None) -> float | None:
-    if value is not None and value <= 0.0:
-        raise ValueError("must be greater than 0")
-    return value
-
-
 def _size(upper: int) -> Any:
     """A strict positive integer with an upper bound (``true`` or ``"8"`` is not a size)."""
     return Annotated[int, Field(strict=True, ge=1, le=upper)]
@@ -101,15 +92,6 @@ def _size(upper: int) -> Any:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
-
-
-def _finite_float(value: Any) -> Any:
-    """Floats may be written as YAML ints (``10000``) but never as booleans or strings."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("must be a number")
-    if not math.isfinite(value):
-        raise ValueError("must be a finite number (not NaN or infinity)")
-    return float(value)
 
 
 class StackLayers(_Strict):
@@ -162,7 +144,7 @@ class Embedding(_Strict):
     transformers does): a KV-cache graph's bias is per row, (B, heads, S, T)."""
     scale: Flag = True
     """Multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017 §3.4)."""
-    multiplier: float | None = None
+    multiplier: Positive | None = None
     """Multiply token embeddings by this constant (Granite's embedding_multiplier, 12), after
     the sqrt(d_model) of ``scale`` when both are set. Default: none."""
     tie_output: Flag = True
@@ -172,9 +154,10 @@ class Embedding(_Strict):
     Default: true when there is one vocabulary, false otherwise."""
     output_bias: Flag = False
     """Add a bias to the output projection (``head.bias``)."""
-    rope_theta: float = 10000.0
+    rope_theta: Annotated[float, THETA] = 10000.0
     """Base of the rotary frequencies theta^(-2i/d) (positions: rope)."""
-    rotary_fraction: float = 1.0
+    rotary_fraction: Annotated[float, Within(gt=0.0, le=1.0,
+                                             hint="Pythia: 0.25, Phi-2: 0.4")] = 1.0
     """Rotary only: the share of each head's channels that rotate, the first
     int(head_dim * fraction) (even); the rest pass through (Pythia 0.25, Phi-2 0.4, GPT-J
     64 of 256)."""
@@ -218,7 +201,7 @@ class Embedding(_Strict):
     embeddings.LayerNorm, BART's layernorm_embedding, BLOOM's word_embeddings_layernorm);
     its gains are ``{stack}.embed_norm``."""
 
-    local_rope_theta: float | None = None
+    local_rope_theta: Annotated[float, THETA] | None = None
     """Rotary base of the local (sliding-window) layers when it differs from rope_theta
     (Gemma 3: 10000 locally, 1000000 globally). Default: rope_theta."""
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
@@ -231,24 +214,7 @@ class Embedding(_Strict):
     only the sliding-window layers of attention.window_pattern rotate q and k (Cohere's
     Command R7B, Cohere2Attention). Without a window every layer is global."""
 
-    _finite = field_validator("rope_theta", "rotary_fraction", mode="before")(_finite_float)
-
-    @field_validator("rotary_fraction")
-    @classmethod
-    def _fraction(cls, value: float) -> float:
-        if not 0.0 < value <= 1.0:
-            raise ValueError("must be in (0, 1] (Pythia: 0.25, Phi-2: 0.4)")
-        return value
-    _finite_optional = field_validator("local_rope_theta", "multiplier", "dropout",
-                                       mode="before")(_optional_finite_float)
-    _multiplier_above_zero = field_validator("multiplier")(_positive)
-
-    @field_validator("rope_theta", "local_rope_theta")
-    @classmethod
-    def _positive_theta(cls, value: float | None) -> float | None:
-        if value is not None and value <= 1.0:
-            raise ValueError("must be greater than 1 (typical values: 10000, 500000)")
-        return value
+    _finite_dropout = field_validator("dropout", mode="before")(optional_finite_float)
 
 
 class LatentAttention(_Strict):
@@ -273,11 +239,9 @@ class LatentAttention(_Strict):
     attention.head_dim is qk_nope_head_dim + rope_dim (192)."""
     v_head_dim: _size(MAX_D_MODEL) | None = None  # type: ignore[valid-type]
     """Width of one value head (DeepSeek-V3: 128). Default: head_dim - rope_dim."""
-    norm_eps: float | None = None
+    norm_eps: Annotated[float, EPS] | None = None
     """The eps of q_a_norm and kv_a_norm (transformers' DeepSeek-V2 / V3 build both with the
     RMSNorm default 1e-6 whatever rms_norm_eps says). Default: norm.eps."""
-
-    _finite_eps = field_validator("norm_eps", mode="before")(_optional_finite_float)
 
 
 class Attention(_Strict):
@@ -301,10 +265,10 @@ class Attention(_Strict):
     normalises each head's head_dim channels with one gain of width head_dim shared by the
     heads (Qwen3, Gemma 3); full normalises the whole projection (OLMo 2). Its gains are
     self_attn.q_norm / k_norm."""
-    scale: float | None = None
+    scale: Positive | None = None
     """Multiplier of the scores q k^T. Default: 1 / sqrt(head_dim) (Vaswani et al. 2017 §3.2.1);
     T5 uses 1, Gemma 2 query_pre_attn_scalar^-0.5."""
-    softcap: float | None = None
+    softcap: Positive | None = None
     """Soft-cap the scores as softcap * tanh(scores / softcap) before the mask (Gemma 2: 50)."""
     window: _size(MAX_LEN) | None = None  # type: ignore[valid-type]
     """Sliding-window self-attention. In a decoder (causal) query i reads keys
@@ -317,7 +281,7 @@ class Attention(_Strict):
     """Which layers use the window, as a pattern repeated over the layers from the first:
     [local, global] alternates (Gemma 2), five local then one global is Gemma 3. Default: every
     layer local. Needs window."""
-    clip_qkv: float | None = None
+    clip_qkv: Positive | None = None
     """Clamp the q, k and v projections (after their biases) to [-clip_qkv, clip_qkv] before
     q/k norms and rotary positions (MPT's attn_config.clip_qkv, OLMo 1's clip_qkv: 8).
     Default: none."""
@@ -334,10 +298,7 @@ class Attention(_Strict):
     GPT runs used 0.1 (its ``--attention-dropout`` default; Korthikanti et al. 2022 count
     its mask and output in the 5as/h term). Default 0: none."""
 
-    _finite = field_validator("scale", "softcap", "clip_qkv", mode="before")(
-        _optional_finite_float)
-    _finite_dropout = field_validator("dropout", mode="before")(_finite_float)
-    _above_zero = field_validator("scale", "softcap", "clip_qkv")(_positive)
+    _finite_dropout = field_validator("dropout", mode="before")(finite_float)
 
     @field_validator("kv_heads")
     @classmethod
@@ -383,7 +344,8 @@ class FeedForward(_Strict):
     auxiliary-loss-free balancing, arXiv:2412.19437 §2.1.2) and sigmoid_topk_renorm (the same,
     divided by their sum + 1e-20; DeepSeek-V3's norm_topk_prob). Default with experts:
     softmax_topk_renorm."""
-    router_eps: float | None = None
+    router_eps: Annotated[float, Within(ge=0.0, lt=1.0, hint="Phi-3.5-MoE: 0.01")] \
+        | None = None
     """sparsemixer only: expert e stays in a softmax while (m - s_e) / max(|s_e|, m) <= 2 *
     router_eps, m the logit of the expert being chosen, s_e expert e's (Phi-3.5-MoE's
     router_jitter_noise, 0.01). Default with sparsemixer: 0.01."""
@@ -396,7 +358,7 @@ class FeedForward(_Strict):
     router_top_groups: _size(MAX_EXPERTS) | None = None  # type: ignore[valid-type]
     """Groups a token may choose its experts from (DeepSeek topk_group: 4 of 8 in V3).
     Default: router_groups."""
-    router_scale: float | None = None
+    router_scale: Positive | None = None
     """Multiply the routing weights by this (DeepSeek routed_scaling_factor: 2.5 in V3).
     Default with experts: 1."""
     expert_hidden: _size(MAX_HIDDEN) | None = None  # type: ignore[valid-type]
@@ -416,18 +378,6 @@ class FeedForward(_Strict):
     """The first N layers keep a dense feed-forward of width hidden (DeepSeek
     first_k_dense_replace: 3 in V3). One stack only. Default with experts: 0."""
 
-    _finite = field_validator("router_scale", mode="before")(_optional_finite_float)
-    _scale_above_zero = field_validator("router_scale")(_positive)
-
-
-    _finite_eps = field_validator("router_eps", mode="before")(_optional_finite_float)
-
-    @field_validator("router_eps")
-    @classmethod
-    def _eps_range(cls, value: float | None) -> float | None:
-        if value is not None and not 0.0 <= value < 1.0:
-            raise ValueError("must be in [0, 1) (Phi-3.5-MoE: 0.01)")
-        return value
 
 
 class Block(_Strict):
@@ -442,12 +392,10 @@ class Block(_Strict):
     """Parallel only: one pre-norm read by both sublayers, x = x + attn(n(x)) + ffn(n(x))
     (GPT-J, Falcon, Phi-2); its gains are ``{stack}.layers.{i}.norm``. Needs norm.position
     pre."""
-    residual_scale: float | None = None
+    residual_scale: Positive | None = None
     """Multiply each sublayer's output by this before it is added to the residual stream,
     x = x + s * f(x) (Granite's residual_multiplier, 0.22). Default: none (s = 1)."""
 
-    _finite = field_validator("residual_scale", mode="before")(_optional_finite_float)
-    _above_zero = field_validator("residual_scale")(_positive)
 
 
 class Norm(_Strict):
@@ -458,7 +406,7 @@ class Norm(_Strict):
     (OLMo 2); sandwich: x + norm(f(norm(x))) (Gemma 2)."""
     kind: NormKind = "layernorm"
     """layernorm (gain and bias); rmsnorm (gain, no bias); scalenorm (one scalar g: g*x/||x||_2)."""
-    eps: float = 1e-5
+    eps: Annotated[float, EPS] = 1e-5
     """Added inside the normalising square root."""
     final: Flag | None = None
     """A norm after the last layer of each stack. Default: true for pre and sandwich."""
@@ -476,14 +424,6 @@ class Norm(_Strict):
     layer 0 has no self_attn_norm (ModernBERT: the embedding norm comes right before it and
     its layer 0 attn_norm is an identity)."""
 
-    _finite = field_validator("eps", mode="before")(_finite_float)
-
-    @field_validator("eps")
-    @classmethod
-    def _eps_range(cls, value: float) -> float:
-        if not 0.0 < value < 1.0:
-            raise ValueError("must be between 0 and 1 (typical values: 1e-5, 1e-6)")
-        return value
 
 
 class Head(_Strict):
@@ -497,14 +437,12 @@ class Head(_Strict):
     transform_bias: Flag = True
     """transform only: the head.transform linear has a bias (BERT, RoBERTa); ModernBERT's
     head.dense has none (classifier_bias false)."""
-    scale: float | None = None
+    scale: Positive | None = None
     """Multiply the last hidden state by this before the vocabulary projection (T5 with tied
     embeddings: d_model^-0.5). Default: no scaling."""
-    softcap: float | None = None
+    softcap: Positive | None = None
     """Soft-cap the logits as softcap * tanh(logits / softcap) (Gemma 2: 30)."""
 
-    _finite = field_validator("scale", "softcap", mode="before")(_optional_finite_float)
-    _above_zero = field_validator("scale", "softcap")(_positive)
 
 
 TokenId = Annotated[int, Field(strict=True, ge=0, lt=MAX_VOCAB)]
@@ -572,7 +510,7 @@ class Spec(_Strict):
     """Special token ids (bos, eos, pad, decoder_start), for generation and Hugging Face
     folders; ``tfgraph import`` copies them from config.json."""
 
-    _finite = field_validator("dropout", mode="before")(_finite_float)
+    _finite = field_validator("dropout", mode="before")(finite_float)
 
     @model_validator(mode="after")
     def _derive(self) -> Spec:
@@ -620,6 +558,7 @@ class Spec(_Strict):
                     f"{att.heads}; choose heads dividing d_model or set attention.head_dim"
                 )
             att.head_dim = self.d_model // att.heads
+            check_derived(att, "head_dim", "attention.head_dim", "d_model / attention.heads")
         if att.kv_heads is None:
             att.kv_heads = att.heads
         if att.qkv_bias is None:
@@ -675,10 +614,13 @@ class Spec(_Strict):
                                  f"{emb.relative_buckets} (T5's log-spaced buckets span exact "
                                  f"to max_distance); got {emb.relative_max_distance}")
         elif emb.relative_buckets is not None or emb.relative_max_distance is not None:
-            raise ValueError("embedding.relative_buckets: relative_buckets and "
-                             "relative_max_distance are for positions: relative")
+            given = "relative_buckets" if emb.relative_buckets is not None \
+                else "relative_max_distance"  # the field written, so the error points at it
+            raise ValueError(f"embedding.{given}: relative_buckets and relative_max_distance "
+                             "are for positions: relative")
         if (emb.alibi_scaled or emb.alibi_bfloat16) and emb.positions != "alibi":
-            raise ValueError("embedding.alibi_scaled: alibi_scaled and alibi_bfloat16 are for "
+            given = "alibi_scaled" if emb.alibi_scaled else "alibi_bfloat16"
+            raise ValueError(f"embedding.{given}: alibi_scaled and alibi_bfloat16 are for "
                              "positions: alibi")
         if emb.positions == "alibi" and self.arch != "decoder-only":
             raise ValueError("embedding.positions: alibi biases causal self-attention "
@@ -727,6 +669,7 @@ class Spec(_Strict):
         # --- feed-forward and norms
         if self.ffn.hidden is None:
             self.ffn.hidden = 4 * self.d_model
+            check_derived(self.ffn, "hidden", "ffn.hidden", "4 * d_model")
         _derive_experts(self)
         if self.norm.final is None:
             self.norm.final = self.norm.position in ("pre", "sandwich")
@@ -889,6 +832,7 @@ def _derive_experts(spec: Spec) -> None:
         raise ValueError("ffn.router_eps: only for router: sparsemixer; remove it")
     if ffn.expert_hidden is None:
         ffn.expert_hidden = ffn.hidden
+        check_derived(ffn, "expert_hidden", "ffn.expert_hidden", "ffn.hidden")
     if ffn.shared_experts is None:
         ffn.shared_experts = 0
     if ffn.shared_experts == 0 and (ffn.shared_hidden is not None or ffn.shared_gate):
@@ -897,6 +841,8 @@ def _derive_experts(spec: Spec) -> None:
                          "or remove it")
     if ffn.shared_experts and ffn.shared_hidden is None:
         ffn.shared_hidden = ffn.shared_experts * int(ffn.expert_hidden or 0)
+        check_derived(ffn, "shared_hidden", "ffn.shared_hidden",
+                      "ffn.shared_experts * ffn.expert_hidden")
     if ffn.shared_gate is None:
         ffn.shared_gate = False
     if ffn.dense_layers is None:
@@ -970,3 +916,5 @@ def _derive_latent(spec: Spec) -> None:
                          "residuals")
     if lat.v_head_dim is None:
         lat.v_head_dim = att.head_dim - lat.rope_dim
+        check_derived(lat, "v_head_dim", "attention.latent.v_head_dim",
+                      "attention.head_dim - attention.latent.rope_dim")
