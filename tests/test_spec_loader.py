@@ -186,6 +186,19 @@ def test_self_referencing_alias_is_refused() -> None:
     assert "levels deep" in error_of("a: &a [*a]\n").message
 
 
+@pytest.mark.parametrize(("text", "where"), [
+    # an aliased scalar is reported where the alias is written, not at its anchor
+    (VALID.replace("d_model: 64", "d_model: &d 64") + "  kv_heads: *d\n",
+     ("attention.kv_heads", 8, 13)),
+    (VALID.replace("layers: 2", "layers: &l 2") + "norm:\n  eps: *l\n", ("norm.eps", 9, 8)),
+    # an aliased mapping at its alias's key; its own fields where the anchor wrote them
+    (VALID + "norm: &n\n  eps: 2\nembedding:\n  norm: *n\n", ("embedding.norm", 11, 3)),
+])
+def test_errors_in_aliased_values_point_at_the_alias(text: str, where: tuple) -> None:
+    err = error_of(text)
+    assert (err.path, err.line, err.col) == where, err
+
+
 def test_aliases_within_the_bound_are_fine() -> None:
     text = VALID.replace("d_model: 64", "d_model: &w 64") + "ffn: {hidden: *w}\n"
     assert parse_spec(text).ffn.hidden == 64
