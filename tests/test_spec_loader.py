@@ -108,6 +108,24 @@ def test_union_with_a_list_names_both_forms() -> None:
     assert err.message == "expected an integer, got a list; or a mapping with keys encoder, decoder"
 
 
+@pytest.mark.parametrize(("eos", "where", "message"), [
+    # a list written for int | list[int]: its items' errors, not "expected an integer"
+    ("[1, -2]", ("tokens.eos.1", 9, 12), "must be >= 0 (got -2)"),
+    ("[1, true]", ("tokens.eos.1", 9, 12), "expected an integer, got true"),
+    ("[]", ("tokens.eos", 9, 3), "must not be empty (got an empty list)"),
+    ("[" + ", ".join(map(str, range(65))) + "]", ("tokens.eos", 9, 3),
+     "must hold at most 64 items (got a list)"),
+    # a scalar: the int's error, not "Input should be a valid list"
+    ("-1", ("tokens.eos", 9, 8), "must be >= 0 (got -1)"),
+    ("x", ("tokens.eos", 9, 8), "expected an integer, got 'x'"),
+])
+def test_union_noise_is_dropped_for_a_list_written_where_a_list_fits(
+        eos: str, where: tuple, message: str) -> None:
+    err = error_of(VALID + f"tokens:\n  eos: {eos}\n")
+    assert (err.path, err.line, err.col) == where
+    assert [p.message for p in err.problems] == [message]
+
+
 def test_union_mapping_missing_member_is_the_only_error() -> None:
     text = VALID.replace("decoder-only", "encoder-decoder")
     text = text.replace("vocab: 100", "vocab: {source: 3}")
@@ -184,6 +202,19 @@ def test_billion_laughs_is_refused() -> None:
 
 def test_self_referencing_alias_is_refused() -> None:
     assert "levels deep" in error_of("a: &a [*a]\n").message
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    # an aliased scalar is reported where the alias is written, not at its anchor
+    (VALID.replace("d_model: 64", "d_model: &d 64") + "  kv_heads: *d\n",
+     ("attention.kv_heads", 8, 13)),
+    (VALID.replace("layers: 2", "layers: &l 2") + "norm:\n  eps: *l\n", ("norm.eps", 9, 8)),
+    # an aliased mapping at its alias's key; its own fields where the anchor wrote them
+    (VALID + "norm: &n\n  eps: 2\nembedding:\n  norm: *n\n", ("embedding.norm", 11, 3)),
+])
+def test_errors_in_aliased_values_point_at_the_alias(text: str, where: tuple) -> None:
+    err = error_of(text)
+    assert (err.path, err.line, err.col) == where, err
 
 
 def test_aliases_within_the_bound_are_fine() -> None:

@@ -13,6 +13,7 @@ code); this module then converts nodes to plain Python itself, which is what let
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +67,17 @@ class _Loader(yaml.SafeLoader):
                     else f"more than {MAX_VALUES:,} values; a spec needs a few dozen",
                     self.peek_event().start_mark,
                 )
-            return super().compose_node(parent, index)
+            alias = self.peek_event() if self.check_event(yaml.AliasEvent) else None
+            node = super().compose_node(parent, index)
+            if alias is None or node is None:
+                return node
+            # An alias yields the anchored node itself, shared by every place that names it;
+            # a shallow copy carrying the alias's marks lets each place report where it was
+            # written (`kv_heads: *d` points at `*d`, not at `&d 64`). Its contents (a list's
+            # items, a mapping's values) are shared and keep the marks of the anchor's text.
+            located = copy.copy(node)
+            located.start_mark, located.end_mark = alias.start_mark, alias.end_mark
+            return located
         finally:
             self._depth -= 1
 
