@@ -9,8 +9,8 @@ reads them (review: checkpoint reading).
 - names without the model class's ``base_model_prefix`` (the hub's gpt2) are read with it,
   old names under transformers' legacy renames (an old BERT's ``LayerNorm.gamma``/``beta``),
   and the tensors the class ignores on load (``_keys_to_ignore_on_load_unexpected``, old
-  checkpoints' ``rotary_emb.inv_freq``) are skipped; any other tensor stays refused, as is a legacy name
-  beside its new one;
+  checkpoints' ``rotary_emb.inv_freq``) are skipped, also by the note on tensors stored in
+  another dtype; any other tensor stays refused, as is a legacy name beside its new one;
 - links that loop, a model_type that is not a string, files that are not UTF-8 and token ids
   that are not integers are one line on stderr, exit 2 (tfgraph.hf.load_rules is checked
   against transformers in tests/test_hf_load_rules.py).
@@ -243,6 +243,32 @@ def test_an_ignored_buffer_of_another_dtype(pristine: dict[str, Path], tmp_path:
     edit_tensors(folder / "model.safetensors", lambda t: t.update({Q: t[Q].astype(np.int64)}))
     (tmp_path / "built.onnx").unlink()
     refused(folder, Q, "I64")
+
+
+def test_an_ignored_float32_buffer_of_a_float16_folder_is_not_noted(
+        pristine: dict[str, Path], tmp_path: Path) -> None:
+    """A float16 folder with an old float32 ``inv_freq``: transformers skips the buffer, and
+    so does the note on tensors stored in a dtype the build rounds (it was "1 of 22 tensors are
+    stored in float32 (first ...inv_freq): computed in float16"). A float32 tensor the model
+    loads is still noted."""
+    folder = copy_of(pristine, "single", tmp_path)
+    name = "model.layers.0.self_attn.rotary_emb.inv_freq"
+
+    def half(tensors: dict[str, np.ndarray]) -> None:
+        tensors.update({k: v.astype(np.float16) for k, v in tensors.items()})
+        tensors[name] = np.ones(4, np.float32)
+
+    edit_tensors(folder / "model.safetensors", half)
+    for to, extra in (("onnx", ()), ("hf", ("--dtype", "float16"))):
+        out = tmp_path / f"{to}-out"
+        result = run("build", str(folder), "--to", to, "-o", str(out), *extra)
+        assert result.exit_code == 0, result.stderr
+        assert "note:" not in result.stderr and "float16" in result.stdout, result.stderr
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({Q: t[Q].astype(np.float32)}))
+    result = run("build", str(folder), "--to", "onnx", "-o", str(tmp_path / "noted-out"))
+    assert result.exit_code == 0, result.stderr
+    assert f"1 of 21 tensors are stored in float32 (first {Q})" in result.stderr
 
 
 @pytest.fixture(scope="module")
