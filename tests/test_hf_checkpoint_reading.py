@@ -7,8 +7,10 @@ reads them (review: checkpoint reading).
   refused, naming the tensor and the files (transformers loads every tensor of every shard, a
   later copy replacing an earlier one);
 - names without the model class's ``base_model_prefix`` (the hub's gpt2) are read with it,
+  old names under transformers' legacy renames (an old BERT's ``LayerNorm.gamma``/``beta``),
   and the tensors the class ignores on load (``_keys_to_ignore_on_load_unexpected``, old
-  checkpoints' ``rotary_emb.inv_freq``) are skipped; any other tensor stays refused;
+  checkpoints' ``rotary_emb.inv_freq``) are skipped, also by the note on tensors stored in
+  another dtype; any other tensor stays refused, as is a legacy name beside its new one;
 - links that loop, a model_type that is not a string, files that are not UTF-8 and token ids
   that are not integers are one line on stderr, exit 2 (tfgraph.hf.load_rules is checked
   against transformers in tests/test_hf_load_rules.py).
@@ -241,6 +243,96 @@ def test_an_ignored_buffer_of_another_dtype(pristine: dict[str, Path], tmp_path:
     edit_tensors(folder / "model.safetensors", lambda t: t.update({Q: t[Q].astype(np.int64)}))
     (tmp_path / "built.onnx").unlink()
     refused(folder, Q, "I64")
+
+
+def test_an_ignored_float32_buffer_of_a_float16_folder_is_not_noted(
+        pristine: dict[str, Path], tmp_path: Path) -> None:
+    """A float16 folder with an old float32 ``inv_freq``: transformers skips the buffer, and
+    so does the note on tensors stored in a dtype the build rounds (it was "1 of 22 tensors are
+    stored in float32 (first ...inv_freq): computed in float16"). A float32 tensor the model
+    loads is still noted."""
+    folder = copy_of(pristine, "single", tmp_path)
+    name = "model.layers.0.self_attn.rotary_emb.inv_freq"
+
+    def half(tensors: dict[str, np.ndarray]) -> None:
+        tensors.update({k: v.astype(np.float16) for k, v in tensors.items()})
+        tensors[name] = np.ones(4, np.float32)
+
+    edit_tensors(folder / "model.safetensors", half)
+    for to, extra in (("onnx", ()), ("hf", ("--dtype", "float16"))):
+        out = tmp_path / f"{to}-out"
+        result = run("build", str(folder), "--to", to, "-o", str(out), *extra)
+        assert result.exit_code == 0, result.stderr
+        assert "note:" not in result.stderr and "float16" in result.stdout, result.stderr
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({Q: t[Q].astype(np.float32)}))
+    result = run("build", str(folder), "--to", "onnx", "-o", str(tmp_path / "noted-out"))
+    assert result.exit_code == 0, result.stderr
+    assert f"1 of 21 tensors are stored in float32 (first {Q})" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def old_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BertForMaskedLM saved with the names of pre-2020 BERT checkpoints (the hub's
+    bert-base-uncased has ``bert.embeddings.LayerNorm.gamma``): every ``LayerNorm.weight``
+    and ``LayerNorm.bias`` stored as ``LayerNorm.gamma`` and ``LayerNorm.beta``, the norms
+    random so that a wrong or missing one shows in the logits."""
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48,
+                                     max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "LayerNorm" in name:
+                param.normal_()
+    folder = tmp_path_factory.mktemp("old-bert") / "bert"
+    model.save_pretrained(folder)
+
+    def legacy(tensors: dict[str, np.ndarray]) -> None:
+        for key in [k for k in tensors if ".LayerNorm." in k]:
+            old = key.replace("LayerNorm.weight", "LayerNorm.gamma")
+            tensors[old.replace("LayerNorm.bias", "LayerNorm.beta")] = tensors.pop(key)
+
+    edit_tensors(folder / "model.safetensors", legacy)
+    return folder
+
+
+def test_an_old_berts_gamma_and_beta(old_bert: Path, tmp_path: Path) -> None:
+    """(was: "bert.embeddings.LayerNorm.beta: no tfgraph parameter for this Hugging Face
+    tensor", exit 2) transformers' legacy renames read them as weight and bias: the logits are
+    those of transformers' from_pretrained of the same folder."""
+    from safetensors import safe_open
+
+    with safe_open(str(old_bert / "model.safetensors"), framework="np") as f:
+        assert "bert.embeddings.LayerNorm.gamma" in f.keys()
+        assert not any(k.endswith("LayerNorm.weight") for k in f.keys())
+    loaded, info = transformers.BertForMaskedLM.from_pretrained(old_bert,
+                                                                output_loading_info=True)
+    assert not any(info.values()), info
+    _, out = built(old_bert, tmp_path)
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids.numpy()}
+    if "token_type_ids" in [i.name for i in session.get_inputs()]:
+        feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
+    got = torch.from_numpy(session.run(["logits"], feed)[0])
+    with torch.no_grad():
+        want = loaded.eval()(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_legacy_name_beside_its_new_one(old_bert: Path, tmp_path: Path) -> None:
+    """``LayerNorm.gamma`` beside ``LayerNorm.weight`` are one tensor to transformers, which
+    keeps the first of its sort of the names and drops the other without a word: refused."""
+    folder = tmp_path / "bert"
+    shutil.copytree(old_bert, folder)
+    gamma = "bert.encoder.layer.1.output.LayerNorm.gamma"
+    weight = gamma.replace("gamma", "weight")
+    edit_tensors(folder / "model.safetensors",
+                 lambda t: t.update({weight: t[gamma] + 1}))
+    message = refused(folder, gamma, weight)
+    assert "legacy" in message
 
 
 def test_a_base_model_checkpoint_of_another_family(pristine: dict[str, Path],

@@ -203,8 +203,11 @@ def run(ctx: click.Context, source: str, provider: str, batch: int, seq: int,
             _check_run_memory(built.spec, batch, first if prompt is None else 1, tgt_seq)
             for note in built.notes:
                 click.echo(f"note: {note}", err=True)
+            said = len(built.notes)
             graph, given, model, session_source = _build_spec(built, seed or 0, opset,
                                                               Path(tmp), check)
+            for note in built.notes[said:]:  # of the weights loaded (Source.weights)
+                click.echo(f"note: {note}", err=True)
             iface = rt.interface(model, source)
             origin = f"seed {seed or 0}" if given is None else "its weights"
             label = f"{graph.name} (built from {source}, opset {opset}, {origin})"

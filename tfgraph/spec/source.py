@@ -34,6 +34,8 @@ class Source:
     check_finite: bool = False
     tokenizer: list[Path] = field(default_factory=list)  # every tokenizer/generation file
     notes: list[str] = field(default_factory=list)
+    target: str = ""  # what the model is built for (load_source's ``target``)
+    keeps_dtypes: bool = False  # no --dtype: ``--to hf`` writes each tensor as stored
 
     @property
     def tokenizer_json(self) -> Path | None:
@@ -63,6 +65,10 @@ class Source:
         values = CheckpointWeights(checkpoint, names, self.check_finite)
         check_checkpoint(checkpoint, names, expected)
         values.check_buffers()
+        # said of the tensors loaded: not of a buffer transformers skips (an old inv_freq)
+        note = narrowed_note(checkpoint, self.spec.dtype, self.target, self.keeps_dtypes)
+        if note is not None and note not in self.notes:
+            self.notes.append(note)
         return values
 
 
@@ -87,7 +93,8 @@ def load_source(path: str, target: str, weights: Any, seed: int | None, dtype: s
     spec = load_spec_arg(path)
     asked = dtype  # --dtype, before a checkpoint's own takes its place
     folder = model_folder(path)
-    source = Source(spec, folder, check_finite=check_finite)
+    source = Source(spec, folder, check_finite=check_finite, target=target,
+                    keeps_dtypes=asked is None)
     if folder is not None:
         from tfgraph.hf.files import read_config
         from tfgraph.hf.tokenizer import tokenizer_files
@@ -104,11 +111,6 @@ def load_source(path: str, target: str, weights: Any, seed: int | None, dtype: s
             source.notes.append(f"the checkpoint is {dtype}, which onnxruntime's CPU provider "
                                 "cannot run: writing float32 (--dtype keeps another)")
             dtype = "float32"
-    if source.checkpoint is not None:
-        note = narrowed_note(source.checkpoint, dtype or spec.dtype, target,
-                             keeps=asked is None)
-        if note is not None:
-            source.notes.append(note)
     if check_finite and source.checkpoint is None and weights is None:
         raise TfgraphError("--check-finite checks given weights: a model folder's or "
                            "--weights FILE's")
@@ -142,10 +144,12 @@ def narrowed_note(checkpoint: Any, dtype: str, target: str, keeps: bool) -> str 
     """A note when a checkpoint of mixed dtypes has tensors that building in ``dtype``
     rounds: transformers saves a float16 T5 with its ``wo`` in float32 (its
     ``_keep_in_fp32_modules``) and keeps them so at load, computing those layers in float32;
-    tfgraph's torch and ONNX models compute every layer in one dtype. ``keeps``: no
-    ``--dtype`` was given, so ``--to hf`` writes each tensor in its stored dtype (no note)."""
-    stored = {name: info.dtype for name, info in checkpoint.tensors.items()
-              if info.readable}  # not a buffer of another dtype, never read (checkpoint_names)
+    tfgraph's torch and ONNX models compute every layer in one dtype. ``checkpoint``: the
+    tensors the model loads (tfgraph.hf.checkpoint_names.as_loaded: no buffer transformers
+    skips, such as an old float32 ``inv_freq`` beside float16 weights), named as the files
+    name them. ``keeps``: no ``--dtype`` was given, so ``--to hf`` writes each tensor in its
+    stored dtype (no note)."""
+    stored = {info.key: info.dtype for info in checkpoint.tensors.values()}
     if len(set(stored.values())) < 2 or (target == "hf" and keeps):
         return None
     if target not in ("onnx", "torch", "hf"):
