@@ -11,7 +11,6 @@ tfgraph.generation's; this module parses options and prints.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +103,10 @@ class _Stream:
               help="Beam search with this many beams (1: no beam search).")
 @click.option("--length-penalty", type=float, default=None,
               help="With --beams: beam scores are log-prob sums / length ** this (default 1; "
-                   "0: plain sums).")
+                   "0: plain sums; -20 to 20).")
+@click.option("--early-stopping", type=click.Choice(["true", "false", "never"]), default=None,
+              help="With --beams: when a prompt's search ends, as transformers' "
+                   "early_stopping (default: the model folder's, else false).")
 @click.option("--backend", type=click.Choice(["onnx", "torch"]), default="onnx",
               show_default=True, help="onnxruntime (the built ONNX model) or the torch module.")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
@@ -147,12 +149,15 @@ class _Stream:
 def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, ...],
              max_new_tokens: int, temperature: float | None, top_k: int | None,
              top_p: float | None, seed: int | None, beams: int, length_penalty: float | None,
-             backend: str, provider: str, threads: int | None, eos_ids: tuple[int, ...],
-             ignore_eos: bool, decoder_start_id: int | None, weights_seed: int | None,
-             weights: Path | None, opset: int, no_cache: bool, compile_step: bool,
-             fused_attention: bool, cuda_graph: bool, as_json: bool) -> None:
+             early_stopping: str | None, backend: str, provider: str, threads: int | None,
+             eos_ids: tuple[int, ...], ignore_eos: bool, decoder_start_id: int | None,
+             weights_seed: int | None, weights: Path | None, opset: int, no_cache: bool,
+             compile_step: bool, fused_attention: bool, cuda_graph: bool,
+             as_json: bool) -> None:
     """Generate tokens from SPEC (built first), a Hugging Face model folder or MODEL.onnx."""
-    from tfgraph.commands.generate_api import FROM_MODEL, compile_time, prepare, warm_up
+    from tfgraph.commands.generate_api import (FROM_MODEL, check_model_bounds, compile_time,
+                                               prepare, warm_up)
+    from tfgraph.generation.beams import check_beam_options
     from tfgraph.commands.steppers import built_seq2seq
     from tfgraph.generation.loop import check_search, generate as run_loop
     from tfgraph.generation.sampling import Sampler
@@ -162,13 +167,9 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
     if ignore_eos and eos_ids:
         raise TfgraphError("--ignore-eos and --eos-id contradict each other")
     check_threads("--threads", threads)
-    if length_penalty is None:
-        length_penalty = 1.0
-    elif beams == 1:  # greedy and sampled rows have no beam scores to normalise
-        raise TfgraphError(f"--length-penalty {length_penalty}: for beam search only "
-                           "(--beams 2 or more)")
-    elif not math.isfinite(length_penalty):
-        raise TfgraphError(f"--length-penalty: expected a finite number, got {length_penalty}")
+    early: bool | str | None = None if early_stopping is None else \
+        {"true": True, "false": False}.get(early_stopping, early_stopping)
+    check_beam_options(beams, length_penalty, early, cli=True)
     source = built_seq2seq(source)  # an encoder-decoder's KV-cache folder: its decoder file
     prompts: list[Any] = [parse_ids(p) for p in prompt_ids] or list(prompt_texts)
     sampler = Sampler(temperature, top_k, top_p, seed)  # bad settings fail before any build
@@ -184,7 +185,7 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
                     cuda_graph)
     for note in ready.opened.notes + ready.settings_notes(sampler):
         click.echo(f"note: {note}", err=True)
-    _check_model_bounds(ready, eos_ids, beams)
+    check_model_bounds(ready, eos_ids, beams, cli=True)
     if ready.opened.spec is not None:  # the prompts' tokens are known now (text prompts too)
         check_generate_memory(ready.opened.spec, len(ready.prompts),
                               max(len(p) for p in ready.prompts), max_new_tokens, beams,
@@ -197,8 +198,9 @@ def generate(source: str, prompt_ids: tuple[str, ...], prompt_texts: tuple[str, 
             click.echo(f"runs on   {printable(ready.opened.runs_on)}")
         warm_up(ready, max_new_tokens, beams)
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens,
-                          ready.sampler(sampler), beams, ready.eos, stream, length_penalty,
-                          ready.opened.lengths)
+                          ready.sampler(sampler), beams, ready.eos, stream,
+                          1.0 if length_penalty is None else length_penalty,
+                          ready.opened.lengths, ready.early_stopping(early))
         result.compile_s = compile_time(ready)
     finally:
         ready.opened.close()
@@ -229,20 +231,6 @@ def _check_memory_early(source: str, prompts: list[Any], max_new_tokens: int, be
     spec = load_spec_arg(source)
     check_generate_memory(spec, len(prompts), max(len(p) for p in prompts), max_new_tokens,
                           beams, cache)
-
-
-def _check_model_bounds(ready: Any, eos_ids: tuple[int, ...], beams: int) -> None:
-    """Token ids and beams the model's vocabulary can hold (known when a spec is)."""
-    vocab = ready.opened.prompt_vocab
-    if not vocab:
-        return
-    # --eos-id as typed; a folder's list may name ids the model never produces (harmless)
-    for eos in eos_ids:
-        if eos >= vocab:
-            raise TfgraphError(f"--eos-id {eos}: past the model's vocabulary of {vocab} tokens "
-                               f"(ids 0 to {vocab - 1})")
-    if beams > vocab:
-        raise TfgraphError(f"--beams {beams}: more beams than the model's {vocab} tokens")
 
 
 def _rate(per_s: float | None) -> str:

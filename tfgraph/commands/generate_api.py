@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal, SupportsIndex
 from tfgraph.errors import TfgraphError, TfgraphNote
 from tfgraph.terminal import printable
 from tfgraph.commands.steppers import Opened, settings_folder, stepper_for
+from tfgraph.generation.beams import check_beam_options
 from tfgraph.generation.loop import OnToken, check_search
 from tfgraph.generation.loop import generate as run_loop
 from tfgraph.generation.result import Result
@@ -78,6 +79,11 @@ class Prepared:
                                    "(give --top-p)")
             sampler.default_top_p = top_p
         return sampler
+
+    def early_stopping(self, given: bool | str | None) -> bool | str:
+        """The early stopping rule of a beam search: ``given``, else the folder's (its
+        generation settings' early_stopping, else False)."""
+        return self.settings.early_stopping if given is None else given
 
     def settings_notes(self, sampler: Sampler) -> list[str]:
         """Notes a run with ``sampler`` needs beside ``opened.notes``: the folder's generation
@@ -199,7 +205,8 @@ def _token_id(value: object) -> int:
 def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[int] | str], *,
              max_new_tokens: int = 32, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             beams: int = 1, length_penalty: float = 1.0, backend: str = "onnx",
+             beams: int = 1, length_penalty: float | None = None,
+             early_stopping: bool | str | None = None, backend: str = "onnx",
              provider: str = "auto", threads: int | None = None,
              weights_seed: int | None = None, opset: int = 23,
              eos_token_id: int | Iterable[int] | None | Setting = FROM_MODEL,
@@ -215,7 +222,10 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     Prompts are token id lists or text (text needs the model's tokenizer.json). Greedy by
     default; ``temperature``/``top_k``/``top_p`` sample from ``seed`` (as transformers'
     ``do_sample=True``: a setting not given takes the folder's top_k (else 50),
-    temperature and top_p (else 1.0); ``top_k=0`` keeps every token); ``beams`` > 1 is beam search. ``eos_token_id``: the folder's (its
+    temperature and top_p (else 1.0); ``top_k=0`` keeps every token); ``beams`` > 1 is beam search,
+    with ``length_penalty`` (default 1.0) and ``early_stopping`` (True, False or "never";
+    default: the folder's, else False) as transformers' (beam search only, as the CLI's
+    flags). ``eos_token_id``: the folder's (its
     generation_config.json, else config.json) by default, None for none, or an id or ids
     (integers, numpy's too; a bool is refused). ``on_token(prompt_index, token_id)`` is called as tokens come. ``cache``:
     a decoder built from a spec or folder decodes through its KV cache (False: recomputes the
@@ -237,11 +247,15 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     sampler = Sampler(temperature, top_k, top_p, seed)
     check_search(sampler, beams)
     check_counts(max_new_tokens, beams)
+    check_beam_options(beams, length_penalty, early_stopping)
     ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
                     eos_token_id, decoder_start_token_id, cache, compile, weights,
                     fused_attention, cuda_graph)
     notes = ready.opened.notes + ready.settings_notes(sampler)
     try:
+        # beams as the CLI's; eos ids past the vocabulary stay accepted (an id list like a
+        # folder's may name ids the model never produces)
+        check_model_bounds(ready, (), beams)
         for note in notes:  # the CLI's note: lines; stacklevel: the caller's line
             warnings.warn(note, TfgraphNote, stacklevel=2)
         if ready.opened.spec is not None:  # as the CLI, before any buffer is allocated
@@ -250,8 +264,9 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
                                   cache)
         warm_up(ready, max_new_tokens, beams)
         result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens,
-                          ready.sampler(sampler), beams, ready.eos, on_token, length_penalty,
-                          ready.opened.lengths)
+                          ready.sampler(sampler), beams, ready.eos, on_token,
+                          1.0 if length_penalty is None else float(length_penalty),
+                          ready.opened.lengths, ready.early_stopping(early_stopping))
         result.compile_s = compile_time(ready)
         result.notes = notes
     finally:
@@ -294,6 +309,23 @@ def check_counts(max_new_tokens: object, beams: object) -> None:
         count = operator.index(value)
         if not 1 <= count <= limit:
             raise TfgraphError(f"{name} {count}: a whole number from 1 to {limit:,}")
+
+
+def check_model_bounds(ready: Prepared, eos_ids: Sequence[int], beams: int,
+                       cli: bool = False) -> None:
+    """Token ids and beams the model's vocabulary can hold (known when a spec is): the EOS
+    ids given (a folder's list may name ids the model never produces: harmless) and no more
+    beams than tokens. ``cli``: name them as the command's flags."""
+    vocab = ready.opened.prompt_vocab
+    if not vocab:
+        return
+    for eos in eos_ids:
+        if eos >= vocab:
+            raise TfgraphError(f"{'--eos-id' if cli else 'eos_token_id'} {eos}: past the "
+                               f"model's vocabulary of {vocab} tokens (ids 0 to {vocab - 1})")
+    if beams > vocab:
+        raise TfgraphError(f"{'--beams' if cli else 'beams'} {beams}: more beams than the "
+                           f"model's {vocab} tokens")
 
 
 def _check_start_applies(given: int | None, opened: Opened) -> None:

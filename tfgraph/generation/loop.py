@@ -36,11 +36,13 @@ def check_search(sampler: Sampler, beams: int) -> None:
 def generate(stepper: Stepper, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              sampler: Sampler | None = None, beams: int = 1,
              eos_token_id: int | Iterable[int] | None = None, on_token: OnToken | None = None,
-             length_penalty: float = 1.0, length_rule: Lengths | None = None) -> Result:
+             length_penalty: float = 1.0, length_rule: Lengths | None = None,
+             early_stopping: bool | str = False) -> Result:
     """Generate up to ``max_new_tokens`` per prompt (token id lists) with ``stepper``.
 
     Greedy unless ``sampler`` samples; ``beams > 1`` is beam search (greedy selection; its
-    tokens reach ``on_token`` once the search ends). Raises TfgraphError (one line) for empty
+    tokens reach ``on_token`` once the search ends; ``length_penalty`` and ``early_stopping``
+    as transformers', tfgraph.generation.beams). Raises TfgraphError (one line) for empty
     prompts, a prompt longer than the model allows, or a back end that returns NaN.
     ``length_rule``: the spec's max_len rule; given, a BeyondMaxLenWarning says when a learned
     table's max_len cuts a row short or other positions will run past max_len.
@@ -58,7 +60,8 @@ def generate(stepper: Stepper, prompts: Sequence[Sequence[int]], max_new_tokens:
         from tfgraph.generation.beams import beam_search
 
         clock = Clock(_compiling(stepper))
-        found = beam_search(stepper, ids, lengths, beams, limits, eos, length_penalty, clock)
+        found = beam_search(stepper, ids, lengths, beams, limits, eos, length_penalty, clock,
+                            early_stopping)
         result = clock.result([tokens for tokens, _ in found], prompt_tokens,
                               scores=[score for _, score in found])
         if on_token is not None:

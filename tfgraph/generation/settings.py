@@ -46,13 +46,30 @@ NOT_APPLIED: dict[str, Any] = {
     # stop when the decoded text holds one of these strings / after this many seconds /
     # re-tokenize the prompt's end: each can end or change a greedy sequence too
     "stop_strings": None, "max_time": None, "token_healing": False,
+    # a watermark's logits bias, DoLa's layer contrast, constrained beam search, lossy
+    # (ensembled) speculative decoding
+    "watermarking_config": None, "dola_layers": None, "constraints": None,
+    "force_words_ids": None, "assistant_ensemble_weight": None,
 }
-# Not listed: renormalize_logits and low_memory change no token by themselves (a softmax
-# after the processors listed above; contrastive search's memory), so a note would be noise.
+# GenerationConfig's other fields change no token: outputs and caching, a softmax after the
+# processors above (renormalize_logits), NaN and inf scores replaced (remove_invalid_values:
+# tfgraph refuses NaN and never picks a -inf token), contrastive search's memory, assisted
+# decoding that checks its guesses against the model's own choices; a note would be noise.
+# early_stopping is applied (Settings.early_stopping).
+INERT = frozenset({
+    "use_cache", "cache_implementation", "cache_config", "max_cache_len", "compile_config",
+    "disable_compile", "continuous_batching_config", "prefill_chunk_size", "low_memory",
+    "renormalize_logits", "remove_invalid_values", "num_return_sequences",
+    "output_attentions", "output_hidden_states", "output_scores", "output_logits",
+    "return_dict_in_generate", "is_assistant", "use_mtp", "num_assistant_tokens",
+    "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+    "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit",
+    "assistant_lookbehind", "target_lookbehind", "speculation_type",
+})
 SAMPLING: dict[str, Any] = {
     # read by transformers only when it samples; temperature, top_k and top_p are applied
     # (Settings.temperature / top_k / top_p), these are not
-    "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None,
 }
 
 
@@ -77,6 +94,9 @@ class Settings:
     may not."""
     source: str = GENERATION_CONFIG
     """The file the settings came from (named in :meth:`note`)."""
+    early_stopping: bool | str = False
+    """The file's ``early_stopping`` (True, False or "never"; transformers' default False):
+    when beam search ends a prompt (tfgraph.generation.beams)."""
 
     def note(self, sampled: bool = False) -> str | None:
         """What a user must know about the file's settings a run does not apply (None:
@@ -123,10 +143,16 @@ def read_settings(folder: Path | None) -> Settings:
                            ">= 0)")
     sampled = tuple(f"{key} = {_short(data[key])}" for key, default in SAMPLING.items()
                     if key in data and data[key] != default)
+    early = data.get("early_stopping")
+    if early is None:
+        early = False
+    elif not (isinstance(early, bool) or early == "never"):  # GenerationConfig.validate
+        raise TfgraphError(f"{path}: early_stopping: {_short(early)} is not true, false or "
+                           '"never"')
     return Settings(eos, start, _not_applied(data), top_k, source=path.name,
                     temperature=_number(data, "temperature", path),
                     top_p=_number(data, "top_p", path), sampling_not_applied=sampled,
-                    samples=data.get("do_sample") is True)
+                    samples=data.get("do_sample") is True, early_stopping=early)
 
 
 def _generation_config(folder: Path) -> tuple[dict[str, Any], Path] | None:
