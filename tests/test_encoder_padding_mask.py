@@ -118,6 +118,13 @@ def test_explicit_positions_and_refusals() -> None:
     assert "\n" not in str(caught.value)
     with pytest.raises(TfgraphError, match="no KV cache"):
         model(ids, past_key_values=[])
+    # past a learned table's max_len: one line, as the full-sequence graph refuses it
+    long = torch.randint(3, 100, (1, 65), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(TfgraphError, match="max_len 64") as caught:
+        model(long, attention_mask=torch.ones_like(long))
+    assert "\n" not in str(caught.value)
+    with pytest.raises(TfgraphError, match="position id 64"):
+        model(ids, position_ids=arange + 58)
     # no positions read (tiny-encoder: positions none): position_ids refused, one line
     plain = to_torch(tfgraph.compile(ROOT / "specs" / "tiny-encoder.yaml"), seed=0).eval()
     with pytest.raises(TfgraphError, match="takes no position_ids") as caught:

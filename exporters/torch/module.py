@@ -575,6 +575,13 @@ def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: 
         if low < 0 or high >= length:
             raise TfgraphError(f"cache_position {high if high >= length else low} is outside "
                                f"a static cache of length {length} (positions 0..{length - 1})")
+    _check_position_ids(position_ids, lengths)
+    return cache_position
+
+
+def _check_position_ids(position_ids: Tensor, lengths: Lengths | None) -> None:
+    """TfgraphError for a position id past a learned table's max_len (on the CPU, outside
+    compilation: a device tensor's max would be a host read)."""
     if lengths is not None and lengths.learned and lengths.max_len is not None \
             and position_ids.device.type == "cpu" and not torch.compiler.is_compiling() \
             and position_ids.numel():
@@ -583,7 +590,6 @@ def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: 
             raise TfgraphError(f"position id {high}: past {lengths.name}'s max_len "
                                f"{lengths.max_len} (ids 0..{lengths.max_len - 1}): its learned "
                                "position table has no row past max_len")
-    return cache_position
 
 
 def _mark_static(t: Tensor) -> None:
@@ -798,6 +804,8 @@ class EncoderModel(TorchModel):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device
                                         ).expand_as(input_ids)
+        # a learned table's bound (RoBERTa, counting over input_ids, reaches S - 1 at most)
+        _check_position_ids(position_ids, self.info.lengths)
         out: Tensor = self._program.run(self, (input_ids, *types, attention_mask,
                                                *self._positions(position_ids)))[0]
         return out
