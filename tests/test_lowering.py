@@ -358,11 +358,16 @@ def test_graph_info_says_what_the_graph_is(name: str, kwargs: dict[str, Any], ki
     assert info.lengths is not None and info.lengths.max_len == spec.max_len
     assert info.output == spec.output and info.output_vocab == spec.output_vocab
     assert info.source is not None and tfgraph.parse_spec(info.source.yaml()) == spec
-    if spec.arch == "encoder-only":
-        assert info.cache_parts is None and info.cache is None
+    if spec.arch == "encoder-only":  # its masked graph: a padding mask, no past
+        assert info.cache_parts == (None,) and info.cache is None
+        assert info.cache_graph is not None
+        masked = info.cache_graph(None)
+        assert (masked.info.kind, masked.info.part) == ("cached", None)
+        assert masked.outputs == graph.outputs
+        # tiny-encoder has no positions: no position_ids either
+        assert [n for n in masked.inputs if n not in graph.inputs] == ["attention_mask"]
         with pytest.raises(tfgraph.errors.TfgraphError, match="no KV-cache graph"):
-            assert info.cache_graph is not None
-            info.cache_graph(None)
+            info.cache_graph("encoder")
         return
     assert info.cache is not None and info.cache.layers == spec.layer_count("decoder")
     parts = (None,) if spec.arch == "decoder-only" else ("encoder", "decoder")

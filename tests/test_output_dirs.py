@@ -44,9 +44,10 @@ def test_a_failing_command_removes_the_folders_it_created(tmp_path: Path) -> Non
     # refused after the folder was made: still one line, the folder's note being said only
     # once a command succeeds (it was said first, a second line)
     result = cli("build", str(ROOT / "specs" / "tiny-bert.yaml"), "--to", "onnx", "--kv-cache",
-                 "-o", str(out))
+                 "--genai-provider", "cpu", "-o", str(out))
     assert result.returncode == 2
-    assert result.stderr == "tiny-bert: an encoder-only model has no KV-cache graph\n"
+    assert result.stderr == ("--genai-provider: tiny-bert: its masked model has no KV cache "
+                             "(an encoder): onnxruntime-genai drives decoders\n")
     assert list(tmp_path.iterdir()) == []
 
 

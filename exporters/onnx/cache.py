@@ -69,6 +69,13 @@ def _build_read_mask(b: Builder, scope: str, n: Node, mask: str) -> str:
                 scope, "window", np.array(int(window), np.int64), "int64")], tag="in_window")
             causal = b.add(scope, "And", [causal, near], tag="causal_window")
         read = b.add(scope, "And", [read, causal], tag="read")  # (B, 1, 1, S, T)
+    elif n.attrs.get("window"):  # an encoder's local layers: |i - j| < window both sides
+        distance = b.add(scope, "Abs", [b.add(scope, "Sub", [i, j], tag="offset")],
+                         tag="distance")  # (S, T)
+        near = b.add(scope, "Less", [distance, b.const(
+            scope, "window", np.array(int(n.attrs["window"]), np.int64), "int64")],
+            tag="in_window")
+        read = b.add(scope, "And", [read, near], tag="read")  # (B, 1, 1, S, T)
     if not n.attrs.get("self_read", True):  # cross-attention: another sequence's keys
         return read
     own = b.add(scope, "Equal", [j, i], tag="own")  # (S, T)

@@ -47,6 +47,8 @@ def refusal(graph: Graph) -> str | None:
     info = graph.info
     if info.kind != "cached" or info.part is not None:
         return "genai_config.json describes a KV-cache model (build --kv-cache)"
+    if info.cache is None:  # an encoder-only model's masked graph
+        return "its masked model has no KV cache (an encoder): onnxruntime-genai drives decoders"
     if info.output != "logits":
         return (f"its output is probabilities (output: {info.output}), where "
                 "onnxruntime-genai's search takes logits and applies the softmax itself")

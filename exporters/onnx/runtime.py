@@ -146,6 +146,11 @@ def interface(model: Any, where: str) -> Interface:
     """Check ``model`` has tfgraph's inputs and output (README.md, `tfgraph build`: the ONNX model); TfgraphError otherwise."""
     inputs = tuple(i.name for i in model.graph.input
                    if i.name not in {t.name for t in model.graph.initializer})
+    if "attention_mask" in inputs and "input_ids" in inputs and not any(n.startswith("past_key_values.")
+                                              for n in inputs):
+        raise TfgraphError(f"{where}: an encoder's padding-mask model (built with "
+                           "--kv-cache): tfgraph run times full-sequence models (build it "
+                           "without --kv-cache)")
     if "attention_mask" in inputs or "encoder_attention_mask" in inputs:
         raise TfgraphError(f"{where}: a KV-cache model (built with --kv-cache): tfgraph "
                            "generate drives it; tfgraph run times full-sequence models")

@@ -607,7 +607,8 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
                      dropout_p: float = 0.0) -> Tensor:
     """Attention of the last S positions' queries q (B, S, h*hd) over present k, v
     (B, kv, T, hd): key j is read by query i (at position P + i, P = T - S) when
-    mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window; a query always
+    mask[b, j] == 1 and, when causal, j <= P + i and P + i - j < window (without
+    causality |P + i - j| < window, an encoder's local layers); a query always
     reads its own key (``self_read``; not in cross-attention), so padding rows stay finite.
     ``bias`` (h, S, T), or (B, h, S, T) per row, is added to the scores before the mask.
     ``positions`` (S,): the queries' positions in a static cache's buffer (kv_write), which
@@ -625,6 +626,8 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, heads: int,
         read = read & (j <= i)[None]  # (B, S, T)
         if window is not None:
             read = read & (i - j < window)[None]
+    elif window is not None:  # ModernBERT's local layers: |i - j| < window on both sides
+        read = read & ((i - j).abs() < window)[None]
     if self_read:
         read = read | (j == i)[None]  # (B, S, T): its own key always
     # Query heads grouped per k/v head, as in explicit_attention: no expanded k/v copies.

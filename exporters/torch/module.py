@@ -575,6 +575,13 @@ def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: 
         if low < 0 or high >= length:
             raise TfgraphError(f"cache_position {high if high >= length else low} is outside "
                                f"a static cache of length {length} (positions 0..{length - 1})")
+    _check_position_ids(position_ids, lengths)
+    return cache_position
+
+
+def _check_position_ids(position_ids: Tensor, lengths: Lengths | None) -> None:
+    """TfgraphError for a position id past a learned table's max_len (on the CPU, outside
+    compilation: a device tensor's max would be a host read)."""
     if lengths is not None and lengths.learned and lengths.max_len is not None \
             and position_ids.device.type == "cpu" and not torch.compiler.is_compiling() \
             and position_ids.numel():
@@ -583,7 +590,6 @@ def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: 
             raise TfgraphError(f"position id {high}: past {lengths.name}'s max_len "
                                f"{lengths.max_len} (ids 0..{lengths.max_len - 1}): its learned "
                                "position table has no row past max_len")
-    return cache_position
 
 
 def _mark_static(t: Tensor) -> None:
@@ -754,9 +760,13 @@ class DecoderModel(_CachedModel):
 
 
 class EncoderModel(TorchModel):
-    """An encoder-only model (BERT): ``forward(input_ids, token_type_ids=None)``. It takes
-    the decoder's cache arguments only to refuse them (TfgraphError): an encoder has no
-    KV-cache graph."""
+    """An encoder-only model (BERT): ``forward(input_ids, token_type_ids=None, *,
+    attention_mask=None, position_ids=None)``. Without a mask or positions the
+    full-sequence graph runs; with either, the model's masked graph
+    (``graph.info.cache_graph(None)``: attention_mask (B, S) and position_ids where
+    positions are read, no past) over the same parameters, so padded batches train through
+    it. past_key_values and use_cache are refused (TfgraphError): an encoder has no KV
+    cache."""
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None, *,
                 attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
@@ -764,19 +774,41 @@ class EncoderModel(TorchModel):
                 use_cache: bool = False) -> Tensor:
         """input_ids (B, S) int64 -> logits or probs (B, S, vocab); with segment embeddings
         (embedding.token_types) also token_type_ids (B, S), every token in segment 0 when
-        not given (Hugging Face's default)."""
-        if attention_mask is not None or position_ids is not None \
-                or past_key_values is not None or use_cache:
-            raise TfgraphError(f"{self.graph_name}: masks and a KV cache are for decoders "
-                               "(an encoder-only model has no KV-cache graph)")
+        not given (Hugging Face's default). attention_mask (B, S): 1 real, 0 padding (no
+        query reads a padding key; default all real); position_ids (B, S) int64: default
+        0 .. S-1 in every row (BERT's, DistilBERT's, ModernBERT's default), a model whose
+        positions are counted over the non-padding input_ids (RoBERTa) takes none."""
+        if past_key_values is not None or use_cache:
+            raise TfgraphError(f"{self.graph_name}: an encoder-only model has no KV cache "
+                               "(past_key_values, use_cache); it takes attention_mask and "
+                               "position_ids")
         if "token_type_ids" not in self.input_names:
             if token_type_ids is not None:
                 raise TfgraphError(f"{self.graph_name}: takes no token_type_ids (its spec "
                                    "has no embedding.token_types)")
-            return self._run((input_ids,))
-        if token_type_ids is None:
+        elif token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        return self._run((input_ids, token_type_ids))
+        types = () if token_type_ids is None else (token_type_ids,)
+        if self.info.kind != "cached":
+            if attention_mask is None and position_ids is None:
+                return self._run((input_ids, *types))
+            masked = self._part_module(None)
+            assert isinstance(masked, EncoderModel)
+            return masked(input_ids, token_type_ids, attention_mask=attention_mask,
+                          position_ids=position_ids)
+        if position_ids is not None and "position_ids" not in self.input_names:
+            raise TfgraphError(f"{self.graph_name}: takes no position_ids (its positions "
+                               "are counted over input_ids, relative or none)")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device
+                                        ).expand_as(input_ids)
+        # a learned table's bound (RoBERTa, counting over input_ids, reaches S - 1 at most)
+        _check_position_ids(position_ids, self.info.lengths)
+        out: Tensor = self._program.run(self, (input_ids, *types, attention_mask,
+                                               *self._positions(position_ids)))[0]
+        return out
 
 
 class EncoderDecoderModel(_CachedModel):

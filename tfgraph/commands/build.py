@@ -332,7 +332,9 @@ def _check_data_files(*models: Path) -> None:
                    "RotaryEmbedding; 17 decomposes them for older runtimes.")
 @click.option("--kv-cache", is_flag=True,
               help="ONNX: the inference model of a decoder, with attention_mask, position_ids "
-                   "and past_key_values inputs and present outputs (README, \"KV cache\").")
+                   "and past_key_values inputs and present outputs; of an encoder-only model, "
+                   "its padding-mask model (attention_mask, position_ids; README, \"KV "
+                   "cache\").")
 @click.option("--genai-provider", type=click.Choice(["cpu", "cuda"]), default=None,
               help="--kv-cache: the execution provider genai_config.json asks "
                    "onnxruntime-genai for (default cpu); the model itself runs on either.")
@@ -420,7 +422,8 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
                                 "GroupQueryAttention is float16/bfloat16 only, so this float32 "
                                 "model's attention runs on the CPU; build with --dtype float16 "
                                 "or bfloat16 for the GPU")
-    genai = target == "onnx" and graph.info.kind == "cached" and graph.info.part is None
+    genai = target == "onnx" and graph.info.kind == "cached" and graph.info.part is None \
+        and (graph.info.cache is not None or genai_provider is not None)  # not an encoder's
     if genai:
         from tfgraph.exporters.onnx.genai_config import refusal as genai_refusal
 
@@ -457,7 +460,8 @@ def build(spec: str, target: str, output: Path | None, weights: Path | None, see
     params = sum(param_count(p) for p in graph.params())
     details = [_human(_size(written)), f"{params:,} params"]
     if target == "onnx":
-        details.append(f"opset {opts['opset']}" + (", KV cache" if kv_cache else "")
+        cache = ", KV cache" if graph.info.cache is not None else ", padding mask"
+        details.append(f"opset {opts['opset']}" + (cache if kv_cache else "")
                        + (", fused attention" if fused else ""))
     if how.takes_weights:
         details.append(graph.dtype + _kept_dtypes(target, opts))

@@ -193,7 +193,8 @@ part's cached keys/values, or nothing (no cross-attention)."""
 @dataclass
 class _Cache:
     """The KV-cache state of an inference graph (README, "KV cache"): which ``part`` it is
-    (None a decoder's one graph; "encoder" or "decoder" of an encoder-decoder's two), its
+    (None a decoder's one graph, or an encoder-only model's masked graph, which has no past;
+    "encoder" or "decoder" of an encoder-decoder's two), its
     mask and position inputs once made, and the present keys/values it outputs after the
     logits. A full-sequence lowering has none (``_Lowering.cache is None``)."""
 
@@ -217,8 +218,6 @@ class _Cache:
             if part is not None:
                 raise TfgraphError(f"{spec.name}: part={part!r} is for KV-cache graphs")
             return None
-        if spec.arch == "encoder-only":
-            raise TfgraphError(f"{spec.name}: an encoder-only model has no KV-cache graph")
         if spec.arch == "encoder-decoder":
             if part not in ("encoder", "decoder"):
                 raise TfgraphError(f"{spec.name}: an encoder-decoder's KV-cache graph is two "
@@ -228,12 +227,16 @@ class _Cache:
                                    "with qk_norm")
         elif part is not None:
             raise TfgraphError(f"{spec.name}: part applies to encoder-decoder models")
-        return cls(part)
+        return cls(part, past=spec.arch != "encoder-only")
+
+    past: bool = True
+    """False for an encoder-only model's masked graph: its one sequence, no past."""
 
     @property
     def keeps_past(self) -> bool:
-        """Whether its self-attention reads past keys/values (not the encoder part's)."""
-        return self.part != "encoder"
+        """Whether its self-attention reads past keys/values (not the encoder part's, nor
+        an encoder-only model's masked graph)."""
+        return self.past and self.part != "encoder"
 
     @property
     def infix(self) -> str:
@@ -249,7 +252,8 @@ class _Lowering:
         # logits (tfgraph.graph.ops_loss); "loss" is its only output.
         self.loss = loss
         # The inference graph (README, "KV cache"): attention_mask, position_ids and each
-        # layer's past keys/values in, logits and the present keys/values out. An
+        # layer's past keys/values in, logits and the present keys/values out (an
+        # encoder-only model's: attention_mask and position_ids only, its masked graph). An
         # encoder-decoder's is two graphs (``part``): the encoder, which also computes every
         # decoder layer's cross-attention keys/values once, and the decoder, which reads them.
         self.cache = _Cache.of(spec, cache, part, loss)
@@ -355,9 +359,10 @@ class _Lowering:
             out_table = tgt_table
         else:
             ids = g.input("input_ids", (B, S))  # (B, S) int64
-            self._cache_inputs(P + S)  # attention_mask (B, P+S), position_ids (B, S)
             if spec.embedding.token_types:  # BERT's segments; all zeros when not given
                 self.token_type_ids = g.input("token_type_ids", (B, S))  # (B, S) int64
+            # attention_mask (B, P+S), an encoder's (B, S); position_ids (B, S)
+            self._cache_inputs(S if spec.arch == "encoder-only" else P + S)
             table = self.param("embed.tokens.weight", (self.vocab_names["source"], "d_model"),
                                "embed", "normal", _role(table_meta, "tokens.weight"))
             stack = "decoder" if spec.arch == "decoder-only" else "encoder"
@@ -730,6 +735,8 @@ class _Lowering:
         emb = spec.embedding
         if not POSITION_KINDS[emb.positions].position_ids:
             return False
+        if emb.position_pad_id is not None:  # RoBERTa: counted over input_ids (embed)
+            return False
         if emb.positions != "rope" or emb.rope_global or spec.attention.latent is not None:
             return True  # latent attention rotates its rope channels on every layer
         return any(spec.layer_is_local(i) for stack in spec.stacks
@@ -978,9 +985,10 @@ G = TypeVar("G", bound=Graph)
 
 def cache_parts(spec: Spec) -> tuple[str | None, ...] | None:
     """The KV-cache graphs a spec has, by ``part``: one for a decoder (None), the encoder and
-    the decoder of an encoder-decoder; None when there are none (an encoder; an
-    encoder-decoder with q/k norms, which the cache graphs do not cover yet)."""
-    if spec.arch == "decoder-only":
+    the decoder of an encoder-decoder; an encoder-only model's masked graph (None: its
+    attention_mask and position_ids, no past); None when there are none (an encoder-decoder
+    with q/k norms, which the cache graphs do not cover yet)."""
+    if spec.arch in ("decoder-only", "encoder-only"):
         return (None,)
     if spec.arch == "encoder-decoder" and spec.attention.qk_norm == "none":
         return ("encoder", "decoder")
@@ -1002,7 +1010,9 @@ def lower(spec: Spec, sizes: Sizes | None = None, graph_type: type[Graph] = Grap
     defaults to the spec's own (``Sizes.of(spec)``); ``graph_type`` is the class of the result
     (``tfgraph.compile`` asks for one with ``report()``). ``cache``: the inference graph of a
     decoder (attention_mask, position_ids and past keys/values in; logits and present
-    keys/values out); an encoder-decoder's is two graphs, ``part`` "encoder" or "decoder".
+    keys/values out); an encoder-decoder's is two graphs, ``part`` "encoder" or "decoder";
+    an encoder-only model's is its masked graph (attention_mask (B, S) and, where positions
+    are read from ids, position_ids in; logits out; no past or present keys/values).
     ``loss``: the training graph, a ``labels`` input (B, L) int64 and the cross-entropy node
     ``loss`` (its only output) after the logits (the logits, not probs, with output probs)."""
     z = sizes or Sizes.of(spec)
