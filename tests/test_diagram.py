@@ -219,6 +219,23 @@ def test_model_level_cross_attention_edge_and_tying() -> None:
     assert ("decoder.norm", "head") in untied
 
 
+@pytest.mark.parametrize("name, dense, experts", [
+    ("tiny-deepseek-v3.yaml", "FFN layer 0: gated SwiGLU", "FFN layers 1–: experts ×8, top-2"),
+    ("deepseek-v3.yaml", "FFN layers 0–2: gated SwiGLU, 7168 → 18432 → 7168",
+     "FFN layers 3–: experts ×256, top-8: gated SwiGLU, 7168 → 2048 → 7168"),
+    ("mixtral-8x7b.yaml", None, "FFN experts ×8, top-2: gated SwiGLU, 4096 → 14336 → 4096"),
+])
+def test_model_level_stack_names_its_expert_layers(name: str, dense: str | None,
+                                                    experts: str) -> None:
+    """The folded stack box described layer 0's feed-forward only: DeepSeek-V3's 58 layers
+    of 256 experts (ffn.dense_layers 3) were drawn as one dense SwiGLU."""
+    src = diagram_source(compiled(name), "model")
+    label = next(line for line in src.splitlines() if line.strip().startswith('"decoder.layers" ['))
+    ffn = [part for part in label.split("\\n") if part.startswith("FFN")]
+    want = ([dense] if dense else []) + [experts]
+    assert len(ffn) == len(want) and all(f.startswith(w) for f, w in zip(ffn, want)), ffn
+
+
 def test_op_level_folds_layers_unless_unfolded() -> None:
     graph = compiled("tiny-llama.yaml")
     folded = diagram_source(graph, "op")

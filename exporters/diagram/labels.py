@@ -241,20 +241,43 @@ def moe_text(graph: Graph, members: list[Node]) -> str:
     return "\n".join(lines)
 
 
-def _dense_then_moe(graph: Graph, members: list[Node]) -> str:
+def _later_experts(graph: Graph, members: list[Node]) -> tuple[int, list[Node]] | None:
     """For a dense feed-forward in a stack whose later layers have experts (ffn.dense_layers):
-    ``layers 0–2: gated SwiGLU, ...`` then ``layers 3–: Mixture of experts ...``; else ''."""
+    the first such layer and its feed-forward's nodes; else None."""
     first = members[0].meta
     later = [n for n in graph.ops() if row(n).moe and n.meta.stack == first.stack]
     if not later or first.layer is None:
-        return ""
+        return None
     meta = later[0].meta
     moe = [n for n in graph.ops() if n.meta.stack == meta.stack and n.meta.layer == meta.layer
            and n.meta.sublayer == meta.sublayer]
-    first_moe = int(meta.layer or 0)
-    dense = "layer 0" if first_moe == 1 else f"layers 0–{first_moe - 1}"
-    return (f"Feed-forward\n{dense}: {ffn_text(graph, members)}\n"
+    return int(meta.layer or 0), moe
+
+
+def _dense_layers(first_moe: int) -> str:
+    return "layer 0" if first_moe == 1 else f"layers 0–{first_moe - 1}"
+
+
+def _dense_then_moe(graph: Graph, members: list[Node]) -> str:
+    """For a dense feed-forward in a stack whose later layers have experts (ffn.dense_layers):
+    ``layers 0–2: gated SwiGLU, ...`` then ``layers 3–: Mixture of experts ...``; else ''."""
+    later = _later_experts(graph, members)
+    if later is None:
+        return ""
+    first_moe, moe = later
+    return (f"Feed-forward\n{_dense_layers(first_moe)}: {ffn_text(graph, members)}\n"
             f"layers {first_moe}–: {moe_text(graph, moe)}")
+
+
+def stack_ffn_text(graph: Graph, members: list[Node]) -> str:
+    """The folded stack box's feed-forward line(s): ``FFN gated SwiGLU, ...``, or with dense
+    first layers (ffn.dense_layers) one line for them and one for the expert layers."""
+    later = None if experts_of(members) is not None else _later_experts(graph, members)
+    if later is None:
+        return f"FFN {ffn_text(graph, members)}"
+    first_moe, moe = later
+    return (f"FFN {_dense_layers(first_moe)}: {ffn_text(graph, members)}\n"
+            f"FFN layers {first_moe}–: {ffn_text(graph, moe)}")
 
 
 def fn_text(graph: Graph, members: list[Node]) -> str:
@@ -312,7 +335,7 @@ def stack_text(graph: Graph, stack: Stack) -> str:
            if box_key(nodes[0]) == "fn" and attention_of(nodes) is None]
     lines = [f"{stack.name.capitalize()} × {stack.layers}", order_text(graph, stack),
              heads_text(att) if att is not None else "", window_text(graph, stack),
-             f"FFN {ffn_text(graph, ffn[0])}" if ffn else "",
+             stack_ffn_text(graph, ffn[0]) if ffn else "",
              wiring_text(graph, stack)]
     return "\n".join(line for line in lines if line)
 
