@@ -347,8 +347,16 @@ def one_process_quiet() -> Iterator[None]:
 
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer,
                     step: int) -> None:
-    """Every rank writes its shards (model and optimizer) under ``path``."""
+    """Every rank writes its shards (model and optimizer) under ``path``. Before the first
+    step the optimizer has no state, and get_state_dict makes it by a step at lr 0, which
+    counts Adam's step as 1 (its moments stay 0): saved as 0, so a run resumed from a step-0
+    checkpoint takes the straight run's steps."""
+    fresh = not optimizer.state
     model_state, optim_state = get_state_dict(model, optimizer)
+    if fresh:
+        for entry in optim_state.get("state", {}).values():
+            if "step" in entry:
+                entry["step"] = torch.zeros_like(torch.as_tensor(entry["step"]))
     with one_process_quiet():
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
     if not dist.is_initialized() or dist.get_rank() == 0:

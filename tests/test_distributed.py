@@ -436,6 +436,37 @@ def test_dropout_runs_repeat_and_resume_continues_bit_for_bit(tmp_path: Path) ->
     assert not torch.equal(a, torch.nn.functional.dropout(torch.ones(64), 0.5))
 
 
+def test_a_step_0_checkpoint_resumes_as_the_straight_run(tmp_path: Path) -> None:
+    """Saved before any step, the optimizer's state was made by get_state_dict's lr-0 step,
+    which counts Adam's step as 1: the resumed run's bias correction was one step ahead and its
+    losses differed from the straight run's from the second step on."""
+    example = load_example()
+    base, ckpt = _dropout_base(), str(tmp_path / "ckpt")
+    straight = example.train(example.parse_args([*base, "--steps", "3"]))["losses"]
+    example.train(example.parse_args([*base, "--steps", "0", "--save", ckpt]))
+    resumed = example.train(example.parse_args([*base, "--steps", "3", "--resume", ckpt]))
+    assert resumed["losses"] == straight
+
+
+def test_a_deeper_models_checkpoint_is_refused(tmp_path: Path) -> None:
+    """DCP's planner refuses only entries the model needs and the checkpoint lacks: a 2-layer
+    run's checkpoint loaded into a 1-layer spec, its second layer dropped without a word."""
+    text = (ROOT / "specs" / "tiny-llama.yaml").read_text()
+    assert "\nlayers: 2\n" in text
+    shallow = tmp_path / "shallow.yaml"
+    shallow.write_text(text.replace("\nlayers: 2\n", "\nlayers: 1\n"))
+    ckpt = str(tmp_path / "ckpt")
+    base = ["--strategy", "none", "--batch", "2", "--seq", "8"]
+    done = run_example(["--spec", str(ROOT / "specs" / "tiny-llama.yaml"), *base, "--steps",
+                        "1", "--save", ckpt])
+    assert done.returncode == 0, done.stderr
+    done = run_example(["--spec", str(shallow), *base, "--steps", "2", "--resume", ckpt])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: --resume {ckpt}: does not load into this model") and \
+        "model.decoder.layers.1." in lines[0], lines
+
+
 def test_resume_applies_the_given_lr_and_weight_decay(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]
                                                      ) -> None:

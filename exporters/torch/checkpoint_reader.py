@@ -178,7 +178,18 @@ class SafeReader(FileSystemReader):
 
 
 class SafePlanner(DefaultLoadPlanner):
-    """DCP's default load planner, reading non-tensor entries as plain values only."""
+    """DCP's default load planner, reading non-tensor entries as plain values only, and
+    refusing a checkpoint with entries the state dict has no place for (DCP's own planner
+    refuses only missing ones: a deeper model's checkpoint loaded silently into a shallower
+    one, its extra layers dropped)."""
+
+    def create_local_plan(self) -> Any:
+        extra = sorted(set(self.metadata.state_dict_metadata) - set(self.state_dict)) \
+            if self.metadata is not None else []
+        if extra:
+            raise CheckpointRefused(f"does not load into this model: {len(extra)} saved "
+                                    f"entries it has no place for (first {extra[0]})")
+        return super().create_local_plan()
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
