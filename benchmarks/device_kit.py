@@ -11,17 +11,19 @@ Here, once per machine (needs the package registry):
 
     python benchmarks/device_kit.py pack        # fills .dev/ (ignored) and prints the calls
 
-There, one call per piece, in order, then the last call installs and runs:
+There, one call per piece, in order (the device machine stays warm only 30 s between calls,
+so each call also runs a slice of benchmarks/gpu.py that needs no onnxruntime-gpu):
 
-    python3 benchmarks/device_kit.py receive 1  # carry [".dev/p1"]: keeps it in /tmp/kit
+    python3 benchmarks/device_kit.py receive 1 && . /tmp/site/env.sh && python3 benchmarks/gpu.py --part torch ...
     ...
-    python3 benchmarks/device_kit.py install && . /tmp/site/env.sh && python3 benchmarks/gpu.py
+    python3 benchmarks/device_kit.py receive N && python3 benchmarks/device_kit.py install && . /tmp/site/env.sh && python3 benchmarks/gpu.py --part onnx ...
 
-``install`` joins the pieces, checks the SHA-256 recorded by ``pack``, installs every wheel
-with ``pip install --no-index --no-deps --target /tmp/site`` and writes /tmp/site/env.sh,
-which puts /tmp/site first on PYTHONPATH and the CUDA 13 / cuDNN 9 libraries that torch's pip
-packages bring (their ``nvidia/*/lib`` folders) on LD_LIBRARY_PATH, where onnxruntime's CUDA
-provider looks for them.
+``receive 1`` also installs the base wheels (pydantic, graphviz's bindings, tfgraph) with
+``pip install --no-index --no-deps --target /tmp/site`` and writes /tmp/site/env.sh, which puts
+/tmp/site first on PYTHONPATH and the CUDA 13 / cuDNN 9 libraries that torch's pip packages
+bring (their ``nvidia/*/lib`` folders) on LD_LIBRARY_PATH, where onnxruntime's CUDA provider
+looks for them. ``install`` joins the pieces, checks the SHA-256 recorded by ``pack`` and
+installs onnxruntime-gpu and the late wheels (onnxruntime-genai-cuda) the same way.
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ KIT = ROOT / ".dev"
 THERE = Path("/tmp/kit")
 SITE = Path("/tmp/site")
 BIG = "onnxruntime-gpu==1.31.1"
-# pydantic and its own requirements, graphviz's bindings, onnxruntime-genai's CUDA build (it
-# requires onnxruntime-gpu, which travels in pieces): what the image lacks.
-SMALL = ["pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
-         "typing-inspection==0.4.5", "typing-extensions==4.16.0", "graphviz==0.21",
-         "onnxruntime-genai-cuda==0.18.0"]
+# What the image lacks: pydantic and its own requirements and graphviz's bindings (carried by
+# the first call), onnxruntime-genai's CUDA build (by the last: it needs onnxruntime-gpu).
+BASE = ["pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
+        "typing-inspection==0.4.5", "typing-extensions==4.16.0", "graphviz==0.21"]
+LATE = ["onnxruntime-genai-cuda==0.18.0"]
 # The device image's Python and the manylinux tags its wheels may carry (device README).
 PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
             *[a for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
@@ -70,44 +72,77 @@ def tree_bytes() -> int:
 def pack() -> None:
     if KIT.exists():
         shutil.rmtree(KIT)
-    wheels = KIT / "whl"
-    wheels.mkdir(parents=True)
+    base, late = KIT / "whl", KIT / "late"
+    base.mkdir(parents=True)
+    late.mkdir()
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "download", "-q", "--no-deps", *PLATFORM, "-d", str(KIT), BIG], check=True)
-    subprocess.run([*pip, "download", "-q", "--no-deps", *PLATFORM, "-d", str(wheels), *SMALL],
+    subprocess.run([*pip, "download", "-q", "--no-deps", *PLATFORM, "-d", str(base), *BASE],
                    check=True)
-    subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)], check=True)
+    subprocess.run([*pip, "download", "-q", "--no-deps", *PLATFORM, "-d", str(late), *LATE],
+                   check=True)
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(base), str(ROOT)], check=True)
     (big,) = KIT.glob("onnxruntime_gpu-*.whl")
-    small_bytes = sum(p.stat().st_size for p in wheels.iterdir())
-    # Each call carries the tree, one piece and (the last) the small wheels; 2 MiB to spare.
-    piece = CALL_LIMIT - tree_bytes() - 2 * 2**20
-    data, pieces = big.read_bytes(), []
-    for i in range(0, len(data), piece):
-        name = f"p{len(pieces) + 1}"
-        (KIT / name).write_bytes(data[i:i + piece])
-        pieces.append(name)
-    if (KIT / pieces[-1]).stat().st_size + small_bytes > piece:
-        raise SystemExit("device_kit: the small wheels do not fit beside the last piece")
+    base_bytes = sum(p.stat().st_size for p in base.iterdir())
+    late_bytes = sum(p.stat().st_size for p in late.iterdir())
+    # Each call carries the tree and one piece; the first also the base wheels, the last the
+    # late ones. 1 MiB to spare per call.
+    room = CALL_LIMIT - tree_bytes() - 2**20
+    data, cuts, at = big.read_bytes(), [], 0
+    while at < len(data):
+        size = room - (base_bytes if not cuts else 0)
+        if len(data) - at + late_bytes <= size:  # the rest fits beside the late wheels
+            size = len(data) - at
+        cuts.append((at, min(len(data), at + size)))
+        at = cuts[-1][1]
+    pieces = []
+    for i, (lo, hi) in enumerate(cuts, 1):
+        (KIT / f"p{i}").write_bytes(data[lo:hi])
+        pieces.append(f"p{i}")
+    if (KIT / pieces[-1]).stat().st_size + late_bytes > room:
+        pieces.append(f"p{len(pieces) + 1}")  # the late wheels ride alone
+        (KIT / pieces[-1]).write_bytes(b"")
     manifest = {"wheel": big.name, "sha256": sha256(big), "pieces": pieces}
     (KIT / "manifest.json").write_text(json.dumps(manifest, indent=1))
     big.unlink()
     for i, name in enumerate(pieces, 1):
-        last = i == len(pieces)
-        carry = [f".dev/{name}"] + ([".dev/whl", ".dev/manifest.json"] if last else [])
-        command = (f"python3 benchmarks/device_kit.py receive {i}" if not last else
-                   f"python3 benchmarks/device_kit.py receive {i} && python3 "
-                   "benchmarks/device_kit.py install && . /tmp/site/env.sh && python3 "
-                   "benchmarks/gpu.py ...")
+        carry = [f".dev/{name}", ".dev/manifest.json"]
+        carry += [".dev/whl"] if i == 1 else [".dev/late"] if i == len(pieces) else []
+        command = f"python3 benchmarks/device_kit.py receive {i} && . /tmp/site/env.sh && ..."
+        if i == len(pieces):
+            command = (f"python3 benchmarks/device_kit.py receive {i} && python3 "
+                       "benchmarks/device_kit.py install && . /tmp/site/env.sh && ...")
         print(f"call {i}: carry={json.dumps(carry)} command: {command}")
 
 
+def install_wheels(wheels: list[Path]) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(SITE),
+                    *map(str, wheels)], check=True)
+
+
 def receive(index: int) -> None:
+    """Keep piece ``index`` in /tmp/kit; the first call also installs the base wheels (what
+    tfgraph and its torch side need) and writes /tmp/site/env.sh."""
     THERE.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(KIT / f"p{index}", THERE / f"p{index}")
     print(f"device_kit: piece {index} kept in {THERE} ({(THERE / f'p{index}').stat().st_size} bytes)")
+    if index != 1:
+        return
+    install_wheels(sorted((KIT / "whl").glob("*.whl")))
+    import site  # the image's own site-packages hold torch's nvidia-* packages
+
+    libs = sorted({str(lib) for base in site.getsitepackages()
+                   for lib in Path(base).glob("nvidia/*/lib")})
+    (SITE / "env.sh").write_text(
+        f"export PYTHONPATH={SITE}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f"export LD_LIBRARY_PATH={':'.join(libs)}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n")
+    print(f"device_kit: base wheels installed into {SITE}; {len(libs)} CUDA library folders "
+          "in env.sh")
 
 
 def install() -> None:
+    """Join the pieces, check the SHA-256 and install onnxruntime-gpu and the late wheels."""
     manifest = json.loads((KIT / "manifest.json").read_text())
     missing = [p for p in manifest["pieces"] if not (THERE / p).exists()]
     if missing:
@@ -119,17 +154,8 @@ def install() -> None:
             out.write((THERE / name).read_bytes())
     if sha256(wheel) != manifest["sha256"]:
         raise SystemExit(f"device_kit: {wheel.name} does not match its SHA-256")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(SITE),
-                    str(wheel), *map(str, sorted((KIT / "whl").glob("*.whl")))], check=True)
-    import site  # the image's own site-packages hold torch's nvidia-* packages
-
-    libs = sorted({str(lib) for base in site.getsitepackages()
-                   for lib in Path(base).glob("nvidia/*/lib")})
-    (SITE / "env.sh").write_text(
-        f"export PYTHONPATH={SITE}${{PYTHONPATH:+:$PYTHONPATH}}\n"
-        f"export LD_LIBRARY_PATH={':'.join(libs)}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n")
-    print(f"device_kit: installed into {SITE}; {len(libs)} CUDA library folders in env.sh")
+    install_wheels([wheel, *sorted((KIT / "late").glob("*.whl"))])
+    print(f"device_kit: {wheel.name} and the late wheels installed into {SITE}")
 
 
 def main() -> None:
