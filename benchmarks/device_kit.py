@@ -88,7 +88,8 @@ def pack() -> None:
     # Each call carries the tree and one piece; the first also the base wheels, the last the
     # late ones. 1 MiB to spare per call.
     room = CALL_LIMIT - tree_bytes() - 2**20
-    data, cuts, at = big.read_bytes(), [], 0
+    data, at = big.read_bytes(), 0
+    cuts: list[tuple[int, int]] = []
     while at < len(data):
         size = room - (base_bytes if not cuts else 0)
         if len(data) - at + late_bytes <= size:  # the rest fits beside the late wheels

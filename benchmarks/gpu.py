@@ -47,8 +47,9 @@ the fused-attention model's logits against the written-out model's on the same p
 ``--steps plan`` (torch part; issue 26 item 4): examples/train_distributed.py under torchrun on
 one process (one GPU, NCCL): FSDP2 with bfloat16 compute and float32 master weights, AdamW,
 batch 4 x 1024, 8 steps, the median of the last 5; then every measured training step of the
-run (tfgraph's eager and compiled steps from ``train``, and that FSDP2 step) beside ``tfgraph
-plan``'s prediction for the same layout on the card's row of the GPU table
+run (tfgraph's eager and compiled steps from ``train``, this run's or an earlier slice's
+kept in ``--work``, and that FSDP2 step) beside ``tfgraph plan``'s prediction for the same
+layout on the card's row of the GPU table
 (``torch.cuda.get_device_name`` -> ``--gpu h100`` / ``h200`` ...; benchmarks/plan_step.py,
 which plan_published.py uses too): measured / predicted, and the rows as JSON (``--plan-out``,
 default plan_measured.json in ``--work``) for ``plan_published.py --measured``. On the CPU
@@ -90,6 +91,13 @@ STEPS = ("decode", "numerics", "train", "plan", "checks")
 LOG: Path | None = None  # --log: every line also appended here as it comes
 
 
+def card_name(cuda: bool) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if cuda else \
+        f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
 def say(text: str) -> None:
     print(text, flush=True)
     if LOG is not None:
@@ -106,9 +114,16 @@ def _ort_version() -> str:
         return ", onnxruntime not importable"
 
 
+# `python -m tfgraph` puts its working folder first on sys.path: run from the checkout's root
+# it would import the source folder tfgraph/, which has no tfgraph.exporters (exporters/ maps
+# to it only in an install). The CLI runs from the temporary folder instead, every path given
+# absolute; it then imports the installed tfgraph (device_kit.py's wheel, or an editable one).
+OUTSIDE = tempfile.gettempdir()
+
+
 def tfgraph_cli(*args: str) -> str:
     cmd = [sys.executable, "-m", "tfgraph", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=OUTSIDE)
     if done.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
     return done.stdout
@@ -225,15 +240,47 @@ def write_word_tokenizer(folder: Path) -> None:
 def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> Row:
 
     out = work / "genai"
-    if not out.exists():
+    if not (out / "genai_config.json").is_file():
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)  # a failed build's leftovers
         write_word_tokenizer(folder)
-        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder),
-               "-o", str(out), "-p", "fp16", "-e", "cuda", "-c", str(work / "genai-cache")]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i",
+               str(with_eos(folder, work / "hf-genai")), "-o", str(out), "-p", "fp16", "-e",
+               "cuda", "-c", str(work / "genai-cache")]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=OUTSIDE)
         if done.returncode:
+            shutil.rmtree(out, ignore_errors=True)
             return Row("", len(prompts), None, None,
                        f"its builder failed: {done.stderr.strip()[-200:]}")
     return genai_run(out, prompts, new)
+
+
+def with_eos(folder: Path, view: Path) -> Path:
+    """``folder``, or where it names no EOS token a view of it that does (onnxruntime-genai's
+    builder refuses a folder without one: "Could not resolve eos_token_id from the model
+    config, text config, or tokenizer"; `build --to hf` of a spec without ``tokens.eos``
+    writes none): links to its files, with config.json, generation_config.json and
+    tokenizer_config.json naming id 2. Every side ignores EOS here (a fixed number of new
+    tokens), so the id changes no token."""
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("eos_token_id") is not None:
+        return folder
+    import shutil
+
+    shutil.rmtree(view, ignore_errors=True)
+    view.mkdir(parents=True)
+    for item in folder.iterdir():
+        (view / item.name).symlink_to(item.resolve())
+    for name, key, value in (("config.json", "eos_token_id", 2),
+                             ("generation_config.json", "eos_token_id", 2),
+                             ("tokenizer_config.json", "eos_token", "t2")):
+        path = view / name
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[key] = value
+        path.unlink(missing_ok=True)  # the link, not the folder's file
+        path.write_text(json.dumps(data, indent=1))
+    return view
 
 
 def genai_run(model_dir: Path, prompts: list[list[int]], new: int) -> Row:
@@ -355,7 +402,7 @@ def cuda_checks(work: Path, cuda: bool, build_only: bool = False) -> list[str]:
             continue
         done = subprocess.run([sys.executable, "-m", "tfgraph", "run", str(path), "--provider",
                                provider, "--check", "--repeat", "3"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, cwd=OUTSIDE)
         said = [ln.strip() for ln in (done.stdout + done.stderr).splitlines()
                 if "max |" in ln or "TF32" in ln or "error" in ln.lower()]
         lines.append(f"run --check, base.yaml {dtype} on {provider}: exit {done.returncode}: "
@@ -468,6 +515,8 @@ def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool,
     t_compile = time.perf_counter() - start
     t_compiled = median_ms(step(compiled, False), cuda, repeat)
     timed.update(eager=t_ours, compiled=t_compiled)
+    # kept for a later slice's --steps plan (a short lease runs train and plan apart)
+    (work / "train_timed.json").write_text(json.dumps({"card": card_name(cuda), **timed}) + "\n")
     lines.append(f"training step compiled (torch.compile, default mode): tfgraph {t_compiled:.1f}"
                  f" ms ({t_ours / t_compiled:.2f}x eager; compile {t_compile:.1f} s); against "
                  "`tfgraph plan --gpus 1`: --steps plan")
@@ -686,8 +735,7 @@ def main() -> int:
     if not cuda:
         say("no CUDA device here (or --cpu): GPU-only parts are skipped and the rest runs on "
             "the CPU with tiny-llama (--quick)")
-    card = torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.machine()}, " \
-        f"{os.cpu_count()} cores)"
+    card = card_name(cuda)
     device = "cuda" if cuda else "cpu"
     new = args.new_tokens or (16 if quick else 256)
     batches = [int(b) for b in args.batches.split(",")]
@@ -702,7 +750,7 @@ def main() -> int:
         f"tfgraph {getattr(tfgraph, '__version__', '?')}{_ort_version()}")
     say(f"model     {spec_path.name}, {dtype}, prompts of {PROMPT_LEN}, {new} new tokens, "
         f"greedy, batches {batches}, parts {', '.join(parts)}")
-    work = args.work or Path(tempfile.mkdtemp(prefix="tfgraph-gpu-"))
+    work = (args.work or Path(tempfile.mkdtemp(prefix="tfgraph-gpu-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     # What the models in work were built for: a folder built for other settings (a --quick
@@ -818,6 +866,12 @@ def main() -> int:
     timed: dict[str, float] = {}
     if "torch" in parts and "train" in steps:
         lines += training(spec_path, folder, work, cuda, quick, timed)
+    if "torch" in parts and "plan" in steps and not timed:
+        earlier = work / "train_timed.json"  # an earlier slice's --steps train, same card
+        kept = json.loads(earlier.read_text()) if earlier.is_file() else {}
+        if kept.pop("card", None) == card:
+            timed.update(kept)
+            say(f"train     the eager and compiled steps of an earlier --steps train ({earlier})")
     if "torch" in parts and "plan" in steps:
         lines += plan_lines(spec_path, work, card, cuda, quick, timed,
                             args.plan_out or work / "plan_measured.json")

@@ -540,11 +540,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.batch % dp_size:
         raise TfgraphError(f"--batch {args.batch} does not split over {dp_size} "
                            "data-parallel ranks")
-    # foreach=False: under tensor parallelism some parameters are DTensors, others (norms)
-    # plain tensors, which one foreach kernel cannot mix.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR if args.lr is None else args.lr,
-                                  weight_decay=WEIGHT_DECAY if args.weight_decay is None
-                                  else args.weight_decay, foreach=False)
+    optimizer = adamw(model, LR if args.lr is None else args.lr,
+                      WEIGHT_DECAY if args.weight_decay is None else args.weight_decay)
     start = 0
     if args.resume:
         start = load_checkpoint(args.resume, model, optimizer)
@@ -607,7 +604,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
               "seconds": seconds, "step_seconds": step_seconds, "warmup": args.warmup,
               "median_step_s": median_step, "param_dtype": args.param_dtype,
               "lr": optimizer.param_groups[0]["lr"],
-              "weight_decay": optimizer.param_groups[0]["weight_decay"]}
+              "weight_decay": optimizer.param_groups[0]["weight_decay"],
+              # AdamW's parameter groups: each one foreach kernel's tensors, on one mesh
+              "optimizer_groups": [{"tensors": len(group["params"]),
+                                    "foreach": group["foreach"],
+                                    "mesh": _mesh_text(group["params"][0])}
+                                   for group in optimizer.param_groups]}
     if rank == 0:
         if median_step is None:
             print(f"step time: none measured ({len(step_seconds)} steps, --warmup "
@@ -639,6 +641,32 @@ def seed_dropout(seed: int, step: int, dp_rank: int) -> None:
     dropout."""
     key = hashlib.sha256(f"tfgraph dropout {seed} {step} {dp_rank}".encode()).digest()
     torch.manual_seed(int.from_bytes(key[:8], "little"))
+
+
+def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW stepped by foreach kernels, one parameter group per device mesh (plain tensors in
+    a group of their own): one foreach kernel cannot mix DTensors of different meshes, nor
+    DTensors with the plain tensors tensor parallelism leaves whole (norms). The per-tensor loop
+    (``foreach=False``) dispatches a dozen DTensor operations for every parameter tensor, host
+    time `tfgraph plan` does not count: 142 ms a step for llama.yaml's 201 tensors on one gloo
+    rank here against 11 ms with foreach (benchmarks/optimizer_host.py); an H100 FSDP2 step
+    took 1.9x the plan's prediction with it (benchmarks/RESULTS.md, 2026-11-27)."""
+    groups: dict[Any, list[nn.Parameter]] = {}
+    for param in model.parameters():
+        mesh = param.device_mesh if isinstance(param, DTensor) else None
+        groups.setdefault(mesh, []).append(param)
+    return torch.optim.AdamW([{"params": params} for params in groups.values()], lr=lr,
+                             weight_decay=weight_decay, foreach=True)
+
+
+def _mesh_text(param: Tensor) -> str | None:
+    """A parameter's device mesh as its dimension names and sizes (``dp=2,tp=2``); None for
+    a plain tensor."""
+    if not isinstance(param, DTensor):
+        return None
+    mesh = param.device_mesh
+    names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    return ",".join(f"{name}={size}" for name, size in zip(names, mesh.shape))
 
 
 def apply_given_hyperparameters(args: argparse.Namespace, optimizer: torch.optim.Optimizer,
