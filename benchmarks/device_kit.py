@@ -11,8 +11,9 @@ Here, once per machine (needs the package registry):
 
     python benchmarks/device_kit.py pack        # fills .dev/ (ignored) and prints the calls
 
-There, one call per piece, in order (the device machine stays warm only 30 s between calls,
-so each call also runs a slice of benchmarks/gpu.py that needs no onnxruntime-gpu):
+There, one call per piece, in order, as ``pack`` prints them (the device machine stays warm
+only 30 s between calls, so have the next call ready; each call also runs a slice of the
+benchmarks that needs no onnxruntime-gpu, ``SLICES`` below, and the last the onnx part):
 
     python3 benchmarks/device_kit.py receive 1 && . /tmp/site/env.sh && python3 benchmarks/gpu.py --part torch ...
     ...
@@ -52,6 +53,18 @@ PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation
                             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
               for a in ("--platform", tag)]]
 CALL_LIMIT = 64 * 2**20  # bytes one call may carry, the working tree included
+# What each call runs beside its piece, in the order of most use per device second (an H100
+# lease of 15 minutes, benchmarks/RESULTS.md 2026-11-27: start 70 s; torch decode at batch 1
+# 164 s with the Hugging Face folder's build; train 125 s; plan 74 s; the onnx part at batches
+# 1 and 8 with checks 198 s, onnxruntime-genai's build 25 s; numerics 30 s a part). The ONNX
+# models build on the CPU in the background of the train slice; the last call needs every piece.
+GPU = "python3 benchmarks/gpu.py --work /tmp/gw"
+SLICES = [f"timeout 300 {GPU} --log /tmp/gw.log --part torch --batches 1,8 --steps decode",
+          f"(setsid nohup timeout 400 {GPU} --steps build > /tmp/build.log 2>&1 &); "
+          f"timeout 240 {GPU} --log /tmp/gw.log --part torch --steps train,plan",
+          f"timeout 120 {GPU} --log /tmp/gw.log --part torch --steps numerics",
+          "timeout 200 python3 benchmarks/eager_step.py --measure",
+          f"timeout 330 {GPU} --log /tmp/gw.log --part onnx --steps decode,checks"]
 
 
 def sha256(path: Path) -> str:
@@ -109,11 +122,13 @@ def pack() -> None:
     for i, name in enumerate(pieces, 1):
         carry = [f".dev/{name}", ".dev/manifest.json"]
         carry += [".dev/whl"] if i == 1 else [".dev/late"] if i == len(pieces) else []
-        command = f"python3 benchmarks/device_kit.py receive {i} && . /tmp/site/env.sh && ..."
+        first = f"export PYTHONUNBUFFERED=1; python3 benchmarks/device_kit.py receive {i} && "
         if i == len(pieces):
-            command = (f"python3 benchmarks/device_kit.py receive {i} && python3 "
-                       "benchmarks/device_kit.py install && . /tmp/site/env.sh && ...")
-        print(f"call {i}: carry={json.dumps(carry)} command: {command}")
+            first += "python3 benchmarks/device_kit.py install && "
+        work = SLICES[min(i, len(SLICES)) - 1] if i < len(pieces) else SLICES[-1]
+        command = (f"{first}. /tmp/site/env.sh && {work}; cp /tmp/gw.log $OUT/ 2>/dev/null; "
+                   "true")
+        print(f"call {i}: carry={json.dumps(carry)}\n  command: {command}")
 
 
 def install_wheels(wheels: list[Path]) -> None:

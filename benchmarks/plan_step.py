@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -84,11 +85,11 @@ def seconds_of(result: dict[str, Any], step: Step) -> float:
 
 def predicted_by_cli(step: Step, gpu_name: str) -> float:
     """The same prediction from the ``tfgraph plan --json`` command (a fresh process)."""
-    # the spec by its full path, run from where this process runs: from the repository root
+    # the spec by its full path, run from the temporary folder: from the repository root
     # ``python -m tfgraph`` would import its uninstalled tfgraph/ (no tfgraph.exporters)
     args = [str(ROOT / step.spec), *step.cli_args(gpu_name)[1:]]
     done = subprocess.run([sys.executable, "-m", "tfgraph", "plan", *args, "--json"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, cwd=tempfile.gettempdir())
     if done.returncode:
         raise RuntimeError(f"tfgraph plan failed: {done.stderr.strip()[-300:]}")
     return seconds_of(json.loads(done.stdout), step)
