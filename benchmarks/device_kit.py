@@ -101,21 +101,12 @@ def pack() -> None:
     # Each call carries the tree and one piece; the first also the base wheels, the last the
     # late ones. 1 MiB to spare per call.
     room = CALL_LIMIT - tree_bytes() - 2**20
-    data, at = big.read_bytes(), 0
-    cuts: list[tuple[int, int]] = []
-    while at < len(data):
-        size = room - (base_bytes if not cuts else 0)
-        if len(data) - at + late_bytes <= size:  # the rest fits beside the late wheels
-            size = len(data) - at
-        cuts.append((at, min(len(data), at + size)))
-        at = cuts[-1][1]
-    pieces = []
-    for i, (lo, hi) in enumerate(cuts, 1):
-        (KIT / f"p{i}").write_bytes(data[lo:hi])
+    data = big.read_bytes()
+    pieces, at = [], 0
+    for i, size in enumerate(piece_sizes(len(data), room, base_bytes, late_bytes), 1):
+        (KIT / f"p{i}").write_bytes(data[at:at + size])
         pieces.append(f"p{i}")
-    if (KIT / pieces[-1]).stat().st_size + late_bytes > room:
-        pieces.append(f"p{len(pieces) + 1}")  # the late wheels ride alone
-        (KIT / pieces[-1]).write_bytes(b"")
+        at += size
     manifest = {"wheel": big.name, "sha256": sha256(big), "pieces": pieces}
     (KIT / "manifest.json").write_text(json.dumps(manifest, indent=1))
     big.unlink()
@@ -129,6 +120,22 @@ def pack() -> None:
         command = (f"{first}. /tmp/site/env.sh && {work}; cp /tmp/gw.log $OUT/ 2>/dev/null; "
                    "true")
         print(f"call {i}: carry={json.dumps(carry)}\n  command: {command}")
+
+
+def piece_sizes(total: int, room: int, base: int, late: int) -> list[int]:
+    """Bytes of each piece of a ``total``-byte wheel, one per call, when a call has ``room``
+    bytes beside the working tree and the first call also carries ``base`` bytes of wheels,
+    the last ``late`` bytes (a last piece of 0 bytes: the late wheels ride alone)."""
+    sizes: list[int] = []
+    while sum(sizes) < total:
+        size = room - (base if not sizes else 0)
+        if size <= 0:
+            raise SystemExit("device_kit: the base wheels leave no room for a piece")
+        left = total - sum(sizes)
+        if left + late <= size:  # the rest fits beside the late wheels
+            return sizes + [left]
+        sizes.append(min(size, left))
+    return sizes + [0]  # the last piece filled its call: the late wheels in one of their own
 
 
 def install_wheels(wheels: list[Path]) -> None:

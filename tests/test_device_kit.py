@@ -1,0 +1,36 @@
+"""benchmarks/device_kit.py cuts onnxruntime-gpu's wheel so that every call to the lent GPU
+machine stays under what one call may carry: a piece over it would be refused there, mid-lease,
+after the earlier pieces' device time was spent."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from device_kit import CALL_LIMIT, piece_sizes  # noqa: E402
+
+
+@pytest.mark.parametrize("total", [1, 14_000_000, 255_579_160, 3 * 61_000_000])
+@pytest.mark.parametrize("base,late", [(0, 0), (3_634_000, 16_676_433), (60_000_000, 1),
+                                       (1, 60_000_000)])
+def test_every_call_fits_and_the_pieces_join_to_the_wheel(total: int, base: int,
+                                                          late: int) -> None:
+    room = CALL_LIMIT - 4_849_566 - 2**20  # beside a 4.8 MB working tree, 1 MiB spare
+    sizes = piece_sizes(total, room, base, late)
+    assert sum(sizes) == total and all(size >= 0 for size in sizes)
+    carried = list(sizes)
+    carried[0] += base
+    carried[-1] += late
+    assert max(carried) <= room, carried
+    # no more calls than needed: at most one beyond the bytes' own count
+    assert len(sizes) <= math.ceil((total + base + late) / room) + 1
+
+
+def test_base_wheels_that_leave_no_room_are_refused() -> None:
+    with pytest.raises(SystemExit, match="no room"):
+        piece_sizes(10, 100, 100, 0)
