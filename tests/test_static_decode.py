@@ -331,3 +331,69 @@ def test_the_python_api_has_the_clis_bounds(compile: bool,
     monkeypatch.undo()
     monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
     assert len(run(max_new_tokens=np.int64(3)).tokens[0]) == 3
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count every read of a tensor's values into Python or numpy (each a device-to-host
+    copy and a synchronisation on CUDA)."""
+    reads: dict[str, int] = {}
+    for name in ("cpu", "item", "tolist", "numpy", "__bool__", "__int__", "__float__",
+                 "__index__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *args: Any, _name: str = name, _real: Any = real,
+                    **kwargs: Any) -> Any:
+            reads[_name] = reads.get(_name, 0) + 1
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+def test_greedy_decoding_reads_the_device_once_per_run_of_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy, no EOS, no on_token (the benchmarks' decoding): the compiled steps choose
+    their tokens on the module's device and nothing is read back until the rows' ends, so
+    the reads are as many for 3 new tokens as for 12 (the loop with on_token reads each
+    step's logits). The tokens are eager's and that loop's, also when the buffers grow
+    mid-decode (the step compiled again, its guards still telling the two apart)."""
+    spec, model = _module(layers=1)
+    eager = TorchStatic(model, spec.output_vocab, None, "cpu")
+    eager.prepare(len(PROMPTS), 7, 12)
+    want = _tokens(eager, 12)
+    torch._dynamo.reset()
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu", compile=True)
+    stepper.step_fn = torch.compile(model, backend="eager", dynamic=False)
+    stepper.prepare(len(PROMPTS), 7, 12)
+    reads = _count_reads(monkeypatch)
+
+    def run(new: int, on_token: Any = None) -> tuple[list[list[int]], int]:
+        reads.clear()
+        tokens = run_loop(stepper, PROMPTS, new, Sampler(None, None, None, None), 1, (),
+                          on_token).tokens
+        return tokens, sum(reads.values())
+
+    few, short = run(3)
+    many, long = run(12)
+    assert few == [row[:3] for row in want] and many == want
+    assert short == long
+    stepped, per_step = run(12, on_token=lambda p, t: None)
+    assert stepped == want and per_step >= long + 11
+    monkeypatch.undo()
+    small_stepper = TorchStatic(model, spec.output_vocab, None, "cpu", compile=True)
+    small_stepper.step_fn = stepper.step_fn
+    small_stepper.prepare(len(PROMPTS), 7, 2)  # too short for 12: grows, compiles again
+    assert _tokens(small_stepper, 12) == want
+    torch._dynamo.reset()
+
+
+def test_nan_logits_stop_greedy_decoding_with_one_line() -> None:
+    """A step's NaN logits end decoding with the loop's error, whether the steps run on the
+    device (greedy, no EOS) or are read back one by one."""
+    spec, model = _module(layers=1)
+    stepper = TorchStatic(model, spec.output_vocab, None, "cpu")
+    stepper.step_fn = lambda *args, **kw: model(*args, **kw) * float("nan")  # steps only
+    for on_token in (None, lambda p, t: None):
+        stepper.prepare(len(PROMPTS), 7, 5)
+        with pytest.raises(TfgraphError, match="the model produced NaN logits"):
+            run_loop(stepper, PROMPTS, 5, Sampler(None, None, None, None), 1, (), on_token)

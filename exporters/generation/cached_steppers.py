@@ -7,11 +7,13 @@ between steps (no copies through numpy); only the logits come back as numpy.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 import numpy as np
 
+from tfgraph.errors import TfgraphError
 from tfgraph.exporters.onnx.runtime import run_all, run_bound
 from tfgraph.generation.cached import Cached, CachedSeq2Seq
 from tfgraph.generation.floats import load_for
@@ -223,6 +225,23 @@ class TorchStatic:
         self._warm.add((self.batch, self.length))
         self.compile_s += time.perf_counter() - start
 
+    def _warmed(self) -> Any:
+        """Where the compiled step runs for buffers ``_warm_up`` compiled it for: dynamo
+        evaluates only the guards that tell its compiled versions apart (the tensors' shapes,
+        strides and dtypes, and what failed when it recompiled), not the thousands that
+        tracing the module's program installed (its lists, dicts and attributes), whose check
+        took longer than the step (about 5 ms of host time for a 22-layer step on a 2-core
+        CPU). The module does not change between steps and every step has the warm-up's
+        shapes (torch.compiler.set_stance's ``skip_guard_eval_unsafe``, torch >= 2.6; every
+        guard before)."""
+        set_stance = getattr(self.torch.compiler, "set_stance", None)
+        if not self.compiled or set_stance is None:
+            return contextlib.nullcontext()
+        try:
+            return set_stance(skip_guard_eval_unsafe=True)
+        except TypeError:  # a set_stance without the flag
+            return contextlib.nullcontext()
+
     def _tensor(self, a: np.ndarray) -> Any:
         # a fresh C-ordered copy: a view's strides (0 on a new axis) would fail the compiled
         # step's stride guards and compile it again
@@ -290,13 +309,59 @@ class TorchStatic:
         t = self.width
         self.mask = np.concatenate([self.mask, np.ones((self.rows, 1), np.int64)], axis=1)
         self.width += 1
-        with torch.no_grad():
+        with torch.no_grad(), self._warmed():
             logits = self.step_fn(self._tensor(self._pad(next_ids.astype(np.int64)[:, None])),
                                   self._tensor(self._full_mask()),
                                   self._tensor(self._pad(self.next_position[:, None])),
                                   cache_position=torch.tensor([t], device=self.device))
         self.next_position = self.next_position + 1
         return self._last(logits)
+
+    @property
+    def decodes_ahead(self) -> bool:
+        """Whether ``greedy_steps`` stands for steps and the loop's greedy choice: not for a
+        model ending in a softmax (the loop picks from the logs of its probabilities)."""
+        return not self.output_probs
+
+    def greedy_steps(self, next_ids: np.ndarray, count: int) -> np.ndarray:
+        """``count`` greedy steps that read nothing back until the last (gpt-fast's loop):
+        feed ``next_ids`` (rows,), then each step's argmax, taken on the module's device;
+        returns the (rows, count) int64 tokens chosen. The tokens of ``count`` calls of
+        ``step`` and the loop's argmax (the same logits, converted exactly; ties to the first
+        id), without a device-to-host copy of the logits and a synchronisation per step: on
+        CUDA the host queues the next CUDA-graph replay while the GPU runs the last. The
+        buffers grow first if the steps would outrun them. TfgraphError if any step's logits
+        held NaN (found at the end)."""
+        from tfgraph.generation.loop import NAN_LOGITS
+
+        torch = self.torch
+        while self.width + count > self.length:
+            self._grow()
+        rows, start = self.rows, self.width
+        # the step's inputs, on the device and updated in place from step to step
+        ids = self._tensor(self._pad(next_ids.astype(np.int64)[:, None]))
+        mask = self._tensor(self._full_mask())
+        positions = self._tensor(self._pad(self.next_position[:, None]))
+        where = torch.tensor([start], device=self.device)
+        nan = torch.zeros((), dtype=torch.bool, device=self.device)
+        chosen = []
+        with torch.no_grad(), self._warmed():
+            for slot in range(start, start + count):
+                mask[:rows, slot] = 1
+                last = self.step_fn(ids, mask, positions, cache_position=where)[:, -1]
+                nan |= last[:rows].isnan().any()
+                ids = last.argmax(dim=-1, keepdim=True)  # (batch, 1), a fresh tensor
+                del last  # a CUDA graph's output: the next replay overwrites it
+                chosen.append(ids)
+                positions[:rows] += 1
+                where += 1
+            tokens = torch.cat(chosen, dim=1)[:rows].cpu().numpy()  # the one read back
+        self.mask = np.concatenate([self.mask, np.ones((rows, count), np.int64)], axis=1)
+        self.width += count
+        self.next_position = self.next_position + count
+        if bool(nan):
+            raise TfgraphError(NAN_LOGITS)
+        return tokens
 
     def reorder(self, rows: np.ndarray) -> None:
         self.mask = self.mask[rows]

@@ -45,3 +45,17 @@ class Stepper(Protocol):
         """Keep rows ``rows`` (int64 indices into the current rows, in this order; repeats
         duplicate a row, omissions drop it): the batch of the next ``step``."""
         ...
+
+
+class DecodesAhead(Stepper, Protocol):
+    """A stepper that also runs greedy steps on its own device (exporters/generation/
+    cached_steppers.TorchStatic), so a greedy loop with no EOS and no callback reads tokens
+    back once per run of steps rather than logits once per step."""
+
+    decodes_ahead: bool
+    """Whether ``greedy_steps`` chooses the tokens the loop's greedy sampler would."""
+
+    def greedy_steps(self, next_ids: np.ndarray, count: int) -> np.ndarray:
+        """``count`` steps: feed ``next_ids`` (B,), then each step's argmax; the (B, count)
+        int64 tokens chosen."""
+        ...

@@ -13,16 +13,19 @@ stepper's batch through ``reorder``, so the work left shrinks with them. Beam se
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 import numpy as np
 
 from tfgraph.errors import TfgraphError
-from tfgraph.generation.backend import Stepper
+from tfgraph.generation.backend import DecodesAhead, Stepper
 from tfgraph.generation.result import Clock, Result
 from tfgraph.generation.sampling import Sampler
 from tfgraph.graph.lengths import Lengths
 
 OnToken = Callable[[int, int], None]  # (prompt index, token id), as each token is chosen
+
+NAN_LOGITS = "the model produced NaN logits (check its weights, or use float32)"
 
 
 
@@ -71,6 +74,10 @@ def generate(stepper: Stepper, prompts: Sequence[Sequence[int]], max_new_tokens:
         return result
     if beams < 1:
         raise TfgraphError(f"--beams {beams}: must be >= 1")
+    if sampler.greedy and not eos and on_token is None \
+            and getattr(stepper, "decodes_ahead", False):
+        return _decode_ahead(cast(DecodesAhead, stepper), ids, lengths, limits, sampler,
+                             prompt_tokens)
     return _decode(stepper, ids, lengths, limits, sampler, eos, on_token, prompt_tokens)
 
 
@@ -102,6 +109,34 @@ def _decode(stepper: Stepper, ids: np.ndarray, lengths: np.ndarray, limits: list
             live = [live[r] for r in keep]
             chosen = chosen[keep]
         logits = stepper.step(chosen)
+
+
+def _decode_ahead(stepper: DecodesAhead, ids: np.ndarray, lengths: np.ndarray,
+                  limits: list[int], sampler: Sampler, prompt_tokens: int) -> Result:
+    """Greedy decoding with no EOS and no ``on_token``: each row's length is its limit, known
+    from the start, so the stepper runs the steps up to the next row's end without handing
+    back logits (``greedy_steps``: on CUDA, no synchronisation per step); rows leave the
+    batch at their limits as in :func:`_decode`, whose tokens these are."""
+    clock = Clock(_compiling(stepper))
+    logits = stepper.prefill(ids, lengths)
+    clock.mark_prefilled()
+    check_logits(logits, len(limits), stepper.vocab)
+    chosen = sampler(logits)
+    clock.mark_first_token()
+    live = list(range(len(limits)))
+    out = [[token] for token in chosen.tolist()]
+    while True:
+        keep = [r for r, p in enumerate(live) if len(out[p]) < limits[p]]
+        if not keep:
+            return clock.result(out, prompt_tokens)
+        if len(keep) < len(live):
+            stepper.reorder(np.asarray(keep, dtype=np.int64))
+            live = [live[r] for r in keep]
+            chosen = chosen[keep]
+        tokens = stepper.greedy_steps(chosen, min(limits[p] - len(out[p]) for p in live))
+        for p, row in zip(live, tokens.tolist()):
+            out[p].extend(row)
+        chosen = tokens[:, -1]
 
 
 def _compiling(stepper: Stepper) -> Callable[[], float] | None:
@@ -198,4 +233,4 @@ def check_logits(logits: np.ndarray, rows: int, vocab: int) -> None:
         raise TfgraphError(f"the back end returned logits {list(logits.shape)}, expected "
                            f"[{rows}, {vocab}]")
     if np.isnan(logits).any():
-        raise TfgraphError("the model produced NaN logits (check its weights, or use float32)")
+        raise TfgraphError(NAN_LOGITS)
