@@ -179,3 +179,96 @@ def test_tfgraph_run_prints_a_bfloat16_models_logits(tmp_path: Any,
     logits = rt.run(session, ids)  # what the command ran
     assert logits.dtype == np.float32
     assert np.array_equal(logits[0], table.to(torch.bfloat16).float().numpy()[ids["input_ids"][0]])
+
+
+def _tokens_as_cache(ids: str, out: str, elem: int, nodes: list[Any]) -> None:
+    """Nodes making ``out``, (b, KV_HEADS, s, WIDTH) of type ``elem``, every entry of
+    position j the token ``ids[:, j]``."""
+    node = helper.make_node
+    nodes += [node("Cast", [ids], [f"{out}.f"], to=TensorProto.FLOAT),
+              node("Unsqueeze", [f"{out}.f", "axes13"], [f"{out}.4"]),
+              node("Expand", [f"{out}.4", "heads"], [f"{out}.e"]),
+              node("Cast", [f"{out}.e"], [out], to=elem)]
+
+
+def _masked_sum(cache: str, mask: str, nodes: list[Any]) -> str:
+    """Nodes summing the tokens a cache of :func:`_tokens_as_cache` holds where ``mask``."""
+    node = helper.make_node
+    nodes += [node("Cast", [cache], [f"{cache}.f"], to=TensorProto.FLOAT),
+              node("ReduceMean", [f"{cache}.f", "axes13"], [f"{cache}.m"], keepdims=0),
+              node("Cast", [mask], [f"{mask}.{cache}.f"], to=TensorProto.FLOAT),
+              node("Mul", [f"{cache}.m", f"{mask}.{cache}.f"], [f"{cache}.x"]),
+              node("ReduceSum", [f"{cache}.x", "one"], [f"{cache}.s"])]
+    return f"{cache}.s"
+
+
+def summing_seq2seq(elem: int) -> tuple[Any, Any]:
+    """An encoder-decoder pair in onnx_seq2seq's interface: the encoder's cross keys and
+    values hold the source tokens, the decoder's cache the target's; the next token is the
+    sum of the real source tokens and the target's so far, modulo the vocabulary."""
+    vi, node = helper.make_tensor_value_info, helper.make_node
+    consts = [helper.make_tensor("axes13", TensorProto.INT64, [2], [1, 3]),
+              helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+              helper.make_tensor("heads", TensorProto.INT64, [4], [1, KV_HEADS, 1, WIDTH]),
+              helper.make_tensor("vocab", TensorProto.INT64, [], [VOCAB]),
+              helper.make_tensor("onoff", TensorProto.FLOAT, [2], [LOW, HIGH])]
+    def cache(length: str) -> list[Any]:
+        return ["b", KV_HEADS, length, WIDTH]
+
+    encoder_nodes: list[Any] = [node("Cast", ["src_ids"], ["last_hidden_state"],
+                                     to=TensorProto.FLOAT)]
+    _tokens_as_cache("src_ids", "present.0.encoder.key", elem, encoder_nodes)
+    encoder_nodes.append(node("Identity", ["present.0.encoder.key"],
+                              ["present.0.encoder.value"]))
+    encoder = helper.make_graph(
+        encoder_nodes, "encoder", [vi("src_ids", TensorProto.INT64, ["b", "s"]),
+                                   vi("attention_mask", TensorProto.INT64, ["b", "s"])],
+        [vi("last_hidden_state", TensorProto.FLOAT, ["b", "s"]),
+         vi("present.0.encoder.key", elem, cache("s")),
+         vi("present.0.encoder.value", elem, cache("s"))],
+        [consts[0], consts[2]])  # axes13, heads
+    nodes: list[Any] = []
+    _tokens_as_cache("input_ids", "new", elem, nodes)
+    nodes += [node("Concat", [f"past_key_values.0.decoder.{p}", "new"],
+                   [f"present.0.decoder.{p}"], axis=2) for p in ("key", "value")]
+    target = _masked_sum("present.0.decoder.key", "attention_mask", nodes)
+    source = _masked_sum("past_key_values.0.encoder.value", "encoder_attention_mask", nodes)
+    nodes += [node("Add", [target, source], ["total"]),
+              node("Cast", ["total"], ["totali"], to=TensorProto.INT64),
+              node("Mod", ["totali", "vocab"], ["next"]),
+              node("OneHot", ["next", "vocab", "onoff"], ["hot"], axis=-1),
+              node("Cast", ["hot"], ["logits"], to=elem)]
+    decoder = helper.make_graph(
+        nodes, "decoder",
+        [vi("input_ids", TensorProto.INT64, ["b", "s"]),
+         vi("attention_mask", TensorProto.INT64, ["b", "t"]),
+         vi("encoder_attention_mask", TensorProto.INT64, ["b", "e"]),
+         *[vi(f"past_key_values.0.{side}.{p}", elem, cache(length))
+           for side, length in (("decoder", "p"), ("encoder", "e")) for p in ("key", "value")]],
+        [vi("logits", elem, ["b", 1, VOCAB]),
+         *[vi(f"present.0.decoder.{p}", elem, cache("t")) for p in ("key", "value")]], consts)
+    return tuple(ort.InferenceSession(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
+                          ir_version=10).SerializeToString(), providers=["CPUExecutionProvider"])
+        for g in (encoder, decoder))
+
+
+def test_a_bfloat16_encoder_decoder_generates_the_summing_models_tokens() -> None:
+    from tfgraph.exporters.generation.cached_steppers import onnx_seq2seq
+
+    eos = {0, 4, 8}
+    got = {}
+    for elem in (TensorProto.BFLOAT16, TensorProto.FLOAT):
+        encoder, decoder = summing_seq2seq(elem)
+        stepper = onnx_seq2seq(encoder, decoder, VOCAB, None, decoder_start=1)
+        got[elem] = generate(stepper, PROMPTS, 10, Sampler(None, None, None, None), 1,
+                             eos).tokens
+    want = []
+    for prompt in PROMPTS:  # the target starts with the decoder start token, 1
+        seen, out = sum(prompt) + 1, []
+        while len(out) < 10 and (not out or out[-1] not in eos):
+            out.append(seen % VOCAB)
+            seen += out[-1]
+        want.append(out)
+    assert got[TensorProto.BFLOAT16] == got[TensorProto.FLOAT] == want
+    assert len({len(t) for t in want}) > 1  # rows left the batch at different steps
