@@ -17,6 +17,7 @@ onnxruntime's CPU provider:
 from __future__ import annotations
 
 import collections
+import time
 from pathlib import Path
 from typing import Any
 
@@ -641,3 +642,101 @@ def test_beam_search_moves_into_the_captured_buffers(built: dict[str, Path]) -> 
     assert got == run_loop(plain, PROMPTS[:2], 10, beams=3).tokens
     ids, lengths = left_pad([np.array(p) for p in PROMPTS[:2]])
     assert graphs.prefill(ids, lengths) is not None and graphs.active is not captured
+
+
+class _SlowCaptures:
+    """An onnxruntime session whose first run under each CUDA graph id (where onnxruntime
+    captures the graph) takes ``CAPTURE_S`` longer: the CPU provider's stand-in for a
+    capture's cost."""
+
+    CAPTURE_S = 0.5
+
+    def __init__(self, session: Any) -> None:
+        self.inner, self.captured = session, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run_with_iobinding(self, binding: Any, options: Any = None) -> Any:
+        graph = options.get_run_config_entry("gpu_graph_id") if options is not None else "-1"
+        if graph != "-1" and graph not in self.captured:
+            self.captured.append(graph)
+            time.sleep(self.CAPTURE_S)
+        return self.inner.run_with_iobinding(binding, options)
+
+
+def test_every_capture_counts_in_compile_s_and_none_in_the_decode_time(
+        built: dict[str, Path]) -> None:
+    """Buffers allocated again while decoding (rows leaving at an end token) get a new graph
+    id, captured at the first step on them: that capture counts in compile_s, as prepare's
+    does, and the decoding clock leaves it out (README: capture happens before the clock);
+    the tokens stay those of the uncaptured stepper."""
+    from tfgraph.exporters.generation.fused_stepper import FusedOnnx
+    from tfgraph.generation.loop import generate as run_loop
+
+    path = built["tiny-llama-fused"]
+    slow = _SlowCaptures(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+    graphs = FusedOnnx(slow, 256, None, cuda_graph=True)
+    eos = list(range(0, 256, 3))
+    graphs.prepare(len(PROMPTS), max(len(p) for p in PROMPTS), 16,
+                   min(len(p) for p in PROMPTS))
+    result = run_loop(graphs, PROMPTS, 16, eos_token_id=eos)
+    assert len(slow.captured) >= 3, slow.captured  # prepare's graph and two as rows left
+    assert graphs.compile_s >= slow.CAPTURE_S * len(slow.captured)
+    assert result.decode_s < slow.CAPTURE_S and result.prefill_s < slow.CAPTURE_S
+    assert result.tokens == run_loop(_stepper(path, True), PROMPTS, 16, eos_token_id=eos).tokens
+
+
+@pytest.mark.parametrize("failing", ["ortvalue_from_numpy", "ortvalue_from_shape_and_type"])
+def test_a_device_allocation_failure_is_one_line(built: dict[str, Path], failing: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device refusing the buffers (onnxruntime raises, e.g. CUDA out of memory) is a
+    TfgraphError naming the bytes and the device, and from the CLI one line, exit 2 (was:
+    ``tfgraph: internal error``, exit 1)."""
+    from click.testing import CliRunner
+
+    from tfgraph.cli import main
+    from tfgraph.errors import TfgraphError
+    from tfgraph.exporters.generation import buffer_set
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("CUDA failure 2: out of memory ; GPU=0 ; expr=cudaMalloc(&p, n);")
+
+    monkeypatch.setattr(ort.OrtValue, failing, fail)
+    result = CliRunner().invoke(main, ["generate", str(built["tiny-llama-fused"]),
+                                       "--prompt-ids", "5,17,42", "--max-new-tokens", "4",
+                                       "--provider", "cpu"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "allocating" in lines[0] and "on cpu failed" in lines[0], lines
+    stepper = _stepper(built["tiny-llama-fused"], True)
+    need = f"{buffer_set.device_bytes(stepper.layout, 2, 3 + 256):,}"  # prepare's default 256
+    with pytest.raises(TfgraphError, match=f"KV cache of 2 rows x 259 positions: allocating "
+                                           f"{need} bytes .* on cpu failed: CUDA failure 2"):
+        stepper.prefill(np.array([[5, 17, 42], [0, 1, 2]]), np.array([3, 2]))
+
+
+def test_the_free_gpu_memory_is_checked_before_allocating(built: dict[str, Path],
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """On a CUDA session the buffers are refused up front when the GPU's free memory (torch's
+    view of it) is short, before onnxruntime is asked (here: the layout said cuda, torch's
+    CUDA calls answer for a GPU with 1 MB free)."""
+    import dataclasses
+
+    from tfgraph.errors import TfgraphError
+    from tfgraph.exporters.generation import buffer_set
+
+    stepper = _stepper(built["tiny-llama-fused"], True)
+    layout = dataclasses.replace(stepper.layout, device="cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**6, 8 * 10**10))
+    asked = []
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy",
+                        lambda *a, **k: asked.append(a))
+    need = buffer_set.device_bytes(layout, 64, 4096)
+    assert need == 64 * layout.bytes_per_row(4096) + 8 * 64 * 4098 + 64 * 256 * 4
+    with pytest.raises(TfgraphError, match=f"needs {need:,} bytes .* of GPU memory, only "
+                                           r"1,000,000 bytes \(0\.00 GB\) free on cuda:0"):
+        buffer_set.allocate(stepper.session, layout, 64, 4096, 1)
+    assert asked == []

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from tfgraph.errors import TfgraphError
+
 
 @dataclass(frozen=True)
 class CacheLayout:
@@ -67,10 +69,72 @@ class BufferSet:
                                                     self.capacity))
 
 
+def device_bytes(layout: CacheLayout, rows: int, capacity: int) -> int:
+    """Bytes a set of ``rows`` x ``capacity`` takes on the device: the buffers, the mask, ids
+    and positions (int64) and the logits."""
+    logits = rows * layout.vocab * np.dtype(layout.logits_dtype).itemsize
+    return rows * layout.bytes_per_row(capacity) + 8 * rows * (capacity + 2) + logits
+
+
+def _size(n: float) -> str:
+    return f"{n:,.0f} bytes ({n / 1e9:,.2f} GB)"
+
+
+def what(rows: int, capacity: int) -> str:
+    """How the errors name a set."""
+    return f"the fused-attention KV cache of {rows} rows x {capacity} positions"
+
+
+def check_device_memory(layout: CacheLayout, rows: int, capacity: int) -> None:
+    """Refuse (one line) a set the GPU's free memory cannot hold, before allocating it, where
+    that memory can be read: a CUDA session, and torch seeing the GPU (torch.cuda.mem_get_info,
+    on the primary CUDA context the session made). Else, or on the host: not checked here
+    (the host's memory is tfgraph.limits.check_memory's)."""
+    if layout.device != "cuda":
+        return
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        return
+    free = int(torch.cuda.mem_get_info(0)[0])
+    need = device_bytes(layout, rows, capacity)
+    if need > free:
+        raise TfgraphError(f"{what(rows, capacity)}: needs {_size(need)} of GPU memory, "
+                           f"only {_size(free)} free on cuda:0")
+
+
 def allocate(session: Any, layout: CacheLayout, rows: int, capacity: int, graph_id: int,
              keep: dict[str, np.ndarray] | None = None) -> BufferSet:
     """A new set on the session's device, ``keep``'s values copied into the buffers' first
-    positions (else zeros)."""
+    positions (else zeros). The device refusing the memory is one line (TfgraphError) naming
+    the bytes asked for."""
+    check_device_memory(layout, rows, capacity)
+    try:
+        cache, inputs, logits = _values(layout, rows, capacity, keep)
+    except MemoryError:
+        raise TfgraphError(f"{what(rows, capacity)}: out of host memory for its copy of "
+                           f"{_size(rows * layout.bytes_per_row(capacity))}") from None
+    except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
+        text = " ".join(str(err).split())[:160]
+        raise TfgraphError(f"{what(rows, capacity)}: allocating "
+                           f"{_size(device_bytes(layout, rows, capacity))} on {layout.device} "
+                           f"failed: {text}") from None
+    binding = session.io_binding()
+    for name, v in inputs.items():
+        binding.bind_ortvalue_input(name, v)
+    binding.bind_ortvalue_output(layout.logits, logits)
+    for past, present in zip(layout.names, layout.presents):
+        binding.bind_ortvalue_input(past, cache[past])
+        binding.bind_ortvalue_output(present, cache[past])  # the kernel writes in place
+    return BufferSet(rows, capacity, cache, {**inputs, layout.logits: logits}, binding,
+                     graph_id)
+
+
+def _values(layout: CacheLayout, rows: int, capacity: int,
+            keep: dict[str, np.ndarray] | None) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """The set's device values: (cache, fixed inputs, logits)."""
     import onnxruntime as ort
 
     cache = {}
@@ -85,16 +149,7 @@ def allocate(session: Any, layout: CacheLayout, rows: int, capacity: int, graph_
               "attention_mask": value((rows, capacity), np.int64)}
     if layout.with_positions:
         inputs["position_ids"] = value((rows, 1), np.int64)
-    logits = value((rows, 1, layout.vocab), layout.logits_dtype)
-    binding = session.io_binding()
-    for name, v in inputs.items():
-        binding.bind_ortvalue_input(name, v)
-    binding.bind_ortvalue_output(layout.logits, logits)
-    for past, present in zip(layout.names, layout.presents):
-        binding.bind_ortvalue_input(past, cache[past])
-        binding.bind_ortvalue_output(present, cache[past])  # the kernel writes in place
-    return BufferSet(rows, capacity, cache, {**inputs, layout.logits: logits}, binding,
-                     graph_id)
+    return cache, inputs, value((rows, 1, layout.vocab), layout.logits_dtype)
 
 
 def _padded(old: np.ndarray | None, layout: CacheLayout, name: str, rows: int,

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.exporters.generation.row_gather import RowGather
+from tfgraph.exporters.onnx import bfloat16
 from tfgraph.exporters.onnx.runtime import run_all, run_bound
 from tfgraph.generation.cached import Cached, CachedSeq2Seq
 from tfgraph.generation.floats import load_for
@@ -27,17 +29,23 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
     the session's device (the GPU under the CUDA provider) and are bound as the next step's
     past, so the cache never goes through numpy between steps; only the ids, mask and
     positions go in and the logits come back to the host. ``bind=False``: plain
-    ``session.run`` with numpy arrays (the path before; kept for comparison)."""
+    ``session.run`` with numpy arrays (the path before; kept for comparison).
+
+    A bfloat16 cache (numpy has none): bound, the empty cache is bfloat16 OrtValues on the
+    device, rows are selected there (exporters/generation/row_gather.py) and bfloat16 logits
+    widened to float32 on the host; unbound, the host holds the cache as float32 (exact:
+    exporters/onnx/bfloat16.py)."""
     past_inputs = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
     names = [i.name for i in past_inputs]
     # (kv_heads, width) of each past input: a latent-attention cache's keys and values differ
     dims = {i.name: (int(i.shape[1]), int(i.shape[3])) for i in past_inputs}
-    np_dtype = np.float16 if past_inputs[0].type == "tensor(float16)" else np.float32
-    load_for(np_dtype)  # the logits' dtype too (tfgraph.generation.floats: before any clock)
-    with_positions = any(i.name == "position_ids" for i in session.get_inputs())
+    np_dtype = _host_dtype(past_inputs[0].type)
+    load_for(_host_dtype(session.get_outputs()[0].type))  # the logits' (tfgraph.generation.
+    # floats: before any clock)
+    positions_in = with_positions(session)
     if bind:
-        return _bound_cached(session, names, dims, np_dtype, with_positions,
-                             vocab, max_len, output_probs)
+        return _bound_cached(session, names, dims, np_dtype, positions_in,
+                             vocab, max_len, output_probs, past_inputs[0].type == bfloat16.TYPE)
 
     def empty(batch: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((batch, dims[n][0], 0, dims[n][1]), np_dtype) for n in names}
@@ -45,7 +53,7 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
     def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
             past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         feeds = {"input_ids": ids, "attention_mask": mask, **past}
-        if with_positions:
+        if positions_in:
             feeds["position_ids"] = positions
         out = run_all(session, feeds)
         return out[0], dict(zip(names, out[1:]))  # last_logits converts the last position
@@ -56,6 +64,17 @@ def onnx_cached(session: Any, vocab: int, max_len: int | None,
     return Cached(run, empty, select, vocab, max_len, output_probs)
 
 
+def _host_dtype(onnx_type: str) -> Any:
+    """The numpy dtype tfgraph holds a tensor of ``onnx_type`` in on the host: float16 as
+    itself, float32 and bfloat16 as float32 (exporters/onnx/bfloat16.py)."""
+    return np.float16 if onnx_type == "tensor(float16)" else np.float32
+
+
+def with_positions(session: Any) -> bool:
+    """Whether a KV-cache model takes position_ids."""
+    return any(i.name == "position_ids" for i in session.get_inputs())
+
+
 def session_device(session: Any) -> str:
     """Where a session's tensors live for I/O binding: "cuda" under the CUDA provider."""
     return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
@@ -63,14 +82,20 @@ def session_device(session: Any) -> str:
 
 def _bound_cached(session: Any, names: list[str], dims: dict[str, tuple[int, int]],
                   np_dtype: Any, with_positions: bool, vocab: int, max_len: int | None,
-                  output_probs: bool) -> Cached:
+                  output_probs: bool, bf16: bool = False) -> Cached:
     """onnx_cached's I/O-bound path: past/present as device OrtValues; ``dims`` the
-    (kv_heads, width) of each past input."""
+    (kv_heads, width) of each past input; ``bf16``: the cache is bfloat16."""
     device = session_device(session)
     outputs = [o.name for o in session.get_outputs()]
     presents = outputs[1:]
+    bf16_logits = session.get_outputs()[0].type == bfloat16.TYPE
+    gather = RowGather(session, device, bfloat16.ONNX_TYPE) if bf16 else None
 
-    def empty(batch: int) -> dict[str, Any]:  # host arrays, copied in by the binding
+    def empty(batch: int) -> dict[str, Any]:
+        if bf16:  # no positions yet, so nothing to write: bfloat16 OrtValues on the device
+            return {n: bfloat16.empty((batch, dims[n][0], 0, dims[n][1]), device)
+                    for n in names}
+        # host arrays, copied in by the binding
         return {n: np.zeros((batch, dims[n][0], 0, dims[n][1]), np_dtype) for n in names}
 
     def run(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
@@ -89,10 +114,14 @@ def _bound_cached(session: Any, names: list[str], dims: dict[str, tuple[int, int
         for name in presents:
             binding.bind_output(name, device)  # onnxruntime allocates them there
         out = run_bound(session, binding)
-        logits = out[0].numpy()  # the model's dtype: last_logits converts the last position
+        # the model's dtype: last_logits converts the last position (bfloat16, which numpy
+        # lacks: float32 here)
+        logits = bfloat16.to_host(out[0]) if bf16_logits else out[0].numpy()
         return logits, dict(zip(names, out[1:]))
 
     def select(past: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+        if gather is not None:  # bfloat16: on the device (numpy has no bfloat16)
+            return {n: gather(v, rows) for n, v in past.items()}
         # rows leave or beams move: through the host (steps alone keep the cache on device)
         return {n: (v if isinstance(v, np.ndarray) else v.numpy())[rows]
                 for n, v in past.items()}
@@ -387,8 +416,8 @@ def onnx_seq2seq(encoder: Any, decoder: Any, vocab: int, max_len: int | None,
     own = [i for i in decoder.get_inputs() if ".decoder." in i.name]
     names = [i.name for i in own]
     kv_heads, head_dim = int(own[0].shape[1]), int(own[0].shape[3])
-    np_dtype = np.float16 if own[0].type == "tensor(float16)" else np.float32
-    load_for(np_dtype)
+    np_dtype = _host_dtype(own[0].type)  # bfloat16: float32 on the host (run_all narrows)
+    load_for(_host_dtype(decoder.get_outputs()[0].type))
     # encoder_model.onnx returns last_hidden_state (unused here: the keys/values are computed)
     # then every decoder layer's present.{i}.encoder.key|value, the decoder's cross inputs
     encoder_outputs = [o.name for o in encoder.get_outputs()]

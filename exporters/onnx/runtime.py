@@ -269,8 +269,15 @@ def run(session: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def run_all(session: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
-    """One forward pass, every output (a KV-cache model's present keys/values too)."""
+    """One forward pass, every output (a KV-cache model's present keys/values too) as numpy
+    arrays. A bfloat16 model's bfloat16 outputs come back as float32 (exact), and float32
+    arrays fed to its bfloat16 inputs are narrowed (exporters/onnx/bfloat16.py): numpy has
+    no bfloat16, so ``session.run`` refuses them."""
+    from tfgraph.exporters.onnx import bfloat16
+
     try:
+        if bfloat16.has_bfloat16(session):
+            return bfloat16.run_host(session, feeds)
         out: list[Any] = session.run(None, feeds)
     except Exception as err:  # noqa: BLE001 - onnxruntime's exception types vary by build
         raise _failed(err) from None
