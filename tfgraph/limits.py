@@ -16,8 +16,9 @@ import click
 
 from tfgraph.errors import TfgraphError
 from tfgraph import io
+from tfgraph.seeds import MAX_SEED
 
-SEED = click.IntRange(min=0, max=2**64 - 1)
+SEED = click.IntRange(min=0, max=MAX_SEED)
 """Seeds: numpy's generators take non-negative integers; 64 bits is what they mix in."""
 
 MAX_GPUS = 1 << 20

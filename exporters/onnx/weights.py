@@ -41,7 +41,9 @@ def weight_source(graph: Graph, weights: Mapping[str, Any] | None, seed: int,
     """
     if weights is None:
         from tfgraph.graph.weights import init_param
+        from tfgraph.seeds import check_seed
 
+        seed = check_seed("seed", seed)  # before any parameter is drawn, on this thread
         return lambda p: init_param(p.name, p.attrs["shape"], p.attrs["init"], seed)
     from tfgraph.graph.weights import check_weights, weight_shapes
 

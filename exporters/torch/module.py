@@ -579,17 +579,35 @@ def _check_static_step(input_ids: Tensor, attention_mask: Tensor, position_ids: 
     return cache_position
 
 
-def _check_position_ids(position_ids: Tensor, lengths: Lengths | None) -> None:
+def _check_position_ids(position_ids: Tensor, lengths: Lengths | None,
+                        known_high: int | None = None) -> None:
     """TfgraphError for a position id past a learned table's max_len (on the CPU, outside
-    compilation: a device tensor's max would be a host read)."""
-    if lengths is not None and lengths.learned and lengths.max_len is not None \
-            and position_ids.device.type == "cpu" and not torch.compiler.is_compiling() \
-            and position_ids.numel():
+    compilation: a device tensor's max would be a host read). ``known_high``: the largest
+    position id when the shapes say it (positions defaulted over an all-real mask: the last
+    one is the mask's width - 1), checked on any device without reading a tensor."""
+    if lengths is None or not lengths.learned or lengths.max_len is None:
+        return
+    high = known_high
+    if high is None and position_ids.device.type == "cpu" \
+            and not torch.compiler.is_compiling() and position_ids.numel():
         high = int(position_ids.max())
-        if high >= lengths.max_len:
-            raise TfgraphError(f"position id {high}: past {lengths.name}'s max_len "
-                               f"{lengths.max_len} (ids 0..{lengths.max_len - 1}): its learned "
-                               "position table has no row past max_len")
+    if high is not None and high >= lengths.max_len:
+        raise TfgraphError(f"position id {high}: past {lengths.name}'s max_len "
+                           f"{lengths.max_len} (ids 0..{lengths.max_len - 1}): its learned "
+                           "position table has no row past max_len")
+
+
+def _defaulted_high(input_ids: Tensor, past_key_values: Sequence[tuple[Tensor, Tensor]] | None,
+                    attention_mask: Tensor | None, position_ids: Tensor | None) -> int | None:
+    """The largest position id ``_cache_defaults`` gives when neither the mask nor the
+    positions are given (every token real: past + new - 1), from shapes alone; else None."""
+    if attention_mask is not None or position_ids is not None:
+        return None
+    past = past_key_values[0][0].shape[2] if past_key_values else 0
+    new = input_ids.shape[1]
+    if type(past) is not int or type(new) is not int or not new:  # symbolic (traced): no
+        return None  # guard on a dynamic length
+    return past + new - 1
 
 
 def _mark_static(t: Tensor) -> None:
@@ -663,8 +681,10 @@ class DecoderModel(_CachedModel):
         if isinstance(past_key_values, StaticCache):
             return self._static_step(input_ids, attention_mask, position_ids, past_key_values,
                                      use_cache, cache_position)
+        high = _defaulted_high(input_ids, past_key_values, attention_mask, position_ids)
         past_key_values, attention_mask, position_ids = _cache_defaults(
             input_ids, self.layout, self.dtype, past_key_values, attention_mask, position_ids)
+        _check_position_ids(position_ids, self.info.lengths, high)
         flat = [t for kv in past_key_values for t in kv]
         out = self._program.run(self, (input_ids, attention_mask,
                                        *self._positions(position_ids), *flat))
@@ -862,10 +882,12 @@ class EncoderDecoderModel(_CachedModel):
             module = self._part_module("encoder")
             assert isinstance(module, EncoderDecoderModel)
             return module.encode(src_ids, attention_mask, position_ids)
+        high = _defaulted_high(src_ids, None, attention_mask, position_ids)
         if attention_mask is None:
             attention_mask = torch.ones_like(src_ids)
         if position_ids is None:
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        _check_position_ids(position_ids, self.info.lengths, high)
         out = self._program.run(self, (src_ids, attention_mask,
                                        *self._positions(position_ids)))
         return out[0], tuple(zip(out[1::2], out[2::2]))
@@ -882,8 +904,10 @@ class EncoderDecoderModel(_CachedModel):
             return self._part_module("decoder")(
                 input_ids, encoder_key_values, encoder_attention_mask, attention_mask,
                 position_ids, past_key_values, use_cache)
+        high = _defaulted_high(input_ids, past_key_values, attention_mask, position_ids)
         past_key_values, attention_mask, position_ids = _cache_defaults(
             input_ids, self.layout, self.dtype, past_key_values, attention_mask, position_ids)
+        _check_position_ids(position_ids, self.info.lengths, high)
         if encoder_attention_mask is None:
             encoder_attention_mask = input_ids.new_ones(
                 (input_ids.shape[0], encoder_key_values[0][0].shape[2]))

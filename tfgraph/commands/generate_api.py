@@ -8,11 +8,12 @@ ids with its tokenizer, and runs the decoding loop (tfgraph.generation.loop). Th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, SupportsIndex
@@ -26,7 +27,8 @@ from tfgraph.generation.loop import generate as run_loop
 from tfgraph.generation.result import Result
 from tfgraph.generation.sampling import Sampler
 from tfgraph.generation.settings import Settings, read_settings
-from tfgraph.limits import MAX_BEAMS, MAX_NEW_TOKENS, check_generate_memory
+from tfgraph.limits import MAX_BEAMS, MAX_NEW_TOKENS, check_generate_memory, check_threads
+from tfgraph.seeds import check_seed
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -101,9 +103,15 @@ def prepare(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence[
             fused_attention: bool = False, cuda_graph: bool = False) -> Prepared:
     """Open ``source`` and check ``prompts`` (id lists, or text for the model's tokenizer).
     ``source``: a spec, model folder or .onnx path, or a module from ``to_torch``."""
+    prompts = _prompt_list(prompts)
     if not prompts:
         raise TfgraphError("no prompt: give --prompt-ids or --prompt")
+    if weights_seed is not None:
+        weights_seed = check_seed("weights_seed", weights_seed)
+    if decoder_start_token_id is not None:
+        decoder_start_token_id = _token_id(decoder_start_token_id, "decoder_start_token_id")
     if not isinstance(source, (str, os.PathLike)):  # a torch module
+        _check_not_meta(source)
         if weights is not None or weights_seed is not None:
             raise TfgraphError("a module generates with its own weights: no --weights or "
                                "--weights-seed")
@@ -187,9 +195,9 @@ def _eos_ids(eos_token_id: int | Iterable[int] | None | Setting,
     return tuple(_token_id(t) for t in items)
 
 
-def _token_id(value: object) -> int:
+def _token_id(value: object, what: str = "eos_token_id") -> int:
     """``value`` as a token id: an integer of any kind (int, numpy.int64, ...) >= 0, not a
-    bool (numpy's either), a float or a string."""
+    bool (numpy's either), a float or a string; else a TfgraphError naming ``what``."""
     index = None
     if not isinstance(value, bool) and type(value).__name__ not in ("bool", "bool_") and \
             isinstance(value, SupportsIndex):
@@ -198,7 +206,7 @@ def _token_id(value: object) -> int:
         except TypeError:  # an array of several
             pass
     if index is None or index < 0:
-        raise TfgraphError(f"eos_token_id: {value!r} is not a token id (an integer >= 0)")
+        raise TfgraphError(f"{what}: {value!r} is not a token id (an integer >= 0)")
     return index
 
 
@@ -219,7 +227,9 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     each prompt. ``weights``: a .safetensors file of the spec's parameters (tfgraph's names,
     e.g. a trained ``state_dict``) instead of random ones or the folder's.
 
-    Prompts are token id lists or text (text needs the model's tokenizer.json). Greedy by
+    Prompts are token id lists (or a 2-D integer array or tensor, one row per prompt) or
+    text (text needs the model's tokenizer.json). ``threads``: as --threads; torch's thread
+    count is the caller's again afterwards. Greedy by
     default; ``temperature``/``top_k``/``top_p`` sample from ``seed`` (as transformers'
     ``do_sample=True``: a setting not given takes the folder's top_k (else 50),
     temperature and top_p (else 1.0); ``top_k=0`` keeps every token); ``beams`` > 1 is beam search,
@@ -248,32 +258,37 @@ def generate(source: str | os.PathLike[str] | Module, prompts: Sequence[Sequence
     check_search(sampler, beams)
     check_counts(max_new_tokens, beams)
     check_beam_options(beams, length_penalty, early_stopping)
-    ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
-                    eos_token_id, decoder_start_token_id, cache, compile, weights,
-                    fused_attention, cuda_graph)
-    notes = ready.opened.notes + ready.settings_notes(sampler)
-    try:
-        # beams as the CLI's; eos ids past the vocabulary stay accepted (an id list like a
-        # folder's may name ids the model never produces)
-        check_model_bounds(ready, (), beams)
-        for note in notes:  # the CLI's note: lines; stacklevel: the caller's line
-            warnings.warn(note, TfgraphNote, stacklevel=2)
-        if ready.opened.spec is not None:  # as the CLI, before any buffer is allocated
-            check_generate_memory(ready.opened.spec, len(ready.prompts),
-                                  max(len(p) for p in ready.prompts), max_new_tokens, beams,
-                                  cache)
-        warm_up(ready, max_new_tokens, beams)
-        result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens,
-                          ready.sampler(sampler), beams, ready.eos, on_token,
-                          1.0 if length_penalty is None else float(length_penalty),
-                          ready.opened.lengths, ready.early_stopping(early_stopping))
-        result.compile_s = compile_time(ready)
-        result.notes = notes
-    finally:
-        ready.opened.close()
-    if ready.tokenizer is not None:
-        result.text = [ready.decode(tokens) for tokens in result.tokens]
-    return result
+    threads = check_thread_count(threads)
+    # torch's intra-op threads are the process's: set for this call only (the CLI's process
+    # ends with its run), the caller's count back afterwards
+    with _torch_threads_kept(threads is not None and (
+            backend == "torch" or not isinstance(source, (str, os.PathLike)))):
+        ready = prepare(source, prompts, backend, provider, threads, weights_seed, opset,
+                        eos_token_id, decoder_start_token_id, cache, compile, weights,
+                        fused_attention, cuda_graph)
+        notes = ready.opened.notes + ready.settings_notes(sampler)
+        try:
+            # beams as the CLI's; eos ids past the vocabulary stay accepted (an id list like a
+            # folder's may name ids the model never produces)
+            check_model_bounds(ready, (), beams)
+            for note in notes:  # the CLI's note: lines; stacklevel: the caller's line
+                warnings.warn(note, TfgraphNote, stacklevel=2)
+            if ready.opened.spec is not None:  # as the CLI, before any buffer is allocated
+                check_generate_memory(ready.opened.spec, len(ready.prompts),
+                                      max(len(p) for p in ready.prompts), max_new_tokens, beams,
+                                      cache)
+            warm_up(ready, max_new_tokens, beams)
+            result = run_loop(ready.opened.stepper, ready.prompts, max_new_tokens,
+                              ready.sampler(sampler), beams, ready.eos, on_token,
+                              1.0 if length_penalty is None else float(length_penalty),
+                              ready.opened.lengths, ready.early_stopping(early_stopping))
+            result.compile_s = compile_time(ready)
+            result.notes = notes
+        finally:
+            ready.opened.close()
+        if ready.tokenizer is not None:
+            result.text = [ready.decode(tokens) for tokens in result.tokens]
+        return result
 
 
 def warm_up(ready: Prepared, max_new_tokens: int, beams: int = 1) -> float | None:
@@ -309,6 +324,96 @@ def check_counts(max_new_tokens: object, beams: object) -> None:
         count = operator.index(value)
         if not 1 <= count <= limit:
             raise TfgraphError(f"{name} {count}: a whole number from 1 to {limit:,}")
+
+
+def check_thread_count(threads: object) -> int | None:
+    """The API's bound on ``threads``, the CLI's (--threads: click's range from 1, at most
+    the cores this process may run on): None or a whole number, else one line."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or type(threads).__name__ == "bool_" or \
+            not isinstance(threads, SupportsIndex):
+        raise TfgraphError(f"threads {threads!r}: a whole number >= 1, or None (the back "
+                           "end's default)")
+    count = operator.index(threads)
+    if count < 1:
+        raise TfgraphError(f"threads {count}: a whole number >= 1, or None (the back end's "
+                           "default)")
+    check_threads("threads", count)
+    return count
+
+
+@contextlib.contextmanager
+def _torch_threads_kept(keep: bool) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count put back afterwards (``keep``: the
+    block may set it; torch is then imported here, as the block would)."""
+    if not keep:
+        yield
+        return
+    import torch
+
+    saved = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != saved:
+            torch.set_num_threads(saved)
+
+
+def _check_not_meta(module: object) -> None:
+    """A module built on the meta device (``to_torch(graph, device="meta")``) has shapes and
+    no values: refused before the stepper copies anything out of it."""
+    parameters = getattr(module, "parameters", None)
+    if not callable(parameters):
+        raise TfgraphError(f"source: a spec, model folder or .onnx path, or a module from "
+                           f"to_torch; got {type(module).__name__}")
+    if any(getattr(p, "is_meta", False) for p in parameters()):
+        raise TfgraphError("source: the module's parameters are on the meta device (no "
+                           "values): load weights first (load_full_state_dict, or to_empty() "
+                           "and load_state_dict) or build it with to_torch(graph)")
+
+
+def _prompt_list(prompts: object) -> list[Sequence[int] | str]:
+    """``prompts`` as a list of prompts, each a text or a sequence of token ids (README,
+    "tfgraph generate": ``[[5, 17, 42], [7, 8]]``); a 2-D integer array or tensor is one
+    prompt per row. A flat list of ids, one string or anything else is refused with the
+    shape expected."""
+    expected = "a list of prompts, each a list of token ids or a text, e.g. [[5, 17, 42]]"
+    if hasattr(prompts, "tolist") and hasattr(prompts, "ndim"):  # numpy, torch
+        ndim = getattr(prompts, "ndim")
+        if ndim != 2:
+            raise TfgraphError(f"prompts: {expected}; got an array of {ndim} dimension"
+                               f"{'' if ndim == 1 else 's'} (give a 2-D one: one row per "
+                               "prompt)")
+        prompts = getattr(prompts, "tolist")()
+    if isinstance(prompts, (str, bytes)):
+        one = f" (give [{prompts!r}] for one prompt)" if len(prompts) <= 40 else ""
+        raise TfgraphError(f"prompts: {expected}; got one {type(prompts).__name__}{one}")
+    if not isinstance(prompts, Iterable):
+        raise TfgraphError(f"prompts: {expected}; got {type(prompts).__name__}")
+    items = list(prompts)
+    if items and all(_is_int(p) for p in items):
+        shown = ", ".join(str(operator.index(p)) for p in items[:8])
+        more = ", ..." if len(items) > 8 else ""
+        raise TfgraphError(f"prompts: {expected}; got a list of ints (give [[{shown}{more}]] "
+                           "for one prompt)")
+    found: list[Sequence[int] | str] = []
+    for index, prompt in enumerate(items):
+        if hasattr(prompt, "tolist") and getattr(prompt, "ndim", None) == 1:
+            prompt = prompt.tolist()  # a row of an array or tensor
+        if isinstance(prompt, str) or (isinstance(prompt, Sequence)
+                                       and not isinstance(prompt, bytes)):
+            found.append(prompt)
+        else:
+            raise TfgraphError(f"prompt {index + 1}: {printable(repr(prompt)[:60])} is not "
+                               "a list of token ids nor a text")
+    return found
+
+
+def _is_int(value: object) -> bool:
+    """An integer of any kind (numpy's, a 0-d integer tensor), not a bool."""
+    return not isinstance(value, bool) and type(value).__name__ != "bool_" and \
+        isinstance(value, SupportsIndex) and getattr(value, "ndim", 0) == 0
 
 
 def check_model_bounds(ready: Prepared, eos_ids: Sequence[int], beams: int,
@@ -372,7 +477,7 @@ def _prompt_ids(prompt: Sequence[int] | str, index: int, tokenizer: Tokenizer | 
             raise TfgraphError(f"prompt {index + 1}: the text encodes to no tokens")
         why = " (the tokenizer has more tokens than the model's vocabulary)"
     else:
-        ids = [int(t) for t in prompt]
+        ids = [_token_id(t, f"prompt {index + 1}") for t in prompt]
         why = ""
     vocab = opened.prompt_vocab
     for token in ids:

@@ -14,12 +14,14 @@ reproduces a run.
 from __future__ import annotations
 
 import math
+import numbers
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tfgraph.errors import TfgraphError
+from tfgraph.seeds import check_seed
 
 DEFAULT_TOP_K = 50
 """transformers' top_k when sampling with neither the user nor the model setting one
@@ -44,6 +46,18 @@ class Sampler:
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # types first (the Python API's arguments; the CLI's flags are parsed by click)
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or type(value).__name__ in (
+                    "bool", "bool_") or not isinstance(value, numbers.Real)):
+                raise TfgraphError(f"{name} {value!r}: a number, or None")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or type(
+                self.top_k).__name__ in ("bool", "bool_") or not isinstance(self.top_k,
+                                                                            numbers.Integral)):
+            raise TfgraphError(f"top_k {self.top_k!r}: a whole number >= 0, or None")
+        if self.seed is not None:
+            self.seed = check_seed("seed", self.seed)
         if self.temperature is not None and not 0 <= self.temperature < math.inf:
             # inf flattened every distribution to uniform draws, NaN compared false
             raise TfgraphError(f"--temperature {self.temperature}: must be finite and >= 0 "

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tfgraph.seeds import check_seed
 from tfgraph.terminal import printable, short_path
 
 from tfgraph.graph.ir import Graph
@@ -39,7 +40,9 @@ def init_param(name: str, shape: tuple[int, ...], init: str, seed: int) -> np.nd
 
 
 def generate(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Initial values of every parameter of ``graph`` by name (README.md, "Parameter names")."""
+    """Initial values of every parameter of ``graph`` by name (README.md, "Parameter names").
+    A ``seed`` outside 0 .. 2**64 - 1 is refused (TfgraphError) before any is drawn."""
+    seed = check_seed("seed", seed)
     return {p.name: init_param(p.name, p.attrs["shape"], p.attrs["init"], seed)
             for p in graph.params()}
 

@@ -22,7 +22,17 @@ from tfgraph.spec.errors import spec_error
 
 
 def parse_spec(text: str, filename: str = "<string>") -> Spec:
-    """Validate the YAML ``text`` of a spec; errors name ``filename``."""
+    """Validate the YAML ``text`` of a spec; errors name ``filename``. ``text`` is a str
+    (a file's path or bytes are refused: ``load_spec`` reads a file)."""
+    if isinstance(filename, os.PathLike):
+        filename = os.fspath(filename)
+    if not isinstance(filename, str):
+        raise SpecError(f"parse_spec: filename {filename!r}: a str (the name errors show)")
+    if not isinstance(text, str):
+        what = "a path" if isinstance(text, os.PathLike) else type(text).__name__
+        hint = "load_spec(path) reads a file" if isinstance(text, os.PathLike) else \
+            "decode bytes first, or load_spec(path) reads a file"
+        raise SpecError(f"parse_spec: takes a spec's YAML text (a str), got {what}: {hint}")
     doc = read_document(text, filename)
     try:
         return Spec.model_validate(doc.data)
@@ -56,7 +66,11 @@ def load_spec(path: str | os.PathLike[str]) -> Spec:
     """Load and validate the spec at ``path``: a YAML spec file, or a Hugging Face
     ``config.json`` or model folder holding one (converted by ``tfgraph.hf``, README.md
     "tfgraph import")."""
-    name = os.fspath(path)
+    name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+    if not isinstance(name, str):
+        hint = " (parse_spec takes YAML text)" if isinstance(name, bytes) else ""
+        raise SpecError(f"load_spec: takes a path (a str or os.PathLike naming a spec file, "
+                        f"config.json or model folder), got {type(path).__name__}{hint}")
     from tfgraph.io import note_input
 
     note_input(name)  # no output of this command may be it or lie inside it
