@@ -54,8 +54,8 @@ def _worker(layers: int) -> dict[str, float]:
         elif job == "source":
             generate_source(graph)
         else:
-            plan(loss, Layout(micro_batch=1, global_batch=1, seq=64), gpu("h100"),
-                 kernels=kernel_source(loss))
+            plan(loss, Layout(micro_batch=1, global_batch=1, seq=64, dtype=loss.dtype),
+                 gpu("h100"), kernels=kernel_source(loss))
         out[job] = time.process_time() - start
     return out
 

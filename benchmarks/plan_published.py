@@ -154,7 +154,7 @@ def graph_of(run: Run, dtype: str) -> Any:
     """The run's GPT (GPT-3's block, Megatron's padded vocabulary) as a training graph."""
     base = tfgraph.load_spec(ROOT / "specs" / "gpt3-175b.yaml")
     spec = base.model_copy(update={
-        "name": f"gpt-{run.name}", "d_model": run.hidden, "layers": run.layers,
+        "name": f"gpt-{run.name.lower()}", "d_model": run.hidden, "layers": run.layers,
         "dtype": dtype,
         # Megatron-LM's --attention-dropout (default 0.1), as the runs used it
         "attention": base.attention.model_copy(update={"heads": run.heads,

@@ -135,7 +135,7 @@ def test_plan_step_flops_are_the_reports_train_step(name: str) -> None:
     from tfgraph.parallel.planner import plan
 
     graph = tfgraph.compile(load_spec(ROOT / "specs" / name), loss=True)
-    layout = Layout(tp=1, dp=1, seq=9, micro_batch=2, global_batch=4)
+    layout = Layout(tp=1, dp=1, seq=9, micro_batch=2, global_batch=4, dtype=graph.dtype)
     step = plan(graph, layout, gpu("h100"), attention="unfused")["step"]
     report = build_report(graph, batch=2, seq=9)
     assert step["flops"] == 2 * report["flops"]["train_step"]  # two micro-batches

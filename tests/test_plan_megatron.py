@@ -33,6 +33,8 @@ each test states the difference term by term:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import tfgraph
@@ -206,7 +208,7 @@ def test_single_rank_activations_equal_the_training_walk(name: str) -> None:
     from tfgraph.passes.train_walk import saved_by_layer
 
     g = tfgraph.compile(tfgraph.load_spec(f"specs/{name}.yaml"), loss=True)
-    result = plan(g, Layout(seq=16, micro_batch=3, global_batch=3), gpu("h100"))
+    result = plan(g, Layout(seq=16, micro_batch=3, global_batch=3, dtype=g.dtype), gpu("h100"))
     sizes = {SYMBOLS["B"]: 3, SYMBOLS["S"]: 16, SYMBOLS["T"]: 16}
     walk = sum(int(e.xreplace(sizes)) for e in saved_by_layer(g, "none").values())
     assert result["per_rank"]["memory"]["activations"] == walk
@@ -221,15 +223,16 @@ def test_encoder_decoder_target_length_is_its_own(name: str) -> None:
     from tfgraph.passes.train_walk import saved_by_layer
 
     g = tfgraph.compile(tfgraph.load_spec(f"specs/{name}.yaml"), loss=True)
-    result = plan(g, Layout(seq=16, tgt_seq=8, micro_batch=3, global_batch=3), gpu("h100"))
+    one = Layout(seq=16, micro_batch=3, global_batch=3, dtype=g.dtype)
+    result = plan(g, replace(one, tgt_seq=8), gpu("h100"))
     sizes = {SYMBOLS["B"]: 3, SYMBOLS["S"]: 16, SYMBOLS["T"]: 8}
     walk = sum(int(e.xreplace(sizes)) for e in saved_by_layer(g, "none").values())
     assert result["per_rank"]["memory"]["activations"] == walk
     assert result["step"]["flops"] == g.report(batch=3, seq=16, tgt_seq=8)["flops"][
         "train_step"]
     assert result["layout"]["tgt_seq"] == 8 and result["formula_symbols"]["T"]["value"] == 8
-    same = plan(g, Layout(seq=16, micro_batch=3, global_batch=3), gpu("h100"))
-    given = plan(g, Layout(seq=16, tgt_seq=16, micro_batch=3, global_batch=3), gpu("h100"))
+    same = plan(g, one, gpu("h100"))
+    given = plan(g, replace(one, tgt_seq=16), gpu("h100"))
     assert same["step"] == given["step"] and same["per_rank"] == given["per_rank"]
     assert result["step"]["time_s"] < same["step"]["time_s"]
     assert "--tgt-seq" in result["assumptions"]["encoder_decoder"]
@@ -241,8 +244,9 @@ def test_tgt_seq_is_refused_for_one_sequence_models() -> None:
 
     g = tfgraph.compile(tfgraph.load_spec("specs/tiny-decoder.yaml"), loss=True)
     with pytest.raises(TfgraphError, match="--tgt-seq: .*one sequence"):
-        plan(g, Layout(seq=16, tgt_seq=8), gpu("h100"))
-    assert "encoder_decoder" not in plan(g, Layout(seq=16), gpu("h100"))["assumptions"]
+        plan(g, Layout(seq=16, tgt_seq=8, dtype=g.dtype), gpu("h100"))
+    assert "encoder_decoder" not in plan(g, Layout(seq=16, dtype=g.dtype), gpu("h100"))[
+        "assumptions"]
 
 
 def test_first_stage_holds_megatrons_18_bytes_per_parameter(graph) -> None:

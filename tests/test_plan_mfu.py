@@ -28,10 +28,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::tfgraph.graph.lengths.BeyondMax
 
 
 def _graph(name: str, dtype: str | None = None) -> tfgraph.Graph:
+    """The training graph at ``dtype``, default the layouts' bfloat16 (a plan refuses a graph
+    in another precision than its layout's)."""
     spec = tfgraph.load_spec(SPECS / f"{name}.yaml")
-    if dtype:
-        spec = spec.model_copy(update={"dtype": dtype})
-    return tfgraph.compile(spec, loss=True)
+    return tfgraph.compile(spec.model_copy(update={"dtype": dtype or "bfloat16"}), loss=True)
 
 
 def _utilisation(result: dict) -> tuple[float, float]:
@@ -91,7 +91,7 @@ def test_mfu_never_exceeds_the_hardware_utilisation_nor_one(name, dtype, seqs, l
     graph = _graph(name, dtype)
     for seq in seqs:
         for base in layouts:
-            layout = replace(base, seq=seq)
+            layout = replace(base, seq=seq, dtype=graph.dtype)
             for card in ("h100", "a100-80gb"):
                 for attention in ("fused", "unfused"):
                     result = plan(graph, layout, gpu(card), attention)

@@ -8,6 +8,7 @@ knows nothing of reports; the graph ``compile`` returns is a ``CompiledGraph``, 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ from tfgraph.graph.lengths import check_lengths, default_seq
 from tfgraph.graph.lower import lower
 from tfgraph.errors import TfgraphError
 from tfgraph.passes.report import build_report, check_reportable
+from tfgraph.spec.recheck import rechecked
 from tfgraph.spec.schema import Spec
 
 
@@ -81,13 +83,23 @@ def compile(spec: Spec | str | Path, lint: bool = True,  # noqa: A001
     cross-entropy ``loss`` (a float32 scalar, the graph's only output) after the logits
     (tfgraph.graph.ops_loss); what ``tfgraph.passes.train_walk`` walks.
 
+    A ``Spec`` is validated again, as its file would be (a SpecError naming the field):
+    ``spec.model_copy(update=...)`` and attribute assignment do not validate.
+
     Costs are computed lazily by ``graph.report(...)`` (tfgraph.passes.report) and memoised on the
     graph until it changes.
     """
-    if not isinstance(spec, Spec):
+    if isinstance(spec, Spec):
+        # changed after it was built (model_copy(update=...), attribute assignment), a Spec
+        # is not validated by pydantic: refused here as its file would be
+        spec = rechecked(spec)
+    elif isinstance(spec, (str, os.PathLike)):
         from tfgraph.spec.loader import load_spec
 
         spec = load_spec(spec)
+    else:
+        raise TfgraphError(f"spec: expected a tfgraph.Spec or the path of a spec file, got "
+                           f"{type(spec).__name__}")
     with gc_paused():
         graph = lower(spec, None, CompiledGraph, cache, part, loss)
         if lint:  # add checked each node's attributes and type as lowering added it

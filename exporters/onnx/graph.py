@@ -44,7 +44,7 @@ def build_structure(graph: Graph, opset: int = MAX_OPSET,
     """The model without initializer data: nodes, inputs, outputs, value infos, metadata.
     ``fused_attention``: a decoder's KV-cache attention as onnxruntime's GroupQueryAttention
     where it is exact (exporters/onnx/fused_attention.py), written out otherwise."""
-    check_opset(opset)
+    opset = check_opset(opset)
     b = Builder(graph, opset)
     if fused_attention:
         from tfgraph.exporters.onnx import fused_attention as fused

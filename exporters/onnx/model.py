@@ -39,7 +39,7 @@ from tfgraph.exporters.onnx.tensors import (ELEM_TYPE, Value, cast_array, make_i
 from tfgraph.exporters.onnx.weights import (as_float32, stream_values, weight_source,
                                             write_memory_bytes)
 from tfgraph.exporters.onnx.writer import check_data_file, external_data_path, write_model
-from tfgraph.graph.ir import Graph, Node
+from tfgraph.graph.ir import Graph, Node, expect_graph
 
 __all__ = [
     "ATTENTION_OPSET", "ELEM_TYPE", "EXTERNAL_DATA_THRESHOLD", "GELU_OPSET", "LOOKAHEAD_BYTES",
@@ -115,8 +115,9 @@ def to_onnx(graph: Graph, weights: Mapping[str, Any] | None = None, seed: int = 
     is not (``fused_attention_refusal`` says why). Raises TfgraphError for weights with
     wrong names or shapes, or a bad opset, and before anything is allocated when the model
     cannot fit in the memory available (:func:`onnx_build_bytes`; :func:`write_onnx`
-    streams a model of any size to a file).
+    streams a model of any size to a file), and when ``graph`` is not a graph (a spec, a path).
     """
+    expect_graph(graph)
     need = onnx_build_bytes(graph, given=weights is not None)
     check_weight_memory(f"{graph.name}: the ONNX model", need, weights_bytes(graph))
     model = build_structure(graph, opset, fused_attention)
@@ -144,6 +145,7 @@ def write_onnx(graph: Graph, path: str | os.PathLike[str], weights: Mapping[str,
     """
     from tfgraph.io import check_capacity, remove_stale_temps
 
+    expect_graph(graph)
     target = Path(path)
     check_data_file(target)  # a <path>.data tfgraph did not write: refused before any work
     total = weights_bytes(graph)

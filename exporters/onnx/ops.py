@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -40,12 +41,21 @@ ATTENTION_OPSET = RMSNORM_OPSET = 23  # ROPE_OPSET (also 23) lives with the rope
 GELU_OPSET = 20
 
 
-def check_opset(opset: int) -> int:
-    if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
-        raise TfgraphError(f"opset {opset} is not supported: choose {MIN_OPSET}..{MAX_OPSET} "
+def check_opset(opset: Any) -> int:
+    """``opset`` as an int (a numpy integer too), or TfgraphError: not an integer, or not
+    one of the opsets the emitters write."""
+    if isinstance(opset, bool):
+        raise TfgraphError(f"opset must be an integer, got a bool ({opset!r})")
+    try:
+        number = operator.index(opset)
+    except TypeError:
+        raise TfgraphError(f"opset must be an integer, got {type(opset).__name__} "
+                           f"{opset!r:.40}") from None
+    if not MIN_OPSET <= number <= MAX_OPSET:
+        raise TfgraphError(f"opset {number} is not supported: choose {MIN_OPSET}..{MAX_OPSET} "
                            f"({MAX_OPSET} uses the fused Attention/RMSNormalization/"
                            f"RotaryEmbedding ops, {MIN_OPSET} decomposes them)")
-    return opset
+    return number
 
 
 

@@ -48,7 +48,7 @@ from tfgraph.exporters.torch.ops import (
     rope_table_attrs,
     rope_tables_step,
 )
-from tfgraph.graph.ir import CacheLayout, Graph, Node
+from tfgraph.graph.ir import CacheLayout, Graph, Node, expect_graph
 from tfgraph.graph.lengths import Lengths
 from tfgraph.graph.ops import OPS
 from tfgraph.passes.liveness import Plan, layer_region, plan
@@ -1123,8 +1123,10 @@ def to_torch(graph: Graph, seed: int = 0, weights: Mapping[str, Any] | None = No
     ``load_full_state_dict``); another device: the weights moved there.
 
     Raises TfgraphError before anything is allocated when the weights and the copies made
-    of them (:func:`torch_build_bytes`) cannot fit in the memory available.
+    of them (:func:`torch_build_bytes`) cannot fit in the memory available, and when
+    ``graph`` is not a graph (a spec, a path).
     """
+    expect_graph(graph)
     dtype = TORCH_DTYPES[graph.dtype]
     if device is not None and torch.device(device).type == "meta":
         shapes = {p.name: tuple(p.attrs["shape"]) for p in graph.params()}

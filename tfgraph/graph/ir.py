@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 import networkx as nx
@@ -27,6 +28,7 @@ import sympy
 import tfgraph.graph.ops_loss  # noqa: F401 (registers the training loss op into OPS)
 import tfgraph.graph.ops_latent  # noqa: F401 (registers the latent-attention ops into OPS)
 import tfgraph.graph.ops_moe  # noqa: F401 (registers the mixture-of-experts ops into OPS)
+from tfgraph.errors import TfgraphError
 from tfgraph.graph.lengths import DEFAULT_SEQ, Lengths
 from tfgraph.graph.ops import OPS
 from tfgraph.graph.tensor import (  # noqa: F401 (re-exported: the IR's types)
@@ -608,3 +610,14 @@ class Graph:
             if modules and m.module not in modules and node.op not in ("param", "input"):
                 raise LoweringError(f"{node.name}: module {m.module!r} was never declared")
         self._linted = len(nodes)
+
+
+def expect_graph(value: object, argument: str = "graph") -> Graph:
+    """``value`` when it is a graph; TfgraphError naming ``argument`` when it is something
+    else (a spec, a path): the public functions that take a graph (``to_torch``, ``to_onnx``,
+    ``plan``, ``compare``) say so at their entry, not deep inside."""
+    if isinstance(value, Graph):
+        return value
+    shown = f" {value!r:.60}" if isinstance(value, (str, bytes, PurePath)) else ""
+    raise TfgraphError(f"{argument}: expected a compiled graph (tfgraph.compile(spec or "
+                       f"path)), got {type(value).__name__}{shown}")

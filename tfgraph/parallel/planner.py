@@ -54,6 +54,7 @@ import sympy
 
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
+from tfgraph.parallel.arguments import check_gpu, check_graph
 from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu, check_dtype
 from tfgraph.parallel.layout import (Layout, check, encoder_decoder, experts, in_flight,
@@ -352,6 +353,7 @@ class Staged:
 
 def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
     """Every stage's figures of ``layout`` (refusing what ``plan`` refuses)."""
+    check_graph(graph, layout)
     check(graph, layout)
     if attention not in ("fused", "unfused"):
         raise TfgraphError(f"attention must be fused or unfused, got {attention!r}")
@@ -409,6 +411,8 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
     ``staged(graph, layout, attention)`` when the caller has it already; ``kernels``: time the
     eager kernels it gives (``--kernels eager``, ``exporters.torch.kernels``) instead of one
     kernel per op."""
+    check_graph(graph, layout)
+    gpu = check_gpu(gpu)
     check_dtype(gpu, layout.dtype)
     found = evaluated or staged(graph, layout, attention)
     numbers, counts, folded = found.numbers, found.counts, found.folded

@@ -21,8 +21,9 @@ from typing import Any
 
 from tfgraph.errors import TfgraphError
 from tfgraph.graph.ir import Graph
+from tfgraph.parallel.arguments import check_search
 from tfgraph.parallel.gpus import Gpu, check_dtype
-from tfgraph.parallel.layout import (RECOMPUTE, Layout, experts, interleavable,
+from tfgraph.parallel.layout import (RECOMPUTE, Layout, check, experts, interleavable,
                                      pipeline_units)
 from tfgraph.parallel.planner import Staged, plan, staged
 from tfgraph.parallel.timing import KernelSource
@@ -77,8 +78,13 @@ def search(graph: Graph, gpus: int, base: Layout, gpu: Gpu, attention: str = "fu
     stages are evaluated and timed; the plan dicts are built for the ``top`` only. ``keep``:
     only the layouts it accepts (e.g. the features a given framework offers). ``kernels``:
     time the eager kernels (``--kernels eager``; the module is counted once per micro-batch
-    size, seconds each on large models)."""
+    size, seconds each on large models). Refused (TfgraphError naming the argument): counts
+    that are not positive integers, a ``base`` that sets a field the search chooses (tp,
+    pp, vpp, stage_layers, dp, ep, zero, sp, recompute, micro_batch), and what ``plan``
+    refuses of the graph and the GPU."""
+    graph, gpus, gpu, top = check_search(graph, gpus, base, gpu, top)
     check_dtype(gpu, base.dtype)
+    check(graph, base)  # the batch, lengths and precision every candidate shares
     fitting: list[tuple[float, int, int, Layout, Staged]] = []
     refusals: list[str] = []
     for n, layout in enumerate(layouts(graph, gpus, base, gpu.per_node)):

@@ -26,7 +26,8 @@ import sympy
 from tfgraph.passes import cost
 from tfgraph.passes.effective import effective
 from tfgraph.passes.figures import symbolic
-from tfgraph.graph.ir import SYMBOLS, Graph
+from tfgraph.errors import TfgraphError
+from tfgraph.graph.ir import SYMBOLS, Graph, expect_graph
 from tfgraph.graph.lengths import Lengths
 from tfgraph.passes.param_groups import GROUPING, kind_title, order_kinds, params_by_kind
 from tfgraph.passes.report import build_report, check_reportable, positive_int, sizes_for
@@ -303,8 +304,13 @@ def _flag_crossover(cross: dict[str, Any], rule: Lengths | None) -> dict[str, An
 def compare(graphs: Sequence[Graph], seqs: Sequence[int] = DEFAULT_SEQS,
             batch: int = 1) -> dict[str, Any]:
     """The comparison dict (JSON-ready) of ``graphs``; ratios are to ``graphs[0]``."""
+    if isinstance(graphs, (Graph, str, bytes)) or not isinstance(graphs, Sequence):
+        raise TfgraphError(f"graphs: expected a list of compiled graphs, got "
+                           f"{type(graphs).__name__}")
     if not graphs:
         raise ValueError("compare needs at least one graph")
+    for index, graph in enumerate(graphs):
+        expect_graph(graph, f"graphs[{index}]")
     if not seqs:
         raise ValueError("compare needs at least one length (seqs)")
     seqs = [positive_int("seqs", s) for s in seqs]  # refused as graph.report(seq=) does
