@@ -104,10 +104,7 @@ def _decode(stepper: Stepper, ids: np.ndarray, lengths: np.ndarray, limits: list
                 keep.append(r)
         if not keep:
             return clock.result(out, prompt_tokens)
-        if len(keep) < len(live):
-            stepper.reorder(np.asarray(keep, dtype=np.int64))
-            live = [live[r] for r in keep]
-            chosen = chosen[keep]
+        live, chosen = _leave(stepper, live, chosen, keep)
         logits = stepper.step(chosen)
 
 
@@ -129,14 +126,21 @@ def _decode_ahead(stepper: DecodesAhead, ids: np.ndarray, lengths: np.ndarray,
         keep = [r for r, p in enumerate(live) if len(out[p]) < limits[p]]
         if not keep:
             return clock.result(out, prompt_tokens)
-        if len(keep) < len(live):
-            stepper.reorder(np.asarray(keep, dtype=np.int64))
-            live = [live[r] for r in keep]
-            chosen = chosen[keep]
+        live, chosen = _leave(stepper, live, chosen, keep)
         tokens = stepper.greedy_steps(chosen, min(limits[p] - len(out[p]) for p in live))
         for p, row in zip(live, tokens.tolist()):
             out[p].extend(row)
         chosen = tokens[:, -1]
+
+
+def _leave(stepper: Stepper, live: list[int], chosen: np.ndarray, keep: list[int]
+           ) -> tuple[list[int], np.ndarray]:
+    """The rows ``keep`` (indices into ``live``) stay: the stepper's batch shrinks to them when
+    some left. The prompts still live and their last chosen tokens."""
+    if len(keep) == len(live):
+        return live, chosen
+    stepper.reorder(np.asarray(keep, dtype=np.int64))
+    return [live[r] for r in keep], chosen[keep]
 
 
 def _compiling(stepper: Stepper) -> Callable[[], float] | None:
