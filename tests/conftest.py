@@ -84,6 +84,17 @@ def load_all_specs() -> list[tuple[str, Spec]]:
     return [(p.name, load_spec(p)) for p in SPEC_FILES]
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for the test (``pytest.mark.usefixtures("one_torch_thread")``):
+    decoding tests compare tokens, and a float sum split over another number of threads
+    rounds differently; ``_torch_threads_restored`` gives the next test its count back."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_restored() -> Iterator[None]:
     """A command run in-process with ``--threads N`` sets torch's intra-op threads for the

@@ -31,15 +31,21 @@ VOCAB, KV_HEADS, WIDTH, LAYERS = 32, 2, 4, 2
 LOW, HIGH = -2.0, 3.5  # the logits: HIGH at the next token, LOW elsewhere (exact in bfloat16)
 
 
+def shared_constants() -> list[Any]:
+    """The initializers both summing models read: unsqueeze axes, one, the cache's head
+    shape, the vocabulary and the logits' two values."""
+    return [helper.make_tensor("axes13", TensorProto.INT64, [2], [1, 3]),
+            helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("heads", TensorProto.INT64, [4], [1, KV_HEADS, 1, WIDTH]),
+            helper.make_tensor("vocab", TensorProto.INT64, [], [VOCAB]),
+            helper.make_tensor("onoff", TensorProto.FLOAT, [2], [LOW, HIGH])]
+
+
 def summing_model(elem: int) -> Any:
     """The KV-cache model of the module docstring with a cache and logits of ONNX type
     ``elem`` (BFLOAT16 or FLOAT)."""
     vi, node = helper.make_tensor_value_info, helper.make_node
-    consts = [helper.make_tensor("axes13", TensorProto.INT64, [2], [1, 3]),
-              helper.make_tensor("one", TensorProto.INT64, [1], [1]),
-              helper.make_tensor("heads", TensorProto.INT64, [4], [1, KV_HEADS, 1, WIDTH]),
-              helper.make_tensor("vocab", TensorProto.INT64, [], [VOCAB]),
-              helper.make_tensor("onoff", TensorProto.FLOAT, [2], [LOW, HIGH])]
+    consts = shared_constants()
     nodes = [node("Cast", ["input_ids"], ["idsf"], to=TensorProto.FLOAT),
              node("Unsqueeze", ["idsf", "axes13"], ["ids4"]),  # (b, 1, s, 1)
              node("Expand", ["ids4", "heads"], ["newf"]),  # (b, kv, s, width)
@@ -207,11 +213,7 @@ def summing_seq2seq(elem: int) -> tuple[Any, Any]:
     values hold the source tokens, the decoder's cache the target's; the next token is the
     sum of the real source tokens and the target's so far, modulo the vocabulary."""
     vi, node = helper.make_tensor_value_info, helper.make_node
-    consts = [helper.make_tensor("axes13", TensorProto.INT64, [2], [1, 3]),
-              helper.make_tensor("one", TensorProto.INT64, [1], [1]),
-              helper.make_tensor("heads", TensorProto.INT64, [4], [1, KV_HEADS, 1, WIDTH]),
-              helper.make_tensor("vocab", TensorProto.INT64, [], [VOCAB]),
-              helper.make_tensor("onoff", TensorProto.FLOAT, [2], [LOW, HIGH])]
+    consts = shared_constants()
     def cache(length: str) -> list[Any]:
         return ["b", KV_HEADS, length, WIDTH]
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,8 @@ from conftest import ROOT
 
 transformers = pytest.importorskip("transformers")
 # the folders' num_beams is not applied (tfgraph searches as its arguments say): a note
-pytestmark = pytest.mark.filterwarnings("ignore::tfgraph.errors.TfgraphNote")
+pytestmark = [pytest.mark.filterwarnings("ignore::tfgraph.errors.TfgraphNote"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 SPEC = ROOT / "specs" / "tiny.yaml"  # 101 tokens
 PROMPTS = [[5, 17, 42, 9], [3, 8], [11, 12, 13, 14, 15, 16, 17]]
@@ -42,12 +42,6 @@ RULES: list[bool | str] = [True, False, "never"]
 FAMILIES = {"llama": [8, 9, 10, 11], "bart": [60, 61, 62, 63]}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,7 @@ transformers = pytest.importorskip("transformers")
 PROMPTS = [[5, 17, 42, 9], [3, 8, 60], [11, 12, 13, 14, 15]]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def saved(case: str, folder: Path, seed: int = 7) -> Any:

@@ -15,7 +15,6 @@ command's bounds"):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +34,7 @@ OPT = ROOT / "specs" / "tiny-opt.yaml"  # learned positions, max_len 40
 BART = ROOT / "specs" / "tiny-bart.yaml"  # learned positions, max_len 48
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
