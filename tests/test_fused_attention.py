@@ -586,6 +586,9 @@ def test_the_capture_path_gives_the_tokens_of_the_plain_stepper(built: dict[str,
     assert graphs.graph_id == 3  # ... and growth past the 17 + 8 positions, another
     options = graphs._run_options(graphs.graph_id)
     assert options.get_run_config_entry("gpu_graph_id") == str(graphs.graph_id)
+    assert graphs._run_options(graphs.graph_id) is options  # made once per graph id
+    # the prefill's (-1) and the live set's: the dropped sets' options went with them
+    assert set(graphs.run_options) == {-1, graphs.graph_id}
     assert plain._run_options(1) is None
 
 
