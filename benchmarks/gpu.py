@@ -34,7 +34,11 @@ Prompts: 16 random tokens per row, greedy, EOS ignored, 256 new tokens, batch 1 
 Decode speed: generated tokens after each row's first over the time after the first token
 (tfgraph's ``Result``, onnxruntime-genai's loop); transformers': N new tokens over the whole
 ``generate`` call, prompt included (about one step's time of 257: it reads <= 0.4% low;
-timing a second length would compile the static cache's step again). Then:
+timing a second length would compile the static cache's step again). The sides of the goal
+pairs (``REPEATED``: tfgraph ONNX fused + CUDA graph and onnxruntime-genai's own model,
+tfgraph torch compiled and transformers' static cache) are timed 3 times on one compilation or
+capture, the two sides of a pair in turns (a peer that did not run: its side's runs in a row),
+and reported as the median, min-max in the note; every other side once. Then:
 the bandwidth floor (weight bytes over the device's measured read rate, batch 1), the training
 step (forward, token cross-entropy, backward; bfloat16, batch 4 x 1024) of tfgraph's module
 against ``LlamaForCausalLM`` (SDPA), and the activation peaks from
@@ -55,12 +59,20 @@ which plan_published.py uses too): measured / predicted, and the rows as JSON (`
 default plan_measured.json in ``--work``) for ``plan_published.py --measured``. On the CPU
 the same runs (tiny-llama, gloo) as a smoke test, labelled as no measurement.
 
+``--steps profile`` (onnx part; benchmarks/gpu_profile.py): at batch 1, 32 decode steps of
+tfgraph's fused model without and with its CUDA graph and of onnxruntime-genai's own model
+under ``torch.profiler`` (CUPTI sees onnxruntime's kernels): per token the wall time, the
+summed device time of kernels and copies, the host's gap between them, the kernel count, and
+the top 12 kernels. It runs last, after the closing block, in a process of its own stopped
+after 120 s (a crash or hang in the profiler costs neither). Without CUDA one line.
+
 Without CUDA it says which parts it skips (the ONNX CUDA side, onnxruntime-genai CUDA, CUDA
 graphs, memory peaks) and runs the rest on the CPU with tiny-llama (``--quick`` implied).
 The closing block ends with issue 24's decoding goals as ratios against their peers from the
 same run (``goal batch B: SIDE / PEER = R x``): tfgraph ONNX on CUDA (written-out, fused, fused
 + CUDA graph) over onnxruntime-genai's own model (>= 1.4x), tfgraph torch compiled over
-transformers' static cache (>= 1.2x); a side or peer that did not run is said.
+transformers' static cache (>= 1.2x), from the medians where a side was repeated (with the
+range of the turns' own ratios); a side or peer that did not run is said.
 Nothing is written to benchmarks/RESULTS.md: paste the closing block, with the card it names.
 """
 
@@ -87,7 +99,7 @@ PROMPT_LEN = 16
 
 
 PARTS = ("all", "torch", "onnx")
-STEPS = ("decode", "numerics", "train", "plan", "checks")
+STEPS = ("decode", "numerics", "train", "plan", "checks", "profile")
 LOG: Path | None = None  # --log: every line also appended here as it comes
 
 
@@ -135,12 +147,61 @@ def prompts_for(batch: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 class Row:
-    """One side's decode figures at one batch."""
+    """One side's decode figures at one batch. A side timed more than once (:data:`REPEATED`)
+    keeps each run's rate in ``rates`` and, until :func:`settle`, ``again``: one more timed
+    run of the same compiled or captured model (its rate), and ``close``: what lets it go."""
 
     def __init__(self, side: str, batch: int, tokens_per_s: float | None,
                  tokens: list[list[int]] | None, note: str = "") -> None:
         self.side, self.batch, self.tokens_per_s = side, batch, tokens_per_s
         self.tokens, self.note = tokens, note
+        self.rates: list[float] = [] if tokens_per_s is None else [tokens_per_s]
+        self.again: Callable[[], float] | None = None
+        self.close: Callable[[], None] | None = None
+
+
+TIMES = 3  # timed runs of each side of a goal pair below
+# The goal pairs (GOALS) whose sides are timed TIMES times, the pair's runs taken in turns,
+# the median reported: run-to-run variation (~15% on an H100) otherwise decides the goal.
+REPEATED = [("tfgraph ONNX fused attention + CUDA graph", "onnxruntime-genai (own model, CUDA)"),
+            ("tfgraph torch compiled", "transformers static cache")]
+
+
+def repeats(side: str) -> bool:
+    return any(side in pair for pair in REPEATED)
+
+
+def run_again(rows: list[Row], times: int = TIMES) -> None:
+    """Time each row's side again until it has ``times`` rates, the rows in turns (A B A B:
+    a drift of the machine falls on both sides of a pair alike), then :func:`settle` them. A
+    repeat that fails ends that row's repeats, said in its note."""
+    for _ in range(times - 1):
+        for row in rows:
+            if row.again is None or len(row.rates) >= times:
+                continue
+            try:
+                row.rates.append(row.again())
+            except Exception as err:  # noqa: BLE001 - the runs so far stand
+                why = str(err).splitlines()[0][:120] if str(err) else ""
+                row.note += (f"{'; ' if row.note else ''}repeat {len(row.rates) + 1} failed: "
+                             f"{type(err).__name__}: {why}")
+                row.again = None
+    for row in rows:
+        settle(row)
+
+
+def settle(row: Row) -> None:
+    """A repeated row's rate becomes the median of its runs (min-max in its note); what it
+    held for repeats is let go."""
+    if len(row.rates) > 1:
+        row.tokens_per_s = statistics.median(row.rates)
+        spread = (f"median of {len(row.rates)} runs ({min(row.rates):,.1f}-"
+                  f"{max(row.rates):,.1f} tokens/s)")
+        row.note = spread + (f"; {row.note}" if row.note else "")
+    row.again = None
+    if row.close is not None:
+        close, row.close = row.close, None
+        close()
 
 
 def device_bandwidth(cuda: bool) -> tuple[float, str]:
@@ -169,9 +230,15 @@ def device_bandwidth(cuda: bool) -> tuple[float, str]:
     return n / best, "torch amax over 2 GiB of float16, best of 10"
 
 
-def tfgraph_side(source: str, prompts: list[list[int]], new: int, **kw: Any) -> Row:
+def tfgraph_side(source: str, prompts: list[list[int]], new: int, repeat: bool = False,
+                 **kw: Any) -> Row:
+    """``tfgraph.generate``'s decode rate. ``repeat`` (a compiled or captured side): the model
+    is opened, compiled or captured once, as ``tfgraph.generate`` does, and its decoding loop
+    run on it again for each timed run (``Row.again``), so the runs share one compilation."""
     import tfgraph
 
+    if repeat:
+        return tfgraph_repeatable(source, prompts, new, **kw)
     if not kw.get("compile") and not kw.get("cuda_graph"):  # a warm-up (a compiled or
         # captured side compiles or captures before its clock starts)
         tfgraph.generate(source, prompts, max_new_tokens=4, eos_token_id=None, **kw)
@@ -180,7 +247,39 @@ def tfgraph_side(source: str, prompts: list[list[int]], new: int, **kw: Any) -> 
     return Row("", len(prompts), r.decode_tokens_per_s, r.tokens, note)
 
 
-def hf_side(model: Any, prompts: list[list[int]], new: int, device: str, **kw: Any) -> Row:
+def decode_rate(result: Any) -> float:
+    rate = result.decode_tokens_per_s
+    if rate is None:
+        raise RuntimeError("no token decoded after the first")
+    return float(rate)
+
+
+def tfgraph_repeatable(source: str, prompts: list[list[int]], new: int, **kw: Any) -> Row:
+    """``tfgraph.generate``'s steps (tfgraph.commands.generate_api: prepare, warm_up, the
+    decoding loop) with the opened model kept: the row's ``again`` runs the loop once more,
+    ``close`` closes the model."""
+    from tfgraph.commands.generate_api import compile_time, prepare, warm_up
+    from tfgraph.generation.loop import generate as run_loop
+
+    ready = prepare(source, prompts, eos_token_id=None, **kw)
+    try:
+        if warm_up(ready, new) is None:  # a stepper that does not compile: a warm-up run
+            run_loop(ready.opened.stepper, ready.prompts, min(new, 4))
+        r = run_loop(ready.opened.stepper, ready.prompts, new)
+        spent = compile_time(ready)
+    except BaseException:
+        ready.opened.close()
+        raise
+    row = Row("", len(prompts), r.decode_tokens_per_s, r.tokens,
+              f"compile {spent:.1f} s apart" if spent is not None else "")
+    row.again = lambda: decode_rate(run_loop(ready.opened.stepper, ready.prompts, new))
+    row.close = ready.opened.close
+    return row
+
+
+def hf_side(model: Any, prompts: list[list[int]], new: int, device: str, repeat: bool = False,
+            **kw: Any) -> Row:
+    """transformers ``generate``'s rate (``repeat``: ``Row.again`` times it once more)."""
     import torch
 
     ids = torch.tensor(prompts, device=device)
@@ -203,18 +302,23 @@ def hf_side(model: Any, prompts: list[list[int]], new: int, device: str, **kw: A
     timed(new)
     full, out = timed(new)
     rate = len(prompts) * new / max(full, 1e-9)
-    return Row("", len(prompts), rate, out[:, ids.shape[1]:].tolist(),
-               "prompt's forward included")
+    row = Row("", len(prompts), rate, out[:, ids.shape[1]:].tolist(),
+              "prompt's forward included")
+    if repeat:
+        row.again = lambda: len(prompts) * new / max(timed(new)[0], 1e-9)
+    return row
 
 
-def compiled_side(source: str, prompts: list[list[int]], new: int, provider: str) -> Row:
+def compiled_side(source: str, prompts: list[list[int]], new: int, provider: str,
+                  repeat: bool = False) -> Row:
     """tfgraph torch, compiled: the static cache as module buffers under torch.compile
     (``mode="reduce-overhead"`` on CUDA). Inductor counts each graph it could not capture as a
     CUDA graph (``counters["inductor"]["cudagraph_skips"]``); the note says how many."""
     from torch._dynamo.utils import counters
 
     before = counters["inductor"]["cudagraph_skips"]
-    row = tfgraph_side(source, prompts, new, backend="torch", provider=provider, compile=True)
+    row = tfgraph_side(source, prompts, new, repeat, backend="torch", provider=provider,
+                       compile=True)
     if provider == "cuda":
         skips = counters["inductor"]["cudagraph_skips"] - before
         row.note += "; CUDA graphs: " + ("captured" if not skips else
@@ -237,7 +341,8 @@ def write_word_tokenizer(folder: Path) -> None:
         {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0"}))
 
 
-def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> Row:
+def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int,
+               repeat: bool = False) -> Row:
 
     out = work / "genai"
     if not (out / "genai_config.json").is_file():
@@ -253,7 +358,7 @@ def genai_side(folder: Path, work: Path, prompts: list[list[int]], new: int) -> 
             shutil.rmtree(out, ignore_errors=True)
             return Row("", len(prompts), None, None,
                        f"its builder failed: {done.stderr.strip()[-200:]}")
-    return genai_run(out, prompts, new)
+    return genai_run(out, prompts, new, repeat)
 
 
 def with_eos(folder: Path, view: Path) -> Path:
@@ -283,9 +388,10 @@ def with_eos(folder: Path, view: Path) -> Path:
     return view
 
 
-def genai_run(model_dir: Path, prompts: list[list[int]], new: int) -> Row:
+def genai_run(model_dir: Path, prompts: list[list[int]], new: int, repeat: bool = False) -> Row:
     """onnxruntime-genai's generator on the model in ``model_dir`` (its genai_config.json):
-    greedy, ``new`` tokens per row, timed after each row's first (one warm-up of 4)."""
+    greedy, ``new`` tokens per row, timed after each row's first (one warm-up of 4;
+    ``repeat``: ``Row.again`` times a new generator on the same model)."""
     import onnxruntime_genai as og
 
     model = og.Model(str(model_dir))
@@ -308,7 +414,10 @@ def genai_run(model_dir: Path, prompts: list[list[int]], new: int) -> Row:
 
     run(4)
     spent, rows = run(new)
-    return Row("", len(prompts), len(prompts) * (new - 1) / max(spent, 1e-9), rows)
+    row = Row("", len(prompts), len(prompts) * (new - 1) / max(spent, 1e-9), rows)
+    if repeat:
+        row.again = lambda: len(prompts) * (new - 1) / max(run(new)[0], 1e-9)
+    return row
 
 
 def numerics(folder: Path, work: Path, hf16: Any, parts: tuple[str, ...], cuda: bool,
@@ -715,9 +824,12 @@ def main() -> int:
                              "plan_measured.json in --work), the input of "
                              "plan_published.py --measured")
     parser.add_argument("--steps", default=",".join(STEPS),
-                        help="which of decode, numerics, train, plan, checks to run (default: "
-                             "all; train and plan are in the torch part, checks in the onnx "
-                             "part; plan times examples/train_distributed.py and sets every "
+                        help="which of decode, numerics, train, plan, checks, profile to run "
+                             "(default: all; train and plan are in the torch part, checks and "
+                             "profile in the onnx part; profile: batch 1 decode steps of "
+                             "tfgraph's fused model and onnxruntime-genai's under "
+                             "torch.profiler, kernels against host time; plan times "
+                             "examples/train_distributed.py and sets every "
                              "measured training step beside tfgraph plan's prediction); "
                              "--steps build only builds the models into --work")
     args = parser.parse_args()
@@ -814,11 +926,11 @@ def main() -> int:
         if "torch" in parts:
             sides += [
                 ("transformers static cache", lambda: hf_side(
-                    hf, prompts, new, device, cache_implementation="static")),
+                    hf, prompts, new, device, True, cache_implementation="static")),
                 ("tfgraph torch eager", lambda: tfgraph_side(
                     str(folder), prompts, new, backend="torch", provider=provider)),
                 ("tfgraph torch compiled", lambda: compiled_side(
-                    str(folder), prompts, new, provider)),
+                    str(folder), prompts, new, provider, True)),
             ]
         if "onnx" in parts:
             sides.append((f"tfgraph ONNX ({provider})", lambda: tfgraph_side(
@@ -827,14 +939,15 @@ def main() -> int:
                 str(fused_path), prompts, new, provider=provider)))
             if cuda:  # the same model, its decode step captured once and replayed
                 sides.append(("tfgraph ONNX fused attention + CUDA graph", lambda: tfgraph_side(
-                    str(fused_path), prompts, new, provider=provider, cuda_graph=True)))
+                    str(fused_path), prompts, new, True, provider=provider, cuda_graph=True)))
             if genai:
                 sides.append(("onnxruntime-genai (own model, CUDA)",
-                              lambda: genai_side(folder, work, prompts, new)))
+                              lambda: genai_side(folder, work, prompts, new, True)))
                 sides.append(("onnxruntime-genai on tfgraph's model (CUDA)",
                               lambda: genai_run(onnx_path.parent, prompts, new)))
                 sides.append(("onnxruntime-genai on tfgraph's fused model (CUDA)",
                               lambda: genai_run(fused_path.parent, prompts, new)))
+        ran: dict[str, Row] = {}
         for name, run in sides:
             try:
                 row = run()
@@ -843,8 +956,17 @@ def main() -> int:
                           f"{str(err).splitlines()[0][:160] if str(err) else ''}")
             row.side = name
             rows.append(row)
-            rate = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.1f}"
-            say(f"  batch {batch}  {name:38s} {rate:>10s} tokens/s  {row.note}")
+            ran[name] = row
+            say_row(row)
+            for pair in REPEATED:  # both sides of a goal pair timed once: the rest in turns
+                if name in pair and all(p in ran and ran[p].again is not None for p in pair):
+                    run_again([ran[p] for p in pair])
+                    for side in pair:
+                        say_row(ran[side])
+        for row in ran.values():  # a repeated side whose peer did not run: its runs in a row
+            if row.again is not None:
+                run_again([row])
+                say_row(row)
     bw, how = device_bandwidth(cuda)
     floor = bw / weight_bytes
     lines = [f"card: {card}", f"bandwidth floor (batch 1): {weight_bytes / 1e9:.3f} GB of "
@@ -879,7 +1001,48 @@ def main() -> int:
     say(f"\n--- for benchmarks/RESULTS.md ({time.perf_counter() - start:.0f} s in all) ---")
     for line in lines:
         say(line)
+    if "onnx" in parts and "profile" in steps:  # last: the block above is out whatever it does
+        profile_step(fused_path, work, prompts_for(1, spec.vocab_size("source"))[0], cuda)
     return 0
+
+
+PROFILE_LIMIT = 120  # seconds the profiling process may run (it needs about 30-40)
+
+
+def profile_step(fused_path: Path, work: Path, prompt: list[int], cuda: bool) -> list[str]:
+    """``--steps profile`` (benchmarks/gpu_profile.py) in a process of its own, its lines said
+    as they come back; a crash or a hang (stopped after :data:`PROFILE_LIMIT` s) is one line.
+    Without CUDA, its one line, here."""
+    sys.path.insert(0, str(HERE))
+    from gpu_profile import profile_lines
+
+    if not cuda:
+        return profile_lines(fused_path, work / "genai", prompt, False, say)
+    cmd = [sys.executable, str(HERE / "gpu_profile.py"), str(fused_path), str(work / "genai"),
+           "--prompt-ids", ",".join(map(str, prompt))]
+    failed = ""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=PROFILE_LIMIT)
+        out, err = done.stdout, done.stderr
+        if done.returncode:
+            failed = f"exit {done.returncode}"
+    except subprocess.TimeoutExpired as stopped:
+        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+                    for x in (stopped.stdout, stopped.stderr))
+        failed = f"no end in {PROFILE_LIMIT} s, stopped"
+    lines = out.splitlines()
+    if failed:
+        last = [ln.strip() for ln in err.splitlines() if ln.strip()][-1:]
+        lines.append(f"profile: its process failed ({failed})"
+                     f"{': ' + last[0][:200] if last else ''}")
+    for line in lines:
+        say(line)
+    return lines
+
+
+def say_row(row: Row) -> None:
+    rate = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.1f}"
+    say(f"  batch {row.batch}  {row.side:38s} {rate:>10s} tokens/s  {row.note}")
 
 
 # Issue 24's decoding goals: (side, peer measured in the same run, the ratio to reach)
@@ -890,11 +1053,13 @@ GOALS = [("tfgraph ONNX (cuda)", "onnxruntime-genai (own model, CUDA)", 1.4),
 
 
 def goal_lines(rows: list[Row]) -> list[str]:
-    """Each goal's side over its peer at each batch, from this run's rows; a side or peer
-    that did not run (no GPU, no onnxruntime-genai) is said, not guessed."""
+    """Each goal's side over its peer at each batch, from this run's rows (a repeated side's
+    median; where both were timed in turns, the range of the turns' own ratios too); a side
+    or peer that did not run (no GPU, no onnxruntime-genai) is said, not guessed."""
     lines = []
     for batch in sorted({r.batch for r in rows}):
         speed = {r.side: r.tokens_per_s for r in rows if r.batch == batch}
+        runs = {r.side: r.rates for r in rows if r.batch == batch}
         for side, peer, goal in GOALS:
             if side not in speed and peer not in speed:
                 continue
@@ -905,8 +1070,17 @@ def goal_lines(rows: list[Row]) -> list[str]:
                              f"({missing} did not run)")
                 continue
             ratio = ours / theirs
+            a, b = runs.get(side, []), runs.get(peer, [])
+            how = ""
+            if len(a) > 1 and len(a) == len(b):
+                turns = [x / y for x, y in zip(a, b)]
+                how = (f"; medians of {len(a)} runs in turns, each turn's ratio "
+                       f"{min(turns):.2f}-{max(turns):.2f}x")
+            elif len(a) > 1 or len(b) > 1:
+                how = (f"; {'the median of %d runs' % len(a) if len(a) > 1 else 'one run'} "
+                       f"against {'the median of %d' % len(b) if len(b) > 1 else 'one'}")
             lines.append(f"goal batch {batch}: {side} / {peer} = {ratio:.2f}x "
-                         f"(goal >= {goal}x: {'met' if ratio >= goal else 'MISSED'})")
+                         f"(goal >= {goal}x: {'met' if ratio >= goal else 'MISSED'}{how})")
     return lines
 
 

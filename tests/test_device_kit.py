@@ -5,6 +5,7 @@ after the earlier pieces' device time was spent."""
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from device_kit import CALL_LIMIT, piece_sizes  # noqa: E402
+from device_kit import CALL_LIMIT, SLICES, piece_sizes  # noqa: E402
 
 
 @pytest.mark.parametrize("total", [1, 14_000_000, 255_579_160, 3 * 61_000_000])
@@ -34,3 +35,15 @@ def test_every_call_fits_and_the_pieces_join_to_the_wheel(total: int, base: int,
 def test_base_wheels_that_leave_no_room_are_refused() -> None:
     with pytest.raises(SystemExit, match="no room"):
         piece_sizes(10, 100, 100, 0)
+
+
+def test_the_last_slice_runs_the_onnx_part_with_its_profile_within_one_call() -> None:
+    """The last call (onnxruntime-gpu installed) runs the onnx part's decode, checks and
+    profile steps; no slice's own limit reaches the device's 600 s per command, which would
+    cut the call (and its log) rather than the slice."""
+    last = SLICES[-1]
+    assert "--part onnx" in last and "--steps decode,checks,profile" in last, last
+    assert all("--part onnx" not in s for s in SLICES[:-1])  # only there is onnxruntime-gpu
+    for command in SLICES:
+        limits = [int(n) for n in re.findall(r"\btimeout (\d+)", command)]
+        assert limits and all(n < 600 for n in limits), command
