@@ -2,12 +2,13 @@
 ``SkipSimplifiedLayerNormalization`` (domain ``com.microsoft``), in the fused-attention
 KV-cache model only (exporters/onnx/fused_attention.py: that model is onnxruntime's already).
 
-The op (onnxruntime 1.31's registered contrib schema, docs/ContribOperators.md): inputs ``input`` and
-``skip`` (the same shape, (B, S, d) or (tokens, d)), ``gamma`` (d,) and an optional ``bias``,
-all of one type T (float, float16, bfloat16); attribute ``epsilon``; outputs ``output`` =
-s / sqrt(mean(s^2 over the last axis) + epsilon) * gamma with s = input + skip, ``mean`` and
-``inv_std_var`` (optional, for training: left out here) and ``input_skip_bias_sum`` = s
-(optional: written when something besides the norm reads the sum, the next residual add).
+The op (onnxruntime 1.31's registered contrib schema, docs/ContribOperators.md): inputs
+``input`` and ``skip`` (the same shape, (B, S, d) or (tokens, d)), ``gamma`` (d,) and an
+optional ``bias``, all of one type T (float, float16, bfloat16); attribute ``epsilon``;
+outputs ``output`` = s / sqrt(mean(s^2 over the last axis) + epsilon) * gamma with
+s = input + skip, ``mean`` and ``inv_std_var`` (optional, for training: left out here) and
+``input_skip_bias_sum`` = s (optional: written when something besides the norm reads the
+sum, the next residual add).
 It is what onnxruntime-genai's own decoders use for the ``Add`` + norm pair of every layer;
 onnxruntime's SkipLayerNormFusion pass makes it only out of its own
 ``SimplifiedLayerNormalization``, not out of ONNX's ``RMSNormalization`` (opset 23) or the
