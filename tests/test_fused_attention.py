@@ -28,6 +28,8 @@ import torch
 import tfgraph
 from tfgraph.exporters import to_onnx, to_torch
 from tfgraph.exporters.onnx.fused_attention import OP_TYPE, PADDING_METADATA_KEY, refusal
+from tfgraph.exporters.onnx.skip_norm import OP_TYPE as SKIP_NORM
+from tfgraph.exporters.onnx.skip_norm import pairs
 from tfgraph.spec.schema import Spec
 
 from cli_support import refused, tfgraph as run_cli
@@ -41,10 +43,11 @@ TOL = dict(atol=1e-4, rtol=1e-4)
 # partial rotary (kept in front of the kernel); gptj interleaved; yarn scaled frequencies;
 # neox MHA; falcon MQA; olmo clip_qkv between the projections and the rotation (no packing);
 # cohere2 rotary on the local layers only (the global ones fused without it); phimoe routed
-# experts and head_dim 8 (rotation kept in front).
+# experts and head_dim 8 (rotation kept in front); gemma MQA and RMS norms of 1 + w (the
+# skip-norms' computed gamma: tests/test_skip_norm.py).
 EXACT = ["tiny-llama", "tiny-mistral", "tiny-gemma2", "tiny-qwen2", "tiny-qwen3", "tiny-phi",
          "tiny-gptj", "tiny-yarn", "tiny-neox", "tiny-falcon", "tiny-olmo", "tiny-cohere2",
-         "tiny-phimoe"]
+         "tiny-phimoe", "tiny-gemma"]
 
 
 def load(name: str) -> Spec:
@@ -115,6 +118,10 @@ def test_fused_logits_equal_torch_and_the_written_out_model(name: str, opset: in
     fused = Cached(spec, opset, fused=True)
     assert sum(n.op_type == OP_TYPE for n in fused.model.graph.node) == \
         fused.graph.info.cache.layers  # type: ignore[union-attr]
+    # the residual Add + RMS norm pairs fused too (RMS-norm specs; LayerNorm ones have none)
+    assert sum(n.op_type == SKIP_NORM for n in fused.model.graph.node) == \
+        len(pairs(fused.graph)) == (2 * fused.graph.info.cache.layers  # type: ignore[union-attr]
+                                    if spec.norm.kind == "rmsnorm" else 0)
     got = steps(fused, ids, 12)  # prefill 12 (longer than tiny-mistral's window 8), 8 steps
     written = steps(Cached(spec, opset, fused=False), ids, 12)
     torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), **TOL)
@@ -145,7 +152,9 @@ def test_float16_logits_equal_the_written_out_model() -> None:
     written-out float16 model, prefill and steps."""
     spec = Spec.model_validate({**load("tiny-llama").model_dump(), "dtype": "float16"})
     ids = np.random.default_rng(1).integers(0, spec.vocab_size("source"), (1, 20))
-    got = steps(Cached(spec, 23, fused=True), ids, 12).astype(np.float32)
+    fused = Cached(spec, 23, fused=True)
+    assert sum(n.op_type == SKIP_NORM for n in fused.model.graph.node) == 4  # 2 layers
+    got = steps(fused, ids, 12).astype(np.float32)
     want = steps(Cached(spec, 23, fused=False), ids, 12).astype(np.float32)
     torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), atol=1e-2,
                                rtol=1e-2)
@@ -249,6 +258,10 @@ def test_the_stepper_grows_and_drops_rows_like_the_written_out_model(
 
 
 def test_the_cli_generates_from_a_fused_model(built: dict[str, Path]) -> None:
+    import onnx
+
+    fused = onnx.load(str(built["tiny-llama-fused"]))
+    assert sum(n.op_type == SKIP_NORM for n in fused.graph.node) == 4  # the skip-norms too
     out = []
     for kind in ("fused", "written"):
         result = run_cli("generate", str(built[f"tiny-llama-{kind}"]), "--prompt-ids",
@@ -334,17 +347,19 @@ def _per_layer(model: Any, layer: int) -> collections.Counter[str]:
 
 def test_nodes_per_layer() -> None:
     """tiny-llama, as written (before onnxruntime's own fusions): the fused layer is two
-    RMSNormalization, the packed QKV (Concat and Transpose of the weights, folded by
-    onnxruntime, and one MatMul), GroupQueryAttention, the output projection, SwiGLU and the
-    two residual Adds; no RotaryEmbedding, Softmax, Concat of the cache or position_ids."""
+    SkipSimplifiedLayerNormalization (a residual Add and the next RMSNormalization each:
+    tests/test_skip_norm.py), the packed QKV (Concat and Transpose of the weights, folded by
+    onnxruntime, and one MatMul), GroupQueryAttention, the output projection and SwiGLU; no
+    RotaryEmbedding, Softmax, Concat of the cache or position_ids."""
     graph = tfgraph.compile(load("tiny-llama"), cache=True)
     written = _per_layer(to_onnx(graph, seed=0), 1)
     fused_model = to_onnx(graph, seed=0, fused_attention=True)
     fused = _per_layer(fused_model, 1)
     # 43 written out today (exporters/onnx/cache.py); the fused layer's count is this lowering's
-    assert sum(fused.values()) == 19 and sum(written.values()) > 30, (written, fused)
+    assert sum(fused.values()) == 17 and sum(written.values()) > 30, (written, fused)
     assert fused[OP_TYPE] == 1 and fused["MatMul"] == 5  # qkv, o, gate, up, down
-    for gone in ("RotaryEmbedding", "Softmax", "Where", "Reshape"):
+    assert fused[SKIP_NORM] == 2 and written[SKIP_NORM] == 0
+    for gone in ("RotaryEmbedding", "Softmax", "Where", "Reshape", "Add", "RMSNormalization"):
         assert fused[gone] == 0, fused
     assert "position_ids" not in {i.name for i in fused_model.graph.input}
     domains = {o.domain: o.version for o in fused_model.opset_import}

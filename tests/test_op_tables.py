@@ -348,6 +348,8 @@ OP_NAME_TESTS: dict[str, str] = {
     # particular ops, with why
     "exporters/onnx/fused_attention.py": "matches the subgraph attention_cached(rope(linear), "
                                          "kv_concat(...)) it rewrites into one ONNX Attention",
+    "exporters/onnx/skip_norm.py": "matches the subgraph rmsnorm(add) it rewrites into one "
+                                   "onnxruntime SkipSimplifiedLayerNormalization",
     "exporters/torch/module.py": "rope's torch kernel takes the model's shared cos/sin "
                                  "tables as an extra operand (rope_tables_step)",
     "exporters/torch/sequence_parallel.py": "the torch functions a rank's learned or "

@@ -45,6 +45,10 @@ means for tfgraph's graphs:
   between, the rotation in the kernel), they become one MatMul over the three weights
   stacked in the graph (the initializers stay the parameters).
 
+In the same model each residual ``add`` and the RMS norm of its sum (the next layer's
+pre-norm, the final norm) become one ``SkipSimplifiedLayerNormalization`` where that is exact
+(exporters/onnx/skip_norm.py; :func:`plan` lists the pairs, the ``add`` emitter writes them).
+
 ``present.{i}.key|value`` are the kernel's outputs: (B, kv, max(total, past buffer), hd).
 When the past and present are one buffer (the same OrtValue bound as both), the kernel writes
 this step's keys into it in place ("past_present_share_buffer"): a fixed-size cache per layer.
@@ -58,7 +62,9 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
+from tfgraph.exporters.onnx import skip_norm
 from tfgraph.exporters.onnx.builder import Builder
+from tfgraph.exporters.onnx.skip_norm import SkipNorm
 from tfgraph.graph.ir import Graph, Node
 
 DOMAIN = "com.microsoft"
@@ -74,12 +80,18 @@ class FusedPlan:
     its q and k rope nodes) and the q, k, v projections it takes as one packed QKV
     (``packed``: attention node -> its q, k, v ``linear`` nodes). ``absorbed`` are emitted
     by nothing else; ``dropped_inputs`` are graph inputs nothing reads any more
-    (``position_ids`` when every rope is folded)."""
+    (``position_ids`` when every rope is folded). ``skip_norms``: the residual adds written
+    with the RMS norm of their sum as one SkipSimplifiedLayerNormalization
+    (exporters/onnx/skip_norm.py), by the add's name; ``folded_norms`` those norms (their
+    tensor is the fused node's); ``unwritten`` the sums nothing else reads (no tensor)."""
 
     rotary: dict[str, tuple[Node, Node]] = field(default_factory=dict)
     packed: dict[str, tuple[Node, Node, Node]] = field(default_factory=dict)
     absorbed: set[str] = field(default_factory=set)
     dropped_inputs: set[str] = field(default_factory=set)
+    skip_norms: dict[str, SkipNorm] = field(default_factory=dict)
+    folded_norms: set[str] = field(default_factory=set)
+    unwritten: set[str] = field(default_factory=set)
 
 
 # The attributes whose meaning the lowering below maps onto the kernel. An attention, rope
@@ -152,6 +164,9 @@ def plan(graph: Graph) -> FusedPlan:
     if "position_ids" in graph.inputs and not any(
             "position_ids" in n.inputs for n in graph.ops() if n.name not in out.absorbed):
         out.dropped_inputs.add("position_ids")
+    out.skip_norms = skip_norm.pairs(graph)
+    out.folded_norms = {p.norm.name for p in out.skip_norms.values()}
+    out.unwritten = {p.add.name for p in out.skip_norms.values() if not p.sum_read}
     return out
 
 

@@ -52,6 +52,7 @@ def build_structure(graph: Graph, opset: int = MAX_OPSET,
         if fused.refusal(graph) is None:
             b.fused = fused.plan(graph)
     absorbed = b.fused.absorbed if b.fused is not None else set()
+    unwritten = b.fused.unwritten if b.fused is not None else set()  # a sum fused, unread
     value_infos = []
     for node in graph.ops():
         if node.name in absorbed:  # written by the fused attention node that reads it
@@ -59,7 +60,7 @@ def build_structure(graph: Graph, opset: int = MAX_OPSET,
         out = ONNX_OPS[node.op](b, node)
         if out != node.name:  # an emitter contract, not a user error
             raise AssertionError(f"{node.name}: ONNX emitter for {node.op} wrote {out}")
-        if node.name not in graph.outputs:
+        if node.name not in graph.outputs and node.name not in unwritten:
             value_infos.append(_value_info(b, node))
     outputs = []
     for node_name, name in zip(graph.outputs, output_names(graph)):

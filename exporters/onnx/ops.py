@@ -497,6 +497,28 @@ def _cross_entropy(b: Builder, n: Node) -> str:
     return b.add(n.name, "SoftmaxCrossEntropyLoss", [scores, labels], n.name, reduction="mean")
 
 
+def _gain(b: Builder, n: Node) -> str:
+    """The gain norm ``n`` multiplies by: its parameter, or with attrs['unit_offset'] (Gemma)
+    1 + the parameter, added in the graph (a Constant and an Add), so the initializer stays
+    the checkpoint's gain."""
+    if not n.attrs.get("unit_offset"):
+        return n.inputs[1]
+    return b.add(n.name, "Add", [n.inputs[1], b.const(n.name, "one", 1.0)], tag="one_plus")
+
+
+def _add(b: Builder, n: Node) -> str:
+    """Add; in the fused-attention model a residual sum and the RMS norm of it, where exact,
+    as one SkipSimplifiedLayerNormalization written here (exporters/onnx/skip_norm.py), which
+    writes the norm's tensor and the sum (when anything else reads it) under their names."""
+    pair = b.fused.skip_norms.get(n.name) if b.fused is not None else None
+    if pair is None:
+        return b.add(n.name, "Add", list(n.inputs), n.name)
+    from tfgraph.exporters.onnx.skip_norm import emit
+
+    emit(b, pair, _gain(b, pair.norm))
+    return n.name
+
+
 ONNX_OPS: dict[str, Emitter] = {
     "cross_entropy": _cross_entropy,
     "embedding": _embedding,
@@ -521,7 +543,7 @@ ONNX_OPS: dict[str, Emitter] = {
     "gelu_tanh": lambda b, n: _gelu_common(b, n, "tanh"),
     "silu": _silu,
     "mul": _simple("Mul"),
-    "add": _simple("Add"),
+    "add": _add,
     "dropout": _simple("Identity"),  # inference: dropout is the identity
     "softmax": _simple("Softmax", axis=-1),
     "softcap": lambda b, n: _softcap(b, n, n.inputs[0], n.name),
@@ -531,18 +553,27 @@ ONNX_OPS: dict[str, Emitter] = {
 }
 
 def _unit_offset(norm: Emitter) -> Emitter:
-    """A norm with attrs['unit_offset'] (Gemma) multiplies by (1 + gain): the 1 is added in
-    the graph (a Constant and an Add), so the initializer stays the checkpoint's gain."""
+    """A norm with attrs['unit_offset'] (Gemma) multiplies by (1 + gain) (:func:`_gain`)."""
     def emit(b: Builder, n: Node) -> str:
         if not n.attrs.get("unit_offset"):
             return norm(b, n)
-        gain = b.add(n.name, "Add", [n.inputs[1], b.const(n.name, "one", 1.0)], tag="one_plus")
+        gain = _gain(b, n)
         return norm(b, dataclasses.replace(n, inputs=(n.inputs[0], gain, *n.inputs[2:])))
+    return emit
+
+
+def _skip_folded(norm: Emitter) -> Emitter:
+    """A norm written with the add before it (:func:`_add`) emits nothing of its own."""
+    def emit(b: Builder, n: Node) -> str:
+        if b.fused is not None and n.name in b.fused.folded_norms:
+            return n.name
+        return norm(b, n)
     return emit
 
 
 for _op in ("layernorm", "rmsnorm", "scalenorm"):
     ONNX_OPS[_op] = _per_head(_unit_offset(ONNX_OPS[_op]))
+ONNX_OPS["rmsnorm"] = _skip_folded(ONNX_OPS["rmsnorm"])
 
 ONNX_OPS.update(MOE_EMITTERS)  # route, experts, sigmoid_gate (exporters/onnx/moe.py)
 
