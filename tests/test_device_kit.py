@@ -45,5 +45,7 @@ def test_the_last_slice_runs_the_onnx_part_with_its_profile_within_one_call() ->
     assert "--part onnx" in last and "--steps decode,checks,profile" in last, last
     assert all("--part onnx" not in s for s in SLICES[:-1])  # only there is onnxruntime-gpu
     for command in SLICES:
+        if command == "true":  # a call that only carries its piece
+            continue
         limits = [int(n) for n in re.findall(r"\btimeout (\d+)", command)]
         assert limits and all(n < 600 for n in limits), command
