@@ -11,8 +11,11 @@ import collections
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+import torch
+from onnx import numpy_helper
 
 import tfgraph
 from tfgraph.exporters import to_onnx
@@ -21,8 +24,9 @@ from tfgraph.exporters.onnx.skip_norm import DOMAIN, OP_TYPE
 from tfgraph.spec.schema import Spec
 
 from cli_support import tfgraph as run_cli
+from test_fused_attention import TOL, Cached, steps
 
-pytest.importorskip("onnxruntime")
+ort = pytest.importorskip("onnxruntime")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,3 +155,26 @@ def test_generate_gives_the_written_out_model_s_tokens() -> None:
                                eos_token_id=None)
     assert json.loads(result.stdout)["tokens"] == written.tokens
     assert [len(row) for row in written.tokens] == [12, 12]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma2"])
+def test_each_fused_node_reads_its_own_norm_gain(name: str) -> None:
+    """Seeded gains are all 1 (0 for Gemma's 1 + w), so a node reading another norm's gain
+    would pass the parity tests: here every norm gain is random, the same in both builds,
+    and the fused model's logits still equal the written-out model's."""
+    spec = load(name)
+    models = [Cached(spec, 23, fused=True), Cached(spec, 23, fused=False)]
+    rng = np.random.default_rng(3)
+    gains: dict[str, np.ndarray] = {}
+    for model in models:
+        for init in model.model.graph.initializer:
+            if init.name.endswith("norm.weight") and len(init.dims) == 1:
+                value = gains.setdefault(init.name, rng.normal(0, 0.5, tuple(init.dims))
+                                         .astype(numpy_helper.to_array(init).dtype))
+                init.CopyFrom(numpy_helper.from_array(value, init.name))
+        model.session = ort.InferenceSession(model.model.SerializeToString(),
+                                             providers=["CPUExecutionProvider"])
+    assert len(gains) >= 2 * models[0].graph.info.cache.layers + 1  # type: ignore[union-attr]
+    ids = np.random.default_rng(1).integers(0, spec.vocab_size("source"), (1, 16))
+    fused, written = (torch.from_numpy(steps(m, ids, 10)) for m in models)
+    torch.testing.assert_close(fused, written, **TOL)
