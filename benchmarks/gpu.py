@@ -245,8 +245,8 @@ def repeat_rows(rows: list[Row]) -> None:
     except Exception as err:  # noqa: BLE001 - the runs so far stand
         say(f"repeats of {', '.join(r.side for r in rows)}: failed: {one_line(err)}")
         for row in rows:
-            row.again = row.close = None
             add_note(row, f"repeats failed: {one_line(err, 120)}")
+            settle(row)  # the runs so far; the model let go
     for row in rows:
         say_row(row)
 

@@ -170,7 +170,7 @@ def test_each_repeatable_side_hands_back_its_tokens(monkeypatch: pytest.MonkeyPa
     class Generator:  # onnxruntime-genai's: 4 new tokens, the third generator's differ
         def __init__(self, model: Any, params: object) -> None:
             model.runs += 1
-            self.run, self.new = model.runs, []  # type: list[int]
+            self.run, self.new = model.runs, list[int]()
 
         def append_tokens(self, ids: object) -> None: ...
 
@@ -230,6 +230,7 @@ def test_repeats_that_fail_outside_a_run_are_one_line(monkeypatch: pytest.Monkey
     said = capsys.readouterr().out.splitlines()
     assert said[0] == f"repeats of {GENAI}: failed: MemoryError: out of host memory"
     assert row.tokens_per_s == 377.5 and row.again is None and len(said) == 2  # and its row
+    assert log == [f"close {GENAI}"]  # let go all the same
     assert "repeats failed: MemoryError" in said[1]
 
 
