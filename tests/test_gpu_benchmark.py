@@ -1,7 +1,9 @@
 """benchmarks/gpu.py's figures from given numbers (no timing here): the goal pairs timed
 several times in turns and reported as medians with their spread, the goal lines from those
-medians, and ``--steps profile``'s summary of a profiler trace and its line without CUDA.
-The script itself runs on a lent GPU machine; what these check decides what its lines say."""
+medians, and ``--steps profile``'s summary of a profiler trace and its line without CUDA; a
+repeat's tokens against the first run's; a failed build, repeat, close or bandwidth measurement
+as one line, the rest going on. The script itself runs on a lent GPU machine; what these check
+decides what its lines say."""
 
 from __future__ import annotations
 
