@@ -12,12 +12,16 @@ Here, once per machine (needs the package registry):
     python benchmarks/device_kit.py pack        # fills .dev/ (ignored) and prints the calls
 
 There, one call per piece, in order, as ``pack`` prints them (the device machine stays warm
-only 30 s between calls, so have the next call ready; each call also runs a slice of the
-benchmarks that needs no onnxruntime-gpu, ``SLICES`` below, and the last the onnx part):
+only 30 s between calls, so have the next call ready). Each piece's call also runs a slice of
+the benchmarks that needs no onnxruntime-gpu (``TORCH_SLICES`` below, the most needed first),
+a piece call beyond them only its piece, and the last piece's call the onnx part
+(``ONNX_SLICE``). After the pieces, calls that carry nothing (``EXTRA_SLICES``: tfgraph plan's
+step) run only while the lease has time left: they are what a short lease may lose.
 
     python3 benchmarks/device_kit.py receive 1 && . /tmp/site/env.sh && python3 benchmarks/gpu.py --part torch ...
     ...
     python3 benchmarks/device_kit.py receive N && python3 benchmarks/device_kit.py install && . /tmp/site/env.sh && python3 benchmarks/gpu.py --part onnx ...
+    . /tmp/site/env.sh && python3 benchmarks/gpu.py --part torch --steps plan ...   (if time is left)
 
 ``receive 1`` also installs the base wheels (pydantic, graphviz's bindings, tfgraph) with
 ``pip install --no-index --no-deps --target /tmp/site`` and writes /tmp/site/env.sh, which puts
@@ -36,6 +40,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 KIT = ROOT / ".dev"
@@ -53,22 +58,64 @@ PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation
                             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
               for a in ("--platform", tag)]]
 CALL_LIMIT = 64 * 2**20  # bytes one call may carry, the working tree included
-# What each call runs beside its piece, in the order of most use per device second (an H100
-# lease of 15 minutes, benchmarks/RESULTS.md 2026-11-27: start 37-70 s; torch decode at batch 1
-# 164 s with the Hugging Face folder's build, at batch 8 134 s (both in one call ran past 300
-# s); train 125 s; plan 74 s; the onnx part at batches 1 and 8 with checks 205 s,
-# onnxruntime-genai's build 25 s; numerics 30 s a part; gpu.py's goal pairs timed 3 times add
-# about 10 s a part, its profile step about 30-40 s). The ONNX models build on the CPU in the
-# background of the batch-8 slice; the fourth call only carries its piece (numerics and
-# eager_step.py --measure do not fit the lease beside the rest: run them in its place when the
-# others are not needed); the last call needs every piece.
+# What the calls run, the most needed first: what a lease too short for all of it loses is the
+# end. An H100 lease is 15 minutes (900 s) in all, start and the gaps between calls included;
+# measured (benchmarks/RESULTS.md 2026-11-27): start 37-70 s; torch decode at batch 1 164 s
+# with the Hugging Face folder's build, at batch 8 134 s (both in one call ran past 300 s);
+# train 125 s; plan 74 s; the onnx part at batches 1 and 8 with checks 205 s,
+# onnxruntime-genai's build 25 s, gpu.py's goal pairs timed 3 times about 10 s a part, its
+# profile step about 30-40 s (numerics 30 s a part: in no slice). The ONNX models build on the
+# CPU in the background of the batch-8 slice; the fourth call only carries its piece
+# (numerics and eager_step.py --measure do not fit the lease beside the rest); the last piece's
+# call installs onnxruntime-gpu and runs the onnx part: decode, checks, then the profile. The
+# piece calls' limits: 200 + 180 + 160 + 370 = 910 s, over about 700 s of measured work
+# (164 + 134 + 125 + about 275 for the onnx call; receive and install not timed), about
+# 740-770 s with the start, more with the gaps between calls (each call's transfer and start).
+# The plan call after them (limit 120 s, needs about 74: 810-845 s with the start, before the
+# gaps) fits only what a quick start and quick calls leave: run it when the lease has that time
+# left, else leave it (the train step's times wait for it in --work, train_timed.json).
 GPU = "python3 benchmarks/gpu.py --work /tmp/gw"
-SLICES = [f"timeout 200 {GPU} --log /tmp/gw.log --part torch --batches 1 --steps decode",
-          f"(setsid nohup timeout 400 {GPU} --steps build > /tmp/build.log 2>&1 &); "
-          f"timeout 180 {GPU} --log /tmp/gw.log --part torch --batches 8 --steps decode",
-          f"timeout 240 {GPU} --log /tmp/gw.log --part torch --steps train,plan",
-          "true",
-          f"timeout 370 {GPU} --log /tmp/gw.log --part onnx --steps decode,checks,profile"]
+TORCH_SLICES = [f"timeout 200 {GPU} --log /tmp/gw.log --part torch --batches 1 --steps decode",
+                f"(setsid nohup timeout 400 {GPU} --steps build > /tmp/build.log 2>&1 &); "
+                f"timeout 180 {GPU} --log /tmp/gw.log --part torch --batches 8 --steps decode",
+                f"timeout 160 {GPU} --log /tmp/gw.log --part torch --steps train"]
+ONNX_SLICE = f"timeout 370 {GPU} --log /tmp/gw.log --part onnx --steps decode,checks,profile"
+EXTRA_SLICES = [f"timeout 120 {GPU} --log /tmp/gw.log --part torch --steps plan"]
+SLICES = [*TORCH_SLICES, ONNX_SLICE, *EXTRA_SLICES]  # every slice, for the tests
+LOG_BACK = "; cp /tmp/gw.log $OUT/ 2>/dev/null; true"  # the log comes back whatever ran
+
+
+class Call(NamedTuple):
+    carry: list[str]  # the ignored paths it carries (the device tool's carry)
+    command: str
+    optional: bool  # after the pieces: run only while the lease has time left
+
+
+def calls(pieces: int) -> list[Call]:
+    """The device calls for a wheel cut in ``pieces`` pieces: one per piece, in order (the
+    first also carries the base wheels, the last the late ones and installs them all), each
+    with its slice: ``TORCH_SLICES`` on the first calls, ``true`` on piece calls beyond them,
+    ``ONNX_SLICE`` on the last piece's call only (onnxruntime-gpu exists from there). Then, with
+    nothing carried (/tmp/site/env.sh and /tmp/gw are there from the earlier calls), the torch
+    slices no piece call had room for and ``EXTRA_SLICES``, optional."""
+    if pieces < 1:
+        raise ValueError("device_kit: a wheel in no pieces")
+    out = []
+    for i in range(1, pieces + 1):
+        carry = [f".dev/p{i}", ".dev/manifest.json"]
+        carry += [".dev/whl"] if i == 1 else []
+        carry += [".dev/late"] if i == pieces else []
+        first = f"export PYTHONUNBUFFERED=1; python3 benchmarks/device_kit.py receive {i} && "
+        if i == pieces:
+            work = ONNX_SLICE
+            first += "python3 benchmarks/device_kit.py install && "
+        else:
+            work = TORCH_SLICES[i - 1] if i <= len(TORCH_SLICES) else "true"
+        out.append(Call(carry, f"{first}. /tmp/site/env.sh && {work}{LOG_BACK}", False))
+    for work in [*TORCH_SLICES[pieces - 1:], *EXTRA_SLICES]:
+        out.append(Call([], f"export PYTHONUNBUFFERED=1; . /tmp/site/env.sh && {work}{LOG_BACK}",
+                        True))
+    return out
 
 
 def sha256(path: Path) -> str:
@@ -114,16 +161,10 @@ def pack() -> None:
     manifest = {"wheel": big.name, "sha256": sha256(big), "pieces": pieces}
     (KIT / "manifest.json").write_text(json.dumps(manifest, indent=1))
     big.unlink()
-    for i, name in enumerate(pieces, 1):
-        carry = [f".dev/{name}", ".dev/manifest.json"]
-        carry += [".dev/whl"] if i == 1 else [".dev/late"] if i == len(pieces) else []
-        first = f"export PYTHONUNBUFFERED=1; python3 benchmarks/device_kit.py receive {i} && "
-        if i == len(pieces):
-            first += "python3 benchmarks/device_kit.py install && "
-        work = SLICES[min(i, len(SLICES)) - 1] if i < len(pieces) else SLICES[-1]
-        command = (f"{first}. /tmp/site/env.sh && {work}; cp /tmp/gw.log $OUT/ 2>/dev/null; "
-                   "true")
-        print(f"call {i}: carry={json.dumps(carry)}\n  command: {command}")
+    for i, call in enumerate(calls(len(pieces)), 1):
+        when = (" (no piece: run it only if the device tool's status shows budget_left_s "
+                "beyond its timeout; else stop here)") if call.optional else ""
+        print(f"call {i}{when}: carry={json.dumps(call.carry)}\n  command: {call.command}")
 
 
 def piece_sizes(total: int, room: int, base: int, late: int) -> list[int]:

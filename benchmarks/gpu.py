@@ -38,7 +38,8 @@ timing a second length would compile the static cache's step again). The sides o
 pairs (``REPEATED``: tfgraph ONNX fused + CUDA graph and onnxruntime-genai's own model,
 tfgraph torch compiled and transformers' static cache) are timed 3 times on one compilation or
 capture, the two sides of a pair in turns (a peer that did not run: its side's runs in a row),
-and reported as the median, min-max in the note; every other side once. Then:
+and reported as the median, min-max in the note (with any repeat that decoded other
+tokens than the first run: "repeat 2: other tokens"); every other side once. Then:
 the bandwidth floor (weight bytes over the device's measured read rate, batch 1), the training
 step (forward, token cross-entropy, backward; bfloat16, batch 4 x 1024) of tfgraph's module
 against ``LlamaForCausalLM`` (SDPA), and the activation peaks from
@@ -64,7 +65,9 @@ tfgraph's fused model without and with its CUDA graph and of onnxruntime-genai's
 under ``torch.profiler`` (CUPTI sees onnxruntime's kernels): per token the wall time, the
 summed device time of kernels and copies, the host's gap between them, the kernel count, and
 the top 12 kernels. It runs last, after the closing block, in a process of its own stopped
-after 120 s (a crash or hang in the profiler costs neither). Without CUDA one line.
+after 120 s (a crash or hang in the profiler costs neither); its lines are printed when it
+ends. Without CUDA one line. A failed ``tfgraph`` build in the checks step, a failed
+repeat or bandwidth measurement is one line, and the closing block still prints.
 
 Without CUDA it says which parts it skips (the ONNX CUDA side, onnxruntime-genai CUDA, CUDA
 graphs, memory peaks) and runs the rest on the CPU with tiny-llama (``--quick`` implied).
@@ -133,12 +136,32 @@ def _ort_version() -> str:
 OUTSIDE = tempfile.gettempdir()
 
 
+class CliFailed(RuntimeError):
+    """A ``tfgraph`` command that failed: a step that catches it says so in one line and the
+    run goes on; one that does not ends the run with its message (:func:`entry`)."""
+
+    def __init__(self, cmd: list[str], stderr: str) -> None:
+        super().__init__(f"{' '.join(cmd)} failed:\n{stderr[-2000:]}")
+        self.verb = cmd[3] if len(cmd) > 3 else ""  # [python, -m, tfgraph, verb, ...]
+        said = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+        self.last = said[-1] if said else ""
+
+
 def tfgraph_cli(*args: str) -> str:
     cmd = [sys.executable, "-m", "tfgraph", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=OUTSIDE)
     if done.returncode:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        raise CliFailed(cmd, done.stderr)
     return done.stdout
+
+
+def one_line(err: BaseException, width: int = 300) -> str:
+    """An exception in one line: ``Type: its first line`` (a failed ``tfgraph`` command: the
+    last line it wrote on stderr)."""
+    if isinstance(err, CliFailed):
+        return f"tfgraph {err.verb} failed: {err.last[:width]}"
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:width] if lines else ''}"
 
 
 def prompts_for(batch: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -149,14 +172,15 @@ def prompts_for(batch: int, vocab: int, seed: int = 0) -> list[list[int]]:
 class Row:
     """One side's decode figures at one batch. A side timed more than once (:data:`REPEATED`)
     keeps each run's rate in ``rates`` and, until :func:`settle`, ``again``: one more timed
-    run of the same compiled or captured model (its rate), and ``close``: what lets it go."""
+    run of the same compiled or captured model (its rate and tokens), and ``close``: what lets
+    it go."""
 
     def __init__(self, side: str, batch: int, tokens_per_s: float | None,
                  tokens: list[list[int]] | None, note: str = "") -> None:
         self.side, self.batch, self.tokens_per_s = side, batch, tokens_per_s
         self.tokens, self.note = tokens, note
         self.rates: list[float] = [] if tokens_per_s is None else [tokens_per_s]
-        self.again: Callable[[], float] | None = None
+        self.again: Callable[[], tuple[float, list[list[int]] | None]] | None = None
         self.close: Callable[[], None] | None = None
 
 
@@ -174,20 +198,26 @@ def repeats(side: str) -> bool:
 def run_again(rows: list[Row], times: int = TIMES) -> None:
     """Time each row's side again until it has ``times`` rates, the rows in turns (A B A B:
     a drift of the machine falls on both sides of a pair alike), then :func:`settle` them. A
-    repeat that fails ends that row's repeats, said in its note."""
+    repeat that fails ends that row's repeats, said in its note; so is a repeat that decoded
+    other tokens than the row's first run (greedy decoding of one model: they should match)."""
     for _ in range(times - 1):
         for row in rows:
             if row.again is None or len(row.rates) >= times:
                 continue
             try:
-                row.rates.append(row.again())
+                rate, tokens = row.again()
+                row.rates.append(rate)
+                if tokens != row.tokens:
+                    add_note(row, f"repeat {len(row.rates)}: other tokens")
             except Exception as err:  # noqa: BLE001 - the runs so far stand
-                why = str(err).splitlines()[0][:120] if str(err) else ""
-                row.note += (f"{'; ' if row.note else ''}repeat {len(row.rates) + 1} failed: "
-                             f"{type(err).__name__}: {why}")
+                add_note(row, f"repeat {len(row.rates) + 1} failed: {one_line(err, 120)}")
                 row.again = None
     for row in rows:
         settle(row)
+
+
+def add_note(row: Row, text: str) -> None:
+    row.note += f"{'; ' if row.note else ''}{text}"
 
 
 def settle(row: Row) -> None:
@@ -201,7 +231,36 @@ def settle(row: Row) -> None:
     row.again = None
     if row.close is not None:
         close, row.close = row.close, None
-        close()
+        try:
+            close()
+        except Exception as err:  # noqa: BLE001 - its runs stand; said in its note
+            add_note(row, f"closing failed: {one_line(err, 120)}")
+
+
+def repeat_rows(rows: list[Row]) -> None:
+    """:func:`run_again` on ``rows``, then their lines; whatever fails in it is one line and
+    the rows keep what they have (the closing block prints them)."""
+    try:
+        run_again(rows)
+    except Exception as err:  # noqa: BLE001 - the runs so far stand
+        say(f"repeats of {', '.join(r.side for r in rows)}: failed: {one_line(err)}")
+        for row in rows:
+            add_note(row, f"repeats failed: {one_line(err, 120)}")
+            settle(row)  # the runs so far; the model let go
+    for row in rows:
+        say_row(row)
+
+
+def floor_line(weight_bytes: int, cuda: bool) -> tuple[float | None, str]:
+    """The bandwidth floor (tokens/s at batch 1: the weights read once per token) and its
+    line; a measurement that fails is said in the line and the floor is None."""
+    try:
+        bw, how = device_bandwidth(cuda)
+    except Exception as err:  # noqa: BLE001 - the decode rows stand without it
+        return None, f"bandwidth floor (batch 1): not measured: {one_line(err)}"
+    floor = bw / weight_bytes
+    return floor, (f"bandwidth floor (batch 1): {weight_bytes / 1e9:.3f} GB of weights / "
+                   f"{bw / 1e12:.2f} TB/s read ({how}) = {floor:,.0f} tokens/s")
 
 
 def device_bandwidth(cuda: bool) -> tuple[float, str]:
@@ -272,7 +331,11 @@ def tfgraph_repeatable(source: str, prompts: list[list[int]], new: int, **kw: An
         raise
     row = Row("", len(prompts), r.decode_tokens_per_s, r.tokens,
               f"compile {spent:.1f} s apart" if spent is not None else "")
-    row.again = lambda: decode_rate(run_loop(ready.opened.stepper, ready.prompts, new))
+    def again() -> tuple[float, list[list[int]] | None]:
+        result = run_loop(ready.opened.stepper, ready.prompts, new)
+        return decode_rate(result), result.tokens
+
+    row.again = again
     row.close = ready.opened.close
     return row
 
@@ -305,7 +368,11 @@ def hf_side(model: Any, prompts: list[list[int]], new: int, device: str, repeat:
     row = Row("", len(prompts), rate, out[:, ids.shape[1]:].tolist(),
               "prompt's forward included")
     if repeat:
-        row.again = lambda: len(prompts) * new / max(timed(new)[0], 1e-9)
+        def again() -> tuple[float, list[list[int]] | None]:
+            spent, out = timed(new)
+            return len(prompts) * new / max(spent, 1e-9), out[:, ids.shape[1]:].tolist()
+
+        row.again = again
     return row
 
 
@@ -416,7 +483,11 @@ def genai_run(model_dir: Path, prompts: list[list[int]], new: int, repeat: bool 
     spent, rows = run(new)
     row = Row("", len(prompts), len(prompts) * (new - 1) / max(spent, 1e-9), rows)
     if repeat:
-        row.again = lambda: len(prompts) * (new - 1) / max(run(new)[0], 1e-9)
+        def again() -> tuple[float, list[list[int]] | None]:
+            spent, rows = run(new)
+            return len(prompts) * (new - 1) / max(spent, 1e-9), rows
+
+        row.again = again
     return row
 
 
@@ -504,9 +575,15 @@ def cuda_checks(work: Path, cuda: bool, build_only: bool = False) -> list[str]:
     lines = []
     for dtype in ("float32", "float16"):
         path = work / f"base-{dtype}.onnx"
-        if not path.is_file():
-            tfgraph_cli("build", str(ROOT / "specs" / "base.yaml"), "--to", "onnx", "--dtype",
-                        dtype, "-o", str(path))
+        try:
+            if not path.is_file():
+                tfgraph_cli("build", str(ROOT / "specs" / "base.yaml"), "--to", "onnx",
+                            "--dtype", dtype, "-o", str(path))
+        except CliFailed as err:  # one line, and the rest goes on
+            lines.append(f"run --check, base.yaml {dtype} on {provider}: its build failed: "
+                         f"{one_line(err)}")
+            say(lines[-1])
+            continue
         if build_only:
             continue
         done = subprocess.run([sys.executable, "-m", "tfgraph", "run", str(path), "--provider",
@@ -960,17 +1037,12 @@ def main() -> int:
             say_row(row)
             for pair in REPEATED:  # both sides of a goal pair timed once: the rest in turns
                 if name in pair and all(p in ran and ran[p].again is not None for p in pair):
-                    run_again([ran[p] for p in pair])
-                    for side in pair:
-                        say_row(ran[side])
+                    repeat_rows([ran[p] for p in pair])
         for row in ran.values():  # a repeated side whose peer did not run: its runs in a row
             if row.again is not None:
-                run_again([row])
-                say_row(row)
-    bw, how = device_bandwidth(cuda)
-    floor = bw / weight_bytes
-    lines = [f"card: {card}", f"bandwidth floor (batch 1): {weight_bytes / 1e9:.3f} GB of "
-             f"weights / {bw / 1e12:.2f} TB/s read ({how}) = {floor:,.0f} tokens/s"]
+                repeat_rows([row])
+    floor, said = floor_line(weight_bytes, cuda)
+    lines = [f"card: {card}", said]
     lines += table(rows, floor)
     lines += goal_lines(rows)
     say("\n".join(["", "decode figures:"] + lines[1:]))
@@ -978,12 +1050,15 @@ def main() -> int:
         lines += numerics(folder, work, hf, parts, cuda, onnx_path, spec.vocab_size("source"))
     del hf
     if "onnx" in parts and "checks" in steps:
-        lines += cuda_checks(work, cuda)
+        try:
+            lines += cuda_checks(work, cuda)
+        except Exception as err:  # noqa: BLE001 - reported with the rest, not fatal
+            lines.append(f"run --check: failed: {one_line(err)}")
+            say(lines[-1])
         try:
             lines += fused_check(work, cuda)
         except Exception as err:  # noqa: BLE001 - reported with the rest, not fatal
-            lines.append(f"fused attention vs written out: failed: {type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:300] if str(err) else ''}")
+            lines.append(f"fused attention vs written out: failed: {one_line(err)}")
             say(lines[-1])
     timed: dict[str, float] = {}
     if "torch" in parts and "train" in steps:
@@ -1011,7 +1086,8 @@ PROFILE_LIMIT = 120  # seconds the profiling process may run (it needs about 30-
 
 def profile_step(fused_path: Path, work: Path, prompt: list[int], cuda: bool) -> list[str]:
     """``--steps profile`` (benchmarks/gpu_profile.py) in a process of its own, its lines said
-    as they come back; a crash or a hang (stopped after :data:`PROFILE_LIMIT` s) is one line.
+    when it ends (none while it runs); a crash or a hang (stopped after :data:`PROFILE_LIMIT`
+    s) is one line after whatever it had printed.
     Without CUDA, its one line, here."""
     sys.path.insert(0, str(HERE))
     from gpu_profile import profile_lines
@@ -1084,7 +1160,7 @@ def goal_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
-def table(rows: list[Row], floor: float) -> list[str]:
+def table(rows: list[Row], floor: float | None) -> list[str]:
     """One line per side and batch: speed, share of the floor, tokens equal to transformers."""
     lines = []
     for row in rows:
@@ -1097,12 +1173,21 @@ def table(rows: list[Row], floor: float) -> list[str]:
                         for a, b in zip(ra, rb))
             same = f", {equal}/{sum(len(r) for r in ref.tokens)} tokens = transformers eager"
         rate = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.1f} tokens/s"
-        share = "" if row.tokens_per_s is None or row.batch != 1 else \
+        share = "" if row.tokens_per_s is None or row.batch != 1 or floor is None else \
             f" ({row.tokens_per_s / floor:.0%} of the floor)"
         lines.append(f"batch {row.batch}: {row.side}: {rate}{share}{same}"
                      f"{'; ' + row.note if row.note else ''}")
     return lines
 
 
+def entry() -> int:
+    """:func:`main`, a ``tfgraph`` command's failure that no step caught ending the run with
+    its message (exit 1), as ``sys.exit`` of a message does."""
+    try:
+        return main()
+    except CliFailed as err:
+        sys.exit(str(err))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

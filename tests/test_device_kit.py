@@ -1,6 +1,7 @@
 """benchmarks/device_kit.py cuts onnxruntime-gpu's wheel so that every call to the lent GPU
 machine stays under what one call may carry: a piece over it would be refused there, mid-lease,
-after the earlier pieces' device time was spent."""
+after the earlier pieces' device time was spent. Its calls run the onnx part only where every
+piece has arrived and been installed, and what a short lease may lose last."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from device_kit import CALL_LIMIT, SLICES, piece_sizes  # noqa: E402
+from device_kit import CALL_LIMIT, EXTRA_SLICES, ONNX_SLICE, SLICES, TORCH_SLICES, \
+    calls, piece_sizes  # noqa: E402
 
 
 @pytest.mark.parametrize("total", [1, 14_000_000, 255_579_160, 3 * 61_000_000])
@@ -37,15 +39,53 @@ def test_base_wheels_that_leave_no_room_are_refused() -> None:
         piece_sizes(10, 100, 100, 0)
 
 
-def test_the_last_slice_runs_the_onnx_part_with_its_profile_within_one_call() -> None:
-    """The last call (onnxruntime-gpu installed) runs the onnx part's decode, checks and
+def test_the_onnx_slice_runs_the_onnx_part_with_its_profile_within_one_call() -> None:
+    """The onnx slice (onnxruntime-gpu installed) runs the onnx part's decode, checks and
     profile steps; no slice's own limit reaches the device's 600 s per command, which would
     cut the call (and its log) rather than the slice."""
-    last = SLICES[-1]
-    assert "--part onnx" in last and "--steps decode,checks,profile" in last, last
-    assert all("--part onnx" not in s for s in SLICES[:-1])  # only there is onnxruntime-gpu
+    assert "--part onnx" in ONNX_SLICE and "--steps decode,checks,profile" in ONNX_SLICE
+    assert all("--part onnx" not in s for s in [*TORCH_SLICES, *EXTRA_SLICES])
     for command in SLICES:
-        if command == "true":  # a call that only carries its piece
-            continue
         limits = [int(n) for n in re.findall(r"\btimeout (\d+)", command)]
         assert limits and all(n < 600 for n in limits), command
+
+
+def test_train_runs_on_a_piece_call_and_plan_after_the_pieces() -> None:
+    """What matters most runs first: decode and train beside pieces, tfgraph plan's step (it
+    reads train's times from --work) in a call of its own after them."""
+    assert [s.split("--steps ")[-1] for s in TORCH_SLICES] == ["decode", "decode", "train"]
+    assert [s.split("--steps ")[-1] for s in EXTRA_SLICES] == ["plan"]
+    assert all("--work /tmp/gw" in s for s in SLICES)
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 4, 5, 6])
+def test_the_calls_install_before_the_onnx_part_and_run_every_slice(pieces: int) -> None:
+    made = calls(pieces)
+    piece_calls = [c for c in made if not c.optional]
+    assert len(piece_calls) == pieces and made[:pieces] == piece_calls  # the pieces first
+    last = f"device_kit.py receive {pieces} && python3 benchmarks/device_kit.py install && "
+    onnx = [c for c in made if "--part onnx" in c.command]
+    assert onnx == [made[pieces - 1]] and last in onnx[0].command
+    assert ".dev/late" in onnx[0].carry and ".dev/whl" in made[0].carry
+    for i, call in enumerate(piece_calls, 1):
+        assert f"receive {i} && " in call.command and f".dev/p{i}" in call.carry
+        assert ("device_kit.py install" in call.command) == (i == pieces)
+        if i < pieces and i > len(TORCH_SLICES):
+            assert "&& true;" in call.command  # only its piece
+    for call in made[pieces:]:  # after the pieces: nothing carried, env.sh from call 1
+        assert call.carry == [] and "receive" not in call.command
+        assert ". /tmp/site/env.sh && " in call.command
+    assert "--steps plan" in made[-1].command  # last: what a short lease may lose
+    ran = [s for s in SLICES if any(s in c.command for c in made)]
+    assert ran == SLICES  # every slice once, in SLICES' order
+    assert all(sum(s in c.command for c in made) == 1 for s in SLICES)
+    assert all(c.command.endswith("cp /tmp/gw.log $OUT/ 2>/dev/null; true") for c in made)
+
+
+def test_five_pieces_give_the_planned_calls_and_limits() -> None:
+    made = calls(5)
+    # the call's own limit: its last timeout (the batch-8 call's build runs in the background)
+    limits = [int((re.findall(r"\btimeout (\d+) python3", c.command) or [0])[-1])
+              for c in made]
+    assert limits == [200, 180, 160, 0, 370, 120]
+    assert [c.optional for c in made] == [False] * 5 + [True]

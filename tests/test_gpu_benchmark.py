@@ -1,12 +1,16 @@
 """benchmarks/gpu.py's figures from given numbers (no timing here): the goal pairs timed
 several times in turns and reported as medians with their spread, the goal lines from those
-medians, and ``--steps profile``'s summary of a profiler trace and its line without CUDA.
-The script itself runs on a lent GPU machine; what these check decides what its lines say."""
+medians, and ``--steps profile``'s summary of a profiler trace and its line without CUDA; a
+repeat's tokens against the first run's; a failed build, repeat, close or bandwidth measurement
+as one line, the rest going on. The script itself runs on a lent GPU machine; what these check
+decides what its lines say."""
 
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,13 +24,15 @@ FUSED_GRAPH = "tfgraph ONNX fused attention + CUDA graph"
 GENAI = "onnxruntime-genai (own model, CUDA)"
 
 
-def repeated(side: str, rates: list[float], log: list[str]) -> gpu.Row:
-    """A row timed once at ``rates[0]`` whose ``again`` hands out the other rates in order,
-    writing its side into ``log`` at each repeat and at its close."""
+def repeated(side: str, rates: list[float], log: list[str],
+             tokens: list[list[list[int]]] | None = None) -> gpu.Row:
+    """A row timed once at ``rates[0]`` whose ``again`` hands out the other rates in order
+    (with ``tokens``' in order, else the first run's tokens), writing its side into ``log``
+    at each repeat and at its close."""
     row = gpu.Row(side, 1, rates[0], [[1, 2]], "compile 1.0 s apart")
-    left = iter(rates[1:])
+    left = iter(zip(rates[1:], tokens or [[[1, 2]]] * len(rates[1:])))
 
-    def again() -> float:
+    def again() -> tuple[float, list[list[int]]]:
         log.append(side)
         return next(left)
 
@@ -131,3 +137,141 @@ def test_profile_summary_of_a_trace() -> None:
 def test_profile_says_when_it_saw_no_kernels() -> None:
     lines = gpu_profile.summary("graph", [], 32, 0.064, 0.07)
     assert "0.0 kernels/token" in lines[0] and "saw no kernels" in lines[1]
+
+
+def test_a_repeat_that_decoded_other_tokens_says_so() -> None:
+    log: list[str] = []
+    row = repeated("tfgraph torch compiled", [100.0, 300.0, 200.0], log,
+                   [[[1, 2]], [[1, 3]]])  # the third run's tokens differ from the first's
+    gpu.run_again([row])
+    assert row.note == ("median of 3 runs (100.0-300.0 tokens/s); compile 1.0 s apart; "
+                        "repeat 3: other tokens")
+
+
+def test_each_repeatable_side_hands_back_its_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``again`` (tfgraph's loop, transformers' generate, onnxruntime-genai's generator)
+    returns the repeat's tokens beside its rate, which run_again compares with the first
+    run's."""
+    import torch
+
+    torch.set_num_threads(1)
+    prompts = [[5, 6, 7], [8, 9, 10]]
+    row = gpu.tfgraph_side(str(ROOT / "specs" / "tiny-llama.yaml"), prompts, 4, True,
+                           backend="torch", provider="cpu")
+    rate, tokens = row.again()
+    assert rate > 0 and tokens == row.tokens and len(tokens) == 2
+    row.close()
+
+    class Model:  # transformers' generate: greedy here, the prompt then 7s
+        def generate(self, ids: torch.Tensor, max_new_tokens: int, **_: object) -> torch.Tensor:
+            return torch.cat([ids, torch.full((ids.shape[0], max_new_tokens), 7)], 1)
+
+    row = gpu.hf_side(Model(), prompts, 4, "cpu", True)
+    assert row.again()[1] == row.tokens == [[7] * 4] * 2
+
+    class Generator:  # onnxruntime-genai's: 4 new tokens, the third generator's differ
+        def __init__(self, model: Any, params: object) -> None:
+            model.runs += 1
+            self.run, self.new = model.runs, list[int]()
+
+        def append_tokens(self, ids: object) -> None: ...
+
+        def is_done(self) -> bool:
+            return len(self.new) >= 4
+
+        def generate_next_token(self) -> None:
+            self.new.append(9 if self.run == 3 else 0)
+
+        def get_sequence(self, i: int) -> list[int]:
+            return [1] * gpu.PROMPT_LEN + self.new
+
+    class Params:
+        def __init__(self, model: object) -> None: ...
+
+        def set_search_options(self, **_: object) -> None: ...
+
+    class Model2:
+        runs = 0
+
+        def __init__(self, path: str) -> None: ...
+
+    fake = types.SimpleNamespace(Model=Model2, GeneratorParams=Params, Generator=Generator)
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", fake)
+    row = gpu.genai_run(Path("genai"), prompts, 4, True)  # runs 1 (warm-up) and 2 (timed)
+    gpu.run_again([row])  # runs 3 (other tokens) and 4
+    assert row.tokens == [[0] * 4] * 2 and "repeat 2: other tokens" in row.note, row.note
+    assert "repeat 3" not in row.note
+
+
+def test_a_close_that_fails_keeps_the_runs_and_closes_the_rest() -> None:
+    log: list[str] = []
+    ours = repeated(FUSED_GRAPH, [439.1, 465.3, 450.0], log)
+    theirs = repeated(GENAI, [377.5, 320.2, 340.0], log)
+
+    def broken() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    ours.close = broken
+    gpu.run_again([ours, theirs])
+    assert ours.tokens_per_s == 450.0 and ours.close is None
+    assert ours.note.endswith("closing failed: RuntimeError: CUDA error: an illegal memory "
+                              "access"), ours.note
+    assert theirs.tokens_per_s == 340.0 and log[-1] == f"close {GENAI}"
+
+
+def test_repeats_that_fail_outside_a_run_are_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    log: list[str] = []
+    row = repeated(GENAI, [377.5, 320.2, 340.0], log)
+
+    def broken(rows: list[gpu.Row]) -> None:
+        raise MemoryError("out of host memory")
+
+    monkeypatch.setattr(gpu, "run_again", broken)
+    gpu.repeat_rows([row])
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == f"repeats of {GENAI}: failed: MemoryError: out of host memory"
+    assert row.tokens_per_s == 377.5 and row.again is None and len(said) == 2  # and its row
+    assert log == [f"close {GENAI}"]  # let go all the same
+    assert "repeats failed: MemoryError" in said[1]
+
+
+def test_a_failed_bandwidth_measurement_keeps_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(cuda: bool) -> tuple[float, str]:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    monkeypatch.setattr(gpu, "device_bandwidth", broken)
+    floor, line = gpu.floor_line(2_200_000_000, True)
+    assert floor is None and line == ("bandwidth floor (batch 1): not measured: RuntimeError: "
+                                      "CUDA out of memory. Tried to allocate 2.00 GiB")
+    rows = [gpu.Row("transformers eager", 1, 40.0, [[1, 2]]), gpu.Row(GENAI, 1, 320.0, [[1, 3]])]
+    assert gpu.table(rows, floor) == ["batch 1: transformers eager: 40.0 tokens/s",
+                                      f"batch 1: {GENAI}: 320.0 tokens/s, 1/2 tokens = "
+                                      "transformers eager"]
+    monkeypatch.setattr(gpu, "device_bandwidth", lambda cuda: (2.2e12, "amax"))
+    assert gpu.floor_line(2_200_000_000, True)[0] == pytest.approx(1000.0)
+
+
+def test_a_failed_tfgraph_command_is_an_exception_not_an_exit(tmp_path: Path) -> None:
+    with pytest.raises(gpu.CliFailed) as failed:
+        gpu.tfgraph_cli("build", str(tmp_path / "missing.yaml"), "--to", "hf", "-o",
+                        str(tmp_path / "out"))
+    line = gpu.one_line(failed.value)
+    assert line.startswith("tfgraph build failed: ") and "\n" not in line, line
+    assert len(line) > len("tfgraph build failed: ")  # the command's own last line
+
+
+def test_a_check_whose_build_fails_is_one_line_and_the_rest_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: str) -> str:
+        raise gpu.CliFailed(["python", "-m", "tfgraph", *args], "Traceback\nerror: no CUDA\n")
+
+    monkeypatch.setattr(gpu, "tfgraph_cli", broken)
+    lines = gpu.cuda_checks(tmp_path, False)
+    assert lines == [f"run --check, base.yaml {dtype} on cpu: its build failed: tfgraph build "
+                     "failed: error: no CUDA" for dtype in ("float32", "float16")]
+    with pytest.raises(gpu.CliFailed):  # caught by main's Exception, as other failures
+        gpu.fused_check(tmp_path, False)
+    monkeypatch.setattr(gpu, "main", lambda: broken("build"))
+    with pytest.raises(SystemExit, match="tfgraph build failed:"):  # uncaught: the run ends
+        gpu.entry()
