@@ -711,7 +711,11 @@ def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool,
         return lines
     del hf
     torch.cuda.empty_cache()
-    lines += activation_peaks(spec, ours, ids, work)
+    try:
+        lines += activation_peaks(spec, ours, ids, work)
+    except Exception as err:  # noqa: BLE001 - the step times above stand; one line
+        lines.append(f"activation peaks: failed: {one_line(err)}")
+        say(lines[-1])
     return lines
 
 
@@ -1047,7 +1051,11 @@ def main() -> int:
     lines += goal_lines(rows)
     say("\n".join(["", "decode figures:"] + lines[1:]))
     if "numerics" in steps:
-        lines += numerics(folder, work, hf, parts, cuda, onnx_path, spec.vocab_size("source"))
+        try:
+            lines += numerics(folder, work, hf, parts, cuda, onnx_path, spec.vocab_size("source"))
+        except Exception as err:  # noqa: BLE001 - reported with the rest, not fatal
+            lines.append(f"numerics: failed: {one_line(err)}")
+            say(lines[-1])
     del hf
     if "onnx" in parts and "checks" in steps:
         try:
