@@ -50,6 +50,7 @@ from tfgraph.parallel.timing import kernel_seconds  # noqa: E402
 BATCH, SEQ = 4, 1024
 # (GPU row, tfgraph ms, transformers ms, where): the same step on the same machine
 MEASURED = [("h100", 66.7, 92.9, "issue 26 (H100 80GB)"),
+            ("h100", 69.0, 96.8, "RESULTS.md \"third H100 run\""),
             ("h200", 61.0, 81.0, "RESULTS.md \"On a GPU\", H200"),
             ("h200", 69.9, 85.8, "RESULTS.md \"On a GPU\", second H200")]
 

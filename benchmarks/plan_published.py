@@ -23,7 +23,8 @@ the paper counts it. Both use the paper's own FLOP formula, so the ratio is achi
   torch module, SDPA attention); and the same step measured by benchmarks/gpu.py on two H200
   machines (61.0 and 69.9 ms, benchmarks/RESULTS.md "On a GPU") and on an H100 80GB HBM3
   (63.6 ms; 58.2 ms under ``torch.compile``, predicted with ``--kernels graph``; RESULTS.md,
-  2026-11-27). Predicted: the plan's
+  2026-11-27) and a third (69.0 ms; compiled 59.3 ms; examples/train_distributed.py's FSDP2
+  step with AdamW 180.2 ms, predicted as the plan's whole step at ZeRO 3). Predicted: the plan's
   forward + backward time (the measurements have no optimizer step). The plan times one
   kernel per graph op at the fused rates; the measured module ran eagerly, so these rows
   also measure what eager execution costs beyond that. ``--measured FILE`` adds the rows
@@ -137,6 +138,15 @@ MEASURED = [
     Measured("H100 TinyLlama-1.1B compiled", replace(TINYLLAMA_STEP, kernels="graph"), 58.2,
              "torch.compile", "NVIDIA H100 80GB HBM3", "h100", "2026-11-27",
              "benchmarks/gpu.py --steps train (RESULTS.md, \"On a GPU ... H100\")"),
+    Measured("H100 TinyLlama-1.1B #3", TINYLLAMA_STEP, 69.0, "eager module",
+             "NVIDIA H100 80GB HBM3", "h100", "2026-11-27",
+             "benchmarks/gpu.py --steps train,plan (RESULTS.md, \"third H100 run\")"),
+    Measured("H100 TinyLlama-1.1B #3 compiled", replace(TINYLLAMA_STEP, kernels="graph"), 59.3,
+             "torch.compile", "NVIDIA H100 80GB HBM3", "h100", "2026-11-27",
+             "benchmarks/gpu.py --steps train,plan (RESULTS.md, \"third H100 run\")"),
+    Measured("H100 TinyLlama-1.1B #3 FSDP2", replace(TINYLLAMA_STEP, zero=3, optimizer=True),
+             180.2, "train_distributed.py FSDP2, AdamW", "NVIDIA H100 80GB HBM3", "h100",
+             "2026-11-27", "benchmarks/gpu.py --steps plan (RESULTS.md, \"third H100 run\")"),
 ]
 
 
@@ -266,7 +276,7 @@ def main() -> None:
     args = parser.parse_args()
     measured = measured_rows(args.measured)  # a bad file refused before the long part
     rows: list[tuple[str, float, float, str]] = []
-    print(f"{'run':<28} {'layout':<34} {'achieved':>10} {'predicted':>10} {'ratio':>6}  "
+    print(f"{'run':<32} {'layout':<34} {'achieved':>10} {'predicted':>10} {'ratio':>6}  "
           "time parts (s)")
     for run in NARAYANAN + KORTHIKANTI:
         real, mine, result = predicted(run)
@@ -280,7 +290,7 @@ def main() -> None:
         layout_text = (f"t{lay['tp']} p{lay['pp']} d{lay['dp']} v{lay['vpp']} "
                        f"mb{lay['micro_batch']} m{lay['microbatches']}")
         fmt = "{:.1f}" if unit == "TFLOP/s" else "{:.3f}"
-        print(f"{run.source + ' ' + run.name:<28} {layout_text:<34} "
+        print(f"{run.source + ' ' + run.name:<32} {layout_text:<34} "
               f"{fmt.format(achieved):>10} {fmt.format(pred):>10} {ratio:6.3f}  {shown}"
               f"{'' if result['per_rank']['fits'] else '  (plan: does not fit)'}")
         rows.append((f"{run.source} {run.name}", real, mine, unit))
@@ -291,7 +301,7 @@ def main() -> None:
         fused = ""
         if row.step.kernels == "eager":  # what one kernel per op would have predicted
             fused = (f"; --kernels graph {predicted_s(replace(row.step, kernels='graph'), row.gpu) * 1e3:.1f}ms")
-        print(f"{row.label:<28} {row.layout_text():<34} "
+        print(f"{row.label:<32} {row.layout_text():<34} "
               f"{real * 1e3:>8.1f}ms {mine * 1e3:>8.1f}ms {real / mine:6.3f}  "
               f"{row.step.what()} ({row.note}{where}{fused})")
         rows.append((row.label, real, mine, "ms"))
