@@ -60,27 +60,26 @@ PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation
 CALL_LIMIT = 64 * 2**20  # bytes one call may carry, the working tree included
 # What the calls run, the most needed first: what a lease too short for all of it loses is the
 # end. An H100 lease is 15 minutes (900 s) in all, start and the gaps between calls included;
-# measured (benchmarks/RESULTS.md 2026-11-27): start 37-70 s; torch decode at batch 1 164 s
-# with the Hugging Face folder's build, at batch 8 134 s (both in one call ran past 300 s);
-# train 125 s; plan 74 s; the onnx part at batches 1 and 8 with checks 205 s,
-# onnxruntime-genai's build 25 s, gpu.py's goal pairs timed 3 times about 10 s a part, its
-# profile step about 30-40 s (numerics 30 s a part: in no slice). The ONNX models build on the
-# CPU in the background of the batch-8 slice; the fourth call only carries its piece
-# (numerics and eager_step.py --measure do not fit the lease beside the rest); the last piece's
-# call installs onnxruntime-gpu and runs the onnx part: decode, checks, then the profile. The
-# piece calls' limits: 200 + 180 + 160 + 370 = 910 s, over about 700 s of measured work
-# (164 + 134 + 125 + about 275 for the onnx call; receive and install not timed), about
-# 740-770 s with the start, more with the gaps between calls (each call's transfer and start).
-# The plan call after them (limit 120 s, needs about 74: 810-845 s with the start, before the
-# gaps) fits only what a quick start and quick calls leave: run it when the lease has that time
-# left, else leave it (the train step's times wait for it in --work, train_timed.json).
+# measured (benchmarks/RESULTS.md 2026-11-27, third H100 run): start 37-70 s; torch decode at
+# batch 1 150 s of call with the Hugging Face folder's build, at batch 8 141 s; train 127 s
+# with the compiled training step (about 60 s of it, now in plan); the onnx part at batches 1
+# and 8 with checks and the profile 217 s with receive and install; plan 76 s without the
+# compiled step (numerics 30 s a part: in no slice). The ONNX models build on the CPU in the
+# background of the batch-8 slice; the fourth call only carries its piece (numerics and
+# eager_step.py --measure do not fit the lease beside the rest); the last piece's call installs
+# onnxruntime-gpu and runs the onnx part: decode, checks, then the profile. The piece calls'
+# limits: 200 + 180 + 100 + 370 = 850 s, over about 575 s of measured work, about 650 s with
+# the start, more with the gaps between calls (each call's transfer and start). The plan call
+# after them (limit 180 s, needs about 140 with the compiled training step) fits what is left
+# in a lease like the last (782 s held with a 76 s plan call): run it when the lease has that
+# time left, else leave it (the train step's time waits for it in --work, train_timed.json).
 GPU = "python3 benchmarks/gpu.py --work /tmp/gw"
 TORCH_SLICES = [f"timeout 200 {GPU} --log /tmp/gw.log --part torch --batches 1 --steps decode",
                 f"(setsid nohup timeout 400 {GPU} --steps build > /tmp/build.log 2>&1 &); "
                 f"timeout 180 {GPU} --log /tmp/gw.log --part torch --batches 8 --steps decode",
-                f"timeout 160 {GPU} --log /tmp/gw.log --part torch --steps train"]
+                f"timeout 100 {GPU} --log /tmp/gw.log --part torch --steps train"]
 ONNX_SLICE = f"timeout 370 {GPU} --log /tmp/gw.log --part onnx --steps decode,checks,profile"
-EXTRA_SLICES = [f"timeout 120 {GPU} --log /tmp/gw.log --part torch --steps plan"]
+EXTRA_SLICES = [f"timeout 180 {GPU} --log /tmp/gw.log --part torch --steps plan"]
 SLICES = [*TORCH_SLICES, ONNX_SLICE, *EXTRA_SLICES]  # every slice, for the tests
 LOG_BACK = "; cp /tmp/gw.log $OUT/ 2>/dev/null; true"  # the log comes back whatever ran
 

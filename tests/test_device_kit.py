@@ -87,5 +87,5 @@ def test_five_pieces_give_the_planned_calls_and_limits() -> None:
     # the call's own limit: its last timeout (the batch-8 call's build runs in the background)
     limits = [int((re.findall(r"\btimeout (\d+) python3", c.command) or [0])[-1])
               for c in made]
-    assert limits == [200, 180, 160, 0, 370, 120]
+    assert limits == [200, 180, 100, 0, 370, 180]
     assert [c.optional for c in made] == [False] * 5 + [True]
