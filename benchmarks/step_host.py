@@ -3,9 +3,9 @@ one eager decode step: is an H100 step host-bound?
 
     python benchmarks/step_host.py [--spec specs/llama.yaml] [--repeat 7]
 
-``tfgraph plan --kernels eager`` times a step as its kernels' device time. On issue 26's H100
-the plain eager step of llama.yaml (bf16, batch 4 x 1024, forward + float32 token
-cross-entropy + backward) took 69.0 ms against 57.0 predicted, and examples/train_distributed.py's
+``tfgraph plan --kernels eager`` times a step as its kernels' device time. On an H100 (the third
+H100 run of benchmarks/RESULTS.md) the plain eager step of llama.yaml (bf16, batch 4 x 1024,
+forward + float32 token cross-entropy + backward) took 69.0 ms against 57.0 predicted, and examples/train_distributed.py's
 FSDP2 step (one process, bf16 parameters, AdamW foreach) 180.2 ms against 99.9: is the host
 (Python, the dispatcher, DTensor, FSDP2's hooks) the rest? Here the spec's structure (its layers,
 parameter tensors and ops) runs at tiny widths (``small_spec``: 2 dims per head, vocabulary 256,
@@ -64,10 +64,10 @@ from tfgraph.spec.schema import Spec  # noqa: E402
 
 BATCH, SEQ, PROMPT = 1, 4, 16
 # Measured on two H100 machines (torch 2.11+cu130): eager decode at batch 1 (tfgraph torch eager,
-# TinyLlama-1.1B sizes) in ms per token, and steps in ms: issue 26's (the plain step and the
-# FSDP2 step with AdamW foreach) and benchmarks/RESULTS.md's first H100 (the plain step, and the
+# TinyLlama-1.1B sizes) in ms per token, and steps in ms: the third H100 run's (the plain step
+# and the FSDP2 step with AdamW foreach) and benchmarks/RESULTS.md's first H100 (the plain step, and the
 # FSDP2 step with AdamW's per-tensor loop, foreach=False).
-MACHINES = {"issue 26 H100": {"decode": 1e3 / 44.2, "plain": 69.0, "fsdp2": 180.2},
+MACHINES = {"third H100": {"decode": 1e3 / 44.2, "plain": 69.0, "fsdp2": 180.2},
             "first H100": {"decode": 1e3 / 41.5, "plain": 63.6, "fsdp2 loop": 191.8}}
 # The plan's device time per phase, ms (tfgraph plan specs/llama.yaml --gpus 1 --gpu h100
 # --micro-batch 4 --global-batch 4 --seq 1024 --dtype bfloat16 [--zero 3] --kernels eager).
