@@ -23,11 +23,17 @@ step) run only while the lease has time left: they are what a short lease may lo
     python3 benchmarks/device_kit.py receive N && python3 benchmarks/device_kit.py install && . /tmp/site/env.sh && python3 benchmarks/gpu.py --part onnx ...
     . /tmp/site/env.sh && python3 benchmarks/gpu.py --part torch --steps plan ...   (if time is left)
 
-``receive 1`` also installs the base wheels (pydantic, graphviz's bindings, tfgraph) with
-``pip install --no-index --no-deps --target /tmp/site`` and writes /tmp/site/env.sh, which puts
-/tmp/site first on PYTHONPATH and the CUDA 13 / cuDNN 9 libraries that torch's pip packages
-bring (their ``nvidia/*/lib`` folders) on LD_LIBRARY_PATH, where onnxruntime's CUDA provider
-looks for them. ``install`` joins the pieces, checks the SHA-256 recorded by ``pack`` and
+A lease for the torch side only (issue 26's training steps and their profile; no
+onnxruntime-gpu, so no pieces): ``pack --torch-only`` downloads the base wheels alone and
+prints two calls (``torch_only_calls``): the first carries them, installs them (``receive 0``)
+and runs ``gpu.py --part torch --steps train,plan``; the second, carrying nothing, runs
+benchmarks/step_profile.py and ``benchmarks/eager_step.py --measure``.
+
+``receive 1`` (``receive 0`` too) also installs the base wheels (pydantic, graphviz's bindings,
+tfgraph) with ``pip install --no-index --no-deps --target /tmp/site`` and writes
+/tmp/site/env.sh, which puts /tmp/site first on PYTHONPATH and the CUDA 13 / cuDNN 9
+libraries that torch's pip packages bring (their ``nvidia/*/lib`` folders) on LD_LIBRARY_PATH,
+where onnxruntime's CUDA provider looks for them. ``install`` joins the pieces, checks the SHA-256 recorded by ``pack`` and
 installs onnxruntime-gpu and the late wheels (onnxruntime-genai-cuda) the same way.
 """
 
@@ -84,6 +90,22 @@ SLICES = [*TORCH_SLICES, ONNX_SLICE, *EXTRA_SLICES]  # every slice, for the test
 LOG_BACK = "; cp /tmp/gw.log $OUT/ 2>/dev/null; true"  # the log comes back whatever ran
 
 
+# The torch-only lease (``pack --torch-only``), 15 minutes in all. Estimated: train about 60 s
+# (the eager step beside transformers' and the activation peaks; the Hugging Face folder's
+# build first) and plan about 140 s (the compiled step's minute of compilation, then the FSDP2
+# example under torchrun): limit 300 s; step_profile.py about 60-120 s (two 1.1B modules
+# initialised on the host, two plans, 7 steps of each, the traces summarised): limit 180 s;
+# eager_step.py --measure about 60 s (both modules built for real and on the meta device, 7
+# steps each, the kernels recorded on meta): limit 120 s. Limits 300 + 180 + 120 = 600 s,
+# about 380 s expected; with a 37-70 s start, receive (seconds) and the transfers the lease
+# has 2-4 minutes to spare.
+TORCH_ONLY_SLICES = [
+    f"timeout 300 {GPU} --log /tmp/gw.log --part torch --steps train,plan"
+    "; cp /tmp/gw/plan_measured.json $OUT/ 2>/dev/null",
+    "timeout 180 python3 benchmarks/step_profile.py 2>&1 | tee -a /tmp/gw.log; "
+    "timeout 120 python3 benchmarks/eager_step.py --measure 2>&1 | tee -a /tmp/gw.log"]
+
+
 class Call(NamedTuple):
     carry: list[str]  # the ignored paths it carries (the device tool's carry)
     command: str
@@ -117,6 +139,26 @@ def calls(pieces: int) -> list[Call]:
     return out
 
 
+def torch_only_calls() -> list[Call]:
+    """The torch-only lease's two calls: the first carries the base wheels and the manifest,
+    installs them (``receive 0``) and runs train and plan; the second carries nothing
+    (/tmp/site/env.sh and /tmp/gw are there from the first, the machine still warm) and runs
+    the profiles. Neither is optional: the lease is spent on them alone."""
+    head = "export PYTHONUNBUFFERED=1; "
+    return [Call([".dev/whl", ".dev/manifest.json"],
+                 f"{head}python3 benchmarks/device_kit.py receive 0 && . /tmp/site/env.sh && "
+                 f"{TORCH_ONLY_SLICES[0]}{LOG_BACK}", False),
+            Call([], f"{head}. /tmp/site/env.sh && {{ {TORCH_ONLY_SLICES[1]}; }}{LOG_BACK}",
+                 False)]
+
+
+def print_calls(made: list[Call]) -> None:
+    for i, call in enumerate(made, 1):
+        when = (" (no piece: run it only if the device tool's status shows budget_left_s "
+                "beyond its timeout; else stop here)") if call.optional else ""
+        print(f"call {i}{when}: carry={json.dumps(call.carry)}\n  command: {call.command}")
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -132,21 +174,30 @@ def tree_bytes() -> int:
     return sum((ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file())
 
 
-def pack() -> None:
+def pack(torch_only: bool = False) -> None:
     if KIT.exists():
         shutil.rmtree(KIT)
     base, late = KIT / "whl", KIT / "late"
     base.mkdir(parents=True)
-    late.mkdir()
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "download", "-q", "--no-deps", *PLATFORM, "-d", str(KIT), BIG], check=True)
     subprocess.run([*pip, "download", "-q", "--no-deps", *PLATFORM, "-d", str(base), *BASE],
                    check=True)
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(base), str(ROOT)], check=True)
+    base_bytes = sum(p.stat().st_size for p in base.iterdir())
+    if torch_only:
+        if tree_bytes() + base_bytes + 2**20 > CALL_LIMIT:
+            raise SystemExit("device_kit: the base wheels and the working tree exceed what "
+                             "one call may carry")
+        manifest = {"torch_only": True,
+                    "base": {p.name: sha256(p) for p in sorted(base.glob("*.whl"))}}
+        (KIT / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        print_calls(torch_only_calls())
+        return
+    late.mkdir()
+    subprocess.run([*pip, "download", "-q", "--no-deps", *PLATFORM, "-d", str(KIT), BIG], check=True)
     subprocess.run([*pip, "download", "-q", "--no-deps", *PLATFORM, "-d", str(late), *LATE],
                    check=True)
-    subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(base), str(ROOT)], check=True)
     (big,) = KIT.glob("onnxruntime_gpu-*.whl")
-    base_bytes = sum(p.stat().st_size for p in base.iterdir())
     late_bytes = sum(p.stat().st_size for p in late.iterdir())
     # Each call carries the tree and one piece; the first also the base wheels, the last the
     # late ones. 1 MiB to spare per call.
@@ -160,10 +211,7 @@ def pack() -> None:
     manifest = {"wheel": big.name, "sha256": sha256(big), "pieces": pieces}
     (KIT / "manifest.json").write_text(json.dumps(manifest, indent=1))
     big.unlink()
-    for i, call in enumerate(calls(len(pieces)), 1):
-        when = (" (no piece: run it only if the device tool's status shows budget_left_s "
-                "beyond its timeout; else stop here)") if call.optional else ""
-        print(f"call {i}{when}: carry={json.dumps(call.carry)}\n  command: {call.command}")
+    print_calls(calls(len(pieces)))
 
 
 def piece_sizes(total: int, room: int, base: int, late: int) -> list[int]:
@@ -188,14 +236,32 @@ def install_wheels(wheels: list[Path]) -> None:
                     *map(str, wheels)], check=True)
 
 
+def check_base() -> None:
+    """The torch-only kit's base wheels are all here as ``pack --torch-only`` recorded them
+    (SystemExit, one line, otherwise: a kit with pieces, a wheel missing or altered)."""
+    manifest = json.loads((KIT / "manifest.json").read_text())
+    if not manifest.get("torch_only"):
+        raise SystemExit("device_kit: receive 0 takes the torch-only kit (pack --torch-only); "
+                         "this one comes in pieces: receive 1 first")
+    for name, digest in manifest["base"].items():
+        wheel = KIT / "whl" / name
+        if not wheel.is_file() or sha256(wheel) != digest:
+            raise SystemExit(f"device_kit: base wheel {name} missing or not as packed")
+
+
 def receive(index: int) -> None:
     """Keep piece ``index`` in /tmp/kit; the first call also installs the base wheels (what
-    tfgraph and its torch side need) and writes /tmp/site/env.sh."""
-    THERE.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(KIT / f"p{index}", THERE / f"p{index}")
-    print(f"device_kit: piece {index} kept in {THERE} ({(THERE / f'p{index}').stat().st_size} bytes)")
-    if index != 1:
-        return
+    tfgraph and its torch side need) and writes /tmp/site/env.sh. ``index`` 0: the torch-only
+    kit, no piece: its base wheels checked and installed."""
+    if index == 0:
+        check_base()
+    else:
+        THERE.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(KIT / f"p{index}", THERE / f"p{index}")
+        print(f"device_kit: piece {index} kept in {THERE} "
+              f"({(THERE / f'p{index}').stat().st_size} bytes)")
+        if index != 1:
+            return
     install_wheels(sorted((KIT / "whl").glob("*.whl")))
     import site  # the image's own site-packages hold torch's nvidia-* packages
 
@@ -228,13 +294,18 @@ def install() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
-    sub.add_parser("pack", help="here: download the wheels into .dev/ and cut the big one")
-    take = sub.add_parser("receive", help="there: keep one carried piece in /tmp/kit")
+    packing = sub.add_parser("pack", help="here: download the wheels into .dev/ and cut the "
+                             "big one")
+    packing.add_argument("--torch-only", action="store_true",
+                         help="the base wheels alone (no onnxruntime-gpu) and the torch-only "
+                              "lease's two calls")
+    take = sub.add_parser("receive", help="there: keep one carried piece in /tmp/kit "
+                          "(0: the torch-only kit's base wheels)")
     take.add_argument("index", type=int)
     sub.add_parser("install", help="there: join, check and install; write /tmp/site/env.sh")
     args = parser.parse_args()
     if args.verb == "pack":
-        pack()
+        pack(args.torch_only)
     elif args.verb == "receive":
         receive(args.index)
     else:

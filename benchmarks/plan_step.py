@@ -67,12 +67,17 @@ class Step:
                 + (["--kernels", self.kernels] if self.kernels != "graph" else []))
 
 
-def predicted_s(step: Step, gpu_name: str) -> float:
-    """Seconds ``tfgraph plan`` predicts for ``step`` on one ``gpu_name`` GPU."""
+def plan_of(step: Step, gpu_name: str) -> dict[str, Any]:
+    """``tfgraph plan``'s result (``--json``'s dict) for ``step`` on one ``gpu_name`` GPU."""
     spec = tfgraph.load_spec(ROOT / step.spec).model_copy(update={"dtype": step.dtype})
     graph = tfgraph.compile(spec, loss=True)
     kernels = kernel_source(graph) if step.kernels == "eager" else None
-    return seconds_of(plan(graph, step.layout(), gpu(gpu_name), kernels=kernels), step)
+    return plan(graph, step.layout(), gpu(gpu_name), kernels=kernels)
+
+
+def predicted_s(step: Step, gpu_name: str) -> float:
+    """Seconds ``tfgraph plan`` predicts for ``step`` on one ``gpu_name`` GPU."""
+    return seconds_of(plan_of(step, gpu_name), step)
 
 
 def seconds_of(result: dict[str, Any], step: Step) -> float:

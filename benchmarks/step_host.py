@@ -147,7 +147,7 @@ def small_spec(path: Path) -> Spec:
     return Spec.model_validate(data)
 
 
-Step = Callable[[Clock], None]
+Step = Callable[[Clock], Any]  # a training step returns its loss
 
 
 def rounds(steps: dict[str, Step], repeat: int) -> dict[str, dict[str, Phase]]:
@@ -167,35 +167,44 @@ def rounds(steps: dict[str, Step], repeat: int) -> dict[str, dict[str, Phase]]:
     return result
 
 
-def plain_step(spec: Spec) -> Step:
-    """benchmarks/gpu.py's eager step: the bf16 module, forward + float32 loss, backward."""
-    model = to_torch(tfgraph.compile(spec.model_copy(update={"dtype": "bfloat16"}))).train()
-    ids = torch.randint(0, spec.vocab_size("source"), (BATCH, SEQ + 1))
-    inputs, labels = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+def batch_of(spec: Spec, device: str, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random (inputs, labels) of ``batch`` rows of ``seq`` tokens on ``device``."""
+    ids = torch.randint(0, spec.vocab_size("source"), (batch, seq + 1), device=device)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
-    def step(clock: Clock) -> None:
+
+def plain_step(spec: Spec, device: str = "cpu", batch: int = BATCH, seq: int = SEQ) -> Step:
+    """benchmarks/gpu.py's eager step: the bf16 module, forward + float32 loss, backward
+    (the step returns its loss)."""
+    model = to_torch(tfgraph.compile(spec.model_copy(update={"dtype": "bfloat16"})),
+                     device=device).train()
+    inputs, labels = batch_of(spec, device, batch, seq)
+
+    def step(clock: Clock) -> torch.Tensor:
         with clock.phase("forward"):
             loss = F.cross_entropy(model(inputs).float().flatten(0, 1), labels.flatten())
         with clock.phase("backward"):
             loss.backward()
         model.zero_grad(set_to_none=True)
+        return loss
     return step
 
 
-def fsdp2_step(spec: Spec, foreach: bool = True) -> Step:
+def fsdp2_step(spec: Spec, foreach: bool = True, device: str = "cpu", batch: int = BATCH,
+               seq: int = SEQ) -> Step:
     """examples/train_distributed.py's FSDP2 step, built by its own functions (the process group
-    must be started: ``train_distributed.start_group``); ``foreach=False``: AdamW's per-tensor
-    loop, as the example stepped it before (benchmarks/RESULTS.md's 191.8 ms H100 row)."""
+    must be started: ``train_distributed.start_group``; on CUDA the current device set);
+    ``foreach=False``: AdamW's per-tensor loop, as the example stepped it before
+    (benchmarks/RESULTS.md's 191.8 ms H100 row). The step returns its loss."""
     import train_distributed as td
 
     args = Namespace(strategy="fsdp", tp=1, ep=1, sp=False, seed=0, param_dtype="bfloat16")
-    model, _, _ = td.build(args, tfgraph.compile(spec), None, torch.device("cpu"))
+    model, _, _ = td.build(args, tfgraph.compile(spec), None, torch.device(device))
     optimizer = td.adamw(model, td.LR, td.WEIGHT_DECAY) if foreach else torch.optim.AdamW(
         model.parameters(), lr=td.LR, weight_decay=td.WEIGHT_DECAY, foreach=False)
-    ids = torch.randint(0, spec.vocab_size("source"), (BATCH, SEQ + 1))
-    inputs, labels = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    inputs, labels = batch_of(spec, device, batch, seq)
 
-    def step(clock: Clock) -> None:
+    def step(clock: Clock) -> torch.Tensor:
         with clock.phase("forward"):
             loss = F.cross_entropy(model(inputs).float().flatten(0, 1), labels.flatten())
         optimizer.zero_grad(set_to_none=True)
@@ -203,6 +212,7 @@ def fsdp2_step(spec: Spec, foreach: bool = True) -> Step:
             loss.backward()
         with clock.phase("optimizer"):
             optimizer.step()
+        return loss
     return step
 
 

@@ -5,9 +5,11 @@ piece has arrived and been installed, and what a short lease may lose last."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from device_kit import CALL_LIMIT, EXTRA_SLICES, ONNX_SLICE, SLICES, TORCH_SLICES, \
-    calls, piece_sizes  # noqa: E402
+    calls, piece_sizes, sha256, torch_only_calls  # noqa: E402
 
 
 @pytest.mark.parametrize("total", [1, 14_000_000, 255_579_160, 3 * 61_000_000])
@@ -89,3 +91,46 @@ def test_five_pieces_give_the_planned_calls_and_limits() -> None:
               for c in made]
     assert limits == [200, 180, 100, 0, 370, 180]
     assert [c.optional for c in made] == [False] * 5 + [True]
+
+
+def test_the_torch_only_lease_installs_then_trains_then_profiles() -> None:
+    """``pack --torch-only``: call 1 carries the base wheels and the manifest ``receive 0``
+    checks, installs them and runs train and plan; call 2 carries nothing (call 1's
+    /tmp/site and /tmp/gw) and runs step_profile.py, then eager_step.py --measure, their
+    output into the log that comes back. The limits (300 + 180 + 120 s) leave the 900 s
+    lease its start (37-70 s) and the transfers."""
+    first, second = torch_only_calls()
+    assert first.carry == [".dev/whl", ".dev/manifest.json"] and second.carry == []
+    assert "device_kit.py receive 0 && . /tmp/site/env.sh && " in first.command
+    assert "gpu.py --work /tmp/gw --log /tmp/gw.log --part torch --steps train,plan" \
+        in first.command
+    assert "install" not in first.command and "--part onnx" not in first.command
+    assert second.command.index(". /tmp/site/env.sh && ") < \
+        second.command.index("step_profile.py") < second.command.index("eager_step.py --measure")
+    for script in ("step_profile.py", "eager_step.py --measure"):
+        assert re.search(rf"{re.escape(script)} 2>&1 \| tee -a /tmp/gw.log", second.command)
+    limits = [int(n) for c in (first, second) for n in re.findall(r"\btimeout (\d+)", c.command)]
+    assert limits == [300, 180, 120] and sum(limits) + 70 < 900
+    assert all(c.command.endswith("cp /tmp/gw.log $OUT/ 2>/dev/null; true") for c in
+               (first, second))
+    assert not any(c.optional for c in (first, second))
+
+
+def test_receive_0_refuses_a_kit_with_pieces_or_an_altered_wheel(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    import device_kit
+
+    monkeypatch.setattr(device_kit, "KIT", tmp_path)
+    (tmp_path / "whl").mkdir()
+    wheel = tmp_path / "whl" / "a-1-py3-none-any.whl"
+    wheel.write_bytes(b"wheel")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"torch_only": True, "base": {wheel.name: sha256(wheel)}}))
+    device_kit.check_base()  # as packed
+    wheel.write_bytes(b"other")
+    with pytest.raises(SystemExit, match="not as packed"):
+        device_kit.check_base()
+    manifest.write_text(json.dumps({"wheel": "w.whl", "sha256": "0", "pieces": ["p1"]}))
+    with pytest.raises(SystemExit, match="torch-only kit"):
+        device_kit.check_base()
