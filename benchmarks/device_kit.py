@@ -93,15 +93,17 @@ LOG_BACK = "; cp /tmp/gw.log $OUT/ 2>/dev/null; true"  # the log comes back what
 # The torch-only lease (``pack --torch-only``), 15 minutes in all. Estimated: train about 60 s
 # (the eager step beside transformers' and the activation peaks; the Hugging Face folder's
 # build first) and plan about 140 s (the compiled step's minute of compilation, then the FSDP2
-# example under torchrun): limit 300 s; step_profile.py about 60-120 s (two 1.1B modules
-# initialised on the host, two plans, 7 steps of each, the traces summarised): limit 180 s;
+# example under torchrun, itself stopped after gpu.py's DISTRIBUTED_LIMIT): limit 360 s
+# (each step's lines reach the log as it ends; train_timed.json comes back too);
+# step_profile.py about 60-120 s (two 1.1B modules initialised on the host, two plans, 7
+# steps of each, the traces summarised): limit 180 s;
 # eager_step.py --measure about 60 s (both modules built for real and on the meta device, 7
-# steps each, the kernels recorded on meta): limit 120 s. Limits 300 + 180 + 120 = 600 s,
+# steps each, the kernels recorded on meta): limit 120 s. Limits 360 + 180 + 120 = 660 s,
 # about 380 s expected; with a 37-70 s start, receive (seconds) and the transfers the lease
-# has 2-4 minutes to spare.
+# has 2-3 minutes to spare.
 TORCH_ONLY_SLICES = [
-    f"timeout 300 {GPU} --log /tmp/gw.log --part torch --steps train,plan"
-    "; cp /tmp/gw/plan_measured.json $OUT/ 2>/dev/null",
+    f"timeout 360 {GPU} --log /tmp/gw.log --part torch --steps train,plan"
+    "; cp /tmp/gw/plan_measured.json /tmp/gw/train_timed.json $OUT/ 2>/dev/null",
     "timeout 180 python3 benchmarks/step_profile.py 2>&1 | tee -a /tmp/gw.log; "
     "timeout 120 python3 benchmarks/eager_step.py --measure 2>&1 | tee -a /tmp/gw.log"]
 

@@ -713,6 +713,7 @@ def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool,
     lines.append(f"training step ({str(dtype)[6:]}, batch {batch} x {seq}, forward + token "
                  f"cross-entropy + backward): tfgraph {t_ours:.1f} ms, transformers (SDPA) "
                  f"{t_hf:.1f} ms: {t_hf / t_ours:.2f}x")
+    say(lines[-1])  # now: a slice stopped by its timeout later still has it in its log
     timed["eager"] = t_ours
     (work / "train_timed.json").write_text(json.dumps({"card": card_name(cuda), **timed}) + "\n")
     if not cuda:
@@ -721,11 +722,17 @@ def training(spec_path: Path, folder: Path, work: Path, cuda: bool, quick: bool,
     del hf
     torch.cuda.empty_cache()
     try:
-        lines += activation_peaks(spec, ours, ids, work)
+        peaks = activation_peaks(spec, ours, ids, work)
+        for line in peaks:
+            say(line)
+        lines += peaks
     except Exception as err:  # noqa: BLE001 - the step times above stand; one line
         lines.append(f"activation peaks: failed: {one_line(err)}")
         say(lines[-1])
     return lines
+
+
+DISTRIBUTED_LIMIT = 150  # s for the FSDP2 example (about 40 on an H100): inside a slice's limit
 
 
 def train_shape(quick: bool) -> tuple[int, int]:
@@ -761,9 +768,9 @@ def distributed_step(spec_path: Path, work: Path, cuda: bool, quick: bool
             f"master, AdamW, batch {batch} x {seq}, {steps} steps ({warmup} warm-up)")
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env=env,
-                              timeout=420)
+                              timeout=DISTRIBUTED_LIMIT)
     except subprocess.TimeoutExpired:
-        return None, f"{what}: failed: no result in 420 s"
+        return None, f"{what}: failed: no result in {DISTRIBUTED_LIMIT} s"
     if done.returncode or not out.is_file():
         tail = " ".join((done.stderr or done.stdout).split())[-300:]
         return None, f"{what}: failed (exit {done.returncode}): {tail}"
@@ -809,6 +816,7 @@ def plan_lines(spec_path: Path, work: Path, card: str, cuda: bool, quick: bool,
         if key in timed:
             rows.append(Measured(f"{short} {name} {key}", replace(own, kernels=kernels),
                                  timed[key], note, card, row_gpu, date, source))
+    write_measured(plan_out, rows)  # the module steps' rows, whatever the FSDP2 run does
     result, what = distributed_step(spec_path, work, cuda, quick)
     lines = [] if result is not None else [what]  # a failure: with the rest, not fatal
     if result is not None:

@@ -97,7 +97,7 @@ def test_the_torch_only_lease_installs_then_trains_then_profiles() -> None:
     """``pack --torch-only``: call 1 carries the base wheels and the manifest ``receive 0``
     checks, installs them and runs train and plan; call 2 carries nothing (call 1's
     /tmp/site and /tmp/gw) and runs step_profile.py, then eager_step.py --measure, their
-    output into the log that comes back. The limits (300 + 180 + 120 s) leave the 900 s
+    output into the log that comes back. The limits (360 + 180 + 120 s) leave the 900 s
     lease its start (37-70 s) and the transfers."""
     first, second = torch_only_calls()
     assert first.carry == [".dev/whl", ".dev/manifest.json"] and second.carry == []
@@ -110,7 +110,7 @@ def test_the_torch_only_lease_installs_then_trains_then_profiles() -> None:
     for script in ("step_profile.py", "eager_step.py --measure"):
         assert re.search(rf"{re.escape(script)} 2>&1 \| tee -a /tmp/gw.log", second.command)
     limits = [int(n) for c in (first, second) for n in re.findall(r"\btimeout (\d+)", c.command)]
-    assert limits == [300, 180, 120] and sum(limits) + 70 < 900
+    assert limits == [360, 180, 120] and sum(limits) + 70 < 900
     assert all(c.command.endswith("cp /tmp/gw.log $OUT/ 2>/dev/null; true") for c in
                (first, second))
     assert not any(c.optional for c in (first, second))
