@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))  # step_host (it puts examples/ on the path too)
 
+import gpu_profile  # noqa: E402
 import step_host  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
@@ -68,7 +69,7 @@ class Event(NamedTuple):
     end: float
 
 
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # what keeps the device busy
+DEVICE_CATS = tuple(gpu_profile.DEVICE_CATS)  # what keeps the device busy (its trace categories)
 HOST_CAT = "user_annotation"  # a record_function range on the host
 PREFIX = "step_profile::"
 STEP = PREFIX + "step"
