@@ -505,7 +505,7 @@ def test_routed_experts_are_timed_by_the_roofline_of_the_ranks_experts(deepseek,
     E / ep experts' weights (/ t) read once per micro-batch plus the routed (token, expert)
     rows in and out (backward: weights read again, their gradients written, rows read twice
     and written once); its FLOPs the whole op's on its micro-batch / t (the ep group routes
-    ep x tokens x k pairs to ep ranks). Without ep: 22.5 GB of weights, 7.8 ms at 90% of the
+    ep x tokens x k pairs to ep ranks). Without ep: 22.5 GB of weights, 8.7 ms at 81% of the
     H100's 3.35 TB/s, not the 3.76 ms of its FLOPs; at ep 8 a rank's 32 experts are
     FLOP-bound, and the layer's time follows ep (the memo keyed by it)."""
     bandwidth = H100.bandwidth * H100.memory_fraction
@@ -515,7 +515,7 @@ def test_routed_experts_are_timed_by_the_roofline_of_the_ranks_experts(deepseek,
     assert fwd == pytest.approx((weights / tp + 2 * rows) / bandwidth)  # weight-bound
     assert bwd == pytest.approx((2 * weights / tp + 3 * rows) / bandwidth)
     if tp == 1:
-        assert fwd == pytest.approx(7.8e-3, rel=0.01)
+        assert fwd == pytest.approx(8.66e-3, rel=0.01)
     eight = replace(one, ep=8)
     assert _experts(deepseek, eight)[0] < 0.6 * fwd
     layer = [timing.unit_times(deepseek, x, H100, "fused")[-3].forward for x in (one, eight)]

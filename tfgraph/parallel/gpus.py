@@ -16,9 +16,11 @@ checked against, ``benchmarks/plan_published.py``):
   FlashAttention-2's measured rate by head dimension, length and mask (``flash_measured``,
   ``tfgraph.parallel.flash``: 229 TFLOP/s forward at head dim 64, 1k tokens, causal);
 - ``memory_fraction``: the share of the data-sheet memory bandwidth a streaming kernel moves:
-  0.9 (device-to-device copies and STREAM triad reach 3.0-3.1 of 3.35 TB/s on an H100 SXM);
-  the H200 uses this repository's own measurement, 3.45-3.51 of 4.8 TB/s (torch ``amax`` over
-  2 GiB, benchmarks/RESULTS.md "On a GPU"): 0.72;
+  0.9 where nothing better is known (device-to-device copies and STREAM triad reach 3.0-3.1 of
+  3.35 TB/s on an H100 SXM). The H100 and H200 use this repository's own measurement of what a
+  torch kernel reads on them (``amax`` over 2 GiB of float16, best of 10, benchmarks/gpu.py's
+  bandwidth floor; benchmarks/RESULTS.md "On a GPU"): H100 2.63-2.79 of 3.35 TB/s on three
+  machines, middle 2.71: 0.81; H200 3.45-3.51 of 4.8 TB/s: 0.72;
 - ``vector_flops``: non-tensor fp32 FLOP/s (data sheets), the rate of element-wise arithmetic;
 - ``sms``: streaming multiprocessors (compute units), over which a GEMM's output tiles run in
   waves (``timing.gemm_efficiency``).
@@ -84,9 +86,10 @@ GPUS: dict[str, Gpu] = {g.name: g for g in (
     Gpu("a100-80gb", 312e12, 156e12, 80 * GB, 2.039e12, 300e9, 25e9, link="NVLink 3", sms=108,
         matmul_fraction=0.87, attention_fraction=0.72, vector_flops=19.5e12),
     # NVIDIA H100 SXM: 989 TFLOPS bf16 dense, 495 TF32, 67 fp32; NVLink 4: 900 GB/s total;
-    # 132 SMs; 400 Gb/s NIC per GPU. MAMF 0.80, FA2 0.34.
+    # 132 SMs; 400 Gb/s NIC per GPU. MAMF 0.80, FA2 0.34; 2.71 TB/s read (0.81) measured here.
     # Attention: FlashAttention-2 as measured on it (tfgraph.parallel.flash).
-    Gpu("h100", 989e12, 495e12, 80 * GB, 3.35e12, 450e9, 50e9, flash_measured=True),
+    Gpu("h100", 989e12, 495e12, 80 * GB, 3.35e12, 450e9, 50e9, memory_fraction=0.81,
+        flash_measured=True),
     # NVIDIA H200 SXM: H100's compute with 141 GB HBM3e at 4.8 TB/s (0.72 measured here).
     Gpu("h200", 989e12, 495e12, 141 * GB, 4.8e12, 450e9, 50e9, memory_fraction=0.72,
         flash_measured=True),

@@ -326,8 +326,8 @@ def _dp_bytes(layout: Layout, s: States, w16: int) -> float:
     return total
 
 
-_STAGE_MEMO = 50_000
-"""Stage figures a graph keeps memoised (``staged``) before starting afresh."""
+_STAGE_MEMO = 20_000
+"""Layouts whose stage figures a graph keeps memoised (``staged``) before starting afresh."""
 
 
 @dataclass(frozen=True)
@@ -374,11 +374,12 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
     # interleaving degrees of a layout (vpp only multiplies the pipeline sends; a search tries
     # several: memoised on the graph, bounded; keyed by the attention form too, whose saved
     # bytes differ: fused then unfused on one graph must not share a stage)
-    alike: dict[tuple[Layout, str, StageMembers, int], StageFigures] = graph.memo(
+    memo: dict[tuple[Layout, str], dict[tuple[StageMembers, int], StageFigures]] = graph.memo(
         "parallel_stage_figures", dict)
-    if len(alike) > _STAGE_MEMO:
-        alike.clear()
-    plain = replace(layout, vpp=1)
+    if len(memo) > _STAGE_MEMO:
+        memo.clear()
+    plain = layout if layout.vpp == 1 else replace(layout, vpp=1)
+    alike = memo.setdefault((plain, attention), {})  # (the layout hashed once, not per stage)
     shared = tied_across(graph, counts)
     for index in range(layout.pp):
         # what crosses into the next stage: the next stage's first unit's inputs
@@ -386,7 +387,7 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
         if index + 1 < layout.pp:
             boundary = numbers[groups[index + 1][0]]["inputs"] // sp_div
         boundaries.append(float(boundary))
-        key = (plain, attention, folded[index], boundary)
+        key = (folded[index], boundary)
         if key not in alike:
             alike[key] = _stage(graph, plain, index, folded[index], numbers, boundary)
         one = alike[key]  # activations of one micro-batch in flight, plain 1F1B's sends
@@ -394,7 +395,7 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
         # the rank's 1/d shard under ZeRO 2-3) all-reduced among the k stages holding it, once
         # a step after the backward (Megatron-LM's finalize_model_grads, embedding group)
         tied = tuple((k, states(graph, list(names), layout).gradients)
-                     for k, names in shared[index])
+                     for k, names in shared[index]) if shared[index] else ()
         sends = one.comm["pp"] * layout.vpp + sum(_ring(b, k, True) for k, b in tied)
         comm = {**one.comm, "pp": sends}
         figures.append(StageFigures(index, one.states,

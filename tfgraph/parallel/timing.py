@@ -1027,8 +1027,11 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
             exposed[key_dp] = _dp_exposed(layout, gpu, figures[s].states, slots[s],
                                           sum(c for _, c in members[s].groups), elem)
     dp_exposed = max(exposed.values())
-    embedding = max(_tied_time(f.tied, layout, gpu) for f in figures)
-    optimizer = max(_optimizer_time(f.states, mem_bw, layout, kernels) for f in figures)
+    # (over the distinct values only: a deep pipeline's stages mostly repeat one another's)
+    embedding = max((_tied_time(tied, layout, gpu) for tied in {f.tied for f in figures}),
+                    default=0.0)
+    optimizer = max(_optimizer_time(states, mem_bw, layout, kernels)
+                    for states in {f.states for f in figures})
     total = pipe + dp_exposed + embedding + optimizer
     x = slots[slowest]
     # what the timed kernels execute in the step, every rank: each stage's per micro-batch,
