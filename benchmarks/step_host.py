@@ -5,8 +5,8 @@ one eager decode step: is an H100 step host-bound?
 
 ``tfgraph plan --kernels eager`` times a step as its kernels' device time. On an H100 (the third
 H100 run of benchmarks/RESULTS.md) the plain eager step of llama.yaml (bf16, batch 4 x 1024,
-forward + float32 token cross-entropy + backward) took 69.0 ms against 57.0 predicted, and examples/train_distributed.py's
-FSDP2 step (one process, bf16 parameters, AdamW foreach) 180.2 ms against 99.9: is the host
+forward + float32 token cross-entropy + backward) took 69.0 ms against 58.5 predicted, and examples/train_distributed.py's
+FSDP2 step (one process, bf16 parameters, AdamW foreach) 180.2 ms against 105.9: is the host
 (Python, the dispatcher, DTensor, FSDP2's hooks) the rest? Here the spec's structure (its layers,
 parameter tensors and ops) runs at tiny widths (``small_spec``: 2 dims per head, vocabulary 256,
 batch 1 x 4), on the CPU, one thread, so the arithmetic is nil and what is timed is the host's
@@ -69,14 +69,32 @@ BATCH, SEQ, PROMPT = 1, 4, 16
 # FSDP2 step with AdamW's per-tensor loop, foreach=False).
 MACHINES = {"third H100": {"decode": 1e3 / 44.2, "plain": 69.0, "fsdp2": 180.2},
             "first H100": {"decode": 1e3 / 41.5, "plain": 63.6, "fsdp2 loop": 191.8}}
-# The plan's device time per phase, ms (tfgraph plan specs/llama.yaml --gpus 1 --gpu h100
-# --micro-batch 4 --global-batch 4 --seq 1024 --dtype bfloat16 [--zero 3] --kernels eager).
-# FSDP2's copies (13.68 ms) go 1/3 to forward (one cast and gather) and 2/3 to backward (the
-# gather again, resharded after forward, and the gradients' reduce-scatter copies).
-COPIES = 13.68
-DEVICE = {"plain": {"forward": 18.68, "backward": 38.38},
-          "fsdp2": {"forward": 18.68 + COPIES / 3, "backward": 38.38 + 2 * COPIES / 3,
-                    "optimizer": 29.19}}
+
+
+def plan_device(spec_path: Path) -> dict[str, dict[str, float]]:
+    """The plan's device time per phase, ms, from the planner itself (``tfgraph plan SPEC
+    --gpus 1 --gpu h100 --micro-batch 4 --global-batch 4 --seq 1024 --dtype bfloat16 [--zero
+    3] --kernels eager``). FSDP2's copies go 1/3 to forward (one cast and gather) and 2/3 to
+    backward (the gather again, resharded after forward, and the gradients' reduce-scatter
+    copies)."""
+    from tfgraph.exporters.torch.kernels import kernel_source
+    from tfgraph.parallel.gpus import gpu
+    from tfgraph.parallel.layout import Layout
+    from tfgraph.parallel.planner import plan
+
+    spec = tfgraph.load_spec(spec_path).model_copy(update={"dtype": "bfloat16"})
+    graph = tfgraph.compile(spec, loss=True)
+    kernels = kernel_source(graph)
+    parts = {}
+    for zero in (0, 3):
+        layout = Layout(micro_batch=4, global_batch=4, seq=1024, dtype="bfloat16", zero=zero)
+        step = plan(graph, layout, gpu("h100"), kernels=kernels)["step"]["time_parts"]
+        parts[zero] = {k: v * 1e3 for k, v in step.items()}
+    copies = parts[3].get("fsdp_copies", 0.0)
+    return {"plain": {"forward": parts[0]["forward"], "backward": parts[0]["backward"]},
+            "fsdp2": {"forward": parts[3]["forward"] + copies / 3,
+                      "backward": parts[3]["backward"] + 2 * copies / 3,
+                      "optimizer": parts[3]["optimizer"]}}
 
 
 class OpCounter(TorchDispatchMode):
@@ -287,8 +305,9 @@ def estimate(host_ms: dict[str, float], device_ms: dict[str, float]) -> tuple[fl
             sum(max(host_ms[p], device_ms[p]) for p in device_ms))
 
 
-def report(m: dict[str, Any]) -> None:
+def report(m: dict[str, Any], spec_path: Path) -> None:
     spec, dec = m["spec"], m["decode"]
+    device_ms = plan_device(spec_path)
     print(f"{spec.name}'s structure at d_model {spec.d_model}: {spec.layers} layers, "
           f"{m['tensors']} parameter tensors, batch {BATCH} x {SEQ}; torch {torch.__version__}, "
           "1 thread; host ms are medians")
@@ -297,7 +316,7 @@ def report(m: dict[str, Any]) -> None:
     print(f"{'step':6} {'phase':10} {'ops':>6} {'ms here':>8} {'us/op':>6} {'H100 device':>11}")
     for name in ("plain", "fsdp2"):
         for phase, got in m[name].items():
-            device = DEVICE[name].get(phase)
+            device = device_ms[name].get(phase)
             print(f"{name:6} {phase:10} {got.ops:6d} {got.ms:8.2f} "
                   f"{got.ms / max(got.ops, 1) * 1e3:6.1f} "
                   + ("" if device is None else f"{device:11.2f}"))
@@ -317,7 +336,7 @@ def report(m: dict[str, Any]) -> None:
         for label, got in steps.items():
             if label not in measured:
                 continue
-            kind = DEVICE[label.split()[0]]
+            kind = device_ms[label.split()[0]]
             host = {p: got[p].ms * factor for p in kind}
             overlap, serial = estimate(host, kind)
             print(f"    {label:10} {sum(host.values()):6.1f}, {sum(kind.values()):6.1f} -> "
@@ -330,7 +349,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    report(measure(args.spec, args.repeat))
+    report(measure(args.spec, args.repeat), args.spec)
 
 
 if __name__ == "__main__":
