@@ -164,7 +164,7 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, {load_average()}; median of {args.repeats}")
     print(f"  in-process (imports done, fresh process)  {wall:.3f} s wall, {cpu:.3f} s CPU  "
           f"(runs {', '.join(f'{w:.3f}' for w, _, _ in inner)})")
-    print(f"  subprocess (python start + imports; bytecode cached, one untimed run first)")
+    print("  subprocess (python start + imports; bytecode cached, one untimed run first)")
     print(f"                                             {sub:.3f} s wall, {sub_cpu:.3f} s CPU  "
           f"(runs {', '.join(f'{w:.3f}' for w, _, _ in outer)})")
     print("  in-process CPU by phase (one fresh process): " + ", ".join(
