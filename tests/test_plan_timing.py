@@ -241,6 +241,8 @@ def test_plan_time_parts_add_up_and_assumptions_are_stated(gpt) -> None:
     assert f"K / (K + {timing.PIPELINE_K}) relative to its value at K = {timing.MAMF_K}" in (
         stated["compute"])
     assert "masked / unmasked ratio" in stated["flash"] and "SMs" in stated["flash"]
+    # what the time leaves out: the host's work, and where that shows (RESULTS.md's FSDP2 row)
+    assert stated["host"].startswith("not timed: the CPU's work") and "FSDP2" in stated["host"]
     # what the memory rests on and what it leaves out (planner.py, memory.py)
     for rule in ("torch.chunk", "the first rank's (the largest)", "float32 step per parameter",
                  "min(p - i, m)", "logits' gradient in the model's dtype",

@@ -237,6 +237,12 @@ ASSUMPTIONS: dict[str, str] = {
     "optimizer": "Adam step memory-bound, one fused pass: reads weights, gradients and "
                  "optimizer states, writes weights and optimizer states",
     "kernels": "graph: one kernel per graph op (fused execution, as torch.compile approaches)",
+    "host": "not timed: the CPU's work (Python, PyTorch's dispatcher, FSDP2's hooks: about "
+            "0.4 ms of CPU per group gathered on Llama 3 8B, PyTorch pull request 133369) is "
+            "assumed to run ahead of the GPU; where it does not (small layers, many FSDP2 "
+            "groups on few GPUs) the step is longer than planned: examples/"
+            "train_distributed.py's FSDP2 step of a 1.1B model on one H100 took 1.70x the "
+            "plan (benchmarks/RESULTS.md)",
     "tokens": "tokens_per_s: global batch x --seq tokens / time_s (an encoder-decoder's "
               "source tokens; its target tokens, --tgt-seq, are not added)",
     "memory": "per rank, the most loaded pipeline stage's weights + gradients + optimizer "
