@@ -381,23 +381,30 @@ def staged(graph: Graph, layout: Layout, attention: str = "fused") -> Staged:
     plain = layout if layout.vpp == 1 else replace(layout, vpp=1)
     alike = memo.setdefault((plain, attention), {})  # (the layout hashed once, not per stage)
     shared = tied_across(graph, counts)
+    # this layout's stages of one kind (units, boundary, tied tables): one comm dict for all
+    kinds: dict[tuple[StageMembers, int, Any], tuple[StageFigures, tuple[tuple[int, int], ...],
+                                                      dict[str, float]]] = {}
     for index in range(layout.pp):
         # what crosses into the next stage: the next stage's first unit's inputs
         boundary = 0
         if index + 1 < layout.pp:
             boundary = numbers[groups[index + 1][0]]["inputs"] // sp_div
         boundaries.append(float(boundary))
-        key = (folded[index], boundary)
-        if key not in alike:
-            alike[key] = _stage(graph, plain, index, folded[index], numbers, boundary)
-        one = alike[key]  # activations of one micro-batch in flight, plain 1F1B's sends
-        # a table tied across stages: its gradient (as the rank keeps it: whole under ZeRO 0-1,
-        # the rank's 1/d shard under ZeRO 2-3) all-reduced among the k stages holding it, once
-        # a step after the backward (Megatron-LM's finalize_model_grads, embedding group)
-        tied = tuple((k, states(graph, list(names), layout).gradients)
-                     for k, names in shared[index]) if shared[index] else ()
-        sends = one.comm["pp"] * layout.vpp + sum(_ring(b, k, True) for k, b in tied)
-        comm = {**one.comm, "pp": sends}
+        kind = (folded[index], boundary, shared[index])
+        if kind not in kinds:
+            key = (folded[index], boundary)
+            if key not in alike:
+                alike[key] = _stage(graph, plain, index, folded[index], numbers, boundary)
+            one = alike[key]  # activations of one micro-batch in flight, plain 1F1B's sends
+            # a table tied across stages: its gradient (as the rank keeps it: whole under
+            # ZeRO 0-1, the rank's 1/d shard under ZeRO 2-3) all-reduced among the k stages
+            # holding it, once a step after the backward (Megatron-LM's finalize_model_grads,
+            # embedding group)
+            tied = tuple((k, states(graph, list(names), layout).gradients)
+                         for k, names in shared[index])
+            sends = one.comm["pp"] * layout.vpp + sum(_ring(b, k, True) for k, b in tied)
+            kinds[kind] = (one, tied, {**one.comm, "pp": sends})
+        one, tied, comm = kinds[kind]
         figures.append(StageFigures(index, one.states,
                                     int(one.activations * in_flight(layout, index)),
                                     one.temporary, comm, tied))
