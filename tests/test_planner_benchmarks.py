@@ -1,10 +1,13 @@
 """The planner's validation scripts run (benchmarks/plan_published.py, benchmarks/eager_step.py):
 they are what a GPU session compares its measurements with, so a change that breaks them is
-caught here rather than on the device. Their figures are checked in benchmarks/RESULTS.md,
-not here; only that every row is printed."""
+caught here rather than on the device. Their figures are quoted in benchmarks/RESULTS.md; here,
+that every row is printed, and that issue 26's goal rows (every published run and issue 26's
+own H100 step) stay within +-15%: the planner is deterministic, so a change that moves them
+out fails here."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -24,6 +27,21 @@ def test_plan_published_prints_every_row() -> None:
                                                                    "H200 "))]
     assert len(rows) == 22  # Narayanan's 10, Korthikanti's 4, the eight measured steps
     assert "rows within +-15%" in out
+    # issue 26's goal, held: every published run and issue 26's own H100 step (66.7 ms)
+    # predicted within +-15% (the ratio column: achieved / predicted step time)
+    goal = [row for row in rows if row.startswith(("N21 ", "K22 "))
+            or row.split("  ")[0] == "H100 TinyLlama-1.1B"]
+    assert len(goal) == 15
+    for row in goal:
+        assert abs(_ratio(row) - 1) <= 0.15, row
+
+
+def _ratio(row: str) -> float:
+    """The ratio column of a plan_published.py row: the three-decimal number after the
+    achieved and predicted figures."""
+    found = re.search(r"\s\d+(?:\.\d+)?(?:ms)?\s+\d+(?:\.\d+)?(?:ms)?\s+(\d\.\d{3})\s", row)
+    assert found, row
+    return float(found.group(1))
 
 
 def test_eager_step_predicts_both_modules_on_both_gpus() -> None:
