@@ -72,24 +72,20 @@ MACHINES = {"third H100": {"decode": 1e3 / 44.2, "plain": 69.0, "fsdp2": 180.2},
 
 
 def plan_device(spec_path: Path) -> dict[str, dict[str, float]]:
-    """The plan's device time per phase, ms, from the planner itself (``tfgraph plan SPEC
-    --gpus 1 --gpu h100 --micro-batch 4 --global-batch 4 --seq 1024 --dtype bfloat16 [--zero
-    3] --kernels eager``). FSDP2's copies go 1/3 to forward (one cast and gather) and 2/3 to
+    """The plan's device time per phase, ms (``plan_step.plan_of``: ``tfgraph plan SPEC --gpus 1
+    --gpu h100 --micro-batch 4 --global-batch 4 --seq 1024 --dtype bfloat16 [--zero 3]
+    --kernels eager``). FSDP2's copies go 1/3 to forward (one cast and gather) and 2/3 to
     backward (the gather again, resharded after forward, and the gradients' reduce-scatter
     copies)."""
-    from tfgraph.exporters.torch.kernels import kernel_source
-    from tfgraph.parallel.gpus import gpu
-    from tfgraph.parallel.layout import Layout
-    from tfgraph.parallel.planner import plan
+    from plan_step import Step, plan_of
 
-    spec = tfgraph.load_spec(spec_path).model_copy(update={"dtype": "bfloat16"})
-    graph = tfgraph.compile(spec, loss=True)
-    kernels = kernel_source(graph)
     parts = {}
     for zero in (0, 3):
-        layout = Layout(micro_batch=4, global_batch=4, seq=1024, dtype="bfloat16", zero=zero)
-        step = plan(graph, layout, gpu("h100"), kernels=kernels)["step"]["time_parts"]
-        parts[zero] = {k: v * 1e3 for k, v in step.items()}
+        # (plan_of reads ROOT / spec: an absolute path stays itself)
+        step = Step(str(spec_path), batch=4, seq=1024, dtype="bfloat16", zero=zero,
+                    kernels="eager")
+        times = plan_of(step, "h100")["step"]["time_parts"]
+        parts[zero] = {k: v * 1e3 for k, v in times.items()}
     copies = parts[3].get("fsdp_copies", 0.0)
     return {"plain": {"forward": parts[0]["forward"], "backward": parts[0]["backward"]},
             "fsdp2": {"forward": parts[3]["forward"] + copies / 3,

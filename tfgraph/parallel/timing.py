@@ -1034,8 +1034,7 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
                                           sum(c for _, c in members[s].groups), elem)
     dp_exposed = max(exposed.values())
     # (over the distinct values only: a deep pipeline's stages mostly repeat one another's)
-    embedding = max((_tied_time(tied, layout, gpu) for tied in {f.tied for f in figures}),
-                    default=0.0)
+    embedding = max(_tied_time(tied, layout, gpu) for tied in {f.tied for f in figures})
     optimizer = max(_optimizer_time(states, mem_bw, layout, kernels)
                     for states in {f.states for f in figures})
     total = pipe + dp_exposed + embedding + optimizer
