@@ -147,6 +147,30 @@ MEASURED = [
     Measured("H100 TinyLlama-1.1B #3 FSDP2", replace(TINYLLAMA_STEP, zero=3, optimizer=True),
              180.2, "train_distributed.py FSDP2, AdamW", "NVIDIA H100 80GB HBM3", "h100",
              "2026-11-27", "benchmarks/gpu.py --steps plan (RESULTS.md, \"third H100 run\")"),
+    Measured("H200 TinyLlama-1.1B #3", TINYLLAMA_STEP, 62.0, "eager module", "NVIDIA H200",
+             "h200", "2026-11-28", "benchmarks/gpu.py --steps train,plan (RESULTS.md, H200 FSDP2)"),
+    Measured("H200 TinyLlama-1.1B #3 compiled", replace(TINYLLAMA_STEP, kernels="graph"), 55.7,
+             "torch.compile", "NVIDIA H200", "h200", "2026-11-28",
+             "benchmarks/gpu.py --steps train,plan (RESULTS.md, H200 FSDP2)"),
+    Measured("H200 TinyLlama-1.1B #3 FSDP2", replace(TINYLLAMA_STEP, zero=3, optimizer=True),
+             140.6, "train_distributed.py FSDP2, AdamW", "NVIDIA H200", "h200", "2026-11-28",
+             "benchmarks/gpu.py --steps plan (RESULTS.md, H200 FSDP2)"),
+    # The same steps at larger batches, where the host keeps ahead of the device
+    # (benchmarks/step_profile.py --batch N's unprofiled step wall, mean of its timed steps)
+    Measured("H200 TinyLlama-1.1B b16", replace(TINYLLAMA_STEP, batch=16), 222.2,
+             "eager module", "NVIDIA H200", "h200", "2026-11-28",
+             "benchmarks/step_profile.py --batch 16 (RESULTS.md, H200 FSDP2)"),
+    Measured("H200 TinyLlama-1.1B b16 FSDP2",
+             replace(TINYLLAMA_STEP, batch=16, zero=3, optimizer=True), 255.4,
+             "train_distributed.py FSDP2, AdamW", "NVIDIA H200", "h200", "2026-11-28",
+             "benchmarks/step_profile.py --batch 16 (RESULTS.md, H200 FSDP2)"),
+    Measured("H200 TinyLlama-1.1B b32", replace(TINYLLAMA_STEP, batch=32), 450.4,
+             "eager module", "NVIDIA H200", "h200", "2026-11-28",
+             "benchmarks/step_profile.py --batch 32 (RESULTS.md, H200 FSDP2)"),
+    Measured("H200 TinyLlama-1.1B b32 FSDP2",
+             replace(TINYLLAMA_STEP, batch=32, zero=3, optimizer=True), 473.9,
+             "train_distributed.py FSDP2, AdamW", "NVIDIA H200", "h200", "2026-11-28",
+             "benchmarks/step_profile.py --batch 32 (RESULTS.md, H200 FSDP2)"),
 ]
 
 

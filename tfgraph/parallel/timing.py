@@ -241,8 +241,9 @@ ASSUMPTIONS: dict[str, str] = {
             "0.4 ms of CPU per group gathered on Llama 3 8B, PyTorch pull request 133369) is "
             "assumed to run ahead of the GPU; where it does not (small layers, many FSDP2 "
             "groups on few GPUs) the step is longer than planned: examples/"
-            "train_distributed.py's FSDP2 step of a 1.1B model on one H100 took 1.70x the "
-            "plan (benchmarks/RESULTS.md)",
+            "train_distributed.py's FSDP2 step of a 1.1B model on one GPU at batch 4 x 1024 "
+            "kept the device busy 0.94x the plan's time and took 1.5-1.7x it (H200, H100); "
+            "at 16 x 1024 it took 1.01x (benchmarks/RESULTS.md)",
     "tokens": "tokens_per_s: global batch x --seq tokens / time_s (an encoder-decoder's "
               "source tokens; its target tokens, --tgt-seq, are not added)",
     "memory": "per rank, the most loaded pipeline stage's weights + gradients + optimizer "
