@@ -238,10 +238,12 @@ def predicted(run: Run) -> tuple[float, float, dict[str, Any]]:
 def _features(run: Run) -> Any:
     """The layouts the run's software offered: Narayanan 2021's Megatron-LM, full
     recomputation, no sequence parallelism, no ZeRO; Korthikanti 2022's, sequence parallelism
-    with selective recomputation, no ZeRO."""
+    with selective recomputation, no ZeRO. Both: the interleaved schedule only past two
+    pipeline stages (Megatron-LM's arguments.py: "pipeline-model-parallel size should be
+    greater than 2 with interleaved schedule")."""
     k22 = run.source == "K22"
     return lambda lay: lay.zero == 0 and lay.sp == k22 and lay.recompute == (
-        "selective" if k22 else "full")
+        "selective" if k22 else "full") and (lay.vpp == 1 or lay.pp > 2)
 
 
 def search_check(run: Run, mine: float) -> str:
