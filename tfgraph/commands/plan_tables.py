@@ -130,6 +130,8 @@ def render_plan(result: dict[str, Any], spec: Spec, gpu: Gpu,
     figures.add_row("MFU", f"{step['mfu']:.1%}")
     figures.add_row("tokens/s", f"{step['tokens_per_s']:,.0f}")
     console.print(figures)
+    if step.get("host_bound"):
+        console.print(plain(f"host-bound: {step['host_bound']}"))
 
     formulas = Table(title="Formulas", title_justify="left")
     formulas.add_column("figure", no_wrap=True)

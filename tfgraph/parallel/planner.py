@@ -57,6 +57,7 @@ from tfgraph.graph.ir import DTYPE_BYTES, SYMBOLS, Graph
 from tfgraph.parallel.arguments import check_gpu, check_graph
 from tfgraph.parallel.formulas import plan_formulas
 from tfgraph.parallel.gpus import Gpu, check_dtype
+from tfgraph.parallel.host import host_bound
 from tfgraph.parallel.layout import (Layout, check, encoder_decoder, experts, in_flight,
                                      stage_counts, state_bytes)
 from tfgraph.parallel.memory import NONE, States, add, expert_elements, states
@@ -442,6 +443,7 @@ def plan(graph: Graph, layout: Layout, gpu: Gpu, attention: str = "fused",
     time_s = timing["time_s"]
     timing["mfu"] = useful / (layout.gpus * peak * time_s) if time_s > 0 else 0.0
     timing["tokens_per_s"] = layout.global_batch * layout.seq / time_s if time_s > 0 else 0.0
+    timing["host_bound"] = host_bound(layout, timing["time_parts"], max(counts))
     mem = worst.states
     return {
         "layout": layout.as_dict(),
