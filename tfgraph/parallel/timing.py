@@ -243,7 +243,8 @@ ASSUMPTIONS: dict[str, str] = {
             "groups on few GPUs) the step is longer than planned: examples/"
             "train_distributed.py's FSDP2 step of a 1.1B model on one GPU at batch 4 x 1024 "
             "kept the device busy 0.94x the plan's time and took 1.5-1.7x it (H200, H100); "
-            "at 16 x 1024 it took 1.01x (benchmarks/RESULTS.md)",
+            "at 16 x 1024 it took 1.01x (benchmarks/RESULTS.md); under ZeRO 3, step."
+            "host_bound names a step likely so (tfgraph/parallel/host.py)",
     "tokens": "tokens_per_s: global batch x --seq tokens / time_s (an encoder-decoder's "
               "source tokens; its target tokens, --tgt-seq, are not added)",
     "memory": "per rank, the most loaded pipeline stage's weights + gradients + optimizer "
