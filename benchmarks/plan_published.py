@@ -24,7 +24,12 @@ the paper counts it. Both use the paper's own FLOP formula, so the ratio is achi
   machines (61.0 and 69.9 ms, benchmarks/RESULTS.md "On a GPU") and on an H100 80GB HBM3
   (63.6 ms; 58.2 ms under ``torch.compile``, predicted with ``--kernels graph``; RESULTS.md,
   2026-11-27) and a third (69.0 ms; compiled 59.3 ms; examples/train_distributed.py's FSDP2
-  step with AdamW 180.2 ms, predicted as the plan's whole step at ZeRO 3). Predicted: the plan's
+  step with AdamW 180.2 ms, predicted as the plan's whole step at ZeRO 3); on 2026-11-28 a
+  third H200 (62.0 ms; compiled 55.7; FSDP2 140.6) and benchmarks/step_profile.py's plain and
+  FSDP2 steps at batch 8-32 x 1024 (H200; 16 x 1024 on an H100), where the FSDP2 step turns
+  from host-bound to device-bound. A row whose plan says ``step.host_bound``
+  (tfgraph/parallel/host.py) is marked, and the summary counts the rows without them beside
+  all of them. Predicted: the plan's
   forward + backward time (the measurements have no optimizer step). The plan times one
   kernel per graph op at the fused rates; the measured module ran eagerly, so these rows
   also measure what eager execution costs beyond that. ``--measured FILE`` adds the rows
