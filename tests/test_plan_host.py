@@ -62,3 +62,22 @@ def test_the_step_not_each_phase() -> None:
     # recompute's rerun is not counted as device time
     assert host_bound(layout, {**PARTS, "recompute": 9.0}, layers)
     assert host_bound(Layout(zero=2, micro_batch=1, global_batch=2, seq=16), PARTS, 4) is None
+
+
+def test_search_names_host_bound_rows() -> None:
+    """llama.yaml on 8 H100s, global batch 32: the third fastest layout is ZeRO 3 at micro-batch
+    4 (2.46 ms of device per group, forward + backward), named under the table; the JSON says
+    the same per row."""
+    argv = [sys.executable, "-m", "tfgraph", "plan", "specs/llama.yaml", "--gpus", "8", "--gpu",
+            "h100", "--search", "--top", "5", "--global-batch", "32", "--seq", "1024"]
+    env = {**os.environ, "COLUMNS": "200"}
+    text = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    rows = subprocess.run(argv + ["--json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert text.returncode == 0 and rows.returncode == 0, text.stderr + rows.stderr
+    bound = [str(i) for i, r in enumerate(json.loads(rows.stdout), 1)
+             if r["step"]["host_bound"]]
+    assert bound and all(json.loads(rows.stdout)[int(i) - 1]["layout"]["zero"] == 3
+                         for i in bound)
+    assert f"likely host-bound (step.host_bound): row{'s' if len(bound) > 1 else ''} " \
+           f"{', '.join(bound)}:" in text.stdout

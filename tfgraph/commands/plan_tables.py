@@ -173,4 +173,10 @@ def render_search(results: list[dict[str, Any]], spec: Spec, gpu: Gpu,
     console.print(table)
     console.print("memory: the most loaded rank's total (weights, gradients, optimizer, "
                   "activations, temporary)")
+    bound = [str(i) for i, r in enumerate(results, 1) if r["step"].get("host_bound")]
+    if bound:
+        console.print(f"likely host-bound (step.host_bound): row{'s' if len(bound) > 1 else ''} "
+                      f"{', '.join(bound)}: ZeRO 3's device time per layer group is below the "
+                      "host time FSDP2 takes per group, so each one's step is likely longer than "
+                      "shown")
     console.print(assumptions(results[0]))
