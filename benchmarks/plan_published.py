@@ -131,6 +131,18 @@ KORTHIKANTI = [
 # attention. More rows (benchmarks/gpu.py --steps plan writes them, with the compiled step and
 # examples/train_distributed.py's FSDP2 step) come in with --measured FILE.
 TINYLLAMA_STEP = Step("specs/llama.yaml", batch=4, seq=1024, dtype="bfloat16", kernels="eager")
+def _profiled(gpu_name: str, card: str, batch: int, plain_ms: float,
+              fsdp2_ms: float) -> tuple[Measured, Measured]:
+    """The plain and the FSDP2 step of one ``step_profile.py --batch`` run (2026-11-28)."""
+    step = replace(TINYLLAMA_STEP, batch=batch)
+    source = f"benchmarks/step_profile.py --batch {batch} (RESULTS.md, FSDP2 profiled)"
+    label = f"{gpu_name.upper()} TinyLlama-1.1B b{batch}"
+    return (Measured(label, step, plain_ms, "eager module", card, gpu_name, "2026-11-28",
+                     source),
+            Measured(f"{label} FSDP2", replace(step, zero=3, optimizer=True), fsdp2_ms,
+                     "train_distributed.py FSDP2, AdamW", card, gpu_name, "2026-11-28", source))
+
+
 MEASURED = [
     Measured("H100 TinyLlama-1.1B", TINYLLAMA_STEP, 66.7, "eager module", "NVIDIA H100",
              "h100", "2026-11", "issue 26's measurement"),
@@ -164,41 +176,13 @@ MEASURED = [
              "benchmarks/gpu.py --steps plan (RESULTS.md, FSDP2 profiled)"),
     # The same steps at larger batches, where the host keeps ahead of the device
     # (benchmarks/step_profile.py --batch N's unprofiled step wall, mean of its timed steps)
-    Measured("H200 TinyLlama-1.1B b16", replace(TINYLLAMA_STEP, batch=16), 222.2,
-             "eager module", "NVIDIA H200", "h200", "2026-11-28",
-             "benchmarks/step_profile.py --batch 16 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H200 TinyLlama-1.1B b16 FSDP2",
-             replace(TINYLLAMA_STEP, batch=16, zero=3, optimizer=True), 255.4,
-             "train_distributed.py FSDP2, AdamW", "NVIDIA H200", "h200", "2026-11-28",
-             "benchmarks/step_profile.py --batch 16 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H200 TinyLlama-1.1B b32", replace(TINYLLAMA_STEP, batch=32), 450.4,
-             "eager module", "NVIDIA H200", "h200", "2026-11-28",
-             "benchmarks/step_profile.py --batch 32 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H200 TinyLlama-1.1B b32 FSDP2",
-             replace(TINYLLAMA_STEP, batch=32, zero=3, optimizer=True), 473.9,
-             "train_distributed.py FSDP2, AdamW", "NVIDIA H200", "h200", "2026-11-28",
-             "benchmarks/step_profile.py --batch 32 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H200 TinyLlama-1.1B b8", replace(TINYLLAMA_STEP, batch=8), 114.1,
-             "eager module", "NVIDIA H200", "h200", "2026-11-28",
-             "benchmarks/step_profile.py --batch 8 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H200 TinyLlama-1.1B b8 FSDP2",
-             replace(TINYLLAMA_STEP, batch=8, zero=3, optimizer=True), 183.9,
-             "train_distributed.py FSDP2, AdamW", "NVIDIA H200", "h200", "2026-11-28",
-             "benchmarks/step_profile.py --batch 8 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H200 TinyLlama-1.1B b12", replace(TINYLLAMA_STEP, batch=12), 167.0,
-             "eager module", "NVIDIA H200", "h200", "2026-11-28",
-             "benchmarks/step_profile.py --batch 12 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H200 TinyLlama-1.1B b12 FSDP2",
-             replace(TINYLLAMA_STEP, batch=12, zero=3, optimizer=True), 198.9,
-             "train_distributed.py FSDP2, AdamW", "NVIDIA H200", "h200", "2026-11-28",
-             "benchmarks/step_profile.py --batch 12 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H100 TinyLlama-1.1B b16", replace(TINYLLAMA_STEP, batch=16), 235.5,
-             "eager module", "NVIDIA H100 80GB HBM3", "h100", "2026-11-28",
-             "benchmarks/step_profile.py --batch 16 (RESULTS.md, FSDP2 profiled)"),
-    Measured("H100 TinyLlama-1.1B b16 FSDP2",
-             replace(TINYLLAMA_STEP, batch=16, zero=3, optimizer=True), 277.6,
-             "train_distributed.py FSDP2, AdamW", "NVIDIA H100 80GB HBM3", "h100", "2026-11-28",
-             "benchmarks/step_profile.py --batch 16 (RESULTS.md, FSDP2 profiled)"),
+    *(row for gpu_name, card, batch, plain_ms, fsdp2_ms in (
+        ("h200", "NVIDIA H200", 16, 222.2, 255.4),
+        ("h200", "NVIDIA H200", 32, 450.4, 473.9),
+        ("h200", "NVIDIA H200", 8, 114.1, 183.9),
+        ("h200", "NVIDIA H200", 12, 167.0, 198.9),
+        ("h100", "NVIDIA H100 80GB HBM3", 16, 235.5, 277.6))
+      for row in _profiled(gpu_name, card, batch, plain_ms, fsdp2_ms)),
 ]
 
 
