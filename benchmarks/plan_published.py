@@ -48,10 +48,14 @@ forward), and its memory keeps the mask and the dropped-out weights
 (``tfgraph/parallel/timing.py``, ``units.py``). The H100 row is tfgraph's own module (no
 attention dropout: the spec has none).
 
-Megatron-LM's data parallelism of those years (``--DDP-impl local``, its default until 2023)
-all-reduced the gradients after the whole backward pass, so the published runs are planned with
-``--grad-reduce after`` (all of that all-reduce exposed); the modern default, ``overlap``,
-hides it under the backward.
+Data parallelism as Megatron-LM's ``examples/sc21/run_table_1.sh`` ran each row
+(``--DDP-impl``): the 1.7B to 18.4B rows with ``torch``, PyTorch's DistributedDataParallel,
+which all-reduces the 16-bit ``.grad`` of the fp16 module bucket by bucket under the last
+micro-batch's backward (Megatron's ``no_sync`` over the earlier ones): ``--grad-reduce
+overlap``, 16-bit gradients (``--states mixed``); the 39.1B to 1T rows with ``local``,
+Megatron's own, which all-reduced its fp32 ``main_grad`` buffer once the whole
+forward-backward had finished (``train_step``: "All-reduce if needed"): ``--grad-reduce
+after``, ``--states megatron``. Korthikanti's runs have no data parallelism.
 
 Then ``--search`` over each Table 1 / Korthikanti run's GPUs and batch: whether the published
 layout, or one within 5% of its predicted time, is among the 5 fastest that fit. And the time
@@ -212,20 +216,25 @@ def graph_of(run: Run, dtype: str) -> Any:
     return tfgraph.compile(spec, loss=True)
 
 
-# Megatron-LM keeps fp32 gradients (main_grad) beside 16-bit weights: the runs use the
-# planner's Megatron convention (--states megatron, 18 bytes per parameter). Its default
-# data-parallel implementation then (``--DDP-impl local``, until 2023) all-reduced the
-# gradients once the whole forward-backward had finished (``train_step``: "All-reduce if
-# needed", ``allreduce_gradients``), not under the backward: --grad-reduce after.
+# run_table_1.sh's DDP=torch rows (the rest DDP=local): torch's DistributedDataParallel
+# reduces the fp16 module's 16-bit .grad in buckets under the backward (Megatron-LM's fp16
+# optimizer then copies it into an fp32 .grad of its master weights: 20 bytes a parameter at
+# the optimizer step, 4 more than --states mixed counts; the published layouts fit either way,
+# --search's memory filter counts 16 for these rows); Megatron-LM's local DDP keeps an fp32
+# main_grad (--states megatron, 18 bytes a parameter) and all-reduced it after the
+# forward-backward (``allreduce_gradients``).
+TORCH_DDP = {"1.7B", "3.6B", "7.5B", "18.4B"}
 
 
 def layout_of(run: Run) -> Layout:
     k22 = run.source == "K22"
+    torch_ddp = run.source == "N21" and run.name in TORCH_DDP
     return Layout(tp=run.tp, pp=run.pp, dp=run.gpus // (run.tp * run.pp), vpp=run.vpp,
                   sp=k22, recompute="selective" if k22 else "full",
                   micro_batch=run.micro_batch, global_batch=run.global_batch, seq=SEQ,
-                  dtype="bfloat16" if k22 else "float16", states="megatron",
-                  grad_reduce="after")
+                  dtype="bfloat16" if k22 else "float16",
+                  states="mixed" if torch_ddp else "megatron",
+                  grad_reduce="overlap" if torch_ddp else "after")
 
 
 def predicted(run: Run) -> tuple[float, float, dict[str, Any]]:
@@ -277,7 +286,7 @@ def search_check(run: Run, mine: float) -> str:
         ok = bool(same or near)
         verdicts.append(ok)
         parts.append(
-            f"{label}: {'yes' if ok else 'NO'} (published {mine:.2f} s; top 5 "
+            f"{label}: {'yes' if ok else 'NO'} (published layout {mine:.2f} s; top 5 "
             f"{', '.join(f'{x:.2f}' for x in times)} s; its tp/pp/mb at {same or '-'}, within "
             f"5% at {near or '-'}; fastest tp {best['tp']} pp {best['pp']} mb "
             f"{best['micro_batch']} {best['recompute']}{' sp' if best['sp'] else ''} "

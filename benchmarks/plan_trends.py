@@ -21,7 +21,10 @@ plots, not numbers, so what is checked is what its text says of them (§5.4):
 The layouts are those of Megatron-LM's ``examples/sc21/run_figure_1{3,4,5}.sh``: micro-batch 1,
 full recomputation, ``--DDP-impl local`` (``--grad-reduce after``), no interleaving, fp16,
 sequence 2048, vocabulary 51200, Megatron's unfused attention with dropout, as
-plan_published.py plans Table 1. Throughput per GPU counts the paper's FLOP formula, as Table 1.
+plan_published.py plans Table 1's DDP=local rows. Throughput per GPU counts the paper's FLOP
+formula, as Table 1. Where a tensor- or data-parallel group has several GPUs in each node
+(tensor 16 and 32 in Figure 13; tensor 1 to 4 with data 32 to 16 in Figures 14-15) it crosses
+nodes over that many NICs (``timing.link``; DGX A100: one 200 Gb/s NIC per GPU).
 """
 
 from __future__ import annotations

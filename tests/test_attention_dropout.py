@@ -227,7 +227,7 @@ def test_plan_time_grows_by_the_dropout_traffic_unfused_only() -> None:
         # per layer: read the bf16 weights, write the dropped-out ones and a one-byte mask,
         # forward; the same bytes backward; a rank's heads / tp of them
         scores = 2 * HEADS * SEQ * SEQ / tp
-        extra = (2 * 2 * scores + scores) / (a100.bandwidth * a100.memory_fraction)
+        extra = (2 * 2 * scores + scores) / a100.kernel_bandwidth
         for before, after in zip(*unfused):
             if after.attention_forward == 0:  # not a layer
                 assert after == before

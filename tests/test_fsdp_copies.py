@@ -100,7 +100,7 @@ def test_an_eager_zero_3_plan_times_the_copies_and_only_then() -> None:
     source = kernel_source(graph)
     layout = Layout(zero=3, micro_batch=2, global_batch=4, seq=16, dtype="bfloat16")
     parts = plan(graph, layout, h100, kernels=source)["step"]["time_parts"]
-    bandwidth = h100.bandwidth * h100.memory_fraction
+    bandwidth = h100.streaming  # FSDP2's copies stream
 
     def seconds(kernels):
         return sum(max(b / bandwidth, timing.LAUNCH_S) for _, b in kernels)  # 4 us at least

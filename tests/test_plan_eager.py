@@ -196,7 +196,7 @@ def test_eager_time_of_a_node_is_its_kernels_at_the_bandwidth():
     census = K.eager_kernels(graph, 4, 1024)
     sizes = {SYMBOLS["B"]: 4, SYMBOLS["S"]: 1024, SYMBOLS["T"]: 1024}
     work = {w.node: w for unit in timing.unit_work(graph) for w in unit}
-    bandwidth = h100.bandwidth * h100.memory_fraction
+    bandwidth = h100.kernel_bandwidth  # memory-bound kernels of a step
     for name in ("decoder.layers.0.self_attn.q_rope", "decoder.layers.0.ffn.norm", "loss"):
         kernels = census[name]
         assert len(kernels.forward) >= 1
@@ -237,7 +237,7 @@ def test_the_eager_plan_is_slower_and_says_so():
     # the optimizer: one fused pass (2 x 2 + 2 + 2 x 12: weights, gradients, master and
     # moments read and written), eagerly AdamW's foreach kernels over the float32 elements
     h100 = gpu("h100")
-    bandwidth = h100.bandwidth * h100.memory_fraction
+    bandwidth = h100.streaming  # the optimizer streams
     elements = graph_plan["per_rank"]["memory"]["optimizer"] / 12  # bf16 mixed: 12 per element
     assert parts[0]["optimizer"] == pytest.approx(elements * 30 / bandwidth, rel=1e-4)
     assert K.adamw_bytes_per_element() == pytest.approx(80, abs=1e-3)  # 20 float32 passes

@@ -70,7 +70,31 @@ def test_roofline_takes_the_longer_of_arithmetic_and_traffic() -> None:
     # a GEMM with K = 1 is an outer product: bound by writing its output
     m = n = 8192
     got = timing.gemm_time(m, n, 1, H100, H100.peak_flops, 2)
-    assert got == pytest.approx((m + n + m * n) * 2 / (H100.bandwidth * H100.memory_fraction))
+    assert got == pytest.approx((m + n + m * n) * 2 / H100.streaming)
+
+
+def test_memory_bound_ops_at_the_steps_measured_kernel_rate(gpt) -> None:
+    """A norm, an element-wise op, the loss: their bytes at ``kernel_bandwidth``, the share
+    of a streaming read the memory-bound kernels of the H200's profiled eager steps reached
+    (2545 of 3456 GB/s); a GEMM's operands stream at the full rate (above)."""
+    from tfgraph.parallel.gpus import KERNEL_SHARE
+
+    assert KERNEL_SHARE == pytest.approx(0.736, abs=1e-3)
+    for g in (H100, A100, gpu("h200")):
+        assert g.kernel_bandwidth == pytest.approx(g.bandwidth * g.memory_fraction * 0.7364,
+                                                   rel=1e-3)
+    layout = Layout(micro_batch=2, global_batch=2, seq=64)
+    sizes = {timing.SYMBOLS["B"]: 2, timing.SYMBOLS["S"]: 64, timing.SYMBOLS["T"]: 64}
+    memory = [w for unit in timing.unit_work(gpt) for w in unit if w.kind == "memory"]
+    assert memory
+    for w in memory:
+        got = timing._unit_time([w], sizes, layout, H100, H100.peak_flops, 2, "fused")
+        nbytes = timing._num(w.nbytes, sizes)
+        flops = timing._num(w.flops, sizes)
+        assert got.forward == pytest.approx(max(nbytes / H100.kernel_bandwidth,
+                                                flops / H100.vector_flops))
+    # slower than a streaming read of the same bytes: the measured share is below one
+    assert H100.kernel_bandwidth < H100.streaming
 
 
 def test_ring_collectives() -> None:
@@ -84,7 +108,40 @@ def test_ring_collectives() -> None:
     assert all_reduce == pytest.approx(2 * gather)
     # inside a node NVLink, across nodes the NIC
     assert timing.link(H100, 8)[0] == H100.intra_node * timing.LINK_EFFICIENCY
-    assert timing.link(H100, 16)[0] == H100.inter_node * timing.LINK_EFFICIENCY
+    assert timing.link(H100, 16, 8)[0] == H100.inter_node * timing.LINK_EFFICIENCY
+
+
+@pytest.mark.parametrize(("span", "stride", "nics"), [
+    (256, 8, 1),  # tensor 8, data 32: one GPU of the data group in each node, one NIC
+    (64, 2, 4),  # tensor 2, data 32: four GPUs a node, four NICs
+    (32, 1, 8),  # tensor 1, data 32 over 4 nodes: eight NICs a node
+    (16, 1, 8),  # a tensor group of 16 over two nodes
+])
+def test_a_group_crosses_nodes_over_the_nics_of_its_gpus_in_a_node(span: int, stride: int,
+                                                                    nics: int) -> None:
+    """DGX A100: one 200 Gb/s NIC per GPU; NCCL runs a ring per NIC, so a group with g GPUs
+    in each node moves g NICs' worth between nodes, never more than NVLink; the latency is
+    the network's."""
+    bw, lat = timing.link(A100, span, stride)
+    want = min(nics * A100.inter_node, A100.intra_node) * timing.LINK_EFFICIENCY
+    assert bw == pytest.approx(want) and lat == timing.NET_LATENCY
+    # the node's link bounds it: eight 100 GB/s NICs would outrun NVLink 3's 300 GB/s
+    fast = replace(A100, inter_node=100e9)
+    assert timing.link(fast, 32, 1)[0] == pytest.approx(A100.intra_node * timing.LINK_EFFICIENCY)
+
+
+def test_data_parallel_traffic_uses_the_group_s_nics() -> None:
+    """--grad-reduce after exposes the whole all-reduce: at tensor 1 over 32 GPUs (4 nodes,
+    8 NICs each) it takes an eighth of the time it takes at one NIC a node (the bandwidth
+    term; the latency steps are the same)."""
+    one = Layout(dp=32, global_batch=32, grad_reduce="after")
+    s = States(0, 0, 0, 400_000_000)
+    parts = {"forward": 1.0, "backward": 1.0, "recompute": 0.0}
+    eight = timing._dp_exposed(one, A100, s, parts, 1, 2)
+    single = timing._dp_exposed(one, replace(A100, per_node=1), s, parts, 1, 2)
+    grads = 400_000_000 * float(timing.grad_bytes(one))
+    term = 2 * 31 / 32 * grads / (A100.inter_node * timing.LINK_EFFICIENCY)
+    assert single - eight == pytest.approx(term * 7 / 8, rel=1e-6)
 
 
 def test_data_parallel_reduction_hides_under_the_last_backward_but_the_last_bucket() -> None:
@@ -510,7 +567,7 @@ def test_routed_experts_are_timed_by_the_roofline_of_the_ranks_experts(deepseek,
     ep x tokens x k pairs to ep ranks). Without ep: 22.5 GB of weights, 8.7 ms at 81% of the
     H100's 3.35 TB/s, not the 3.76 ms of its FLOPs; at ep 8 a rank's 32 experts are
     FLOP-bound, and the layer's time follows ep (the memo keyed by it)."""
-    bandwidth = H100.bandwidth * H100.memory_fraction
+    bandwidth = H100.streaming  # expert weights stream
     weights, rows = 256 * 3 * 2048 * 7168 * 2, 4096 * 8 * 7168 * 2
     one = Layout(tp=tp, dp=64, ep=1, global_batch=64, seq=4096)
     fwd, bwd = _experts(deepseek, one)
@@ -538,7 +595,7 @@ def test_hard_attention_times_only_the_gradients_torch_computes(attention: str) 
     layout = Layout(micro_batch=b, global_batch=b, seq=s)
     graphs = [tfgraph.compile(x, loss=True) for x in (spec, soft)]
     hard_t, soft_t = (timing.unit_times(g, layout, H100, attention)[1] for g in graphs)
-    peak, bandwidth = H100.peak_flops, H100.bandwidth * H100.memory_fraction
+    peak, bandwidth = H100.peak_flops, H100.kernel_bandwidth  # the softmax's passes
     d, heads, hd = spec.d_model, spec.attention.heads, spec.d_model // spec.attention.heads
     gemms = sum(timing.gemm_time(b * s, d, n, H100, peak, 2)  # the input's gradient
                 + timing.gemm_time(n, d, b * s, H100, peak, 2)  # the weight's

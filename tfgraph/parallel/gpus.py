@@ -21,6 +21,15 @@ checked against, ``benchmarks/plan_published.py``):
   torch kernel reads on them (``amax`` over 2 GiB of float16, best of 10, benchmarks/gpu.py's
   bandwidth floor; benchmarks/RESULTS.md "On a GPU"): H100 2.63-2.79 of 3.35 TB/s on three
   machines, middle 2.71: 0.81; H200 3.45-3.51 of 4.8 TB/s: 0.72;
+- ``kernel_share``: the share of that streaming rate the memory-bound kernels of a training
+  step reach over the bytes the plan counts for them (norms, softmax, element-wise, the loss's;
+  reductions, launch and tail included), ``KERNEL_SHARE`` on every GPU: measured on one H200
+  by profiling the eager TinyLlama step of tfgraph's module and of transformers'
+  ``LlamaForCausalLM`` (``benchmarks/eager_step.py --measure``; benchmarks/RESULTS.md "On a
+  GPU: the FSDP2 step profiled"): their memory-bound kernels moved 41.52 + 87.33 GB in 17.07 +
+  33.56 ms, 2545 GB/s, 0.74 of the H200's 3456 GB/s streaming rate. The H100's two steps,
+  solved for a compute and a memory factor, agree (0.59 of its data sheet = 0.73 of its 0.81).
+  GEMMs, optimizer passes, gradient accumulation and FSDP copies stream at the full rate;
 - ``vector_flops``: non-tensor fp32 FLOP/s (data sheets), the rate of element-wise arithmetic;
 - ``sms``: streaming multiprocessors (compute units), over which a GEMM's output tiles run in
   waves (``timing.gemm_efficiency``).
@@ -37,6 +46,8 @@ from tfgraph.errors import TfgraphError
 
 GB = 10**9
 GIB = 2**30
+KERNEL_SHARE = 2545 / 3456
+"""Memory-bound kernels of a training step over a streaming read (the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,9 @@ class Gpu:
     """Share of ``peak_flops`` a fused (flash) attention kernel reaches, forward + backward."""
     memory_fraction: float = 0.9
     """Share of ``bandwidth`` a streaming (memory-bound) kernel moves."""
+    kernel_share: float = KERNEL_SHARE
+    """Share of the streaming rate (``bandwidth`` x ``memory_fraction``) the memory-bound
+    kernels of a training step reach over their counted bytes."""
     vector_flops: float = 67e12
     """Non-tensor fp32 FLOP/s (element-wise arithmetic)."""
     flash_measured: bool = False
@@ -76,6 +90,17 @@ class Gpu:
     bfloat16: bool = True
     """Whether its tensor cores take bfloat16 (Volta's take float16 only: bf16 arrived with
     Ampere, compute capability 8.0; CUDA's ``__nv_bfloat16`` MMA needs sm_80)."""
+
+    @property
+    def streaming(self) -> float:
+        """Bytes/s a streaming kernel moves (GEMMs' operands, optimizer and copy passes)."""
+        return self.bandwidth * self.memory_fraction
+
+    @property
+    def kernel_bandwidth(self) -> float:
+        """Bytes/s the memory-bound kernels of a training step move (norms, softmax,
+        element-wise, the loss's)."""
+        return self.streaming * self.kernel_share
 
 
 GPUS: dict[str, Gpu] = {g.name: g for g in (

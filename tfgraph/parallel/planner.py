@@ -524,6 +524,7 @@ def _gpu_assumptions(gpu: Gpu, dtype: str) -> str:
     return (f"{gpu.name}: peak {peak / 1e12:g} TFLOP/s ({kind}), "
             f"GEMMs up to {gpu.matmul_fraction:.0%} of it (MAMF) on {gpu.sms} SMs, fused "
             f"attention {attention}, memory {gpu.bandwidth / 1e12:g} TB/s at "
-            f"{gpu.memory_fraction:.0%}, element-wise {gpu.vector_flops / 1e12:g} TFLOP/s, "
+            f"{gpu.memory_fraction:.0%} streaming, memory-bound kernels at "
+            f"{gpu.kernel_share:.0%} of that, element-wise {gpu.vector_flops / 1e12:g} TFLOP/s, "
             f"{gpu.link} at {gpu.intra_node / 1e9:g} GB/s inside {gpu.per_node} GPUs, "
-            f"{gpu.inter_node / 1e9:g} GB/s per GPU between nodes")
+            f"{gpu.inter_node / 1e9:g} GB/s per GPU (a NIC each) between nodes")

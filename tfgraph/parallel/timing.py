@@ -38,6 +38,10 @@ roofline (Williams et al. 2009), with the rates of ``tfgraph.parallel.gpus``:
 - every other op is memory-bound: it reads its operands (parameters too) and writes its output
   (backward: reads the output's gradient and the operands, writes the operands' gradients:
   twice the bytes), its arithmetic at ``vector_flops``.
+Memory-bound ops and the unfused softmax's passes move their bytes at ``Gpu.kernel_bandwidth``,
+the rate a training step's memory-bound kernels were measured to reach (``KERNEL_SHARE`` of a
+streaming read, ``tfgraph.parallel.gpus``); GEMM operands, the optimizer, gradient accumulation
+and FSDP's copies stream at ``Gpu.streaming``.
 Backward times only the gradients torch computes (``passes.gradients.operand_grads``): hard
 attention's arg-max passes none to q and k, so their projections run no backward GEMM and the
 core only dV (unfused: one A.V-sized GEMM; fused: ``OpDef.backward_flops``' share of its
@@ -65,9 +69,12 @@ collectives, each paying the ring's latency steps: one per 40M-element gradient 
 Megatron-LM) and one per FSDP unit (ZeRO 3: each layer, plus the root's; torchtitan shards
 each block, then the model). Bandwidth is
 ``LINK_EFFICIENCY`` of the GPU's link inside a node of ``per_node`` GPUs (``Gpu.link``: NVLink,
-PCIe, Infinity Fabric), of the GPU's NIC between
-nodes; ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group of
-span ranks stays in a node when span <= per_node. Overlap rules:
+PCIe, Infinity Fabric); between nodes, of the NICs of the group's GPUs in a node: one NIC per
+GPU (DGX A100 / H100), and NCCL runs one ring per NIC, so a group with g GPUs in each node
+crosses nodes at g NICs' rate (no more than the node's link), one GPU a node at one NIC's
+(``link``); ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group
+of span ranks stays in a node when span <= per_node, and a data-parallel group (members t ranks
+apart) has per_node / t GPUs in each node. Overlap rules:
 - tensor-parallel collectives (and the vocabulary reductions, and the MoE all-to-all) are
   exposed: they sit between the GEMMs that need them (Megatron-LM without its TP-comm overlap);
   full recompute repeats the forward ones, the MoE dispatch and combine all-to-alls among them
@@ -182,7 +189,10 @@ ASSUMPTIONS: dict[str, str] = {
                "two batched GEMMs "
                "+ the softmax's score traffic (+ attention dropout's: weights, dropped "
                "weights and 1-byte mask); "
-               "other ops memory-bound (backward moves twice the bytes); only the "
+               "other ops memory-bound (backward moves twice the bytes); memory-bound ops "
+               "and the softmax's passes at the rate a step's memory-bound kernels reach "
+               "(0.74 of a streaming read, measured on an H200; see gpu), GEMM operands, "
+               "the optimizer, accumulation and FSDP copies at the streaming rate; only the "
                "gradients torch computes are timed (hard attention: none for q, k and their "
                "projections, dV alone in its core; an op no gradient passes: no backward)",
     "flash": "FlashAttention-2's measured rates (H100/H200) held at the ends and interpolated "
@@ -200,7 +210,9 @@ ASSUMPTIONS: dict[str, str] = {
                  "collectives)",
     "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
                    "and reduce-scatter (n-1)/n; links at 80% (NCCL bus bandwidth): the "
-                   "GPU's link inside a node (named under gpu), its NIC between nodes; "
+                   "GPU's link inside a node (named under gpu); between nodes a NIC per "
+                   "GPU, a group with g GPUs in a node at g NICs' rate (NCCL's ring per "
+                   "NIC), at most the node's link; "
                    "latency 1 us (inside a node), 5 us "
                    "(network) per ring step, paid by every collective: one per 40M-element "
                    "gradient bucket, one per FSDP unit (ZeRO 3: a layer, plus the root); "
@@ -242,8 +254,8 @@ ASSUMPTIONS: dict[str, str] = {
             "assumed to run ahead of the GPU; where it does not (small layers, many FSDP2 "
             "groups on few GPUs) the step is longer than planned: examples/"
             "train_distributed.py's FSDP2 step of a 1.1B model on one GPU at batch 4 x 1024 "
-            "kept the device busy 0.94x the plan's time and took 1.5-1.7x it (H200, H100); "
-            "at 16 x 1024 it took 1.01x (benchmarks/RESULTS.md); under ZeRO 3, step."
+            "kept the device busy 0.90x the plan's time and took 1.4-1.6x it (H200, H100); "
+            "at 16 x 1024 it took 0.95x (benchmarks/RESULTS.md); under ZeRO 3, step."
             "host_bound names a step likely so (tfgraph/parallel/host.py)",
     "tokens": "tokens_per_s: global batch x --seq tokens / time_s (an encoder-decoder's "
               "source tokens; its target tokens, --tgt-seq, are not added)",
@@ -278,7 +290,8 @@ ASSUMPTIONS: dict[str, str] = {
 EAGER_KERNELS = ("eager: the kernels PyTorch's eager mode launches for tfgraph's module, "
                  "counted per node on the meta device (CUDA's fused SDPA and RMSNorm taken as "
                  "their CUDA kernels: one flash kernel each way, RMSNorm's backward two): "
-                 "memory-bound kernels at their bytes / achievable bandwidth, at least 4 us "
+                 "memory-bound kernels at their bytes / the step's memory-bound kernel "
+                 "rate, at least 4 us "
                  "each; GEMM and attention nodes at their graph time plus the "
                  "kernels around them; k readers of a gradient add k - 1 additions; routed "
                  "experts with tokens x top-k / experts each; under --ep as one rank runs "
@@ -457,7 +470,7 @@ def gemm_time(m: float, n: float, k: float, gpu: Gpu, peak: float, elem: int,
     rate = (peak * gpu.matmul_fraction * gemm_efficiency(m, n, gpu, batch)
             * min(1.0, k_efficiency(k) / k_efficiency(MAMF_K)))
     nbytes = (m * k + k * n + m * n) * batch * elem
-    return roofline(2 * m * n * k * batch, nbytes, rate, gpu.bandwidth * gpu.memory_fraction)
+    return roofline(2 * m * n * k * batch, nbytes, rate, gpu.streaming)
 
 
 def ring_time(nbytes: float, ranks: int, reduce: bool, bandwidth: float, latency: float
@@ -482,11 +495,14 @@ def bucketed_ring_time(nbytes: float, pieces: int, ranks: int, reduce: bool, ban
             + (max(pieces, 1) - 1) * factor * (ranks - 1) * latency)
 
 
-def link(gpu: Gpu, span: int) -> tuple[float, float]:
-    """(bandwidth, latency per ring step) of a group of ``span`` consecutive ranks."""
+def link(gpu: Gpu, span: int, stride: int = 1) -> tuple[float, float]:
+    """(bandwidth, latency per ring step) of a group spread over ``span`` consecutive ranks,
+    its members ``stride`` ranks apart: inside a node the node's link; across nodes the NICs
+    of its GPUs in each node, one ring per NIC (NCCL), at most the node's link."""
     if span <= gpu.per_node:
         return gpu.intra_node * LINK_EFFICIENCY, NVLINK_LATENCY
-    return gpu.inter_node * LINK_EFFICIENCY, NET_LATENCY
+    nics = max(1, gpu.per_node // stride)  # the group's GPUs in a node, one NIC each
+    return min(nics * gpu.inter_node, gpu.intra_node) * LINK_EFFICIENCY, NET_LATENCY
 
 
 def bubble(pp: int, microbatches: int, vpp: int) -> float:
@@ -757,19 +773,20 @@ def memory_seconds(nbytes: float, bandwidth: float) -> float:
 def kernel_seconds(k: Kernel, gpu: Gpu, peak: float, elem: int, div: float = 1) -> float:
     """Seconds of one eager kernel, its work split ``div`` ways: a GEMM by ``gemm_time`` of its
     dimensions (a grouped one by its FLOPs at the MAMF rate), the flash kernel at the
-    FlashAttention-2 rate (``flash_time``), anything else ``memory_seconds``."""
-    bandwidth = gpu.bandwidth * gpu.memory_fraction
+    FlashAttention-2 rate (``flash_time``), anything else ``memory_seconds`` at the step's
+    memory-bound kernel rate."""
     if k.kind == "gemm":
         if len(k.dims) == 4:
             m, n, inner, batch = k.dims
             return gemm_time(m, n, inner, gpu, peak, elem, batch) / div
-        return roofline(k.flops / div, k.nbytes / div, peak * gpu.matmul_fraction, bandwidth)
+        return roofline(k.flops / div, k.nbytes / div, peak * gpu.matmul_fraction,
+                        gpu.streaming)
     if k.kind == "attention":
         batch, sq, sk, head_dim, masked, backward = k.dims
         fwd, bwd = flash_time(k.flops / div / (ATTENTION_BACKWARD if backward else 1),
                               batch / div, sq, sk, head_dim, bool(masked), gpu, peak)
         return bwd if backward else fwd
-    return memory_seconds(k.nbytes / div, bandwidth)
+    return memory_seconds(k.nbytes / div, gpu.kernel_bandwidth)
 
 
 def _eager_time(kernels: Sequence[Kernel], whole: bool, div: float, gpu: Gpu, peak: float,
@@ -792,7 +809,7 @@ def _unit_time(items: list[Work], sizes: dict[sympy.Symbol, int], layout: Layout
                peak: float, elem: int, attention: str,
                eager: Mapping[str, NodeKernels] | None = None) -> UnitTime:
     t = layout.tp
-    bandwidth = gpu.bandwidth * gpu.memory_fraction
+    bandwidth = gpu.kernel_bandwidth  # memory-bound ops and the softmax's passes
     forward = backward = attn = 0.0
     f_flops = b_flops = a_flops = 0.0  # what the timed kernels execute (hardware FLOPs)
     for w in items:
@@ -913,7 +930,7 @@ def _experts_time(w: Work, sizes: dict[sympy.Symbol, int], layout: Layout, gpu: 
     local = experts / ep  # the experts this rank holds, each on ep times the pairs
     eff = gemm_efficiency(m * ep, n / split, gpu, local)
     rate = peak * gpu.matmul_fraction * eff
-    bandwidth = gpu.bandwidth * gpu.memory_fraction
+    bandwidth = gpu.streaming
     weights = _num(w.nbytes, sizes) / ep / split
     rows = _num(w.routed, sizes)
     forward = roofline(flops, weights + 2 * rows, rate, bandwidth)
@@ -969,9 +986,9 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
     counts = _collectives(graph, layout)
     t, p, d, m, v = layout.tp, layout.pp, layout.dp, layout.microbatches, layout.vpp
     tp_bw, tp_lat = link(gpu, t)
-    ep_bw, ep_lat = link(gpu, t * layout.ep)
+    ep_bw, ep_lat = link(gpu, t * layout.ep, t)
     elem = 4 if layout.dtype == "float32" else 2
-    mem_bw = gpu.bandwidth * gpu.memory_fraction
+    mem_bw = gpu.streaming
     slots = []
     # a deep pipeline's middle stages are alike: their slot is worked out once
     seen: dict[tuple[StageMembers, float, States], dict[str, float]] = {}
@@ -1118,7 +1135,7 @@ def _dp_exposed(layout: Layout, gpu: Gpu, s: States, slot: dict[str, float], lay
     d = layout.dp
     if d <= 1:
         return 0.0
-    bw, lat = link(gpu, layout.tp * d)
+    bw, lat = link(gpu, layout.tp * d, layout.tp)
     exposed = 0.0
     for elements, ranks in ((s.unsharded - s.expert_unsharded, d),
                             (s.expert_unsharded, d // layout.ep)):
