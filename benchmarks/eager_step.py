@@ -29,8 +29,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # an installed tfgraph first (its tfgraph.exporters); else this checkout
@@ -87,12 +88,37 @@ def modules(spec_path: Path, device: str, dtype: torch.dtype
     return {"tfgraph": (ours, False), "transformers": (hf, True)}
 
 
-def seconds(kernels: list[Kernel], row: str) -> Counter[str]:
+# The H200 profile of both steps (``--measure``; benchmarks/RESULTS.md, "the FSDP2 step
+# profiled"): device seconds per step of each module's memory-bound kernels
+PROFILED_MEMORY = ("h200", {"tfgraph": 17.07e-3, "transformers": 33.56e-3})
+
+
+def seconds(kernels: list[Kernel], row: str, share: float | None = None) -> Counter[str]:
+    """Predicted seconds per kind (``share``: ``Gpu.kernel_share`` in place of the table's)."""
     device = gpu(row)
+    if share is not None:
+        device = replace(device, kernel_share=share)
     parts: Counter[str] = Counter()
     for k in kernels:
         parts[k.kind] += kernel_seconds(k, device, device.peak_flops, 2)
     return parts
+
+
+def solved_share(recorded: dict[str, list[Kernel]]) -> float:
+    """The ``kernel_share`` at which the plan's memory-bound kernel times (each its bytes at
+    the share of the streaming rate, at least ``LAUNCH_S``) add up to the profiled time of both
+    modules' memory-bound kernels: where tfgraph/parallel/gpus.py's KERNEL_SHARE comes from."""
+    row, measured = PROFILED_MEMORY
+    memory = [k for name in measured for k in recorded[name] if k.kind == "memory"]
+    want = sum(measured.values())
+    low, high = 0.05, 1.0  # the memory time falls as the share grows
+    for _ in range(60):
+        mid = (low + high) / 2
+        if seconds(memory, row, mid)["memory"] > want:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
 
 
 def predict() -> int:
@@ -103,6 +129,10 @@ def predict() -> int:
         memory = [k for k in kernels if k.kind == "memory"]
         print(f"{name}: {len(kernels)} kernels, {len(memory)} memory-bound moving "
               f"{sum(k.nbytes for k in memory) / 1e9:.1f} GB")
+    row, measured = PROFILED_MEMORY
+    print(f"memory-bound share of the streaming rate at which both modules' memory-bound kernels "
+          f"take their profiled {sum(measured.values()) * 1e3:.2f} ms on the {row.upper()} "
+          f"(KERNEL_SHARE): {solved_share(recorded):.3f}")
     print(f"{'GPU row':8} {'module':13} {'gemm ms':>8} {'attn ms':>8} {'memory ms':>9} "
           f"{'predicted':>9} {'measured':>9} {'meas/pred':>9}")
     done: dict[str, dict[str, float]] = {}

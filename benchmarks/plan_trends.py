@@ -23,8 +23,8 @@ full recomputation, ``--DDP-impl local`` (``--grad-reduce after``), no interleav
 sequence 2048, vocabulary 51200, Megatron's unfused attention with dropout, as
 plan_published.py plans Table 1's DDP=local rows. Throughput per GPU counts the paper's FLOP
 formula, as Table 1. Where a tensor- or data-parallel group has several GPUs in each node
-(tensor 16 and 32 in Figure 13; tensor 1 to 4 with data 32 to 16 in Figures 14-15) it crosses
-nodes over that many NICs (``timing.link``; DGX A100: one 200 Gb/s NIC per GPU).
+(the tensor groups of 16 and 32 in Figures 13 and 15, the data groups at tensor 1 to 4 in
+Figures 14-15) it crosses nodes over that many NICs (``timing.link``; DGX A100: one 200 Gb/s NIC per GPU).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ one eager decode step: is an H100 step host-bound?
 
 ``tfgraph plan --kernels eager`` times a step as its kernels' device time. On an H100 (the third
 H100 run of benchmarks/RESULTS.md) the plain eager step of llama.yaml (bf16, batch 4 x 1024,
-forward + float32 token cross-entropy + backward) took 69.0 ms against 58.5 predicted, and examples/train_distributed.py's
-FSDP2 step (one process, bf16 parameters, AdamW foreach) 180.2 ms against 105.9: is the host
+forward + float32 token cross-entropy + backward) took 69.0 ms against 58.5 predicted then (62.7
+since the plan's memory-bound kernel rate, 2026-11-28), and examples/train_distributed.py's
+FSDP2 step (one process, bf16 parameters, AdamW foreach) 180.2 ms against 105.9 (110.2): is the host
 (Python, the dispatcher, DTensor, FSDP2's hooks) the rest? Here the spec's structure (its layers,
 parameter tensors and ops) runs at tiny widths (``small_spec``: 2 dims per head, vocabulary 256,
 batch 1 x 4), on the CPU, one thread, so the arithmetic is nil and what is timed is the host's

@@ -4,8 +4,9 @@ profiled on a GPU: is the step host-bound (issue 26)?
     python benchmarks/step_profile.py [--spec specs/llama.yaml] [--steps 3] [--trace DIR]
 
 On issue 26's H100 the plain eager step of llama.yaml (bf16, batch 4 x 1024, forward + float32
-token cross-entropy + backward) took 69.0 ms against ``tfgraph plan --kernels eager``'s 58.5,
-and examples/train_distributed.py's FSDP2 step 180.2 ms against 105.9. benchmarks/step_host.py
+token cross-entropy + backward) took 69.0 ms against ``tfgraph plan --kernels eager``'s 58.5
+then (62.7 since the plan's memory-bound kernel rate, 2026-11-28), and
+examples/train_distributed.py's FSDP2 step 180.2 ms against 105.9 (110.2). benchmarks/step_host.py
 estimated the host's share from a CPU run; this measures it. Both steps are
 benchmarks/step_host.py's (``plain_step``; ``fsdp2_step``: the example's own ``build``,
 ``mixed_precision`` through it, ``adamw`` foreach, on a process group of one started here,

@@ -23,13 +23,16 @@ checked against, ``benchmarks/plan_published.py``):
   machines, middle 2.71: 0.81; H200 3.45-3.51 of 4.8 TB/s: 0.72;
 - ``kernel_share``: the share of that streaming rate the memory-bound kernels of a training
   step reach over the bytes the plan counts for them (norms, softmax, element-wise, the loss's;
-  reductions, launch and tail included), ``KERNEL_SHARE`` on every GPU: measured on one H200
-  by profiling the eager TinyLlama step of tfgraph's module and of transformers'
+  reductions and tails included), ``KERNEL_SHARE`` on every GPU: measured on one H200 by
+  profiling the eager TinyLlama step of tfgraph's module and of transformers'
   ``LlamaForCausalLM`` (``benchmarks/eager_step.py --measure``; benchmarks/RESULTS.md "On a
   GPU: the FSDP2 step profiled"): their memory-bound kernels moved 41.52 + 87.33 GB in 17.07 +
-  33.56 ms, 2545 GB/s, 0.74 of the H200's 3456 GB/s streaming rate. The H100's two steps,
-  solved for a compute and a memory factor, agree (0.59 of its data sheet = 0.73 of its 0.81).
-  GEMMs, optimizer passes, gradient accumulation and FSDP copies stream at the full rate;
+  33.56 ms; the plan's kernel times (each its bytes at the share, at least
+  ``timing.LAUNCH_S``) add up to that at 0.776 (``eager_step.py`` prints the solve). The
+  H100's two step pairs, whose difference is mostly memory-bound bytes (transformers' module
+  moves 87.3 GB to tfgraph's 41.5), solve to 0.64-0.68 of its streaming rate: slower still on
+  that card (not used). GEMMs, optimizer passes, gradient accumulation and FSDP copies stream
+  at the full rate;
 - ``vector_flops``: non-tensor fp32 FLOP/s (data sheets), the rate of element-wise arithmetic;
 - ``sms``: streaming multiprocessors (compute units), over which a GEMM's output tiles run in
   waves (``timing.gemm_efficiency``).
@@ -46,7 +49,7 @@ from tfgraph.errors import TfgraphError
 
 GB = 10**9
 GIB = 2**30
-KERNEL_SHARE = 2545 / 3456
+KERNEL_SHARE = 0.776
 """Memory-bound kernels of a training step over a streaming read (the module docstring)."""
 
 

@@ -12,9 +12,9 @@ about 2.5 and 3.2 ms a group (benchmarks/RESULTS.md, "the FSDP2 step profiled").
 The host and the device meet once a step (the loss's ``.item()``); in between the host queues
 kernels ahead, and a phase where it falls behind is made up in one where it leads. So the step,
 not each phase, is compared: where a group's device time per micro-batch, forward + backward,
-is below the host's 5.7 ms, the device waits for the host. Measured on the H200: device 2.70 ms
-a group at batch 4 x 1024 (the step 1.45x the plan), 5.32 ms at 8 x 1024 (1.19x); 7.94 ms at
-12 x 1024 (0.94x), 10.58 at 16 x 1024 (0.95x). (The profile at 12 x 1024 put the forward's
+is below the host's 5.7 ms, the device waits for the host. Measured on the H200: device 2.67 ms
+a group at batch 4 x 1024 (the step 1.46x the plan), 5.25 ms at 8 x 1024 (1.20x); 7.83 ms at
+12 x 1024 (0.95x), 10.44 at 16 x 1024 (0.96x). (The profile at 12 x 1024 put the forward's
 device time, 44.4 ms over 22 groups, 2.0 ms a group, below the host's 2.5, and the step was
 not longer: the comparison per phase is wrong.)
 

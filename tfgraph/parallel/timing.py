@@ -74,7 +74,10 @@ GPU (DGX A100 / H100), and NCCL runs one ring per NIC, so a group with g GPUs in
 crosses nodes at g NICs' rate (no more than the node's link), one GPU a node at one NIC's
 (``link``); ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group
 of span ranks stays in a node when span <= per_node, and a data-parallel group (members t ranks
-apart) has per_node / t GPUs in each node. Overlap rules:
+apart) has per_node / t GPUs in each node (the experts' data-parallel group, t x ep apart,
+per_node / (t ep)). An all-to-all is no ring: each rank's rows for other nodes leave through
+its own NIC, at one NIC's rate; so does the tied table's all-reduce between the first and
+last stages (one GPU of the group a node). Overlap rules:
 - tensor-parallel collectives (and the vocabulary reductions, and the MoE all-to-all) are
   exposed: they sit between the GEMMs that need them (Megatron-LM without its TP-comm overlap);
   full recompute repeats the forward ones, the MoE dispatch and combine all-to-alls among them
@@ -191,7 +194,7 @@ ASSUMPTIONS: dict[str, str] = {
                "weights and 1-byte mask); "
                "other ops memory-bound (backward moves twice the bytes); memory-bound ops "
                "and the softmax's passes at the rate a step's memory-bound kernels reach "
-               "(0.74 of a streaming read, measured on an H200; see gpu), GEMM operands, "
+               "(0.776 of a streaming read, measured on an H200; see gpu), GEMM operands, "
                "the optimizer, accumulation and FSDP copies at the streaming rate; only the "
                "gradients torch computes are timed (hard attention: none for q, k and their "
                "projections, dV alone in its core; an op no gradient passes: no backward)",
@@ -211,8 +214,9 @@ ASSUMPTIONS: dict[str, str] = {
     "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
                    "and reduce-scatter (n-1)/n; links at 80% (NCCL bus bandwidth): the "
                    "GPU's link inside a node (named under gpu); between nodes a NIC per "
-                   "GPU, a group with g GPUs in a node at g NICs' rate (NCCL's ring per "
-                   "NIC), at most the node's link; "
+                   "GPU, a ring group with g GPUs in a node at g NICs' rate (NCCL's ring "
+                   "per NIC), at most the node's link; the expert all-to-all at one NIC's "
+                   "rate a rank; "
                    "latency 1 us (inside a node), 5 us "
                    "(network) per ring step, paid by every collective: one per 40M-element "
                    "gradient bucket, one per FSDP unit (ZeRO 3: a layer, plus the root); "
@@ -254,8 +258,8 @@ ASSUMPTIONS: dict[str, str] = {
             "assumed to run ahead of the GPU; where it does not (small layers, many FSDP2 "
             "groups on few GPUs) the step is longer than planned: examples/"
             "train_distributed.py's FSDP2 step of a 1.1B model on one GPU at batch 4 x 1024 "
-            "kept the device busy 0.90x the plan's time and took 1.4-1.6x it (H200, H100); "
-            "at 16 x 1024 it took 0.95x (benchmarks/RESULTS.md); under ZeRO 3, step."
+            "kept the device busy 0.91x the plan's time and took 1.5-1.6x it (H200, H100); "
+            "at 16 x 1024 it took 0.96x (benchmarks/RESULTS.md); under ZeRO 3, step."
             "host_bound names a step likely so (tfgraph/parallel/host.py)",
     "tokens": "tokens_per_s: global batch x --seq tokens / time_s (an encoder-decoder's "
               "source tokens; its target tokens, --tgt-seq, are not added)",
@@ -496,9 +500,10 @@ def bucketed_ring_time(nbytes: float, pieces: int, ranks: int, reduce: bool, ban
 
 
 def link(gpu: Gpu, span: int, stride: int = 1) -> tuple[float, float]:
-    """(bandwidth, latency per ring step) of a group spread over ``span`` consecutive ranks,
-    its members ``stride`` ranks apart: inside a node the node's link; across nodes the NICs
-    of its GPUs in each node, one ring per NIC (NCCL), at most the node's link."""
+    """(bandwidth, latency per ring step) of a ring collective over a group spread over
+    ``span`` consecutive ranks, its members ``stride`` ranks apart: inside a node the node's
+    link; across nodes the NICs of its GPUs in each node, one ring per NIC (NCCL), at most the
+    node's link (``stride`` >= per_node: one GPU a node, one NIC)."""
     if span <= gpu.per_node:
         return gpu.intra_node * LINK_EFFICIENCY, NVLINK_LATENCY
     nics = max(1, gpu.per_node // stride)  # the group's GPUs in a node, one NIC each
@@ -986,7 +991,9 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
     counts = _collectives(graph, layout)
     t, p, d, m, v = layout.tp, layout.pp, layout.dp, layout.microbatches, layout.vpp
     tp_bw, tp_lat = link(gpu, t)
-    ep_bw, ep_lat = link(gpu, t * layout.ep, t)
+    # an all-to-all is no ring: each rank's rows for other nodes leave through its own NIC,
+    # one NIC's rate a rank however many of the group share its node
+    ep_bw, ep_lat = link(gpu, t * layout.ep, gpu.per_node)
     elem = 4 if layout.dtype == "float32" else 2
     mem_bw = gpu.streaming
     slots = []
@@ -1082,8 +1089,9 @@ def _tied_time(tied: Sequence[tuple[int, int]], layout: Layout, gpu: Gpu) -> flo
     holding it, the rank's gradient bytes)): after the backward and the data-parallel
     reduction (Megatron-LM's ``finalize_model_grads``: ``finish_grad_sync``, then the
     embedding group's all-reduce), exposed; one collective among ranks t x d x (p - 1) apart,
-    inside a node when the whole pipeline is (``_p2p``'s rule), else over the NICs."""
-    bw, lat = link(gpu, layout.tp * layout.dp * layout.pp)
+    inside a node when the whole pipeline is (``_p2p``'s rule), else one NIC each."""
+    apart = layout.tp * layout.dp * max(layout.pp - 1, 1)
+    bw, lat = link(gpu, layout.tp * layout.dp * layout.pp, apart)
     return sum(ring_time(nbytes, k, True, bw, lat) for k, nbytes in tied)
 
 
@@ -1135,12 +1143,15 @@ def _dp_exposed(layout: Layout, gpu: Gpu, s: States, slot: dict[str, float], lay
     d = layout.dp
     if d <= 1:
         return 0.0
-    bw, lat = link(gpu, layout.tp * d, layout.tp)
+    t, ep = layout.tp, layout.ep
     exposed = 0.0
-    for elements, ranks in ((s.unsharded - s.expert_unsharded, d),
-                            (s.expert_unsharded, d // layout.ep)):
+    # the dense weights' group: d ranks t apart; the experts': the d / ep ranks holding the
+    # same experts, t x ep apart (expert-parallel ranks are taken from the data-parallel ones)
+    for elements, ranks, stride in ((s.unsharded - s.expert_unsharded, d, t),
+                                    (s.expert_unsharded, d // ep, t * ep)):
         if elements <= 0 or ranks <= 1:
             continue
+        bw, lat = link(gpu, t * d, stride)
         grads = elements * float(grad_bytes(layout))
         last = min(1.0, BUCKET_ELEMENTS / elements)
         buckets = math.ceil(elements / BUCKET_ELEMENTS)
