@@ -126,6 +126,12 @@ def test_a_group_crosses_nodes_over_the_nics_of_its_gpus_in_a_node(span: int, st
     bw, lat = timing.link(A100, span, stride)
     want = min(nics * A100.inter_node, A100.intra_node) * timing.LINK_EFFICIENCY
     assert bw == pytest.approx(want) and lat == timing.NET_LATENCY
+    # a node with fewer NICs than GPUs (DGX-1 V100: four for eight) gives each GPU half a NIC
+    v100 = gpu("v100-32gb")
+    assert v100.network == pytest.approx(v100.inter_node / 2)
+    for span, stride, members in ((32, 1, 8), (64, 2, 4), (256, 8, 1)):
+        assert timing.link(v100, span, stride)[0] == pytest.approx(
+            members * v100.inter_node / 2 * timing.LINK_EFFICIENCY)
     # the node's link bounds it: eight 100 GB/s NICs would outrun NVLink 3's 300 GB/s
     fast = replace(A100, inter_node=100e9)
     assert timing.link(fast, 32, 1)[0] == pytest.approx(A100.intra_node * timing.LINK_EFFICIENCY)

@@ -69,8 +69,10 @@ class Gpu:
     intra_node: float
     """GPU-to-GPU bandwidth inside a node (over ``link``), bytes/s per direction."""
     inter_node: float
-    """Bandwidth per GPU between nodes (InfiniBand / RoCE NIC), bytes/s per direction."""
+    """Bandwidth of one NIC between nodes (InfiniBand / RoCE), bytes/s per direction."""
     per_node: int = 8
+    nics: int | None = None
+    """NICs per node, each at ``inter_node`` (None: one per GPU, as DGX A100, H100, B200)."""
     link: str = "NVLink 4"
     """The link between the GPUs of a node that ``intra_node`` is the bandwidth of (NVLink,
     PCIe, AMD Infinity Fabric): named in the plan's ``assumptions.gpu``."""
@@ -93,6 +95,12 @@ class Gpu:
     bfloat16: bool = True
     """Whether its tensor cores take bfloat16 (Volta's take float16 only: bf16 arrived with
     Ampere, compute capability 8.0; CUDA's ``__nv_bfloat16`` MMA needs sm_80)."""
+
+    @property
+    def network(self) -> float:
+        """Bytes/s between nodes per GPU when every GPU of a node sends at once: its share of
+        the node's NICs (one NIC each where there is one per GPU)."""
+        return self.inter_node * (self.nics or self.per_node) / self.per_node
 
     @property
     def streaming(self) -> float:
@@ -125,9 +133,11 @@ GPUS: dict[str, Gpu] = {g.name: g for g in (
     # 148 SMs. No published MAMF / FA2 figure: Hopper's shares assumed.
     Gpu("b200", 2250e12, 1100e12, 180 * GB, 8e12, 900e9, 50e9, link="NVLink 5", sms=148,
         vector_flops=80e12),
-    # NVIDIA V100 SXM2 32 GB: 125 TFLOPS fp16, 15.7 fp32; NVLink 2: 300 GB/s total; 80 SMs.
+    # NVIDIA V100 SXM2 32 GB: 125 TFLOPS fp16, 15.7 fp32; NVLink 2: 300 GB/s total; 80 SMs;
+    # DGX-1: four 100 Gb/s EDR InfiniBand NICs for its eight GPUs.
     # No FlashAttention-2 kernel for Volta: attention at the GEMM share; MAMF: Ampere's.
-    Gpu("v100-32gb", 125e12, 15.7e12, 32 * GB, 0.9e12, 150e9, 12.5e9, link="NVLink 2", sms=80,
+    Gpu("v100-32gb", 125e12, 15.7e12, 32 * GB, 0.9e12, 150e9, 12.5e9, nics=4, link="NVLink 2",
+        sms=80,
         matmul_fraction=0.87, attention_fraction=0.5, vector_flops=15.7e12, bfloat16=False),
     # NVIDIA L40S: 362 TFLOPS bf16 dense, 183 TF32, 91.6 fp32; PCIe 4.0 x16 only; 142 SMs.
     Gpu("l40s", 362e12, 183e12, 48 * GB, 0.864e12, 32e9, 25e9, per_node=8,

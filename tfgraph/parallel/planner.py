@@ -527,4 +527,5 @@ def _gpu_assumptions(gpu: Gpu, dtype: str) -> str:
             f"{gpu.memory_fraction:.0%} streaming, memory-bound kernels at "
             f"{gpu.kernel_share:.0%} of that, element-wise {gpu.vector_flops / 1e12:g} TFLOP/s, "
             f"{gpu.link} at {gpu.intra_node / 1e9:g} GB/s inside {gpu.per_node} GPUs, "
-            f"{gpu.inter_node / 1e9:g} GB/s per GPU (a NIC each) between nodes")
+            f"{gpu.network / 1e9:g} GB/s per GPU between nodes ({gpu.nics or gpu.per_node} "
+            f"NICs of {gpu.inter_node / 1e9:g} GB/s a node)")

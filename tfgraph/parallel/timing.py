@@ -70,9 +70,9 @@ Megatron-LM) and one per FSDP unit (ZeRO 3: each layer, plus the root's; torchti
 each block, then the model). Bandwidth is
 ``LINK_EFFICIENCY`` of the GPU's link inside a node of ``per_node`` GPUs (``Gpu.link``: NVLink,
 PCIe, Infinity Fabric); between nodes, of the NICs of the group's GPUs in a node: one NIC per
-GPU (DGX A100 / H100), and NCCL runs one ring per NIC, so a group with g GPUs in each node
-crosses nodes at g NICs' rate (no more than the node's link), one GPU a node at one NIC's
-(``link``); ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group
+GPU (DGX A100 / H100; a node with fewer shares them out, ``Gpu.network``: DGX-1 V100 half a
+NIC a GPU), and NCCL runs one ring per NIC, so a group with g GPUs in each node crosses nodes
+at g GPUs' share (no more than the node's link), one GPU a node at one GPU's (``link``); ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group
 of span ranks stays in a node when span <= per_node, and a data-parallel group (members t ranks
 apart) has per_node / t GPUs in each node (the experts' data-parallel group, t x ep apart,
 per_node / (t ep)). An all-to-all is no ring: each rank's rows for other nodes leave through
@@ -213,10 +213,10 @@ ASSUMPTIONS: dict[str, str] = {
                  "collectives)",
     "collectives": "ring: all-reduce 2(n-1)/n x bytes / link + 2(n-1) x latency, all-gather "
                    "and reduce-scatter (n-1)/n; links at 80% (NCCL bus bandwidth): the "
-                   "GPU's link inside a node (named under gpu); between nodes a NIC per "
-                   "GPU, a ring group with g GPUs in a node at g NICs' rate (NCCL's ring "
-                   "per NIC), at most the node's link; the expert all-to-all at one NIC's "
-                   "rate a rank; "
+                   "GPU's link inside a node (named under gpu); between nodes each GPU's "
+                   "share of the node's NICs (one NIC each where there is one per GPU), a "
+                   "ring group with g GPUs in a node at g shares (NCCL's ring per NIC), at "
+                   "most the node's link; the expert all-to-all at one share a rank; "
                    "latency 1 us (inside a node), 5 us "
                    "(network) per ring step, paid by every collective: one per 40M-element "
                    "gradient bucket, one per FSDP unit (ZeRO 3: a layer, plus the root); "
@@ -506,8 +506,8 @@ def link(gpu: Gpu, span: int, stride: int = 1) -> tuple[float, float]:
     node's link (``stride`` >= per_node: one GPU a node, one NIC)."""
     if span <= gpu.per_node:
         return gpu.intra_node * LINK_EFFICIENCY, NVLINK_LATENCY
-    nics = max(1, gpu.per_node // stride)  # the group's GPUs in a node, one NIC each
-    return min(nics * gpu.inter_node, gpu.intra_node) * LINK_EFFICIENCY, NET_LATENCY
+    members = max(1, gpu.per_node // stride)  # the group's GPUs in a node, a NIC share each
+    return min(members * gpu.network, gpu.intra_node) * LINK_EFFICIENCY, NET_LATENCY
 
 
 def bubble(pp: int, microbatches: int, vpp: int) -> float:
@@ -1104,9 +1104,9 @@ def _p2p(nbytes: float, layout: Layout, gpu: Gpu) -> float:
     if span <= gpu.per_node:  # the whole pipeline in one node: NVLink
         return nbytes / (gpu.intra_node * LINK_EFFICIENCY) + NVLINK_LATENCY
     if layout.sp or t == 1:  # each rank's rows are its 1/t already
-        return nbytes / (gpu.inter_node * LINK_EFFICIENCY) + NET_LATENCY
+        return nbytes / (gpu.network * LINK_EFFICIENCY) + NET_LATENCY
     bw, lat = link(gpu, t)
-    return (nbytes / t / (gpu.inter_node * LINK_EFFICIENCY) + NET_LATENCY
+    return (nbytes / t / (gpu.network * LINK_EFFICIENCY) + NET_LATENCY
             + ring_time(nbytes, t, False, bw, lat))
 
 
