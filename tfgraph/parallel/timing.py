@@ -69,15 +69,15 @@ collectives, each paying the ring's latency steps: one per 40M-element gradient 
 Megatron-LM) and one per FSDP unit (ZeRO 3: each layer, plus the root's; torchtitan shards
 each block, then the model). Bandwidth is
 ``LINK_EFFICIENCY`` of the GPU's link inside a node of ``per_node`` GPUs (``Gpu.link``: NVLink,
-PCIe, Infinity Fabric); between nodes, of the NICs of the group's GPUs in a node: one NIC per
-GPU (DGX A100 / H100; a node with fewer shares them out, ``Gpu.network``: DGX-1 V100 half a
-NIC a GPU), and NCCL runs one ring per NIC, so a group with g GPUs in each node crosses nodes
-at g GPUs' share (no more than the node's link), one GPU a node at one GPU's (``link``); ranks are ordered tensor, data, pipeline (Megatron-LM's default order), so a group
-of span ranks stays in a node when span <= per_node, and a data-parallel group (members t ranks
-apart) has per_node / t GPUs in each node (the experts' data-parallel group, t x ep apart,
-per_node / (t ep)). An all-to-all is no ring: each rank's rows for other nodes leave through
-its own NIC, at one NIC's rate; so does the tied table's all-reduce between the first and
-last stages (one GPU of the group a node). Overlap rules:
+PCIe, Infinity Fabric); between nodes, of each GPU's share of its node's NICs
+(``Gpu.network``: one NIC a GPU on DGX A100 / H100, half a NIC on a DGX-1 V100). NCCL runs
+one ring per NIC, so a group with g GPUs in each node crosses nodes at g shares (no more than
+the node's link), one GPU a node at one share (``link``). Ranks are ordered tensor, data,
+pipeline (Megatron-LM's default order), so a group of span ranks stays in a node when span <=
+per_node, and a data-parallel group (members t ranks apart) has per_node / t GPUs in each node
+(the experts' data-parallel group, t x ep apart, per_node / (t ep)). An all-to-all is no ring:
+each rank's rows for other nodes leave through its own share, one a rank; the tied table's
+all-reduce between the first and last stages has one GPU of the group a node. Overlap rules:
 - tensor-parallel collectives (and the vocabulary reductions, and the MoE all-to-all) are
   exposed: they sit between the GEMMs that need them (Megatron-LM without its TP-comm overlap);
   full recompute repeats the forward ones, the MoE dispatch and combine all-to-alls among them
@@ -503,7 +503,7 @@ def link(gpu: Gpu, span: int, stride: int = 1) -> tuple[float, float]:
     """(bandwidth, latency per ring step) of a ring collective over a group spread over
     ``span`` consecutive ranks, its members ``stride`` ranks apart: inside a node the node's
     link; across nodes the NICs of its GPUs in each node, one ring per NIC (NCCL), at most the
-    node's link (``stride`` >= per_node: one GPU a node, one NIC)."""
+    node's link (``stride`` >= per_node: one GPU a node, one GPU's share of the NICs)."""
     if span <= gpu.per_node:
         return gpu.intra_node * LINK_EFFICIENCY, NVLINK_LATENCY
     members = max(1, gpu.per_node // stride)  # the group's GPUs in a node, a NIC share each
@@ -991,8 +991,8 @@ def step_time(graph: Graph, layout: Layout, gpu: Gpu, attention: str,
     counts = _collectives(graph, layout)
     t, p, d, m, v = layout.tp, layout.pp, layout.dp, layout.microbatches, layout.vpp
     tp_bw, tp_lat = link(gpu, t)
-    # an all-to-all is no ring: each rank's rows for other nodes leave through its own NIC,
-    # one NIC's rate a rank however many of the group share its node
+    # an all-to-all is no ring: each rank's rows for other nodes leave through its own NIC
+    # share, one a rank however many of the group share its node
     ep_bw, ep_lat = link(gpu, t * layout.ep, gpu.per_node)
     elem = 4 if layout.dtype == "float32" else 2
     mem_bw = gpu.streaming
