@@ -216,13 +216,10 @@ def graph_of(run: Run, dtype: str) -> Any:
     return tfgraph.compile(spec, loss=True)
 
 
-# run_table_1.sh's DDP=torch rows (the rest DDP=local): torch's DistributedDataParallel
-# reduces the fp16 module's 16-bit .grad in buckets under the backward (Megatron-LM's fp16
-# optimizer then copies it into an fp32 .grad of its master weights: 20 bytes a parameter at
-# the optimizer step, 4 more than --states mixed counts; the published layouts fit either way,
-# --search's memory filter counts 16 for these rows); Megatron-LM's local DDP keeps an fp32
-# main_grad (--states megatron, 18 bytes a parameter) and all-reduced it after the
-# forward-backward (``allreduce_gradients``).
+# run_table_1.sh's DDP=torch rows (the module docstring). Megatron-LM's fp16 optimizer copies
+# their 16-bit .grad into an fp32 .grad of its master weights: 20 bytes a parameter at the
+# optimizer step, 4 more than --states mixed counts (the published layouts fit either way;
+# --search's memory filter counts 16 for these rows).
 TORCH_DDP = {"1.7B", "3.6B", "7.5B", "18.4B"}
 
 
